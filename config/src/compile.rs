@@ -1,0 +1,1006 @@
+//! `compile`: raw config → resolved, validated config. Collects every error with its location;
+//! checks names across sections; decides what is disabled (e.g. an agent whose provider key is
+//! unset) and why.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::diag::{Diagnostic, did_you_mean, quoted_list};
+use crate::load::{Loaded, SourceMap, keys};
+use crate::raw;
+use crate::yaml::{Seg, YamlPath};
+
+/// What a job runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Workflow(String),
+    Agent(String),
+    Plugin { plugin: String, action: String },
+}
+
+impl Target {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Workflow(_) => "workflow",
+            Target::Agent(_) => "agent",
+            Target::Plugin { .. } => "plugin",
+        }
+    }
+
+    /// `workflow "x"`, `plugin action "p.a"` — for messages and listings.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Workflow(w) => format!("workflow {w}"),
+            Target::Agent(a) => format!("agent {a}"),
+            Target::Plugin { plugin, action } => format!("plugin {plugin}.{action}"),
+        }
+    }
+}
+
+/// When a job fires, as written (parsed and checked by the scheduler, which owns its meaning).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleSpec {
+    Cron(String),
+    Every(String),
+    At(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CatchUp {
+    Skip,
+    #[default]
+    Latest,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlap {
+    #[default]
+    Forbid,
+    Allow,
+    Replace,
+    Queue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backoff {
+    /// `initial × 2^n`, capped at `max_delay`.
+    Exponential {
+        initial: Duration,
+        max_delay: Duration,
+    },
+    Fixed(Duration),
+    /// The seed's default: 60 s, 300 s, 900 s.
+    Steps(Vec<Duration>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max: u32,
+    pub backoff: Backoff,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max: 3,
+            backoff: Backoff::Steps(vec![
+                Duration::from_secs(60),
+                Duration::from_secs(300),
+                Duration::from_secs(900),
+            ]),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before retry number `n` (1-based).
+    pub fn delay(&self, n: u32) -> Duration {
+        let n = n.max(1);
+        match &self.backoff {
+            Backoff::Fixed(d) => *d,
+            Backoff::Exponential { initial, max_delay } => {
+                let factor = 2u32.checked_pow(n - 1).unwrap_or(u32::MAX);
+                initial
+                    .checked_mul(factor)
+                    .unwrap_or(*max_delay)
+                    .min(*max_delay)
+            }
+            Backoff::Steps(steps) => steps
+                .get(n as usize - 1)
+                .or(steps.last())
+                .copied()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub max_runs: Option<u32>,
+    pub max_age: Option<Duration>,
+}
+
+/// A validated job definition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    pub name: String,
+    pub description: Option<String>,
+    pub target: Target,
+    pub input: Option<serde_json::Value>,
+    pub parameters: Option<serde_json::Value>,
+    pub schedule: Option<ScheduleSpec>,
+    /// IANA zone name as written, or the `scheduling.timezone` default.
+    pub timezone: String,
+    pub enabled: bool,
+    pub catch_up: CatchUp,
+    pub catch_up_window: Duration,
+    pub overlap: Overlap,
+    pub retries: RetryPolicy,
+    pub timeout: Option<Duration>,
+    pub jitter: Option<Duration>,
+    pub retention: Retention,
+    pub working_directory: Option<PathBuf>,
+    pub allowed_commands: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageConfig {
+    Sqlite { path: PathBuf },
+    Postgres { url: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpAuth {
+    None,
+    Bearer { token: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McpTransport {
+    Http,
+    Stdio,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub name: Option<String>,
+    pub concurrency: usize,
+    pub shutdown_grace: Duration,
+    pub host: String,
+    pub port: u16,
+    pub transport: McpTransport,
+    pub auth: McpAuth,
+}
+
+/// The resolved configuration the rest of the program uses.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub root: PathBuf,
+    pub name: String,
+    pub data_dir: PathBuf,
+    /// A `tracing` filter directive (`info`, `debug`, …).
+    pub log_level: Option<String>,
+    pub default_timezone: String,
+    pub storage: StorageConfig,
+    pub jobs: BTreeMap<String, JobConfig>,
+    pub raw: raw::RawConfig,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub worker: WorkerConfig,
+    /// Things that are defined but cannot work, e.g. `agent "x"` → why.
+    pub disabled: BTreeMap<String, String>,
+    pub sources: SourceMap,
+    /// The merged YAML, for `config show`.
+    pub merged: serde_yaml::Value,
+}
+
+impl Config {
+    /// `file:line:col` of a path such as `["scheduling","jobs","x","cron"]`.
+    pub fn locate(&self, path: &[&str]) -> Option<crate::Location> {
+        self.sources.locate(&keys(path))
+    }
+
+    pub fn agents(&self) -> &BTreeMap<String, raw::Agent> {
+        static EMPTY: BTreeMap<String, raw::Agent> = BTreeMap::new();
+        self.raw.agents.as_ref().unwrap_or(&EMPTY)
+    }
+
+    pub fn workflows(&self) -> &BTreeMap<String, raw::Workflow> {
+        static EMPTY: BTreeMap<String, raw::Workflow> = BTreeMap::new();
+        self.raw.workflows.as_ref().unwrap_or(&EMPTY)
+    }
+}
+
+struct Compiler<'a> {
+    loaded: &'a Loaded,
+    diags: Vec<Diagnostic>,
+    disabled: BTreeMap<String, String>,
+}
+
+pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
+    let mut c = Compiler {
+        loaded,
+        diags: Vec::new(),
+        disabled: BTreeMap::new(),
+    };
+    let raw = &loaded.raw;
+    let fw = raw.framework.clone().unwrap_or_default();
+    let data_dir = cwd.join(fw.data_dir.as_deref().unwrap_or("./data"));
+    let log_level = fw.log_level.as_deref().and_then(|l| c.log_level(l));
+    let sched = raw.scheduling.clone().unwrap_or_default();
+    let default_timezone = sched.timezone.clone().unwrap_or_else(|| "UTC".to_string());
+    if default_timezone.parse::<chrono_tz::Tz>().is_err() {
+        c.err(&["scheduling", "timezone"], format!("time zone \"{default_timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"));
+    }
+    let storage = c.storage(sched.storage.as_ref(), &data_dir, cwd);
+    c.check_unset_vars();
+    c.check_agents();
+    c.check_workflows();
+    c.check_pipelines();
+    let mut jobs = BTreeMap::new();
+    for (name, job) in sched.jobs.iter().flatten() {
+        if let Some(j) = c.job(name, job, &default_timezone, cwd) {
+            jobs.insert(name.clone(), j);
+        }
+    }
+    let worker = c.worker(raw.worker.as_ref());
+    let plugin_dirs = raw
+        .plugins
+        .as_ref()
+        .and_then(|p| p.dirs.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| cwd.join(d))
+        .collect();
+    let config = Config {
+        root: loaded.root.clone(),
+        name: fw.name.unwrap_or_else(|| "lamplighter".to_string()),
+        data_dir,
+        log_level,
+        default_timezone,
+        storage,
+        jobs,
+        raw: raw.clone(),
+        plugin_dirs,
+        worker,
+        disabled: c.disabled,
+        sources: loaded.sources.clone(),
+        merged: loaded.merged.clone(),
+    };
+    (Some(config), c.diags)
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        format!("\"{s}\" is not a duration ({e}); write e.g. \"90s\", \"15m\", \"24h\"")
+    })
+}
+
+impl Compiler<'_> {
+    fn err(&mut self, path: &[&str], msg: String) {
+        let loc = self.loaded.sources.locate(&keys(path));
+        self.diags.push(Diagnostic::error(loc, msg));
+    }
+
+    fn warn(&mut self, path: &[&str], msg: String) {
+        let loc = self.loaded.sources.locate(&keys(path));
+        self.diags.push(Diagnostic::warning(loc, msg));
+    }
+
+    fn log_level(&mut self, l: &str) -> Option<String> {
+        let v = match l.to_ascii_lowercase().as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" | "information" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "critical" => "error",
+            "none" | "off" => "off",
+            _ => {
+                self.err(
+                    &["framework", "log_level"],
+                    format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"),
+                );
+                return None;
+            }
+        };
+        Some(v.to_string())
+    }
+
+    fn storage(&mut self, s: Option<&raw::Storage>, data_dir: &Path, cwd: &Path) -> StorageConfig {
+        let provider = s
+            .and_then(|s| s.provider.clone())
+            .unwrap_or_else(|| "sqlite".into());
+        let conn = s.and_then(|s| s.connection_string.clone());
+        match provider.to_ascii_lowercase().as_str() {
+            "sqlite" => {
+                let path = match conn.as_deref() {
+                    None => data_dir.join("lamplighter.db"),
+                    Some(c) => {
+                        let c = c.trim();
+                        let p = c
+                            .strip_prefix("Data Source=")
+                            .or_else(|| c.strip_prefix("sqlite://"))
+                            .or_else(|| c.strip_prefix("sqlite:"))
+                            .unwrap_or(c);
+                        let p = p.split(['?', ';']).next().unwrap_or(p);
+                        cwd.join(p)
+                    }
+                };
+                StorageConfig::Sqlite { path }
+            }
+            "postgres" | "postgresql" => match conn {
+                Some(url) => StorageConfig::Postgres { url },
+                None => {
+                    self.err(&["scheduling", "storage", "provider"], "storage provider \"postgres\" needs scheduling.storage.connection_string (a postgres:// URL)".into());
+                    StorageConfig::Postgres { url: String::new() }
+                }
+            },
+            other => {
+                self.err(&["scheduling", "storage", "provider"], format!("storage provider \"{other}\" is not supported; use \"sqlite\" or \"postgres\""));
+                StorageConfig::Sqlite {
+                    path: data_dir.join("lamplighter.db"),
+                }
+            }
+        }
+    }
+
+    /// An unset `${VAR}` disables what needs it where that is safe (provider keys, MCP server
+    /// settings); anywhere else the value is needed, so it is an error.
+    fn check_unset_vars(&mut self) {
+        for (path, var) in &self.loaded.unset_vars {
+            let k: Vec<&str> = path
+                .iter()
+                .map(|s| if let Seg::Key(k) = s { k.as_str() } else { "" })
+                .collect();
+            match k.as_slice() {
+                ["ai", "providers", p, ..] => {
+                    self.disabled.insert(
+                        format!("provider \"{p}\""),
+                        format!("${{{var}}} is not set"),
+                    );
+                }
+                ["mcp", "servers", s, ..] => {
+                    self.disabled.insert(
+                        format!("MCP server \"{s}\""),
+                        format!("${{{var}}} is not set"),
+                    );
+                }
+                ["dataverse", ..] => {}
+                _ => {
+                    let loc = self.loaded.sources.locate(path);
+                    self.diags.push(Diagnostic::error(
+                        loc,
+                        format!("\"{}\" uses ${{{var}}}, which is not set; set it or give a default with ${{{var}:-value}}", crate::yaml::path_string(path)),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn providers(&self) -> BTreeMap<String, raw::Provider> {
+        self.loaded
+            .raw
+            .ai
+            .as_ref()
+            .and_then(|a| a.providers.clone())
+            .unwrap_or_default()
+    }
+
+    fn check_agents(&mut self) {
+        let providers = self.providers();
+        let default_model = self
+            .loaded
+            .raw
+            .ai
+            .as_ref()
+            .and_then(|a| a.default_model.clone());
+        let servers: Vec<String> = self
+            .loaded
+            .raw
+            .mcp
+            .as_ref()
+            .and_then(|m| m.servers.as_ref())
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default();
+        let agents = self.loaded.raw.agents.clone().unwrap_or_default();
+        let agent_names: Vec<String> = agents.keys().cloned().collect();
+        for (name, a) in &agents {
+            let model = a.model.clone().or_else(|| default_model.clone());
+            let provider = match (&a.provider, &model) {
+                (Some(p), _) => {
+                    if !providers.contains_key(p) {
+                        let hint = did_you_mean(p, providers.keys().map(String::as_str));
+                        self.err(&["agents", name, "provider"], format!("agent \"{name}\" uses provider \"{p}\", which is not defined{hint} (defined providers: {})", quoted_list(providers.keys().map(String::as_str))));
+                        None
+                    } else {
+                        Some(p.clone())
+                    }
+                }
+                (None, Some(m)) => providers
+                    .iter()
+                    .find(|(_, p)| p.models.as_ref().is_some_and(|ms| ms.contains_key(m)))
+                    .map(|(n, _)| n.clone()),
+                (None, None) => None,
+            };
+            match (&model, &provider) {
+                (None, _) => {
+                    self.disabled.insert(
+                        format!("agent \"{name}\""),
+                        "no model: set agents.<name>.model or ai.default_model".into(),
+                    );
+                }
+                (Some(m), Some(p)) => {
+                    let models = providers
+                        .get(p)
+                        .and_then(|p| p.models.clone())
+                        .unwrap_or_default();
+                    if !models.is_empty() && !models.contains_key(m) {
+                        let hint = did_you_mean(m, models.keys().map(String::as_str));
+                        self.err(&["agents", name, "model"], format!("agent \"{name}\" uses model \"{m}\", which provider \"{p}\" does not define{hint} (its models: {})", quoted_list(models.keys().map(String::as_str))));
+                    }
+                    if let Some(reason) = self.disabled.get(&format!("provider \"{p}\"")).cloned() {
+                        self.disabled.insert(
+                            format!("agent \"{name}\""),
+                            format!("its provider \"{p}\" is disabled: {reason}"),
+                        );
+                    }
+                }
+                (Some(m), None) if a.provider.is_none() => {
+                    let all: Vec<String> = providers
+                        .values()
+                        .flat_map(|p| p.models.iter().flat_map(|m| m.keys().cloned()))
+                        .collect();
+                    let hint = did_you_mean(m, all.iter().map(String::as_str));
+                    self.err(&["agents", name, "model"], format!("agent \"{name}\" uses model \"{m}\", which no provider defines{hint}; add it under ai.providers.<provider>.models or set agents.{name}.provider"));
+                }
+                _ => {}
+            }
+            for (i, s) in a.mcp_servers.iter().flatten().enumerate() {
+                if !servers.contains(s) {
+                    let hint = did_you_mean(s, servers.iter().map(String::as_str));
+                    let loc = self.loaded.sources.locate(
+                        &[keys(&["agents", name, "mcp_servers"]), vec![Seg::Index(i)]].concat(),
+                    );
+                    self.diags.push(Diagnostic::error(loc, format!("agent \"{name}\" uses MCP server \"{s}\", which is not defined under mcp.servers{hint}")));
+                } else if let Some(reason) =
+                    self.disabled.get(&format!("MCP server \"{s}\"")).cloned()
+                {
+                    self.disabled
+                        .entry(format!("agent \"{name}\""))
+                        .or_insert(format!("its MCP server \"{s}\" is disabled: {reason}"));
+                }
+            }
+            for (i, d) in a.delegates.iter().flatten().enumerate() {
+                if !agent_names.contains(d) {
+                    let hint = did_you_mean(d, agent_names.iter().map(String::as_str));
+                    let loc = self.loaded.sources.locate(
+                        &[keys(&["agents", name, "delegates"]), vec![Seg::Index(i)]].concat(),
+                    );
+                    self.diags.push(Diagnostic::error(loc, format!("agent \"{name}\" delegates to agent \"{d}\", which is not defined{hint}")));
+                }
+            }
+            if let (Some(t), Some(_)) = (a.temperature, Some(())) {
+                if !(0.0..=2.0).contains(&t) {
+                    self.err(
+                        &["agents", name, "temperature"],
+                        format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"),
+                    );
+                }
+            }
+            if a.system_prompt.is_some() && a.system_prompt_file.is_some() {
+                self.err(
+                    &["agents", name, "system_prompt_file"],
+                    format!(
+                        "agent \"{name}\" sets both system_prompt and system_prompt_file; keep one"
+                    ),
+                );
+            }
+        }
+    }
+
+    fn check_workflows(&mut self) {
+        let agents: Vec<String> = self
+            .loaded
+            .raw
+            .agents
+            .as_ref()
+            .map(|a| a.keys().cloned().collect())
+            .unwrap_or_default();
+        let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
+        for (wname, wf) in &workflows {
+            let mut ids: Vec<String> = Vec::new();
+            let base = keys(&["workflows", wname, "steps"]);
+            self.check_steps(wname, &wf.steps, &base, &agents, &mut ids);
+            if wf.steps.is_empty() {
+                self.err(
+                    &["workflows", wname, "steps"],
+                    format!("workflow \"{wname}\" has no steps"),
+                );
+            }
+            // `then`/`else` must name steps of the same workflow.
+            let all = ids.clone();
+            collect_refs(&wf.steps, &mut |sid, target| {
+                if !all.iter().any(|i| i == target) {
+                    let hint = did_you_mean(target, all.iter().map(String::as_str));
+                    self.diags.push(Diagnostic::error(
+                        self.loaded.sources.locate(&keys(&["workflows", wname])),
+                        format!("workflow \"{wname}\": step \"{sid}\" names step \"{target}\", which does not exist{hint}"),
+                    ));
+                }
+            });
+        }
+    }
+
+    fn check_steps(
+        &mut self,
+        wname: &str,
+        steps: &[raw::Step],
+        base: &YamlPath,
+        agents: &[String],
+        ids: &mut Vec<String>,
+    ) {
+        const KINDS: &[&str] = &[
+            "agent",
+            "plugin",
+            "condition",
+            "approval",
+            "parallel",
+            "group_chat",
+        ];
+        for (i, s) in steps.iter().enumerate() {
+            let mut path = base.clone();
+            path.push(Seg::Index(i));
+            let at = |p: &YamlPath, k: &str| {
+                let mut p = p.clone();
+                p.push(Seg::Key(k.into()));
+                p
+            };
+            if ids.contains(&s.id) {
+                let loc = self.loaded.sources.locate(&at(&path, "id"));
+                self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step id \"{}\" is used twice; step ids must be unique", s.id)));
+            }
+            ids.push(s.id.clone());
+            let need = |field: &str, v: &Option<String>, this: &mut Self| {
+                if v.is_none() {
+                    let loc = this.loaded.sources.locate(&path);
+                    this.diags.push(Diagnostic::error(
+                        loc,
+                        format!(
+                            "workflow \"{wname}\": step \"{}\" of type {} needs \"{field}\"",
+                            s.id, s.kind
+                        ),
+                    ));
+                }
+            };
+            match s.kind.as_str() {
+                "agent" => {
+                    need("agent", &s.agent, self);
+                    if let Some(a) = &s.agent {
+                        if !agents.contains(a) {
+                            let hint = did_you_mean(a, agents.iter().map(String::as_str));
+                            let loc = self.loaded.sources.locate(&at(&path, "agent"));
+                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\" uses agent \"{a}\", which is not defined{hint} (defined agents: {})", s.id, quoted_list(agents.iter().map(String::as_str)))));
+                        }
+                    }
+                }
+                "plugin" => {
+                    need("plugin", &s.plugin, self);
+                    need("action", &s.action, self);
+                }
+                "condition" => need("condition", &s.condition, self),
+                "parallel" => {
+                    if let Some(children) = &s.steps {
+                        self.check_steps(wname, children, &at(&path, "steps"), agents, ids);
+                    } else {
+                        let loc = self.loaded.sources.locate(&path);
+                        self.diags.push(Diagnostic::error(
+                            loc,
+                            format!(
+                                "workflow \"{wname}\": parallel step \"{}\" needs \"steps\"",
+                                s.id
+                            ),
+                        ));
+                    }
+                }
+                "group_chat" => {
+                    for a in s.agents.iter().flatten() {
+                        if !agents.contains(a) {
+                            let loc = self.loaded.sources.locate(&at(&path, "agents"));
+                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": group chat step \"{}\" uses agent \"{a}\", which is not defined", s.id)));
+                        }
+                    }
+                }
+                "approval" => {
+                    if let Some(t) = &s.timeout {
+                        if let Err(e) = duration(t) {
+                            let loc = self.loaded.sources.locate(&at(&path, "timeout"));
+                            self.diags.push(Diagnostic::error(
+                                loc,
+                                format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id),
+                            ));
+                        }
+                    }
+                }
+                other => {
+                    let hint = did_you_mean(other, KINDS.iter().copied());
+                    let loc = self.loaded.sources.locate(&at(&path, "type"));
+                    self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\" has unknown type \"{other}\"{hint}; use one of {}", s.id, KINDS.join(", "))));
+                }
+            }
+        }
+    }
+
+    fn check_pipelines(&mut self) {
+        let agents: Vec<String> = self
+            .loaded
+            .raw
+            .agents
+            .as_ref()
+            .map(|a| a.keys().cloned().collect())
+            .unwrap_or_default();
+        for (name, p) in self.loaded.raw.pipelines.clone().unwrap_or_default() {
+            for a in &p.steps {
+                if !agents.contains(a) {
+                    let hint = did_you_mean(a, agents.iter().map(String::as_str));
+                    self.err(
+                        &["pipelines", &name, "steps"],
+                        format!(
+                            "pipeline \"{name}\" uses agent \"{a}\", which is not defined{hint}"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn job(&mut self, name: &str, j: &raw::Job, default_tz: &str, cwd: &Path) -> Option<JobConfig> {
+        let p = |k: &'static str| ["scheduling", "jobs", name, k];
+        let mut ok = true;
+        let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
+        let agents = self.loaded.raw.agents.clone().unwrap_or_default();
+        let kind = j.kind.clone().or_else(|| {
+            // Infer the type from the one target field given.
+            match (&j.workflow, &j.agent, &j.plugin) {
+                (Some(_), None, None) => Some("workflow".into()),
+                (None, Some(_), None) => Some("agent".into()),
+                (None, None, Some(_)) => Some("plugin".into()),
+                _ => None,
+            }
+        });
+        let target = match kind.as_deref() {
+            Some("workflow") => match &j.workflow {
+                Some(w) if workflows.contains_key(w) => Some(Target::Workflow(w.clone())),
+                Some(w) => {
+                    let hint = did_you_mean(w, workflows.keys().map(String::as_str));
+                    self.err(&p("workflow"), format!("job \"{name}\" runs workflow \"{w}\", which is not defined{hint} (defined workflows: {})", quoted_list(workflows.keys().map(String::as_str))));
+                    None
+                }
+                None => {
+                    self.err(
+                        &p("type"),
+                        format!("job \"{name}\" is of type workflow but names no \"workflow\""),
+                    );
+                    None
+                }
+            },
+            Some("agent") => match &j.agent {
+                Some(a) if agents.contains_key(a) => Some(Target::Agent(a.clone())),
+                Some(a) => {
+                    let hint = did_you_mean(a, agents.keys().map(String::as_str));
+                    self.err(&p("agent"), format!("job \"{name}\" runs agent \"{a}\", which is not defined{hint} (defined agents: {})", quoted_list(agents.keys().map(String::as_str))));
+                    None
+                }
+                None => {
+                    self.err(
+                        &p("type"),
+                        format!("job \"{name}\" is of type agent but names no \"agent\""),
+                    );
+                    None
+                }
+            },
+            Some("plugin") => {
+                match (&j.plugin, &j.action) {
+                    (Some(plugin), Some(action)) => Some(Target::Plugin {
+                        plugin: plugin.clone(),
+                        action: action.clone(),
+                    }),
+                    (Some(plugin), None) => match plugin.split_once('.') {
+                        Some((pl, ac)) => Some(Target::Plugin {
+                            plugin: pl.into(),
+                            action: ac.into(),
+                        }),
+                        None => {
+                            self.err(&p("plugin"), format!("job \"{name}\" runs plugin \"{plugin}\" but names no \"action\""));
+                            None
+                        }
+                    },
+                    _ => {
+                        self.err(
+                            &p("type"),
+                            format!("job \"{name}\" is of type plugin but names no \"plugin\""),
+                        );
+                        None
+                    }
+                }
+            }
+            Some(other) => {
+                let hint = did_you_mean(other, ["workflow", "agent", "plugin"]);
+                self.err(&p("type"), format!("job \"{name}\" has unknown type \"{other}\"{hint}; use workflow, agent or plugin"));
+                None
+            }
+            None => {
+                self.err(
+                    &["scheduling", "jobs", name],
+                    format!(
+                        "job \"{name}\" needs \"type\" (workflow, agent or plugin) and its target"
+                    ),
+                );
+                None
+            }
+        };
+        ok &= target.is_some();
+        let schedules: Vec<ScheduleSpec> = [
+            j.cron.clone().map(ScheduleSpec::Cron),
+            j.every.clone().map(ScheduleSpec::Every),
+            j.at.clone().map(ScheduleSpec::At),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if schedules.len() > 1 {
+            self.err(
+                &["scheduling", "jobs", name],
+                format!("job \"{name}\" sets more than one of cron, every, at; keep one"),
+            );
+            ok = false;
+        }
+        let timezone = j.timezone.clone().unwrap_or_else(|| default_tz.to_string());
+        if j.timezone.is_some() && timezone.parse::<chrono_tz::Tz>().is_err() {
+            self.err(&p("timezone"), format!("job \"{name}\": time zone \"{timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\")"));
+            ok = false;
+        }
+        let mut dur = |this: &mut Self, k: &'static str, v: &Option<String>| -> Option<Duration> {
+            let s = v.as_ref()?;
+            match duration(s) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    this.err(&p(k), format!("job \"{name}\": {k} {e}"));
+                    ok = false;
+                    None
+                }
+            }
+        };
+        let catch_up_window = dur(self, "catch_up_window", &j.catch_up_window)
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        let timeout = dur(self, "timeout", &j.timeout);
+        let jitter = dur(self, "jitter", &j.jitter);
+        let catch_up = match j.catch_up.as_deref() {
+            None | Some("latest") => CatchUp::Latest,
+            Some("skip") => CatchUp::Skip,
+            Some("all") => CatchUp::All,
+            Some(o) => {
+                self.err(
+                    &p("catch_up"),
+                    format!(
+                        "job \"{name}\": catch_up \"{o}\" is not one of skip, latest, all{}",
+                        did_you_mean(o, ["skip", "latest", "all"])
+                    ),
+                );
+                ok = false;
+                CatchUp::Latest
+            }
+        };
+        let overlap = match j.overlap.as_deref() {
+            None | Some("forbid") => Overlap::Forbid,
+            Some("allow") => Overlap::Allow,
+            Some("replace") => Overlap::Replace,
+            Some("queue") => Overlap::Queue,
+            Some(o) => {
+                self.err(&p("overlap"), format!("job \"{name}\": overlap \"{o}\" is not one of forbid, allow, replace, queue{}", did_you_mean(o, ["forbid", "allow", "replace", "queue"])));
+                ok = false;
+                Overlap::Forbid
+            }
+        };
+        let retries = match &j.retries {
+            None => RetryPolicy::default(),
+            Some(r) => {
+                let rp = |k: &'static str| ["scheduling", "jobs", name, "retries", k];
+                let mut d =
+                    |this: &mut Self, k: &'static str, v: &Option<String>, dflt: u64| match v {
+                        None => Duration::from_secs(dflt),
+                        Some(s) => duration(s).unwrap_or_else(|e| {
+                            this.err(&rp(k), format!("job \"{name}\": retries.{k} {e}"));
+                            ok = false;
+                            Duration::from_secs(dflt)
+                        }),
+                    };
+                let initial = d(self, "initial", &r.initial, 60);
+                let max_delay = d(self, "max_delay", &r.max_delay, 3600);
+                let backoff = match r.backoff.as_deref() {
+                    None | Some("exponential") => Backoff::Exponential { initial, max_delay },
+                    Some("fixed") => Backoff::Fixed(initial),
+                    Some(o) => {
+                        self.err(&rp("backoff"), format!("job \"{name}\": retries.backoff \"{o}\" is not one of exponential, fixed"));
+                        ok = false;
+                        Backoff::Fixed(initial)
+                    }
+                };
+                RetryPolicy {
+                    max: r.max.unwrap_or(3),
+                    backoff,
+                }
+            }
+        };
+        let retention = match &j.retention {
+            None => Retention {
+                max_runs: Some(100),
+                max_age: None,
+            },
+            Some(r) => {
+                let max_age = match &r.max_age {
+                    None => None,
+                    Some(s) => match duration(s) {
+                        Ok(d) => Some(d),
+                        Err(e) => {
+                            self.err(
+                                &["scheduling", "jobs", name, "retention", "max_age"],
+                                format!("job \"{name}\": retention.max_age {e}"),
+                            );
+                            ok = false;
+                            None
+                        }
+                    },
+                };
+                Retention {
+                    max_runs: r.max_runs,
+                    max_age,
+                }
+            }
+        };
+        if !ok {
+            return None;
+        }
+        Some(JobConfig {
+            name: name.to_string(),
+            description: j.description.clone(),
+            target: target?,
+            input: j.input.clone(),
+            parameters: j.parameters.clone(),
+            schedule: schedules.into_iter().next(),
+            timezone,
+            enabled: j.enabled.unwrap_or(true),
+            catch_up,
+            catch_up_window,
+            overlap,
+            retries,
+            timeout,
+            jitter,
+            retention,
+            working_directory: j.working_directory.as_ref().map(|w| cwd.join(w)),
+            allowed_commands: j.allowed_commands.clone().unwrap_or_default(),
+        })
+    }
+
+    fn worker(&mut self, w: Option<&raw::Worker>) -> WorkerConfig {
+        let w = w.cloned().unwrap_or_default();
+        let mcp = w.mcp.clone().unwrap_or_default();
+        let shutdown_grace = match &w.shutdown_grace {
+            None => Duration::from_secs(30),
+            Some(s) => duration(s).unwrap_or_else(|e| {
+                self.err(
+                    &["worker", "shutdown_grace"],
+                    format!("worker.shutdown_grace {e}"),
+                );
+                Duration::from_secs(30)
+            }),
+        };
+        let transport = match mcp.transport.as_deref() {
+            None | Some("http") | Some("streamable-http") | Some("streamable_http") => {
+                McpTransport::Http
+            }
+            Some("stdio") => McpTransport::Stdio,
+            Some(o) => {
+                self.err(
+                    &["worker", "mcp", "transport"],
+                    format!("worker.mcp.transport \"{o}\" is not one of http, stdio"),
+                );
+                McpTransport::Http
+            }
+        };
+        let auth = match mcp.auth.as_ref().and_then(|a| a.kind.clone()).as_deref() {
+            None | Some("none") => McpAuth::None,
+            Some("bearer") => match mcp.auth.as_ref().and_then(|a| a.token.clone()) {
+                Some(t) if !t.is_empty() && !t.contains("${") => McpAuth::Bearer { token: t },
+                _ => {
+                    self.err(&["worker", "mcp", "auth"], "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN})".into());
+                    McpAuth::None
+                }
+            },
+            Some(o) => {
+                self.err(
+                    &["worker", "mcp", "auth", "type"],
+                    format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"),
+                );
+                McpAuth::None
+            }
+        };
+        let host = mcp.host.clone().unwrap_or_else(|| "127.0.0.1".into());
+        let host = if host == "localhost" {
+            "127.0.0.1".to_string()
+        } else {
+            host
+        };
+        if host.parse::<IpAddr>().is_err() {
+            self.err(&["worker", "mcp", "host"], format!("worker.mcp.host \"{host}\" is not an IP address (use 127.0.0.1, ::1 or 0.0.0.0)"));
+        }
+        let concurrency = w.concurrency.unwrap_or(4) as usize;
+        if concurrency == 0 {
+            self.err(
+                &["worker", "concurrency"],
+                "worker.concurrency must be at least 1".into(),
+            );
+        }
+        if let Some(n) = &w.name {
+            if n.trim().is_empty() {
+                self.warn(
+                    &["worker", "name"],
+                    "worker.name is empty; a unique name is generated".into(),
+                );
+            }
+        }
+        WorkerConfig {
+            name: w.name.filter(|n| !n.trim().is_empty()),
+            concurrency: concurrency.max(1),
+            shutdown_grace,
+            host,
+            port: mcp.port.unwrap_or(5100),
+            transport,
+            auth,
+        }
+    }
+}
+
+/// Calls `f(step id, named step)` for every `then`/`else` reference.
+fn collect_refs(steps: &[raw::Step], f: &mut dyn FnMut(&str, &str)) {
+    for s in steps {
+        for t in s.then.iter().flatten().chain(s.otherwise.iter().flatten()) {
+            f(&s.id, t);
+        }
+        if let Some(children) = &s.steps {
+            collect_refs(children, f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_default_retries() {
+        let r = RetryPolicy::default();
+        assert_eq!(r.max, 3);
+        assert_eq!(
+            [r.delay(1), r.delay(2), r.delay(3)],
+            [60, 300, 900].map(Duration::from_secs)
+        );
+    }
+
+    #[test]
+    fn exponential_backoff_is_capped() {
+        let r = RetryPolicy {
+            max: 10,
+            backoff: Backoff::Exponential {
+                initial: Duration::from_secs(10),
+                max_delay: Duration::from_secs(60),
+            },
+        };
+        assert_eq!(r.delay(1), Duration::from_secs(10));
+        assert_eq!(r.delay(3), Duration::from_secs(40));
+        assert_eq!(r.delay(4), Duration::from_secs(60));
+        assert_eq!(r.delay(40), Duration::from_secs(60));
+    }
+}

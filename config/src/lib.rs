@@ -1,0 +1,132 @@
+//! Lamplighter configuration: the YAML model (seed-compatible), loading with imports and
+//! `${VAR}` substitution, validation that reports every error with `file:line:col`, and the
+//! generated JSON Schema.
+//!
+//! Entry point: [`load`]. It never panics on input; it returns either a [`Config`] with
+//! warnings, or every error it found.
+
+mod compile;
+mod diag;
+mod load;
+pub mod raw;
+mod schema;
+mod yaml;
+
+use std::path::{Path, PathBuf};
+
+pub use compile::{
+    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy,
+    ScheduleSpec, StorageConfig, Target, WorkerConfig,
+};
+pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
+pub use load::{SourceMap, discover, keys};
+pub use schema::json_schema;
+pub use yaml::{Seg, YamlPath};
+
+/// How to find and read the config.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// `--config PATH`, if given.
+    pub path: Option<PathBuf>,
+    /// The directory that relative paths (`data_dir`, `working_directory`) resolve against and
+    /// where discovery looks; the process working directory by default.
+    pub cwd: Option<PathBuf>,
+}
+
+/// A loaded, validated config and the warnings found on the way.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// Finds, reads, merges and validates the config, reading variables from the environment.
+pub fn load(opts: &LoadOptions) -> Result<Loaded, ConfigErrors> {
+    load_with_env(opts, |name| std::env::var(name).ok())
+}
+
+/// Like [`load`] with a custom variable lookup (tests).
+pub fn load_with_env(
+    opts: &LoadOptions,
+    env: impl Fn(&str) -> Option<String> + 'static,
+) -> Result<Loaded, ConfigErrors> {
+    let cwd = match &opts.cwd {
+        Some(c) => c.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+    };
+    let root = discover(opts.path.as_deref(), &cwd)
+        .map_err(|m| ConfigErrors(vec![Diagnostic::error(None, m)]))?;
+    let root = if root.is_absolute() {
+        root
+    } else {
+        cwd.join(root)
+    };
+    let (loaded, mut diags) = load::load_with_env(&root, Box::new(env));
+    let config = loaded.and_then(|l| {
+        let (config, more) = compile::compile(&l, &cwd);
+        diags.extend(more);
+        config
+    });
+    finish(config, diags)
+}
+
+fn finish(config: Option<Config>, mut diags: Vec<Diagnostic>) -> Result<Loaded, ConfigErrors> {
+    sort_diags(&mut diags);
+    match config {
+        Some(config) if !diags.iter().any(Diagnostic::is_error) => Ok(Loaded {
+            config,
+            warnings: diags,
+        }),
+        _ => Err(ConfigErrors(diags)),
+    }
+}
+
+/// Sorts findings by file, line and column so that output is stable.
+pub fn sort_diags(diags: &mut [Diagnostic]) {
+    diags.sort_by(|a, b| {
+        let key = |d: &Diagnostic| d.location.as_ref().map(|l| (l.file.clone(), l.line, l.col));
+        key(a).cmp(&key(b)).then_with(|| a.message.cmp(&b.message))
+    });
+}
+
+/// The merged config as YAML with every secret replaced by `<redacted>`.
+pub fn show(config: &Config) -> String {
+    let mut v = config.merged.clone();
+    redact(&mut v, false);
+    serde_yaml::to_string(&v).unwrap_or_default()
+}
+
+const SECRET_WORDS: &[&str] = &[
+    "key",
+    "token",
+    "secret",
+    "password",
+    "credential",
+    "authorization",
+];
+
+fn redact(v: &mut serde_yaml::Value, all: bool) {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            for (k, child) in m.iter_mut() {
+                let key = k.as_str().unwrap_or_default().to_ascii_lowercase();
+                // Values of `env` and `headers` maps are secrets by nature (API keys, auth).
+                let secret_map = key == "env" || key == "headers";
+                if !secret_map && SECRET_WORDS.iter().any(|w| key.contains(w)) || all {
+                    if child.is_string() || child.is_number() {
+                        *child = serde_yaml::Value::String("<redacted>".into());
+                        continue;
+                    }
+                }
+                redact(child, all || secret_map);
+            }
+        }
+        serde_yaml::Value::Sequence(items) => items.iter_mut().for_each(|c| redact(c, all)),
+        _ => {}
+    }
+}
+
+/// Where a relative path in the config resolves.
+pub fn resolve_path(cwd: &Path, p: &str) -> PathBuf {
+    cwd.join(p)
+}

@@ -1,0 +1,784 @@
+//! Loading: find the root file, read it and its imports, substitute `${VAR}`, merge, add
+//! agents from Markdown and convention folders, and deserialize item by item so that one bad
+//! item does not hide the errors of the next.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+use crate::diag::{Diagnostic, Location, display_path};
+use crate::raw::{self, RawConfig};
+use crate::yaml::{self, Mapping, PositionIndex, Seg, Value, YamlPath, path_string};
+
+/// Top-level sections of the seed system that Lamplighter knows of and ignores.
+const SEED_ONLY_SECTIONS: &[&str] = &["dataverse"];
+
+/// Names that a config may not define twice, in two files.
+const COLLECTIONS: &[&[&str]] = &[
+    &["agents"],
+    &["workflows"],
+    &["pipelines"],
+    &["scheduling", "jobs"],
+    &["ai", "providers"],
+    &["ai", "rate_limits"],
+    &["rate_limits"],
+    &["mcp", "servers"],
+];
+
+/// Roots of workflow templates: `${input}`, `${steps.…}`, `${env.…}` are not environment
+/// variables and are left for the workflow engine.
+const TEMPLATE_ROOTS: &[&str] = &["input", "steps", "env"];
+
+/// Where the root config file was found, in SPEC §3 order.
+pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("LAMPLIGHTER_CONFIG").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let candidates = [
+        "config/lamplighter.yaml",
+        "config/lamplighter.yml",
+        "lamplighter.yaml",
+        "lamplighter.yml",
+        "config/gantri.yaml",
+        "config/gantri.yml",
+        "gantri.yaml",
+        "gantri.yml",
+    ];
+    for c in candidates {
+        let p = cwd.join(c);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(format!(
+        "no config file found: pass --config PATH, set $LAMPLIGHTER_CONFIG, or create one of {} in {}",
+        candidates.join(", "),
+        cwd.display()
+    ))
+}
+
+/// One source file and how its positions map into the merged document.
+#[derive(Debug, Clone)]
+pub(crate) struct SourceFile {
+    pub(crate) path: PathBuf,
+    index: PositionIndex,
+    /// Where this file's root sits in the merged document (Markdown agents sit under
+    /// `agents.<name>`).
+    prefix: YamlPath,
+    /// Lines before the parsed text (the `---` of front matter).
+    line_offset: usize,
+}
+
+/// Maps paths of the merged document back to files and positions.
+#[derive(Debug, Clone, Default)]
+pub struct SourceMap {
+    files: Vec<SourceFile>,
+    owners: HashMap<YamlPath, usize>,
+}
+
+impl SourceMap {
+    /// The `file:line:col` of a path in the merged document.
+    pub fn locate(&self, path: &[Seg]) -> Option<Location> {
+        let owner = (0..=path.len())
+            .rev()
+            .find_map(|n| self.owners.get(&path[..n]).copied())?;
+        let f = &self.files[owner];
+        let rel = path.strip_prefix(f.prefix.as_slice()).unwrap_or(path);
+        let (line, col) = f.index.find(rel).unwrap_or((1, 1));
+        Some(Location {
+            file: f.path.clone(),
+            line: line + f.line_offset,
+            col,
+        })
+    }
+
+    /// Every file that went into the config.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|f| f.path.as_path())
+    }
+}
+
+/// A path built from `.`-separated keys, for call sites that know only keys.
+pub fn keys(parts: &[&str]) -> YamlPath {
+    parts.iter().map(|k| Seg::Key((*k).to_string())).collect()
+}
+
+/// The result of loading: raw config, the merged YAML (for `config show`), where everything
+/// came from, and which paths still hold an unset `${VAR}`.
+#[derive(Debug, Clone)]
+pub(crate) struct Loaded {
+    pub(crate) raw: RawConfig,
+    pub(crate) merged: Value,
+    pub(crate) sources: SourceMap,
+    pub(crate) unset_vars: Vec<(YamlPath, String)>,
+    pub(crate) root: PathBuf,
+}
+
+struct Loader {
+    diags: Vec<Diagnostic>,
+    sources: SourceMap,
+    merged: Value,
+    unset: Vec<(YamlPath, String)>,
+    seen: HashSet<PathBuf>,
+    env: Box<dyn Fn(&str) -> Option<String>>,
+}
+
+/// Loads the root file and everything it pulls in. `env` looks up variables (tests pass a map).
+pub(crate) fn load_with_env(
+    root: &Path,
+    env: Box<dyn Fn(&str) -> Option<String>>,
+) -> (Option<Loaded>, Vec<Diagnostic>) {
+    let mut l = Loader {
+        diags: Vec::new(),
+        sources: SourceMap::default(),
+        merged: Value::Mapping(Mapping::new()),
+        unset: Vec::new(),
+        seen: HashSet::new(),
+        env,
+    };
+    if !root.is_file() {
+        let msg = format!(
+            "config file {} does not exist or is not a file",
+            display_path(root)
+        );
+        return (None, vec![Diagnostic::error(None, msg)]);
+    }
+    l.load_file(root, &[]);
+    if let Some(dir) = root.parent() {
+        l.load_agent_files(&dir.join("agents"));
+    }
+    for u in yaml_unknown(&l.merged) {
+        let loc = l.sources.locate(&u.0);
+        l.diags.push(Diagnostic {
+            severity: u.2,
+            location: loc,
+            message: u.1,
+        });
+    }
+    let raw = l.deserialize();
+    let loaded = raw.map(|raw| Loaded {
+        raw,
+        merged: l.merged.clone(),
+        sources: l.sources.clone(),
+        unset_vars: l.unset.clone(),
+        root: root.to_path_buf(),
+    });
+    (loaded, l.diags)
+}
+
+/// Unknown keys and seed-only sections, with severities.
+fn yaml_unknown(merged: &Value) -> Vec<(YamlPath, String, crate::diag::Severity)> {
+    let mut out = Vec::new();
+    for u in crate::schema::unknown_keys(merged) {
+        if let [Seg::Key(k)] = u.path.as_slice() {
+            if SEED_ONLY_SECTIONS.contains(&k.as_str()) {
+                out.push((
+                    u.path.clone(),
+                    format!("section \"{k}\" belongs to the seed system and is not used by Lamplighter; it is ignored"),
+                    crate::diag::Severity::Warning,
+                ));
+                continue;
+            }
+        }
+        out.push((u.path, u.message, crate::diag::Severity::Error));
+    }
+    out
+}
+
+impl Loader {
+    fn load_file(&mut self, path: &Path, chain: &[PathBuf]) {
+        let canon = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        if chain.contains(&canon) {
+            self.diags.push(Diagnostic::error(
+                None,
+                format!(
+                    "import cycle: {} imports itself through {}",
+                    display_path(path),
+                    chain
+                        .iter()
+                        .map(|p| display_path(p))
+                        .collect::<Vec<_>>()
+                        .join(" -> ")
+                ),
+            ));
+            return;
+        }
+        if !self.seen.insert(canon.clone()) {
+            return; // imported twice (e.g. by a literal and a glob): merge once
+        }
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.diags.push(Diagnostic::error(
+                    None,
+                    format!("cannot read {}: {e}", display_path(path)),
+                ));
+                return;
+            }
+        };
+        let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0) else {
+            return;
+        };
+        let imports = value
+            .get("framework")
+            .and_then(|f| f.get("imports"))
+            .and_then(Value::as_sequence)
+            .cloned()
+            .unwrap_or_default();
+        let file_idx = self.sources.files.len() - 1;
+        self.merge_file(value, file_idx);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut chain = chain.to_vec();
+        chain.push(canon);
+        for (i, imp) in imports.iter().enumerate() {
+            let ipath = keys(&["framework", "imports"])
+                .into_iter()
+                .chain([Seg::Index(i)])
+                .collect::<Vec<_>>();
+            let loc = self.locate_in(file_idx, &ipath);
+            let Some(pattern) = imp.as_str() else {
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    "framework.imports entries must be file paths or globs",
+                ));
+                continue;
+            };
+            let full = dir.join(pattern);
+            let is_glob = pattern.contains(['*', '?', '[']);
+            let mut matches: Vec<PathBuf> = if is_glob {
+                match glob::glob(&full.to_string_lossy()) {
+                    Ok(paths) => paths
+                        .filter_map(Result::ok)
+                        .filter(|p| p.is_file())
+                        .collect(),
+                    Err(e) => {
+                        self.diags.push(Diagnostic::error(
+                            loc,
+                            format!("import \"{pattern}\" is not a valid glob: {e}"),
+                        ));
+                        continue;
+                    }
+                }
+            } else if full.is_file() {
+                vec![full.clone()]
+            } else {
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    format!("import \"{pattern}\" not found (looked for {}); paths are relative to the importing file", display_path(&full)),
+                ));
+                continue;
+            };
+            matches.sort();
+            if matches.is_empty() {
+                self.diags.push(Diagnostic::warning(
+                    loc,
+                    format!("import \"{pattern}\" matches no file"),
+                ));
+            }
+            for m in matches {
+                self.load_file(&m, &chain);
+            }
+        }
+    }
+
+    fn locate_in(&self, file_idx: usize, path: &[Seg]) -> Option<Location> {
+        let f = &self.sources.files[file_idx];
+        let (line, col) = f.index.find(path).unwrap_or((1, 1));
+        Some(Location {
+            file: f.path.clone(),
+            line: line + f.line_offset,
+            col,
+        })
+    }
+
+    /// Parses text, records the file and its positions, substitutes variables.
+    fn parse_into_sources(
+        &mut self,
+        path: &Path,
+        text: &str,
+        prefix: YamlPath,
+        line_offset: usize,
+    ) -> Option<Value> {
+        let (mut value, index) = match yaml::parse(text) {
+            Ok(v) => v,
+            Err(e) => {
+                let loc = Location {
+                    file: path.to_path_buf(),
+                    line: e.line + line_offset,
+                    col: e.col,
+                };
+                self.diags.push(Diagnostic::error(
+                    Some(loc),
+                    format!("invalid YAML: {}", e.message),
+                ));
+                return None;
+            }
+        };
+        self.sources.files.push(SourceFile {
+            path: path.to_path_buf(),
+            index,
+            prefix: prefix.clone(),
+            line_offset,
+        });
+        if value.is_null() {
+            value = Value::Mapping(Mapping::new());
+        }
+        if !value.is_mapping() {
+            let loc = self.locate_in(self.sources.files.len() - 1, &[]);
+            self.diags.push(Diagnostic::error(
+                loc,
+                "a config file must be a mapping of sections (e.g. `scheduling:`)",
+            ));
+            return None;
+        }
+        let mut p = prefix;
+        self.substitute(&mut value, &mut p);
+        Some(value)
+    }
+
+    fn substitute(&mut self, v: &mut Value, path: &mut YamlPath) {
+        match v {
+            Value::String(s) if s.contains("${") => {
+                let (out, unset) = substitute_str(s, &*self.env);
+                for var in unset {
+                    self.unset.push((path.clone(), var));
+                }
+                *s = out;
+            }
+            Value::Mapping(m) => {
+                for (k, child) in m.iter_mut() {
+                    path.push(Seg::Key(k.as_str().unwrap_or_default().to_string()));
+                    self.substitute(child, path);
+                    path.pop();
+                }
+            }
+            Value::Sequence(items) => {
+                for (i, child) in items.iter_mut().enumerate() {
+                    path.push(Seg::Index(i));
+                    self.substitute(child, path);
+                    path.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Deep-merges one file's document into the merged document.
+    fn merge_file(&mut self, value: Value, file_idx: usize) {
+        let mut merged = std::mem::take(&mut self.merged);
+        self.merge(&mut merged, value, &mut Vec::new(), file_idx);
+        self.merged = merged;
+    }
+
+    fn merge(&mut self, dst: &mut Value, src: Value, path: &mut YamlPath, file_idx: usize) {
+        let (Value::Mapping(d), Value::Mapping(s)) = (&mut *dst, src.clone()) else {
+            *dst = src;
+            self.sources.owners.insert(path.clone(), file_idx);
+            return;
+        };
+        let is_collection = COLLECTIONS.iter().any(|c| {
+            path.len() == c.len()
+                && path
+                    .iter()
+                    .zip(c.iter())
+                    .all(|(a, b)| *a == Seg::Key((*b).to_string()))
+        });
+        for (k, v) in s {
+            let key = k.as_str().unwrap_or_default().to_string();
+            path.push(Seg::Key(key.clone()));
+            match d.get_mut(&k) {
+                Some(existing) if is_collection => {
+                    let _ = existing;
+                    let first = self.sources.locate(path);
+                    let second = self.locate_in(file_idx, &self.rel_path(file_idx, path));
+                    let what = collection_noun(&path[..path.len() - 1]);
+                    self.diags.push(Diagnostic::error(
+                        second.clone(),
+                        format!(
+                            "{what} \"{key}\" is defined twice: in {} and in {}; rename one or remove it",
+                            first.map(|l| l.to_string()).unwrap_or_default(),
+                            second.map(|l| l.to_string()).unwrap_or_default()
+                        ),
+                    ));
+                }
+                Some(existing) => self.merge(existing, v, path, file_idx),
+                None => {
+                    d.insert(k, v);
+                    self.sources.owners.insert(path.clone(), file_idx);
+                }
+            }
+            path.pop();
+        }
+    }
+
+    fn rel_path(&self, file_idx: usize, path: &[Seg]) -> YamlPath {
+        let f = &self.sources.files[file_idx];
+        path.strip_prefix(f.prefix.as_slice())
+            .unwrap_or(path)
+            .to_vec()
+    }
+
+    /// `agents/*.md` (front matter + prompt) and `agents/<name>/agent.yaml` (+ `prompt.md`).
+    fn load_agent_files(&mut self, dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        entries.sort();
+        for p in entries {
+            if p.extension().is_some_and(|e| e == "md") && p.is_file() {
+                let name = p
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
+                let text = match std::fs::read_to_string(&p) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        self.diags.push(Diagnostic::error(
+                            None,
+                            format!("cannot read {}: {e}", display_path(&p)),
+                        ));
+                        continue;
+                    }
+                };
+                let Some((front, body)) = yaml::split_front_matter(&text) else {
+                    let loc = Location {
+                        file: p.clone(),
+                        line: 1,
+                        col: 1,
+                    };
+                    self.diags.push(Diagnostic::error(Some(loc), format!("agent file for \"{name}\" has no YAML front matter: start it with a `---` line, the agent's fields, and another `---`")));
+                    continue;
+                };
+                self.add_agent(&p, &name, front, 1, Some(body.trim().to_string()));
+            } else if p.is_dir() {
+                let def = p.join("agent.yaml");
+                if !def.is_file() {
+                    continue;
+                }
+                let name = p
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
+                let text = match std::fs::read_to_string(&def) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        self.diags.push(Diagnostic::error(
+                            None,
+                            format!("cannot read {}: {e}", display_path(&def)),
+                        ));
+                        continue;
+                    }
+                };
+                let prompt = std::fs::read_to_string(p.join("prompt.md"))
+                    .ok()
+                    .map(|s| s.trim().to_string());
+                self.add_agent(&def, &name, &text, 0, prompt);
+            }
+        }
+    }
+
+    fn add_agent(
+        &mut self,
+        file: &Path,
+        stem: &str,
+        text: &str,
+        line_offset: usize,
+        prompt: Option<String>,
+    ) {
+        let prefix = keys(&["agents", stem]);
+        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset)
+        else {
+            return;
+        };
+        let name = value
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or(stem)
+            .to_string();
+        if let (Some(prompt), Value::Mapping(m)) = (prompt, &mut value) {
+            if !prompt.is_empty() && !m.contains_key("system_prompt") {
+                m.insert(Value::String("system_prompt".into()), Value::String(prompt));
+            }
+        }
+        let mut agents = Mapping::new();
+        agents.insert(Value::String(name.clone()), value);
+        let mut doc = Mapping::new();
+        doc.insert(Value::String("agents".into()), Value::Mapping(agents));
+        let idx = self.sources.files.len() - 1;
+        if name != stem {
+            self.sources.files[idx].prefix = keys(&["agents", &name]);
+        }
+        self.merge_file(Value::Mapping(doc), idx);
+    }
+
+    /// Deserializes the merged document. Collections go item by item, so every bad item is
+    /// reported; an item with unknown keys was already reported and is skipped.
+    fn deserialize(&mut self) -> Option<RawConfig> {
+        let unknown: Vec<YamlPath> = crate::schema::unknown_keys(&self.merged)
+            .into_iter()
+            .map(|u| u.path)
+            .collect();
+        let mut doc = self.merged.clone();
+        if let Value::Mapping(m) = &mut doc {
+            for s in SEED_ONLY_SECTIONS {
+                m.remove(*s);
+            }
+        }
+        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], &unknown);
+        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], &unknown);
+        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], &unknown);
+        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], &unknown);
+        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], &unknown);
+        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], &unknown);
+        // Whatever else has an unknown key cannot be read; drop it (already reported).
+        for p in &unknown {
+            remove_path(&mut doc, p);
+        }
+        let mut raw: RawConfig = RawConfig::default();
+        if let Value::Mapping(m) = doc {
+            for (k, v) in m {
+                let mut one = Mapping::new();
+                one.insert(k, v);
+                if let Some(part) = self.de::<RawConfig>(Value::Mapping(one), &[]) {
+                    merge_raw(&mut raw, part);
+                }
+            }
+        }
+        raw.agents = Some(agents);
+        raw.workflows = Some(workflows);
+        raw.pipelines = Some(pipelines);
+        raw.scheduling.get_or_insert_with(Default::default).jobs = Some(jobs);
+        raw.ai.get_or_insert_with(Default::default).providers = Some(providers);
+        raw.mcp.get_or_insert_with(Default::default).servers = Some(servers);
+        Some(raw)
+    }
+
+    fn take_items<T: DeserializeOwned>(
+        &mut self,
+        doc: &mut Value,
+        at: &[&str],
+        unknown: &[YamlPath],
+    ) -> BTreeMap<String, T> {
+        let mut out = BTreeMap::new();
+        let mut parent = Some(&mut *doc);
+        for k in &at[..at.len() - 1] {
+            parent = parent.and_then(|p| p.get_mut(*k));
+        }
+        let Some(Value::Mapping(parent)) = parent else {
+            return out;
+        };
+        let Some(taken) = parent.remove(at[at.len() - 1]) else {
+            return out;
+        };
+        let base = keys(at);
+        let items = match taken {
+            Value::Mapping(m) => m,
+            Value::Null => return out,
+            _ => {
+                let loc = self.sources.locate(&base);
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    format!(
+                        "\"{}\" must be a mapping of names to definitions",
+                        path_string(&base)
+                    ),
+                ));
+                return out;
+            }
+        };
+        for (k, v) in items {
+            let name = k.as_str().unwrap_or_default().to_string();
+            let mut path = base.clone();
+            path.push(Seg::Key(name.clone()));
+            if unknown.iter().any(|u| u.starts_with(&path)) {
+                continue;
+            }
+            if let Some(item) = self.de::<T>(v, &path) {
+                out.insert(name, item);
+            }
+        }
+        out
+    }
+
+    fn de<T: DeserializeOwned>(&mut self, v: Value, base: &[Seg]) -> Option<T> {
+        match serde_path_to_error::deserialize::<_, T>(v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                let mut path = base.to_vec();
+                for seg in e.path().iter() {
+                    match seg {
+                        serde_path_to_error::Segment::Map { key } => {
+                            path.push(Seg::Key(key.clone()))
+                        }
+                        serde_path_to_error::Segment::Seq { index } => {
+                            path.push(Seg::Index(*index))
+                        }
+                        _ => {}
+                    }
+                }
+                let loc = self.sources.locate(&path);
+                let inner = e.into_inner().to_string();
+                let inner = inner
+                    .split(" at line ")
+                    .next()
+                    .unwrap_or(&inner)
+                    .to_string();
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    format!("\"{}\": {inner}", path_string(&path)),
+                ));
+                None
+            }
+        }
+    }
+}
+
+fn collection_noun(path: &[Seg]) -> &'static str {
+    match path.last() {
+        Some(Seg::Key(k)) => match k.as_str() {
+            "agents" => "agent",
+            "workflows" => "workflow",
+            "pipelines" => "pipeline",
+            "jobs" => "job",
+            "providers" => "provider",
+            "servers" => "MCP server",
+            _ => "rate limit",
+        },
+        _ => "item",
+    }
+}
+
+fn remove_path(doc: &mut Value, path: &[Seg]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut cur = Some(doc);
+    for seg in parents {
+        cur = match (cur, seg) {
+            (Some(Value::Mapping(m)), Seg::Key(k)) => m.get_mut(k.as_str()),
+            (Some(Value::Sequence(s)), Seg::Index(i)) => s.get_mut(*i),
+            _ => None,
+        };
+    }
+    if let (Some(Value::Mapping(m)), Seg::Key(k)) = (cur, last) {
+        m.remove(k.as_str());
+    }
+}
+
+/// Combines top-level sections deserialized one at a time (each part sets one section).
+fn merge_raw(into: &mut RawConfig, part: RawConfig) {
+    macro_rules! take {
+        ($($f:ident),*) => { $( if part.$f.is_some() { into.$f = part.$f; } )* };
+    }
+    take!(
+        framework,
+        ai,
+        rate_limits,
+        agents,
+        pipelines,
+        workflows,
+        scheduling,
+        plugins,
+        hooks,
+        mcp,
+        worker,
+        telemetry
+    );
+}
+
+/// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the
+/// names of variables that were unset without a default (those stay as written).
+pub(crate) fn substitute_str(
+    s: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> (String, Vec<String>) {
+    let mut out = String::with_capacity(s.len());
+    let mut unset = Vec::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            rest = "";
+            break;
+        };
+        let inner = &after[..end];
+        let (name, default) = match inner.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (inner, None),
+        };
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !TEMPLATE_ROOTS.contains(&name);
+        if !valid {
+            out.push_str(&rest[start..start + 2 + end + 1]);
+        } else {
+            match (env(name), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    unset.push(name.to_string());
+                    out.push_str(&rest[start..start + 2 + end + 1]);
+                }
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    (out, unset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "HOME_DIR" => Some("/home/x".into()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn substitution_rules() {
+        assert_eq!(
+            substitute_str("${HOME_DIR}/a", &env),
+            ("/home/x/a".into(), vec![])
+        );
+        assert_eq!(
+            substitute_str("${NOPE:-dflt}", &env),
+            ("dflt".into(), vec![])
+        );
+        assert_eq!(
+            substitute_str("${NOPE}", &env),
+            ("${NOPE}".into(), vec!["NOPE".into()])
+        );
+        assert_eq!(substitute_str("${EMPTY:-x}", &env), ("".into(), vec![]));
+        // Workflow templates are not environment variables.
+        for t in [
+            "${input}",
+            "${input.topic}",
+            "${steps.a.output}",
+            "${env.HOME}",
+        ] {
+            assert_eq!(substitute_str(t, &env), (t.to_string(), vec![]));
+        }
+        assert_eq!(
+            substitute_str("unterminated ${X", &env).0,
+            "unterminated ${X"
+        );
+    }
+}

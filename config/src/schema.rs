@@ -1,0 +1,114 @@
+//! The JSON Schema of the config, generated from the raw types, and the unknown-key pass that
+//! uses it: one source of truth for which keys exist, so that the schema editors see and the
+//! "did you mean" errors can never disagree.
+
+use serde_json::Value as Json;
+
+use crate::diag::did_you_mean;
+use crate::raw::RawConfig;
+use crate::yaml::{Seg, Value, YamlPath};
+
+/// The JSON Schema for `lamplighter.yaml`, pretty-printed.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(RawConfig);
+    serde_json::to_string_pretty(&schema).expect("a schema is always serializable")
+}
+
+/// An unknown key: where, and the message.
+pub(crate) struct UnknownKey {
+    pub(crate) path: YamlPath,
+    pub(crate) message: String,
+}
+
+/// Walks `value` alongside the schema and reports every key the schema does not allow.
+pub(crate) fn unknown_keys(value: &Value) -> Vec<UnknownKey> {
+    let schema = schemars::schema_for!(RawConfig);
+    let root = schema.as_value();
+    let mut out = Vec::new();
+    walk(root, root, value, &mut Vec::new(), &mut out);
+    out
+}
+
+fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
+    // Follow `$ref` and unwrap `Option<T>` (`anyOf: [T, null]`).
+    for _ in 0..16 {
+        if let Some(r) = s.get("$ref").and_then(Json::as_str) {
+            let name = r.rsplit('/').next().unwrap_or_default();
+            match root.get("$defs").and_then(|d| d.get(name)) {
+                Some(t) => {
+                    s = t;
+                    continue;
+                }
+                None => return s,
+            }
+        }
+        if let Some(alts) = s
+            .get("anyOf")
+            .or_else(|| s.get("oneOf"))
+            .and_then(Json::as_array)
+        {
+            if let Some(t) = alts
+                .iter()
+                .find(|a| a.get("type").and_then(Json::as_str) != Some("null"))
+            {
+                s = t;
+                continue;
+            }
+        }
+        return s;
+    }
+    s
+}
+
+fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mut Vec<UnknownKey>) {
+    let schema = resolve(root, schema);
+    match value {
+        Value::Mapping(map) => {
+            let props = schema.get("properties").and_then(Json::as_object);
+            let additional = schema.get("additionalProperties");
+            for (k, v) in map {
+                let key = match k {
+                    Value::String(s) => s.clone(),
+                    other => serde_yaml::to_string(other)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
+                };
+                path.push(Seg::Key(key.clone()));
+                if let Some(sub) = props.and_then(|p| p.get(&key)) {
+                    walk(root, sub, v, path, out);
+                } else if let Some(add) = additional.filter(|a| a.is_object()) {
+                    walk(root, add, v, path, out);
+                } else if additional == Some(&Json::Bool(false)) {
+                    let known: Vec<&str> = props
+                        .map(|p| p.keys().map(String::as_str).collect())
+                        .unwrap_or_default();
+                    let hint = did_you_mean(&key, known.iter().copied());
+                    let place = if path.len() == 1 {
+                        "at the top level".to_string()
+                    } else {
+                        format!(
+                            "in \"{}\"",
+                            crate::yaml::path_string(&path[..path.len() - 1])
+                        )
+                    };
+                    out.push(UnknownKey {
+                        path: path.clone(),
+                        message: format!("unknown key \"{key}\" {place}{hint}"),
+                    });
+                }
+                path.pop();
+            }
+        }
+        Value::Sequence(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, v) in items.iter().enumerate() {
+                    path.push(Seg::Index(i));
+                    walk(root, item_schema, v, path, out);
+                    path.pop();
+                }
+            }
+        }
+        _ => {}
+    }
+}
