@@ -1,0 +1,578 @@
+//! When a job fires: cron (5/6 fields, macros), `every:`, one-shot `at:`, in the job's time
+//! zone, with the DST rules of SPEC §4 (RFC 5545 §3.3.5: a local time in a gap is read with the
+//! offset before the gap; a repeated local time means its first occurrence).
+//!
+//! Cron fields are matched on *local wall-clock time* with the `cron` crate evaluated on naive
+//! times; the mapping to instants is ours, because that is where the DST rules live.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
+
+/// A parsed schedule. Computing fire times never fails.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    kind: Kind,
+    tz: Tz,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// One or two cron schedules whose union is the job's schedule (two when both day-of-month
+    /// and day-of-week are restricted: standard cron fires when *either* matches).
+    Cron(Vec<cron::Schedule>),
+    /// Every `period`, aligned to the Unix epoch so tick identities survive restarts.
+    Every(Duration),
+    At(DateTime<Utc>),
+}
+
+/// A schedule that cannot be parsed, with a message saying how to write it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ScheduleError(String);
+
+const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+const MONTHS: [&str; 12] = [
+    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+];
+
+impl Schedule {
+    pub fn cron(expr: &str, tz: &str) -> Result<Self, ScheduleError> {
+        Ok(Self {
+            kind: Kind::Cron(parse_cron(expr)?),
+            tz: parse_tz(tz)?,
+        })
+    }
+
+    pub fn every(spec: &str) -> Result<Self, ScheduleError> {
+        let d = humantime::parse_duration(spec.trim()).map_err(|e| {
+            ScheduleError(format!(
+                "every \"{spec}\" is not a duration ({e}); write e.g. \"90s\", \"15m\""
+            ))
+        })?;
+        if d < Duration::from_secs(1) {
+            return Err(ScheduleError(format!(
+                "every \"{spec}\" is shorter than the 1 s minimum"
+            )));
+        }
+        Ok(Self {
+            kind: Kind::Every(d),
+            tz: Tz::UTC,
+        })
+    }
+
+    pub fn at(spec: &str) -> Result<Self, ScheduleError> {
+        let t = DateTime::parse_from_rfc3339(spec.trim())
+            .map_err(|e| ScheduleError(format!("at \"{spec}\" is not an RFC 3339 instant ({e}); write e.g. \"2026-12-24T18:00:00+01:00\"")))?;
+        Ok(Self {
+            kind: Kind::At(t.with_timezone(&Utc)),
+            tz: Tz::UTC,
+        })
+    }
+
+    pub fn from_spec(
+        spec: &lamplighter_config::ScheduleSpec,
+        tz: &str,
+    ) -> Result<Self, ScheduleError> {
+        use lamplighter_config::ScheduleSpec as S;
+        match spec {
+            S::Cron(c) => Self::cron(c, tz),
+            S::Every(e) => Self::every(e),
+            S::At(a) => Self::at(a),
+        }
+    }
+
+    pub fn timezone(&self) -> Tz {
+        self.tz
+    }
+
+    /// The first fire instant strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.kind {
+            Kind::At(at) => (*at > t).then_some(*at),
+            Kind::Every(d) => {
+                let p = d.as_millis().max(1) as i64;
+                let ms = t.timestamp_millis();
+                let next = (ms.div_euclid(p) + 1) * p;
+                DateTime::from_timestamp_millis(next)
+            }
+            Kind::Cron(scheds) => scheds.iter().filter_map(|s| next_cron(s, self.tz, t)).min(),
+        }
+    }
+
+    /// The next `n` fire instants after `t`.
+    pub fn upcoming(&self, t: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::with_capacity(n);
+        let mut cur = t;
+        while out.len() < n {
+            match self.next_after(cur) {
+                Some(x) => {
+                    out.push(x);
+                    cur = x;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
+    Tz::from_str(tz).map_err(|_| {
+        ScheduleError(format!(
+            "time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"
+        ))
+    })
+}
+
+/// Translates standard cron to the `cron` crate's 6-field, seconds-first form.
+fn parse_cron(expr: &str) -> Result<Vec<cron::Schedule>, ScheduleError> {
+    let e = expr.trim();
+    let lower = e.to_ascii_lowercase();
+    let macro_fields = match lower.as_str() {
+        "@yearly" | "@annually" => Some("0 0 0 1 1 *"),
+        "@monthly" => Some("0 0 0 1 * *"),
+        "@weekly" => Some("0 0 0 * * 0"),
+        "@daily" | "@midnight" => Some("0 0 0 * * *"),
+        "@hourly" => Some("0 0 * * * *"),
+        m if m.starts_with('@') => {
+            return Err(ScheduleError(format!(
+                "cron macro \"{e}\" is not one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"
+            )));
+        }
+        _ => None,
+    };
+    let mut fields: Vec<&str> = macro_fields.unwrap_or(e).split_whitespace().collect();
+    match fields.len() {
+        5 => fields.insert(0, "0"),
+        6 => {}
+        n => {
+            return Err(ScheduleError(format!(
+                "cron \"{e}\" has {n} fields; write 5 (minute hour day-of-month month day-of-week), 6 (seconds first) or a macro such as @daily"
+            )));
+        }
+    }
+    // fields: seconds minute hour day-of-month month day-of-week (standard numbering).
+    let dow = fields[5].to_string();
+    let dom = fields[3];
+    let month = translate_names(fields[4], &MONTHS, 1);
+    let dow_restricted = !matches!(dow.as_str(), "*" | "?");
+    let dom_restricted = !matches!(dom, "*" | "?");
+    let dow_t = if dow_restricted {
+        translate_dow(&dow).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))?
+    } else {
+        "*".to_string()
+    };
+    let build = |dom: &str, dow: &str| -> Result<cron::Schedule, ScheduleError> {
+        let s = format!(
+            "{} {} {} {} {} {}",
+            fields[0], fields[1], fields[2], dom, month, dow
+        );
+        cron::Schedule::from_str(&s)
+            .map_err(|err| ScheduleError(format!("cron \"{e}\" is not valid: {err}")))
+    };
+    if dom_restricted && dow_restricted {
+        // Standard cron: "1 * * * MON" and "0 0 13 * FRI" fire when either day field matches.
+        Ok(vec![build(dom, "*")?, build("*", &dow_t)?])
+    } else {
+        Ok(vec![build(dom, &dow_t)?])
+    }
+}
+
+fn translate_names(field: &str, names: &[&str], base: usize) -> String {
+    let mut s = field.to_ascii_uppercase();
+    for (i, n) in names.iter().enumerate() {
+        s = s.replace(n, &(i + base).to_string());
+    }
+    s
+}
+
+/// Expands a standard day-of-week field (0–7, 0 and 7 = Sunday, names, ranges, steps, lists)
+/// into the `cron` crate's form, as names so numbering cannot be confused.
+fn translate_dow(field: &str) -> Result<String, String> {
+    let f = translate_names(field, &DAYS, 0);
+    let mut days = [false; 7];
+    for part in f.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((r, s)) => (
+                r,
+                s.parse::<usize>()
+                    .map_err(|_| format!("day-of-week step \"{s}\" is not a number"))?,
+            ),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err("day-of-week step must be at least 1".into());
+        }
+        let num = |s: &str| -> Result<usize, String> {
+            let n: usize = s
+                .parse()
+                .map_err(|_| format!("day-of-week \"{s}\" is not 0–7 or a day name (SUN–SAT)"))?;
+            if n > 7 {
+                Err(format!("day-of-week {n} is out of range 0–7"))
+            } else {
+                Ok(n)
+            }
+        };
+        let (lo, hi) = match range {
+            "*" | "?" => (0, 6),
+            r => match r.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None if step > 1 => (num(r)?, 6),
+                None => {
+                    let n = num(r)?;
+                    (n, n)
+                }
+            },
+        };
+        if lo > hi {
+            return Err(format!("day-of-week range \"{range}\" runs backwards"));
+        }
+        for d in (lo..=hi).step_by(step) {
+            days[d % 7] = true;
+        }
+    }
+    Ok(days
+        .iter()
+        .enumerate()
+        .filter(|(_, on)| **on)
+        .map(|(i, _)| DAYS[i])
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+/// The instant a local wall-clock time means (SPEC §4 DST rules).
+fn local_to_instant(tz: Tz, naive: NaiveDateTime) -> DateTime<Utc> {
+    match tz.from_local_datetime(&naive) {
+        LocalResult::Single(t) => t.with_timezone(&Utc),
+        LocalResult::Ambiguous(a, b) => a.min(b).with_timezone(&Utc),
+        LocalResult::None => {
+            // In a gap: use the offset in force before it.
+            let before = naive - chrono::Duration::hours(3);
+            let off = match tz.from_local_datetime(&before) {
+                LocalResult::Single(t) => t.offset().fix(),
+                LocalResult::Ambiguous(a, _) => a.offset().fix(),
+                LocalResult::None => tz.offset_from_utc_datetime(&before).fix(),
+            };
+            Utc.from_utc_datetime(
+                &(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)),
+            )
+        }
+    }
+}
+
+fn next_cron(s: &cron::Schedule, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let local_now = t.with_timezone(&tz).naive_local();
+    let as_utc = |n: NaiveDateTime| Utc.from_utc_datetime(&n);
+    // Fast path: no offset change near here, so wall-clock order is instant order.
+    let first = s.after(&as_utc(local_now)).next()?.naive_utc();
+    let inst = local_to_instant(tz, first);
+    let off = |x: DateTime<Utc>| tz.offset_from_utc_datetime(&x.naive_utc()).fix();
+    let margin = chrono::Duration::hours(3);
+    if inst > t && off(t - margin) == off(inst + margin) {
+        return Some(inst);
+    }
+    // Near a transition: look at wall-clock candidates from a little before, and keep the
+    // earliest instant after `t` (gap times may map past later wall-clock times).
+    let mut best: Option<DateTime<Utc>> = None;
+    for cand in s.after(&as_utc(local_now - margin)).map(|c| c.naive_utc()) {
+        if let Some(b) = best {
+            if cand > b.with_timezone(&tz).naive_local() + margin {
+                break;
+            }
+        }
+        let i = local_to_instant(tz, cand);
+        if i > t && best.is_none_or(|b| i < b) {
+            best = Some(i);
+        }
+        if cand > local_now + chrono::Duration::days(400) {
+            break;
+        }
+    }
+    best
+}
+
+/// A delay in `[0, max)` that depends only on the job and the tick, so a tick keeps its jitter
+/// across restarts and on every worker.
+pub fn jitter_for(job: &str, tick: DateTime<Utc>, max: Duration) -> Duration {
+    let ms = max.as_millis() as u64;
+    if ms == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a: stable across Rust versions, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in job
+        .as_bytes()
+        .iter()
+        .chain(&tick.timestamp_millis().to_le_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    Duration::from_millis(h % ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn next(expr: &str, tz: &str, after: &str) -> String {
+        Schedule::cron(expr, tz)
+            .unwrap()
+            .next_after(utc(after))
+            .unwrap()
+            .to_rfc3339()
+    }
+
+    fn local(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
+        let s = Schedule::cron(expr, tz).unwrap();
+        let z = s.timezone();
+        s.upcoming(utc(after), n)
+            .iter()
+            .map(|t| t.with_timezone(&z).to_rfc3339())
+            .collect()
+    }
+
+    #[test]
+    fn five_fields_get_seconds() {
+        assert_eq!(
+            next("0 2 * * *", "UTC", "2026-01-01T00:00:00Z"),
+            "2026-01-01T02:00:00+00:00"
+        );
+        assert_eq!(
+            next("*/15 * * * *", "UTC", "2026-01-01T00:07:00Z"),
+            "2026-01-01T00:15:00+00:00"
+        );
+    }
+
+    #[test]
+    fn six_fields_have_seconds_first() {
+        assert_eq!(
+            next("30 0 2 * * *", "UTC", "2026-01-01T00:00:00Z"),
+            "2026-01-01T02:00:30+00:00"
+        );
+        assert_eq!(
+            next("*/5 * * * * *", "UTC", "2026-01-01T00:00:01Z"),
+            "2026-01-01T00:00:05+00:00"
+        );
+    }
+
+    #[test]
+    fn day_of_week_uses_standard_numbering() {
+        // 2026-01-01 is a Thursday.
+        let cases = [
+            ("0 9 * * 0", "2026-01-04T09:00:00+00:00"), // Sunday
+            ("0 9 * * 7", "2026-01-04T09:00:00+00:00"), // Sunday too
+            ("0 9 * * 1", "2026-01-05T09:00:00+00:00"), // Monday
+            ("0 9 * * 5", "2026-01-02T09:00:00+00:00"), // Friday
+            ("0 9 * * 6", "2026-01-03T09:00:00+00:00"), // Saturday
+            ("0 9 * * sun", "2026-01-04T09:00:00+00:00"),
+            ("0 9 * * MON-FRI", "2026-01-01T09:00:00+00:00"),
+            ("0 9 * * 1-5", "2026-01-01T09:00:00+00:00"),
+            ("0 9 * * 6,0", "2026-01-03T09:00:00+00:00"),
+            ("0 9 * * 5-7", "2026-01-02T09:00:00+00:00"),
+            ("0 9 * * */3", "2026-01-03T09:00:00+00:00"), // Sun, Wed, Sat
+        ];
+        for (expr, want) in cases {
+            assert_eq!(next(expr, "UTC", "2026-01-01T00:00:00Z"), want, "{expr}");
+        }
+    }
+
+    #[test]
+    fn weekday_list_over_a_week() {
+        let days: Vec<String> = local("0 9 * * 1-5", "UTC", "2026-01-03T00:00:00Z", 5)
+            .iter()
+            .map(|s| s[..10].to_string())
+            .collect();
+        assert_eq!(
+            days,
+            [
+                "2026-01-05",
+                "2026-01-06",
+                "2026-01-07",
+                "2026-01-08",
+                "2026-01-09"
+            ]
+        );
+    }
+
+    #[test]
+    fn day_of_month_or_day_of_week() {
+        // Standard cron: the 13th OR any Friday.
+        let got = local("0 0 13 * 5", "UTC", "2026-02-01T00:00:00Z", 4);
+        assert_eq!(
+            got,
+            [
+                "2026-02-06T00:00:00+00:00",
+                "2026-02-13T00:00:00+00:00",
+                "2026-02-20T00:00:00+00:00",
+                "2026-02-27T00:00:00+00:00"
+            ]
+        );
+        let got = local("0 0 10 * 1", "UTC", "2026-02-01T00:00:00Z", 3);
+        assert_eq!(
+            got,
+            [
+                "2026-02-02T00:00:00+00:00",
+                "2026-02-09T00:00:00+00:00",
+                "2026-02-10T00:00:00+00:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn macros() {
+        let a = "2026-03-15T10:20:00Z";
+        assert_eq!(next("@hourly", "UTC", a), "2026-03-15T11:00:00+00:00");
+        assert_eq!(next("@daily", "UTC", a), "2026-03-16T00:00:00+00:00");
+        assert_eq!(next("@midnight", "UTC", a), "2026-03-16T00:00:00+00:00");
+        assert_eq!(next("@weekly", "UTC", a), "2026-03-22T00:00:00+00:00"); // a Sunday
+        assert_eq!(next("@monthly", "UTC", a), "2026-04-01T00:00:00+00:00");
+        assert_eq!(next("@yearly", "UTC", a), "2027-01-01T00:00:00+00:00");
+        assert_eq!(next("@annually", "UTC", a), "2027-01-01T00:00:00+00:00");
+    }
+
+    #[test]
+    fn bad_expressions_say_how_to_fix() {
+        for (e, want) in [
+            ("0 2 * *", "has 4 fields"),
+            ("@fortnightly", "not one of @yearly"),
+            ("0 25 * * *", "is not valid"),
+            ("0 2 * * 8", "out of range 0–7"),
+            ("0 2 * * FUNDAY", "not 0–7 or a day name"),
+            ("0 2 * * 5-1", "runs backwards"),
+        ] {
+            let err = Schedule::cron(e, "UTC").unwrap_err().to_string();
+            assert!(err.contains(want), "{e}: {err}");
+        }
+        assert!(
+            Schedule::cron("0 2 * * *", "Mars/Olympus")
+                .unwrap_err()
+                .to_string()
+                .contains("IANA")
+        );
+        assert!(Schedule::every("soon").is_err());
+        assert!(Schedule::every("10ms").is_err());
+        assert!(Schedule::at("tomorrow").is_err());
+    }
+
+    #[test]
+    fn berlin_spring_forward_gap_fires_after_the_gap() {
+        // 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist: fires at 03:30 CEST.
+        assert_eq!(
+            local("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 3),
+            [
+                "2026-03-29T03:30:00+02:00",
+                "2026-03-30T02:30:00+02:00",
+                "2026-03-31T02:30:00+02:00",
+            ]
+        );
+        // 02:30 (→ 03:30) and 03:30 land on the same instant: fired once.
+        let s = Schedule::cron("30 2,3 * * *", "Europe/Berlin").unwrap();
+        let got: Vec<String> = s
+            .upcoming(utc("2026-03-28T23:00:00Z"), 2)
+            .iter()
+            .map(|t| t.with_timezone(&s.timezone()).to_rfc3339())
+            .collect();
+        assert_eq!(
+            got,
+            ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00"]
+        );
+    }
+
+    #[test]
+    fn berlin_fall_back_fires_first_occurrence_only() {
+        // 2026-10-25: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
+        assert_eq!(
+            local("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2),
+            ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+        );
+        // An hourly job runs at every real hour, the repeated 02:00 hour included once.
+        let got = local("0 * * * *", "Europe/Berlin", "2026-10-24T22:30:00Z", 4);
+        assert_eq!(
+            got,
+            [
+                "2026-10-25T01:00:00+02:00",
+                "2026-10-25T02:00:00+02:00",
+                "2026-10-25T03:00:00+01:00",
+                "2026-10-25T04:00:00+01:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn new_york_spring_and_fall() {
+        // 2026-03-08 02:00 EST → 03:00 EDT.
+        assert_eq!(
+            local("30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", 2),
+            ["2026-03-08T03:30:00-04:00", "2026-03-09T02:30:00-04:00"]
+        );
+        // 2026-11-01 02:00 EDT → 01:00 EST; 01:30 happens twice, fired at the first.
+        assert_eq!(
+            local("30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", 2),
+            ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+        );
+    }
+
+    #[test]
+    fn southern_hemisphere_and_half_hour_zones() {
+        // Sydney: 2026-10-04 02:00 AEST → 03:00 AEDT.
+        assert_eq!(
+            local("15 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z", 1),
+            ["2026-10-04T03:15:00+11:00"]
+        );
+        // Lord Howe moves by 30 minutes: 02:00 → 02:30 on 2026-10-04.
+        assert_eq!(
+            local(
+                "15 2 * * *",
+                "Australia/Lord_Howe",
+                "2026-10-03T00:00:00Z",
+                1
+            ),
+            ["2026-10-04T02:45:00+11:00"]
+        );
+    }
+
+    #[test]
+    fn every_is_epoch_aligned() {
+        let s = Schedule::every("90s").unwrap();
+        assert_eq!(
+            s.next_after(utc("1970-01-01T00:00:00Z")).unwrap(),
+            utc("1970-01-01T00:01:30Z")
+        );
+        let t = utc("2026-05-05T10:00:01Z");
+        let n = s.next_after(t).unwrap();
+        assert_eq!(n.timestamp() % 90, 0);
+        assert!(n > t && n - t <= chrono::Duration::seconds(90));
+    }
+
+    #[test]
+    fn at_fires_once() {
+        let s = Schedule::at("2026-12-24T18:00:00+01:00").unwrap();
+        assert_eq!(
+            s.next_after(utc("2026-01-01T00:00:00Z")),
+            Some(utc("2026-12-24T17:00:00Z"))
+        );
+        assert_eq!(s.next_after(utc("2026-12-24T17:00:00Z")), None);
+    }
+
+    #[test]
+    fn jitter_is_stable_per_tick_and_bounded() {
+        let t = utc("2026-01-01T02:00:00Z");
+        let max = Duration::from_secs(60);
+        let a = jitter_for("nightly", t, max);
+        assert_eq!(a, jitter_for("nightly", t, max));
+        assert!(a < max);
+        let spread: std::collections::HashSet<_> = (0..50)
+            .map(|i| jitter_for("nightly", t + chrono::Duration::days(i), max))
+            .collect();
+        assert!(spread.len() > 40, "jitter should vary between ticks");
+        assert_eq!(jitter_for("x", t, Duration::ZERO), Duration::ZERO);
+    }
+}
