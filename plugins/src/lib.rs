@@ -23,11 +23,23 @@ pub enum ActionError {
     #[error("unknown action \"{name}\"; known actions: {known}")]
     UnknownAction { name: String, known: String },
     #[error("{action}: parameter \"{parameter}\" {problem}")]
-    InvalidParameter { action: String, parameter: String, problem: String },
+    InvalidParameter {
+        action: String,
+        parameter: String,
+        problem: String,
+    },
     #[error("{action}: path \"{path}\" {problem}")]
-    PathNotAllowed { action: String, path: String, problem: String },
+    PathNotAllowed {
+        action: String,
+        path: String,
+        problem: String,
+    },
     #[error("{action}: command \"{command}\" is not allowed: {reason}")]
-    CommandNotAllowed { action: String, command: String, reason: String },
+    CommandNotAllowed {
+        action: String,
+        command: String,
+        reason: String,
+    },
     #[error("{action} timed out after {seconds} s")]
     Timeout { action: String, seconds: u64 },
     #[error("{action} was cancelled")]
@@ -39,7 +51,13 @@ pub enum ActionError {
 impl ActionError {
     /// True when running the same call again cannot succeed (bad input, policy).
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::UnknownAction { .. } | Self::InvalidParameter { .. } | Self::PathNotAllowed { .. } | Self::CommandNotAllowed { .. })
+        matches!(
+            self,
+            Self::UnknownAction { .. }
+                | Self::InvalidParameter { .. }
+                | Self::PathNotAllowed { .. }
+                | Self::CommandNotAllowed { .. }
+        )
     }
 }
 
@@ -76,7 +94,9 @@ pub struct Registry {
 impl Registry {
     /// The built-in plugins.
     pub fn builtin() -> Self {
-        Self { plugins: builtin::infos() }
+        Self {
+            plugins: builtin::infos(),
+        }
     }
 
     pub fn plugins(&self) -> &[PluginInfo] {
@@ -84,22 +104,43 @@ impl Registry {
     }
 
     pub fn has_plugin(&self, plugin: &str) -> bool {
-        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none())
+        self.plugins
+            .iter()
+            .any(|p| p.name == plugin && p.error.is_none())
     }
 
     pub fn has_action(&self, plugin: &str, action: &str) -> bool {
-        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action))
+        self.plugins.iter().any(|p| {
+            p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action)
+        })
     }
 
     /// `"file-read.read", …` for error messages.
     pub fn action_names(&self) -> Vec<String> {
-        self.plugins.iter().filter(|p| p.error.is_none()).flat_map(|p| p.actions.iter().map(move |a| format!("{}.{}", p.name, a.name))).collect()
+        self.plugins
+            .iter()
+            .filter(|p| p.error.is_none())
+            .flat_map(|p| {
+                p.actions
+                    .iter()
+                    .map(move |a| format!("{}.{}", p.name, a.name))
+            })
+            .collect()
     }
 
     /// Runs one action. Never panics on input; every problem is an [`ActionError`].
-    pub async fn invoke(&self, plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
+    pub async fn invoke(
+        &self,
+        plugin: &str,
+        action: &str,
+        params: Value,
+        ctx: &ActionContext,
+    ) -> Result<Value, ActionError> {
         if !self.has_action(plugin, action) {
-            return Err(ActionError::UnknownAction { name: format!("{plugin}.{action}"), known: self.action_names().join(", ") });
+            return Err(ActionError::UnknownAction {
+                name: format!("{plugin}.{action}"),
+                known: self.action_names().join(", "),
+            });
         }
         builtin::invoke(plugin, action, params, ctx).await
     }

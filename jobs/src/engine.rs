@@ -1,0 +1,370 @@
+//! The engine: owns the store, the scheduler task and the queue worker, and the shared state
+//! they use. Start, reload and shutdown go through here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
+use chrono::{DateTime, Utc};
+use futures::channel::mpsc;
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_config::{Config, JobConfig, StorageConfig};
+use lamplighter_plugins::Registry;
+
+use crate::clock::Clock;
+use crate::executor::{self, Queue, RunTask, Running, StopReason};
+use crate::run::{RunStatus, Trigger};
+use crate::store::{NewRun, Store, StoreError};
+
+/// Engine start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Locked(String),
+}
+
+/// State shared by the scheduler, the executor and the service.
+///
+/// Locking rule: the `std` locks here guard plain data and are never held across `.await`.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) worker_name: String,
+    pub(crate) concurrency: usize,
+    config: RwLock<Arc<JobsConfig>>,
+    /// Wakes the scheduler: a job changed, a run finished, a run was queued.
+    pub(crate) wake: Notify,
+    /// Set before `wake` when the plan must be rebuilt (reload, pause, resume).
+    pub(crate) replan: AtomicBool,
+    pub(crate) scheduler_alive: AtomicBool,
+    pub(crate) running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Run ids as they finish, for `wait`.
+    pub(crate) finished: broadcast::Sender<String>,
+    queue: Queue,
+    queue_wake: mpsc::UnboundedSender<()>,
+    pub(crate) started_at: DateTime<Utc>,
+}
+
+/// The part of the config the engine needs, swapped whole on reload.
+#[derive(Debug, Clone)]
+pub(crate) struct JobsConfig {
+    pub(crate) jobs: BTreeMap<String, JobConfig>,
+    pub(crate) data_dir: PathBuf,
+}
+
+impl Shared {
+    pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
+        Arc::new(
+            self.config
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .jobs
+                .clone(),
+        )
+    }
+
+    pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .jobs
+            .get(name)
+            .cloned()
+    }
+
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .data_dir
+            .clone()
+    }
+
+    pub(crate) fn wake_scheduler(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn replan(&self) {
+        self.replan.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn run_finished(&self, id: &str) {
+        let _ = self.finished.send(id.to_string());
+        self.wake_scheduler();
+    }
+
+    /// Hands a queued run to apalis. A new task id per hand-over: after a crash the old task
+    /// may still sit locked by the dead worker; the claim in the executor runs it once.
+    pub(crate) async fn push(&self, run_id: &str, now: DateTime<Utc>) -> Result<(), String> {
+        let mut q = self.queue.clone();
+        let task = TaskBuilder::new(RunTask {
+            run_id: run_id.to_string(),
+        })
+        .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+        .max_attempts(1)
+        .build();
+        q.push_task(task).await.map_err(|e| e.to_string())?;
+        self.store
+            .mark_dispatched(run_id, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = self.queue_wake.unbounded_send(());
+        Ok(())
+    }
+
+    /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
+    /// records the reason itself.
+    pub(crate) async fn stop_run(&self, id: &str, why: String, now: DateTime<Utc>) -> bool {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        if let Some(r) = running {
+            *r.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(StopReason::Cancelled(why));
+            r.token.cancel();
+            return true;
+        }
+        let done = self
+            .store
+            .finish(id, RunStatus::Cancelled, None, Some(&why), now)
+            .await
+            .unwrap_or(false);
+        if done {
+            self.run_finished(id);
+        }
+        done
+    }
+}
+
+/// A running engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+    tasks: Arc<Mutex<Option<Tasks>>>,
+    _lock: Arc<std::fs::File>,
+}
+
+struct Tasks {
+    stop_scheduler: CancellationToken,
+    stop_queue: CancellationToken,
+    scheduler: tokio::task::JoinHandle<()>,
+    queue: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// How to start the engine.
+pub struct EngineOptions {
+    pub worker_name: String,
+    pub clock: Arc<dyn Clock>,
+    pub registry: Arc<Registry>,
+}
+
+/// Applies migrations without starting anything (`lamplighter migrate`).
+pub async fn migrate(config: &Config) -> Result<PathBuf, EngineError> {
+    let path = sqlite_path(config)?;
+    let store = Store::open(&path).await?;
+    store.migrate().await?;
+    Ok(path)
+}
+
+fn sqlite_path(config: &Config) -> Result<PathBuf, EngineError> {
+    match &config.storage {
+        StorageConfig::Sqlite { path } => Ok(path.clone()),
+        StorageConfig::Postgres { .. } => Err(EngineError::Unsupported(
+            "scheduling.storage.provider \"postgres\" is not supported by this build yet; use \"sqlite\" (the default)".into(),
+        )),
+    }
+}
+
+impl Engine {
+    /// Opens storage, applies migrations, recovers runs of a worker that died, and starts the
+    /// scheduler and the queue worker.
+    pub async fn start(config: &Config, opts: EngineOptions) -> Result<Engine, EngineError> {
+        let path = sqlite_path(config)?;
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // One worker per SQLite database: the lock makes "every run marked running is an
+        // orphan" true at start.
+        let lock_path = path.with_extension("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                EngineError::Locked(format!("cannot open {}: {e}", lock_path.display()))
+            })?;
+        if lock.try_lock().is_err() {
+            return Err(EngineError::Locked(format!(
+                "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
+                path.display()
+            )));
+        }
+        let store = Store::open(&path).await?;
+        store.migrate().await?;
+        let (queue_wake, queue_rx) = mpsc::unbounded();
+        let (finished, _) = broadcast::channel(1024);
+        let now = opts.clock.now();
+        let shared = Arc::new(Shared {
+            queue: executor::queue(store.pool()),
+            store,
+            clock: opts.clock,
+            registry: opts.registry,
+            worker_name: opts.worker_name,
+            concurrency: config.worker.concurrency,
+            config: RwLock::new(Arc::new(JobsConfig {
+                jobs: config.jobs.clone(),
+                data_dir: config.data_dir.clone(),
+            })),
+            wake: Notify::new(),
+            replan: AtomicBool::new(true),
+            scheduler_alive: AtomicBool::new(false),
+            running: Mutex::new(HashMap::new()),
+            finished,
+            queue_wake,
+            started_at: now,
+        });
+        recover(&shared, now).await?;
+        let stop_scheduler = CancellationToken::new();
+        let stop_queue = CancellationToken::new();
+        let scheduler = tokio::spawn(crate::scheduler::run(
+            shared.clone(),
+            stop_scheduler.clone(),
+        ));
+        let queue = tokio::spawn(executor::run_worker(
+            shared.clone(),
+            shared.queue.clone(),
+            queue_rx,
+            stop_queue.clone(),
+        ));
+        Ok(Engine {
+            shared,
+            tasks: Arc::new(Mutex::new(Some(Tasks {
+                stop_scheduler,
+                stop_queue,
+                scheduler,
+                queue,
+            }))),
+            _lock: Arc::new(lock),
+        })
+    }
+
+    /// Swaps in a new set of jobs; the scheduler replans at once.
+    pub fn reload(&self, config: &Config) {
+        *self
+            .shared
+            .config
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(JobsConfig {
+            jobs: config.jobs.clone(),
+            data_dir: config.data_dir.clone(),
+        });
+        self.shared.replan();
+    }
+
+    /// Storage reachable, migrations applied, scheduler running.
+    pub async fn ready(&self) -> bool {
+        self.shared.scheduler_alive.load(Ordering::SeqCst) && self.shared.store.ping().await
+    }
+
+    pub fn worker_name(&self) -> &str {
+        &self.shared.worker_name
+    }
+
+    /// Number of runs executing in this process.
+    pub fn running_count(&self) -> usize {
+        self.shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Stops scheduling and new claims, lets running work finish for `grace`, then interrupts
+    /// what is left (recorded `interrupted`, retried at next start).
+    pub async fn shutdown(&self, grace: Duration) {
+        let Some(tasks) = self.tasks.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        tasks.stop_scheduler.cancel();
+        let _ = tasks.scheduler.await;
+        // apalis stops fetching when told to stop and waits for in-flight tasks.
+        tasks.stop_queue.cancel();
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut rx = self.shared.finished.subscribe();
+        while self.running_count() > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = rx.recv() => {}
+            }
+        }
+        let left: Vec<Arc<Running>> = self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        if !left.is_empty() {
+            tracing::warn!(runs = left.len(), "grace period over; interrupting runs");
+        }
+        for r in left {
+            *r.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(StopReason::Shutdown);
+            r.token.cancel();
+        }
+        match tokio::time::timeout(Duration::from_secs(10), tasks.queue).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "queue worker"),
+            Err(_) => tracing::warn!("queue worker did not stop in time"),
+            _ => {}
+        }
+    }
+}
+
+/// After an unclean stop or a shutdown with interrupted runs: mark orphans interrupted and
+/// start a follow-up attempt for each where the retry policy allows.
+async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError> {
+    let orphans = shared.store.recover(&shared.worker_name, now).await?;
+    for r in &orphans {
+        tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
+    }
+    for r in shared.store.interrupted_without_follow_up().await? {
+        let Some(job) = shared.job(&r.job) else {
+            shared.store.mark_no_follow_up(&r.id).await?;
+            continue;
+        };
+        if r.attempt > job.retries.max {
+            shared.store.mark_no_follow_up(&r.id).await?;
+            continue;
+        }
+        let next = NewRun {
+            job: r.job.clone(),
+            trigger: Trigger::Retry,
+            status: RunStatus::Queued,
+            scheduled_at: r.scheduled_at,
+            due_at: now,
+            attempt: r.attempt + 1,
+            input: r.input.clone(),
+            parameters: r.parameters.clone(),
+            error: None,
+            idempotency_key: None,
+            retry_of: Some(r.id.clone()),
+        };
+        let (id, _) = shared.store.insert_run(next, now).await?;
+        tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Runs: the record of one execution of a job, its status and what triggered it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Where a run is in its life. Stored as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    WaitingApproval,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+    Skipped,
+    Interrupted,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 9] = [
+        Self::Queued,
+        Self::Running,
+        Self::WaitingApproval,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+        Self::TimedOut,
+        Self::Skipped,
+        Self::Interrupted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::WaitingApproval => "waiting_approval",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::TimedOut => "timed_out",
+            Self::Skipped => "skipped",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// True once the run will not change again.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running | Self::WaitingApproval)
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown run status \"{s}\"; use one of {}",
+                    Self::ALL.map(|x| x.as_str()).join(", ")
+                )
+            })
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    Cron,
+    Manual,
+    CatchUp,
+    Retry,
+    Api,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cron => "cron",
+            Self::Manual => "manual",
+            Self::CatchUp => "catch_up",
+            Self::Retry => "retry",
+            Self::Api => "api",
+        }
+    }
+}
+
+impl std::str::FromStr for Trigger {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            Self::Cron,
+            Self::Manual,
+            Self::CatchUp,
+            Self::Retry,
+            Self::Api,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+        .ok_or_else(|| format!("unknown trigger \"{s}\""))
+    }
+}
+
+/// One run, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Run {
+    pub id: String,
+    pub job: String,
+    pub trigger: Trigger,
+    pub status: RunStatus,
+    /// The tick this run belongs to (cron and catch-up runs).
+    pub scheduled_at: Option<DateTime<Utc>>,
+    /// When it was allowed to start (tick + jitter, or a retry's backoff).
+    pub due_at: DateTime<Utc>,
+    pub enqueued_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub attempt: u32,
+    pub input: Option<serde_json::Value>,
+    pub parameters: Option<serde_json::Value>,
+    pub output: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub worker: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub retry_of: Option<String>,
+    pub next_run_id: Option<String>,
+    pub tokens_in: Option<i64>,
+    pub tokens_out: Option<i64>,
+    pub cost: Option<f64>,
+}
+
+impl Run {
+    /// Start minus due instant, when started.
+    pub fn lateness(&self) -> Option<chrono::Duration> {
+        self.started_at.map(|s| s - self.due_at)
+    }
+}

@@ -1,0 +1,660 @@
+//! Storage: the SQLite database that holds Lamplighter's tables (see `migrations/sqlite`) and
+//! apalis's queue. All SQL of the crate lives here; callers get typed values.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+
+use crate::run::{Run, RunStatus, Trigger};
+
+/// Storage failures. The message says what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("storage: {context}: {source}")]
+pub struct StoreError {
+    context: String,
+    #[source]
+    source: sqlx::Error,
+}
+
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for Result<T, sqlx::Error> {
+    fn ctx(self, what: &str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError {
+            context: what.to_string(),
+            source,
+        })
+    }
+}
+
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(v).unwrap_or_default()
+}
+
+/// Persistent per-job state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct JobState {
+    pub(crate) paused: bool,
+    pub(crate) pause_reason: Option<String>,
+    pub(crate) paused_at: Option<DateTime<Utc>>,
+    pub(crate) last_tick: Option<DateTime<Utc>>,
+}
+
+/// A run to insert.
+#[derive(Debug, Clone)]
+pub(crate) struct NewRun {
+    pub(crate) job: String,
+    pub(crate) trigger: Trigger,
+    pub(crate) status: RunStatus,
+    pub(crate) scheduled_at: Option<DateTime<Utc>>,
+    pub(crate) due_at: DateTime<Utc>,
+    pub(crate) attempt: u32,
+    pub(crate) input: Option<serde_json::Value>,
+    pub(crate) parameters: Option<serde_json::Value>,
+    pub(crate) error: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) retry_of: Option<String>,
+}
+
+/// Filters for listing runs; `before` is a paging cursor (a run id from a previous page).
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub job: Option<String>,
+    pub status: Option<RunStatus>,
+    pub limit: Option<u32>,
+    pub before: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Store {
+    pool: SqlitePool,
+}
+
+macro_rules! run_cols {
+    () => {
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost"
+    };
+}
+
+fn run_from_row(r: &SqliteRow) -> Run {
+    let json = |c: &str| {
+        r.get::<Option<String>, _>(c)
+            .and_then(|s| serde_json::from_str(&s).ok())
+    };
+    let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
+    Run {
+        id: r.get("id"),
+        job: r.get("job"),
+        // Rows from a newer or damaged database read as the most cautious value, not a crash.
+        trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
+        status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
+        scheduled_at: opt_t("scheduled_at"),
+        due_at: from_ms(r.get("due_at")),
+        enqueued_at: from_ms(r.get("enqueued_at")),
+        started_at: opt_t("started_at"),
+        finished_at: opt_t("finished_at"),
+        attempt: r.get::<i64, _>("attempt").max(1) as u32,
+        input: json("input"),
+        parameters: json("parameters"),
+        output: json("output"),
+        error: r.get("error"),
+        worker: r.get("worker"),
+        idempotency_key: r.get("idempotency_key"),
+        retry_of: r.get("retry_of"),
+        next_run_id: r.get("next_run_id"),
+        tokens_in: r.get("tokens_in"),
+        tokens_out: r.get("tokens_out"),
+        cost: r.get("cost"),
+    }
+}
+
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+impl Store {
+    /// Opens (creating if needed) the database with the pragmas every connection needs:
+    /// WAL, `synchronous=NORMAL` (no lost commits on power loss in WAL mode, only the last
+    /// transactions), a busy timeout, foreign keys.
+    pub(crate) async fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .ctx("opening the database")?;
+        Ok(Self { pool })
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Applies apalis's migrations and ours. Both share sqlx's migrations table, so each
+    /// ignores the other's entries.
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        let mut apalis = apalis_sqlite::SqliteStorage::<()>::migrations();
+        apalis.set_ignore_missing(true);
+        apalis.run(&self.pool).await.map_err(|e| StoreError {
+            context: "applying queue migrations".into(),
+            source: e.into(),
+        })?;
+        let mut ours = sqlx::migrate!("../migrations/sqlite");
+        ours.set_ignore_missing(true);
+        ours.run(&self.pool).await.map_err(|e| StoreError {
+            context: "applying lamplighter migrations".into(),
+            source: e.into(),
+        })?;
+        Ok(())
+    }
+
+    pub(crate) async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    pub(crate) async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
+        let rows =
+            sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state")
+                .fetch_all(&self.pool)
+                .await
+                .ctx("reading job state")?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get("job"),
+                    JobState {
+                        paused: r.get::<i64, _>("paused") != 0,
+                        pause_reason: r.get("pause_reason"),
+                        paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
+                        last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    pub(crate) async fn set_paused(
+        &self,
+        job: &str,
+        paused: bool,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (job) DO UPDATE SET paused = ?2, pause_reason = ?3, paused_at = ?4",
+        )
+        .bind(job)
+        .bind(paused as i64)
+        .bind(reason)
+        .bind(paused.then(|| ms(now)))
+        .execute(&self.pool)
+        .await
+        .ctx("saving pause state")?;
+        Ok(())
+    }
+
+    pub(crate) async fn set_last_tick(
+        &self,
+        job: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2)
+             ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)",
+        )
+        .bind(job)
+        .bind(ms(tick))
+        .execute(&self.pool)
+        .await
+        .ctx("saving the last tick")?;
+        Ok(())
+    }
+
+    /// Records a tick and its run in one transaction. Returns `None` when the tick was already
+    /// recorded (by an earlier process or another worker): the unique key is the guard.
+    pub(crate) async fn fire_tick(
+        &self,
+        run: NewRun,
+        active_policy: TickPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TickOutcome>, StoreError> {
+        let tick = run.scheduled_at.unwrap_or(run.due_at);
+        let mut tx = self.pool.begin().await.ctx("starting a tick")?;
+        let id = new_id();
+        let inserted = sqlx::query("INSERT INTO ll_ticks (job, scheduled_at, run_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
+            .bind(&run.job)
+            .bind(ms(tick))
+            .bind(&id)
+            .execute(&mut *tx)
+            .await
+            .ctx("recording a tick")?
+            .rows_affected();
+        if inserted == 0 {
+            return Ok(None);
+        }
+        let paused: Option<i64> =
+            sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
+                .bind(&run.job)
+                .fetch_optional(&mut *tx)
+                .await
+                .ctx("reading pause state")?;
+        let active: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at")
+            .bind(&run.job)
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("reading active runs")?;
+        let mut run = run;
+        let mut outcome = TickOutcome {
+            run_id: id.clone(),
+            status: run.status,
+            replaced: Vec::new(),
+        };
+        if paused == Some(1) {
+            run.status = RunStatus::Skipped;
+            run.error = Some("job is paused".into());
+        } else if !active.is_empty() {
+            match active_policy {
+                TickPolicy::Forbid => {
+                    run.status = RunStatus::Skipped;
+                    run.error = Some(format!(
+                        "previous run {} is still going (overlap: forbid)",
+                        active[0]
+                    ));
+                }
+                TickPolicy::Replace => outcome.replaced = active,
+                TickPolicy::Allow | TickPolicy::Queue => {}
+            }
+        }
+        outcome.status = run.status;
+        insert_run(&mut tx, &id, &run, now).await?;
+        sqlx::query("INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2) ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)")
+            .bind(&run.job)
+            .bind(ms(tick))
+            .execute(&mut *tx)
+            .await
+            .ctx("saving the last tick")?;
+        tx.commit().await.ctx("committing a tick")?;
+        Ok(Some(outcome))
+    }
+
+    /// Inserts a run (manual trigger, retry). With an idempotency key that was used before for
+    /// the job, returns the existing run's id and `false`.
+    pub(crate) async fn insert_run(
+        &self,
+        run: NewRun,
+        now: DateTime<Utc>,
+    ) -> Result<(String, bool), StoreError> {
+        let mut tx = self.pool.begin().await.ctx("starting an insert")?;
+        if let Some(key) = &run.idempotency_key {
+            let existing: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM ll_runs WHERE job = ?1 AND idempotency_key = ?2",
+            )
+            .bind(&run.job)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .ctx("looking up an idempotency key")?;
+            if let Some(id) = existing {
+                return Ok((id, false));
+            }
+        }
+        let id = new_id();
+        insert_run(&mut tx, &id, &run, now).await?;
+        if let Some(prev) = &run.retry_of {
+            sqlx::query("UPDATE ll_runs SET next_run_id = ?1 WHERE id = ?2")
+                .bind(&id)
+                .bind(prev)
+                .execute(&mut *tx)
+                .await
+                .ctx("linking a retry")?;
+        }
+        tx.commit().await.ctx("committing a run")?;
+        Ok((id, true))
+    }
+
+    /// Queued runs that are due and not handed to the queue yet, oldest first.
+    pub(crate) async fn due_undispatched(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT 500")
+            .bind(ms(now))
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading due runs")?;
+        Ok(rows.iter().map(|r| (r.get("id"), r.get("job"))).collect())
+    }
+
+    /// The earliest due instant of an undispatched queued run.
+    pub(crate) async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let v: Option<i64> = sqlx::query_scalar(
+            "SELECT min(due_at) FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .ctx("reading the next due run")?;
+        Ok(v.map(from_ms))
+    }
+
+    /// True when the job has a run handed to the queue and not finished (for `overlap: queue`).
+    pub(crate) async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE job = ?1 AND ((status = 'queued' AND dispatched_at IS NOT NULL) OR status IN ('running','waiting_approval'))")
+            .bind(job)
+            .fetch_one(&self.pool)
+            .await
+            .ctx("reading active runs")?;
+        Ok(n > 0)
+    }
+
+    pub(crate) async fn mark_dispatched(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1")
+            .bind(id)
+            .bind(ms(now))
+            .execute(&self.pool)
+            .await
+            .ctx("marking a run dispatched")?;
+        Ok(())
+    }
+
+    /// Takes a queued run for execution. False when it is no longer queued (cancelled, or
+    /// already taken): the guard that makes a run execute at most once.
+    pub(crate) async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query("UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued'")
+            .bind(id)
+            .bind(worker)
+            .bind(ms(now))
+            .execute(&self.pool)
+            .await
+            .ctx("claiming a run")?
+            .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Records the end of a running run. False when it was not running any more.
+    pub(crate) async fn finish(
+        &self,
+        id: &str,
+        status: RunStatus,
+        output: Option<&serde_json::Value>,
+        error: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query("UPDATE ll_runs SET status = ?2, output = ?3, error = ?4, finished_at = ?5 WHERE id = ?1 AND status IN ('running','queued','waiting_approval')")
+            .bind(id)
+            .bind(status.as_str())
+            .bind(output.map(|o| o.to_string()))
+            .bind(error)
+            .bind(ms(now))
+            .execute(&self.pool)
+            .await
+            .ctx("finishing a run")?
+            .rows_affected();
+        Ok(n == 1)
+    }
+
+    pub(crate) async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM ll_runs WHERE id = ?1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .ctx("reading a run")?;
+        Ok(row.as_ref().map(run_from_row))
+    }
+
+    /// Runs, newest first, with paging by cursor.
+    pub(crate) async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
+        let limit = f.limit.unwrap_or(50).clamp(1, 1000) as i64;
+        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE (?1 IS NULL OR job = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3) ORDER BY id DESC LIMIT ?4"))
+        .bind(&f.job)
+        .bind(f.status.map(RunStatus::as_str))
+        .bind(&f.before)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .ctx("listing runs")?;
+        Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    pub(crate) async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {
+        let rows =
+            sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status")
+                .bind(job)
+                .fetch_all(&self.pool)
+                .await
+                .ctx("counting runs")?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    RunStatus::from_str(r.get::<&str, _>("status")).ok()?,
+                    r.get::<i64, _>("n") as u64,
+                ))
+            })
+            .collect())
+    }
+
+    /// The latest run of every job, for listings.
+    pub(crate) async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM ll_runs r WHERE id = (SELECT max(id) FROM ll_runs WHERE job = r.job)"
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .ctx("reading last runs")?;
+        Ok(rows
+            .iter()
+            .map(run_from_row)
+            .map(|r| (r.job.clone(), r))
+            .collect())
+    }
+
+    pub(crate) async fn queue_depth(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = 'queued'")
+            .fetch_one(&self.pool)
+            .await
+            .ctx("counting queued runs")?;
+        Ok(n as u64)
+    }
+
+    /// After an unclean stop: runs left `running` by a worker that is gone become
+    /// `interrupted`, and queued runs that were handed to the old queue are handed again.
+    /// Returns the interrupted runs.
+    pub(crate) async fn recover(
+        &self,
+        me: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM ll_runs WHERE status = 'running' AND (worker IS NULL OR worker != ?1)"
+        ))
+        .bind(me)
+        .fetch_all(&self.pool)
+        .await
+        .ctx("finding orphaned runs")?;
+        let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
+        for r in &runs {
+            let msg = format!(
+                "worker \"{}\" stopped while the run was going",
+                r.worker.as_deref().unwrap_or("?")
+            );
+            sqlx::query("UPDATE ll_runs SET status = 'interrupted', error = ?2, finished_at = ?3 WHERE id = ?1 AND status = 'running'")
+                .bind(&r.id)
+                .bind(msg)
+                .bind(ms(now))
+                .execute(&self.pool)
+                .await
+                .ctx("marking a run interrupted")?;
+        }
+        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = 'queued'")
+            .execute(&self.pool)
+            .await
+            .ctx("re-queueing runs")?;
+        Ok(runs)
+    }
+
+    /// Interrupted runs that nobody has followed up with a retry yet.
+    pub(crate) async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM ll_runs WHERE status = 'interrupted' AND next_run_id IS NULL"
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .ctx("reading interrupted runs")?;
+        Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    pub(crate) async fn mark_no_follow_up(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ll_runs SET next_run_id = '' WHERE id = ?1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .ctx("closing an interrupted run")?;
+        Ok(())
+    }
+
+    /// Deletes finished runs of a job beyond its retention, and finished queue rows.
+    pub(crate) async fn prune(
+        &self,
+        job: &str,
+        keep: Option<u32>,
+        max_age: Option<Duration>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        if let Some(keep) = keep {
+            deleted += sqlx::query(
+                "DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND id NOT IN
+                 (SELECT id FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') ORDER BY id DESC LIMIT ?2)",
+            )
+            .bind(job)
+            .bind(keep as i64)
+            .execute(&self.pool)
+            .await
+            .ctx("pruning runs by count")?
+            .rows_affected();
+        }
+        if let Some(age) = max_age {
+            let cutoff = ms(now) - age.as_millis() as i64;
+            deleted += sqlx::query("DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND finished_at < ?2")
+                .bind(job)
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await
+                .ctx("pruning runs by age")?
+                .rows_affected();
+        }
+        sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
+            .execute(&self.pool)
+            .await
+            .ctx("pruning steps")?;
+        // apalis keeps finished rows forever; our runs table is the history.
+        sqlx::query(
+            "DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')",
+        )
+        .bind(crate::executor::QUEUE)
+        .execute(&self.pool)
+        .await
+        .ctx("pruning the queue")?;
+        // Tick records only guard against firing twice near now.
+        sqlx::query("DELETE FROM ll_ticks WHERE job = ?1 AND scheduled_at < ?2")
+            .bind(job)
+            .bind(ms(now) - 8 * 24 * 3600 * 1000)
+            .execute(&self.pool)
+            .await
+            .ctx("pruning ticks")?;
+        Ok(deleted)
+    }
+}
+
+/// What to do with a tick when the job still has a run going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TickPolicy {
+    Forbid,
+    Allow,
+    Replace,
+    Queue,
+}
+
+/// The result of a recorded tick.
+#[derive(Debug, Clone)]
+pub(crate) struct TickOutcome {
+    pub(crate) run_id: String,
+    pub(crate) status: RunStatus,
+    /// Runs to cancel because the job's overlap policy is `replace`.
+    pub(crate) replaced: Vec<String>,
+}
+
+async fn insert_run(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: &str,
+    r: &NewRun,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let final_at = r.status.is_final().then(|| ms(now));
+    sqlx::query(
+        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, input, parameters, error, idempotency_key, retry_of, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )
+    .bind(id)
+    .bind(&r.job)
+    .bind(r.trigger.as_str())
+    .bind(r.status.as_str())
+    .bind(r.scheduled_at.map(ms))
+    .bind(ms(r.due_at))
+    .bind(ms(now))
+    .bind(r.attempt as i64)
+    .bind(r.input.as_ref().map(|v| v.to_string()))
+    .bind(r.parameters.as_ref().map(|v| v.to_string()))
+    .bind(&r.error)
+    .bind(&r.idempotency_key)
+    .bind(&r.retry_of)
+    .bind(final_at)
+    .execute(&mut **tx)
+    .await
+    .ctx("inserting a run")?;
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `file-read.read` and `file-save.save`: read a file with line numbers, write a file creating
+//! its parent directories; both confined to the working directory.
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::confine;
+use super::params::Params;
+use crate::{ActionContext, ActionError};
+
+const DEFAULT_LIMIT: u64 = 500;
+const MAX_LIMIT: u64 = 100_000;
+/// Most bytes of numbered text one read returns; the rest is cut with a note.
+const MAX_READ_BYTES: usize = 1024 * 1024;
+
+pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
+    let user_path = params.required_str("path")?;
+    let offset = params.int_in("offset", 1, 1, u64::from(u32::MAX))?;
+    let limit = params.int_in("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)?;
+    let path = confine::resolve(params.action(), &ctx.working_directory, user_path)?;
+    let io_failed = |e: std::io::Error| params.failed(format!("cannot read \"{user_path}\": {e}"));
+    let meta = tokio::fs::metadata(&path).await.map_err(io_failed)?;
+    if meta.is_dir() {
+        return Err(params.failed(format!(
+            "\"{user_path}\" is a directory; use directory-list.tree to list it"
+        )));
+    }
+    let mut reader = BufReader::new(tokio::fs::File::open(&path).await.map_err(io_failed)?);
+    let mut out = String::new();
+    let mut line = Vec::new();
+    let mut number: u64 = 0;
+    loop {
+        if ctx.cancel.is_cancelled() {
+            return Err(ActionError::Cancelled {
+                action: params.action().to_owned(),
+            });
+        }
+        line.clear();
+        if reader
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(io_failed)?
+            == 0
+        {
+            break;
+        }
+        number += 1;
+        if number < offset {
+            continue;
+        }
+        if number >= offset.saturating_add(limit) {
+            break;
+        }
+        let text = String::from_utf8_lossy(&line);
+        out.push_str(&format!(
+            "{number:>6}\t{}\n",
+            text.trim_end_matches(['\n', '\r'])
+        ));
+        if out.len() > MAX_READ_BYTES {
+            out.push_str(&format!(
+                "(output cut at {MAX_READ_BYTES} bytes; read from line {} to see more)\n",
+                number + 1
+            ));
+            break;
+        }
+    }
+    Ok(Value::String(out))
+}
+
+pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
+    let user_path = params.required_str("path")?;
+    let content = params.required_str("content")?;
+    let path = confine::resolve(params.action(), &ctx.working_directory, user_path)?;
+    let io_failed = |e: std::io::Error| params.failed(format!("cannot write \"{user_path}\": {e}"));
+    if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
+        return Err(params.failed(format!("\"{user_path}\" is a directory")));
+    }
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent).await.map_err(io_failed)?;
+    }
+    tokio::fs::write(&path, content).await.map_err(io_failed)?;
+    Ok(json!({ "path": user_path, "bytes_written": content.len() }))
+}

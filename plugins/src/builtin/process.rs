@@ -1,0 +1,138 @@
+//! The one place that spawns processes. Each child runs in its own process group so that a
+//! timeout, a cancellation, or the end of the call kills everything it started, not just the
+//! direct child; output is captured with a cap so a chatty command cannot exhaust memory.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+/// Most bytes kept of each of stdout and stderr.
+pub(crate) const OUTPUT_CAP: usize = 1024 * 1024;
+
+/// How long to wait for the output pipes to close once the group is dead.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub(crate) struct Output {
+    /// `None` when the process was killed by a signal.
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    /// True when either stream was longer than [`OUTPUT_CAP`].
+    pub(crate) truncated: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum RunError {
+    Spawn(std::io::Error),
+    Wait(std::io::Error),
+    Timeout,
+    Cancelled,
+}
+
+/// Runs `program` with `args` in `cwd`, no stdin, until it exits, `timeout` passes or `cancel`
+/// fires. On every path the child's process group is killed before returning.
+pub(crate) async fn run(
+    program: &str,
+    args: &[&str],
+    cwd: &Path,
+    env: &[(&str, &str)],
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Result<Output, RunError> {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().map_err(RunError::Spawn)?;
+    let pgid = child.id();
+    let stdout = child.stdout.take().map(|s| tokio::spawn(read_capped(s)));
+    let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s)));
+
+    let outcome = tokio::select! {
+        status = child.wait() => status.map_err(RunError::Wait),
+        () = tokio::time::sleep(timeout) => Err(RunError::Timeout),
+        () = cancel.cancelled() => Err(RunError::Cancelled),
+    };
+    // Kill the group on every path: after a timeout or cancel to stop the work, after a normal
+    // exit to stop background processes the command left behind, so no action outlives its call.
+    if let Some(pgid) = pgid {
+        kill_group(pgid).await;
+    }
+    if outcome.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    let status = outcome?;
+
+    let (stdout, stdout_truncated) = collect(stdout).await;
+    let (stderr, stderr_truncated) = collect(stderr).await;
+    Ok(Output {
+        exit_code: status.code(),
+        stdout,
+        stderr,
+        truncated: stdout_truncated || stderr_truncated,
+    })
+}
+
+/// Sends SIGKILL to the process group through `kill(1)`, since the crate forbids `unsafe`.
+async fn kill_group(pgid: u32) {
+    let result = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+    if let Err(e) = result {
+        tracing::warn!(pgid, error = %e, "could not run \"kill\" to stop a process group");
+    }
+}
+
+async fn collect(task: Option<tokio::task::JoinHandle<(Vec<u8>, bool)>>) -> (String, bool) {
+    let Some(mut task) = task else {
+        return (String::new(), false);
+    };
+    match tokio::time::timeout(DRAIN_GRACE, &mut task).await {
+        Ok(Ok((bytes, truncated))) => (String::from_utf8_lossy(&bytes).into_owned(), truncated),
+        Ok(Err(_)) => (String::new(), true),
+        // A process outside the group (e.g. one that called setsid) still holds the pipe.
+        Err(_) => {
+            task.abort();
+            (String::new(), true)
+        }
+    }
+}
+
+/// Reads to the end, keeping the first [`OUTPUT_CAP`] bytes and discarding the rest so the
+/// child never blocks on a full pipe.
+async fn read_capped(mut stream: impl AsyncRead + Unpin) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = OUTPUT_CAP.saturating_sub(kept.len());
+                if n > room {
+                    truncated = true;
+                }
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, truncated)
+}
