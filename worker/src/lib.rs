@@ -1,0 +1,69 @@
+//! The composition root: command-line interface, logging, and the life of the process (load
+//! config → validate → open storage → start scheduler, queue worker and HTTP listener → reload
+//! on SIGHUP → drain on SIGTERM).
+
+mod commands;
+mod http;
+mod logging;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Lamplighter: a headless scheduler worker.
+#[derive(Debug, Parser)]
+#[command(name = "lamplighter", version, about)]
+pub struct Cli {
+    /// Config file (default: $LAMPLIGHTER_CONFIG, then config/lamplighter.yaml, lamplighter.yaml,
+    /// config/gantri.yaml, gantri.yaml in the working directory).
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// Log format: `human` for terminals, `json` for journald and containers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the worker.
+    Run,
+    /// Check or print the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Apply database migrations and exit.
+    Migrate,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Load and check the config; exit 0, or 2 with every error listed.
+    Validate,
+    /// Print the merged config with secrets redacted.
+    Show,
+    /// Print the JSON Schema of the config file.
+    Schema,
+}
+
+/// Exit codes: 0 ok, 1 runtime failure, 2 bad config or usage.
+pub fn main(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Config(ConfigCommand::Validate) => commands::validate(cli.config),
+        Command::Config(ConfigCommand::Show) => commands::show(cli.config),
+        Command::Config(ConfigCommand::Schema) => {
+            println!("{}", lamplighter_config::json_schema());
+            ExitCode::SUCCESS
+        }
+        Command::Migrate => commands::migrate(cli.config, cli.log_format),
+        Command::Run => run::run(cli.config, cli.log_format),
+    }
+}
