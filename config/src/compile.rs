@@ -85,14 +85,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self {
-            max: 3,
-            backoff: Backoff::Steps(vec![
-                Duration::from_secs(60),
-                Duration::from_secs(300),
-                Duration::from_secs(900),
-            ]),
-        }
+        Self { max: 3, backoff: Backoff::Steps(vec![Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(900)]) }
     }
 }
 
@@ -104,16 +97,9 @@ impl RetryPolicy {
             Backoff::Fixed(d) => *d,
             Backoff::Exponential { initial, max_delay } => {
                 let factor = 2u32.checked_pow(n - 1).unwrap_or(u32::MAX);
-                initial
-                    .checked_mul(factor)
-                    .unwrap_or(*max_delay)
-                    .min(*max_delay)
+                initial.checked_mul(factor).unwrap_or(*max_delay).min(*max_delay)
             }
-            Backoff::Steps(steps) => steps
-                .get(n as usize - 1)
-                .or(steps.last())
-                .copied()
-                .unwrap_or_default(),
+            Backoff::Steps(steps) => steps.get(n as usize - 1).or(steps.last()).copied().unwrap_or_default(),
         }
     }
 }
@@ -221,11 +207,7 @@ struct Compiler<'a> {
 }
 
 pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
-    let mut c = Compiler {
-        loaded,
-        diags: Vec::new(),
-        disabled: BTreeMap::new(),
-    };
+    let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new() };
     let raw = &loaded.raw;
     let fw = raw.framework.clone().unwrap_or_default();
     let data_dir = cwd.join(fw.data_dir.as_deref().unwrap_or("./data"));
@@ -233,7 +215,10 @@ pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagn
     let sched = raw.scheduling.clone().unwrap_or_default();
     let default_timezone = sched.timezone.clone().unwrap_or_else(|| "UTC".to_string());
     if default_timezone.parse::<chrono_tz::Tz>().is_err() {
-        c.err(&["scheduling", "timezone"], format!("time zone \"{default_timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"));
+        c.err(
+            &["scheduling", "timezone"],
+            format!("time zone \"{default_timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"),
+        );
     }
     let storage = c.storage(sched.storage.as_ref(), &data_dir, cwd);
     c.check_unset_vars();
@@ -247,14 +232,7 @@ pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagn
         }
     }
     let worker = c.worker(raw.worker.as_ref());
-    let plugin_dirs = raw
-        .plugins
-        .as_ref()
-        .and_then(|p| p.dirs.clone())
-        .unwrap_or_default()
-        .iter()
-        .map(|d| cwd.join(d))
-        .collect();
+    let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
     let config = Config {
         root: loaded.root.clone(),
         name: fw.name.unwrap_or_else(|| "lamplighter".to_string()),
@@ -274,9 +252,7 @@ pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagn
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| {
-        format!("\"{s}\" is not a duration ({e}); write e.g. \"90s\", \"15m\", \"24h\"")
-    })
+    humantime::parse_duration(s.trim()).map_err(|e| format!("\"{s}\" is not a duration ({e}); write e.g. \"90s\", \"15m\", \"24h\""))
 }
 
 impl Compiler<'_> {
@@ -299,10 +275,7 @@ impl Compiler<'_> {
             "error" | "critical" => "error",
             "none" | "off" => "off",
             _ => {
-                self.err(
-                    &["framework", "log_level"],
-                    format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"),
-                );
+                self.err(&["framework", "log_level"], format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"));
                 return None;
             }
         };
@@ -310,9 +283,7 @@ impl Compiler<'_> {
     }
 
     fn storage(&mut self, s: Option<&raw::Storage>, data_dir: &Path, cwd: &Path) -> StorageConfig {
-        let provider = s
-            .and_then(|s| s.provider.clone())
-            .unwrap_or_else(|| "sqlite".into());
+        let provider = s.and_then(|s| s.provider.clone()).unwrap_or_else(|| "sqlite".into());
         let conn = s.and_then(|s| s.connection_string.clone());
         match provider.to_ascii_lowercase().as_str() {
             "sqlite" => {
@@ -334,15 +305,19 @@ impl Compiler<'_> {
             "postgres" | "postgresql" => match conn {
                 Some(url) => StorageConfig::Postgres { url },
                 None => {
-                    self.err(&["scheduling", "storage", "provider"], "storage provider \"postgres\" needs scheduling.storage.connection_string (a postgres:// URL)".into());
+                    self.err(
+                        &["scheduling", "storage", "provider"],
+                        "storage provider \"postgres\" needs scheduling.storage.connection_string (a postgres:// URL)".into(),
+                    );
                     StorageConfig::Postgres { url: String::new() }
                 }
             },
             other => {
-                self.err(&["scheduling", "storage", "provider"], format!("storage provider \"{other}\" is not supported; use \"sqlite\" or \"postgres\""));
-                StorageConfig::Sqlite {
-                    path: data_dir.join("lamplighter.db"),
-                }
+                self.err(
+                    &["scheduling", "storage", "provider"],
+                    format!("storage provider \"{other}\" is not supported; use \"sqlite\" or \"postgres\""),
+                );
+                StorageConfig::Sqlite { path: data_dir.join("lamplighter.db") }
             }
         }
     }
@@ -351,29 +326,23 @@ impl Compiler<'_> {
     /// settings); anywhere else the value is needed, so it is an error.
     fn check_unset_vars(&mut self) {
         for (path, var) in &self.loaded.unset_vars {
-            let k: Vec<&str> = path
-                .iter()
-                .map(|s| if let Seg::Key(k) = s { k.as_str() } else { "" })
-                .collect();
+            let k: Vec<&str> = path.iter().map(|s| if let Seg::Key(k) = s { k.as_str() } else { "" }).collect();
             match k.as_slice() {
                 ["ai", "providers", p, ..] => {
-                    self.disabled.insert(
-                        format!("provider \"{p}\""),
-                        format!("${{{var}}} is not set"),
-                    );
+                    self.disabled.insert(format!("provider \"{p}\""), format!("${{{var}}} is not set"));
                 }
                 ["mcp", "servers", s, ..] => {
-                    self.disabled.insert(
-                        format!("MCP server \"{s}\""),
-                        format!("${{{var}}} is not set"),
-                    );
+                    self.disabled.insert(format!("MCP server \"{s}\""), format!("${{{var}}} is not set"));
                 }
                 ["dataverse", ..] => {}
                 _ => {
                     let loc = self.loaded.sources.locate(path);
                     self.diags.push(Diagnostic::error(
                         loc,
-                        format!("\"{}\" uses ${{{var}}}, which is not set; set it or give a default with ${{{var}:-value}}", crate::yaml::path_string(path)),
+                        format!(
+                            "\"{}\" uses ${{{var}}}, which is not set; set it or give a default with ${{{var}:-value}}",
+                            crate::yaml::path_string(path)
+                        ),
                     ));
                 }
             }
@@ -381,30 +350,14 @@ impl Compiler<'_> {
     }
 
     fn providers(&self) -> BTreeMap<String, raw::Provider> {
-        self.loaded
-            .raw
-            .ai
-            .as_ref()
-            .and_then(|a| a.providers.clone())
-            .unwrap_or_default()
+        self.loaded.raw.ai.as_ref().and_then(|a| a.providers.clone()).unwrap_or_default()
     }
 
     fn check_agents(&mut self) {
         let providers = self.providers();
-        let default_model = self
-            .loaded
-            .raw
-            .ai
-            .as_ref()
-            .and_then(|a| a.default_model.clone());
-        let servers: Vec<String> = self
-            .loaded
-            .raw
-            .mcp
-            .as_ref()
-            .and_then(|m| m.servers.as_ref())
-            .map(|s| s.keys().cloned().collect())
-            .unwrap_or_default();
+        let default_model = self.loaded.raw.ai.as_ref().and_then(|a| a.default_model.clone());
+        let servers: Vec<String> =
+            self.loaded.raw.mcp.as_ref().and_then(|m| m.servers.as_ref()).map(|s| s.keys().cloned().collect()).unwrap_or_default();
         let agents = self.loaded.raw.agents.clone().unwrap_or_default();
         let agent_names: Vec<String> = agents.keys().cloned().collect();
         for (name, a) in &agents {
@@ -413,46 +366,45 @@ impl Compiler<'_> {
                 (Some(p), _) => {
                     if !providers.contains_key(p) {
                         let hint = did_you_mean(p, providers.keys().map(String::as_str));
-                        self.err(&["agents", name, "provider"], format!("agent \"{name}\" uses provider \"{p}\", which is not defined{hint} (defined providers: {})", quoted_list(providers.keys().map(String::as_str))));
+                        self.err(
+                            &["agents", name, "provider"],
+                            format!(
+                                "agent \"{name}\" uses provider \"{p}\", which is not defined{hint} (defined providers: {})",
+                                quoted_list(providers.keys().map(String::as_str))
+                            ),
+                        );
                         None
                     } else {
                         Some(p.clone())
                     }
                 }
-                (None, Some(m)) => providers
-                    .iter()
-                    .find(|(_, p)| p.models.as_ref().is_some_and(|ms| ms.contains_key(m)))
-                    .map(|(n, _)| n.clone()),
+                (None, Some(m)) => {
+                    providers.iter().find(|(_, p)| p.models.as_ref().is_some_and(|ms| ms.contains_key(m))).map(|(n, _)| n.clone())
+                }
                 (None, None) => None,
             };
             match (&model, &provider) {
                 (None, _) => {
-                    self.disabled.insert(
-                        format!("agent \"{name}\""),
-                        "no model: set agents.<name>.model or ai.default_model".into(),
-                    );
+                    self.disabled.insert(format!("agent \"{name}\""), "no model: set agents.<name>.model or ai.default_model".into());
                 }
                 (Some(m), Some(p)) => {
-                    let models = providers
-                        .get(p)
-                        .and_then(|p| p.models.clone())
-                        .unwrap_or_default();
+                    let models = providers.get(p).and_then(|p| p.models.clone()).unwrap_or_default();
                     if !models.is_empty() && !models.contains_key(m) {
                         let hint = did_you_mean(m, models.keys().map(String::as_str));
-                        self.err(&["agents", name, "model"], format!("agent \"{name}\" uses model \"{m}\", which provider \"{p}\" does not define{hint} (its models: {})", quoted_list(models.keys().map(String::as_str))));
+                        self.err(
+                            &["agents", name, "model"],
+                            format!(
+                                "agent \"{name}\" uses model \"{m}\", which provider \"{p}\" does not define{hint} (its models: {})",
+                                quoted_list(models.keys().map(String::as_str))
+                            ),
+                        );
                     }
                     if let Some(reason) = self.disabled.get(&format!("provider \"{p}\"")).cloned() {
-                        self.disabled.insert(
-                            format!("agent \"{name}\""),
-                            format!("its provider \"{p}\" is disabled: {reason}"),
-                        );
+                        self.disabled.insert(format!("agent \"{name}\""), format!("its provider \"{p}\" is disabled: {reason}"));
                     }
                 }
                 (Some(m), None) if a.provider.is_none() => {
-                    let all: Vec<String> = providers
-                        .values()
-                        .flat_map(|p| p.models.iter().flat_map(|m| m.keys().cloned()))
-                        .collect();
+                    let all: Vec<String> = providers.values().flat_map(|p| p.models.iter().flat_map(|m| m.keys().cloned())).collect();
                     let hint = did_you_mean(m, all.iter().map(String::as_str));
                     self.err(&["agents", name, "model"], format!("agent \"{name}\" uses model \"{m}\", which no provider defines{hint}; add it under ai.providers.<provider>.models or set agents.{name}.provider"));
                 }
@@ -461,64 +413,46 @@ impl Compiler<'_> {
             for (i, s) in a.mcp_servers.iter().flatten().enumerate() {
                 if !servers.contains(s) {
                     let hint = did_you_mean(s, servers.iter().map(String::as_str));
-                    let loc = self.loaded.sources.locate(
-                        &[keys(&["agents", name, "mcp_servers"]), vec![Seg::Index(i)]].concat(),
-                    );
-                    self.diags.push(Diagnostic::error(loc, format!("agent \"{name}\" uses MCP server \"{s}\", which is not defined under mcp.servers{hint}")));
-                } else if let Some(reason) =
-                    self.disabled.get(&format!("MCP server \"{s}\"")).cloned()
-                {
-                    self.disabled
-                        .entry(format!("agent \"{name}\""))
-                        .or_insert(format!("its MCP server \"{s}\" is disabled: {reason}"));
+                    let loc = self.loaded.sources.locate(&[keys(&["agents", name, "mcp_servers"]), vec![Seg::Index(i)]].concat());
+                    self.diags.push(Diagnostic::error(
+                        loc,
+                        format!("agent \"{name}\" uses MCP server \"{s}\", which is not defined under mcp.servers{hint}"),
+                    ));
+                } else if let Some(reason) = self.disabled.get(&format!("MCP server \"{s}\"")).cloned() {
+                    self.disabled.entry(format!("agent \"{name}\"")).or_insert(format!("its MCP server \"{s}\" is disabled: {reason}"));
                 }
             }
             for (i, d) in a.delegates.iter().flatten().enumerate() {
                 if !agent_names.contains(d) {
                     let hint = did_you_mean(d, agent_names.iter().map(String::as_str));
-                    let loc = self.loaded.sources.locate(
-                        &[keys(&["agents", name, "delegates"]), vec![Seg::Index(i)]].concat(),
-                    );
-                    self.diags.push(Diagnostic::error(loc, format!("agent \"{name}\" delegates to agent \"{d}\", which is not defined{hint}")));
+                    let loc = self.loaded.sources.locate(&[keys(&["agents", name, "delegates"]), vec![Seg::Index(i)]].concat());
+                    self.diags
+                        .push(Diagnostic::error(loc, format!("agent \"{name}\" delegates to agent \"{d}\", which is not defined{hint}")));
                 }
             }
             if let (Some(t), Some(_)) = (a.temperature, Some(())) {
                 if !(0.0..=2.0).contains(&t) {
-                    self.err(
-                        &["agents", name, "temperature"],
-                        format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"),
-                    );
+                    self.err(&["agents", name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
                 }
             }
             if a.system_prompt.is_some() && a.system_prompt_file.is_some() {
                 self.err(
                     &["agents", name, "system_prompt_file"],
-                    format!(
-                        "agent \"{name}\" sets both system_prompt and system_prompt_file; keep one"
-                    ),
+                    format!("agent \"{name}\" sets both system_prompt and system_prompt_file; keep one"),
                 );
             }
         }
     }
 
     fn check_workflows(&mut self) {
-        let agents: Vec<String> = self
-            .loaded
-            .raw
-            .agents
-            .as_ref()
-            .map(|a| a.keys().cloned().collect())
-            .unwrap_or_default();
+        let agents: Vec<String> = self.loaded.raw.agents.as_ref().map(|a| a.keys().cloned().collect()).unwrap_or_default();
         let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
         for (wname, wf) in &workflows {
             let mut ids: Vec<String> = Vec::new();
             let base = keys(&["workflows", wname, "steps"]);
             self.check_steps(wname, &wf.steps, &base, &agents, &mut ids);
             if wf.steps.is_empty() {
-                self.err(
-                    &["workflows", wname, "steps"],
-                    format!("workflow \"{wname}\" has no steps"),
-                );
+                self.err(&["workflows", wname, "steps"], format!("workflow \"{wname}\" has no steps"));
             }
             // `then`/`else` must name steps of the same workflow.
             let all = ids.clone();
@@ -534,22 +468,8 @@ impl Compiler<'_> {
         }
     }
 
-    fn check_steps(
-        &mut self,
-        wname: &str,
-        steps: &[raw::Step],
-        base: &YamlPath,
-        agents: &[String],
-        ids: &mut Vec<String>,
-    ) {
-        const KINDS: &[&str] = &[
-            "agent",
-            "plugin",
-            "condition",
-            "approval",
-            "parallel",
-            "group_chat",
-        ];
+    fn check_steps(&mut self, wname: &str, steps: &[raw::Step], base: &YamlPath, agents: &[String], ids: &mut Vec<String>) {
+        const KINDS: &[&str] = &["agent", "plugin", "condition", "approval", "parallel", "group_chat"];
         for (i, s) in steps.iter().enumerate() {
             let mut path = base.clone();
             path.push(Seg::Index(i));
@@ -560,7 +480,10 @@ impl Compiler<'_> {
             };
             if ids.contains(&s.id) {
                 let loc = self.loaded.sources.locate(&at(&path, "id"));
-                self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step id \"{}\" is used twice; step ids must be unique", s.id)));
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    format!("workflow \"{wname}\": step id \"{}\" is used twice; step ids must be unique", s.id),
+                ));
             }
             ids.push(s.id.clone());
             let need = |field: &str, v: &Option<String>, this: &mut Self| {
@@ -568,10 +491,7 @@ impl Compiler<'_> {
                     let loc = this.loaded.sources.locate(&path);
                     this.diags.push(Diagnostic::error(
                         loc,
-                        format!(
-                            "workflow \"{wname}\": step \"{}\" of type {} needs \"{field}\"",
-                            s.id, s.kind
-                        ),
+                        format!("workflow \"{wname}\": step \"{}\" of type {} needs \"{field}\"", s.id, s.kind),
                     ));
                 }
             };
@@ -582,7 +502,14 @@ impl Compiler<'_> {
                         if !agents.contains(a) {
                             let hint = did_you_mean(a, agents.iter().map(String::as_str));
                             let loc = self.loaded.sources.locate(&at(&path, "agent"));
-                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\" uses agent \"{a}\", which is not defined{hint} (defined agents: {})", s.id, quoted_list(agents.iter().map(String::as_str)))));
+                            self.diags.push(Diagnostic::error(
+                                loc,
+                                format!(
+                                    "workflow \"{wname}\": step \"{}\" uses agent \"{a}\", which is not defined{hint} (defined agents: {})",
+                                    s.id,
+                                    quoted_list(agents.iter().map(String::as_str))
+                                ),
+                            ));
                         }
                     }
                 }
@@ -596,20 +523,18 @@ impl Compiler<'_> {
                         self.check_steps(wname, children, &at(&path, "steps"), agents, ids);
                     } else {
                         let loc = self.loaded.sources.locate(&path);
-                        self.diags.push(Diagnostic::error(
-                            loc,
-                            format!(
-                                "workflow \"{wname}\": parallel step \"{}\" needs \"steps\"",
-                                s.id
-                            ),
-                        ));
+                        self.diags
+                            .push(Diagnostic::error(loc, format!("workflow \"{wname}\": parallel step \"{}\" needs \"steps\"", s.id)));
                     }
                 }
                 "group_chat" => {
                     for a in s.agents.iter().flatten() {
                         if !agents.contains(a) {
                             let loc = self.loaded.sources.locate(&at(&path, "agents"));
-                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": group chat step \"{}\" uses agent \"{a}\", which is not defined", s.id)));
+                            self.diags.push(Diagnostic::error(
+                                loc,
+                                format!("workflow \"{wname}\": group chat step \"{}\" uses agent \"{a}\", which is not defined", s.id),
+                            ));
                         }
                     }
                 }
@@ -617,40 +542,33 @@ impl Compiler<'_> {
                     if let Some(t) = &s.timeout {
                         if let Err(e) = duration(t) {
                             let loc = self.loaded.sources.locate(&at(&path, "timeout"));
-                            self.diags.push(Diagnostic::error(
-                                loc,
-                                format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id),
-                            ));
+                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
                         }
                     }
                 }
                 other => {
                     let hint = did_you_mean(other, KINDS.iter().copied());
                     let loc = self.loaded.sources.locate(&at(&path, "type"));
-                    self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\" has unknown type \"{other}\"{hint}; use one of {}", s.id, KINDS.join(", "))));
+                    self.diags.push(Diagnostic::error(
+                        loc,
+                        format!(
+                            "workflow \"{wname}\": step \"{}\" has unknown type \"{other}\"{hint}; use one of {}",
+                            s.id,
+                            KINDS.join(", ")
+                        ),
+                    ));
                 }
             }
         }
     }
 
     fn check_pipelines(&mut self) {
-        let agents: Vec<String> = self
-            .loaded
-            .raw
-            .agents
-            .as_ref()
-            .map(|a| a.keys().cloned().collect())
-            .unwrap_or_default();
+        let agents: Vec<String> = self.loaded.raw.agents.as_ref().map(|a| a.keys().cloned().collect()).unwrap_or_default();
         for (name, p) in self.loaded.raw.pipelines.clone().unwrap_or_default() {
             for a in &p.steps {
                 if !agents.contains(a) {
                     let hint = did_you_mean(a, agents.iter().map(String::as_str));
-                    self.err(
-                        &["pipelines", &name, "steps"],
-                        format!(
-                            "pipeline \"{name}\" uses agent \"{a}\", which is not defined{hint}"
-                        ),
-                    );
+                    self.err(&["pipelines", &name, "steps"], format!("pipeline \"{name}\" uses agent \"{a}\", which is not defined{hint}"));
                 }
             }
         }
@@ -675,14 +593,17 @@ impl Compiler<'_> {
                 Some(w) if workflows.contains_key(w) => Some(Target::Workflow(w.clone())),
                 Some(w) => {
                     let hint = did_you_mean(w, workflows.keys().map(String::as_str));
-                    self.err(&p("workflow"), format!("job \"{name}\" runs workflow \"{w}\", which is not defined{hint} (defined workflows: {})", quoted_list(workflows.keys().map(String::as_str))));
+                    self.err(
+                        &p("workflow"),
+                        format!(
+                            "job \"{name}\" runs workflow \"{w}\", which is not defined{hint} (defined workflows: {})",
+                            quoted_list(workflows.keys().map(String::as_str))
+                        ),
+                    );
                     None
                 }
                 None => {
-                    self.err(
-                        &p("type"),
-                        format!("job \"{name}\" is of type workflow but names no \"workflow\""),
-                    );
+                    self.err(&p("type"), format!("job \"{name}\" is of type workflow but names no \"workflow\""));
                     None
                 }
             },
@@ -690,42 +611,34 @@ impl Compiler<'_> {
                 Some(a) if agents.contains_key(a) => Some(Target::Agent(a.clone())),
                 Some(a) => {
                     let hint = did_you_mean(a, agents.keys().map(String::as_str));
-                    self.err(&p("agent"), format!("job \"{name}\" runs agent \"{a}\", which is not defined{hint} (defined agents: {})", quoted_list(agents.keys().map(String::as_str))));
-                    None
-                }
-                None => {
                     self.err(
-                        &p("type"),
-                        format!("job \"{name}\" is of type agent but names no \"agent\""),
+                        &p("agent"),
+                        format!(
+                            "job \"{name}\" runs agent \"{a}\", which is not defined{hint} (defined agents: {})",
+                            quoted_list(agents.keys().map(String::as_str))
+                        ),
                     );
                     None
                 }
+                None => {
+                    self.err(&p("type"), format!("job \"{name}\" is of type agent but names no \"agent\""));
+                    None
+                }
             },
-            Some("plugin") => {
-                match (&j.plugin, &j.action) {
-                    (Some(plugin), Some(action)) => Some(Target::Plugin {
-                        plugin: plugin.clone(),
-                        action: action.clone(),
-                    }),
-                    (Some(plugin), None) => match plugin.split_once('.') {
-                        Some((pl, ac)) => Some(Target::Plugin {
-                            plugin: pl.into(),
-                            action: ac.into(),
-                        }),
-                        None => {
-                            self.err(&p("plugin"), format!("job \"{name}\" runs plugin \"{plugin}\" but names no \"action\""));
-                            None
-                        }
-                    },
-                    _ => {
-                        self.err(
-                            &p("type"),
-                            format!("job \"{name}\" is of type plugin but names no \"plugin\""),
-                        );
+            Some("plugin") => match (&j.plugin, &j.action) {
+                (Some(plugin), Some(action)) => Some(Target::Plugin { plugin: plugin.clone(), action: action.clone() }),
+                (Some(plugin), None) => match plugin.split_once('.') {
+                    Some((pl, ac)) => Some(Target::Plugin { plugin: pl.into(), action: ac.into() }),
+                    None => {
+                        self.err(&p("plugin"), format!("job \"{name}\" runs plugin \"{plugin}\" but names no \"action\""));
                         None
                     }
+                },
+                _ => {
+                    self.err(&p("type"), format!("job \"{name}\" is of type plugin but names no \"plugin\""));
+                    None
                 }
-            }
+            },
             Some(other) => {
                 let hint = did_you_mean(other, ["workflow", "agent", "plugin"]);
                 self.err(&p("type"), format!("job \"{name}\" has unknown type \"{other}\"{hint}; use workflow, agent or plugin"));
@@ -734,27 +647,19 @@ impl Compiler<'_> {
             None => {
                 self.err(
                     &["scheduling", "jobs", name],
-                    format!(
-                        "job \"{name}\" needs \"type\" (workflow, agent or plugin) and its target"
-                    ),
+                    format!("job \"{name}\" needs \"type\" (workflow, agent or plugin) and its target"),
                 );
                 None
             }
         };
         ok &= target.is_some();
-        let schedules: Vec<ScheduleSpec> = [
-            j.cron.clone().map(ScheduleSpec::Cron),
-            j.every.clone().map(ScheduleSpec::Every),
-            j.at.clone().map(ScheduleSpec::At),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let schedules: Vec<ScheduleSpec> =
+            [j.cron.clone().map(ScheduleSpec::Cron), j.every.clone().map(ScheduleSpec::Every), j.at.clone().map(ScheduleSpec::At)]
+                .into_iter()
+                .flatten()
+                .collect();
         if schedules.len() > 1 {
-            self.err(
-                &["scheduling", "jobs", name],
-                format!("job \"{name}\" sets more than one of cron, every, at; keep one"),
-            );
+            self.err(&["scheduling", "jobs", name], format!("job \"{name}\" sets more than one of cron, every, at; keep one"));
             ok = false;
         }
         let timezone = j.timezone.clone().unwrap_or_else(|| default_tz.to_string());
@@ -773,8 +678,7 @@ impl Compiler<'_> {
                 }
             }
         };
-        let catch_up_window = dur(self, "catch_up_window", &j.catch_up_window)
-            .unwrap_or(Duration::from_secs(24 * 3600));
+        let catch_up_window = dur(self, "catch_up_window", &j.catch_up_window).unwrap_or(Duration::from_secs(24 * 3600));
         let timeout = dur(self, "timeout", &j.timeout);
         let jitter = dur(self, "jitter", &j.jitter);
         let catch_up = match j.catch_up.as_deref() {
@@ -799,7 +703,13 @@ impl Compiler<'_> {
             Some("replace") => Overlap::Replace,
             Some("queue") => Overlap::Queue,
             Some(o) => {
-                self.err(&p("overlap"), format!("job \"{name}\": overlap \"{o}\" is not one of forbid, allow, replace, queue{}", did_you_mean(o, ["forbid", "allow", "replace", "queue"])));
+                self.err(
+                    &p("overlap"),
+                    format!(
+                        "job \"{name}\": overlap \"{o}\" is not one of forbid, allow, replace, queue{}",
+                        did_you_mean(o, ["forbid", "allow", "replace", "queue"])
+                    ),
+                );
                 ok = false;
                 Overlap::Forbid
             }
@@ -808,15 +718,14 @@ impl Compiler<'_> {
             None => RetryPolicy::default(),
             Some(r) => {
                 let rp = |k: &'static str| ["scheduling", "jobs", name, "retries", k];
-                let mut d =
-                    |this: &mut Self, k: &'static str, v: &Option<String>, dflt: u64| match v {
-                        None => Duration::from_secs(dflt),
-                        Some(s) => duration(s).unwrap_or_else(|e| {
-                            this.err(&rp(k), format!("job \"{name}\": retries.{k} {e}"));
-                            ok = false;
-                            Duration::from_secs(dflt)
-                        }),
-                    };
+                let mut d = |this: &mut Self, k: &'static str, v: &Option<String>, dflt: u64| match v {
+                    None => Duration::from_secs(dflt),
+                    Some(s) => duration(s).unwrap_or_else(|e| {
+                        this.err(&rp(k), format!("job \"{name}\": retries.{k} {e}"));
+                        ok = false;
+                        Duration::from_secs(dflt)
+                    }),
+                };
                 let initial = d(self, "initial", &r.initial, 60);
                 let max_delay = d(self, "max_delay", &r.max_delay, 3600);
                 let backoff = match r.backoff.as_deref() {
@@ -828,17 +737,11 @@ impl Compiler<'_> {
                         Backoff::Fixed(initial)
                     }
                 };
-                RetryPolicy {
-                    max: r.max.unwrap_or(3),
-                    backoff,
-                }
+                RetryPolicy { max: r.max.unwrap_or(3), backoff }
             }
         };
         let retention = match &j.retention {
-            None => Retention {
-                max_runs: Some(100),
-                max_age: None,
-            },
+            None => Retention { max_runs: Some(100), max_age: None },
             Some(r) => {
                 let max_age = match &r.max_age {
                     None => None,
@@ -854,10 +757,7 @@ impl Compiler<'_> {
                         }
                     },
                 };
-                Retention {
-                    max_runs: r.max_runs,
-                    max_age,
-                }
+                Retention { max_runs: r.max_runs, max_age }
             }
         };
         if !ok {
@@ -890,23 +790,15 @@ impl Compiler<'_> {
         let shutdown_grace = match &w.shutdown_grace {
             None => Duration::from_secs(30),
             Some(s) => duration(s).unwrap_or_else(|e| {
-                self.err(
-                    &["worker", "shutdown_grace"],
-                    format!("worker.shutdown_grace {e}"),
-                );
+                self.err(&["worker", "shutdown_grace"], format!("worker.shutdown_grace {e}"));
                 Duration::from_secs(30)
             }),
         };
         let transport = match mcp.transport.as_deref() {
-            None | Some("http") | Some("streamable-http") | Some("streamable_http") => {
-                McpTransport::Http
-            }
+            None | Some("http") | Some("streamable-http") | Some("streamable_http") => McpTransport::Http,
             Some("stdio") => McpTransport::Stdio,
             Some(o) => {
-                self.err(
-                    &["worker", "mcp", "transport"],
-                    format!("worker.mcp.transport \"{o}\" is not one of http, stdio"),
-                );
+                self.err(&["worker", "mcp", "transport"], format!("worker.mcp.transport \"{o}\" is not one of http, stdio"));
                 McpTransport::Http
             }
         };
@@ -915,40 +807,33 @@ impl Compiler<'_> {
             Some("bearer") => match mcp.auth.as_ref().and_then(|a| a.token.clone()) {
                 Some(t) if !t.is_empty() && !t.contains("${") => McpAuth::Bearer { token: t },
                 _ => {
-                    self.err(&["worker", "mcp", "auth"], "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN})".into());
+                    self.err(
+                        &["worker", "mcp", "auth"],
+                        "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN})".into(),
+                    );
                     McpAuth::None
                 }
             },
             Some(o) => {
-                self.err(
-                    &["worker", "mcp", "auth", "type"],
-                    format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"),
-                );
+                self.err(&["worker", "mcp", "auth", "type"], format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"));
                 McpAuth::None
             }
         };
         let host = mcp.host.clone().unwrap_or_else(|| "127.0.0.1".into());
-        let host = if host == "localhost" {
-            "127.0.0.1".to_string()
-        } else {
-            host
-        };
+        let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
         if host.parse::<IpAddr>().is_err() {
-            self.err(&["worker", "mcp", "host"], format!("worker.mcp.host \"{host}\" is not an IP address (use 127.0.0.1, ::1 or 0.0.0.0)"));
+            self.err(
+                &["worker", "mcp", "host"],
+                format!("worker.mcp.host \"{host}\" is not an IP address (use 127.0.0.1, ::1 or 0.0.0.0)"),
+            );
         }
         let concurrency = w.concurrency.unwrap_or(4) as usize;
         if concurrency == 0 {
-            self.err(
-                &["worker", "concurrency"],
-                "worker.concurrency must be at least 1".into(),
-            );
+            self.err(&["worker", "concurrency"], "worker.concurrency must be at least 1".into());
         }
         if let Some(n) = &w.name {
             if n.trim().is_empty() {
-                self.warn(
-                    &["worker", "name"],
-                    "worker.name is empty; a unique name is generated".into(),
-                );
+                self.warn(&["worker", "name"], "worker.name is empty; a unique name is generated".into());
             }
         }
         WorkerConfig {
@@ -983,21 +868,13 @@ mod tests {
     fn seed_default_retries() {
         let r = RetryPolicy::default();
         assert_eq!(r.max, 3);
-        assert_eq!(
-            [r.delay(1), r.delay(2), r.delay(3)],
-            [60, 300, 900].map(Duration::from_secs)
-        );
+        assert_eq!([r.delay(1), r.delay(2), r.delay(3)], [60, 300, 900].map(Duration::from_secs));
     }
 
     #[test]
     fn exponential_backoff_is_capped() {
-        let r = RetryPolicy {
-            max: 10,
-            backoff: Backoff::Exponential {
-                initial: Duration::from_secs(10),
-                max_delay: Duration::from_secs(60),
-            },
-        };
+        let r =
+            RetryPolicy { max: 10, backoff: Backoff::Exponential { initial: Duration::from_secs(10), max_delay: Duration::from_secs(60) } };
         assert_eq!(r.delay(1), Duration::from_secs(10));
         assert_eq!(r.delay(3), Duration::from_secs(40));
         assert_eq!(r.delay(4), Duration::from_secs(60));

@@ -34,19 +34,11 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(location: Option<Location>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Error,
-            location,
-            message: message.into(),
-        }
+        Self { severity: Severity::Error, location, message: message.into() }
     }
 
     pub fn warning(location: Option<Location>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Warning,
-            location,
-            message: message.into(),
-        }
+        Self { severity: Severity::Warning, location, message: message.into() }
     }
 
     pub fn is_error(&self) -> bool {
@@ -86,10 +78,7 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// "did you mean" for a misspelt name, or an empty string when nothing is close.
-pub(crate) fn did_you_mean<'a>(
-    name: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> String {
+pub(crate) fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
     let best = candidates
         .into_iter()
         .map(|c| (strsim::jaro_winkler(name, c), c))
@@ -104,11 +93,7 @@ pub(crate) fn did_you_mean<'a>(
 /// `"a", "b"` for error messages that list what exists.
 pub(crate) fn quoted_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let v: Vec<String> = names.into_iter().map(|n| format!("\"{n}\"")).collect();
-    if v.is_empty() {
-        "none".to_string()
-    } else {
-        v.join(", ")
-    }
+    if v.is_empty() { "none".to_string() } else { v.join(", ") }
 }
 
 pub(crate) fn display_path(p: &Path) -> String {

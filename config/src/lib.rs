@@ -15,8 +15,8 @@ mod yaml;
 use std::path::{Path, PathBuf};
 
 pub use compile::{
-    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy,
-    ScheduleSpec, StorageConfig, Target, WorkerConfig,
+    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, ScheduleSpec, StorageConfig, Target,
+    WorkerConfig,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
@@ -46,37 +46,37 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, ConfigErrors> {
 }
 
 /// Like [`load`] with a custom variable lookup (tests).
-pub fn load_with_env(
-    opts: &LoadOptions,
-    env: impl Fn(&str) -> Option<String> + 'static,
-) -> Result<Loaded, ConfigErrors> {
+pub fn load_with_env(opts: &LoadOptions, env: impl Fn(&str) -> Option<String> + 'static) -> Result<Loaded, ConfigErrors> {
+    let (config, diags) = load_partial(opts, env);
+    finish(config, diags)
+}
+
+/// Loads as far as possible: the config built despite errors (so that later checks can add
+/// their findings to the same list) and every finding. Use [`load`] to run anything.
+pub fn load_partial(opts: &LoadOptions, env: impl Fn(&str) -> Option<String> + 'static) -> (Option<Config>, Vec<Diagnostic>) {
     let cwd = match &opts.cwd {
         Some(c) => c.clone(),
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
-    let root = discover(opts.path.as_deref(), &cwd)
-        .map_err(|m| ConfigErrors(vec![Diagnostic::error(None, m)]))?;
-    let root = if root.is_absolute() {
-        root
-    } else {
-        cwd.join(root)
+    let root = match discover(opts.path.as_deref(), &cwd) {
+        Ok(r) => r,
+        Err(m) => return (None, vec![Diagnostic::error(None, m)]),
     };
+    let root = if root.is_absolute() { root } else { cwd.join(root) };
     let (loaded, mut diags) = load::load_with_env(&root, Box::new(env));
     let config = loaded.and_then(|l| {
         let (config, more) = compile::compile(&l, &cwd);
         diags.extend(more);
         config
     });
-    finish(config, diags)
+    (config, diags)
 }
 
-fn finish(config: Option<Config>, mut diags: Vec<Diagnostic>) -> Result<Loaded, ConfigErrors> {
+/// Turns a partial load into a result: the config only when no finding is an error.
+pub fn finish(config: Option<Config>, mut diags: Vec<Diagnostic>) -> Result<Loaded, ConfigErrors> {
     sort_diags(&mut diags);
     match config {
-        Some(config) if !diags.iter().any(Diagnostic::is_error) => Ok(Loaded {
-            config,
-            warnings: diags,
-        }),
+        Some(config) if !diags.iter().any(Diagnostic::is_error) => Ok(Loaded { config, warnings: diags }),
         _ => Err(ConfigErrors(diags)),
     }
 }
@@ -96,14 +96,7 @@ pub fn show(config: &Config) -> String {
     serde_yaml::to_string(&v).unwrap_or_default()
 }
 
-const SECRET_WORDS: &[&str] = &[
-    "key",
-    "token",
-    "secret",
-    "password",
-    "credential",
-    "authorization",
-];
+const SECRET_WORDS: &[&str] = &["key", "token", "secret", "password", "credential", "authorization"];
 
 fn redact(v: &mut serde_yaml::Value, all: bool) {
     match v {

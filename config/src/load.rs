@@ -83,17 +83,11 @@ pub struct SourceMap {
 impl SourceMap {
     /// The `file:line:col` of a path in the merged document.
     pub fn locate(&self, path: &[Seg]) -> Option<Location> {
-        let owner = (0..=path.len())
-            .rev()
-            .find_map(|n| self.owners.get(&path[..n]).copied())?;
+        let owner = (0..=path.len()).rev().find_map(|n| self.owners.get(&path[..n]).copied())?;
         let f = &self.files[owner];
         let rel = path.strip_prefix(f.prefix.as_slice()).unwrap_or(path);
         let (line, col) = f.index.find(rel).unwrap_or((1, 1));
-        Some(Location {
-            file: f.path.clone(),
-            line: line + f.line_offset,
-            col,
-        })
+        Some(Location { file: f.path.clone(), line: line + f.line_offset, col })
     }
 
     /// Every file that went into the config.
@@ -128,10 +122,7 @@ struct Loader {
 }
 
 /// Loads the root file and everything it pulls in. `env` looks up variables (tests pass a map).
-pub(crate) fn load_with_env(
-    root: &Path,
-    env: Box<dyn Fn(&str) -> Option<String>>,
-) -> (Option<Loaded>, Vec<Diagnostic>) {
+pub(crate) fn load_with_env(root: &Path, env: Box<dyn Fn(&str) -> Option<String>>) -> (Option<Loaded>, Vec<Diagnostic>) {
     let mut l = Loader {
         diags: Vec::new(),
         sources: SourceMap::default(),
@@ -141,10 +132,7 @@ pub(crate) fn load_with_env(
         env,
     };
     if !root.is_file() {
-        let msg = format!(
-            "config file {} does not exist or is not a file",
-            display_path(root)
-        );
+        let msg = format!("config file {} does not exist or is not a file", display_path(root));
         return (None, vec![Diagnostic::error(None, msg)]);
     }
     l.load_file(root, &[]);
@@ -153,11 +141,7 @@ pub(crate) fn load_with_env(
     }
     for u in yaml_unknown(&l.merged) {
         let loc = l.sources.locate(&u.0);
-        l.diags.push(Diagnostic {
-            severity: u.2,
-            location: loc,
-            message: u.1,
-        });
+        l.diags.push(Diagnostic { severity: u.2, location: loc, message: u.1 });
     }
     let raw = l.deserialize();
     let loaded = raw.map(|raw| Loaded {
@@ -198,11 +182,7 @@ impl Loader {
                 format!(
                     "import cycle: {} imports itself through {}",
                     display_path(path),
-                    chain
-                        .iter()
-                        .map(|p| display_path(p))
-                        .collect::<Vec<_>>()
-                        .join(" -> ")
+                    chain.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(" -> ")
                 ),
             ));
             return;
@@ -213,53 +193,33 @@ impl Loader {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
-                self.diags.push(Diagnostic::error(
-                    None,
-                    format!("cannot read {}: {e}", display_path(path)),
-                ));
+                self.diags.push(Diagnostic::error(None, format!("cannot read {}: {e}", display_path(path))));
                 return;
             }
         };
         let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0) else {
             return;
         };
-        let imports = value
-            .get("framework")
-            .and_then(|f| f.get("imports"))
-            .and_then(Value::as_sequence)
-            .cloned()
-            .unwrap_or_default();
+        let imports = value.get("framework").and_then(|f| f.get("imports")).and_then(Value::as_sequence).cloned().unwrap_or_default();
         let file_idx = self.sources.files.len() - 1;
         self.merge_file(value, file_idx);
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut chain = chain.to_vec();
         chain.push(canon);
         for (i, imp) in imports.iter().enumerate() {
-            let ipath = keys(&["framework", "imports"])
-                .into_iter()
-                .chain([Seg::Index(i)])
-                .collect::<Vec<_>>();
+            let ipath = keys(&["framework", "imports"]).into_iter().chain([Seg::Index(i)]).collect::<Vec<_>>();
             let loc = self.locate_in(file_idx, &ipath);
             let Some(pattern) = imp.as_str() else {
-                self.diags.push(Diagnostic::error(
-                    loc,
-                    "framework.imports entries must be file paths or globs",
-                ));
+                self.diags.push(Diagnostic::error(loc, "framework.imports entries must be file paths or globs"));
                 continue;
             };
             let full = dir.join(pattern);
             let is_glob = pattern.contains(['*', '?', '[']);
             let mut matches: Vec<PathBuf> = if is_glob {
                 match glob::glob(&full.to_string_lossy()) {
-                    Ok(paths) => paths
-                        .filter_map(Result::ok)
-                        .filter(|p| p.is_file())
-                        .collect(),
+                    Ok(paths) => paths.filter_map(Result::ok).filter(|p| p.is_file()).collect(),
                     Err(e) => {
-                        self.diags.push(Diagnostic::error(
-                            loc,
-                            format!("import \"{pattern}\" is not a valid glob: {e}"),
-                        ));
+                        self.diags.push(Diagnostic::error(loc, format!("import \"{pattern}\" is not a valid glob: {e}")));
                         continue;
                     }
                 }
@@ -268,16 +228,16 @@ impl Loader {
             } else {
                 self.diags.push(Diagnostic::error(
                     loc,
-                    format!("import \"{pattern}\" not found (looked for {}); paths are relative to the importing file", display_path(&full)),
+                    format!(
+                        "import \"{pattern}\" not found (looked for {}); paths are relative to the importing file",
+                        display_path(&full)
+                    ),
                 ));
                 continue;
             };
             matches.sort();
             if matches.is_empty() {
-                self.diags.push(Diagnostic::warning(
-                    loc,
-                    format!("import \"{pattern}\" matches no file"),
-                ));
+                self.diags.push(Diagnostic::warning(loc, format!("import \"{pattern}\" matches no file")));
             }
             for m in matches {
                 self.load_file(&m, &chain);
@@ -288,51 +248,26 @@ impl Loader {
     fn locate_in(&self, file_idx: usize, path: &[Seg]) -> Option<Location> {
         let f = &self.sources.files[file_idx];
         let (line, col) = f.index.find(path).unwrap_or((1, 1));
-        Some(Location {
-            file: f.path.clone(),
-            line: line + f.line_offset,
-            col,
-        })
+        Some(Location { file: f.path.clone(), line: line + f.line_offset, col })
     }
 
     /// Parses text, records the file and its positions, substitutes variables.
-    fn parse_into_sources(
-        &mut self,
-        path: &Path,
-        text: &str,
-        prefix: YamlPath,
-        line_offset: usize,
-    ) -> Option<Value> {
+    fn parse_into_sources(&mut self, path: &Path, text: &str, prefix: YamlPath, line_offset: usize) -> Option<Value> {
         let (mut value, index) = match yaml::parse(text) {
             Ok(v) => v,
             Err(e) => {
-                let loc = Location {
-                    file: path.to_path_buf(),
-                    line: e.line + line_offset,
-                    col: e.col,
-                };
-                self.diags.push(Diagnostic::error(
-                    Some(loc),
-                    format!("invalid YAML: {}", e.message),
-                ));
+                let loc = Location { file: path.to_path_buf(), line: e.line + line_offset, col: e.col };
+                self.diags.push(Diagnostic::error(Some(loc), format!("invalid YAML: {}", e.message)));
                 return None;
             }
         };
-        self.sources.files.push(SourceFile {
-            path: path.to_path_buf(),
-            index,
-            prefix: prefix.clone(),
-            line_offset,
-        });
+        self.sources.files.push(SourceFile { path: path.to_path_buf(), index, prefix: prefix.clone(), line_offset });
         if value.is_null() {
             value = Value::Mapping(Mapping::new());
         }
         if !value.is_mapping() {
             let loc = self.locate_in(self.sources.files.len() - 1, &[]);
-            self.diags.push(Diagnostic::error(
-                loc,
-                "a config file must be a mapping of sections (e.g. `scheduling:`)",
-            ));
+            self.diags.push(Diagnostic::error(loc, "a config file must be a mapping of sections (e.g. `scheduling:`)"));
             return None;
         }
         let mut p = prefix;
@@ -380,13 +315,8 @@ impl Loader {
             self.sources.owners.insert(path.clone(), file_idx);
             return;
         };
-        let is_collection = COLLECTIONS.iter().any(|c| {
-            path.len() == c.len()
-                && path
-                    .iter()
-                    .zip(c.iter())
-                    .all(|(a, b)| *a == Seg::Key((*b).to_string()))
-        });
+        let is_collection =
+            COLLECTIONS.iter().any(|c| path.len() == c.len() && path.iter().zip(c.iter()).all(|(a, b)| *a == Seg::Key((*b).to_string())));
         for (k, v) in s {
             let key = k.as_str().unwrap_or_default().to_string();
             path.push(Seg::Key(key.clone()));
@@ -417,9 +347,7 @@ impl Loader {
 
     fn rel_path(&self, file_idx: usize, path: &[Seg]) -> YamlPath {
         let f = &self.sources.files[file_idx];
-        path.strip_prefix(f.prefix.as_slice())
-            .unwrap_or(path)
-            .to_vec()
+        path.strip_prefix(f.prefix.as_slice()).unwrap_or(path).to_vec()
     }
 
     /// `agents/*.md` (front matter + prompt) and `agents/<name>/agent.yaml` (+ `prompt.md`).
@@ -431,27 +359,16 @@ impl Loader {
         entries.sort();
         for p in entries {
             if p.extension().is_some_and(|e| e == "md") && p.is_file() {
-                let name = p
-                    .file_stem()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .to_string();
+                let name = p.file_stem().unwrap_or_default().to_string_lossy().to_string();
                 let text = match std::fs::read_to_string(&p) {
                     Ok(t) => t,
                     Err(e) => {
-                        self.diags.push(Diagnostic::error(
-                            None,
-                            format!("cannot read {}: {e}", display_path(&p)),
-                        ));
+                        self.diags.push(Diagnostic::error(None, format!("cannot read {}: {e}", display_path(&p))));
                         continue;
                     }
                 };
                 let Some((front, body)) = yaml::split_front_matter(&text) else {
-                    let loc = Location {
-                        file: p.clone(),
-                        line: 1,
-                        col: 1,
-                    };
+                    let loc = Location { file: p.clone(), line: 1, col: 1 };
                     self.diags.push(Diagnostic::error(Some(loc), format!("agent file for \"{name}\" has no YAML front matter: start it with a `---` line, the agent's fields, and another `---`")));
                     continue;
                 };
@@ -461,47 +378,26 @@ impl Loader {
                 if !def.is_file() {
                     continue;
                 }
-                let name = p
-                    .file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .to_string();
+                let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
                 let text = match std::fs::read_to_string(&def) {
                     Ok(t) => t,
                     Err(e) => {
-                        self.diags.push(Diagnostic::error(
-                            None,
-                            format!("cannot read {}: {e}", display_path(&def)),
-                        ));
+                        self.diags.push(Diagnostic::error(None, format!("cannot read {}: {e}", display_path(&def))));
                         continue;
                     }
                 };
-                let prompt = std::fs::read_to_string(p.join("prompt.md"))
-                    .ok()
-                    .map(|s| s.trim().to_string());
+                let prompt = std::fs::read_to_string(p.join("prompt.md")).ok().map(|s| s.trim().to_string());
                 self.add_agent(&def, &name, &text, 0, prompt);
             }
         }
     }
 
-    fn add_agent(
-        &mut self,
-        file: &Path,
-        stem: &str,
-        text: &str,
-        line_offset: usize,
-        prompt: Option<String>,
-    ) {
+    fn add_agent(&mut self, file: &Path, stem: &str, text: &str, line_offset: usize, prompt: Option<String>) {
         let prefix = keys(&["agents", stem]);
-        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset)
-        else {
+        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset) else {
             return;
         };
-        let name = value
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or(stem)
-            .to_string();
+        let name = value.get("name").and_then(Value::as_str).unwrap_or(stem).to_string();
         if let (Some(prompt), Value::Mapping(m)) = (prompt, &mut value) {
             if !prompt.is_empty() && !m.contains_key("system_prompt") {
                 m.insert(Value::String("system_prompt".into()), Value::String(prompt));
@@ -521,10 +417,7 @@ impl Loader {
     /// Deserializes the merged document. Collections go item by item, so every bad item is
     /// reported; an item with unknown keys was already reported and is skipped.
     fn deserialize(&mut self) -> Option<RawConfig> {
-        let unknown: Vec<YamlPath> = crate::schema::unknown_keys(&self.merged)
-            .into_iter()
-            .map(|u| u.path)
-            .collect();
+        let unknown: Vec<YamlPath> = crate::schema::unknown_keys(&self.merged).into_iter().map(|u| u.path).collect();
         let mut doc = self.merged.clone();
         if let Value::Mapping(m) = &mut doc {
             for s in SEED_ONLY_SECTIONS {
@@ -560,12 +453,7 @@ impl Loader {
         Some(raw)
     }
 
-    fn take_items<T: DeserializeOwned>(
-        &mut self,
-        doc: &mut Value,
-        at: &[&str],
-        unknown: &[YamlPath],
-    ) -> BTreeMap<String, T> {
+    fn take_items<T: DeserializeOwned>(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> BTreeMap<String, T> {
         let mut out = BTreeMap::new();
         let mut parent = Some(&mut *doc);
         for k in &at[..at.len() - 1] {
@@ -583,13 +471,7 @@ impl Loader {
             Value::Null => return out,
             _ => {
                 let loc = self.sources.locate(&base);
-                self.diags.push(Diagnostic::error(
-                    loc,
-                    format!(
-                        "\"{}\" must be a mapping of names to definitions",
-                        path_string(&base)
-                    ),
-                ));
+                self.diags.push(Diagnostic::error(loc, format!("\"{}\" must be a mapping of names to definitions", path_string(&base))));
                 return out;
             }
         };
@@ -614,26 +496,15 @@ impl Loader {
                 let mut path = base.to_vec();
                 for seg in e.path().iter() {
                     match seg {
-                        serde_path_to_error::Segment::Map { key } => {
-                            path.push(Seg::Key(key.clone()))
-                        }
-                        serde_path_to_error::Segment::Seq { index } => {
-                            path.push(Seg::Index(*index))
-                        }
+                        serde_path_to_error::Segment::Map { key } => path.push(Seg::Key(key.clone())),
+                        serde_path_to_error::Segment::Seq { index } => path.push(Seg::Index(*index)),
                         _ => {}
                     }
                 }
                 let loc = self.sources.locate(&path);
                 let inner = e.into_inner().to_string();
-                let inner = inner
-                    .split(" at line ")
-                    .next()
-                    .unwrap_or(&inner)
-                    .to_string();
-                self.diags.push(Diagnostic::error(
-                    loc,
-                    format!("\"{}\": {inner}", path_string(&path)),
-                ));
+                let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+                self.diags.push(Diagnostic::error(loc, format!("\"{}\": {inner}", path_string(&path))));
                 None
             }
         }
@@ -677,28 +548,12 @@ fn merge_raw(into: &mut RawConfig, part: RawConfig) {
     macro_rules! take {
         ($($f:ident),*) => { $( if part.$f.is_some() { into.$f = part.$f; } )* };
     }
-    take!(
-        framework,
-        ai,
-        rate_limits,
-        agents,
-        pipelines,
-        workflows,
-        scheduling,
-        plugins,
-        hooks,
-        mcp,
-        worker,
-        telemetry
-    );
+    take!(framework, ai, rate_limits, agents, pipelines, workflows, scheduling, plugins, hooks, mcp, worker, telemetry);
 }
 
 /// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the
 /// names of variables that were unset without a default (those stay as written).
-pub(crate) fn substitute_str(
-    s: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> (String, Vec<String>) {
+pub(crate) fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> (String, Vec<String>) {
     let mut out = String::with_capacity(s.len());
     let mut unset = Vec::new();
     let mut rest = s;
@@ -716,10 +571,7 @@ pub(crate) fn substitute_str(
             None => (inner, None),
         };
         let valid = !name.is_empty()
-            && name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !TEMPLATE_ROOTS.contains(&name);
         if !valid {
@@ -754,31 +606,14 @@ mod tests {
 
     #[test]
     fn substitution_rules() {
-        assert_eq!(
-            substitute_str("${HOME_DIR}/a", &env),
-            ("/home/x/a".into(), vec![])
-        );
-        assert_eq!(
-            substitute_str("${NOPE:-dflt}", &env),
-            ("dflt".into(), vec![])
-        );
-        assert_eq!(
-            substitute_str("${NOPE}", &env),
-            ("${NOPE}".into(), vec!["NOPE".into()])
-        );
+        assert_eq!(substitute_str("${HOME_DIR}/a", &env), ("/home/x/a".into(), vec![]));
+        assert_eq!(substitute_str("${NOPE:-dflt}", &env), ("dflt".into(), vec![]));
+        assert_eq!(substitute_str("${NOPE}", &env), ("${NOPE}".into(), vec!["NOPE".into()]));
         assert_eq!(substitute_str("${EMPTY:-x}", &env), ("".into(), vec![]));
         // Workflow templates are not environment variables.
-        for t in [
-            "${input}",
-            "${input.topic}",
-            "${steps.a.output}",
-            "${env.HOME}",
-        ] {
+        for t in ["${input}", "${input.topic}", "${steps.a.output}", "${env.HOME}"] {
             assert_eq!(substitute_str(t, &env), (t.to_string(), vec![]));
         }
-        assert_eq!(
-            substitute_str("unterminated ${X", &env).0,
-            "unterminated ${X"
-        );
+        assert_eq!(substitute_str("unterminated ${X", &env).0, "unterminated ${X");
     }
 }

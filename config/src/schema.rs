@@ -42,15 +42,8 @@ fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
                 None => return s,
             }
         }
-        if let Some(alts) = s
-            .get("anyOf")
-            .or_else(|| s.get("oneOf"))
-            .and_then(Json::as_array)
-        {
-            if let Some(t) = alts
-                .iter()
-                .find(|a| a.get("type").and_then(Json::as_str) != Some("null"))
-            {
+        if let Some(alts) = s.get("anyOf").or_else(|| s.get("oneOf")).and_then(Json::as_array) {
+            if let Some(t) = alts.iter().find(|a| a.get("type").and_then(Json::as_str) != Some("null")) {
                 s = t;
                 continue;
             }
@@ -69,10 +62,7 @@ fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mu
             for (k, v) in map {
                 let key = match k {
                     Value::String(s) => s.clone(),
-                    other => serde_yaml::to_string(other)
-                        .unwrap_or_default()
-                        .trim()
-                        .to_string(),
+                    other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
                 };
                 path.push(Seg::Key(key.clone()));
                 if let Some(sub) = props.and_then(|p| p.get(&key)) {
@@ -80,22 +70,14 @@ fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mu
                 } else if let Some(add) = additional.filter(|a| a.is_object()) {
                     walk(root, add, v, path, out);
                 } else if additional == Some(&Json::Bool(false)) {
-                    let known: Vec<&str> = props
-                        .map(|p| p.keys().map(String::as_str).collect())
-                        .unwrap_or_default();
+                    let known: Vec<&str> = props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default();
                     let hint = did_you_mean(&key, known.iter().copied());
                     let place = if path.len() == 1 {
                         "at the top level".to_string()
                     } else {
-                        format!(
-                            "in \"{}\"",
-                            crate::yaml::path_string(&path[..path.len() - 1])
-                        )
+                        format!("in \"{}\"", crate::yaml::path_string(&path[..path.len() - 1]))
                     };
-                    out.push(UnknownKey {
-                        path: path.clone(),
-                        message: format!("unknown key \"{key}\" {place}{hint}"),
-                    });
+                    out.push(UnknownKey { path: path.clone(), message: format!("unknown key \"{key}\" {place}{hint}") });
                 }
                 path.pop();
             }

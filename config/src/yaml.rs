@@ -45,9 +45,7 @@ pub(crate) struct PositionIndex {
 impl PositionIndex {
     /// The position of `path`, or of its closest ancestor that has one.
     pub(crate) fn find(&self, path: &[Seg]) -> Option<(usize, usize)> {
-        (0..=path.len())
-            .rev()
-            .find_map(|n| self.map.get(&path[..n]).copied())
+        (0..=path.len()).rev().find_map(|n| self.map.get(&path[..n]).copied())
     }
 
     #[cfg(test)]
@@ -69,15 +67,8 @@ pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     let value: Value = match serde_yaml::from_str(text) {
         Ok(v) => v,
         Err(e) => {
-            let (line, col) = e
-                .location()
-                .map(|l| (l.line(), l.column()))
-                .unwrap_or((1, 1));
-            return Err(ParseError {
-                line,
-                col,
-                message: e.to_string(),
-            });
+            let (line, col) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+            return Err(ParseError { line, col, message: e.to_string() });
         }
     };
     let mut rec = Recorder::default();
@@ -128,9 +119,7 @@ impl Recorder {
                 let i = *next;
                 *next += 1;
                 self.path.push(Seg::Index(i));
-                self.map
-                    .entry(self.path.clone())
-                    .or_insert((mark.line(), mark.col() + 1));
+                self.map.entry(self.path.clone()).or_insert((mark.line(), mark.col() + 1));
                 true
             }
             None => true,
@@ -177,16 +166,11 @@ impl MarkedEventReceiver for Recorder {
 
 /// Splits Markdown with YAML front matter into (front matter, body).
 pub(crate) fn split_front_matter(text: &str) -> Option<(&str, &str)> {
-    let rest = text
-        .strip_prefix("---\n")
-        .or_else(|| text.strip_prefix("---\r\n"))?;
+    let rest = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n"))?;
     let end = rest.find("\n---")?;
     let front = &rest[..end + 1];
     let after = &rest[end + 4..];
-    let body = after
-        .strip_prefix('\n')
-        .or_else(|| after.strip_prefix("\r\n"))
-        .unwrap_or(after);
+    let body = after.strip_prefix('\n').or_else(|| after.strip_prefix("\r\n")).unwrap_or(after);
     Some((front, body))
 }
 

@@ -16,75 +16,41 @@ fn write(dir: &Path, name: &str, text: &str) {
 }
 
 fn errors_of(dir: &Path) -> Vec<String> {
-    let opts = LoadOptions {
-        path: Some(dir.join("lamplighter.yaml")),
-        cwd: Some(dir.to_path_buf()),
-    };
+    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()) };
     match load_with_env(&opts, |_| None) {
-        Ok(l) => panic!(
-            "expected errors, got a config with warnings {:?}",
-            l.warnings
-        ),
-        Err(e) => {
-            e.0.iter()
-                .map(|d| d.to_string().replace(&format!("{}/", dir.display()), ""))
-                .collect()
-        }
+        Ok(l) => panic!("expected errors, got a config with warnings {:?}", l.warnings),
+        Err(e) => e.0.iter().map(|d| d.to_string().replace(&format!("{}/", dir.display()), "")).collect(),
     }
 }
 
 #[test]
 fn gantri_reference_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = LoadOptions {
-        path: Some(reference()),
-        cwd: Some(tmp.path().to_path_buf()),
-    };
+    let opts = LoadOptions { path: Some(reference()), cwd: Some(tmp.path().to_path_buf()) };
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let c = &loaded.config;
     assert!(c.jobs.contains_key("daily-news-9pm"));
-    assert_eq!(
-        c.jobs["daily-news-9pm"].schedule,
-        Some(lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into()))
-    );
+    assert_eq!(c.jobs["daily-news-9pm"].schedule, Some(lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into())));
     assert_eq!(c.agents().len(), 12, "{:?}", c.agents().keys());
     assert_eq!(c.workflows().len(), 6);
     // The unset key disables the provider and its agents, it does not stop the load.
     assert!(c.disabled["provider \"azure-openai\""].contains("AZURE_OPENAI_API_KEY"));
     assert!(c.disabled.contains_key("agent \"news-summarizer\""));
-    assert!(
-        loaded
-            .warnings
-            .iter()
-            .any(|w| w.message.contains("\"dataverse\""))
-    );
+    assert!(loaded.warnings.iter().any(|w| w.message.contains("\"dataverse\"")));
     // `${input}` is a workflow template, not an environment variable.
     let implement = &c.workflows()["code-implement"].steps[0];
     assert_eq!(implement.input, Some(serde_json::json!("${input}")));
     let shown = lamplighter_config::show(c);
     assert!(shown.contains("daily-news-9pm"));
-    assert!(
-        !shown.contains("${AZURE_OPENAI_API_KEY}"),
-        "secrets must be redacted:\n{shown}"
-    );
+    assert!(!shown.contains("${AZURE_OPENAI_API_KEY}"), "secrets must be redacted:\n{shown}");
 }
 
 #[test]
 fn secrets_are_redacted_in_show() {
     let tmp = tempfile::tempdir().unwrap();
-    write(
-        tmp.path(),
-        "lamplighter.yaml",
-        "ai:\n  providers:\n    p:\n      base_url: http://x/v1\n      api_key: ${KEY}\n",
-    );
-    let opts = LoadOptions {
-        path: Some(tmp.path().join("lamplighter.yaml")),
-        cwd: Some(tmp.path().to_path_buf()),
-    };
-    let l = load_with_env(&opts, |n| {
-        (n == "KEY").then(|| "sk-very-secret".to_string())
-    })
-    .unwrap();
+    write(tmp.path(), "lamplighter.yaml", "ai:\n  providers:\n    p:\n      base_url: http://x/v1\n      api_key: ${KEY}\n");
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let l = load_with_env(&opts, |n| (n == "KEY").then(|| "sk-very-secret".to_string())).unwrap();
     let shown = lamplighter_config::show(&l.config);
     assert!(!shown.contains("sk-very-secret"), "{shown}");
     assert!(shown.contains("<redacted>"));
@@ -132,27 +98,16 @@ agents:
         "more.yaml:2:3: error: agent \"dup\" is defined twice: in",
     ];
     for e in expected {
-        assert!(
-            errs.iter().any(|x| x.starts_with(e)),
-            "missing {e:?} in:\n{}",
-            errs.join("\n")
-        );
+        assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
     }
     let dup = errs.iter().find(|e| e.contains("defined twice")).unwrap();
-    assert!(
-        dup.contains("lamplighter.yaml:21:3") && dup.contains("more.yaml:2:3"),
-        "{dup}"
-    );
+    assert!(dup.contains("lamplighter.yaml:21:3") && dup.contains("more.yaml:2:3"), "{dup}");
 }
 
 #[test]
 fn unset_variable_where_needed_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    write(
-        tmp.path(),
-        "lamplighter.yaml",
-        "framework:\n  data_dir: ${DATA}\n",
-    );
+    write(tmp.path(), "lamplighter.yaml", "framework:\n  data_dir: ${DATA}\n");
     let errs = errors_of(tmp.path());
     assert_eq!(
         errs,
@@ -171,39 +126,18 @@ fn markdown_and_folder_agents() {
         "lamplighter.yaml",
         "ai:\n  default_model: m\n  providers:\n    local:\n      base_url: http://127.0.0.1:1/v1\n      models:\n        m: {id: m}\n",
     );
-    write(
-        d,
-        "agents/writer.md",
-        "---\ndescription: writes\nplugins: [file-save]\n---\nYou write.\n",
-    );
+    write(d, "agents/writer.md", "---\ndescription: writes\nplugins: [file-save]\n---\nYou write.\n");
     write(d, "agents/reviewer/agent.yaml", "description: reviews\n");
     write(d, "agents/reviewer/prompt.md", "You review.\n");
-    let opts = LoadOptions {
-        path: Some(d.join("lamplighter.yaml")),
-        cwd: Some(d.to_path_buf()),
-    };
+    let opts = LoadOptions { path: Some(d.join("lamplighter.yaml")), cwd: Some(d.to_path_buf()) };
     let l = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let agents = l.config.agents();
-    assert_eq!(
-        agents["writer"].system_prompt.as_deref(),
-        Some("You write.")
-    );
-    assert_eq!(
-        agents["reviewer"].system_prompt.as_deref(),
-        Some("You review.")
-    );
+    assert_eq!(agents["writer"].system_prompt.as_deref(), Some("You write."));
+    assert_eq!(agents["reviewer"].system_prompt.as_deref(), Some("You review."));
     // An error in front matter points into the Markdown file, past the opening `---`.
-    write(
-        d,
-        "agents/writer.md",
-        "---\ndescription: writes\nplugin: [file-save]\n---\nYou write.\n",
-    );
+    write(d, "agents/writer.md", "---\ndescription: writes\nplugin: [file-save]\n---\nYou write.\n");
     let errs = errors_of(d);
-    assert!(
-        errs.iter()
-            .any(|e| e.starts_with("agents/writer.md:3:1: error: unknown key \"plugin\"")),
-        "{errs:?}"
-    );
+    assert!(errs.iter().any(|e| e.starts_with("agents/writer.md:3:1: error: unknown key \"plugin\"")), "{errs:?}");
 }
 
 #[test]

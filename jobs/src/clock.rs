@@ -41,10 +41,7 @@ pub struct ManualClock {
 impl ManualClock {
     pub fn new(start: DateTime<Utc>) -> Self {
         let (tx, _) = watch::channel(start);
-        Self {
-            now: Mutex::new(start),
-            tx,
-        }
+        Self { now: Mutex::new(start), tx }
     }
 
     pub fn set(&self, t: DateTime<Utc>) {

@@ -64,30 +64,15 @@ pub(crate) struct JobsConfig {
 
 impl Shared {
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
-        Arc::new(
-            self.config
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .jobs
-                .clone(),
-        )
+        Arc::new(self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone())
     }
 
     pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
-        self.config
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .jobs
-            .get(name)
-            .cloned()
+        self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.get(name).cloned()
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
-        self.config
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .data_dir
-            .clone()
+        self.config.read().unwrap_or_else(|e| e.into_inner()).data_dir.clone()
     }
 
     pub(crate) fn wake_scheduler(&self) {
@@ -108,17 +93,12 @@ impl Shared {
     /// may still sit locked by the dead worker; the claim in the executor runs it once.
     pub(crate) async fn push(&self, run_id: &str, now: DateTime<Utc>) -> Result<(), String> {
         let mut q = self.queue.clone();
-        let task = TaskBuilder::new(RunTask {
-            run_id: run_id.to_string(),
-        })
-        .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
-        .max_attempts(1)
-        .build();
+        let task = TaskBuilder::new(RunTask { run_id: run_id.to_string() })
+            .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+            .max_attempts(1)
+            .build();
         q.push_task(task).await.map_err(|e| e.to_string())?;
-        self.store
-            .mark_dispatched(run_id, now)
-            .await
-            .map_err(|e| e.to_string())?;
+        self.store.mark_dispatched(run_id, now).await.map_err(|e| e.to_string())?;
         let _ = self.queue_wake.unbounded_send(());
         Ok(())
     }
@@ -126,22 +106,13 @@ impl Shared {
     /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
     /// records the reason itself.
     pub(crate) async fn stop_run(&self, id: &str, why: String, now: DateTime<Utc>) -> bool {
-        let running = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
         if let Some(r) = running {
             *r.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(StopReason::Cancelled(why));
             r.token.cancel();
             return true;
         }
-        let done = self
-            .store
-            .finish(id, RunStatus::Cancelled, None, Some(&why), now)
-            .await
-            .unwrap_or(false);
+        let done = self.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
         if done {
             self.run_finished(id);
         }
@@ -204,9 +175,7 @@ impl Engine {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| {
-                EngineError::Locked(format!("cannot open {}: {e}", lock_path.display()))
-            })?;
+            .map_err(|e| EngineError::Locked(format!("cannot open {}: {e}", lock_path.display())))?;
         if lock.try_lock().is_err() {
             return Err(EngineError::Locked(format!(
                 "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
@@ -225,10 +194,7 @@ impl Engine {
             registry: opts.registry,
             worker_name: opts.worker_name,
             concurrency: config.worker.concurrency,
-            config: RwLock::new(Arc::new(JobsConfig {
-                jobs: config.jobs.clone(),
-                data_dir: config.data_dir.clone(),
-            })),
+            config: RwLock::new(Arc::new(JobsConfig { jobs: config.jobs.clone(), data_dir: config.data_dir.clone() })),
             wake: Notify::new(),
             replan: AtomicBool::new(true),
             scheduler_alive: AtomicBool::new(false),
@@ -240,38 +206,19 @@ impl Engine {
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
         let stop_queue = CancellationToken::new();
-        let scheduler = tokio::spawn(crate::scheduler::run(
-            shared.clone(),
-            stop_scheduler.clone(),
-        ));
-        let queue = tokio::spawn(executor::run_worker(
-            shared.clone(),
-            shared.queue.clone(),
-            queue_rx,
-            stop_queue.clone(),
-        ));
+        let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), stop_scheduler.clone()));
+        let queue = tokio::spawn(executor::run_worker(shared.clone(), shared.queue.clone(), queue_rx, stop_queue.clone()));
         Ok(Engine {
             shared,
-            tasks: Arc::new(Mutex::new(Some(Tasks {
-                stop_scheduler,
-                stop_queue,
-                scheduler,
-                queue,
-            }))),
+            tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_queue, scheduler, queue }))),
             _lock: Arc::new(lock),
         })
     }
 
     /// Swaps in a new set of jobs; the scheduler replans at once.
     pub fn reload(&self, config: &Config) {
-        *self
-            .shared
-            .config
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::new(JobsConfig {
-            jobs: config.jobs.clone(),
-            data_dir: config.data_dir.clone(),
-        });
+        *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(JobsConfig { jobs: config.jobs.clone(), data_dir: config.data_dir.clone() });
         self.shared.replan();
     }
 
@@ -286,11 +233,7 @@ impl Engine {
 
     /// Number of runs executing in this process.
     pub fn running_count(&self) -> usize {
-        self.shared
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Stops scheduling and new claims, lets running work finish for `grace`, then interrupts
@@ -311,14 +254,7 @@ impl Engine {
                 _ = rx.recv() => {}
             }
         }
-        let left: Vec<Arc<Running>> = self
-            .shared
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let left: Vec<Arc<Running>> = self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         if !left.is_empty() {
             tracing::warn!(runs = left.len(), "grace period over; interrupting runs");
         }

@@ -30,12 +30,7 @@ pub(crate) struct RunTask {
 pub(crate) type Queue = SqliteStorage<RunTask>;
 
 pub(crate) fn queue(pool: &apalis_sqlite::SqlitePool) -> Queue {
-    SqliteStorage::new(pool).with_config(
-        QueueConfig::default()
-            .queue(QUEUE)
-            .batch_size(1)
-            .heartbeat_interval(Duration::from_secs(30)),
-    )
+    SqliteStorage::new(pool).with_config(QueueConfig::default().queue(QUEUE).batch_size(1).heartbeat_interval(Duration::from_secs(30)))
 }
 
 /// Why a running run was stopped from outside.
@@ -83,16 +78,7 @@ async fn handle(task: RunTask, shared: Data<Arc<Shared>>) -> Result<(), BoxDynEr
     let res = tokio::spawn(async move { execute(s, &task.run_id).await }).await;
     if let Err(e) = res {
         let now = shared.clock.now();
-        let _ = shared
-            .store
-            .finish(
-                &id,
-                RunStatus::Failed,
-                None,
-                Some(&format!("the run panicked: {e}")),
-                now,
-            )
-            .await;
+        let _ = shared.store.finish(&id, RunStatus::Failed, None, Some(&format!("the run panicked: {e}")), now).await;
         shared.run_finished(&id);
     }
     Ok(())
@@ -112,23 +98,12 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
         return;
     };
     let job = shared.job(&run.job);
-    let entry = Arc::new(Running {
-        token: CancellationToken::new(),
-        reason: std::sync::Mutex::new(None),
-    });
-    shared
-        .running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(run_id.to_string(), entry.clone());
+    let entry = Arc::new(Running { token: CancellationToken::new(), reason: std::sync::Mutex::new(None) });
+    shared.running.lock().unwrap_or_else(|e| e.into_inner()).insert(run_id.to_string(), entry.clone());
     tracing::info!(run = run_id, job = %run.job, trigger = run.trigger.as_str(), lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
 
     let outcome: Result<serde_json::Value, (RunStatus, String, bool)> = match &job {
-        None => Err((
-            RunStatus::Failed,
-            format!("job \"{}\" is no longer defined", run.job),
-            true,
-        )),
+        None => Err((RunStatus::Failed, format!("job \"{}\" is no longer defined", run.job), true)),
         Some(job) => {
             let timeout = job.timeout;
             let fut = run_target(&shared, job, &run, entry.token.clone());
@@ -138,11 +113,7 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
                         Ok(r) => r,
                         Err(_) => {
                             entry.token.cancel();
-                            Err((
-                                RunStatus::TimedOut,
-                                format!("timed out after {}", humantime::format_duration(t)),
-                                false,
-                            ))
+                            Err((RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), false))
                         }
                     },
                     None => fut.await,
@@ -154,33 +125,18 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
             }
         }
     };
-    shared
-        .running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(run_id);
-    let stop = entry
-        .reason
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    shared.running.lock().unwrap_or_else(|e| e.into_inner()).remove(run_id);
+    let stop = entry.reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let now = shared.clock.now();
     let (status, output, error, permanent) = match (outcome, stop) {
-        (_, Some(StopReason::Shutdown)) => (
-            RunStatus::Interrupted,
-            None,
-            Some("the worker shut down before the run finished".to_string()),
-            true,
-        ),
+        (_, Some(StopReason::Shutdown)) => {
+            (RunStatus::Interrupted, None, Some("the worker shut down before the run finished".to_string()), true)
+        }
         (_, Some(StopReason::Cancelled(why))) => (RunStatus::Cancelled, None, Some(why), true),
         (Ok(v), None) => (RunStatus::Succeeded, Some(v), None, true),
         (Err((s, e, permanent)), None) => (s, None, Some(e), permanent),
     };
-    if let Err(e) = shared
-        .store
-        .finish(run_id, status, output.as_ref(), error.as_deref(), now)
-        .await
-    {
+    if let Err(e) = shared.store.finish(run_id, status, output.as_ref(), error.as_deref(), now).await {
         tracing::error!(run = run_id, error = %e, "cannot record the end of a run");
     }
     tracing::info!(run = run_id, job = %run.job, status = status.as_str(), error = error.as_deref().unwrap_or(""), "run finished");
@@ -190,16 +146,7 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
         }
     }
     if let Some(job) = &job {
-        if let Err(e) = shared
-            .store
-            .prune(
-                &job.name,
-                job.retention.max_runs,
-                job.retention.max_age,
-                now,
-            )
-            .await
-        {
+        if let Err(e) = shared.store.prune(&job.name, job.retention.max_runs, job.retention.max_age, now).await {
             tracing::warn!(job = %job.name, error = %e, "cannot prune run history");
         }
     }
@@ -250,39 +197,16 @@ async fn run_target(
 ) -> Result<serde_json::Value, (RunStatus, String, bool)> {
     match &job.target {
         Target::Plugin { plugin, action } => {
-            let dir = job
-                .working_directory
-                .clone()
-                .unwrap_or_else(|| shared.data_dir());
+            let dir = job.working_directory.clone().unwrap_or_else(|| shared.data_dir());
             if let Err(e) = std::fs::create_dir_all(&dir) {
-                return Err((
-                    RunStatus::Failed,
-                    format!("cannot create working directory {}: {e}", dir.display()),
-                    false,
-                ));
+                return Err((RunStatus::Failed, format!("cannot create working directory {}: {e}", dir.display()), false));
             }
-            let ctx = ActionContext {
-                working_directory: dir,
-                allowed_commands: job.allowed_commands.clone(),
-                cancel,
-            };
-            let params = run
-                .parameters
-                .clone()
-                .or_else(|| job.parameters.clone())
-                .unwrap_or_else(|| serde_json::json!({}));
-            shared
-                .registry
-                .invoke(plugin, action, params, &ctx)
-                .await
-                .map_err(|e| {
-                    let status = if matches!(e, ActionError::Timeout { .. }) {
-                        RunStatus::TimedOut
-                    } else {
-                        RunStatus::Failed
-                    };
-                    (status, e.to_string(), e.is_permanent())
-                })
+            let ctx = ActionContext { working_directory: dir, allowed_commands: job.allowed_commands.clone(), cancel };
+            let params = run.parameters.clone().or_else(|| job.parameters.clone()).unwrap_or_else(|| serde_json::json!({}));
+            shared.registry.invoke(plugin, action, params, &ctx).await.map_err(|e| {
+                let status = if matches!(e, ActionError::Timeout { .. }) { RunStatus::TimedOut } else { RunStatus::Failed };
+                (status, e.to_string(), e.is_permanent())
+            })
         }
         Target::Workflow(w) => Err((
             RunStatus::Failed,
@@ -294,10 +218,7 @@ async fn run_target(
         )),
         Target::Agent(a) => Err((
             RunStatus::Failed,
-            format!(
-                "agent jobs are not supported yet: job \"{}\" runs agent \"{a}\", and the agent runner has not landed",
-                job.name
-            ),
+            format!("agent jobs are not supported yet: job \"{}\" runs agent \"{a}\", and the agent runner has not landed", job.name),
             true,
         )),
     }

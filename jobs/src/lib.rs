@@ -14,10 +14,7 @@ pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Engine, EngineError, EngineOptions, migrate};
 pub use run::{Run, RunStatus, Trigger};
 pub use schedule::{Schedule, ScheduleError, jitter_for};
-pub use service::{
-    FireTime, JobDetail, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered,
-    WorkerStatus,
-};
+pub use service::{FireTime, JobDetail, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
 pub use store::RunFilter;
 
 use lamplighter_config::{Config, Diagnostic, Target};
@@ -35,17 +32,19 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
                     lamplighter_config::ScheduleSpec::Every(_) => "every",
                     lamplighter_config::ScheduleSpec::At(_) => "at",
                 };
-                out.push(Diagnostic::error(
-                    config.locate(&["scheduling", "jobs", name, field]),
-                    format!("job \"{name}\": {e}"),
-                ));
+                out.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
             }
         }
         if let Target::Plugin { plugin, action } = &job.target {
             if !registry.has_action(plugin, action) {
                 out.push(Diagnostic::error(
-                    config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
-                    format!("job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}", registry.action_names().join(", ")),
+                    config
+                        .locate(&["scheduling", "jobs", name, "action"])
+                        .or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
+                    format!(
+                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
+                        registry.action_names().join(", ")
+                    ),
                 ));
             }
         }

@@ -57,12 +57,7 @@ impl std::str::FromStr for RunStatus {
         Self::ALL
             .into_iter()
             .find(|x| x.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown run status \"{s}\"; use one of {}",
-                    Self::ALL.map(|x| x.as_str()).join(", ")
-                )
-            })
+            .ok_or_else(|| format!("unknown run status \"{s}\"; use one of {}", Self::ALL.map(|x| x.as_str()).join(", ")))
     }
 }
 
@@ -98,16 +93,10 @@ impl Trigger {
 impl std::str::FromStr for Trigger {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [
-            Self::Cron,
-            Self::Manual,
-            Self::CatchUp,
-            Self::Retry,
-            Self::Api,
-        ]
-        .into_iter()
-        .find(|x| x.as_str() == s)
-        .ok_or_else(|| format!("unknown trigger \"{s}\""))
+        [Self::Cron, Self::Manual, Self::CatchUp, Self::Retry, Self::Api]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| format!("unknown trigger \"{s}\""))
     }
 }
 

@@ -34,48 +34,30 @@ enum Kind {
 pub struct ScheduleError(String);
 
 const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
-const MONTHS: [&str; 12] = [
-    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
-];
+const MONTHS: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
 
 impl Schedule {
     pub fn cron(expr: &str, tz: &str) -> Result<Self, ScheduleError> {
-        Ok(Self {
-            kind: Kind::Cron(parse_cron(expr)?),
-            tz: parse_tz(tz)?,
-        })
+        Ok(Self { kind: Kind::Cron(parse_cron(expr)?), tz: parse_tz(tz)? })
     }
 
     pub fn every(spec: &str) -> Result<Self, ScheduleError> {
-        let d = humantime::parse_duration(spec.trim()).map_err(|e| {
-            ScheduleError(format!(
-                "every \"{spec}\" is not a duration ({e}); write e.g. \"90s\", \"15m\""
-            ))
-        })?;
+        let d = humantime::parse_duration(spec.trim())
+            .map_err(|e| ScheduleError(format!("every \"{spec}\" is not a duration ({e}); write e.g. \"90s\", \"15m\"")))?;
         if d < Duration::from_secs(1) {
-            return Err(ScheduleError(format!(
-                "every \"{spec}\" is shorter than the 1 s minimum"
-            )));
+            return Err(ScheduleError(format!("every \"{spec}\" is shorter than the 1 s minimum")));
         }
-        Ok(Self {
-            kind: Kind::Every(d),
-            tz: Tz::UTC,
-        })
+        Ok(Self { kind: Kind::Every(d), tz: Tz::UTC })
     }
 
     pub fn at(spec: &str) -> Result<Self, ScheduleError> {
-        let t = DateTime::parse_from_rfc3339(spec.trim())
-            .map_err(|e| ScheduleError(format!("at \"{spec}\" is not an RFC 3339 instant ({e}); write e.g. \"2026-12-24T18:00:00+01:00\"")))?;
-        Ok(Self {
-            kind: Kind::At(t.with_timezone(&Utc)),
-            tz: Tz::UTC,
-        })
+        let t = DateTime::parse_from_rfc3339(spec.trim()).map_err(|e| {
+            ScheduleError(format!("at \"{spec}\" is not an RFC 3339 instant ({e}); write e.g. \"2026-12-24T18:00:00+01:00\""))
+        })?;
+        Ok(Self { kind: Kind::At(t.with_timezone(&Utc)), tz: Tz::UTC })
     }
 
-    pub fn from_spec(
-        spec: &lamplighter_config::ScheduleSpec,
-        tz: &str,
-    ) -> Result<Self, ScheduleError> {
+    pub fn from_spec(spec: &lamplighter_config::ScheduleSpec, tz: &str) -> Result<Self, ScheduleError> {
         use lamplighter_config::ScheduleSpec as S;
         match spec {
             S::Cron(c) => Self::cron(c, tz),
@@ -120,11 +102,7 @@ impl Schedule {
 }
 
 fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
-    Tz::from_str(tz).map_err(|_| {
-        ScheduleError(format!(
-            "time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"
-        ))
-    })
+    Tz::from_str(tz).map_err(|_| ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")")))
 }
 
 /// Translates standard cron to the `cron` crate's 6-field, seconds-first form.
@@ -160,18 +138,11 @@ fn parse_cron(expr: &str) -> Result<Vec<cron::Schedule>, ScheduleError> {
     let month = translate_names(fields[4], &MONTHS, 1);
     let dow_restricted = !matches!(dow.as_str(), "*" | "?");
     let dom_restricted = !matches!(dom, "*" | "?");
-    let dow_t = if dow_restricted {
-        translate_dow(&dow).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))?
-    } else {
-        "*".to_string()
-    };
+    let dow_t =
+        if dow_restricted { translate_dow(&dow).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))? } else { "*".to_string() };
     let build = |dom: &str, dow: &str| -> Result<cron::Schedule, ScheduleError> {
-        let s = format!(
-            "{} {} {} {} {} {}",
-            fields[0], fields[1], fields[2], dom, month, dow
-        );
-        cron::Schedule::from_str(&s)
-            .map_err(|err| ScheduleError(format!("cron \"{e}\" is not valid: {err}")))
+        let s = format!("{} {} {} {} {} {}", fields[0], fields[1], fields[2], dom, month, dow);
+        cron::Schedule::from_str(&s).map_err(|err| ScheduleError(format!("cron \"{e}\" is not valid: {err}")))
     };
     if dom_restricted && dow_restricted {
         // Standard cron: "1 * * * MON" and "0 0 13 * FRI" fire when either day field matches.
@@ -196,25 +167,15 @@ fn translate_dow(field: &str) -> Result<String, String> {
     let mut days = [false; 7];
     for part in f.split(',') {
         let (range, step) = match part.split_once('/') {
-            Some((r, s)) => (
-                r,
-                s.parse::<usize>()
-                    .map_err(|_| format!("day-of-week step \"{s}\" is not a number"))?,
-            ),
+            Some((r, s)) => (r, s.parse::<usize>().map_err(|_| format!("day-of-week step \"{s}\" is not a number"))?),
             None => (part, 1),
         };
         if step == 0 {
             return Err("day-of-week step must be at least 1".into());
         }
         let num = |s: &str| -> Result<usize, String> {
-            let n: usize = s
-                .parse()
-                .map_err(|_| format!("day-of-week \"{s}\" is not 0–7 or a day name (SUN–SAT)"))?;
-            if n > 7 {
-                Err(format!("day-of-week {n} is out of range 0–7"))
-            } else {
-                Ok(n)
-            }
+            let n: usize = s.parse().map_err(|_| format!("day-of-week \"{s}\" is not 0–7 or a day name (SUN–SAT)"))?;
+            if n > 7 { Err(format!("day-of-week {n} is out of range 0–7")) } else { Ok(n) }
         };
         let (lo, hi) = match range {
             "*" | "?" => (0, 6),
@@ -234,13 +195,7 @@ fn translate_dow(field: &str) -> Result<String, String> {
             days[d % 7] = true;
         }
     }
-    Ok(days
-        .iter()
-        .enumerate()
-        .filter(|(_, on)| **on)
-        .map(|(i, _)| DAYS[i])
-        .collect::<Vec<_>>()
-        .join(","))
+    Ok(days.iter().enumerate().filter(|(_, on)| **on).map(|(i, _)| DAYS[i]).collect::<Vec<_>>().join(","))
 }
 
 /// The instant a local wall-clock time means (SPEC §4 DST rules).
@@ -256,9 +211,7 @@ fn local_to_instant(tz: Tz, naive: NaiveDateTime) -> DateTime<Utc> {
                 LocalResult::Ambiguous(a, _) => a.offset().fix(),
                 LocalResult::None => tz.offset_from_utc_datetime(&before).fix(),
             };
-            Utc.from_utc_datetime(
-                &(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)),
-            )
+            Utc.from_utc_datetime(&(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)))
         }
     }
 }
@@ -303,11 +256,7 @@ pub fn jitter_for(job: &str, tick: DateTime<Utc>, max: Duration) -> Duration {
     }
     // FNV-1a: stable across Rust versions, unlike std's hasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in job
-        .as_bytes()
-        .iter()
-        .chain(&tick.timestamp_millis().to_le_bytes())
-    {
+    for b in job.as_bytes().iter().chain(&tick.timestamp_millis().to_le_bytes()) {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -323,44 +272,25 @@ mod tests {
     }
 
     fn next(expr: &str, tz: &str, after: &str) -> String {
-        Schedule::cron(expr, tz)
-            .unwrap()
-            .next_after(utc(after))
-            .unwrap()
-            .to_rfc3339()
+        Schedule::cron(expr, tz).unwrap().next_after(utc(after)).unwrap().to_rfc3339()
     }
 
     fn local(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
         let s = Schedule::cron(expr, tz).unwrap();
         let z = s.timezone();
-        s.upcoming(utc(after), n)
-            .iter()
-            .map(|t| t.with_timezone(&z).to_rfc3339())
-            .collect()
+        s.upcoming(utc(after), n).iter().map(|t| t.with_timezone(&z).to_rfc3339()).collect()
     }
 
     #[test]
     fn five_fields_get_seconds() {
-        assert_eq!(
-            next("0 2 * * *", "UTC", "2026-01-01T00:00:00Z"),
-            "2026-01-01T02:00:00+00:00"
-        );
-        assert_eq!(
-            next("*/15 * * * *", "UTC", "2026-01-01T00:07:00Z"),
-            "2026-01-01T00:15:00+00:00"
-        );
+        assert_eq!(next("0 2 * * *", "UTC", "2026-01-01T00:00:00Z"), "2026-01-01T02:00:00+00:00");
+        assert_eq!(next("*/15 * * * *", "UTC", "2026-01-01T00:07:00Z"), "2026-01-01T00:15:00+00:00");
     }
 
     #[test]
     fn six_fields_have_seconds_first() {
-        assert_eq!(
-            next("30 0 2 * * *", "UTC", "2026-01-01T00:00:00Z"),
-            "2026-01-01T02:00:30+00:00"
-        );
-        assert_eq!(
-            next("*/5 * * * * *", "UTC", "2026-01-01T00:00:01Z"),
-            "2026-01-01T00:00:05+00:00"
-        );
+        assert_eq!(next("30 0 2 * * *", "UTC", "2026-01-01T00:00:00Z"), "2026-01-01T02:00:30+00:00");
+        assert_eq!(next("*/5 * * * * *", "UTC", "2026-01-01T00:00:01Z"), "2026-01-01T00:00:05+00:00");
     }
 
     #[test]
@@ -386,20 +316,8 @@ mod tests {
 
     #[test]
     fn weekday_list_over_a_week() {
-        let days: Vec<String> = local("0 9 * * 1-5", "UTC", "2026-01-03T00:00:00Z", 5)
-            .iter()
-            .map(|s| s[..10].to_string())
-            .collect();
-        assert_eq!(
-            days,
-            [
-                "2026-01-05",
-                "2026-01-06",
-                "2026-01-07",
-                "2026-01-08",
-                "2026-01-09"
-            ]
-        );
+        let days: Vec<String> = local("0 9 * * 1-5", "UTC", "2026-01-03T00:00:00Z", 5).iter().map(|s| s[..10].to_string()).collect();
+        assert_eq!(days, ["2026-01-05", "2026-01-06", "2026-01-07", "2026-01-08", "2026-01-09"]);
     }
 
     #[test]
@@ -408,22 +326,10 @@ mod tests {
         let got = local("0 0 13 * 5", "UTC", "2026-02-01T00:00:00Z", 4);
         assert_eq!(
             got,
-            [
-                "2026-02-06T00:00:00+00:00",
-                "2026-02-13T00:00:00+00:00",
-                "2026-02-20T00:00:00+00:00",
-                "2026-02-27T00:00:00+00:00"
-            ]
+            ["2026-02-06T00:00:00+00:00", "2026-02-13T00:00:00+00:00", "2026-02-20T00:00:00+00:00", "2026-02-27T00:00:00+00:00"]
         );
         let got = local("0 0 10 * 1", "UTC", "2026-02-01T00:00:00Z", 3);
-        assert_eq!(
-            got,
-            [
-                "2026-02-02T00:00:00+00:00",
-                "2026-02-09T00:00:00+00:00",
-                "2026-02-10T00:00:00+00:00"
-            ]
-        );
+        assert_eq!(got, ["2026-02-02T00:00:00+00:00", "2026-02-09T00:00:00+00:00", "2026-02-10T00:00:00+00:00"]);
     }
 
     #[test]
@@ -451,12 +357,7 @@ mod tests {
             let err = Schedule::cron(e, "UTC").unwrap_err().to_string();
             assert!(err.contains(want), "{e}: {err}");
         }
-        assert!(
-            Schedule::cron("0 2 * * *", "Mars/Olympus")
-                .unwrap_err()
-                .to_string()
-                .contains("IANA")
-        );
+        assert!(Schedule::cron("0 2 * * *", "Mars/Olympus").unwrap_err().to_string().contains("IANA"));
         assert!(Schedule::every("soon").is_err());
         assert!(Schedule::every("10ms").is_err());
         assert!(Schedule::at("tomorrow").is_err());
@@ -467,23 +368,13 @@ mod tests {
         // 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist: fires at 03:30 CEST.
         assert_eq!(
             local("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 3),
-            [
-                "2026-03-29T03:30:00+02:00",
-                "2026-03-30T02:30:00+02:00",
-                "2026-03-31T02:30:00+02:00",
-            ]
+            ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00", "2026-03-31T02:30:00+02:00",]
         );
         // 02:30 (→ 03:30) and 03:30 land on the same instant: fired once.
         let s = Schedule::cron("30 2,3 * * *", "Europe/Berlin").unwrap();
-        let got: Vec<String> = s
-            .upcoming(utc("2026-03-28T23:00:00Z"), 2)
-            .iter()
-            .map(|t| t.with_timezone(&s.timezone()).to_rfc3339())
-            .collect();
-        assert_eq!(
-            got,
-            ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00"]
-        );
+        let got: Vec<String> =
+            s.upcoming(utc("2026-03-28T23:00:00Z"), 2).iter().map(|t| t.with_timezone(&s.timezone()).to_rfc3339()).collect();
+        assert_eq!(got, ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00"]);
     }
 
     #[test]
@@ -497,12 +388,7 @@ mod tests {
         let got = local("0 * * * *", "Europe/Berlin", "2026-10-24T22:30:00Z", 4);
         assert_eq!(
             got,
-            [
-                "2026-10-25T01:00:00+02:00",
-                "2026-10-25T02:00:00+02:00",
-                "2026-10-25T03:00:00+01:00",
-                "2026-10-25T04:00:00+01:00"
-            ]
+            ["2026-10-25T01:00:00+02:00", "2026-10-25T02:00:00+02:00", "2026-10-25T03:00:00+01:00", "2026-10-25T04:00:00+01:00"]
         );
     }
 
@@ -523,29 +409,15 @@ mod tests {
     #[test]
     fn southern_hemisphere_and_half_hour_zones() {
         // Sydney: 2026-10-04 02:00 AEST → 03:00 AEDT.
-        assert_eq!(
-            local("15 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z", 1),
-            ["2026-10-04T03:15:00+11:00"]
-        );
+        assert_eq!(local("15 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z", 1), ["2026-10-04T03:15:00+11:00"]);
         // Lord Howe moves by 30 minutes: 02:00 → 02:30 on 2026-10-04.
-        assert_eq!(
-            local(
-                "15 2 * * *",
-                "Australia/Lord_Howe",
-                "2026-10-03T00:00:00Z",
-                1
-            ),
-            ["2026-10-04T02:45:00+11:00"]
-        );
+        assert_eq!(local("15 2 * * *", "Australia/Lord_Howe", "2026-10-03T00:00:00Z", 1), ["2026-10-04T02:45:00+11:00"]);
     }
 
     #[test]
     fn every_is_epoch_aligned() {
         let s = Schedule::every("90s").unwrap();
-        assert_eq!(
-            s.next_after(utc("1970-01-01T00:00:00Z")).unwrap(),
-            utc("1970-01-01T00:01:30Z")
-        );
+        assert_eq!(s.next_after(utc("1970-01-01T00:00:00Z")).unwrap(), utc("1970-01-01T00:01:30Z"));
         let t = utc("2026-05-05T10:00:01Z");
         let n = s.next_after(t).unwrap();
         assert_eq!(n.timestamp() % 90, 0);
@@ -555,10 +427,7 @@ mod tests {
     #[test]
     fn at_fires_once() {
         let s = Schedule::at("2026-12-24T18:00:00+01:00").unwrap();
-        assert_eq!(
-            s.next_after(utc("2026-01-01T00:00:00Z")),
-            Some(utc("2026-12-24T17:00:00Z"))
-        );
+        assert_eq!(s.next_after(utc("2026-01-01T00:00:00Z")), Some(utc("2026-12-24T17:00:00Z")));
         assert_eq!(s.next_after(utc("2026-12-24T17:00:00Z")), None);
     }
 
@@ -569,9 +438,7 @@ mod tests {
         let a = jitter_for("nightly", t, max);
         assert_eq!(a, jitter_for("nightly", t, max));
         assert!(a < max);
-        let spread: std::collections::HashSet<_> = (0..50)
-            .map(|i| jitter_for("nightly", t + chrono::Duration::days(i), max))
-            .collect();
+        let spread: std::collections::HashSet<_> = (0..50).map(|i| jitter_for("nightly", t + chrono::Duration::days(i), max)).collect();
         assert!(spread.len() > 40, "jitter should vary between ticks");
         assert_eq!(jitter_for("x", t, Duration::ZERO), Duration::ZERO);
     }

@@ -45,13 +45,8 @@ impl Plan {
             self.order.remove(&(at, job.to_string()));
         }
         if let Some(tick) = e.schedule.next_after(from) {
-            let at = tick
-                + chrono::Duration::from_std(
-                    cfg.jitter
-                        .map(|j| jitter_for(job, tick, j))
-                        .unwrap_or_default(),
-                )
-                .unwrap_or_default();
+            let at =
+                tick + chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(job, tick, j)).unwrap_or_default()).unwrap_or_default();
             e.next = Some((tick, at));
             self.order.insert((at, job.to_string()));
         }
@@ -71,13 +66,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         shared.scheduler_alive.store(true, Ordering::SeqCst);
 
         let next_tick = plan.order.first().map(|(t, _)| *t);
-        let next_due = shared
-            .store
-            .next_due()
-            .await
-            .ok()
-            .flatten()
-            .filter(|t| *t > now);
+        let next_due = shared.store.next_due().await.ok().flatten().filter(|t| *t > now);
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
         let sleep = match wake_at {
             Some(t) => shared.clock.sleep_until(t),
@@ -117,14 +106,7 @@ async fn build_plan(shared: &Shared) -> Plan {
             }
         };
         let last = states.get(name).and_then(|s| s.last_tick);
-        plan.entries.insert(
-            name.clone(),
-            Entry {
-                schedule,
-                last,
-                next: None,
-            },
-        );
+        plan.entries.insert(name.clone(), Entry { schedule, last, next: None });
         plan.set_next(name, cfg, last.unwrap_or(now).min(now));
         if last.is_none() {
             plan.set_next(name, cfg, now);
@@ -152,22 +134,16 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
         let mut ticks = Vec::new();
         let mut cur = entry.next.take().map(|(t, _)| t);
         while let Some(t) = cur {
-            let fire_at = t + chrono::Duration::from_std(
-                cfg.jitter
-                    .map(|j| jitter_for(&job, t, j))
-                    .unwrap_or_default(),
-            )
-            .unwrap_or_default();
+            let fire_at =
+                t + chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(&job, t, j)).unwrap_or_default()).unwrap_or_default();
             if fire_at > now || ticks.len() >= MAX_MISSED {
                 break;
             }
             ticks.push((t, fire_at));
             cur = entry.schedule.next_after(t);
         }
-        let (missed, on_time): (Vec<_>, Vec<_>) =
-            ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
-        let window_start = now
-            - chrono::Duration::from_std(cfg.catch_up_window).unwrap_or(chrono::Duration::days(1));
+        let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
+        let window_start = now - chrono::Duration::from_std(cfg.catch_up_window).unwrap_or(chrono::Duration::days(1));
         let in_window: Vec<_> = missed.iter().filter(|(t, _)| *t >= window_start).collect();
         let chosen: Vec<&(DateTime<Utc>, DateTime<Utc>)> = match cfg.catch_up {
             CatchUp::Skip => Vec::new(),
@@ -197,14 +173,7 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
 }
 
 /// Catch-up when the scheduler starts: ticks between the last processed tick and now.
-async fn fire(
-    shared: &Shared,
-    cfg: &JobConfig,
-    tick: DateTime<Utc>,
-    due: DateTime<Utc>,
-    trigger: Trigger,
-    now: DateTime<Utc>,
-) {
+async fn fire(shared: &Shared, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger, now: DateTime<Utc>) {
     let policy = match cfg.overlap {
         Overlap::Forbid => TickPolicy::Forbid,
         Overlap::Allow => TickPolicy::Allow,
@@ -231,13 +200,7 @@ async fn fire(
                 tracing::info!(job = %cfg.name, %tick, run = %o.run_id, "tick skipped");
             }
             for old in o.replaced {
-                shared
-                    .stop_run(
-                        &old,
-                        format!("replaced by run {} (overlap: replace)", o.run_id),
-                        now,
-                    )
-                    .await;
+                shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;
             }
         }
         Err(e) => tracing::error!(job = %cfg.name, %tick, error = %e, "cannot fire tick"),
@@ -259,13 +222,7 @@ pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) {
     for (id, job) in due {
         let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
         if queue_policy {
-            if held.contains(&job)
-                || shared
-                    .store
-                    .has_dispatched_active(&job)
-                    .await
-                    .unwrap_or(false)
-            {
+            if held.contains(&job) || shared.store.has_dispatched_active(&job).await.unwrap_or(false) {
                 held.push(job);
                 continue;
             }

@@ -63,13 +63,7 @@ pub struct RunBrief {
 
 impl From<&Run> for RunBrief {
     fn from(r: &Run) -> Self {
-        Self {
-            id: r.id.clone(),
-            status: r.status,
-            trigger: r.trigger,
-            enqueued_at: r.enqueued_at,
-            finished_at: r.finished_at,
-        }
+        Self { id: r.id.clone(), status: r.status, trigger: r.trigger, enqueued_at: r.enqueued_at, finished_at: r.finished_at }
     }
 }
 
@@ -138,40 +132,22 @@ fn schedule_text(s: &Option<ScheduleSpec>) -> Option<String> {
 
 impl Engine {
     fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
-        self.shared
-            .job(name)
-            .ok_or_else(|| ServiceError::JobNotFound {
-                name: name.to_string(),
-                known: {
-                    let jobs = self.shared.jobs();
-                    if jobs.is_empty() {
-                        "none".into()
-                    } else {
-                        jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-                    }
-                },
-            })
+        self.shared.job(name).ok_or_else(|| ServiceError::JobNotFound {
+            name: name.to_string(),
+            known: {
+                let jobs = self.shared.jobs();
+                if jobs.is_empty() { "none".into() } else { jobs.keys().cloned().collect::<Vec<_>>().join(", ") }
+            },
+        })
     }
 
     fn schedule_of(job: &JobConfig) -> Option<Schedule> {
-        job.schedule
-            .as_ref()
-            .and_then(|s| Schedule::from_spec(s, &job.timezone).ok())
+        job.schedule.as_ref().and_then(|s| Schedule::from_spec(s, &job.timezone).ok())
     }
 
-    fn summary(
-        &self,
-        job: &JobConfig,
-        state: Option<&crate::store::JobState>,
-        last: Option<&Run>,
-        now: DateTime<Utc>,
-    ) -> JobSummary {
+    fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<&Run>, now: DateTime<Utc>) -> JobSummary {
         let paused = state.is_some_and(|s| s.paused);
-        let next_fire = if job.enabled && !paused {
-            Self::schedule_of(job).and_then(|s| s.next_after(now))
-        } else {
-            None
-        };
+        let next_fire = if job.enabled && !paused { Self::schedule_of(job).and_then(|s| s.next_after(now)) } else { None };
         JobSummary {
             name: job.name.clone(),
             description: job.description.clone(),
@@ -193,35 +169,15 @@ impl Engine {
         let states = self.shared.store.job_states().await?;
         let last = self.shared.store.last_runs().await?;
         let now = self.shared.clock.now();
-        Ok(self
-            .shared
-            .jobs()
-            .values()
-            .map(|j| self.summary(j, states.get(&j.name), last.get(&j.name), now))
-            .collect())
+        Ok(self.shared.jobs().values().map(|j| self.summary(j, states.get(&j.name), last.get(&j.name), now)).collect())
     }
 
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
         let job = self.job_or_err(name)?;
         let states = self.shared.store.job_states().await?;
-        let recent = self
-            .shared
-            .store
-            .list_runs(&RunFilter {
-                job: Some(name.to_string()),
-                limit: Some(10),
-                ..Default::default()
-            })
-            .await?;
-        let counts = self
-            .shared
-            .store
-            .counts(name)
-            .await?
-            .into_iter()
-            .map(|(k, v)| (k.as_str().to_string(), v))
-            .collect();
+        let recent = self.shared.store.list_runs(&RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() }).await?;
+        let counts = self.shared.store.counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock.now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
         let summary = self.summary(&job, states.get(name), recent.first(), now);
@@ -248,26 +204,13 @@ impl Engine {
             return Vec::new();
         };
         let tz = s.timezone();
-        s.upcoming(now, n)
-            .into_iter()
-            .map(|t| FireTime {
-                utc: t,
-                local: t.with_timezone(&tz).to_rfc3339(),
-            })
-            .collect()
+        s.upcoming(now, n).into_iter().map(|t| FireTime { utc: t, local: t.with_timezone(&tz).to_rfc3339() }).collect()
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.
-    pub async fn pause_job(
-        &self,
-        name: &str,
-        reason: Option<&str>,
-    ) -> Result<JobSummary, ServiceError> {
+    pub async fn pause_job(&self, name: &str, reason: Option<&str>) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
-        self.shared
-            .store
-            .set_paused(name, true, reason, self.shared.clock.now())
-            .await?;
+        self.shared.store.set_paused(name, true, reason, self.shared.clock.now()).await?;
         self.shared.replan();
         tracing::info!(job = name, reason = reason.unwrap_or(""), "job paused");
         self.summary_of(name).await
@@ -287,42 +230,21 @@ impl Engine {
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {
         let job = self.job_or_err(name)?;
         let states = self.shared.store.job_states().await?;
-        let last = self
-            .shared
-            .store
-            .list_runs(&RunFilter {
-                job: Some(name.into()),
-                limit: Some(1),
-                ..Default::default()
-            })
-            .await?;
-        Ok(self.summary(
-            &job,
-            states.get(name),
-            last.first(),
-            self.shared.clock.now(),
-        ))
+        let last = self.shared.store.list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
+        Ok(self.summary(&job, states.get(name), last.first(), self.shared.clock.now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.
-    pub async fn trigger_job(
-        &self,
-        name: &str,
-        req: TriggerRequest,
-    ) -> Result<Triggered, ServiceError> {
+    pub async fn trigger_job(&self, name: &str, req: TriggerRequest) -> Result<Triggered, ServiceError> {
         let job = self.job_or_err(name)?;
         if let Some(k) = &req.idempotency_key {
             if k.is_empty() || k.len() > 200 {
-                return Err(ServiceError::InvalidArgument(
-                    "idempotency key must be 1–200 characters".into(),
-                ));
+                return Err(ServiceError::InvalidArgument("idempotency key must be 1–200 characters".into()));
             }
         }
         if let Some(p) = &req.parameters {
             if !p.is_object() {
-                return Err(ServiceError::InvalidArgument(format!(
-                    "parameters for job \"{name}\" must be an object of name → value"
-                )));
+                return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
             }
         }
         let now = self.shared.clock.now();
@@ -380,67 +302,36 @@ impl Engine {
         if let Some(j) = &filter.job {
             if self.shared.job(j).is_none() {
                 // Runs of a removed job are still listed when they exist.
-                let any = self
-                    .shared
-                    .store
-                    .list_runs(&RunFilter {
-                        job: Some(j.clone()),
-                        limit: Some(1),
-                        ..Default::default()
-                    })
-                    .await?;
+                let any = self.shared.store.list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
                 if any.is_empty() {
                     self.job_or_err(j)?;
                 }
             }
         }
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
-        let runs = self
-            .shared
-            .store
-            .list_runs(&RunFilter {
-                limit: Some(limit),
-                ..filter
-            })
-            .await?;
-        let next_cursor = (runs.len() as u32 == limit)
-            .then(|| runs.last().map(|r| r.id.clone()))
-            .flatten();
+        let runs = self.shared.store.list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
+        let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
         Ok(RunPage { runs, next_cursor })
     }
 
     pub async fn get_run(&self, id: &str) -> Result<Run, ServiceError> {
-        self.shared
-            .store
-            .get_run(id)
-            .await?
-            .ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
+        self.shared.store.get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
     }
 
     /// Cancels a queued or running run.
     pub async fn cancel_run(&self, id: &str) -> Result<Run, ServiceError> {
         let run = self.get_run(id).await?;
         if run.status.is_final() {
-            return Err(ServiceError::NotCancellable {
-                id: id.to_string(),
-                status: run.status,
-            });
+            return Err(ServiceError::NotCancellable { id: id.to_string(), status: run.status });
         }
         let now = self.shared.clock.now();
-        if self
-            .shared
-            .stop_run(id, "cancelled by request".into(), now)
-            .await
-        {
+        if self.shared.stop_run(id, "cancelled by request".into(), now).await {
             return self.wait_run(id, Some(Duration::from_secs(10))).await;
         }
         // Neither queued here nor running here: it may have just finished.
         let run = self.get_run(id).await?;
         if run.status.is_final() && run.status != RunStatus::Cancelled {
-            return Err(ServiceError::NotCancellable {
-                id: id.to_string(),
-                status: run.status,
-            });
+            return Err(ServiceError::NotCancellable { id: id.to_string(), status: run.status });
         }
         Ok(run)
     }

@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 
 use crate::run::{Run, RunStatus, Trigger};
 
@@ -30,10 +27,7 @@ trait Ctx<T> {
 
 impl<T> Ctx<T> for Result<T, sqlx::Error> {
     fn ctx(self, what: &str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError {
-            context: what.to_string(),
-            source,
-        })
+        self.map_err(|source| StoreError { context: what.to_string(), source })
     }
 }
 
@@ -91,10 +85,7 @@ macro_rules! run_cols {
 }
 
 fn run_from_row(r: &SqliteRow) -> Run {
-    let json = |c: &str| {
-        r.get::<Option<String>, _>(c)
-            .and_then(|s| serde_json::from_str(&s).ok())
-    };
+    let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
     let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
     Run {
         id: r.get("id"),
@@ -141,11 +132,7 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts)
-            .await
-            .ctx("opening the database")?;
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
         Ok(Self { pool })
     }
 
@@ -158,16 +145,10 @@ impl Store {
     pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
         let mut apalis = apalis_sqlite::SqliteStorage::<()>::migrations();
         apalis.set_ignore_missing(true);
-        apalis.run(&self.pool).await.map_err(|e| StoreError {
-            context: "applying queue migrations".into(),
-            source: e.into(),
-        })?;
+        apalis.run(&self.pool).await.map_err(|e| StoreError { context: "applying queue migrations".into(), source: e.into() })?;
         let mut ours = sqlx::migrate!("../migrations/sqlite");
         ours.set_ignore_missing(true);
-        ours.run(&self.pool).await.map_err(|e| StoreError {
-            context: "applying lamplighter migrations".into(),
-            source: e.into(),
-        })?;
+        ours.run(&self.pool).await.map_err(|e| StoreError { context: "applying lamplighter migrations".into(), source: e.into() })?;
         Ok(())
     }
 
@@ -176,11 +157,10 @@ impl Store {
     }
 
     pub(crate) async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
-        let rows =
-            sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state")
-                .fetch_all(&self.pool)
-                .await
-                .ctx("reading job state")?;
+        let rows = sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state")
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading job state")?;
         Ok(rows
             .iter()
             .map(|r| {
@@ -197,13 +177,7 @@ impl Store {
             .collect())
     }
 
-    pub(crate) async fn set_paused(
-        &self,
-        job: &str,
-        paused: bool,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (job) DO UPDATE SET paused = ?2, pause_reason = ?3, paused_at = ?4",
@@ -218,11 +192,7 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) async fn set_last_tick(
-        &self,
-        job: &str,
-        tick: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2)
              ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)",
@@ -257,23 +227,20 @@ impl Store {
         if inserted == 0 {
             return Ok(None);
         }
-        let paused: Option<i64> =
-            sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
-                .bind(&run.job)
-                .fetch_optional(&mut *tx)
-                .await
-                .ctx("reading pause state")?;
-        let active: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at")
+        let paused: Option<i64> = sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
             .bind(&run.job)
-            .fetch_all(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await
-            .ctx("reading active runs")?;
+            .ctx("reading pause state")?;
+        let active: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at",
+        )
+        .bind(&run.job)
+        .fetch_all(&mut *tx)
+        .await
+        .ctx("reading active runs")?;
         let mut run = run;
-        let mut outcome = TickOutcome {
-            run_id: id.clone(),
-            status: run.status,
-            replaced: Vec::new(),
-        };
+        let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new() };
         if paused == Some(1) {
             run.status = RunStatus::Skipped;
             run.error = Some("job is paused".into());
@@ -281,10 +248,7 @@ impl Store {
             match active_policy {
                 TickPolicy::Forbid => {
                     run.status = RunStatus::Skipped;
-                    run.error = Some(format!(
-                        "previous run {} is still going (overlap: forbid)",
-                        active[0]
-                    ));
+                    run.error = Some(format!("previous run {} is still going (overlap: forbid)", active[0]));
                 }
                 TickPolicy::Replace => outcome.replaced = active,
                 TickPolicy::Allow | TickPolicy::Queue => {}
@@ -304,21 +268,15 @@ impl Store {
 
     /// Inserts a run (manual trigger, retry). With an idempotency key that was used before for
     /// the job, returns the existing run's id and `false`.
-    pub(crate) async fn insert_run(
-        &self,
-        run: NewRun,
-        now: DateTime<Utc>,
-    ) -> Result<(String, bool), StoreError> {
+    pub(crate) async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting an insert")?;
         if let Some(key) = &run.idempotency_key {
-            let existing: Option<String> = sqlx::query_scalar(
-                "SELECT id FROM ll_runs WHERE job = ?1 AND idempotency_key = ?2",
-            )
-            .bind(&run.job)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await
-            .ctx("looking up an idempotency key")?;
+            let existing: Option<String> = sqlx::query_scalar("SELECT id FROM ll_runs WHERE job = ?1 AND idempotency_key = ?2")
+                .bind(&run.job)
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await
+                .ctx("looking up an idempotency key")?;
             if let Some(id) = existing {
                 return Ok((id, false));
             }
@@ -338,10 +296,7 @@ impl Store {
     }
 
     /// Queued runs that are due and not handed to the queue yet, oldest first.
-    pub(crate) async fn due_undispatched(
-        &self,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    pub(crate) async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
         let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT 500")
             .bind(ms(now))
             .fetch_all(&self.pool)
@@ -352,12 +307,10 @@ impl Store {
 
     /// The earliest due instant of an undispatched queued run.
     pub(crate) async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let v: Option<i64> = sqlx::query_scalar(
-            "SELECT min(due_at) FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .ctx("reading the next due run")?;
+        let v: Option<i64> = sqlx::query_scalar("SELECT min(due_at) FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .ctx("reading the next due run")?;
         Ok(v.map(from_ms))
     }
 
@@ -371,11 +324,7 @@ impl Store {
         Ok(n > 0)
     }
 
-    pub(crate) async fn mark_dispatched(
-        &self,
-        id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn mark_dispatched(&self, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
         sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1")
             .bind(id)
             .bind(ms(now))
@@ -387,12 +336,7 @@ impl Store {
 
     /// Takes a queued run for execution. False when it is no longer queued (cancelled, or
     /// already taken): the guard that makes a run execute at most once.
-    pub(crate) async fn claim(
-        &self,
-        id: &str,
-        worker: &str,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
+    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
         let n = sqlx::query("UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued'")
             .bind(id)
             .bind(worker)
@@ -427,15 +371,11 @@ impl Store {
     }
 
     pub(crate) async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE id = ?1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
-        .ctx("reading a run")?;
+        let row = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE id = ?1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx("reading a run")?;
         Ok(row.as_ref().map(run_from_row))
     }
 
@@ -454,38 +394,22 @@ impl Store {
     }
 
     pub(crate) async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {
-        let rows =
-            sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status")
-                .bind(job)
-                .fetch_all(&self.pool)
-                .await
-                .ctx("counting runs")?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    RunStatus::from_str(r.get::<&str, _>("status")).ok()?,
-                    r.get::<i64, _>("n") as u64,
-                ))
-            })
-            .collect())
+        let rows = sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status")
+            .bind(job)
+            .fetch_all(&self.pool)
+            .await
+            .ctx("counting runs")?;
+        Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
     }
 
     /// The latest run of every job, for listings.
     pub(crate) async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs r WHERE id = (SELECT max(id) FROM ll_runs WHERE job = r.job)"
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .ctx("reading last runs")?;
-        Ok(rows
-            .iter()
-            .map(run_from_row)
-            .map(|r| (r.job.clone(), r))
-            .collect())
+        let rows =
+            sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs r WHERE id = (SELECT max(id) FROM ll_runs WHERE job = r.job)"))
+                .fetch_all(&self.pool)
+                .await
+                .ctx("reading last runs")?;
+        Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
     }
 
     pub(crate) async fn queue_depth(&self) -> Result<u64, StoreError> {
@@ -499,26 +423,16 @@ impl Store {
     /// After an unclean stop: runs left `running` by a worker that is gone become
     /// `interrupted`, and queued runs that were handed to the old queue are handed again.
     /// Returns the interrupted runs.
-    pub(crate) async fn recover(
-        &self,
-        me: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE status = 'running' AND (worker IS NULL OR worker != ?1)"
-        ))
-        .bind(me)
-        .fetch_all(&self.pool)
-        .await
-        .ctx("finding orphaned runs")?;
+    pub(crate) async fn recover(&self, me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+        let rows =
+            sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = 'running' AND (worker IS NULL OR worker != ?1)"))
+                .bind(me)
+                .fetch_all(&self.pool)
+                .await
+                .ctx("finding orphaned runs")?;
         let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
         for r in &runs {
-            let msg = format!(
-                "worker \"{}\" stopped while the run was going",
-                r.worker.as_deref().unwrap_or("?")
-            );
+            let msg = format!("worker \"{}\" stopped while the run was going", r.worker.as_deref().unwrap_or("?"));
             sqlx::query("UPDATE ll_runs SET status = 'interrupted', error = ?2, finished_at = ?3 WHERE id = ?1 AND status = 'running'")
                 .bind(&r.id)
                 .bind(msg)
@@ -527,23 +441,16 @@ impl Store {
                 .await
                 .ctx("marking a run interrupted")?;
         }
-        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = 'queued'")
-            .execute(&self.pool)
-            .await
-            .ctx("re-queueing runs")?;
+        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = 'queued'").execute(&self.pool).await.ctx("re-queueing runs")?;
         Ok(runs)
     }
 
     /// Interrupted runs that nobody has followed up with a retry yet.
     pub(crate) async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE status = 'interrupted' AND next_run_id IS NULL"
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .ctx("reading interrupted runs")?;
+        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = 'interrupted' AND next_run_id IS NULL"))
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading interrupted runs")?;
         Ok(rows.iter().map(run_from_row).collect())
     }
 
@@ -579,26 +486,26 @@ impl Store {
         }
         if let Some(age) = max_age {
             let cutoff = ms(now) - age.as_millis() as i64;
-            deleted += sqlx::query("DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND finished_at < ?2")
-                .bind(job)
-                .bind(cutoff)
-                .execute(&self.pool)
-                .await
-                .ctx("pruning runs by age")?
-                .rows_affected();
+            deleted += sqlx::query(
+                "DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND finished_at < ?2",
+            )
+            .bind(job)
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await
+            .ctx("pruning runs by age")?
+            .rows_affected();
         }
         sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
             .execute(&self.pool)
             .await
             .ctx("pruning steps")?;
         // apalis keeps finished rows forever; our runs table is the history.
-        sqlx::query(
-            "DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')",
-        )
-        .bind(crate::executor::QUEUE)
-        .execute(&self.pool)
-        .await
-        .ctx("pruning the queue")?;
+        sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')")
+            .bind(crate::executor::QUEUE)
+            .execute(&self.pool)
+            .await
+            .ctx("pruning the queue")?;
         // Tick records only guard against firing twice near now.
         sqlx::query("DELETE FROM ll_ticks WHERE job = ?1 AND scheduled_at < ?2")
             .bind(job)
@@ -628,12 +535,7 @@ pub(crate) struct TickOutcome {
     pub(crate) replaced: Vec<String>,
 }
 
-async fn insert_run(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    id: &str,
-    r: &NewRun,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
+async fn insert_run(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, r: &NewRun, now: DateTime<Utc>) -> Result<(), StoreError> {
     let final_at = r.status.is_final().then(|| ms(now));
     sqlx::query(
         "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, input, parameters, error, idempotency_key, retry_of, finished_at)

@@ -23,23 +23,11 @@ pub enum ActionError {
     #[error("unknown action \"{name}\"; known actions: {known}")]
     UnknownAction { name: String, known: String },
     #[error("{action}: parameter \"{parameter}\" {problem}")]
-    InvalidParameter {
-        action: String,
-        parameter: String,
-        problem: String,
-    },
+    InvalidParameter { action: String, parameter: String, problem: String },
     #[error("{action}: path \"{path}\" {problem}")]
-    PathNotAllowed {
-        action: String,
-        path: String,
-        problem: String,
-    },
+    PathNotAllowed { action: String, path: String, problem: String },
     #[error("{action}: command \"{command}\" is not allowed: {reason}")]
-    CommandNotAllowed {
-        action: String,
-        command: String,
-        reason: String,
-    },
+    CommandNotAllowed { action: String, command: String, reason: String },
     #[error("{action} timed out after {seconds} s")]
     Timeout { action: String, seconds: u64 },
     #[error("{action} was cancelled")]
@@ -53,10 +41,7 @@ impl ActionError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::UnknownAction { .. }
-                | Self::InvalidParameter { .. }
-                | Self::PathNotAllowed { .. }
-                | Self::CommandNotAllowed { .. }
+            Self::UnknownAction { .. } | Self::InvalidParameter { .. } | Self::PathNotAllowed { .. } | Self::CommandNotAllowed { .. }
         )
     }
 }
@@ -94,9 +79,7 @@ pub struct Registry {
 impl Registry {
     /// The built-in plugins.
     pub fn builtin() -> Self {
-        Self {
-            plugins: builtin::infos(),
-        }
+        Self { plugins: builtin::infos() }
     }
 
     pub fn plugins(&self) -> &[PluginInfo] {
@@ -104,15 +87,11 @@ impl Registry {
     }
 
     pub fn has_plugin(&self, plugin: &str) -> bool {
-        self.plugins
-            .iter()
-            .any(|p| p.name == plugin && p.error.is_none())
+        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none())
     }
 
     pub fn has_action(&self, plugin: &str, action: &str) -> bool {
-        self.plugins.iter().any(|p| {
-            p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action)
-        })
+        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action))
     }
 
     /// `"file-read.read", …` for error messages.
@@ -120,27 +99,14 @@ impl Registry {
         self.plugins
             .iter()
             .filter(|p| p.error.is_none())
-            .flat_map(|p| {
-                p.actions
-                    .iter()
-                    .map(move |a| format!("{}.{}", p.name, a.name))
-            })
+            .flat_map(|p| p.actions.iter().map(move |a| format!("{}.{}", p.name, a.name)))
             .collect()
     }
 
     /// Runs one action. Never panics on input; every problem is an [`ActionError`].
-    pub async fn invoke(
-        &self,
-        plugin: &str,
-        action: &str,
-        params: Value,
-        ctx: &ActionContext,
-    ) -> Result<Value, ActionError> {
+    pub async fn invoke(&self, plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
         if !self.has_action(plugin, action) {
-            return Err(ActionError::UnknownAction {
-                name: format!("{plugin}.{action}"),
-                known: self.action_names().join(", "),
-            });
+            return Err(ActionError::UnknownAction { name: format!("{plugin}.{action}"), known: self.action_names().join(", ") });
         }
         builtin::invoke(plugin, action, params, ctx).await
     }

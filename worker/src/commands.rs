@@ -10,14 +10,11 @@ use crate::LogFormat;
 
 /// Loads and fully validates the config (including what only the scheduler and plugins know).
 pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<Loaded, Vec<Diagnostic>> {
-    let loaded = lamplighter_config::load(&LoadOptions { path, cwd: None }).map_err(|e| e.0)?;
-    let mut errors = lamplighter_jobs::validate(&loaded.config, &Registry::builtin());
-    if errors.is_empty() {
-        return Ok(loaded);
+    let (config, mut diags) = lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok());
+    if let Some(c) = &config {
+        diags.extend(lamplighter_jobs::validate(c, &Registry::builtin()));
     }
-    errors.extend(loaded.warnings);
-    lamplighter_config::sort_diags(&mut errors);
-    Err(errors)
+    lamplighter_config::finish(config, diags).map_err(|e| e.0)
 }
 
 pub(crate) fn print_diags(diags: &[Diagnostic]) {
@@ -46,10 +43,7 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
         }
         Err(diags) => {
             print_diags(&diags);
-            eprintln!(
-                "config invalid: {} error(s)",
-                diags.iter().filter(|d| d.is_error()).count()
-            );
+            eprintln!("config invalid: {} error(s)", diags.iter().filter(|d| d.is_error()).count());
             ExitCode::from(2)
         }
     }
@@ -77,10 +71,7 @@ pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
         }
     };
     crate::logging::init(format, loaded.config.log_level.as_deref());
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -32,10 +32,7 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
     for (what, why) in &loaded.config.disabled {
         tracing::warn!("{what} is disabled: {why}");
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -59,58 +56,34 @@ fn worker_name(configured: Option<&str>) -> String {
 }
 
 async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> ExitCode {
-    let host: std::net::IpAddr = config
-        .worker
-        .host
-        .parse()
-        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     if !host.is_loopback() && config.worker.auth == McpAuth::None {
-        eprintln!(
-            "error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1"
-        );
+        eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
         return ExitCode::from(2);
     }
     let addr = std::net::SocketAddr::new(host, config.worker.port);
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(
-                "cannot listen on {addr}: {e}; change worker.mcp.port or stop what uses it"
-            );
+            tracing::error!("cannot listen on {addr}: {e}; change worker.mcp.port or stop what uses it");
             return ExitCode::FAILURE;
         }
     };
     let registry = Arc::new(Registry::builtin());
     let name = worker_name(config.worker.name.as_deref());
-    let engine = match Engine::start(
-        &config,
-        EngineOptions {
-            worker_name: name.clone(),
-            clock: Arc::new(SystemClock),
-            registry,
-        },
-    )
-    .await
-    {
+    let engine = match Engine::start(&config, EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), registry }).await {
         Ok(e) => e,
         Err(e) => {
             tracing::error!("cannot start: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let local = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(worker = %name, listen = %local, jobs = config.jobs.len(), "lamplighter ready");
     let http_stop = CancellationToken::new();
     let stop = http_stop.clone();
     let app = crate::http::router(engine.clone());
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
 
     let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
         Ok(s) => s,
@@ -141,11 +114,7 @@ async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> Exi
             _ => break,
         }
     }
-    tracing::info!(
-        grace_s = grace.as_secs(),
-        running = engine.running_count(),
-        "shutting down: draining running work"
-    );
+    tracing::info!(grace_s = grace.as_secs(), running = engine.running_count(), "shutting down: draining running work");
     // A second SIGINT or SIGTERM while draining exits at once.
     let drain = engine.shutdown(grace);
     tokio::select! {

@@ -12,11 +12,8 @@ use crate::ActionError;
 
 /// Resolves `user` (relative to `root`, or absolute but inside it) to a path inside `root`.
 pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, ActionError> {
-    let reject = |problem: &str| ActionError::PathNotAllowed {
-        action: action.to_owned(),
-        path: user.to_owned(),
-        problem: problem.to_owned(),
-    };
+    let reject =
+        |problem: &str| ActionError::PathNotAllowed { action: action.to_owned(), path: user.to_owned(), problem: problem.to_owned() };
     if user.contains('\0') {
         return Err(reject("contains a NUL byte"));
     }
@@ -25,10 +22,7 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
     }
     let root = root.canonicalize().map_err(|e| ActionError::Failed {
         action: action.to_owned(),
-        message: format!(
-            "working directory \"{}\" cannot be resolved: {e}",
-            root.display()
-        ),
+        message: format!("working directory \"{}\" cannot be resolved: {e}", root.display()),
     })?;
     // Walk the path one component at a time. `current` is canonical (symlink-free) until a
     // component does not exist; from then on the remaining names are plain and `..` just pops.
@@ -47,9 +41,7 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
                     Ok(_) => match candidate.canonicalize() {
                         Ok(real) => resolved = real,
                         Err(_) => {
-                            return Err(reject(
-                                "goes through a symlink whose target does not exist",
-                            ));
+                            return Err(reject("goes through a symlink whose target does not exist"));
                         }
                     },
                 }
@@ -63,11 +55,7 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
 }
 
 /// An optional directory parameter: absent means the working directory itself.
-pub(crate) fn resolve_dir(
-    action: &str,
-    root: &Path,
-    user: Option<&str>,
-) -> Result<PathBuf, ActionError> {
+pub(crate) fn resolve_dir(action: &str, root: &Path, user: Option<&str>) -> Result<PathBuf, ActionError> {
     match user {
         None | Some("") | Some(".") => resolve(action, root, "."),
         Some(path) => resolve(action, root, path),
@@ -103,11 +91,7 @@ mod tests {
         symlink("/etc/passwd", root.join("passwd")).expect("symlink");
         let root = root.canonicalize().expect("canonical");
         let outside = outside.canonicalize().expect("canonical");
-        Fixture {
-            _outside: tmp,
-            root,
-            outside,
-        }
+        Fixture { _outside: tmp, root, outside }
     }
 
     #[test]
@@ -169,9 +153,6 @@ mod tests {
     fn error_names_the_path() {
         let f = fixture();
         let err = resolve("file-read.read", &f.root, "../x").expect_err("escape");
-        assert_eq!(
-            err.to_string(),
-            "file-read.read: path \"../x\" is outside the working directory"
-        );
+        assert_eq!(err.to_string(), "file-read.read: path \"../x\" is outside the working directory");
     }
 }

@@ -21,9 +21,7 @@ pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, 
     let io_failed = |e: std::io::Error| params.failed(format!("cannot read \"{user_path}\": {e}"));
     let meta = tokio::fs::metadata(&path).await.map_err(io_failed)?;
     if meta.is_dir() {
-        return Err(params.failed(format!(
-            "\"{user_path}\" is a directory; use directory-list.tree to list it"
-        )));
+        return Err(params.failed(format!("\"{user_path}\" is a directory; use directory-list.tree to list it")));
     }
     let mut reader = BufReader::new(tokio::fs::File::open(&path).await.map_err(io_failed)?);
     let mut out = String::new();
@@ -31,17 +29,10 @@ pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, 
     let mut number: u64 = 0;
     loop {
         if ctx.cancel.is_cancelled() {
-            return Err(ActionError::Cancelled {
-                action: params.action().to_owned(),
-            });
+            return Err(ActionError::Cancelled { action: params.action().to_owned() });
         }
         line.clear();
-        if reader
-            .read_until(b'\n', &mut line)
-            .await
-            .map_err(io_failed)?
-            == 0
-        {
+        if reader.read_until(b'\n', &mut line).await.map_err(io_failed)? == 0 {
             break;
         }
         number += 1;
@@ -52,15 +43,9 @@ pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, 
             break;
         }
         let text = String::from_utf8_lossy(&line);
-        out.push_str(&format!(
-            "{number:>6}\t{}\n",
-            text.trim_end_matches(['\n', '\r'])
-        ));
+        out.push_str(&format!("{number:>6}\t{}\n", text.trim_end_matches(['\n', '\r'])));
         if out.len() > MAX_READ_BYTES {
-            out.push_str(&format!(
-                "(output cut at {MAX_READ_BYTES} bytes; read from line {} to see more)\n",
-                number + 1
-            ));
+            out.push_str(&format!("(output cut at {MAX_READ_BYTES} bytes; read from line {} to see more)\n", number + 1));
             break;
         }
     }

@@ -22,23 +22,12 @@ const MANIFESTS: &[(&str, &str)] = &[
     ("file-read", include_str!("manifests/file-read.json")),
     ("file-save", include_str!("manifests/file-save.json")),
     ("shell-exec", include_str!("manifests/shell-exec.json")),
-    (
-        "git-operations",
-        include_str!("manifests/git-operations.json"),
-    ),
-    (
-        "directory-list",
-        include_str!("manifests/directory-list.json"),
-    ),
+    ("git-operations", include_str!("manifests/git-operations.json")),
+    ("directory-list", include_str!("manifests/directory-list.json")),
 ];
 
 /// Parsed once; a manifest that fails to parse becomes a plugin with `error` set, not a panic.
-static INFOS: LazyLock<Vec<PluginInfo>> = LazyLock::new(|| {
-    MANIFESTS
-        .iter()
-        .map(|(name, text)| parse_manifest(name, text))
-        .collect()
-});
+static INFOS: LazyLock<Vec<PluginInfo>> = LazyLock::new(|| MANIFESTS.iter().map(|(name, text)| parse_manifest(name, text)).collect());
 
 fn parse_manifest(name: &str, text: &str) -> PluginInfo {
     let broken = |why: String| PluginInfo {
@@ -53,16 +42,8 @@ fn parse_manifest(name: &str, text: &str) -> PluginInfo {
         Ok(v) => v,
         Err(e) => return broken(e.to_string()),
     };
-    let str_of = |v: &Value, key: &str| {
-        v.get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let Some(actions) = manifest
-        .pointer("/exports/actions")
-        .and_then(Value::as_array)
-    else {
+    let str_of = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let Some(actions) = manifest.pointer("/exports/actions").and_then(Value::as_array) else {
         return broken("\"exports.actions\" is missing".to_owned());
     };
     let actions = actions
@@ -87,32 +68,17 @@ pub(crate) fn infos() -> Vec<PluginInfo> {
     INFOS.clone()
 }
 
-pub(crate) async fn invoke(
-    plugin: &str,
-    action: &str,
-    params: Value,
-    ctx: &ActionContext,
-) -> Result<Value, ActionError> {
+pub(crate) async fn invoke(plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
     let full = format!("{plugin}.{action}");
-    let Some(info) = INFOS
-        .iter()
-        .filter(|p| p.name == plugin && p.error.is_none())
-        .flat_map(|p| p.actions.iter())
-        .find(|a| a.name == action)
+    let Some(info) =
+        INFOS.iter().filter(|p| p.name == plugin && p.error.is_none()).flat_map(|p| p.actions.iter()).find(|a| a.name == action)
     else {
         let known = INFOS
             .iter()
             .filter(|p| p.error.is_none())
-            .flat_map(|p| {
-                p.actions
-                    .iter()
-                    .map(move |a| format!("{}.{}", p.name, a.name))
-            })
+            .flat_map(|p| p.actions.iter().map(move |a| format!("{}.{}", p.name, a.name)))
             .collect::<Vec<_>>();
-        return Err(ActionError::UnknownAction {
-            name: full,
-            known: known.join(", "),
-        });
+        return Err(ActionError::UnknownAction { name: full, known: known.join(", ") });
     };
     let params = Params::validate(&full, &info.parameters, params)?;
     match (plugin, action) {
@@ -124,10 +90,7 @@ pub(crate) async fn invoke(
         ("git-operations", "log") => git::log(&params, ctx).await,
         ("git-operations", "commit") => git::commit(&params, ctx).await,
         ("directory-list", "tree") => tree::tree(&params, ctx).await,
-        _ => Err(ActionError::Failed {
-            action: full,
-            message: "is listed in a manifest but has no implementation".to_owned(),
-        }),
+        _ => Err(ActionError::Failed { action: full, message: "is listed in a manifest but has no implementation".to_owned() }),
     }
 }
 
@@ -145,23 +108,10 @@ mod tests {
             assert_eq!(p.version, "1.0.0");
             assert!(!p.actions.is_empty(), "{}", p.name);
             for a in &p.actions {
-                assert_eq!(
-                    a.parameters.get("type").and_then(Value::as_str),
-                    Some("object"),
-                    "{}.{}",
-                    p.name,
-                    a.name
-                );
+                assert_eq!(a.parameters.get("type").and_then(Value::as_str), Some("object"), "{}.{}", p.name, a.name);
             }
         }
-        let names: Vec<_> = infos
-            .iter()
-            .flat_map(|p| {
-                p.actions
-                    .iter()
-                    .map(move |a| format!("{}.{}", p.name, a.name))
-            })
-            .collect();
+        let names: Vec<_> = infos.iter().flat_map(|p| p.actions.iter().map(move |a| format!("{}.{}", p.name, a.name))).collect();
         assert_eq!(
             names,
             [
@@ -180,10 +130,6 @@ mod tests {
     #[test]
     fn broken_manifest_becomes_plugin_error() {
         let p = parse_manifest("x", "{not json");
-        assert!(
-            p.error
-                .as_deref()
-                .is_some_and(|e| e.starts_with("built-in manifest of \"x\" is invalid"))
-        );
+        assert!(p.error.as_deref().is_some_and(|e| e.starts_with("built-in manifest of \"x\" is invalid")));
     }
 }

@@ -79,12 +79,7 @@ pub(crate) async fn run(
 
     let (stdout, stdout_truncated) = collect(stdout).await;
     let (stderr, stderr_truncated) = collect(stderr).await;
-    Ok(Output {
-        exit_code: status.code(),
-        stdout,
-        stderr,
-        truncated: stdout_truncated || stderr_truncated,
-    })
+    Ok(Output { exit_code: status.code(), stdout, stderr, truncated: stdout_truncated || stderr_truncated })
 }
 
 /// Sends SIGKILL to the process group through `kill(1)`, since the crate forbids `unsafe`.

@@ -36,58 +36,28 @@ pub(crate) async fn run(params: &Params, ctx: &ActionContext) -> Result<Value, A
     if command.contains('\0') {
         return Err(params.invalid("command", "contains a NUL byte"));
     }
-    let seconds = params.int_in(
-        "timeout_seconds",
-        DEFAULT_TIMEOUT_SECONDS,
-        1,
-        MAX_TIMEOUT_SECONDS,
-    )?;
+    let seconds = params.int_in("timeout_seconds", DEFAULT_TIMEOUT_SECONDS, 1, MAX_TIMEOUT_SECONDS)?;
     check_allowed(params.action(), command, &ctx.allowed_commands)?;
 
-    let output = match process::run(
-        "sh",
-        &["-c", command],
-        &ctx.working_directory,
-        &[],
-        Duration::from_secs(seconds),
-        &ctx.cancel,
-    )
-    .await
-    {
+    let output = match process::run("sh", &["-c", command], &ctx.working_directory, &[], Duration::from_secs(seconds), &ctx.cancel).await {
         Ok(output) => output,
         Err(RunError::Timeout) => {
-            return Err(ActionError::Timeout {
-                action: params.action().to_owned(),
-                seconds,
-            });
+            return Err(ActionError::Timeout { action: params.action().to_owned(), seconds });
         }
         Err(RunError::Cancelled) => {
-            return Err(ActionError::Cancelled {
-                action: params.action().to_owned(),
-            });
+            return Err(ActionError::Cancelled { action: params.action().to_owned() });
         }
         Err(RunError::Spawn(e)) => {
-            return Err(params.failed(format!(
-                "could not start \"sh\" in \"{}\": {e}",
-                ctx.working_directory.display()
-            )));
+            return Err(params.failed(format!("could not start \"sh\" in \"{}\": {e}", ctx.working_directory.display())));
         }
         Err(RunError::Wait(e)) => {
             return Err(params.failed(format!("could not wait for \"sh\": {e}")));
         }
     };
     match output.exit_code {
-        Some(0) => Ok(
-            json!({ "exit_code": 0, "stdout": output.stdout, "stderr": output.stderr, "truncated": output.truncated }),
-        ),
-        Some(code) => Err(params.failed(format!(
-            "command exited with code {code}{}",
-            stderr_tail(&output.stderr)
-        ))),
-        None => Err(params.failed(format!(
-            "command was killed by a signal{}",
-            stderr_tail(&output.stderr)
-        ))),
+        Some(0) => Ok(json!({ "exit_code": 0, "stdout": output.stdout, "stderr": output.stderr, "truncated": output.truncated })),
+        Some(code) => Err(params.failed(format!("command exited with code {code}{}", stderr_tail(&output.stderr)))),
+        None => Err(params.failed(format!("command was killed by a signal{}", stderr_tail(&output.stderr)))),
     }
 }
 
@@ -109,11 +79,7 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
     if allowed.is_empty() {
         return Ok(());
     }
-    let refuse = |cmd: &str, reason: String| ActionError::CommandNotAllowed {
-        action: action.to_owned(),
-        command: cmd.to_owned(),
-        reason,
-    };
+    let refuse = |cmd: &str, reason: String| ActionError::CommandNotAllowed { action: action.to_owned(), command: cmd.to_owned(), reason };
     for (needle, reason) in FORBIDDEN {
         if command.contains(needle) {
             return Err(refuse(command, (*reason).to_owned()));
@@ -123,19 +89,9 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
         let Some(first) = segment.split_whitespace().next() else {
             continue;
         };
-        if !allowed
-            .iter()
-            .any(|pattern| matches_pattern(pattern, first))
-        {
-            let list = allowed
-                .iter()
-                .map(|p| format!("\"{p}\""))
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(refuse(
-                first,
-                format!("it is not in the allowed commands ({list})"),
-            ));
+        if !allowed.iter().any(|pattern| matches_pattern(pattern, first)) {
+            let list = allowed.iter().map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(", ");
+            return Err(refuse(first, format!("it is not in the allowed commands ({list})")));
         }
     }
     Ok(())
@@ -148,8 +104,7 @@ fn segments(command: &str) -> Vec<&str> {
     let mut start = 0;
     let mut previous = None;
     for (i, c) in command.char_indices() {
-        let separator =
-            matches!(c, '|' | ';') || (c == '&' && !matches!(previous, Some('>' | '<')));
+        let separator = matches!(c, '|' | ';') || (c == '&' && !matches!(previous, Some('>' | '<')));
         if separator {
             out.push(&command[start..i]);
             start = i + c.len_utf8();
@@ -164,9 +119,7 @@ fn segments(command: &str) -> Vec<&str> {
 fn matches_pattern(pattern: &str, command: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => {
-            command.len() >= prefix.len()
-                && command.is_char_boundary(prefix.len())
-                && command[..prefix.len()].eq_ignore_ascii_case(prefix)
+            command.len() >= prefix.len() && command.is_char_boundary(prefix.len()) && command[..prefix.len()].eq_ignore_ascii_case(prefix)
         }
         None => pattern.eq_ignore_ascii_case(command),
     }
@@ -200,10 +153,7 @@ mod tests {
         ] {
             assert_eq!(check_allowed("s.r", ok, &allowed), Ok(()), "{ok:?}");
         }
-        assert_eq!(
-            check_allowed("s.r", "anything at all; rm -rf /", &[]),
-            Ok(())
-        );
+        assert_eq!(check_allowed("s.r", "anything at all; rm -rf /", &[]), Ok(()));
     }
 
     #[test]
@@ -242,22 +192,15 @@ mod tests {
 
     #[test]
     fn refusal_message_lists_the_allowlist() {
-        let err =
-            check_allowed("shell-exec.run", "rm x", &allow(&["ls", "git*"])).expect_err("refused");
-        assert_eq!(
-            err.to_string(),
-            "shell-exec.run: command \"rm\" is not allowed: it is not in the allowed commands (\"ls\", \"git*\")"
-        );
+        let err = check_allowed("shell-exec.run", "rm x", &allow(&["ls", "git*"])).expect_err("refused");
+        assert_eq!(err.to_string(), "shell-exec.run: command \"rm\" is not allowed: it is not in the allowed commands (\"ls\", \"git*\")");
     }
 
     #[test]
     fn stderr_tail_keeps_the_end() {
         let long = format!("{}END", "é".repeat(STDERR_TAIL));
         let tail = stderr_tail(&long);
-        assert!(
-            tail.starts_with("; stderr: …") && tail.ends_with("END"),
-            "{tail}"
-        );
+        assert!(tail.starts_with("; stderr: …") && tail.ends_with("END"), "{tail}");
         assert_eq!(stderr_tail("  \n"), "");
     }
 }

@@ -24,44 +24,25 @@ struct Walk {
 }
 
 pub(crate) async fn tree(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
-    let dir = confine::resolve_dir(
-        params.action(),
-        &ctx.working_directory,
-        params.str("directory"),
-    )?;
+    let dir = confine::resolve_dir(params.action(), &ctx.working_directory, params.str("directory"))?;
     let max_depth = params.int_in("depth", DEFAULT_DEPTH, 1, MAX_DEPTH)?;
     let pattern = match params.str("pattern") {
         None => None,
-        Some(p) => Some(
-            glob::Pattern::new(p)
-                .map_err(|e| params.invalid("pattern", format!("is not a valid glob: {e}")))?,
-        ),
+        Some(p) => Some(glob::Pattern::new(p).map_err(|e| params.invalid("pattern", format!("is not a valid glob: {e}")))?),
     };
     if !dir.is_dir() {
         let shown = params.str("directory").unwrap_or(".");
         return Err(params.failed(format!("\"{shown}\" is not a directory")));
     }
-    let mut walk = Walk {
-        pattern,
-        include_hidden: params.bool_or("include_hidden", false),
-        max_depth,
-        entries: 0,
-        out: String::new(),
-    };
+    let mut walk = Walk { pattern, include_hidden: params.bool_or("include_hidden", false), max_depth, entries: 0, out: String::new() };
     let action = params.action().to_owned();
     let cancel = ctx.cancel.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "/".to_owned());
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".to_owned());
         let _ = writeln!(walk.out, "{name}/");
         walk.dir(&dir, 1, &cancel);
         if walk.entries > MAX_ENTRIES {
-            let _ = writeln!(
-                walk.out,
-                "(listing cut at {MAX_ENTRIES} entries; use a smaller depth or a pattern)"
-            );
+            let _ = writeln!(walk.out, "(listing cut at {MAX_ENTRIES} entries; use a smaller depth or a pattern)");
         }
         (walk.out, cancel.is_cancelled())
     })
@@ -69,10 +50,7 @@ pub(crate) async fn tree(params: &Params, ctx: &ActionContext) -> Result<Value, 
     match result {
         Ok((_, true)) => Err(ActionError::Cancelled { action }),
         Ok((out, false)) => Ok(Value::String(out)),
-        Err(e) => Err(ActionError::Failed {
-            action,
-            message: format!("listing task failed: {e}"),
-        }),
+        Err(e) => Err(ActionError::Failed { action, message: format!("listing task failed: {e}") }),
     }
 }
 
@@ -107,9 +85,7 @@ impl Walk {
             } else if self.pattern.as_ref().is_none_or(|p| p.matches(&name)) {
                 self.entries += 1;
                 if kind.is_symlink() {
-                    let target = std::fs::read_link(child.path())
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_default();
+                    let target = std::fs::read_link(child.path()).map(|t| t.display().to_string()).unwrap_or_default();
                     let _ = writeln!(self.out, "{indent}{name} -> {target}");
                 } else {
                     let size = child.metadata().map(|m| m.len()).unwrap_or(0);

@@ -1,0 +1,53 @@
+//! `lamplighter config validate|show`: the reference config, and broken configs that must each
+//! exit 2 with every error and its location, never a panic.
+
+use crate::support::{repo_root, run_cli};
+
+#[test]
+fn gantri_reference_config_validates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = repo_root().join("../shared/reference/gantri-config/gantri.yaml");
+    let (code, out, err) = run_cli(&["config", "validate", "--config", reference.to_str().unwrap()], tmp.path());
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("1 jobs, 12 agents, 6 workflows"), "{out}");
+    assert!(err.contains("section \"dataverse\""), "{err}");
+    assert!(err.contains("agent \"news-summarizer\" is disabled"), "{err}");
+    let (code, out, _) = run_cli(&["config", "show", "--config", reference.to_str().unwrap()], tmp.path());
+    assert_eq!(code, 0);
+    assert!(out.contains("daily-news-9pm:"));
+}
+
+#[test]
+fn quickstart_config_validates() {
+    let (code, out, err) = run_cli(&["config", "validate", "--config", "deploy/quickstart/lamplighter.yaml"], &repo_root());
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// Each fixture lists the errors it must produce in `# expect:` lines.
+#[test]
+fn broken_configs_exit_2_with_every_error_located() {
+    let dir = repo_root().join("tests/fixtures/broken");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let expected: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# expect: ")).collect();
+        assert!(!expected.is_empty(), "{} has no `# expect:` lines", path.display());
+        let tmp = tempfile::tempdir().unwrap();
+        let (code, out, err) = run_cli(&["config", "validate", "--config", path.to_str().unwrap()], tmp.path());
+        let name = path.file_name().unwrap().to_string_lossy();
+        assert_eq!(code, 2, "{name}: expected exit 2\nstdout: {out}\nstderr: {err}");
+        assert!(!err.contains("panicked"), "{name} panicked:\n{err}");
+        for e in &expected {
+            let want = format!("{name}:{e}");
+            assert!(err.lines().any(|l| l.contains(&want)), "{name}: missing `{want}` in:\n{err}");
+        }
+        let n_errors = err.lines().filter(|l| l.contains(": error: ")).count();
+        assert_eq!(n_errors, expected.len(), "{name}: error count differs:\n{err}");
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} fixtures");
+}

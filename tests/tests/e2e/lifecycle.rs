@@ -1,0 +1,149 @@
+//! The worker's life: firing on time, restarts, reload, drain, crash recovery.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::support::{Worker, http_get};
+
+const EVERY_SECOND: &str =
+    "tick:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"* * * * * *\"\n  parameters: {command: \"echo tick\"}\n";
+
+#[test]
+fn a_job_fires_on_time_and_health_endpoints_answer() {
+    let mut w = Worker::new(EVERY_SECOND);
+    w.start();
+    assert_eq!(http_get(w.port, "/healthz").map(|r| r.0), Some(200));
+    let runs =
+        w.wait_for("three succeeded cron runs", Duration::from_secs(10), |r| r.iter().filter(|r| r.status == "succeeded").count() >= 3);
+    for r in runs.iter().filter(|r| r.status == "succeeded") {
+        assert_eq!(r.trigger, "cron");
+        let late = r.lateness_ms.unwrap();
+        // Generous for a loaded 2-core CI machine; the benchmark measures the real figure.
+        assert!((0..500).contains(&late), "run started {late} ms after its tick: {r:?}");
+        assert_eq!(r.scheduled_at.unwrap() % 1000, 0, "ticks are whole seconds");
+    }
+}
+
+#[test]
+fn a_restart_does_not_fire_a_tick_twice() {
+    let mut w = Worker::new(EVERY_SECOND);
+    for _ in 0..3 {
+        w.start();
+        std::thread::sleep(Duration::from_millis(1500));
+        w.signal("TERM");
+        assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    }
+    let runs = w.runs();
+    let ticks: Vec<i64> = runs.iter().filter(|r| r.trigger != "retry").filter_map(|r| r.scheduled_at).collect();
+    let unique: HashSet<i64> = ticks.iter().copied().collect();
+    assert!(ticks.len() >= 3, "expected runs from each start: {runs:#?}");
+    assert_eq!(ticks.len(), unique.len(), "a tick fired twice: {runs:#?}");
+}
+
+#[test]
+fn sighup_adds_and_removes_jobs() {
+    let mut w = Worker::new(EVERY_SECOND);
+    w.start();
+    w.wait_for("first job runs", Duration::from_secs(10), |r| r.iter().any(|r| r.job == "tick"));
+    w.write_jobs("tock:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  every: 1s\n  parameters: {command: \"echo tock\"}\n");
+    w.signal("HUP");
+    w.wait_for("the added job runs", Duration::from_secs(10), |r| r.iter().any(|r| r.job == "tock" && r.status == "succeeded"));
+    let ticks_then = w.runs().iter().filter(|r| r.job == "tick").count();
+    std::thread::sleep(Duration::from_millis(2500));
+    let ticks_now = w.runs().iter().filter(|r| r.job == "tick").count();
+    assert!(ticks_now <= ticks_then + 1, "the removed job kept firing: {ticks_then} → {ticks_now}");
+
+    // An invalid config is rejected and the running one is kept.
+    std::fs::write(w.config_path(), "scheduling:\n  jobs:\n    bad:\n      cron: \"every day\"\n").unwrap();
+    w.signal("HUP");
+    let before = w.runs().iter().filter(|r| r.job == "tock").count();
+    w.wait_for("the kept job keeps running", Duration::from_secs(10), |r| r.iter().filter(|r| r.job == "tock").count() >= before + 2);
+    assert!(w.log().contains("config reload rejected"), "{}", w.log());
+}
+
+#[test]
+fn sigterm_drains_running_work() {
+    let mut w = Worker::new(
+        "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  every: 1h\n  parameters: {command: \"sleep 1; echo done\"}\n",
+    );
+    // Fire it by hand: a one-shot `at` a moment from now.
+    let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
+    w.write_jobs(&format!(
+        "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  at: \"{}\"\n  parameters: {{command: \"sleep 1; echo done\"}}\n",
+        rfc3339(at)
+    ));
+    w.start();
+    w.wait_for("the slow run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.status == "running"));
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0].status, "succeeded", "the running run was drained to completion: {runs:#?}");
+}
+
+#[test]
+fn runs_past_the_grace_period_are_interrupted_and_picked_up_at_next_start() {
+    let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
+    let job = |cmd: &str| {
+        format!(
+            "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  at: \"{}\"\n  parameters: {{command: \"{cmd}\"}}\n",
+            rfc3339(at)
+        )
+    };
+    // Slow until the file `quick` exists in the working directory (the data dir).
+    let mut w = Worker::new(&job("test -f quick || sleep 30; echo done"));
+    w.start();
+    w.wait_for("the slow run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.status == "running"));
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    let runs = w.runs();
+    assert_eq!(runs[0].status, "interrupted", "{runs:#?}");
+    // Next start: a follow-up attempt with the same parameters runs (quick this time).
+    std::fs::write(w.dir.path().join("data/quick"), "").unwrap();
+    w.start();
+    let runs = w.wait_for("the interrupted run to be retried", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.trigger == "retry" && r.status == "succeeded")
+    });
+    let retry = runs.iter().find(|r| r.trigger == "retry").unwrap();
+    assert_eq!(retry.retry_of.as_deref(), Some(runs[0].id.as_str()));
+}
+
+#[test]
+fn kill_9_during_a_run_is_recovered_after_restart() {
+    let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
+    let mut w = Worker::new(&format!(
+        "crashy:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  at: \"{}\"\n  parameters: {{command: \"sleep 2\"}}\n",
+        rfc3339(at)
+    ));
+    w.start();
+    w.wait_for("the run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.status == "running"));
+    w.signal("KILL");
+    w.wait_exit(Duration::from_secs(5));
+    assert_eq!(w.runs()[0].status, "running", "a killed worker cannot record anything");
+    w.start();
+    let runs = w.wait_for("the orphaned run to be recovered and retried", Duration::from_secs(15), |r| {
+        r.first().is_some_and(|f| f.status == "interrupted") && r.iter().any(|r| r.trigger == "retry" && r.status == "succeeded")
+    });
+    assert!(runs[0].error.as_deref().unwrap_or_default().contains("stopped while the run was going"), "{runs:#?}");
+    assert!(!runs.iter().any(|r| r.status == "running"), "no run stays running: {runs:#?}");
+}
+
+#[test]
+fn a_second_worker_on_the_same_database_is_refused() {
+    let mut a = Worker::new(EVERY_SECOND);
+    a.start();
+    let out = std::process::Command::new(crate::support::bin()).args(["run", "--config"]).arg(a.config_path()).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another lamplighter worker is using") || err.contains("cannot listen"), "{err}");
+}
+
+fn chrono_now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn rfc3339(ms: i64) -> String {
+    let secs = ms / 1000;
+    let out = std::process::Command::new("date").args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}

@@ -1,0 +1,216 @@
+//! Test support: build paths, start and stop the worker, read its database.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> PathBuf {
+    // Integration tests of this package sit in target/<profile>/deps.
+    let mut p = std::env::current_exe().unwrap();
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    let b = p.join("lamplighter");
+    assert!(b.exists(), "{} not built: run `cargo build --workspace` first (the README's test command does)", b.display());
+    b
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A worker under test with its own data directory and config.
+pub struct Worker {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Worker {
+    /// Writes `jobs_yaml` (the body of `scheduling.jobs`) into a config.
+    pub fn new(jobs_yaml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None };
+        w.write_jobs(jobs_yaml);
+        w
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("lamplighter.yaml")
+    }
+
+    pub fn write_jobs(&self, jobs_yaml: &str) {
+        let indented: String = jobs_yaml.lines().map(|l| format!("    {l}\n")).collect();
+        let text = format!(
+            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\nscheduling:\n  jobs:\n{}",
+            self.dir.path().join("data").display(),
+            self.port,
+            indented
+        );
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if http_get(self.port, "/readyz").is_some_and(|(code, _)| code == 200) {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("worker exited with {status} before it was ready:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("worker not ready in 20 s:\n{}", self.log());
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                panic!("worker did not exit within {within:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("data/lamplighter.db")
+    }
+
+    /// Rows of `SELECT job, trigger, status, scheduled_at, error, started_at - due_at FROM ll_runs`.
+    pub fn runs(&self) -> Vec<RunRow> {
+        query_runs(&self.db())
+    }
+
+    /// Polls the database until `pred` holds (the worker's clock is real; this only waits).
+    pub fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[RunRow]) -> bool) -> Vec<RunRow> {
+        let deadline = Instant::now() + within;
+        loop {
+            let runs = self.runs();
+            if pred(&runs) {
+                return runs;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; runs: {runs:#?}\nlog:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    pub id: String,
+    pub job: String,
+    pub trigger: String,
+    pub status: String,
+    pub scheduled_at: Option<i64>,
+    pub error: Option<String>,
+    pub lateness_ms: Option<i64>,
+    pub retry_of: Option<String>,
+}
+
+pub fn query_runs(db: &Path) -> Vec<RunRow> {
+    if !db.exists() {
+        return Vec::new();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use sqlx::Row;
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
+        let Ok(mut conn) = sqlx::ConnectOptions::connect(&opts).await else { return Vec::new() };
+        let rows = sqlx::query(
+            "SELECT id, job, trigger, status, scheduled_at, error, started_at - due_at AS late, retry_of FROM ll_runs ORDER BY id",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
+        rows.iter()
+            .map(|r| RunRow {
+                id: r.get("id"),
+                job: r.get("job"),
+                trigger: r.get("trigger"),
+                status: r.get("status"),
+                scheduled_at: r.get("scheduled_at"),
+                error: r.get("error"),
+                lateness_ms: r.get("late"),
+                retry_of: r.get("retry_of"),
+            })
+            .collect()
+    })
+}
+
+/// A minimal HTTP/1.1 GET, enough for the health endpoints.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Some((code, body))
+}
+
+/// Runs the binary to completion: (exit code, stdout, stderr).
+pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
+    let out = Command::new(bin()).args(args).current_dir(cwd).env_remove("LAMPLIGHTER_CONFIG").output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
