@@ -430,11 +430,10 @@ impl Compiler<'_> {
                         .push(Diagnostic::error(loc, format!("agent \"{name}\" delegates to agent \"{d}\", which is not defined{hint}")));
                 }
             }
-            if let (Some(t), Some(_)) = (a.temperature, Some(())) {
-                if !(0.0..=2.0).contains(&t) {
+            if let (Some(t), Some(_)) = (a.temperature, Some(()))
+                && !(0.0..=2.0).contains(&t) {
                     self.err(&["agents", name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
                 }
-            }
             if a.system_prompt.is_some() && a.system_prompt_file.is_some() {
                 self.err(
                     &["agents", name, "system_prompt_file"],
@@ -498,8 +497,8 @@ impl Compiler<'_> {
             match s.kind.as_str() {
                 "agent" => {
                     need("agent", &s.agent, self);
-                    if let Some(a) = &s.agent {
-                        if !agents.contains(a) {
+                    if let Some(a) = &s.agent
+                        && !agents.contains(a) {
                             let hint = did_you_mean(a, agents.iter().map(String::as_str));
                             let loc = self.loaded.sources.locate(&at(&path, "agent"));
                             self.diags.push(Diagnostic::error(
@@ -511,7 +510,6 @@ impl Compiler<'_> {
                                 ),
                             ));
                         }
-                    }
                 }
                 "plugin" => {
                     need("plugin", &s.plugin, self);
@@ -539,12 +537,11 @@ impl Compiler<'_> {
                     }
                 }
                 "approval" => {
-                    if let Some(t) = &s.timeout {
-                        if let Err(e) = duration(t) {
+                    if let Some(t) = &s.timeout
+                        && let Err(e) = duration(t) {
                             let loc = self.loaded.sources.locate(&at(&path, "timeout"));
                             self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
                         }
-                    }
                 }
                 other => {
                     let hint = did_you_mean(other, KINDS.iter().copied());
@@ -831,11 +828,10 @@ impl Compiler<'_> {
         if concurrency == 0 {
             self.err(&["worker", "concurrency"], "worker.concurrency must be at least 1".into());
         }
-        if let Some(n) = &w.name {
-            if n.trim().is_empty() {
+        if let Some(n) = &w.name
+            && n.trim().is_empty() {
                 self.warn(&["worker", "name"], "worker.name is empty; a unique name is generated".into());
             }
-        }
         WorkerConfig {
             name: w.name.filter(|n| !n.trim().is_empty()),
             concurrency: concurrency.max(1),

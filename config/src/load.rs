@@ -112,17 +112,20 @@ pub(crate) struct Loaded {
     pub(crate) root: PathBuf,
 }
 
+/// Looks up an environment variable (tests pass a map).
+type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
+
 struct Loader {
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
     unset: Vec<(YamlPath, String)>,
     seen: HashSet<PathBuf>,
-    env: Box<dyn Fn(&str) -> Option<String>>,
+    env: EnvLookup,
 }
 
 /// Loads the root file and everything it pulls in. `env` looks up variables (tests pass a map).
-pub(crate) fn load_with_env(root: &Path, env: Box<dyn Fn(&str) -> Option<String>>) -> (Option<Loaded>, Vec<Diagnostic>) {
+pub(crate) fn load_with_env(root: &Path, env: EnvLookup) -> (Option<Loaded>, Vec<Diagnostic>) {
     let mut l = Loader {
         diags: Vec::new(),
         sources: SourceMap::default(),
@@ -158,8 +161,8 @@ pub(crate) fn load_with_env(root: &Path, env: Box<dyn Fn(&str) -> Option<String>
 fn yaml_unknown(merged: &Value) -> Vec<(YamlPath, String, crate::diag::Severity)> {
     let mut out = Vec::new();
     for u in crate::schema::unknown_keys(merged) {
-        if let [Seg::Key(k)] = u.path.as_slice() {
-            if SEED_ONLY_SECTIONS.contains(&k.as_str()) {
+        if let [Seg::Key(k)] = u.path.as_slice()
+            && SEED_ONLY_SECTIONS.contains(&k.as_str()) {
                 out.push((
                     u.path.clone(),
                     format!("section \"{k}\" belongs to the seed system and is not used by Lamplighter; it is ignored"),
@@ -167,7 +170,6 @@ fn yaml_unknown(merged: &Value) -> Vec<(YamlPath, String, crate::diag::Severity)
                 ));
                 continue;
             }
-        }
         out.push((u.path, u.message, crate::diag::Severity::Error));
     }
     out
@@ -398,11 +400,10 @@ impl Loader {
             return;
         };
         let name = value.get("name").and_then(Value::as_str).unwrap_or(stem).to_string();
-        if let (Some(prompt), Value::Mapping(m)) = (prompt, &mut value) {
-            if !prompt.is_empty() && !m.contains_key("system_prompt") {
+        if let (Some(prompt), Value::Mapping(m)) = (prompt, &mut value)
+            && !prompt.is_empty() && !m.contains_key("system_prompt") {
                 m.insert(Value::String("system_prompt".into()), Value::String(prompt));
             }
-        }
         let mut agents = Mapping::new();
         agents.insert(Value::String(name.clone()), value);
         let mut doc = Mapping::new();

@@ -42,12 +42,11 @@ fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
                 None => return s,
             }
         }
-        if let Some(alts) = s.get("anyOf").or_else(|| s.get("oneOf")).and_then(Json::as_array) {
-            if let Some(t) = alts.iter().find(|a| a.get("type").and_then(Json::as_str) != Some("null")) {
+        if let Some(alts) = s.get("anyOf").or_else(|| s.get("oneOf")).and_then(Json::as_array)
+            && let Some(t) = alts.iter().find(|a| a.get("type").and_then(Json::as_str) != Some("null")) {
                 s = t;
                 continue;
             }
-        }
         return s;
     }
     s

@@ -25,8 +25,8 @@ use lamplighter_plugins::Registry;
 pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for (name, job) in &config.jobs {
-        if let Some(spec) = &job.schedule {
-            if let Err(e) = Schedule::from_spec(spec, &job.timezone) {
+        if let Some(spec) = &job.schedule
+            && let Err(e) = Schedule::from_spec(spec, &job.timezone) {
                 let field = match spec {
                     lamplighter_config::ScheduleSpec::Cron(_) => "cron",
                     lamplighter_config::ScheduleSpec::Every(_) => "every",
@@ -34,9 +34,8 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
                 };
                 out.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
             }
-        }
-        if let Target::Plugin { plugin, action } = &job.target {
-            if !registry.has_action(plugin, action) {
+        if let Target::Plugin { plugin, action } = &job.target
+            && !registry.has_action(plugin, action) {
                 out.push(Diagnostic::error(
                     config
                         .locate(&["scheduling", "jobs", name, "action"])
@@ -47,7 +46,6 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
                     ),
                 ));
             }
-        }
     }
     out
 }

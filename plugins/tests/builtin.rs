@@ -1,5 +1,8 @@
 //! Drives the built-in plugins through `Registry::invoke`, as the worker does.
 
+// Tests set up repositories with `git` directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,9 @@
 //! End-to-end tests: they start the real `lamplighter` binary in a temporary data directory
 //! and check what a user would see — runs in the database, exit codes, messages.
 
+// They start the real binaries: that is their job, so they may spawn processes directly.
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 mod config_cli;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub fn bin() -> PathBuf {
+pub(crate) fn bin() -> PathBuf {
     // Integration tests of this package sit in target/<profile>/deps.
     let mut p = std::env::current_exe().unwrap();
     p.pop();
@@ -17,12 +17,12 @@ pub fn bin() -> PathBuf {
     b
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A worker under test with its own data directory and config.
-pub struct Worker {
+pub(crate) struct Worker {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
@@ -31,7 +31,7 @@ pub struct Worker {
 
 impl Worker {
     /// Writes `jobs_yaml` (the body of `scheduling.jobs`) into a config.
-    pub fn new(jobs_yaml: &str) -> Self {
+    pub(crate) fn new(jobs_yaml: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None };
@@ -39,11 +39,11 @@ impl Worker {
         w
     }
 
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.dir.path().join("lamplighter.yaml")
     }
 
-    pub fn write_jobs(&self, jobs_yaml: &str) {
+    pub(crate) fn write_jobs(&self, jobs_yaml: &str) {
         let indented: String = jobs_yaml.lines().map(|l| format!("    {l}\n")).collect();
         let text = format!(
             "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\nscheduling:\n  jobs:\n{}",
@@ -54,7 +54,7 @@ impl Worker {
         std::fs::write(self.config_path(), text).unwrap();
     }
 
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(bin())
             .args(["run", "--config"])
@@ -83,17 +83,17 @@ impl Worker {
         panic!("worker not ready in 20 s:\n{}", self.log());
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }
 
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status().unwrap().success();
         assert!(ok, "kill -{sig} failed");
     }
 
     /// Waits for the process to exit and returns its exit code.
-    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+    pub(crate) fn wait_exit(&mut self, within: Duration) -> Option<i32> {
         let deadline = Instant::now() + within;
         let child = self.child.as_mut().unwrap();
         loop {
@@ -108,7 +108,7 @@ impl Worker {
         }
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let mut s = String::new();
         if let Ok(mut f) = std::fs::File::open(&self.log) {
             let _ = f.read_to_string(&mut s);
@@ -116,17 +116,17 @@ impl Worker {
         s
     }
 
-    pub fn db(&self) -> PathBuf {
+    pub(crate) fn db(&self) -> PathBuf {
         self.dir.path().join("data/lamplighter.db")
     }
 
     /// Rows of `SELECT job, trigger, status, scheduled_at, error, started_at - due_at FROM ll_runs`.
-    pub fn runs(&self) -> Vec<RunRow> {
+    pub(crate) fn runs(&self) -> Vec<RunRow> {
         query_runs(&self.db())
     }
 
     /// Polls the database until `pred` holds (the worker's clock is real; this only waits).
-    pub fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[RunRow]) -> bool) -> Vec<RunRow> {
+    pub(crate) fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[RunRow]) -> bool) -> Vec<RunRow> {
         let deadline = Instant::now() + within;
         loop {
             let runs = self.runs();
@@ -151,7 +151,7 @@ impl Drop for Worker {
 }
 
 #[derive(Debug, Clone)]
-pub struct RunRow {
+pub(crate) struct RunRow {
     pub id: String,
     pub job: String,
     pub trigger: String,
@@ -162,7 +162,7 @@ pub struct RunRow {
     pub retry_of: Option<String>,
 }
 
-pub fn query_runs(db: &Path) -> Vec<RunRow> {
+pub(crate) fn query_runs(db: &Path) -> Vec<RunRow> {
     if !db.exists() {
         return Vec::new();
     }
@@ -193,7 +193,7 @@ pub fn query_runs(db: &Path) -> Vec<RunRow> {
 }
 
 /// A minimal HTTP/1.1 GET, enough for the health endpoints.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -206,11 +206,11 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// Runs the binary to completion: (exit code, stdout, stderr).
-pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
+pub(crate) fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
     let out = Command::new(bin()).args(args).current_dir(cwd).env_remove("LAMPLIGHTER_CONFIG").output().unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
-pub fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
