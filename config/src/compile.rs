@@ -431,9 +431,10 @@ impl Compiler<'_> {
                 }
             }
             if let (Some(t), Some(_)) = (a.temperature, Some(()))
-                && !(0.0..=2.0).contains(&t) {
-                    self.err(&["agents", name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
-                }
+                && !(0.0..=2.0).contains(&t)
+            {
+                self.err(&["agents", name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
+            }
             if a.system_prompt.is_some() && a.system_prompt_file.is_some() {
                 self.err(
                     &["agents", name, "system_prompt_file"],
@@ -498,18 +499,19 @@ impl Compiler<'_> {
                 "agent" => {
                     need("agent", &s.agent, self);
                     if let Some(a) = &s.agent
-                        && !agents.contains(a) {
-                            let hint = did_you_mean(a, agents.iter().map(String::as_str));
-                            let loc = self.loaded.sources.locate(&at(&path, "agent"));
-                            self.diags.push(Diagnostic::error(
-                                loc,
-                                format!(
-                                    "workflow \"{wname}\": step \"{}\" uses agent \"{a}\", which is not defined{hint} (defined agents: {})",
-                                    s.id,
-                                    quoted_list(agents.iter().map(String::as_str))
-                                ),
-                            ));
-                        }
+                        && !agents.contains(a)
+                    {
+                        let hint = did_you_mean(a, agents.iter().map(String::as_str));
+                        let loc = self.loaded.sources.locate(&at(&path, "agent"));
+                        self.diags.push(Diagnostic::error(
+                            loc,
+                            format!(
+                                "workflow \"{wname}\": step \"{}\" uses agent \"{a}\", which is not defined{hint} (defined agents: {})",
+                                s.id,
+                                quoted_list(agents.iter().map(String::as_str))
+                            ),
+                        ));
+                    }
                 }
                 "plugin" => {
                     need("plugin", &s.plugin, self);
@@ -538,10 +540,11 @@ impl Compiler<'_> {
                 }
                 "approval" => {
                     if let Some(t) = &s.timeout
-                        && let Err(e) = duration(t) {
-                            let loc = self.loaded.sources.locate(&at(&path, "timeout"));
-                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
-                        }
+                        && let Err(e) = duration(t)
+                    {
+                        let loc = self.loaded.sources.locate(&at(&path, "timeout"));
+                        self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
+                    }
                 }
                 other => {
                     let hint = did_you_mean(other, KINDS.iter().copied());
@@ -829,9 +832,10 @@ impl Compiler<'_> {
             self.err(&["worker", "concurrency"], "worker.concurrency must be at least 1".into());
         }
         if let Some(n) = &w.name
-            && n.trim().is_empty() {
-                self.warn(&["worker", "name"], "worker.name is empty; a unique name is generated".into());
-            }
+            && n.trim().is_empty()
+        {
+            self.warn(&["worker", "name"], "worker.name is empty; a unique name is generated".into());
+        }
         WorkerConfig {
             name: w.name.filter(|n| !n.trim().is_empty()),
             concurrency: concurrency.max(1),

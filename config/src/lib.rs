@@ -105,11 +105,10 @@ fn redact(v: &mut serde_yaml::Value, all: bool) {
                 let key = k.as_str().unwrap_or_default().to_ascii_lowercase();
                 // Values of `env` and `headers` maps are secrets by nature (API keys, auth).
                 let secret_map = key == "env" || key == "headers";
-                if (!secret_map && SECRET_WORDS.iter().any(|w| key.contains(w)) || all)
-                    && (child.is_string() || child.is_number()) {
-                        *child = serde_yaml::Value::String("<redacted>".into());
-                        continue;
-                    }
+                if (!secret_map && SECRET_WORDS.iter().any(|w| key.contains(w)) || all) && (child.is_string() || child.is_number()) {
+                    *child = serde_yaml::Value::String("<redacted>".into());
+                    continue;
+                }
                 redact(child, all || secret_map);
             }
         }

@@ -162,14 +162,15 @@ fn yaml_unknown(merged: &Value) -> Vec<(YamlPath, String, crate::diag::Severity)
     let mut out = Vec::new();
     for u in crate::schema::unknown_keys(merged) {
         if let [Seg::Key(k)] = u.path.as_slice()
-            && SEED_ONLY_SECTIONS.contains(&k.as_str()) {
-                out.push((
-                    u.path.clone(),
-                    format!("section \"{k}\" belongs to the seed system and is not used by Lamplighter; it is ignored"),
-                    crate::diag::Severity::Warning,
-                ));
-                continue;
-            }
+            && SEED_ONLY_SECTIONS.contains(&k.as_str())
+        {
+            out.push((
+                u.path.clone(),
+                format!("section \"{k}\" belongs to the seed system and is not used by Lamplighter; it is ignored"),
+                crate::diag::Severity::Warning,
+            ));
+            continue;
+        }
         out.push((u.path, u.message, crate::diag::Severity::Error));
     }
     out
@@ -401,9 +402,11 @@ impl Loader {
         };
         let name = value.get("name").and_then(Value::as_str).unwrap_or(stem).to_string();
         if let (Some(prompt), Value::Mapping(m)) = (prompt, &mut value)
-            && !prompt.is_empty() && !m.contains_key("system_prompt") {
-                m.insert(Value::String("system_prompt".into()), Value::String(prompt));
-            }
+            && !prompt.is_empty()
+            && !m.contains_key("system_prompt")
+        {
+            m.insert(Value::String("system_prompt".into()), Value::String(prompt));
+        }
         let mut agents = Mapping::new();
         agents.insert(Value::String(name.clone()), value);
         let mut doc = Mapping::new();

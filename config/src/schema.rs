@@ -43,10 +43,11 @@ fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
             }
         }
         if let Some(alts) = s.get("anyOf").or_else(|| s.get("oneOf")).and_then(Json::as_array)
-            && let Some(t) = alts.iter().find(|a| a.get("type").and_then(Json::as_str) != Some("null")) {
-                s = t;
-                continue;
-            }
+            && let Some(t) = alts.iter().find(|a| a.get("type").and_then(Json::as_str) != Some("null"))
+        {
+            s = t;
+            continue;
+        }
         return s;
     }
     s

@@ -136,14 +136,12 @@ impl Recorder {
 impl MarkedEventReceiver for Recorder {
     fn on_event(&mut self, ev: Event, mark: Marker) {
         match ev {
-            Event::Scalar(ref s, ..)
-                if self.enter_node(mark, Some(s)) => {
-                    self.leave_node();
-                }
-            Event::Alias(_)
-                if self.enter_node(mark, None) => {
-                    self.leave_node();
-                }
+            Event::Scalar(ref s, ..) if self.enter_node(mark, Some(s)) => {
+                self.leave_node();
+            }
+            Event::Alias(_) if self.enter_node(mark, None) => {
+                self.leave_node();
+            }
             Event::MappingStart(..) => {
                 let pushed = self.enter_node(mark, None);
                 self.stack.push(Frame::Map { key: None });

@@ -140,14 +140,17 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
         tracing::error!(run = run_id, error = %e, "cannot record the end of a run");
     }
     tracing::info!(run = run_id, job = %run.job, status = status.as_str(), error = error.as_deref().unwrap_or(""), "run finished");
-    if matches!(status, RunStatus::Failed | RunStatus::TimedOut) && !permanent
-        && let Some(job) = &job {
-            schedule_retry(&shared, job, &run, now).await;
-        }
+    if matches!(status, RunStatus::Failed | RunStatus::TimedOut)
+        && !permanent
+        && let Some(job) = &job
+    {
+        schedule_retry(&shared, job, &run, now).await;
+    }
     if let Some(job) = &job
-        && let Err(e) = shared.store.prune(&job.name, job.retention.max_runs, job.retention.max_age, now).await {
-            tracing::warn!(job = %job.name, error = %e, "cannot prune run history");
-        }
+        && let Err(e) = shared.store.prune(&job.name, job.retention.max_runs, job.retention.max_age, now).await
+    {
+        tracing::warn!(job = %job.name, error = %e, "cannot prune run history");
+    }
     shared.run_finished(run_id);
 }
 

@@ -26,26 +26,26 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for (name, job) in &config.jobs {
         if let Some(spec) = &job.schedule
-            && let Err(e) = Schedule::from_spec(spec, &job.timezone) {
-                let field = match spec {
-                    lamplighter_config::ScheduleSpec::Cron(_) => "cron",
-                    lamplighter_config::ScheduleSpec::Every(_) => "every",
-                    lamplighter_config::ScheduleSpec::At(_) => "at",
-                };
-                out.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
-            }
+            && let Err(e) = Schedule::from_spec(spec, &job.timezone)
+        {
+            let field = match spec {
+                lamplighter_config::ScheduleSpec::Cron(_) => "cron",
+                lamplighter_config::ScheduleSpec::Every(_) => "every",
+                lamplighter_config::ScheduleSpec::At(_) => "at",
+            };
+            out.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
+        }
         if let Target::Plugin { plugin, action } = &job.target
-            && !registry.has_action(plugin, action) {
-                out.push(Diagnostic::error(
-                    config
-                        .locate(&["scheduling", "jobs", name, "action"])
-                        .or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
-                    format!(
-                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
-                        registry.action_names().join(", ")
-                    ),
-                ));
-            }
+            && !registry.has_action(plugin, action)
+        {
+            out.push(Diagnostic::error(
+                config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
+                format!(
+                    "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
+                    registry.action_names().join(", ")
+                ),
+            ));
+        }
     }
     out
 }

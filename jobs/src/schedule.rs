@@ -232,9 +232,10 @@ fn next_cron(s: &cron::Schedule, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Ut
     let mut best: Option<DateTime<Utc>> = None;
     for cand in s.after(&as_utc(local_now - margin)).map(|c| c.naive_utc()) {
         if let Some(b) = best
-            && cand > b.with_timezone(&tz).naive_local() + margin {
-                break;
-            }
+            && cand > b.with_timezone(&tz).naive_local() + margin
+        {
+            break;
+        }
         let i = local_to_instant(tz, cand);
         if i > t && best.is_none_or(|b| i < b) {
             best = Some(i);

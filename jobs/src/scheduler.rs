@@ -161,9 +161,10 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
         }
         let last = ticks.last().map(|(t, _)| *t);
         if let Some(l) = last
-            && let Err(e) = shared.store.set_last_tick(&job, l).await {
-                tracing::error!(job = %job, error = %e, "cannot save the last tick");
-            }
+            && let Err(e) = shared.store.set_last_tick(&job, l).await
+        {
+            tracing::error!(job = %job, error = %e, "cannot save the last tick");
+        }
         let entry = plan.entries.get_mut(&job).expect("entry exists");
         entry.last = last.or(entry.last);
         let from = entry.last.unwrap_or(now);

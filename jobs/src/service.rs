@@ -238,13 +238,15 @@ impl Engine {
     pub async fn trigger_job(&self, name: &str, req: TriggerRequest) -> Result<Triggered, ServiceError> {
         let job = self.job_or_err(name)?;
         if let Some(k) = &req.idempotency_key
-            && (k.is_empty() || k.len() > 200) {
-                return Err(ServiceError::InvalidArgument("idempotency key must be 1–200 characters".into()));
-            }
+            && (k.is_empty() || k.len() > 200)
+        {
+            return Err(ServiceError::InvalidArgument("idempotency key must be 1–200 characters".into()));
+        }
         if let Some(p) = &req.parameters
-            && !p.is_object() {
-                return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
-            }
+            && !p.is_object()
+        {
+            return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
+        }
         let now = self.shared.clock.now();
         let run = NewRun {
             job: name.to_string(),
@@ -298,13 +300,14 @@ impl Engine {
 
     pub async fn list_runs(&self, filter: RunFilter) -> Result<RunPage, ServiceError> {
         if let Some(j) = &filter.job
-            && self.shared.job(j).is_none() {
-                // Runs of a removed job are still listed when they exist.
-                let any = self.shared.store.list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
-                if any.is_empty() {
-                    self.job_or_err(j)?;
-                }
+            && self.shared.job(j).is_none()
+        {
+            // Runs of a removed job are still listed when they exist.
+            let any = self.shared.store.list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
+            if any.is_empty() {
+                self.job_or_err(j)?;
             }
+        }
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
         let runs = self.shared.store.list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
         let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
