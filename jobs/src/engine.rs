@@ -18,7 +18,7 @@ use lamplighter_plugins::Registry;
 
 use crate::clock::Clock;
 use crate::executor::{self, Queue, RunTask, Running, StopReason};
-use crate::run::{RunStatus, Trigger};
+use crate::run::RunStatus;
 use crate::store::{NewRun, Store, StoreError};
 
 /// Engine start-up failures.
@@ -286,19 +286,7 @@ async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError>
             shared.store.mark_no_follow_up(&r.id).await?;
             continue;
         }
-        let next = NewRun {
-            job: r.job.clone(),
-            trigger: Trigger::Retry,
-            status: RunStatus::Queued,
-            scheduled_at: r.scheduled_at,
-            due_at: now,
-            attempt: r.attempt + 1,
-            input: r.input.clone(),
-            parameters: r.parameters.clone(),
-            error: None,
-            idempotency_key: None,
-            retry_of: Some(r.id.clone()),
-        };
+        let next = NewRun::follow_up(&r, now);
         let (id, _) = shared.store.insert_run(next, now).await?;
         tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
     }

@@ -15,7 +15,7 @@ use lamplighter_config::Target;
 use lamplighter_plugins::{ActionContext, ActionError};
 
 use crate::engine::Shared;
-use crate::run::{RunStatus, Trigger};
+use crate::run::RunStatus;
 use crate::store::NewRun;
 
 /// The apalis queue name (otherwise it would be the Rust type path).
@@ -168,19 +168,7 @@ pub(crate) async fn schedule_retry(
         return;
     }
     let delay = job.retries.delay(run.attempt);
-    let next = NewRun {
-        job: run.job.clone(),
-        trigger: Trigger::Retry,
-        status: RunStatus::Queued,
-        scheduled_at: run.scheduled_at,
-        due_at: now + chrono::Duration::from_std(delay).unwrap_or_default(),
-        attempt: run.attempt + 1,
-        input: run.input.clone(),
-        parameters: run.parameters.clone(),
-        error: None,
-        idempotency_key: None,
-        retry_of: Some(run.id.clone()),
-    };
+    let next = NewRun::follow_up(run, now + chrono::Duration::from_std(delay).unwrap_or_default());
     match shared.store.insert_run(next, now).await {
         Ok((id, _)) => {
             tracing::info!(run = %run.id, retry = %id, in_s = delay.as_secs(), "retry scheduled")

@@ -64,6 +64,25 @@ pub(crate) struct NewRun {
     pub(crate) retry_of: Option<String>,
 }
 
+impl NewRun {
+    /// The next attempt of `run`: same job, tick, input and parameters, attempt + 1.
+    pub(crate) fn follow_up(run: &Run, due_at: DateTime<Utc>) -> Self {
+        NewRun {
+            job: run.job.clone(),
+            trigger: Trigger::Retry,
+            status: RunStatus::Queued,
+            scheduled_at: run.scheduled_at,
+            due_at,
+            attempt: run.attempt + 1,
+            input: run.input.clone(),
+            parameters: run.parameters.clone(),
+            error: None,
+            idempotency_key: None,
+            retry_of: Some(run.id.clone()),
+        }
+    }
+}
+
 /// Filters for listing runs; `before` is a paging cursor (a run id from a previous page).
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
