@@ -206,7 +206,18 @@ struct Compiler<'a> {
     disabled: BTreeMap<String, String>,
 }
 
-pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
+/// Consumes the loaded tree: the raw config, merged YAML and source map move into the result
+/// (a large config must not be held twice).
+pub(crate) fn compile(loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
+    let (mut config, diags) = compile_borrowed(&loaded, cwd);
+    config.raw = loaded.raw;
+    config.sources = loaded.sources;
+    config.merged = loaded.merged;
+    config.root = loaded.root;
+    (Some(config), diags)
+}
+
+fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
     let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new() };
     let raw = &loaded.raw;
     let fw = raw.framework.clone().unwrap_or_default();
@@ -234,28 +245,28 @@ pub(crate) fn compile(loaded: &Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagn
     let worker = c.worker(raw.worker.as_ref());
     let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
     let config = Config {
-        root: loaded.root.clone(),
+        root: PathBuf::new(),
         name: fw.name.unwrap_or_else(|| "lamplighter".to_string()),
         data_dir,
         log_level,
         default_timezone,
         storage,
         jobs,
-        raw: raw.clone(),
+        raw: raw::RawConfig::default(),
         plugin_dirs,
         worker,
         disabled: c.disabled,
-        sources: loaded.sources.clone(),
-        merged: loaded.merged.clone(),
+        sources: SourceMap::default(),
+        merged: serde_yaml::Value::Null,
     };
-    (Some(config), c.diags)
+    (config, c.diags)
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("\"{s}\" is not a duration ({e}); write e.g. \"90s\", \"15m\", \"24h\""))
 }
 
-impl Compiler<'_> {
+impl<'a> Compiler<'a> {
     fn err(&mut self, path: &[&str], msg: String) {
         let loc = self.loaded.sources.locate(&keys(path));
         self.diags.push(Diagnostic::error(loc, msg));
@@ -577,8 +588,12 @@ impl Compiler<'_> {
     fn job(&mut self, name: &str, j: &raw::Job, default_tz: &str, cwd: &Path) -> Option<JobConfig> {
         let p = |k: &'static str| ["scheduling", "jobs", name, k];
         let mut ok = true;
-        let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
-        let agents = self.loaded.raw.agents.clone().unwrap_or_default();
+        // Borrowed from the loaded config, not from `self`, so errors can still be recorded.
+        let loaded: &'a Loaded = self.loaded;
+        let empty_workflows = BTreeMap::new();
+        let empty_agents = BTreeMap::new();
+        let workflows = loaded.raw.workflows.as_ref().unwrap_or(&empty_workflows);
+        let agents = loaded.raw.agents.as_ref().unwrap_or(&empty_agents);
         let kind = j.kind.clone().or_else(|| {
             // Infer the type from the one target field given.
             match (&j.workflow, &j.agent, &j.plugin) {

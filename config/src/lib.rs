@@ -65,7 +65,7 @@ pub fn load_partial(opts: &LoadOptions, env: impl Fn(&str) -> Option<String> + '
     let root = if root.is_absolute() { root } else { cwd.join(root) };
     let (loaded, mut diags) = load::load_with_env(&root, Box::new(env));
     let config = loaded.and_then(|l| {
-        let (config, more) = compile::compile(&l, &cwd);
+        let (config, more) = compile::compile(l, &cwd);
         diags.extend(more);
         config
     });

@@ -142,16 +142,18 @@ pub(crate) fn load_with_env(root: &Path, env: EnvLookup) -> (Option<Loaded>, Vec
     if let Some(dir) = root.parent() {
         l.load_agent_files(&dir.join("agents"));
     }
-    for u in yaml_unknown(&l.merged) {
+    let unknown = yaml_unknown(&l.merged);
+    for u in &unknown {
         let loc = l.sources.locate(&u.0);
-        l.diags.push(Diagnostic { severity: u.2, location: loc, message: u.1 });
+        l.diags.push(Diagnostic { severity: u.2, location: loc, message: u.1.clone() });
     }
-    let raw = l.deserialize();
+    let unknown: Vec<YamlPath> = unknown.into_iter().map(|u| u.0).collect();
+    let raw = l.deserialize(&unknown);
     let loaded = raw.map(|raw| Loaded {
         raw,
-        merged: l.merged.clone(),
-        sources: l.sources.clone(),
-        unset_vars: l.unset.clone(),
+        merged: std::mem::take(&mut l.merged),
+        sources: std::mem::take(&mut l.sources),
+        unset_vars: std::mem::take(&mut l.unset),
         root: root.to_path_buf(),
     });
     (loaded, l.diags)
@@ -420,22 +422,21 @@ impl Loader {
 
     /// Deserializes the merged document. Collections go item by item, so every bad item is
     /// reported; an item with unknown keys was already reported and is skipped.
-    fn deserialize(&mut self) -> Option<RawConfig> {
-        let unknown: Vec<YamlPath> = crate::schema::unknown_keys(&self.merged).into_iter().map(|u| u.path).collect();
+    fn deserialize(&mut self, unknown: &[YamlPath]) -> Option<RawConfig> {
         let mut doc = self.merged.clone();
         if let Value::Mapping(m) = &mut doc {
             for s in SEED_ONLY_SECTIONS {
                 m.remove(*s);
             }
         }
-        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], &unknown);
-        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], &unknown);
-        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], &unknown);
-        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], &unknown);
-        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], &unknown);
-        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], &unknown);
+        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown);
+        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown);
+        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown);
+        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown);
+        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown);
+        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown);
         // Whatever else has an unknown key cannot be read; drop it (already reported).
-        for p in &unknown {
+        for p in unknown {
             remove_path(&mut doc, p);
         }
         let mut raw: RawConfig = RawConfig::default();

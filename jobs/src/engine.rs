@@ -1,13 +1,12 @@
 //! The engine: owns the store, the scheduler task and the queue worker, and the shared state
 //! they use. Start, reload and shutdown go through here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
 use chrono::{DateTime, Utc};
 use futures::channel::mpsc;
 use tokio::sync::{Notify, broadcast};
@@ -17,7 +16,7 @@ use lamplighter_config::{Config, JobConfig, StorageConfig};
 use lamplighter_plugins::Registry;
 
 use crate::clock::Clock;
-use crate::executor::{self, Queue, RunTask, Running, StopReason};
+use crate::executor::{self, Queue, Running, StopReason};
 use crate::run::RunStatus;
 use crate::store::{NewRun, Store, StoreError};
 
@@ -51,6 +50,9 @@ pub(crate) struct Shared {
     /// Run ids as they finish, for `wait`.
     pub(crate) finished: broadcast::Sender<String>,
     queue: Queue,
+    /// Jobs whose history may need pruning; the housekeeper takes them in batches.
+    prune_pending: Mutex<BTreeSet<String>>,
+    prune_wake: Notify,
     queue_wake: mpsc::UnboundedSender<()>,
     pub(crate) started_at: DateTime<Utc>,
 }
@@ -58,13 +60,19 @@ pub(crate) struct Shared {
 /// The part of the config the engine needs, swapped whole on reload.
 #[derive(Debug, Clone)]
 pub(crate) struct JobsConfig {
-    pub(crate) jobs: BTreeMap<String, JobConfig>,
+    pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
     pub(crate) data_dir: PathBuf,
+}
+
+impl JobsConfig {
+    fn of(config: &Config) -> Self {
+        Self { jobs: Arc::new(config.jobs.clone()), data_dir: config.data_dir.clone() }
+    }
 }
 
 impl Shared {
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
-        Arc::new(self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone())
+        self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone()
     }
 
     pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
@@ -89,18 +97,38 @@ impl Shared {
         self.wake_scheduler();
     }
 
-    /// Hands a queued run to apalis. A new task id per hand-over: after a crash the old task
-    /// may still sit locked by the dead worker; the claim in the executor runs it once.
+    /// Hands a queued run to apalis (task and `dispatched_at` in one transaction).
     pub(crate) async fn push(&self, run_id: &str, now: DateTime<Utc>) -> Result<(), String> {
-        let mut q = self.queue.clone();
-        let task = TaskBuilder::new(RunTask { run_id: run_id.to_string() })
-            .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
-            .max_attempts(1)
-            .build();
-        q.push_task(task).await.map_err(|e| e.to_string())?;
-        self.store.mark_dispatched(run_id, now).await.map_err(|e| e.to_string())?;
-        let _ = self.queue_wake.unbounded_send(());
+        self.store.dispatch(run_id, now).await.map_err(|e| e.to_string())?;
+        self.wake_queue();
         Ok(())
+    }
+
+    /// Asks the housekeeper to apply the job's retention soon (batched, off the run path).
+    pub(crate) fn prune_soon(&self, job: &str) {
+        self.prune_pending.lock().unwrap_or_else(|e| e.into_inner()).insert(job.to_string());
+        self.prune_wake.notify_one();
+    }
+
+    /// Applies retention to every job waiting for it.
+    pub(crate) async fn prune_now(&self) {
+        let pending = std::mem::take(&mut *self.prune_pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let jobs = self.jobs();
+        let now = self.clock.now();
+        for name in pending {
+            let Some(job) = jobs.get(&name) else { continue };
+            if let Err(e) = self.store.prune(&name, job.retention.max_runs, job.retention.max_age, now).await {
+                tracing::warn!(job = %name, error = %e, "cannot prune run history");
+            }
+        }
+        if let Err(e) = self.store.prune_shared().await {
+            tracing::warn!(error = %e, "cannot prune the queue");
+        }
+    }
+
+    /// Tells the queue worker that tasks were pushed.
+    pub(crate) fn wake_queue(&self) {
+        let _ = self.queue_wake.unbounded_send(());
     }
 
     /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
@@ -132,6 +160,7 @@ struct Tasks {
     stop_scheduler: CancellationToken,
     stop_queue: CancellationToken,
     scheduler: tokio::task::JoinHandle<()>,
+    housekeeper: tokio::task::JoinHandle<()>,
     queue: tokio::task::JoinHandle<Result<(), String>>,
 }
 
@@ -188,37 +217,39 @@ impl Engine {
         let (finished, _) = broadcast::channel(1024);
         let now = opts.clock.now();
         let shared = Arc::new(Shared {
-            queue: executor::queue(store.pool()),
+            queue: executor::queue(store.pool(), config.worker.concurrency),
             store,
             clock: opts.clock,
             registry: opts.registry,
             worker_name: opts.worker_name,
             concurrency: config.worker.concurrency,
-            config: RwLock::new(Arc::new(JobsConfig { jobs: config.jobs.clone(), data_dir: config.data_dir.clone() })),
+            config: RwLock::new(Arc::new(JobsConfig::of(config))),
             wake: Notify::new(),
             replan: AtomicBool::new(true),
             scheduler_alive: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
             finished,
             queue_wake,
+            prune_pending: Mutex::new(BTreeSet::new()),
+            prune_wake: Notify::new(),
             started_at: now,
         });
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
         let stop_queue = CancellationToken::new();
         let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), stop_scheduler.clone()));
+        let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
         let queue = tokio::spawn(executor::run_worker(shared.clone(), shared.queue.clone(), queue_rx, stop_queue.clone()));
         Ok(Engine {
             shared,
-            tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_queue, scheduler, queue }))),
+            tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_queue, scheduler, housekeeper, queue }))),
             _lock: Arc::new(lock),
         })
     }
 
     /// Swaps in a new set of jobs; the scheduler replans at once.
     pub fn reload(&self, config: &Config) {
-        *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) =
-            Arc::new(JobsConfig { jobs: config.jobs.clone(), data_dir: config.data_dir.clone() });
+        *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(JobsConfig::of(config));
         self.shared.replan();
     }
 
@@ -244,6 +275,7 @@ impl Engine {
         };
         tasks.stop_scheduler.cancel();
         let _ = tasks.scheduler.await;
+        let _ = tasks.housekeeper.await;
         // apalis stops fetching when told to stop and waits for in-flight tasks.
         tasks.stop_queue.cancel();
         let deadline = tokio::time::Instant::now() + grace;
@@ -267,6 +299,25 @@ impl Engine {
             Err(_) => tracing::warn!("queue worker did not stop in time"),
             _ => {}
         }
+    }
+}
+
+/// A busy worker prunes at most this often; an idle one not at all.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// Applies retention off the run path: woken when runs finish, then waits [`PRUNE_EVERY`] so
+/// one pass covers every run that finished meanwhile. No timer while nothing finishes.
+async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shared.prune_wake.notified() => {}
+            _ = stop.cancelled() => break,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
+            _ = stop.cancelled() => {}
+        }
+        shared.prune_now().await;
     }
 }
 

@@ -29,8 +29,14 @@ pub(crate) struct RunTask {
 
 pub(crate) type Queue = SqliteStorage<RunTask>;
 
-pub(crate) fn queue(pool: &apalis_sqlite::SqlitePool) -> Queue {
-    SqliteStorage::new(pool).with_config(QueueConfig::default().queue(QUEUE).batch_size(1).heartbeat_interval(Duration::from_secs(30)))
+/// apalis's heartbeat only keeps its `Workers` row fresh for its orphan re-enqueue, which
+/// Lamplighter does not rely on (one worker per SQLite file, held by a file lock; orphaned runs
+/// are recovered from `ll_runs` at start). A daily beat keeps an idle worker asleep.
+const QUEUE_HEARTBEAT: Duration = Duration::from_secs(24 * 3600);
+
+pub(crate) fn queue(pool: &apalis_sqlite::SqlitePool, concurrency: usize) -> Queue {
+    SqliteStorage::new(pool)
+        .with_config(QueueConfig::default().queue(QUEUE).batch_size(concurrency.max(1)).heartbeat_interval(QUEUE_HEARTBEAT))
 }
 
 /// Why a running run was stopped from outside.
@@ -55,7 +61,9 @@ pub(crate) async fn run_worker(
     wake: mpsc::UnboundedReceiver<()>,
     stop: CancellationToken,
 ) -> Result<(), String> {
-    let name = format!("{}-q", shared.worker_name);
+    // apalis refuses to register a worker id seen within its heartbeat window, so a restart
+    // under a configured `worker.name` would stall; its id is unique per process instead.
+    let name = format!("{}-q-{}", shared.worker_name, ulid::Ulid::generate());
     let concurrency = shared.concurrency;
     WorkerBuilder::new(name)
         .backend(queue.poll_with_stream(wake))
@@ -86,16 +94,13 @@ async fn handle(task: RunTask, shared: Data<Arc<Shared>>) -> Result<(), BoxDynEr
 
 async fn execute(shared: Arc<Shared>, run_id: &str) {
     let now = shared.clock.now();
-    match shared.store.claim(run_id, &shared.worker_name, now).await {
-        Ok(true) => {}
-        Ok(false) => return, // cancelled while queued, or already taken
+    let run = match shared.store.claim(run_id, &shared.worker_name, now).await {
+        Ok(Some(run)) => run,
+        Ok(None) => return, // cancelled while queued, or already taken
         Err(e) => {
             tracing::error!(run = run_id, error = %e, "cannot claim run");
             return;
         }
-    }
-    let Ok(Some(run)) = shared.store.get_run(run_id).await else {
-        return;
     };
     let job = shared.job(&run.job);
     let entry = Arc::new(Running { token: CancellationToken::new(), reason: std::sync::Mutex::new(None) });
@@ -146,10 +151,8 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
     {
         schedule_retry(&shared, job, &run, now).await;
     }
-    if let Some(job) = &job
-        && let Err(e) = shared.store.prune(&job.name, job.retention.max_runs, job.retention.max_age, now).await
-    {
-        tracing::warn!(job = %job.name, error = %e, "cannot prune run history");
+    if let Some(job) = &job {
+        shared.prune_soon(&job.name);
     }
     shared.run_finished(run_id);
 }

@@ -117,6 +117,10 @@ async fn build_plan(shared: &Shared) -> Plan {
 
 async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
     let jobs = shared.jobs();
+    // Every tick due now, of every job, goes to the database in one transaction.
+    let mut batch: Vec<(NewRun, TickPolicy)> = Vec::new();
+    // Jobs whose last processed tick was skipped (catch-up), so no run records it.
+    let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
     while let Some((at, job)) = plan.order.first().cloned() {
         if at > now {
             break;
@@ -134,53 +138,75 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
         let mut ticks = Vec::new();
         let mut cur = entry.next.take().map(|(t, _)| t);
         while let Some(t) = cur {
-            let fire_at =
-                t + chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(&job, t, j)).unwrap_or_default()).unwrap_or_default();
+            let fire_at = t + jitter(cfg, &job, t);
             if fire_at > now || ticks.len() >= MAX_MISSED {
                 break;
             }
             ticks.push((t, fire_at));
             cur = entry.schedule.next_after(t);
         }
-        let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
-        let window_start = now - chrono::Duration::from_std(cfg.catch_up_window).unwrap_or(chrono::Duration::days(1));
-        let in_window: Vec<_> = missed.iter().filter(|(t, _)| *t >= window_start).collect();
-        let chosen: Vec<&(DateTime<Utc>, DateTime<Utc>)> = match cfg.catch_up {
-            CatchUp::Skip => Vec::new(),
-            CatchUp::Latest => in_window.last().copied().into_iter().collect(),
-            CatchUp::All => in_window,
-        };
-        if !missed.is_empty() {
-            tracing::info!(job = %job, missed = missed.len(), caught_up = chosen.len(), policy = ?cfg.catch_up, "missed ticks");
-        }
-        for (t, at) in chosen {
-            fire(shared, cfg, *t, *at, Trigger::CatchUp, now).await;
-        }
-        for (t, at) in on_time {
-            fire(shared, cfg, t, at, Trigger::Cron, now).await;
+        let chosen = choose(cfg, &ticks, now);
+        let missed = ticks.iter().filter(|(_, at)| now - *at > ON_TIME).count();
+        if missed > 0 {
+            let caught_up = chosen.iter().filter(|(_, _, tr)| *tr == Trigger::CatchUp).count();
+            tracing::info!(job = %job, missed, caught_up, policy = ?cfg.catch_up, "missed ticks");
         }
         let last = ticks.last().map(|(t, _)| *t);
         if let Some(l) = last
-            && let Err(e) = shared.store.set_last_tick(&job, l).await
+            && chosen.last().map(|(t, _, _)| *t) != Some(l)
         {
-            tracing::error!(job = %job, error = %e, "cannot save the last tick");
+            skipped_last.push((job.clone(), l));
         }
-        let entry = plan.entries.get_mut(&job).expect("entry exists");
+        // Caught-up ticks run one after another, and the on-time tick after them: under
+        // `forbid` or `replace` they would otherwise skip or cancel each other at once.
+        let catching_up = chosen.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
+        let tick_policy = if catching_up && cfg.overlap != Overlap::Allow { TickPolicy::Queue } else { policy(cfg.overlap) };
+        for (t, at, trigger) in chosen {
+            batch.push((new_tick_run(cfg, t, at, trigger), tick_policy));
+        }
         entry.last = last.or(entry.last);
         let from = entry.last.unwrap_or(now);
         plan.set_next(&job, cfg, from);
     }
+    if !batch.is_empty() {
+        fire_batch(shared, batch, now).await;
+    }
+    for (job, tick) in skipped_last {
+        if let Err(e) = shared.store.set_last_tick(&job, tick).await {
+            tracing::error!(job = %job, error = %e, "cannot save the last tick");
+        }
+    }
 }
 
-/// Catch-up when the scheduler starts: ticks between the last processed tick and now.
-async fn fire(shared: &Shared, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger, now: DateTime<Utc>) {
-    let policy = match cfg.overlap {
+fn jitter(cfg: &JobConfig, job: &str, tick: DateTime<Utc>) -> chrono::Duration {
+    chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(job, tick, j)).unwrap_or_default()).unwrap_or_default()
+}
+
+/// Which of a job's due ticks fire: on-time ones always; missed ones (more than [`ON_TIME`]
+/// late) as the job's `catch_up` policy and `catch_up_window` say.
+fn choose(cfg: &JobConfig, ticks: &[(DateTime<Utc>, DateTime<Utc>)], now: DateTime<Utc>) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
+    let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
+    let window_start = now - chrono::Duration::from_std(cfg.catch_up_window).unwrap_or(chrono::Duration::days(1));
+    let in_window: Vec<_> = missed.into_iter().filter(|(t, _)| *t >= window_start).collect();
+    let caught: Vec<_> = match cfg.catch_up {
+        CatchUp::Skip => Vec::new(),
+        CatchUp::Latest => in_window.last().copied().into_iter().collect(),
+        CatchUp::All => in_window,
+    };
+    caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
+}
+
+fn policy(overlap: Overlap) -> TickPolicy {
+    match overlap {
         Overlap::Forbid => TickPolicy::Forbid,
         Overlap::Allow => TickPolicy::Allow,
         Overlap::Replace => TickPolicy::Replace,
         Overlap::Queue => TickPolicy::Queue,
-    };
-    let run = NewRun {
+    }
+}
+
+fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
+    NewRun {
         job: cfg.name.clone(),
         trigger,
         status: RunStatus::Queued,
@@ -192,18 +218,38 @@ async fn fire(shared: &Shared, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTi
         error: None,
         idempotency_key: None,
         retry_of: None,
-    };
-    match shared.store.fire_tick(run, policy, now).await {
-        Ok(None) => tracing::debug!(job = %cfg.name, %tick, "tick already fired"),
-        Ok(Some(o)) => {
-            if o.status == RunStatus::Skipped {
-                tracing::info!(job = %cfg.name, %tick, run = %o.run_id, "tick skipped");
-            }
-            for old in o.replaced {
-                shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;
-            }
+    }
+}
+
+async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, TickPolicy)>, now: DateTime<Utc>) {
+    let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
+    let outcomes = match shared.store.fire_ticks(batch, now).await {
+        Ok(o) => o,
+        Err(e) => {
+            // Nothing was recorded: rebuild the plan from the stored last ticks, so these
+            // ticks are fired again (or caught up) once the database answers.
+            tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            shared.replan();
+            return;
         }
-        Err(e) => tracing::error!(job = %cfg.name, %tick, error = %e, "cannot fire tick"),
+    };
+    let mut pushed = false;
+    for ((job, tick), outcome) in keys.into_iter().zip(outcomes) {
+        let Some(o) = outcome else {
+            tracing::debug!(job = %job, %tick, "tick already fired");
+            continue;
+        };
+        pushed |= o.dispatched;
+        if o.status == RunStatus::Skipped {
+            tracing::info!(job = %job, %tick, run = %o.run_id, "tick skipped");
+        }
+        for old in o.replaced {
+            shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;
+        }
+    }
+    if pushed {
+        shared.wake_queue();
     }
 }
 

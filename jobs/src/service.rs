@@ -31,7 +31,7 @@ pub enum ServiceError {
 }
 
 /// A job as listings show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct JobSummary {
     pub name: String,
     pub description: Option<String>,
@@ -52,7 +52,7 @@ pub struct JobSummary {
     pub last_run: Option<RunBrief>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RunBrief {
     pub id: String,
     pub status: RunStatus,
@@ -68,14 +68,14 @@ impl From<&Run> for RunBrief {
 }
 
 /// One upcoming fire time, in UTC and in the job's zone.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct FireTime {
     pub utc: DateTime<Utc>,
     /// RFC 3339 in the job's time zone.
     pub local: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct JobDetail {
     #[serde(flatten)]
     pub summary: JobSummary,
@@ -96,21 +96,21 @@ pub struct TriggerRequest {
     pub idempotency_key: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Triggered {
     pub run_id: String,
     /// False when the idempotency key matched an earlier trigger (its run is returned).
     pub created: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RunPage {
     pub runs: Vec<Run>,
     /// Pass as `before` to get the next page; absent on the last page.
     pub next_cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct WorkerStatus {
     pub worker: String,
     pub version: String,

@@ -226,63 +226,21 @@ impl Store {
 
     /// Records a tick and its run in one transaction. Returns `None` when the tick was already
     /// recorded (by an earlier process or another worker): the unique key is the guard.
-    pub(crate) async fn fire_tick(
+    /// Records ticks, all in one transaction: for each, the tick key (a tick already recorded
+    /// yields `None`: it fired before), its run, and — when the run can start now — its queue
+    /// task, so a tick is never recorded without its run being queued or vice versa.
+    pub(crate) async fn fire_ticks(
         &self,
-        run: NewRun,
-        active_policy: TickPolicy,
+        ticks: Vec<(NewRun, TickPolicy)>,
         now: DateTime<Utc>,
-    ) -> Result<Option<TickOutcome>, StoreError> {
-        let tick = run.scheduled_at.unwrap_or(run.due_at);
+    ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a tick")?;
-        let id = new_id();
-        let inserted = sqlx::query("INSERT INTO ll_ticks (job, scheduled_at, run_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
-            .bind(&run.job)
-            .bind(ms(tick))
-            .bind(&id)
-            .execute(&mut *tx)
-            .await
-            .ctx("recording a tick")?
-            .rows_affected();
-        if inserted == 0 {
-            return Ok(None);
+        let mut out = Vec::with_capacity(ticks.len());
+        for (run, policy) in ticks {
+            out.push(fire_one(&mut tx, run, policy, now).await?);
         }
-        let paused: Option<i64> = sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
-            .bind(&run.job)
-            .fetch_optional(&mut *tx)
-            .await
-            .ctx("reading pause state")?;
-        let active: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at",
-        )
-        .bind(&run.job)
-        .fetch_all(&mut *tx)
-        .await
-        .ctx("reading active runs")?;
-        let mut run = run;
-        let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new() };
-        if paused == Some(1) {
-            run.status = RunStatus::Skipped;
-            run.error = Some("job is paused".into());
-        } else if !active.is_empty() {
-            match active_policy {
-                TickPolicy::Forbid => {
-                    run.status = RunStatus::Skipped;
-                    run.error = Some(format!("previous run {} is still going (overlap: forbid)", active[0]));
-                }
-                TickPolicy::Replace => outcome.replaced = active,
-                TickPolicy::Allow | TickPolicy::Queue => {}
-            }
-        }
-        outcome.status = run.status;
-        insert_run(&mut tx, &id, &run, now).await?;
-        sqlx::query("INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2) ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)")
-            .bind(&run.job)
-            .bind(ms(tick))
-            .execute(&mut *tx)
-            .await
-            .ctx("saving the last tick")?;
-        tx.commit().await.ctx("committing a tick")?;
-        Ok(Some(outcome))
+        tx.commit().await.ctx("committing ticks")?;
+        Ok(out)
     }
 
     /// Inserts a run (manual trigger, retry). With an idempotency key that was used before for
@@ -343,28 +301,28 @@ impl Store {
         Ok(n > 0)
     }
 
-    pub(crate) async fn mark_dispatched(&self, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1")
-            .bind(id)
-            .bind(ms(now))
-            .execute(&self.pool)
-            .await
-            .ctx("marking a run dispatched")?;
-        Ok(())
+    /// Hands a queued run to the queue (retries and runs held by `overlap: queue`).
+    pub(crate) async fn dispatch(&self, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.ctx("starting a dispatch")?;
+        enqueue(&mut tx, id, now).await?;
+        tx.commit().await.ctx("committing a dispatch")
     }
 
     /// Takes a queued run for execution. False when it is no longer queued (cancelled, or
     /// already taken): the guard that makes a run execute at most once.
-    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let n = sqlx::query("UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued'")
-            .bind(id)
-            .bind(worker)
-            .bind(ms(now))
-            .execute(&self.pool)
-            .await
-            .ctx("claiming a run")?
-            .rows_affected();
-        Ok(n == 1)
+    /// Takes a queued run for this worker; `None` when it was cancelled or taken already.
+    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<Option<Run>, StoreError> {
+        let row = sqlx::query(concat!(
+            "UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued' RETURNING ",
+            run_cols!()
+        ))
+        .bind(id)
+        .bind(worker)
+        .bind(ms(now))
+        .fetch_optional(&self.pool)
+        .await
+        .ctx("claiming a run")?;
+        Ok(row.as_ref().map(run_from_row))
     }
 
     /// Records the end of a running run. False when it was not running any more.
@@ -515,16 +473,6 @@ impl Store {
             .ctx("pruning runs by age")?
             .rows_affected();
         }
-        sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
-            .execute(&self.pool)
-            .await
-            .ctx("pruning steps")?;
-        // apalis keeps finished rows forever; our runs table is the history.
-        sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')")
-            .bind(crate::executor::QUEUE)
-            .execute(&self.pool)
-            .await
-            .ctx("pruning the queue")?;
         // Tick records only guard against firing twice near now.
         sqlx::query("DELETE FROM ll_ticks WHERE job = ?1 AND scheduled_at < ?2")
             .bind(job)
@@ -533,6 +481,21 @@ impl Store {
             .await
             .ctx("pruning ticks")?;
         Ok(deleted)
+    }
+
+    /// What pruning of single jobs leaves behind: steps of deleted runs, and finished queue
+    /// tasks (apalis keeps them forever; the runs table is the history).
+    pub(crate) async fn prune_shared(&self) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
+            .execute(&self.pool)
+            .await
+            .ctx("pruning steps")?;
+        sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')")
+            .bind(crate::executor::QUEUE)
+            .execute(&self.pool)
+            .await
+            .ctx("pruning the queue")?;
+        Ok(())
     }
 }
 
@@ -545,6 +508,94 @@ pub(crate) enum TickPolicy {
     Queue,
 }
 
+async fn fire_one(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: NewRun,
+    active_policy: TickPolicy,
+    now: DateTime<Utc>,
+) -> Result<Option<TickOutcome>, StoreError> {
+    let tick = run.scheduled_at.unwrap_or(run.due_at);
+    let id = new_id();
+    let inserted = sqlx::query("INSERT INTO ll_ticks (job, scheduled_at, run_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
+        .bind(&run.job)
+        .bind(ms(tick))
+        .bind(&id)
+        .execute(&mut **tx)
+        .await
+        .ctx("recording a tick")?
+        .rows_affected();
+    if inserted == 0 {
+        return Ok(None);
+    }
+    let paused: Option<i64> = sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
+        .bind(&run.job)
+        .fetch_optional(&mut **tx)
+        .await
+        .ctx("reading pause state")?;
+    let active: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at",
+    )
+    .bind(&run.job)
+    .fetch_all(&mut **tx)
+    .await
+    .ctx("reading active runs")?;
+    let mut run = run;
+    let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), dispatched: false };
+    let mut hold = false;
+    if paused == Some(1) {
+        run.status = RunStatus::Skipped;
+        run.error = Some("job is paused".into());
+    } else if !active.is_empty() {
+        match active_policy {
+            TickPolicy::Forbid => {
+                run.status = RunStatus::Skipped;
+                run.error = Some(format!("previous run {} is still going (overlap: forbid)", active[0]));
+            }
+            TickPolicy::Replace => outcome.replaced = active,
+            TickPolicy::Allow => {}
+            // Waits in the table; the dispatcher hands it over when the earlier run is done.
+            TickPolicy::Queue => hold = true,
+        }
+    }
+    outcome.status = run.status;
+    insert_run(tx, &id, &run, now).await?;
+    sqlx::query("INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2) ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)")
+        .bind(&run.job)
+        .bind(ms(tick))
+        .execute(&mut **tx)
+        .await
+        .ctx("saving the last tick")?;
+    if run.status == RunStatus::Queued && !hold && run.due_at <= now {
+        enqueue(tx, &id, now).await?;
+        outcome.dispatched = true;
+    }
+    Ok(Some(outcome))
+}
+
+/// Hands a run to the apalis queue inside the caller's transaction and marks it dispatched.
+/// A new task id per hand-over: after a crash the old task may still sit locked by the dead
+/// worker; the claim in the executor runs the run once.
+pub(crate) async fn enqueue(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+    use apalis::prelude::{TaskBuilder, TaskId};
+    let args = serde_json::to_vec(&crate::executor::RunTask { run_id: id.to_string() })
+        .map_err(|e| StoreError { context: "encoding a queue task".into(), source: sqlx::Error::Protocol(e.to_string()) })?;
+    let task: apalis_sqlite::SqliteTask = TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build();
+    apalis_sqlite::queries::push_tasks(&mut **tx, crate::executor::QUEUE, &[task]).await.map_err(|e| StoreError {
+        context: "pushing to the queue".into(),
+        source: match e {
+            apalis_sqlite::Error::Database(e) => e,
+            other => sqlx::Error::Protocol(other.to_string()),
+        },
+    })?;
+    sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1")
+        .bind(id)
+        .bind(ms(now))
+        .execute(&mut **tx)
+        .await
+        .ctx("marking a run dispatched")?;
+    Ok(())
+}
+
 /// The result of a recorded tick.
 #[derive(Debug, Clone)]
 pub(crate) struct TickOutcome {
@@ -552,6 +603,8 @@ pub(crate) struct TickOutcome {
     pub(crate) status: RunStatus,
     /// Runs to cancel because the job's overlap policy is `replace`.
     pub(crate) replaced: Vec<String>,
+    /// The run went to the queue in the same transaction.
+    pub(crate) dispatched: bool,
 }
 
 async fn insert_run(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, r: &NewRun, now: DateTime<Utc>) -> Result<(), StoreError> {

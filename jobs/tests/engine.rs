@@ -1,0 +1,250 @@
+//! The engine on a manual clock and a real SQLite file: catch-up after downtime, overlap,
+//! pause across restarts, retention, jitter. Time moves only when a test moves it; the tests
+//! wait (bounded) for the engine to act on each move, they never sleep to let time pass.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use lamplighter_config::{Config, LoadOptions};
+use lamplighter_jobs::{Engine, EngineOptions, ManualClock, Run, RunFilter, RunStatus, Trigger};
+use lamplighter_plugins::Registry;
+
+/// 2026-03-02 10:00:00 UTC, a Monday.
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 2, 10, 0, 0).single().expect("valid instant")
+}
+
+fn minutes(m: i64) -> chrono::Duration {
+    chrono::Duration::minutes(m)
+}
+
+/// One job `j` with the given extra YAML lines, in its own data directory.
+fn config(dir: &Path, job_yaml: &str) -> Config {
+    let body: String = job_yaml.lines().map(|l| format!("      {l}\n")).collect();
+    let text = format!("framework:\n  data_dir: {}\nscheduling:\n  jobs:\n    j:\n{body}", dir.join("data").display());
+    let path = dir.join("lamplighter.yaml");
+    std::fs::write(&path, text).expect("write config");
+    match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) }) {
+        Ok(l) => l.config,
+        Err(e) => panic!("test config invalid: {e}"),
+    }
+}
+
+async fn start(config: &Config, clock: &Arc<ManualClock>) -> Engine {
+    let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
+    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), registry: Arc::new(Registry::builtin()) };
+    let engine = Engine::start(config, opts).await.expect("engine starts");
+    // Time may only move once the scheduler has planned from the start instant.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !engine.ready().await {
+        assert!(tokio::time::Instant::now() < deadline, "engine not ready in 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine
+}
+
+async fn runs(engine: &Engine) -> Vec<Run> {
+    let mut runs = engine.list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
+    runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
+    runs
+}
+
+/// Waits (up to 10 s of real time) until `pred` holds for the job's runs.
+async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = runs(engine).await;
+        if pred(&r) {
+            return r;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; runs: {r:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn finished(runs: &[Run]) -> bool {
+    runs.iter().all(|r| r.status.is_final())
+}
+
+const QUICK: &str = "type: plugin\nplugin: file-save\naction: save\nparameters: { path: out.txt, content: x }";
+const SLOW: &str = "type: plugin\nplugin: shell-exec\naction: run\nparameters: { command: \"sleep 30\", timeout_seconds: 60 }";
+
+/// Runs the job once at t0+1m, stops, and restarts at t0+10m30s: the ticks of minutes 2..9
+/// are more than a minute late (missed), minute 10 is 30 s late (on time).
+async fn downtime(job_yaml: &str) -> Vec<Run> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), job_yaml);
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    clock.set(t0() + minutes(1));
+    until(&engine, "the first tick", |r| r.len() == 1 && finished(r)).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(engine);
+
+    clock.set(t0() + minutes(10) + chrono::Duration::seconds(30));
+    let engine = start(&cfg, &clock).await;
+    // The on-time tick of minute 10 fires in every policy; catch-up runs are queued before it.
+    let r = until(&engine, "the tick of minute 10", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(10))) && finished(r)).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    r
+}
+
+fn ticks(runs: &[Run], trigger: Trigger) -> Vec<i64> {
+    runs.iter().filter(|r| r.trigger == trigger).map(|r| (r.scheduled_at.expect("tick") - t0()).num_minutes()).collect()
+}
+
+#[tokio::test]
+async fn catch_up_skip_fires_nothing_missed() {
+    let r = downtime(&format!("cron: \"* * * * *\"\ncatch_up: skip\n{QUICK}")).await;
+    assert_eq!(ticks(&r, Trigger::Cron), [1, 10]);
+    assert_eq!(ticks(&r, Trigger::CatchUp), Vec::<i64>::new());
+}
+
+#[tokio::test]
+async fn catch_up_latest_fires_the_last_missed_tick_once() {
+    let r = downtime(&format!("cron: \"* * * * *\"\ncatch_up: latest\n{QUICK}")).await;
+    assert_eq!(ticks(&r, Trigger::CatchUp), [9]);
+    assert_eq!(ticks(&r, Trigger::Cron), [1, 10]);
+}
+
+#[tokio::test]
+async fn catch_up_all_fires_every_missed_tick_in_order() {
+    let r = downtime(&format!("cron: \"* * * * *\"\ncatch_up: all\n{QUICK}")).await;
+    assert_eq!(ticks(&r, Trigger::CatchUp), [2, 3, 4, 5, 6, 7, 8, 9]);
+    // Under the default `overlap: forbid` they queue behind each other instead of skipping.
+    assert!(r.iter().all(|r| r.status == RunStatus::Succeeded), "{r:#?}");
+    let starts: Vec<_> = r.iter().map(|r| r.started_at.expect("started")).collect();
+    assert!(starts.windows(2).all(|w| w[0] <= w[1]), "caught-up runs start in tick order");
+}
+
+#[tokio::test]
+async fn catch_up_window_bounds_how_far_back() {
+    // now = 10:10:30, window 5m → ticks at or after 10:05:30 are caught up: 6, 7, 8, 9.
+    let r = downtime(&format!("cron: \"* * * * *\"\ncatch_up: all\ncatch_up_window: 5m\n{QUICK}")).await;
+    assert_eq!(ticks(&r, Trigger::CatchUp), [6, 7, 8, 9]);
+}
+
+/// Starts the slow job at minute 1 and lets minute 2 tick while it runs.
+async fn overlap(policy: &str) -> (Engine, Arc<ManualClock>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\noverlap: {policy}\n{SLOW}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    clock.set(t0() + minutes(1));
+    until(&engine, "the first run to start", |r| r.len() == 1 && r[0].status == RunStatus::Running).await;
+    clock.set(t0() + minutes(2));
+    (engine, clock, dir)
+}
+
+#[tokio::test]
+async fn overlap_forbid_skips_the_tick_and_says_why() {
+    let (engine, _clock, _dir) = overlap("forbid").await;
+    let r = until(&engine, "the second tick", |r| r.len() == 2).await;
+    assert_eq!(r[0].status, RunStatus::Running);
+    assert_eq!(r[1].status, RunStatus::Skipped);
+    let why = r[1].error.as_deref().unwrap_or_default();
+    assert!(why.contains(&r[0].id) && why.contains("overlap: forbid"), "{why}");
+    engine.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn overlap_allow_runs_both() {
+    let (engine, _clock, _dir) = overlap("allow").await;
+    until(&engine, "two runs at once", |r| r.len() == 2 && r.iter().all(|r| r.status == RunStatus::Running)).await;
+    engine.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn overlap_replace_cancels_the_old_run() {
+    let (engine, _clock, _dir) = overlap("replace").await;
+    let r = until(&engine, "the old run cancelled, the new one running", |r| {
+        r.len() == 2 && r[0].status == RunStatus::Cancelled && r[1].status == RunStatus::Running
+    })
+    .await;
+    let why = r[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains(&r[1].id) && why.contains("overlap: replace"), "{why}");
+    engine.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn overlap_queue_holds_the_tick_until_the_run_ends() {
+    let (engine, _clock, _dir) = overlap("queue").await;
+    let r = until(&engine, "the second run queued", |r| r.len() == 2).await;
+    assert_eq!((r[0].status, r[1].status), (RunStatus::Running, RunStatus::Queued));
+    // Held, not merely slow: it stays queued while the first one runs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(runs(&engine).await[1].status, RunStatus::Queued);
+    engine.cancel_run(&r[0].id).await.expect("cancel");
+    until(&engine, "the held run to start", |r| r[0].status == RunStatus::Cancelled && r[1].status == RunStatus::Running).await;
+    engine.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn pause_survives_a_restart_and_paused_ticks_do_not_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    engine.pause_job("j", Some("maintenance")).await.expect("pause");
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(engine);
+
+    let engine = start(&cfg, &clock).await;
+    let job = engine.get_job("j", 3).await.expect("get");
+    assert!(job.summary.paused);
+    assert_eq!(job.summary.pause_reason.as_deref(), Some("maintenance"));
+    assert_eq!(job.summary.next_fire, None);
+    clock.set(t0() + minutes(3));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(runs(&engine).await.is_empty(), "a paused job must not run");
+
+    engine.resume_job("j").await.expect("resume");
+    clock.set(t0() + minutes(4));
+    let r = until(&engine, "a run after resume", |r| !r.is_empty() && finished(r)).await;
+    // Resuming does not replay the paused minutes.
+    assert_eq!(ticks(&r, Trigger::Cron), [4]);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\nretention: {{ max_runs: 3 }}\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    for m in 1..=6 {
+        clock.set(t0() + minutes(m));
+        until(&engine, "the tick", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(m))) && finished(r)).await;
+    }
+    // The housekeeper prunes a few seconds after runs finish.
+    let r = until(&engine, "pruning to 3 runs", |r| r.len() == 3).await;
+    assert_eq!(ticks(&r, Trigger::Cron), [4, 5, 6]);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn jitter_delays_each_tick_by_a_stable_amount_within_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\njitter: 30s\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    let tick = t0() + minutes(1);
+    let delay = lamplighter_jobs::jitter_for("j", tick, Duration::from_secs(30));
+    assert!(delay < Duration::from_secs(30));
+    assert_eq!(delay, lamplighter_jobs::jitter_for("j", tick, Duration::from_secs(30)), "stable per tick");
+    let due = tick + chrono::Duration::from_std(delay).expect("small");
+    if delay > Duration::ZERO {
+        clock.set(due - chrono::Duration::milliseconds(1));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(runs(&engine).await.is_empty(), "must not fire before tick + jitter");
+    }
+    clock.set(due);
+    let r = until(&engine, "the jittered run", |r| r.len() == 1 && finished(r)).await;
+    assert_eq!(r[0].scheduled_at, Some(tick));
+    assert_eq!(r[0].due_at, due);
+    engine.shutdown(Duration::from_secs(5)).await;
+}

@@ -1,0 +1,209 @@
+//! Scheduler benchmark (issue 2): start-to-ready time, schedule lateness under load, idle RSS
+//! and idle wake-ups of the real `lamplighter` binary.
+//!
+//! ```text
+//! cargo build --release -p lamplighter-worker
+//! cargo bench -p lamplighter-tests --bench scheduler -- [--jobs 1000,10000] [--seconds 60] [--idle-seconds 40] [--concurrency 32]
+//! ```
+//!
+//! Load shape: `N` jobs, spread so that about 17 runs start every second whatever `N` is
+//! (job `i` fires at second `i mod 60` of every `N/1000`-th minute), each running
+//! `file-save.save`. Lateness is `started_at − due_at` as the worker records it: from the
+//! scheduled instant to the moment an executor has claimed the run. About 17 runs fall due in
+//! the same instant, so with fewer executor slots than that the later ones wait for a slot:
+//! `--concurrency` (default 32) separates scheduler lateness from lack of capacity. Idle: the same `N` jobs
+//! moved to a yearly schedule, so nothing is due; wake-ups are the context switches of all the
+//! worker's threads over the idle window (`/proc/PID/task/*/status`).
+#![allow(clippy::disallowed_methods)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let job_counts: Vec<usize> =
+        arg("--jobs").unwrap_or_else(|| "1000,10000".into()).split(',').map(|s| s.trim().parse().expect("--jobs N[,N]")).collect();
+    let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
+    let idle_seconds: u64 = arg("--idle-seconds").map(|s| s.parse().expect("--idle-seconds N")).unwrap_or(40);
+    let concurrency: usize = arg("--concurrency").map(|s| s.parse().expect("--concurrency N")).unwrap_or(32);
+    let bin = bin();
+    println!("binary: {}", bin.display());
+    for n in job_counts {
+        loaded(&bin, n, seconds, concurrency);
+        idle(&bin, n, idle_seconds);
+    }
+}
+
+fn bin() -> PathBuf {
+    if let Ok(b) = std::env::var("LAMPLIGHTER_BIN") {
+        return b.into();
+    }
+    let mut p = std::env::current_exe().expect("current exe");
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    let b = p.join("lamplighter");
+    assert!(b.exists(), "{} not built: run `cargo build --release -p lamplighter-worker` first", b.display());
+    b
+}
+
+struct Worker {
+    dir: tempfile::TempDir,
+    child: Child,
+    port: u16,
+}
+
+impl Worker {
+    fn start(bin: &Path, jobs: &str, concurrency: usize) -> (Worker, Duration) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let config = format!(
+            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\nscheduling:\n  jobs:\n{jobs}",
+            data = dir.path().join("data").display()
+        );
+        std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
+        let log = std::fs::File::create(dir.path().join("worker.log")).expect("log");
+        let started = Instant::now();
+        let child = Command::new(bin)
+            .args(["run", "--config"])
+            .arg(dir.path().join("lamplighter.yaml"))
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn lamplighter");
+        let mut w = Worker { dir, child, port };
+        let ready = w.wait_ready(started);
+        (w, ready)
+    }
+
+    fn wait_ready(&mut self, started: Instant) -> Duration {
+        loop {
+            if ready(self.port) {
+                return started.elapsed();
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default();
+                panic!("worker exited with {s}:\n{log}");
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "not ready in 120 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stop(mut self) -> tempfile::TempDir {
+        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+        let _ = self.child.wait();
+        self.dir
+    }
+}
+
+fn ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(s, "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+fn jobs_yaml(n: usize, schedule: impl Fn(usize) -> String) -> String {
+    let mut s = String::with_capacity(n * 160);
+    for i in 0..n {
+        s.push_str(&format!(
+            "    job-{i:05}:\n      cron: \"{}\"\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {{ path: \"out/{i}.txt\", content: \"x\" }}\n",
+            schedule(i)
+        ));
+    }
+    s
+}
+
+fn loaded(bin: &Path, n: usize, seconds: u64, concurrency: usize) {
+    // Every `period` minutes at second i mod 60, offset so the load is even: ~1000 jobs/min.
+    let period = n.div_ceil(1000).max(1);
+    let yaml = jobs_yaml(n, |i| {
+        if period == 1 { format!("{} * * * * *", i % 60) } else { format!("{} {}/{} * * * *", i % 60, (i / 60) % period, period) }
+    });
+    let (w, ready_in) = Worker::start(bin, &yaml, concurrency);
+    println!("\n== {n} jobs, loaded, concurrency {concurrency} ({seconds} s, ~{:.0} runs/s) ==", 1000.0 / 60.0);
+    println!("start to ready: {} ms", ready_in.as_millis());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let rss = rss_kb(w.pid());
+    let dir = w.stop();
+    let mut late = lateness(&dir.path().join("data/lamplighter.db"));
+    late.sort_unstable();
+    if late.is_empty() {
+        println!("no runs recorded");
+        return;
+    }
+    let pct = |p: f64| late[((late.len() as f64 * p).ceil() as usize).clamp(1, late.len()) - 1];
+    println!("runs: {}", late.len());
+    println!("lateness ms: p50 {} p99 {} max {}", pct(0.50), pct(0.99), late[late.len() - 1]);
+    println!("RSS under load: {:.1} MB", rss as f64 / 1024.0);
+}
+
+fn idle(bin: &Path, n: usize, seconds: u64) {
+    let yaml = jobs_yaml(n, |i| format!("{} {} 1 1 *", i % 60, (i / 60) % 24));
+    let (w, ready_in) = Worker::start(bin, &yaml, 4);
+    println!("\n== {n} jobs, idle ({seconds} s window) ==");
+    println!("start to ready: {} ms", ready_in.as_millis());
+    // Let start-up work settle, then count.
+    std::thread::sleep(Duration::from_secs(2));
+    let before = switches(w.pid());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let after = switches(w.pid());
+    println!("idle RSS: {:.1} MB", rss_kb(w.pid()) as f64 / 1024.0);
+    println!(
+        "idle wake-ups: {} in {seconds} s ({:.2}/s)",
+        after.saturating_sub(before),
+        after.saturating_sub(before) as f64 / seconds as f64
+    );
+    let _ = w.stop();
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
+/// Voluntary plus involuntary context switches of every thread: each wake-up is one.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .map(|t| {
+            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            s.lines()
+                .filter(|l| l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:"))
+                .filter_map(|l| l.split(':').nth(1).and_then(|v| v.trim().parse::<u64>().ok()))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+fn lateness(db: &Path) -> Vec<i64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        use sqlx::Row;
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
+        sqlx::query("SELECT started_at - due_at AS late FROM ll_runs WHERE started_at IS NOT NULL AND trigger = 'cron'")
+            .fetch_all(&mut conn)
+            .await
+            .expect("query")
+            .iter()
+            .map(|r| r.get::<i64, _>("late"))
+            .collect()
+    })
+}
