@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 fn ctx(dir: &Path, allowed: &[&str]) -> ActionContext {
@@ -255,4 +257,541 @@ async fn tree_lists_with_sizes_depth_pattern_and_hidden() {
     assert!(out.as_str().is_some_and(|t| t.contains(".hidden (0 B)")), "{out}");
     let err = call("directory-list", "tree", json!({"directory": ".."}), &c).await.expect_err("outside");
     assert!(matches!(err, ActionError::PathNotAllowed { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn new_actions_name_the_parameter_that_is_missing_or_of_the_wrong_type() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let cases = [
+        ("file-edit", "search-replace", json!({"path": "a", "search": "x"}), "parameter \"replace\" is required"),
+        (
+            "file-edit",
+            "search-replace",
+            json!({"path": "a", "search": "x", "replace": "y", "occurrence": "2"}),
+            "parameter \"occurrence\" must be an integer, not a string",
+        ),
+        (
+            "file-edit",
+            "search-replace",
+            json!({"path": "a", "search": "x", "replace": "y", "occurrence": -1}),
+            "parameter \"occurrence\" must be between 0 and 4294967295, not -1",
+        ),
+        (
+            "file-edit",
+            "search-replace",
+            json!({"path": "a", "search": "", "replace": "y"}),
+            "parameter \"search\" is empty; give the exact text to find",
+        ),
+        ("file-edit", "insert", json!({"path": "a", "content": "x"}), "parameter \"line\" is required"),
+        ("file-edit", "insert", json!({"path": "a", "line": "3", "content": "x"}), "parameter \"line\" must be an integer, not a string"),
+        (
+            "file-edit",
+            "insert",
+            json!({"path": "a", "line": 0, "content": "x"}),
+            "parameter \"line\" must be between 1 and 4294967295, not 0",
+        ),
+        ("file-delete", "delete", json!({}), "parameter \"path\" is required"),
+        ("file-delete", "delete", json!({"path": ["a"]}), "parameter \"path\" must be a string, not an array"),
+        ("file-glob", "search", json!({"pattern": 5}), "parameter \"pattern\" must be a string, not an integer"),
+        ("file-glob", "search", json!({"search_term": true}), "parameter \"search_term\" must be a string, not a boolean"),
+        ("file-glob", "search", json!({"pattern": "[abc"}), "parameter \"pattern\" is not a valid glob: "),
+        ("project-detect", "analyze", json!({"directory": 1}), "parameter \"directory\" must be a string, not an integer"),
+        ("web-fetch", "fetch", json!({}), "parameter \"url\" is required"),
+        (
+            "web-fetch",
+            "fetch",
+            json!({"url": "http://x.example", "max_length": "10"}),
+            "parameter \"max_length\" must be an integer, not a string",
+        ),
+        (
+            "web-fetch",
+            "fetch",
+            json!({"url": "http://x.example", "max_length": 0}),
+            "parameter \"max_length\" must be between 1 and 5000000, not 0",
+        ),
+        ("web-fetch", "fetch", json!({"url": "ftp://x.example/y"}), "parameter \"url\" must be an http or https URL, not \"ftp:\""),
+        ("web-fetch", "fetch", json!({"url": "no scheme"}), "parameter \"url\" is not a valid URL"),
+    ];
+    for (plugin, action, params, expected) in cases {
+        let err = call(plugin, action, params, &c).await.expect_err(expected);
+        assert!(matches!(err, ActionError::InvalidParameter { .. }), "{plugin}.{action}: {err}");
+        assert!(err.to_string().starts_with(&format!("{plugin}.{action}: {expected}")), "{plugin}.{action}: {err}");
+        assert!(err.is_permanent());
+    }
+}
+
+#[tokio::test]
+async fn read_edges_offset_past_the_end_and_limit_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.txt"), "one\ntwo").expect("write");
+    let c = ctx(dir.path(), &[]);
+    let all = call("file-read", "read", json!({"path": "a.txt"}), &c).await.expect("read");
+    assert_eq!(all, json!("     1\tone\n     2\ttwo\n"), "a last line without a newline is still a line");
+    let past = call("file-read", "read", json!({"path": "a.txt", "offset": 10}), &c).await.expect("read");
+    assert_eq!(past, json!(""));
+    let err = call("file-read", "read", json!({"path": "a.txt", "limit": 0}), &c).await.expect_err("limit 0");
+    assert!(matches!(err, ActionError::InvalidParameter { ref parameter, .. } if parameter == "limit"), "{err}");
+    let err = call("file-read", "read", json!({"path": "."}), &c).await.expect_err("a directory");
+    assert!(err.to_string().contains("is a directory"), "{err}");
+}
+
+#[tokio::test]
+async fn tree_rejects_a_wrong_type_and_a_depth_out_of_range() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let err = call("directory-list", "tree", json!({"include_hidden": "yes"}), &c).await.expect_err("type");
+    assert_eq!(err.to_string(), "directory-list.tree: parameter \"include_hidden\" must be a boolean, not a string");
+    let err = call("directory-list", "tree", json!({"depth": 0}), &c).await.expect_err("range");
+    assert!(matches!(err, ActionError::InvalidParameter { ref parameter, .. } if parameter == "depth"), "{err}");
+}
+
+fn contents(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).expect("readable")
+}
+
+#[tokio::test]
+async fn search_replace_first_nth_and_all_occurrences() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let c = ctx(root, &[]);
+    let edit = |occurrence: Option<i64>| {
+        let mut params = json!({"path": "f.txt", "search": "a", "replace": "b"});
+        if let Some(n) = occurrence {
+            params["occurrence"] = json!(n);
+        }
+        params
+    };
+
+    std::fs::write(root.join("f.txt"), "a x a x a").expect("write");
+    let out = call("file-edit", "search-replace", edit(None), &c).await.expect("first");
+    assert_eq!(out, json!({"path": "f.txt", "replacements": 1}));
+    assert_eq!(contents(root, "f.txt"), "b x a x a", "the default is the first occurrence");
+
+    std::fs::write(root.join("f.txt"), "a x a x a").expect("write");
+    call("file-edit", "search-replace", edit(Some(2)), &c).await.expect("second");
+    assert_eq!(contents(root, "f.txt"), "a x b x a");
+
+    std::fs::write(root.join("f.txt"), "a x a x a").expect("write");
+    let out = call("file-edit", "search-replace", edit(Some(0)), &c).await.expect("all");
+    assert_eq!(out, json!({"path": "f.txt", "replacements": 3}));
+    assert_eq!(contents(root, "f.txt"), "b x b x b", "occurrence 0 replaces all");
+
+    std::fs::write(root.join("f.txt"), "a x a x a").expect("write");
+    let err = call("file-edit", "search-replace", edit(Some(4)), &c).await.expect_err("no 4th");
+    assert_eq!(
+        err.to_string(),
+        "file-edit.search-replace: parameter \"occurrence\" is 4, but \"a\" occurs only 3 times in \"f.txt\" (use 0 to replace every occurrence)"
+    );
+    let err = call("file-edit", "search-replace", json!({"path": "f.txt", "search": "zzz", "replace": "y"}), &c).await.expect_err("absent");
+    assert_eq!(err.to_string(), "file-edit.search-replace: parameter \"search\" does not occur in \"f.txt\" (searched for \"zzz\")");
+    assert!(err.is_permanent());
+    assert_eq!(contents(root, "f.txt"), "a x a x a", "a failed edit leaves the file alone");
+
+    // Multi-line text, and a replacement that contains the search text (no re-scanning).
+    std::fs::write(root.join("g.rs"), "fn a() {\n    old();\n}\nfn b() {\n    old();\n}\n").expect("write");
+    let out = call(
+        "file-edit",
+        "search-replace",
+        json!({"path": "g.rs", "search": "    old();\n", "replace": "    old();\n    new();\n", "occurrence": 0}),
+        &c,
+    )
+    .await
+    .expect("multi-line");
+    assert_eq!(out["replacements"], json!(2));
+    assert_eq!(contents(root, "g.rs"), "fn a() {\n    old();\n    new();\n}\nfn b() {\n    old();\n    new();\n}\n");
+    let err = call("file-edit", "search-replace", json!({"path": "g.rs", "search": "fn c", "replace": "", "occurrence": 2}), &c)
+        .await
+        .expect_err("absent");
+    assert!(matches!(err, ActionError::InvalidParameter { ref parameter, .. } if parameter == "search"), "{err}");
+
+    let err =
+        call("file-edit", "search-replace", json!({"path": "missing.txt", "search": "a", "replace": "b"}), &c).await.expect_err("missing");
+    assert!(matches!(err, ActionError::Failed { .. }) && err.to_string().contains("\"missing.txt\""), "{err}");
+    let err =
+        call("file-edit", "search-replace", json!({"path": "../f.txt", "search": "a", "replace": "b"}), &c).await.expect_err("outside");
+    assert!(matches!(err, ActionError::PathNotAllowed { ref path, .. } if path == "../f.txt"), "{err}");
+    std::fs::write(root.join("bin"), [0xff, 0xfe, b'a']).expect("write");
+    let err = call("file-edit", "search-replace", json!({"path": "bin", "search": "a", "replace": "b"}), &c).await.expect_err("binary");
+    assert!(err.to_string().contains("\"bin\" is not UTF-8 text"), "{err}");
+}
+
+#[tokio::test]
+async fn insert_before_a_line_appends_and_keeps_line_endings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let c = ctx(root, &[]);
+    let insert = |path: &str, line: i64, content: &str| json!({"path": path, "line": line, "content": content});
+
+    std::fs::write(root.join("f.txt"), "one\ntwo\n").expect("write");
+    let out = call("file-edit", "insert", insert("f.txt", 1, "zero"), &c).await.expect("at the top");
+    assert_eq!(out, json!({"path": "f.txt", "line": 1, "lines_inserted": 1}));
+    assert_eq!(contents(root, "f.txt"), "zero\none\ntwo\n");
+    call("file-edit", "insert", insert("f.txt", 4, "three"), &c).await.expect("one past the end appends");
+    assert_eq!(contents(root, "f.txt"), "zero\none\ntwo\nthree\n");
+    let out = call("file-edit", "insert", insert("f.txt", 3, "a\nb\n"), &c).await.expect("several lines");
+    assert_eq!(out["lines_inserted"], json!(2));
+    assert_eq!(contents(root, "f.txt"), "zero\none\na\nb\ntwo\nthree\n");
+    let err = call("file-edit", "insert", insert("f.txt", 9, "x"), &c).await.expect_err("past the end");
+    assert_eq!(err.to_string(), "file-edit.insert: parameter \"line\" is 9, but \"f.txt\" has 6 lines; use 1 to 7 (7 appends)");
+
+    std::fs::write(root.join("no-newline.txt"), "x").expect("write");
+    call("file-edit", "insert", insert("no-newline.txt", 2, "y"), &c).await.expect("append");
+    assert_eq!(contents(root, "no-newline.txt"), "x\ny\n");
+    std::fs::write(root.join("crlf.txt"), "a\r\nb\r\n").expect("write");
+    call("file-edit", "insert", insert("crlf.txt", 2, "c"), &c).await.expect("crlf");
+    assert_eq!(contents(root, "crlf.txt"), "a\r\nc\r\nb\r\n");
+    std::fs::write(root.join("empty.txt"), "").expect("write");
+    call("file-edit", "insert", insert("empty.txt", 1, "first"), &c).await.expect("empty file");
+    assert_eq!(contents(root, "empty.txt"), "first\n");
+    let err = call("file-edit", "insert", insert("empty.txt", 3, "x"), &c).await.expect_err("past the end");
+    assert!(err.to_string().contains("has 1 line; use 1 to 2"), "{err}");
+    let err = call("file-edit", "insert", insert("/etc/passwd", 1, "x"), &c).await.expect_err("outside");
+    assert!(matches!(err, ActionError::PathNotAllowed { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn delete_removes_files_and_links_but_not_directories_or_the_root() {
+    let outer = tempfile::tempdir().expect("tempdir");
+    let root = outer.path().join("root");
+    std::fs::create_dir_all(root.join("sub")).expect("mkdir");
+    std::fs::write(root.join("a.txt"), "a").expect("write");
+    std::fs::write(root.join("sub/b.txt"), "b").expect("write");
+    std::fs::write(outer.path().join("secret"), "s").expect("write");
+    std::os::unix::fs::symlink(root.join("sub/b.txt"), root.join("link.txt")).expect("symlink");
+    std::os::unix::fs::symlink(outer.path(), root.join("up")).expect("symlink");
+    let c = ctx(&root, &[]);
+
+    let out = call("file-delete", "delete", json!({"path": "a.txt"}), &c).await.expect("delete");
+    assert_eq!(out, json!({"path": "a.txt", "deleted": "file"}));
+    assert!(!root.join("a.txt").exists());
+
+    let out = call("file-delete", "delete", json!({"path": "link.txt"}), &c).await.expect("delete link");
+    assert_eq!(out["deleted"], json!("symlink"));
+    assert!(root.join("link.txt").symlink_metadata().is_err() && root.join("sub/b.txt").exists(), "the link goes, its target stays");
+
+    let err = call("file-delete", "delete", json!({"path": "sub"}), &c).await.expect_err("directory");
+    assert_eq!(err.to_string(), "file-delete.delete: parameter \"path\" \"sub\" is a directory; file-delete.delete deletes files only");
+    for path in [".", "./", "sub/..", root.to_str().expect("utf-8")] {
+        let err = call("file-delete", "delete", json!({"path": path}), &c).await.expect_err(path);
+        assert!(matches!(err, ActionError::PathNotAllowed { path: ref p, .. } if p == path), "{path}: {err}");
+        assert!(err.to_string().contains("is the working directory itself"), "{err}");
+    }
+    for path in ["../secret", "up/secret", "/etc/passwd", ""] {
+        let err = call("file-delete", "delete", json!({"path": path}), &c).await.expect_err(path);
+        assert!(matches!(err, ActionError::PathNotAllowed { path: ref p, .. } if p == path), "{path}: {err}");
+    }
+    assert!(outer.path().join("secret").exists() && root.join("sub/b.txt").exists());
+    let err = call("file-delete", "delete", json!({"path": "gone.txt"}), &c).await.expect_err("missing");
+    assert!(matches!(err, ActionError::Failed { .. }) && err.to_string().contains("cannot delete \"gone.txt\""), "{err}");
+}
+
+/// `README.md`, `docs/guide.md`, `docs/deep/x.md`, `notes.txt`, `src/{lib,main}.rs`,
+/// `.hidden/secret.md`, with a few TODOs.
+fn glob_fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    for (path, text) in [
+        ("README.md", "# Readme\n"),
+        ("docs/guide.md", "Guide\n"),
+        ("docs/deep/x.md", "deep\n"),
+        ("notes.txt", "TODO one\nnothing\n    todo: two\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
+        ("src/main.rs", "// TODO: fix\nfn main() {}\n"),
+        (".hidden/secret.md", "todo hidden\n"),
+    ] {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+    dir
+}
+
+#[tokio::test]
+async fn glob_lists_matching_files_relative_to_the_working_directory() {
+    let dir = glob_fixture();
+    let c = ctx(dir.path(), &[]);
+    let search = |params: Value| call("file-glob", "search", params, &c);
+    assert_eq!(search(Value::Null).await.expect("default"), json!("README.md\n"), "the default *.md is the top level only");
+    assert_eq!(search(json!({"pattern": "**/*.md"})).await.expect("recursive"), json!("README.md\ndocs/deep/x.md\ndocs/guide.md\n"));
+    assert_eq!(search(json!({"pattern": "**/*.{rs,txt}"})).await.expect("braces"), json!("notes.txt\nsrc/lib.rs\nsrc/main.rs\n"));
+    assert_eq!(search(json!({"pattern": "src/m?in.rs"})).await.expect("one level"), json!("src/main.rs\n"));
+    assert_eq!(search(json!({"directory": "docs", "pattern": "*.md"})).await.expect("in a directory"), json!("docs/guide.md\n"));
+    assert_eq!(
+        search(json!({"directory": "docs", "pattern": "**/*.md"})).await.expect("in a directory"),
+        json!("docs/deep/x.md\ndocs/guide.md\n")
+    );
+    assert_eq!(search(json!({"pattern": "*.zip"})).await.expect("none"), json!("No matches found"));
+    assert_eq!(search(json!({"pattern": "**/secret.md"})).await.expect("hidden skipped"), json!("No matches found"));
+    assert_eq!(search(json!({"pattern": ".hidden/*.md"})).await.expect("hidden named"), json!(".hidden/secret.md\n"));
+    let absolute = format!("{}/docs/*.md", dir.path().display());
+    assert_eq!(search(json!({"pattern": absolute})).await.expect("absolute inside"), json!("docs/guide.md\n"));
+}
+
+#[tokio::test]
+async fn glob_search_term_returns_matching_lines_case_insensitively() {
+    let dir = glob_fixture();
+    let c = ctx(dir.path(), &[]);
+    let out = call("file-glob", "search", json!({"pattern": "**/*", "search_term": "todo"}), &c).await.expect("search");
+    assert_eq!(out, json!("notes.txt:1: TODO one\nnotes.txt:3: todo: two\nsrc/main.rs:1: // TODO: fix\n"));
+    let out = call("file-glob", "search", json!({"pattern": "**/*.md", "search_term": "nowhere"}), &c).await.expect("search");
+    assert_eq!(out, json!("No matches found"));
+}
+
+#[tokio::test]
+async fn glob_refuses_patterns_that_leave_and_never_follows_links_out() {
+    let outer = tempfile::tempdir().expect("tempdir");
+    let root = outer.path().join("root");
+    let outside = outer.path().join("outside");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    std::fs::create_dir_all(&outside).expect("mkdir");
+    std::fs::write(root.join("in.md"), "in").expect("write");
+    std::fs::write(outside.join("secret.md"), "s").expect("write");
+    std::os::unix::fs::symlink(&outside, root.join("outdir")).expect("symlink");
+    std::os::unix::fs::symlink(outside.join("secret.md"), root.join("out.md")).expect("symlink");
+    std::os::unix::fs::symlink(root.join("in.md"), root.join("alias.md")).expect("symlink");
+    let c = ctx(&root, &[]);
+
+    let out = call("file-glob", "search", json!({"pattern": "**/*.md"}), &c).await.expect("search");
+    assert_eq!(out, json!("alias.md\nin.md\n(1 symlinked files leading outside the working directory were skipped)"));
+    let out = call("file-glob", "search", json!({"pattern": "outdir/*.md"}), &c).await.expect("search");
+    assert_eq!(out, json!("No matches found"), "a symlinked directory is not entered");
+    let outside_pattern = format!("{}/*.md", outside.display());
+    for pattern in ["../*.md", "../outside/*.md", "**/../../*", "{..,x}/*.md", "/etc/*", outside_pattern.as_str()] {
+        let err = call("file-glob", "search", json!({"pattern": pattern}), &c).await.expect_err(pattern);
+        assert!(matches!(err, ActionError::PathNotAllowed { ref path, .. } if path == pattern), "{pattern}: {err}");
+    }
+    for directory in ["..", "outdir", "/"] {
+        let err = call("file-glob", "search", json!({"directory": directory}), &c).await.expect_err(directory);
+        assert!(matches!(err, ActionError::PathNotAllowed { ref path, .. } if path == directory), "{directory}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn project_detect_reads_markers_and_dependencies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    for (path, text) in [
+        ("Cargo.toml", "[package]\nname = \"x\"\n\n[dependencies]\naxum = \"0.8\"\nserde = \"1\"\n"),
+        ("package.json", r#"{"dependencies": {"react": "19"}, "devDependencies": {"typescript": "5", "vite": "6"}}"#),
+        ("yarn.lock", ""),
+        ("Dockerfile", "FROM scratch\n"),
+        ("api/App.csproj", "<Project Sdk=\"Microsoft.NET.Sdk.Web\"></Project>\n"),
+        ("node_modules/dep/go.mod", "module x\n"),
+        (".git/HEAD", "ref: refs/heads/main\n"),
+    ] {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+    let out = call("project-detect", "analyze", Value::Null, &ctx(root, &[])).await.expect("analyze");
+    assert_eq!(
+        out,
+        json!({
+            "directory": ".",
+            "languages": ["Rust", "JavaScript", "TypeScript", "C#"],
+            "frameworks": ["Axum", "React", "ASP.NET Core"],
+            "build_tools": ["Cargo", "Docker", "Vite", "Yarn", ".NET"],
+            "markers": ["Cargo.toml", "Dockerfile", "package.json", "yarn.lock", "api/App.csproj"],
+        })
+    );
+}
+
+#[tokio::test]
+async fn project_detect_python_empty_and_bad_directories() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("py")).expect("mkdir");
+    std::fs::create_dir_all(root.join("empty")).expect("mkdir");
+    std::fs::write(root.join("py/pyproject.toml"), "[tool.poetry]\nname = \"x\"\n[tool.poetry.dependencies]\nfastapi = \"*\"\n")
+        .expect("write");
+    std::fs::write(root.join("py/package.json"), "{}").expect("write");
+    let c = ctx(root, &[]);
+    let out = call("project-detect", "analyze", json!({"directory": "py"}), &c).await.expect("analyze");
+    assert_eq!(out["languages"], json!(["JavaScript", "Python"]));
+    assert_eq!(out["frameworks"], json!(["FastAPI"]));
+    assert_eq!(out["build_tools"], json!(["Poetry", "npm"]), "package.json without a lock file means npm");
+    let out = call("project-detect", "analyze", json!({"directory": "empty"}), &c).await.expect("analyze");
+    assert_eq!(out, json!({"directory": "empty", "languages": [], "frameworks": [], "build_tools": [], "markers": []}));
+    let err = call("project-detect", "analyze", json!({"directory": ".."}), &c).await.expect_err("outside");
+    assert!(matches!(err, ActionError::PathNotAllowed { .. }), "{err}");
+    let err = call("project-detect", "analyze", json!({"directory": "missing"}), &c).await.expect_err("missing");
+    assert_eq!(err.to_string(), "project-detect.analyze failed: \"missing\" is not a directory");
+}
+
+#[tokio::test]
+async fn shell_allowed_commands_really_run_and_quoted_separators_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("marker.txt"), "marked\n").expect("write");
+    let c = ctx(dir.path(), &["echo", "tr", "cat", "printf hello*"]);
+    let out = call("shell-exec", "run", json!({"command": "echo hello | tr a-z A-Z"}), &c).await.expect("pipe");
+    assert_eq!(out["stdout"], json!("HELLO\n"));
+    let out = call("shell-exec", "run", json!({"command": "cat marker.txt && echo done"}), &c).await.expect("and");
+    assert_eq!(out["stdout"], json!("marked\ndone\n"));
+    let out = call("shell-exec", "run", json!({"command": "printf hello-world"}), &c).await.expect("multi-word prefix");
+    assert_eq!(out["stdout"], json!("hello-world"));
+    for (command, refused) in [("printf bye", "printf bye"), ("echo \"a;b\"", "b\""), ("echo 'x|y'", "y'")] {
+        let err = call("shell-exec", "run", json!({"command": command}), &c).await.expect_err(command);
+        assert!(matches!(err, ActionError::CommandNotAllowed { command: ref cmd, .. } if cmd == refused), "{command:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn shell_injection_corpus_never_runs_the_payload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &["ls", "echo"]);
+    for command in [
+        "ls;touch pwned",
+        "ls || touch pwned",
+        "false & touch pwned",
+        "ls & touch pwned",
+        "ls |& touch pwned",
+        "echo $((1)); touch pwned",
+        "echo ${IFS}$(touch pwned)",
+        "echo `touch pwned`",
+        "ls\rtouch pwned",
+        "ls${IFS};touch${IFS}pwned",
+        "echo ok > x; touch pwned",
+        "echo \"x;touch pwned\"",
+        "ls 2>&1&touch pwned",
+        "cat <(touch pwned)",
+        "/usr/bin/touch pwned",
+        "env touch pwned",
+        "sh -c 'touch pwned'",
+    ] {
+        let err = call("shell-exec", "run", json!({"command": command}), &c).await.expect_err(command);
+        assert!(matches!(err, ActionError::CommandNotAllowed { .. }), "{command:?}: {err}");
+    }
+    assert!(!dir.path().join("pwned").exists() && !dir.path().join("x").exists());
+}
+
+/// An HTTP/1.1 server on 127.0.0.1 that answers each request with `respond(path)`, as raw bytes.
+async fn http_server(respond: fn(&str) -> Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("/");
+                let _ = stream.write_all(&respond(path)).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn http_response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
+    format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+        .into_bytes()
+}
+
+const PAGE: &str = "<html><head><title>Greeting</title><script>alert('x')</script></head>\
+                    <body><h1>Hello</h1><p>world &amp; friends</p></body></html>";
+
+fn site(path: &str) -> Vec<u8> {
+    match path {
+        "/page" => http_response("200 OK", "text/html; charset=utf-8", PAGE),
+        "/plain" => http_response("200 OK", "text/plain", "Hello, plain world"),
+        "/old" => b"HTTP/1.1 302 Found\r\nlocation: /page\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
+        "/image" => http_response("200 OK", "image/png", "PNG"),
+        _ => http_response("404 Not Found", "text/plain", "nope"),
+    }
+}
+
+#[tokio::test]
+async fn web_fetch_returns_text_follows_redirects_and_cuts_at_max_length() {
+    let base = http_server(site).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let page = call("web-fetch", "fetch", json!({"url": format!("{base}/page")}), &c).await.expect("page");
+    assert_eq!(
+        page,
+        json!({
+            "url": format!("{base}/page"),
+            "status": 200,
+            "content_type": "text/html; charset=utf-8",
+            "content": "Greeting\nHello\nworld & friends",
+            "truncated": false,
+        })
+    );
+    let moved = call("web-fetch", "fetch", json!({"url": format!("{base}/old")}), &c).await.expect("redirect");
+    assert_eq!(moved["url"], json!(format!("{base}/page")));
+    assert_eq!(moved["content"], page["content"]);
+    let cut = call("web-fetch", "fetch", json!({"url": format!("{base}/plain"), "max_length": 5}), &c).await.expect("plain");
+    assert_eq!((&cut["content"], &cut["truncated"]), (&json!("Hello"), &json!(true)));
+}
+
+#[tokio::test]
+async fn web_fetch_errors_name_the_url_and_the_problem() {
+    let base = http_server(site).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let err = call("web-fetch", "fetch", json!({"url": format!("{base}/missing")}), &c).await.expect_err("404");
+    assert_eq!(err.to_string(), format!("web-fetch.fetch failed: \"{base}/missing\" answered HTTP 404 Not Found"));
+    let err = call("web-fetch", "fetch", json!({"url": format!("{base}/image")}), &c).await.expect_err("not text");
+    assert!(err.to_string().contains("is \"image/png\", not text"), "{err}");
+
+    // A port nobody listens on: connection refused.
+    let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let err = call("web-fetch", "fetch", json!({"url": format!("http://{addr}/")}), &c).await.expect_err("refused");
+    assert!(matches!(err, ActionError::Failed { .. }) && err.to_string().contains(&format!("cannot fetch \"http://{addr}/\"")), "{err}");
+}
+
+#[tokio::test]
+async fn web_fetch_stops_reading_an_endless_body_at_the_cap() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n";
+                if stream.write_all(head).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b'a'; 64 * 1024];
+                while stream.write_all(&chunk).await.is_ok() {}
+            });
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let out = call("web-fetch", "fetch", json!({"url": format!("http://{addr}/"), "max_length": 1000}), &ctx(dir.path(), &[]))
+        .await
+        .expect("capped, not endless");
+    assert_eq!(out["truncated"], json!(true));
+    assert_eq!(out["content"].as_str().map(str::len), Some(1000));
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn web_fetch_is_cancelled_while_a_server_never_answers() {
+    // Bound but never accepting: the connection completes in the kernel and nobody replies.
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let cancel = c.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cancel.cancel();
+    });
+    let started = Instant::now();
+    let err = call("web-fetch", "fetch", json!({"url": format!("http://{addr}/")}), &c).await.expect_err("cancelled");
+    assert_eq!(err, ActionError::Cancelled { action: "web-fetch.fetch".to_owned() });
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    drop(silent);
 }

@@ -1,5 +1,8 @@
-//! `file-read.read` and `file-save.save`: read a file with line numbers, write a file creating
-//! its parent directories; both confined to the working directory.
+//! `file-read.read`, `file-save.save` and `file-delete.delete`: read a file with line numbers,
+//! write a file creating its parent directories, delete one file; all confined to the working
+//! directory.
+
+use std::path::Path;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -65,4 +68,40 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
     }
     tokio::fs::write(&path, content).await.map_err(io_failed)?;
     Ok(json!({ "path": user_path, "bytes_written": content.len() }))
+}
+
+/// Deletes one file, or one symlink (never what it points to). Directories are refused, since the
+/// seed's action has no recursive flag, and so is the working directory itself.
+pub(crate) async fn delete(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
+    let user_path = params.required_str("path")?;
+    let action = params.action();
+    let root = confine::resolve(action, &ctx.working_directory, ".")?;
+    // The whole path must resolve inside, even when its last component is a symlink that is
+    // about to be removed: the same rule as every other action, and the conservative one.
+    let resolved = confine::resolve(action, &ctx.working_directory, user_path)?;
+    if resolved == root {
+        return Err(ActionError::PathNotAllowed {
+            action: action.to_owned(),
+            path: user_path.to_owned(),
+            problem: "is the working directory itself, which is never deleted".to_owned(),
+        });
+    }
+    let io_failed = |e: std::io::Error| params.failed(format!("cannot delete \"{user_path}\": {e}"));
+
+    // `resolved` has symlinks followed; to remove a link itself, find it through its parent.
+    let user = Path::new(user_path);
+    if let (Some(parent), Some(name)) = (user.parent(), user.file_name()) {
+        let parent = confine::resolve_dir(action, &ctx.working_directory, parent.to_str())?;
+        let candidate = parent.join(name);
+        if tokio::fs::symlink_metadata(&candidate).await.is_ok_and(|m| m.file_type().is_symlink()) {
+            tokio::fs::remove_file(&candidate).await.map_err(io_failed)?;
+            return Ok(json!({ "path": user_path, "deleted": "symlink" }));
+        }
+    }
+    let meta = tokio::fs::symlink_metadata(&resolved).await.map_err(io_failed)?;
+    if meta.is_dir() {
+        return Err(params.invalid("path", format!("\"{user_path}\" is a directory; file-delete.delete deletes files only")));
+    }
+    tokio::fs::remove_file(&resolved).await.map_err(io_failed)?;
+    Ok(json!({ "path": user_path, "deleted": "file" }))
 }

@@ -2,12 +2,16 @@
 //! dispatch from `plugin.action` to the code that runs it.
 
 mod confine;
+mod edit;
 mod files;
+mod find;
 mod git;
 mod params;
 mod process;
+mod project;
 mod shell;
 mod tree;
+mod web;
 
 use std::sync::LazyLock;
 
@@ -17,13 +21,19 @@ use crate::{ActionContext, ActionError, ActionInfo, PluginInfo};
 
 use params::Params;
 
-/// The seed's manifests, embedded so the daemon needs no plugin directory for built-ins.
+/// The seed's manifests, embedded so the daemon needs no plugin directory for built-ins. Listed
+/// in the order of the seed's "Built-in Plugin Parameters" tables.
 const MANIFESTS: &[(&str, &str)] = &[
     ("file-read", include_str!("manifests/file-read.json")),
     ("file-save", include_str!("manifests/file-save.json")),
+    ("file-edit", include_str!("manifests/file-edit.json")),
+    ("file-delete", include_str!("manifests/file-delete.json")),
+    ("file-glob", include_str!("manifests/file-glob.json")),
+    ("directory-list", include_str!("manifests/directory-list.json")),
     ("shell-exec", include_str!("manifests/shell-exec.json")),
     ("git-operations", include_str!("manifests/git-operations.json")),
-    ("directory-list", include_str!("manifests/directory-list.json")),
+    ("project-detect", include_str!("manifests/project-detect.json")),
+    ("web-fetch", include_str!("manifests/web-fetch.json")),
 ];
 
 /// Parsed once; a manifest that fails to parse becomes a plugin with `error` set, not a panic.
@@ -84,12 +94,18 @@ pub(crate) async fn invoke(plugin: &str, action: &str, params: Value, ctx: &Acti
     match (plugin, action) {
         ("file-read", "read") => files::read(&params, ctx).await,
         ("file-save", "save") => files::save(&params, ctx).await,
+        ("file-edit", "search-replace") => edit::search_replace(&params, ctx).await,
+        ("file-edit", "insert") => edit::insert(&params, ctx).await,
+        ("file-delete", "delete") => files::delete(&params, ctx).await,
+        ("file-glob", "search") => find::search(&params, ctx).await,
         ("shell-exec", "run") => shell::run(&params, ctx).await,
         ("git-operations", "status") => git::status(&params, ctx).await,
         ("git-operations", "diff") => git::diff(&params, ctx).await,
         ("git-operations", "log") => git::log(&params, ctx).await,
         ("git-operations", "commit") => git::commit(&params, ctx).await,
         ("directory-list", "tree") => tree::tree(&params, ctx).await,
+        ("project-detect", "analyze") => project::analyze(&params, ctx).await,
+        ("web-fetch", "fetch") => web::fetch(&params, ctx).await,
         _ => Err(ActionError::Failed { action: full, message: "is listed in a manifest but has no implementation".to_owned() }),
     }
 }
@@ -117,12 +133,18 @@ mod tests {
             [
                 "file-read.read",
                 "file-save.save",
+                "file-edit.search-replace",
+                "file-edit.insert",
+                "file-delete.delete",
+                "file-glob.search",
+                "directory-list.tree",
                 "shell-exec.run",
                 "git-operations.status",
                 "git-operations.diff",
                 "git-operations.log",
                 "git-operations.commit",
-                "directory-list.tree"
+                "project-detect.analyze",
+                "web-fetch.fetch"
             ]
         );
     }

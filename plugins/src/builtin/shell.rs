@@ -1,9 +1,30 @@
 //! `shell-exec.run`: runs a command line through `sh -c`, after checking it against the
-//! context's allowlist with the Linggen rules (no command substitution or newlines; every
-//! segment between `|`, `;`, `&`, `&&`, `||` must start with an allowed command).
+//! context's allowlist with the Linggen rules.
 //!
-//! The check splits on separator characters without understanding quotes, so it errs on the
-//! side of refusing: `echo "a;b"` is checked as `echo "a` and `b"`.
+//! The allowlist, when not empty:
+//! - refuses `$(`, backticks, `<(`, `>(`, newlines and carriage returns anywhere in the line,
+//!   since they run commands the segment check cannot see;
+//! - splits the line into segments on `|`, `;` and `&` (so `||`, `&&`, `|&` and a background
+//!   `&` too, but not the `&` of `2>&1` or `>&2`), and requires every non-empty segment to match
+//!   a pattern;
+//! - a pattern `prefix*` matches a segment that starts with `prefix` (blanks collapsed, ASCII
+//!   case ignored), so `dotnet build*` allows `dotnet build --configuration Release`; any other
+//!   pattern matches a segment whose first word is the pattern (`ls` allows `ls -la`, the Linggen
+//!   first-token rule) or that is exactly the pattern (`git status`). Words are split on space and
+//!   tab only, as `sh` splits them, so a no-break space cannot hide a second word.
+//!
+//! Deliberately conservative choices, documented rather than worked around:
+//! - The split ignores quoting, so `echo "a;b"` is checked as `echo "a` and `b"`, and refused
+//!   unless `b"` is allowed. Parsing quotes like `sh` does (escapes, nested quotes, `$'…'`) is
+//!   where allowlist bypasses come from; refusing a few harmless lines is the safer mistake.
+//! - Redirections (`>`, `>>`, `<`) are not checked: the seed's rules restrict which programs
+//!   start, not which files they touch, and `ls > notes.txt` is ordinary use. A command that may
+//!   write anywhere is contained by the operating system user the worker runs as, not by this
+//!   list. File plugins, not the shell, are what confine paths to the working directory.
+//! - A background `&` is a separator like `;`, so what follows it is checked too; anything left
+//!   running in the background is killed with the process group when the call ends.
+//!
+//! An empty allowlist allows any command, as in the seed.
 
 use std::time::Duration;
 
@@ -86,12 +107,13 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
         }
     }
     for segment in segments(command) {
-        let Some(first) = segment.split_whitespace().next() else {
+        let words = split_words(segment);
+        if words.is_empty() {
             continue;
-        };
-        if !allowed.iter().any(|pattern| matches_pattern(pattern, first)) {
+        }
+        if !allowed.iter().any(|pattern| matches_pattern(pattern, &words)) {
             let list = allowed.iter().map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(", ");
-            return Err(refuse(first, format!("it is not in the allowed commands ({list})")));
+            return Err(refuse(segment.trim(), format!("it matches none of the allowed commands ({list})")));
         }
     }
     Ok(())
@@ -115,13 +137,23 @@ fn segments(command: &str) -> Vec<&str> {
     out
 }
 
-/// `prefix*` matches by prefix, anything else exactly; both ignore ASCII case.
-fn matches_pattern(pattern: &str, command: &str) -> bool {
+/// The characters `sh` separates words with. Other whitespace (a no-break space, a vertical
+/// tab) is part of a word for `sh`, and so it is here.
+const BLANKS: [char; 2] = [' ', '\t'];
+
+fn split_words(text: &str) -> Vec<&str> {
+    text.split(BLANKS).filter(|w| !w.is_empty()).collect()
+}
+
+/// `prefix*` matches a segment starting with `prefix`; any other pattern matches a segment whose
+/// first word, or whole text, is the pattern. Blanks are collapsed on both sides and ASCII case
+/// is ignored.
+fn matches_pattern(pattern: &str, words: &[&str]) -> bool {
+    let pattern = split_words(pattern).join(" ");
+    let segment = words.join(" ");
     match pattern.strip_suffix('*') {
-        Some(prefix) => {
-            command.len() >= prefix.len() && command.is_char_boundary(prefix.len()) && command[..prefix.len()].eq_ignore_ascii_case(prefix)
-        }
-        None => pattern.eq_ignore_ascii_case(command),
+        Some(prefix) => segment.len() >= prefix.len() && segment.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes()),
+        None => pattern.eq_ignore_ascii_case(&segment) || words.first().is_some_and(|first| pattern.eq_ignore_ascii_case(first)),
     }
 }
 
@@ -148,37 +180,123 @@ mod tests {
             "ls && echo ok",
             "ls || echo no",
             "  ls  ",
+            "\tls\t-la",
             "ls 2>&1 | grep x",
             "echo err >&2",
+            "ls > listing.txt",
+            "ls &",
+            "ls;",
         ] {
             assert_eq!(check_allowed("s.r", ok, &allowed), Ok(()), "{ok:?}");
         }
         assert_eq!(check_allowed("s.r", "anything at all; rm -rf /", &[]), Ok(()));
     }
 
+    /// The seed's own patterns (`reference/gantri-config/agents/coding-*.yaml`) have spaces.
+    #[test]
+    fn multi_word_patterns_match_the_start_of_the_segment() {
+        let allowed = allow(&["dotnet build*", "npm run build*", "cargo test*", "git status", "mkdir*"]);
+        for ok in [
+            "dotnet build",
+            "dotnet build --configuration Release",
+            "DOTNET  Build -c Release",
+            "npm run build",
+            "cargo test -p lamplighter-plugins && git status",
+            "git status",
+            "GIT\tSTATUS",
+            "mkdir -p out/x",
+        ] {
+            assert_eq!(check_allowed("s.r", ok, &allowed), Ok(()), "{ok:?}");
+        }
+        for (command, offending) in [
+            ("dotnet publish", "dotnet publish"),
+            ("dotnet", "dotnet"),
+            ("npm run test", "npm run test"),
+            ("npm install", "npm install"),
+            ("git status --short", "git status --short"),
+            ("git push", "git push"),
+            ("cargo test; cargo publish", "cargo publish"),
+        ] {
+            match check_allowed("s.r", command, &allowed) {
+                Err(ActionError::CommandNotAllowed { command: c, .. }) => assert_eq!(c, offending, "{command:?}"),
+                other => panic!("{command:?} should be refused, got {other:?}"),
+            }
+        }
+    }
+
+    /// Regression: patterns with a space never matched, since only the first word was compared,
+    /// so `deploy/quickstart/lamplighter.yaml`'s own job was refused.
+    #[test]
+    fn quickstart_job_with_multi_word_prefixes_is_allowed() {
+        let allowed = allow(&["git log*", "git status*", "date*"]);
+        let command =
+            "date -u > data/repo-report.txt && git log --oneline -5 >> data/repo-report.txt && git status --short >> data/repo-report.txt";
+        assert_eq!(check_allowed("s.r", command, &allowed), Ok(()));
+    }
+
+    /// Each attempt is refused, and the error names the part that was refused: the whole line
+    /// for a forbidden construct, else the first segment that matches no pattern.
     #[test]
     fn allowlist_rejects_injection_attempts() {
-        let allowed = allow(&["ls", "echo", "git*"]);
+        let allowed = allow(&["ls", "echo", "git*", "cat"]);
         let cases = [
-            ("ls; rm -rf /", "rm"),
+            // separators, spaced and unspaced
+            ("ls; rm -rf /", "rm -rf /"),
+            ("ls;rm x", "rm x"),
+            ("ls && curl x", "curl x"),
+            ("ls&&curl x", "curl x"),
+            ("ls || curl x", "curl x"),
+            ("ls||curl x", "curl x"),
+            ("ls | sh", "sh"),
+            ("ls|sh", "sh"),
+            ("ls |& sh", "sh"),
+            ("ls & rm x", "rm x"),
+            ("ls 2>&1&rm x", "rm x"),
+            ("ls >&2; rm x", "rm x"),
+            ("ls ; ; rm x", "rm x"),
+            ("ls && echo ok || rm -rf ~", "rm -rf ~"),
+            ("echo ok | xargs rm", "xargs rm"),
+            ("ls | tee /etc/cron.d/x", "tee /etc/cron.d/x"),
+            ("git status; RM x", "RM x"),
+            // command and process substitution, anywhere
             ("ls $(whoami)", "ls $(whoami)"),
+            ("echo $(rm x)", "echo $(rm x)"),
+            ("echo ${IFS}$(id)", "echo ${IFS}$(id)"),
+            ("echo $((1+1))", "echo $((1+1))"),
             ("ls `id`", "ls `id`"),
+            ("echo `rm x`", "echo `rm x`"),
+            ("cat <(rm x)", "cat <(rm x)"),
+            ("ls >(rm x)", "ls >(rm x)"),
+            // line breaks
             ("ls\nrm x", "ls\nrm x"),
             ("ls\r\nrm x", "ls\r\nrm x"),
-            ("ls && curl x", "curl"),
-            ("ls || curl x", "curl"),
-            ("ls | sh", "sh"),
-            ("ls & rm x", "rm"),
-            ("echo $(rm x)", "echo $(rm x)"),
-            ("cat <(rm x)", "cat <(rm x)"),
-            ("rm -rf /", "rm"),
+            ("ls\rrm x", "ls\rrm x"),
+            ("ls <<EOF\nx\nEOF", "ls <<EOF\nx\nEOF"),
+            // a first word that is not the allowed command
+            ("rm -rf /", "rm -rf /"),
             ("/bin/ls", "/bin/ls"),
-            ("FOO=1 rm x", "FOO=1"),
-            ("(rm x)", "(rm"),
+            ("./ls", "./ls"),
+            ("\\ls", "\\ls"),
+            ("'ls'", "'ls'"),
+            ("\"ls\"", "\"ls\""),
+            ("FOO=1 rm x", "FOO=1 rm x"),
+            ("env rm x", "env rm x"),
+            ("sudo ls", "sudo ls"),
+            ("exec rm x", "exec rm x"),
+            ("eval ls", "eval ls"),
+            ("(rm x)", "(rm x)"),
+            ("{ rm x; }", "{ rm x"),
+            ("!rm x", "!rm x"),
+            ("rm${IFS}x", "rm${IFS}x"),
+            ("ls${IFS}&&${IFS}rm", "ls${IFS}"),
             ("lsblk", "lsblk"),
-            ("echo \"a;rm x\"", "rm"),
-            ("ls 2>&1&rm x", "rm"),
+            ("ls\u{a0}-la", "ls\u{a0}-la"),
+            ("ls\u{b}x", "ls\u{b}x"),
             ("ls &>out", ">out"),
+            // quoting is not understood: refused, on purpose
+            ("echo \"a;rm x\"", "rm x\""),
+            ("echo \"a;b\"", "b\""),
+            ("echo 'a|b'", "b'"),
         ];
         for (command, offending) in cases {
             match check_allowed("s.r", command, &allowed) {
@@ -193,7 +311,12 @@ mod tests {
     #[test]
     fn refusal_message_lists_the_allowlist() {
         let err = check_allowed("shell-exec.run", "rm x", &allow(&["ls", "git*"])).expect_err("refused");
-        assert_eq!(err.to_string(), "shell-exec.run: command \"rm\" is not allowed: it is not in the allowed commands (\"ls\", \"git*\")");
+        assert_eq!(
+            err.to_string(),
+            "shell-exec.run: command \"rm x\" is not allowed: it matches none of the allowed commands (\"ls\", \"git*\")"
+        );
+        let err = check_allowed("shell-exec.run", "ls $(id)", &allow(&["ls"])).expect_err("refused");
+        assert_eq!(err.to_string(), "shell-exec.run: command \"ls $(id)\" is not allowed: command substitution \"$(\" is not allowed");
     }
 
     #[test]
