@@ -122,6 +122,18 @@ pub struct WorkerStatus {
     pub storage: String,
 }
 
+/// A trigger's parameters override the job's key by key; keys it does not name keep the job's
+/// values (so `--param content=x` changes one parameter, not all of them).
+fn merge_parameters(job: Option<serde_json::Value>, over: Option<serde_json::Value>) -> Option<serde_json::Value> {
+    match (job, over) {
+        (Some(serde_json::Value::Object(mut base)), Some(serde_json::Value::Object(over))) => {
+            base.extend(over);
+            Some(serde_json::Value::Object(base))
+        }
+        (base, over) => over.or(base),
+    }
+}
+
 fn schedule_text(s: &Option<ScheduleSpec>) -> Option<String> {
     s.as_ref().map(|s| match s {
         ScheduleSpec::Cron(c) => format!("cron: {c}"),
@@ -256,7 +268,7 @@ impl Engine {
             due_at: now,
             attempt: 1,
             input: req.input.or(job.input),
-            parameters: req.parameters.or(job.parameters),
+            parameters: merge_parameters(job.parameters, req.parameters),
             error: None,
             idempotency_key: req.idempotency_key,
             retry_of: None,

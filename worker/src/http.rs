@@ -1,16 +1,53 @@
-//! The worker's HTTP listener: `GET /healthz` (alive) and `GET /readyz` (storage reachable,
-//! migrations applied, scheduler running). The MCP endpoint will be mounted at `/mcp` here.
+//! The worker's HTTP listener: `GET /healthz` (alive), `GET /readyz` (storage reachable,
+//! migrations applied, scheduler running), and the MCP endpoint at `/mcp` (streamable HTTP),
+//! which alone sits behind the guards of `security.rs`.
+
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use lamplighter_config::WorkerConfig;
 use lamplighter_jobs::Engine;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tower_http::limit::RequestBodyLimitLayer;
 
-pub(crate) fn router(engine: Engine) -> Router {
-    Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(readyz)).with_state(engine)
+use crate::mcp::Control;
+use crate::security::{self, Guard};
+
+/// The whole HTTP surface; `/mcp` is mounted when `mcp` is given.
+pub(crate) fn router(engine: Engine, mcp: Option<(Control, &WorkerConfig)>) -> Router {
+    let app = Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(readyz)).with_state(engine);
+    match mcp {
+        Some((control, worker)) => app.merge(mcp_routes(control, worker)),
+        None => app,
+    }
 }
 
 async fn readyz(State(engine): State<Engine>) -> (StatusCode, &'static str) {
     if engine.ready().await { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
+}
+
+/// `/mcp`, guarded: Host/Origin checks and auth (outermost), then the body limit, then rmcp.
+/// `route_layer` keeps the guards off every other path, including the 404 fallback.
+fn mcp_routes(control: Control, worker: &WorkerConfig) -> Router {
+    let guard = Arc::new(Guard::from_env(worker));
+    // rmcp's own checks get the same lists: a second line, never a different policy.
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(guard.rmcp_allowed_hosts())
+        .with_allowed_origins(guard.rmcp_allowed_origins())
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(security::MAX_BODY_BYTES)
+        // Ends sessions and their event streams when the worker stops, so the graceful HTTP
+        // shutdown does not wait on clients that keep a stream open.
+        .with_cancellation_token(control.stop_token().child_token());
+    // The factory runs per session (older clients) or per request (2026-07-28): a clone of
+    // `Control` is a few reference-count increments.
+    let service = StreamableHttpService::new(move || Ok(control.clone()), Arc::new(LocalSessionManager::default()), config);
+    Router::new()
+        .nest_service("/mcp", service)
+        .route_layer(RequestBodyLimitLayer::new(security::MAX_BODY_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(guard, security::check))
 }

@@ -1,11 +1,13 @@
 //! The composition root: command-line interface, logging, and the life of the process (load
-//! config → validate → open storage → start scheduler, queue worker and HTTP listener → reload
-//! on SIGHUP → drain on SIGTERM).
+//! config → validate → open storage → start scheduler, queue worker, HTTP listener and MCP →
+//! reload on SIGHUP or `reload_config` → drain on SIGTERM, or when the stdio MCP client leaves).
 
 mod commands;
 mod http;
 mod logging;
+mod mcp;
 mod run;
+mod security;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,7 +38,13 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the worker.
-    Run,
+    Run {
+        /// Also serve MCP over stdin/stdout, for chat clients that launch their server (as
+        /// `worker.mcp.transport: stdio` does). The worker stops, draining like SIGTERM, when
+        /// stdin closes.
+        #[arg(long)]
+        mcp_stdio: bool,
+    },
     /// Check or print the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -64,6 +72,6 @@ pub fn main(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
-        Command::Run => run::run(cli.config, cli.log_format),
+        Command::Run { mcp_stdio } => run::run(cli.config, cli.log_format, mcp_stdio),
     }
 }

@@ -1,22 +1,27 @@
 //! `lamplighter run`: start everything, then react to signals — SIGHUP reloads, SIGTERM and
-//! SIGINT drain for `worker.shutdown_grace` and stop; a second SIGINT exits at once.
+//! SIGINT drain for `worker.shutdown_grace` and stop; a second SIGINT exits at once. The
+//! `reload_config` tool reloads through the same path as SIGHUP, and with MCP over stdio the
+//! client closing stdin stops the worker like SIGTERM.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use futures::StreamExt;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::McpAuth;
+use lamplighter_config::{Config, McpAuth, McpTransport, WorkerConfig};
 use lamplighter_jobs::{Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
 use crate::commands::{load_checked, print_diags};
+use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
 
-pub(crate) fn run(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
+pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
     let loaded = match load_checked(path.clone()) {
         Ok(l) => l,
         Err(diags) => {
@@ -39,7 +44,11 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(serve(loaded.config, path))
+    let code = rt.block_on(serve(loaded.config, path, mcp_stdio));
+    // A blocking read of stdin (MCP over stdio from a terminal or a file) cannot be cancelled;
+    // do not let it hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
 }
 
 fn worker_name(configured: Option<&str>) -> String {
@@ -55,7 +64,7 @@ fn worker_name(configured: Option<&str>) -> String {
     format!("{host}-{}-{}", std::process::id(), &rand[..6])
 }
 
-async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> ExitCode {
+async fn serve(config: Config, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCode {
     let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     if !host.is_loopback() && config.worker.auth == McpAuth::None {
         eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
@@ -71,7 +80,8 @@ async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> Exi
     };
     let registry = Arc::new(Registry::builtin());
     let name = worker_name(config.worker.name.as_deref());
-    let engine = match Engine::start(&config, EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), registry }).await {
+    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), registry: registry.clone() };
+    let engine = match Engine::start(&config, options).await {
         Ok(e) => e,
         Err(e) => {
             tracing::error!("cannot start: {e}");
@@ -79,11 +89,38 @@ async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> Exi
         }
     };
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    tracing::info!(worker = %name, listen = %local, jobs = config.jobs.len(), "lamplighter ready");
+    let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
+    tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
+    let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config)));
+    let mut reloader = Reloader {
+        path,
+        engine: engine.clone(),
+        catalog: catalog.clone(),
+        listening: config.worker.clone(),
+        grace: config.worker.shutdown_grace,
+    };
+    // The engine holds its own copy of the jobs; the loaded tree (merged YAML, source map) is
+    // only needed to load, and a large config must not stay resident twice.
+    drop(config);
+
+    // Cancelled once running work has drained: HTTP and MCP stop serving.
     let http_stop = CancellationToken::new();
+    let (reload_requests, mut reloads) = mpsc::channel(4);
+    let control = Control::new(engine.clone(), registry, catalog, reload_requests, http_stop.clone());
+    let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)));
     let stop = http_stop.clone();
-    let app = crate::http::router(engine.clone());
     let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
+    // Cancelled when the stdio MCP session ends (the client closed stdin).
+    let stdio_done = CancellationToken::new();
+    let mut stdio_live = stdio;
+    if stdio {
+        let done = stdio_done.clone();
+        let stop = http_stop.clone();
+        tokio::spawn(async move {
+            crate::mcp::serve_stdio(control, stop).await;
+            done.cancel();
+        });
+    }
 
     let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
         Ok(s) => s,
@@ -92,28 +129,34 @@ async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> Exi
             return ExitCode::FAILURE;
         }
     };
-    let mut grace = config.worker.shutdown_grace;
-    while let Some(sig) = signals.next().await {
-        match sig {
-            SIGHUP => match load_checked(path.clone()) {
-                Ok(l) => {
-                    for w in &l.warnings {
-                        tracing::warn!("{w}");
-                    }
-                    grace = l.config.worker.shutdown_grace;
-                    engine.reload(&l.config);
-                    tracing::info!(jobs = l.config.jobs.len(), "config reloaded");
+    loop {
+        tokio::select! {
+            sig = signals.next() => match sig {
+                Some(SIGHUP) => {
+                    let _ = reloader.reload();
                 }
-                Err(diags) => {
-                    for d in &diags {
-                        tracing::error!("{d}");
-                    }
-                    tracing::error!("config reload rejected; the running config is kept");
-                }
+                _ => break,
             },
-            _ => break,
+            Some(reply) = reloads.recv() => {
+                // The caller may have gone; the reload stands either way.
+                let _ = reply.send(reloader.reload());
+            }
+            () = stdio_done.cancelled(), if stdio_live => {
+                // `--mcp-stdio` means a client launched this worker: it lives as long as that
+                // client. `worker.mcp.transport: stdio` from a config (the seed's default) also
+                // serves stdio, but a service with stdin on /dev/null must keep running.
+                if mcp_stdio {
+                    tracing::info!("MCP over stdio ended (stdin closed): shutting down");
+                    break;
+                }
+                tracing::info!("MCP over stdio ended (stdin closed); still serving MCP over HTTP");
+                stdio_live = false;
+            }
         }
     }
+    // Reload requests from now on (and any still queued) are answered "shutting down".
+    drop(reloads);
+    let grace = reloader.grace;
     tracing::info!(grace_s = grace.as_secs(), running = engine.running_count(), "shutting down: draining running work");
     // A second SIGINT or SIGTERM while draining exits at once.
     let drain = engine.shutdown(grace);
@@ -128,4 +171,47 @@ async fn serve(config: lamplighter_config::Config, path: Option<PathBuf>) -> Exi
     let _ = http.await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// The one reload path after start: SIGHUP and the `reload_config` tool both call
+/// [`Reloader::reload`]. A config that does not load is rejected whole; the running one stays.
+struct Reloader {
+    path: Option<PathBuf>,
+    engine: Engine,
+    catalog: Arc<RwLock<CatalogSnapshot>>,
+    /// `worker.mcp` as the listener was started with; changes there need a restart.
+    listening: WorkerConfig,
+    /// `worker.shutdown_grace` of the config in force.
+    grace: Duration,
+}
+
+impl Reloader {
+    /// Reloads the config: the summary, or every diagnostic (`file:line:col: error: …`).
+    fn reload(&mut self) -> Result<ReloadSummary, Vec<String>> {
+        match load_checked(self.path.clone()) {
+            Ok(loaded) => {
+                for w in &loaded.warnings {
+                    tracing::warn!("{w}");
+                }
+                let config = &loaded.config;
+                self.engine.reload(config);
+                *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = CatalogSnapshot::of(config);
+                self.grace = config.worker.shutdown_grace;
+                let w = &config.worker;
+                let l = &self.listening;
+                if (&w.host, w.port, &w.auth, w.transport) != (&l.host, l.port, &l.auth, l.transport) {
+                    tracing::warn!("worker.mcp changed (host, port, auth or transport); that takes effect at the next restart");
+                }
+                tracing::info!(jobs = config.jobs.len(), "config reloaded");
+                Ok(ReloadSummary { jobs: config.jobs.len(), warnings: loaded.warnings.iter().map(ToString::to_string).collect() })
+            }
+            Err(diags) => {
+                for d in &diags {
+                    tracing::error!("{d}");
+                }
+                tracing::error!("config reload rejected; the running config is kept");
+                Err(diags.iter().map(ToString::to_string).collect())
+            }
+        }
+    }
 }

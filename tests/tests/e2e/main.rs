@@ -8,3 +8,4 @@ mod support;
 
 mod config_cli;
 mod lifecycle;
+mod mcp;

@@ -5,6 +5,45 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub(crate) fn ctl_bin() -> PathBuf {
+    bin().with_file_name("lampctl")
+}
+
+/// Runs `lampctl --url URL [--token T] ARGS…` with a clean environment.
+pub(crate) fn ctl_at(url: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(ctl_bin());
+    cmd.arg("--url").arg(url).env_remove("LAMPLIGHTER_URL").env_remove("LAMPLIGHTER_TOKEN");
+    if let Some(t) = token {
+        cmd.arg("--token").arg(t);
+    }
+    let out = cmd.args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// A raw HTTP POST of a JSON-RPC body to `/mcp` with the given extra headers: (status, body).
+pub(crate) fn mcp_post(port: u16, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+}
+
 pub(crate) fn bin() -> PathBuf {
     // Integration tests of this package sit in target/<profile>/deps.
     let mut p = std::env::current_exe().unwrap();
@@ -44,14 +83,29 @@ impl Worker {
     }
 
     pub(crate) fn write_jobs(&self, jobs_yaml: &str) {
+        self.write_config(jobs_yaml, "");
+    }
+
+    /// `mcp_extra` goes under `worker.mcp` (e.g. `auth: { type: bearer, token: t }`).
+    pub(crate) fn write_config(&self, jobs_yaml: &str, mcp_extra: &str) {
         let indented: String = jobs_yaml.lines().map(|l| format!("    {l}\n")).collect();
+        let mcp: String = mcp_extra.lines().map(|l| format!("    {l}\n")).collect();
         let text = format!(
-            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\nscheduling:\n  jobs:\n{}",
+            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\n{mcp}scheduling:\n  jobs:\n{}",
             self.dir.path().join("data").display(),
             self.port,
             indented
         );
         std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Runs `lampctl` against this worker: (exit code, stdout, stderr).
+    pub(crate) fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        ctl_at(&self.url(), None, args)
     }
 
     pub(crate) fn start(&mut self) {

@@ -1,0 +1,367 @@
+//! The command line (SPEC §12): every command and flag, and the parsers for `--param`,
+//! `--input` and `--json`. A bad value is a usage error (exit 2) reported by clap before
+//! anything is sent to the worker.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{Map, Value};
+
+/// Where a worker serves MCP unless told otherwise.
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:5100/mcp";
+
+/// The run statuses a worker knows; `runs list --status` accepts exactly these.
+const RUN_STATUSES: [&str; 9] =
+    ["queued", "running", "waiting_approval", "succeeded", "failed", "cancelled", "timed_out", "skipped", "interrupted"];
+
+#[derive(Debug, Parser)]
+#[command(name = "lampctl", version, about = "Control a lamplighter worker over MCP", propagate_version = true)]
+pub(crate) struct Cli {
+    /// The worker's MCP endpoint
+    #[arg(long, global = true, env = "LAMPLIGHTER_URL", default_value = DEFAULT_URL, value_name = "URL")]
+    pub(crate) url: String,
+
+    /// Bearer token for the worker (without the "Bearer " prefix)
+    #[arg(long, global = true, env = "LAMPLIGHTER_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub(crate) token: Option<String>,
+
+    /// Output: tables for people, or the tool's structured content as JSON for scripts
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
+    pub(crate) output: Output,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Show the worker: version, uptime, jobs, queue depth, storage
+    Status,
+    /// List, inspect, pause, resume and trigger jobs
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// List, inspect and cancel runs
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Workflow steps that wait for a person
+    Approvals {
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+    },
+    /// The configured workflows
+    Workflows {
+        #[command(subcommand)]
+        command: ListCommand,
+    },
+    /// The configured agents
+    Agents {
+        #[command(subcommand)]
+        command: ListCommand,
+    },
+    /// The loaded plugins and their actions
+    Plugins {
+        #[command(subcommand)]
+        command: ListCommand,
+    },
+    /// The worker's configuration
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Any MCP tool of the worker, by name
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ListCommand {
+    /// List them
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum JobsCommand {
+    /// List jobs with their schedule, state, next fire time and last run
+    List,
+    /// Show one job: schedule, state, next fire times, run counts, recent runs
+    Show {
+        /// The job's name
+        name: String,
+    },
+    /// Show a job's next fire times
+    Next {
+        /// The job's name
+        name: String,
+        /// How many fire times to show
+        #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+    },
+    /// Stop a job from firing on its schedule (kept across restarts)
+    Pause {
+        /// The job's name
+        name: String,
+        /// Why, for whoever looks next
+        #[arg(long, value_name = "REASON")]
+        reason: Option<String>,
+    },
+    /// Let a paused job fire on its schedule again
+    Resume {
+        /// The job's name
+        name: String,
+    },
+    /// Run a job now
+    Trigger(TriggerArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TriggerArgs {
+    /// The job's name
+    pub(crate) name: String,
+
+    /// Input for the run: JSON if it parses as JSON, else the text as a string
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true, value_parser = parse_input)]
+    pub(crate) input: Option<Value>,
+
+    /// A parameter for the run (repeatable); VALUE is JSON if it parses (42, true, {"a":1}), else a string
+    #[arg(long = "param", value_name = "KEY=VALUE", allow_hyphen_values = true, value_parser = parse_param)]
+    pub(crate) params: Vec<(String, Value)>,
+
+    /// Trigger at most once per key: repeating the command returns the first run
+    #[arg(long, value_name = "KEY")]
+    pub(crate) idempotency_key: Option<String>,
+
+    /// Wait for the run to finish, then print it (exit 1 if it did not succeed)
+    #[arg(long)]
+    pub(crate) wait: bool,
+
+    /// With --wait: stop waiting after this many seconds (the run goes on)
+    #[arg(long, value_name = "SECONDS", requires = "wait")]
+    pub(crate) timeout: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RunsCommand {
+    /// List runs, newest first
+    List {
+        /// Only this job's runs
+        #[arg(long, value_name = "JOB")]
+        job: Option<String>,
+        /// Only runs with this status
+        #[arg(long, value_name = "STATUS", value_parser = RUN_STATUSES)]
+        status: Option<String>,
+        /// At most this many runs
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
+        /// Continue after the previous page (the cursor it printed)
+        #[arg(long, value_name = "CURSOR")]
+        cursor: Option<String>,
+    },
+    /// Show one run: times, input, output, error, steps
+    Show {
+        /// The run's id
+        id: String,
+    },
+    /// Cancel a queued or running run
+    Cancel {
+        /// The run's id
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ApprovalsCommand {
+    /// List the steps waiting for approval
+    List,
+    /// Approve a waiting step, so the workflow goes on
+    Approve(DecisionArgs),
+    /// Reject a waiting step
+    Reject(DecisionArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DecisionArgs {
+    /// The id of the run that waits
+    pub(crate) run: String,
+    /// The step, when the run waits on more than one
+    #[arg(long, value_name = "STEP")]
+    pub(crate) step: Option<String>,
+    /// A comment recorded with the decision
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) comment: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Reload the worker's configuration (an invalid one is refused and the old one kept)
+    Reload,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ToolsCommand {
+    /// List the worker's MCP tools
+    List,
+    /// Call any tool with JSON arguments and print its result
+    Call {
+        /// The tool's name, as `tools list` shows it
+        name: String,
+        /// The arguments, a JSON object such as '{"name": "nightly"}'
+        #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+        json: Option<Map<String, Value>>,
+    },
+}
+
+/// `KEY=VALUE`, the value read as JSON when it parses (so `n=3` is a number and
+/// `tags=["a"]` a list) and as a string otherwise (`name=nightly`).
+pub(crate) fn parse_param(text: &str) -> Result<(String, Value), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("expected KEY=VALUE, e.g. --param limit=10 (got \"{text}\")"));
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(format!("the key before \"=\" is missing in \"{text}\""));
+    }
+    Ok((key.to_owned(), json_or_string(value)))
+}
+
+/// `--input`: JSON when the text parses as JSON, else the text itself.
+pub(crate) fn parse_input(text: &str) -> Result<Value, String> {
+    Ok(json_or_string(text))
+}
+
+/// `--json`: must be a JSON object, the shape of every tool's arguments.
+pub(crate) fn parse_json_object(text: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("tool arguments must be a JSON object such as '{{\"name\": \"nightly\"}}', not {}", json_kind(&other))),
+        Err(error) => Err(format!("not valid JSON ({error})")),
+    }
+}
+
+fn json_or_string(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn param_values_are_json_when_they_parse_else_strings() {
+        let cases = [
+            ("limit=10", ("limit", json!(10))),
+            ("dry=true", ("dry", json!(true))),
+            ("name=nightly", ("name", json!("nightly"))),
+            ("opts={\"a\":[1,2]}", ("opts", json!({"a": [1, 2]}))),
+            ("quoted=\"7\"", ("quoted", json!("7"))),
+            ("empty=", ("empty", json!(""))),
+            ("expr=a=b", ("expr", json!("a=b"))),
+            ("nothing=null", ("nothing", Value::Null)),
+            (" spaced =x", ("spaced", json!("x"))),
+        ];
+        for (text, (key, value)) in cases {
+            assert_eq!(parse_param(text), Ok((key.to_owned(), value)), "{text}");
+        }
+    }
+
+    #[test]
+    fn params_without_a_key_or_equals_sign_are_usage_errors() {
+        assert!(parse_param("novalue").unwrap_err().contains("KEY=VALUE"));
+        assert!(parse_param("=3").unwrap_err().contains("key"));
+    }
+
+    #[test]
+    fn input_is_json_when_it_parses_else_text() {
+        assert_eq!(parse_input("42"), Ok(json!(42)));
+        assert_eq!(parse_input("{\"pr\": 12}"), Ok(json!({"pr": 12})));
+        assert_eq!(parse_input("review the diff"), Ok(json!("review the diff")));
+    }
+
+    #[test]
+    fn tool_arguments_must_be_a_json_object() {
+        assert_eq!(parse_json_object("{\"name\":\"x\"}").unwrap().get("name"), Some(&json!("x")));
+        assert!(parse_json_object("[1]").unwrap_err().contains("not an array"));
+        assert!(parse_json_object("{oops").unwrap_err().starts_with("not valid JSON"));
+    }
+
+    #[test]
+    fn trigger_collects_repeated_params_and_flags() {
+        let cli = Cli::try_parse_from([
+            "lampctl",
+            "jobs",
+            "trigger",
+            "nightly",
+            "--param",
+            "limit=3",
+            "--param",
+            "who=me",
+            "--input",
+            "-5",
+            "--idempotency-key",
+            "k1",
+            "--wait",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(cli.output, Output::Json);
+        let Command::Jobs { command: JobsCommand::Trigger(args) } = cli.command else { panic!("not parsed as jobs trigger") };
+        assert_eq!(args.name, "nightly");
+        assert_eq!(args.params, vec![("limit".to_owned(), json!(3)), ("who".to_owned(), json!("me"))]);
+        assert_eq!(args.input, Some(json!(-5)));
+        assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
+        assert!(args.wait);
+    }
+
+    #[test]
+    fn bad_values_exit_with_the_usage_code() {
+        for argv in [
+            &["lampctl", "jobs", "trigger", "x", "--param", "oops"][..],
+            &["lampctl", "tools", "call", "list_jobs", "--json", "[1]"],
+            &["lampctl", "runs", "list", "--status", "exploded"],
+            &["lampctl", "runs", "list", "--limit", "0"],
+            &["lampctl", "jobs", "trigger", "x", "--timeout", "5"],
+            &["lampctl", "jobs", "frobnicate"],
+            &["lampctl", "-o", "yaml", "status"],
+        ] {
+            let error = Cli::try_parse_from(argv.iter().copied()).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{argv:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn global_flags_are_accepted_after_the_subcommand() {
+        let cli = Cli::try_parse_from(["lampctl", "jobs", "list", "--url", "http://h:1/mcp", "--token", "t", "-o", "json"]).unwrap();
+        assert_eq!(cli.url, "http://h:1/mcp");
+        assert_eq!(cli.token.as_deref(), Some("t"));
+        assert_eq!(cli.output, Output::Json);
+    }
+}

@@ -1,0 +1,604 @@
+//! The MCP connection to a worker: connect, call a tool, list the tools, close. Every failure
+//! leaves here as a [`CtlError`] of the right kind: the worker saying no (exit 1) is told
+//! apart from a worker that cannot be reached or refuses the token (exit 3) by the types rmcp
+//! and reqwest return, never by matching message text (with one documented exception, see
+//! [`status_in`]).
+
+use std::error::Error as StdError;
+use std::io::ErrorKind;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ErrorCode, Implementation, ProgressNotificationParam,
+    ProtocolVersion,
+};
+use rmcp::service::{ClientInitializeError, NotificationContext, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::{StreamableHttpClientTransportConfig, StreamableHttpError};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
+use serde_json::{Map, Value};
+
+use crate::cli::DEFAULT_URL;
+use crate::error::{CtlError, Failure, one_line};
+
+/// How long a TCP (and TLS) connection may take before the worker counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the MCP handshake may take in all. rmcp waits up to 10 s for `server/discover`
+/// before it tries the older `initialize`, so this leaves room for both.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long closing may take; the worker sees the connection end when lampctl exits anyway.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest quoted detail (an HTTP body, an error chain) in a one-line message.
+const MAX_DETAIL: usize = 160;
+
+type HttpError = StreamableHttpError<reqwest::Error>;
+
+/// A connected worker.
+pub(crate) struct Client {
+    service: RunningService<RoleClient, Handler>,
+    target: Target,
+}
+
+impl Client {
+    /// Connects and completes the MCP handshake: `server/discover` for a current worker (one
+    /// round trip, no session), falling back to `initialize` for an older one.
+    pub(crate) async fn connect(url: &str, token: Option<&str>, progress: Arc<Progress>) -> Result<Self, CtlError> {
+        let target = Target { url: url.to_owned(), token_given: token.is_some() };
+        let http = http_client(url)?;
+        let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+        if let Some(token) = token {
+            config = config.auth_header(token.to_owned());
+        }
+        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::LATEST],
+            legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+        };
+        let handshake = Handler { progress }.serve_with_lifecycle(transport, lifecycle);
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(service)) => Ok(Self { service, target }),
+            Ok(Err(error)) => Err(target.explain(init_problem(&error))),
+            Err(_elapsed) => Err(target.explain(Problem::TimedOut)),
+        }
+    }
+
+    /// Calls `tool` and returns its structured content (or, from a worker that sends only
+    /// text, the text parsed as JSON, or the text itself).
+    pub(crate) async fn call(&self, tool: &str, arguments: Map<String, Value>) -> Result<Value, CtlError> {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        match self.service.call_tool(params).await {
+            Ok(result) => tool_value(result),
+            Err(error) => Err(call_failure(&self.target, error)),
+        }
+    }
+
+    /// All tools the worker offers, as the JSON `tools/list` carries them.
+    pub(crate) async fn list_tools(&self) -> Result<Value, CtlError> {
+        let tools = self.service.list_all_tools().await.map_err(|error| call_failure(&self.target, error))?;
+        serde_json::to_value(&tools).map_err(|error| CtlError::new(Failure::Local, format!("cannot show the tool list: {error}")))
+    }
+
+    /// Ends the connection. Best effort: an unfinished request is abandoned, which tells the
+    /// worker to stop waiting for it.
+    pub(crate) async fn close(self) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.service.cancel()).await;
+    }
+}
+
+/// What lampctl learns from progress notifications while it waits, and shows as they come.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    /// Print each notification to stderr (only when stderr is a terminal).
+    show: bool,
+    /// The run being waited for, when the worker names it in a notification's `_meta`.
+    run_id: Mutex<Option<String>>,
+}
+
+impl Progress {
+    pub(crate) fn new(show: bool) -> Self {
+        Self { show, run_id: Mutex::new(None) }
+    }
+
+    /// The id of the run being waited for, if a progress notification carried it.
+    pub(crate) fn run_id(&self) -> Option<String> {
+        self.run_id.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn observe(&self, params: &ProgressNotificationParam, context_meta: &Map<String, Value>) {
+        let param_meta = params.meta.as_ref().map(|meta| &meta.0.0);
+        let run_id = [param_meta, Some(context_meta)]
+            .into_iter()
+            .flatten()
+            .flat_map(|meta| ["run_id", "runId"].into_iter().filter_map(move |key| meta.get(key)))
+            .find_map(Value::as_str);
+        if let Some(id) = run_id {
+            *self.run_id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id.to_owned());
+        }
+        if self.show {
+            eprintln!("lampctl: {}", progress_line(params));
+        }
+    }
+}
+
+fn progress_line(params: &ProgressNotificationParam) -> String {
+    match (&params.message, params.total) {
+        (Some(message), _) => one_line(message, 200),
+        (None, Some(total)) => format!("progress {}/{}", params.progress, total),
+        (None, None) => format!("progress {}", params.progress),
+    }
+}
+
+/// lampctl's side of the MCP session: it names itself and listens for progress.
+struct Handler {
+    progress: Arc<Progress>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_progress(&self, params: ProgressNotificationParam, context: NotificationContext<RoleClient>) {
+        self.progress.observe(&params, &context.meta.0.0);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("lampctl", env!("CARGO_PKG_VERSION")))
+    }
+}
+
+/// The HTTP client under the MCP transport. Built here rather than by rmcp so that a plain
+/// `http://` URL does not load (or fail on a missing) system CA store, a dead address fails
+/// within [`CONNECT_TIMEOUT`], and a loopback worker is not sent through `$HTTP_PROXY`.
+fn http_client(url: &str) -> Result<reqwest::Client, CtlError> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|error| CtlError::new(Failure::Usage, format!("--url \"{url}\" is not a URL ({error}); the default is {DEFAULT_URL}")))?;
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        // One request per connection, as rmcp's own client does: a reused loopback connection
+        // can stall ~40 ms on delayed ACKs.
+        .pool_max_idle_per_host(0)
+        // A redirect would resend the token somewhere else; report it instead.
+        .redirect(reqwest::redirect::Policy::none());
+    match parsed.scheme() {
+        "http" => builder = builder.tls_certs_only(std::iter::empty::<reqwest::Certificate>()),
+        "https" => {}
+        other => {
+            return Err(CtlError::new(
+                Failure::Usage,
+                format!("--url must start with http:// or https://, not {other}://; the default is {DEFAULT_URL}"),
+            ));
+        }
+    }
+    if is_loopback(&parsed) {
+        builder = builder.no_proxy();
+    }
+    builder.build().map_err(|error| {
+        CtlError::new(Failure::Unreachable, format!("cannot set up a connection to {url}: {}", one_line(&chain(&error), MAX_DETAIL)))
+    })
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host_str() {
+        Some(host) if host.eq_ignore_ascii_case("localhost") => true,
+        Some(host) => host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// The worker's answer to a tool call: an `isError` result is the worker saying no.
+fn tool_value(result: CallToolResult) -> Result<Value, CtlError> {
+    let text = result.content.iter().filter_map(|block| block.as_text()).map(|block| block.text.as_str()).collect::<Vec<_>>().join("\n");
+    if result.is_error == Some(true) {
+        let from_structured = result
+            .structured_content
+            .as_ref()
+            .and_then(|value| value.get("error").or_else(|| value.get("message")))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let message = match text.trim() {
+            "" => from_structured.unwrap_or_else(|| "the worker reported an error but gave no reason".to_owned()),
+            text => text.to_owned(),
+        };
+        return Err(CtlError::new(Failure::WorkerSaidNo, message));
+    }
+    Ok(match result.structured_content {
+        Some(value) => value,
+        None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    })
+}
+
+/// A failed request on an established connection.
+fn call_failure(target: &Target, error: ServiceError) -> CtlError {
+    match error {
+        // A JSON-RPC error: the worker answered and refused (unknown tool, bad arguments).
+        ServiceError::McpError(data) if data.code == ErrorCode::INVALID_PARAMS => CtlError::new(
+            Failure::WorkerSaidNo,
+            format!("{}; list the tools and their arguments with: lampctl tools list -o json", data.message),
+        ),
+        ServiceError::McpError(data) => CtlError::new(Failure::WorkerSaidNo, data.message.into_owned()),
+        ServiceError::TransportSend(error) => target.explain(transport_problem(&*error.error)),
+        ServiceError::TransportClosed => target.explain(Problem::Lost),
+        ServiceError::Timeout { .. } => target.explain(Problem::TimedOut),
+        other => CtlError::new(Failure::WorkerSaidNo, format!("unexpected answer from the worker: {other}")),
+    }
+}
+
+/// Why the worker could not be used, before it is put into words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Problem {
+    /// Nothing answered at the address: connection refused, unknown host, no route.
+    Unreachable(String),
+    /// Something accepted the connection (or not) but did not answer in time.
+    TimedOut,
+    /// HTTP 401 or 403: the token is missing, wrong, or not enough.
+    Unauthorized { status: u16 },
+    /// HTTP 404: a server answers, but serves no MCP at this path.
+    NoEndpoint,
+    /// Another HTTP failure: 429, 5xx, a redirect.
+    Http { status: u16 },
+    /// The answer was not MCP: a web page, an unparsable body, a refused handshake.
+    NotMcp(String),
+    /// The connection ended before the answer arrived.
+    Lost,
+    /// Anything else, in rmcp's words.
+    Other(String),
+}
+
+/// Where lampctl connects, to put problems into words.
+struct Target {
+    url: String,
+    token_given: bool,
+}
+
+impl Target {
+    fn explain(&self, problem: Problem) -> CtlError {
+        let url = &self.url;
+        let message = match problem {
+            Problem::Unreachable(detail) => format!(
+                "cannot reach the worker at {url} ({}); is lamplighter running? set --url or $LAMPLIGHTER_URL",
+                one_line(&detail, MAX_DETAIL)
+            ),
+            Problem::TimedOut => {
+                format!("the worker at {url} did not answer in time; is it running and reachable? set --url or $LAMPLIGHTER_URL")
+            }
+            Problem::Unauthorized { status: 401 } if !self.token_given => {
+                "the worker requires a token (401); set --token or $LAMPLIGHTER_TOKEN".to_owned()
+            }
+            Problem::Unauthorized { status: 401 } => "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN".to_owned(),
+            Problem::Unauthorized { status } => format!(
+                "the worker refused the request ({status}); check --token or $LAMPLIGHTER_TOKEN, and that the worker accepts the host name in {url}"
+            ),
+            Problem::NoEndpoint => {
+                format!(
+                    "nothing serves MCP at {url} (HTTP 404); set --url or $LAMPLIGHTER_URL to the worker's MCP endpoint, e.g. {DEFAULT_URL}"
+                )
+            }
+            Problem::Http { status } => {
+                format!("the worker at {url} answered HTTP {status}; check the worker's log, or set --url or $LAMPLIGHTER_URL")
+            }
+            Problem::NotMcp(detail) => format!(
+                "{url} did not answer like a lamplighter worker ({}); set --url or $LAMPLIGHTER_URL to its MCP endpoint",
+                one_line(&detail, MAX_DETAIL)
+            ),
+            Problem::Lost => {
+                format!("lost the connection to the worker at {url} before it answered; check that it is still running, then retry")
+            }
+            Problem::Other(detail) => format!("cannot talk to the worker at {url}: {}", one_line(&detail, MAX_DETAIL)),
+        };
+        CtlError::new(Failure::Unreachable, message)
+    }
+}
+
+fn init_problem(error: &ClientInitializeError) -> Problem {
+    match error {
+        ClientInitializeError::TransportError { error, .. } => transport_problem(&*error.error),
+        // `server/discover` was refused like an older worker would, then `initialize` failed
+        // too: the second failure says what is wrong (for a wrong path, both are a 404).
+        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => init_problem(fallback),
+        ClientInitializeError::ConnectionClosed(_) => Problem::Lost,
+        ClientInitializeError::JsonRpcError(data) => Problem::NotMcp(format!("the handshake was refused: {}", data.message)),
+        ClientInitializeError::NoCompatibleProtocolVersion { server_supported, .. } => Problem::NotMcp(format!(
+            "no MCP protocol version in common; the worker speaks {}",
+            server_supported.iter().map(|version| version.to_string()).collect::<Vec<_>>().join(", ")
+        )),
+        other => Problem::Other(other.to_string()),
+    }
+}
+
+/// A transport error as rmcp hands it over: a boxed `StreamableHttpError<reqwest::Error>`.
+fn transport_problem(error: &(dyn StdError + Send + Sync + 'static)) -> Problem {
+    match error.downcast_ref::<HttpError>() {
+        Some(http) => http_problem(http),
+        None => Problem::Other(chain(error)),
+    }
+}
+
+fn http_problem(error: &HttpError) -> Problem {
+    match error {
+        StreamableHttpError::Client(error) => reqwest_problem(error),
+        StreamableHttpError::Io(error) => Problem::Unreachable(error.to_string()),
+        StreamableHttpError::AuthRequired(_) => Problem::Unauthorized { status: 401 },
+        StreamableHttpError::InsufficientScope(_) => Problem::Unauthorized { status: 403 },
+        StreamableHttpError::HttpStatus(status) => Problem::Http { status: status.status },
+        StreamableHttpError::UnexpectedServerResponse(text) => match status_in(text) {
+            Some(status @ (401 | 403)) => Problem::Unauthorized { status },
+            Some(404) => Problem::NoEndpoint,
+            Some(status) => Problem::Http { status },
+            None => Problem::NotMcp(text.to_string()),
+        },
+        StreamableHttpError::UnexpectedContentType(content_type) => {
+            Problem::NotMcp(format!("content type {}", content_type.as_deref().unwrap_or("missing")))
+        }
+        StreamableHttpError::Deserialize(error) => Problem::NotMcp(error.to_string()),
+        StreamableHttpError::UnexpectedEndOfStream | StreamableHttpError::TransportChannelClosed => Problem::Lost,
+        other => Problem::Other(other.to_string()),
+    }
+}
+
+/// The HTTP status in rmcp's `UnexpectedServerResponse`. rmcp keeps the status of a 4xx
+/// answer (a 401 or 403 without `WWW-Authenticate`, a 404) only as the text
+/// `HTTP {status}: {body}` (rmcp 3.9 `transport/common/reqwest/streamable_http_client.rs`,
+/// `post_message_with_max_sse_event_size`), so the leading code is read from it.
+fn status_in(text: &str) -> Option<u16> {
+    let rest = text.strip_prefix("HTTP ")?;
+    let code = rest.get(..3)?;
+    let status: u16 = code.parse().ok()?;
+    (100..=599).contains(&status).then_some(status)
+}
+
+fn reqwest_problem(error: &reqwest::Error) -> Problem {
+    if error.is_timeout() {
+        Problem::TimedOut
+    } else if error.is_connect() {
+        Problem::Unreachable(connect_detail(error))
+    } else {
+        Problem::Other(chain(error))
+    }
+}
+
+/// "connection refused" when that is what happened, else the innermost cause (for an
+/// unknown host: "failed to lookup address information: …").
+fn connect_detail(error: &(dyn StdError + 'static)) -> String {
+    let mut innermost = error;
+    let mut current = Some(error);
+    while let Some(cause) = current {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                ErrorKind::ConnectionRefused => return "connection refused".to_owned(),
+                ErrorKind::TimedOut => return "timed out".to_owned(),
+                _ => {}
+            }
+        }
+        innermost = cause;
+        current = cause.source();
+    }
+    innermost.to_string()
+}
+
+/// An error and its causes, "outer: inner: innermost", without repeats.
+fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current = Some(error);
+    while let Some(cause) = current {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        current = cause.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use rmcp::ErrorData;
+    use rmcp::model::ContentBlock;
+    use rmcp::transport::DynamicTransportError;
+    use rmcp::transport::streamable_http_client::{AuthRequiredError, HttpStatusError};
+    use serde_json::json;
+
+    use super::*;
+
+    const URL: &str = "http://127.0.0.1:5100/mcp";
+
+    fn target(token_given: bool) -> Target {
+        Target { url: URL.to_owned(), token_given }
+    }
+
+    fn transport_error(error: HttpError) -> ClientInitializeError {
+        ClientInitializeError::TransportError {
+            error: DynamicTransportError::from_parts("streamable-http", TypeId::of::<()>(), Box::new(error)),
+            context: "send discover request".into(),
+        }
+    }
+
+    #[test]
+    fn http_failures_are_classified_by_type() {
+        let cases: Vec<(HttpError, Problem)> = vec![
+            (StreamableHttpError::AuthRequired(AuthRequiredError::new("Bearer".to_owned())), Problem::Unauthorized { status: 401 }),
+            (StreamableHttpError::UnexpectedServerResponse("HTTP 401 Unauthorized: ".into()), Problem::Unauthorized { status: 401 }),
+            (StreamableHttpError::UnexpectedServerResponse("HTTP 403 Forbidden: bad origin".into()), Problem::Unauthorized { status: 403 }),
+            (StreamableHttpError::UnexpectedServerResponse("HTTP 404 Not Found: ".into()), Problem::NoEndpoint),
+            (StreamableHttpError::UnexpectedServerResponse("HTTP 307 Temporary Redirect: ".into()), Problem::Http { status: 307 }),
+            (StreamableHttpError::HttpStatus(HttpStatusError::new(503, None)), Problem::Http { status: 503 }),
+            (
+                StreamableHttpError::UnexpectedContentType(Some("text/html".to_owned())),
+                Problem::NotMcp("content type text/html".to_owned()),
+            ),
+            (StreamableHttpError::UnexpectedServerResponse("garbage".into()), Problem::NotMcp("garbage".to_owned())),
+            (StreamableHttpError::UnexpectedEndOfStream, Problem::Lost),
+        ];
+        for (error, expected) in cases {
+            let shown = error.to_string();
+            assert_eq!(init_problem(&transport_error(error)), expected, "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_failed_legacy_fallback_is_judged_by_its_second_failure() {
+        let error = ClientInitializeError::LegacyFallbackFailed {
+            discover: Box::new(ClientInitializeError::JsonRpcError(ErrorData::invalid_request("server/discover rejected", None))),
+            fallback: Box::new(transport_error(StreamableHttpError::UnexpectedServerResponse("HTTP 404 Not Found: ".into()))),
+        };
+        assert_eq!(init_problem(&error), Problem::NoEndpoint);
+    }
+
+    #[test]
+    fn connection_and_auth_problems_exit_3_with_what_to_do() {
+        let refused = target(false).explain(Problem::Unreachable("connection refused".to_owned()));
+        assert_eq!(refused.exit_code(), 3);
+        assert_eq!(
+            refused.to_string(),
+            "cannot reach the worker at http://127.0.0.1:5100/mcp (connection refused); is lamplighter running? set --url or $LAMPLIGHTER_URL"
+        );
+        let wrong_token = target(true).explain(Problem::Unauthorized { status: 401 });
+        assert_eq!(wrong_token.exit_code(), 3);
+        assert_eq!(wrong_token.to_string(), "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN");
+        let no_token = target(false).explain(Problem::Unauthorized { status: 401 });
+        assert_eq!(no_token.to_string(), "the worker requires a token (401); set --token or $LAMPLIGHTER_TOKEN");
+        for problem in [Problem::TimedOut, Problem::NoEndpoint, Problem::Http { status: 502 }, Problem::Lost, Problem::Other("x\ny".into())]
+        {
+            let error = target(true).explain(problem);
+            assert_eq!(error.exit_code(), 3);
+            assert!(!error.to_string().contains('\n'), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_worker_saying_no_exits_1_with_its_message() {
+        let unknown_job =
+            tool_value(CallToolResult::error(vec![ContentBlock::text("job \"nightly\" not found; known jobs: a, b")])).unwrap_err();
+        assert_eq!(unknown_job.exit_code(), 1);
+        assert_eq!(unknown_job.to_string(), "job \"nightly\" not found; known jobs: a, b");
+
+        let unknown_tool = call_failure(
+            &target(false),
+            ServiceError::McpError(ErrorData::new(ErrorCode::METHOD_NOT_FOUND, "tool \"nope\" not found", None)),
+        );
+        assert_eq!(unknown_tool.exit_code(), 1);
+        assert_eq!(unknown_tool.to_string(), "tool \"nope\" not found");
+
+        let bad_arguments =
+            call_failure(&target(false), ServiceError::McpError(ErrorData::new(ErrorCode::INVALID_PARAMS, "missing field `name`", None)));
+        assert_eq!(bad_arguments.exit_code(), 1);
+        assert!(bad_arguments.to_string().starts_with("missing field `name`; list the tools"));
+
+        assert_eq!(call_failure(&target(false), ServiceError::TransportClosed).exit_code(), 3);
+    }
+
+    #[test]
+    fn tool_results_prefer_structured_content_then_json_text() {
+        assert_eq!(tool_value(CallToolResult::structured(json!({"jobs": []}))).unwrap(), json!({"jobs": []}));
+        assert_eq!(tool_value(CallToolResult::success(vec![ContentBlock::text("[1,2]")])).unwrap(), json!([1, 2]));
+        assert_eq!(tool_value(CallToolResult::success(vec![ContentBlock::text("done")])).unwrap(), json!("done"));
+    }
+
+    #[test]
+    fn status_is_read_only_from_the_leading_code() {
+        assert_eq!(status_in("HTTP 404 Not Found: <html>"), Some(404));
+        assert_eq!(status_in("HTTP 4"), None);
+        assert_eq!(status_in("not HTTP 404"), None);
+        assert_eq!(status_in("HTTP abc"), None);
+    }
+
+    #[test]
+    fn bad_urls_are_usage_errors() {
+        for url in ["127.0.0.1:5100/mcp", "ftp://host/mcp", "not a url"] {
+            let error = http_client(url).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{url}: {error}");
+        }
+        assert!(is_loopback(&reqwest::Url::parse("http://[::1]:5100/mcp").unwrap()));
+        assert!(is_loopback(&reqwest::Url::parse("http://LOCALHOST/mcp").unwrap()));
+        assert!(!is_loopback(&reqwest::Url::parse("http://worker.internal/mcp").unwrap()));
+    }
+
+    // The tests below connect for real, through rmcp and reqwest, to a closed port or to a
+    // tiny canned HTTP server, so a change in rmcp's error shapes shows up here.
+
+    fn progress() -> Arc<Progress> {
+        Arc::new(Progress::new(false))
+    }
+
+    /// An HTTP server on a free loopback port that reads each request and answers `response`.
+    fn canned_server(response: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                read_request(&mut stream);
+                let _ = stream.write_all(response.as_bytes());
+            }
+        });
+        url
+    }
+
+    fn read_request(stream: &mut TcpStream) {
+        let mut buffer = Vec::new();
+        let mut chunk = [0_u8; 4096];
+        let body_start = loop {
+            let Ok(read @ 1..) = stream.read(&mut chunk) else { return };
+            buffer.extend_from_slice(&chunk[..read]);
+            if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
+                break end + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..body_start]).to_ascii_lowercase();
+        let length = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0_usize);
+        while buffer.len() < body_start + length {
+            let Ok(read @ 1..) = stream.read(&mut chunk) else { return };
+            buffer.extend_from_slice(&chunk[..read]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_with_connection_refused() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let error = Client::connect(&url, None, progress()).await.err().expect("nothing listens there");
+        assert_eq!(error.exit_code(), 3);
+        assert_eq!(
+            error.to_string(),
+            format!("cannot reach the worker at {url} (connection refused); is lamplighter running? set --url or $LAMPLIGHTER_URL")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_401_with_a_challenge_is_a_refused_token() {
+        let url = canned_server("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let error = Client::connect(&url, Some("wrong"), progress()).await.err().expect("401");
+        assert_eq!(error.exit_code(), 3);
+        assert_eq!(error.to_string(), "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN");
+    }
+
+    #[tokio::test]
+    async fn a_401_without_a_challenge_asks_for_a_token() {
+        let url = canned_server("HTTP/1.1 401 Unauthorized\r\nContent-Length: 12\r\nConnection: close\r\n\r\nunauthorized");
+        let error = Client::connect(&url, None, progress()).await.err().expect("401");
+        assert_eq!(error.exit_code(), 3);
+        assert_eq!(error.to_string(), "the worker requires a token (401); set --token or $LAMPLIGHTER_TOKEN");
+    }
+
+    #[tokio::test]
+    async fn a_403_names_the_token_and_the_host() {
+        let url = canned_server("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let error = Client::connect(&url, Some("t"), progress()).await.err().expect("403");
+        assert_eq!(error.exit_code(), 3);
+        assert!(error.to_string().starts_with("the worker refused the request (403)"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_404_is_a_wrong_url() {
+        let url = canned_server("HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found");
+        let error = Client::connect(&url, None, progress()).await.err().expect("404");
+        assert_eq!(error.exit_code(), 3);
+        assert!(error.to_string().starts_with(&format!("nothing serves MCP at {url} (HTTP 404)")), "{error}");
+    }
+}

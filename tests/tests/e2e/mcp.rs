@@ -1,0 +1,261 @@
+//! The MCP control surface, driven by the real `lampctl` binary and by a plain rmcp client.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{Worker, ctl_at, free_port, mcp_post};
+
+const QUICK: &str = "report:\n  description: writes a report\n  cron: \"0 3 * * *\"\n  timezone: Europe/Berlin\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: { path: report.txt, content: hello }";
+const SLOW: &str = "slow:\n  cron: \"0 4 * * *\"\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: { command: \"sleep 30\", timeout_seconds: 60 }";
+
+fn worker() -> Worker {
+    let mut w = Worker::new(&format!("{QUICK}\n{SLOW}"));
+    w.start();
+    w
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}):\n{out}"))
+}
+
+/// Asserts exit 0 and returns stdout.
+fn ok(w: &Worker, args: &[&str]) -> String {
+    let (code, out, err) = w.ctl(args);
+    assert_eq!(code, 0, "lampctl {args:?} exited {code}\nstdout: {out}\nstderr: {err}");
+    out
+}
+
+#[test]
+fn jobs_list_and_show_with_next_fire_times() {
+    let w = worker();
+    let table = ok(&w, &["jobs", "list"]);
+    assert!(table.contains("report") && table.contains("slow"), "{table}");
+    let list = json(&ok(&w, &["-o", "json", "jobs", "list"]));
+    let names: Vec<&str> = list["jobs"].as_array().expect("jobs array").iter().filter_map(|j| j["name"].as_str()).collect();
+    assert_eq!(names, ["report", "slow"]);
+
+    let show = json(&ok(&w, &["-o", "json", "jobs", "show", "report"]));
+    assert_eq!(show["name"], "report");
+    assert_eq!(show["timezone"], "Europe/Berlin");
+    let fires = show["next_fires"].as_array().expect("next_fires");
+    assert!(!fires.is_empty());
+    // 03:00 in Berlin is 01:00 or 02:00 UTC depending on the season.
+    let at = fires[0]["utc"].as_str().expect("utc");
+    assert!(at.contains("T01:00:00") || at.contains("T02:00:00"), "{at}");
+
+    let next = ok(&w, &["jobs", "next", "report", "-n", "3"]);
+    // Three fire times, shown in the job's zone: 03:00 Berlin time each.
+    assert_eq!(next.matches("03:00").count(), 3, "{next}");
+    assert!(ok(&w, &["jobs", "show", "report"]).contains("report"));
+}
+
+#[test]
+fn unknown_job_exits_1_and_names_the_known_jobs() {
+    let w = worker();
+    let (code, _, err) = w.ctl(&["jobs", "show", "nightly"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("\"nightly\" not found") && err.contains("report") && err.contains("slow"), "{err}");
+}
+
+#[test]
+fn pause_survives_a_restart_and_resume_clears_it() {
+    let mut w = worker();
+    ok(&w, &["jobs", "pause", "report", "--reason", "disk full"]);
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.start();
+    let show = json(&ok(&w, &["-o", "json", "jobs", "show", "report"]));
+    assert_eq!(show["paused"], true, "{show}");
+    assert_eq!(show["pause_reason"], "disk full");
+    assert!(show["next_fire"].is_null(), "a paused job has no next fire: {show}");
+    ok(&w, &["jobs", "resume", "report"]);
+    let show = json(&ok(&w, &["-o", "json", "jobs", "show", "report"]));
+    assert_eq!(show["paused"], false);
+    assert!(show["next_fire"].is_string());
+}
+
+#[test]
+fn trigger_wait_returns_the_finished_run_and_runs_list_and_show_find_it() {
+    let w = worker();
+    let out = json(&ok(&w, &["-o", "json", "jobs", "trigger", "report", "--param", "content=triggered", "--wait"]));
+    let run = if out.get("run").is_some() { &out["run"] } else { &out };
+    assert_eq!(run["status"], "succeeded", "{out}");
+    assert_eq!(run["trigger"], "manual");
+    let id = run["id"].as_str().expect("run id").to_string();
+    assert_eq!(std::fs::read_to_string(w.dir.path().join("data/report.txt")).unwrap_or_default(), "triggered");
+
+    let runs = json(&ok(&w, &["-o", "json", "runs", "list", "--job", "report"]));
+    assert!(runs["runs"].as_array().expect("runs").iter().any(|r| r["id"] == id.as_str()), "{runs}");
+    let table = ok(&w, &["runs", "list"]);
+    assert!(table.contains(&id[..8]) || table.contains(&id), "{table}");
+    let shown = json(&ok(&w, &["-o", "json", "runs", "show", &id]));
+    assert_eq!(shown["status"], "succeeded");
+    assert_eq!(shown["parameters"]["content"], "triggered");
+    assert_eq!(shown["parameters"]["path"], "report.txt", "an override keeps the parameters it does not name");
+}
+
+#[test]
+fn runs_list_pages_with_a_cursor() {
+    let w = worker();
+    for i in 0..3 {
+        ok(&w, &["jobs", "trigger", "report", "--idempotency-key", &format!("k{i}"), "--wait"]);
+    }
+    let first = json(&ok(&w, &["-o", "json", "runs", "list", "--limit", "2"]));
+    assert_eq!(first["runs"].as_array().expect("runs").len(), 2);
+    let cursor = first["next_cursor"].as_str().expect("a next cursor on a full page");
+    let second = json(&ok(&w, &["-o", "json", "runs", "list", "--limit", "2", "--cursor", cursor]));
+    let ids: Vec<_> = second["runs"].as_array().expect("runs").iter().map(|r| r["id"].clone()).collect();
+    assert_eq!(ids.len(), 1);
+    assert!(!first["runs"].as_array().expect("runs").iter().any(|r| r["id"] == ids[0]));
+}
+
+#[test]
+fn cancel_stops_a_long_run() {
+    let w = worker();
+    let out = json(&ok(&w, &["-o", "json", "jobs", "trigger", "slow"]));
+    let id = out["run_id"].as_str().expect("run_id").to_string();
+    w.wait_for("the slow run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.id == id && r.status == "running"));
+    ok(&w, &["runs", "cancel", &id]);
+    let runs = w.wait_for("the run cancelled", Duration::from_secs(10), |r| r.iter().any(|r| r.id == id && r.status == "cancelled"));
+    assert_eq!(runs.len(), 1, "no retry after a cancel");
+}
+
+#[test]
+fn tools_list_and_seed_compatible_names() {
+    let w = worker();
+    let tools = ok(&w, &["tools", "list"]);
+    for name in
+        ["list_jobs", "get_job", "trigger_job", "list_runs", "cancel_run", "worker_status", "scheduler_list_jobs", "scheduler_trigger_job"]
+    {
+        assert!(tools.contains(name), "{name} missing from:\n{tools}");
+    }
+    let seed = json(&ok(&w, &["-o", "json", "tools", "call", "scheduler_list_jobs", "--json", "{}"]));
+    assert!(seed.to_string().contains("report"), "{seed}");
+    let (code, _, err) = w.ctl(&["tools", "call", "get_job", "--json", "{not json"]);
+    assert_eq!(code, 2, "bad --json is a usage error: {err}");
+    let (code, _, err) = w.ctl(&["tools", "call", "get_job", "--json", "{\"name\": 5}"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("name"), "the error names the bad argument: {err}");
+}
+
+#[test]
+fn an_unreachable_worker_exits_3_with_a_hint() {
+    let url = format!("http://127.0.0.1:{}/mcp", free_port());
+    let (code, _, err) = ctl_at(&url, None, &["jobs", "list"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("LAMPLIGHTER_URL") || err.contains("--url"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let (code, _, _) = ctl_at("http://127.0.0.1:1/mcp", None, &["jobs", "frobnicate"]);
+    assert_eq!(code, 2);
+}
+
+fn auth_worker() -> Worker {
+    let mut w = Worker::new(QUICK);
+    w.write_config(QUICK, "auth:\n  type: bearer\n  token: s3cret-token");
+    w.start();
+    w
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+
+#[test]
+fn bearer_auth_is_required_when_configured() {
+    let w = auth_worker();
+    assert_eq!(mcp_post(w.port, &[], INIT).0, 401, "no token");
+    assert_eq!(mcp_post(w.port, &[("Authorization", "Bearer wrong")], INIT).0, 401, "wrong token");
+    assert_eq!(mcp_post(w.port, &[("Authorization", "Bearer s3cret-token")], INIT).0, 200, "right token");
+    let (code, _, err) = ctl_at(&w.url(), None, &["jobs", "list"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("LAMPLIGHTER_TOKEN") || err.contains("--token"), "{err}");
+    let (code, _, err) = ctl_at(&w.url(), Some("wrong"), &["jobs", "list"]);
+    assert_eq!(code, 3, "{err}");
+    let (code, out, err) = ctl_at(&w.url(), Some("s3cret-token"), &["jobs", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("report"));
+    // Health endpoints stay open for probes.
+    assert_eq!(crate::support::http_get(w.port, "/healthz").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn foreign_origin_and_host_are_refused() {
+    let w = worker();
+    assert_eq!(mcp_post(w.port, &[("Origin", "https://evil.example")], INIT).0, 403, "foreign Origin");
+    assert_eq!(mcp_post(w.port, &[("Host", "evil.example")], INIT).0, 403, "foreign Host");
+    let local = format!("http://127.0.0.1:{}", w.port);
+    assert_eq!(mcp_post(w.port, &[("Origin", local.as_str())], INIT).0, 200, "own Origin");
+    assert_eq!(mcp_post(w.port, &[], INIT).0, 200, "no Origin (not a browser)");
+}
+
+#[test]
+fn an_oversized_request_is_refused() {
+    let w = worker();
+    let big = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(2 * 1024 * 1024));
+    assert_eq!(mcp_post(w.port, &[], &big).0, 413);
+}
+
+#[test]
+fn non_loopback_without_auth_refuses_to_start() {
+    let w = Worker::new(QUICK);
+    w.write_config(QUICK, "host: 0.0.0.0");
+    let (code, _, err) = crate::support::run_cli(&["run", "--config", w.config_path().to_str().expect("utf-8")], w.dir.path());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("auth"), "{err}");
+}
+
+#[test]
+fn lampctl_stays_small() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["tree", "-p", "lamplighter-ctl", "-e", "normal", "--prefix", "none", "--offline"])
+        .current_dir(crate::support::repo_root())
+        .output()
+        .expect("cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.contains("rmcp"), "cargo tree output looks wrong:\n{tree}");
+    for heavy in ["wasmtime", "sqlx", "async-openai", "lamplighter-jobs"] {
+        assert!(!tree.lines().any(|l| l.starts_with(&format!("{heavy} "))), "lampctl depends on {heavy}");
+    }
+}
+
+/// A plain rmcp client, not lampctl: tools, schemas, annotations, a call and a bad call.
+#[test]
+fn a_plain_rmcp_client_can_drive_the_worker() {
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+
+    let w = worker();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let transport = StreamableHttpClientTransport::from_uri(w.url());
+        let client = ().serve(transport).await.expect("connect");
+        let tools = client.list_all_tools().await.expect("tools/list");
+        let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        assert_eq!(names[0], "worker_status", "stable order: {names:?}");
+        let get_job = tools.iter().find(|t| t.name == "get_job").expect("get_job");
+        assert!(get_job.output_schema.is_some(), "structured output declared");
+        assert_eq!(get_job.annotations.as_ref().and_then(|a| a.read_only_hint), Some(true));
+        let cancel = tools.iter().find(|t| t.name == "cancel_run").expect("cancel_run");
+        assert_eq!(cancel.annotations.as_ref().and_then(|a| a.destructive_hint), Some(true));
+
+        let args = serde_json::json!({"name": "report"}).as_object().cloned();
+        let res = client
+            .call_tool(rmcp::model::CallToolRequestParams::new("get_job").with_arguments(args.expect("object")))
+            .await
+            .expect("call get_job");
+        assert_ne!(res.is_error, Some(true));
+        assert_eq!(res.structured_content.as_ref().map(|v| v["name"].clone()), Some(Value::from("report")));
+
+        let args = serde_json::json!({"name": "nope"}).as_object().cloned();
+        let res = client
+            .call_tool(rmcp::model::CallToolRequestParams::new("get_job").with_arguments(args.expect("object")))
+            .await
+            .expect("a tool error is a result, not a protocol error");
+        assert_eq!(res.is_error, Some(true));
+        let _ = client.cancel().await;
+    });
+}

@@ -1,0 +1,933 @@
+//! The MCP control surface: one rmcp server handler, [`Control`], whose tools wrap the job
+//! service one to one (SPEC §8), plus the seed worker's tool names as aliases. It is served over
+//! streamable HTTP at `/mcp` (see `http.rs`) and over stdio (`lamplighter run --mcp-stdio`).
+//!
+//! Errors come in two kinds. A call the tool cannot accept (unknown tool, arguments of the wrong
+//! shape or out of range) is a protocol error (`-32602 invalid params`) naming the field. A call
+//! that was understood but could not be done (unknown job, run already finished, config
+//! rejected) is a tool error: a result with `isError: true` and a message a person can act on.
+
+use std::borrow::Cow;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::FutureExt;
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRouter};
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
+    ContentBlock, Implementation, ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod,
+    ListResourceTemplatesResult, ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_config::Config;
+use lamplighter_jobs::{
+    Engine, JobDetail, JobSummary, Run, RunBrief, RunFilter, RunPage, RunStatus, ServiceError, TriggerRequest, WorkerStatus,
+};
+use lamplighter_plugins::Registry;
+
+/// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
+const TOOL_ORDER: [&str; 22] = [
+    "worker_status",
+    "list_jobs",
+    "get_job",
+    "pause_job",
+    "resume_job",
+    "trigger_job",
+    "list_runs",
+    "get_run",
+    "cancel_run",
+    "list_approvals",
+    "approve_step",
+    "reject_step",
+    "list_workflows",
+    "list_agents",
+    "list_plugins",
+    "reload_config",
+    "scheduler_list_jobs",
+    "scheduler_trigger_job",
+    "scheduler_pause_job",
+    "scheduler_resume_job",
+    "scheduler_job_status",
+    "worker_plugin_list",
+];
+
+const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
+     cancel runs; list workflows, agents and plugins; reload the config. Job and run errors come back as tool results with \
+     isError set and a message that says what to do.";
+
+/// How often `trigger_job … wait` reports progress (and re-reads the run) while it waits.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// The longest `trigger_job … wait` may be told to wait.
+const MAX_WAIT_SECONDS: u64 = 24 * 60 * 60;
+
+/// What `reload_config` (and SIGHUP) answers when the new config was applied.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub(crate) struct ReloadSummary {
+    /// Jobs in the new config.
+    pub(crate) jobs: usize,
+    /// Warnings found while loading, each with its `file:line:col` when known.
+    pub(crate) warnings: Vec<String>,
+}
+
+/// A reload request: the main loop in `run.rs` reloads and answers on the enclosed channel with
+/// the summary, or with every config error (`file:line:col: error: …`) when the new config was
+/// rejected and the old one kept.
+pub(crate) type ReloadReply = oneshot::Sender<Result<ReloadSummary, Vec<String>>>;
+
+/// What the catalog tools (`list_workflows`, `list_agents`) show, taken from the config at start
+/// and replaced on every successful reload. Owned by `run.rs`'s reload path (the only writer);
+/// readers copy what they need under the read lock and never hold it across an `.await`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CatalogSnapshot {
+    workflows: Vec<WorkflowInfo>,
+    agents: Vec<AgentInfo>,
+}
+
+impl CatalogSnapshot {
+    pub(crate) fn of(config: &Config) -> Self {
+        let disabled = |what: &str, name: &str| config.disabled.get(&format!("{what} \"{name}\"")).cloned();
+        let default_model = config.raw.ai.as_ref().and_then(|ai| ai.default_model.clone());
+        let workflows = config
+            .workflows()
+            .iter()
+            .map(|(name, w)| WorkflowInfo {
+                name: name.clone(),
+                description: w.description.clone(),
+                trigger: w.trigger.clone(),
+                steps: w.steps.len(),
+                disabled: disabled("workflow", name),
+            })
+            .collect();
+        let agents = config
+            .agents()
+            .iter()
+            .map(|(name, a)| AgentInfo {
+                name: name.clone(),
+                description: a.description.clone(),
+                model: a.model.clone().or_else(|| default_model.clone()),
+                provider: a.provider.clone(),
+                plugins: a.plugins.clone().unwrap_or_default(),
+                mcp_servers: a.mcp_servers.clone().unwrap_or_default(),
+                disabled: disabled("agent", name),
+            })
+            .collect();
+        Self { workflows, agents }
+    }
+}
+
+/// The MCP server handler. Cheap to clone: the HTTP transport makes one per session or request.
+#[derive(Clone)]
+pub(crate) struct Control {
+    engine: Engine,
+    registry: Arc<Registry>,
+    catalog: Arc<RwLock<CatalogSnapshot>>,
+    reload: mpsc::Sender<ReloadReply>,
+    /// Cancelled when the worker stops serving: waits end and streams close.
+    stop: CancellationToken,
+    tools: Arc<ToolRouter<Control>>,
+    /// Every tool in [`TOOL_ORDER`], built once.
+    listed: Arc<[Tool]>,
+}
+
+impl Control {
+    pub(crate) fn new(
+        engine: Engine,
+        registry: Arc<Registry>,
+        catalog: Arc<RwLock<CatalogSnapshot>>,
+        reload: mpsc::Sender<ReloadReply>,
+        stop: CancellationToken,
+    ) -> Self {
+        let tools = Self::tool_router();
+        let mut listed: Vec<Tool> = TOOL_ORDER.iter().filter_map(|name| tools.get(name).cloned()).collect();
+        // A tool missing from TOOL_ORDER is still listed (last, by name) rather than hidden.
+        let mut rest: Vec<Tool> = tools.list_all().into_iter().filter(|t| !TOOL_ORDER.iter().any(|n| *n == t.name)).collect();
+        debug_assert!(rest.is_empty(), "tools missing from TOOL_ORDER: {:?}", rest.iter().map(|t| &t.name).collect::<Vec<_>>());
+        listed.append(&mut rest);
+        // Tools without arguments have no `properties`; some clients insist on the key.
+        for tool in &mut listed {
+            if !tool.input_schema.contains_key("properties") {
+                Arc::make_mut(&mut tool.input_schema).insert("properties".into(), Value::Object(Map::new()));
+            }
+        }
+        Self { engine, registry, catalog, reload, stop, tools: Arc::new(tools), listed: listed.into() }
+    }
+
+    /// Cancelled when the worker stops serving MCP.
+    pub(crate) fn stop_token(&self) -> &CancellationToken {
+        &self.stop
+    }
+}
+
+/// Serves MCP over stdin/stdout until stdin closes (the client went away) or `stop` is
+/// cancelled. Logs go to stderr, so stdout carries only protocol messages.
+pub(crate) async fn serve_stdio(control: Control, stop: CancellationToken) {
+    // Non-blocking pipes when the client launched us with pipes (the usual case), so a pending
+    // read never keeps the runtime from shutting down.
+    let transport = rmcp::transport::stdio_pipes();
+    match control.serve_with_ct(transport, stop.child_token()).await {
+        Ok(running) => match running.waiting().await {
+            Ok(reason) => tracing::info!(?reason, "MCP over stdio ended"),
+            Err(e) => tracing::warn!(error = %e, "MCP over stdio stopped abnormally"),
+        },
+        Err(e) => tracing::info!(error = %e, "MCP over stdio ended before a client spoke"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+/// Tool arguments, deserialized strictly: unknown fields and wrong types are protocol errors
+/// (`-32602`) that name the field.
+///
+/// It has to be called `Parameters`: `#[tool]` finds a tool's input schema by that name. It
+/// replaces rmcp's own `Parameters`, which reports bad arguments as tool results (`isError`)
+/// without saying which field was wrong.
+struct Parameters<P>(P);
+
+impl<P: JsonSchema> JsonSchema for Parameters<P> {
+    fn inline_schema() -> bool {
+        P::inline_schema()
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        P::schema_name()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        P::schema_id()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        P::json_schema(generator)
+    }
+}
+
+impl<'a, S, P: DeserializeOwned> FromContextPart<ToolCallContext<'a, S>> for Parameters<P> {
+    fn from_context_part(context: &mut ToolCallContext<'a, S>) -> Result<Self, ErrorData> {
+        let value = Value::Object(context.arguments.take().unwrap_or_default());
+        serde_path_to_error::deserialize(&value).map(Parameters).map_err(|e| argument_error(&context.name, &e))
+    }
+}
+
+fn argument_error(tool: &str, error: &serde_path_to_error::Error<serde_json::Error>) -> ErrorData {
+    let path = error.path().to_string();
+    // "." is the root: unknown and missing fields name themselves in serde's message.
+    let field = (path != ".").then_some(path);
+    let detail = match &field {
+        Some(f) => format!("field `{f}`: {}", error.inner()),
+        None => error.inner().to_string(),
+    };
+    ErrorData::invalid_params(
+        format!("invalid arguments for tool \"{tool}\": {detail}"),
+        Some(serde_json::json!({ "tool": tool, "field": field })),
+    )
+}
+
+/// No arguments (unknown ones are refused).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct JobArgs {
+    /// The job's name, as in `list_jobs`.
+    name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GetJobArgs {
+    /// The job's name, as in `list_jobs`.
+    name: String,
+    /// How many upcoming fire times to show (1–100, default 5).
+    #[schemars(range(min = 1, max = 100))]
+    next: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct PauseArgs {
+    /// The job's name, as in `list_jobs`.
+    name: String,
+    /// Why it is paused; shown in listings.
+    reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TriggerArgs {
+    /// The job's name, as in `list_jobs`. Paused jobs can be triggered too.
+    name: String,
+    /// Input for this run (any JSON value), instead of the job's configured `input`.
+    input: Option<Value>,
+    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
+    parameters: Option<Map<String, Value>>,
+    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
+    idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it. While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[schemars(range(min = 1, max = 86400))]
+    timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListRunsArgs {
+    /// Only runs of this job.
+    job: Option<String>,
+    /// Only runs with this status: queued, running, waiting_approval, succeeded, failed, cancelled, timed_out, skipped, interrupted.
+    status: Option<String>,
+    /// Page size (1–200, default 20).
+    #[schemars(range(min = 1, max = 200))]
+    limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunArgs {
+    /// The run's id, as returned by `trigger_job` or `list_runs`.
+    id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct DecisionArgs {
+    /// The run waiting for approval.
+    run_id: String,
+    /// The approval step's id (default: the step the run is waiting at).
+    step: Option<String>,
+    /// A comment recorded with the decision.
+    #[expect(dead_code, reason = "part of the tool's input schema; recorded once the workflow engine lands")]
+    comment: Option<String>,
+}
+
+/// The seed worker's job arguments: `name` or `job_name`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SeedJobArgs {
+    /// The job's name.
+    name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    job_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SeedPauseArgs {
+    /// The job's name.
+    name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    job_name: Option<String>,
+    /// Why it is paused; shown in listings.
+    reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SeedStatusArgs {
+    /// The job's name.
+    name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    job_name: Option<String>,
+    /// How many upcoming fire times to show (1–100, default 5).
+    #[schemars(range(min = 1, max = 100))]
+    next: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SeedTriggerArgs {
+    /// The job's name.
+    name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    job_name: Option<String>,
+    /// Input for this run (any JSON value), instead of the job's configured `input`.
+    input: Option<Value>,
+    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
+    parameters: Option<Map<String, Value>>,
+    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
+    idempotency_key: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct JobList {
+    jobs: Vec<JobSummary>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct TriggerOutcome {
+    /// The run started (or, with a repeated idempotency key, the earlier run).
+    run_id: String,
+    /// False when the idempotency key matched an earlier trigger.
+    created: bool,
+    /// With `wait`: the run as it stands when the call returns.
+    run: Option<Run>,
+    /// With `wait`: true when the run reached a final status before the call returned.
+    finished: bool,
+    /// Why waiting stopped before the run finished (timeout, the caller cancelled, shutdown).
+    note: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct ApprovalList {
+    /// Runs in status `waiting_approval`, newest first.
+    approvals: Vec<RunBrief>,
+}
+
+/// What `approve_step` and `reject_step` will return once workflows can wait for approval.
+#[allow(dead_code, reason = "never built until the workflow engine lands; it gives the tools their output schema")]
+#[derive(Debug, Serialize, JsonSchema)]
+struct Decision {
+    run_id: String,
+    step: String,
+    /// `approved` or `rejected`.
+    decision: String,
+    comment: Option<String>,
+    run: Run,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+struct WorkflowInfo {
+    name: String,
+    description: Option<String>,
+    /// `manual` or `scheduled`, as written in the config (informational).
+    trigger: Option<String>,
+    /// Number of top-level steps.
+    steps: usize,
+    /// Why it cannot run, when it cannot.
+    disabled: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct WorkflowList {
+    workflows: Vec<WorkflowInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+struct AgentInfo {
+    name: String,
+    description: Option<String>,
+    /// The model alias it uses (its own `model`, else `ai.default_model`).
+    model: Option<String>,
+    provider: Option<String>,
+    plugins: Vec<String>,
+    mcp_servers: Vec<String>,
+    /// Why it cannot run, when it cannot.
+    disabled: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct AgentList {
+    agents: Vec<AgentInfo>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct ActionView {
+    name: String,
+    description: String,
+    /// JSON Schema of the action's parameters.
+    parameters: Value,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct PluginView {
+    name: String,
+    version: String,
+    /// `builtin`, `wasm` or `native`.
+    kind: String,
+    description: String,
+    actions: Vec<ActionView>,
+    /// Why the plugin cannot be used, when it cannot.
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct PluginList {
+    plugins: Vec<PluginView>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// Why a tool call did not succeed.
+enum Failure {
+    /// Understood but not done: a result with `isError: true` and this message.
+    Tool(String),
+    /// Not acceptable as a call (bad arguments): a JSON-RPC error.
+    Protocol(ErrorData),
+}
+
+impl Failure {
+    fn invalid(message: impl Into<String>) -> Self {
+        let message: String = message.into();
+        Failure::Protocol(ErrorData::invalid_params(message, None))
+    }
+}
+
+impl From<ServiceError> for Failure {
+    fn from(e: ServiceError) -> Self {
+        if matches!(e, ServiceError::Storage(_)) {
+            tracing::warn!(error = %e, "storage error while serving an MCP call");
+        }
+        Failure::Tool(e.to_string())
+    }
+}
+
+impl IntoCallToolResult for Failure {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        match self {
+            Failure::Tool(message) => Ok(tool_error(message).into()),
+            Failure::Protocol(error) => Err(error),
+        }
+    }
+}
+
+/// A tool error: the call was understood but could not be done; the message says why.
+fn tool_error(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message)])
+}
+
+/// `value` when it is within `1..=max`, else an invalid-arguments error naming `field`.
+fn in_range(field: &str, value: u64, max: u64) -> Result<u64, Failure> {
+    if value < 1 || value > max {
+        return Err(Failure::invalid(format!("invalid arguments: field `{field}` must be between 1 and {max}, not {value}")));
+    }
+    Ok(value)
+}
+
+/// The seed's tools take the job as `name` or `job_name`.
+fn seed_job_name(name: Option<String>, job_name: Option<String>) -> Result<String, Failure> {
+    match (name, job_name) {
+        (Some(a), Some(b)) if a != b => {
+            Err(Failure::invalid(format!("invalid arguments: `name` (\"{a}\") and `job_name` (\"{b}\") name different jobs; pass one")))
+        }
+        (Some(a), _) | (None, Some(a)) => Ok(a),
+        (None, None) => Err(Failure::invalid("invalid arguments: missing field `name` (or the seed's `job_name`)")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tools
+
+#[tool_router]
+#[allow(unreachable_pub, reason = "#[tool] generates `pub fn …_tool_attr` on this crate-private type")]
+impl Control {
+    /// Worker health: version, uptime, jobs, running runs, queue depth and storage.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn worker_status(&self, _: Parameters<NoArgs>) -> Result<Json<WorkerStatus>, Failure> {
+        Ok(Json(self.engine.worker_status().await?))
+    }
+
+    /// Every configured job: target, schedule, time zone, enabled/paused state, next fire time and last run.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_jobs(&self, _: Parameters<NoArgs>) -> Result<Json<JobList>, Failure> {
+        self.do_list_jobs().await
+    }
+
+    /// One job in detail: its next fire times (UTC and the job's zone), run counts by status, recent runs, and its catch-up, overlap, timeout and retry policy.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn get_job(&self, Parameters(a): Parameters<GetJobArgs>) -> Result<Json<JobDetail>, Failure> {
+        self.do_get_job(&a.name, a.next).await
+    }
+
+    /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
+    async fn pause_job(&self, Parameters(a): Parameters<PauseArgs>) -> Result<Json<JobSummary>, Failure> {
+        Ok(Json(self.engine.pause_job(&a.name, a.reason.as_deref()).await?))
+    }
+
+    /// Resumes a paused job. Ticks missed while it was paused are not caught up.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
+    async fn resume_job(&self, Parameters(a): Parameters<JobArgs>) -> Result<Json<JobSummary>, Failure> {
+        Ok(Json(self.engine.resume_job(&a.name).await?))
+    }
+
+    /// Starts a run of a job now, paused or not, optionally with its own input, parameters and idempotency key. Returns the run id at once; with `wait`, waits for the run to finish (sending progress notifications) and returns it.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn trigger_job(
+        &self,
+        Parameters(a): Parameters<TriggerArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        let timeout = match a.timeout_seconds {
+            Some(s) => Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?)),
+            None => None,
+        };
+        let request = TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+        let triggered = self.engine.trigger_job(&a.name, request).await?;
+        if !a.wait {
+            return Ok(Json(TriggerOutcome {
+                run_id: triggered.run_id,
+                created: triggered.created,
+                run: None,
+                finished: false,
+                note: None,
+            }));
+        }
+        let (run, note) = self.wait_for(&triggered.run_id, timeout, &ctx).await?;
+        let finished = run.status.is_final();
+        Ok(Json(TriggerOutcome { run_id: triggered.run_id, created: triggered.created, run: Some(run), finished, note }))
+    }
+
+    /// Lists runs, newest first, filtered by job and status, one page at a time: pass `next_cursor` back as `cursor` for the next page.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_runs(&self, Parameters(a): Parameters<ListRunsArgs>) -> Result<Json<RunPage>, Failure> {
+        let status = match a.status.as_deref() {
+            Some(s) => Some(s.parse::<RunStatus>().map_err(Failure::Tool)?),
+            None => None,
+        };
+        let limit = in_range("limit", a.limit.map_or(20, u64::from), 200)? as u32;
+        let page = self.engine.list_runs(RunFilter { job: a.job, status, limit: Some(limit), before: a.cursor }).await?;
+        Ok(Json(page))
+    }
+
+    /// One run in full: trigger, times, status, attempt, input, parameters, output, error, worker and token usage.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn get_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<Run>, Failure> {
+        Ok(Json(self.engine.get_run(&a.id).await?))
+    }
+
+    /// Cancels a queued or running run and returns it. A run that already finished cannot be cancelled.
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    async fn cancel_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<Run>, Failure> {
+        Ok(Json(self.engine.cancel_run(&a.id).await?))
+    }
+
+    /// Runs waiting for a person to approve or reject a workflow step (status `waiting_approval`).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_approvals(&self, _: Parameters<NoArgs>) -> Result<Json<ApprovalList>, Failure> {
+        let filter = RunFilter { job: None, status: Some(RunStatus::WaitingApproval), limit: Some(200), before: None };
+        let page = self.engine.list_runs(filter).await?;
+        Ok(Json(ApprovalList { approvals: page.runs.iter().map(RunBrief::from).collect() }))
+    }
+
+    /// Approves a workflow step that waits for a person, with an optional comment; the run continues.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
+    async fn approve_step(&self, Parameters(a): Parameters<DecisionArgs>) -> Result<Json<Decision>, Failure> {
+        Err(Self::no_approvals("approve", &a))
+    }
+
+    /// Rejects a workflow step that waits for a person, with an optional comment; the run fails naming the step (or follows its `on_reject`).
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    async fn reject_step(&self, Parameters(a): Parameters<DecisionArgs>) -> Result<Json<Decision>, Failure> {
+        Err(Self::no_approvals("reject", &a))
+    }
+
+    /// The configured workflows: description, trigger, number of steps, and why one is disabled.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_workflows(&self, _: Parameters<NoArgs>) -> Result<Json<WorkflowList>, Failure> {
+        let workflows = self.catalog.read().unwrap_or_else(PoisonError::into_inner).workflows.clone();
+        Ok(Json(WorkflowList { workflows }))
+    }
+
+    /// The configured agents: description, model, provider, plugins, MCP servers, and why one is disabled.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_agents(&self, _: Parameters<NoArgs>) -> Result<Json<AgentList>, Failure> {
+        let agents = self.catalog.read().unwrap_or_else(PoisonError::into_inner).agents.clone();
+        Ok(Json(AgentList { agents }))
+    }
+
+    /// The plugins this worker knows: version, kind, description, actions with their parameter schemas, and why one cannot be used.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_plugins(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
+        Ok(self.do_list_plugins())
+    }
+
+    /// Reloads the config from disk, as SIGHUP does: jobs are added, removed and changed without a restart. An invalid config is rejected with every error and its location, and the running config is kept.
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    async fn reload_config(&self, _: Parameters<NoArgs>) -> Result<Json<ReloadSummary>, Failure> {
+        let shutting_down = || Failure::Tool("the worker is shutting down; the config was not reloaded".into());
+        let (reply, answer) = oneshot::channel();
+        self.reload.send(reply).await.map_err(|_| shutting_down())?;
+        match answer.await {
+            Ok(Ok(summary)) => Ok(Json(summary)),
+            Ok(Err(diagnostics)) => Err(Failure::Tool(format!(
+                "config reload rejected; the running config is kept. Fix these and reload again:\n{}",
+                diagnostics.join("\n")
+            ))),
+            Err(_) => Err(shutting_down()),
+        }
+    }
+
+    /// Seed-compatible name of `list_jobs`.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn scheduler_list_jobs(&self, _: Parameters<NoArgs>) -> Result<Json<JobList>, Failure> {
+        self.do_list_jobs().await
+    }
+
+    /// Seed-compatible name of `trigger_job` (without waiting): starts a run of the job (`job_name` or `name`) now and returns its id.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn scheduler_trigger_job(&self, Parameters(a): Parameters<SeedTriggerArgs>) -> Result<Json<TriggerOutcome>, Failure> {
+        let name = seed_job_name(a.name, a.job_name)?;
+        let request = TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+        let triggered = self.engine.trigger_job(&name, request).await?;
+        Ok(Json(TriggerOutcome { run_id: triggered.run_id, created: triggered.created, run: None, finished: false, note: None }))
+    }
+
+    /// Seed-compatible name of `pause_job` (the job as `job_name` or `name`).
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
+    async fn scheduler_pause_job(&self, Parameters(a): Parameters<SeedPauseArgs>) -> Result<Json<JobSummary>, Failure> {
+        let name = seed_job_name(a.name, a.job_name)?;
+        Ok(Json(self.engine.pause_job(&name, a.reason.as_deref()).await?))
+    }
+
+    /// Seed-compatible name of `resume_job` (the job as `job_name` or `name`).
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
+    async fn scheduler_resume_job(&self, Parameters(a): Parameters<SeedJobArgs>) -> Result<Json<JobSummary>, Failure> {
+        let name = seed_job_name(a.name, a.job_name)?;
+        Ok(Json(self.engine.resume_job(&name).await?))
+    }
+
+    /// Seed-compatible name of `get_job` (the job as `job_name` or `name`).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn scheduler_job_status(&self, Parameters(a): Parameters<SeedStatusArgs>) -> Result<Json<JobDetail>, Failure> {
+        let name = seed_job_name(a.name, a.job_name)?;
+        self.do_get_job(&name, a.next).await
+    }
+
+    /// Seed-compatible name of `list_plugins`.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn worker_plugin_list(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
+        Ok(self.do_list_plugins())
+    }
+}
+
+impl Control {
+    async fn do_list_jobs(&self) -> Result<Json<JobList>, Failure> {
+        Ok(Json(JobList { jobs: self.engine.list_jobs().await? }))
+    }
+
+    async fn do_get_job(&self, name: &str, next: Option<u32>) -> Result<Json<JobDetail>, Failure> {
+        let next = in_range("next", next.map_or(5, u64::from), 100)? as usize;
+        Ok(Json(self.engine.get_job(name, next).await?))
+    }
+
+    fn do_list_plugins(&self) -> Json<PluginList> {
+        let plugins = self
+            .registry
+            .plugins()
+            .iter()
+            .map(|p| PluginView {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                kind: p.kind.clone(),
+                description: p.description.clone(),
+                actions: p
+                    .actions
+                    .iter()
+                    .map(|a| ActionView { name: a.name.clone(), description: a.description.clone(), parameters: a.parameters.clone() })
+                    .collect(),
+                error: p.error.clone(),
+            })
+            .collect();
+        Json(PluginList { plugins })
+    }
+
+    /// Workflows cannot pause for approval yet, so there is never a step to decide on. Say so
+    /// rather than pretend.
+    fn no_approvals(verb: &str, a: &DecisionArgs) -> Failure {
+        let step = a.step.as_deref().map(|s| format!(" step \"{s}\" of")).unwrap_or_default();
+        Failure::Tool(format!(
+            "cannot {verb}{step} run \"{}\": approval steps are not supported yet (the workflow engine has not landed), so no run can be waiting for approval",
+            a.run_id
+        ))
+    }
+
+    /// Waits for a run to reach a final status, reporting progress every [`PROGRESS_EVERY`]
+    /// when the caller asked for it. Returns early, with the run as it is and a note, when
+    /// `timeout` passes, the caller cancels, or the worker stops.
+    async fn wait_for(
+        &self,
+        run_id: &str,
+        timeout: Option<Duration>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<(Run, Option<String>), Failure> {
+        let progress_token = ctx.meta.get_progress_token();
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut reports: u32 = 0;
+        loop {
+            let slice = match deadline {
+                Some(d) => d.saturating_duration_since(tokio::time::Instant::now()).min(PROGRESS_EVERY),
+                None => PROGRESS_EVERY,
+            };
+            let run = tokio::select! {
+                biased;
+                () = ctx.ct.cancelled() => return self.run_now(run_id, "the caller cancelled the wait; the run goes on").await,
+                () = self.stop.cancelled() => return self.run_now(run_id, "the worker is shutting down").await,
+                run = self.engine.wait_run(run_id, Some(slice)) => run?,
+            };
+            if run.status.is_final() {
+                return Ok((run, None));
+            }
+            if let (Some(d), Some(t)) = (deadline, timeout)
+                && tokio::time::Instant::now() >= d
+            {
+                let note = format!("stopped waiting after {} s; the run is still {}", t.as_secs(), run.status);
+                return Ok((run, Some(note)));
+            }
+            if let Some(token) = &progress_token {
+                reports = reports.saturating_add(1);
+                let message = format!("run {} is {}", run.id, run.status);
+                let param = ProgressNotificationParam::new(token.clone(), f64::from(reports)).with_message(message);
+                if let Err(e) = ctx.peer.notify_progress(param).await {
+                    tracing::debug!(error = %e, "cannot send a progress notification");
+                }
+            }
+        }
+    }
+
+    async fn run_now(&self, run_id: &str, note: &str) -> Result<(Run, Option<String>), Failure> {
+        let run = self.engine.get_run(run_id).await?;
+        let note = (!run.status.is_final()).then(|| note.to_string());
+        Ok((run, note))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The handler
+
+impl ServerHandler for Control {
+    /// Exactly what is served: tools (a fixed list). No prompts, resources, completions or
+    /// logging, so those methods answer "method not found".
+    fn get_info(&self) -> ServerConfig {
+        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        if let Some(tools) = capabilities.tools.as_mut() {
+            tools.list_changed = Some(false);
+        }
+        ServerConfig::new(capabilities)
+            .with_server_info(Implementation::new("lamplighter", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn call_tool(&self, request: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.clone();
+        if self.tools.get(&name).is_none() {
+            return Err(ErrorData::invalid_params(format!("unknown tool \"{name}\"; known tools: {}", TOOL_ORDER.join(", ")), None));
+        }
+        let call = ToolCallContext::new(self, request, context);
+        // A panic in a tool fails that call, not the worker (STYLE §9).
+        match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
+            Ok(response) => response,
+            Err(_) => {
+                tracing::error!(tool = %name, "MCP tool call panicked");
+                Ok(tool_error(format!("internal error in tool \"{name}\"; the worker log has details")).into())
+            }
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let cache_hints = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        Ok(ListToolsResult {
+            result_type: Some(ResultType::COMPLETE),
+            tools: self.listed.to_vec(),
+            meta: None,
+            next_cursor: None,
+            ttl_ms: cache_hints.then_some(0),
+            cache_scope: cache_hints.then_some(CacheScope::Public),
+        })
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.get(name).cloned()
+    }
+
+    // rmcp's defaults answer these with empty lists even though the capability is not declared.
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Err(ErrorData::method_not_found::<ListPromptsRequestMethod>())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Err(ErrorData::method_not_found::<ListResourcesRequestMethod>())
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Err(ErrorData::method_not_found::<ListResourceTemplatesRequestMethod>())
+    }
+
+    async fn complete(&self, _request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {
+        Err(ErrorData::method_not_found::<CompleteRequestMethod>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_for<P: DeserializeOwned>(args: Value) -> ErrorData {
+        let Err(e) = P::deserialize(&args) else { panic!("{args} should not deserialize") };
+        argument_error::<P>("t", &args, &e)
+    }
+
+    #[test]
+    fn bad_argument_errors_name_the_field() {
+        let e = error_for::<GetJobArgs>(serde_json::json!({"name": "a", "next": "five"}));
+        assert!(e.message.contains("field `next`"), "{}", e.message);
+        let e = error_for::<ListRunsArgs>(serde_json::json!({"limit": -1}));
+        assert!(e.message.contains("field `limit`"), "{}", e.message);
+        let e = error_for::<GetJobArgs>(serde_json::json!({"name": "a", "bogus": 1}));
+        assert!(e.message.contains("unknown field `bogus`"), "{}", e.message);
+        let e = error_for::<GetJobArgs>(serde_json::json!({}));
+        assert!(e.message.contains("missing field `name`"), "{}", e.message);
+        assert!(!e.message.starts_with("failed to deserialize parameters"), "rmcp would turn this into a tool result");
+    }
+
+    #[test]
+    fn seed_job_name_accepts_either_spelling() {
+        assert_eq!(seed_job_name(Some("a".into()), None).ok(), Some("a".to_string()));
+        assert_eq!(seed_job_name(None, Some("a".into())).ok(), Some("a".to_string()));
+        assert_eq!(seed_job_name(Some("a".into()), Some("a".into())).ok(), Some("a".to_string()));
+        assert!(seed_job_name(Some("a".into()), Some("b".into())).is_err());
+        assert!(seed_job_name(None, None).is_err());
+    }
+
+    #[test]
+    fn every_tool_is_listed_in_order() {
+        let tools = Control::tool_router();
+        let mut names: Vec<&str> = TOOL_ORDER.to_vec();
+        names.sort_unstable();
+        let routed: Vec<String> = tools.list_all().into_iter().map(|t| t.name.to_string()).collect();
+        assert_eq!(routed, names);
+        for name in TOOL_ORDER {
+            let tool = tools.get(name).expect("routed");
+            assert!(tool.output_schema.is_some(), "{name} has no output schema");
+            assert!(tool.annotations.is_some(), "{name} has no annotations");
+            assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{name} has no description");
+        }
+    }
+}

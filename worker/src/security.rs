@@ -1,0 +1,288 @@
+//! Guards for the `/mcp` endpoint, in the order they run: `Host` and `Origin` validation (so a
+//! web page cannot reach the worker through DNS rebinding or a cross-site request), bearer-token
+//! auth, and a request body limit. `/healthz` and `/readyz` are not guarded.
+//!
+//! rmcp checks `Host` and `Origin` too; `http.rs` gives it the same lists as a second line, so
+//! the service stays protected if it is ever mounted without these layers.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::uri::Authority;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use lamplighter_config::{McpAuth, WorkerConfig};
+
+/// The largest request body `/mcp` accepts; larger ones get 413.
+pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Extra host names (comma-separated) the worker may be reached by, beyond loopback and
+/// `worker.mcp.host`: e.g. `worker.example.com` when it listens on `0.0.0.0` behind that name.
+pub(crate) const EXTRA_HOSTS_VAR: &str = "LAMPLIGHTER_ALLOWED_HOSTS";
+
+/// Who may talk to `/mcp`. Immutable after start; shared behind an `Arc`. (No `Debug`: it
+/// holds the token.)
+pub(crate) struct Guard {
+    /// The bearer token, when auth is on.
+    token: Option<String>,
+    /// Allowed host names, normalized: lowercase, IPv6 without brackets.
+    hosts: Vec<String>,
+}
+
+impl Guard {
+    /// Loopback names, the configured listen host, and `extra_hosts`.
+    pub(crate) fn new(worker: &WorkerConfig, extra_hosts: &[String]) -> Self {
+        let mut hosts: Vec<String> = Vec::new();
+        let configured = ["localhost", "127.0.0.1", "::1", worker.host.as_str()];
+        for h in configured.into_iter().chain(extra_hosts.iter().map(String::as_str)) {
+            let h = normalize_host(h);
+            if !h.is_empty() && !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
+        let token = match &worker.auth {
+            McpAuth::Bearer { token } => Some(token.clone()),
+            McpAuth::None => None,
+        };
+        Self { token, hosts }
+    }
+
+    /// [`Guard::new`] with the extra names from `$LAMPLIGHTER_ALLOWED_HOSTS`.
+    pub(crate) fn from_env(worker: &WorkerConfig) -> Self {
+        let extra: Vec<String> = std::env::var(EXTRA_HOSTS_VAR)
+            .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+            .unwrap_or_default();
+        Self::new(worker, &extra)
+    }
+
+    /// The allowed hosts in rmcp's `allowed_hosts` form (any port; IPv6 in brackets).
+    pub(crate) fn rmcp_allowed_hosts(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| bracketed(h)).collect()
+    }
+
+    /// The allowed origins in rmcp's `allowed_origins` form: `http` and `https`, any port.
+    pub(crate) fn rmcp_allowed_origins(&self) -> Vec<String> {
+        self.hosts.iter().flat_map(|h| ["http", "https"].map(|scheme| format!("{scheme}://{}:*", bracketed(h)))).collect()
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        let host = normalize_host(host);
+        self.hosts.contains(&host)
+    }
+
+    /// `Host` must name this worker; a foreign name is how DNS rebinding shows.
+    fn check_host(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Refusal> {
+        let host = match headers.get(header::HOST) {
+            Some(value) => match value.to_str().ok().and_then(|s| s.parse::<Authority>().ok()) {
+                Some(a) => a.host().to_string(),
+                None => return Err(Refusal::BadHost("malformed Host header")),
+            },
+            // HTTP/2 carries the host in `:authority`.
+            None => match uri.authority() {
+                Some(a) => a.host().to_string(),
+                None => return Err(Refusal::BadHost("missing Host header")),
+            },
+        };
+        if self.host_allowed(&host) {
+            return Ok(());
+        }
+        tracing::warn!(host = %host, "refused an MCP request with a foreign Host header");
+        Err(Refusal::ForeignHost { host, allowed: self.rmcp_allowed_hosts().join(", ") })
+    }
+
+    /// A browser sends `Origin`; it must be a page of this worker (or of a loopback host).
+    /// Clients that are not browsers send none, and that is fine.
+    fn check_origin(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let Some(value) = headers.get(header::ORIGIN) else {
+            return Ok(());
+        };
+        let origin = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        if self.origin_allowed(&origin) {
+            return Ok(());
+        }
+        tracing::warn!(origin = %origin, "refused an MCP request from a foreign Origin");
+        Err(Refusal::ForeignOrigin(origin))
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        let Ok(uri) = origin.trim().parse::<Uri>() else {
+            return false;
+        };
+        let web = matches!(uri.scheme_str(), Some("http" | "https"));
+        web && uri.authority().is_some_and(|a| self.host_allowed(a.host()))
+    }
+
+    /// `Authorization: Bearer <token>`, compared in constant time, when auth is on.
+    fn check_auth(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let Some(expected) = &self.token else {
+            return Ok(());
+        };
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+        });
+        match given {
+            None => Err(Refusal::NoToken),
+            Some(token) if tokens_match(token.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => {
+                tracing::warn!("refused an MCP request with a wrong bearer token");
+                Err(Refusal::WrongToken)
+            }
+        }
+    }
+
+    fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Refusal> {
+        self.check_host(headers, uri)?;
+        self.check_origin(headers)?;
+        self.check_auth(headers)
+    }
+}
+
+/// The middleware: refuses what [`Guard`] does not admit, passes the rest on.
+pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    let verdict = guard.admit(request.headers(), request.uri());
+    match verdict {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// Why a request was turned away; each becomes a short plain-text answer.
+#[derive(Debug)]
+enum Refusal {
+    BadHost(&'static str),
+    ForeignHost { host: String, allowed: String },
+    ForeignOrigin(String),
+    NoToken,
+    WrongToken,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::BadHost(what) => (StatusCode::BAD_REQUEST, format!("bad request: {what}\n")).into_response(),
+            Refusal::ForeignHost { host, allowed } => (
+                StatusCode::FORBIDDEN,
+                format!(
+                    "forbidden: Host \"{host}\" is not allowed (allowed: {allowed}); to reach the worker by another name, add it to ${EXTRA_HOSTS_VAR}\n"
+                ),
+            )
+                .into_response(),
+            Refusal::ForeignOrigin(origin) => {
+                (StatusCode::FORBIDDEN, format!("forbidden: Origin \"{origin}\" is not allowed\n")).into_response()
+            }
+            Refusal::NoToken => unauthorized(
+                "Bearer realm=\"lamplighter\"",
+                "unauthorized: this worker requires `Authorization: Bearer <token>` (lampctl: --token or $LAMPLIGHTER_TOKEN)\n",
+            ),
+            Refusal::WrongToken => unauthorized(
+                "Bearer realm=\"lamplighter\", error=\"invalid_token\"",
+                "unauthorized: the bearer token is wrong; use the token in worker.mcp.auth\n",
+            ),
+        }
+    }
+}
+
+fn unauthorized(challenge: &'static str, body: &'static str) -> Response {
+    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge))], body).into_response()
+}
+
+/// Lowercase, without the brackets of an IPv6 literal.
+fn normalize_host(host: &str) -> String {
+    host.trim().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase()
+}
+
+fn bracketed(host: &str) -> String {
+    if host.contains(':') { format!("[{host}]") } else { host.to_string() }
+}
+
+/// Compares a presented token with the expected one in time that depends only on the expected
+/// token's length, so response times do not tell an attacker how much of a guess was right.
+fn tokens_match(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        diff |= given.get(i).copied().unwrap_or(0) ^ e;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(host: &str, auth: McpAuth) -> WorkerConfig {
+        WorkerConfig {
+            name: None,
+            concurrency: 1,
+            shutdown_grace: std::time::Duration::from_secs(1),
+            host: host.into(),
+            port: 5100,
+            transport: lamplighter_config::McpTransport::Http,
+            auth,
+        }
+    }
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.insert(name.clone(), HeaderValue::from_str(value).unwrap());
+        }
+        h
+    }
+
+    fn status(r: Result<(), Refusal>) -> Option<StatusCode> {
+        r.err().map(|r| r.into_response().status())
+    }
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(tokens_match(b"s3cret", b"s3cret"));
+        assert!(!tokens_match(b"s3cre", b"s3cret"));
+        assert!(!tokens_match(b"s3cret!", b"s3cret"));
+        assert!(!tokens_match(b"s3creT", b"s3cret"));
+        assert!(!tokens_match(b"", b"s3cret"));
+    }
+
+    #[test]
+    fn host_must_name_this_worker() {
+        let g = Guard::new(&worker("127.0.0.1", McpAuth::None), &["worker.example".into()]);
+        let uri = Uri::from_static("/mcp");
+        for ok in ["localhost:5100", "127.0.0.1", "[::1]:5100", "LOCALHOST", "worker.example:80"] {
+            assert_eq!(status(g.check_host(&headers(&[(header::HOST, ok)]), &uri)), None, "{ok}");
+        }
+        assert_eq!(status(g.check_host(&headers(&[(header::HOST, "evil.example:5100")]), &uri)), Some(StatusCode::FORBIDDEN));
+    }
+
+    #[test]
+    fn origin_if_present_must_be_local() {
+        let g = Guard::new(&worker("127.0.0.1", McpAuth::None), &[]);
+        assert_eq!(status(g.check_origin(&headers(&[]))), None);
+        for ok in ["http://localhost:3000", "https://127.0.0.1", "http://[::1]:8080"] {
+            assert_eq!(status(g.check_origin(&headers(&[(header::ORIGIN, ok)]))), None, "{ok}");
+        }
+        for bad in ["https://evil.example", "null", "file://localhost", "http://localhost.evil.example"] {
+            assert_eq!(status(g.check_origin(&headers(&[(header::ORIGIN, bad)]))), Some(StatusCode::FORBIDDEN), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bearer_token_is_required_when_configured() {
+        let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { token: "t0k".into() }), &[]);
+        assert_eq!(status(g.check_auth(&headers(&[]))), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer nope")]))), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Basic dDBr")]))), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer t0k")]))), None);
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "bearer t0k")]))), None);
+        let open = Guard::new(&worker("127.0.0.1", McpAuth::None), &[]);
+        assert_eq!(status(open.check_auth(&headers(&[]))), None);
+    }
+
+    #[test]
+    fn rmcp_gets_the_same_lists() {
+        let g = Guard::new(&worker("0.0.0.0", McpAuth::None), &[]);
+        assert_eq!(g.rmcp_allowed_hosts(), ["localhost", "127.0.0.1", "[::1]", "0.0.0.0"]);
+        assert!(g.rmcp_allowed_origins().contains(&"https://[::1]:*".to_string()));
+    }
+}
