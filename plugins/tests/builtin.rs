@@ -795,3 +795,51 @@ async fn web_fetch_is_cancelled_while_a_server_never_answers() {
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     drop(silent);
 }
+
+/// Found in review: inputs whose cost grew without bound. Each must end quickly with a clear
+/// error (a regression here hangs or aborts the test process).
+#[tokio::test]
+async fn hostile_sizes_are_refused_not_computed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    // 2^40 brace expansions of the same name.
+    let pattern = "{a,a}".repeat(40);
+    let err = call("file-glob", "search", json!({ "pattern": pattern }), &c).await.expect_err("refused");
+    assert!(err.to_string().contains("alternatives"), "{err}");
+    let err = call("file-glob", "search", json!({ "pattern": "{".repeat(100_000) }), &c).await.expect_err("refused");
+    assert!(err.to_string().contains("longer than"), "{err}");
+
+    // Replace-all whose result would be gigabytes.
+    std::fs::write(dir.path().join("a.txt"), "a".repeat(1024 * 1024)).expect("write");
+    let err =
+        call("file-edit", "search-replace", json!({"path": "a.txt", "search": "a", "replace": "x".repeat(1024), "occurrence": 0}), &c)
+            .await
+            .expect_err("refused");
+    assert!(err.to_string().contains("larger than"), "{err}");
+    assert_eq!(std::fs::metadata(dir.path().join("a.txt")).expect("still there").len(), 1024 * 1024, "file untouched");
+}
+
+#[tokio::test]
+async fn web_fetch_does_not_follow_a_redirect_to_plain_http() {
+    let base = http_server(|_| {
+        b"HTTP/1.1 302 Found\r\nlocation: http://example.invalid/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = call("web-fetch", "fetch", json!({ "url": format!("{base}/start") }), &ctx(dir.path(), &[])).await.expect_err("refused");
+    assert!(err.to_string().contains("redirect to http://example.invalid/ refused"), "{err}");
+}
+
+#[tokio::test]
+async fn web_fetch_turns_a_page_of_ampersands_into_text_quickly() {
+    let base = http_server(|_| {
+        let body = "&".repeat(2 * 1024 * 1024);
+        format!("HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+            .into_bytes()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Quadratic decoding (the bug) would not finish within the test run.
+    let page = call("web-fetch", "fetch", json!({ "url": format!("{base}/amp") }), &ctx(dir.path(), &[])).await.expect("fetched");
+    assert!(page.to_string().contains("&&&"), "entities left as text");
+}

@@ -35,6 +35,15 @@ pub(crate) async fn search_replace(params: &Params, ctx: &ActionContext) -> Resu
     if found == 0 {
         return Err(params.invalid("search", format!("does not occur in \"{user_path}\" (searched for {})", quote(search))));
     }
+    // The result's size, checked before it is built: replacing every `a` in a large file by a
+    // long text must be a clear error, not an allocation that aborts the worker.
+    let replaced_count = if occurrence == 0 { found } else { 1 };
+    let new_len = (text.len() - replaced_count * search.len()).checked_add(replaced_count.saturating_mul(replace.len()));
+    if new_len.is_none_or(|n| n as u64 > MAX_EDIT_BYTES) {
+        return Err(params.failed(format!(
+            "replacing {replaced_count} occurrence(s) in \"{user_path}\" would make it larger than {MAX_EDIT_BYTES} bytes"
+        )));
+    }
     let (updated, replaced) = if occurrence == 0 {
         (text.replace(search, replace), found)
     } else {
@@ -112,7 +121,19 @@ async fn read_text(params: &Params, path: &Path, user_path: &str) -> Result<Stri
 }
 
 async fn write_text(params: &Params, path: &Path, user_path: &str, text: String) -> Result<(), ActionError> {
-    tokio::fs::write(path, text).await.map_err(|e| params.failed(format!("cannot write \"{user_path}\": {e}")))
+    // Written next to the file and renamed over it: a crash mid-write leaves the old file whole.
+    let tmp = path.with_file_name(format!(".{}.lamplighter-edit", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
+    let failed = |e: std::io::Error| params.failed(format!("cannot write \"{user_path}\": {e}"));
+    tokio::fs::write(&tmp, text).await.map_err(failed)?;
+    // The edited file keeps its mode.
+    if let Ok(meta) = tokio::fs::metadata(path).await {
+        let _ = tokio::fs::set_permissions(&tmp, meta.permissions()).await;
+    }
+    if let Err(e) = tokio::fs::rename(&tmp, path).await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(failed(e));
+    }
+    Ok(())
 }
 
 /// `"text"` with escapes, cut to [`QUOTED_CHARS`] characters.

@@ -34,6 +34,10 @@ const MAX_VISITED: usize = 200_000;
 const MAX_DEPTH: usize = 64;
 /// Most patterns `{…}` may expand to.
 const MAX_ALTERNATIVES: usize = 64;
+/// Expansion work allowed for one pattern (each group visited, duplicates included).
+const MAX_EXPANSION_STEPS: usize = 4 * MAX_ALTERNATIVES;
+/// Longest pattern accepted; brace matching is quadratic in it.
+const MAX_PATTERN_BYTES: usize = 4096;
 /// Most `path:line: text` lines one search returns.
 const MAX_MATCH_LINES: usize = 2000;
 /// Files larger than this are listed but not searched for `search_term`.
@@ -127,9 +131,18 @@ fn relative_pattern(action: &str, pattern: &str, alternative: &str, dirs: &[&Pat
 /// Expands `{a,b}` alternatives, nested ones too, into plain glob patterns. A brace group with
 /// no top-level comma is left as literal text, as `sh` leaves it.
 fn expand_braces(pattern: &str) -> Result<Vec<String>, String> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(format!("is longer than {MAX_PATTERN_BYTES} bytes"));
+    }
     let mut out: Vec<String> = Vec::new();
     let mut todo = vec![pattern.to_owned()];
+    // Every expansion step counts, duplicates too: `{a,a}{a,a}…` must not run forever.
+    let mut steps = 0usize;
     while let Some(current) = todo.pop() {
+        steps += 1;
+        if steps > MAX_EXPANSION_STEPS || todo.len() > MAX_EXPANSION_STEPS {
+            return Err(format!("has more than {MAX_ALTERNATIVES} {{…}} alternatives"));
+        }
         match first_group(&current) {
             None => {
                 if !out.contains(&current) {

@@ -47,6 +47,10 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("\r", "carriage returns are not allowed"),
     ("<(", "process substitution \"<(\" is not allowed"),
     (">(", "process substitution \">(\" is not allowed"),
+    // An escape changes how `sh` splits what this check sees (`echo \\>& rm x` runs `rm`).
+    ("\\", "backslash escapes are not allowed"),
+    // `${x=…}` and `${PATH:…}` evaluate arbitrary expressions in some shells.
+    ("${", "parameter expansion \"${\" is not allowed"),
 ];
 
 pub(crate) async fn run(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
@@ -119,14 +123,18 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
     Ok(())
 }
 
-/// Splits on `|`, `;` and `&` (so `&&` and `||` too), except an `&` right after `>` or `<`,
-/// which duplicates a file descriptor (`2>&1`, `>&2`) rather than separating commands.
+/// Splits on `|`, `;` and `&` (so `&&` and `||` too), except an `&` between `>`/`<` and a
+/// digit or `-`, which duplicates a file descriptor (`2>&1`, `>&2`) rather than separating
+/// commands.
 fn segments(command: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut previous = None;
     for (i, c) in command.char_indices() {
-        let separator = matches!(c, '|' | ';') || (c == '&' && !matches!(previous, Some('>' | '<')));
+        // `>&2`, `2>&1`, `<&-` duplicate a descriptor; any other `&` separates commands.
+        let duplicates =
+            matches!(previous, Some('>' | '<')) && command[i + 1..].chars().next().is_some_and(|n| n.is_ascii_digit() || n == '-');
+        let separator = matches!(c, '|' | ';') || (c == '&' && !duplicates);
         if separator {
             out.push(&command[start..i]);
             start = i + c.len_utf8();
@@ -149,6 +157,12 @@ fn split_words(text: &str) -> Vec<&str> {
 /// first word, or whole text, is the pattern. Blanks are collapsed on both sides and ASCII case
 /// is ignored.
 fn matches_pattern(pattern: &str, words: &[&str]) -> bool {
+    // A path as the program (`mkdir/../../bin/sh` under `mkdir*`) runs something else than the
+    // pattern names, unless the pattern itself names a path.
+    let pattern_program = split_words(pattern).first().map(|w| w.trim_end_matches('*')).unwrap_or_default();
+    if words.first().is_some_and(|w| w.contains('/')) && !pattern_program.contains('/') {
+        return false;
+    }
     let pattern = split_words(pattern).join(" ");
     let segment = words.join(" ");
     match pattern.strip_suffix('*') {
@@ -258,6 +272,13 @@ mod tests {
             ("echo ok | xargs rm", "xargs rm"),
             ("ls | tee /etc/cron.d/x", "tee /etc/cron.d/x"),
             ("git status; RM x", "RM x"),
+            // found in review: an escaped `>` before `&`, a path as the program, `${…}`
+            ("echo \\>& rm -rf x", "echo \\>& rm -rf x"),
+            ("echo \\<& rm -rf x", "echo \\<& rm -rf x"),
+            ("echo >& rm -rf x", "rm -rf x"),
+            ("git init git && git/../../../../bin/sh -c id", "git/../../../../bin/sh -c id"),
+            ("ls ${x=a[\\$\\(id\\)]} ${PATH:x}", "ls ${x=a[\\$\\(id\\)]} ${PATH:x}"),
+            ("ls ${IFS}", "ls ${IFS}"),
             // command and process substitution, anywhere
             ("ls $(whoami)", "ls $(whoami)"),
             ("echo $(rm x)", "echo $(rm x)"),
@@ -288,7 +309,7 @@ mod tests {
             ("{ rm x; }", "{ rm x"),
             ("!rm x", "!rm x"),
             ("rm${IFS}x", "rm${IFS}x"),
-            ("ls${IFS}&&${IFS}rm", "ls${IFS}"),
+            ("ls${IFS}&&${IFS}rm", "ls${IFS}&&${IFS}rm"),
             ("lsblk", "lsblk"),
             ("ls\u{a0}-la", "ls\u{a0}-la"),
             ("ls\u{b}x", "ls\u{b}x"),

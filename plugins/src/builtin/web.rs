@@ -125,6 +125,21 @@ fn is_loopback(url: &reqwest::Url) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// At most [`MAX_REDIRECTS`] hops, and never to plain `http://` except on loopback: a redirect
+/// must not undo the upgrade to https.
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        if attempt.previous().len() >= MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else if attempt.url().scheme() == "https" || (attempt.url().scheme() == "http" && is_loopback(attempt.url())) {
+            attempt.follow()
+        } else {
+            let to = attempt.url().to_string();
+            attempt.error(format!("redirect to {to} refused: only https (or http on loopback) is followed"))
+        }
+    })
+}
+
 /// The body as received, before it becomes text.
 struct Received {
     url: String,
@@ -135,10 +150,7 @@ struct Received {
 }
 
 async fn fetch_with(url: &reqwest::Url, max_chars: usize, limits: Limits, cancel: &CancellationToken) -> Result<Page, FetchError> {
-    let mut builder = reqwest::Client::builder()
-        .user_agent(USER_AGENT)
-        .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
-        .connect_timeout(limits.timeout);
+    let mut builder = reqwest::Client::builder().user_agent(USER_AGENT).redirect(redirect_policy()).connect_timeout(limits.timeout);
     if is_loopback(url) {
         // A proxy from the environment has no business with this machine's own ports.
         builder = builder.no_proxy();
@@ -337,8 +349,14 @@ fn decode_entities(text: &str) -> String {
     while let Some(amp) = rest.find('&') {
         out.push_str(&rest[..amp]);
         rest = &rest[amp..];
-        let entity =
-            rest[1..].find(';').filter(|&len| (1..=10).contains(&len)).and_then(|len| decode_entity(&rest[1..=len]).map(|c| (c, len)));
+        // Only the next few bytes can close an entity: searching the whole rest for `;` made a
+        // body of `&`s quadratic.
+        let entity = rest.as_bytes()[1..]
+            .iter()
+            .take(11)
+            .position(|&b| b == b';')
+            .filter(|&len| (1..=10).contains(&len))
+            .and_then(|len| decode_entity(&rest[1..=len]).map(|c| (c, len)));
         match entity {
             Some((c, len)) => {
                 out.push(c);
