@@ -162,6 +162,19 @@ pub struct WorkerConfig {
     pub auth: McpAuth,
 }
 
+/// Limits and grants for WASM plugins (`plugins.wasm`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasmConfig {
+    pub fuel: u64,
+    pub memory_bytes: u64,
+    pub timeout: Duration,
+    pub capabilities: Vec<String>,
+    pub plugin_config: BTreeMap<String, serde_json::Value>,
+}
+
+/// Capabilities a WASM plugin can be granted (`plugins.wasm.capabilities`).
+pub const WASM_CAPABILITIES: &[&str] = &["config-read", "fs-read", "fs-write", "http-request", "ai", "mcp"];
+
 /// The resolved configuration the rest of the program uses.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -175,6 +188,7 @@ pub struct Config {
     pub jobs: BTreeMap<String, JobConfig>,
     pub raw: raw::RawConfig,
     pub plugin_dirs: Vec<PathBuf>,
+    pub wasm: WasmConfig,
     pub worker: WorkerConfig,
     /// Things that are defined but cannot work, e.g. `agent "x"` → why.
     pub disabled: BTreeMap<String, String>,
@@ -243,6 +257,7 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
         }
     }
     let worker = c.worker(raw.worker.as_ref());
+    let wasm = c.wasm(raw.plugins.as_ref().and_then(|p| p.wasm.as_ref()));
     let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
     let config = Config {
         root: PathBuf::new(),
@@ -254,6 +269,7 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
         jobs,
         raw: raw::RawConfig::default(),
         plugin_dirs,
+        wasm,
         worker,
         disabled: c.disabled,
         sources: SourceMap::default(),
@@ -582,6 +598,44 @@ impl<'a> Compiler<'a> {
                     self.err(&["pipelines", &name, "steps"], format!("pipeline \"{name}\" uses agent \"{a}\", which is not defined{hint}"));
                 }
             }
+        }
+    }
+
+    fn wasm(&mut self, w: Option<&raw::WasmPlugins>) -> WasmConfig {
+        let path = |k: &'static str| ["plugins", "wasm", k];
+        let w = w.cloned().unwrap_or_default();
+        let timeout = match w.timeout.as_deref().map(duration) {
+            None => Duration::from_secs(5),
+            Some(Ok(d)) if !d.is_zero() => d,
+            Some(Ok(_)) => {
+                self.err(&path("timeout"), "plugins.wasm.timeout must be more than zero".to_string());
+                Duration::from_secs(5)
+            }
+            Some(Err(e)) => {
+                self.err(&path("timeout"), e);
+                Duration::from_secs(5)
+            }
+        };
+        if w.fuel == Some(0) {
+            self.err(&path("fuel"), "plugins.wasm.fuel must be more than zero".to_string());
+        }
+        let memory_mb = w.memory_mb.unwrap_or(16);
+        if !(1..=4096).contains(&memory_mb) {
+            self.err(&path("memory_mb"), format!("plugins.wasm.memory_mb must be between 1 and 4096, not {memory_mb}"));
+        }
+        let capabilities = w.capabilities.unwrap_or_default();
+        for cap in &capabilities {
+            if !WASM_CAPABILITIES.contains(&cap.as_str()) {
+                let hint = did_you_mean(cap, WASM_CAPABILITIES.iter().copied());
+                self.err(&path("capabilities"), format!("unknown capability \"{cap}\"{hint}; known: {}", WASM_CAPABILITIES.join(", ")));
+            }
+        }
+        WasmConfig {
+            fuel: w.fuel.filter(|f| *f > 0).unwrap_or(1_000_000),
+            memory_bytes: memory_mb.clamp(1, 4096) * 1024 * 1024,
+            timeout,
+            capabilities,
+            plugin_config: w.config.unwrap_or_default(),
         }
     }
 

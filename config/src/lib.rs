@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use compile::{
     Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, ScheduleSpec, StorageConfig, Target,
-    WorkerConfig,
+    WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};

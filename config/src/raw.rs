@@ -223,6 +223,24 @@ pub struct Plugins {
     pub native_trust_dirs: Option<Vec<String>>,
     pub global: Option<Vec<String>>,
     pub per_agent: Option<BTreeMap<String, Vec<String>>>,
+    /// Limits and grants for WASM plugins (Lamplighter's addition to the seed's section).
+    pub wasm: Option<WasmPlugins>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WasmPlugins {
+    /// Fuel per call, about one unit per instruction (default 1000000).
+    pub fuel: Option<u64>,
+    /// Most linear memory per call in MiB (default 16).
+    pub memory_mb: Option<u64>,
+    /// Wall time per call, e.g. "5s" (default 5s).
+    pub timeout: Option<String>,
+    /// Capabilities plugins may be granted when their manifest asks: config-read, fs-read,
+    /// fs-write, http-request, ai, mcp (default none).
+    pub capabilities: Option<Vec<String>>,
+    /// What `config_get` answers, per plugin name.
+    pub config: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -40,10 +40,15 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
         {
             out.push(Diagnostic::error(
                 config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
-                format!(
-                    "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
-                    registry.action_names().join(", ")
-                ),
+                match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
+                    Some(why) => format!(
+                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", but plugin \"{plugin}\" could not be loaded: {why}"
+                    ),
+                    None => format!(
+                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
+                        registry.action_names().join(", ")
+                    ),
+                },
             ));
         }
     }

@@ -1,7 +1,10 @@
 //! Lamplighter plugins: the plugin interface, the router that finds an action by
-//! `plugin.action`, and the built-in plugins. Plugins know nothing of scheduling or MCP.
+//! `plugin.action`, the built-in plugins, plugin discovery and the WASM host. Plugins know
+//! nothing of scheduling or MCP.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +37,8 @@ pub enum ActionError {
     Cancelled { action: String },
     #[error("{action} failed: {message}")]
     Failed { action: String, message: String },
+    #[error("plugin \"{plugin}\" has no hook \"{hook}\"; known hooks: {known}")]
+    UnknownHook { plugin: String, hook: String, known: String },
 }
 
 impl ActionError {
@@ -41,7 +46,11 @@ impl ActionError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::UnknownAction { .. } | Self::InvalidParameter { .. } | Self::PathNotAllowed { .. } | Self::CommandNotAllowed { .. }
+            Self::UnknownAction { .. }
+                | Self::UnknownHook { .. }
+                | Self::InvalidParameter { .. }
+                | Self::PathNotAllowed { .. }
+                | Self::CommandNotAllowed { .. }
         )
     }
 }
@@ -60,26 +69,37 @@ pub struct ActionInfo {
 pub struct PluginInfo {
     pub name: String,
     pub version: String,
-    /// `builtin`, `wasm`, `native`.
+    /// `builtin`, `wasm`, `native`, or `unknown` when the manifest cannot be read or names
+    /// another type.
     pub kind: String,
     pub description: String,
     pub actions: Vec<ActionInfo>,
+    /// Hooks the plugin exports (SPEC §7), callable with [`Registry::invoke_hook`].
+    pub hooks: Vec<String>,
     /// Why the plugin cannot be used, when it cannot.
     pub error: Option<String>,
 }
 
 mod builtin;
+mod discovery;
+mod wasm;
 
-/// Finds and calls actions by `plugin.action`. Cheap to share behind an `Arc`.
+pub use wasm::WasmOptions;
+
+/// Finds and calls actions by `plugin.action`. Cheap to share behind an `Arc`; immutable once
+/// built, so a reload builds a new one.
 #[derive(Debug, Default)]
 pub struct Registry {
+    /// Built-ins first, then discovered plugins in discovery order, broken ones included.
     plugins: Vec<PluginInfo>,
+    /// The loaded WASM plugins by name; each has an entry without an error in `plugins`.
+    wasm: HashMap<String, Arc<wasm::WasmPlugin>>,
 }
 
 impl Registry {
-    /// The built-in plugins.
+    /// The built-in plugins only. [`Registry::load`] adds the plugins found on disk.
     pub fn builtin() -> Self {
-        Self { plugins: builtin::infos() }
+        Self { plugins: builtin::infos(), wasm: HashMap::new() }
     }
 
     pub fn plugins(&self) -> &[PluginInfo] {
@@ -103,11 +123,37 @@ impl Registry {
             .collect()
     }
 
-    /// Runs one action. Never panics on input; every problem is an [`ActionError`].
+    pub fn has_hook(&self, plugin: &str, hook: &str) -> bool {
+        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none() && p.hooks.iter().any(|h| h == hook))
+    }
+
+    /// `"my-logger.log-request", …` for error messages.
+    pub fn hook_names(&self) -> Vec<String> {
+        self.plugins.iter().filter(|p| p.error.is_none()).flat_map(|p| p.hooks.iter().map(move |h| format!("{}.{h}", p.name))).collect()
+    }
+
+    /// Runs one action. Never panics on input, nor on a hostile WASM module; every problem is an
+    /// [`ActionError`].
     pub async fn invoke(&self, plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
         if !self.has_action(plugin, action) {
             return Err(ActionError::UnknownAction { name: format!("{plugin}.{action}"), known: self.action_names().join(", ") });
         }
+        if let Some(module) = self.wasm.get(plugin) {
+            return module.invoke_action(action, params, &ctx.cancel).await;
+        }
         builtin::invoke(plugin, action, params, ctx).await
+    }
+
+    /// Calls a plugin's hook with the event as JSON (the plugin side of SPEC §7). Only WASM
+    /// plugins export hooks; what the returned JSON means (e.g. cancelling a `before` event) is
+    /// up to the hook engine. Bounded by the same fuel, memory and wall-time limits as actions.
+    pub async fn invoke_hook(&self, plugin: &str, hook: &str, event: Value) -> Result<Value, ActionError> {
+        let module = self.wasm.get(plugin).filter(|_| self.has_hook(plugin, hook));
+        let Some(module) = module else {
+            let known = self.hook_names();
+            let known = if known.is_empty() { "(none)".to_owned() } else { known.join(", ") };
+            return Err(ActionError::UnknownHook { plugin: plugin.to_owned(), hook: hook.to_owned(), known });
+        };
+        module.invoke_hook(hook, event).await
     }
 }

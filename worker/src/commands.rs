@@ -3,18 +3,52 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use lamplighter_config::{Diagnostic, LoadOptions, Loaded};
-use lamplighter_plugins::Registry;
+use std::sync::Arc;
+
+use lamplighter_config::{Config, Diagnostic, LoadOptions, Loaded};
+use lamplighter_plugins::{Registry, WasmOptions};
 
 use crate::LogFormat;
 
-/// Loads and fully validates the config (including what only the scheduler and plugins know).
-pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<Loaded, Vec<Diagnostic>> {
+/// Loads and fully validates the config (including what only the scheduler and plugins know),
+/// and loads the plugins it names.
+pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
+    let (config, mut diags) = lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok());
+    let registry = Arc::new(config.as_ref().map_or_else(Registry::builtin, registry_for));
+    if let Some(c) = &config {
+        for p in registry.plugins() {
+            if let Some(e) = &p.error {
+                diags.push(Diagnostic::warning(None, format!("plugin \"{}\" is not available: {e}", p.name)));
+            }
+        }
+        diags.extend(lamplighter_jobs::validate(c, &registry));
+    }
+    lamplighter_config::finish(config, diags).map(|l| (l, registry)).map_err(|e| e.0)
+}
+
+/// As [`load_checked`], against the plugins already loaded (a reload keeps the worker's
+/// plugins; changing `plugins.dirs` needs a restart).
+pub(crate) fn reload_checked(path: Option<PathBuf>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
     let (config, mut diags) = lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok());
     if let Some(c) = &config {
-        diags.extend(lamplighter_jobs::validate(c, &Registry::builtin()));
+        diags.extend(lamplighter_jobs::validate(c, registry));
     }
     lamplighter_config::finish(config, diags).map_err(|e| e.0)
+}
+
+/// Built-ins plus the plugins in `plugins.dirs`, with the `plugins.wasm` limits. Compiles
+/// WASM modules, so it is done once, at start.
+fn registry_for(config: &Config) -> Registry {
+    let w = &config.wasm;
+    let opts = WasmOptions {
+        fuel: w.fuel,
+        memory_bytes: usize::try_from(w.memory_bytes).unwrap_or(usize::MAX),
+        wall_time: w.timeout,
+        allowed_capabilities: w.capabilities.clone(),
+        data_dir: config.data_dir.clone(),
+        plugin_config: w.plugin_config.clone(),
+    };
+    Registry::load(&config.plugin_dirs, opts)
 }
 
 pub(crate) fn print_diags(diags: &[Diagnostic]) {
@@ -25,7 +59,7 @@ pub(crate) fn print_diags(diags: &[Diagnostic]) {
 
 pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
     match load_checked(path) {
-        Ok(l) => {
+        Ok((l, _)) => {
             print_diags(&l.warnings);
             for (what, why) in &l.config.disabled {
                 eprintln!("note: {what} is disabled: {why}");
@@ -51,7 +85,7 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
 
 pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
     match load_checked(path) {
-        Ok(l) => {
+        Ok((l, _)) => {
             print!("{}", lamplighter_config::show(&l.config));
             ExitCode::SUCCESS
         }
@@ -64,7 +98,7 @@ pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
 
 pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
     let loaded = match load_checked(path) {
-        Ok(l) => l,
+        Ok((l, _)) => l,
         Err(diags) => {
             print_diags(&diags);
             return ExitCode::from(2);

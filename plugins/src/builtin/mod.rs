@@ -1,12 +1,12 @@
 //! The built-in plugins: their manifests (copied from the seed), parameter validation, and
 //! dispatch from `plugin.action` to the code that runs it.
 
-mod confine;
+pub(crate) mod confine;
 mod edit;
 mod files;
 mod find;
 mod git;
-mod params;
+pub(crate) mod params;
 mod process;
 mod project;
 mod shell;
@@ -46,6 +46,7 @@ fn parse_manifest(name: &str, text: &str) -> PluginInfo {
         kind: "builtin".to_owned(),
         description: String::new(),
         actions: Vec::new(),
+        hooks: Vec::new(),
         error: Some(format!("built-in manifest of \"{name}\" is invalid: {why}")),
     };
     let manifest: Value = match serde_json::from_str(text) {
@@ -70,6 +71,7 @@ fn parse_manifest(name: &str, text: &str) -> PluginInfo {
         kind: "builtin".to_owned(),
         description: str_of(&manifest, "description"),
         actions,
+        hooks: Vec::new(),
         error: None,
     }
 }

@@ -45,6 +45,11 @@ impl Params {
         Ok(Self { action: action.to_owned(), values })
     }
 
+    /// The validated parameters as a JSON object, for plugins that take them as JSON (WASM).
+    pub(crate) fn into_value(self) -> Value {
+        Value::Object(self.values)
+    }
+
     pub(crate) fn action(&self) -> &str {
         &self.action
     }

@@ -1,0 +1,965 @@
+//! The WASM plugin host: compiles a plugin once, then runs each call in a fresh wasmtime store
+//! with fuel, memory and wall-time limits, speaking the seed's ABI (SPEC §9).
+//!
+//! The ABI: the module exports `memory`, `allocate(len) -> ptr`, `execute(action_ptr,
+//! action_len, input_ptr, input_len) -> i32` (0 = success), `get_output_ptr() -> ptr` and
+//! `get_output_len() -> len`. The host writes the action name and the input JSON into buffers
+//! the guest allocates, calls `execute`, and reads the output JSON back. A hook is the same call
+//! with the action name `hook:<name>`.
+//!
+//! Host functions live in module `env`: `log` always; the others only when the manifest lists
+//! their capability *and* the operator allows it (see [`HOST_FUNCTIONS`]). Which functions a
+//! module imports is checked when it is loaded, so a plugin that imports a capability it was
+//! not granted never loads, and every call uses a pre-linked [`InstancePre`].
+//!
+//! Wall time uses epoch interruption without a ticker thread: the engine's epoch is only
+//! incremented when a call's own wall time runs out or it is cancelled, so an idle worker has no
+//! periodic wake-ups. The epoch is shared by every store of the engine, so each store checks its
+//! own stop flag in its epoch-deadline callback and carries on when the tick was meant for
+//! another call.
+//!
+//! Nothing a module does can panic or crash the worker: a trap, running out of fuel, a memory
+//! limit, a bad pointer (to or from a host function) or garbage output becomes an
+//! [`ActionError`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::{ErrorKind, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use wasmtime::{
+    Caller, Config, Engine, ExternType, FuncType, InstancePre, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
+    UpdateDeadline,
+};
+
+use crate::ActionError;
+use crate::builtin::confine;
+use crate::builtin::params::Params;
+
+/// Limits and grants for WASM plugins, from the operator's configuration.
+#[derive(Debug, Clone)]
+pub struct WasmOptions {
+    /// Fuel per call (about one unit per WebAssembly instruction).
+    pub fuel: u64,
+    /// Most bytes a plugin's linear memory may grow to, per call.
+    pub memory_bytes: usize,
+    /// Wall-time limit per call, enforced with epoch interruption.
+    pub wall_time: Duration,
+    /// Capabilities the operator allows WASM plugins to be given: `config-read`, `fs-read`,
+    /// `fs-write`, `http-request`, `ai`, `mcp`. A plugin gets a capability only when its
+    /// manifest lists it too.
+    pub allowed_capabilities: Vec<String>,
+    /// `fs_read`/`fs_write` work inside `<data_dir>/plugins/<plugin name>`.
+    pub data_dir: PathBuf,
+    /// What `config_get` answers, per plugin name: a JSON object of key → value.
+    pub plugin_config: BTreeMap<String, Value>,
+}
+
+impl Default for WasmOptions {
+    fn default() -> Self {
+        Self {
+            fuel: 1_000_000,
+            memory_bytes: 16 * 1024 * 1024,
+            wall_time: Duration::from_secs(5),
+            allowed_capabilities: Vec::new(),
+            data_dir: PathBuf::from("data"),
+            plugin_config: BTreeMap::new(),
+        }
+    }
+}
+
+/// Largest output a plugin may return.
+const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+/// Longest log line kept; the rest is cut.
+const MAX_LOG_BYTES: usize = 8 * 1024;
+/// Log lines per call; further ones are dropped so a plugin cannot flood the log.
+const MAX_LOG_LINES: u32 = 1000;
+/// Largest file `fs_read`/`fs_write` move in one host call.
+const MAX_FILE_BYTES: usize = 16 * 1024 * 1024;
+/// Most bytes, and files, `fs_write` may write in one plugin call, so a loop cannot fill the
+/// disk.
+const MAX_WRITTEN_PER_CALL: usize = 64 * 1024 * 1024;
+const MAX_WRITES_PER_CALL: u32 = 1000;
+/// Longest path, config key or request a host function accepts.
+const MAX_NAME_BYTES: usize = 4096;
+/// Most elements a table may grow to.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Most text of a failed call's output that goes into the error message.
+const MAX_ERROR_TEXT: usize = 2000;
+
+// Codes host functions return to the guest (a non-negative result is a length). Documented in
+// plugins/examples/README.md.
+const ERR_NOT_FOUND: i32 = -1;
+const ERR_DENIED: i32 = -2;
+const ERR_TOO_LARGE: i32 = -3;
+const ERR_IO: i32 = -4;
+const ERR_INVALID: i32 = -5;
+const ERR_UNAVAILABLE: i32 = -6;
+
+/// A capability a manifest can ask for. The names are the seed manifests' where they have one
+/// (`fs-read`, `fs-write`, `http-request`, `config-read`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capability {
+    ConfigRead,
+    FsRead,
+    FsWrite,
+    HttpRequest,
+    Ai,
+    Mcp,
+}
+
+impl Capability {
+    const ALL: [Capability; 6] =
+        [Capability::ConfigRead, Capability::FsRead, Capability::FsWrite, Capability::HttpRequest, Capability::Ai, Capability::Mcp];
+
+    fn name(self) -> &'static str {
+        match self {
+            Capability::ConfigRead => "config-read",
+            Capability::FsRead => "fs-read",
+            Capability::FsWrite => "fs-write",
+            Capability::HttpRequest => "http-request",
+            Capability::Ai => "ai",
+            Capability::Mcp => "mcp",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// One function the host offers in module `env`: all parameters and the result are `i32`.
+struct HostFunction {
+    name: &'static str,
+    /// `None`: always available.
+    capability: Option<Capability>,
+    params: usize,
+    returns: bool,
+}
+
+static HOST_FUNCTIONS: [HostFunction; 7] = [
+    HostFunction { name: "log", capability: None, params: 2, returns: false },
+    HostFunction { name: "config_get", capability: Some(Capability::ConfigRead), params: 4, returns: true },
+    HostFunction { name: "fs_read", capability: Some(Capability::FsRead), params: 4, returns: true },
+    HostFunction { name: "fs_write", capability: Some(Capability::FsWrite), params: 4, returns: true },
+    HostFunction { name: "http_request", capability: Some(Capability::HttpRequest), params: 4, returns: true },
+    HostFunction { name: "ai_complete", capability: Some(Capability::Ai), params: 4, returns: true },
+    HostFunction { name: "mcp_call", capability: Some(Capability::Mcp), params: 4, returns: true },
+];
+
+/// The exports the ABI needs besides `memory`: name, number of `i32` parameters, returns `i32`.
+const ABI_EXPORTS: [(&str, usize, bool); 4] =
+    [("allocate", 1, true), ("execute", 4, true), ("get_output_ptr", 0, true), ("get_output_len", 0, true)];
+
+/// What the plugin gets for a capability it can import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grant {
+    /// Listed in the manifest and allowed by the operator: the real function.
+    Granted,
+    /// Listed as optional, not allowed by the operator: a stub that returns `ERR_DENIED`, so
+    /// the plugin can run without it.
+    Denied,
+    /// Not listed in the manifest: importing it is a load error.
+    NotListed,
+}
+
+/// The one engine all WASM plugins of a registry share: fuel and epoch interruption on.
+pub(crate) fn new_engine() -> Result<Engine, String> {
+    let mut config = Config::new();
+    config.consume_fuel(true);
+    config.epoch_interruption(true);
+    // The default, written down: guest stack per call. Blocking-pool threads have 2 MiB stacks,
+    // which leaves room for the host functions.
+    config.max_wasm_stack(512 * 1024);
+    Engine::new(&config).map_err(|e| format!("the WebAssembly engine cannot start: {e:#}"))
+}
+
+/// What a manifest says about a WASM plugin, as [`compile`] needs it.
+pub(crate) struct Spec<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) required: &'a [String],
+    pub(crate) optional: &'a [String],
+    /// Action name → JSON Schema of its parameters.
+    pub(crate) actions: Vec<(String, Value)>,
+}
+
+/// A compiled, linked WASM plugin, ready to be instantiated once per call.
+pub(crate) struct WasmPlugin {
+    name: Arc<str>,
+    engine: Engine,
+    pre: InstancePre<HostState>,
+    actions: Vec<(String, Value)>,
+    fuel: u64,
+    memory_bytes: usize,
+    wall_time: Duration,
+    sandbox: Arc<PathBuf>,
+    config: Option<Arc<Map<String, Value>>>,
+}
+
+impl fmt::Debug for WasmPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WasmPlugin")
+            .field("name", &self.name)
+            .field("actions", &self.actions.iter().map(|(a, _)| a).collect::<Vec<_>>())
+            .field("fuel", &self.fuel)
+            .field("memory_bytes", &self.memory_bytes)
+            .field("wall_time", &self.wall_time)
+            .field("sandbox", &self.sandbox)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Compiles `bytes` (a `.wasm` binary, or WAT text) and checks, before any call, that the module
+/// has the ABI's exports and imports only host functions it was granted. Errors are whole
+/// messages naming the plugin.
+pub(crate) fn compile(engine: &Engine, spec: Spec<'_>, bytes: &[u8], opts: &WasmOptions) -> Result<WasmPlugin, String> {
+    let name = spec.name;
+    let cannot = |reason: String| format!("cannot load plugin \"{name}\": {reason}");
+    let allowed = |c: Capability| opts.allowed_capabilities.iter().any(|a| a == c.name());
+
+    // Capabilities the manifest requires must exist and be allowed, or the plugin cannot work.
+    for required in spec.required {
+        match Capability::parse(required) {
+            None => {
+                return Err(cannot(format!(
+                    "it requires capability \"{required}\", which WASM plugins cannot be given (they can have: {})",
+                    Capability::ALL.map(Capability::name).join(", ")
+                )));
+            }
+            Some(c) if !allowed(c) => {
+                return Err(format!(
+                    "plugin \"{name}\" requires capability \"{required}\", which the operator's configuration does not allow; add it to \
+                     the allowed capabilities of WASM plugins to load this plugin"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for optional in spec.optional {
+        if Capability::parse(optional).is_none() {
+            tracing::warn!(plugin = name, capability = %optional, "unknown optional capability ignored");
+        }
+    }
+    let grant = |c: Capability| {
+        let listed = spec.required.iter().chain(spec.optional).any(|s| s == c.name());
+        match (listed, allowed(c)) {
+            (true, true) => Grant::Granted,
+            (true, false) => Grant::Denied,
+            (false, _) => Grant::NotListed,
+        }
+    };
+
+    let module = Module::new(engine, bytes).map_err(|e| cannot(format!("{e:#}")))?;
+    check_exports(&module).map_err(cannot)?;
+    check_imports(name, &module, &grant)?;
+
+    let mut linker: Linker<HostState> = Linker::new(engine);
+    define_host_functions(&mut linker, &grant).map_err(|e| cannot(format!("cannot define host functions: {e:#}")))?;
+    let pre = linker.instantiate_pre(&module).map_err(|e| cannot(format!("{e:#}")))?;
+
+    let config = match opts.plugin_config.get(name) {
+        None => None,
+        Some(Value::Object(map)) => Some(Arc::new(map.clone())),
+        Some(_) => return Err(cannot("its configuration (for config_get) must be an object of key → value".to_owned())),
+    };
+    Ok(WasmPlugin {
+        name: Arc::from(name),
+        engine: engine.clone(),
+        pre,
+        actions: spec.actions,
+        fuel: opts.fuel,
+        memory_bytes: opts.memory_bytes,
+        wall_time: opts.wall_time,
+        sandbox: Arc::new(opts.data_dir.join("plugins").join(name)),
+        config,
+    })
+}
+
+/// `(func (param i32 i32) (result i32))`, as wasmtime prints function types.
+fn abi_type(params: usize, returns: bool) -> String {
+    let mut text = "(func".to_owned();
+    if params > 0 {
+        text.push_str(" (param");
+        for _ in 0..params {
+            text.push_str(" i32");
+        }
+        text.push(')');
+    }
+    if returns {
+        text.push_str(" (result i32)");
+    }
+    text.push(')');
+    text
+}
+
+fn has_type(ty: &FuncType, params: usize, returns: bool) -> bool {
+    ty.params().len() == params
+        && ty.params().all(|p| p.is_i32())
+        && ty.results().len() == usize::from(returns)
+        && ty.results().all(|r| r.is_i32())
+}
+
+fn kind_of(ty: &ExternType) -> &'static str {
+    match ty {
+        ExternType::Func(_) => "a function",
+        ExternType::Global(_) => "a global",
+        ExternType::Table(_) => "a table",
+        ExternType::Memory(_) => "a memory",
+        ExternType::Tag(_) => "a tag",
+    }
+}
+
+/// Every problem with the ABI exports at once, so an author fixes them in one go.
+fn check_exports(module: &Module) -> Result<(), String> {
+    let mut problems = Vec::new();
+    match module.get_export("memory") {
+        Some(ExternType::Memory(m)) if !m.is_64() && !m.is_shared() => {}
+        Some(ExternType::Memory(_)) => {
+            problems.push("its \"memory\" export is 64-bit or shared; the ABI needs a plain 32-bit memory".to_owned())
+        }
+        Some(other) => problems.push(format!("its \"memory\" export is {}, not a memory", kind_of(&other))),
+        None => problems.push("it does not export \"memory\"".to_owned()),
+    }
+    for (export, params, returns) in ABI_EXPORTS {
+        let wanted = abi_type(params, returns);
+        match module.get_export(export) {
+            Some(ExternType::Func(ty)) if has_type(&ty, params, returns) => {}
+            Some(ExternType::Func(ty)) => problems.push(format!("it exports \"{export}\" as {ty}, but the ABI needs {wanted}")),
+            Some(other) => problems.push(format!("its \"{export}\" export is {}, but the ABI needs a function {wanted}", kind_of(&other))),
+            None => problems.push(format!("it does not export \"{export}\" {wanted}")),
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(format!("{} (see plugins/examples/README.md for the ABI)", problems.join("; "))) }
+}
+
+fn check_imports(name: &str, module: &Module, grant: &dyn Fn(Capability) -> Grant) -> Result<(), String> {
+    let provided = || HOST_FUNCTIONS.iter().map(|f| f.name).collect::<Vec<_>>().join(", ");
+    for import in module.imports() {
+        let (from, item) = (import.module(), import.name());
+        let Some(host) = HOST_FUNCTIONS.iter().find(|f| from == "env" && f.name == item) else {
+            return Err(format!(
+                "cannot load plugin \"{name}\": it imports {from}.{item}, which Lamplighter does not provide; WASM plugins may import \
+                 only these functions from module \"env\": {}",
+                provided()
+            ));
+        };
+        let ty = import.ty();
+        let ExternType::Func(func) = &ty else {
+            return Err(format!("cannot load plugin \"{name}\": it imports env.{item} as {}, but it is a function", kind_of(&ty)));
+        };
+        if !has_type(func, host.params, host.returns) {
+            return Err(format!(
+                "cannot load plugin \"{name}\": it imports env.{item} as {func}, but the host defines {}",
+                abi_type(host.params, host.returns)
+            ));
+        }
+        if let Some(capability) = host.capability
+            && grant(capability) == Grant::NotListed
+        {
+            return Err(format!(
+                "plugin \"{name}\" imports env.{item} but capability \"{}\" was not granted: its manifest does not list it under \
+                 \"capabilities\"",
+                capability.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn define_host_functions(linker: &mut Linker<HostState>, grant: &dyn Fn(Capability) -> Grant) -> wasmtime::Result<()> {
+    linker.func_wrap("env", "log", host_log)?;
+    for host in &HOST_FUNCTIONS {
+        let Some(capability) = host.capability else { continue };
+        match grant(capability) {
+            Grant::NotListed => {}
+            Grant::Denied => {
+                linker.func_wrap("env", host.name, |_: i32, _: i32, _: i32, _: i32| -> i32 { ERR_DENIED })?;
+            }
+            Grant::Granted => {
+                match capability {
+                    Capability::ConfigRead => linker.func_wrap("env", host.name, host_config_get)?,
+                    Capability::FsRead => linker.func_wrap("env", host.name, host_fs_read)?,
+                    Capability::FsWrite => linker.func_wrap("env", host.name, host_fs_write)?,
+                    Capability::HttpRequest => linker.func_wrap("env", host.name, host_http_request)?,
+                    Capability::Ai => linker.func_wrap("env", host.name, host_ai_complete)?,
+                    Capability::Mcp => linker.func_wrap("env", host.name, host_mcp_call)?,
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The stop flag a call's store checks when the engine's epoch ticks.
+const RUNNING: u8 = 0;
+const TIMED_OUT: u8 = 1;
+const CANCELLED: u8 = 2;
+
+/// Why the host stopped a call; carried through wasmtime's error so it can be told apart from
+/// a trap of the guest's own making.
+#[derive(Debug)]
+enum Abort {
+    TimedOut,
+    Cancelled,
+    MemoryLimit {
+        limit: usize,
+        wanted: usize,
+    },
+    /// A host function refused the guest's arguments (e.g. an out-of-bounds pointer).
+    Guest(String),
+}
+
+impl fmt::Display for Abort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Abort::TimedOut => f.write_str("timed out"),
+            Abort::Cancelled => f.write_str("was cancelled"),
+            Abort::MemoryLimit { limit, wanted } => {
+                write!(f, "exceeded its memory limit of {}: it asked for {wanted} bytes", bytes(*limit))
+            }
+            Abort::Guest(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for Abort {}
+
+fn bytes(n: usize) -> String {
+    const MIB: usize = 1024 * 1024;
+    if n >= MIB && n.is_multiple_of(MIB) { format!("{} MiB ({n} bytes)", n / MIB) } else { format!("{n} bytes") }
+}
+
+/// Per-call store data.
+struct HostState {
+    plugin: Arc<str>,
+    limiter: Limiter,
+    sandbox: Arc<PathBuf>,
+    config: Option<Arc<Map<String, Value>>>,
+    log_lines: u32,
+    /// Bytes and files `fs_write` wrote so far in this call.
+    written: usize,
+    writes: u32,
+}
+
+/// Caps memory (with an error naming the limit, rather than `memory.grow` quietly returning
+/// -1), tables and the number of instances, memories and tables per store.
+struct Limiter {
+    memory_bytes: usize,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            return Err(wasmtime::Error::new(Abort::MemoryLimit { limit: self.memory_bytes, wanted: desired }));
+        }
+        Ok(maximum.is_none_or(|max| desired <= max))
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS && maximum.is_none_or(|max| desired <= max))
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn tables(&self) -> usize {
+        4
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// Tells a call that was abandoned (its future dropped) to stop, so it does not run on to the
+/// end of its fuel.
+struct StopOnDrop {
+    stop: Arc<AtomicU8>,
+    engine: Engine,
+    finished: bool,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if !self.finished && self.stop.compare_exchange(RUNNING, CANCELLED, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.engine.increment_epoch();
+        }
+    }
+}
+
+impl WasmPlugin {
+    pub(crate) async fn invoke_action(
+        self: &Arc<Self>,
+        action: &str,
+        params: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, ActionError> {
+        let label = format!("{}.{action}", self.name);
+        let Some((_, schema)) = self.actions.iter().find(|(name, _)| name == action) else {
+            let known = self.actions.iter().map(|(a, _)| format!("{}.{a}", self.name)).collect::<Vec<_>>().join(", ");
+            return Err(ActionError::UnknownAction { name: label, known });
+        };
+        let input = validate(&label, schema, params)?;
+        self.call(label, action.to_owned(), input, cancel).await
+    }
+
+    pub(crate) async fn invoke_hook(self: &Arc<Self>, hook: &str, event: Value) -> Result<Value, ActionError> {
+        // Hooks have no cancellation of their own; the wall-time limit bounds them.
+        self.call(format!("{}.hook:{hook}", self.name), format!("hook:{hook}"), event, &CancellationToken::new()).await
+    }
+
+    /// Runs one call on the blocking pool, stopping it when its wall time runs out or `cancel`
+    /// fires. `label` names the call in errors; `export_name` is what `execute` receives.
+    async fn call(
+        self: &Arc<Self>,
+        label: String,
+        export_name: String,
+        input: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, ActionError> {
+        if cancel.is_cancelled() {
+            return Err(ActionError::Cancelled { action: label });
+        }
+        let input = serde_json::to_vec(&input)
+            .map_err(|e| ActionError::Failed { action: label.clone(), message: format!("cannot encode the input as JSON: {e}") })?;
+        let stop = Arc::new(AtomicU8::new(RUNNING));
+        let mut guard = StopOnDrop { stop: Arc::clone(&stop), engine: self.engine.clone(), finished: false };
+        let plugin = Arc::clone(self);
+        let (task_label, task_stop) = (label.clone(), Arc::clone(&stop));
+        let mut task = tokio::task::spawn_blocking(move || plugin.run(&task_label, &export_name, &input, &task_stop));
+
+        let wall = tokio::time::sleep(self.wall_time);
+        tokio::pin!(wall);
+        let reason = tokio::select! {
+            joined = &mut task => {
+                guard.finished = true;
+                return self.joined(&label, joined);
+            }
+            () = &mut wall => TIMED_OUT,
+            () = cancel.cancelled() => CANCELLED,
+        };
+        // Raise the flag, then tick: the call's store sees the tick at its next loop header or
+        // function entry, reads the flag and traps. Tick again while it has not finished, in
+        // case the tick came before its deadline was set or it was inside a host function.
+        let _ = stop.compare_exchange(RUNNING, reason, Ordering::SeqCst, Ordering::SeqCst);
+        let joined = loop {
+            self.engine.increment_epoch();
+            if let Ok(joined) = tokio::time::timeout(Duration::from_millis(50), &mut task).await {
+                break joined;
+            }
+        };
+        guard.finished = true;
+        self.joined(&label, joined)
+    }
+
+    fn joined(&self, label: &str, joined: Result<Result<Value, ActionError>, tokio::task::JoinError>) -> Result<Value, ActionError> {
+        joined.unwrap_or_else(|e| {
+            Err(ActionError::Failed { action: label.to_owned(), message: format!("plugin \"{}\" crashed the host: {e}", self.name) })
+        })
+    }
+
+    /// One call, start to end, on a blocking thread: new store, instantiate, write the action
+    /// name and input, `execute`, read the output.
+    fn run(&self, label: &str, export_name: &str, input: &[u8], stop: &Arc<AtomicU8>) -> Result<Value, ActionError> {
+        let failed = |message: String| ActionError::Failed { action: label.to_owned(), message };
+        let trap = |e: wasmtime::Error| self.error(label, stop, &e);
+        let state = HostState {
+            plugin: Arc::clone(&self.name),
+            limiter: Limiter { memory_bytes: self.memory_bytes },
+            sandbox: Arc::clone(&self.sandbox),
+            config: self.config.clone(),
+            log_lines: 0,
+            written: 0,
+            writes: 0,
+        };
+        let mut store = Store::try_new(&self.engine, state).map_err(trap)?;
+        store.limiter(|state| &mut state.limiter);
+        store.set_fuel(self.fuel).map_err(trap)?;
+        store.set_epoch_deadline(1);
+        let flag = Arc::clone(stop);
+        store.epoch_deadline_callback(move |_| match flag.load(Ordering::SeqCst) {
+            // Another call's tick: keep going until the next one.
+            RUNNING => Ok(UpdateDeadline::Continue(1)),
+            TIMED_OUT => Err(wasmtime::Error::new(Abort::TimedOut)),
+            _ => Err(wasmtime::Error::new(Abort::Cancelled)),
+        });
+
+        let instance = self.pre.instantiate(&mut store).map_err(trap)?;
+        let memory = instance.get_memory(&mut store, "memory").ok_or_else(|| failed(format!("plugin \"{}\" has no memory", self.name)))?;
+        let allocate = instance.get_typed_func::<i32, i32>(&mut store, "allocate").map_err(trap)?;
+        let execute = instance.get_typed_func::<(i32, i32, i32, i32), i32>(&mut store, "execute").map_err(trap)?;
+        let output_ptr = instance.get_typed_func::<(), i32>(&mut store, "get_output_ptr").map_err(trap)?;
+        let output_len = instance.get_typed_func::<(), i32>(&mut store, "get_output_len").map_err(trap)?;
+
+        let (action_ptr, action_len) = self.put(&mut store, memory, &allocate, export_name.as_bytes(), label, stop)?;
+        let (input_ptr, input_len) = self.put(&mut store, memory, &allocate, input, label, stop)?;
+        let code = execute.call(&mut store, (action_ptr, action_len, input_ptr, input_len)).map_err(trap)?;
+        let ptr = output_ptr.call(&mut store, ()).map_err(trap)?;
+        let len = output_len.call(&mut store, ()).map_err(trap)?;
+
+        // Guest pointers and lengths are unsigned 32-bit values that wasm passes as i32.
+        let (start, len) = (ptr as u32 as usize, len as u32 as usize);
+        if len > MAX_OUTPUT_BYTES {
+            return Err(failed(format!(
+                "plugin \"{}\" returned {len} bytes of output; the limit is {}",
+                self.name,
+                bytes(MAX_OUTPUT_BYTES)
+            )));
+        }
+        let data = memory.data(&store);
+        let Some(output) = data.get(start..).and_then(|rest| rest.get(..len)) else {
+            return Err(failed(format!(
+                "plugin \"{}\" returned an out-of-bounds output: {len} bytes at {start}, but its memory is {} bytes",
+                self.name,
+                data.len()
+            )));
+        };
+        if code != 0 {
+            return Err(failed(self.guest_failure(code, output)));
+        }
+        serde_json::from_slice(output).map_err(|e| failed(format!("plugin \"{}\" returned invalid JSON: {e}", self.name)))
+    }
+
+    /// Copies `bytes` into a buffer the guest allocates; returns the guest pointer and length.
+    fn put(
+        &self,
+        store: &mut Store<HostState>,
+        memory: Memory,
+        allocate: &TypedFunc<i32, i32>,
+        bytes: &[u8],
+        label: &str,
+        stop: &AtomicU8,
+    ) -> Result<(i32, i32), ActionError> {
+        let failed = |message: String| ActionError::Failed { action: label.to_owned(), message };
+        let len = match i32::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= self.memory_bytes => len,
+            _ => return Err(failed(format!("the input of {} bytes does not fit in the plugin's memory limit", bytes.len()))),
+        };
+        let ptr = allocate.call(&mut *store, len).map_err(|e| self.error(label, stop, &e))?;
+        memory.write(&mut *store, ptr as u32 as usize, bytes).map_err(|_| {
+            failed(format!(
+                "plugin \"{}\" returned an out-of-bounds pointer from allocate({len}): {} bytes at {}, but its memory is {} bytes",
+                self.name,
+                len,
+                ptr as u32,
+                memory.data_size(&*store)
+            ))
+        })?;
+        Ok((ptr, len))
+    }
+
+    /// The message of a call that returned non-zero: the guest's own words when it gave any.
+    fn guest_failure(&self, code: i32, output: &[u8]) -> String {
+        let from_json = match serde_json::from_slice::<Value>(output) {
+            Ok(Value::Object(map)) => map.get("error").or_else(|| map.get("message")).and_then(Value::as_str).map(str::to_owned),
+            Ok(Value::String(text)) => Some(text),
+            _ => None,
+        };
+        let text = from_json.or_else(|| std::str::from_utf8(output).ok().map(|s| s.trim().to_owned())).filter(|s| !s.is_empty());
+        match text {
+            Some(text) => format!("plugin \"{}\" returned error code {code}: {}", self.name, cut(&text, MAX_ERROR_TEXT)),
+            None => format!("plugin \"{}\" returned error code {code}", self.name),
+        }
+    }
+
+    /// Maps a wasmtime error (trap, host abort, instantiation failure) to an action error.
+    fn error(&self, label: &str, stop: &AtomicU8, e: &wasmtime::Error) -> ActionError {
+        let action = label.to_owned();
+        let timeout = || ActionError::Timeout {
+            action: label.to_owned(),
+            seconds: self.wall_time.as_secs() + u64::from(self.wall_time.subsec_nanos() > 0),
+        };
+        if let Some(abort) = e.downcast_ref::<Abort>() {
+            return match abort {
+                Abort::TimedOut => timeout(),
+                Abort::Cancelled => ActionError::Cancelled { action },
+                Abort::MemoryLimit { .. } | Abort::Guest(_) => {
+                    ActionError::Failed { action, message: format!("plugin \"{}\" {abort}", self.name) }
+                }
+            };
+        }
+        match stop.load(Ordering::SeqCst) {
+            TIMED_OUT => return timeout(),
+            CANCELLED => return ActionError::Cancelled { action },
+            _ => {}
+        }
+        let message = match e.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => format!("plugin \"{}\" ran out of fuel (limit {})", self.name, self.fuel),
+            Some(Trap::Interrupt) => return timeout(),
+            Some(trap) => {
+                let text = trap.to_string();
+                format!("plugin \"{}\" trapped: {}", self.name, text.strip_prefix("wasm trap: ").unwrap_or(&text))
+            }
+            None => format!("plugin \"{}\" failed: {e:#}", self.name),
+        };
+        ActionError::Failed { action, message }
+    }
+}
+
+/// Checks parameters against the action's schema like the built-ins do; a schema without
+/// `properties` accepts any object.
+fn validate(label: &str, schema: &Value, params: Value) -> Result<Value, ActionError> {
+    if schema.get("properties").is_none() {
+        match params {
+            Value::Null => return Ok(Value::Object(Map::new())),
+            Value::Object(map) => return Ok(Value::Object(map)),
+            // Not an object: let the shared validation word the error.
+            other => return Params::validate(label, schema, other).map(Params::into_value),
+        }
+    }
+    Params::validate(label, schema, params).map(Params::into_value)
+}
+
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+// ---- host functions ----------------------------------------------------------------------
+//
+// Each checks the guest's pointers against its memory and traps (an error, never a panic) when
+// they are out of bounds; a request the host refuses returns an `ERR_*` code instead.
+
+fn guest_error(message: String) -> wasmtime::Error {
+    wasmtime::Error::new(Abort::Guest(message))
+}
+
+fn guest_memory(caller: &mut Caller<'_, HostState>, func: &str) -> wasmtime::Result<Memory> {
+    caller
+        .get_export("memory")
+        .and_then(wasmtime::Extern::into_memory)
+        .ok_or_else(|| guest_error(format!("called env.{func} without exporting \"memory\"")))
+}
+
+/// The guest range `ptr..ptr+len`, or a trap naming the function.
+fn guest_range(memory_len: usize, ptr: i32, len: i32, func: &str) -> wasmtime::Result<std::ops::Range<usize>> {
+    let (start, len) = (ptr as u32 as usize, len as u32 as usize);
+    match start.checked_add(len) {
+        Some(end) if end <= memory_len => Ok(start..end),
+        _ => Err(guest_error(format!(
+            "passed an out-of-bounds pointer to env.{func}: {len} bytes at {start}, but its memory is {memory_len} bytes"
+        ))),
+    }
+}
+
+/// Copies at most `max` bytes of the guest range (the whole range must be in bounds).
+fn read_guest(caller: &Caller<'_, HostState>, memory: Memory, ptr: i32, len: i32, max: usize, func: &str) -> wasmtime::Result<Vec<u8>> {
+    let data = memory.data(caller);
+    let range = guest_range(data.len(), ptr, len, func)?;
+    let end = range.end.min(range.start.saturating_add(max));
+    Ok(data.get(range.start..end).unwrap_or_default().to_vec())
+}
+
+/// Writes `value` to the guest's buffer when it fits and returns its length; a buffer too small
+/// gets nothing written and the same length back, so the guest can retry with a bigger one.
+fn answer(
+    caller: &mut Caller<'_, HostState>,
+    memory: Memory,
+    out_ptr: i32,
+    out_cap: i32,
+    value: &[u8],
+    func: &str,
+) -> wasmtime::Result<i32> {
+    let Ok(len) = i32::try_from(value.len()) else {
+        return Ok(ERR_TOO_LARGE);
+    };
+    let range = guest_range(memory.data_size(&*caller), out_ptr, out_cap, func)?;
+    if value.len() > range.len() {
+        return Ok(len);
+    }
+    memory.write(&mut *caller, range.start, value).map_err(|_| guest_error(format!("passed an out-of-bounds buffer to env.{func}")))?;
+    Ok(len)
+}
+
+/// `log(ptr, len)`: one line of UTF-8 text to the worker's log, tagged with the plugin.
+fn host_log(mut caller: Caller<'_, HostState>, ptr: i32, len: i32) -> wasmtime::Result<()> {
+    let memory = guest_memory(&mut caller, "log")?;
+    let bytes = read_guest(&caller, memory, ptr, len, MAX_LOG_BYTES, "log")?;
+    let state = caller.data_mut();
+    state.log_lines += 1;
+    if state.log_lines > MAX_LOG_LINES {
+        if state.log_lines == MAX_LOG_LINES + 1 {
+            tracing::warn!(plugin = %state.plugin, "plugin logged more than {MAX_LOG_LINES} lines in one call; dropping the rest");
+        }
+        return Ok(());
+    }
+    let suffix = if (len as u32 as usize) > MAX_LOG_BYTES { " …(cut)" } else { "" };
+    tracing::info!(plugin = %state.plugin, "{}{suffix}", String::from_utf8_lossy(&bytes));
+    Ok(())
+}
+
+/// `config_get(key_ptr, key_len, out_ptr, out_cap) -> len | ERR_*`: the JSON text of one value
+/// of the plugin's configuration.
+fn host_config_get(mut caller: Caller<'_, HostState>, key_ptr: i32, key_len: i32, out_ptr: i32, out_cap: i32) -> wasmtime::Result<i32> {
+    let memory = guest_memory(&mut caller, "config_get")?;
+    if (key_len as u32 as usize) > MAX_NAME_BYTES {
+        return Ok(ERR_INVALID);
+    }
+    let key = read_guest(&caller, memory, key_ptr, key_len, MAX_NAME_BYTES, "config_get")?;
+    let Ok(key) = String::from_utf8(key) else {
+        return Ok(ERR_INVALID);
+    };
+    let value = caller.data().config.as_ref().and_then(|config| config.get(&key)).map(serde_json::to_vec);
+    match value {
+        None => {
+            // Still check the output buffer, so a bad pointer traps whatever the key.
+            guest_range(memory.data_size(&caller), out_ptr, out_cap, "config_get")?;
+            Ok(ERR_NOT_FOUND)
+        }
+        Some(Err(_)) => Ok(ERR_INVALID),
+        Some(Ok(json)) => answer(&mut caller, memory, out_ptr, out_cap, &json, "config_get"),
+    }
+}
+
+/// A path the guest passed, resolved inside the plugin's sandbox (created on first use), or the
+/// code to return.
+fn sandbox_path(caller: &Caller<'_, HostState>, memory: Memory, ptr: i32, len: i32, func: &str) -> wasmtime::Result<Result<PathBuf, i32>> {
+    if (len as u32 as usize) > MAX_NAME_BYTES {
+        guest_range(memory.data_size(caller), ptr, len, func)?;
+        return Ok(Err(ERR_INVALID));
+    }
+    let raw = read_guest(caller, memory, ptr, len, MAX_NAME_BYTES, func)?;
+    let Ok(path) = String::from_utf8(raw) else {
+        return Ok(Err(ERR_INVALID));
+    };
+    let state = caller.data();
+    if let Err(e) = fs::create_dir_all(state.sandbox.as_path()) {
+        tracing::warn!(plugin = %state.plugin, sandbox = %state.sandbox.display(), error = %e, "cannot create the plugin's sandbox");
+        return Ok(Err(ERR_IO));
+    }
+    match confine::resolve(&format!("{}: env.{func}", state.plugin), &state.sandbox, &path) {
+        Ok(resolved) => Ok(Ok(resolved)),
+        Err(e) => {
+            tracing::warn!(plugin = %state.plugin, error = %e, "plugin file access refused");
+            Ok(Err(ERR_DENIED))
+        }
+    }
+}
+
+/// `fs_read(path_ptr, path_len, out_ptr, out_cap) -> len | ERR_*`: a file of the sandbox.
+fn host_fs_read(mut caller: Caller<'_, HostState>, path_ptr: i32, path_len: i32, out_ptr: i32, out_cap: i32) -> wasmtime::Result<i32> {
+    let memory = guest_memory(&mut caller, "fs_read")?;
+    guest_range(memory.data_size(&caller), out_ptr, out_cap, "fs_read")?;
+    let path = match sandbox_path(&caller, memory, path_ptr, path_len, "fs_read")? {
+        Ok(path) => path,
+        Err(code) => return Ok(code),
+    };
+    let file = match fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(ERR_NOT_FOUND),
+        Err(_) => return Ok(ERR_IO),
+    };
+    // Only regular files: a FIFO or device would block the call or never end.
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Ok(ERR_INVALID),
+        Err(_) => return Ok(ERR_IO),
+    }
+    let mut content = Vec::new();
+    if file.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut content).is_err() {
+        return Ok(ERR_IO);
+    }
+    if content.len() > MAX_FILE_BYTES {
+        return Ok(ERR_TOO_LARGE);
+    }
+    answer(&mut caller, memory, out_ptr, out_cap, &content, "fs_read")
+}
+
+/// `fs_write(path_ptr, path_len, data_ptr, data_len) -> 0 | ERR_*`: creates or replaces a file
+/// of the sandbox, creating its parent folders.
+fn host_fs_write(mut caller: Caller<'_, HostState>, path_ptr: i32, path_len: i32, data_ptr: i32, data_len: i32) -> wasmtime::Result<i32> {
+    let memory = guest_memory(&mut caller, "fs_write")?;
+    guest_range(memory.data_size(&caller), data_ptr, data_len, "fs_write")?;
+    let len = data_len as u32 as usize;
+    let state = caller.data();
+    if len > MAX_FILE_BYTES || state.written.saturating_add(len) > MAX_WRITTEN_PER_CALL || state.writes >= MAX_WRITES_PER_CALL {
+        return Ok(ERR_TOO_LARGE);
+    }
+    let path = match sandbox_path(&caller, memory, path_ptr, path_len, "fs_write")? {
+        Ok(path) => path,
+        Err(code) => return Ok(code),
+    };
+    let content = read_guest(&caller, memory, data_ptr, data_len, MAX_FILE_BYTES, "fs_write")?;
+    if path.is_dir() {
+        return Ok(ERR_INVALID);
+    }
+    if let Some(parent) = path.parent()
+        && fs::create_dir_all(parent).is_err()
+    {
+        return Ok(ERR_IO);
+    }
+    let state = caller.data_mut();
+    state.written += content.len();
+    state.writes += 1;
+    match fs::write(&path, &content) {
+        Ok(()) => Ok(0),
+        Err(_) => Ok(ERR_IO),
+    }
+}
+
+/// Capabilities whose host side Lamplighter does not have yet: granting them links a function
+/// that returns `ERR_UNAVAILABLE`, so a plugin can tell "not granted" (`ERR_DENIED`) from "not
+/// available in this version" and degrade, and no data is ever faked.
+fn unavailable(caller: &Caller<'_, HostState>, func: &str) -> i32 {
+    tracing::warn!(plugin = %caller.data().plugin, "env.{func} is not available in this version of Lamplighter");
+    ERR_UNAVAILABLE
+}
+
+/// `http_request(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
+fn host_http_request(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
+    unavailable(&caller, "http_request")
+}
+
+/// `ai_complete(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
+fn host_ai_complete(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
+    unavailable(&caller, "ai_complete")
+}
+
+/// `mcp_call(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
+fn host_mcp_call(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
+    unavailable(&caller, "mcp_call")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abi_types_print_like_wasmtime() {
+        assert_eq!(abi_type(4, true), "(func (param i32 i32 i32 i32) (result i32))");
+        assert_eq!(abi_type(0, true), "(func (result i32))");
+        assert_eq!(abi_type(2, false), "(func (param i32 i32))");
+    }
+
+    #[test]
+    fn guest_ranges_are_bounds_checked_without_overflow() {
+        assert_eq!(guest_range(100, 10, 20, "log").ok(), Some(10..30));
+        assert_eq!(guest_range(100, 0, 100, "log").ok(), Some(0..100));
+        assert!(guest_range(100, 90, 11, "log").is_err());
+        assert!(guest_range(100, -1, 1, "log").is_err());
+        assert!(guest_range(100, 1, -1, "log").is_err());
+    }
+
+    #[test]
+    fn capability_names_round_trip() {
+        for c in Capability::ALL {
+            assert_eq!(Capability::parse(c.name()), Some(c));
+        }
+        assert_eq!(Capability::parse("process-exec"), None);
+    }
+
+    #[test]
+    fn cut_keeps_char_boundaries() {
+        assert_eq!(cut("héllo", 2), "hé…");
+        assert_eq!(cut("hi", 2), "hi");
+    }
+}

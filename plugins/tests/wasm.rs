@@ -1,0 +1,362 @@
+//! Drives plugin discovery and the WASM host through `Registry::load`, `invoke` and
+//! `invoke_hook`, with the WAT fixtures in `tests/fixtures/wasm/` — hostile ones included. After
+//! every hostile call, a good plugin must still work.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lamplighter_plugins::{ActionContext, ActionError, Registry, WasmOptions};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wasm")
+}
+
+/// Small limits, as a hostile plugin should meet them; fs and config granted to who asks.
+fn options(data_dir: &Path) -> WasmOptions {
+    WasmOptions {
+        fuel: 100_000,
+        memory_bytes: 16 * 1024 * 1024,
+        wall_time: Duration::from_millis(500),
+        allowed_capabilities: vec!["fs-read".into(), "fs-write".into(), "config-read".into()],
+        data_dir: data_dir.to_path_buf(),
+        plugin_config: BTreeMap::from([("files".to_owned(), json!({"greeting": "hello"}))]),
+    }
+}
+
+/// The fixtures loaded with [`options`]; the data directory lives as long as the registry.
+struct Loaded {
+    registry: Registry,
+    data: tempfile::TempDir,
+}
+
+fn load_with(change: impl FnOnce(&mut WasmOptions)) -> Loaded {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut opts = options(data.path());
+    change(&mut opts);
+    Loaded { registry: Registry::load(&[fixtures()], opts), data }
+}
+
+fn load() -> Loaded {
+    load_with(|_| {})
+}
+
+fn ctx(dir: &Path) -> ActionContext {
+    ActionContext { working_directory: dir.to_path_buf(), allowed_commands: Vec::new(), cancel: CancellationToken::new() }
+}
+
+fn load_error(registry: &Registry, plugin: &str) -> String {
+    let info = registry.plugins().iter().find(|p| p.name == plugin).unwrap_or_else(|| panic!("plugin \"{plugin}\" not listed"));
+    info.error.clone().unwrap_or_else(|| panic!("plugin \"{plugin}\" loaded, but should not have"))
+}
+
+/// The message of an `ActionError::Failed`, or a panic naming what came instead.
+fn failure(result: Result<Value, ActionError>) -> String {
+    match result {
+        Err(ActionError::Failed { message, .. }) => message,
+        other => panic!("expected ActionError::Failed, got {other:?}"),
+    }
+}
+
+async fn echo_still_works(l: &Loaded) {
+    let out = l.registry.invoke("echo", "echo", json!({"message": "still here"}), &ctx(l.data.path())).await;
+    assert_eq!(out, Ok(json!({"action": "echo", "input": {"message": "still here"}})));
+}
+
+#[test]
+fn discovery_lists_builtins_first_then_plugin_folders_with_their_kind() {
+    let l = load();
+    let plugins = l.registry.plugins();
+    assert_eq!((plugins[0].name.as_str(), plugins[0].kind.as_str()), ("file-read", "builtin"));
+    let echo = plugins.iter().find(|p| p.name == "echo").expect("echo listed");
+    assert_eq!((echo.kind.as_str(), echo.version.as_str(), echo.error.as_deref()), ("wasm", "1.0.0", None));
+    assert_eq!(echo.actions.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["echo", "anything"]);
+    assert_eq!(echo.actions[0].parameters["properties"]["message"]["type"], "string");
+    assert_eq!(echo.hooks, ["on-event"]);
+    assert!(l.registry.has_action("echo", "echo"));
+    assert!(l.registry.has_hook("echo", "on-event"));
+    assert!(l.registry.action_names().contains(&"echo.echo".to_owned()));
+    // Folders come in name order after the built-ins.
+    let discovered: Vec<&str> = plugins.iter().filter(|p| p.kind != "builtin").map(|p| p.name.as_str()).collect();
+    let mut sorted = discovered.clone();
+    sorted.sort_unstable();
+    assert_eq!(discovered, sorted);
+}
+
+#[test]
+fn native_plugin_is_listed_as_unsupported() {
+    let l = load();
+    let native = l.registry.plugins().iter().find(|p| p.name == "native-plugin").expect("listed");
+    assert_eq!(native.kind, "native");
+    assert_eq!(
+        native.error.as_deref(),
+        Some(
+            "plugin \"native-plugin\" is a .NET assembly (type: native), which Lamplighter cannot load; port it to WASM (see \
+             plugins/examples)"
+        )
+    );
+    assert_eq!(native.actions[0].name, "hello", "its actions are still listed");
+    assert!(!l.registry.has_action("native-plugin", "hello"));
+}
+
+#[test]
+fn malformed_manifest_names_the_file_line_and_column() {
+    let l = load();
+    let error = load_error(&l.registry, "malformed");
+    let path = fixtures().join("malformed/manifest.json");
+    assert!(error.starts_with(&format!("invalid plugin manifest {}:4:", path.display())), "{error}");
+    assert!(error.contains("expected `,` or `}`"), "{error}");
+}
+
+#[test]
+fn missing_export_and_wrong_signature_fail_at_load_naming_the_export() {
+    let l = load();
+    let error = load_error(&l.registry, "missing-export");
+    assert!(error.starts_with("cannot load plugin \"missing-export\": "), "{error}");
+    assert!(error.contains("it does not export \"get_output_len\" (func (result i32))"), "{error}");
+    let error = load_error(&l.registry, "wrong-signature");
+    assert!(error.contains("it exports \"execute\" as (type (func (param i32 i32) (result i32)))"), "{error}");
+    assert!(error.contains("the ABI needs (func (param i32 i32 i32 i32) (result i32))"), "{error}");
+}
+
+#[test]
+fn importing_a_capability_not_in_the_manifest_fails_at_load() {
+    // Even when the operator allows fs-read, the manifest must ask for it.
+    let l = load();
+    let error = load_error(&l.registry, "no-capability");
+    assert!(error.starts_with("plugin \"no-capability\" imports env.fs_read but capability \"fs-read\" was not granted"), "{error}");
+}
+
+#[test]
+fn a_required_capability_the_operator_does_not_allow_fails_at_load() {
+    let l = load_with(|o| o.allowed_capabilities = vec!["fs-read".into()]);
+    let error = load_error(&l.registry, "files");
+    assert!(error.starts_with("plugin \"files\" requires capability \"fs-write\", which the operator's configuration"), "{error}");
+}
+
+#[tokio::test]
+async fn echo_round_trips_json_and_validates_parameters() {
+    let l = load();
+    let c = ctx(l.data.path());
+    let out = l.registry.invoke("echo", "echo", json!({"message": "hi", "count": 2}), &c).await;
+    assert_eq!(out, Ok(json!({"action": "echo", "input": {"message": "hi", "count": 2}})));
+    let out = l.registry.invoke("echo", "echo", Value::Null, &c).await;
+    assert_eq!(out, Ok(json!({"action": "echo", "input": {}})));
+    // No schema: any object goes through.
+    let out = l.registry.invoke("echo", "anything", json!({"x": [1, 2]}), &c).await;
+    assert_eq!(out, Ok(json!({"action": "anything", "input": {"x": [1, 2]}})));
+
+    let err = l.registry.invoke("echo", "echo", json!({"message": 3}), &c).await.expect_err("bad type");
+    assert_eq!(err.to_string(), "echo.echo: parameter \"message\" must be a string, not an integer");
+    let err = l.registry.invoke("echo", "shout", json!({}), &c).await.expect_err("unknown action");
+    assert!(matches!(err, ActionError::UnknownAction { ref name, .. } if name == "echo.shout"), "{err}");
+    let err = l.registry.invoke("missing-export", "run", json!({}), &c).await.expect_err("not loaded");
+    assert!(matches!(err, ActionError::UnknownAction { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn endless_loop_runs_out_of_fuel_and_the_worker_carries_on() {
+    let l = load();
+    let message = failure(l.registry.invoke("endless-loop", "run", json!({}), &ctx(l.data.path())).await);
+    assert_eq!(message, "plugin \"endless-loop\" ran out of fuel (limit 100000)");
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn endless_loop_with_ample_fuel_times_out_on_wall_time() {
+    let l = load_with(|o| {
+        o.fuel = u64::MAX / 2;
+        o.wall_time = Duration::from_millis(300);
+    });
+    let started = Instant::now();
+    let err = l.registry.invoke("endless-loop", "run", json!({}), &ctx(l.data.path())).await.expect_err("timeout");
+    assert!(matches!(err, ActionError::Timeout { ref action, seconds: 1 } if action == "endless-loop.run"), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn cancelling_stops_a_running_call() {
+    let l = load_with(|o| {
+        o.fuel = u64::MAX / 2;
+        o.wall_time = Duration::from_secs(60);
+    });
+    let c = ctx(l.data.path());
+    let cancel = c.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cancel.cancel();
+    });
+    let started = Instant::now();
+    let err = l.registry.invoke("endless-loop", "run", json!({}), &c).await.expect_err("cancelled");
+    assert!(matches!(err, ActionError::Cancelled { ref action } if action == "endless-loop.run"), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn a_tick_for_one_call_does_not_stop_another() {
+    // Both calls share the engine's epoch: cancelling the short one ticks it while the long one
+    // runs, and the long one must carry on until its own, later, deadline.
+    let l = load_with(|o| {
+        o.fuel = u64::MAX / 2;
+        o.wall_time = Duration::from_millis(1500);
+    });
+    let long_ctx = ctx(l.data.path());
+    let short_ctx = ctx(l.data.path());
+    let short = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cancel_soon = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            short_ctx.cancel.cancel();
+        };
+        let (result, ()) = tokio::join!(l.registry.invoke("endless-loop", "run", json!({}), &short_ctx), cancel_soon);
+        result
+    };
+    let started = Instant::now();
+    let (long, short) = tokio::join!(l.registry.invoke("endless-loop", "run", json!({}), &long_ctx), short);
+    assert!(matches!(short, Err(ActionError::Cancelled { .. })), "{short:?}");
+    assert!(matches!(long, Err(ActionError::Timeout { .. })), "{long:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1400), "the long call stopped early, after {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn memory_bomb_is_stopped_at_the_memory_limit() {
+    let l = load();
+    let message = failure(l.registry.invoke("memory-bomb", "run", json!({}), &ctx(l.data.path())).await);
+    assert!(message.starts_with("plugin \"memory-bomb\" exceeded its memory limit of 16 MiB (16777216 bytes)"), "{message}");
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn bad_pointers_are_errors_not_crashes() {
+    let l = load();
+    let c = ctx(l.data.path());
+    let message = failure(l.registry.invoke("bad-output", "run", json!({}), &c).await);
+    assert_eq!(message, "plugin \"bad-output\" returned an out-of-bounds output: 64 bytes at 2147483632, but its memory is 65536 bytes");
+    let message = failure(l.registry.invoke("bad-allocate", "run", json!({}), &c).await);
+    assert_eq!(
+        message,
+        "plugin \"bad-allocate\" returned an out-of-bounds pointer from allocate(3): 3 bytes at 4294967288, but its memory is 65536 bytes"
+    );
+    let message = failure(l.registry.invoke("bad-log", "run", json!({}), &c).await);
+    assert_eq!(
+        message,
+        "plugin \"bad-log\" passed an out-of-bounds pointer to env.log: 4096 bytes at 4294901760, but its memory is 65536 bytes"
+    );
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn garbage_output_trap_and_error_codes_are_action_errors() {
+    let l = load();
+    let c = ctx(l.data.path());
+    let message = failure(l.registry.invoke("garbage-output", "run", json!({}), &c).await);
+    assert!(message.starts_with("plugin \"garbage-output\" returned invalid JSON: expected ident"), "{message}");
+    let message = failure(l.registry.invoke("error-code", "run", json!({}), &c).await);
+    assert_eq!(message, "plugin \"error-code\" returned error code 3: bad input: name is required");
+    let err = l.registry.invoke("trap", "run", json!({}), &c).await.expect_err("trap");
+    assert_eq!(err.to_string(), "trap.run failed: plugin \"trap\" trapped: wasm `unreachable` instruction executed");
+    assert!(!err.is_permanent());
+    echo_still_works(&l).await;
+}
+
+#[tokio::test]
+async fn granted_host_functions_work_inside_the_sandbox() {
+    let l = load();
+    let c = ctx(l.data.path());
+    let out = l.registry.invoke("files", "roundtrip", json!({}), &c).await;
+    assert_eq!(out, Ok(json!({"saved": true})));
+    let on_disk = fs::read_to_string(l.data.path().join("plugins/files/notes/hello.txt")).expect("file in the sandbox");
+    assert_eq!(on_disk, "{\"saved\":true}");
+    // ../../outside.txt would be <data>/outside.txt: refused with ERR_DENIED.
+    assert_eq!(l.registry.invoke("files", "escape", json!({}), &c).await, Ok(json!("denied")));
+    assert_eq!(l.registry.invoke("files", "config", json!({}), &c).await, Ok(json!("hello")));
+    // http-request is optional and not allowed: the stub answers ERR_DENIED.
+    assert_eq!(l.registry.invoke("files", "http", json!({}), &c).await, Ok(json!("denied")));
+}
+
+#[tokio::test]
+async fn host_functions_without_a_host_side_answer_unavailable() {
+    let l = load_with(|o| o.allowed_capabilities.push("http-request".into()));
+    assert_eq!(l.registry.invoke("files", "http", json!({}), &ctx(l.data.path())).await, Ok(json!("unavailable")));
+}
+
+#[tokio::test]
+async fn hooks_are_called_through_execute_as_hook_name() {
+    let l = load();
+    let out = l.registry.invoke_hook("echo", "on-event", json!({"event": "plugin:echo:action:before"})).await;
+    assert_eq!(out, Ok(json!({"action": "hook:on-event", "input": {"event": "plugin:echo:action:before"}})));
+    let err = l.registry.invoke_hook("echo", "on-other", json!({})).await.expect_err("unknown hook");
+    assert_eq!(err.to_string(), "plugin \"echo\" has no hook \"on-other\"; known hooks: echo.on-event");
+    assert!(err.is_permanent());
+    let err = l.registry.invoke_hook("file-read", "on-event", json!({})).await.expect_err("built-ins have no hooks");
+    assert!(matches!(err, ActionError::UnknownHook { .. }), "{err}");
+}
+
+/// A plugin folder in a temporary plugin directory: `manifest` with the echo module as entry.
+fn write_plugin(dir: &Path, folder: &str, manifest: Value) {
+    let path = dir.join(folder);
+    fs::create_dir_all(&path).expect("mkdir");
+    fs::write(path.join("manifest.json"), manifest.to_string()).expect("manifest");
+    fs::copy(fixtures().join("echo/plugin.wat"), path.join("plugin.wat")).expect("copy module");
+}
+
+fn echo_manifest(name: &str, entry: &str) -> Value {
+    json!({
+        "name": name, "version": "0.1.0", "type": "wasm", "entry": entry,
+        "exports": {"actions": [{"name": "echo", "parameters": {"type": "object"}}]}
+    })
+}
+
+#[test]
+fn name_clashes_and_entries_outside_the_folder_are_load_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_plugin(dir.path(), "a-first", echo_manifest("twin", "plugin.wat"));
+    write_plugin(dir.path(), "b-second", echo_manifest("twin", "plugin.wat"));
+    write_plugin(dir.path(), "c-builtin", echo_manifest("file-read", "plugin.wat"));
+    write_plugin(dir.path(), "d-escape", echo_manifest("escape", "../a-first/plugin.wat"));
+    write_plugin(dir.path(), "e-unknown", json!({"name": "odd", "type": "python", "entry": "x.py"}));
+    write_plugin(dir.path(), "f-bad-name", echo_manifest("../evil", "plugin.wat"));
+    let registry = Registry::load(&[dir.path().to_path_buf()], options(dir.path()));
+    let by_folder = |name: &str| registry.plugins().iter().filter(|p| p.name == name).collect::<Vec<_>>();
+
+    let twins = by_folder("twin");
+    assert_eq!(twins.len(), 2);
+    assert_eq!(twins[0].error, None);
+    let error = twins[1].error.as_deref().expect("second twin refused");
+    assert!(error.contains(&dir.path().join("b-second").display().to_string()), "{error}");
+    assert!(error.contains(&dir.path().join("a-first").display().to_string()), "{error}");
+    assert!(registry.has_action("twin", "echo"));
+
+    let clash = by_folder("file-read");
+    assert_eq!(clash.len(), 2, "the built-in and the impostor");
+    assert_eq!(clash[0].kind, "builtin");
+    assert!(clash[1].error.as_deref().is_some_and(|e| e.contains("has the name of a built-in plugin")), "{:?}", clash[1].error);
+
+    let error = load_error(&registry, "escape");
+    assert!(error.starts_with("cannot load plugin \"escape\": entry \"../a-first/plugin.wat\" must be a relative path inside"), "{error}");
+    let error = load_error(&registry, "odd");
+    assert!(error.contains("has unknown type \"python\""), "{error}");
+    assert!(load_error(&registry, "../evil").starts_with("plugin name \"../evil\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_at_once_each_get_a_fresh_instance() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let registry = Arc::new(Registry::load(&[fixtures()], options(data.path())));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (registry, c) = (Arc::clone(&registry), ctx(data.path()));
+        // Spawning also checks that the call's future is `Send`, as the worker needs.
+        calls.spawn(async move { (i, registry.invoke("echo", "echo", json!({"count": i}), &c).await) });
+    }
+    while let Some(joined) = calls.join_next().await {
+        let (i, result) = joined.expect("task");
+        assert_eq!(result, Ok(json!({"action": "echo", "input": {"count": i}})));
+    }
+}
