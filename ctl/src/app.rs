@@ -226,7 +226,7 @@ async fn wait_interruptibly(
         }
     };
     tokio::select! {
-        answer = client.call(tool, arguments) => answer,
+        answer = client.call_unbounded(tool, arguments) => answer,
         () = interrupted => Err(CtlError::new(Failure::Interrupted, match progress.run_id() {
             Some(id) => format!("stopped waiting; run {id} goes on on the worker; follow it with: lampctl runs show {id}"),
             None => format!(

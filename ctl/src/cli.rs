@@ -103,7 +103,7 @@ pub(crate) enum JobsCommand {
         /// The job's name
         name: String,
         /// How many fire times to show
-        #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
         count: u32,
     },
     /// Stop a job from firing on its schedule (kept across restarts)
@@ -145,7 +145,7 @@ pub(crate) struct TriggerArgs {
     pub(crate) wait: bool,
 
     /// With --wait: stop waiting after this many seconds (the run goes on)
-    #[arg(long, value_name = "SECONDS", requires = "wait")]
+    #[arg(long, value_name = "SECONDS", requires = "wait", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) timeout: Option<u64>,
 }
 
@@ -160,7 +160,7 @@ pub(crate) enum RunsCommand {
         #[arg(long, value_name = "STATUS", value_parser = RUN_STATUSES)]
         status: Option<String>,
         /// At most this many runs
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=200))]
         limit: Option<u32>,
         /// Continue after the previous page (the cursor it printed)
         #[arg(long, value_name = "CURSOR")]

@@ -30,6 +30,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long closing may take; the worker sees the connection end when lampctl exits anyway.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A call that is not a `--wait` gets this long: a worker that stalls after the handshake
+/// must not hang a script.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest quoted detail (an HTTP body, an error chain) in a one-line message.
 const MAX_DETAIL: usize = 160;
 
@@ -67,6 +70,14 @@ impl Client {
     /// Calls `tool` and returns its structured content (or, from a worker that sends only
     /// text, the text parsed as JSON, or the text itself).
     pub(crate) async fn call(&self, tool: &str, arguments: Map<String, Value>) -> Result<Value, CtlError> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.call_unbounded(tool, arguments)).await {
+            Ok(answer) => answer,
+            Err(_elapsed) => Err(self.target.explain(Problem::TimedOut)),
+        }
+    }
+
+    /// [`Client::call`] without a time limit, for `--wait` (Ctrl-C ends it).
+    pub(crate) async fn call_unbounded(&self, tool: &str, arguments: Map<String, Value>) -> Result<Value, CtlError> {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         match self.service.call_tool(params).await {
             Ok(result) => tool_value(result),

@@ -18,8 +18,8 @@ use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRoute
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
     ContentBlock, Implementation, ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod,
-    ListResourceTemplatesResult, ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool,
+    ListResourceTemplatesResult, ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, MetaObject, NotificationMetaObject,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
@@ -488,6 +488,10 @@ impl From<ServiceError> for Failure {
         if matches!(e, ServiceError::Storage(_)) {
             tracing::warn!(error = %e, "storage error while serving an MCP call");
         }
+        // Arguments the service refuses are bad arguments, like those serde refuses.
+        if let ServiceError::InvalidArgument(m) = e {
+            return Failure::invalid(m);
+        }
         Failure::Tool(e.to_string())
     }
 }
@@ -569,6 +573,7 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = match a.timeout_seconds {
+            Some(_) if !a.wait => return Err(Failure::invalid("timeout_seconds only applies with wait: true")),
             Some(s) => Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?)),
             None => None,
         };
@@ -592,10 +597,16 @@ impl Control {
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_runs(&self, Parameters(a): Parameters<ListRunsArgs>) -> Result<Json<RunPage>, Failure> {
         let status = match a.status.as_deref() {
-            Some(s) => Some(s.parse::<RunStatus>().map_err(Failure::Tool)?),
+            Some(s) => Some(s.parse::<RunStatus>().map_err(Failure::invalid)?),
             None => None,
         };
         let limit = in_range("limit", a.limit.map_or(20, u64::from), 200)? as u32;
+        // A cursor is a run id from `next_cursor`; anything else would silently page wrong.
+        if let Some(c) = &a.cursor
+            && uuid::Uuid::parse_str(c).is_err()
+        {
+            return Err(Failure::invalid(format!("cursor \"{c}\" is not a `next_cursor` from list_runs")));
+        }
         let page = self.engine.list_runs(RunFilter { job: a.job, status, limit: Some(limit), before: a.cursor }).await?;
         Ok(Json(page))
     }
@@ -607,7 +618,7 @@ impl Control {
     }
 
     /// Cancels a queued or running run and returns it. A run that already finished cannot be cancelled.
-    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
     async fn cancel_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<Run>, Failure> {
         Ok(Json(self.engine.cancel_run(&a.id).await?))
     }
@@ -764,6 +775,11 @@ impl Control {
         let progress_token = ctx.meta.get_progress_token();
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut reports: u32 = 0;
+        // The first report goes out at once: it tells the caller the run's id (in `_meta`), so a
+        // client that gives up waiting can still say which run goes on.
+        if let Some(token) = &progress_token {
+            self.report(ctx, token, &mut reports, run_id, "queued").await;
+        }
         loop {
             let slice = match deadline {
                 Some(d) => d.saturating_duration_since(tokio::time::Instant::now()).min(PROGRESS_EVERY),
@@ -785,13 +801,20 @@ impl Control {
                 return Ok((run, Some(note)));
             }
             if let Some(token) = &progress_token {
-                reports = reports.saturating_add(1);
-                let message = format!("run {} is {}", run.id, run.status);
-                let param = ProgressNotificationParam::new(token.clone(), f64::from(reports)).with_message(message);
-                if let Err(e) = ctx.peer.notify_progress(param).await {
-                    tracing::debug!(error = %e, "cannot send a progress notification");
-                }
+                self.report(ctx, token, &mut reports, &run.id, run.status.as_str()).await;
             }
+        }
+    }
+
+    async fn report(&self, ctx: &RequestContext<RoleServer>, token: &ProgressToken, reports: &mut u32, run_id: &str, status: &str) {
+        *reports = reports.saturating_add(1);
+        let mut meta = Map::new();
+        meta.insert("run_id".into(), Value::from(run_id));
+        let mut param =
+            ProgressNotificationParam::new(token.clone(), f64::from(*reports)).with_message(format!("run {run_id} is {status}"));
+        param.meta = Some(NotificationMetaObject(MetaObject(meta)));
+        if let Err(e) = ctx.peer.notify_progress(param).await {
+            tracing::debug!(error = %e, "cannot send a progress notification");
         }
     }
 
@@ -890,8 +913,8 @@ mod tests {
     use super::*;
 
     fn error_for<P: DeserializeOwned>(args: Value) -> ErrorData {
-        let Err(e) = P::deserialize(&args) else { panic!("{args} should not deserialize") };
-        argument_error::<P>("t", &args, &e)
+        let Err(e) = serde_path_to_error::deserialize::<_, P>(&args) else { panic!("{args} should not deserialize") };
+        argument_error("t", &e)
     }
 
     #[test]

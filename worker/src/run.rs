@@ -18,11 +18,11 @@ use lamplighter_jobs::{Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
-use crate::commands::{load_checked, print_diags};
+use crate::commands::{load_checked, print_diags, reload_checked};
 use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
 
 pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
-    let loaded = match load_checked(path.clone()) {
+    let (loaded, registry) = match load_checked(path.clone()) {
         Ok(l) => l,
         Err(diags) => {
             print_diags(&diags);
@@ -44,7 +44,7 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
             return ExitCode::FAILURE;
         }
     };
-    let code = rt.block_on(serve(loaded.config, path, mcp_stdio));
+    let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio));
     // A blocking read of stdin (MCP over stdio from a terminal or a file) cannot be cancelled;
     // do not let it hold the exit.
     rt.shutdown_timeout(Duration::from_secs(1));
@@ -64,7 +64,7 @@ fn worker_name(configured: Option<&str>) -> String {
     format!("{host}-{}-{}", std::process::id(), &rand[..6])
 }
 
-async fn serve(config: Config, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCode {
+async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCode {
     let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     if !host.is_loopback() && config.worker.auth == McpAuth::None {
         eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
@@ -78,7 +78,6 @@ async fn serve(config: Config, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCo
             return ExitCode::FAILURE;
         }
     };
-    let registry = Arc::new(Registry::builtin());
     let name = worker_name(config.worker.name.as_deref());
     let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), registry: registry.clone() };
     let engine = match Engine::start(&config, options).await {
@@ -95,6 +94,7 @@ async fn serve(config: Config, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCo
     let mut reloader = Reloader {
         path,
         engine: engine.clone(),
+        registry: registry.clone(),
         catalog: catalog.clone(),
         listening: config.worker.clone(),
         grace: config.worker.shutdown_grace,
@@ -178,6 +178,8 @@ async fn serve(config: Config, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCo
 struct Reloader {
     path: Option<PathBuf>,
     engine: Engine,
+    /// The plugins loaded at start; a reload checks jobs against them.
+    registry: Arc<Registry>,
     catalog: Arc<RwLock<CatalogSnapshot>>,
     /// `worker.mcp` as the listener was started with; changes there need a restart.
     listening: WorkerConfig,
@@ -188,7 +190,7 @@ struct Reloader {
 impl Reloader {
     /// Reloads the config: the summary, or every diagnostic (`file:line:col: error: …`).
     fn reload(&mut self) -> Result<ReloadSummary, Vec<String>> {
-        match load_checked(self.path.clone()) {
+        match reload_checked(self.path.clone(), &self.registry) {
             Ok(loaded) => {
                 for w in &loaded.warnings {
                     tracing::warn!("{w}");

@@ -43,7 +43,8 @@ impl Guard {
             }
         }
         let token = match &worker.auth {
-            McpAuth::Bearer { token } => Some(token.clone()),
+            // A token read from a file often ends in a newline; what clients send is trimmed too.
+            McpAuth::Bearer { token } => Some(token.trim().to_string()),
             McpAuth::None => None,
         };
         Self { token, hosts }
@@ -88,8 +89,8 @@ impl Guard {
         if self.host_allowed(&host) {
             return Ok(());
         }
-        tracing::warn!(host = %host, "refused an MCP request with a foreign Host header");
-        Err(Refusal::ForeignHost { host, allowed: self.rmcp_allowed_hosts().join(", ") })
+        tracing::warn!(host = %host, allowed = %self.rmcp_allowed_hosts().join(", "), "refused an MCP request with a foreign Host header");
+        Err(Refusal::ForeignHost { host })
     }
 
     /// A browser sends `Origin`; it must be a page of this worker (or of a loopback host).
@@ -153,7 +154,7 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, nex
 #[derive(Debug)]
 enum Refusal {
     BadHost(&'static str),
-    ForeignHost { host: String, allowed: String },
+    ForeignHost { host: String },
     ForeignOrigin(String),
     NoToken,
     WrongToken,
@@ -163,11 +164,10 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
             Refusal::BadHost(what) => (StatusCode::BAD_REQUEST, format!("bad request: {what}\n")).into_response(),
-            Refusal::ForeignHost { host, allowed } => (
+            Refusal::ForeignHost { host } => (
                 StatusCode::FORBIDDEN,
-                format!(
-                    "forbidden: Host \"{host}\" is not allowed (allowed: {allowed}); to reach the worker by another name, add it to ${EXTRA_HOSTS_VAR}\n"
-                ),
+                // The allowed names go to the operator's log, not to an unauthenticated caller.
+                format!("forbidden: Host \"{host}\" is not allowed; to reach the worker by another name, add it to ${EXTRA_HOSTS_VAR}\n"),
             )
                 .into_response(),
             Refusal::ForeignOrigin(origin) => {
@@ -189,9 +189,17 @@ fn unauthorized(challenge: &'static str, body: &'static str) -> Response {
     (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge))], body).into_response()
 }
 
-/// Lowercase, without the brackets of an IPv6 literal.
+/// Lowercase, without a port and without the brackets of an IPv6 literal.
 fn normalize_host(host: &str) -> String {
-    host.trim().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase()
+    let host = host.trim();
+    let host = match host.strip_prefix('[') {
+        // `[::1]:5100` → `::1`
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        // `name:8443` → `name`; a bare IPv6 literal (several colons) stays whole.
+        None if host.matches(':').count() == 1 => host.split(':').next().unwrap_or_default(),
+        None => host,
+    };
+    host.to_ascii_lowercase()
 }
 
 fn bracketed(host: &str) -> String {

@@ -259,3 +259,26 @@ fn a_plain_rmcp_client_can_drive_the_worker() {
         let _ = client.cancel().await;
     });
 }
+
+/// `lamplighter run --mcp-stdio`, launched by a client as chat clients do.
+#[test]
+fn mcp_over_stdio_serves_the_same_tools() {
+    use rmcp::ServiceExt;
+    use rmcp::transport::TokioChildProcess;
+
+    let w = Worker::new(QUICK);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut cmd = tokio::process::Command::new(crate::support::bin());
+        cmd.args(["run", "--mcp-stdio", "--config"]).arg(w.config_path()).current_dir(w.dir.path()).env("RUST_LOG", "warn");
+        let client = ().serve(TokioChildProcess::new(cmd).expect("spawn")).await.expect("connect over stdio");
+        let tools = client.list_all_tools().await.expect("tools/list");
+        assert_eq!(tools.len(), 22, "{:?}", tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
+        let res = client
+            .call_tool(rmcp::model::CallToolRequestParams::new("list_jobs").with_arguments(serde_json::Map::new()))
+            .await
+            .expect("list_jobs");
+        assert_eq!(res.structured_content.as_ref().map(|v| v["jobs"][0]["name"].clone()), Some(Value::from("report")));
+        let _ = client.cancel().await;
+    });
+}
