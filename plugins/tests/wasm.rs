@@ -360,3 +360,38 @@ async fn many_calls_at_once_each_get_a_fresh_instance() {
         assert_eq!(result, Ok(json!({"action": "echo", "input": {"count": i}})));
     }
 }
+
+/// The Rust example in `plugins/examples/hello-wasm`, built for `wasm32-unknown-unknown` with
+/// the toolchain running this test (`.ci/run` installs the target), loaded from a plugins
+/// directory as an operator would install it, then called as an action and as a hook.
+#[tokio::test]
+async fn the_rust_example_plugin_builds_loads_and_answers() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/hello-wasm");
+    let build = tempfile::tempdir().expect("tempdir");
+    #[allow(clippy::disallowed_methods, reason = "building the example is this test's job")]
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "--target", "wasm32-unknown-unknown", "--quiet", "--manifest-path"])
+        .arg(example.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", build.path())
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "the example does not build; is the target installed? `rustup target add wasm32-unknown-unknown`");
+
+    let plugins = tempfile::tempdir().expect("tempdir");
+    let folder = plugins.path().join("hello-wasm");
+    fs::create_dir_all(&folder).expect("mkdir");
+    fs::copy(example.join("manifest.json"), folder.join("manifest.json")).expect("manifest");
+    fs::copy(build.path().join("wasm32-unknown-unknown/release/hello_wasm.wasm"), folder.join("hello_wasm.wasm")).expect("module");
+    let data = tempfile::tempdir().expect("tempdir");
+    let registry = Registry::load(&[plugins.path().to_path_buf()], options(data.path()));
+    let info = registry.plugins().iter().find(|p| p.name == "hello-wasm").expect("listed");
+    assert_eq!((info.kind.as_str(), info.error.as_deref()), ("wasm", None));
+
+    let out = registry.invoke("hello-wasm", "greet", json!({"name": "Ada"}), &ctx(data.path())).await.expect("greet");
+    assert_eq!(out, json!({"greeting": "Hello, Ada!"}));
+    let out = registry.invoke("hello-wasm", "greet", json!({}), &ctx(data.path())).await.expect("greet with the default");
+    assert_eq!(out, json!({"greeting": "Hello, World!"}));
+    let err = registry.invoke("hello-wasm", "greet", json!({"name": 7}), &ctx(data.path())).await.expect_err("checked by the schema");
+    assert!(err.to_string().contains("parameter \"name\" must be a string"), "{err}");
+    registry.invoke_hook("hello-wasm", "audit", json!({"event": "run.finished"})).await.expect("hook");
+}
