@@ -160,6 +160,30 @@ async fn list_tools(client: &Client, output: Output) -> Result<(), CtlError> {
     })
 }
 
+/// `list_jobs` pages; `jobs list` shows every job, so it follows the cursor to the end and
+/// prints one `{"jobs": […]}`.
+async fn all_jobs(client: &Client, arguments: Map<String, Value>) -> Result<Value, CtlError> {
+    let mut jobs: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut page_args = arguments.clone();
+        page_args.insert("limit".to_owned(), Value::from(1000));
+        if let Some(c) = &cursor {
+            page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
+        }
+        let page = client.call("list_jobs", page_args).await?;
+        match page.get("jobs").and_then(Value::as_array) {
+            Some(list) => jobs.extend(list.iter().cloned()),
+            // A bare list (an older worker): that is all of them.
+            None => return Ok(page),
+        }
+        cursor = page.get("next_cursor").and_then(Value::as_str).map(str::to_owned);
+        if cursor.is_none() {
+            return Ok(serde_json::json!({ "jobs": jobs }));
+        }
+    }
+}
+
 async fn perform(
     client: &Client,
     progress: &Progress,
@@ -170,6 +194,7 @@ async fn perform(
 ) -> Result<(), CtlError> {
     let value = match view {
         View::WaitedRun { job } => wait_interruptibly(client, progress, tool, arguments, job).await?,
+        View::Jobs => all_jobs(client, arguments).await?,
         _ => client.call(tool, arguments).await?,
     };
     emit(&match output {

@@ -124,7 +124,10 @@ impl Progress {
             .flatten()
             .flat_map(|meta| ["run_id", "runId"].into_iter().filter_map(move |key| meta.get(key)))
             .find_map(Value::as_str);
-        if let Some(id) = run_id {
+        // rmcp 3.9's client drops a notification's `_meta` on the way in (the worker does send
+        // it), so the worker's message, "run <id> is <status>", is read as well.
+        let from_message = params.message.as_deref().and_then(|m| m.strip_prefix("run ")).and_then(|m| m.split_whitespace().next());
+        if let Some(id) = run_id.or(from_message) {
             *self.run_id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id.to_owned());
         }
         if self.show {

@@ -14,7 +14,7 @@ pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Engine, EngineError, EngineOptions, migrate};
 pub use run::{Run, RunStatus, Trigger};
 pub use schedule::{Schedule, ScheduleError, jitter_for};
-pub use service::{FireTime, JobDetail, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
+pub use service::{FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
 pub use store::RunFilter;
 
 use lamplighter_config::{Config, Diagnostic, Target};

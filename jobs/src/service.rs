@@ -104,6 +104,13 @@ pub struct Triggered {
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct JobPage {
+    pub jobs: Vec<JobSummary>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RunPage {
     pub runs: Vec<Run>,
     /// Pass as `before` to get the next page; absent on the last page.
@@ -178,10 +185,31 @@ impl Engine {
 
     /// Every configured job, by name.
     pub async fn list_jobs(&self) -> Result<Vec<JobSummary>, ServiceError> {
+        Ok(self.list_jobs_page(None, usize::MAX).await?.jobs)
+    }
+
+    /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
+    /// page's `next_cursor`).
+    pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize) -> Result<JobPage, ServiceError> {
         let states = self.shared.store.job_states().await?;
         let last = self.shared.store.last_runs().await?;
         let now = self.shared.clock.now();
-        Ok(self.shared.jobs().values().map(|j| self.summary(j, states.get(&j.name), last.get(&j.name), now)).collect())
+        let jobs = self.shared.jobs();
+        let start = match after {
+            Some(a) => std::ops::Bound::Excluded(a.to_string()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut page: Vec<JobSummary> = Vec::new();
+        let mut more = false;
+        for j in jobs.range::<String, _>((start, std::ops::Bound::Unbounded)).map(|(_, j)| j) {
+            if page.len() == limit {
+                more = true;
+                break;
+            }
+            page.push(self.summary(j, states.get(&j.name), last.get(&j.name), now));
+        }
+        let next_cursor = if more { page.last().map(|j| j.name.clone()) } else { None };
+        Ok(JobPage { jobs: page, next_cursor })
     }
 
     /// One job with its next `n` fire times, run counts by status and recent runs.

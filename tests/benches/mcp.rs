@@ -5,8 +5,8 @@
 //! cargo bench -p lamplighter-tests --bench mcp -- [--jobs 1000] [--calls 2000] [--clients 8] [--seconds 5]
 //! ```
 //!
-//! Measures, with `--jobs` jobs defined (none due during the run): p50/p99 of `list_jobs` and of
-//! `get_job` from one rmcp client (Streamable HTTP, the current protocol revision); calls per
+//! Measures, with `--jobs` jobs defined (none due during the run): p50/p99 of `list_jobs` (its
+//! default page of 100, and all jobs in one page) and of `get_job` from one rmcp client (Streamable HTTP, the current protocol revision); calls per
 //! second of `get_job` with `--clients` concurrent clients; whole-process wall time of
 //! `lampctl jobs list` (p50/p99 over 50 runs).
 #![allow(clippy::disallowed_methods)]
@@ -33,7 +33,11 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         let client = ().serve(StreamableHttpClientTransport::from_uri(url.clone())).await.expect("connect");
-        for (tool, args) in [("list_jobs", serde_json::json!({})), ("get_job", serde_json::json!({"name": "job-00042"}))] {
+        for (label, tool, args) in [
+            ("list_jobs, default page of 100", "list_jobs", serde_json::json!({})),
+            ("list_jobs, all 1,000 in one page", "list_jobs", serde_json::json!({"limit": 1000})),
+            ("get_job", "get_job", serde_json::json!({"name": "job-00042"})),
+        ] {
             let params = || CallToolRequestParams::new(tool).with_arguments(args.as_object().cloned().unwrap_or_default());
             for _ in 0..50 {
                 client.call_tool(params()).await.expect("warm-up call");
@@ -45,7 +49,7 @@ fn main() {
                 lat.push(t.elapsed());
                 assert_ne!(r.is_error, Some(true), "{tool} failed: {r:?}");
             }
-            report(&format!("{tool} (1 client, {calls} calls)"), &mut lat);
+            report(&format!("{label} (1 client, {calls} calls)"), &mut lat);
         }
         let _ = client.cancel().await;
 

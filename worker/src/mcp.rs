@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::Config;
 use lamplighter_jobs::{
-    Engine, JobDetail, JobSummary, Run, RunBrief, RunFilter, RunPage, RunStatus, ServiceError, TriggerRequest, WorkerStatus,
+    Engine, JobDetail, JobPage, JobSummary, Run, RunBrief, RunFilter, RunPage, RunStatus, ServiceError, TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
 
@@ -282,6 +282,16 @@ struct TriggerArgs {
     /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
     #[schemars(range(min = 1, max = 86400))]
     timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListJobsArgs {
+    /// Page size (1–1000, default 100).
+    #[schemars(range(min = 1, max = 1000))]
+    limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    cursor: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -541,10 +551,11 @@ impl Control {
         Ok(Json(self.engine.worker_status().await?))
     }
 
-    /// Every configured job: target, schedule, time zone, enabled/paused state, next fire time and last run.
+    /// The configured jobs by name, one page at a time (pass `next_cursor` back as `cursor`): target, schedule, time zone, enabled/paused state, next fire time and last run.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
-    async fn list_jobs(&self, _: Parameters<NoArgs>) -> Result<Json<JobList>, Failure> {
-        self.do_list_jobs().await
+    async fn list_jobs(&self, Parameters(a): Parameters<ListJobsArgs>) -> Result<Json<JobPage>, Failure> {
+        let limit = in_range("limit", a.limit.map_or(100, u64::from), 1000)? as usize;
+        Ok(Json(self.engine.list_jobs_page(a.cursor.as_deref(), limit).await?))
     }
 
     /// One job in detail: its next fire times (UTC and the job's zone), run counts by status, recent runs, and its catch-up, overlap, timeout and retry policy.
