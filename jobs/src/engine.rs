@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     prune_wake: Notify,
     queue_wake: mpsc::UnboundedSender<()>,
     pub(crate) started_at: DateTime<Utc>,
+    /// When the scheduler wakes next (ms since the epoch; `i64::MAX`: nothing planned), so
+    /// background work can keep out of the way of ticks.
+    pub(crate) next_wake_ms: AtomicI64,
 }
 
 /// The part of the config the engine needs, swapped whole on reload.
@@ -110,12 +113,22 @@ impl Shared {
         self.prune_wake.notify_one();
     }
 
+    /// Background writes wait while a tick is about to fire (they would hold SQLite's write lock
+    /// while the tick's runs are claimed).
+    async fn clear_of_ticks(&self) {
+        let until_tick = self.next_wake_ms.load(Ordering::SeqCst).saturating_sub(self.clock.now().timestamp_millis());
+        if (0..PRUNE_CLEARANCE_MS).contains(&until_tick) {
+            tokio::time::sleep(Duration::from_millis(u64::try_from(until_tick + PRUNE_CLEARANCE_MS).unwrap_or_default())).await;
+        }
+    }
+
     /// Applies retention to every job waiting for it.
     pub(crate) async fn prune_now(&self) {
         let pending = std::mem::take(&mut *self.prune_pending.lock().unwrap_or_else(|e| e.into_inner()));
         let jobs = self.jobs();
         let now = self.clock.now();
         for name in pending {
+            self.clear_of_ticks().await;
             let Some(job) = jobs.get(&name) else { continue };
             if let Err(e) = self.store.prune(&name, job.retention.max_runs, job.retention.max_age, now).await {
                 tracing::warn!(job = %name, error = %e, "cannot prune run history");
@@ -123,6 +136,10 @@ impl Shared {
         }
         if let Err(e) = self.store.prune_shared().await {
             tracing::warn!(error = %e, "cannot prune the queue");
+        }
+        self.clear_of_ticks().await;
+        if let Err(e) = self.store.checkpoint().await {
+            tracing::warn!(error = %e, "cannot checkpoint the database");
         }
     }
 
@@ -233,6 +250,7 @@ impl Engine {
             prune_pending: Mutex::new(BTreeSet::new()),
             prune_wake: Notify::new(),
             started_at: now,
+            next_wake_ms: AtomicI64::new(i64::MAX),
         });
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
@@ -301,6 +319,9 @@ impl Engine {
         }
     }
 }
+
+/// Pruning waits when a tick is this close, and until this long after it.
+const PRUNE_CLEARANCE_MS: i64 = 250;
 
 /// A busy worker prunes at most this often; an idle one not at all.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);

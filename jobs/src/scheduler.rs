@@ -68,6 +68,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         let next_tick = plan.order.first().map(|(t, _)| *t);
         let next_due = shared.store.next_due().await.ok().flatten().filter(|t| *t > now);
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
+        shared.next_wake_ms.store(wake_at.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
         let sleep = match wake_at {
             Some(t) => shared.clock.sleep_until(t),
             None => Box::pin(std::future::pending()),
@@ -243,6 +244,8 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, TickPolicy)>, now: Date
         pushed |= o.dispatched;
         if o.status == RunStatus::Skipped {
             tracing::info!(job = %job, %tick, run = %o.run_id, "tick skipped");
+            // A skipped tick is a finished run too: a paused job's history is kept bounded.
+            shared.prune_soon(&job);
         }
         for old in o.replaced {
             shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;

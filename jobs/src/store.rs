@@ -150,6 +150,8 @@ impl Store {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
+            // The housekeeper checkpoints after each pass; this is the safety net (~40 MB).
+            .pragma("wal_autocheckpoint", "10000")
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
         Ok(Self { pool })
@@ -485,6 +487,14 @@ impl Store {
 
     /// What pruning of single jobs leaves behind: steps of deleted runs, and finished queue
     /// tasks (apalis keeps them forever; the runs table is the history).
+    /// Moves the WAL into the database off the hot path (the automatic checkpoint would
+    /// otherwise run, with its fsync, inside whichever commit crosses the threshold: often a
+    /// tick's).
+    pub(crate) async fn checkpoint(&self) -> Result<(), StoreError> {
+        sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.pool).await.ctx("checkpointing the WAL")?;
+        Ok(())
+    }
+
     pub(crate) async fn prune_shared(&self) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
             .execute(&self.pool)

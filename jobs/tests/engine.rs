@@ -248,3 +248,22 @@ async fn jitter_delays_each_tick_by_a_stable_amount_within_the_bound() {
     assert_eq!(r[0].due_at, due);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn skipped_ticks_are_pruned_while_a_long_run_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\noverlap: forbid\nretention: {{ max_runs: 2 }}\n{SLOW}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    clock.set(t0() + minutes(1));
+    until(&engine, "the long run to start", |r| r.len() == 1 && r[0].status == RunStatus::Running).await;
+    for m in 2..=6 {
+        clock.set(t0() + minutes(m));
+        until(&engine, "the skipped tick", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(m)))).await;
+    }
+    // No run finishes, yet the history stays bounded: the running run and the 2 newest skips.
+    let r = until(&engine, "pruning of skipped ticks", |r| r.len() == 3).await;
+    assert_eq!(r[0].status, RunStatus::Running);
+    assert_eq!(ticks(&r[1..], Trigger::Cron), [5, 6]);
+    engine.shutdown(Duration::ZERO).await;
+}
