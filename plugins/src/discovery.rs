@@ -105,6 +105,12 @@ impl Registry {
             seen_dirs.push(canonical);
             for folder in plugin_folders(dir) {
                 let (info, module) = load_folder(&folder, &opts, &mut origins, &mut engine);
+                // The seed ships its built-ins as .NET plugins under the same names (its
+                // `plugins.dirs` points at them); Lamplighter's own built-in is that plugin.
+                if info.kind == "native" && matches!(origins.get(&info.name), Some(Origin::Builtin)) {
+                    tracing::debug!(plugin = %info.name, folder = %folder.display(), "the seed's .NET build of a built-in; the built-in serves it");
+                    continue;
+                }
                 match &info.error {
                     None => tracing::info!(plugin = %info.name, kind = %info.kind, folder = %folder.display(), "plugin loaded"),
                     Some(error) => tracing::warn!(plugin = %info.name, kind = %info.kind, %error, "plugin not loaded"),

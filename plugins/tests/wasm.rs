@@ -395,3 +395,28 @@ async fn the_rust_example_plugin_builds_loads_and_answers() {
     assert!(err.to_string().contains("parameter \"name\" must be a string"), "{err}");
     registry.invoke_hook("hello-wasm", "audit", json!({"event": "run.finished"})).await.expect("hook");
 }
+
+/// The seed's `plugins.dirs` points at its built-ins, shipped as .NET plugins under the
+/// built-ins' names: those are served by Lamplighter's own built-ins, not reported as errors;
+/// a WASM plugin that takes a built-in's name still is.
+#[test]
+fn the_seeds_dotnet_builds_of_builtins_are_served_by_the_builtins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |folder: &str, kind: &str| {
+        fs::create_dir_all(dir.path().join(folder)).expect("mkdir");
+        let manifest = json!({"name": folder, "version": "1.0.0", "type": kind, "entry": "x", "exports": {"actions": []}});
+        fs::write(dir.path().join(folder).join("manifest.json"), manifest.to_string()).expect("manifest");
+    };
+    write("file-read", "native");
+    write("shell-exec", "wasm");
+    write("hello-world", "native");
+    let data = tempfile::tempdir().expect("tempdir");
+    let registry = Registry::load(&[dir.path().to_path_buf()], options(data.path()));
+    let file_read: Vec<_> = registry.plugins().iter().filter(|p| p.name == "file-read").collect();
+    assert_eq!(file_read.len(), 1, "listed once");
+    assert_eq!((file_read[0].kind.as_str(), file_read[0].error.as_deref()), ("builtin", None));
+    assert!(registry.has_action("file-read", "read"));
+    let clash = registry.plugins().iter().find(|p| p.name == "shell-exec" && p.kind == "wasm").expect("the clash is listed");
+    assert!(clash.error.as_deref().is_some_and(|e| e.contains("name of a built-in")), "{clash:?}");
+    assert!(load_error(&registry, "hello-world").contains(".NET"));
+}
