@@ -17,7 +17,8 @@ use lamplighter_plugins::Registry;
 
 use crate::clock::Clock;
 use crate::executor::{self, Queue, Running, StopReason};
-use crate::run::RunStatus;
+use crate::run::{Run, RunStatus};
+use crate::schedule::Schedule;
 use crate::store::{NewRun, Store, StoreError};
 
 /// Engine start-up failures.
@@ -64,18 +65,38 @@ pub(crate) struct Shared {
 #[derive(Debug, Clone)]
 pub(crate) struct JobsConfig {
     pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
+    /// Each scheduled job's parsed schedule, parsed once per config (the scheduler plans from
+    /// it and the service reads next fire times from it). A job whose schedule does not parse
+    /// is absent; validation refuses such a config before it gets here.
+    pub(crate) schedules: Arc<HashMap<String, Arc<Schedule>>>,
     pub(crate) data_dir: PathBuf,
 }
 
 impl JobsConfig {
     fn of(config: &Config) -> Self {
-        Self { jobs: Arc::new(config.jobs.clone()), data_dir: config.data_dir.clone() }
+        let mut schedules = HashMap::new();
+        for (name, job) in &config.jobs {
+            let Some(spec) = &job.schedule else { continue };
+            match Schedule::from_spec(spec, &job.timezone) {
+                Ok(s) => {
+                    schedules.insert(name.clone(), Arc::new(s));
+                }
+                Err(e) => tracing::error!(job = %name, error = %e, "job not scheduled"),
+            }
+        }
+        Self { jobs: Arc::new(config.jobs.clone()), schedules: Arc::new(schedules), data_dir: config.data_dir.clone() }
     }
 }
 
 impl Shared {
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
         self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone()
+    }
+
+    /// The jobs, their schedules and the data directory, from one config (a reload cannot
+    /// pair one config's jobs with another's schedules).
+    pub(crate) fn snapshot(&self) -> Arc<JobsConfig> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
@@ -105,6 +126,21 @@ impl Shared {
         self.store.dispatch(run_id, now).await.map_err(|e| e.to_string())?;
         self.wake_queue();
         Ok(())
+    }
+
+    /// Creates the next attempt of a failed or interrupted run, due at `due_at`, when its job
+    /// still exists and its retry policy allows one; otherwise marks the run as having none.
+    pub(crate) async fn follow_up(&self, run: &Run, due_at: DateTime<Utc>, now: DateTime<Utc>) -> Result<Option<String>, StoreError> {
+        match self.job(&run.job) {
+            Some(job) if run.attempt <= job.retries.max => {
+                let (id, _) = self.store.insert_run(NewRun::follow_up(run, due_at), now).await?;
+                Ok(Some(id))
+            }
+            _ => {
+                self.store.mark_no_follow_up(&run.id).await?;
+                Ok(None)
+            }
+        }
     }
 
     /// Asks the housekeeper to apply the job's retention soon (batched, off the run path).
@@ -350,17 +386,9 @@ async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError>
         tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
     }
     for r in shared.store.interrupted_without_follow_up().await? {
-        let Some(job) = shared.job(&r.job) else {
-            shared.store.mark_no_follow_up(&r.id).await?;
-            continue;
-        };
-        if r.attempt > job.retries.max {
-            shared.store.mark_no_follow_up(&r.id).await?;
-            continue;
+        if let Some(id) = shared.follow_up(&r, now, now).await? {
+            tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
         }
-        let next = NewRun::follow_up(&r, now);
-        let (id, _) = shared.store.insert_run(next, now).await?;
-        tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
     }
     Ok(())
 }

@@ -16,7 +16,6 @@ use lamplighter_plugins::{ActionContext, ActionError};
 
 use crate::engine::Shared;
 use crate::run::RunStatus;
-use crate::store::NewRun;
 
 /// The apalis queue name (otherwise it would be the Rust type path).
 pub(crate) const QUEUE: &str = "lamplighter-runs";
@@ -157,25 +156,17 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
     shared.run_finished(run_id);
 }
 
-/// Creates the next attempt of a failed run, if the job's retry policy allows one.
+/// Schedules the next attempt of a failed run after the job's backoff, if its policy allows.
 pub(crate) async fn schedule_retry(
     shared: &Shared,
     job: &lamplighter_config::JobConfig,
     run: &crate::Run,
     now: chrono::DateTime<chrono::Utc>,
 ) {
-    if run.attempt > job.retries.max {
-        if let Err(e) = shared.store.mark_no_follow_up(&run.id).await {
-            tracing::warn!(run = %run.id, error = %e, "cannot close run");
-        }
-        return;
-    }
     let delay = job.retries.delay(run.attempt);
-    let next = NewRun::follow_up(run, now + chrono::Duration::from_std(delay).unwrap_or_default());
-    match shared.store.insert_run(next, now).await {
-        Ok((id, _)) => {
-            tracing::info!(run = %run.id, retry = %id, in_s = delay.as_secs(), "retry scheduled")
-        }
+    match shared.follow_up(run, now + chrono::Duration::from_std(delay).unwrap_or_default(), now).await {
+        Ok(Some(id)) => tracing::info!(run = %run.id, retry = %id, in_s = delay.as_secs(), "retry scheduled"),
+        Ok(None) => {}
         Err(e) => tracing::error!(run = %run.id, error = %e, "cannot schedule a retry"),
     }
     shared.wake_scheduler();

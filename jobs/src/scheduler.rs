@@ -15,7 +15,7 @@ use lamplighter_config::{CatchUp, JobConfig, Overlap};
 use crate::engine::Shared;
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::{Schedule, jitter_for};
-use crate::store::{NewRun, TickPolicy};
+use crate::store::NewRun;
 
 /// A tick later than this is "missed" and follows the job's catch-up policy.
 const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
@@ -23,7 +23,7 @@ const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
 const MAX_MISSED: usize = 1000;
 
 struct Entry {
-    schedule: Schedule,
+    schedule: Arc<Schedule>,
     /// The last tick processed (fired, skipped or caught up).
     last: Option<DateTime<Utc>>,
     /// The next tick and when it fires (tick + jitter).
@@ -45,8 +45,7 @@ impl Plan {
             self.order.remove(&(at, job.to_string()));
         }
         if let Some(tick) = e.schedule.next_after(from) {
-            let at =
-                tick + chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(job, tick, j)).unwrap_or_default()).unwrap_or_default();
+            let at = tick + jitter(cfg, job, tick);
             e.next = Some((tick, at));
             self.order.insert((at, job.to_string()));
         }
@@ -83,7 +82,8 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 async fn build_plan(shared: &Shared) -> Plan {
-    let jobs = shared.jobs();
+    let snapshot = shared.snapshot();
+    let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
     let states = match shared.store.job_states().await {
         Ok(s) => s,
         Err(e) => {
@@ -98,20 +98,10 @@ async fn build_plan(shared: &Shared) -> Plan {
         if !cfg.enabled || paused {
             continue;
         }
-        let Some(spec) = &cfg.schedule else { continue };
-        let schedule = match Schedule::from_spec(spec, &cfg.timezone) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(job = %name, error = %e, "job not scheduled");
-                continue;
-            }
-        };
+        let Some(schedule) = schedules.get(name).cloned() else { continue };
         let last = states.get(name).and_then(|s| s.last_tick);
         plan.entries.insert(name.clone(), Entry { schedule, last, next: None });
         plan.set_next(name, cfg, last.unwrap_or(now).min(now));
-        if last.is_none() {
-            plan.set_next(name, cfg, now);
-        }
     }
     plan
 }
@@ -119,7 +109,7 @@ async fn build_plan(shared: &Shared) -> Plan {
 async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
     let jobs = shared.jobs();
     // Every tick due now, of every job, goes to the database in one transaction.
-    let mut batch: Vec<(NewRun, TickPolicy)> = Vec::new();
+    let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
     // Jobs whose last processed tick was skipped (catch-up), so no run records it.
     let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
     while let Some((at, job)) = plan.order.first().cloned() {
@@ -161,7 +151,7 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
         // Caught-up ticks run one after another, and the on-time tick after them: under
         // `forbid` or `replace` they would otherwise skip or cancel each other at once.
         let catching_up = chosen.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
-        let tick_policy = if catching_up && cfg.overlap != Overlap::Allow { TickPolicy::Queue } else { policy(cfg.overlap) };
+        let tick_policy = if catching_up && cfg.overlap != Overlap::Allow { Overlap::Queue } else { cfg.overlap };
         for (t, at, trigger) in chosen {
             batch.push((new_tick_run(cfg, t, at, trigger), tick_policy));
         }
@@ -197,15 +187,6 @@ fn choose(cfg: &JobConfig, ticks: &[(DateTime<Utc>, DateTime<Utc>)], now: DateTi
     caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
 }
 
-fn policy(overlap: Overlap) -> TickPolicy {
-    match overlap {
-        Overlap::Forbid => TickPolicy::Forbid,
-        Overlap::Allow => TickPolicy::Allow,
-        Overlap::Replace => TickPolicy::Replace,
-        Overlap::Queue => TickPolicy::Queue,
-    }
-}
-
 fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
     NewRun {
         job: cfg.name.clone(),
@@ -222,7 +203,7 @@ fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigge
     }
 }
 
-async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, TickPolicy)>, now: DateTime<Utc>) {
+async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     let outcomes = match shared.store.fire_ticks(batch, now).await {
         Ok(o) => o,

@@ -160,13 +160,16 @@ impl Engine {
         })
     }
 
-    fn schedule_of(job: &JobConfig) -> Option<Schedule> {
-        job.schedule.as_ref().and_then(|s| Schedule::from_spec(s, &job.timezone).ok())
-    }
-
-    fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<&Run>, now: DateTime<Utc>) -> JobSummary {
+    fn summary(
+        &self,
+        job: &JobConfig,
+        schedule: Option<&Schedule>,
+        state: Option<&crate::store::JobState>,
+        last: Option<&Run>,
+        now: DateTime<Utc>,
+    ) -> JobSummary {
         let paused = state.is_some_and(|s| s.paused);
-        let next_fire = if job.enabled && !paused { Self::schedule_of(job).and_then(|s| s.next_after(now)) } else { None };
+        let next_fire = if job.enabled && !paused { schedule.and_then(|s| s.next_after(now)) } else { None };
         JobSummary {
             name: job.name.clone(),
             description: job.description.clone(),
@@ -194,7 +197,8 @@ impl Engine {
         let states = self.shared.store.job_states().await?;
         let last = self.shared.store.last_runs().await?;
         let now = self.shared.clock.now();
-        let jobs = self.shared.jobs();
+        let snapshot = self.shared.snapshot();
+        let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
@@ -206,7 +210,7 @@ impl Engine {
                 more = true;
                 break;
             }
-            page.push(self.summary(j, states.get(&j.name), last.get(&j.name), now));
+            page.push(self.summary(j, schedules.get(&j.name).map(|s| &**s), states.get(&j.name), last.get(&j.name), now));
         }
         let next_cursor = if more { page.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs: page, next_cursor })
@@ -215,12 +219,12 @@ impl Engine {
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
         let job = self.job_or_err(name)?;
-        let states = self.shared.store.job_states().await?;
+        let state = self.shared.store.job_state(name).await?;
         let recent = self.shared.store.list_runs(&RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() }).await?;
         let counts = self.shared.store.counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock.now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
-        let summary = self.summary(&job, states.get(name), recent.first(), now);
+        let summary = self.summary(&job, self.shared.snapshot().schedules.get(name).map(|s| &**s), Some(&state), recent.first(), now);
         Ok(JobDetail {
             summary,
             next_fires,
@@ -240,7 +244,8 @@ impl Engine {
     }
 
     fn next_fires(&self, job: &JobConfig, now: DateTime<Utc>, n: usize) -> Vec<FireTime> {
-        let Some(s) = Self::schedule_of(job) else {
+        let snapshot = self.shared.snapshot();
+        let Some(s) = snapshot.schedules.get(&job.name) else {
             return Vec::new();
         };
         let tz = s.timezone();
@@ -269,9 +274,10 @@ impl Engine {
 
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {
         let job = self.job_or_err(name)?;
-        let states = self.shared.store.job_states().await?;
+        let state = self.shared.store.job_state(name).await?;
         let last = self.shared.store.list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
-        Ok(self.summary(&job, states.get(name), last.first(), self.shared.clock.now()))
+        let snapshot = self.shared.snapshot();
+        Ok(self.summary(&job, snapshot.schedules.get(name).map(|s| &**s), Some(&state), last.first(), self.shared.clock.now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.

@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 
+use lamplighter_config::Overlap;
+
 use crate::run::{Run, RunStatus, Trigger};
 
 /// Storage failures. The message says what was being done.
@@ -103,6 +105,15 @@ macro_rules! run_cols {
     };
 }
 
+fn job_state_from_row(r: &SqliteRow) -> JobState {
+    JobState {
+        paused: r.get::<i64, _>("paused") != 0,
+        pause_reason: r.get("pause_reason"),
+        paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
+        last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
+    }
+}
+
 fn run_from_row(r: &SqliteRow) -> Run {
     let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
     let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
@@ -182,20 +193,17 @@ impl Store {
             .fetch_all(&self.pool)
             .await
             .ctx("reading job state")?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                (
-                    r.get("job"),
-                    JobState {
-                        paused: r.get::<i64, _>("paused") != 0,
-                        pause_reason: r.get("pause_reason"),
-                        paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
-                        last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
-                    },
-                )
-            })
-            .collect())
+        Ok(rows.iter().map(|r| (r.get("job"), job_state_from_row(r))).collect())
+    }
+
+    /// One job's state; the default (never paused, never ticked) when it has none yet.
+    pub(crate) async fn job_state(&self, job: &str) -> Result<JobState, StoreError> {
+        let row = sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state WHERE job = ?1")
+            .bind(job)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx("reading job state")?;
+        Ok(row.as_ref().map(job_state_from_row).unwrap_or_default())
     }
 
     pub(crate) async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -226,14 +234,12 @@ impl Store {
         Ok(())
     }
 
-    /// Records a tick and its run in one transaction. Returns `None` when the tick was already
-    /// recorded (by an earlier process or another worker): the unique key is the guard.
     /// Records ticks, all in one transaction: for each, the tick key (a tick already recorded
     /// yields `None`: it fired before), its run, and — when the run can start now — its queue
     /// task, so a tick is never recorded without its run being queued or vice versa.
     pub(crate) async fn fire_ticks(
         &self,
-        ticks: Vec<(NewRun, TickPolicy)>,
+        ticks: Vec<(NewRun, Overlap)>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a tick")?;
@@ -310,9 +316,8 @@ impl Store {
         tx.commit().await.ctx("committing a dispatch")
     }
 
-    /// Takes a queued run for execution. False when it is no longer queued (cancelled, or
+    /// Takes a queued run for this worker; `None` when it is no longer queued (cancelled, or
     /// already taken): the guard that makes a run execute at most once.
-    /// Takes a queued run for this worker; `None` when it was cancelled or taken already.
     pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<Option<Run>, StoreError> {
         let row = sqlx::query(concat!(
             "UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued' RETURNING ",
@@ -383,11 +388,10 @@ impl Store {
 
     /// The latest run of every job, for listings.
     pub(crate) async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError> {
-        let rows =
-            sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs r WHERE id = (SELECT max(id) FROM ll_runs WHERE job = r.job)"))
-                .fetch_all(&self.pool)
-                .await
-                .ctx("reading last runs")?;
+        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE id IN (SELECT max(id) FROM ll_runs GROUP BY job)"))
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading last runs")?;
         Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
     }
 
@@ -442,7 +446,7 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes finished runs of a job beyond its retention, and finished queue rows.
+    /// Deletes finished runs of a job beyond its retention (count and age), and its old tick keys.
     pub(crate) async fn prune(
         &self,
         job: &str,
@@ -485,8 +489,6 @@ impl Store {
         Ok(deleted)
     }
 
-    /// What pruning of single jobs leaves behind: steps of deleted runs, and finished queue
-    /// tasks (apalis keeps them forever; the runs table is the history).
     /// Moves the WAL into the database off the hot path (the automatic checkpoint would
     /// otherwise run, with its fsync, inside whichever commit crosses the threshold: often a
     /// tick's).
@@ -495,6 +497,8 @@ impl Store {
         Ok(())
     }
 
+    /// What pruning of single jobs leaves behind: steps of deleted runs, and finished queue
+    /// tasks (apalis keeps them forever; the runs table is the history).
     pub(crate) async fn prune_shared(&self) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
             .execute(&self.pool)
@@ -509,19 +513,10 @@ impl Store {
     }
 }
 
-/// What to do with a tick when the job still has a run going.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TickPolicy {
-    Forbid,
-    Allow,
-    Replace,
-    Queue,
-}
-
 async fn fire_one(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     run: NewRun,
-    active_policy: TickPolicy,
+    active_policy: Overlap,
     now: DateTime<Utc>,
 ) -> Result<Option<TickOutcome>, StoreError> {
     let tick = run.scheduled_at.unwrap_or(run.due_at);
@@ -557,14 +552,14 @@ async fn fire_one(
         run.error = Some("job is paused".into());
     } else if !active.is_empty() {
         match active_policy {
-            TickPolicy::Forbid => {
+            Overlap::Forbid => {
                 run.status = RunStatus::Skipped;
                 run.error = Some(format!("previous run {} is still going (overlap: forbid)", active[0]));
             }
-            TickPolicy::Replace => outcome.replaced = active,
-            TickPolicy::Allow => {}
+            Overlap::Replace => outcome.replaced = active,
+            Overlap::Allow => {}
             // Waits in the table; the dispatcher hands it over when the earlier run is done.
-            TickPolicy::Queue => hold = true,
+            Overlap::Queue => hold = true,
         }
     }
     outcome.status = run.status;
@@ -584,9 +579,20 @@ async fn fire_one(
 
 /// Hands a run to the apalis queue inside the caller's transaction and marks it dispatched.
 /// A new task id per hand-over: after a crash the old task may still sit locked by the dead
-/// worker; the claim in the executor runs the run once.
+/// worker; the claim in the executor runs the run once. A run already dispatched (by another
+/// caller since it was read) is left alone, so it never gets a second task.
 pub(crate) async fn enqueue(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
     use apalis::prelude::{TaskBuilder, TaskId};
+    let marked = sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1 AND dispatched_at IS NULL")
+        .bind(id)
+        .bind(ms(now))
+        .execute(&mut **tx)
+        .await
+        .ctx("marking a run dispatched")?
+        .rows_affected();
+    if marked == 0 {
+        return Ok(());
+    }
     let args = serde_json::to_vec(&crate::executor::RunTask { run_id: id.to_string() })
         .map_err(|e| StoreError { context: "encoding a queue task".into(), source: sqlx::Error::Protocol(e.to_string()) })?;
     let task: apalis_sqlite::SqliteTask = TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build();
@@ -597,12 +603,6 @@ pub(crate) async fn enqueue(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &s
             other => sqlx::Error::Protocol(other.to_string()),
         },
     })?;
-    sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1")
-        .bind(id)
-        .bind(ms(now))
-        .execute(&mut **tx)
-        .await
-        .ctx("marking a run dispatched")?;
     Ok(())
 }
 

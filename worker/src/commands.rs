@@ -13,23 +13,31 @@ use crate::LogFormat;
 /// Loads and fully validates the config (including what only the scheduler and plugins know),
 /// and loads the plugins it names.
 pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
-    let (config, mut diags) = lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok());
+    let (config, mut diags) = load(path);
     let registry = Arc::new(config.as_ref().map_or_else(Registry::builtin, registry_for));
-    if let Some(c) = &config {
+    if config.is_some() {
         for p in registry.plugins() {
             if let Some(e) = &p.error {
                 diags.push(Diagnostic::warning(None, format!("plugin \"{}\" is not available: {e}", p.name)));
             }
         }
-        diags.extend(lamplighter_jobs::validate(c, &registry));
     }
-    lamplighter_config::finish(config, diags).map(|l| (l, registry)).map_err(|e| e.0)
+    check(config, diags, &registry).map(|l| (l, registry))
 }
 
 /// As [`load_checked`], against the plugins already loaded (a reload keeps the worker's
 /// plugins; changing `plugins.dirs` needs a restart).
 pub(crate) fn reload_checked(path: Option<PathBuf>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
-    let (config, mut diags) = lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok());
+    let (config, diags) = load(path);
+    check(config, diags, registry)
+}
+
+fn load(path: Option<PathBuf>) -> (Option<Config>, Vec<Diagnostic>) {
+    lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok())
+}
+
+/// Adds what the scheduler and the plugins find wrong, then decides.
+fn check(config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
     if let Some(c) = &config {
         diags.extend(lamplighter_jobs::validate(c, registry));
     }
