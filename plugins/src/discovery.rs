@@ -292,12 +292,7 @@ fn load_wasm(
         Ok(engine) => engine,
         Err(error) => return Err(cannot(error.clone())),
     };
-    let spec = Spec {
-        name,
-        required: &manifest.capabilities.required,
-        optional: &manifest.capabilities.optional,
-        actions: manifest.exports.actions.iter().map(|a| (a.name.clone(), a.parameters.clone())).collect(),
-    };
+    let spec = Spec { name, required: &manifest.capabilities.required, optional: &manifest.capabilities.optional };
     wasm::compile(engine, spec, &bytes, opts)
 }
 

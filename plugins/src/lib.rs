@@ -106,10 +106,6 @@ impl Registry {
         &self.plugins
     }
 
-    pub fn has_plugin(&self, plugin: &str) -> bool {
-        self.plugins.iter().any(|p| p.name == plugin && p.error.is_none())
-    }
-
     pub fn has_action(&self, plugin: &str, action: &str) -> bool {
         self.plugins.iter().any(|p| p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action))
     }
@@ -135,13 +131,18 @@ impl Registry {
     /// Runs one action. Never panics on input, nor on a hostile WASM module; every problem is an
     /// [`ActionError`].
     pub async fn invoke(&self, plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
-        if !self.has_action(plugin, action) {
-            return Err(ActionError::UnknownAction { name: format!("{plugin}.{action}"), known: self.action_names().join(", ") });
+        let full = format!("{plugin}.{action}");
+        let info =
+            self.plugins.iter().filter(|p| p.name == plugin && p.error.is_none()).flat_map(|p| p.actions.iter()).find(|a| a.name == action);
+        let Some(info) = info else {
+            return Err(ActionError::UnknownAction { name: full, known: self.action_names().join(", ") });
+        };
+        // One check against the manifest's schema, for built-ins and WASM plugins alike.
+        let params = builtin::Params::validate(&full, &info.parameters, params)?;
+        match self.wasm.get(plugin) {
+            Some(module) => module.invoke_action(action, params.into_value(), &ctx.cancel).await,
+            None => builtin::invoke(plugin, action, &params, ctx).await,
         }
-        if let Some(module) = self.wasm.get(plugin) {
-            return module.invoke_action(action, params, &ctx.cancel).await;
-        }
-        builtin::invoke(plugin, action, params, ctx).await
     }
 
     /// Calls a plugin's hook with the event as JSON (the plugin side of SPEC §7). Only WASM

@@ -40,7 +40,6 @@ use wasmtime::{
 
 use crate::ActionError;
 use crate::builtin::confine;
-use crate::builtin::params::Params;
 
 /// Limits and grants for WASM plugins, from the operator's configuration.
 #[derive(Debug, Clone)]
@@ -185,8 +184,6 @@ pub(crate) struct Spec<'a> {
     pub(crate) name: &'a str,
     pub(crate) required: &'a [String],
     pub(crate) optional: &'a [String],
-    /// Action name → JSON Schema of its parameters.
-    pub(crate) actions: Vec<(String, Value)>,
 }
 
 /// A compiled, linked WASM plugin, ready to be instantiated once per call.
@@ -194,7 +191,6 @@ pub(crate) struct WasmPlugin {
     name: Arc<str>,
     engine: Engine,
     pre: InstancePre<HostState>,
-    actions: Vec<(String, Value)>,
     fuel: u64,
     memory_bytes: usize,
     wall_time: Duration,
@@ -206,7 +202,6 @@ impl fmt::Debug for WasmPlugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WasmPlugin")
             .field("name", &self.name)
-            .field("actions", &self.actions.iter().map(|(a, _)| a).collect::<Vec<_>>())
             .field("fuel", &self.fuel)
             .field("memory_bytes", &self.memory_bytes)
             .field("wall_time", &self.wall_time)
@@ -272,7 +267,6 @@ pub(crate) fn compile(engine: &Engine, spec: Spec<'_>, bytes: &[u8], opts: &Wasm
         name: Arc::from(name),
         engine: engine.clone(),
         pre,
-        actions: spec.actions,
         fuel: opts.fuel,
         memory_bytes: opts.memory_bytes,
         wall_time: opts.wall_time,
@@ -501,13 +495,7 @@ impl WasmPlugin {
         params: Value,
         cancel: &CancellationToken,
     ) -> Result<Value, ActionError> {
-        let label = format!("{}.{action}", self.name);
-        let Some((_, schema)) = self.actions.iter().find(|(name, _)| name == action) else {
-            let known = self.actions.iter().map(|(a, _)| format!("{}.{a}", self.name)).collect::<Vec<_>>().join(", ");
-            return Err(ActionError::UnknownAction { name: label, known });
-        };
-        let input = validate(&label, schema, params)?;
-        self.call(label, action.to_owned(), input, cancel).await
+        self.call(format!("{}.{action}", self.name), action.to_owned(), params, cancel).await
     }
 
     pub(crate) async fn invoke_hook(self: &Arc<Self>, hook: &str, event: Value) -> Result<Value, ActionError> {
@@ -701,20 +689,6 @@ impl WasmPlugin {
         };
         ActionError::Failed { action, message }
     }
-}
-
-/// Checks parameters against the action's schema like the built-ins do; a schema without
-/// `properties` accepts any object.
-fn validate(label: &str, schema: &Value, params: Value) -> Result<Value, ActionError> {
-    if schema.get("properties").is_none() {
-        match params {
-            Value::Null => return Ok(Value::Object(Map::new())),
-            Value::Object(map) => return Ok(Value::Object(map)),
-            // Not an object: let the shared validation word the error.
-            other => return Params::validate(label, schema, other).map(Params::into_value),
-        }
-    }
-    Params::validate(label, schema, params).map(Params::into_value)
 }
 
 fn cut(text: &str, max: usize) -> String {

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::{ActionContext, ActionError, ActionInfo, PluginInfo};
 
-use params::Params;
+pub(crate) use params::Params;
 
 /// The seed's manifests, embedded so the daemon needs no plugin directory for built-ins. Listed
 /// in the order of the seed's "Built-in Plugin Parameters" tables.
@@ -80,35 +80,27 @@ pub(crate) fn infos() -> Vec<PluginInfo> {
     INFOS.clone()
 }
 
-pub(crate) async fn invoke(plugin: &str, action: &str, params: Value, ctx: &ActionContext) -> Result<Value, ActionError> {
-    let full = format!("{plugin}.{action}");
-    let Some(info) =
-        INFOS.iter().filter(|p| p.name == plugin && p.error.is_none()).flat_map(|p| p.actions.iter()).find(|a| a.name == action)
-    else {
-        let known = INFOS
-            .iter()
-            .filter(|p| p.error.is_none())
-            .flat_map(|p| p.actions.iter().map(move |a| format!("{}.{}", p.name, a.name)))
-            .collect::<Vec<_>>();
-        return Err(ActionError::UnknownAction { name: full, known: known.join(", ") });
-    };
-    let params = Params::validate(&full, &info.parameters, params)?;
+/// Runs a built-in action with parameters already checked against its manifest.
+pub(crate) async fn invoke(plugin: &str, action: &str, params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
     match (plugin, action) {
-        ("file-read", "read") => files::read(&params, ctx).await,
-        ("file-save", "save") => files::save(&params, ctx).await,
-        ("file-edit", "search-replace") => edit::search_replace(&params, ctx).await,
-        ("file-edit", "insert") => edit::insert(&params, ctx).await,
-        ("file-delete", "delete") => files::delete(&params, ctx).await,
-        ("file-glob", "search") => find::search(&params, ctx).await,
-        ("shell-exec", "run") => shell::run(&params, ctx).await,
-        ("git-operations", "status") => git::status(&params, ctx).await,
-        ("git-operations", "diff") => git::diff(&params, ctx).await,
-        ("git-operations", "log") => git::log(&params, ctx).await,
-        ("git-operations", "commit") => git::commit(&params, ctx).await,
-        ("directory-list", "tree") => tree::tree(&params, ctx).await,
-        ("project-detect", "analyze") => project::analyze(&params, ctx).await,
-        ("web-fetch", "fetch") => web::fetch(&params, ctx).await,
-        _ => Err(ActionError::Failed { action: full, message: "is listed in a manifest but has no implementation".to_owned() }),
+        ("file-read", "read") => files::read(params, ctx).await,
+        ("file-save", "save") => files::save(params, ctx).await,
+        ("file-edit", "search-replace") => edit::search_replace(params, ctx).await,
+        ("file-edit", "insert") => edit::insert(params, ctx).await,
+        ("file-delete", "delete") => files::delete(params, ctx).await,
+        ("file-glob", "search") => find::search(params, ctx).await,
+        ("shell-exec", "run") => shell::run(params, ctx).await,
+        ("git-operations", "status") => git::status(params, ctx).await,
+        ("git-operations", "diff") => git::diff(params, ctx).await,
+        ("git-operations", "log") => git::log(params, ctx).await,
+        ("git-operations", "commit") => git::commit(params, ctx).await,
+        ("directory-list", "tree") => tree::tree(params, ctx).await,
+        ("project-detect", "analyze") => project::analyze(params, ctx).await,
+        ("web-fetch", "fetch") => web::fetch(params, ctx).await,
+        _ => Err(ActionError::Failed {
+            action: params.action().to_owned(),
+            message: "is listed in a manifest but has no implementation".to_owned(),
+        }),
     }
 }
 

@@ -27,8 +27,10 @@ impl Params {
                 return Err(invalid("(parameters)", format!("must be an object, not {}", type_name(&other))));
             }
         };
-        let empty = Map::new();
-        let properties = schema.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+        // A schema that declares no properties (some WASM plugins' manifests) takes any object.
+        let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+            return Ok(Self { action: action.to_owned(), values });
+        };
         for (name, value) in &values {
             let Some(property) = properties.get(name) else {
                 let known = properties.keys().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ");

@@ -17,6 +17,7 @@
 //! to read a page, with no HTML parser dependency.
 
 use std::net::IpAddr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -149,13 +150,21 @@ struct Received {
     truncated: bool,
 }
 
+/// Built once (loading the TLS roots is not free); the whole exchange, connecting included,
+/// is bounded by [`Limits::timeout`] around each call.
+static CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| build_client(false));
+static LOOPBACK_CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| build_client(true));
+
+fn build_client(loopback: bool) -> Result<reqwest::Client, String> {
+    let builder = reqwest::Client::builder().user_agent(USER_AGENT).redirect(redirect_policy());
+    let builder = if loopback { builder.no_proxy() } else { builder };
+    builder.build().map_err(|e| error_chain(&e))
+}
+
 async fn fetch_with(url: &reqwest::Url, max_chars: usize, limits: Limits, cancel: &CancellationToken) -> Result<Page, FetchError> {
-    let mut builder = reqwest::Client::builder().user_agent(USER_AGENT).redirect(redirect_policy()).connect_timeout(limits.timeout);
-    if is_loopback(url) {
-        // A proxy from the environment has no business with this machine's own ports.
-        builder = builder.no_proxy();
-    }
-    let client = builder.build().map_err(|e| FetchError::Client(error_chain(&e)))?;
+    // A proxy from the environment has no business with this machine's own ports.
+    let client = if is_loopback(url) { &*LOOPBACK_CLIENT } else { &*CLIENT };
+    let client = client.as_ref().map_err(|e| FetchError::Client(e.clone()))?;
     let exchange = async {
         let mut response = client.get(url.clone()).send().await.map_err(|e| FetchError::Request(error_chain(&e)))?;
         let status = response.status();
