@@ -264,7 +264,7 @@ async fn wait_interruptibly(
 /// After `--wait`: exit 1 when the run ended without succeeding, so that scripts can rely on
 /// the exit code; a run still going (the wait timed out) is pointed at, not failed.
 fn waited_outcome(value: &Value) -> Result<(), CtlError> {
-    let run = value.get("run").filter(|run| run.is_object()).unwrap_or(value);
+    let run = render::run_of(value);
     let id = render::run_id(value).unwrap_or_else(|| render::NONE.to_owned());
     let Some(status) = run.get("status").and_then(Value::as_str) else { return Ok(()) };
     match status {

@@ -257,6 +257,11 @@ fn when_full(time: DateTime<Utc>, now: DateTime<Utc>) -> String {
     format!("{} ({})", time.with_timezone(&Local).format("%Y-%m-%d %H:%M:%S %:z"), relative(time, now))
 }
 
+/// The run in a tool's answer: `trigger_job` wraps it as `{"run": …}`, the others send it bare.
+pub(crate) fn run_of(value: &Value) -> &Value {
+    value.get("run").filter(|run| run.is_object()).unwrap_or(value)
+}
+
 /// A time field for a table: "-" when absent, the text as sent when it is not a time.
 pub(crate) fn when(value: Option<&Value>, now: DateTime<Utc>) -> String {
     match value {
@@ -267,10 +272,7 @@ pub(crate) fn when(value: Option<&Value>, now: DateTime<Utc>) -> String {
 
 /// A time field for a key-value block.
 fn when_detail(value: Option<&Value>, now: DateTime<Utc>) -> String {
-    match value {
-        None | Some(Value::Null) => NONE.to_owned(),
-        Some(value) => parse_time(value).map_or_else(|| scalar(value), |time| when_full(time, now)),
-    }
+    value.map_or_else(|| NONE.to_owned(), |value| detail_value(value, now))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -541,7 +543,7 @@ fn run_duration(run: &Value, now: DateTime<Utc>) -> String {
 
 /// `runs show`, and the final run of `jobs trigger --wait`.
 pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
-    let run = value.get("run").filter(|run| run.is_object()).unwrap_or(value);
+    let run = run_of(value);
     let mut pairs = Pairs::default();
     pairs.add("id", cell(run, &["id", "run_id"]));
     pairs.add("job", cell(run, &["job"]));
@@ -607,7 +609,7 @@ fn steps_table(steps: &[&Value], now: DateTime<Utc>) -> String {
 
 /// `runs cancel`.
 pub(crate) fn cancelled(value: &Value, id: &str) -> String {
-    let run = value.get("run").filter(|run| run.is_object()).unwrap_or(value);
+    let run = run_of(value);
     match get(run, &["status"]).and_then(Value::as_str) {
         Some("cancelled") => format!("run {id} cancelled\n"),
         Some(status) => format!("run {id}: cancellation requested; it is {status} until it stops\n"),
