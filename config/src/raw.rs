@@ -151,6 +151,15 @@ pub struct Step {
 pub struct Scheduling {
     pub storage: Option<Storage>,
     /// Default IANA time zone for jobs (default UTC).
+    ///
+    /// Across daylight-saving changes (as cronie does it): a cron job whose seconds, minute or
+    /// hour field starts with `*` (`*/15 * * * *`, `0 * * * *`) follows real time — it fires at
+    /// every instant whose local time matches, so it keeps running through both passes of the
+    /// repeated autumn hour and simply continues across the spring gap. Every other cron job
+    /// (a fixed time of day such as `30 2 * * *`, lists, ranges) fires a repeated local time
+    /// once, at its first occurrence, and a local time inside the spring gap at the same offset
+    /// after it (02:30 → 03:30); two entries landing on one instant fire once. `every:` and
+    /// `at:` are instants and are unaffected.
     pub timezone: Option<String>,
     pub jobs: Option<BTreeMap<String, Job>>,
 }
@@ -183,6 +192,15 @@ pub struct Job {
     /// A one-shot RFC 3339 instant.
     pub at: Option<String>,
     /// IANA time zone; defaults to `scheduling.timezone`, then UTC.
+    ///
+    /// Across daylight-saving changes (as cronie does it): a cron job whose seconds, minute or
+    /// hour field starts with `*` (`*/15 * * * *`, `0 * * * *`) follows real time — it fires at
+    /// every instant whose local time matches, so it keeps running through both passes of the
+    /// repeated autumn hour and simply continues across the spring gap. Every other cron job
+    /// (a fixed time of day such as `30 2 * * *`, lists, ranges) fires a repeated local time
+    /// once, at its first occurrence, and a local time inside the spring gap at the same offset
+    /// after it (02:30 → 03:30); two entries landing on one instant fire once. `every:` and
+    /// `at:` are instants and are unaffected.
     pub timezone: Option<String>,
     pub enabled: Option<bool>,
     /// `skip`, `latest` (default) or `all`.

@@ -1,6 +1,12 @@
 //! When a job fires: cron (5/6 fields, macros), `every:`, one-shot `at:`, in the job's time
-//! zone, with the DST rules of SPEC §4 (RFC 5545 §3.3.5: a local time in a gap is read with the
-//! offset before the gap; a repeated local time means its first occurrence).
+//! zone, with the DST rules of SPEC §4, which are cronie's:
+//!
+//! - a *frequent* cron job (its seconds, minute or hour field starts with `*`) follows real
+//!   time: it fires at every instant whose local wall-clock time matches, so it runs in both
+//!   passes of a repeated autumn hour and simply continues across the spring gap;
+//! - any other cron job follows RFC 5545 §3.3.5: a local time in a gap is read with the offset
+//!   before the gap; a repeated local time means its first occurrence; two entries landing on
+//!   one instant fire once.
 //!
 //! Cron fields are matched on *local wall-clock time* with the `cron` crate evaluated on naive
 //! times; the mapping to instants is ours, because that is where the DST rules live.
@@ -18,11 +24,23 @@ pub struct Schedule {
     tz: Tz,
 }
 
+/// How a cron job's wall-clock times become instants across DST changes (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DstRule {
+    /// Every real instant whose wall-clock time matches.
+    RealTime,
+    /// Each wall-clock time once: its first occurrence, or shifted past a gap.
+    FirstOccurrence,
+}
+
 #[derive(Debug, Clone)]
 enum Kind {
     /// One or two cron schedules whose union is the job's schedule (two when both day-of-month
     /// and day-of-week are restricted: standard cron fires when *either* matches).
-    Cron(Vec<cron::Schedule>),
+    Cron {
+        scheds: Vec<cron::Schedule>,
+        dst: DstRule,
+    },
     /// Every `period`, aligned to the Unix epoch so tick identities survive restarts.
     Every(Duration),
     At(DateTime<Utc>),
@@ -38,7 +56,8 @@ const MONTHS: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AU
 
 impl Schedule {
     pub fn cron(expr: &str, tz: &str) -> Result<Self, ScheduleError> {
-        Ok(Self { kind: Kind::Cron(parse_cron(expr)?), tz: parse_tz(tz)? })
+        let (scheds, dst) = parse_cron(expr)?;
+        Ok(Self { kind: Kind::Cron { scheds, dst }, tz: parse_tz(tz)? })
     }
 
     pub fn every(spec: &str) -> Result<Self, ScheduleError> {
@@ -80,7 +99,7 @@ impl Schedule {
                 let next = (ms.div_euclid(p) + 1) * p;
                 DateTime::from_timestamp_millis(next)
             }
-            Kind::Cron(scheds) => scheds.iter().filter_map(|s| next_cron(s, self.tz, t)).min(),
+            Kind::Cron { scheds, dst } => scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min(),
         }
     }
 
@@ -105,8 +124,9 @@ fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
     Tz::from_str(tz).map_err(|_| ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")")))
 }
 
-/// Translates standard cron to the `cron` crate's 6-field, seconds-first form.
-fn parse_cron(expr: &str) -> Result<Vec<cron::Schedule>, ScheduleError> {
+/// Translates standard cron to the `cron` crate's 6-field, seconds-first form, and picks the
+/// job's DST rule from its seconds, minute and hour fields.
+fn parse_cron(expr: &str) -> Result<(Vec<cron::Schedule>, DstRule), ScheduleError> {
     let e = expr.trim();
     let lower = e.to_ascii_lowercase();
     let macro_fields = match lower.as_str() {
@@ -133,6 +153,7 @@ fn parse_cron(expr: &str) -> Result<Vec<cron::Schedule>, ScheduleError> {
         }
     }
     // fields: seconds minute hour day-of-month month day-of-week (standard numbering).
+    let dst = if fields[..3].iter().any(|f| f.starts_with('*')) { DstRule::RealTime } else { DstRule::FirstOccurrence };
     let dow = fields[5].to_string();
     let dom = fields[3];
     let month = translate_names(fields[4], &MONTHS, 1);
@@ -146,9 +167,9 @@ fn parse_cron(expr: &str) -> Result<Vec<cron::Schedule>, ScheduleError> {
     };
     if dom_restricted && dow_restricted {
         // Standard cron: "1 * * * MON" and "0 0 13 * FRI" fire when either day field matches.
-        Ok(vec![build(dom, "*")?, build("*", &dow_t)?])
+        Ok((vec![build(dom, "*")?, build("*", &dow_t)?], dst))
     } else {
-        Ok(vec![build(dom, &dow_t)?])
+        Ok((vec![build(dom, &dow_t)?], dst))
     }
 }
 
@@ -198,49 +219,67 @@ fn translate_dow(field: &str) -> Result<String, String> {
     Ok(days.iter().enumerate().filter(|(_, on)| **on).map(|(i, _)| DAYS[i]).collect::<Vec<_>>().join(","))
 }
 
-/// The instant a local wall-clock time means (SPEC §4 DST rules).
-fn local_to_instant(tz: Tz, naive: NaiveDateTime) -> DateTime<Utc> {
-    match tz.from_local_datetime(&naive) {
-        LocalResult::Single(t) => t.with_timezone(&Utc),
-        LocalResult::Ambiguous(a, b) => a.min(b).with_timezone(&Utc),
-        LocalResult::None => {
-            // In a gap: use the offset in force before it.
+/// The instants a local wall-clock time means under `rule`: none (a gap, real time), one, or
+/// two (a repeated time, real time).
+fn instants(tz: Tz, rule: DstRule, naive: NaiveDateTime) -> impl Iterator<Item = DateTime<Utc>> {
+    let (a, b) = match (tz.from_local_datetime(&naive), rule) {
+        (LocalResult::Single(t), _) => (Some(t), None),
+        (LocalResult::Ambiguous(a, b), DstRule::RealTime) => (Some(a.min(b)), Some(a.max(b))),
+        (LocalResult::Ambiguous(a, b), DstRule::FirstOccurrence) => (Some(a.min(b)), None),
+        (LocalResult::None, DstRule::RealTime) => (None, None),
+        (LocalResult::None, DstRule::FirstOccurrence) => {
+            // In a gap: read with the offset in force before it.
             let before = naive - chrono::Duration::hours(3);
             let off = match tz.from_local_datetime(&before) {
                 LocalResult::Single(t) => t.offset().fix(),
                 LocalResult::Ambiguous(a, _) => a.offset().fix(),
                 LocalResult::None => tz.offset_from_utc_datetime(&before).fix(),
             };
-            Utc.from_utc_datetime(&(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)))
+            return [Some(Utc.from_utc_datetime(&(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)))), None]
+                .into_iter()
+                .flatten();
         }
-    }
+    };
+    [a.map(|t| t.with_timezone(&Utc)), b.map(|t| t.with_timezone(&Utc))].into_iter().flatten()
 }
 
-fn next_cron(s: &cron::Schedule, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let local_now = t.with_timezone(&tz).naive_local();
+/// The first fire instant of `s` strictly after `t`. Offset changes are under 3 h and never
+/// closer than 3 h apart, which bounds how far wall-clock order and instant order can differ.
+fn next_cron(s: &cron::Schedule, rule: DstRule, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let as_utc = |n: NaiveDateTime| Utc.from_utc_datetime(&n);
-    // Fast path: no offset change near here, so wall-clock order is instant order.
-    let first = s.after(&as_utc(local_now)).next()?.naive_utc();
-    let inst = local_to_instant(tz, first);
-    let off = |x: DateTime<Utc>| tz.offset_from_utc_datetime(&x.naive_utc()).fix();
+    let off = |x: DateTime<Utc>| tz.offset_from_utc_datetime(&x.naive_utc()).fix().local_minus_utc();
     let margin = chrono::Duration::hours(3);
-    if inst > t && off(t - margin) == off(inst + margin) {
+    let steady = |x: DateTime<Utc>| off(x - margin) == off(x + margin);
+    let local_now = t.naive_utc() + chrono::Duration::seconds(off(t).into());
+    // Fast path: no offset change near `t` or near the candidate, so between them wall-clock
+    // order is instant order and the first wall-clock match is the answer.
+    let first = s.after(&as_utc(local_now)).next()?.naive_utc();
+    if steady(t)
+        && let Some(inst) = instants(tz, rule, first).next()
+        && inst > t
+        && steady(inst)
+    {
         return Some(inst);
     }
-    // Near a transition: look at wall-clock candidates from a little before, and keep the
-    // earliest instant after `t` (gap times may map past later wall-clock times).
+    // Near a change: walk wall-clock candidates from the earliest one that can map past `t`
+    // (read with the smaller of the offsets around it) and keep the earliest instant after `t`;
+    // stop once wall-clock time is past the best so far by more than any change.
+    let low = off(t - margin).min(off(t + margin));
+    let from = t.naive_utc() + chrono::Duration::seconds(low.into()) - chrono::Duration::seconds(1);
     let mut best: Option<DateTime<Utc>> = None;
-    for cand in s.after(&as_utc(local_now - margin)).map(|c| c.naive_utc()) {
+    for cand in s.after(&as_utc(from)).map(|c| c.naive_utc()) {
         if let Some(b) = best
-            && cand > b.with_timezone(&tz).naive_local() + margin
+            && cand > b.naive_utc() + chrono::Duration::seconds(off(b).into()) + margin
         {
             break;
         }
-        let i = local_to_instant(tz, cand);
-        if i > t && best.is_none_or(|b| i < b) {
-            best = Some(i);
+        for i in instants(tz, rule, cand) {
+            if i > t && best.is_none_or(|b| i < b) {
+                best = Some(i);
+            }
         }
-        if cand > local_now + chrono::Duration::days(400) {
+        // A schedule whose only dates are far off (29 February) still ends the walk.
+        if cand > local_now + chrono::Duration::days(366 * 9) {
             break;
         }
     }
@@ -378,18 +417,34 @@ mod tests {
     }
 
     #[test]
-    fn berlin_fall_back_fires_first_occurrence_only() {
+    fn berlin_fall_back_fires_fixed_times_once_and_frequent_jobs_in_both_passes() {
         // 2026-10-25: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
         assert_eq!(
             local("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2),
             ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
         );
-        // An hourly job runs at every real hour, the repeated 02:00 hour included once.
+        // An hourly job runs at every real hour: the repeated 02:00 hour in both passes.
         let got = local("0 * * * *", "Europe/Berlin", "2026-10-24T22:30:00Z", 4);
         assert_eq!(
             got,
-            ["2026-10-25T01:00:00+02:00", "2026-10-25T02:00:00+02:00", "2026-10-25T03:00:00+01:00", "2026-10-25T04:00:00+01:00"]
+            ["2026-10-25T01:00:00+02:00", "2026-10-25T02:00:00+02:00", "2026-10-25T02:00:00+01:00", "2026-10-25T03:00:00+01:00"]
         );
+    }
+
+    #[test]
+    fn every_fifteen_minutes_keeps_going_through_the_repeated_hour() {
+        // Issue 8: the worker listed 00:45 then 02:00 UTC, 75 real minutes without a run.
+        let s = Schedule::cron("*/15 * * * *", "Europe/Berlin").unwrap();
+        let got: Vec<String> = s.upcoming(utc("2026-10-24T23:50:00Z"), 10).iter().map(|t| t.format("%H:%M").to_string()).collect();
+        assert_eq!(got, ["00:00", "00:15", "00:30", "00:45", "01:00", "01:15", "01:30", "01:45", "02:00", "02:15"]);
+    }
+
+    #[test]
+    fn a_leap_day_schedule_is_found_from_near_a_dst_change() {
+        // The slow path near a change walks wall-clock candidates; a sparse schedule must not
+        // run out of walk before its next date.
+        let s = Schedule::cron("0 12 29 2 *", "Europe/Berlin").unwrap();
+        assert_eq!(s.next_after(utc("2026-03-29T01:00:00Z")), Some(utc("2028-02-29T11:00:00Z")));
     }
 
     #[test]

@@ -267,3 +267,30 @@ async fn skipped_ticks_are_pruned_while_a_long_run_goes_on() {
     assert_eq!(ticks(&r[1..], Trigger::Cron), [5, 6]);
     engine.shutdown(Duration::ZERO).await;
 }
+
+#[tokio::test]
+async fn every_fifteen_minutes_runs_through_the_repeated_autumn_hour() {
+    // Issue 8: on 2026-10-25 Berlin falls back from 03:00 CEST to 02:00 CET; a `*/15` job
+    // listed 00:45 then 02:00 UTC and did not run for 75 real minutes.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"*/15 * * * *\"\ntimezone: Europe/Berlin\n{QUICK}"));
+    let start_at = Utc.with_ymd_and_hms(2026, 10, 24, 23, 50, 0).single().expect("valid instant");
+    let clock = Arc::new(ManualClock::new(start_at));
+    let engine = start(&cfg, &clock).await;
+    let job = engine.get_job("j", 10).await.expect("get");
+    let shown: Vec<String> = job.next_fires.iter().map(|f| f.utc.format("%H:%M").to_string()).collect();
+    assert_eq!(shown, ["00:00", "00:15", "00:30", "00:45", "01:00", "01:15", "01:30", "01:45", "02:00", "02:15"]);
+    // The local times name both passes of 02:xx.
+    assert_eq!(job.next_fires[3].local, "2026-10-25T02:45:00+02:00");
+    assert_eq!(job.next_fires[4].local, "2026-10-25T02:00:00+01:00");
+
+    // And the scheduler fires them: one run per quarter hour of real time, 01:00 and 01:15 UTC included.
+    for q in 1..=6 {
+        clock.set(start_at + minutes(10 + 15 * (q - 1)));
+        until(&engine, "the quarter-hour run", |r| r.len() == q as usize && finished(r)).await;
+    }
+    let r = runs(&engine).await;
+    let fired: Vec<String> = r.iter().filter_map(|r| r.scheduled_at).map(|t| t.format("%H:%M").to_string()).collect();
+    assert_eq!(fired, ["00:00", "00:15", "00:30", "00:45", "01:00", "01:15"]);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
