@@ -13,13 +13,15 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{Config, JobConfig, StorageConfig};
-use lamplighter_plugins::Registry;
 
 use crate::clock::Clock;
-use crate::executor::{self, Queue, Running, StopReason};
+use crate::decide::StopReason;
+use crate::executor::{self, Queue, Running};
+use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::schedule::Schedule;
 use crate::store::{NewRun, Store, StoreError};
+use crate::target::Targets;
 
 /// Engine start-up failures.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +40,7 @@ pub enum EngineError {
 pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) targets: Arc<dyn Targets>,
     pub(crate) worker_name: String,
     pub(crate) concurrency: usize,
     config: RwLock<Arc<JobsConfig>>,
@@ -48,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) replan: AtomicBool,
     pub(crate) scheduler_alive: AtomicBool,
     pub(crate) running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Every run from before its claim until its end is recorded; closed by the drain.
+    pub(crate) gate: Gate,
     /// Run ids as they finish, for `wait`.
     pub(crate) finished: broadcast::Sender<String>,
     queue: Queue,
@@ -128,15 +132,22 @@ impl Shared {
         Ok(())
     }
 
-    /// Creates the next attempt of a failed or interrupted run, due at `due_at`, when its job
-    /// still exists and its retry policy allows one; otherwise marks the run as having none.
-    pub(crate) async fn follow_up(&self, run: &Run, due_at: DateTime<Utc>, now: DateTime<Utc>) -> Result<Option<String>, StoreError> {
-        match self.job(&run.job) {
-            Some(job) if run.attempt <= job.retries.max => {
-                let (id, _) = self.store.insert_run(NewRun::follow_up(run, due_at), now).await?;
+    /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
+    /// [`crate::decide::next_attempt`]), with the same identity and job snapshot; with no
+    /// `due_at`, marks the run as having none.
+    pub(crate) async fn follow_up(
+        &self,
+        run: &Run,
+        due_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, StoreError> {
+        match due_at {
+            Some(due) => {
+                let snapshot = self.store.snapshot(&run.id).await?;
+                let (id, _) = self.store.insert_run(NewRun::follow_up(run, snapshot, due), now).await?;
                 Ok(Some(id))
             }
-            _ => {
+            None => {
                 self.store.mark_no_follow_up(&run.id).await?;
                 Ok(None)
             }
@@ -174,7 +185,7 @@ impl Shared {
             tracing::warn!(error = %e, "cannot prune the queue");
         }
         self.clear_of_ticks().await;
-        if let Err(e) = self.store.checkpoint().await {
+        if let Err(e) = self.store.checkpoint_wal().await {
             tracing::warn!(error = %e, "cannot checkpoint the database");
         }
     }
@@ -189,8 +200,7 @@ impl Shared {
     pub(crate) async fn stop_run(&self, id: &str, why: String, now: DateTime<Utc>) -> bool {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
         if let Some(r) = running {
-            *r.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(StopReason::Cancelled(why));
-            r.token.cancel();
+            r.stop(StopReason::Cancelled(why));
             return true;
         }
         let done = self.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
@@ -221,7 +231,8 @@ struct Tasks {
 pub struct EngineOptions {
     pub worker_name: String,
     pub clock: Arc<dyn Clock>,
-    pub registry: Arc<Registry>,
+    /// What runs execute ([`crate::BuiltinTargets`] in the worker).
+    pub targets: Arc<dyn Targets>,
 }
 
 /// Applies migrations without starting anything (`lamplighter migrate`).
@@ -273,7 +284,7 @@ impl Engine {
             queue: executor::queue(store.pool(), config.worker.concurrency),
             store,
             clock: opts.clock,
-            registry: opts.registry,
+            targets: opts.targets,
             worker_name: opts.worker_name,
             concurrency: config.worker.concurrency,
             config: RwLock::new(Arc::new(JobsConfig::of(config))),
@@ -281,6 +292,7 @@ impl Engine {
             replan: AtomicBool::new(true),
             scheduler_alive: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
+            gate: Gate::new(),
             finished,
             queue_wake,
             prune_pending: Mutex::new(BTreeSet::new()),
@@ -322,39 +334,59 @@ impl Engine {
     }
 
     /// Stops scheduling and new claims, lets running work finish for `grace`, then interrupts
-    /// what is left (recorded `interrupted`, retried at next start).
+    /// what is left (recorded `interrupted`, retried at next start). Returns once every run
+    /// that was claimed has its end recorded; storage is closed then, and the engine answers
+    /// no more queries.
     pub async fn shutdown(&self, grace: Duration) {
         let Some(tasks) = self.tasks.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
+        // No new claims from here on: runs not yet claimed stay queued for the next start.
+        // The queue worker keeps running (every task it hands over is refused at the gate)
+        // until the drain is over: stopping it cuts its fetch off mid-transaction, and the
+        // write lock that fetch holds would block the drained runs' own writes.
+        self.shared.gate.close();
         tasks.stop_scheduler.cancel();
-        let _ = tasks.scheduler.await;
-        let _ = tasks.housekeeper.await;
-        // apalis stops fetching when told to stop and waits for in-flight tasks.
-        tasks.stop_queue.cancel();
-        let deadline = tokio::time::Instant::now() + grace;
-        let mut rx = self.shared.finished.subscribe();
-        while self.running_count() > 0 {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = rx.recv() => {}
+        // Every scheduler write is one transaction, so a scheduler stopped mid-write loses
+        // nothing (the transaction rolls back and the ticks fire again at the next start);
+        // it is given a moment to finish, then aborted, so a slow database cannot hold the drain.
+        for task in [tasks.scheduler, tasks.housekeeper] {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(STOP_TASK, task).await.is_err() {
+                abort.abort();
             }
         }
-        let left: Vec<Arc<Running>> = self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        if !left.is_empty() {
+        if tokio::time::timeout(grace, self.shared.gate.idle()).await.is_err() {
+            let left: Vec<Arc<Running>> = self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
             tracing::warn!(runs = left.len(), "grace period over; interrupting runs");
+            for r in left {
+                r.stop(StopReason::Shutdown);
+            }
+            // An interrupted run records its end at once (its target is dropped, not awaited).
+            if tokio::time::timeout(RECORD_INTERRUPTED, self.shared.gate.idle()).await.is_err() {
+                tracing::error!(runs = self.shared.gate.passes(), "runs did not record their end; they will be recovered at next start");
+            }
         }
-        for r in left {
-            *r.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(StopReason::Shutdown);
-            r.token.cancel();
-        }
-        match tokio::time::timeout(Duration::from_secs(10), tasks.queue).await {
+        tasks.stop_queue.cancel();
+        match tokio::time::timeout(STOP_TASK, tasks.queue).await {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "queue worker"),
             Err(_) => tracing::warn!("queue worker did not stop in time"),
             _ => {}
         }
+        // A transaction abandoned mid-way (a fetch cut off by the stop) is rolled back only
+        // when its connection is used again; closing the pool rolls it back now, so no write
+        // lock outlives the engine.
+        if tokio::time::timeout(STOP_TASK, self.shared.store.close()).await.is_err() {
+            tracing::warn!("storage did not close in time");
+        }
     }
 }
+
+/// How long a background task may take to notice that it must stop.
+const STOP_TASK: Duration = Duration::from_secs(2);
+
+/// How long interrupted runs may take to record their end after the grace period.
+const RECORD_INTERRUPTED: Duration = Duration::from_secs(10);
 
 /// Pruning waits when a tick is this close, and until this long after it.
 const PRUNE_CLEARANCE_MS: i64 = 250;
@@ -381,12 +413,14 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
 /// After an unclean stop or a shutdown with interrupted runs: mark orphans interrupted and
 /// start a follow-up attempt for each where the retry policy allows.
 async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError> {
-    let orphans = shared.store.recover(&shared.worker_name, now).await?;
+    let orphans = shared.store.recover(now).await?;
     for r in &orphans {
         tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
     }
     for r in shared.store.interrupted_without_follow_up().await? {
-        if let Some(id) = shared.follow_up(&r, now, now).await? {
+        // Picked up at once, if the policy gives it another attempt at all.
+        let due = crate::decide::next_attempt(r.attempt, shared.job(&r.job).map(|j| j.retries).as_ref(), now).map(|_| now);
+        if let Some(id) = shared.follow_up(&r, due, now).await? {
             tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
         }
     }

@@ -2,20 +2,24 @@
 //! executor and the job service API. Knows nothing of MCP, HTTP serving or the CLI.
 
 mod clock;
+mod decide;
 mod engine;
 mod executor;
+mod gate;
 mod run;
 mod schedule;
 mod scheduler;
 mod service;
 mod store;
+mod target;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Engine, EngineError, EngineOptions, migrate};
-pub use run::{Run, RunStatus, Trigger};
+pub use run::{Outcome, Run, RunStatus, Trigger};
 pub use schedule::{Schedule, ScheduleError, jitter_for};
 pub use service::{FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
-pub use store::RunFilter;
+pub use store::{RunFilter, StoreError};
+pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
 
 use lamplighter_config::{Config, Diagnostic, Target};
 use lamplighter_plugins::Registry;

@@ -49,6 +49,29 @@ impl RunStatus {
     pub fn is_final(self) -> bool {
         !matches!(self, Self::Queued | Self::Running | Self::WaitingApproval)
     }
+
+    /// The statuses a run is still going in (not final).
+    pub fn active() -> impl Iterator<Item = RunStatus> {
+        Self::ALL.into_iter().filter(|s| !s.is_final())
+    }
+
+    /// Whether a run in this status may move to `next`. Every write of a status checks it (the
+    /// store turns it into the `WHERE status IN (…)` guard), so a finished run never changes.
+    pub fn can_become(self, next: RunStatus) -> bool {
+        use RunStatus::*;
+        match self {
+            // Skipped runs are created final; nothing moves into `Queued` or `Skipped`.
+            Queued => matches!(next, Running | Cancelled),
+            Running => matches!(next, WaitingApproval | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
+            WaitingApproval => matches!(next, Running | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
+            Succeeded | Failed | Cancelled | TimedOut | Skipped | Interrupted => false,
+        }
+    }
+
+    /// The statuses from which a run may move to `next`.
+    pub fn sources(next: RunStatus) -> impl Iterator<Item = RunStatus> {
+        Self::ALL.into_iter().filter(move |s| s.can_become(next))
+    }
 }
 
 impl std::str::FromStr for RunStatus {
@@ -121,6 +144,9 @@ pub struct Run {
     pub error: Option<String>,
     pub worker: Option<String>,
     pub idempotency_key: Option<String>,
+    /// The first attempt's id: every retry and recovery of one tick or trigger shares it, and
+    /// checkpoints are kept under it.
+    pub root_id: String,
     pub retry_of: Option<String>,
     pub next_run_id: Option<String>,
     pub tokens_in: Option<i64>,
@@ -132,5 +158,65 @@ impl Run {
     /// Start minus due instant, when started.
     pub fn lateness(&self) -> Option<chrono::Duration> {
         self.started_at.map(|s| s - self.due_at)
+    }
+}
+
+/// How a target's work ended, as the target sees it. Cancellation, shutdown and the job's
+/// timeout are the executor's to decide; it combines them with this into the run's status.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded {
+        output: serde_json::Value,
+    },
+    /// `retry`: whether another attempt could succeed (false for bad input or policy).
+    Failed {
+        error: String,
+        retry: bool,
+    },
+    /// The target's own time limit (e.g. a plugin call's), retried like a failure.
+    TimedOut {
+        error: String,
+    },
+}
+
+impl Outcome {
+    pub fn failed(error: impl Into<String>) -> Self {
+        Self::Failed { error: error.into(), retry: true }
+    }
+
+    pub fn permanent(error: impl Into<String>) -> Self {
+        Self::Failed { error: error.into(), retry: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_statuses_never_change_and_runs_only_start_from_queued() {
+        for s in RunStatus::ALL {
+            for n in RunStatus::ALL {
+                if s.is_final() {
+                    assert!(!s.can_become(n), "{s} is final but may become {n}");
+                }
+            }
+        }
+        assert_eq!(RunStatus::sources(RunStatus::Running).collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::WaitingApproval]);
+        assert_eq!(
+            RunStatus::sources(RunStatus::Cancelled).collect::<Vec<_>>(),
+            [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]
+        );
+        assert_eq!(RunStatus::sources(RunStatus::Interrupted).collect::<Vec<_>>(), [RunStatus::Running, RunStatus::WaitingApproval]);
+        assert!(RunStatus::sources(RunStatus::Queued).next().is_none());
+        assert_eq!(RunStatus::active().collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]);
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in RunStatus::ALL {
+            assert_eq!(s.as_str().parse::<RunStatus>(), Ok(s));
+        }
+        assert!("done".parse::<RunStatus>().unwrap_err().contains("use one of queued, running"));
     }
 }

@@ -16,6 +16,7 @@ use crate::engine::Shared;
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::{Schedule, jitter_for};
 use crate::store::NewRun;
+use crate::target::JobSnapshot;
 
 /// A tick later than this is "missed" and follows the job's catch-up policy.
 const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
@@ -200,6 +201,8 @@ fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigge
         error: None,
         idempotency_key: None,
         retry_of: None,
+        root_id: None,
+        snapshot: Some(JobSnapshot::of(cfg)),
     }
 }
 

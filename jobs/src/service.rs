@@ -14,6 +14,7 @@ use crate::engine::Engine;
 use crate::run::{Run, RunStatus, Trigger};
 use crate::schedule::Schedule;
 use crate::store::{NewRun, RunFilter, StoreError};
+use crate::target::JobSnapshot;
 
 /// Errors callers branch on. Messages say what to do.
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +295,7 @@ impl Engine {
             return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
         }
         let now = self.shared.clock.now();
+        let snapshot = JobSnapshot::of(&job);
         let run = NewRun {
             job: name.to_string(),
             trigger: Trigger::Manual,
@@ -306,6 +308,8 @@ impl Engine {
             error: None,
             idempotency_key: req.idempotency_key,
             retry_of: None,
+            root_id: None,
+            snapshot: Some(snapshot),
         };
         let (run_id, created) = self.shared.store.insert_run(run, now).await?;
         if created {

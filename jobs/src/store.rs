@@ -12,7 +12,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use lamplighter_config::Overlap;
 
+use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::run::{Run, RunStatus, Trigger};
+use crate::target::JobSnapshot;
 
 /// Storage failures. The message says what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -64,11 +66,15 @@ pub(crate) struct NewRun {
     pub(crate) error: Option<String>,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) retry_of: Option<String>,
+    /// The run identity it continues (`None`: a new one, its own id).
+    pub(crate) root_id: Option<String>,
+    pub(crate) snapshot: Option<JobSnapshot>,
 }
 
 impl NewRun {
-    /// The next attempt of `run`: same job, tick, input and parameters, attempt + 1.
-    pub(crate) fn follow_up(run: &Run, due_at: DateTime<Utc>) -> Self {
+    /// The next attempt of `run`: same identity, job snapshot, tick, input and parameters,
+    /// attempt + 1.
+    pub(crate) fn follow_up(run: &Run, snapshot: Option<JobSnapshot>, due_at: DateTime<Utc>) -> Self {
         NewRun {
             job: run.job.clone(),
             trigger: Trigger::Retry,
@@ -81,6 +87,8 @@ impl NewRun {
             error: None,
             idempotency_key: None,
             retry_of: Some(run.id.clone()),
+            root_id: Some(run.root_id.clone()),
+            snapshot,
         }
     }
 }
@@ -101,7 +109,7 @@ pub(crate) struct Store {
 
 macro_rules! run_cols {
     () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost"
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, coalesce(root_id, id) AS root_id"
     };
 }
 
@@ -135,6 +143,7 @@ fn run_from_row(r: &SqliteRow) -> Run {
         error: r.get("error"),
         worker: r.get("worker"),
         idempotency_key: r.get("idempotency_key"),
+        root_id: r.get("root_id"),
         retry_of: r.get("retry_of"),
         next_run_id: r.get("next_run_id"),
         tokens_in: r.get("tokens_in"),
@@ -142,6 +151,17 @@ fn run_from_row(r: &SqliteRow) -> Run {
         cost: r.get("cost"),
     }
 }
+
+/// `('queued','running',…)` for a `status IN` guard; status lists come from [`RunStatus`],
+/// never from SQL text. The only dynamic SQL in the store, built from the enum's own names
+/// (hence `AssertSqlSafe` where it is used).
+fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
+    let names: Vec<String> = statuses.map(|s| format!("'{}'", s.as_str())).collect();
+    format!("({})", names.join(","))
+}
+
+/// The statuses of runs still going, as an SQL list.
+static ACTIVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| status_list(RunStatus::active()));
 
 pub(crate) fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
@@ -182,6 +202,12 @@ impl Store {
         ours.set_ignore_missing(true);
         ours.run(&self.pool).await.map_err(|e| StoreError { context: "applying lamplighter migrations".into(), source: e.into() })?;
         Ok(())
+    }
+
+    /// Closes every connection (rolling back anything left open), so no lock outlives the
+    /// engine. Later calls fail with a storage error.
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
     }
 
     pub(crate) async fn ping(&self) -> bool {
@@ -282,8 +308,9 @@ impl Store {
 
     /// Queued runs that are due and not handed to the queue yet, oldest first.
     pub(crate) async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
-        let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT 500")
+        let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = ?2 AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT 500")
             .bind(ms(now))
+            .bind(RunStatus::Queued.as_str())
             .fetch_all(&self.pool)
             .await
             .ctx("reading due runs")?;
@@ -292,7 +319,8 @@ impl Store {
 
     /// The earliest due instant of an undispatched queued run.
     pub(crate) async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let v: Option<i64> = sqlx::query_scalar("SELECT min(due_at) FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NULL")
+        let v: Option<i64> = sqlx::query_scalar("SELECT min(due_at) FROM ll_runs WHERE status = ?1 AND dispatched_at IS NULL")
+            .bind(RunStatus::Queued.as_str())
             .fetch_one(&self.pool)
             .await
             .ctx("reading the next due run")?;
@@ -301,8 +329,13 @@ impl Store {
 
     /// True when the job has a run handed to the queue and not finished (for `overlap: queue`).
     pub(crate) async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE job = ?1 AND ((status = 'queued' AND dispatched_at IS NOT NULL) OR status IN ('running','waiting_approval'))")
+        let sql = format!(
+            "SELECT count(*) FROM ll_runs WHERE job = ?1 AND status IN {} AND (status != ?2 OR dispatched_at IS NOT NULL)",
+            *ACTIVE
+        );
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(job)
+            .bind(RunStatus::Queued.as_str())
             .fetch_one(&self.pool)
             .await
             .ctx("reading active runs")?;
@@ -318,18 +351,25 @@ impl Store {
 
     /// Takes a queued run for this worker; `None` when it is no longer queued (cancelled, or
     /// already taken): the guard that makes a run execute at most once.
-    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<Option<Run>, StoreError> {
+    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<Option<(Run, Option<JobSnapshot>)>, StoreError> {
         let row = sqlx::query(concat!(
-            "UPDATE ll_runs SET status = 'running', started_at = ?3, worker = ?2 WHERE id = ?1 AND status = 'queued' RETURNING ",
+            "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2 WHERE id = ?1 AND status = ?5 RETURNING job_snapshot, ",
             run_cols!()
         ))
         .bind(id)
         .bind(worker)
         .bind(ms(now))
+        .bind(RunStatus::Running.as_str())
+        .bind(RunStatus::Queued.as_str())
         .fetch_optional(&self.pool)
         .await
         .ctx("claiming a run")?;
-        Ok(row.as_ref().map(run_from_row))
+        // A snapshot that does not parse (a damaged row) reads as none: the run then uses the
+        // config in force, as rows from before snapshots do.
+        Ok(row.as_ref().map(|r| {
+            let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
+            (run_from_row(r), snapshot)
+        }))
     }
 
     /// Records the end of a running run. False when it was not running any more.
@@ -341,7 +381,11 @@ impl Store {
         error: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let n = sqlx::query("UPDATE ll_runs SET status = ?2, output = ?3, error = ?4, finished_at = ?5 WHERE id = ?1 AND status IN ('running','queued','waiting_approval')")
+        let sql = format!(
+            "UPDATE ll_runs SET status = ?2, output = ?3, error = ?4, finished_at = ?5 WHERE id = ?1 AND status IN {}",
+            status_list(RunStatus::sources(status))
+        );
+        let n = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(status.as_str())
             .bind(output.map(|o| o.to_string()))
@@ -352,6 +396,49 @@ impl Store {
             .ctx("finishing a run")?
             .rows_affected();
         Ok(n == 1)
+    }
+
+    /// A run's stored job snapshot (for its follow-up attempt).
+    pub(crate) async fn snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError> {
+        let v: Option<Option<String>> = sqlx::query_scalar("SELECT job_snapshot FROM ll_runs WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx("reading a run's job snapshot")?;
+        Ok(v.flatten().and_then(|s| serde_json::from_str(&s).ok()))
+    }
+
+    pub(crate) async fn checkpoint(&self, root_id: &str, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let v: Option<String> = sqlx::query_scalar("SELECT value FROM ll_checkpoints WHERE root_id = ?1 AND step = ?2")
+            .bind(root_id)
+            .bind(step)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx("reading a checkpoint")?;
+        Ok(v.and_then(|s| serde_json::from_str(&s).ok()))
+    }
+
+    pub(crate) async fn record_checkpoint(
+        &self,
+        root_id: &str,
+        step: &str,
+        run_id: &str,
+        value: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO ll_checkpoints (root_id, step, run_id, value, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (root_id, step) DO UPDATE SET run_id = ?3, value = ?4, recorded_at = ?5",
+        )
+        .bind(root_id)
+        .bind(step)
+        .bind(run_id)
+        .bind(value.to_string())
+        .bind(ms(now))
+        .execute(&self.pool)
+        .await
+        .ctx("recording a checkpoint")?;
+        Ok(())
     }
 
     pub(crate) async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
@@ -396,35 +483,43 @@ impl Store {
     }
 
     pub(crate) async fn queue_depth(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = 'queued'")
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = ?1")
+            .bind(RunStatus::Queued.as_str())
             .fetch_one(&self.pool)
             .await
             .ctx("counting queued runs")?;
         Ok(n as u64)
     }
 
-    /// After an unclean stop: runs left `running` by a worker that is gone become
-    /// `interrupted`, and queued runs that were handed to the old queue are handed again.
+    /// After an unclean stop: runs left `running` become `interrupted`, and queued runs that
+    /// were handed to the old queue are handed again. Only called with the database lock held,
+    /// so no other process can be running anything: every `running` run is an orphan, whatever
+    /// worker name it carries (a restart under a configured `worker.name` has the same name).
     /// Returns the interrupted runs.
-    pub(crate) async fn recover(&self, me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
-        let rows =
-            sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = 'running' AND (worker IS NULL OR worker != ?1)"))
-                .bind(me)
-                .fetch_all(&self.pool)
-                .await
-                .ctx("finding orphaned runs")?;
+    pub(crate) async fn recover(&self, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1"))
+            .bind(RunStatus::Running.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .ctx("finding orphaned runs")?;
         let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
         for r in &runs {
             let msg = format!("worker \"{}\" stopped while the run was going", r.worker.as_deref().unwrap_or("?"));
-            sqlx::query("UPDATE ll_runs SET status = 'interrupted', error = ?2, finished_at = ?3 WHERE id = ?1 AND status = 'running'")
+            sqlx::query("UPDATE ll_runs SET status = ?4, error = ?2, finished_at = ?3 WHERE id = ?1 AND status = ?5")
                 .bind(&r.id)
                 .bind(msg)
                 .bind(ms(now))
+                .bind(RunStatus::Interrupted.as_str())
+                .bind(RunStatus::Running.as_str())
                 .execute(&self.pool)
                 .await
                 .ctx("marking a run interrupted")?;
         }
-        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = 'queued'").execute(&self.pool).await.ctx("re-queueing runs")?;
+        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = ?1")
+            .bind(RunStatus::Queued.as_str())
+            .execute(&self.pool)
+            .await
+            .ctx("re-queueing runs")?;
         Ok(runs)
     }
 
@@ -456,28 +551,29 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         if let Some(keep) = keep {
-            deleted += sqlx::query(
-                "DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND id NOT IN
-                 (SELECT id FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') ORDER BY id DESC LIMIT ?2)",
-            )
-            .bind(job)
-            .bind(keep as i64)
-            .execute(&self.pool)
-            .await
-            .ctx("pruning runs by count")?
-            .rows_affected();
+            let sql = format!(
+                "DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN {a} AND id NOT IN
+                 (SELECT id FROM ll_runs WHERE job = ?1 AND status NOT IN {a} ORDER BY id DESC LIMIT ?2)",
+                a = *ACTIVE
+            );
+            deleted += sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(job)
+                .bind(keep as i64)
+                .execute(&self.pool)
+                .await
+                .ctx("pruning runs by count")?
+                .rows_affected();
         }
         if let Some(age) = max_age {
             let cutoff = ms(now) - age.as_millis() as i64;
-            deleted += sqlx::query(
-                "DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN ('queued','running','waiting_approval') AND finished_at < ?2",
-            )
-            .bind(job)
-            .bind(cutoff)
-            .execute(&self.pool)
-            .await
-            .ctx("pruning runs by age")?
-            .rows_affected();
+            let sql = format!("DELETE FROM ll_runs WHERE job = ?1 AND status NOT IN {} AND finished_at < ?2", *ACTIVE);
+            deleted += sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(job)
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await
+                .ctx("pruning runs by age")?
+                .rows_affected();
         }
         // Tick records only guard against firing twice near now.
         sqlx::query("DELETE FROM ll_ticks WHERE job = ?1 AND scheduled_at < ?2")
@@ -492,7 +588,7 @@ impl Store {
     /// Moves the WAL into the database off the hot path (the automatic checkpoint would
     /// otherwise run, with its fsync, inside whichever commit crosses the threshold: often a
     /// tick's).
-    pub(crate) async fn checkpoint(&self) -> Result<(), StoreError> {
+    pub(crate) async fn checkpoint_wal(&self) -> Result<(), StoreError> {
         sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.pool).await.ctx("checkpointing the WAL")?;
         Ok(())
     }
@@ -500,10 +596,10 @@ impl Store {
     /// What pruning of single jobs leaves behind: steps of deleted runs, and finished queue
     /// tasks (apalis keeps them forever; the runs table is the history).
     pub(crate) async fn prune_shared(&self) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM ll_run_steps WHERE run_id NOT IN (SELECT id FROM ll_runs)")
+        sqlx::query("DELETE FROM ll_checkpoints WHERE root_id NOT IN (SELECT coalesce(root_id, id) FROM ll_runs)")
             .execute(&self.pool)
             .await
-            .ctx("pruning steps")?;
+            .ctx("pruning checkpoints")?;
         sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')")
             .bind(crate::executor::QUEUE)
             .execute(&self.pool)
@@ -537,30 +633,21 @@ async fn fire_one(
         .fetch_optional(&mut **tx)
         .await
         .ctx("reading pause state")?;
-    let active: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM ll_runs WHERE job = ?1 AND status IN ('queued','running','waiting_approval') ORDER BY enqueued_at",
-    )
-    .bind(&run.job)
-    .fetch_all(&mut **tx)
-    .await
-    .ctx("reading active runs")?;
+    let sql = format!("SELECT id FROM ll_runs WHERE job = ?1 AND status IN {} ORDER BY enqueued_at", *ACTIVE);
+    let active: Vec<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(&run.job).fetch_all(&mut **tx).await.ctx("reading active runs")?;
+    // The store only reads the facts and records the decision; the policy is `decide_tick`'s.
     let mut run = run;
     let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), dispatched: false };
     let mut hold = false;
-    if paused == Some(1) {
-        run.status = RunStatus::Skipped;
-        run.error = Some("job is paused".into());
-    } else if !active.is_empty() {
-        match active_policy {
-            Overlap::Forbid => {
-                run.status = RunStatus::Skipped;
-                run.error = Some(format!("previous run {} is still going (overlap: forbid)", active[0]));
-            }
-            Overlap::Replace => outcome.replaced = active,
-            Overlap::Allow => {}
-            // Waits in the table; the dispatcher hands it over when the earlier run is done.
-            Overlap::Queue => hold = true,
+    match decide_tick(&TickFacts { paused: paused == Some(1), active: &active, overlap: active_policy }) {
+        TickDecision::Start => {}
+        TickDecision::Hold => hold = true,
+        TickDecision::Skip(why) => {
+            run.status = RunStatus::Skipped;
+            run.error = Some(why);
         }
+        TickDecision::Replace(old) => outcome.replaced = old,
     }
     outcome.status = run.status;
     insert_run(tx, &id, &run, now).await?;
@@ -620,8 +707,8 @@ pub(crate) struct TickOutcome {
 async fn insert_run(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, r: &NewRun, now: DateTime<Utc>) -> Result<(), StoreError> {
     let final_at = r.status.is_final().then(|| ms(now));
     sqlx::query(
-        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, input, parameters, error, idempotency_key, retry_of, finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, input, parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )
     .bind(id)
     .bind(&r.job)
@@ -637,6 +724,8 @@ async fn insert_run(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, r: &
     .bind(&r.idempotency_key)
     .bind(&r.retry_of)
     .bind(final_at)
+    .bind(r.root_id.as_deref().unwrap_or(id))
+    .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
     .execute(&mut **tx)
     .await
     .ctx("inserting a run")?;

@@ -2,73 +2,15 @@
 //! pause across restarts, retention, jitter. Time moves only when a test moves it; the tests
 //! wait (bounded) for the engine to act on each move, they never sleep to let time pass.
 
-use std::path::Path;
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
-use lamplighter_config::{Config, LoadOptions};
-use lamplighter_jobs::{Engine, EngineOptions, ManualClock, Run, RunFilter, RunStatus, Trigger};
-use lamplighter_plugins::Registry;
+use chrono::{TimeZone, Utc};
+use lamplighter_jobs::{Engine, ManualClock, Run, RunStatus, Trigger};
 
-/// 2026-03-02 10:00:00 UTC, a Monday.
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 3, 2, 10, 0, 0).single().expect("valid instant")
-}
-
-fn minutes(m: i64) -> chrono::Duration {
-    chrono::Duration::minutes(m)
-}
-
-/// One job `j` with the given extra YAML lines, in its own data directory.
-fn config(dir: &Path, job_yaml: &str) -> Config {
-    let body: String = job_yaml.lines().map(|l| format!("      {l}\n")).collect();
-    let text = format!("framework:\n  data_dir: {}\nscheduling:\n  jobs:\n    j:\n{body}", dir.join("data").display());
-    let path = dir.join("lamplighter.yaml");
-    std::fs::write(&path, text).expect("write config");
-    match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) }) {
-        Ok(l) => l.config,
-        Err(e) => panic!("test config invalid: {e}"),
-    }
-}
-
-async fn start(config: &Config, clock: &Arc<ManualClock>) -> Engine {
-    let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
-    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), registry: Arc::new(Registry::builtin()) };
-    let engine = Engine::start(config, opts).await.expect("engine starts");
-    // Time may only move once the scheduler has planned from the start instant.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !engine.ready().await {
-        assert!(tokio::time::Instant::now() < deadline, "engine not ready in 10 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    engine
-}
-
-async fn runs(engine: &Engine) -> Vec<Run> {
-    let mut runs = engine.list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
-    runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
-    runs
-}
-
-/// Waits (up to 10 s of real time) until `pred` holds for the job's runs.
-async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = runs(engine).await;
-        if pred(&r) {
-            return r;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; runs: {r:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn finished(runs: &[Run]) -> bool {
-    runs.iter().all(|r| r.status.is_final())
-}
+use support::{config, finished, minutes, runs, start, t0, until};
 
 const QUICK: &str = "type: plugin\nplugin: file-save\naction: save\nparameters: { path: out.txt, content: x }";
 const SLOW: &str = "type: plugin\nplugin: shell-exec\naction: run\nparameters: { command: \"sleep 30\", timeout_seconds: 60 }";

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{Config, McpAuth, McpTransport, WorkerConfig};
-use lamplighter_jobs::{Engine, EngineOptions, SystemClock};
+use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
@@ -70,20 +70,23 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
         eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
         return ExitCode::from(2);
     }
+    // Storage first: its lock says whether this worker may run at all, before it takes a port.
+    let name = worker_name(config.worker.name.as_deref());
+    let targets = Arc::new(BuiltinTargets::new(registry.clone()));
+    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets };
+    let engine = match Engine::start(&config, options).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let addr = std::net::SocketAddr::new(host, config.worker.port);
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("cannot listen on {addr}: {e}; change worker.mcp.port or stop what uses it");
-            return ExitCode::FAILURE;
-        }
-    };
-    let name = worker_name(config.worker.name.as_deref());
-    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), registry: registry.clone() };
-    let engine = match Engine::start(&config, options).await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
+            engine.shutdown(config.worker.shutdown_grace).await;
             return ExitCode::FAILURE;
         }
     };

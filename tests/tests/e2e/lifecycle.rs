@@ -132,10 +132,21 @@ fn kill_9_during_a_run_is_recovered_after_restart() {
 fn a_second_worker_on_the_same_database_is_refused() {
     let mut a = Worker::new(EVERY_SECOND);
     a.start();
-    let out = std::process::Command::new(crate::support::bin()).args(["run", "--config"]).arg(a.config_path()).output().unwrap();
-    assert_ne!(out.status.code(), Some(0));
+    a.wait_for("the first worker runs", Duration::from_secs(10), |r| !r.is_empty());
+    // The same database, but a port of its own: only the database lock can refuse it (it
+    // used to pass on "cannot listen", with the lock never reached).
+    let text = std::fs::read_to_string(a.config_path()).unwrap();
+    let second_port = crate::support::free_port();
+    let second = a.dir.path().join("second.yaml");
+    std::fs::write(&second, text.replace(&format!("port: {}", a.port), &format!("port: {second_port}"))).unwrap();
+    let out = std::process::Command::new(crate::support::bin()).args(["run", "--config"]).arg(&second).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("another lamplighter worker is using") || err.contains("cannot listen"), "{err}");
+    assert!(err.contains("another lamplighter worker is using"), "{err}");
+    assert!(!err.contains("cannot listen"), "{err}");
+    // The first worker is untouched and keeps firing.
+    let n = a.runs().len();
+    a.wait_for("the first worker keeps running", Duration::from_secs(10), |r| r.len() >= n + 2);
 }
 
 fn chrono_now_ms() -> i64 {

@@ -1,0 +1,152 @@
+//! The run core's decisions, as pure functions of state: what a tick does (paused, forbid,
+//! allow, replace, queue), how a run's end is recorded, and whether a failed run gets another
+//! attempt. No SQL, no tokio: the store and the executor record what these decide.
+
+use chrono::{DateTime, Utc};
+use lamplighter_config::{Overlap, RetryPolicy};
+
+use crate::run::{Outcome, RunStatus};
+
+/// What is known about a job when one of its ticks fires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TickFacts<'a> {
+    pub(crate) paused: bool,
+    /// The job's runs still going, oldest first.
+    pub(crate) active: &'a [String],
+    pub(crate) overlap: Overlap,
+}
+
+/// What a tick's run does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TickDecision {
+    /// Queued, and handed to an executor when due.
+    Start,
+    /// Queued, and held until the job's earlier runs end (`overlap: queue`).
+    Hold,
+    /// Recorded `skipped` with the reason.
+    Skip(String),
+    /// Queued; these runs are cancelled in its favour (`overlap: replace`).
+    Replace(Vec<String>),
+}
+
+pub(crate) fn decide_tick(f: &TickFacts<'_>) -> TickDecision {
+    if f.paused {
+        return TickDecision::Skip("job is paused".into());
+    }
+    let Some(oldest) = f.active.first() else {
+        return TickDecision::Start;
+    };
+    match f.overlap {
+        Overlap::Forbid => TickDecision::Skip(format!("previous run {oldest} is still going (overlap: forbid)")),
+        Overlap::Allow => TickDecision::Start,
+        Overlap::Replace => TickDecision::Replace(f.active.to_vec()),
+        Overlap::Queue => TickDecision::Hold,
+    }
+}
+
+/// Why a running run was stopped from outside its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    Cancelled(String),
+    Shutdown,
+    /// The job's `timeout`.
+    TimedOut(std::time::Duration),
+}
+
+/// A run's end, ready to record.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Settled {
+    pub(crate) status: RunStatus,
+    pub(crate) output: Option<serde_json::Value>,
+    pub(crate) error: Option<String>,
+    /// Another attempt could succeed (the retry policy decides whether there is one).
+    pub(crate) retry: bool,
+}
+
+/// Combines the target's outcome (none when it was stopped before it ended) with the reason
+/// it was stopped. A stop wins over a late outcome: the run ended because it was stopped.
+pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Settled {
+    let ended = |status, error: String, retry| Settled { status, output: None, error: Some(error), retry };
+    match (stop, outcome) {
+        (Some(StopReason::Shutdown), _) => {
+            // Retried at the next start (recovery follows interrupted runs up).
+            ended(RunStatus::Interrupted, "the worker shut down before the run finished".into(), false)
+        }
+        (Some(StopReason::Cancelled(why)), _) => ended(RunStatus::Cancelled, why, false),
+        (Some(StopReason::TimedOut(t)), _) => {
+            ended(RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), true)
+        }
+        (None, Some(Outcome::Succeeded { output })) => {
+            Settled { status: RunStatus::Succeeded, output: Some(output), error: None, retry: false }
+        }
+        (None, Some(Outcome::Failed { error, retry })) => ended(RunStatus::Failed, error, retry),
+        (None, Some(Outcome::TimedOut { error })) => ended(RunStatus::TimedOut, error, true),
+        (None, None) => ended(RunStatus::Failed, "the run ended without an outcome".into(), false),
+    }
+}
+
+/// When attempt `attempt + 1` is due, if the policy gives the run one. `policy` is `None` when
+/// the job is no longer defined: a removed job is not retried.
+pub(crate) fn next_attempt(attempt: u32, policy: Option<&RetryPolicy>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let policy = policy?;
+    (attempt <= policy.max).then(|| now + chrono::Duration::from_std(policy.delay(attempt)).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamplighter_config::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn tick_decisions_by_the_table() {
+        let none: Vec<String> = vec![];
+        let one = vec!["r1".to_string()];
+        let two = vec!["r1".to_string(), "r2".to_string()];
+        let cases: Vec<(bool, &[String], Overlap, TickDecision)> = vec![
+            (true, &none, Overlap::Allow, TickDecision::Skip("job is paused".into())),
+            (true, &one, Overlap::Queue, TickDecision::Skip("job is paused".into())),
+            (false, &none, Overlap::Forbid, TickDecision::Start),
+            (false, &none, Overlap::Queue, TickDecision::Start),
+            (false, &none, Overlap::Replace, TickDecision::Start),
+            (false, &one, Overlap::Forbid, TickDecision::Skip("previous run r1 is still going (overlap: forbid)".into())),
+            (false, &two, Overlap::Allow, TickDecision::Start),
+            (false, &two, Overlap::Replace, TickDecision::Replace(two.clone())),
+            (false, &one, Overlap::Queue, TickDecision::Hold),
+        ];
+        for (paused, active, overlap, want) in cases {
+            assert_eq!(decide_tick(&TickFacts { paused, active, overlap }), want, "paused={paused} active={active:?} {overlap:?}");
+        }
+    }
+
+    #[test]
+    fn a_stop_wins_over_the_outcome_and_says_why() {
+        let ok = || Some(Outcome::Succeeded { output: serde_json::json!(1) });
+        assert_eq!(settle(ok(), Some(StopReason::Shutdown)).status, RunStatus::Interrupted);
+        let c = settle(ok(), Some(StopReason::Cancelled("replaced by run r2".into())));
+        assert_eq!((c.status, c.error.as_deref(), c.retry), (RunStatus::Cancelled, Some("replaced by run r2"), false));
+        let t = settle(None, Some(StopReason::TimedOut(Duration::from_secs(90))));
+        assert_eq!((t.status, t.error.as_deref(), t.retry), (RunStatus::TimedOut, Some("timed out after 1m 30s"), true));
+        let s = settle(ok(), None);
+        assert_eq!((s.status, s.output, s.error), (RunStatus::Succeeded, Some(serde_json::json!(1)), None));
+        let f = settle(Some(Outcome::permanent("bad parameter")), None);
+        assert_eq!((f.status, f.retry), (RunStatus::Failed, false));
+        let f = settle(Some(Outcome::failed("connection refused")), None);
+        assert_eq!((f.status, f.retry), (RunStatus::Failed, true));
+        assert_eq!(settle(Some(Outcome::TimedOut { error: "x".into() }), None).status, RunStatus::TimedOut);
+        assert_eq!(settle(None, None).status, RunStatus::Failed);
+    }
+
+    #[test]
+    fn retries_follow_the_policy_and_stop_after_max() {
+        let now = DateTime::from_timestamp(1_000_000, 0).unwrap();
+        let p =
+            RetryPolicy { max: 2, backoff: Backoff::Exponential { initial: Duration::from_secs(10), max_delay: Duration::from_secs(15) } };
+        assert_eq!(next_attempt(1, Some(&p), now), Some(now + chrono::Duration::seconds(10)));
+        assert_eq!(next_attempt(2, Some(&p), now), Some(now + chrono::Duration::seconds(15)), "capped at max_delay");
+        assert_eq!(next_attempt(3, Some(&p), now), None, "two retries after the first attempt");
+        assert_eq!(next_attempt(1, None, now), None, "a removed job is not retried");
+        let none = RetryPolicy { max: 0, backoff: Backoff::Fixed(Duration::from_secs(1)) };
+        assert_eq!(next_attempt(1, Some(&none), now), None);
+    }
+}

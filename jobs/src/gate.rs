@@ -1,0 +1,88 @@
+//! The drain gate: every run passes it before it is claimed and holds its pass until its end is
+//! recorded. Shutdown closes the gate (no new claims) and waits for the passes to come back, so
+//! "drained" means "recorded", never "left the running map".
+
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct State {
+    closed: bool,
+    passes: usize,
+}
+
+/// Counts runs between claim and record; closed once at shutdown.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    state: watch::Sender<State>,
+}
+
+/// Held by one run from before its claim until its end is recorded (or the claim found nothing).
+#[derive(Debug)]
+pub(crate) struct Pass<'a> {
+    gate: &'a Gate,
+}
+
+impl Gate {
+    pub(crate) fn new() -> Self {
+        Self { state: watch::Sender::new(State::default()) }
+    }
+
+    /// A pass, or `None` once the gate is closed (the run stays queued for the next start).
+    /// Entering and closing are ordered by the channel's lock: a run that got a pass is
+    /// counted by every later `idle`.
+    pub(crate) fn enter(&self) -> Option<Pass<'_>> {
+        self.state
+            .send_if_modified(|s| {
+                if s.closed {
+                    false
+                } else {
+                    s.passes += 1;
+                    true
+                }
+            })
+            .then(|| Pass { gate: self })
+    }
+
+    pub(crate) fn close(&self) {
+        self.state.send_modify(|s| s.closed = true);
+    }
+
+    /// Resolves once no pass is out.
+    pub(crate) async fn idle(&self) {
+        let mut rx = self.state.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = rx.wait_for(|s| s.passes == 0).await;
+    }
+
+    pub(crate) fn passes(&self) -> usize {
+        self.state.borrow().passes
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        self.gate.state.send_modify(|s| s.passes -= 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_closed_gate_admits_nobody_and_idle_waits_for_every_pass() {
+        let gate = Gate::new();
+        let a = gate.enter().expect("open gate admits");
+        let b = gate.enter().expect("open gate admits");
+        gate.close();
+        assert!(gate.enter().is_none(), "closed gate must not admit");
+        assert_eq!(gate.passes(), 2);
+        let idle = gate.idle();
+        tokio::pin!(idle);
+        assert!(futures::poll!(&mut idle).is_pending());
+        drop(a);
+        assert!(futures::poll!(&mut idle).is_pending(), "one pass is still out");
+        drop(b);
+        assert!(futures::poll!(&mut idle).is_ready());
+    }
+}

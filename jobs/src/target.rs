@@ -1,0 +1,171 @@
+//! What a run executes: the [`Targets`] interface, the [`RunContext`] every target is handed,
+//! and the built-in targets (plugin actions today; workflows and agents fail loudly until their
+//! engines land).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_config::{JobConfig, Target};
+use lamplighter_plugins::{ActionContext, ActionError, Registry};
+
+use crate::clock::Clock;
+use crate::run::{Outcome, Run};
+use crate::store::{Store, StoreError};
+
+/// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
+/// run and nothing else.
+pub trait Targets: Send + Sync + 'static {
+    fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome>;
+}
+
+/// What a job ran, as it was when the run was created: stored with the run, so a reload
+/// between creation and execution (or between two attempts) never mixes two configs in one
+/// run. Input and parameters are on the run itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSnapshot {
+    pub target: TargetRef,
+    pub timeout_ms: Option<u64>,
+    pub working_directory: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_commands: Vec<String>,
+}
+
+/// A job's target, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TargetRef {
+    Plugin { plugin: String, action: String },
+    Workflow { workflow: String },
+    Agent { agent: String },
+}
+
+impl JobSnapshot {
+    pub fn of(job: &JobConfig) -> Self {
+        Self {
+            target: match &job.target {
+                Target::Plugin { plugin, action } => TargetRef::Plugin { plugin: plugin.clone(), action: action.clone() },
+                Target::Workflow(w) => TargetRef::Workflow { workflow: w.clone() },
+                Target::Agent(a) => TargetRef::Agent { agent: a.clone() },
+            },
+            timeout_ms: job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            working_directory: job.working_directory.clone(),
+            allowed_commands: job.allowed_commands.clone(),
+        }
+    }
+
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout_ms.map(std::time::Duration::from_millis)
+    }
+}
+
+/// Everything a target gets: its run, the job as it was when the run was created, a
+/// cancellation token (cancelled on cancel, replace, timeout and shutdown), and durable
+/// checkpoints shared by every attempt of the run.
+#[derive(Clone)]
+pub struct RunContext {
+    run: Run,
+    job: Arc<JobSnapshot>,
+    cancel: CancellationToken,
+    data_dir: PathBuf,
+    store: Store,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext").field("run", &self.run.id).field("job", &self.job).finish_non_exhaustive()
+    }
+}
+
+impl RunContext {
+    pub(crate) fn new(
+        run: Run,
+        job: Arc<JobSnapshot>,
+        cancel: CancellationToken,
+        data_dir: PathBuf,
+        store: Store,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self { run, job, cancel, data_dir, store, clock }
+    }
+
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    pub fn job(&self) -> &JobSnapshot {
+        &self.job
+    }
+
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The job's `working_directory`, or the data directory.
+    pub fn working_directory(&self) -> PathBuf {
+        self.job.working_directory.clone().unwrap_or_else(|| self.data_dir.clone())
+    }
+
+    /// The value recorded under `step` by this attempt or an earlier one of the same run.
+    pub async fn checkpoint(&self, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.store.checkpoint(&self.run.root_id, step).await
+    }
+
+    /// Records `value` under `step` for this run and every later attempt of it (replacing an
+    /// earlier value). Durable when this returns.
+    pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
+        self.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.clock.now()).await
+    }
+}
+
+/// Plugin actions through the registry; workflow and agent targets fail with a clear message
+/// until their engines land.
+#[derive(Debug)]
+pub struct BuiltinTargets {
+    registry: Arc<Registry>,
+}
+
+impl BuiltinTargets {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Self { registry }
+    }
+}
+
+impl Targets for BuiltinTargets {
+    fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome> {
+        let registry = self.registry.clone();
+        Box::pin(async move {
+            match ctx.job().target.clone() {
+                TargetRef::Plugin { plugin, action } => {
+                    let dir = ctx.working_directory();
+                    if let Err(e) = std::fs::create_dir_all(&dir) {
+                        return Outcome::failed(format!("cannot create working directory {}: {e}", dir.display()));
+                    }
+                    let actx = ActionContext {
+                        working_directory: dir,
+                        allowed_commands: ctx.job().allowed_commands.clone(),
+                        cancel: ctx.cancelled().clone(),
+                    };
+                    let params = ctx.run().parameters.clone().unwrap_or_else(|| serde_json::json!({}));
+                    match registry.invoke(&plugin, &action, params, &actx).await {
+                        Ok(output) => Outcome::Succeeded { output },
+                        Err(e @ ActionError::Timeout { .. }) => Outcome::TimedOut { error: e.to_string() },
+                        Err(e) => Outcome::Failed { retry: !e.is_permanent(), error: e.to_string() },
+                    }
+                }
+                TargetRef::Workflow { workflow } => Outcome::permanent(format!(
+                    "workflow jobs are not supported yet: job \"{}\" runs workflow \"{workflow}\", and the workflow engine has not landed",
+                    ctx.run().job
+                )),
+                TargetRef::Agent { agent } => Outcome::permanent(format!(
+                    "agent jobs are not supported yet: job \"{}\" runs agent \"{agent}\", and the agent runner has not landed",
+                    ctx.run().job
+                )),
+            }
+        })
+    }
+}

@@ -1,0 +1,81 @@
+//! Shared by the engine and run-core tests: a config with one job `j`, an engine on a manual
+//! clock, and bounded waits on the job's runs.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use lamplighter_config::{Config, LoadOptions};
+use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, ManualClock, Run, RunFilter, Targets};
+use lamplighter_plugins::Registry;
+
+/// 2026-03-02 10:00:00 UTC, a Monday.
+pub fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 2, 10, 0, 0).single().expect("valid instant")
+}
+
+pub fn minutes(m: i64) -> chrono::Duration {
+    chrono::Duration::minutes(m)
+}
+
+/// One job `j` with the given extra YAML lines, in its own data directory.
+pub fn config(dir: &Path, job_yaml: &str) -> Config {
+    config_with(dir, "", job_yaml)
+}
+
+/// As [`config`], with `top_yaml` added at the top level (e.g. a `worker:` section).
+pub fn config_with(dir: &Path, top_yaml: &str, job_yaml: &str) -> Config {
+    let body: String = job_yaml.lines().map(|l| format!("      {l}\n")).collect();
+    let text = format!("framework:\n  data_dir: {}\n{top_yaml}scheduling:\n  jobs:\n    j:\n{body}", dir.join("data").display());
+    let path = dir.join("lamplighter.yaml");
+    std::fs::write(&path, text).expect("write config");
+    match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) }) {
+        Ok(l) => l.config,
+        Err(e) => panic!("test config invalid: {e}"),
+    }
+}
+
+pub async fn start(config: &Config, clock: &Arc<ManualClock>) -> Engine {
+    start_with(config, clock, Arc::new(BuiltinTargets::new(Arc::new(Registry::builtin())))).await
+}
+
+/// Starts the engine with the given targets.
+pub async fn start_with(config: &Config, clock: &Arc<ManualClock>, targets: Arc<dyn Targets>) -> Engine {
+    let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
+    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets };
+    let engine = Engine::start(config, opts).await.expect("engine starts");
+    // Time may only move once the scheduler has planned from the start instant.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !engine.ready().await {
+        assert!(tokio::time::Instant::now() < deadline, "engine not ready in 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine
+}
+
+pub async fn runs(engine: &Engine) -> Vec<Run> {
+    let mut runs = engine.list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
+    runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
+    runs
+}
+
+/// Waits (up to 10 s of real time) until `pred` holds for the job's runs.
+pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = runs(engine).await;
+        if pred(&r) {
+            return r;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; runs: {r:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub fn finished(runs: &[Run]) -> bool {
+    runs.iter().all(|r| r.status.is_final())
+}
