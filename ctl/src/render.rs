@@ -345,6 +345,10 @@ fn schedule(job: &Value) -> String {
 fn job_state(job: &Value) -> String {
     let paused = job.get("paused").and_then(Value::as_bool);
     let enabled = job.get("enabled").and_then(Value::as_bool);
+    // The worker cannot run it (e.g. its plugin did not load): the strongest state.
+    if job.get("disabled").is_some_and(Value::is_string) {
+        return "unavailable".to_owned();
+    }
     let state = match (paused, enabled) {
         (Some(true), _) => "paused",
         (_, Some(false)) => "disabled",
@@ -402,6 +406,9 @@ pub(crate) fn job(value: &Value, now: DateTime<Utc>) -> String {
 
 fn job_state_detail(job: &Value, now: DateTime<Utc>) -> String {
     let state = job_state(job);
+    if let Some(reason) = job.get("disabled").and_then(Value::as_str) {
+        return format!("{state}: {reason}");
+    }
     if state != "paused" {
         return state;
     }

@@ -73,6 +73,9 @@ pub(crate) struct JobsConfig {
     /// it and the service reads next fire times from it). A job whose schedule does not parse
     /// is absent; validation refuses such a config before it gets here.
     pub(crate) schedules: Arc<HashMap<String, Arc<Schedule>>>,
+    /// Jobs the environment broke (e.g. their plugin did not load), with the reason: not
+    /// scheduled, not triggerable, shown with the reason.
+    pub(crate) unavailable: Arc<HashMap<String, String>>,
     pub(crate) data_dir: PathBuf,
 }
 
@@ -88,7 +91,19 @@ impl JobsConfig {
                 Err(e) => tracing::error!(job = %name, error = %e, "job not scheduled"),
             }
         }
-        Self { jobs: Arc::new(config.jobs.clone()), schedules: Arc::new(schedules), data_dir: config.data_dir.clone() }
+        // The worker records them as `job "<name>"` in the config's disabled items.
+        let unavailable = config
+            .disabled
+            .iter()
+            .filter_map(|(what, why)| Some((what.strip_prefix("job \"")?.strip_suffix('"')?.to_string(), why.clone())))
+            .filter(|(name, _)| config.jobs.contains_key(name))
+            .collect();
+        Self {
+            jobs: Arc::new(config.jobs.clone()),
+            schedules: Arc::new(schedules),
+            unavailable: Arc::new(unavailable),
+            data_dir: config.data_dir.clone(),
+        }
     }
 }
 

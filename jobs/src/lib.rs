@@ -24,10 +24,28 @@ pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
 use lamplighter_config::{Config, Diagnostic, Target};
 use lamplighter_plugins::Registry;
 
+/// What the scheduler and the plugins find in a config.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Mistakes in the config: a worker refuses to start (or reload) with any.
+    pub errors: Vec<Diagnostic>,
+    /// Jobs the environment breaks (their plugin did not load): a running worker disables
+    /// them with the reason and runs the rest; `config validate` reports them as errors.
+    pub unavailable: Vec<Unavailable>,
+}
+
+/// A job the environment breaks.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    pub job: String,
+    pub reason: String,
+    pub diagnostic: Diagnostic,
+}
+
 /// Checks what the config crate cannot: schedules parse, and plugin jobs name actions that
-/// exist. Returns every problem with its location.
-pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
-    let mut out = Vec::new();
+/// exist and plugins that loaded.
+pub fn check(config: &Config, registry: &Registry) -> Checked {
+    let mut out = Checked::default();
     for (name, job) in &config.jobs {
         if let Some(spec) = &job.schedule
             && let Err(e) = Schedule::from_spec(spec, &job.timezone)
@@ -37,24 +55,40 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
                 lamplighter_config::ScheduleSpec::Every(_) => "every",
                 lamplighter_config::ScheduleSpec::At(_) => "at",
             };
-            out.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
+            out.errors.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
         }
         if let Target::Plugin { plugin, action } = &job.target
             && !registry.has_action(plugin, action)
         {
-            out.push(Diagnostic::error(
-                config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"])),
-                match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
-                    Some(why) => format!(
-                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", but plugin \"{plugin}\" could not be loaded: {why}"
-                    ),
-                    None => format!(
+            let at =
+                config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"]));
+            match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
+                Some(why) => {
+                    let reason = format!("plugin \"{plugin}\" could not be loaded: {why}");
+                    out.unavailable.push(Unavailable {
+                        job: name.clone(),
+                        diagnostic: Diagnostic::error(at, format!("job \"{name}\" runs plugin action \"{plugin}.{action}\", but {reason}")),
+                        reason,
+                    });
+                }
+                None => out.errors.push(Diagnostic::error(
+                    at,
+                    format!(
                         "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
                         registry.action_names().join(", ")
                     ),
-                },
-            ));
+                )),
+            }
         }
     }
+    out
+}
+
+/// Every problem [`check`] finds, as `config validate` reports them (jobs the environment
+/// breaks are errors there too).
+pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
+    let checked = check(config, registry);
+    let mut out = checked.errors;
+    out.extend(checked.unavailable.into_iter().map(|u| u.diagnostic));
     out
 }

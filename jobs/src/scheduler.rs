@@ -96,7 +96,7 @@ async fn build_plan(shared: &Shared) -> Plan {
     let mut plan = Plan::default();
     for (name, cfg) in jobs.iter() {
         let paused = states.get(name).is_some_and(|s| s.paused);
-        if !cfg.enabled || paused {
+        if !cfg.enabled || paused || snapshot.unavailable.contains_key(name) {
             continue;
         }
         let Some(schedule) = schedules.get(name).cloned() else { continue };

@@ -25,6 +25,8 @@ pub enum ServiceError {
     RunNotFound { id: String },
     #[error("run \"{id}\" is already {status} and cannot be cancelled")]
     NotCancellable { id: String, status: RunStatus },
+    #[error("job \"{name}\" is disabled: {reason}")]
+    JobDisabled { name: String, reason: String },
     #[error("{0}")]
     InvalidArgument(String),
     #[error(transparent)]
@@ -45,6 +47,10 @@ pub struct JobSummary {
     pub timezone: String,
     /// `enabled: false` in config.
     pub enabled: bool,
+    /// Why the worker cannot run this job (e.g. its plugin did not load); it is not
+    /// scheduled and cannot be triggered until a restart fixes that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<String>,
     /// Paused at run time (persisted).
     pub paused: bool,
     pub pause_reason: Option<String>,
@@ -170,7 +176,8 @@ impl Engine {
         now: DateTime<Utc>,
     ) -> JobSummary {
         let paused = state.is_some_and(|s| s.paused);
-        let next_fire = if job.enabled && !paused { schedule.and_then(|s| s.next_after(now)) } else { None };
+        let disabled = self.shared.snapshot().unavailable.get(&job.name).cloned();
+        let next_fire = if job.enabled && !paused && disabled.is_none() { schedule.and_then(|s| s.next_after(now)) } else { None };
         JobSummary {
             name: job.name.clone(),
             description: job.description.clone(),
@@ -179,6 +186,7 @@ impl Engine {
             schedule: schedule_text(&job.schedule),
             timezone: job.timezone.clone(),
             enabled: job.enabled,
+            disabled,
             paused,
             pause_reason: state.and_then(|s| s.pause_reason.clone()),
             paused_at: state.and_then(|s| s.paused_at),
@@ -284,6 +292,9 @@ impl Engine {
     /// Starts a run now, paused or not. Returns at once with the run id.
     pub async fn trigger_job(&self, name: &str, req: TriggerRequest) -> Result<Triggered, ServiceError> {
         let job = self.job_or_err(name)?;
+        if let Some(reason) = self.shared.snapshot().unavailable.get(name) {
+            return Err(ServiceError::JobDisabled { name: name.to_string(), reason: reason.clone() });
+        }
         if let Some(k) = &req.idempotency_key
             && (k.is_empty() || k.len() > 200)
         {

@@ -10,9 +10,18 @@ use lamplighter_plugins::{Registry, WasmOptions};
 
 use crate::LogFormat;
 
+/// What a config is loaded for: checking it (every problem is an error), or running it (a job
+/// the environment breaks, such as one whose plugin did not load, is disabled with the reason
+/// and the rest runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    Check,
+    Run,
+}
+
 /// Loads and fully validates the config (including what only the scheduler and plugins know),
 /// and loads the plugins it names.
-pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
+pub(crate) fn load_checked(path: Option<PathBuf>, purpose: Purpose) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
     let (config, mut diags) = load(path);
     let registry = Arc::new(config.as_ref().map_or_else(Registry::builtin, registry_for));
     if config.is_some() {
@@ -22,14 +31,14 @@ pub(crate) fn load_checked(path: Option<PathBuf>) -> Result<(Loaded, Arc<Registr
             }
         }
     }
-    check(config, diags, &registry).map(|l| (l, registry))
+    check(config, diags, &registry, purpose).map(|l| (l, registry))
 }
 
 /// As [`load_checked`], against the plugins already loaded (a reload keeps the worker's
 /// plugins; changing `plugins.dirs` needs a restart).
 pub(crate) fn reload_checked(path: Option<PathBuf>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
     let (config, diags) = load(path);
-    check(config, diags, registry)
+    check(config, diags, registry, Purpose::Run)
 }
 
 fn load(path: Option<PathBuf>) -> (Option<Config>, Vec<Diagnostic>) {
@@ -37,9 +46,18 @@ fn load(path: Option<PathBuf>) -> (Option<Config>, Vec<Diagnostic>) {
 }
 
 /// Adds what the scheduler and the plugins find wrong, then decides.
-fn check(config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
-    if let Some(c) = &config {
-        diags.extend(lamplighter_jobs::validate(c, registry));
+fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Registry, purpose: Purpose) -> Result<Loaded, Vec<Diagnostic>> {
+    if let Some(c) = &mut config {
+        let checked = lamplighter_jobs::check(c, registry);
+        diags.extend(checked.errors);
+        for u in checked.unavailable {
+            match purpose {
+                Purpose::Check => diags.push(u.diagnostic),
+                Purpose::Run => {
+                    c.disabled.insert(format!("job \"{}\"", u.job), u.reason);
+                }
+            }
+        }
     }
     lamplighter_config::finish(config, diags).map_err(|e| e.0)
 }
@@ -66,7 +84,7 @@ pub(crate) fn print_diags(diags: &[Diagnostic]) {
 }
 
 pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
-    match load_checked(path) {
+    match load_checked(path, Purpose::Check) {
         Ok((l, _)) => {
             print_diags(&l.warnings);
             for (what, why) in &l.config.disabled {
@@ -92,7 +110,7 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
 }
 
 pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
-    match load_checked(path) {
+    match load_checked(path, Purpose::Check) {
         Ok((l, _)) => {
             print!("{}", lamplighter_config::show(&l.config));
             ExitCode::SUCCESS
@@ -105,7 +123,7 @@ pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
 }
 
 pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
-    let loaded = match load_checked(path) {
+    let loaded = match load_checked(path, Purpose::Run) {
         Ok((l, _)) => l,
         Err(diags) => {
             print_diags(&diags);

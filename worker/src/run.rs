@@ -18,11 +18,11 @@ use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
-use crate::commands::{load_checked, print_diags, reload_checked};
+use crate::commands::{Purpose, load_checked, print_diags, reload_checked};
 use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
 
 pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
-    let (loaded, registry) = match load_checked(path.clone()) {
+    let (loaded, registry) = match load_checked(path.clone(), Purpose::Run) {
         Ok(l) => l,
         Err(diags) => {
             print_diags(&diags);

@@ -149,6 +149,44 @@ fn a_second_worker_on_the_same_database_is_refused() {
     a.wait_for("the first worker keeps running", Duration::from_secs(10), |r| r.len() >= n + 2);
 }
 
+#[test]
+fn a_job_whose_plugin_does_not_load_is_disabled_and_the_rest_runs() {
+    let mut w = Worker::new(&format!("{EVERY_SECOND}broken:\n  type: plugin\n  plugin: broken-plugin\n  action: run\n  every: 1s\n"));
+    let folder = w.dir.path().join("plugins/broken-plugin");
+    std::fs::create_dir_all(&folder).unwrap();
+    let manifest = r#"{"name": "broken-plugin", "version": "0.1.0", "type": "wasm", "entry": "plugin.wasm",
+        "exports": {"actions": [{"name": "run", "parameters": {"type": "object"}}]}}"#;
+    std::fs::write(folder.join("manifest.json"), manifest).unwrap();
+    std::fs::write(folder.join("plugin.wasm"), b"this is not a wasm module").unwrap();
+    let mut text = std::fs::read_to_string(w.config_path()).unwrap();
+    text.push_str(&format!("plugins:\n  dirs: [\"{}\"]\n", w.dir.path().join("plugins").display()));
+    std::fs::write(w.config_path(), text).unwrap();
+
+    // `config validate` still calls it an error.
+    let out =
+        std::process::Command::new(crate::support::bin()).args(["config", "validate", "--config"]).arg(w.config_path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("job \"broken\"") && err.contains("could not be loaded"), "{err}");
+
+    // The worker starts, runs the other job, and shows why this one does not run.
+    w.start();
+    let runs = w.wait_for("the healthy job runs three times", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.job == "tick" && r.status == "succeeded").count() >= 3
+    });
+    assert!(!runs.iter().any(|r| r.job == "broken"), "the disabled job ran: {runs:#?}");
+    let (code, out, _) = w.ctl(&["-o", "json", "jobs", "show", "broken"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"disabled\"") && out.contains("could not be loaded"), "{out}");
+    let (code, out, _) = w.ctl(&["jobs", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.lines().any(|l| l.contains("broken") && l.contains("unavailable")), "{out}");
+    let (code, _, err) = w.ctl(&["jobs", "trigger", "broken"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("job \"broken\" is disabled: plugin \"broken-plugin\" could not be loaded"), "{err}");
+    assert!(w.log().contains("job \"broken\" is disabled"), "{}", w.log());
+}
+
 fn chrono_now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
