@@ -16,7 +16,7 @@ use lamplighter_config::{Config, JobConfig, StorageConfig};
 
 use crate::clock::Clock;
 use crate::decide::StopReason;
-use crate::executor::{self, Queue, Running};
+use crate::executor::{self, Executors, Queue, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::schedule::Schedule;
@@ -51,7 +51,9 @@ pub(crate) struct Shared {
     pub(crate) scheduler_alive: AtomicBool,
     pub(crate) running: Mutex<HashMap<String, Arc<Running>>>,
     /// Every run from before its claim until its end is recorded; closed by the drain.
-    pub(crate) gate: Gate,
+    pub(crate) gate: Arc<Gate>,
+    /// The `worker.concurrency` slots and the claimer's way in.
+    pub(crate) executors: Executors,
     /// Run ids as they finish, for `wait`.
     pub(crate) finished: broadcast::Sender<String>,
     queue: Queue,
@@ -138,13 +140,6 @@ impl Shared {
     pub(crate) fn run_finished(&self, id: &str) {
         let _ = self.finished.send(id.to_string());
         self.wake_scheduler();
-    }
-
-    /// Hands a queued run to apalis (task and `dispatched_at` in one transaction).
-    pub(crate) async fn push(&self, run_id: &str, now: DateTime<Utc>) -> Result<(), String> {
-        self.store.dispatch(run_id, now).await.map_err(|e| e.to_string())?;
-        self.wake_queue();
-        Ok(())
     }
 
     /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
@@ -237,9 +232,11 @@ pub struct Engine {
 struct Tasks {
     stop_scheduler: CancellationToken,
     stop_queue: CancellationToken,
+    stop_executors: CancellationToken,
     scheduler: tokio::task::JoinHandle<()>,
     housekeeper: tokio::task::JoinHandle<()>,
     queue: tokio::task::JoinHandle<Result<(), String>>,
+    executors: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// How to start the engine.
@@ -293,6 +290,7 @@ impl Engine {
         let store = Store::open(&path).await?;
         store.migrate().await?;
         let (queue_wake, queue_rx) = mpsc::unbounded();
+        let (executors, executor_rx) = Executors::new(config.worker.concurrency);
         let (finished, _) = broadcast::channel(1024);
         let now = opts.clock.now();
         let shared = Arc::new(Shared {
@@ -307,7 +305,8 @@ impl Engine {
             replan: AtomicBool::new(true),
             scheduler_alive: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
-            gate: Gate::new(),
+            gate: Arc::new(Gate::new()),
+            executors,
             finished,
             queue_wake,
             prune_pending: Mutex::new(BTreeSet::new()),
@@ -318,12 +317,22 @@ impl Engine {
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
         let stop_queue = CancellationToken::new();
+        let stop_executors = CancellationToken::new();
+        let executor_tasks = executor::start(&shared, executor_rx, stop_executors.clone());
         let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
         let queue = tokio::spawn(executor::run_worker(shared.clone(), shared.queue.clone(), queue_rx, stop_queue.clone()));
         Ok(Engine {
             shared,
-            tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_queue, scheduler, housekeeper, queue }))),
+            tasks: Arc::new(Mutex::new(Some(Tasks {
+                stop_scheduler,
+                stop_queue,
+                stop_executors,
+                scheduler,
+                housekeeper,
+                queue,
+                executors: executor_tasks,
+            }))),
             _lock: Arc::new(lock),
         })
     }
@@ -383,6 +392,10 @@ impl Engine {
             }
         }
         tasks.stop_queue.cancel();
+        tasks.stop_executors.cancel();
+        for t in tasks.executors {
+            let _ = tokio::time::timeout(STOP_TASK, t).await;
+        }
         match tokio::time::timeout(STOP_TASK, tasks.queue).await {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "queue worker"),
             Err(_) => tracing::warn!("queue worker did not stop in time"),

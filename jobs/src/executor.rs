@@ -1,19 +1,30 @@
-//! Execution: the apalis worker that takes runs off the queue and runs their target with a
-//! [`RunContext`], the job's timeout and cancellation; the run's end and its retry are decided
-//! by `decide` (apalis gets one attempt per task; its own retry has no backoff).
+//! Execution: `concurrency` slots, and the three steps every run takes through them.
+//!
+//! - **Claim**: runs arrive by id — handed over by the scheduler or a trigger right after their
+//!   transaction (with a slot already reserved), or delivered by the apalis queue (which waits
+//!   for a slot). The claimer takes whatever has arrived and claims it in one statement.
+//! - **Run**: each claimed run gets its own task with a [`RunContext`], the job's timeout and
+//!   cancellation; its target runs in a further task, so a panic fails that run and nothing else.
+//! - **Record**: the recorder writes the ends of whatever runs have finished in one statement,
+//!   then frees their slots, schedules retries and tells waiters.
+//!
+//! A run holds a drain [`Pass`] from before its claim until its end is recorded.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use apalis::prelude::*;
 use apalis_sqlite::{Config as QueueConfig, SqliteStorage};
-use futures::channel::mpsc;
+use futures::channel::mpsc as fmpsc;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::decide::{StopReason, next_attempt, settle};
+use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::engine::Shared;
-use crate::run::{Run, RunStatus};
+use crate::gate::Pass;
+use crate::run::{Outcome, Run, RunStatus};
+use crate::store::RunEnd;
 use crate::target::{JobSnapshot, RunContext};
 
 /// The apalis queue name (otherwise it would be the Rust type path).
@@ -31,6 +42,9 @@ pub(crate) type Queue = SqliteStorage<RunTask>;
 /// Lamplighter does not rely on (one worker per SQLite file, held by a file lock; orphaned runs
 /// are recovered from `ll_runs` at start). A daily beat keeps an idle worker asleep.
 const QUEUE_HEARTBEAT: Duration = Duration::from_secs(24 * 3600);
+
+/// Claims and ends are written in batches of at most this many runs.
+const BATCH: usize = 1024;
 
 pub(crate) fn queue(pool: &apalis_sqlite::SqlitePool, concurrency: usize) -> Queue {
     SqliteStorage::new(pool)
@@ -52,86 +66,154 @@ impl Running {
     }
 }
 
-/// Runs the apalis worker until `stop` is cancelled; in-flight runs are handled by the engine's
-/// drain before this returns.
-pub(crate) async fn run_worker(
-    shared: Arc<Shared>,
-    queue: Queue,
-    wake: mpsc::UnboundedReceiver<()>,
-    stop: CancellationToken,
-) -> Result<(), String> {
-    // apalis refuses to register a worker id seen within its heartbeat window, so a restart
-    // under a configured `worker.name` would stall; its id is unique per process instead.
-    let name = format!("{}-q-{}", shared.worker_name, ulid::Ulid::generate());
-    let concurrency = shared.concurrency;
-    WorkerBuilder::new(name)
-        .backend(queue.poll_with_stream(wake))
-        .data(shared)
-        .concurrency(concurrency)
-        .build(handle)
-        .run_until(async move {
-            stop.cancelled_owned().await;
-            Ok::<(), std::io::Error>(())
-        })
-        .await
-        .map_err(|e| format!("queue worker stopped: {e}"))
+/// A run id with the slot it will run in.
+struct Submitted {
+    id: String,
+    slot: OwnedSemaphorePermit,
 }
 
-async fn handle(task: RunTask, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
-    let shared: Arc<Shared> = (*shared).clone();
-    // Past the gate before the claim, and holding the pass until the end is recorded: a drain
-    // that finds no pass out has nothing left to record. Once the gate is closed the run is
-    // not claimed; it stays queued for the next start.
-    let Some(_pass) = shared.gate.enter() else {
-        return Ok(());
-    };
-    // The run executes in its own task: a panic there fails the run, not the worker.
-    let id = task.run_id.clone();
-    let s = shared.clone();
-    let res = tokio::spawn(async move { execute(s, &task.run_id).await }).await;
-    if let Err(e) = res {
-        let now = shared.clock.now();
-        let why = format!("the run panicked: {e}");
-        match shared.store.finish(&id, RunStatus::Failed, None, Some(&why), now).await {
-            Ok(_) => tracing::error!(run = %id, "{why}"),
-            Err(e) => tracing::error!(run = %id, error = %e, "cannot record a panicked run"),
-        }
-        // Its slot is freed whatever the store said.
-        shared.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        shared.run_finished(&id);
+/// A run that ended, on its way to the recorder.
+struct Finished {
+    run: Run,
+    end: Settled,
+    slot: OwnedSemaphorePermit,
+    pass: Pass,
+}
+
+/// The slots and the way in. Owned by `Shared`; the claimer and recorder tasks hold the other
+/// ends of its channels.
+#[derive(Debug)]
+pub(crate) struct Executors {
+    slots: Arc<Semaphore>,
+    submit: mpsc::UnboundedSender<Submitted>,
+}
+
+impl std::fmt::Debug for Submitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id)
     }
-    Ok(())
 }
 
-async fn execute(shared: Arc<Shared>, run_id: &str) {
-    let now = shared.clock.now();
-    let (run, snapshot) = match shared.store.claim(run_id, &shared.worker_name, now).await {
-        Ok(Some(claimed)) => claimed,
-        Ok(None) => return, // cancelled while queued, or already taken
-        Err(e) => {
-            tracing::error!(run = run_id, error = %e, "cannot claim run");
-            return;
-        }
-    };
-    let entry = Arc::new(Running { token: CancellationToken::new(), reason: std::sync::Mutex::new(None) });
-    shared.running.lock().unwrap_or_else(|e| e.into_inner()).insert(run_id.to_string(), entry.clone());
-    tracing::info!(run = run_id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
+/// The receiving ends, taken by [`start`].
+pub(crate) struct Receivers {
+    submitted: mpsc::UnboundedReceiver<Submitted>,
+}
 
+impl Executors {
+    pub(crate) fn new(concurrency: usize) -> (Self, Receivers) {
+        let (submit, submitted) = mpsc::unbounded_channel();
+        (Self { slots: Arc::new(Semaphore::new(concurrency.max(1))), submit }, Receivers { submitted })
+    }
+
+    /// Takes up to `n` free slots, without waiting.
+    pub(crate) fn reserve(&self, n: usize) -> Vec<OwnedSemaphorePermit> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(p) => out.push(p),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// Hands a dispatched run to the claimer, in the slot reserved for it.
+    pub(crate) fn submit(&self, id: String, slot: OwnedSemaphorePermit) {
+        // The claimer lives as long as the engine; after it stops the run stays queued.
+        let _ = self.submit.send(Submitted { id, slot });
+    }
+
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().acquire_owned().await.ok()
+    }
+}
+
+/// Starts the claimer and the recorder; they stop when `stop` is cancelled (after the drain).
+pub(crate) fn start(shared: &Arc<Shared>, rx: Receivers, stop: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    vec![
+        tokio::spawn(claimer(shared.clone(), rx.submitted, finished_tx, stop.clone())),
+        tokio::spawn(recorder(shared.clone(), finished_rx, stop)),
+    ]
+}
+
+/// Takes everything that has arrived (up to [`BATCH`]) and claims it in one statement.
+async fn claimer(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<Submitted>,
+    finished: mpsc::UnboundedSender<Finished>,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
+            () = stop.cancelled() => return,
+        }
+        // Past the gate before the claim: once it is closed nothing more is claimed, and the
+        // runs stay queued for the next start.
+        let mut admitted: Vec<(Submitted, Pass)> = Vec::with_capacity(batch.len());
+        for s in batch.drain(..) {
+            if let Some(pass) = shared.gate.enter() {
+                admitted.push((s, pass));
+            }
+        }
+        if admitted.is_empty() {
+            continue;
+        }
+        let ids: Vec<String> = admitted.iter().map(|(s, _)| s.id.clone()).collect();
+        let now = shared.clock.now();
+        let claimed = match shared.store.claim_many(&ids, &shared.worker_name, now).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(runs = ids.len(), error = %e, "cannot claim runs; they stay queued");
+                if let Err(e) = shared.store.undispatch(&ids).await {
+                    tracing::error!(error = %e, "cannot re-queue runs; they run at the next start");
+                }
+                shared.wake_scheduler();
+                continue;
+            }
+        };
+        let mut by_id: std::collections::HashMap<String, (Run, Option<JobSnapshot>)> =
+            claimed.into_iter().map(|(r, s)| (r.id.clone(), (r, s))).collect();
+        for (s, pass) in admitted {
+            // Not claimed: cancelled while queued, or already taken. Slot and pass go back.
+            let Some((run, snapshot)) = by_id.remove(&s.id) else { continue };
+            tokio::spawn(run_one(shared.clone(), run, snapshot, s.slot, pass, finished.clone()));
+        }
+    }
+}
+
+/// One claimed run: its target in a task of its own, so that a panic becomes this run's end.
+async fn run_one(
+    shared: Arc<Shared>,
+    run: Run,
+    snapshot: Option<JobSnapshot>,
+    slot: OwnedSemaphorePermit,
+    pass: Pass,
+    finished: mpsc::UnboundedSender<Finished>,
+) {
+    let entry = Arc::new(Running { token: CancellationToken::new(), reason: std::sync::Mutex::new(None) });
+    shared.running.lock().unwrap_or_else(|e| e.into_inner()).insert(run.id.clone(), entry.clone());
+    tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
+    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry)).await {
+        Ok(end) => end,
+        Err(e) => Settled { status: RunStatus::Failed, output: None, error: Some(format!("the run panicked: {e}")), retry: false },
+    };
+    // The recorder lives until the drain is over; if it is gone the process is stopping and
+    // the run is recovered at the next start.
+    let _ = finished.send(Finished { run, end, slot, pass });
+}
+
+async fn execute(shared: Arc<Shared>, run: Run, snapshot: Option<JobSnapshot>, entry: Arc<Running>) -> Settled {
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
     let snapshot = snapshot.or_else(|| shared.job(&run.job).map(|j| JobSnapshot::of(&j)));
     let outcome = match snapshot {
-        None => Some(crate::run::Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
+        None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
             let job = Arc::new(job);
-            let ctx = RunContext::new(
-                run.clone(),
-                job.clone(),
-                entry.token.clone(),
-                shared.data_dir(),
-                shared.store.clone(),
-                shared.clock.clone(),
-            );
+            let ctx = RunContext::new(run, job.clone(), entry.token.clone(), shared.data_dir(), shared.store.clone(), shared.clock.clone());
             let work = shared.targets.run(ctx);
             let limit = async {
                 match job.timeout() {
@@ -152,19 +234,56 @@ async fn execute(shared: Arc<Shared>, run_id: &str) {
         }
     };
     let stop = entry.reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let end = settle(outcome, stop);
-    let now = shared.clock.now();
-    if let Err(e) = shared.store.finish(run_id, end.status, end.output.as_ref(), end.error.as_deref(), now).await {
-        tracing::error!(run = run_id, error = %e, "cannot record the end of a run");
+    settle(outcome, stop)
+}
+
+/// Writes the ends of whatever runs have finished (up to [`BATCH`]) in one statement, then
+/// frees their slots and passes.
+async fn recorder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>, stop: CancellationToken) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
+            () = stop.cancelled() => return,
+        }
+        let now = shared.clock.now();
+        let ends: Vec<RunEnd<'_>> = batch
+            .iter()
+            .map(|f| RunEnd { id: &f.run.id, status: f.end.status, output: f.end.output.as_ref(), error: f.end.error.as_deref() })
+            .collect();
+        let mut recorded = false;
+        for attempt in 1..=3 {
+            match shared.store.finish_many(&ends, now).await {
+                Ok(_) => {
+                    recorded = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+            }
+        }
+        drop(ends);
+        for f in batch.drain(..) {
+            // Only now, with the end recorded (or given up on: the run is recovered as
+            // interrupted at the next start), does the run leave the running map.
+            shared.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&f.run.id);
+            if f.end.status == RunStatus::Failed && f.end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
+                tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
+            }
+            tracing::info!(run = %f.run.id, job = %f.run.job, status = f.end.status.as_str(), error = f.end.error.as_deref().unwrap_or(""), "run finished");
+            if recorded && f.end.retry {
+                schedule_retry(&shared, &f.run, now).await;
+            }
+            shared.prune_soon(&f.run.job);
+            shared.run_finished(&f.run.id);
+            drop(f.slot);
+            drop(f.pass);
+        }
+        // Slots are free: the queue may deliver what waits there.
+        shared.wake_queue();
     }
-    // Only now, with the end recorded, does the run leave the running map.
-    shared.running.lock().unwrap_or_else(|e| e.into_inner()).remove(run_id);
-    tracing::info!(run = run_id, job = %run.job, status = end.status.as_str(), error = end.error.as_deref().unwrap_or(""), "run finished");
-    if end.retry {
-        schedule_retry(&shared, &run, now).await;
-    }
-    shared.prune_soon(&run.job);
-    shared.run_finished(run_id);
 }
 
 /// Schedules the next attempt of a failed run after the job's backoff, if its policy allows.
@@ -176,4 +295,44 @@ async fn schedule_retry(shared: &Shared, run: &Run, now: chrono::DateTime<chrono
         Err(e) => tracing::error!(run = %run.id, error = %e, "cannot schedule a retry"),
     }
     shared.wake_scheduler();
+}
+
+/// Runs the apalis worker until `stop` is cancelled. It delivers the runs that were not handed
+/// over directly: each waits for a free slot, then goes to the claimer.
+pub(crate) async fn run_worker(
+    shared: Arc<Shared>,
+    queue: Queue,
+    wake: fmpsc::UnboundedReceiver<()>,
+    stop: CancellationToken,
+) -> Result<(), String> {
+    // apalis refuses to register a worker id seen within its heartbeat window, so a restart
+    // under a configured `worker.name` would stall; its id is unique per process instead.
+    let name = format!("{}-q-{}", shared.worker_name, ulid::Ulid::generate());
+    let concurrency = shared.concurrency;
+    WorkerBuilder::new(name)
+        .backend(queue.poll_with_stream(wake))
+        .data(shared)
+        .concurrency(concurrency)
+        .build(deliver)
+        .run_until(async move {
+            stop.cancelled_owned().await;
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+        .map_err(|e| format!("queue worker stopped: {e}"))
+}
+
+async fn deliver(task: RunTask, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
+    let shared: Arc<Shared> = (*shared).clone();
+    // Waiting for a slot holds no drain pass: a closed gate ends the wait, and the run stays
+    // queued for the next start.
+    tokio::select! {
+        slot = shared.executors.slot() => {
+            if let Some(slot) = slot {
+                shared.executors.submit(task.run_id, slot);
+            }
+        }
+        () = shared.gate.closed() => {}
+    }
+    Ok(())
 }

@@ -18,8 +18,8 @@ pub(crate) struct Gate {
 
 /// Held by one run from before its claim until its end is recorded (or the claim found nothing).
 #[derive(Debug)]
-pub(crate) struct Pass<'a> {
-    gate: &'a Gate,
+pub(crate) struct Pass {
+    gate: std::sync::Arc<Gate>,
 }
 
 impl Gate {
@@ -30,7 +30,7 @@ impl Gate {
     /// A pass, or `None` once the gate is closed (the run stays queued for the next start).
     /// Entering and closing are ordered by the channel's lock: a run that got a pass is
     /// counted by every later `idle`.
-    pub(crate) fn enter(&self) -> Option<Pass<'_>> {
+    pub(crate) fn enter(self: &std::sync::Arc<Self>) -> Option<Pass> {
         self.state
             .send_if_modified(|s| {
                 if s.closed {
@@ -40,11 +40,17 @@ impl Gate {
                     true
                 }
             })
-            .then(|| Pass { gate: self })
+            .then(|| Pass { gate: self.clone() })
     }
 
     pub(crate) fn close(&self) {
         self.state.send_modify(|s| s.closed = true);
+    }
+
+    /// Resolves once the gate is closed.
+    pub(crate) async fn closed(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| s.closed).await;
     }
 
     /// Resolves once no pass is out.
@@ -59,7 +65,7 @@ impl Gate {
     }
 }
 
-impl Drop for Pass<'_> {
+impl Drop for Pass {
     fn drop(&mut self) {
         self.gate.state.send_modify(|s| s.passes -= 1);
     }
@@ -71,7 +77,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_gate_admits_nobody_and_idle_waits_for_every_pass() {
-        let gate = Gate::new();
+        let gate = std::sync::Arc::new(Gate::new());
         let a = gate.enter().expect("open gate admits");
         let b = gate.enter().expect("open gate admits");
         gate.close();

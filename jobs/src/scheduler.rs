@@ -62,7 +62,10 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         }
         let now = shared.clock.now();
         fire_due(&shared, &mut plan, now).await;
-        dispatch_due(&shared, now).await;
+        if dispatch_due(&shared, now).await {
+            // A backlog larger than one batch: hand over the next batch at once.
+            shared.wake_scheduler();
+        }
         shared.scheduler_alive.store(true, Ordering::SeqCst);
 
         let next_tick = plan.order.first().map(|(t, _)| *t);
@@ -208,12 +211,15 @@ fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigge
 
 async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
-    let outcomes = match shared.store.fire_ticks(batch, now).await {
+    // Free slots now: that many of the runs go straight to the executors after the commit.
+    let mut slots = shared.executors.reserve(batch.len());
+    let outcomes = match shared.store.fire_ticks(batch, slots.len(), now).await {
         Ok(o) => o,
         Err(e) => {
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
             // ticks are fired again (or caught up) once the database answers.
             tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");
+            drop(slots);
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             shared.replan();
             return;
@@ -225,7 +231,12 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
             tracing::debug!(job = %job, %tick, "tick already fired");
             continue;
         };
-        pushed |= o.dispatched;
+        if o.handed
+            && let Some(slot) = slots.pop()
+        {
+            shared.executors.submit(o.run_id.clone(), slot);
+        }
+        pushed |= o.pushed;
         if o.status == RunStatus::Skipped {
             tracing::info!(job = %job, %tick, run = %o.run_id, "tick skipped");
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
@@ -240,18 +251,21 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
     }
 }
 
-/// Hands due queued runs to the queue, holding back runs of `overlap: queue` jobs while an
-/// earlier run of the same job is going.
-pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) {
+/// Hands due queued runs over (directly to free slots, the rest through the queue), holding
+/// back runs of `overlap: queue` jobs while an earlier run of the same job is going. Returns
+/// true when it stopped at its batch limit and more may be due.
+pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) -> bool {
     let due = match shared.store.due_undispatched(now).await {
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "cannot read due runs");
-            return;
+            return false;
         }
     };
+    let more = due.len() >= crate::store::DUE_BATCH;
     let jobs = shared.jobs();
     let mut held: Vec<String> = Vec::new();
+    let mut ready: Vec<String> = Vec::with_capacity(due.len());
     for (id, job) in due {
         let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
         if queue_policy {
@@ -261,8 +275,25 @@ pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) {
             }
             held.push(job);
         }
-        if let Err(e) = shared.push(&id, now).await {
-            tracing::error!(run = %id, error = %e, "cannot hand run to the queue");
-        }
+        ready.push(id);
     }
+    if ready.is_empty() {
+        return more;
+    }
+    let mut slots = shared.executors.reserve(ready.len());
+    let queued = ready.split_off(slots.len());
+    match shared.store.dispatch_many(&ready, &queued, now).await {
+        Ok(handed) => {
+            for id in handed {
+                if let Some(slot) = slots.pop() {
+                    shared.executors.submit(id, slot);
+                }
+            }
+            if !queued.is_empty() {
+                shared.wake_queue();
+            }
+        }
+        Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),
+    }
+    more
 }

@@ -323,8 +323,8 @@ impl Engine {
             snapshot: Some(snapshot),
         };
         let (run_id, created) = self.shared.store.insert_run(run, now).await?;
-        if created {
-            crate::scheduler::dispatch_due(&self.shared, now).await;
+        if created && crate::scheduler::dispatch_due(&self.shared, now).await {
+            self.shared.wake_scheduler();
         }
         Ok(Triggered { run_id, created })
     }

@@ -160,6 +160,9 @@ fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
     format!("({})", names.join(","))
 }
 
+/// How many due runs one dispatch pass hands over.
+pub(crate) const DUE_BATCH: usize = 2000;
+
 /// The statuses of runs still going, as an SQL list.
 static ACTIVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| status_list(RunStatus::active()));
 
@@ -260,19 +263,115 @@ impl Store {
         Ok(())
     }
 
-    /// Records ticks, all in one transaction: for each, the tick key (a tick already recorded
-    /// yields `None`: it fired before), its run, and — when the run can start now — its queue
-    /// task, so a tick is never recorded without its run being queued or vice versa.
+    /// Records every tick of one wake in one transaction, with a fixed number of statements
+    /// whatever their number: the tick keys (a tick already recorded yields `None`: it fired
+    /// before), the facts `decide_tick` needs, the runs as decided, each job's last tick, and
+    /// the queue tasks of runs that go through apalis. Of the runs that can start now, the
+    /// first `handoff` are marked for the executors directly (the caller holds a free slot for
+    /// each); the rest get a queue task in the same transaction. So a tick is never recorded
+    /// without its run being queued, or the reverse.
     pub(crate) async fn fire_ticks(
         &self,
         ticks: Vec<(NewRun, Overlap)>,
+        mut handoff: usize,
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a tick")?;
-        let mut out = Vec::with_capacity(ticks.len());
-        for (run, policy) in ticks {
-            out.push(fire_one(&mut tx, run, policy, now).await?);
+        let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
+        let keys: Vec<serde_json::Value> = ticks
+            .iter()
+            .zip(&ids)
+            .map(|((r, _), id)| serde_json::json!({"job": r.job, "at": ms(r.scheduled_at.unwrap_or(r.due_at)), "id": id}))
+            .collect();
+        let keys = serde_json::Value::from(keys).to_string();
+        let fresh: std::collections::HashSet<String> = sqlx::query_scalar(
+            "INSERT INTO ll_ticks (job, scheduled_at, run_id) SELECT value ->> 'job', value ->> 'at', value ->> 'id' FROM json_each(?1) WHERE true
+             ON CONFLICT DO NOTHING RETURNING run_id",
+        )
+        .bind(&keys)
+        .fetch_all(&mut *tx)
+        .await
+        .ctx("recording ticks")?
+        .into_iter()
+        .collect();
+        let jobs: std::collections::BTreeSet<&str> =
+            ticks.iter().zip(&ids).filter(|(_, id)| fresh.contains(*id)).map(|((r, _), _)| r.job.as_str()).collect();
+        let jobs_json = serde_json::to_string(&jobs).unwrap_or_else(|_| "[]".into());
+        let paused: std::collections::HashSet<String> =
+            sqlx::query_scalar("SELECT job FROM ll_job_state WHERE paused = 1 AND job IN (SELECT value FROM json_each(?1))")
+                .bind(&jobs_json)
+                .fetch_all(&mut *tx)
+                .await
+                .ctx("reading pause state")?
+                .into_iter()
+                .collect();
+        let sql = format!(
+            "SELECT job, id FROM ll_runs WHERE job IN (SELECT value FROM json_each(?1)) AND status IN {} ORDER BY enqueued_at, id",
+            *ACTIVE
+        );
+        let mut active: HashMap<String, Vec<String>> = HashMap::new();
+        for row in sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&jobs_json).fetch_all(&mut *tx).await.ctx("reading active runs")? {
+            active.entry(row.get("job")).or_default().push(row.get("id"));
         }
+        // Decide tick by tick, in order: a run this batch queued is active for the job's
+        // later ticks in it (caught-up ticks queue behind each other).
+        let mut out = Vec::with_capacity(ticks.len());
+        let mut rows = Vec::new();
+        let mut pushed = Vec::new();
+        let mut last_ticks: HashMap<String, i64> = HashMap::new();
+        for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
+            if !fresh.contains(&id) {
+                out.push(None);
+                continue;
+            }
+            let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
+            let job_active = active.entry(run.job.clone()).or_default();
+            let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
+            let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: false, pushed: false };
+            let mut hold = false;
+            match decision {
+                TickDecision::Start => job_active.push(id.clone()),
+                TickDecision::Hold => {
+                    hold = true;
+                    job_active.push(id.clone());
+                }
+                TickDecision::Skip(why) => {
+                    run.status = RunStatus::Skipped;
+                    run.error = Some(why);
+                }
+                TickDecision::Replace(old) => {
+                    outcome.replaced = old;
+                    *job_active = vec![id.clone()];
+                }
+            }
+            outcome.status = run.status;
+            let mut dispatched = None;
+            if run.status == RunStatus::Queued && !hold && run.due_at <= now {
+                dispatched = Some(ms(now));
+                if handoff > 0 {
+                    handoff -= 1;
+                    outcome.handed = true;
+                } else {
+                    outcome.pushed = true;
+                    pushed.push(id.clone());
+                }
+            }
+            rows.push(run_row(&id, &run, dispatched, now));
+            let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
+            *lt = (*lt).max(tick);
+            out.push(Some(outcome));
+        }
+        insert_rows(&mut tx, rows, now).await?;
+        let last: Vec<serde_json::Value> = last_ticks.iter().map(|(j, t)| serde_json::json!({"job": j, "at": t})).collect();
+        sqlx::query(
+            "INSERT INTO ll_job_state (job, last_tick) SELECT value ->> 'job', value ->> 'at' FROM json_each(?1) WHERE true
+             ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), excluded.last_tick)",
+        )
+        .bind(serde_json::Value::from(last).to_string())
+        .execute(&mut *tx)
+        .await
+        .ctx("saving the last ticks")?;
+        push_tasks(&mut tx, &pushed).await?;
         tx.commit().await.ctx("committing ticks")?;
         Ok(out)
     }
@@ -293,7 +392,7 @@ impl Store {
             }
         }
         let id = new_id();
-        insert_run(&mut tx, &id, &run, now).await?;
+        insert_rows(&mut tx, vec![run_row(&id, &run, None, now)], now).await?;
         if let Some(prev) = &run.retry_of {
             sqlx::query("UPDATE ll_runs SET next_run_id = ?1 WHERE id = ?2")
                 .bind(&id)
@@ -308,9 +407,10 @@ impl Store {
 
     /// Queued runs that are due and not handed to the queue yet, oldest first.
     pub(crate) async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
-        let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = ?2 AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT 500")
+        let rows = sqlx::query("SELECT id, job FROM ll_runs WHERE status = ?2 AND dispatched_at IS NULL AND due_at <= ?1 ORDER BY due_at, enqueued_at LIMIT ?3")
             .bind(ms(now))
             .bind(RunStatus::Queued.as_str())
+            .bind(DUE_BATCH as i64)
             .fetch_all(&self.pool)
             .await
             .ctx("reading due runs")?;
@@ -342,34 +442,99 @@ impl Store {
         Ok(n > 0)
     }
 
-    /// Hands a queued run to the queue (retries and runs held by `overlap: queue`).
-    pub(crate) async fn dispatch(&self, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+    /// Marks due queued runs dispatched, in one transaction: `handed` go to the executors
+    /// directly (the caller holds a slot for each), `queued` get an apalis task. Returns the
+    /// handed runs that were still undispatched (another caller may have taken some since
+    /// they were read); only those may be submitted.
+    pub(crate) async fn dispatch_many(&self, handed: &[String], queued: &[String], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a dispatch")?;
-        enqueue(&mut tx, id, now).await?;
-        tx.commit().await.ctx("committing a dispatch")
+        let mark =
+            "UPDATE ll_runs SET dispatched_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND dispatched_at IS NULL RETURNING id";
+        let marked: Vec<String> = sqlx::query_scalar(mark)
+            .bind(serde_json::to_string(handed).unwrap_or_default())
+            .bind(ms(now))
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("marking runs dispatched")?;
+        let to_push: Vec<String> = sqlx::query_scalar(mark)
+            .bind(serde_json::to_string(queued).unwrap_or_default())
+            .bind(ms(now))
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("marking runs dispatched")?;
+        push_tasks(&mut tx, &to_push).await?;
+        tx.commit().await.ctx("committing a dispatch")?;
+        Ok(marked)
     }
 
-    /// Takes a queued run for this worker; `None` when it is no longer queued (cancelled, or
-    /// already taken): the guard that makes a run execute at most once.
-    pub(crate) async fn claim(&self, id: &str, worker: &str, now: DateTime<Utc>) -> Result<Option<(Run, Option<JobSnapshot>)>, StoreError> {
-        let row = sqlx::query(concat!(
-            "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2 WHERE id = ?1 AND status = ?5 RETURNING job_snapshot, ",
+    /// Makes runs that were marked dispatched but never claimed (the claim failed) dispatchable
+    /// again.
+    pub(crate) async fn undispatch(&self, ids: &[String]) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE id IN (SELECT value FROM json_each(?1)) AND status = ?2")
+            .bind(serde_json::to_string(ids).unwrap_or_default())
+            .bind(RunStatus::Queued.as_str())
+            .execute(&self.pool)
+            .await
+            .ctx("re-queueing runs")?;
+        Ok(())
+    }
+
+    /// Takes queued runs for this worker in one statement; runs no longer queued (cancelled,
+    /// or already taken) are left out: the guard that makes a run execute at most once.
+    pub(crate) async fn claim_many(
+        &self,
+        ids: &[String],
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(Run, Option<JobSnapshot>)>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = ?5 RETURNING job_snapshot, ",
             run_cols!()
         ))
-        .bind(id)
+        .bind(serde_json::to_string(ids).unwrap_or_default())
         .bind(worker)
         .bind(ms(now))
         .bind(RunStatus::Running.as_str())
         .bind(RunStatus::Queued.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
-        .ctx("claiming a run")?;
+        .ctx("claiming runs")?;
         // A snapshot that does not parse (a damaged row) reads as none: the run then uses the
         // config in force, as rows from before snapshots do.
-        Ok(row.as_ref().map(|r| {
-            let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
-            (run_from_row(r), snapshot)
-        }))
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
+                (run_from_row(r), snapshot)
+            })
+            .collect())
+    }
+
+    /// Records the end of runs this worker claimed, in one statement. Returns the ids that
+    /// were still running (a run cancelled meanwhile keeps its first end).
+    pub(crate) async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        debug_assert!(ends.iter().all(|e| RunStatus::Running.can_become(e.status)));
+        let payload: Vec<serde_json::Value> = ends
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "id": e.id, "status": e.status.as_str(),
+                    "output": e.output.map(|o| o.to_string()), "error": e.error,
+                })
+            })
+            .collect();
+        let done: Vec<String> = sqlx::query_scalar(
+            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error, finished_at = ?2
+             FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status, value ->> 'output' AS output, value ->> 'error' AS error FROM json_each(?1)) AS j
+             WHERE ll_runs.id = j.id AND ll_runs.status = ?3 RETURNING ll_runs.id",
+        )
+        .bind(serde_json::Value::from(payload).to_string())
+        .bind(ms(now))
+        .bind(RunStatus::Running.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .ctx("finishing runs")?;
+        Ok(done)
     }
 
     /// Records the end of a running run. False when it was not running any more.
@@ -609,87 +774,74 @@ impl Store {
     }
 }
 
-async fn fire_one(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    run: NewRun,
-    active_policy: Overlap,
-    now: DateTime<Utc>,
-) -> Result<Option<TickOutcome>, StoreError> {
-    let tick = run.scheduled_at.unwrap_or(run.due_at);
-    let id = new_id();
-    let inserted = sqlx::query("INSERT INTO ll_ticks (job, scheduled_at, run_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
-        .bind(&run.job)
-        .bind(ms(tick))
-        .bind(&id)
-        .execute(&mut **tx)
-        .await
-        .ctx("recording a tick")?
-        .rows_affected();
-    if inserted == 0 {
-        return Ok(None);
-    }
-    let paused: Option<i64> = sqlx::query_scalar("SELECT paused FROM ll_job_state WHERE job = ?1")
-        .bind(&run.job)
-        .fetch_optional(&mut **tx)
-        .await
-        .ctx("reading pause state")?;
-    let sql = format!("SELECT id FROM ll_runs WHERE job = ?1 AND status IN {} ORDER BY enqueued_at", *ACTIVE);
-    let active: Vec<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(&run.job).fetch_all(&mut **tx).await.ctx("reading active runs")?;
-    // The store only reads the facts and records the decision; the policy is `decide_tick`'s.
-    let mut run = run;
-    let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), dispatched: false };
-    let mut hold = false;
-    match decide_tick(&TickFacts { paused: paused == Some(1), active: &active, overlap: active_policy }) {
-        TickDecision::Start => {}
-        TickDecision::Hold => hold = true,
-        TickDecision::Skip(why) => {
-            run.status = RunStatus::Skipped;
-            run.error = Some(why);
-        }
-        TickDecision::Replace(old) => outcome.replaced = old,
-    }
-    outcome.status = run.status;
-    insert_run(tx, &id, &run, now).await?;
-    sqlx::query("INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2) ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), ?2)")
-        .bind(&run.job)
-        .bind(ms(tick))
-        .execute(&mut **tx)
-        .await
-        .ctx("saving the last tick")?;
-    if run.status == RunStatus::Queued && !hold && run.due_at <= now {
-        enqueue(tx, &id, now).await?;
-        outcome.dispatched = true;
-    }
-    Ok(Some(outcome))
-}
-
-/// Hands a run to the apalis queue inside the caller's transaction and marks it dispatched.
+/// Pushes one apalis task per run id inside the caller's transaction (one multi-row insert).
 /// A new task id per hand-over: after a crash the old task may still sit locked by the dead
-/// worker; the claim in the executor runs the run once. A run already dispatched (by another
-/// caller since it was read) is left alone, so it never gets a second task.
-pub(crate) async fn enqueue(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+/// worker; the claim runs the run once.
+async fn push_tasks(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, ids: &[String]) -> Result<(), StoreError> {
     use apalis::prelude::{TaskBuilder, TaskId};
-    let marked = sqlx::query("UPDATE ll_runs SET dispatched_at = ?2 WHERE id = ?1 AND dispatched_at IS NULL")
-        .bind(id)
-        .bind(ms(now))
-        .execute(&mut **tx)
-        .await
-        .ctx("marking a run dispatched")?
-        .rows_affected();
-    if marked == 0 {
+    if ids.is_empty() {
         return Ok(());
     }
-    let args = serde_json::to_vec(&crate::executor::RunTask { run_id: id.to_string() })
-        .map_err(|e| StoreError { context: "encoding a queue task".into(), source: sqlx::Error::Protocol(e.to_string()) })?;
-    let task: apalis_sqlite::SqliteTask = TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build();
-    apalis_sqlite::queries::push_tasks(&mut **tx, crate::executor::QUEUE, &[task]).await.map_err(|e| StoreError {
+    let mut tasks: Vec<apalis_sqlite::SqliteTask> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let args = serde_json::to_vec(&crate::executor::RunTask { run_id: id.clone() })
+            .map_err(|e| StoreError { context: "encoding a queue task".into(), source: sqlx::Error::Protocol(e.to_string()) })?;
+        tasks.push(TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build());
+    }
+    apalis_sqlite::queries::push_tasks(&mut **tx, crate::executor::QUEUE, &tasks).await.map_err(|e| StoreError {
         context: "pushing to the queue".into(),
         source: match e {
             apalis_sqlite::Error::Database(e) => e,
             other => sqlx::Error::Protocol(other.to_string()),
         },
-    })?;
+    })
+}
+
+/// The end of one claimed run, for [`Store::finish_many`].
+#[derive(Debug, Clone)]
+pub(crate) struct RunEnd<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) status: RunStatus,
+    pub(crate) output: Option<&'a serde_json::Value>,
+    pub(crate) error: Option<&'a str>,
+}
+
+/// One `ll_runs` row as JSON for [`insert_rows`].
+fn run_row(id: &str, r: &NewRun, dispatched_at: Option<i64>, now: DateTime<Utc>) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "job": r.job, "trigger": r.trigger.as_str(), "status": r.status.as_str(),
+        "scheduled_at": r.scheduled_at.map(ms), "due_at": ms(r.due_at), "dispatched_at": dispatched_at,
+        "attempt": r.attempt, "input": r.input.as_ref().map(|v| v.to_string()),
+        "parameters": r.parameters.as_ref().map(|v| v.to_string()), "error": r.error,
+        "idempotency_key": r.idempotency_key, "retry_of": r.retry_of,
+        "finished_at": r.status.is_final().then(|| ms(now)),
+        "root_id": r.root_id.as_deref().unwrap_or(id),
+        "job_snapshot": r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()),
+    })
+}
+
+/// Inserts runs in one statement, whatever their number.
+async fn insert_rows(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    rows: Vec<serde_json::Value>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, parameters, error,
+                             idempotency_key, retry_of, finished_at, root_id, job_snapshot)
+         SELECT value ->> 'id', value ->> 'job', value ->> 'trigger', value ->> 'status', value ->> 'scheduled_at', value ->> 'due_at', ?2,
+                value ->> 'dispatched_at', value ->> 'attempt', value ->> 'input', value ->> 'parameters', value ->> 'error',
+                value ->> 'idempotency_key', value ->> 'retry_of', value ->> 'finished_at', value ->> 'root_id', value ->> 'job_snapshot'
+         FROM json_each(?1)",
+    )
+    .bind(serde_json::Value::from(rows).to_string())
+    .bind(ms(now))
+    .execute(&mut **tx)
+    .await
+    .ctx("inserting runs")?;
     Ok(())
 }
 
@@ -700,34 +852,8 @@ pub(crate) struct TickOutcome {
     pub(crate) status: RunStatus,
     /// Runs to cancel because the job's overlap policy is `replace`.
     pub(crate) replaced: Vec<String>,
-    /// The run went to the queue in the same transaction.
-    pub(crate) dispatched: bool,
-}
-
-async fn insert_run(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, r: &NewRun, now: DateTime<Utc>) -> Result<(), StoreError> {
-    let final_at = r.status.is_final().then(|| ms(now));
-    sqlx::query(
-        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, input, parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )
-    .bind(id)
-    .bind(&r.job)
-    .bind(r.trigger.as_str())
-    .bind(r.status.as_str())
-    .bind(r.scheduled_at.map(ms))
-    .bind(ms(r.due_at))
-    .bind(ms(now))
-    .bind(r.attempt as i64)
-    .bind(r.input.as_ref().map(|v| v.to_string()))
-    .bind(r.parameters.as_ref().map(|v| v.to_string()))
-    .bind(&r.error)
-    .bind(&r.idempotency_key)
-    .bind(&r.retry_of)
-    .bind(final_at)
-    .bind(r.root_id.as_deref().unwrap_or(id))
-    .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
-    .execute(&mut **tx)
-    .await
-    .ctx("inserting a run")?;
-    Ok(())
+    /// The run goes to the executors directly (the caller holds its slot).
+    pub(crate) handed: bool,
+    /// The run went to the apalis queue in the same transaction.
+    pub(crate) pushed: bool,
 }

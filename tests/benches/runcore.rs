@@ -1,0 +1,310 @@
+//! Run-core benchmark (issue 9): bursts, sustained load, queue drain and a large idle config,
+//! on the real `lamplighter` binary (release build).
+//!
+//! ```text
+//! cargo build --release -p lamplighter-worker
+//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60]
+//! ```
+//!
+//! - burst: 1,000 jobs due at the same instant every 10 s (`*/10 * * * * *`),
+//!   `worker.concurrency: 1000`, `file-save`. Lateness = `started_at − due_at` as the worker
+//!   records it (started = claimed by an executor, just before its target is called); spread =
+//!   last start − first start of one burst.
+//! - sustained: 1,000 jobs every second (`* * * * * *`), same settings; lateness in the first
+//!   and the last 10 s (a growing backlog shows as the second being worse), ticks missed, then
+//!   SIGTERM and the time until the process exits (`shutdown_grace` 30 s, the default).
+//! - queue: 50,000 runs queued while the worker is stopped (as manual triggers leave them),
+//!   `worker.concurrency: 32`, a near no-op action (`file-read` of a 2-byte file); drain rate =
+//!   runs / (last finish − first start).
+//! - idle: 10,000 jobs defined, nothing due: start to `/readyz`, idle RSS.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
+    let mut scenarios: Vec<&str> =
+        args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "queue", "idle"].contains(a)).collect();
+    if scenarios.is_empty() {
+        scenarios = vec!["burst", "sustained", "queue", "idle"];
+    }
+    let bin = bin();
+    println!("binary: {}", bin.display());
+    for s in scenarios {
+        match s {
+            "burst" => burst(&bin, seconds),
+            "sustained" => sustained(&bin, seconds),
+            "queue" => queue(&bin, 50_000),
+            "idle" => idle(&bin, 10_000),
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn bin() -> PathBuf {
+    if let Ok(b) = std::env::var("LAMPLIGHTER_BIN") {
+        return b.into();
+    }
+    let mut p = std::env::current_exe().expect("current exe");
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    let b = p.join("lamplighter");
+    assert!(b.exists(), "{} not built: run `cargo build --release -p lamplighter-worker` first", b.display());
+    b
+}
+
+struct Worker {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    port: u16,
+}
+
+impl Worker {
+    fn new(jobs: &str, concurrency: usize) -> Worker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let config = format!(
+            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\nscheduling:\n  jobs:\n{jobs}",
+            data = dir.path().join("data").display()
+        );
+        std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
+        Worker { dir, child: None, port }
+    }
+
+    /// Starts the worker; returns the time to `/readyz` 200.
+    fn start(&mut self) -> Duration {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("worker.log")).expect("log");
+        let started = Instant::now();
+        self.child = Some(
+            Command::new(bin())
+                .args(["run", "--config"])
+                .arg(self.dir.path().join("lamplighter.yaml"))
+                .current_dir(self.dir.path())
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn lamplighter"),
+        );
+        loop {
+            if ready(self.port) {
+                return started.elapsed();
+            }
+            if let Some(Ok(Some(s))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("worker exited with {s}:\n{}", self.log());
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "not ready in 120 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGTERM; returns how long the process took to exit.
+    fn stop(&mut self) -> Duration {
+        let t = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+        t.elapsed()
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("data/lamplighter.db")
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(s, "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
+    let mut s = String::with_capacity(n * 160);
+    for i in 0..n {
+        s.push_str(&format!("    job-{i:05}:\n      cron: \"{cron}\"\n      type: plugin\n{}", action.replace("{i}", &i.to_string())));
+    }
+    s
+}
+
+const SAVE: &str = "      plugin: file-save\n      action: save\n      parameters: { path: \"out/{i}.txt\", content: \"x\" }\n";
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+/// (scheduled_at, due_at, started_at, finished_at, status) of a run.
+type Row = (Option<i64>, i64, Option<i64>, Option<i64>, String);
+
+/// Every run in the database.
+fn runs(db: &Path) -> Vec<Row> {
+    rt().block_on(async {
+        use sqlx::Row;
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
+        sqlx::query("SELECT scheduled_at, due_at, started_at, finished_at, status FROM ll_runs")
+            .fetch_all(&mut conn)
+            .await
+            .expect("query")
+            .iter()
+            .map(|r| (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"), r.get("finished_at"), r.get("status")))
+            .collect()
+    })
+}
+
+fn pct(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+fn summary(label: &str, mut v: Vec<i64>) {
+    v.sort_unstable();
+    if v.is_empty() {
+        println!("{label}: none");
+        return;
+    }
+    println!("{label}: n {} p50 {} p99 {} max {}", v.len(), pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1]);
+}
+
+fn burst(bin: &Path, seconds: u64) {
+    let _ = bin;
+    let mut w = Worker::new(&jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
+    let ready = w.start();
+    println!("\n== burst: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
+    println!("start to ready: {} ms", ready.as_millis());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let exit = w.stop();
+    let r = runs(&w.db());
+    summary("start lateness ms", r.iter().filter_map(|x| Some(x.2? - x.1)).collect());
+    let mut by_tick: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
+    for x in &r {
+        if let (Some(t), Some(s)) = (x.0, x.2) {
+            let e = by_tick.entry(t).or_insert((i64::MAX, i64::MIN, 0));
+            e.0 = e.0.min(s);
+            e.1 = e.1.max(s);
+            e.2 += 1;
+        }
+    }
+    let spreads: Vec<i64> = by_tick.values().filter(|v| v.2 >= 900).map(|v| v.1 - v.0).collect();
+    println!("bursts: {} (runs per burst: {:?})", spreads.len(), by_tick.values().map(|v| v.2).collect::<Vec<_>>());
+    summary("burst spread ms (last start − first start)", spreads);
+    println!("SIGTERM to exit: {} ms", exit.as_millis());
+}
+
+fn sustained(bin: &Path, seconds: u64) {
+    let _ = bin;
+    let mut w = Worker::new(&jobs_yaml(1000, "* * * * * *", SAVE), 1000);
+    w.start();
+    println!("\n== sustained: 1,000 jobs every second, concurrency 1000, {seconds} s ==");
+    let began = chrono_ms();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let rss = rss_kb(w.pid());
+    let exit = w.stop();
+    let r = runs(&w.db());
+    let late = |from: i64, to: i64| -> Vec<i64> {
+        r.iter().filter(|x| x.0.is_some_and(|t| t >= from && t < to)).filter_map(|x| Some(x.2? - x.1)).collect()
+    };
+    let end = began + seconds as i64 * 1000;
+    summary("start lateness ms, whole run", r.iter().filter_map(|x| Some(x.2? - x.1)).collect());
+    summary("start lateness ms, first 10 s", late(began, began + 10_000));
+    summary("start lateness ms, last 10 s", late(end - 10_000, end));
+    let ticks: std::collections::BTreeSet<i64> = r.iter().filter_map(|x| x.0).collect();
+    let full = ticks.iter().filter(|t| r.iter().filter(|x| x.0 == Some(**t)).count() == 1000).count();
+    let expected = (ticks.last().copied().unwrap_or(0) - ticks.first().copied().unwrap_or(0)) / 1000 + 1;
+    println!("ticks: {} instants seen of {expected} expected, {full} with all 1,000 jobs", ticks.len());
+    let skipped = r.iter().filter(|x| x.4 == "skipped").count();
+    let never = r.iter().filter(|x| x.4 == "queued").count();
+    println!("runs: {} (skipped {skipped}, still queued at exit {never}); RSS under load {:.1} MB", r.len(), rss as f64 / 1024.0);
+    println!("SIGTERM to exit: {} ms (shutdown_grace 30 s)", exit.as_millis());
+}
+
+fn queue(bin: &Path, n: usize) {
+    let _ = bin;
+    let action = "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n";
+    let mut w = Worker::new(&jobs_yaml(1, "0 0 1 1 *", action), 32);
+    w.start();
+    w.stop();
+    std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
+    let db = w.db();
+    let t0 = chrono_ms();
+    rt().block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
+        let mut tx = sqlx::Connection::begin(&mut conn).await.expect("tx");
+        for i in 0..n {
+            sqlx::query("INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, root_id) VALUES (?1, 'job-00000', 'manual', 'queued', ?2, ?2, 1, '{\"path\":\"tiny.txt\"}', ?1)")
+                .bind(format!("0190b000-0000-7000-8000-{i:012}"))
+                .bind(t0)
+                .execute(&mut *tx)
+                .await
+                .expect("insert");
+        }
+        tx.commit().await.expect("commit");
+    });
+    println!("\n== queue: {n} queued runs, concurrency 32, file-read of 2 bytes ==");
+    let started = Instant::now();
+    w.start();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = runs(&w.db());
+        let left = r.iter().filter(|x| x.4 == "queued" || x.4 == "running").count();
+        if left == 0 || started.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+    }
+    w.stop();
+    let r = runs(&w.db());
+    let first = r.iter().filter_map(|x| x.2).min().unwrap_or(0);
+    let last = r.iter().filter_map(|x| x.3).max().unwrap_or(0);
+    let done = r.iter().filter(|x| x.4 == "succeeded").count();
+    let other = r.len() - done;
+    println!("succeeded {done}, other {other}; first start → last finish {} ms", last - first);
+    println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
+}
+
+fn idle(bin: &Path, n: usize) {
+    let _ = bin;
+    let mut w = Worker::new(&jobs_yaml(n, "0 0 1 1 *", SAVE), 32);
+    let ready = w.start();
+    std::thread::sleep(Duration::from_secs(3));
+    println!("\n== idle: {n} jobs defined ==");
+    println!("start to ready: {} ms; idle RSS {:.1} MB", ready.as_millis(), rss_kb(w.pid()) as f64 / 1024.0);
+    w.stop();
+}
+
+fn chrono_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
+}
