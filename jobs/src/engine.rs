@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     /// When the scheduler wakes next (ms since the epoch; `i64::MAX`: nothing planned), so
     /// background work can keep out of the way of ticks.
     pub(crate) next_wake_ms: AtomicI64,
+    /// The clock instant of the scheduler's last completed pass.
+    pub(crate) passes: tokio::sync::watch::Sender<DateTime<Utc>>,
 }
 
 /// The part of the config the engine needs, swapped whole on reload.
@@ -175,7 +177,8 @@ impl Shared {
     async fn clear_of_ticks(&self) {
         let until_tick = self.next_wake_ms.load(Ordering::SeqCst).saturating_sub(self.clock.now().timestamp_millis());
         if (0..PRUNE_CLEARANCE_MS).contains(&until_tick) {
-            tokio::time::sleep(Duration::from_millis(u64::try_from(until_tick + PRUNE_CLEARANCE_MS).unwrap_or_default())).await;
+            let now = self.clock.now();
+            self.clock.sleep_until(now + chrono::Duration::milliseconds(until_tick + PRUNE_CLEARANCE_MS)).await;
         }
     }
 
@@ -313,6 +316,7 @@ impl Engine {
             prune_wake: Notify::new(),
             started_at: now,
             next_wake_ms: AtomicI64::new(i64::MAX),
+            passes: tokio::sync::watch::Sender::new(DateTime::<Utc>::MIN_UTC),
         });
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
@@ -341,6 +345,18 @@ impl Engine {
     pub fn reload(&self, config: &Config) {
         *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(JobsConfig::of(config));
         self.shared.replan();
+    }
+
+    /// Runs a scheduler pass now and waits until a pass at or after the clock's current time
+    /// has completed — every tick due by then fired, every run that could start handed over —
+    /// and the claims it handed over are made. With a manual clock this is how a test knows
+    /// that nothing happened *because nothing was due*, without sleeping.
+    pub async fn scheduled_through_now(&self) {
+        let t = self.shared.clock.now();
+        let mut rx = self.shared.passes.subscribe();
+        self.shared.wake_scheduler();
+        let _ = rx.wait_for(|p| *p >= t).await;
+        self.shared.executors.claims_settled().await;
     }
 
     /// Storage reachable, migrations applied, scheduler running.
@@ -430,9 +446,10 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
             _ = shared.prune_wake.notified() => {}
             _ = stop.cancelled() => break,
         }
+        let batch_until = shared.clock.now() + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
         tokio::select! {
-            _ = tokio::time::sleep(PRUNE_EVERY) => {}
-            _ = stop.cancelled() => {}
+            () = shared.clock.sleep_until(batch_until) => {}
+            () = stop.cancelled() => {}
         }
         shared.prune_now().await;
     }

@@ -86,6 +86,9 @@ struct Finished {
 pub(crate) struct Executors {
     slots: Arc<Semaphore>,
     submit: mpsc::UnboundedSender<Submitted>,
+    /// Runs submitted so far, and runs the claimer has dealt with (claimed or dropped).
+    submitted: std::sync::atomic::AtomicU64,
+    settled: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Submitted {
@@ -97,12 +100,20 @@ impl std::fmt::Debug for Submitted {
 /// The receiving ends, taken by [`start`].
 pub(crate) struct Receivers {
     submitted: mpsc::UnboundedReceiver<Submitted>,
+    settled: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Executors {
     pub(crate) fn new(concurrency: usize) -> (Self, Receivers) {
         let (submit, submitted) = mpsc::unbounded_channel();
-        (Self { slots: Arc::new(Semaphore::new(concurrency.max(1))), submit }, Receivers { submitted })
+        let settled = Arc::new(tokio::sync::watch::Sender::new(0));
+        let executors = Self {
+            slots: Arc::new(Semaphore::new(concurrency.max(1))),
+            submit,
+            submitted: std::sync::atomic::AtomicU64::new(0),
+            settled: settled.clone(),
+        };
+        (executors, Receivers { submitted, settled })
     }
 
     /// Takes up to `n` free slots, without waiting.
@@ -120,7 +131,15 @@ impl Executors {
     /// Hands a dispatched run to the claimer, in the slot reserved for it.
     pub(crate) fn submit(&self, id: String, slot: OwnedSemaphorePermit) {
         // The claimer lives as long as the engine; after it stops the run stays queued.
+        self.submitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = self.submit.send(Submitted { id, slot });
+    }
+
+    /// Resolves once the claimer has dealt with every run submitted before the call.
+    pub(crate) async fn claims_settled(&self) {
+        let n = self.submitted.load(std::sync::atomic::Ordering::SeqCst);
+        let mut rx = self.settled.subscribe();
+        let _ = rx.wait_for(|done| *done >= n).await;
     }
 
     async fn slot(&self) -> Option<OwnedSemaphorePermit> {
@@ -132,7 +151,7 @@ impl Executors {
 pub(crate) fn start(shared: &Arc<Shared>, rx: Receivers, stop: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     vec![
-        tokio::spawn(claimer(shared.clone(), rx.submitted, finished_tx, stop.clone())),
+        tokio::spawn(claimer(shared.clone(), rx.submitted, rx.settled, finished_tx, stop.clone())),
         tokio::spawn(recorder(shared.clone(), finished_rx, stop)),
     ]
 }
@@ -141,6 +160,7 @@ pub(crate) fn start(shared: &Arc<Shared>, rx: Receivers, stop: CancellationToken
 async fn claimer(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Submitted>,
+    settled: Arc<tokio::sync::watch::Sender<u64>>,
     finished: mpsc::UnboundedSender<Finished>,
     stop: CancellationToken,
 ) {
@@ -150,37 +170,44 @@ async fn claimer(
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
             () = stop.cancelled() => return,
         }
-        // Past the gate before the claim: once it is closed nothing more is claimed, and the
-        // runs stay queued for the next start.
-        let mut admitted: Vec<(Submitted, Pass)> = Vec::with_capacity(batch.len());
-        for s in batch.drain(..) {
-            if let Some(pass) = shared.gate.enter() {
-                admitted.push((s, pass));
+        let n = batch.len() as u64;
+        claim_batch(&shared, &mut batch, &finished).await;
+        settled.send_modify(|done| *done += n);
+    }
+}
+
+/// Claims one batch of submitted runs and starts the claimed ones.
+async fn claim_batch(shared: &Arc<Shared>, batch: &mut Vec<Submitted>, finished: &mpsc::UnboundedSender<Finished>) {
+    // Past the gate before the claim: once it is closed nothing more is claimed, and the
+    // runs stay queued for the next start.
+    let mut admitted: Vec<(Submitted, Pass)> = Vec::with_capacity(batch.len());
+    for s in batch.drain(..) {
+        if let Some(pass) = shared.gate.enter() {
+            admitted.push((s, pass));
+        }
+    }
+    if admitted.is_empty() {
+        return;
+    }
+    let ids: Vec<String> = admitted.iter().map(|(s, _)| s.id.clone()).collect();
+    let now = shared.clock.now();
+    let claimed = match shared.store.claim_many(&ids, &shared.worker_name, now).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(runs = ids.len(), error = %e, "cannot claim runs; they stay queued");
+            if let Err(e) = shared.store.undispatch(&ids).await {
+                tracing::error!(error = %e, "cannot re-queue runs; they run at the next start");
             }
+            shared.wake_scheduler();
+            return;
         }
-        if admitted.is_empty() {
-            continue;
-        }
-        let ids: Vec<String> = admitted.iter().map(|(s, _)| s.id.clone()).collect();
-        let now = shared.clock.now();
-        let claimed = match shared.store.claim_many(&ids, &shared.worker_name, now).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(runs = ids.len(), error = %e, "cannot claim runs; they stay queued");
-                if let Err(e) = shared.store.undispatch(&ids).await {
-                    tracing::error!(error = %e, "cannot re-queue runs; they run at the next start");
-                }
-                shared.wake_scheduler();
-                continue;
-            }
-        };
-        let mut by_id: std::collections::HashMap<String, (Run, Option<JobSnapshot>)> =
-            claimed.into_iter().map(|(r, s)| (r.id.clone(), (r, s))).collect();
-        for (s, pass) in admitted {
-            // Not claimed: cancelled while queued, or already taken. Slot and pass go back.
-            let Some((run, snapshot)) = by_id.remove(&s.id) else { continue };
-            tokio::spawn(run_one(shared.clone(), run, snapshot, s.slot, pass, finished.clone()));
-        }
+    };
+    let mut by_id: std::collections::HashMap<String, (Run, Option<JobSnapshot>)> =
+        claimed.into_iter().map(|(r, s)| (r.id.clone(), (r, s))).collect();
+    for (s, pass) in admitted {
+        // Not claimed: cancelled while queued, or already taken. Slot and pass go back.
+        let Some((run, snapshot)) = by_id.remove(&s.id) else { continue };
+        tokio::spawn(run_one(shared.clone(), run, snapshot, s.slot, pass, finished.clone()));
     }
 }
 

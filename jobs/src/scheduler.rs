@@ -67,6 +67,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             shared.wake_scheduler();
         }
         shared.scheduler_alive.store(true, Ordering::SeqCst);
+        shared.passes.send_replace(now);
 
         let next_tick = plan.order.first().map(|(t, _)| *t);
         let next_due = shared.store.next_due().await.ok().flatten().filter(|t| *t > now);

@@ -117,8 +117,8 @@ async fn overlap_queue_holds_the_tick_until_the_run_ends() {
     let (engine, _clock, _dir) = overlap("queue").await;
     let r = until(&engine, "the second run queued", |r| r.len() == 2).await;
     assert_eq!((r[0].status, r[1].status), (RunStatus::Running, RunStatus::Queued));
-    // Held, not merely slow: it stays queued while the first one runs.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Held, not merely slow: after a full scheduler pass and its claims it is still queued.
+    engine.scheduled_through_now().await;
     assert_eq!(runs(&engine).await[1].status, RunStatus::Queued);
     engine.cancel_run(&r[0].id).await.expect("cancel");
     until(&engine, "the held run to start", |r| r[0].status == RunStatus::Cancelled && r[1].status == RunStatus::Running).await;
@@ -141,7 +141,7 @@ async fn pause_survives_a_restart_and_paused_ticks_do_not_run() {
     assert_eq!(job.summary.pause_reason.as_deref(), Some("maintenance"));
     assert_eq!(job.summary.next_fire, None);
     clock.set(t0() + minutes(3));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    engine.scheduled_through_now().await;
     assert!(runs(&engine).await.is_empty(), "a paused job must not run");
 
     engine.resume_job("j").await.expect("resume");
@@ -162,7 +162,9 @@ async fn retention_keeps_the_newest_runs() {
         clock.set(t0() + minutes(m));
         until(&engine, "the tick", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(m))) && finished(r)).await;
     }
-    // The housekeeper prunes a few seconds after runs finish.
+    // The housekeeper batches for 5 s (of the engine's clock) after runs finish.
+    engine.scheduled_through_now().await;
+    clock.set(t0() + minutes(6) + chrono::Duration::seconds(5));
     let r = until(&engine, "pruning to 3 runs", |r| r.len() == 3).await;
     assert_eq!(ticks(&r, Trigger::Cron), [4, 5, 6]);
     engine.shutdown(Duration::from_secs(5)).await;
@@ -181,7 +183,7 @@ async fn jitter_delays_each_tick_by_a_stable_amount_within_the_bound() {
     let due = tick + chrono::Duration::from_std(delay).expect("small");
     if delay > Duration::ZERO {
         clock.set(due - chrono::Duration::milliseconds(1));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        engine.scheduled_through_now().await;
         assert!(runs(&engine).await.is_empty(), "must not fire before tick + jitter");
     }
     clock.set(due);
@@ -203,7 +205,9 @@ async fn skipped_ticks_are_pruned_while_a_long_run_goes_on() {
         clock.set(t0() + minutes(m));
         until(&engine, "the skipped tick", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(m)))).await;
     }
-    // No run finishes, yet the history stays bounded: the running run and the 2 newest skips.
+    // No run finishes, yet the history stays bounded: the running run and the 2 newest skips
+    // (pruned after the housekeeper's 5 s of the engine's clock).
+    clock.set(t0() + minutes(6) + chrono::Duration::seconds(5));
     let r = until(&engine, "pruning of skipped ticks", |r| r.len() == 3).await;
     assert_eq!(r[0].status, RunStatus::Running);
     assert_eq!(ticks(&r[1..], Trigger::Cron), [5, 6]);
