@@ -24,7 +24,7 @@ use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::engine::Shared;
 use crate::gate::Pass;
 use crate::run::{Outcome, Run, RunStatus};
-use crate::store::RunEnd;
+use crate::store::{Handed, RunEnd};
 use crate::target::{JobSnapshot, RunContext};
 
 /// The apalis queue name (otherwise it would be the Rust type path).
@@ -66,15 +66,18 @@ impl Running {
     }
 }
 
-/// A run id with the slot it will run in.
+/// A run id with the slot it will run in, and the run itself when the caller has it.
 struct Submitted {
     id: String,
     slot: OwnedSemaphorePermit,
+    known: Option<Handed>,
 }
 
 /// A run that ended, on its way to the recorder.
 struct Finished {
     run: Run,
+    /// When its target was called (the claim recorded when it was claimed).
+    started: Option<chrono::DateTime<chrono::Utc>>,
     end: Settled,
     slot: OwnedSemaphorePermit,
     pass: Pass,
@@ -132,7 +135,14 @@ impl Executors {
     pub(crate) fn submit(&self, id: String, slot: OwnedSemaphorePermit) {
         // The claimer lives as long as the engine; after it stops the run stays queued.
         self.submitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let _ = self.submit.send(Submitted { id, slot });
+        let _ = self.submit.send(Submitted { id, slot, known: None });
+    }
+
+    /// As [`Executors::submit`], with the run in hand (just inserted): the claim need not read
+    /// it back.
+    pub(crate) fn submit_known(&self, handed: Handed, slot: OwnedSemaphorePermit) {
+        self.submitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.submit.send(Submitted { id: handed.run.id.clone(), slot, known: Some(handed) });
     }
 
     /// Resolves once the claimer has dealt with every run submitted before the call.
@@ -191,7 +201,10 @@ async fn claim_batch(shared: &Arc<Shared>, batch: &mut Vec<Submitted>, finished:
     }
     let ids: Vec<String> = admitted.iter().map(|(s, _)| s.id.clone()).collect();
     let now = shared.clock.now();
-    let claimed = match shared.store.claim_many(&ids, &shared.worker_name, now).await {
+    let began = std::time::Instant::now();
+    let claimed = shared.store.claim_many(&ids, &shared.worker_name, now).await;
+    tracing::debug!(runs = ids.len(), claim_us = began.elapsed().as_micros() as u64, "claimed");
+    let claimed = match claimed {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(runs = ids.len(), error = %e, "cannot claim runs; they stay queued");
@@ -202,11 +215,34 @@ async fn claim_batch(shared: &Arc<Shared>, batch: &mut Vec<Submitted>, finished:
             return;
         }
     };
-    let mut by_id: std::collections::HashMap<String, (Run, Option<JobSnapshot>)> =
-        claimed.into_iter().map(|(r, s)| (r.id.clone(), (r, s))).collect();
+    let claimed: std::collections::HashSet<String> = claimed.into_iter().collect();
+    // Runs delivered by id only are read back; the others are in hand.
+    let unknown: Vec<String> =
+        admitted.iter().filter(|(s, _)| s.known.is_none() && claimed.contains(&s.id)).map(|(s, _)| s.id.clone()).collect();
+    let mut read: std::collections::HashMap<String, (Run, Option<JobSnapshot>)> = std::collections::HashMap::new();
+    if !unknown.is_empty() {
+        match shared.store.runs_to_execute(&unknown).await {
+            Ok(runs) => read = runs.into_iter().map(|(r, s)| (r.id.clone(), (r, s))).collect(),
+            // Claimed but unreadable: they are `running` with no task; recovery at the next
+            // start interrupts and follows them up.
+            Err(e) => tracing::error!(runs = unknown.len(), error = %e, "cannot read claimed runs"),
+        }
+    }
     for (s, pass) in admitted {
         // Not claimed: cancelled while queued, or already taken. Slot and pass go back.
-        let Some((run, snapshot)) = by_id.remove(&s.id) else { continue };
+        if !claimed.contains(&s.id) {
+            continue;
+        }
+        let (mut run, snapshot) = match s.known {
+            Some(h) => (h.run, h.snapshot),
+            None => match read.remove(&s.id) {
+                Some(r) => r,
+                None => continue,
+            },
+        };
+        run.status = RunStatus::Running;
+        run.started_at = Some(now);
+        run.worker = Some(shared.worker_name.clone());
         tokio::spawn(run_one(shared.clone(), run, snapshot, s.slot, pass, finished.clone()));
     }
 }
@@ -223,16 +259,23 @@ async fn run_one(
     let entry = Arc::new(Running { token: CancellationToken::new(), reason: std::sync::Mutex::new(None) });
     shared.running.lock().unwrap_or_else(|e| e.into_inner()).insert(run.id.clone(), entry.clone());
     tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
-    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry)).await {
+    let started = Arc::new(std::sync::OnceLock::new());
+    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry, started.clone())).await {
         Ok(end) => end,
         Err(e) => Settled { status: RunStatus::Failed, output: None, error: Some(format!("the run panicked: {e}")), retry: false },
     };
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
-    let _ = finished.send(Finished { run, end, slot, pass });
+    let _ = finished.send(Finished { run, started: started.get().copied(), end, slot, pass });
 }
 
-async fn execute(shared: Arc<Shared>, run: Run, snapshot: Option<JobSnapshot>, entry: Arc<Running>) -> Settled {
+async fn execute(
+    shared: Arc<Shared>,
+    run: Run,
+    snapshot: Option<JobSnapshot>,
+    entry: Arc<Running>,
+    started: Arc<std::sync::OnceLock<chrono::DateTime<chrono::Utc>>>,
+) -> Settled {
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
     let snapshot = snapshot.or_else(|| shared.job(&run.job).map(|j| JobSnapshot::of(&j)));
@@ -241,6 +284,8 @@ async fn execute(shared: Arc<Shared>, run: Run, snapshot: Option<JobSnapshot>, e
         Some(job) => {
             let job = Arc::new(job);
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), shared.data_dir(), shared.store.clone(), shared.clock.clone());
+            // The run's start, as recorded: the moment its target is called.
+            let _ = started.set(shared.clock.now());
             let work = shared.targets.run(ctx);
             let limit = async {
                 match job.timeout() {
@@ -276,11 +321,20 @@ async fn recorder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>
         let now = shared.clock.now();
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
-            .map(|f| RunEnd { id: &f.run.id, status: f.end.status, output: f.end.output.as_ref(), error: f.end.error.as_deref() })
+            .map(|f| RunEnd {
+                id: &f.run.id,
+                started_at: f.started,
+                status: f.end.status,
+                output: f.end.output.as_ref(),
+                error: f.end.error.as_deref(),
+            })
             .collect();
         let mut recorded = false;
         for attempt in 1..=3 {
-            match shared.store.finish_many(&ends, now).await {
+            let began = std::time::Instant::now();
+            let res = shared.store.finish_many(&ends, now).await;
+            tracing::debug!(runs = ends.len(), finish_us = began.elapsed().as_micros() as u64, "ends recorded");
+            match res {
                 Ok(_) => {
                     recorded = true;
                     break;

@@ -39,13 +39,19 @@ struct Plan {
 
 impl Plan {
     fn set_next(&mut self, job: &str, cfg: &JobConfig, from: DateTime<Utc>) {
+        let next = self.entries.get(job).and_then(|e| e.schedule.next_after(from));
+        self.set_next_tick(job, cfg, next);
+    }
+
+    /// Plans `tick` (already computed) as the job's next one.
+    fn set_next_tick(&mut self, job: &str, cfg: &JobConfig, tick: Option<DateTime<Utc>>) {
         let Some(e) = self.entries.get_mut(job) else {
             return;
         };
         if let Some((_, at)) = e.next.take() {
             self.order.remove(&(at, job.to_string()));
         }
-        if let Some(tick) = e.schedule.next_after(from) {
+        if let Some(tick) = tick {
             let at = tick + jitter(cfg, job, tick);
             e.next = Some((tick, at));
             self.order.insert((at, job.to_string()));
@@ -112,11 +118,14 @@ async fn build_plan(shared: &Shared) -> Plan {
 }
 
 async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
+    let began = std::time::Instant::now();
     let jobs = shared.jobs();
     // Every tick due now, of every job, goes to the database in one transaction.
     let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
     // Jobs whose last processed tick was skipped (catch-up), so no run records it.
     let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
+    // Each fired job's next tick, planned once the runs are handed over (off the hot path).
+    let mut next_ticks: Vec<(String, Option<DateTime<Utc>>)> = Vec::new();
     while let Some((at, job)) = plan.order.first().cloned() {
         if at > now {
             break;
@@ -161,11 +170,19 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
             batch.push((new_tick_run(cfg, t, at, trigger), tick_policy));
         }
         entry.last = last.or(entry.last);
-        let from = entry.last.unwrap_or(now);
-        plan.set_next(&job, cfg, from);
+        // `cur` is the first tick after the last one taken: the job's next tick.
+        next_ticks.push((job, if ticks.is_empty() { entry.schedule.next_after(entry.last.unwrap_or(now)) } else { cur }));
     }
     if !batch.is_empty() {
+        let planned = began.elapsed();
+        let n = batch.len();
         fire_batch(shared, batch, now).await;
+        tracing::debug!(ticks = n, plan_us = planned.as_micros() as u64, total_us = began.elapsed().as_micros() as u64, "ticks fired");
+    }
+    for (job, next) in next_ticks {
+        if let Some(cfg) = jobs.get(&job) {
+            plan.set_next_tick(&job, cfg, next);
+        }
     }
     for (job, tick) in skipped_last {
         if let Err(e) = shared.store.set_last_tick(&job, tick).await {
@@ -214,7 +231,10 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     // Free slots now: that many of the runs go straight to the executors after the commit.
     let mut slots = shared.executors.reserve(batch.len());
-    let outcomes = match shared.store.fire_ticks(batch, slots.len(), now).await {
+    let began = std::time::Instant::now();
+    let outcomes = shared.store.fire_ticks(batch, slots.len(), now).await;
+    tracing::debug!(tx_us = began.elapsed().as_micros() as u64, "tick transaction");
+    let outcomes = match outcomes {
         Ok(o) => o,
         Err(e) => {
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
@@ -232,10 +252,10 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
             tracing::debug!(job = %job, %tick, "tick already fired");
             continue;
         };
-        if o.handed
+        if let Some(handed) = o.handed
             && let Some(slot) = slots.pop()
         {
-            shared.executors.submit(o.run_id.clone(), slot);
+            shared.executors.submit_known(handed, slot);
         }
         pushed |= o.pushed;
         if o.status == RunStatus::Skipped {

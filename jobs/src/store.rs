@@ -72,6 +72,34 @@ pub(crate) struct NewRun {
 }
 
 impl NewRun {
+    /// The run as it is stored once inserted under `id` at `now` (queued, not yet claimed).
+    pub(crate) fn to_run(&self, id: &str, now: DateTime<Utc>) -> Run {
+        Run {
+            id: id.to_string(),
+            job: self.job.clone(),
+            trigger: self.trigger,
+            status: self.status,
+            scheduled_at: self.scheduled_at,
+            due_at: self.due_at,
+            enqueued_at: now,
+            started_at: None,
+            finished_at: None,
+            attempt: self.attempt,
+            input: self.input.clone(),
+            parameters: self.parameters.clone(),
+            output: None,
+            error: self.error.clone(),
+            worker: None,
+            idempotency_key: self.idempotency_key.clone(),
+            root_id: self.root_id.clone().unwrap_or_else(|| id.to_string()),
+            retry_of: self.retry_of.clone(),
+            next_run_id: None,
+            tokens_in: None,
+            tokens_out: None,
+            cost: None,
+        }
+    }
+
     /// The next attempt of `run`: same identity, job snapshot, tick, input and parameters,
     /// attempt + 1.
     pub(crate) fn follow_up(run: &Run, snapshot: Option<JobSnapshot>, due_at: DateTime<Utc>) -> Self {
@@ -278,22 +306,34 @@ impl Store {
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a tick")?;
         let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
-        let keys: Vec<serde_json::Value> = ticks
-            .iter()
-            .zip(&ids)
-            .map(|((r, _), id)| serde_json::json!({"job": r.job, "at": ms(r.scheduled_at.unwrap_or(r.due_at)), "id": id}))
-            .collect();
-        let keys = serde_json::Value::from(keys).to_string();
-        let fresh: std::collections::HashSet<String> = sqlx::query_scalar(
-            "INSERT INTO ll_ticks (job, scheduled_at, run_id) SELECT value ->> 'job', value ->> 'at', value ->> 'id' FROM json_each(?1) WHERE true
-             ON CONFLICT DO NOTHING RETURNING run_id",
-        )
-        .bind(&keys)
-        .fetch_all(&mut *tx)
-        .await
-        .ctx("recording ticks")?
-        .into_iter()
-        .collect();
+        // The tick keys, without RETURNING (1,000 returned rows cost more than the insert): when
+        // every key was new, which is the rule, all ticks are fresh; otherwise look up which
+        // keys hold our run ids.
+        let mut fresh: std::collections::HashSet<String> = std::collections::HashSet::with_capacity(ids.len());
+        let keyed: Vec<((&NewRun, &Overlap), &String)> = ticks.iter().map(|(r, o)| (r, o)).zip(&ids).collect();
+        for chunk in keyed.chunks(ROWS_PER_STATEMENT) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new("INSERT INTO ll_ticks (job, scheduled_at, run_id) ");
+            q.push_values(chunk, |mut b, ((r, _), id)| {
+                b.push_bind(r.job.as_str()).push_bind(ms(r.scheduled_at.unwrap_or(r.due_at))).push_bind(id.as_str());
+            });
+            q.push(" ON CONFLICT DO NOTHING");
+            let inserted = q.build().execute(&mut *tx).await.ctx("recording ticks")?.rows_affected();
+            if inserted as usize == chunk.len() {
+                fresh.extend(chunk.iter().map(|(_, id)| (*id).clone()));
+                continue;
+            }
+            let mut q =
+                sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT run_id FROM ll_ticks WHERE (job, scheduled_at, run_id) IN (VALUES ");
+            let mut list = q.separated(", ");
+            for ((r, _), id) in chunk {
+                list.push("(").push_bind_unseparated(r.job.as_str()).push_unseparated(", ");
+                list.push_bind_unseparated(ms(r.scheduled_at.unwrap_or(r.due_at))).push_unseparated(", ");
+                list.push_bind_unseparated(id.as_str()).push_unseparated(")");
+            }
+            q.push(")");
+            let ours: Vec<String> = q.build_query_scalar().fetch_all(&mut *tx).await.ctx("reading tick keys")?;
+            fresh.extend(ours);
+        }
         let jobs: std::collections::BTreeSet<&str> =
             ticks.iter().zip(&ids).filter(|(_, id)| fresh.contains(*id)).map(|((r, _), _)| r.job.as_str()).collect();
         let jobs_json = serde_json::to_string(&jobs).unwrap_or_else(|_| "[]".into());
@@ -316,7 +356,7 @@ impl Store {
         // Decide tick by tick, in order: a run this batch queued is active for the job's
         // later ticks in it (caught-up ticks queue behind each other).
         let mut out = Vec::with_capacity(ticks.len());
-        let mut rows = Vec::new();
+        let mut rows: Vec<(String, NewRun, Option<i64>)> = Vec::with_capacity(out.capacity());
         let mut pushed = Vec::new();
         let mut last_ticks: HashMap<String, i64> = HashMap::new();
         for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
@@ -327,7 +367,7 @@ impl Store {
             let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
             let job_active = active.entry(run.job.clone()).or_default();
             let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
-            let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: false, pushed: false };
+            let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
             let mut hold = false;
             match decision {
                 TickDecision::Start => job_active.push(id.clone()),
@@ -350,27 +390,27 @@ impl Store {
                 dispatched = Some(ms(now));
                 if handoff > 0 {
                     handoff -= 1;
-                    outcome.handed = true;
+                    outcome.handed = Some(Handed { run: run.to_run(&id, now), snapshot: run.snapshot.clone() });
                 } else {
                     outcome.pushed = true;
                     pushed.push(id.clone());
                 }
             }
-            rows.push(run_row(&id, &run, dispatched, now));
             let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
             *lt = (*lt).max(tick);
+            rows.push((id, run, dispatched));
             out.push(Some(outcome));
         }
-        insert_rows(&mut tx, rows, now).await?;
-        let last: Vec<serde_json::Value> = last_ticks.iter().map(|(j, t)| serde_json::json!({"job": j, "at": t})).collect();
-        sqlx::query(
-            "INSERT INTO ll_job_state (job, last_tick) SELECT value ->> 'job', value ->> 'at' FROM json_each(?1) WHERE true
-             ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), excluded.last_tick)",
-        )
-        .bind(serde_json::Value::from(last).to_string())
-        .execute(&mut *tx)
-        .await
-        .ctx("saving the last ticks")?;
+        insert_rows(&mut tx, &rows, now).await?;
+        let last: Vec<(String, i64)> = last_ticks.into_iter().collect();
+        for chunk in last.chunks(ROWS_PER_STATEMENT) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new("INSERT INTO ll_job_state (job, last_tick) ");
+            q.push_values(chunk, |mut b, (job, at)| {
+                b.push_bind(job.as_str()).push_bind(*at);
+            });
+            q.push(" ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), excluded.last_tick)");
+            q.build().execute(&mut *tx).await.ctx("saving the last ticks")?;
+        }
         push_tasks(&mut tx, &pushed).await?;
         tx.commit().await.ctx("committing ticks")?;
         Ok(out)
@@ -392,7 +432,7 @@ impl Store {
             }
         }
         let id = new_id();
-        insert_rows(&mut tx, vec![run_row(&id, &run, None, now)], now).await?;
+        insert_rows(&mut tx, &[(id.clone(), run.clone(), None)], now).await?;
         if let Some(prev) = &run.retry_of {
             sqlx::query("UPDATE ll_runs SET next_run_id = ?1 WHERE id = ?2")
                 .bind(&id)
@@ -479,18 +519,13 @@ impl Store {
         Ok(())
     }
 
-    /// Takes queued runs for this worker in one statement; runs no longer queued (cancelled,
-    /// or already taken) are left out: the guard that makes a run execute at most once.
-    pub(crate) async fn claim_many(
-        &self,
-        ids: &[String],
-        worker: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<(Run, Option<JobSnapshot>)>, StoreError> {
-        let rows = sqlx::query(concat!(
-            "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = ?5 RETURNING job_snapshot, ",
-            run_cols!()
-        ))
+    /// Takes queued runs for this worker in one statement and returns the ids it took; runs
+    /// no longer queued (cancelled, or already taken) are left out: the guard that makes a run
+    /// execute at most once.
+    pub(crate) async fn claim_many(&self, ids: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(
+            "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = ?5 RETURNING id",
+        )
         .bind(serde_json::to_string(ids).unwrap_or_default())
         .bind(worker)
         .bind(ms(now))
@@ -498,7 +533,17 @@ impl Store {
         .bind(RunStatus::Queued.as_str())
         .fetch_all(&self.pool)
         .await
-        .ctx("claiming runs")?;
+        .ctx("claiming runs")
+    }
+
+    /// Runs with their job snapshots, by id (for runs claimed without them in hand).
+    pub(crate) async fn runs_to_execute(&self, ids: &[String]) -> Result<Vec<(Run, Option<JobSnapshot>)>, StoreError> {
+        let rows =
+            sqlx::query(concat!("SELECT job_snapshot, ", run_cols!(), " FROM ll_runs WHERE id IN (SELECT value FROM json_each(?1))"))
+                .bind(serde_json::to_string(ids).unwrap_or_default())
+                .fetch_all(&self.pool)
+                .await
+                .ctx("reading claimed runs")?;
         // A snapshot that does not parse (a damaged row) reads as none: the run then uses the
         // config in force, as rows from before snapshots do.
         Ok(rows
@@ -518,15 +563,20 @@ impl Store {
             .iter()
             .map(|e| {
                 serde_json::json!({
-                    "id": e.id, "status": e.status.as_str(),
+                    "id": e.id, "started_at": e.started_at.map(ms), "status": e.status.as_str(),
                     "output": e.output.map(|o| o.to_string()), "error": e.error,
                 })
             })
             .collect();
+        // `+ll_runs.status` keeps the planner off the status index: it must drive the update
+        // from the batch and find each run by id (driven from the status index, the batch was
+        // scanned once per running run: seconds for a thousand ends).
         let done: Vec<String> = sqlx::query_scalar(
-            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error, finished_at = ?2
-             FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status, value ->> 'output' AS output, value ->> 'error' AS error FROM json_each(?1)) AS j
-             WHERE ll_runs.id = j.id AND ll_runs.status = ?3 RETURNING ll_runs.id",
+            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error, finished_at = ?2,
+                                started_at = coalesce(j.started_at, ll_runs.started_at)
+             FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
+                          value ->> 'output' AS output, value ->> 'error' AS error FROM json_each(?1)) AS j
+             WHERE ll_runs.id = j.id AND +ll_runs.status = ?3 RETURNING ll_runs.id",
         )
         .bind(serde_json::Value::from(payload).to_string())
         .bind(ms(now))
@@ -801,48 +851,60 @@ async fn push_tasks(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, ids: &[String]
 #[derive(Debug, Clone)]
 pub(crate) struct RunEnd<'a> {
     pub(crate) id: &'a str,
+    /// When the target was called; the claim's instant stays when there is none.
+    pub(crate) started_at: Option<DateTime<Utc>>,
     pub(crate) status: RunStatus,
     pub(crate) output: Option<&'a serde_json::Value>,
     pub(crate) error: Option<&'a str>,
 }
 
-/// One `ll_runs` row as JSON for [`insert_rows`].
-fn run_row(id: &str, r: &NewRun, dispatched_at: Option<i64>, now: DateTime<Utc>) -> serde_json::Value {
-    serde_json::json!({
-        "id": id, "job": r.job, "trigger": r.trigger.as_str(), "status": r.status.as_str(),
-        "scheduled_at": r.scheduled_at.map(ms), "due_at": ms(r.due_at), "dispatched_at": dispatched_at,
-        "attempt": r.attempt, "input": r.input.as_ref().map(|v| v.to_string()),
-        "parameters": r.parameters.as_ref().map(|v| v.to_string()), "error": r.error,
-        "idempotency_key": r.idempotency_key, "retry_of": r.retry_of,
-        "finished_at": r.status.is_final().then(|| ms(now)),
-        "root_id": r.root_id.as_deref().unwrap_or(id),
-        "job_snapshot": r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()),
-    })
-}
+/// Rows per multi-row statement: 17 columns × 1000 stays well under SQLite's 32,766 bound
+/// parameters.
+const ROWS_PER_STATEMENT: usize = 1000;
 
-/// Inserts runs in one statement, whatever their number.
+/// Inserts runs (id, run, dispatched at) with one multi-row statement per
+/// [`ROWS_PER_STATEMENT`]: binding values directly, no JSON to build or parse.
 async fn insert_rows(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    rows: Vec<serde_json::Value>,
+    rows: &[(String, NewRun, Option<i64>)],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+            "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, parameters, \
+             error, idempotency_key, retry_of, finished_at, root_id, job_snapshot) ",
+        );
+        q.push_values(chunk, |mut b, (id, r, dispatched_at)| {
+            b.push_bind(id.as_str())
+                .push_bind(r.job.as_str())
+                .push_bind(r.trigger.as_str())
+                .push_bind(r.status.as_str())
+                .push_bind(r.scheduled_at.map(ms))
+                .push_bind(ms(r.due_at))
+                .push_bind(ms(now))
+                .push_bind(*dispatched_at)
+                .push_bind(i64::from(r.attempt))
+                .push_bind(r.input.as_ref().map(|v| v.to_string()))
+                .push_bind(r.parameters.as_ref().map(|v| v.to_string()))
+                .push_bind(r.error.as_deref())
+                .push_bind(r.idempotency_key.as_deref())
+                .push_bind(r.retry_of.as_deref())
+                .push_bind(r.status.is_final().then(|| ms(now)))
+                // NULL means "its own root" (reads coalesce): a first attempt stores no copy of its id.
+                .push_bind(r.root_id.as_deref().filter(|root| *root != id.as_str()))
+                .push_bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()));
+        });
+        q.build().execute(&mut **tx).await.ctx("inserting runs")?;
     }
-    sqlx::query(
-        "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, parameters, error,
-                             idempotency_key, retry_of, finished_at, root_id, job_snapshot)
-         SELECT value ->> 'id', value ->> 'job', value ->> 'trigger', value ->> 'status', value ->> 'scheduled_at', value ->> 'due_at', ?2,
-                value ->> 'dispatched_at', value ->> 'attempt', value ->> 'input', value ->> 'parameters', value ->> 'error',
-                value ->> 'idempotency_key', value ->> 'retry_of', value ->> 'finished_at', value ->> 'root_id', value ->> 'job_snapshot'
-         FROM json_each(?1)",
-    )
-    .bind(serde_json::Value::from(rows).to_string())
-    .bind(ms(now))
-    .execute(&mut **tx)
-    .await
-    .ctx("inserting runs")?;
     Ok(())
+}
+
+/// A run handed to the executors with what they need to run it, so the claim does not read
+/// it back.
+#[derive(Debug, Clone)]
+pub(crate) struct Handed {
+    pub(crate) run: Run,
+    pub(crate) snapshot: Option<JobSnapshot>,
 }
 
 /// The result of a recorded tick.
@@ -852,8 +914,59 @@ pub(crate) struct TickOutcome {
     pub(crate) status: RunStatus,
     /// Runs to cancel because the job's overlap policy is `replace`.
     pub(crate) replaced: Vec<String>,
-    /// The run goes to the executors directly (the caller holds its slot).
-    pub(crate) handed: bool,
+    /// The run, when it goes to the executors directly (the caller holds its slot).
+    pub(crate) handed: Option<Handed>,
     /// The run went to the apalis queue in the same transaction.
     pub(crate) pushed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick_run(job: &str, at: DateTime<Utc>) -> NewRun {
+        NewRun {
+            job: job.into(),
+            trigger: Trigger::Cron,
+            status: RunStatus::Queued,
+            scheduled_at: Some(at),
+            due_at: at,
+            attempt: 1,
+            input: None,
+            parameters: None,
+            error: None,
+            idempotency_key: None,
+            retry_of: None,
+            root_id: None,
+            snapshot: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tick_fires_once_even_when_a_batch_repeats_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("t.db")).await.expect("open");
+        store.migrate().await.expect("migrate");
+        let t = DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
+        let first =
+            store.fire_ticks(vec![(tick_run("a", t), Overlap::Allow), (tick_run("b", t), Overlap::Allow)], 0, t).await.expect("fire");
+        assert!(first.iter().all(Option::is_some));
+        // The same ticks again, mixed with a new one: only the new one fires (the insert's
+        // count is short, so the store looks up which keys are its own).
+        let t2 = t + chrono::Duration::seconds(1);
+        let again = store
+            .fire_ticks(
+                vec![(tick_run("a", t), Overlap::Allow), (tick_run("a", t2), Overlap::Allow), (tick_run("b", t), Overlap::Allow)],
+                0,
+                t2,
+            )
+            .await
+            .expect("fire again");
+        assert_eq!(again.iter().map(Option::is_some).collect::<Vec<_>>(), [false, true, false]);
+        let runs = store.list_runs(&RunFilter { limit: Some(10), ..Default::default() }).await.expect("list");
+        assert_eq!(runs.len(), 3, "{runs:#?}");
+        // Pushed (no slot was offered), and each job's last tick is the newest.
+        assert!(again[1].as_ref().is_some_and(|o| o.pushed && o.handed.is_none()));
+        assert_eq!(store.job_state("a").await.expect("state").last_tick, Some(t2));
+    }
 }
