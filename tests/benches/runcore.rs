@@ -264,7 +264,8 @@ fn sustained(bin: &Path, seconds: u64) {
 fn queue(bin: &Path, n: usize) {
     let _ = bin;
     // History kept whole (the default retention of 100 runs would prune it while it drains).
-    let action = "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
+    let action =
+        "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let mut w = Worker::new(&jobs_yaml(1, "0 0 1 1 *", action), 32);
     w.start();
     w.stop();
