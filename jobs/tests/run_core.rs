@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use lamplighter_jobs::{Engine, ManualClock, Outcome, RunContext, RunStatus, TargetRef, Targets, TriggerRequest};
 use serde_json::json;
 
-use support::{config, config_with, finished, start_with, t0, until};
+use support::{config, config_with, finished, runs, start_with, t0, until};
 
 /// `plugin: test` with the action naming the behaviour.
 struct Scripted;
@@ -25,10 +25,14 @@ impl Targets for Scripted {
             assert_eq!(plugin, "test");
             let attempt = ctx.run().attempt;
             match action.as_str() {
-                "sleep" => {
-                    let ms = ctx.run().parameters.as_ref().and_then(|p| p["ms"].as_u64()).unwrap_or(0);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    Outcome::Succeeded { output: json!({"slept_ms": ms}) }
+                // Work that lasts `turns` passes of the runtime: runs end at different moments
+                // around a shutdown without depending on wall-clock time.
+                "work" => {
+                    let turns = ctx.run().parameters.as_ref().and_then(|p| p["turns"].as_u64()).unwrap_or(0);
+                    for _ in 0..turns {
+                        tokio::task::yield_now().await;
+                    }
+                    Outcome::Succeeded { output: json!({"turns": turns}) }
                 }
                 "panic" => panic!("scripted panic"),
                 "checkpointed" => match ctx.checkpoint("fetch").await.expect("read checkpoint") {
@@ -54,52 +58,53 @@ async fn trigger(engine: &Engine, params: serde_json::Value) -> String {
     engine.trigger_job("j", TriggerRequest { parameters: Some(params), ..Default::default() }).await.expect("trigger").run_id
 }
 
-async fn status(engine: &Engine, id: &str) -> RunStatus {
-    engine.get_run(id).await.expect("run").status
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_records_the_end_of_every_run_it_waited_for_every_time() {
-    // Issue 9: after SIGTERM a finished run could stay `running` (the run left the running map
-    // before its end was written, and the drain stopped waiting). Drain 40 times, each time
-    // with the run ending at a different moment around the shutdown, and read each run's
-    // status from the next engine, as a restarted worker would (a run left `running` would be
-    // recovered as `interrupted` there).
+    // Issue 9: after SIGTERM a finished run could stay `running`. Stopping apalis at the start
+    // of the drain cut its fetch off mid-transaction, and the write lock that fetch held
+    // blocked the drained runs' own writes past the grace period. Two slots and six runs per
+    // drain, so most runs go through the apalis queue while the drain happens; the runs end at
+    // different moments around the shutdown. Each drain's runs are read by the next engine, as
+    // a restarted worker would: a run left `running` would be recovered as `interrupted`.
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), "type: plugin\nplugin: test\naction: sleep");
+    let cfg = config_with(dir.path(), "worker:\n  concurrency: 2\n", "type: plugin\nplugin: test\naction: work\noverlap: allow");
     let clock = Arc::new(ManualClock::new(t0()));
-    let mut previous: Option<(u64, String)> = None;
-    for i in 0..=40u64 {
+    let mut previous: Vec<String> = Vec::new();
+    for i in 0..=30u64 {
         let engine = start_with(&cfg, &clock, Arc::new(Scripted)).await;
-        if let Some((n, id)) = previous.take() {
-            let s = status(&engine, &id).await;
-            assert_eq!(s, RunStatus::Succeeded, "drain {n}: the run it waited for was recorded {s}");
+        // No run needs the 10 s grace: a run the drain waited for ends recorded, one it did
+        // not claim stays queued (this engine may be running it by now). Recovery turns a run
+        // left `running` into `interrupted`.
+        for id in previous.drain(..) {
+            let run = engine.get_run(&id).await.expect("run");
+            assert_ne!(run.status, RunStatus::Interrupted, "drain {}: run {id} was left running: {run:#?}", i - 1);
         }
-        if i == 40 {
+        if i == 30 {
             engine.shutdown(Duration::from_secs(10)).await;
             break;
         }
-        let id = trigger(&engine, json!({"ms": i % 8})).await;
-        // Shut down as soon as the run is claimed.
+        for k in 0..6u64 {
+            previous.push(trigger(&engine, json!({"turns": ((i + k) % 8) * 200})).await);
+        }
+        // Shut down once a run is going.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while status(&engine, &id).await == RunStatus::Queued {
-            assert!(tokio::time::Instant::now() < deadline, "run {i} never started");
+        while !runs(&engine).await.iter().any(|r| r.status != RunStatus::Queued) {
+            assert!(tokio::time::Instant::now() < deadline, "no run of drain {i} started");
             tokio::task::yield_now().await;
         }
         engine.shutdown(Duration::from_secs(10)).await;
-        previous = Some((i, id));
     }
 }
 
 #[tokio::test]
 async fn a_drain_before_the_claim_leaves_the_run_queued_for_the_next_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), "type: plugin\nplugin: test\naction: sleep");
+    let cfg = config(dir.path(), "type: plugin\nplugin: test\naction: work");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start_with(&cfg, &clock, Arc::new(Scripted)).await;
     // No executor has it yet when the drain starts (the trigger hands it over; the drain
     // closes the gate before any claim can happen on this single-threaded test runtime).
-    let id = trigger(&engine, json!({"ms": 0})).await;
+    let id = trigger(&engine, json!({"turns": 0})).await;
     engine.shutdown(Duration::from_secs(10)).await;
     drop(engine);
     let engine = start_with(&cfg, &clock, Arc::new(Scripted)).await;
