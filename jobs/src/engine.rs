@@ -58,7 +58,7 @@ pub(crate) struct Shared {
     pub(crate) finished: broadcast::Sender<String>,
     queue: Queue,
     /// Jobs whose history may need pruning; the housekeeper takes them in batches.
-    prune_pending: Mutex<BTreeSet<String>>,
+    prune_pending: Mutex<PrunePending>,
     prune_wake: Notify,
     queue_wake: mpsc::UnboundedSender<()>,
     pub(crate) started_at: DateTime<Utc>,
@@ -167,8 +167,13 @@ impl Shared {
     }
 
     /// Asks the housekeeper to apply the job's retention soon (batched, off the run path).
-    pub(crate) fn prune_soon(&self, job: &str) {
-        self.prune_pending.lock().unwrap_or_else(|e| e.into_inner()).insert(job.to_string());
+    /// `at`: the engine-clock instant of what asked (a run's end, a skipped tick).
+    pub(crate) fn prune_soon(&self, job: &str, at: DateTime<Utc>) {
+        let mut p = self.prune_pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.jobs.insert(job.to_string());
+        // The batch is due [`PRUNE_EVERY`] after its first request, on the engine's clock.
+        p.since = Some(p.since.map_or(at, |s| s.min(at)));
+        drop(p);
         self.prune_wake.notify_one();
     }
 
@@ -184,7 +189,7 @@ impl Shared {
 
     /// Applies retention to every job waiting for it.
     pub(crate) async fn prune_now(&self) {
-        let pending = std::mem::take(&mut *self.prune_pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let pending = std::mem::take(&mut *self.prune_pending.lock().unwrap_or_else(|e| e.into_inner())).jobs;
         let jobs = self.jobs();
         let now = self.clock.now();
         for name in pending {
@@ -312,7 +317,7 @@ impl Engine {
             executors,
             finished,
             queue_wake,
-            prune_pending: Mutex::new(BTreeSet::new()),
+            prune_pending: Mutex::new(PrunePending::default()),
             prune_wake: Notify::new(),
             started_at: now,
             next_wake_ms: AtomicI64::new(i64::MAX),
@@ -432,6 +437,13 @@ const STOP_TASK: Duration = Duration::from_secs(2);
 /// How long interrupted runs may take to record their end after the grace period.
 const RECORD_INTERRUPTED: Duration = Duration::from_secs(10);
 
+/// Jobs whose history may need pruning, and when the first of them asked.
+#[derive(Debug, Default)]
+struct PrunePending {
+    jobs: BTreeSet<String>,
+    since: Option<DateTime<Utc>>,
+}
+
 /// Pruning waits when a tick is this close, and until this long after it.
 const PRUNE_CLEARANCE_MS: i64 = 250;
 
@@ -446,7 +458,11 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
             _ = shared.prune_wake.notified() => {}
             _ = stop.cancelled() => break,
         }
-        let batch_until = shared.clock.now() + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
+        // Due PRUNE_EVERY after the first request of the batch (not after this wake: a clock
+        // that moved on meanwhile must not push the batch further out).
+        let since = shared.prune_pending.lock().unwrap_or_else(|e| e.into_inner()).since;
+        let Some(since) = since else { continue };
+        let batch_until = since + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
         tokio::select! {
             () = shared.clock.sleep_until(batch_until) => {}
             () = stop.cancelled() => {}

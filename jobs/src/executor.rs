@@ -357,7 +357,7 @@ async fn recorder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>
             if recorded && f.end.retry {
                 schedule_retry(&shared, &f.run, now).await;
             }
-            shared.prune_soon(&f.run.job);
+            shared.prune_soon(&f.run.job, now);
             shared.run_finished(&f.run.id);
             drop(f.slot);
             drop(f.pass);

@@ -261,7 +261,7 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
         if o.status == RunStatus::Skipped {
             tracing::info!(job = %job, %tick, run = %o.run_id, "tick skipped");
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
-            shared.prune_soon(&job);
+            shared.prune_soon(&job, now);
         }
         for old in o.replaced {
             shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;
