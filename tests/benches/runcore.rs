@@ -19,6 +19,10 @@
 //! - idle: 10,000 jobs defined, nothing due: start to `/readyz`, idle RSS.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
+use common::{bin, ready, rss_kb};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,31 +36,16 @@ fn main() {
     if scenarios.is_empty() {
         scenarios = vec!["burst", "sustained", "queue", "idle"];
     }
-    let bin = bin();
-    println!("binary: {}", bin.display());
+    println!("binary: {}", bin().display());
     for s in scenarios {
         match s {
-            "burst" => burst(&bin, seconds),
-            "sustained" => sustained(&bin, seconds),
-            "queue" => queue(&bin, 50_000),
-            "idle" => idle(&bin, 10_000),
+            "burst" => burst(seconds),
+            "sustained" => sustained(seconds),
+            "queue" => queue(50_000),
+            "idle" => idle(10_000),
             _ => unreachable!(),
         }
     }
-}
-
-fn bin() -> PathBuf {
-    if let Ok(b) = std::env::var("LAMPLIGHTER_BIN") {
-        return b.into();
-    }
-    let mut p = std::env::current_exe().expect("current exe");
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    let b = p.join("lamplighter");
-    assert!(b.exists(), "{} not built: run `cargo build --release -p lamplighter-worker` first", b.display());
-    b
 }
 
 struct Worker {
@@ -136,18 +125,6 @@ impl Drop for Worker {
     }
 }
 
-fn ready(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(s, "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.1 200")
-}
-
 fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
     let mut s = String::with_capacity(n * 160);
     for i in 0..n {
@@ -157,11 +134,6 @@ fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
 }
 
 const SAVE: &str = "      plugin: file-save\n      action: save\n      parameters: { path: \"out/{i}.txt\", content: \"x\" }\n";
-
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
@@ -199,8 +171,7 @@ fn summary(label: &str, mut v: Vec<i64>) {
     println!("{label}: n {} p50 {} p99 {} max {}", v.len(), pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1]);
 }
 
-fn burst(bin: &Path, seconds: u64) {
-    let _ = bin;
+fn burst(seconds: u64) {
     let mut w = Worker::new(&jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
     let ready = w.start();
     println!("\n== burst: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
@@ -234,8 +205,7 @@ fn burst(bin: &Path, seconds: u64) {
     println!("SIGTERM to exit: {} ms", exit.as_millis());
 }
 
-fn sustained(bin: &Path, seconds: u64) {
-    let _ = bin;
+fn sustained(seconds: u64) {
     let mut w = Worker::new(&jobs_yaml(1000, "* * * * * *", SAVE), 1000);
     w.start();
     println!("\n== sustained: 1,000 jobs every second, concurrency 1000, {seconds} s ==");
@@ -261,8 +231,7 @@ fn sustained(bin: &Path, seconds: u64) {
     println!("SIGTERM to exit: {} ms (shutdown_grace 30 s)", exit.as_millis());
 }
 
-fn queue(bin: &Path, n: usize) {
-    let _ = bin;
+fn queue(n: usize) {
     // History kept whole (the default retention of 100 runs would prune it while it drains).
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
@@ -307,8 +276,7 @@ fn queue(bin: &Path, n: usize) {
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
 }
 
-fn idle(bin: &Path, n: usize) {
-    let _ = bin;
+fn idle(n: usize) {
     let mut w = Worker::new(&jobs_yaml(n, "0 0 1 1 *", SAVE), 32);
     let ready = w.start();
     std::thread::sleep(Duration::from_secs(3));

@@ -16,7 +16,11 @@
 //! worker's threads over the idle window (`/proc/PID/task/*/status`).
 #![allow(clippy::disallowed_methods)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{bin, ready, rss_kb};
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,20 +38,6 @@ fn main() {
         loaded(&bin, n, seconds, concurrency);
         idle(&bin, n, idle_seconds);
     }
-}
-
-fn bin() -> PathBuf {
-    if let Ok(b) = std::env::var("LAMPLIGHTER_BIN") {
-        return b.into();
-    }
-    let mut p = std::env::current_exe().expect("current exe");
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    let b = p.join("lamplighter");
-    assert!(b.exists(), "{} not built: run `cargo build --release -p lamplighter-worker` first", b.display());
-    b
 }
 
 struct Worker {
@@ -106,18 +96,6 @@ impl Worker {
     }
 }
 
-fn ready(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(s, "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.1 200")
-}
-
 fn jobs_yaml(n: usize, schedule: impl Fn(usize) -> String) -> String {
     let mut s = String::with_capacity(n * 160);
     for i in 0..n {
@@ -170,11 +148,6 @@ fn idle(bin: &Path, n: usize, seconds: u64) {
         after.saturating_sub(before) as f64 / seconds as f64
     );
     let _ = w.stop();
-}
-
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
 /// Voluntary plus involuntary context switches of every thread: each wake-up is one.

@@ -46,12 +46,9 @@ pub async fn start_with(config: &Config, clock: &Arc<ManualClock>, targets: Arc<
     let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
     let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets };
     let engine = Engine::start(config, opts).await.expect("engine starts");
-    // Time may only move once the scheduler has planned from the start instant.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !engine.ready().await {
-        assert!(tokio::time::Instant::now() < deadline, "engine not ready in 10 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Time may only move once the scheduler has planned from the start instant: wait for its
+    // first pass.
+    tokio::time::timeout(Duration::from_secs(10), engine.scheduled_through_now()).await.expect("no scheduler pass in 10 s");
     engine
 }
 
