@@ -1,5 +1,5 @@
-//! The engine: owns the store, the scheduler task and the queue worker, and the shared state
-//! they use. Start, reload and shutdown go through here.
+//! The engine: owns the store, the scheduler, the queue worker, the recorder and the shared
+//! state they use. Start, reload and shutdown go through here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -8,19 +8,20 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::channel::mpsc;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{Config, JobConfig, StorageConfig};
 
 use crate::clock::Clock;
 use crate::decide::StopReason;
-use crate::executor::{self, Executors, Queue, Running};
+use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::schedule::Schedule;
-use crate::store::{NewRun, Store, StoreError};
+use crate::signals::{Signal, Signals};
+use crate::store::sqlite::SqliteStore;
+use crate::store::{RunStore, StoreError};
 use crate::target::Targets;
 
 /// Engine start-up failures.
@@ -34,39 +35,33 @@ pub enum EngineError {
     Locked(String),
 }
 
-/// State shared by the scheduler, the executor and the service.
+/// State shared by the scheduler, the executors, the queue worker and the service; each
+/// reaches it through the methods below.
 ///
 /// Locking rule: the `std` locks here guard plain data and are never held across `.await`.
 pub(crate) struct Shared {
-    pub(crate) store: Store,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) targets: Arc<dyn Targets>,
-    pub(crate) worker_name: String,
-    pub(crate) concurrency: usize,
+    store: Arc<dyn RunStore>,
+    clock: Arc<dyn Clock>,
+    targets: Arc<dyn Targets>,
+    signals: Arc<dyn Signals>,
+    worker_name: String,
     config: RwLock<Arc<JobsConfig>>,
-    /// Wakes the scheduler: a job changed, a run finished, a run was queued.
-    pub(crate) wake: Notify,
-    /// Set before `wake` when the plan must be rebuilt (reload, pause, resume).
-    pub(crate) replan: AtomicBool,
-    pub(crate) scheduler_alive: AtomicBool,
-    pub(crate) running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Runs executing in this process, by id.
+    running: Mutex<HashMap<String, Arc<Running>>>,
     /// Every run from before its claim until its end is recorded; closed by the drain.
-    pub(crate) gate: Arc<Gate>,
-    /// The `worker.concurrency` slots and the claimer's way in.
-    pub(crate) executors: Executors,
-    /// Run ids as they finish, for `wait`.
-    pub(crate) finished: broadcast::Sender<String>,
-    queue: Queue,
+    gate: Arc<Gate>,
+    /// The `worker.concurrency` slots and the way to the recorder.
+    executors: Executors,
     /// Jobs whose history may need pruning; the housekeeper takes them in batches.
     prune_pending: Mutex<PrunePending>,
     prune_wake: Notify,
-    queue_wake: mpsc::UnboundedSender<()>,
-    pub(crate) started_at: DateTime<Utc>,
+    started_at: DateTime<Utc>,
+    scheduler_alive: AtomicBool,
     /// When the scheduler wakes next (ms since the epoch; `i64::MAX`: nothing planned), so
     /// background work can keep out of the way of ticks.
-    pub(crate) next_wake_ms: AtomicI64,
+    next_wake_ms: AtomicI64,
     /// The clock instant of the scheduler's last completed pass.
-    pub(crate) passes: tokio::sync::watch::Sender<DateTime<Utc>>,
+    passes: tokio::sync::watch::Sender<DateTime<Utc>>,
 }
 
 /// The part of the config the engine needs, swapped whole on reload.
@@ -112,6 +107,38 @@ impl JobsConfig {
 }
 
 impl Shared {
+    pub(crate) fn store(&self) -> &dyn RunStore {
+        &*self.store
+    }
+
+    pub(crate) fn store_handle(&self) -> Arc<dyn RunStore> {
+        self.store.clone()
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn targets(&self) -> &dyn Targets {
+        &*self.targets
+    }
+
+    pub(crate) fn worker_name(&self) -> &str {
+        &self.worker_name
+    }
+
+    pub(crate) fn started_at(&self) -> DateTime<Utc> {
+        self.started_at
+    }
+
+    pub(crate) fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    pub(crate) fn executors(&self) -> &Executors {
+        &self.executors
+    }
+
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
         self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone()
     }
@@ -130,18 +157,75 @@ impl Shared {
         self.config.read().unwrap_or_else(|e| e.into_inner()).data_dir.clone()
     }
 
-    pub(crate) fn wake_scheduler(&self) {
-        self.wake.notify_one();
+    fn set_config(&self, config: JobsConfig) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        self.signals.publish(Signal::JobChanged);
     }
 
-    pub(crate) fn replan(&self) {
-        self.replan.store(true, Ordering::SeqCst);
-        self.wake.notify_one();
+    // Signals.
+
+    pub(crate) fn subscribe(&self) -> crate::signals::Receiver {
+        self.signals.subscribe()
+    }
+
+    pub(crate) fn wake_scheduler(&self) {
+        self.signals.publish(Signal::Wake);
+    }
+
+    /// A job changed (paused, resumed): the scheduler rebuilds its plan.
+    pub(crate) fn job_changed(&self) {
+        self.signals.publish(Signal::JobChanged);
+    }
+
+    /// Tasks were pushed: the queue worker takes them into free slots.
+    pub(crate) fn tasks_pushed(&self) {
+        self.signals.publish(Signal::TasksPushed);
     }
 
     pub(crate) fn run_finished(&self, id: &str) {
-        let _ = self.finished.send(id.to_string());
-        self.wake_scheduler();
+        self.signals.publish(Signal::RunFinished(id.to_string()));
+    }
+
+    // The scheduler's state, for readiness and for background work.
+
+    pub(crate) fn scheduler_alive(&self, alive: bool) {
+        self.scheduler_alive.store(alive, Ordering::SeqCst);
+    }
+
+    /// A scheduler pass through `now` is complete; it wakes next at `next` (none: nothing
+    /// planned).
+    pub(crate) fn pass_done(&self, now: DateTime<Utc>, next: Option<DateTime<Utc>>) {
+        self.next_wake_ms.store(next.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
+        self.passes.send_replace(now);
+    }
+
+    // Runs executing here.
+
+    /// Registers a run that starts executing here.
+    pub(crate) fn track(&self, id: &str) -> Arc<Running> {
+        let entry = Arc::new(Running::default());
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), entry.clone());
+        entry
+    }
+
+    /// Forgets a run whose end is recorded (or given up on).
+    pub(crate) fn untrack(&self, id: &str) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    /// Stops a run if it executes here.
+    pub(crate) fn stop_here(&self, id: &str, why: String) -> bool {
+        match self.tracked(id) {
+            Some(r) => {
+                r.stop(StopReason::Cancelled(why));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn tracked(&self, id: &str) -> Option<Arc<Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
     /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
@@ -154,11 +238,7 @@ impl Shared {
         now: DateTime<Utc>,
     ) -> Result<Option<String>, StoreError> {
         match due_at {
-            Some(due) => {
-                let snapshot = self.store.snapshot(&run.id).await?;
-                let (id, _) = self.store.insert_run(NewRun::follow_up(run, snapshot, due), now).await?;
-                Ok(Some(id))
-            }
+            Some(due) => self.store.follow_up(run, due, now).await,
             None => {
                 self.store.mark_no_follow_up(&run.id).await?;
                 Ok(None)
@@ -199,33 +279,31 @@ impl Shared {
                 tracing::warn!(job = %name, error = %e, "cannot prune run history");
             }
         }
-        if let Err(e) = self.store.prune_shared().await {
-            tracing::warn!(error = %e, "cannot prune the queue");
-        }
         self.clear_of_ticks().await;
-        if let Err(e) = self.store.checkpoint_wal().await {
-            tracing::warn!(error = %e, "cannot checkpoint the database");
+        if let Err(e) = self.store.housekeeping().await {
+            tracing::warn!(error = %e, "cannot tidy the database");
         }
-    }
-
-    /// Tells the queue worker that tasks were pushed.
-    pub(crate) fn wake_queue(&self) {
-        let _ = self.queue_wake.unbounded_send(());
     }
 
     /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
     /// records the reason itself.
     pub(crate) async fn stop_run(&self, id: &str, why: String, now: DateTime<Utc>) -> bool {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
-        if let Some(r) = running {
-            r.stop(StopReason::Cancelled(why));
+        if self.stop_here(id, why.clone()) {
             return true;
         }
         let done = self.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
         if done {
             self.run_finished(id);
+            return true;
         }
-        done
+        // Running, but not here: whichever worker runs it stops it.
+        match self.store.get_run(id).await {
+            Ok(Some(run)) if run.status == RunStatus::Running => {
+                self.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -238,13 +316,13 @@ pub struct Engine {
 }
 
 struct Tasks {
+    /// The scheduler and the housekeeper.
     stop_scheduler: CancellationToken,
-    stop_queue: CancellationToken,
-    stop_executors: CancellationToken,
+    /// The queue worker, the recorder and the canceller: after the drain.
+    stop_runs: CancellationToken,
     scheduler: tokio::task::JoinHandle<()>,
     housekeeper: tokio::task::JoinHandle<()>,
-    queue: tokio::task::JoinHandle<Result<(), String>>,
-    executors: Vec<tokio::task::JoinHandle<()>>,
+    runs: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// How to start the engine.
@@ -258,8 +336,9 @@ pub struct EngineOptions {
 /// Applies migrations without starting anything (`lamplighter migrate`).
 pub async fn migrate(config: &Config) -> Result<PathBuf, EngineError> {
     let path = sqlite_path(config)?;
-    let store = Store::open(&path).await?;
+    let store = SqliteStore::open(&path).await?;
     store.migrate().await?;
+    store.close().await;
     Ok(path)
 }
 
@@ -295,73 +374,63 @@ impl Engine {
                 path.display()
             )));
         }
-        let store = Store::open(&path).await?;
+        let store = SqliteStore::open(&path).await?;
         store.migrate().await?;
-        let (queue_wake, queue_rx) = mpsc::unbounded();
-        let (executors, executor_rx) = Executors::new(config.worker.concurrency);
-        let (finished, _) = broadcast::channel(1024);
+        let store: Arc<dyn RunStore> = Arc::new(store);
+        let (executors, recorder_rx) = Executors::new(config.worker.concurrency);
         let now = opts.clock.now();
         let shared = Arc::new(Shared {
-            queue: executor::queue(store.pool(), config.worker.concurrency),
             store,
             clock: opts.clock,
             targets: opts.targets,
+            signals: Arc::new(crate::signals::Local::new()),
             worker_name: opts.worker_name,
-            concurrency: config.worker.concurrency,
             config: RwLock::new(Arc::new(JobsConfig::of(config))),
-            wake: Notify::new(),
-            replan: AtomicBool::new(true),
-            scheduler_alive: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
             gate: Arc::new(Gate::new()),
             executors,
-            finished,
-            queue_wake,
             prune_pending: Mutex::new(PrunePending::default()),
             prune_wake: Notify::new(),
             started_at: now,
+            scheduler_alive: AtomicBool::new(false),
             next_wake_ms: AtomicI64::new(i64::MAX),
             passes: tokio::sync::watch::Sender::new(DateTime::<Utc>::MIN_UTC),
         });
         recover(&shared, now).await?;
         let stop_scheduler = CancellationToken::new();
-        let stop_queue = CancellationToken::new();
-        let stop_executors = CancellationToken::new();
-        let executor_tasks = executor::start(&shared, executor_rx, stop_executors.clone());
-        let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), stop_scheduler.clone()));
+        let stop_runs = CancellationToken::new();
+        // Subscribed before any task runs, so no signal sent from here on is missed.
+        let queue_signals = shared.subscribe();
+        let cancel_signals = shared.subscribe();
+        let scheduler_signals = shared.subscribe();
+        let runs = vec![
+            tokio::spawn(executor::recorder(shared.clone(), recorder_rx, stop_runs.clone())),
+            tokio::spawn(crate::queue::consume(shared.clone(), queue_signals, stop_runs.clone())),
+            tokio::spawn(executor::canceller(shared.clone(), cancel_signals, stop_runs.clone())),
+        ];
+        let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
-        let queue = tokio::spawn(executor::run_worker(shared.clone(), shared.queue.clone(), queue_rx, stop_queue.clone()));
         Ok(Engine {
             shared,
-            tasks: Arc::new(Mutex::new(Some(Tasks {
-                stop_scheduler,
-                stop_queue,
-                stop_executors,
-                scheduler,
-                housekeeper,
-                queue,
-                executors: executor_tasks,
-            }))),
+            tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_runs, scheduler, housekeeper, runs }))),
             _lock: Arc::new(lock),
         })
     }
 
     /// Swaps in a new set of jobs; the scheduler replans at once.
     pub fn reload(&self, config: &Config) {
-        *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(JobsConfig::of(config));
-        self.shared.replan();
+        self.shared.set_config(JobsConfig::of(config));
     }
 
     /// Runs a scheduler pass now and waits until a pass at or after the clock's current time
-    /// has completed — every tick due by then fired, every run that could start handed over —
-    /// and the claims it handed over are made. With a manual clock this is how a test knows
-    /// that nothing happened *because nothing was due*, without sleeping.
+    /// has completed — every tick due by then fired, every run that could start claimed and
+    /// started. With a manual clock this is how a test knows that nothing happened *because
+    /// nothing was due*, without sleeping.
     pub async fn scheduled_through_now(&self) {
         let t = self.shared.clock.now();
         let mut rx = self.shared.passes.subscribe();
         self.shared.wake_scheduler();
         let _ = rx.wait_for(|p| *p >= t).await;
-        self.shared.executors.claims_settled().await;
     }
 
     /// Storage reachable, migrations applied, scheduler running.
@@ -387,9 +456,9 @@ impl Engine {
             return;
         };
         // No new claims from here on: runs not yet claimed stay queued for the next start.
-        // The queue worker keeps running (every task it hands over is refused at the gate)
-        // until the drain is over: stopping it cuts its fetch off mid-transaction, and the
-        // write lock that fetch holds would block the drained runs' own writes.
+        // The queue worker keeps running (it stops claiming at the closed gate) until the
+        // drain is over: stopping it could cut a claim off mid-transaction, and the write lock
+        // that claim holds would block the drained runs' own writes.
         self.shared.gate.close();
         tasks.stop_scheduler.cancel();
         // Every scheduler write is one transaction, so a scheduler stopped mid-write loses
@@ -412,15 +481,9 @@ impl Engine {
                 tracing::error!(runs = self.shared.gate.passes(), "runs did not record their end; they will be recovered at next start");
             }
         }
-        tasks.stop_queue.cancel();
-        tasks.stop_executors.cancel();
-        for t in tasks.executors {
+        tasks.stop_runs.cancel();
+        for t in tasks.runs {
             let _ = tokio::time::timeout(STOP_TASK, t).await;
-        }
-        match tokio::time::timeout(STOP_TASK, tasks.queue).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "queue worker"),
-            Err(_) => tracing::warn!("queue worker did not stop in time"),
-            _ => {}
         }
         // A transaction abandoned mid-way (a fetch cut off by the stop) is rolled back only
         // when its connection is used again; closing the pool rolls it back now, so no write

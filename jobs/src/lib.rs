@@ -6,10 +6,12 @@ mod decide;
 mod engine;
 mod executor;
 mod gate;
+mod queue;
 mod run;
 mod schedule;
 mod scheduler;
 mod service;
+mod signals;
 mod store;
 mod target;
 

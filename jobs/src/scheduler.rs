@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -15,7 +14,8 @@ use lamplighter_config::{CatchUp, JobConfig, Overlap};
 use crate::engine::Shared;
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::{Schedule, jitter_for};
-use crate::store::NewRun;
+use crate::signals::{Receiver, Signal};
+use crate::store::{Claim, DUE_BATCH, NewRun};
 use crate::target::JobSnapshot;
 
 /// A tick later than this is "missed" and follows the job's catch-up policy.
@@ -59,50 +59,54 @@ impl Plan {
     }
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: CancellationToken) {
     let mut plan = Plan::default();
-    shared.replan.store(true, Ordering::SeqCst);
+    let mut replan = true;
     loop {
-        if shared.replan.swap(false, Ordering::SeqCst) {
+        if replan {
             plan = build_plan(&shared).await;
+            replan = false;
         }
-        let now = shared.clock.now();
+        let now = shared.clock().now();
         fire_due(&shared, &mut plan, now).await;
-        if dispatch_due(&shared, now).await {
-            // A backlog larger than one batch: hand over the next batch at once.
-            shared.wake_scheduler();
-        }
-        shared.scheduler_alive.store(true, Ordering::SeqCst);
-        shared.passes.send_replace(now);
-
+        // A backlog larger than one batch: hand over the next batch at once.
+        let more = dispatch_due(&shared, now).await;
+        shared.scheduler_alive(true);
         let next_tick = plan.order.first().map(|(t, _)| *t);
-        let next_due = shared.store.next_due().await.ok().flatten().filter(|t| *t > now);
+        let next_due = shared.store().next_due().await.ok().flatten().filter(|t| *t > now);
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
-        shared.next_wake_ms.store(wake_at.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
+        shared.pass_done(now, wake_at);
+        if more {
+            continue;
+        }
         let sleep = match wake_at {
-            Some(t) => shared.clock.sleep_until(t),
+            Some(t) => shared.clock().sleep_until(t),
             None => Box::pin(std::future::pending()),
         };
-        tokio::select! {
-            _ = sleep => {}
-            _ = shared.wake.notified() => {}
-            _ = stop.cancelled() => break,
+        let woken = tokio::select! {
+            () = sleep => Vec::new(),
+            s = signals.recv() => match s { Some(s) => vec![s], None => break },
+            () = stop.cancelled() => break,
+        };
+        // Every signal so far is covered by the next pass.
+        for s in woken.into_iter().chain(signals.drain()) {
+            replan |= matches!(s, Signal::JobChanged | Signal::Lagged);
         }
     }
-    shared.scheduler_alive.store(false, Ordering::SeqCst);
+    shared.scheduler_alive(false);
 }
 
 async fn build_plan(shared: &Shared) -> Plan {
     let snapshot = shared.snapshot();
     let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
-    let states = match shared.store.job_states().await {
+    let states = match shared.store().job_states().await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot read job state; scheduling from now");
             HashMap::new()
         }
     };
-    let now = shared.clock.now();
+    let now = shared.clock().now();
     let mut plan = Plan::default();
     for (name, cfg) in jobs.iter() {
         let paused = states.get(name).is_some_and(|s| s.paused);
@@ -117,7 +121,7 @@ async fn build_plan(shared: &Shared) -> Plan {
     plan
 }
 
-async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
+async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
     let began = std::time::Instant::now();
     let jobs = shared.jobs();
     // Every tick due now, of every job, goes to the database in one transaction.
@@ -185,7 +189,7 @@ async fn fire_due(shared: &Shared, plan: &mut Plan, now: DateTime<Utc>) {
         }
     }
     for (job, tick) in skipped_last {
-        if let Err(e) = shared.store.set_last_tick(&job, tick).await {
+        if let Err(e) = shared.store().set_last_tick(&job, tick).await {
             tracing::error!(job = %job, error = %e, "cannot save the last tick");
         }
     }
@@ -227,12 +231,14 @@ fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigge
     }
 }
 
-async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
+async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
-    // Free slots now: that many of the runs go straight to the executors after the commit.
-    let mut slots = shared.executors.reserve(batch.len());
+    // Free slots now: that many of the runs are claimed in the tick's own transaction and
+    // start right after its commit.
+    let mut tickets = shared.executors().tickets(shared.gate(), batch.len());
     let began = std::time::Instant::now();
-    let outcomes = shared.store.fire_ticks(batch, slots.len(), now).await;
+    let claim = Claim { worker: shared.worker_name(), slots: tickets.len() };
+    let outcomes = shared.store().fire_ticks(batch, claim, now).await;
     tracing::debug!(tx_us = began.elapsed().as_micros() as u64, "tick transaction");
     let outcomes = match outcomes {
         Ok(o) => o,
@@ -240,57 +246,61 @@ async fn fire_batch(shared: &Shared, batch: Vec<(NewRun, Overlap)>, now: DateTim
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
             // ticks are fired again (or caught up) once the database answers.
             tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");
-            drop(slots);
+            drop(tickets);
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            shared.replan();
+            shared.job_changed();
             return;
         }
     };
+    let mut handed = Vec::new();
+    let mut later = Vec::new();
     let mut pushed = false;
     for ((job, tick), outcome) in keys.into_iter().zip(outcomes) {
         let Some(o) = outcome else {
             tracing::debug!(job = %job, %tick, "tick already fired");
             continue;
         };
-        if let Some(handed) = o.handed
-            && let Some(slot) = slots.pop()
-        {
-            shared.executors.submit_known(handed, slot);
-        }
+        handed.extend(o.handed);
         pushed |= o.pushed;
-        if o.status == RunStatus::Skipped {
-            tracing::info!(job = %job, %tick, run = %o.run_id, "tick skipped");
+        later.push((job, tick, o.run_id, o.status, o.replaced));
+    }
+    // Started before anything else is looked at.
+    tickets.truncate(handed.len());
+    crate::executor::launch(shared, handed, tickets);
+    if pushed {
+        shared.tasks_pushed();
+    }
+    for (job, tick, run_id, status, replaced) in later {
+        if status == RunStatus::Skipped {
+            tracing::info!(job = %job, %tick, run = %run_id, "tick skipped");
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
             shared.prune_soon(&job, now);
         }
-        for old in o.replaced {
-            shared.stop_run(&old, format!("replaced by run {} (overlap: replace)", o.run_id), now).await;
+        for old in replaced {
+            shared.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
         }
-    }
-    if pushed {
-        shared.wake_queue();
     }
 }
 
-/// Hands due queued runs over (directly to free slots, the rest through the queue), holding
+/// Hands due queued runs over (claimed into free slots, the rest through the queue), holding
 /// back runs of `overlap: queue` jobs while an earlier run of the same job is going. Returns
 /// true when it stopped at its batch limit and more may be due.
-pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) -> bool {
-    let due = match shared.store.due_undispatched(now).await {
+pub(crate) async fn dispatch_due(shared: &Arc<Shared>, now: DateTime<Utc>) -> bool {
+    let due = match shared.store().due_undispatched(now).await {
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "cannot read due runs");
             return false;
         }
     };
-    let more = due.len() >= crate::store::DUE_BATCH;
+    let more = due.len() >= DUE_BATCH;
     let jobs = shared.jobs();
     let mut held: Vec<String> = Vec::new();
     let mut ready: Vec<String> = Vec::with_capacity(due.len());
     for (id, job) in due {
         let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
         if queue_policy {
-            if held.contains(&job) || shared.store.has_dispatched_active(&job).await.unwrap_or(false) {
+            if held.contains(&job) || shared.store().has_dispatched_active(&job).await.unwrap_or(false) {
                 held.push(job);
                 continue;
             }
@@ -301,17 +311,13 @@ pub(crate) async fn dispatch_due(shared: &Shared, now: DateTime<Utc>) -> bool {
     if ready.is_empty() {
         return more;
     }
-    let mut slots = shared.executors.reserve(ready.len());
-    let queued = ready.split_off(slots.len());
-    match shared.store.dispatch_many(&ready, &queued, now).await {
-        Ok(handed) => {
-            for id in handed {
-                if let Some(slot) = slots.pop() {
-                    shared.executors.submit(id, slot);
-                }
-            }
+    let tickets = shared.executors().tickets(shared.gate(), ready.len());
+    let queued = ready.split_off(tickets.len());
+    match shared.store().dispatch(&ready, &queued, shared.worker_name(), now).await {
+        Ok(claimed) => {
+            crate::executor::launch(shared, claimed, tickets);
             if !queued.is_empty() {
-                shared.wake_queue();
+                shared.tasks_pushed();
             }
         }
         Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),

@@ -13,6 +13,7 @@ use lamplighter_config::{JobConfig, ScheduleSpec};
 use crate::engine::Engine;
 use crate::run::{Run, RunStatus, Trigger};
 use crate::schedule::Schedule;
+use crate::signals::Signal;
 use crate::store::{NewRun, RunFilter, StoreError};
 use crate::target::JobSnapshot;
 
@@ -203,9 +204,9 @@ impl Engine {
     /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
     /// page's `next_cursor`).
     pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize) -> Result<JobPage, ServiceError> {
-        let states = self.shared.store.job_states().await?;
-        let last = self.shared.store.last_runs().await?;
-        let now = self.shared.clock.now();
+        let states = self.shared.store().job_states().await?;
+        let last = self.shared.store().last_runs().await?;
+        let now = self.shared.clock().now();
         let snapshot = self.shared.snapshot();
         let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
         let start = match after {
@@ -228,10 +229,11 @@ impl Engine {
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
         let job = self.job_or_err(name)?;
-        let state = self.shared.store.job_state(name).await?;
-        let recent = self.shared.store.list_runs(&RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() }).await?;
-        let counts = self.shared.store.counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
-        let now = self.shared.clock.now();
+        let state = self.shared.store().job_state(name).await?;
+        let recent =
+            self.shared.store().list_runs(&RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() }).await?;
+        let counts = self.shared.store().counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
+        let now = self.shared.clock().now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
         let summary = self.summary(&job, self.shared.snapshot().schedules.get(name).map(|s| &**s), Some(&state), recent.first(), now);
         Ok(JobDetail {
@@ -249,7 +251,7 @@ impl Engine {
     /// The next `n` fire times of a job (whether or not it is paused).
     pub fn next_fire_times(&self, name: &str, n: usize) -> Result<Vec<FireTime>, ServiceError> {
         let job = self.job_or_err(name)?;
-        Ok(self.next_fires(&job, self.shared.clock.now(), n.clamp(1, 1000)))
+        Ok(self.next_fires(&job, self.shared.clock().now(), n.clamp(1, 1000)))
     }
 
     fn next_fires(&self, job: &JobConfig, now: DateTime<Utc>, n: usize) -> Vec<FireTime> {
@@ -264,8 +266,8 @@ impl Engine {
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.
     pub async fn pause_job(&self, name: &str, reason: Option<&str>) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
-        self.shared.store.set_paused(name, true, reason, self.shared.clock.now()).await?;
-        self.shared.replan();
+        self.shared.store().set_paused(name, true, reason, self.shared.clock().now()).await?;
+        self.shared.job_changed();
         tracing::info!(job = name, reason = reason.unwrap_or(""), "job paused");
         self.summary_of(name).await
     }
@@ -273,20 +275,20 @@ impl Engine {
     /// Resumes a job. Ticks missed while paused are not caught up.
     pub async fn resume_job(&self, name: &str) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
-        let now = self.shared.clock.now();
-        self.shared.store.set_paused(name, false, None, now).await?;
-        self.shared.store.set_last_tick(name, now).await?;
-        self.shared.replan();
+        let now = self.shared.clock().now();
+        self.shared.store().set_paused(name, false, None, now).await?;
+        self.shared.store().set_last_tick(name, now).await?;
+        self.shared.job_changed();
         tracing::info!(job = name, "job resumed");
         self.summary_of(name).await
     }
 
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {
         let job = self.job_or_err(name)?;
-        let state = self.shared.store.job_state(name).await?;
-        let last = self.shared.store.list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
+        let state = self.shared.store().job_state(name).await?;
+        let last = self.shared.store().list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
         let snapshot = self.shared.snapshot();
-        Ok(self.summary(&job, snapshot.schedules.get(name).map(|s| &**s), Some(&state), last.first(), self.shared.clock.now()))
+        Ok(self.summary(&job, snapshot.schedules.get(name).map(|s| &**s), Some(&state), last.first(), self.shared.clock().now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.
@@ -305,7 +307,7 @@ impl Engine {
         {
             return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
         }
-        let now = self.shared.clock.now();
+        let now = self.shared.clock().now();
         let snapshot = JobSnapshot::of(&job);
         let run = NewRun {
             job: name.to_string(),
@@ -322,7 +324,7 @@ impl Engine {
             root_id: None,
             snapshot: Some(snapshot),
         };
-        let (run_id, created) = self.shared.store.insert_run(run, now).await?;
+        let (run_id, created) = self.shared.store().insert_run(run, now).await?;
         if created && crate::scheduler::dispatch_due(&self.shared, now).await {
             self.shared.wake_scheduler();
         }
@@ -331,7 +333,7 @@ impl Engine {
 
     /// Waits until a run reaches a final status (or `timeout` passes) and returns it.
     pub async fn wait_run(&self, id: &str, timeout: Option<Duration>) -> Result<Run, ServiceError> {
-        let mut rx = self.shared.finished.subscribe();
+        let mut rx = self.shared.subscribe();
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
             let run = self.get_run(id).await?;
@@ -341,10 +343,10 @@ impl Engine {
             let recv = async {
                 loop {
                     match rx.recv().await {
-                        Ok(done) if done == id => return,
-                        Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
-                        Err(_) => std::future::pending::<()>().await,
+                        Some(Signal::RunFinished(done)) if done == id => return,
+                        Some(Signal::Lagged) => return,
+                        Some(_) => {}
+                        None => std::future::pending::<()>().await,
                     }
                 }
             };
@@ -364,19 +366,19 @@ impl Engine {
             && self.shared.job(j).is_none()
         {
             // Runs of a removed job are still listed when they exist.
-            let any = self.shared.store.list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
+            let any = self.shared.store().list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
             if any.is_empty() {
                 self.job_or_err(j)?;
             }
         }
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
-        let runs = self.shared.store.list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
+        let runs = self.shared.store().list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
         let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
         Ok(RunPage { runs, next_cursor })
     }
 
     pub async fn get_run(&self, id: &str) -> Result<Run, ServiceError> {
-        self.shared.store.get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
+        self.shared.store().get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
     }
 
     /// Cancels a queued or running run.
@@ -385,7 +387,7 @@ impl Engine {
         if run.status.is_final() {
             return Err(ServiceError::NotCancellable { id: id.to_string(), status: run.status });
         }
-        let now = self.shared.clock.now();
+        let now = self.shared.clock().now();
         if self.shared.stop_run(id, "cancelled by request".into(), now).await {
             return self.wait_run(id, Some(Duration::from_secs(10))).await;
         }
@@ -398,15 +400,15 @@ impl Engine {
     }
 
     pub async fn worker_status(&self) -> Result<WorkerStatus, ServiceError> {
-        let now = self.shared.clock.now();
+        let now = self.shared.clock().now();
         Ok(WorkerStatus {
-            worker: self.shared.worker_name.clone(),
+            worker: self.shared.worker_name().to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            started_at: self.shared.started_at,
-            uptime_seconds: (now - self.shared.started_at).num_seconds(),
+            started_at: self.shared.started_at(),
+            uptime_seconds: (now - self.shared.started_at()).num_seconds(),
             jobs: self.shared.jobs().len(),
             running: self.running_count(),
-            queue_depth: self.shared.store.queue_depth().await?,
+            queue_depth: self.shared.store().queue_depth().await?,
             storage: "sqlite".into(),
         })
     }

@@ -14,7 +14,7 @@ use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::clock::Clock;
 use crate::run::{Outcome, Run};
-use crate::store::{Store, StoreError};
+use crate::store::{RunStore, StoreError};
 
 /// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
 /// run and nothing else.
@@ -73,7 +73,7 @@ pub struct RunContext {
     job: Arc<JobSnapshot>,
     cancel: CancellationToken,
     data_dir: PathBuf,
-    store: Store,
+    store: Arc<dyn RunStore>,
     clock: Arc<dyn Clock>,
 }
 
@@ -89,7 +89,7 @@ impl RunContext {
         job: Arc<JobSnapshot>,
         cancel: CancellationToken,
         data_dir: PathBuf,
-        store: Store,
+        store: Arc<dyn RunStore>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self { run, job, cancel, data_dir, store, clock }

@@ -1,0 +1,369 @@
+//! The store contract: what every [`RunStore`] must do, as tests written against the interface
+//! only. Each check is a function of a fresh, migrated, empty store; [`contract!`] runs all of
+//! them against one implementation. A new backend adds one line at the bottom.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use lamplighter_config::Overlap;
+
+use super::{Claim, NewRun, RunEnd, RunFilter, RunStore};
+use crate::run::{RunStatus, Trigger};
+use crate::target::{JobSnapshot, TargetRef};
+
+const ME: &str = "worker-a";
+
+fn t0() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000, 0).expect("instant")
+}
+
+fn secs(n: i64) -> chrono::Duration {
+    chrono::Duration::seconds(n)
+}
+
+fn snapshot(action: &str) -> JobSnapshot {
+    JobSnapshot {
+        target: TargetRef::Plugin { plugin: "p".into(), action: action.into() },
+        timeout_ms: Some(1500),
+        working_directory: None,
+        allowed_commands: vec!["ls".into()],
+    }
+}
+
+fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
+    NewRun {
+        job: job.into(),
+        trigger: Trigger::Cron,
+        status: RunStatus::Queued,
+        scheduled_at: Some(at),
+        due_at: at,
+        attempt: 1,
+        input: None,
+        parameters: Some(serde_json::json!({"n": 1})),
+        error: None,
+        idempotency_key: None,
+        retry_of: None,
+        root_id: None,
+        snapshot: Some(snapshot("a")),
+    }
+}
+
+fn manual(job: &str, at: DateTime<Utc>) -> NewRun {
+    NewRun { trigger: Trigger::Manual, scheduled_at: None, ..tick(job, at) }
+}
+
+fn none(slots: usize) -> Claim<'static> {
+    Claim { worker: ME, slots }
+}
+
+fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
+    RunEnd { id, started_at: None, status, output: None, error: None }
+}
+
+async fn status(s: &dyn RunStore, id: &str) -> RunStatus {
+    s.get_run(id).await.expect("get").expect("run exists").status
+}
+
+async fn a_tick_fires_once_even_when_a_batch_repeats_it(s: &dyn RunStore) {
+    let t = t0();
+    let first = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(0), t).await.expect("fire");
+    assert!(first.iter().all(Option::is_some));
+    // The same ticks again, mixed with a new one: only the new one fires.
+    let t2 = t + secs(1);
+    let again = s
+        .fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("a", t2), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(0), t2)
+        .await
+        .expect("fire again");
+    assert_eq!(again.iter().map(Option::is_some).collect::<Vec<_>>(), [false, true, false]);
+    assert_eq!(s.list_runs(&RunFilter { limit: Some(10), ..Default::default() }).await.expect("list").len(), 3);
+    // No slot was offered: it went to the queue. Each job's last tick is its newest.
+    assert!(again[1].as_ref().is_some_and(|o| o.pushed && o.handed.is_none()));
+    assert_eq!(s.job_state("a").await.expect("state").last_tick, Some(t2));
+}
+
+async fn ticks_with_slots_are_claimed_in_their_own_transaction(s: &dyn RunStore) {
+    let t = t0();
+    let out = s.fire_ticks((0..3).map(|i| (tick(&format!("j{i}"), t), Overlap::Allow)).collect(), none(2), t).await.expect("fire");
+    let out: Vec<_> = out.into_iter().map(|o| o.expect("fresh")).collect();
+    let handed: Vec<_> = out.iter().filter_map(|o| o.handed.clone()).collect();
+    assert_eq!(handed.len(), 2, "one per slot");
+    assert!(out[2].pushed && out[2].handed.is_none(), "the third goes to the queue");
+    for h in &handed {
+        assert_eq!(h.snapshot, Some(snapshot("a")), "the snapshot comes with the run");
+        let stored = s.get_run(&h.run.id).await.expect("get").expect("exists");
+        assert_eq!(stored.status, RunStatus::Running);
+        assert_eq!(stored.worker.as_deref(), Some(ME));
+        assert_eq!(stored.started_at, Some(t));
+        assert_eq!(h.run.status, RunStatus::Running);
+    }
+    // The queued one is taken by the queue, once.
+    let taken = s.claim_queued(10, ME, t + secs(1)).await.expect("claim");
+    assert_eq!((taken.tasks, taken.runs.len()), (1, 1));
+    assert_eq!(taken.runs[0].run.id, out[2].run_id);
+    assert_eq!(taken.runs[0].run.status, RunStatus::Running);
+    assert_eq!(taken.runs[0].snapshot, Some(snapshot("a")));
+    assert_eq!(status(s, &out[2].run_id).await, RunStatus::Running);
+    let again = s.claim_queued(10, ME, t + secs(2)).await.expect("claim again");
+    assert_eq!((again.tasks, again.runs.len()), (0, 0), "the queue is empty");
+}
+
+async fn the_tick_decision_follows_pause_and_overlap(s: &dyn RunStore) {
+    let t = t0();
+    s.set_paused("p", true, Some("maintenance"), t).await.expect("pause");
+    let first = s
+        .fire_ticks(
+            vec![
+                (tick("p", t), Overlap::Allow),
+                (tick("f", t), Overlap::Forbid),
+                (tick("r", t), Overlap::Replace),
+                (tick("q", t), Overlap::Queue),
+            ],
+            none(0),
+            t,
+        )
+        .await
+        .expect("fire");
+    let first: Vec<_> = first.into_iter().map(|o| o.expect("fresh")).collect();
+    assert_eq!(first[0].status, RunStatus::Skipped, "a paused job's tick is skipped");
+    assert!(s.get_run(&first[0].run_id).await.expect("get").expect("run").error.is_some_and(|e| e.contains("paused")));
+    assert!(first[1..].iter().all(|o| o.status == RunStatus::Queued));
+    // The second tick finds the first runs still active.
+    let t2 = t + secs(60);
+    let second = s
+        .fire_ticks(vec![(tick("f", t2), Overlap::Forbid), (tick("r", t2), Overlap::Replace), (tick("q", t2), Overlap::Queue)], none(0), t2)
+        .await
+        .expect("fire");
+    let second: Vec<_> = second.into_iter().map(|o| o.expect("fresh")).collect();
+    assert_eq!(second[0].status, RunStatus::Skipped, "forbid: skipped while one is active");
+    assert_eq!(second[1].status, RunStatus::Queued);
+    assert_eq!(second[1].replaced, vec![first[2].run_id.clone()], "replace: names the run to cancel");
+    assert_eq!(second[2].status, RunStatus::Queued);
+    assert!(!second[2].pushed, "queue: held until the earlier run ends");
+    let state = s.job_state("p").await.expect("state");
+    assert!(state.paused);
+    assert_eq!(state.pause_reason.as_deref(), Some("maintenance"));
+    assert_eq!(state.paused_at, Some(t));
+    s.set_paused("p", false, None, t2).await.expect("resume");
+    assert!(!s.job_state("p").await.expect("state").paused);
+}
+
+async fn due_runs_are_handed_over_once(s: &dyn RunStore) {
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(s.insert_run(manual("m", t + chrono::Duration::milliseconds(i)), t).await.expect("insert").0);
+    }
+    let later = s.insert_run(manual("m", t + secs(30)), t).await.expect("insert").0;
+    assert_eq!(s.next_due().await.expect("next due"), Some(t));
+    let now = t + secs(1);
+    let due: Vec<String> = s.due_undispatched(now).await.expect("due").into_iter().map(|(id, _)| id).collect();
+    assert_eq!(due, ids, "due ones only, oldest first");
+    let claimed = s.dispatch(&due[..2], &due[2..], ME, now).await.expect("dispatch");
+    assert_eq!(claimed.iter().map(|h| h.run.id.clone()).collect::<Vec<_>>(), due[..2].to_vec());
+    assert!(s.due_undispatched(now).await.expect("due").is_empty(), "nothing is handed over twice");
+    assert_eq!(s.next_due().await.expect("next due"), Some(t + secs(30)));
+    assert!(s.has_dispatched_active("m").await.expect("active"));
+    // Handing the same runs over again claims nothing.
+    assert!(s.dispatch(&due[..2], &[], ME, now).await.expect("again").is_empty());
+    let a = s.claim_queued(2, ME, now).await.expect("claim");
+    let b = s.claim_queued(2, ME, now).await.expect("claim");
+    let c = s.claim_queued(2, ME, now).await.expect("claim");
+    assert_eq!((a.tasks, a.runs.len(), b.tasks, b.runs.len(), c.tasks), (2, 2, 1, 1, 0));
+    let mut taken: Vec<String> = a.runs.iter().chain(&b.runs).map(|h| h.run.id.clone()).collect();
+    taken.sort();
+    assert_eq!(taken, due[2..].to_vec());
+    assert_eq!(status(s, &later).await, RunStatus::Queued);
+    assert_eq!(s.queue_depth().await.expect("depth"), 1);
+}
+
+async fn a_run_cancelled_while_queued_is_not_claimed(s: &dyn RunStore) {
+    let t = t0();
+    let (id, _) = s.insert_run(manual("m", t), t).await.expect("insert");
+    s.dispatch(&[], std::slice::from_ref(&id), ME, t).await.expect("dispatch");
+    assert!(s.finish(&id, RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
+    let taken = s.claim_queued(5, ME, t).await.expect("claim");
+    assert_eq!((taken.tasks, taken.runs.len()), (1, 0), "its task is consumed, the run stays cancelled");
+    assert_eq!(status(s, &id).await, RunStatus::Cancelled);
+}
+
+async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
+    let t = t0();
+    let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(2), t).await.expect("fire");
+    let ids: Vec<String> = out.into_iter().map(|o| o.expect("fresh").run_id).collect();
+    // One is cancelled first (a stop recorded by someone else); its first end stays.
+    assert!(s.finish(&ids[1], RunStatus::Cancelled, None, Some("stop"), t).await.expect("cancel"));
+    let output = serde_json::json!({"ok": true});
+    let ends = vec![
+        RunEnd { id: &ids[0], started_at: Some(t + secs(1)), status: RunStatus::Succeeded, output: Some(&output), error: None },
+        end(&ids[1], RunStatus::Failed),
+    ];
+    let done = s.finish_many(&ends, t + secs(2)).await.expect("finish");
+    assert_eq!(done, vec![ids[0].clone()]);
+    let a = s.get_run(&ids[0]).await.expect("get").expect("run");
+    assert_eq!(
+        (a.status, a.output, a.started_at, a.finished_at),
+        (RunStatus::Succeeded, Some(output), Some(t + secs(1)), Some(t + secs(2)))
+    );
+    assert_eq!(status(s, &ids[1]).await, RunStatus::Cancelled);
+    // A final status is final.
+    assert!(!s.finish(&ids[0], RunStatus::Failed, None, Some("late"), t).await.expect("finish"));
+    assert_eq!(status(s, &ids[0]).await, RunStatus::Succeeded);
+}
+
+async fn an_idempotency_key_returns_the_first_run(s: &dyn RunStore) {
+    let t = t0();
+    let keyed = NewRun { idempotency_key: Some("k1".into()), ..manual("m", t) };
+    let (a, created_a) = s.insert_run(keyed.clone(), t).await.expect("insert");
+    let (b, created_b) = s.insert_run(keyed.clone(), t).await.expect("insert again");
+    assert!(created_a && !created_b);
+    assert_eq!(a, b);
+    let (c, created_c) = s.insert_run(NewRun { job: "other".into(), ..keyed }, t).await.expect("other job");
+    assert!(created_c && c != a, "keys are per job");
+}
+
+async fn a_follow_up_keeps_identity_snapshot_and_checkpoints(s: &dyn RunStore) {
+    let t = t0();
+    let out = s.fire_ticks(vec![(tick("w", t), Overlap::Allow)], none(1), t).await.expect("fire");
+    let first = out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run;
+    assert_eq!(first.root_id, first.id, "a first attempt is its own root");
+    s.record_checkpoint(&first.root_id, "step-1", &first.id, &serde_json::json!({"rows": 3}), t).await.expect("checkpoint");
+    s.finish_many(&[end(&first.id, RunStatus::Failed)], t).await.expect("fail");
+    let next_id = s.follow_up(&first, t + secs(60), t).await.expect("follow up").expect("created");
+    assert_eq!(s.follow_up(&first, t + secs(60), t).await.expect("again"), None, "one follow-up per run");
+    let next = s.get_run(&next_id).await.expect("get").expect("run");
+    assert_eq!(
+        (next.trigger, next.status, next.attempt, next.root_id.as_str(), next.retry_of.as_deref(), next.scheduled_at, next.due_at),
+        (Trigger::Retry, RunStatus::Queued, 2, first.id.as_str(), Some(first.id.as_str()), Some(t), t + secs(60))
+    );
+    assert_eq!(next.parameters, first.parameters);
+    assert_eq!(s.get_run(&first.id).await.expect("get").expect("run").next_run_id.as_deref(), Some(next_id.as_str()));
+    // The next attempt runs what the first ran, and finds its checkpoint.
+    let handed = s.dispatch(std::slice::from_ref(&next_id), &[], ME, t + secs(60)).await.expect("dispatch");
+    assert_eq!(handed[0].snapshot, Some(snapshot("a")));
+    assert_eq!(s.checkpoint(&next.root_id, "step-1").await.expect("read"), Some(serde_json::json!({"rows": 3})));
+    assert_eq!(s.checkpoint(&next.root_id, "step-2").await.expect("read"), None);
+    // A later attempt overwrites a step it redoes.
+    s.record_checkpoint(&next.root_id, "step-1", &next_id, &serde_json::json!({"rows": 4}), t).await.expect("checkpoint");
+    assert_eq!(s.checkpoint(&first.id, "step-1").await.expect("read"), Some(serde_json::json!({"rows": 4})));
+}
+
+async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &dyn RunStore) {
+    let t = t0();
+    let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(1), t).await.expect("fire");
+    let ids: Vec<String> = out.into_iter().map(|o| o.expect("fresh").run_id).collect();
+    // The process dies: "a" was running, "b" was in the queue.
+    let later = t + secs(5);
+    let orphans = s.recover(later).await.expect("recover");
+    assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[0].clone()]);
+    let a = s.get_run(&ids[0]).await.expect("get").expect("run");
+    assert_eq!((a.status, a.finished_at), (RunStatus::Interrupted, Some(later)));
+    assert!(a.error.is_some_and(|e| e.contains(ME)), "the error names the worker");
+    assert_eq!(s.claim_queued(5, ME, later).await.expect("claim").tasks, 0, "old queue tasks are dropped");
+    let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _)| id).collect();
+    assert_eq!(due, vec![ids[1].clone()], "the queued run is handed over again");
+    let waiting: Vec<String> = s.interrupted_without_follow_up().await.expect("list").into_iter().map(|r| r.id).collect();
+    assert_eq!(waiting, vec![ids[0].clone()]);
+    s.mark_no_follow_up(&ids[0]).await.expect("close");
+    assert!(s.interrupted_without_follow_up().await.expect("list").is_empty());
+}
+
+async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let at = t + secs(i * 60);
+        let out = s.fire_ticks(vec![(tick("r", at), Overlap::Allow)], none(1), at).await.expect("fire");
+        ids.push(out.into_iter().next().flatten().expect("fresh").run_id);
+    }
+    // Three end, one keeps running.
+    for id in &ids[..3] {
+        s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(200)).await.expect("finish");
+    }
+    assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 2);
+    let left: Vec<String> =
+        s.list_runs(&RunFilter { job: Some("r".into()), ..Default::default() }).await.expect("list").into_iter().map(|r| r.id).collect();
+    assert_eq!(left, vec![ids[3].clone(), ids[2].clone()], "the newest finished run and the running one");
+    // By age: the finished one is older than a minute, the running one has no end.
+    assert_eq!(s.prune("r", None, Some(Duration::from_secs(60)), t + secs(400)).await.expect("prune"), 1);
+    assert_eq!(status(s, &ids[3]).await, RunStatus::Running);
+    s.housekeeping().await.expect("housekeeping");
+}
+
+async fn listings_page_newest_first_and_count(s: &dyn RunStore) {
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(s.insert_run(manual(if i % 2 == 0 { "even" } else { "odd" }, t), t).await.expect("insert").0);
+    }
+    s.finish(&ids[0], RunStatus::Cancelled, None, None, t).await.expect("cancel");
+    let page = s.list_runs(&RunFilter { limit: Some(2), ..Default::default() }).await.expect("page");
+    assert_eq!(page.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[4].clone(), ids[3].clone()]);
+    let next = s.list_runs(&RunFilter { limit: Some(2), before: Some(ids[3].clone()), ..Default::default() }).await.expect("page");
+    assert_eq!(next.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[2].clone(), ids[1].clone()]);
+    let queued = s
+        .list_runs(&RunFilter { job: Some("even".into()), status: Some(RunStatus::Queued), ..Default::default() })
+        .await
+        .expect("filtered");
+    assert_eq!(queued.len(), 2);
+    let counts = s.counts("even").await.expect("counts");
+    assert_eq!((counts.get(&RunStatus::Queued), counts.get(&RunStatus::Cancelled)), (Some(&2), Some(&1)));
+    let last = s.last_runs().await.expect("last");
+    assert_eq!((last["even"].id.as_str(), last["odd"].id.as_str()), (ids[4].as_str(), ids[3].as_str()));
+    assert_eq!(s.queue_depth().await.expect("depth"), 4);
+    assert!(s.get_run("no-such-run").await.expect("get").is_none());
+}
+
+async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStore) {
+    let t = t0();
+    assert_eq!(s.job_state("j").await.expect("state"), Default::default());
+    s.set_last_tick("j", t + secs(60)).await.expect("tick");
+    s.set_last_tick("j", t).await.expect("older tick");
+    assert_eq!(s.job_state("j").await.expect("state").last_tick, Some(t + secs(60)));
+    s.set_paused("j", true, None, t).await.expect("pause");
+    let all = s.job_states().await.expect("states");
+    assert_eq!((all["j"].paused, all["j"].last_tick), (true, Some(t + secs(60))), "a pause keeps the last tick");
+    assert!(s.ping().await);
+}
+
+/// Runs every check of the contract against one implementation: `$make` is an async
+/// expression giving `(guard, store)`; the guard lives as long as the test.
+macro_rules! contract {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            contract!(@tests $make;
+                a_tick_fires_once_even_when_a_batch_repeats_it,
+                ticks_with_slots_are_claimed_in_their_own_transaction,
+                the_tick_decision_follows_pause_and_overlap,
+                due_runs_are_handed_over_once,
+                a_run_cancelled_while_queued_is_not_claimed,
+                ends_follow_the_allowed_transitions,
+                an_idempotency_key_returns_the_first_run,
+                a_follow_up_keeps_identity_snapshot_and_checkpoints,
+                recovery_interrupts_running_runs_and_hands_queued_ones_over_again,
+                retention_deletes_only_finished_runs,
+                listings_page_newest_first_and_count,
+                job_state_persists_and_the_last_tick_only_moves_forward,
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let (_guard, store) = $make.await;
+                super::$name(&*store).await;
+            }
+        )*
+    };
+}
+
+async fn sqlite() -> (tempfile::TempDir, Box<dyn RunStore>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = super::sqlite::SqliteStore::open(&dir.path().join("contract.db")).await.expect("open");
+    store.migrate().await.expect("migrate");
+    (dir, Box::new(store))
+}
+
+contract!(sqlite_store, sqlite());

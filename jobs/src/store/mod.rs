@@ -1,0 +1,302 @@
+//! Storage: what the run core asks of a database, as one interface ([`RunStore`]), and its
+//! implementations. Everything here is typed: runs, statuses and outcomes go in and come out as
+//! the domain types of [`crate::run`], and no scheduling policy lives in SQL — the tick
+//! decision is [`crate::decide::decide_tick`], called by the store inside its transaction, and
+//! every status list is built from [`RunStatus`].
+//!
+//! - [`sqlite`]: the embedded backend (one worker per database file).
+//! - PostgreSQL comes next; every query here is written so it has a PostgreSQL equivalent
+//!   (ARCHITECTURE.md, "Storage", says how each maps).
+//! - `contract` (tests only): the suite every implementation must pass.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use lamplighter_config::Overlap;
+
+use crate::run::{Run, RunStatus, Trigger};
+use crate::target::JobSnapshot;
+
+#[cfg(test)]
+mod contract;
+pub(crate) mod sqlite;
+
+/// Storage failures. The message says what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("storage: {context}: {source}")]
+pub struct StoreError {
+    context: String,
+    #[source]
+    source: sqlx::Error,
+}
+
+impl StoreError {
+    pub(crate) fn new(context: impl Into<String>, source: sqlx::Error) -> Self {
+        Self { context: context.into(), source }
+    }
+}
+
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(v).unwrap_or_default()
+}
+
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// How many due runs one dispatch pass hands over.
+pub(crate) const DUE_BATCH: usize = 2000;
+
+/// Persistent per-job state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct JobState {
+    pub(crate) paused: bool,
+    pub(crate) pause_reason: Option<String>,
+    pub(crate) paused_at: Option<DateTime<Utc>>,
+    pub(crate) last_tick: Option<DateTime<Utc>>,
+}
+
+/// A run to insert.
+#[derive(Debug, Clone)]
+pub(crate) struct NewRun {
+    pub(crate) job: String,
+    pub(crate) trigger: Trigger,
+    pub(crate) status: RunStatus,
+    pub(crate) scheduled_at: Option<DateTime<Utc>>,
+    pub(crate) due_at: DateTime<Utc>,
+    pub(crate) attempt: u32,
+    pub(crate) input: Option<serde_json::Value>,
+    pub(crate) parameters: Option<serde_json::Value>,
+    pub(crate) error: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) retry_of: Option<String>,
+    /// The run identity it continues (`None`: a new one, its own id).
+    pub(crate) root_id: Option<String>,
+    pub(crate) snapshot: Option<JobSnapshot>,
+}
+
+impl NewRun {
+    /// The run as it is stored once inserted under `id` at `now` (not yet claimed).
+    pub(crate) fn to_run(&self, id: &str, now: DateTime<Utc>) -> Run {
+        Run {
+            id: id.to_string(),
+            job: self.job.clone(),
+            trigger: self.trigger,
+            status: self.status,
+            scheduled_at: self.scheduled_at,
+            due_at: self.due_at,
+            enqueued_at: now,
+            started_at: None,
+            finished_at: None,
+            attempt: self.attempt,
+            input: self.input.clone(),
+            parameters: self.parameters.clone(),
+            output: None,
+            error: self.error.clone(),
+            worker: None,
+            idempotency_key: self.idempotency_key.clone(),
+            root_id: self.root_id.clone().unwrap_or_else(|| id.to_string()),
+            retry_of: self.retry_of.clone(),
+            next_run_id: None,
+            tokens_in: None,
+            tokens_out: None,
+            cost: None,
+        }
+    }
+
+    /// The next attempt of `run`: same identity, job snapshot, tick, input and parameters,
+    /// attempt + 1. (The store copies the snapshot from the stored run.)
+    pub(crate) fn follow_up(run: &Run, due_at: DateTime<Utc>) -> Self {
+        NewRun {
+            job: run.job.clone(),
+            trigger: Trigger::Retry,
+            status: RunStatus::Queued,
+            scheduled_at: run.scheduled_at,
+            due_at,
+            attempt: run.attempt + 1,
+            input: run.input.clone(),
+            parameters: run.parameters.clone(),
+            error: None,
+            idempotency_key: None,
+            retry_of: Some(run.id.clone()),
+            root_id: Some(run.root_id.clone()),
+            snapshot: None,
+        }
+    }
+}
+
+/// Filters for listing runs; `before` is a paging cursor (a run id from a previous page).
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub job: Option<String>,
+    pub status: Option<RunStatus>,
+    pub limit: Option<u32>,
+    pub before: Option<String>,
+}
+
+/// The end of one claimed run, for [`RunStore::finish_many`].
+#[derive(Debug, Clone)]
+pub(crate) struct RunEnd<'a> {
+    pub(crate) id: &'a str,
+    /// When the target was called; the claim's instant stays when there is none.
+    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub(crate) status: RunStatus,
+    pub(crate) output: Option<&'a serde_json::Value>,
+    pub(crate) error: Option<&'a str>,
+}
+
+/// A run claimed for this worker (`running`, its worker and start recorded) with what it
+/// needs to execute.
+#[derive(Debug, Clone)]
+pub(crate) struct Handed {
+    pub(crate) run: Run,
+    /// The job as it was when the run was created; `None` for rows from before snapshots.
+    pub(crate) snapshot: Option<JobSnapshot>,
+}
+
+/// What [`RunStore::claim_queued`] took.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// Tasks consumed (fewer than asked: the queue is empty for now).
+    pub(crate) tasks: usize,
+    /// Their runs that were still queued, now claimed.
+    pub(crate) runs: Vec<Handed>,
+}
+
+/// The result of a recorded tick.
+#[derive(Debug, Clone)]
+pub(crate) struct TickOutcome {
+    pub(crate) run_id: String,
+    pub(crate) status: RunStatus,
+    /// Runs to cancel because the job's overlap policy is `replace`.
+    pub(crate) replaced: Vec<String>,
+    /// The run, claimed for this worker in the tick's own transaction (the caller holds a slot
+    /// for it).
+    pub(crate) handed: Option<Handed>,
+    /// The run went to the queue in the same transaction.
+    pub(crate) pushed: bool,
+}
+
+/// Runs a tick or a dispatch may claim for this worker in its own transaction: the caller holds
+/// a free slot (and a drain pass) for each.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) worker: &'a str,
+    pub(crate) slots: usize,
+}
+
+/// What the run core asks of a database. Every method is one transaction (or one statement);
+/// a failed call changes nothing. Implementations must pass the contract suite
+/// (`store/contract.rs`).
+#[async_trait]
+pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
+    /// Applies the queue's migrations and ours.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// Closes every connection; later calls fail with a storage error.
+    async fn close(&self);
+    async fn ping(&self) -> bool;
+
+    // Job state.
+    async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError>;
+    /// One job's state; the default (never paused, never ticked) when it has none yet.
+    async fn job_state(&self, job: &str) -> Result<JobState, StoreError>;
+    async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Moves the job's last processed tick forward (never back).
+    async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError>;
+
+    // Creating runs.
+    /// Records every tick of one wake in one transaction: the tick keys (a tick already
+    /// recorded yields `None`: it fired before), the tick decision for each (pause state and
+    /// the job's active runs read in the same transaction), the runs, each job's last tick, and
+    /// queue tasks for the runs that do not go to `claim.slots` directly. The first
+    /// `claim.slots` runs that can start now are claimed for `claim.worker` in the same
+    /// transaction. A tick is never recorded without its run being queued or claimed.
+    async fn fire_ticks(
+        &self,
+        ticks: Vec<(NewRun, Overlap)>,
+        claim: Claim<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<TickOutcome>>, StoreError>;
+    /// Inserts a run (manual trigger). With an idempotency key used before for the job,
+    /// returns the existing run's id and `false`.
+    async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError>;
+    /// Inserts the next attempt of `run` (same root, its job snapshot copied), due at `due_at`,
+    /// and links it from `run`. `None` when `run` already has a follow-up.
+    async fn follow_up(&self, run: &Run, due_at: DateTime<Utc>, now: DateTime<Utc>) -> Result<Option<String>, StoreError>;
+    /// Marks `run` as having no follow-up (its policy gives it none).
+    async fn mark_no_follow_up(&self, id: &str) -> Result<(), StoreError>;
+
+    // Handing runs over.
+    /// Queued runs that are due and not handed over yet (id, job), oldest first, at most
+    /// [`DUE_BATCH`].
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError>;
+    /// The earliest due instant of a queued run not handed over.
+    async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// True when the job has a run handed over and not finished (for `overlap: queue`).
+    async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError>;
+    /// Hands due queued runs over in one transaction: `handed` are claimed for `worker` (the
+    /// caller holds a slot for each) and returned, those another caller took meanwhile left
+    /// out; `queued` get a queue task.
+    async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError>;
+    /// Takes up to `n` tasks from the queue and claims their runs for `worker`, in one
+    /// transaction. Tasks whose run is no longer queued (cancelled) are consumed and skipped.
+    async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError>;
+
+    // Ending runs.
+    /// Records the end of runs this worker claimed, in one statement. Returns the ids that
+    /// were still running (a run cancelled meanwhile keeps its first end).
+    async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    /// Records one end, if the run's status allows it ([`RunStatus::can_become`]). False when
+    /// it did not.
+    async fn finish(
+        &self,
+        id: &str,
+        status: RunStatus,
+        output: Option<&serde_json::Value>,
+        error: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+
+    // Checkpoints, per run identity.
+    async fn checkpoint(&self, root_id: &str, step: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    async fn record_checkpoint(
+        &self,
+        root_id: &str,
+        step: &str,
+        run_id: &str,
+        value: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    // Reading.
+    async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError>;
+    /// Runs, newest first, with paging by cursor.
+    async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError>;
+    async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
+    /// The latest run of every job.
+    async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError>;
+    /// Runs waiting to start.
+    async fn queue_depth(&self) -> Result<u64, StoreError>;
+
+    // Recovery.
+    /// Runs left `running` by workers that are gone become `interrupted`, and queued runs
+    /// handed to them are handed over again. Returns the interrupted runs.
+    async fn recover(&self, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
+    /// Interrupted runs nobody has followed up yet.
+    async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
+
+    // Housekeeping.
+    /// Deletes finished runs of a job beyond its retention (count and age), and its old tick
+    /// keys. Active runs are never deleted.
+    async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError>;
+    /// What pruning single jobs leaves behind (checkpoints of deleted runs, consumed queue
+    /// tasks), and the backend's own upkeep.
+    async fn housekeeping(&self) -> Result<(), StoreError>;
+}
