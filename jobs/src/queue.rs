@@ -64,8 +64,16 @@ pub(crate) async fn consume(shared: Arc<Shared>, mut signals: Receiver, stop: Ca
         }
         let asked = tickets.len();
         let now = shared.clock().now();
+        let began = std::time::Instant::now();
         match shared.store().claim_queued(asked, shared.worker_name(), now).await {
             Ok(taken) => {
+                tracing::debug!(
+                    asked,
+                    tasks = taken.tasks,
+                    runs = taken.runs.len(),
+                    claim_us = began.elapsed().as_micros() as u64,
+                    "claimed from the queue"
+                );
                 // A full batch: there may be more behind it.
                 more = taken.tasks == asked;
                 crate::executor::launch(&shared, taken.runs, tickets);

@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{bin, ready, rss_kb};
+use common::{bin, cpu_ms, ready, rss_kb};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -75,7 +75,8 @@ impl Worker {
                 .args(["run", "--config"])
                 .arg(self.dir.path().join("lamplighter.yaml"))
                 .current_dir(self.dir.path())
-                .env("RUST_LOG", "warn")
+                // BENCH_LOG=lamplighter_jobs=debug keeps the worker's log in worker.log.
+                .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -121,6 +122,9 @@ impl Drop for Worker {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if std::env::var_os("BENCH_LOG").is_some() {
+            let _ = std::fs::copy(self.dir.path().join("worker.log"), "/tmp/bench-worker.log");
         }
     }
 }
@@ -266,6 +270,7 @@ fn queue(n: usize) {
             break;
         }
     }
+    let cpu = cpu_ms(w.pid());
     w.stop();
     let r = runs(&w.db());
     let first = r.iter().filter_map(|x| x.2).min().unwrap_or(0);
@@ -274,6 +279,7 @@ fn queue(n: usize) {
     let other = r.len() - done;
     println!("succeeded {done}, other {other}; first start → last finish {} ms", last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
+    println!("worker CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
 }
 
 fn idle(n: usize) {
