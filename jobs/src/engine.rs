@@ -182,6 +182,11 @@ impl Shared {
         self.signals.publish(Signal::TasksPushed);
     }
 
+    /// Runs were created, started or deleted.
+    pub(crate) fn runs_changed(&self) {
+        self.signals.publish(Signal::RunsChanged);
+    }
+
     pub(crate) fn run_finished(&self, id: &str) {
         self.signals.publish(Signal::RunFinished(id.to_string()));
     }
@@ -283,6 +288,7 @@ impl Shared {
         if let Err(e) = self.store.housekeeping().await {
             tracing::warn!(error = %e, "cannot tidy the database");
         }
+        self.runs_changed();
     }
 
     /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
@@ -323,6 +329,19 @@ struct Tasks {
     scheduler: tokio::task::JoinHandle<()>,
     housekeeper: tokio::task::JoinHandle<()>,
     runs: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// See [`Engine::changes`].
+#[derive(Debug)]
+pub struct Changes(crate::signals::Receiver);
+
+impl Changes {
+    /// Resolves at the next change (or never, once the engine has stopped).
+    pub async fn next(&mut self) {
+        if self.0.recv().await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// How to start the engine.
@@ -431,6 +450,13 @@ impl Engine {
         let mut rx = self.shared.passes.subscribe();
         self.shared.wake_scheduler();
         let _ = rx.wait_for(|p| *p >= t).await;
+    }
+
+    /// Tells when runs may have changed (created, started, finished, pruned), so a caller can
+    /// wait for a state of its runs without polling: take it, read, and wait for the next
+    /// change only if what was read is not there yet.
+    pub fn changes(&self) -> Changes {
+        Changes(self.shared.subscribe())
     }
 
     /// Storage reachable, migrations applied, scheduler running.

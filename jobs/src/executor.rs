@@ -103,6 +103,9 @@ impl Executors {
 /// Starts claimed runs, one ticket each; tickets left over are returned (dropped).
 pub(crate) fn launch(shared: &Arc<Shared>, runs: Vec<Handed>, tickets: Vec<Ticket>) {
     debug_assert!(runs.len() <= tickets.len());
+    if !runs.is_empty() {
+        shared.runs_changed();
+    }
     for (handed, ticket) in runs.into_iter().zip(tickets) {
         tokio::spawn(run_one(shared.clone(), handed.run, handed.snapshot, ticket));
     }

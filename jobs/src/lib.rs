@@ -16,7 +16,7 @@ mod store;
 mod target;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
-pub use engine::{Engine, EngineError, EngineOptions, migrate};
+pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use run::{Outcome, Run, RunStatus, Trigger};
 pub use schedule::{Schedule, ScheduleError, jitter_for};
 pub use service::{FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};

@@ -83,17 +83,39 @@ pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: Cancel
             Some(t) => shared.clock().sleep_until(t),
             None => Box::pin(std::future::pending()),
         };
-        let woken = tokio::select! {
-            () = sleep => Vec::new(),
-            s = signals.recv() => match s { Some(s) => vec![s], None => break },
+        tokio::select! {
+            () = sleep => {}
+            woken = next_for_scheduler(&mut signals) => match woken {
+                Some(r) => replan |= r,
+                None => break,
+            },
             () = stop.cancelled() => break,
-        };
-        // Every signal so far is covered by the next pass.
-        for s in woken.into_iter().chain(signals.drain()) {
-            replan |= matches!(s, Signal::JobChanged | Signal::Lagged);
         }
+        // Every signal so far is covered by the next pass.
+        replan |= signals.drain().iter().any(|s| for_scheduler(s) == Some(true));
     }
     shared.scheduler_alive(false);
+}
+
+/// Whether a signal concerns the scheduler: `Some(true)` when its plan must be rebuilt,
+/// `Some(false)` when a pass may hand something over (a wake; a run's end frees a held
+/// `overlap: queue` run). Runs it started itself, queue pushes and stops are not its business.
+fn for_scheduler(s: &Signal) -> Option<bool> {
+    match s {
+        Signal::JobChanged | Signal::Lagged => Some(true),
+        Signal::Wake | Signal::RunFinished(_) => Some(false),
+        Signal::TasksPushed | Signal::RunsChanged | Signal::CancelRequested { .. } => None,
+    }
+}
+
+/// The next signal that concerns the scheduler (see [`for_scheduler`]); `None` once the
+/// signals are gone.
+async fn next_for_scheduler(signals: &mut Receiver) -> Option<bool> {
+    loop {
+        if let Some(replan) = for_scheduler(&signals.recv().await?) {
+            return Some(replan);
+        }
+    }
 }
 
 async fn build_plan(shared: &Shared) -> Plan {
@@ -235,7 +257,7 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
-    let mut tickets = shared.executors().tickets(shared.gate(), batch.len());
+    let tickets = shared.executors().tickets(shared.gate(), batch.len());
     let began = std::time::Instant::now();
     let claim = Claim { worker: shared.worker_name(), slots: tickets.len() };
     let outcomes = shared.store().fire_ticks(batch, claim, now).await;
@@ -265,8 +287,12 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
         later.push((job, tick, o.run_id, o.status, o.replaced));
     }
     // Started before anything else is looked at.
-    tickets.truncate(handed.len());
+    let launched = !handed.is_empty();
     crate::executor::launch(shared, handed, tickets);
+    if !launched {
+        // Queued or skipped runs were created all the same.
+        shared.runs_changed();
+    }
     if pushed {
         shared.tasks_pushed();
     }

@@ -23,6 +23,8 @@ pub(crate) enum Signal {
     TasksPushed,
     /// A run's end is recorded.
     RunFinished(String),
+    /// Runs were created, started or deleted (and no other signal says so).
+    RunsChanged,
     /// Someone asked for a running run to stop; the worker running it stops it.
     CancelRequested { run: String, why: String },
     /// The receiver missed signals: act on all of them.

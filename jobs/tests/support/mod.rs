@@ -58,18 +58,20 @@ pub async fn runs(engine: &Engine) -> Vec<Run> {
     runs
 }
 
-/// Waits (up to 10 s of real time) until `pred` holds for the job's runs.
+/// Waits (up to 10 s of real time) until `pred` holds for the job's runs: reads them again at
+/// each change the engine announces, never on a timer.
 pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Subscribed before the first read: a change after it is never missed.
+    let mut changes = engine.changes();
     loop {
         let r = runs(engine).await;
         if pred(&r) {
             return r;
         }
-        if tokio::time::Instant::now() > deadline {
+        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
             panic!("timed out waiting for {what}; runs: {r:#?}");
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
