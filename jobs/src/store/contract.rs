@@ -89,6 +89,7 @@ async fn ticks_with_slots_are_claimed_in_their_own_transaction(s: &dyn RunStore)
     let handed: Vec<_> = out.iter().filter_map(|o| o.handed.clone()).collect();
     assert_eq!(handed.len(), 2, "one per slot");
     assert!(out[2].pushed && out[2].handed.is_none(), "the third goes to the queue");
+    assert_eq!(out.iter().map(|o| o.status).collect::<Vec<_>>(), [RunStatus::Running, RunStatus::Running, RunStatus::Queued]);
     for h in &handed {
         assert_eq!(h.snapshot, Some(snapshot("a")), "the snapshot comes with the run");
         let stored = s.get_run(&h.run.id).await.expect("get").expect("exists");

@@ -306,7 +306,6 @@ impl RunStore for SqliteStore {
                     *job_active = vec![id.clone()];
                 }
             }
-            outcome.status = run.status;
             let mut dispatched = Dispatch::No;
             if run.status == RunStatus::Queued && !hold && run.due_at <= now {
                 if handoff > 0 {
@@ -325,6 +324,7 @@ impl RunStore for SqliteStore {
                     pushed.push(id.clone());
                 }
             }
+            outcome.status = run.status;
             let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
             *lt = (*lt).max(tick);
             rows.push((id, run, dispatched));
@@ -483,7 +483,6 @@ impl RunStore for SqliteStore {
         Ok(done)
     }
 
-    /// Records the end of a running run. False when it was not running any more.
     async fn finish(
         &self,
         id: &str,
@@ -792,24 +791,32 @@ async fn claim(
 mod tests {
     use super::*;
 
+    async fn migrated() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("plan.db")).await.expect("open");
+        store.migrate().await.expect("migrate");
+        (dir, store)
+    }
+
+    /// SQLite's plan for `sql` (parameters bound to `null`), one line per step.
+    async fn plan(store: &SqliteStore, sql: &str) -> Vec<String> {
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(&store.pool)
+            .await
+            .expect("plan")
+            .iter()
+            .map(|r| r.get::<String, _>("detail"))
+            .collect()
+    }
+
     /// Each scheduler pass runs these; with the queue full of dispatched runs, a plan that
     /// leaves the partial index scans every one of them (measured: the 50,000-run queue
     /// drained at half speed).
     #[tokio::test]
     async fn the_scheduler_queries_read_only_undispatched_runs() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(&dir.path().join("plan.db")).await.expect("open");
-        store.migrate().await.expect("migrate");
-        for sql in [&*DUE_UNDISPATCHED, &*NEXT_DUE] {
-            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                .bind(0_i64)
-                .bind(10_i64)
-                .fetch_all(&store.pool)
-                .await
-                .expect("plan")
-                .iter()
-                .map(|r| r.get::<String, _>("detail"))
-                .collect();
+        let (_dir, store) = migrated().await;
+        for sql in [DUE_UNDISPATCHED.as_str(), NEXT_DUE.as_str()] {
+            let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("ll_runs_undispatched")), "{sql}\n{plan:#?}");
         }
     }
@@ -817,22 +824,9 @@ mod tests {
     /// Batches by id go through the primary key, whatever the number of queued runs.
     #[tokio::test]
     async fn batch_statements_find_runs_by_id() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(&dir.path().join("plan.db")).await.expect("open");
-        store.migrate().await.expect("migrate");
+        let (_dir, store) = migrated().await;
         for sql in [CLAIM, MARK_DISPATCHED] {
-            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                .bind("[]")
-                .bind("w")
-                .bind(0_i64)
-                .bind("running")
-                .bind("queued")
-                .fetch_all(&store.pool)
-                .await
-                .expect("plan")
-                .iter()
-                .map(|r| r.get::<String, _>("detail"))
-                .collect();
+            let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("sqlite_autoindex_ll_runs_1 (id=?)")), "{sql}\n{plan:#?}");
         }
     }
