@@ -18,11 +18,10 @@
 
 mod common;
 
-use common::{bin, ready, rss_kb};
+use common::{Worker, bin, rss_kb};
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -32,67 +31,10 @@ fn main() {
     let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
     let idle_seconds: u64 = arg("--idle-seconds").map(|s| s.parse().expect("--idle-seconds N")).unwrap_or(40);
     let concurrency: usize = arg("--concurrency").map(|s| s.parse().expect("--concurrency N")).unwrap_or(32);
-    let bin = bin();
-    println!("binary: {}", bin.display());
+    println!("binary: {}", bin().display());
     for n in job_counts {
-        loaded(&bin, n, seconds, concurrency);
-        idle(&bin, n, idle_seconds);
-    }
-}
-
-struct Worker {
-    dir: tempfile::TempDir,
-    child: Child,
-    port: u16,
-}
-
-impl Worker {
-    fn start(bin: &Path, jobs: &str, concurrency: usize) -> (Worker, Duration) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-        let config = format!(
-            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\nscheduling:\n  jobs:\n{jobs}",
-            data = dir.path().join("data").display()
-        );
-        std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
-        let log = std::fs::File::create(dir.path().join("worker.log")).expect("log");
-        let started = Instant::now();
-        let child = Command::new(bin)
-            .args(["run", "--config"])
-            .arg(dir.path().join("lamplighter.yaml"))
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn lamplighter");
-        let mut w = Worker { dir, child, port };
-        let ready = w.wait_ready(started);
-        (w, ready)
-    }
-
-    fn wait_ready(&mut self, started: Instant) -> Duration {
-        loop {
-            if ready(self.port) {
-                return started.elapsed();
-            }
-            if let Ok(Some(s)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default();
-                panic!("worker exited with {s}:\n{log}");
-            }
-            assert!(started.elapsed() < Duration::from_secs(120), "not ready in 120 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stop(mut self) -> tempfile::TempDir {
-        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
-        let _ = self.child.wait();
-        self.dir
+        loaded(n, seconds, concurrency);
+        idle(n, idle_seconds);
     }
 }
 
@@ -107,19 +49,20 @@ fn jobs_yaml(n: usize, schedule: impl Fn(usize) -> String) -> String {
     s
 }
 
-fn loaded(bin: &Path, n: usize, seconds: u64, concurrency: usize) {
+fn loaded(n: usize, seconds: u64, concurrency: usize) {
     // Every `period` minutes at second i mod 60, offset so the load is even: ~1000 jobs/min.
     let period = n.div_ceil(1000).max(1);
     let yaml = jobs_yaml(n, |i| {
         if period == 1 { format!("{} * * * * *", i % 60) } else { format!("{} {}/{} * * * *", i % 60, (i / 60) % period, period) }
     });
-    let (w, ready_in) = Worker::start(bin, &yaml, concurrency);
+    let mut w = Worker::new(&yaml, concurrency);
+    let ready_in = w.start();
     println!("\n== {n} jobs, loaded, concurrency {concurrency} ({seconds} s, ~{:.0} runs/s) ==", 1000.0 / 60.0);
     println!("start to ready: {} ms", ready_in.as_millis());
     std::thread::sleep(Duration::from_secs(seconds));
     let rss = rss_kb(w.pid());
-    let dir = w.stop();
-    let mut late = lateness(&dir.path().join("data/lamplighter.db"));
+    w.stop();
+    let mut late = lateness(&w.db());
     late.sort_unstable();
     if late.is_empty() {
         println!("no runs recorded");
@@ -131,9 +74,10 @@ fn loaded(bin: &Path, n: usize, seconds: u64, concurrency: usize) {
     println!("RSS under load: {:.1} MB", rss as f64 / 1024.0);
 }
 
-fn idle(bin: &Path, n: usize, seconds: u64) {
+fn idle(n: usize, seconds: u64) {
     let yaml = jobs_yaml(n, |i| format!("{} {} 1 1 *", i % 60, (i / 60) % 24));
-    let (w, ready_in) = Worker::start(bin, &yaml, 4);
+    let mut w = Worker::new(&yaml, 4);
+    let ready_in = w.start();
     println!("\n== {n} jobs, idle ({seconds} s window) ==");
     println!("start to ready: {} ms", ready_in.as_millis());
     // Let start-up work settle, then count.
@@ -147,7 +91,7 @@ fn idle(bin: &Path, n: usize, seconds: u64) {
         after.saturating_sub(before),
         after.saturating_sub(before) as f64 / seconds as f64
     );
-    let _ = w.stop();
+    w.stop();
 }
 
 /// Voluntary plus involuntary context switches of every thread: each wake-up is one.

@@ -1,9 +1,10 @@
-//! What both benchmarks need to drive the real binary: where it is, whether it is ready,
-//! how much memory it holds.
+//! What the benchmarks need to drive the real binary: where it is, a worker to start and stop,
+//! whether it is ready, how much memory and CPU it holds.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// `$LAMPLIGHTER_BIN`, or the `lamplighter` built beside this benchmark.
 pub(crate) fn bin() -> PathBuf {
@@ -47,4 +48,88 @@ pub(crate) fn cpu_ms(pid: u32) -> u64 {
     let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
     (ticks(11) + ticks(12)) * 10
+}
+
+/// The real binary in a temp dir with a generated config: `jobs` is the YAML under
+/// `scheduling.jobs`. Killed when dropped; `BENCH_LOG` sets its log filter and keeps its log
+/// (copied to /tmp/bench-worker.log).
+pub(crate) struct Worker {
+    pub(crate) dir: tempfile::TempDir,
+    child: Option<Child>,
+    port: u16,
+}
+
+impl Worker {
+    pub(crate) fn new(jobs: &str, concurrency: usize) -> Worker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let config = format!(
+            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\nscheduling:\n  jobs:\n{jobs}",
+            data = dir.path().join("data").display()
+        );
+        std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
+        Worker { dir, child: None, port }
+    }
+
+    /// Starts the worker; returns the time to `/readyz` 200.
+    pub(crate) fn start(&mut self) -> Duration {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("worker.log")).expect("log");
+        let started = Instant::now();
+        self.child = Some(
+            Command::new(bin())
+                .args(["run", "--config"])
+                .arg(self.dir.path().join("lamplighter.yaml"))
+                .current_dir(self.dir.path())
+                // BENCH_LOG=lamplighter_jobs=debug keeps the worker's log in worker.log.
+                .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn lamplighter"),
+        );
+        loop {
+            if ready(self.port) {
+                return started.elapsed();
+            }
+            if let Some(Ok(Some(s))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("worker exited with {s}:\n{}", self.log());
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "not ready in 120 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default()
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGTERM; returns how long the process took to exit.
+    pub(crate) fn stop(&mut self) -> Duration {
+        let t = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+        t.elapsed()
+    }
+
+    pub(crate) fn db(&self) -> PathBuf {
+        self.dir.path().join("data/lamplighter.db")
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::env::var_os("BENCH_LOG").is_some() {
+            let _ = std::fs::copy(self.dir.path().join("worker.log"), "/tmp/bench-worker.log");
+        }
+    }
 }
