@@ -38,8 +38,9 @@ const BATCH: usize = 1024;
 /// remain it waits only for slots. No polling: a queue that came up short sleeps until the next
 /// push wakes it.
 pub(crate) async fn consume(shared: Arc<Shared>, mut signals: Receiver, stop: CancellationToken) {
-    // Tasks may wait from before (pushed by a dispatch that raced the start).
-    let mut more = true;
+    // Recovery dropped every task from before, and this receiver was subscribed before the
+    // scheduler could push: the first push wakes it.
+    let mut more = false;
     loop {
         if !more {
             let signal = tokio::select! {

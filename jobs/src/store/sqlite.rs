@@ -424,13 +424,17 @@ impl RunStore for SqliteStore {
     async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
         let mut tx = self.write.begin().await.ctx("starting a dispatch")?;
         let claimed = if handed.is_empty() { Vec::new() } else { claim(&mut tx, handed, worker, now).await? };
-        let to_push: Vec<String> = sqlx::query_scalar(MARK_DISPATCHED)
-            .bind(json_ids(queued))
-            .bind(ms(now))
-            .bind(RunStatus::Queued.as_str())
-            .fetch_all(&mut *tx)
-            .await
-            .ctx("marking runs dispatched")?;
+        let to_push: Vec<String> = if queued.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_scalar(MARK_DISPATCHED)
+                .bind(json_ids(queued))
+                .bind(ms(now))
+                .bind(RunStatus::Queued.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .ctx("marking runs dispatched")?
+        };
         queue::sqlite::push(&mut tx, &to_push).await?;
         tx.commit().await.ctx("committing a dispatch")?;
         Ok(claimed)
