@@ -158,3 +158,82 @@ fn garbage_never_panics() {
         assert!(!errs.is_empty(), "{c:?}");
     }
 }
+
+/// Pins every workflow, agent and pipeline message with its location, so that compiling these
+/// sections into resolved types cannot change what users read.
+#[test]
+fn workflow_agent_and_pipeline_errors_are_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write(
+        d,
+        "lamplighter.yaml",
+        r#"ai:
+  default_model: small
+  providers:
+    local:
+      base_url: http://127.0.0.1:1/v1
+      models:
+        small: {id: s}
+mcp:
+  servers:
+    search: {command: echo}
+agents:
+  a:
+    model: small
+  b:
+    provider: nowhere
+  c:
+    provider: local
+    model: large
+  d:
+    model: unknown-model
+    mcp_servers: [search, serch]
+    delegates: [a, zz]
+    temperature: 3.5
+    system_prompt: hi
+    system_prompt_file: p.md
+pipelines:
+  p:
+    steps: [a, ghost]
+workflows:
+  empty:
+    steps: []
+  w:
+    steps:
+      - {id: s1, type: agent}
+      - {id: s1, type: agent, agent: nobody}
+      - {id: s3, type: plugin}
+      - {id: s4, type: condition, then: [s9]}
+      - {id: s5, type: parallel}
+      - id: s6
+        type: parallel
+        steps:
+          - {id: s7, type: group_chat, agents: [a, x]}
+      - {id: s8, type: approval, timeout: soon}
+      - {id: s10, type: aproval}
+"#,
+    );
+    let errors = errors_of(d);
+    let expected = r#"lamplighter.yaml:15:5: error: agent "b" uses provider "nowhere", which is not defined (defined providers: "local")
+lamplighter.yaml:18:5: error: agent "c" uses model "large", which provider "local" does not define (its models: "small")
+lamplighter.yaml:20:5: error: agent "d" uses model "unknown-model", which no provider defines; add it under ai.providers.<provider>.models or set agents.d.provider
+lamplighter.yaml:21:27: error: agent "d" uses MCP server "serch", which is not defined under mcp.servers (did you mean "search"?)
+lamplighter.yaml:22:20: error: agent "d" delegates to agent "zz", which is not defined
+lamplighter.yaml:23:5: error: agent "d": temperature 3.5 is outside 0.0–2.0
+lamplighter.yaml:25:5: error: agent "d" sets both system_prompt and system_prompt_file; keep one
+lamplighter.yaml:28:5: error: pipeline "p" uses agent "ghost", which is not defined
+lamplighter.yaml:31:5: error: workflow "empty" has no steps
+lamplighter.yaml:32:3: error: workflow "w": step "s4" names step "s9", which does not exist
+lamplighter.yaml:34:9: error: workflow "w": step "s1" of type agent needs "agent"
+lamplighter.yaml:35:10: error: workflow "w": step id "s1" is used twice; step ids must be unique
+lamplighter.yaml:35:31: error: workflow "w": step "s1" uses agent "nobody", which is not defined (defined agents: "a", "b", "c", "d")
+lamplighter.yaml:36:9: error: workflow "w": step "s3" of type plugin needs "action"
+lamplighter.yaml:36:9: error: workflow "w": step "s3" of type plugin needs "plugin"
+lamplighter.yaml:37:9: error: workflow "w": step "s4" of type condition needs "condition"
+lamplighter.yaml:38:9: error: workflow "w": parallel step "s5" needs "steps"
+lamplighter.yaml:42:40: error: workflow "w": group chat step "s7" uses agent "x", which is not defined
+lamplighter.yaml:43:34: error: workflow "w": step "s8": timeout "soon" is not a duration (expected number at 0); write e.g. "90s", "15m", "24h"
+lamplighter.yaml:44:19: error: workflow "w": step "s10" has unknown type "aproval" (did you mean "approval"?); use one of agent, plugin, condition, approval, parallel, group_chat"#;
+    assert_eq!(errors.join("\n"), expected);
+}
