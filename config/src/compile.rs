@@ -5,11 +5,15 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use chrono_tz::Tz;
 
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
+use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
 use crate::yaml::{Seg, YamlPath};
 
 /// What a job runs.
@@ -37,14 +41,6 @@ impl Target {
             Target::Plugin { plugin, action } => format!("plugin {plugin}.{action}"),
         }
     }
-}
-
-/// When a job fires, as written (parsed and checked by the scheduler, which owns its meaning).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScheduleSpec {
-    Cron(String),
-    Every(String),
-    At(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -118,7 +114,9 @@ pub struct JobConfig {
     pub target: Target,
     pub input: Option<serde_json::Value>,
     pub parameters: Option<serde_json::Value>,
-    pub schedule: Option<ScheduleSpec>,
+    /// Parsed once, here; `None` for a job that is only triggered by hand (or, in a config
+    /// that failed to load, one whose schedule is an error).
+    pub schedule: Option<Arc<Schedule>>,
     /// IANA zone name as written, or the `scheduling.timezone` default.
     pub timezone: String,
     pub enabled: bool,
@@ -239,11 +237,9 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
     let log_level = fw.log_level.as_deref().and_then(|l| c.log_level(l));
     let sched = raw.scheduling.clone().unwrap_or_default();
     let default_timezone = sched.timezone.clone().unwrap_or_else(|| "UTC".to_string());
-    if default_timezone.parse::<chrono_tz::Tz>().is_err() {
-        c.err(
-            &["scheduling", "timezone"],
-            format!("time zone \"{default_timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")"),
-        );
+    let default_tz = schedule::parse_tz(&default_timezone);
+    if let Err(e) = &default_tz {
+        c.err(&["scheduling", "timezone"], e.to_string());
     }
     let storage = c.storage(sched.storage.as_ref(), &data_dir, cwd);
     c.check_unset_vars();
@@ -252,7 +248,7 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
     c.check_pipelines();
     let mut jobs = BTreeMap::new();
     for (name, job) in sched.jobs.iter().flatten() {
-        if let Some(j) = c.job(name, job, &default_timezone, cwd) {
+        if let Some(j) = c.job(name, job, (&default_timezone, &default_tz), cwd) {
             jobs.insert(name.clone(), j);
         }
     }
@@ -639,7 +635,7 @@ impl<'a> Compiler<'a> {
         }
     }
 
-    fn job(&mut self, name: &str, j: &raw::Job, default_tz: &str, cwd: &Path) -> Option<JobConfig> {
+    fn job(&mut self, name: &str, j: &raw::Job, default_tz: (&String, &Result<Tz, ScheduleError>), cwd: &Path) -> Option<JobConfig> {
         let p = |k: &'static str| ["scheduling", "jobs", name, k];
         let mut ok = true;
         // Borrowed from the loaded config, not from `self`, so errors can still be recorded.
@@ -731,11 +727,20 @@ impl<'a> Compiler<'a> {
             self.err(&["scheduling", "jobs", name], format!("job \"{name}\" sets more than one of cron, every, at; keep one"));
             ok = false;
         }
-        let timezone = j.timezone.clone().unwrap_or_else(|| default_tz.to_string());
-        if j.timezone.is_some() && timezone.parse::<chrono_tz::Tz>().is_err() {
-            self.err(&p("timezone"), format!("job \"{name}\": time zone \"{timezone}\" is not an IANA zone name (e.g. \"Europe/Berlin\")"));
-            ok = false;
-        }
+        let (timezone, tz) = match &j.timezone {
+            None => (default_tz.0.clone(), default_tz.1.clone()),
+            Some(own) => {
+                let tz = schedule::parse_tz(own);
+                if tz.is_err() {
+                    self.err(
+                        &p("timezone"),
+                        format!("job \"{name}\": time zone \"{own}\" is not an IANA zone name (e.g. \"Europe/Berlin\")"),
+                    );
+                    ok = false;
+                }
+                (own.clone(), tz)
+            }
+        };
         let mut dur = |this: &mut Self, k: &'static str, v: &Option<String>| -> Option<Duration> {
             let s = v.as_ref()?;
             match duration(s) {
@@ -832,13 +837,26 @@ impl<'a> Compiler<'a> {
         if !ok {
             return None;
         }
+        // Parsed only once the job is otherwise valid, as before: a job with other errors
+        // reports those. A job whose only error is its schedule is still returned, without a
+        // schedule, so the checks after compiling (plugin actions) report theirs too.
+        let schedule = schedules.into_iter().next().and_then(|spec| {
+            let field = spec.field();
+            match Schedule::build(spec, &tz) {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    self.err(&p(field), format!("job \"{name}\": {e}"));
+                    None
+                }
+            }
+        });
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
             target: target?,
             input: j.input.clone(),
             parameters: j.parameters.clone(),
-            schedule: schedules.into_iter().next(),
+            schedule,
             timezone,
             enabled: j.enabled.unwrap_or(true),
             catch_up,

@@ -9,18 +9,22 @@ mod compile;
 mod diag;
 mod load;
 pub mod raw;
+mod schedule;
 mod schema;
+mod template;
 mod yaml;
 
 use std::path::{Path, PathBuf};
 
 pub use compile::{
-    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, ScheduleSpec, StorageConfig, Target,
-    WASM_CAPABILITIES, WasmConfig, WorkerConfig,
+    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES,
+    WasmConfig, WorkerConfig,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
+pub use schedule::{Schedule, ScheduleError, ScheduleSpec};
 pub use schema::json_schema;
+pub use template::{Part, Template, Templated, Var};
 pub use yaml::{Seg, YamlPath};
 
 /// How to find and read the config.

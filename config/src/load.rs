@@ -26,10 +26,6 @@ const COLLECTIONS: &[&[&str]] = &[
     &["mcp", "servers"],
 ];
 
-/// Roots of workflow templates: `${input}`, `${steps.…}`, `${env.…}` are not environment
-/// variables and are left for the workflow engine.
-const TEMPLATE_ROOTS: &[&str] = &["input", "steps", "env"];
-
 /// Where the root config file was found, in SPEC §3 order.
 pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
@@ -578,7 +574,7 @@ pub(crate) fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> (
         let valid = !name.is_empty()
             && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !TEMPLATE_ROOTS.contains(&name);
+            && !crate::template::ROOTS.contains(&name);
         if !valid {
             out.push_str(&rest[start..start + 2 + end + 1]);
         } else {

@@ -30,7 +30,8 @@ fn gantri_reference_loads_unchanged() {
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let c = &loaded.config;
     assert!(c.jobs.contains_key("daily-news-9pm"));
-    assert_eq!(c.jobs["daily-news-9pm"].schedule, Some(lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into())));
+    let nightly = c.jobs["daily-news-9pm"].schedule.as_ref().expect("a parsed schedule");
+    assert_eq!(nightly.spec(), &lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into()));
     assert_eq!(c.agents().len(), 12, "{:?}", c.agents().keys());
     assert_eq!(c.workflows().len(), 6);
     // The unset key disables the provider and its agents, it does not stop the load.

@@ -18,7 +18,6 @@ use crate::decide::StopReason;
 use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
-use crate::schedule::Schedule;
 use crate::signals::{Signal, Signals};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{RunStore, StoreError};
@@ -68,10 +67,6 @@ pub(crate) struct Shared {
 #[derive(Debug, Clone)]
 pub(crate) struct JobsConfig {
     pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
-    /// Each scheduled job's parsed schedule, parsed once per config (the scheduler plans from
-    /// it and the service reads next fire times from it). A job whose schedule does not parse
-    /// is absent; validation refuses such a config before it gets here.
-    pub(crate) schedules: Arc<HashMap<String, Arc<Schedule>>>,
     /// Jobs the environment broke (e.g. their plugin did not load), with the reason: not
     /// scheduled, not triggerable, shown with the reason.
     pub(crate) unavailable: Arc<HashMap<String, String>>,
@@ -80,16 +75,6 @@ pub(crate) struct JobsConfig {
 
 impl JobsConfig {
     fn of(config: &Config) -> Self {
-        let mut schedules = HashMap::new();
-        for (name, job) in &config.jobs {
-            let Some(spec) = &job.schedule else { continue };
-            match Schedule::from_spec(spec, &job.timezone) {
-                Ok(s) => {
-                    schedules.insert(name.clone(), Arc::new(s));
-                }
-                Err(e) => tracing::error!(job = %name, error = %e, "job not scheduled"),
-            }
-        }
         // The worker records them as `job "<name>"` in the config's disabled items.
         let unavailable = config
             .disabled
@@ -97,12 +82,7 @@ impl JobsConfig {
             .filter_map(|(what, why)| Some((what.strip_prefix("job \"")?.strip_suffix('"')?.to_string(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
-        Self {
-            jobs: Arc::new(config.jobs.clone()),
-            schedules: Arc::new(schedules),
-            unavailable: Arc::new(unavailable),
-            data_dir: config.data_dir.clone(),
-        }
+        Self { jobs: Arc::new(config.jobs.clone()), unavailable: Arc::new(unavailable), data_dir: config.data_dir.clone() }
     }
 }
 
@@ -143,8 +123,7 @@ impl Shared {
         self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone()
     }
 
-    /// The jobs, their schedules and the data directory, from one config (a reload cannot
-    /// pair one config's jobs with another's schedules).
+    /// The jobs (with their parsed schedules) and the data directory, from one config.
     pub(crate) fn snapshot(&self) -> Arc<JobsConfig> {
         self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
     }

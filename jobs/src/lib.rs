@@ -17,8 +17,9 @@ mod target;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
+pub use lamplighter_config::{Schedule, ScheduleError};
 pub use run::{Outcome, Run, RunStatus, Trigger};
-pub use schedule::{Schedule, ScheduleError, jitter_for};
+pub use schedule::jitter_for;
 pub use service::{FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
 pub use store::{RunFilter, StoreError};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
@@ -44,21 +45,11 @@ pub struct Unavailable {
     pub diagnostic: Diagnostic,
 }
 
-/// Checks what the config crate cannot: schedules parse, and plugin jobs name actions that
-/// exist and plugins that loaded.
+/// Checks what the config crate cannot: plugin jobs name actions that exist and plugins that
+/// loaded.
 pub fn check(config: &Config, registry: &Registry) -> Checked {
     let mut out = Checked::default();
     for (name, job) in &config.jobs {
-        if let Some(spec) = &job.schedule
-            && let Err(e) = Schedule::from_spec(spec, &job.timezone)
-        {
-            let field = match spec {
-                lamplighter_config::ScheduleSpec::Cron(_) => "cron",
-                lamplighter_config::ScheduleSpec::Every(_) => "every",
-                lamplighter_config::ScheduleSpec::At(_) => "at",
-            };
-            out.errors.push(Diagnostic::error(config.locate(&["scheduling", "jobs", name, field]), format!("job \"{name}\": {e}")));
-        }
         if let Target::Plugin { plugin, action } = &job.target
             && !registry.has_action(plugin, action)
         {

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{CatchUp, JobConfig, Overlap};
+use lamplighter_config::{CatchUp, JobConfig, Overlap, Schedule};
 
 use crate::engine::Shared;
 use crate::run::{RunStatus, Trigger};
-use crate::schedule::{Schedule, jitter_for};
+use crate::schedule::jitter_for;
 use crate::signals::{Receiver, Signal};
 use crate::store::{Claim, DUE_BATCH, NewRun};
 use crate::target::JobSnapshot;
@@ -120,7 +120,7 @@ async fn next_for_scheduler(signals: &mut Receiver) -> Option<bool> {
 
 async fn build_plan(shared: &Shared) -> Plan {
     let snapshot = shared.snapshot();
-    let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
+    let jobs = &snapshot.jobs;
     let states = match shared.store().job_states().await {
         Ok(s) => s,
         Err(e) => {
@@ -135,7 +135,7 @@ async fn build_plan(shared: &Shared) -> Plan {
         if !cfg.enabled || paused || snapshot.unavailable.contains_key(name) {
             continue;
         }
-        let Some(schedule) = schedules.get(name).cloned() else { continue };
+        let Some(schedule) = cfg.schedule.clone() else { continue };
         let last = states.get(name).and_then(|s| s.last_tick);
         plan.entries.insert(name.clone(), Entry { schedule, last, next: None });
         plan.set_next(name, cfg, last.unwrap_or(now).min(now));

@@ -8,11 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use lamplighter_config::{JobConfig, ScheduleSpec};
+use lamplighter_config::JobConfig;
 
 use crate::engine::Engine;
 use crate::run::{Run, RunStatus, Trigger};
-use crate::schedule::Schedule;
 use crate::signals::Signal;
 use crate::store::{NewRun, RunFilter, StoreError};
 use crate::target::JobSnapshot;
@@ -149,14 +148,6 @@ fn merge_parameters(job: Option<serde_json::Value>, over: Option<serde_json::Val
     }
 }
 
-fn schedule_text(s: &Option<ScheduleSpec>) -> Option<String> {
-    s.as_ref().map(|s| match s {
-        ScheduleSpec::Cron(c) => format!("cron: {c}"),
-        ScheduleSpec::Every(e) => format!("every: {e}"),
-        ScheduleSpec::At(a) => format!("at: {a}"),
-    })
-}
-
 impl Engine {
     fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
         self.shared.job(name).ok_or_else(|| ServiceError::JobNotFound {
@@ -168,23 +159,17 @@ impl Engine {
         })
     }
 
-    fn summary(
-        &self,
-        job: &JobConfig,
-        schedule: Option<&Schedule>,
-        state: Option<&crate::store::JobState>,
-        last: Option<&Run>,
-        now: DateTime<Utc>,
-    ) -> JobSummary {
+    fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<&Run>, now: DateTime<Utc>) -> JobSummary {
         let paused = state.is_some_and(|s| s.paused);
         let disabled = self.shared.snapshot().unavailable.get(&job.name).cloned();
-        let next_fire = if job.enabled && !paused && disabled.is_none() { schedule.and_then(|s| s.next_after(now)) } else { None };
+        let next_fire =
+            if job.enabled && !paused && disabled.is_none() { job.schedule.as_ref().and_then(|s| s.next_after(now)) } else { None };
         JobSummary {
             name: job.name.clone(),
             description: job.description.clone(),
             target_type: job.target.kind().to_string(),
             target: job.target.describe(),
-            schedule: schedule_text(&job.schedule),
+            schedule: job.schedule.as_ref().map(|s| s.spec().to_string()),
             timezone: job.timezone.clone(),
             enabled: job.enabled,
             disabled,
@@ -208,7 +193,7 @@ impl Engine {
         let last = self.shared.store().last_runs().await?;
         let now = self.shared.clock().now();
         let snapshot = self.shared.snapshot();
-        let (jobs, schedules) = (&snapshot.jobs, &snapshot.schedules);
+        let jobs = &snapshot.jobs;
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
@@ -220,7 +205,7 @@ impl Engine {
                 more = true;
                 break;
             }
-            page.push(self.summary(j, schedules.get(&j.name).map(|s| &**s), states.get(&j.name), last.get(&j.name), now));
+            page.push(self.summary(j, states.get(&j.name), last.get(&j.name), now));
         }
         let next_cursor = if more { page.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs: page, next_cursor })
@@ -235,7 +220,7 @@ impl Engine {
         let counts = self.shared.store().counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
-        let summary = self.summary(&job, self.shared.snapshot().schedules.get(name).map(|s| &**s), Some(&state), recent.first(), now);
+        let summary = self.summary(&job, Some(&state), recent.first(), now);
         Ok(JobDetail {
             summary,
             next_fires,
@@ -255,8 +240,7 @@ impl Engine {
     }
 
     fn next_fires(&self, job: &JobConfig, now: DateTime<Utc>, n: usize) -> Vec<FireTime> {
-        let snapshot = self.shared.snapshot();
-        let Some(s) = snapshot.schedules.get(&job.name) else {
+        let Some(s) = &job.schedule else {
             return Vec::new();
         };
         let tz = s.timezone();
@@ -287,8 +271,7 @@ impl Engine {
         let job = self.job_or_err(name)?;
         let state = self.shared.store().job_state(name).await?;
         let last = self.shared.store().list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
-        let snapshot = self.shared.snapshot();
-        Ok(self.summary(&job, snapshot.schedules.get(name).map(|s| &**s), Some(&state), last.first(), self.shared.clock().now()))
+        Ok(self.summary(&job, Some(&state), last.first(), self.shared.clock().now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.

@@ -1,0 +1,531 @@
+//! When a job fires: cron (5/6 fields, macros), `every:`, one-shot `at:`, in the job's time
+//! zone, with the DST rules of SPEC §4, which are cronie's:
+//!
+//! - a *frequent* cron job (its seconds, minute or hour field starts with `*`) follows real
+//!   time: it fires at every instant whose local wall-clock time matches, so it runs in both
+//!   passes of a repeated autumn hour and simply continues across the spring gap;
+//! - any other cron job follows RFC 5545 §3.3.5: a local time in a gap is read with the offset
+//!   before the gap; a repeated local time means its first occurrence; two entries landing on
+//!   one instant fire once.
+//!
+//! Cron fields are matched on *local wall-clock time* with the `cron` crate evaluated on naive
+//! times; the mapping to instants is ours, because that is where the DST rules live.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
+
+/// When a job fires, as written in the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleSpec {
+    Cron(String),
+    Every(String),
+    At(String),
+}
+
+impl ScheduleSpec {
+    /// The config key it was written under: `cron`, `every` or `at`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ScheduleSpec::Cron(_) => "cron",
+            ScheduleSpec::Every(_) => "every",
+            ScheduleSpec::At(_) => "at",
+        }
+    }
+}
+
+impl std::fmt::Display for ScheduleSpec {
+    /// `cron: 0 2 * * *`, as listings show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (ScheduleSpec::Cron(s) | ScheduleSpec::Every(s) | ScheduleSpec::At(s)) = self;
+        write!(f, "{}: {s}", self.field())
+    }
+}
+
+/// A parsed schedule. Computing fire times never fails. Parsed once, when the config is
+/// compiled; the scheduler and the listings share it.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    spec: ScheduleSpec,
+    kind: Kind,
+    tz: Tz,
+}
+
+/// Two schedules are equal when they were written the same and fire in the same zone: the
+/// parsed form follows from those.
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec && self.tz == other.tz
+    }
+}
+
+/// How a cron job's wall-clock times become instants across DST changes (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DstRule {
+    /// Every real instant whose wall-clock time matches.
+    RealTime,
+    /// Each wall-clock time once: its first occurrence, or shifted past a gap.
+    FirstOccurrence,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// One or two cron schedules whose union is the job's schedule (two when both day-of-month
+    /// and day-of-week are restricted: standard cron fires when *either* matches).
+    Cron {
+        scheds: Vec<cron::Schedule>,
+        dst: DstRule,
+    },
+    /// Every `period`, aligned to the Unix epoch so tick identities survive restarts.
+    Every(Duration),
+    At(DateTime<Utc>),
+}
+
+/// A schedule that cannot be parsed, with a message saying how to write it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ScheduleError(String);
+
+const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+const MONTHS: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
+
+impl Schedule {
+    /// A cron expression in the IANA zone `tz`.
+    pub fn cron(expr: &str, tz: &str) -> Result<Self, ScheduleError> {
+        Self::build(ScheduleSpec::Cron(expr.to_string()), &parse_tz(tz))
+    }
+
+    /// Parses `spec`; a cron schedule fires in `tz` (already parsed, so a bad zone is one
+    /// error however many jobs use it). A cron error is reported before a zone error; `every`
+    /// and `at` ignore the zone.
+    pub(crate) fn build(spec: ScheduleSpec, tz: &Result<Tz, ScheduleError>) -> Result<Self, ScheduleError> {
+        let (kind, tz) = match &spec {
+            ScheduleSpec::Cron(expr) => {
+                let (scheds, dst) = parse_cron(expr)?;
+                (Kind::Cron { scheds, dst }, tz.clone()?)
+            }
+            ScheduleSpec::Every(e) => (Kind::Every(every(e)?), Tz::UTC),
+            ScheduleSpec::At(a) => (Kind::At(at(a)?), Tz::UTC),
+        };
+        Ok(Self { spec, kind, tz })
+    }
+
+    /// Every `spec` (a duration such as `90s`), aligned to the Unix epoch.
+    pub fn every(spec: &str) -> Result<Self, ScheduleError> {
+        Self::build(ScheduleSpec::Every(spec.to_string()), &Ok(Tz::UTC))
+    }
+
+    /// Once, at the RFC 3339 instant `spec`.
+    pub fn at(spec: &str) -> Result<Self, ScheduleError> {
+        Self::build(ScheduleSpec::At(spec.to_string()), &Ok(Tz::UTC))
+    }
+
+    /// The schedule as written.
+    pub fn spec(&self) -> &ScheduleSpec {
+        &self.spec
+    }
+
+    /// The zone a cron schedule fires in; UTC for `every` and `at`.
+    pub fn timezone(&self) -> Tz {
+        self.tz
+    }
+
+    /// The first fire instant strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.kind {
+            Kind::At(at) => (*at > t).then_some(*at),
+            Kind::Every(d) => {
+                let p = d.as_millis().max(1) as i64;
+                let ms = t.timestamp_millis();
+                let next = (ms.div_euclid(p) + 1) * p;
+                DateTime::from_timestamp_millis(next)
+            }
+            Kind::Cron { scheds, dst } => scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min(),
+        }
+    }
+
+    /// The next `n` fire instants after `t`.
+    pub fn upcoming(&self, t: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::with_capacity(n);
+        let mut cur = t;
+        while out.len() < n {
+            match self.next_after(cur) {
+                Some(x) => {
+                    out.push(x);
+                    cur = x;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+fn every(spec: &str) -> Result<Duration, ScheduleError> {
+    let d = humantime::parse_duration(spec.trim())
+        .map_err(|e| ScheduleError(format!("every \"{spec}\" is not a duration ({e}); write e.g. \"90s\", \"15m\"")))?;
+    if d < Duration::from_secs(1) {
+        return Err(ScheduleError(format!("every \"{spec}\" is shorter than the 1 s minimum")));
+    }
+    Ok(d)
+}
+
+fn at(spec: &str) -> Result<DateTime<Utc>, ScheduleError> {
+    let t = DateTime::parse_from_rfc3339(spec.trim())
+        .map_err(|e| ScheduleError(format!("at \"{spec}\" is not an RFC 3339 instant ({e}); write e.g. \"2026-12-24T18:00:00+01:00\"")))?;
+    Ok(t.with_timezone(&Utc))
+}
+
+/// The one place a zone name is parsed.
+pub(crate) fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
+    Tz::from_str(tz).map_err(|_| ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")")))
+}
+
+/// Translates standard cron to the `cron` crate's 6-field, seconds-first form, and picks the
+/// job's DST rule from its seconds, minute and hour fields.
+fn parse_cron(expr: &str) -> Result<(Vec<cron::Schedule>, DstRule), ScheduleError> {
+    let e = expr.trim();
+    let lower = e.to_ascii_lowercase();
+    let macro_fields = match lower.as_str() {
+        "@yearly" | "@annually" => Some("0 0 0 1 1 *"),
+        "@monthly" => Some("0 0 0 1 * *"),
+        "@weekly" => Some("0 0 0 * * 0"),
+        "@daily" | "@midnight" => Some("0 0 0 * * *"),
+        "@hourly" => Some("0 0 * * * *"),
+        m if m.starts_with('@') => {
+            return Err(ScheduleError(format!(
+                "cron macro \"{e}\" is not one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"
+            )));
+        }
+        _ => None,
+    };
+    let mut fields: Vec<&str> = macro_fields.unwrap_or(e).split_whitespace().collect();
+    match fields.len() {
+        5 => fields.insert(0, "0"),
+        6 => {}
+        n => {
+            return Err(ScheduleError(format!(
+                "cron \"{e}\" has {n} fields; write 5 (minute hour day-of-month month day-of-week), 6 (seconds first) or a macro such as @daily"
+            )));
+        }
+    }
+    // fields: seconds minute hour day-of-month month day-of-week (standard numbering).
+    let dst = if fields[..3].iter().any(|f| f.starts_with('*')) { DstRule::RealTime } else { DstRule::FirstOccurrence };
+    let dow = fields[5].to_string();
+    let dom = fields[3];
+    let month = translate_names(fields[4], &MONTHS, 1);
+    let dow_restricted = !matches!(dow.as_str(), "*" | "?");
+    let dom_restricted = !matches!(dom, "*" | "?");
+    let dow_t =
+        if dow_restricted { translate_dow(&dow).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))? } else { "*".to_string() };
+    let build = |dom: &str, dow: &str| -> Result<cron::Schedule, ScheduleError> {
+        let s = format!("{} {} {} {} {} {}", fields[0], fields[1], fields[2], dom, month, dow);
+        cron::Schedule::from_str(&s).map_err(|err| ScheduleError(format!("cron \"{e}\" is not valid: {err}")))
+    };
+    if dom_restricted && dow_restricted {
+        // Standard cron: "1 * * * MON" and "0 0 13 * FRI" fire when either day field matches.
+        Ok((vec![build(dom, "*")?, build("*", &dow_t)?], dst))
+    } else {
+        Ok((vec![build(dom, &dow_t)?], dst))
+    }
+}
+
+fn translate_names(field: &str, names: &[&str], base: usize) -> String {
+    let mut s = field.to_ascii_uppercase();
+    for (i, n) in names.iter().enumerate() {
+        s = s.replace(n, &(i + base).to_string());
+    }
+    s
+}
+
+/// Expands a standard day-of-week field (0–7, 0 and 7 = Sunday, names, ranges, steps, lists)
+/// into the `cron` crate's form, as names so numbering cannot be confused.
+fn translate_dow(field: &str) -> Result<String, String> {
+    let f = translate_names(field, &DAYS, 0);
+    let mut days = [false; 7];
+    for part in f.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((r, s)) => (r, s.parse::<usize>().map_err(|_| format!("day-of-week step \"{s}\" is not a number"))?),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err("day-of-week step must be at least 1".into());
+        }
+        let num = |s: &str| -> Result<usize, String> {
+            let n: usize = s.parse().map_err(|_| format!("day-of-week \"{s}\" is not 0–7 or a day name (SUN–SAT)"))?;
+            if n > 7 { Err(format!("day-of-week {n} is out of range 0–7")) } else { Ok(n) }
+        };
+        let (lo, hi) = match range {
+            "*" | "?" => (0, 6),
+            r => match r.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None if step > 1 => (num(r)?, 6),
+                None => {
+                    let n = num(r)?;
+                    (n, n)
+                }
+            },
+        };
+        if lo > hi {
+            return Err(format!("day-of-week range \"{range}\" runs backwards"));
+        }
+        for d in (lo..=hi).step_by(step) {
+            days[d % 7] = true;
+        }
+    }
+    Ok(days.iter().enumerate().filter(|(_, on)| **on).map(|(i, _)| DAYS[i]).collect::<Vec<_>>().join(","))
+}
+
+/// The instants a local wall-clock time means under `rule`: none (a gap, real time), one, or
+/// two (a repeated time, real time).
+fn instants(tz: Tz, rule: DstRule, naive: NaiveDateTime) -> impl Iterator<Item = DateTime<Utc>> {
+    let (a, b) = match (tz.from_local_datetime(&naive), rule) {
+        (LocalResult::Single(t), _) => (Some(t), None),
+        (LocalResult::Ambiguous(a, b), DstRule::RealTime) => (Some(a.min(b)), Some(a.max(b))),
+        (LocalResult::Ambiguous(a, b), DstRule::FirstOccurrence) => (Some(a.min(b)), None),
+        (LocalResult::None, DstRule::RealTime) => (None, None),
+        (LocalResult::None, DstRule::FirstOccurrence) => {
+            // In a gap: read with the offset in force before it.
+            let before = naive - chrono::Duration::hours(3);
+            let off = match tz.from_local_datetime(&before) {
+                LocalResult::Single(t) => t.offset().fix(),
+                LocalResult::Ambiguous(a, _) => a.offset().fix(),
+                LocalResult::None => tz.offset_from_utc_datetime(&before).fix(),
+            };
+            return [Some(Utc.from_utc_datetime(&(naive - chrono::Duration::seconds(off.local_minus_utc() as i64)))), None]
+                .into_iter()
+                .flatten();
+        }
+    };
+    [a.map(|t| t.with_timezone(&Utc)), b.map(|t| t.with_timezone(&Utc))].into_iter().flatten()
+}
+
+/// The first fire instant of `s` strictly after `t`. Offset changes are under 3 h and never
+/// closer than 3 h apart, which bounds how far wall-clock order and instant order can differ.
+fn next_cron(s: &cron::Schedule, rule: DstRule, tz: Tz, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let as_utc = |n: NaiveDateTime| Utc.from_utc_datetime(&n);
+    let off = |x: DateTime<Utc>| tz.offset_from_utc_datetime(&x.naive_utc()).fix().local_minus_utc();
+    let margin = chrono::Duration::hours(3);
+    let steady = |x: DateTime<Utc>| off(x - margin) == off(x + margin);
+    let local_now = t.naive_utc() + chrono::Duration::seconds(off(t).into());
+    // Fast path: no offset change near `t` or near the candidate, so between them wall-clock
+    // order is instant order and the first wall-clock match is the answer.
+    let first = s.after(&as_utc(local_now)).next()?.naive_utc();
+    if steady(t)
+        && let Some(inst) = instants(tz, rule, first).next()
+        && inst > t
+        && steady(inst)
+    {
+        return Some(inst);
+    }
+    // Near a change: walk wall-clock candidates from the earliest one that can map past `t`
+    // (read with the smaller of the offsets around it) and keep the earliest instant after `t`;
+    // stop once wall-clock time is past the best so far by more than any change.
+    let low = off(t - margin).min(off(t + margin));
+    let from = t.naive_utc() + chrono::Duration::seconds(low.into()) - chrono::Duration::seconds(1);
+    let mut best: Option<DateTime<Utc>> = None;
+    for cand in s.after(&as_utc(from)).map(|c| c.naive_utc()) {
+        if let Some(b) = best
+            && cand > b.naive_utc() + chrono::Duration::seconds(off(b).into()) + margin
+        {
+            break;
+        }
+        for i in instants(tz, rule, cand) {
+            if i > t && best.is_none_or(|b| i < b) {
+                best = Some(i);
+            }
+        }
+        // A schedule whose only dates are far off (29 February) still ends the walk.
+        if cand > local_now + chrono::Duration::days(366 * 9) {
+            break;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn next(expr: &str, tz: &str, after: &str) -> String {
+        Schedule::cron(expr, tz).unwrap().next_after(utc(after)).unwrap().to_rfc3339()
+    }
+
+    fn local(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
+        let s = Schedule::cron(expr, tz).unwrap();
+        let z = s.timezone();
+        s.upcoming(utc(after), n).iter().map(|t| t.with_timezone(&z).to_rfc3339()).collect()
+    }
+
+    #[test]
+    fn five_fields_get_seconds() {
+        assert_eq!(next("0 2 * * *", "UTC", "2026-01-01T00:00:00Z"), "2026-01-01T02:00:00+00:00");
+        assert_eq!(next("*/15 * * * *", "UTC", "2026-01-01T00:07:00Z"), "2026-01-01T00:15:00+00:00");
+    }
+
+    #[test]
+    fn six_fields_have_seconds_first() {
+        assert_eq!(next("30 0 2 * * *", "UTC", "2026-01-01T00:00:00Z"), "2026-01-01T02:00:30+00:00");
+        assert_eq!(next("*/5 * * * * *", "UTC", "2026-01-01T00:00:01Z"), "2026-01-01T00:00:05+00:00");
+    }
+
+    #[test]
+    fn day_of_week_uses_standard_numbering() {
+        // 2026-01-01 is a Thursday.
+        let cases = [
+            ("0 9 * * 0", "2026-01-04T09:00:00+00:00"), // Sunday
+            ("0 9 * * 7", "2026-01-04T09:00:00+00:00"), // Sunday too
+            ("0 9 * * 1", "2026-01-05T09:00:00+00:00"), // Monday
+            ("0 9 * * 5", "2026-01-02T09:00:00+00:00"), // Friday
+            ("0 9 * * 6", "2026-01-03T09:00:00+00:00"), // Saturday
+            ("0 9 * * sun", "2026-01-04T09:00:00+00:00"),
+            ("0 9 * * MON-FRI", "2026-01-01T09:00:00+00:00"),
+            ("0 9 * * 1-5", "2026-01-01T09:00:00+00:00"),
+            ("0 9 * * 6,0", "2026-01-03T09:00:00+00:00"),
+            ("0 9 * * 5-7", "2026-01-02T09:00:00+00:00"),
+            ("0 9 * * */3", "2026-01-03T09:00:00+00:00"), // Sun, Wed, Sat
+        ];
+        for (expr, want) in cases {
+            assert_eq!(next(expr, "UTC", "2026-01-01T00:00:00Z"), want, "{expr}");
+        }
+    }
+
+    #[test]
+    fn weekday_list_over_a_week() {
+        let days: Vec<String> = local("0 9 * * 1-5", "UTC", "2026-01-03T00:00:00Z", 5).iter().map(|s| s[..10].to_string()).collect();
+        assert_eq!(days, ["2026-01-05", "2026-01-06", "2026-01-07", "2026-01-08", "2026-01-09"]);
+    }
+
+    #[test]
+    fn day_of_month_or_day_of_week() {
+        // Standard cron: the 13th OR any Friday.
+        let got = local("0 0 13 * 5", "UTC", "2026-02-01T00:00:00Z", 4);
+        assert_eq!(
+            got,
+            ["2026-02-06T00:00:00+00:00", "2026-02-13T00:00:00+00:00", "2026-02-20T00:00:00+00:00", "2026-02-27T00:00:00+00:00"]
+        );
+        let got = local("0 0 10 * 1", "UTC", "2026-02-01T00:00:00Z", 3);
+        assert_eq!(got, ["2026-02-02T00:00:00+00:00", "2026-02-09T00:00:00+00:00", "2026-02-10T00:00:00+00:00"]);
+    }
+
+    #[test]
+    fn macros() {
+        let a = "2026-03-15T10:20:00Z";
+        assert_eq!(next("@hourly", "UTC", a), "2026-03-15T11:00:00+00:00");
+        assert_eq!(next("@daily", "UTC", a), "2026-03-16T00:00:00+00:00");
+        assert_eq!(next("@midnight", "UTC", a), "2026-03-16T00:00:00+00:00");
+        assert_eq!(next("@weekly", "UTC", a), "2026-03-22T00:00:00+00:00"); // a Sunday
+        assert_eq!(next("@monthly", "UTC", a), "2026-04-01T00:00:00+00:00");
+        assert_eq!(next("@yearly", "UTC", a), "2027-01-01T00:00:00+00:00");
+        assert_eq!(next("@annually", "UTC", a), "2027-01-01T00:00:00+00:00");
+    }
+
+    #[test]
+    fn bad_expressions_say_how_to_fix() {
+        for (e, want) in [
+            ("0 2 * *", "has 4 fields"),
+            ("@fortnightly", "not one of @yearly"),
+            ("0 25 * * *", "is not valid"),
+            ("0 2 * * 8", "out of range 0–7"),
+            ("0 2 * * FUNDAY", "not 0–7 or a day name"),
+            ("0 2 * * 5-1", "runs backwards"),
+        ] {
+            let err = Schedule::cron(e, "UTC").unwrap_err().to_string();
+            assert!(err.contains(want), "{e}: {err}");
+        }
+        assert!(Schedule::cron("0 2 * * *", "Mars/Olympus").unwrap_err().to_string().contains("IANA"));
+        assert!(Schedule::every("soon").is_err());
+        assert!(Schedule::every("10ms").is_err());
+        assert!(Schedule::at("tomorrow").is_err());
+    }
+
+    #[test]
+    fn berlin_spring_forward_gap_fires_after_the_gap() {
+        // 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist: fires at 03:30 CEST.
+        assert_eq!(
+            local("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 3),
+            ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00", "2026-03-31T02:30:00+02:00",]
+        );
+        // 02:30 (→ 03:30) and 03:30 land on the same instant: fired once.
+        let s = Schedule::cron("30 2,3 * * *", "Europe/Berlin").unwrap();
+        let got: Vec<String> =
+            s.upcoming(utc("2026-03-28T23:00:00Z"), 2).iter().map(|t| t.with_timezone(&s.timezone()).to_rfc3339()).collect();
+        assert_eq!(got, ["2026-03-29T03:30:00+02:00", "2026-03-30T02:30:00+02:00"]);
+    }
+
+    #[test]
+    fn berlin_fall_back_fires_fixed_times_once_and_frequent_jobs_in_both_passes() {
+        // 2026-10-25: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
+        assert_eq!(
+            local("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2),
+            ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+        );
+        // An hourly job runs at every real hour: the repeated 02:00 hour in both passes.
+        let got = local("0 * * * *", "Europe/Berlin", "2026-10-24T22:30:00Z", 4);
+        assert_eq!(
+            got,
+            ["2026-10-25T01:00:00+02:00", "2026-10-25T02:00:00+02:00", "2026-10-25T02:00:00+01:00", "2026-10-25T03:00:00+01:00"]
+        );
+    }
+
+    #[test]
+    fn every_fifteen_minutes_keeps_going_through_the_repeated_hour() {
+        // Issue 8: the worker listed 00:45 then 02:00 UTC, 75 real minutes without a run.
+        let s = Schedule::cron("*/15 * * * *", "Europe/Berlin").unwrap();
+        let got: Vec<String> = s.upcoming(utc("2026-10-24T23:50:00Z"), 10).iter().map(|t| t.format("%H:%M").to_string()).collect();
+        assert_eq!(got, ["00:00", "00:15", "00:30", "00:45", "01:00", "01:15", "01:30", "01:45", "02:00", "02:15"]);
+    }
+
+    #[test]
+    fn a_leap_day_schedule_is_found_from_near_a_dst_change() {
+        // The slow path near a change walks wall-clock candidates; a sparse schedule must not
+        // run out of walk before its next date.
+        let s = Schedule::cron("0 12 29 2 *", "Europe/Berlin").unwrap();
+        assert_eq!(s.next_after(utc("2026-03-29T01:00:00Z")), Some(utc("2028-02-29T11:00:00Z")));
+    }
+
+    #[test]
+    fn new_york_spring_and_fall() {
+        // 2026-03-08 02:00 EST → 03:00 EDT.
+        assert_eq!(
+            local("30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", 2),
+            ["2026-03-08T03:30:00-04:00", "2026-03-09T02:30:00-04:00"]
+        );
+        // 2026-11-01 02:00 EDT → 01:00 EST; 01:30 happens twice, fired at the first.
+        assert_eq!(
+            local("30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", 2),
+            ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+        );
+    }
+
+    #[test]
+    fn southern_hemisphere_and_half_hour_zones() {
+        // Sydney: 2026-10-04 02:00 AEST → 03:00 AEDT.
+        assert_eq!(local("15 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z", 1), ["2026-10-04T03:15:00+11:00"]);
+        // Lord Howe moves by 30 minutes: 02:00 → 02:30 on 2026-10-04.
+        assert_eq!(local("15 2 * * *", "Australia/Lord_Howe", "2026-10-03T00:00:00Z", 1), ["2026-10-04T02:45:00+11:00"]);
+    }
+
+    #[test]
+    fn every_is_epoch_aligned() {
+        let s = Schedule::every("90s").unwrap();
+        assert_eq!(s.next_after(utc("1970-01-01T00:00:00Z")).unwrap(), utc("1970-01-01T00:01:30Z"));
+        let t = utc("2026-05-05T10:00:01Z");
+        let n = s.next_after(t).unwrap();
+        assert_eq!(n.timestamp() % 90, 0);
+        assert!(n > t && n - t <= chrono::Duration::seconds(90));
+    }
+
+    #[test]
+    fn at_fires_once() {
+        let s = Schedule::at("2026-12-24T18:00:00+01:00").unwrap();
+        assert_eq!(s.next_after(utc("2026-01-01T00:00:00Z")), Some(utc("2026-12-24T17:00:00Z")));
+        assert_eq!(s.next_after(utc("2026-12-24T17:00:00Z")), None);
+    }
+}
