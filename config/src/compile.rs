@@ -10,10 +10,16 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
-use crate::diag::{Diagnostic, did_you_mean, quoted_list};
+use crate::ai::{
+    Agent, DEFAULT_MAX_ITERS, McpServer, Model, ModelApi, ModelRef, Pipeline, Provider, ProviderApi, RateLimit, Secret, SystemPrompt,
+    resolve_model,
+};
+use crate::diag::{Diagnostic, Severity, did_you_mean, quoted_list};
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
+use crate::template::{Template, Templated};
+use crate::workflow::{Step, StepKind, StepType, Workflow};
 use crate::yaml::{Seg, YamlPath};
 
 /// What a job runs.
@@ -184,7 +190,13 @@ pub struct Config {
     pub default_timezone: String,
     pub storage: StorageConfig,
     pub jobs: BTreeMap<String, JobConfig>,
-    pub raw: raw::RawConfig,
+    /// `ai.default_model`: the alias of agents that name none.
+    pub default_model: Option<String>,
+    pub providers: BTreeMap<String, Provider>,
+    pub agents: BTreeMap<String, Agent>,
+    pub pipelines: BTreeMap<String, Pipeline>,
+    pub workflows: BTreeMap<String, Workflow>,
+    pub mcp_servers: BTreeMap<String, McpServer>,
     pub plugin_dirs: Vec<PathBuf>,
     pub wasm: WasmConfig,
     pub worker: WorkerConfig,
@@ -201,14 +213,10 @@ impl Config {
         self.sources.locate(&keys(path))
     }
 
-    pub fn agents(&self) -> &BTreeMap<String, raw::Agent> {
-        static EMPTY: BTreeMap<String, raw::Agent> = BTreeMap::new();
-        self.raw.agents.as_ref().unwrap_or(&EMPTY)
-    }
-
-    pub fn workflows(&self) -> &BTreeMap<String, raw::Workflow> {
-        static EMPTY: BTreeMap<String, raw::Workflow> = BTreeMap::new();
-        self.raw.workflows.as_ref().unwrap_or(&EMPTY)
+    /// A model alias resolved to its provider and model, by the rule validation applies:
+    /// under `provider` when given, else under the first provider (by name) defining it.
+    pub fn resolve_model(&self, provider: Option<&str>, alias: &str) -> Option<ModelRef> {
+        resolve_model(&self.providers, provider, alias)
     }
 }
 
@@ -218,11 +226,10 @@ struct Compiler<'a> {
     disabled: BTreeMap<String, String>,
 }
 
-/// Consumes the loaded tree: the raw config, merged YAML and source map move into the result
-/// (a large config must not be held twice).
+/// Consumes the loaded tree: the merged YAML and source map move into the result (a large
+/// config must not be held twice); the raw tree is dropped once compiled.
 pub(crate) fn compile(loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
     let (mut config, diags) = compile_borrowed(&loaded, cwd);
-    config.raw = loaded.raw;
     config.sources = loaded.sources;
     config.merged = loaded.merged;
     config.root = loaded.root;
@@ -243,9 +250,12 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
     }
     let storage = c.storage(sched.storage.as_ref(), &data_dir, cwd);
     c.check_unset_vars();
-    c.check_agents();
-    c.check_workflows();
-    c.check_pipelines();
+    let ai = raw.ai.clone().unwrap_or_default();
+    let providers = c.providers();
+    let mcp_servers = c.mcp_servers();
+    let agents = c.agents(&providers, ai.default_model.as_deref(), cwd);
+    let workflows = c.workflows();
+    let pipelines = c.pipelines();
     let mut jobs = BTreeMap::new();
     for (name, job) in sched.jobs.iter().flatten() {
         if let Some(j) = c.job(name, job, (&default_timezone, &default_tz), cwd) {
@@ -263,7 +273,12 @@ fn compile_borrowed(loaded: &Loaded, cwd: &Path) -> (Config, Vec<Diagnostic>) {
         default_timezone,
         storage,
         jobs,
-        raw: raw::RawConfig::default(),
+        default_model: ai.default_model,
+        providers,
+        agents,
+        pipelines,
+        workflows,
+        mcp_servers,
         plugin_dirs,
         wasm,
         worker,
@@ -372,25 +387,96 @@ impl<'a> Compiler<'a> {
         }
     }
 
-    fn providers(&self) -> BTreeMap<String, raw::Provider> {
-        self.loaded.raw.ai.as_ref().and_then(|a| a.providers.clone()).unwrap_or_default()
+    fn providers(&mut self) -> BTreeMap<String, Provider> {
+        let ai = self.loaded.raw.ai.clone().unwrap_or_default();
+        let limits = |name: &str| {
+            let top = self.loaded.raw.rate_limits.as_ref().and_then(|l| l.get(name));
+            let ai = ai.rate_limits.as_ref().and_then(|l| l.get(name));
+            top.or(ai).map(|l| RateLimit { requests_per_minute: l.requests_per_minute, tokens_per_minute: l.tokens_per_minute })
+        };
+        let mut out = BTreeMap::new();
+        for (name, p) in ai.providers.iter().flatten() {
+            let api = match (&p.base_url, &p.endpoint) {
+                (Some(base_url), _) => ProviderApi::OpenAiCompatible { base_url: base_url.clone() },
+                (None, Some(endpoint)) => ProviderApi::AzureOpenAi { endpoint: endpoint.clone(), api_version: p.api_version.clone() },
+                (None, None) => ProviderApi::Unspecified,
+            };
+            let mut models = BTreeMap::new();
+            for (alias, m) in p.models.iter().flatten() {
+                let api = match m.api_type.as_deref() {
+                    None | Some("chat") | Some("chat_completions") => ModelApi::Chat,
+                    Some("responses") => ModelApi::Responses,
+                    Some(other) => {
+                        self.err(
+                            &["ai", "providers", name, "models", alias, "api_type"],
+                            format!("model \"{alias}\" of provider \"{name}\": api_type \"{other}\" is not one of chat, responses"),
+                        );
+                        ModelApi::Chat
+                    }
+                };
+                let model = Model {
+                    alias: alias.clone(),
+                    id: m.id.clone(),
+                    deployment_name: m.deployment_name.clone(),
+                    description: m.description.clone(),
+                    api,
+                    max_tokens: m.max_tokens,
+                    default_temperature: m.default_temperature,
+                };
+                models.insert(alias.clone(), model);
+            }
+            let provider = Provider {
+                name: name.clone(),
+                api,
+                api_key: p.api_key.clone().map(Secret::new),
+                models,
+                rate_limit: limits(name).unwrap_or_default(),
+            };
+            out.insert(name.clone(), provider);
+        }
+        out
     }
 
-    fn check_agents(&mut self) {
-        let providers = self.providers();
-        let default_model = self.loaded.raw.ai.as_ref().and_then(|a| a.default_model.clone());
+    fn mcp_servers(&mut self) -> BTreeMap<String, McpServer> {
+        let mut out = BTreeMap::new();
+        let servers = self.loaded.raw.mcp.as_ref().and_then(|m| m.servers.clone()).unwrap_or_default();
+        for (name, s) in servers {
+            let server = match (s.command, s.url) {
+                (Some(command), None) => McpServer::Stdio { command, args: s.args.unwrap_or_default(), env: s.env.unwrap_or_default() },
+                (None, Some(url)) => McpServer::Http { url, headers: s.headers.unwrap_or_default() },
+                (Some(_), Some(_)) => {
+                    self.err(&["mcp", "servers", &name, "url"], format!("MCP server \"{name}\" sets both command and url; keep one"));
+                    continue;
+                }
+                (None, None) => {
+                    self.err(
+                        &["mcp", "servers", &name],
+                        format!("MCP server \"{name}\" needs \"command\" (a stdio server) or \"url\" (a streamable-HTTP server)"),
+                    );
+                    continue;
+                }
+            };
+            out.insert(name, server);
+        }
+        out
+    }
+
+    /// Agents, with their model resolved. Names are checked against the raw key sets: an item
+    /// left out for its own error must not also be reported as "not defined".
+    fn agents(&mut self, providers: &BTreeMap<String, Provider>, default_model: Option<&str>, cwd: &Path) -> BTreeMap<String, Agent> {
         let servers: Vec<String> =
             self.loaded.raw.mcp.as_ref().and_then(|m| m.servers.as_ref()).map(|s| s.keys().cloned().collect()).unwrap_or_default();
         let agents = self.loaded.raw.agents.clone().unwrap_or_default();
         let agent_names: Vec<String> = agents.keys().cloned().collect();
-        for (name, a) in &agents {
-            let model = a.model.clone().or_else(|| default_model.clone());
+        let mut out = BTreeMap::new();
+        for (name, a) in agents {
+            let model = a.model.clone().or_else(|| default_model.map(str::to_string));
             let provider = match (&a.provider, &model) {
                 (Some(p), _) => {
                     if !providers.contains_key(p) {
                         let hint = did_you_mean(p, providers.keys().map(String::as_str));
                         self.err(
-                            &["agents", name, "provider"],
+                            &["agents", &name, "provider"],
                             format!(
                                 "agent \"{name}\" uses provider \"{p}\", which is not defined{hint} (defined providers: {})",
                                 quoted_list(providers.keys().map(String::as_str))
@@ -401,21 +487,21 @@ impl<'a> Compiler<'a> {
                         Some(p.clone())
                     }
                 }
-                (None, Some(m)) => {
-                    providers.iter().find(|(_, p)| p.models.as_ref().is_some_and(|ms| ms.contains_key(m))).map(|(n, _)| n.clone())
-                }
+                (None, Some(m)) => providers.iter().find(|(_, p)| p.models.contains_key(m)).map(|(n, _)| n.clone()),
                 (None, None) => None,
             };
+            let mut resolved = None;
             match (&model, &provider) {
                 (None, _) => {
                     self.disabled.insert(format!("agent \"{name}\""), "no model: set agents.<name>.model or ai.default_model".into());
                 }
                 (Some(m), Some(p)) => {
-                    let models = providers.get(p).and_then(|p| p.models.clone()).unwrap_or_default();
-                    if !models.is_empty() && !models.contains_key(m) {
+                    resolved = resolve_model(providers, Some(p), m);
+                    if resolved.is_none() {
+                        let models = &providers[p].models;
                         let hint = did_you_mean(m, models.keys().map(String::as_str));
                         self.err(
-                            &["agents", name, "model"],
+                            &["agents", &name, "model"],
                             format!(
                                 "agent \"{name}\" uses model \"{m}\", which provider \"{p}\" does not define{hint} (its models: {})",
                                 quoted_list(models.keys().map(String::as_str))
@@ -427,16 +513,16 @@ impl<'a> Compiler<'a> {
                     }
                 }
                 (Some(m), None) if a.provider.is_none() => {
-                    let all: Vec<String> = providers.values().flat_map(|p| p.models.iter().flat_map(|m| m.keys().cloned())).collect();
-                    let hint = did_you_mean(m, all.iter().map(String::as_str));
-                    self.err(&["agents", name, "model"], format!("agent \"{name}\" uses model \"{m}\", which no provider defines{hint}; add it under ai.providers.<provider>.models or set agents.{name}.provider"));
+                    let all: Vec<&str> = providers.values().flat_map(|p| p.models.keys().map(String::as_str)).collect();
+                    let hint = did_you_mean(m, all.iter().copied());
+                    self.err(&["agents", &name, "model"], format!("agent \"{name}\" uses model \"{m}\", which no provider defines{hint}; add it under ai.providers.<provider>.models or set agents.{name}.provider"));
                 }
                 _ => {}
             }
             for (i, s) in a.mcp_servers.iter().flatten().enumerate() {
                 if !servers.contains(s) {
                     let hint = did_you_mean(s, servers.iter().map(String::as_str));
-                    let loc = self.loaded.sources.locate(&[keys(&["agents", name, "mcp_servers"]), vec![Seg::Index(i)]].concat());
+                    let loc = self.loaded.sources.locate(&[keys(&["agents", &name, "mcp_servers"]), vec![Seg::Index(i)]].concat());
                     self.diags.push(Diagnostic::error(
                         loc,
                         format!("agent \"{name}\" uses MCP server \"{s}\", which is not defined under mcp.servers{hint}"),
@@ -448,51 +534,86 @@ impl<'a> Compiler<'a> {
             for (i, d) in a.delegates.iter().flatten().enumerate() {
                 if !agent_names.contains(d) {
                     let hint = did_you_mean(d, agent_names.iter().map(String::as_str));
-                    let loc = self.loaded.sources.locate(&[keys(&["agents", name, "delegates"]), vec![Seg::Index(i)]].concat());
+                    let loc = self.loaded.sources.locate(&[keys(&["agents", &name, "delegates"]), vec![Seg::Index(i)]].concat());
                     self.diags
                         .push(Diagnostic::error(loc, format!("agent \"{name}\" delegates to agent \"{d}\", which is not defined{hint}")));
                 }
             }
-            if let (Some(t), Some(_)) = (a.temperature, Some(()))
+            if let Some(t) = a.temperature
                 && !(0.0..=2.0).contains(&t)
             {
-                self.err(&["agents", name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
+                self.err(&["agents", &name, "temperature"], format!("agent \"{name}\": temperature {t} is outside 0.0–2.0"));
             }
-            if a.system_prompt.is_some() && a.system_prompt_file.is_some() {
-                self.err(
-                    &["agents", name, "system_prompt_file"],
-                    format!("agent \"{name}\" sets both system_prompt and system_prompt_file; keep one"),
-                );
-            }
+            let system_prompt = match (a.system_prompt, a.system_prompt_file) {
+                (Some(_), Some(_)) => {
+                    self.err(
+                        &["agents", &name, "system_prompt_file"],
+                        format!("agent \"{name}\" sets both system_prompt and system_prompt_file; keep one"),
+                    );
+                    None
+                }
+                (Some(p), None) => Some(SystemPrompt::Inline(p)),
+                (None, Some(f)) => Some(SystemPrompt::File(cwd.join(f))),
+                (None, None) => None,
+            };
+            let agent = Agent {
+                name: name.clone(),
+                description: a.description,
+                model,
+                provider: a.provider,
+                resolved,
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+                max_iters: a.max_iters.unwrap_or(DEFAULT_MAX_ITERS),
+                system_prompt,
+                skills: a.skills.unwrap_or_default(),
+                plugins: a.plugins.unwrap_or_default(),
+                mcp_servers: a.mcp_servers.unwrap_or_default(),
+                allowed_actions: a.allowed_actions.unwrap_or_default(),
+                allowed_commands: a.allowed_commands.unwrap_or_default(),
+                working_directory: a.working_directory.map(|w| cwd.join(w)),
+                delegates: a.delegates.unwrap_or_default(),
+            };
+            out.insert(name, agent);
         }
+        out
     }
 
-    fn check_workflows(&mut self) {
+    /// Workflows with their steps typed and templates parsed. A workflow with an error is left
+    /// out (the config then fails to load, so only partial configs see the difference).
+    fn workflows(&mut self) -> BTreeMap<String, Workflow> {
         let agents: Vec<String> = self.loaded.raw.agents.as_ref().map(|a| a.keys().cloned().collect()).unwrap_or_default();
         let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
-        for (wname, wf) in &workflows {
+        let mut out = BTreeMap::new();
+        for (wname, wf) in workflows {
+            let errors_before = self.diags.len();
             let mut ids: Vec<String> = Vec::new();
-            let base = keys(&["workflows", wname, "steps"]);
-            self.check_steps(wname, &wf.steps, &base, &agents, &mut ids);
+            let base = keys(&["workflows", &wname, "steps"]);
+            let steps = self.steps(&wname, &wf.steps, &base, &agents, &mut ids);
             if wf.steps.is_empty() {
-                self.err(&["workflows", wname, "steps"], format!("workflow \"{wname}\" has no steps"));
+                self.err(&["workflows", &wname, "steps"], format!("workflow \"{wname}\" has no steps"));
             }
             // `then`/`else` must name steps of the same workflow.
-            let all = ids.clone();
             collect_refs(&wf.steps, &mut |sid, target| {
-                if !all.iter().any(|i| i == target) {
-                    let hint = did_you_mean(target, all.iter().map(String::as_str));
+                if !ids.iter().any(|i| i == target) {
+                    let hint = did_you_mean(target, ids.iter().map(String::as_str));
                     self.diags.push(Diagnostic::error(
-                        self.loaded.sources.locate(&keys(&["workflows", wname])),
+                        self.loaded.sources.locate(&keys(&["workflows", &wname])),
                         format!("workflow \"{wname}\": step \"{sid}\" names step \"{target}\", which does not exist{hint}"),
                     ));
                 }
             });
+            if self.diags[errors_before..].iter().all(|d| d.severity != Severity::Error) {
+                let workflow = Workflow { name: wname.clone(), description: wf.description, trigger: wf.trigger, steps };
+                out.insert(wname, workflow);
+            }
         }
+        out
     }
 
-    fn check_steps(&mut self, wname: &str, steps: &[raw::Step], base: &YamlPath, agents: &[String], ids: &mut Vec<String>) {
-        const KINDS: &[&str] = &["agent", "plugin", "condition", "approval", "parallel", "group_chat"];
+    /// The steps that are valid, in order; every error is reported on the way.
+    fn steps(&mut self, wname: &str, steps: &[raw::Step], base: &YamlPath, agents: &[String], ids: &mut Vec<String>) -> Vec<Step> {
+        let mut out = Vec::new();
         for (i, s) in steps.iter().enumerate() {
             let mut path = base.clone();
             path.push(Seg::Index(i));
@@ -509,7 +630,7 @@ impl<'a> Compiler<'a> {
                 ));
             }
             ids.push(s.id.clone());
-            let need = |field: &str, v: &Option<String>, this: &mut Self| {
+            let need = |field: &str, v: &Option<String>, this: &mut Self| -> Option<String> {
                 if v.is_none() {
                     let loc = this.loaded.sources.locate(&path);
                     this.diags.push(Diagnostic::error(
@@ -517,11 +638,13 @@ impl<'a> Compiler<'a> {
                         format!("workflow \"{wname}\": step \"{}\" of type {} needs \"{field}\"", s.id, s.kind),
                     ));
                 }
+                v.clone()
             };
-            match s.kind.as_str() {
-                "agent" => {
-                    need("agent", &s.agent, self);
-                    if let Some(a) = &s.agent
+            let templated = |v: &Option<raw::Any>| v.as_ref().map(Templated::parse);
+            let kind = match StepType::parse(&s.kind) {
+                Some(StepType::Agent) => {
+                    let agent = need("agent", &s.agent, self);
+                    if let Some(a) = &agent
                         && !agents.contains(a)
                     {
                         let hint = did_you_mean(a, agents.iter().map(String::as_str));
@@ -535,22 +658,35 @@ impl<'a> Compiler<'a> {
                             ),
                         ));
                     }
+                    agent.map(|agent| StepKind::Agent { agent, input: templated(&s.input) })
                 }
-                "plugin" => {
-                    need("plugin", &s.plugin, self);
-                    need("action", &s.action, self);
+                Some(StepType::Plugin) => {
+                    let plugin = need("plugin", &s.plugin, self);
+                    let action = need("action", &s.action, self);
+                    plugin.zip(action).map(|(plugin, action)| StepKind::Plugin {
+                        plugin,
+                        action,
+                        input: templated(&s.input),
+                        parameters: templated(&s.parameters),
+                    })
                 }
-                "condition" => need("condition", &s.condition, self),
-                "parallel" => {
+                Some(StepType::Condition) => need("condition", &s.condition, self).map(|c| StepKind::Condition {
+                    condition: Template::parse(&c),
+                    then: s.then.clone().unwrap_or_default(),
+                    otherwise: s.otherwise.clone().unwrap_or_default(),
+                }),
+                Some(StepType::Parallel) => {
                     if let Some(children) = &s.steps {
-                        self.check_steps(wname, children, &at(&path, "steps"), agents, ids);
+                        let steps = self.steps(wname, children, &at(&path, "steps"), agents, ids);
+                        Some(StepKind::Parallel { steps })
                     } else {
                         let loc = self.loaded.sources.locate(&path);
                         self.diags
                             .push(Diagnostic::error(loc, format!("workflow \"{wname}\": parallel step \"{}\" needs \"steps\"", s.id)));
+                        None
                     }
                 }
-                "group_chat" => {
+                Some(StepType::GroupChat) => {
                     for a in s.agents.iter().flatten() {
                         if !agents.contains(a) {
                             let loc = self.loaded.sources.locate(&at(&path, "agents"));
@@ -560,33 +696,55 @@ impl<'a> Compiler<'a> {
                             ));
                         }
                     }
+                    Some(StepKind::GroupChat {
+                        agents: s.agents.clone().unwrap_or_default(),
+                        input: templated(&s.input),
+                        max_iterations: s.max_iterations,
+                    })
                 }
-                "approval" => {
-                    if let Some(t) = &s.timeout
-                        && let Err(e) = duration(t)
-                    {
-                        let loc = self.loaded.sources.locate(&at(&path, "timeout"));
-                        self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
-                    }
+                Some(StepType::Approval) => {
+                    let timeout = match s.timeout.as_deref().map(duration) {
+                        None => Ok(None),
+                        Some(Ok(d)) => Ok(Some(d)),
+                        Some(Err(e)) => {
+                            let loc = self.loaded.sources.locate(&at(&path, "timeout"));
+                            self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": timeout {e}", s.id)));
+                            Err(())
+                        }
+                    };
+                    timeout.ok().map(|timeout| StepKind::Approval {
+                        input: templated(&s.input),
+                        timeout,
+                        default_decision: s.default_decision.clone(),
+                        on_reject: s.on_reject.clone(),
+                    })
                 }
-                other => {
-                    let hint = did_you_mean(other, KINDS.iter().copied());
+                None => {
+                    let kinds = StepType::ALL.map(StepType::as_str);
+                    let hint = did_you_mean(&s.kind, kinds.iter().copied());
                     let loc = self.loaded.sources.locate(&at(&path, "type"));
                     self.diags.push(Diagnostic::error(
                         loc,
                         format!(
-                            "workflow \"{wname}\": step \"{}\" has unknown type \"{other}\"{hint}; use one of {}",
+                            "workflow \"{wname}\": step \"{}\" has unknown type \"{}\"{hint}; use one of {}",
                             s.id,
-                            KINDS.join(", ")
+                            s.kind,
+                            kinds.join(", ")
                         ),
                     ));
+                    None
                 }
+            };
+            if let Some(kind) = kind {
+                out.push(Step { id: s.id.clone(), when: s.when.as_deref().map(Template::parse), kind });
             }
         }
+        out
     }
 
-    fn check_pipelines(&mut self) {
+    fn pipelines(&mut self) -> BTreeMap<String, Pipeline> {
         let agents: Vec<String> = self.loaded.raw.agents.as_ref().map(|a| a.keys().cloned().collect()).unwrap_or_default();
+        let mut out = BTreeMap::new();
         for (name, p) in self.loaded.raw.pipelines.clone().unwrap_or_default() {
             for a in &p.steps {
                 if !agents.contains(a) {
@@ -594,7 +752,9 @@ impl<'a> Compiler<'a> {
                     self.err(&["pipelines", &name, "steps"], format!("pipeline \"{name}\" uses agent \"{a}\", which is not defined{hint}"));
                 }
             }
+            out.insert(name, Pipeline { description: p.description, agents: p.steps });
         }
+        out
     }
 
     fn wasm(&mut self, w: Option<&raw::WasmPlugins>) -> WasmConfig {
@@ -936,6 +1096,8 @@ impl<'a> Compiler<'a> {
 }
 
 /// Calls `f(step id, named step)` for every `then`/`else` reference.
+/// Calls `f(step, target)` for each step named in a `then`/`else`, nested steps included. Reads
+/// the raw steps: a condition step with an error of its own still has its names checked.
 fn collect_refs(steps: &[raw::Step], f: &mut dyn FnMut(&str, &str)) {
     for s in steps {
         for t in s.then.iter().flatten().chain(s.otherwise.iter().flatten()) {

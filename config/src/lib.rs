@@ -5,17 +5,22 @@
 //! Entry point: [`load`]. It never panics on input; it returns either a [`Config`] with
 //! warnings, or every error it found.
 
+mod ai;
 mod compile;
 mod diag;
 mod load;
-pub mod raw;
+mod raw;
 mod schedule;
 mod schema;
 mod template;
+mod workflow;
 mod yaml;
 
 use std::path::{Path, PathBuf};
 
+pub use ai::{
+    Agent, DEFAULT_MAX_ITERS, McpServer, Model, ModelApi, ModelRef, Pipeline, Provider, ProviderApi, RateLimit, Secret, SystemPrompt,
+};
 pub use compile::{
     Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES,
     WasmConfig, WorkerConfig,
@@ -25,6 +30,7 @@ pub use load::{SourceMap, discover, keys};
 pub use schedule::{Schedule, ScheduleError, ScheduleSpec};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
+pub use workflow::{Step, StepKind, StepType, Workflow};
 pub use yaml::{Seg, YamlPath};
 
 /// How to find and read the config.

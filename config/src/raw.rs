@@ -10,146 +10,146 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A free-form YAML value (job input, plugin parameters).
-pub type Any = serde_json::Value;
+pub(crate) type Any = serde_json::Value;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Lamplighter configuration")]
-pub struct RawConfig {
-    pub framework: Option<Framework>,
-    pub ai: Option<Ai>,
+pub(crate) struct RawConfig {
+    pub(crate) framework: Option<Framework>,
+    pub(crate) ai: Option<Ai>,
     /// Per-provider limits (also accepted as `ai.rate_limits`, as in the seed).
-    pub rate_limits: Option<BTreeMap<String, RateLimit>>,
-    pub agents: Option<BTreeMap<String, Agent>>,
-    pub pipelines: Option<BTreeMap<String, Pipeline>>,
-    pub workflows: Option<BTreeMap<String, Workflow>>,
-    pub scheduling: Option<Scheduling>,
-    pub plugins: Option<Plugins>,
-    pub hooks: Option<Hooks>,
-    pub mcp: Option<Mcp>,
-    pub worker: Option<Worker>,
-    pub telemetry: Option<Telemetry>,
+    pub(crate) rate_limits: Option<BTreeMap<String, RateLimit>>,
+    pub(crate) agents: Option<BTreeMap<String, Agent>>,
+    pub(crate) pipelines: Option<BTreeMap<String, Pipeline>>,
+    pub(crate) workflows: Option<BTreeMap<String, Workflow>>,
+    pub(crate) scheduling: Option<Scheduling>,
+    pub(crate) plugins: Option<Plugins>,
+    pub(crate) hooks: Option<Hooks>,
+    pub(crate) mcp: Option<Mcp>,
+    pub(crate) worker: Option<Worker>,
+    pub(crate) telemetry: Option<Telemetry>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Framework {
-    pub name: Option<String>,
-    pub version: Option<String>,
+pub(crate) struct Framework {
+    pub(crate) name: Option<String>,
+    pub(crate) version: Option<String>,
     /// Minimum log level: trace, debug, info, warn, error (the seed's .NET names are accepted).
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// Working data directory; relative paths resolve against the process working directory.
-    pub data_dir: Option<String>,
+    pub(crate) data_dir: Option<String>,
     /// More YAML files to merge, relative to the importing file; globs allowed.
-    pub imports: Option<Vec<String>>,
+    pub(crate) imports: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Ai {
-    pub default_model: Option<String>,
-    pub providers: Option<BTreeMap<String, Provider>>,
-    pub rate_limits: Option<BTreeMap<String, RateLimit>>,
+pub(crate) struct Ai {
+    pub(crate) default_model: Option<String>,
+    pub(crate) providers: Option<BTreeMap<String, Provider>>,
+    pub(crate) rate_limits: Option<BTreeMap<String, RateLimit>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Provider {
+pub(crate) struct Provider {
     /// Azure OpenAI resource endpoint.
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     /// Any OpenAI-compatible base URL.
-    pub base_url: Option<String>,
-    pub api_key: Option<String>,
-    pub api_version: Option<String>,
-    pub models: Option<BTreeMap<String, Model>>,
+    pub(crate) base_url: Option<String>,
+    pub(crate) api_key: Option<String>,
+    pub(crate) api_version: Option<String>,
+    pub(crate) models: Option<BTreeMap<String, Model>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Model {
-    pub id: String,
-    pub deployment_name: Option<String>,
-    pub description: Option<String>,
-    pub api_type: Option<String>,
-    pub max_tokens: Option<u32>,
-    pub default_temperature: Option<f64>,
+pub(crate) struct Model {
+    pub(crate) id: String,
+    pub(crate) deployment_name: Option<String>,
+    pub(crate) description: Option<String>,
+    pub(crate) api_type: Option<String>,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) default_temperature: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RateLimit {
-    pub requests_per_minute: Option<u32>,
-    pub tokens_per_minute: Option<u32>,
+pub(crate) struct RateLimit {
+    pub(crate) requests_per_minute: Option<u32>,
+    pub(crate) tokens_per_minute: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Agent {
-    pub name: Option<String>,
-    pub description: Option<String>,
-    pub model: Option<String>,
-    pub provider: Option<String>,
-    pub temperature: Option<f64>,
-    pub max_tokens: Option<u32>,
-    pub max_iters: Option<u32>,
-    pub system_prompt: Option<String>,
-    pub system_prompt_file: Option<String>,
-    pub skills: Option<Vec<String>>,
-    pub plugins: Option<Vec<String>>,
-    pub mcp_servers: Option<Vec<String>>,
-    pub allowed_actions: Option<Vec<String>>,
-    pub allowed_commands: Option<Vec<String>>,
-    pub working_directory: Option<String>,
-    pub delegates: Option<Vec<String>>,
+pub(crate) struct Agent {
+    pub(crate) name: Option<String>,
+    pub(crate) description: Option<String>,
+    pub(crate) model: Option<String>,
+    pub(crate) provider: Option<String>,
+    pub(crate) temperature: Option<f64>,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) max_iters: Option<u32>,
+    pub(crate) system_prompt: Option<String>,
+    pub(crate) system_prompt_file: Option<String>,
+    pub(crate) skills: Option<Vec<String>>,
+    pub(crate) plugins: Option<Vec<String>>,
+    pub(crate) mcp_servers: Option<Vec<String>>,
+    pub(crate) allowed_actions: Option<Vec<String>>,
+    pub(crate) allowed_commands: Option<Vec<String>>,
+    pub(crate) working_directory: Option<String>,
+    pub(crate) delegates: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Pipeline {
-    pub description: Option<String>,
+pub(crate) struct Pipeline {
+    pub(crate) description: Option<String>,
     /// Agent names, run in order; each gets the previous one's output.
-    pub steps: Vec<String>,
+    pub(crate) steps: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Workflow {
-    pub name: Option<String>,
-    pub description: Option<String>,
+pub(crate) struct Workflow {
+    pub(crate) name: Option<String>,
+    pub(crate) description: Option<String>,
     /// `manual` or `scheduled` (informational, as in the seed).
-    pub trigger: Option<String>,
-    pub steps: Vec<Step>,
+    pub(crate) trigger: Option<String>,
+    pub(crate) steps: Vec<Step>,
 }
 
 /// One workflow step. Flat, as in the seed: which fields apply depends on `type`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Step {
-    pub id: String,
+pub(crate) struct Step {
+    pub(crate) id: String,
     #[serde(rename = "type")]
-    pub kind: String,
-    pub agent: Option<String>,
-    pub plugin: Option<String>,
-    pub action: Option<String>,
-    pub input: Option<Any>,
-    pub parameters: Option<Any>,
-    pub condition: Option<String>,
-    pub then: Option<Vec<String>>,
+    pub(crate) kind: String,
+    pub(crate) agent: Option<String>,
+    pub(crate) plugin: Option<String>,
+    pub(crate) action: Option<String>,
+    pub(crate) input: Option<Any>,
+    pub(crate) parameters: Option<Any>,
+    pub(crate) condition: Option<String>,
+    pub(crate) then: Option<Vec<String>>,
     #[serde(rename = "else")]
-    pub otherwise: Option<Vec<String>>,
-    pub when: Option<String>,
-    pub steps: Option<Vec<Step>>,
-    pub agents: Option<Vec<String>>,
-    pub max_iterations: Option<u32>,
-    pub timeout: Option<String>,
-    pub default_decision: Option<String>,
-    pub on_reject: Option<String>,
+    pub(crate) otherwise: Option<Vec<String>>,
+    pub(crate) when: Option<String>,
+    pub(crate) steps: Option<Vec<Step>>,
+    pub(crate) agents: Option<Vec<String>>,
+    pub(crate) max_iterations: Option<u32>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) default_decision: Option<String>,
+    pub(crate) on_reject: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Scheduling {
-    pub storage: Option<Storage>,
+pub(crate) struct Scheduling {
+    pub(crate) storage: Option<Storage>,
     /// Default IANA time zone for jobs (default UTC).
     ///
     /// Across daylight-saving changes (as cronie does it): a cron job whose seconds, minute or
@@ -160,37 +160,37 @@ pub struct Scheduling {
     /// once, at its first occurrence, and a local time inside the spring gap at the same offset
     /// after it (02:30 → 03:30); two entries landing on one instant fire once. `every:` and
     /// `at:` are instants and are unaffected.
-    pub timezone: Option<String>,
-    pub jobs: Option<BTreeMap<String, Job>>,
+    pub(crate) timezone: Option<String>,
+    pub(crate) jobs: Option<BTreeMap<String, Job>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Storage {
+pub(crate) struct Storage {
     /// `sqlite` (default) or `postgres`.
-    pub provider: Option<String>,
+    pub(crate) provider: Option<String>,
     /// A sqlx URL (`sqlite://…`, `postgres://…`) or the seed's `Data Source=…` form.
-    pub connection_string: Option<String>,
+    pub(crate) connection_string: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Job {
-    pub description: Option<String>,
+pub(crate) struct Job {
+    pub(crate) description: Option<String>,
     #[serde(rename = "type")]
-    pub kind: Option<String>,
-    pub workflow: Option<String>,
-    pub agent: Option<String>,
-    pub plugin: Option<String>,
-    pub action: Option<String>,
-    pub input: Option<Any>,
-    pub parameters: Option<Any>,
+    pub(crate) kind: Option<String>,
+    pub(crate) workflow: Option<String>,
+    pub(crate) agent: Option<String>,
+    pub(crate) plugin: Option<String>,
+    pub(crate) action: Option<String>,
+    pub(crate) input: Option<Any>,
+    pub(crate) parameters: Option<Any>,
     /// 5-field cron (minute resolution), 6-field with seconds, or a macro such as `@daily`.
-    pub cron: Option<String>,
+    pub(crate) cron: Option<String>,
     /// A fixed interval such as `90s` or `15m`.
-    pub every: Option<String>,
+    pub(crate) every: Option<String>,
     /// A one-shot RFC 3339 instant.
-    pub at: Option<String>,
+    pub(crate) at: Option<String>,
     /// IANA time zone; defaults to `scheduling.timezone`, then UTC.
     ///
     /// Across daylight-saving changes (as cronie does it): a cron job whose seconds, minute or
@@ -201,152 +201,152 @@ pub struct Job {
     /// once, at its first occurrence, and a local time inside the spring gap at the same offset
     /// after it (02:30 → 03:30); two entries landing on one instant fire once. `every:` and
     /// `at:` are instants and are unaffected.
-    pub timezone: Option<String>,
-    pub enabled: Option<bool>,
+    pub(crate) timezone: Option<String>,
+    pub(crate) enabled: Option<bool>,
     /// `skip`, `latest` (default) or `all`.
-    pub catch_up: Option<String>,
-    pub catch_up_window: Option<String>,
+    pub(crate) catch_up: Option<String>,
+    pub(crate) catch_up_window: Option<String>,
     /// `forbid` (default), `allow`, `replace` or `queue`.
-    pub overlap: Option<String>,
-    pub retries: Option<Retries>,
-    pub timeout: Option<String>,
-    pub jitter: Option<String>,
-    pub retention: Option<Retention>,
-    pub working_directory: Option<String>,
-    pub allowed_commands: Option<Vec<String>>,
+    pub(crate) overlap: Option<String>,
+    pub(crate) retries: Option<Retries>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) jitter: Option<String>,
+    pub(crate) retention: Option<Retention>,
+    pub(crate) working_directory: Option<String>,
+    pub(crate) allowed_commands: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Retries {
+pub(crate) struct Retries {
     /// Retries after the first attempt.
-    pub max: Option<u32>,
+    pub(crate) max: Option<u32>,
     /// `exponential` or `fixed`.
-    pub backoff: Option<String>,
-    pub initial: Option<String>,
-    pub max_delay: Option<String>,
+    pub(crate) backoff: Option<String>,
+    pub(crate) initial: Option<String>,
+    pub(crate) max_delay: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Retention {
-    pub max_runs: Option<u32>,
-    pub max_age: Option<String>,
+pub(crate) struct Retention {
+    pub(crate) max_runs: Option<u32>,
+    pub(crate) max_age: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Plugins {
-    pub dirs: Option<Vec<String>>,
-    pub native_trust_dirs: Option<Vec<String>>,
-    pub global: Option<Vec<String>>,
-    pub per_agent: Option<BTreeMap<String, Vec<String>>>,
+pub(crate) struct Plugins {
+    pub(crate) dirs: Option<Vec<String>>,
+    pub(crate) native_trust_dirs: Option<Vec<String>>,
+    pub(crate) global: Option<Vec<String>>,
+    pub(crate) per_agent: Option<BTreeMap<String, Vec<String>>>,
     /// Limits and grants for WASM plugins (Lamplighter's addition to the seed's section).
-    pub wasm: Option<WasmPlugins>,
+    pub(crate) wasm: Option<WasmPlugins>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WasmPlugins {
+pub(crate) struct WasmPlugins {
     /// Fuel per call, about one unit per instruction (default 1000000).
-    pub fuel: Option<u64>,
+    pub(crate) fuel: Option<u64>,
     /// Most linear memory per call in MiB (default 16).
-    pub memory_mb: Option<u64>,
+    pub(crate) memory_mb: Option<u64>,
     /// Wall time per call, e.g. "5s" (default 5s).
-    pub timeout: Option<String>,
+    pub(crate) timeout: Option<String>,
     /// Capabilities plugins may be granted when their manifest asks: config-read, fs-read,
     /// fs-write, http-request, ai, mcp (default none).
-    pub capabilities: Option<Vec<String>>,
+    pub(crate) capabilities: Option<Vec<String>>,
     /// What `config_get` answers, per plugin name.
-    pub config: Option<BTreeMap<String, serde_json::Value>>,
+    pub(crate) config: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Hooks {
-    pub bindings: Option<Vec<HookBinding>>,
+pub(crate) struct Hooks {
+    pub(crate) bindings: Option<Vec<HookBinding>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HookBinding {
-    pub event: String,
-    pub plugin: String,
-    pub hook: String,
-    pub priority: Option<i32>,
+pub(crate) struct HookBinding {
+    pub(crate) event: String,
+    pub(crate) plugin: String,
+    pub(crate) hook: String,
+    pub(crate) priority: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Mcp {
-    pub servers: Option<BTreeMap<String, McpServer>>,
+pub(crate) struct Mcp {
+    pub(crate) servers: Option<BTreeMap<String, McpServer>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct McpServer {
-    pub command: Option<String>,
-    pub args: Option<Vec<String>>,
-    pub env: Option<BTreeMap<String, String>>,
-    pub url: Option<String>,
-    pub headers: Option<BTreeMap<String, String>>,
+pub(crate) struct McpServer {
+    pub(crate) command: Option<String>,
+    pub(crate) args: Option<Vec<String>>,
+    pub(crate) env: Option<BTreeMap<String, String>>,
+    pub(crate) url: Option<String>,
+    pub(crate) headers: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Worker {
+pub(crate) struct Worker {
     /// Unique worker name; default `<host>-<pid>-<random>`.
-    pub name: Option<String>,
-    pub concurrency: Option<u32>,
-    pub shutdown_grace: Option<String>,
-    pub mcp: Option<WorkerMcp>,
+    pub(crate) name: Option<String>,
+    pub(crate) concurrency: Option<u32>,
+    pub(crate) shutdown_grace: Option<String>,
+    pub(crate) mcp: Option<WorkerMcp>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WorkerMcp {
+pub(crate) struct WorkerMcp {
     /// `http` (default) or `stdio`; the HTTP listener always serves health checks.
-    pub transport: Option<String>,
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub auth: Option<Auth>,
+    pub(crate) transport: Option<String>,
+    pub(crate) host: Option<String>,
+    pub(crate) port: Option<u16>,
+    pub(crate) auth: Option<Auth>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Auth {
+pub(crate) struct Auth {
     /// `none` or `bearer`.
     #[serde(rename = "type")]
-    pub kind: Option<String>,
-    pub token: Option<String>,
+    pub(crate) kind: Option<String>,
+    pub(crate) token: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Telemetry {
-    pub enabled: Option<bool>,
-    pub service_name: Option<String>,
-    pub service_version: Option<String>,
-    pub resource_attributes: Option<BTreeMap<String, String>>,
-    pub traces: Option<Signal>,
-    pub metrics: Option<Signal>,
-    pub logs: Option<Signal>,
+pub(crate) struct Telemetry {
+    pub(crate) enabled: Option<bool>,
+    pub(crate) service_name: Option<String>,
+    pub(crate) service_version: Option<String>,
+    pub(crate) resource_attributes: Option<BTreeMap<String, String>>,
+    pub(crate) traces: Option<Signal>,
+    pub(crate) metrics: Option<Signal>,
+    pub(crate) logs: Option<Signal>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Signal {
-    pub exporter: Option<String>,
-    pub endpoint: Option<String>,
-    pub enable_sensitive_data: Option<bool>,
-    pub sampling: Option<Sampling>,
-    pub export_interval_ms: Option<u64>,
-    pub min_level: Option<String>,
+pub(crate) struct Signal {
+    pub(crate) exporter: Option<String>,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) enable_sensitive_data: Option<bool>,
+    pub(crate) sampling: Option<Sampling>,
+    pub(crate) export_interval_ms: Option<u64>,
+    pub(crate) min_level: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Sampling {
-    pub strategy: Option<String>,
-    pub ratio: Option<f64>,
+pub(crate) struct Sampling {
+    pub(crate) strategy: Option<String>,
+    pub(crate) ratio: Option<f64>,
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lamplighter_config::{LoadOptions, load_with_env};
+use lamplighter_config::{LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
 
 fn reference() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml")
@@ -32,15 +32,23 @@ fn gantri_reference_loads_unchanged() {
     assert!(c.jobs.contains_key("daily-news-9pm"));
     let nightly = c.jobs["daily-news-9pm"].schedule.as_ref().expect("a parsed schedule");
     assert_eq!(nightly.spec(), &lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into()));
-    assert_eq!(c.agents().len(), 12, "{:?}", c.agents().keys());
-    assert_eq!(c.workflows().len(), 6);
+    assert_eq!(c.agents.len(), 12, "{:?}", c.agents.keys());
+    assert_eq!(c.workflows.len(), 6);
     // The unset key disables the provider and its agents, it does not stop the load.
     assert!(c.disabled["provider \"azure-openai\""].contains("AZURE_OPENAI_API_KEY"));
     assert!(c.disabled.contains_key("agent \"news-summarizer\""));
     assert!(loaded.warnings.iter().any(|w| w.message.contains("\"dataverse\"")));
     // `${input}` is a workflow template, not an environment variable.
-    let implement = &c.workflows()["code-implement"].steps[0];
-    assert_eq!(implement.input, Some(serde_json::json!("${input}")));
+    let implement = &c.workflows["code-implement"].steps[0];
+    let StepKind::Agent { input: Some(Templated::Text(input)), .. } = &implement.kind else { panic!("{implement:?}") };
+    assert_eq!(input.as_single_var(), Some(&Var::Input(vec![])));
+    // Aliases resolve through the provider registry, once, where validation checks them.
+    let coder = c.agents.values().find(|a| a.model.as_deref() == Some("default-coding")).expect("a coding agent");
+    let resolved = coder.resolved.as_ref().expect("resolved model");
+    assert_eq!((resolved.provider.as_str(), resolved.model.id.as_str()), ("azure-openai", "gpt-5.1-codex-mini"));
+    assert_eq!(resolved.model.api, ModelApi::Responses);
+    let providers = format!("{:?}", c.providers);
+    assert!(providers.contains("<redacted>") && !providers.contains("AZURE_OPENAI_API_KEY"), "keys are redacted in Debug: {providers}");
     let shown = lamplighter_config::show(c);
     assert!(shown.contains("daily-news-9pm"));
     assert!(!shown.contains("${AZURE_OPENAI_API_KEY}"), "secrets must be redacted:\n{shown}");
@@ -132,9 +140,9 @@ fn markdown_and_folder_agents() {
     write(d, "agents/reviewer/prompt.md", "You review.\n");
     let opts = LoadOptions { path: Some(d.join("lamplighter.yaml")), cwd: Some(d.to_path_buf()) };
     let l = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
-    let agents = l.config.agents();
-    assert_eq!(agents["writer"].system_prompt.as_deref(), Some("You write."));
-    assert_eq!(agents["reviewer"].system_prompt.as_deref(), Some("You review."));
+    let agents = &l.config.agents;
+    assert_eq!(agents["writer"].system_prompt, Some(SystemPrompt::Inline("You write.".into())));
+    assert_eq!(agents["reviewer"].system_prompt, Some(SystemPrompt::Inline("You review.".into())));
     // An error in front matter points into the Markdown file, past the opening `---`.
     write(d, "agents/writer.md", "---\ndescription: writes\nplugin: [file-save]\n---\nYou write.\n");
     let errs = errors_of(d);
@@ -237,4 +245,79 @@ lamplighter.yaml:42:40: error: workflow "w": group chat step "s7" uses agent "x"
 lamplighter.yaml:43:34: error: workflow "w": step "s8": timeout "soon" is not a duration (expected number at 0); write e.g. "90s", "15m", "24h"
 lamplighter.yaml:44:19: error: workflow "w": step "s10" has unknown type "aproval" (did you mean "approval"?); use one of agent, plugin, condition, approval, parallel, group_chat"#;
     assert_eq!(errors.join("\n"), expected);
+}
+
+/// Steps compile into their kinds, with templates parsed once and branches kept by id.
+#[test]
+fn workflows_compile_into_typed_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        r#"workflows:
+  publish:
+    steps:
+      - id: fetch
+        type: plugin
+        plugin: web-fetch
+        action: fetch
+        parameters: {url: "${input.url}", retries: 2}
+      - id: check
+        type: condition
+        condition: "${steps.fetch.output.status}"
+        then: [both]
+        else: [ask]
+      - id: both
+        type: parallel
+        steps:
+          - {id: a, type: plugin, plugin: file-save, action: save, input: "run ${run.id}"}
+      - id: ask
+        type: approval
+        input: "Publish ${steps.a.output}?"
+        timeout: 24h
+        when: "${env.PUBLISH}"
+"#,
+    );
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let c = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    let steps = &c.workflows["publish"].steps;
+    let types: Vec<&str> = steps.iter().map(|s| s.kind.step_type().as_str()).collect();
+    assert_eq!(types, ["plugin", "condition", "parallel", "approval"]);
+    let StepKind::Plugin { parameters: Some(p), .. } = &steps[0].kind else { panic!("{:?}", steps[0]) };
+    assert_eq!(p.vars(), [&Var::Input(vec!["url".into()])]);
+    assert_eq!(p.as_written(), serde_json::json!({"url": "${input.url}", "retries": 2}));
+    let StepKind::Condition { condition, then, otherwise } = &steps[1].kind else { panic!("{:?}", steps[1]) };
+    assert_eq!(condition.as_single_var(), Some(&Var::StepOutput { step: "fetch".into(), path: vec!["status".into()] }));
+    assert_eq!((then.as_slice(), otherwise.as_slice()), (&["both".to_string()][..], &["ask".to_string()][..]));
+    let StepKind::Parallel { steps: children } = &steps[2].kind else { panic!("{:?}", steps[2]) };
+    assert_eq!(children[0].id, "a");
+    let StepKind::Approval { timeout, .. } = &steps[3].kind else { panic!("{:?}", steps[3]) };
+    assert_eq!(*timeout, Some(std::time::Duration::from_secs(24 * 3600)));
+    assert_eq!(steps[3].when.as_ref().and_then(|w| w.as_single_var()), Some(&Var::Env("PUBLISH".into())));
+}
+
+/// An MCP server needs exactly one way to reach it; a model's API type is one we can call.
+#[test]
+fn mcp_servers_and_model_api_types_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        r#"ai:
+  providers:
+    local:
+      base_url: http://127.0.0.1:1/v1
+      models:
+        m: {id: m, api_type: completions}
+mcp:
+  servers:
+    nothing: {args: [x]}
+    both: {command: srv, url: "http://127.0.0.1:1/mcp"}
+    fine: {url: "http://127.0.0.1:1/mcp"}
+"#,
+    );
+    let expected = r#"lamplighter.yaml:6:20: error: model "m" of provider "local": api_type "completions" is not one of chat, responses
+lamplighter.yaml:9:5: error: MCP server "nothing" needs "command" (a stdio server) or "url" (a streamable-HTTP server)
+lamplighter.yaml:10:26: error: MCP server "both" sets both command and url; keep one"#;
+    assert_eq!(errors_of(tmp.path()).join("\n"), expected);
 }

@@ -95,8 +95,8 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
                 "config ok: {} ({} jobs, {} agents, {} workflows, {} warnings)",
                 c.root.display(),
                 c.jobs.len(),
-                c.agents().len(),
-                c.workflows().len(),
+                c.agents.len(),
+                c.workflows.len(),
                 l.warnings.len()
             );
             ExitCode::SUCCESS

@@ -97,9 +97,8 @@ pub(crate) struct CatalogSnapshot {
 impl CatalogSnapshot {
     pub(crate) fn of(config: &Config) -> Self {
         let disabled = |what: &str, name: &str| config.disabled.get(&format!("{what} \"{name}\"")).cloned();
-        let default_model = config.raw.ai.as_ref().and_then(|ai| ai.default_model.clone());
         let workflows = config
-            .workflows()
+            .workflows
             .iter()
             .map(|(name, w)| WorkflowInfo {
                 name: name.clone(),
@@ -110,15 +109,15 @@ impl CatalogSnapshot {
             })
             .collect();
         let agents = config
-            .agents()
+            .agents
             .iter()
             .map(|(name, a)| AgentInfo {
                 name: name.clone(),
                 description: a.description.clone(),
-                model: a.model.clone().or_else(|| default_model.clone()),
+                model: a.model.clone(),
                 provider: a.provider.clone(),
-                plugins: a.plugins.clone().unwrap_or_default(),
-                mcp_servers: a.mcp_servers.clone().unwrap_or_default(),
+                plugins: a.plugins.clone(),
+                mcp_servers: a.mcp_servers.clone(),
                 disabled: disabled("agent", name),
             })
             .collect();

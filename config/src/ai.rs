@@ -1,0 +1,167 @@
+//! The AI side of the config, resolved: providers and their models, agents, pipelines and the
+//! MCP servers agents use. Names are checked across sections when the config compiles; what a
+//! model alias means is decided here, once, by [`Config::resolve_model`](crate::Config::resolve_model).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+/// A value that must not be shown: `Debug` prints `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub(crate) fn new(s: String) -> Self {
+        Self(s)
+    }
+
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// An LLM provider (`ai.providers.<name>`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provider {
+    pub name: String,
+    pub api: ProviderApi,
+    pub api_key: Option<Secret>,
+    /// By alias. Empty: any model name is passed through as the model id.
+    pub models: BTreeMap<String, Model>,
+    /// `rate_limits.<provider>` (top level) over `ai.rate_limits.<provider>`.
+    pub rate_limit: RateLimit,
+}
+
+/// How a provider is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderApi {
+    /// `base_url`: any OpenAI-compatible endpoint (OpenAI, Azure AI Foundry `/openai/v1/`,
+    /// Ollama, vLLM, llama.cpp). Wins when `endpoint` is set too.
+    OpenAiCompatible { base_url: String },
+    /// `endpoint` (+ `api_version`): Azure OpenAI, models addressed by deployment.
+    AzureOpenAi { endpoint: String, api_version: Option<String> },
+    /// Neither is set; the agent runner refuses it with that reason.
+    Unspecified,
+}
+
+/// Request and token budgets per minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateLimit {
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
+}
+
+/// Which API a model is called through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ModelApi {
+    /// Chat Completions (the default).
+    #[default]
+    Chat,
+    /// The Responses API (`api_type: responses`).
+    Responses,
+}
+
+/// A model under a provider, by alias.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    pub alias: String,
+    /// What the provider calls it.
+    pub id: String,
+    pub deployment_name: Option<String>,
+    pub description: Option<String>,
+    pub api: ModelApi,
+    pub max_tokens: Option<u32>,
+    pub default_temperature: Option<f64>,
+}
+
+impl Model {
+    /// A model a provider without a `models` list is asked for by name.
+    pub(crate) fn passthrough(alias: &str) -> Self {
+        Self {
+            alias: alias.to_string(),
+            id: alias.to_string(),
+            deployment_name: None,
+            description: None,
+            api: ModelApi::Chat,
+            max_tokens: None,
+            default_temperature: None,
+        }
+    }
+}
+
+/// A model alias resolved to its provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRef {
+    pub provider: String,
+    pub model: Model,
+}
+
+/// Resolves `alias`: under `provider` when given (its `models` must hold the alias, unless it
+/// lists none), otherwise under the first provider, by name, that defines it.
+pub(crate) fn resolve_model(providers: &BTreeMap<String, Provider>, provider: Option<&str>, alias: &str) -> Option<ModelRef> {
+    let (name, p) = match provider {
+        Some(name) => (name, providers.get(name)?),
+        None => providers.iter().find(|(_, p)| p.models.contains_key(alias)).map(|(n, p)| (n.as_str(), p))?,
+    };
+    let model = if p.models.is_empty() { Model::passthrough(alias) } else { p.models.get(alias)?.clone() };
+    Some(ModelRef { provider: name.to_string(), model })
+}
+
+/// Where an agent's system prompt comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SystemPrompt {
+    Inline(String),
+    /// `system_prompt_file`, resolved against the working directory; read when the agent runs.
+    File(PathBuf),
+}
+
+/// An agent (`agents.<name>`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agent {
+    pub name: String,
+    pub description: Option<String>,
+    /// The model alias: the agent's own `model`, else `ai.default_model`.
+    pub model: Option<String>,
+    /// The provider as written (listings show it).
+    pub provider: Option<String>,
+    /// The alias resolved; `None` when there is no model or the reference is an error.
+    pub resolved: Option<ModelRef>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    /// Tool-loop iterations before the agent gives up (default 10).
+    pub max_iters: u32,
+    pub system_prompt: Option<SystemPrompt>,
+    pub skills: Vec<String>,
+    pub plugins: Vec<String>,
+    pub mcp_servers: Vec<String>,
+    pub allowed_actions: Vec<String>,
+    pub allowed_commands: Vec<String>,
+    pub working_directory: Option<PathBuf>,
+    pub delegates: Vec<String>,
+}
+
+/// The default of `agents.<name>.max_iters`.
+pub const DEFAULT_MAX_ITERS: u32 = 10;
+
+/// A sequence of agents (`pipelines.<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipeline {
+    pub description: Option<String>,
+    pub agents: Vec<String>,
+}
+
+/// An MCP server agents can use (`mcp.servers.<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpServer {
+    /// A child process speaking MCP over stdio.
+    Stdio { command: String, args: Vec<String>, env: BTreeMap<String, String> },
+    /// A streamable-HTTP endpoint.
+    Http { url: String, headers: BTreeMap<String, String> },
+}
