@@ -963,4 +963,21 @@ mod tests {
             assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{name} has no description");
         }
     }
+
+    /// The catalog `list_agents`/`list_workflows` serve comes from the resolved config: the
+    /// default model fills in, disabled reasons show, steps are counted.
+    #[test]
+    fn catalog_of_the_seed_config() {
+        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml");
+        // Loading reads only; the working directory is where relative paths would point.
+        let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()) };
+        let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+        let c = CatalogSnapshot::of(&config);
+        assert_eq!((c.agents.len(), c.workflows.len()), (12, 6));
+        let news = c.agents.iter().find(|a| a.name == "news-summarizer").expect("listed");
+        assert_eq!(news.model.as_deref(), Some("default"));
+        assert!(news.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{news:?}");
+        let review = c.workflows.iter().find(|w| w.name == "content-review").expect("listed");
+        assert!(review.steps >= 2, "{review:?}");
+    }
 }
