@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, NewRun, RunEnd, RunFilter, RunStore};
+use super::{Claim, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
 use crate::run::{RunStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
@@ -291,6 +291,20 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     s.housekeeping().await.expect("housekeeping");
 }
 
+async fn tick_keys_guard_a_window_then_go(s: &dyn RunStore) {
+    let t = t0();
+    let fire = |now| s.fire_ticks(vec![(tick("k", t), Overlap::Allow)], none(0), now);
+    assert!(fire(t).await.expect("fire")[0].is_some(), "the first time, the tick fires");
+    // Inside the window, pruning keeps the key: the same tick (a clock stepped back) is refused.
+    let inside = t + chrono::Duration::from_std(TICK_KEYS_KEPT).expect("window") - secs(1);
+    s.prune("k", None, None, inside).await.expect("prune");
+    assert!(fire(inside).await.expect("fire again")[0].is_none(), "a tick fires once while its key is kept");
+    // Past it the key is gone: the table stays bounded however long the worker runs.
+    let past = t + chrono::Duration::from_std(TICK_KEYS_KEPT).expect("window") + secs(1);
+    s.prune("k", None, None, past).await.expect("prune");
+    assert!(fire(past).await.expect("fire after the window")[0].is_some(), "the key was pruned");
+}
+
 async fn listings_page_newest_first_and_count(s: &dyn RunStore) {
     let t = t0();
     let mut ids = Vec::new();
@@ -344,6 +358,7 @@ macro_rules! contract {
                 a_follow_up_keeps_identity_snapshot_and_checkpoints,
                 recovery_interrupts_running_runs_and_hands_queued_ones_over_again,
                 retention_deletes_only_finished_runs,
+                tick_keys_guard_a_window_then_go,
                 listings_page_newest_first_and_count,
                 job_state_persists_and_the_last_tick_only_moves_forward,
             );

@@ -54,6 +54,13 @@ pub(crate) fn new_id() -> String {
 /// How many due runs one dispatch pass hands over.
 pub(crate) const DUE_BATCH: usize = 2000;
 
+/// How long a tick's key (`job`, scheduled instant) is kept after the tick. The scheduler never
+/// plans a tick at or before a job's stored last tick, so the key only matters when a clock is
+/// stepped back (or, on a shared database, runs behind another worker's): within this window a
+/// tick still fires once. Bounded, because at one tick a second per job the keys add up (a
+/// thousand such jobs would keep 3.6 million rows for one hour).
+pub(crate) const TICK_KEYS_KEPT: Duration = Duration::from_secs(3600);
+
 /// Persistent per-job state.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct JobState {
@@ -293,8 +300,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
 
     // Housekeeping.
-    /// Deletes finished runs of a job beyond its retention (count and age), and its old tick
-    /// keys. Active runs are never deleted.
+    /// Deletes finished runs of a job beyond its retention (count and age), and its tick keys
+    /// older than [`TICK_KEYS_KEPT`]. Active runs are never deleted.
     async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError>;
     /// What pruning single jobs leaves behind (checkpoints of deleted runs, consumed queue
     /// tasks), and the backend's own upkeep.

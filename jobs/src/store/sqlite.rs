@@ -13,7 +13,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, DUE_BATCH, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, Taken, TickOutcome, from_ms, ms, new_id};
+use super::{
+    Claim, DUE_BATCH, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, from_ms, ms,
+    new_id,
+};
 use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
 use crate::run::{Run, RunStatus, Trigger};
@@ -677,10 +680,9 @@ impl RunStore for SqliteStore {
                 .ctx("pruning runs by age")?
                 .rows_affected();
         }
-        // Tick records only guard against firing twice near now.
         sqlx::query("DELETE FROM ll_ticks WHERE job = ?1 AND scheduled_at < ?2")
             .bind(job)
-            .bind(ms(now) - 8 * 24 * 3600 * 1000)
+            .bind(ms(now) - TICK_KEYS_KEPT.as_millis() as i64)
             .execute(&self.write)
             .await
             .ctx("pruning ticks")?;
