@@ -311,11 +311,15 @@ impl Loader {
     }
 
     fn merge(&mut self, dst: &mut Value, src: Value, path: &mut YamlPath, file_idx: usize) {
-        let (Value::Mapping(d), Value::Mapping(s)) = (&mut *dst, src.clone()) else {
-            *dst = src;
-            self.sources.owners.insert(path.clone(), file_idx);
-            return;
+        let s = match src {
+            Value::Mapping(s) if dst.is_mapping() => s,
+            src => {
+                *dst = src;
+                self.sources.owners.insert(path.clone(), file_idx);
+                return;
+            }
         };
+        let Value::Mapping(d) = dst else { return };
         let is_collection =
             COLLECTIONS.iter().any(|c| path.len() == c.len() && path.iter().zip(c.iter()).all(|(a, b)| *a == Seg::Key((*b).to_string())));
         for (k, v) in s {
@@ -416,35 +420,47 @@ impl Loader {
         self.merge_file(Value::Mapping(doc), idx);
     }
 
-    /// Deserializes the merged document. Collections go item by item, so every bad item is
-    /// reported; an item with unknown keys was already reported and is skipped.
+    /// Deserializes the merged document, borrowing it (it is kept for `config show`; a copy of
+    /// a large config would double the peak). Collections go item by item, so every bad item
+    /// is reported; an item with unknown keys was already reported and is skipped.
     fn deserialize(&mut self, unknown: &[YamlPath]) -> Option<RawConfig> {
-        let mut doc = self.merged.clone();
-        if let Value::Mapping(m) = &mut doc {
-            for s in SEED_ONLY_SECTIONS {
-                m.remove(*s);
-            }
-        }
-        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown);
-        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown);
-        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown);
-        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown);
-        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown);
-        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown);
-        // Whatever else has an unknown key cannot be read; drop it (already reported).
-        for p in unknown {
-            remove_path(&mut doc, p);
-        }
+        let doc = std::mem::take(&mut self.merged);
+        let agents = self.take_items::<raw::Agent>(&doc, &["agents"], unknown);
+        let workflows = self.take_items::<raw::Workflow>(&doc, &["workflows"], unknown);
+        let pipelines = self.take_items::<raw::Pipeline>(&doc, &["pipelines"], unknown);
+        let jobs = self.take_items::<raw::Job>(&doc, &["scheduling", "jobs"], unknown);
+        let providers = self.take_items::<raw::Provider>(&doc, &["ai", "providers"], unknown);
+        let servers = self.take_items::<raw::McpServer>(&doc, &["mcp", "servers"], unknown);
+        let item_collections: [&[&str]; 6] =
+            [&["agents"], &["workflows"], &["pipelines"], &["scheduling", "jobs"], &["ai", "providers"], &["mcp", "servers"]];
         let mut raw: RawConfig = RawConfig::default();
-        if let Value::Mapping(m) = doc {
+        if let Value::Mapping(m) = &doc {
             for (k, v) in m {
+                let Some(section) = k.as_str() else { continue };
+                if SEED_ONLY_SECTIONS.contains(&section) || item_collections.contains(&&[section][..]) {
+                    continue;
+                }
+                // The rest of a section is small: copy it without its item collections and
+                // without whatever has an unknown key (that cannot be read; already reported).
+                let nested = |key: &Value| item_collections.iter().any(|c| c.len() == 2 && c[0] == section && key.as_str() == Some(c[1]));
+                let v = match v {
+                    Value::Mapping(inner) => {
+                        Value::Mapping(inner.iter().filter(|(k, _)| !nested(k)).map(|(k, v)| (k.clone(), v.clone())).collect())
+                    }
+                    other => other.clone(),
+                };
                 let mut one = Mapping::new();
-                one.insert(k, v);
-                if let Some(part) = self.de::<RawConfig>(Value::Mapping(one), &[]) {
+                one.insert(k.clone(), v);
+                let mut one = Value::Mapping(one);
+                for p in unknown.iter().filter(|p| p.first() == Some(&Seg::Key(section.to_string()))) {
+                    remove_path(&mut one, p);
+                }
+                if let Some(part) = self.de::<RawConfig>(&one, &[]) {
                     merge_raw(&mut raw, part);
                 }
             }
         }
+        self.merged = doc;
         raw.agents = Some(agents);
         raw.workflows = Some(workflows);
         raw.pipelines = Some(pipelines);
@@ -454,16 +470,13 @@ impl Loader {
         Some(raw)
     }
 
-    fn take_items<T: DeserializeOwned>(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> BTreeMap<String, T> {
+    fn take_items<T: DeserializeOwned>(&mut self, doc: &Value, at: &[&str], unknown: &[YamlPath]) -> BTreeMap<String, T> {
         let mut out = BTreeMap::new();
-        let mut parent = Some(&mut *doc);
-        for k in &at[..at.len() - 1] {
-            parent = parent.and_then(|p| p.get_mut(*k));
+        let mut node = Some(doc);
+        for k in at {
+            node = node.and_then(|p| p.get(*k));
         }
-        let Some(Value::Mapping(parent)) = parent else {
-            return out;
-        };
-        let Some(taken) = parent.remove(at[at.len() - 1]) else {
+        let Some(taken) = node else {
             return out;
         };
         let base = keys(at);
@@ -490,7 +503,7 @@ impl Loader {
         out
     }
 
-    fn de<T: DeserializeOwned>(&mut self, v: Value, base: &[Seg]) -> Option<T> {
+    fn de<T: DeserializeOwned>(&mut self, v: &Value, base: &[Seg]) -> Option<T> {
         match serde_path_to_error::deserialize::<_, T>(v) {
             Ok(t) => Some(t),
             Err(e) => {

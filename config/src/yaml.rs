@@ -3,6 +3,7 @@
 //! `serde_yaml_ng` is a change to this file only.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 pub(crate) use serde_yaml::Mapping;
 pub(crate) use serde_yaml::Value;
@@ -37,20 +38,41 @@ pub(crate) fn path_string(path: &[Seg]) -> String {
 }
 
 /// Where each key (and sequence item) of a document starts: (line, col), 1-based.
+///
+/// Keyed by a 64-bit hash of the path, built one segment at a time, not by the path itself: a
+/// config with ten thousand jobs has some hundred thousand keys, and their paths would cost
+/// more memory than the rest of the config. Two paths of one document sharing a hash (odds of
+/// about 10⁻¹⁰ for such a file) would only misplace an error's position.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PositionIndex {
-    map: HashMap<YamlPath, (usize, usize)>,
+    map: HashMap<u64, (usize, usize)>,
+}
+
+/// The hash of the empty path.
+const ROOT: u64 = 0;
+
+/// The hash of `parent`'s path extended by `seg`.
+fn child(parent: u64, seg: &Seg) -> u64 {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    seg.hash(&mut h);
+    h.finish()
 }
 
 impl PositionIndex {
     /// The position of `path`, or of its closest ancestor that has one.
     pub(crate) fn find(&self, path: &[Seg]) -> Option<(usize, usize)> {
-        (0..=path.len()).rev().find_map(|n| self.map.get(&path[..n]).copied())
+        let mut prefixes = Vec::with_capacity(path.len() + 1);
+        prefixes.push(ROOT);
+        for seg in path {
+            prefixes.push(child(*prefixes.last().unwrap_or(&ROOT), seg));
+        }
+        prefixes.iter().rev().find_map(|h| self.map.get(h).copied())
     }
 
     #[cfg(test)]
     pub(crate) fn contains(&self, path: &[Seg]) -> bool {
-        self.map.contains_key(path)
+        self.map.contains_key(&path.iter().fold(ROOT, child))
     }
 }
 
@@ -81,15 +103,22 @@ pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
 /// Builds the position index from parser events.
 #[derive(Default)]
 struct Recorder {
-    map: HashMap<YamlPath, (usize, usize)>,
+    map: HashMap<u64, (usize, usize)>,
     stack: Vec<Frame>,
-    path: YamlPath,
+    /// The hash of each path prefix, one per open node.
+    path: Vec<u64>,
+}
+
+impl Recorder {
+    fn top(&self) -> u64 {
+        self.path.last().copied().unwrap_or(ROOT)
+    }
 }
 
 enum Frame {
-    /// In a mapping; `Some(key)` once the key of the current pair was read.
+    /// In a mapping; `Some(hash of the key's path)` once the key of the current pair was read.
     Map {
-        key: Option<String>,
+        key: Option<u64>,
     },
     Seq {
         next: usize,
@@ -104,22 +133,21 @@ impl Recorder {
             Some(Frame::Map { key }) => {
                 if key.is_none() {
                     // This node is a key.
-                    let k = scalar.unwrap_or("").to_string();
-                    let mut p = self.path.clone();
-                    p.push(Seg::Key(k.clone()));
-                    self.map.entry(p).or_insert((mark.line(), mark.col() + 1));
-                    *key = Some(k);
+                    let h = child(self.path.last().copied().unwrap_or(ROOT), &Seg::Key(scalar.unwrap_or("").to_string()));
+                    self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
+                    *key = Some(h);
                     return false;
                 }
-                let k = key.take().unwrap_or_default();
-                self.path.push(Seg::Key(k));
+                let h = key.take().unwrap_or(ROOT);
+                self.path.push(h);
                 true
             }
             Some(Frame::Seq { next }) => {
                 let i = *next;
                 *next += 1;
-                self.path.push(Seg::Index(i));
-                self.map.entry(self.path.clone()).or_insert((mark.line(), mark.col() + 1));
+                let h = child(self.top(), &Seg::Index(i));
+                self.path.push(h);
+                self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
                 true
             }
             None => true,
