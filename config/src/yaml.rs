@@ -53,9 +53,22 @@ const ROOT: u64 = 0;
 
 /// The hash of `parent`'s path extended by `seg`.
 fn child(parent: u64, seg: &Seg) -> u64 {
+    match seg {
+        Seg::Key(k) => key_child(parent, k),
+        Seg::Index(i) => index_child(parent, *i),
+    }
+}
+
+/// [`child`] for a key, without building a [`Seg`] (the parser sees every key of the file).
+fn key_child(parent: u64, key: &str) -> u64 {
     let mut h = DefaultHasher::new();
-    parent.hash(&mut h);
-    seg.hash(&mut h);
+    (parent, 0u8, key).hash(&mut h);
+    h.finish()
+}
+
+fn index_child(parent: u64, index: usize) -> u64 {
+    let mut h = DefaultHasher::new();
+    (parent, 1u8, index).hash(&mut h);
     h.finish()
 }
 
@@ -129,11 +142,12 @@ impl Recorder {
     /// Called before a node (scalar or collection start) is consumed: decides what path the
     /// node lives at. Returns false when the node is a mapping key.
     fn enter_node(&mut self, mark: Marker, scalar: Option<&str>) -> bool {
+        let top = self.top();
         match self.stack.last_mut() {
             Some(Frame::Map { key }) => {
                 if key.is_none() {
                     // This node is a key.
-                    let h = child(self.path.last().copied().unwrap_or(ROOT), &Seg::Key(scalar.unwrap_or("").to_string()));
+                    let h = key_child(top, scalar.unwrap_or(""));
                     self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
                     *key = Some(h);
                     return false;
@@ -145,7 +159,7 @@ impl Recorder {
             Some(Frame::Seq { next }) => {
                 let i = *next;
                 *next += 1;
-                let h = child(self.top(), &Seg::Index(i));
+                let h = index_child(top, i);
                 self.path.push(h);
                 self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
                 true
