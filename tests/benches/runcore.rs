@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{Worker, bin, cpu_ms, rss_kb};
+use common::{Worker, bin, cpu_ms, read_rows, rss_kb};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -66,17 +66,9 @@ type Row = (Option<i64>, i64, Option<i64>, Option<i64>, String);
 
 /// Every run in the database.
 fn runs(db: &Path) -> Vec<Row> {
-    rt().block_on(async {
-        use sqlx::Row;
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
-        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
-        sqlx::query("SELECT scheduled_at, due_at, started_at, finished_at, status FROM ll_runs")
-            .fetch_all(&mut conn)
-            .await
-            .expect("query")
-            .iter()
-            .map(|r| (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"), r.get("finished_at"), r.get("status")))
-            .collect()
+    use sqlx::Row;
+    read_rows(db, "SELECT scheduled_at, due_at, started_at, finished_at, status FROM ll_runs", |r| {
+        (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"), r.get("finished_at"), r.get("status"))
     })
 }
 

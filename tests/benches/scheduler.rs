@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Worker, bin, rss_kb};
+use common::{Worker, bin, read_rows, rss_kb};
 
 use std::path::Path;
 use std::time::Duration;
@@ -110,17 +110,8 @@ fn switches(pid: u32) -> u64 {
 }
 
 fn lateness(db: &Path) -> Vec<i64> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
-        use sqlx::Row;
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
-        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
-        sqlx::query("SELECT started_at - due_at AS late FROM ll_runs WHERE started_at IS NOT NULL AND trigger = 'cron'")
-            .fetch_all(&mut conn)
-            .await
-            .expect("query")
-            .iter()
-            .map(|r| r.get::<i64, _>("late"))
-            .collect()
+    use sqlx::Row;
+    read_rows(db, "SELECT started_at - due_at AS late FROM ll_runs WHERE started_at IS NOT NULL AND trigger = 'cron'", |r| {
+        r.get::<i64, _>("late")
     })
 }

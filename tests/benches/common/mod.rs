@@ -35,6 +35,17 @@ pub(crate) fn ready(port: u16) -> bool {
 }
 
 /// Resident memory of a process, in KiB.
+/// Every row of `sql` in the worker's database (opened read-only, beside the running worker),
+/// each read by `row`.
+pub(crate) fn read_rows<T>(db: &std::path::Path, sql: &str, row: impl Fn(&sqlx::sqlite::SqliteRow) -> T) -> Vec<T> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut conn).await.expect("query").iter().map(row).collect()
+    })
+}
+
 pub(crate) fn rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
