@@ -18,8 +18,8 @@ use crate::diag::{Diagnostic, Severity, did_you_mean, quoted_list};
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
-use crate::template::{Template, Templated};
-use crate::workflow::{Step, StepKind, StepType, Workflow};
+use crate::template::{Template, Templated, Var};
+use crate::workflow::{Decision, Step, StepKind, StepType, Workflow};
 use crate::yaml::{Seg, YamlPath};
 
 /// What a job runs.
@@ -605,11 +605,69 @@ impl<'a> Compiler<'a> {
                 }
             });
             if self.diags[errors_before..].iter().all(|d| d.severity != Severity::Error) {
+                let all: Vec<String> = steps.iter().flat_map(Step::walk).map(|s| s.id.clone()).collect();
+                let mut done = Vec::new();
+                for (i, step) in steps.iter().enumerate() {
+                    self.step_refs(&wname, step, &at_index(&base, i), &mut done, &all);
+                }
                 let workflow = Workflow { name: wname.clone(), description: wf.description, trigger: wf.trigger, steps };
                 out.insert(wname, workflow);
             }
         }
         out
+    }
+
+    /// Warns about `${steps.<id>.output}` references in `step` that cannot resolve when it runs:
+    /// to a step that does not exist, or to one that has not finished by then (it comes later,
+    /// or runs alongside in the same `parallel`). Such a reference stays as written at run time.
+    /// `done`: the steps finished before this one; it gains `step` and its children.
+    fn step_refs(&mut self, wname: &str, step: &Step, path: &YamlPath, done: &mut Vec<String>, all: &[String]) {
+        let mut vars: Vec<&Var> = step.when.iter().flat_map(Template::vars).collect();
+        match &step.kind {
+            StepKind::Agent { input, .. } | StepKind::Approval { input, .. } | StepKind::GroupChat { input, .. } => {
+                vars.extend(input.iter().flat_map(Templated::vars));
+            }
+            StepKind::Plugin { input, parameters, .. } => {
+                vars.extend(input.iter().chain(parameters).flat_map(Templated::vars));
+            }
+            StepKind::Condition { condition, .. } => vars.extend(condition.vars()),
+            StepKind::Parallel { .. } => {}
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for var in vars {
+            let Var::StepOutput { step: target, .. } = var else { continue };
+            if seen.contains(&target.as_str()) {
+                continue;
+            }
+            seen.push(target);
+            let why = if !all.contains(target) {
+                let hint = did_you_mean(target, all.iter().map(String::as_str));
+                format!("step \"{target}\" does not exist{hint}")
+            } else if *target == step.id {
+                "a step cannot use its own output".to_string()
+            } else if !done.contains(target) {
+                format!("step \"{target}\" has not finished when \"{}\" runs (it comes later, or runs alongside it)", step.id)
+            } else {
+                continue;
+            };
+            self.diags.push(Diagnostic::warning(
+                self.loaded.sources.locate(path),
+                format!("workflow \"{wname}\": step \"{}\" uses ${{steps.{target}.output}}, but {why}; it will stay as written", step.id),
+            ));
+        }
+        if let StepKind::Parallel { steps } = &step.kind {
+            // Children see what finished before the parallel step, not each other.
+            let before = done.clone();
+            let mut children_path = path.clone();
+            children_path.push(Seg::Key("steps".into()));
+            for (i, child) in steps.iter().enumerate() {
+                let mut d = before.clone();
+                self.step_refs(wname, child, &at_index(&children_path, i), &mut d, all);
+            }
+            done.extend(step.walk().iter().map(|s| s.id.clone()));
+        } else {
+            done.push(step.id.clone());
+        }
     }
 
     /// The steps that are valid, in order; every error is reported on the way.
@@ -713,11 +771,25 @@ impl<'a> Compiler<'a> {
                             Err(())
                         }
                     };
-                    timeout.ok().map(|timeout| StepKind::Approval {
+                    let on_timeout = match s.on_timeout.as_deref() {
+                        None | Some("reject") => Ok(Decision::Reject),
+                        Some("approve") => Ok(Decision::Approve),
+                        Some(other) => {
+                            let loc = self.loaded.sources.locate(&at(&path, "on_timeout"));
+                            self.diags.push(Diagnostic::error(
+                                loc,
+                                format!(
+                                    "workflow \"{wname}\": step \"{}\": on_timeout \"{other}\" is not a decision; use approve or reject",
+                                    s.id
+                                ),
+                            ));
+                            Err(())
+                        }
+                    };
+                    timeout.ok().zip(on_timeout.ok()).map(|(timeout, on_timeout)| StepKind::Approval {
                         input: templated(&s.input),
                         timeout,
-                        default_decision: s.default_decision.clone(),
-                        on_reject: s.on_reject.clone(),
+                        on_timeout,
                     })
                 }
                 None => {
@@ -801,6 +873,14 @@ impl<'a> Compiler<'a> {
         let mut ok = true;
         // Borrowed from the loaded config, not from `self`, so errors can still be recorded.
         let loaded: &'a Loaded = self.loaded;
+        if name.starts_with("workflow:") {
+            let loc = self.loaded.sources.locate(&keys(&["scheduling", "jobs", name]));
+            self.diags.push(Diagnostic::error(
+                loc,
+                format!("job \"{name}\": job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it); rename the job"),
+            ));
+            ok = false;
+        }
         let empty_workflows = BTreeMap::new();
         let empty_agents = BTreeMap::new();
         let workflows = loaded.raw.workflows.as_ref().unwrap_or(&empty_workflows);
@@ -1094,6 +1174,12 @@ impl<'a> Compiler<'a> {
             auth,
         }
     }
+}
+
+fn at_index(p: &YamlPath, i: usize) -> YamlPath {
+    let mut p = p.clone();
+    p.push(Seg::Index(i));
+    p
 }
 
 /// Calls `f(step id, named step)` for every `then`/`else` reference.

@@ -30,7 +30,7 @@ pub use load::{SourceMap, discover, keys};
 pub use schedule::{Schedule, ScheduleError, ScheduleSpec};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
-pub use workflow::{Step, StepKind, StepType, Workflow};
+pub use workflow::{Decision, Step, StepKind, StepType, Workflow};
 pub use yaml::{Seg, YamlPath};
 
 /// How to find and read the config.

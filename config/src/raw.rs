@@ -141,9 +141,10 @@ pub(crate) struct Step {
     pub(crate) steps: Option<Vec<Step>>,
     pub(crate) agents: Option<Vec<String>>,
     pub(crate) max_iterations: Option<u32>,
+    /// Approval steps: how long to wait for a decision (e.g. `24h`); none waits until decided.
     pub(crate) timeout: Option<String>,
-    pub(crate) default_decision: Option<String>,
-    pub(crate) on_reject: Option<String>,
+    /// Approval steps: what a timeout decides, `approve` or `reject` (default `reject`).
+    pub(crate) on_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -119,6 +119,19 @@ impl Template {
     }
 }
 
+/// Stored as written (a run's definition snapshot); read back by parsing again.
+impl serde::Serialize for Template {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.source)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Template {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Template::parse(&String::deserialize(d)?))
+    }
+}
+
 impl fmt::Display for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
@@ -178,6 +191,19 @@ pub enum Templated {
     Map(BTreeMap<String, Templated>),
     /// A number, boolean or null.
     Value(Value),
+}
+
+/// Stored as the JSON value written; read back by parsing again.
+impl serde::Serialize for Templated {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.as_written().serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Templated {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Templated::parse(&Value::deserialize(d)?))
+    }
 }
 
 impl Templated {

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::cli::{
     ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, ToolsCommand,
+    WorkflowsCommand,
 };
 use crate::client::{Client, Progress};
 use crate::error::{CtlError, Failure};
@@ -124,7 +125,19 @@ fn plan(command: Command) -> Action {
             ApprovalsCommand::Approve(decision) => decide("approve_step", true, decision),
             ApprovalsCommand::Reject(decision) => decide("reject_step", false, decision),
         },
-        Command::Workflows { command: ListCommand::List } => call("list_workflows", none(), View::Workflows),
+        Command::Workflows { command: WorkflowsCommand::List } => call("list_workflows", none(), View::Workflows),
+        Command::Workflows { command: WorkflowsCommand::Run(run) } => {
+            let arguments = none()
+                .with("name", run.name.clone())
+                .maybe("input", run.input)
+                .maybe("idempotency_key", run.idempotency_key.clone())
+                .maybe("wait", run.wait.then_some(true))
+                .maybe("timeout_seconds", run.timeout);
+            // Runs of a workflow started by hand are listed under the job `workflow:<name>`.
+            let job = format!("workflow:{}", run.name);
+            let view = if run.wait { View::WaitedRun { job } } else { View::Triggered { job, idempotency_key: run.idempotency_key } };
+            call("run_workflow", arguments, view)
+        }
         Command::Agents { command: ListCommand::List } => call("list_agents", none(), View::Agents),
         Command::Plugins { command: ListCommand::List } => call("list_plugins", none(), View::Plugins),
         Command::Config { command: ConfigCommand::Reload } => call("reload_config", none(), View::Reloaded),
@@ -136,8 +149,15 @@ fn plan(command: Command) -> Action {
 }
 
 fn decide(tool: &str, approved: bool, decision: DecisionArgs) -> Action {
-    let arguments =
-        Arguments::default().with("run_id", decision.run.clone()).maybe("step", decision.step.clone()).maybe("comment", decision.comment);
+    let by = decision.by.unwrap_or_else(|| match std::env::var("USER") {
+        Ok(user) if !user.is_empty() => format!("{user} via lampctl"),
+        _ => "lampctl".to_owned(),
+    });
+    let arguments = Arguments::default()
+        .with("run_id", decision.run.clone())
+        .maybe("step", decision.step.clone())
+        .maybe("comment", decision.comment)
+        .with("decided_by", by);
     call(tool, arguments, View::Decision { approved, run: decision.run, step: decision.step })
 }
 
@@ -349,12 +369,17 @@ mod tests {
             (&["runs", "cancel", "r1"], "cancel_run", json!({"id": "r1"})),
             (&["approvals", "list"], "list_approvals", json!({})),
             (
-                &["approvals", "approve", "r1", "--step", "review", "--comment", "ok"],
+                &["approvals", "approve", "r1", "--step", "review", "--comment", "ok", "--by", "ana"],
                 "approve_step",
-                json!({"run_id": "r1", "step": "review", "comment": "ok"}),
+                json!({"run_id": "r1", "step": "review", "comment": "ok", "decided_by": "ana"}),
             ),
-            (&["approvals", "reject", "r1"], "reject_step", json!({"run_id": "r1"})),
+            (&["approvals", "reject", "r1", "--by", "bo"], "reject_step", json!({"run_id": "r1", "decided_by": "bo"})),
             (&["workflows", "list"], "list_workflows", json!({})),
+            (
+                &["workflows", "run", "publish", "--input", "{\"url\":\"u\"}", "--idempotency-key", "k", "--wait", "--timeout", "9"],
+                "run_workflow",
+                json!({"name": "publish", "input": {"url": "u"}, "idempotency_key": "k", "wait": true, "timeout_seconds": 9}),
+            ),
             (&["agents", "list"], "list_agents", json!({})),
             (&["plugins", "list"], "list_plugins", json!({})),
             (&["config", "reload"], "reload_config", json!({})),

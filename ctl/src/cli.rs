@@ -56,10 +56,10 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
-    /// The configured workflows
+    /// The configured workflows; run one by hand
     Workflows {
         #[command(subcommand)]
-        command: ListCommand,
+        command: WorkflowsCommand,
     },
     /// The configured agents
     Agents {
@@ -150,6 +150,36 @@ pub(crate) struct TriggerArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub(crate) enum WorkflowsCommand {
+    /// List them, with their steps
+    List,
+    /// Run a workflow now, without a job
+    Run(RunWorkflowArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunWorkflowArgs {
+    /// The workflow's name
+    pub(crate) name: String,
+
+    /// The workflow's input (${input}): JSON if it parses as JSON, else the text as a string
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true, value_parser = parse_input)]
+    pub(crate) input: Option<Value>,
+
+    /// Run at most once per key: repeating the command returns the first run
+    #[arg(long, value_name = "KEY")]
+    pub(crate) idempotency_key: Option<String>,
+
+    /// Wait for the run to finish, then print it (exit 1 if it did not succeed)
+    #[arg(long)]
+    pub(crate) wait: bool,
+
+    /// With --wait: stop waiting after this many seconds (the run goes on)
+    #[arg(long, value_name = "SECONDS", requires = "wait", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) timeout: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
 pub(crate) enum RunsCommand {
     /// List runs, newest first
     List {
@@ -198,6 +228,9 @@ pub(crate) struct DecisionArgs {
     /// A comment recorded with the decision
     #[arg(long, value_name = "TEXT")]
     pub(crate) comment: Option<String>,
+    /// Who decides, recorded with the decision (default: $USER via lampctl)
+    #[arg(long, value_name = "NAME")]
+    pub(crate) by: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

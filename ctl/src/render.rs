@@ -600,18 +600,29 @@ fn tokens(run: &Value) -> Option<String> {
     Some(format!("{} in, {} out", show(tokens_in), show(tokens_out)))
 }
 
+/// A workflow run's steps as a tree: a `parallel`'s children indented under it.
 fn steps_table(steps: &[&Value], now: DateTime<Utc>) -> String {
-    let mut table = Table::new(&["STEP", "STATUS", "STARTED", "DURATION", "ERROR"]);
-    for step in steps {
-        table.push(vec![
-            cell(step, &["name", "step", "id"]),
-            cell(step, &["status"]),
-            when(step.get("started_at"), now),
-            run_duration(step, now),
-            get(step, &["error"]).map_or_else(|| NONE.to_owned(), |error| truncate(&scalar(error), MAX_CELL)),
-        ]);
-    }
+    let mut table = Table::new(&["STEP", "TYPE", "STATUS", "ATTEMPT", "STARTED", "DURATION", "OUTPUT / ERROR"]);
+    step_rows(&mut table, steps, 0, now);
     table.render()
+}
+
+fn step_rows(table: &mut Table, steps: &[&Value], depth: usize, now: DateTime<Utc>) {
+    for step in steps {
+        let status = get(step, &["status"]).map_or_else(|| "pending".to_owned(), scalar);
+        let detail =
+            get(step, &["error"]).or_else(|| get(step, &["output"])).map_or_else(|| NONE.to_owned(), |v| truncate(&compact(v), MAX_CELL));
+        table.push(vec![
+            format!("{}{}", "  ".repeat(depth), cell(step, &["name", "step", "id"])),
+            cell(step, &["type"]),
+            status,
+            cell(step, &["attempt"]),
+            when(step.get("started_at"), now),
+            if step.get("started_at").is_some() { run_duration(step, now) } else { NONE.to_owned() },
+            detail,
+        ]);
+        step_rows(table, &list_at(step, "steps"), depth + 1, now);
+    }
 }
 
 /// `runs cancel`.
@@ -647,12 +658,13 @@ fn list_view(value: &Value, key: &str, empty: &str, columns: &[Column], now: Dat
 
 /// `approvals list`.
 pub(crate) fn approvals(value: &Value, now: DateTime<Utc>) -> String {
-    const COLUMNS: [Column; 5] = [
+    const COLUMNS: [Column; 6] = [
         Column { title: "RUN", keys: &["run_id", "run"] },
         Column { title: "JOB", keys: &["job"] },
         Column { title: "STEP", keys: &["step", "step_id", "step_name"] },
         Column { title: "WAITING SINCE", keys: &["requested_at", "waiting_since", "since", "created_at"] },
-        Column { title: "MESSAGE", keys: &["message", "prompt", "description", "summary"] },
+        Column { title: "TIMEOUT", keys: &["timeout_at"] },
+        Column { title: "QUESTION", keys: &["question", "message", "prompt", "description", "summary"] },
     ];
     list_view(value, "approvals", "no steps are waiting for approval", &COLUMNS, now)
 }
@@ -665,7 +677,7 @@ pub(crate) fn decision(value: &Value, approved: bool, run: &str, step: Option<&s
         Some(step) => format!("{verb} step \"{step}\" of run {run}"),
         None => format!("{verb} the waiting step of run {run}"),
     };
-    if let Some(status) = get(value, &["status"]) {
+    if let Some(status) = get(value, &["run_status", "status"]) {
         line.push_str(&format!("; the run is now {}", scalar(status)));
     }
     line.push('\n');
@@ -674,12 +686,38 @@ pub(crate) fn decision(value: &Value, approved: bool, run: &str, step: Option<&s
 
 /// `workflows list`.
 pub(crate) fn workflows(value: &Value, now: DateTime<Utc>) -> String {
-    const COLUMNS: [Column; 3] = [
-        Column { title: "NAME", keys: &["name"] },
-        Column { title: "STEPS", keys: &["steps", "step_count"] },
-        Column { title: "DESCRIPTION", keys: &["description"] },
-    ];
-    list_view(value, "workflows", "no workflows", &COLUMNS, now)
+    let entries = items(value, "workflows");
+    if entries.is_empty() {
+        return "no workflows\n".to_owned();
+    }
+    let mut table = Table::new(&["NAME", "STEPS", "DESCRIPTION"]);
+    for w in entries {
+        let steps = match w.get("steps") {
+            Some(Value::Array(steps)) => step_chain(steps),
+            Some(other) => table_value(other, now),
+            None => NONE.to_owned(),
+        };
+        let mut description = get(w, &["description"]).map_or_else(|| NONE.to_owned(), scalar);
+        if let Some(why) = get(w, &["disabled"]) {
+            description = format!("disabled: {}", scalar(why));
+        }
+        table.push(vec![cell(w, &["name"]), steps, description]);
+    }
+    table.render()
+}
+
+/// `fetch → check → [a | b] → publish`: step ids in order, a parallel's children in brackets.
+fn step_chain(steps: &[Value]) -> String {
+    steps
+        .iter()
+        .map(|s| match s.get("steps") {
+            Some(Value::Array(children)) if !children.is_empty() => {
+                format!("[{}]", children.iter().map(|c| step_chain(std::slice::from_ref(c))).collect::<Vec<_>>().join(" | "))
+            }
+            _ => cell(s, &["id", "name"]),
+        })
+        .collect::<Vec<_>>()
+        .join(" → ")
 }
 
 /// `agents list`.

@@ -61,12 +61,14 @@ pub(crate) struct Settled {
     pub(crate) error: Option<String>,
     /// Another attempt could succeed (the retry policy decides whether there is one).
     pub(crate) retry: bool,
+    /// A waiting run is resumed at this instant if nobody decided before.
+    pub(crate) wait_until: Option<DateTime<Utc>>,
 }
 
 /// Combines the target's outcome (none when it was stopped before it ended) with the reason
 /// it was stopped. A stop wins over a late outcome: the run ended because it was stopped.
 pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Settled {
-    let ended = |status, error: String, retry| Settled { status, output: None, error: Some(error), retry };
+    let ended = |status, error: String, retry| Settled { status, output: None, error: Some(error), retry, wait_until: None };
     match (stop, outcome) {
         (Some(StopReason::Shutdown), _) => {
             // Retried at the next start (recovery follows interrupted runs up).
@@ -77,7 +79,10 @@ pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Sett
             ended(RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), true)
         }
         (None, Some(Outcome::Succeeded { output })) => {
-            Settled { status: RunStatus::Succeeded, output: Some(output), error: None, retry: false }
+            Settled { status: RunStatus::Succeeded, output: Some(output), error: None, retry: false, wait_until: None }
+        }
+        (None, Some(Outcome::Waiting { until })) => {
+            Settled { status: RunStatus::WaitingApproval, output: None, error: None, retry: false, wait_until: until }
         }
         (None, Some(Outcome::Failed { error, retry })) => ended(RunStatus::Failed, error, retry),
         (None, Some(Outcome::TimedOut { error })) => ended(RunStatus::TimedOut, error, true),
@@ -135,6 +140,10 @@ mod tests {
         assert_eq!((f.status, f.retry), (RunStatus::Failed, true));
         assert_eq!(settle(Some(Outcome::TimedOut { error: "x".into() }), None).status, RunStatus::TimedOut);
         assert_eq!(settle(None, None).status, RunStatus::Failed);
+        let until = DateTime::from_timestamp(1_000_000, 0);
+        let w = settle(Some(Outcome::Waiting { until }), None);
+        assert_eq!((w.status, w.wait_until, w.retry), (RunStatus::WaitingApproval, until, false));
+        assert_eq!(settle(Some(Outcome::Waiting { until }), Some(StopReason::Shutdown)).status, RunStatus::Interrupted, "a stop wins");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, JobConfig, StorageConfig};
+use lamplighter_config::{Config, JobConfig, RetryPolicy, StorageConfig, Workflow};
 
 use crate::clock::Clock;
 use crate::decide::StopReason;
@@ -21,7 +21,12 @@ use crate::run::{Run, RunStatus};
 use crate::signals::{Signal, Signals};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{RunStore, StoreError};
-use crate::target::Targets;
+use crate::target::{JobSnapshot, Targets};
+
+/// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
+/// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
+/// policies: the default retry policy, no retention limit.
+pub(crate) const WORKFLOW_RUNS: &str = "workflow:";
 
 /// Engine start-up failures.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +72,7 @@ pub(crate) struct Shared {
 #[derive(Debug, Clone)]
 pub(crate) struct JobsConfig {
     pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
+    pub(crate) workflows: Arc<BTreeMap<String, Arc<Workflow>>>,
     /// Jobs the environment broke (e.g. their plugin did not load), with the reason: not
     /// scheduled, not triggerable, shown with the reason.
     pub(crate) unavailable: Arc<HashMap<String, String>>,
@@ -82,7 +88,21 @@ impl JobsConfig {
             .filter_map(|(what, why)| Some((what.strip_prefix("job \"")?.strip_suffix('"')?.to_string(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
-        Self { jobs: Arc::new(config.jobs.clone()), unavailable: Arc::new(unavailable), data_dir: config.data_dir.clone() }
+        Self {
+            jobs: Arc::new(config.jobs.clone()),
+            workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
+            unavailable: Arc::new(unavailable),
+            data_dir: config.data_dir.clone(),
+        }
+    }
+
+    /// What a run of `job` executes, as it is now (its workflow's definition included).
+    pub(crate) fn snapshot_of(&self, job: &JobConfig) -> JobSnapshot {
+        let workflow = match &job.target {
+            lamplighter_config::Target::Workflow(w) => self.workflows.get(w),
+            _ => None,
+        };
+        JobSnapshot::of(job, workflow)
     }
 }
 
@@ -130,6 +150,19 @@ impl Shared {
 
     pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
         self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.get(name).cloned()
+    }
+
+    pub(crate) fn workflow(&self, name: &str) -> Option<Arc<Workflow>> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).workflows.get(name).cloned()
+    }
+
+    /// The retry policy of runs recorded under `job`: the job's, the default for workflows run
+    /// by hand, none for a job that is no longer defined (its runs are not retried).
+    pub(crate) fn retries_for(&self, job: &str) -> Option<RetryPolicy> {
+        match self.job(job) {
+            Some(j) => Some(j.retries),
+            None => job.strip_prefix(WORKFLOW_RUNS).and_then(|w| self.workflow(w)).map(|_| RetryPolicy::default()),
+        }
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
@@ -548,7 +581,7 @@ async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError>
     }
     for r in shared.store.interrupted_without_follow_up().await? {
         // Picked up at once, if the policy gives it another attempt at all.
-        let due = crate::decide::next_attempt(r.attempt, shared.job(&r.job).map(|j| j.retries).as_ref(), now).map(|_| now);
+        let due = crate::decide::next_attempt(r.attempt, shared.retries_for(&r.job).as_ref(), now).map(|_| now);
         if let Some(id) = shared.follow_up(&r, due, now).await? {
             tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
         }

@@ -22,7 +22,7 @@ use crate::gate::{Gate, Pass};
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::Signal;
 use crate::store::{Handed, RunEnd};
-use crate::target::{JobSnapshot, RunContext};
+use crate::target::{JobSnapshot, RunContext, TargetRef};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -107,18 +107,27 @@ pub(crate) fn launch(shared: &Arc<Shared>, runs: Vec<Handed>, tickets: Vec<Ticke
         shared.runs_changed();
     }
     for (handed, ticket) in runs.into_iter().zip(tickets) {
-        tokio::spawn(run_one(shared.clone(), handed.run, handed.snapshot, ticket));
+        tokio::spawn(run_one(shared.clone(), handed, ticket));
     }
 }
 
 /// One claimed run: its target in a task of its own, so that a panic becomes this run's end.
-async fn run_one(shared: Arc<Shared>, run: Run, snapshot: Option<JobSnapshot>, ticket: Ticket) {
+async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
+    let Handed { run, snapshot, resumed } = handed;
     let entry = shared.track(&run.id);
     tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
     let started = Arc::new(std::sync::OnceLock::new());
-    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry, started.clone())).await {
+    // A resumed run keeps its first start.
+    let started_now = (!resumed).then(|| started.clone());
+    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry, started_now)).await {
         Ok(end) => end,
-        Err(e) => Settled { status: RunStatus::Failed, output: None, error: Some(format!("the run panicked: {e}")), retry: false },
+        Err(e) => Settled {
+            status: RunStatus::Failed,
+            output: None,
+            error: Some(format!("the run panicked: {e}")),
+            retry: false,
+            wait_until: None,
+        },
     };
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
@@ -130,11 +139,15 @@ async fn execute(
     run: Run,
     snapshot: Option<JobSnapshot>,
     entry: Arc<Running>,
-    started: Arc<std::sync::OnceLock<chrono::DateTime<chrono::Utc>>>,
+    started: Option<Arc<std::sync::OnceLock<chrono::DateTime<chrono::Utc>>>>,
 ) -> Settled {
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
-    let snapshot = snapshot.or_else(|| shared.job(&run.job).map(|j| JobSnapshot::of(&j)));
+    let mut snapshot = snapshot.or_else(|| shared.job(&run.job).map(|j| shared.snapshot().snapshot_of(&j)));
+    // Runs stored before workflow definitions were kept with them follow the config in force.
+    if let Some(JobSnapshot { target: TargetRef::Workflow { workflow, definition: definition @ None }, .. }) = &mut snapshot {
+        *definition = shared.workflow(workflow);
+    }
     let outcome = match snapshot {
         None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
@@ -142,7 +155,9 @@ async fn execute(
             let ctx =
                 RunContext::new(run, job.clone(), entry.token.clone(), shared.data_dir(), shared.store_handle(), shared.clock().clone());
             // The run's start, as recorded: the moment its target is called.
-            let _ = started.set(shared.clock().now());
+            if let Some(started) = started {
+                let _ = started.set(shared.clock().now());
+            }
             let work = shared.targets().run(ctx);
             let limit = async {
                 match job.timeout() {
@@ -185,6 +200,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
                 status: f.end.status,
                 output: f.end.output.as_ref(),
                 error: f.end.error.as_deref(),
+                wait_until: f.end.wait_until,
             })
             .collect();
         let mut recorded = false;
@@ -211,7 +227,11 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
             if f.end.status == RunStatus::Failed && f.end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
                 tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
             }
-            tracing::info!(run = %f.run.id, job = %f.run.job, status = f.end.status.as_str(), error = f.end.error.as_deref().unwrap_or(""), "run finished");
+            if f.end.status == RunStatus::WaitingApproval {
+                tracing::info!(run = %f.run.id, job = %f.run.job, until = ?f.end.wait_until, "run waits for approval; its slot is free");
+            } else {
+                tracing::info!(run = %f.run.id, job = %f.run.job, status = f.end.status.as_str(), error = f.end.error.as_deref().unwrap_or(""), "run finished");
+            }
             if recorded && f.end.retry {
                 schedule_retry(&shared, &f.run, now).await;
             }
@@ -224,7 +244,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
 
 /// Schedules the next attempt of a failed run after the job's backoff, if its policy allows.
 async fn schedule_retry(shared: &Shared, run: &Run, now: chrono::DateTime<chrono::Utc>) {
-    let due = next_attempt(run.attempt, shared.job(&run.job).map(|j| j.retries).as_ref(), now);
+    let due = next_attempt(run.attempt, shared.retries_for(&run.job).as_ref(), now);
     match shared.follow_up(run, due, now).await {
         Ok(Some(id)) => tracing::info!(run = %run.id, retry = %id, due = ?due, "retry scheduled"),
         Ok(None) => {}

@@ -14,13 +14,17 @@ mod service;
 mod signals;
 mod store;
 mod target;
+mod workflow;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError};
-pub use run::{Outcome, Run, RunStatus, Trigger};
+pub use run::{Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
-pub use service::{FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunPage, ServiceError, TriggerRequest, Triggered, WorkerStatus};
+pub use service::{
+    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError, StepView,
+    TriggerRequest, Triggered, WorkerStatus,
+};
 pub use store::{RunFilter, StoreError};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
 
@@ -45,10 +49,56 @@ pub struct Unavailable {
     pub diagnostic: Diagnostic,
 }
 
-/// Checks what the config crate cannot: plugin jobs name actions that exist and plugins that
-/// loaded.
+/// Checks what the config crate cannot: plugin jobs and workflow plugin steps name actions that
+/// exist and plugins that loaded, and a plugin step's seed-style `input` goes to an action that
+/// takes one.
 pub fn check(config: &Config, registry: &Registry) -> Checked {
     let mut out = Checked::default();
+    // Workflows whose plugin steps cannot run here, with the reason (their jobs are disabled).
+    let mut broken: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    for (wname, workflow) in &config.workflows {
+        for step in workflow.all_steps() {
+            let lamplighter_config::StepKind::Plugin { plugin, action, input, .. } = &step.kind else { continue };
+            let at = config.locate(&["workflows", wname]);
+            let what = format!("workflow \"{wname}\": step \"{}\" runs plugin action \"{plugin}.{action}\"", step.id);
+            match registry.action_parameters(plugin, action) {
+                Some(schema) => {
+                    let takes_input = schema.get("properties").and_then(|p| p.get("input")).is_some();
+                    if input.is_some() && !takes_input {
+                        out.errors.push(Diagnostic::error(
+                            at,
+                            format!(
+                                "{what}, which takes no \"input\" parameter; pass what it needs in \"parameters\" instead of \"input\""
+                            ),
+                        ));
+                    }
+                }
+                None => match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
+                    Some(why) => {
+                        broken
+                            .entry(wname.as_str())
+                            .or_insert_with(|| format!("{what}, but plugin \"{plugin}\" could not be loaded: {why}"));
+                    }
+                    None => out.errors.push(Diagnostic::error(
+                        at,
+                        format!("{what}, which does not exist; known actions: {}", registry.action_names().join(", ")),
+                    )),
+                },
+            }
+        }
+    }
+    for (name, job) in &config.jobs {
+        if let Target::Workflow(w) = &job.target
+            && let Some(reason) = broken.get(w.as_str())
+        {
+            let at = config.locate(&["scheduling", "jobs", name, "workflow"]);
+            out.unavailable.push(Unavailable {
+                job: name.clone(),
+                diagnostic: Diagnostic::error(at, format!("job \"{name}\" runs {reason}")),
+                reason: reason.clone(),
+            });
+        }
+    }
     for (name, job) in &config.jobs {
         if let Target::Plugin { plugin, action } = &job.target
             && !registry.has_action(plugin, action)

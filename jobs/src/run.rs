@@ -60,10 +60,11 @@ impl RunStatus {
     pub fn can_become(self, next: RunStatus) -> bool {
         use RunStatus::*;
         match self {
-            // Skipped runs are created final; nothing moves into `Queued` or `Skipped`.
+            // Skipped runs are created final; only a waiting run that is resumed (its approval
+            // decided, or its wait over) moves back into `Queued`, to be claimed again.
             Queued => matches!(next, Running | Cancelled),
             Running => matches!(next, WaitingApproval | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
-            WaitingApproval => matches!(next, Running | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
+            WaitingApproval => matches!(next, Queued | Failed | Cancelled),
             Succeeded | Failed | Cancelled | TimedOut | Skipped | Interrupted => false,
         }
     }
@@ -177,6 +178,12 @@ pub enum Outcome {
     TimedOut {
         error: String,
     },
+    /// The run waits for a person (a workflow's approval step): it is recorded
+    /// `waiting_approval` and gives its executor slot back. A decision resumes it (queued,
+    /// claimed again, same run); so does `until`, when the wait has a time limit.
+    Waiting {
+        until: Option<DateTime<Utc>>,
+    },
 }
 
 impl Outcome {
@@ -187,6 +194,73 @@ impl Outcome {
     pub fn permanent(error: impl Into<String>) -> Self {
         Self::Failed { error: error.into(), retry: false }
     }
+}
+
+/// Where a workflow step is. Stored as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    Running,
+    WaitingApproval,
+    Succeeded,
+    Failed,
+    /// Not run: its `when` was false, or it is in the branch a condition did not take.
+    Skipped,
+    /// Stopped because a sibling in its `parallel` failed, or the run was cancelled or timed out.
+    Cancelled,
+    /// The worker stopped while it was running; it runs again when the run is picked up.
+    Interrupted,
+}
+
+impl StepStatus {
+    pub const ALL: [StepStatus; 7] =
+        [Self::Running, Self::WaitingApproval, Self::Succeeded, Self::Failed, Self::Skipped, Self::Cancelled, Self::Interrupted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::WaitingApproval => "waiting_approval",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+            Self::Cancelled => "cancelled",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// Finished for good: a later attempt of the run keeps it instead of running the step again.
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Skipped)
+    }
+}
+
+impl std::str::FromStr for StepStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s).ok_or_else(|| format!("unknown step status \"{s}\""))
+    }
+}
+
+impl std::fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One workflow step of a run, as recorded: kept per run identity (every attempt of the run
+/// sees it), so a retry or a recovered run continues from the steps that finished.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct StepRecord {
+    pub step: String,
+    pub status: StepStatus,
+    /// The attempt that recorded it, and its run id.
+    pub attempt: u32,
+    pub run_id: String,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Capped (see `workflow::OUTPUT_CAP`).
+    pub output: Option<serde_json::Value>,
+    pub error: Option<String>,
 }
 
 #[cfg(test)]
@@ -202,13 +276,13 @@ mod tests {
                 }
             }
         }
-        assert_eq!(RunStatus::sources(RunStatus::Running).collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::WaitingApproval]);
+        assert_eq!(RunStatus::sources(RunStatus::Running).collect::<Vec<_>>(), [RunStatus::Queued]);
         assert_eq!(
             RunStatus::sources(RunStatus::Cancelled).collect::<Vec<_>>(),
             [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]
         );
-        assert_eq!(RunStatus::sources(RunStatus::Interrupted).collect::<Vec<_>>(), [RunStatus::Running, RunStatus::WaitingApproval]);
-        assert!(RunStatus::sources(RunStatus::Queued).next().is_none());
+        assert_eq!(RunStatus::sources(RunStatus::Interrupted).collect::<Vec<_>>(), [RunStatus::Running]);
+        assert_eq!(RunStatus::sources(RunStatus::Queued).collect::<Vec<_>>(), [RunStatus::WaitingApproval]);
         assert_eq!(RunStatus::active().collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]);
     }
 

@@ -11,12 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{CatchUp, JobConfig, Overlap, Schedule};
 
-use crate::engine::Shared;
+use crate::engine::{JobsConfig, Shared};
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::jitter_for;
 use crate::signals::{Receiver, Signal};
 use crate::store::{Claim, DUE_BATCH, NewRun};
-use crate::target::JobSnapshot;
 
 /// A tick later than this is "missed" and follows the job's catch-up policy.
 const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
@@ -62,6 +61,9 @@ impl Plan {
 pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: CancellationToken) {
     let mut plan = Plan::default();
     let mut replan = true;
+    // The earliest due run or end of a wait seen by the last pass (at start: anything, since
+    // waits may have ended while the worker was down).
+    let mut due_seen = Some(DateTime::<Utc>::MIN_UTC);
     loop {
         if replan {
             plan = build_plan(&shared).await;
@@ -69,11 +71,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: Cancel
         }
         let now = shared.clock().now();
         fire_due(&shared, &mut plan, now).await;
+        if due_seen.is_some_and(|t| t <= now) {
+            resume_waits_over(&shared, now).await;
+        }
         // A backlog larger than one batch: hand over the next batch at once.
         let more = dispatch_due(&shared, now).await;
         shared.scheduler_alive(true);
         let next_tick = plan.order.first().map(|(t, _)| *t);
-        let next_due = shared.store().next_due().await.ok().flatten().filter(|t| *t > now);
+        due_seen = shared.store().next_due().await.ok().flatten();
+        let next_due = due_seen.filter(|t| *t > now);
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
         shared.pass_done(now, wake_at);
         if more {
@@ -145,7 +151,8 @@ async fn build_plan(shared: &Shared) -> Plan {
 
 async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
     let began = std::time::Instant::now();
-    let jobs = shared.jobs();
+    let config = shared.snapshot();
+    let jobs = &config.jobs;
     // Every tick due now, of every job, goes to the database in one transaction.
     let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
     // Jobs whose last processed tick was skipped (catch-up), so no run records it.
@@ -193,7 +200,7 @@ async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
         let catching_up = chosen.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
         let tick_policy = if catching_up && cfg.overlap != Overlap::Allow { Overlap::Queue } else { cfg.overlap };
         for (t, at, trigger) in chosen {
-            batch.push((new_tick_run(cfg, t, at, trigger), tick_policy));
+            batch.push((new_tick_run(&config, cfg, t, at, trigger), tick_policy));
         }
         entry.last = last.or(entry.last);
         // `cur` is the first tick after the last one taken: the job's next tick.
@@ -235,7 +242,7 @@ fn choose(cfg: &JobConfig, ticks: &[(DateTime<Utc>, DateTime<Utc>)], now: DateTi
     caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
 }
 
-fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
+fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
     NewRun {
         job: cfg.name.clone(),
         trigger,
@@ -249,7 +256,7 @@ fn new_tick_run(cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigge
         idempotency_key: None,
         retry_of: None,
         root_id: None,
-        snapshot: Some(JobSnapshot::of(cfg)),
+        snapshot: Some(jobs.snapshot_of(cfg)),
     }
 }
 
@@ -305,6 +312,19 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
         for old in replaced {
             shared.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
         }
+    }
+}
+
+/// Runs waiting for an approval whose timeout passed are queued again; the workflow applies the
+/// step's `on_timeout` when it resumes.
+async fn resume_waits_over(shared: &Arc<Shared>, now: DateTime<Utc>) {
+    match shared.store().wake_waiting(now).await {
+        Ok(ids) => {
+            for id in &ids {
+                tracing::info!(run = %id, "approval wait is over; the run resumes to apply on_timeout");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot resume runs whose approval wait is over"),
     }
 }
 

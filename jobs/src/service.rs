@@ -8,13 +8,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use lamplighter_config::JobConfig;
+use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
-use crate::engine::Engine;
-use crate::run::{Run, RunStatus, Trigger};
+use crate::engine::{Engine, WORKFLOW_RUNS};
+use crate::run::{Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
-use crate::store::{NewRun, RunFilter, StoreError};
-use crate::target::JobSnapshot;
+use crate::store::{Decide, Decided, NewRun, RunFilter, StoreError};
+use crate::target::{JobSnapshot, TargetRef};
 
 /// Errors callers branch on. Messages say what to do.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +27,11 @@ pub enum ServiceError {
     NotCancellable { id: String, status: RunStatus },
     #[error("job \"{name}\" is disabled: {reason}")]
     JobDisabled { name: String, reason: String },
+    #[error("workflow \"{name}\" not found; known workflows: {known}")]
+    WorkflowNotFound { name: String, known: String },
+    /// A decision on a run or step that does not wait for one.
+    #[error("{0}")]
+    NotWaiting(String),
     #[error("{0}")]
     InvalidArgument(String),
     #[error(transparent)]
@@ -124,6 +129,86 @@ pub struct RunPage {
     pub next_cursor: Option<String>,
 }
 
+/// A run with its workflow steps, as `get_run` shows it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: Run,
+    /// The workflow it runs, if it runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    /// Every step of the workflow in order (a `parallel`'s children under it), with what was
+    /// recorded for it by any attempt of the run; empty for other targets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepView>,
+}
+
+/// One workflow step of a run.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct StepView {
+    pub id: String,
+    /// `plugin`, `agent`, `condition`, `approval`, `parallel` or `group_chat`.
+    #[serde(rename = "type")]
+    pub step_type: String,
+    /// None: not reached (yet).
+    pub status: Option<StepStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Capped at 1 MiB of JSON when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
+    /// Why it failed, or a note on why it was skipped or cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepView>,
+}
+
+/// A step waiting for a decision.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Approval {
+    pub run_id: String,
+    /// The job, or `workflow:<name>` for a workflow run by hand.
+    pub job: String,
+    pub step: String,
+    /// The step's `input`, rendered: what is to be approved.
+    pub question: Option<serde_json::Value>,
+    pub waiting_since: Option<DateTime<Utc>>,
+    /// When `on_timeout` decides, if the step has a `timeout`.
+    pub timeout_at: Option<DateTime<Utc>>,
+    /// `approve` or `reject`.
+    pub on_timeout: Option<String>,
+}
+
+/// A decision as recorded.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Decision {
+    pub run_id: String,
+    pub step: String,
+    pub approved: bool,
+    /// The step's record: its output is `{approved, comment, decided_by, decided_at}`.
+    pub record: StepRecord,
+    /// The run's status after the decision: `queued` (it continues), `waiting_approval`
+    /// (other steps still wait) or `failed` (rejected).
+    pub run_status: RunStatus,
+}
+
+/// A decision to record with [`Engine::decide`].
+#[derive(Debug, Clone)]
+pub struct DecisionRequest {
+    pub run_id: String,
+    /// Which waiting step; may be left out when the run waits on one.
+    pub step: Option<String>,
+    pub approve: bool,
+    pub comment: Option<String>,
+    /// Who or what decided (recorded as `decided_by`).
+    pub decided_by: String,
+}
+
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct WorkerStatus {
     pub worker: String,
@@ -146,6 +231,41 @@ fn merge_parameters(job: Option<serde_json::Value>, over: Option<serde_json::Val
         }
         (base, over) => over.or(base),
     }
+}
+
+fn check_idempotency_key(key: Option<&str>) -> Result<(), ServiceError> {
+    match key {
+        Some(k) if k.is_empty() || k.len() > 200 => Err(ServiceError::InvalidArgument("idempotency key must be 1–200 characters".into())),
+        _ => Ok(()),
+    }
+}
+
+fn quoted(names: &[String]) -> String {
+    if names.is_empty() { "no step".into() } else { names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ") }
+}
+
+/// The steps in definition order, each with its record.
+fn step_views(steps: &[Step], records: &std::collections::HashMap<String, StepRecord>) -> Vec<StepView> {
+    steps
+        .iter()
+        .map(|s| {
+            let r = records.get(&s.id);
+            StepView {
+                id: s.id.clone(),
+                step_type: s.kind.step_type().as_str().to_string(),
+                status: r.map(|r| r.status),
+                attempt: r.map(|r| r.attempt),
+                started_at: r.and_then(|r| r.started_at),
+                finished_at: r.and_then(|r| r.finished_at),
+                output: r.and_then(|r| r.output.clone()),
+                error: r.and_then(|r| r.error.clone()),
+                steps: match &s.kind {
+                    StepKind::Parallel { steps } => step_views(steps, records),
+                    _ => Vec::new(),
+                },
+            }
+        })
+        .collect()
 }
 
 impl Engine {
@@ -280,18 +400,14 @@ impl Engine {
         if let Some(reason) = self.shared.snapshot().unavailable.get(name) {
             return Err(ServiceError::JobDisabled { name: name.to_string(), reason: reason.clone() });
         }
-        if let Some(k) = &req.idempotency_key
-            && (k.is_empty() || k.len() > 200)
-        {
-            return Err(ServiceError::InvalidArgument("idempotency key must be 1–200 characters".into()));
-        }
+        check_idempotency_key(req.idempotency_key.as_deref())?;
         if let Some(p) = &req.parameters
             && !p.is_object()
         {
             return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
         }
         let now = self.shared.clock().now();
-        let snapshot = JobSnapshot::of(&job);
+        let snapshot = self.shared.snapshot().snapshot_of(&job);
         let run = NewRun {
             job: name.to_string(),
             trigger: Trigger::Manual,
@@ -307,11 +423,7 @@ impl Engine {
             root_id: None,
             snapshot: Some(snapshot),
         };
-        let (run_id, created) = self.shared.store().insert_run(run, now).await?;
-        if created && crate::scheduler::dispatch_due(&self.shared, now).await {
-            self.shared.wake_scheduler();
-        }
-        Ok(Triggered { run_id, created })
+        self.insert_and_dispatch(run, now).await
     }
 
     /// Waits until a run reaches a final status (or `timeout` passes) and returns it.
@@ -364,7 +476,189 @@ impl Engine {
         self.shared.store().get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
     }
 
-    /// Cancels a queued or running run.
+    /// A run with its workflow steps as a tree.
+    pub async fn get_run_detail(&self, id: &str) -> Result<RunDetail, ServiceError> {
+        let run = self.get_run(id).await?;
+        let Some((name, definition)) = self.definition_of(&run).await? else {
+            return Ok(RunDetail { run, workflow: None, steps: Vec::new() });
+        };
+        let records: std::collections::HashMap<String, StepRecord> =
+            self.shared.store().steps(&run.root_id).await?.into_iter().map(|r| (r.step.clone(), r)).collect();
+        let steps = definition.as_ref().map(|d| step_views(&d.steps, &records)).unwrap_or_default();
+        Ok(RunDetail { run, workflow: Some(name), steps })
+    }
+
+    /// The workflow a run executes (name, and its definition as the run has it).
+    async fn definition_of(&self, run: &Run) -> Result<Option<(String, Option<std::sync::Arc<Workflow>>)>, ServiceError> {
+        let snapshot = self.shared.store().run_snapshot(&run.id).await?;
+        Ok(match snapshot.map(|s| s.target) {
+            Some(TargetRef::Workflow { workflow, definition }) => {
+                let definition = definition.or_else(|| self.shared.workflow(&workflow));
+                Some((workflow, definition))
+            }
+            Some(_) => None,
+            // Rows from before snapshots: the job as configured now.
+            None => match self.shared.job(&run.job).map(|j| j.target) {
+                Some(lamplighter_config::Target::Workflow(w)) => Some((w.clone(), self.shared.workflow(&w))),
+                _ => None,
+            },
+        })
+    }
+
+    /// Starts a run of a workflow by hand, without a job (recorded under the job name
+    /// `workflow:<name>`, with a job's default policies). Returns at once with the run id.
+    pub async fn run_workflow(
+        &self,
+        name: &str,
+        input: Option<serde_json::Value>,
+        idempotency_key: Option<String>,
+    ) -> Result<Triggered, ServiceError> {
+        let Some(definition) = self.shared.workflow(name) else {
+            let known = self.shared.snapshot().workflows.keys().cloned().collect::<Vec<_>>();
+            let known = if known.is_empty() { "none".into() } else { known.join(", ") };
+            return Err(ServiceError::WorkflowNotFound { name: name.to_string(), known });
+        };
+        check_idempotency_key(idempotency_key.as_deref())?;
+        let now = self.shared.clock().now();
+        let snapshot = JobSnapshot {
+            target: TargetRef::Workflow { workflow: name.to_string(), definition: Some(definition) },
+            timeout_ms: None,
+            working_directory: None,
+            allowed_commands: Vec::new(),
+        };
+        let run = NewRun {
+            job: format!("{WORKFLOW_RUNS}{name}"),
+            trigger: Trigger::Manual,
+            status: RunStatus::Queued,
+            scheduled_at: None,
+            due_at: now,
+            attempt: 1,
+            input,
+            parameters: None,
+            error: None,
+            idempotency_key,
+            retry_of: None,
+            root_id: None,
+            snapshot: Some(snapshot),
+        };
+        self.insert_and_dispatch(run, now).await
+    }
+
+    async fn insert_and_dispatch(&self, run: NewRun, now: DateTime<Utc>) -> Result<Triggered, ServiceError> {
+        let (run_id, created) = self.shared.store().insert_run(run, now).await?;
+        if created && crate::scheduler::dispatch_due(&self.shared, now).await {
+            self.shared.wake_scheduler();
+        }
+        Ok(Triggered { run_id, created })
+    }
+
+    /// Steps waiting for a decision, oldest run first.
+    pub async fn list_approvals(&self) -> Result<Vec<Approval>, ServiceError> {
+        let filter = RunFilter { status: Some(RunStatus::WaitingApproval), limit: Some(1000), ..Default::default() };
+        let mut runs = self.shared.store().list_runs(&filter).await?;
+        runs.reverse();
+        let mut out = Vec::new();
+        for run in runs {
+            let definition = self.definition_of(&run).await?.and_then(|(_, d)| d);
+            for r in self.shared.store().steps(&run.root_id).await? {
+                if r.status != StepStatus::WaitingApproval || r.run_id != run.id {
+                    continue;
+                }
+                let step = definition.as_ref().and_then(|d| d.all_steps().into_iter().find(|s| s.id == r.step).cloned());
+                let (timeout, on_timeout) = match step.map(|s| s.kind) {
+                    Some(StepKind::Approval { timeout, on_timeout, .. }) => (timeout, Some(on_timeout.as_str().to_string())),
+                    Some(StepKind::Parallel { .. }) => continue,
+                    _ => (None, None),
+                };
+                out.push(Approval {
+                    run_id: run.id.clone(),
+                    job: run.job.clone(),
+                    question: r.output.as_ref().and_then(|o| o.get("question")).cloned(),
+                    timeout_at: timeout.zip(r.started_at).map(|(t, s)| s + chrono::Duration::from_std(t).unwrap_or(chrono::Duration::MAX)),
+                    on_timeout: on_timeout.filter(|_| timeout.is_some()),
+                    waiting_since: r.started_at,
+                    step: r.step,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records a decision on a waiting approval step. An approval resumes the run (unless other
+    /// steps of it still wait); a rejection fails it, naming the step. Deciding a run that does
+    /// not wait, or a step already decided, is an error that says what happened.
+    pub async fn decide(&self, req: DecisionRequest) -> Result<Decision, ServiceError> {
+        if req.decided_by.trim().is_empty() || req.decided_by.len() > 200 {
+            return Err(ServiceError::InvalidArgument("decided_by must be 1–200 characters".into()));
+        }
+        if req.comment.as_ref().is_some_and(|c| c.len() > 10_000) {
+            return Err(ServiceError::InvalidArgument("comment must be at most 10,000 characters".into()));
+        }
+        let now = self.shared.clock().now();
+        let d = Decide {
+            run_id: &req.run_id,
+            step: req.step.as_deref(),
+            approve: req.approve,
+            comment: req.comment.as_deref(),
+            decided_by: &req.decided_by,
+        };
+        let id = &req.run_id;
+        match self.shared.store().decide(&d, now).await? {
+            Decided::NoSuchRun => Err(ServiceError::RunNotFound { id: id.clone() }),
+            Decided::NotWaiting(status) => Err(ServiceError::NotWaiting(self.not_waiting(id, req.step.as_deref(), status).await)),
+            Decided::NotWaitingStep { waiting } => Err(ServiceError::NotWaiting(format!(
+                "run \"{id}\" is not waiting on step \"{}\"; it waits on {}",
+                req.step.as_deref().unwrap_or(""),
+                quoted(&waiting)
+            ))),
+            Decided::WhichStep { waiting } => Err(ServiceError::InvalidArgument(format!(
+                "run \"{id}\" waits on several steps ({}); say which one with `step`",
+                quoted(&waiting)
+            ))),
+            Decided::Recorded { step, run } => {
+                tracing::info!(run = %id, step = %step.step, approved = req.approve, decided_by = %req.decided_by, "approval decided");
+                match run {
+                    RunStatus::Queued => {
+                        if crate::scheduler::dispatch_due(&self.shared, now).await {
+                            self.shared.wake_scheduler();
+                        }
+                    }
+                    RunStatus::Failed => {
+                        if let Some(r) = self.shared.store().get_run(id).await? {
+                            self.shared.prune_soon(&r.job, now);
+                        }
+                        self.shared.run_finished(id);
+                    }
+                    _ => self.shared.runs_changed(),
+                }
+                Ok(Decision { run_id: id.clone(), step: step.step.clone(), approved: req.approve, record: step, run_status: run })
+            }
+        }
+    }
+
+    /// Why a decision cannot be taken: says who decided before, when that is what happened.
+    async fn not_waiting(&self, id: &str, step: Option<&str>, status: RunStatus) -> String {
+        let run = self.get_run(id).await.ok();
+        let decided = match &run {
+            Some(run) => self.shared.store().steps(&run.root_id).await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let earlier = decided
+            .iter()
+            .filter(|r| step.is_none_or(|s| s == r.step))
+            .filter_map(|r| Some((r, r.output.as_ref()?.get("decided_by")?.as_str()?)))
+            .max_by_key(|(r, _)| r.finished_at);
+        match earlier {
+            Some((r, by)) => {
+                let verb = if r.status == StepStatus::Succeeded { "approved" } else { "rejected" };
+                let at = r.finished_at.map(|t| format!(" at {}", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))).unwrap_or_default();
+                format!("step \"{}\" of run \"{id}\" was already {verb} by {by}{at}; the run is now {status}", r.step)
+            }
+            None => format!("run \"{id}\" is {status}, not waiting for approval"),
+        }
+    }
+
+    /// Cancels a queued, running or waiting run.
     pub async fn cancel_run(&self, id: &str) -> Result<Run, ServiceError> {
         let run = self.get_run(id).await?;
         if run.status.is_final() {

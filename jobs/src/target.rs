@@ -1,6 +1,6 @@
 //! What a run executes: the [`Targets`] interface, the [`RunContext`] every target is handed,
-//! and the built-in targets (plugin actions today; workflows and agents fail loudly until their
-//! engines land).
+//! and the built-in targets (plugin actions and workflows; agents fail loudly until their
+//! runner lands).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,11 +9,11 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{JobConfig, Target};
+use lamplighter_config::{JobConfig, Target, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::clock::Clock;
-use crate::run::{Outcome, Run};
+use crate::run::{Outcome, Run, StepRecord};
 use crate::store::{RunStore, StoreError};
 
 /// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
@@ -25,7 +25,7 @@ pub trait Targets: Send + Sync + 'static {
 /// What a job ran, as it was when the run was created: stored with the run, so a reload
 /// between creation and execution (or between two attempts) never mixes two configs in one
 /// run. Input and parameters are on the run itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSnapshot {
     pub target: TargetRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -36,21 +36,33 @@ pub struct JobSnapshot {
     pub allowed_commands: Vec<String>,
 }
 
-/// A job's target, by name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A job's target, by name; a workflow with its definition, so that every attempt of a run
+/// (and a run resumed after an approval or a restart) follows the steps it started with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TargetRef {
-    Plugin { plugin: String, action: String },
-    Workflow { workflow: String },
-    Agent { agent: String },
+    Plugin {
+        plugin: String,
+        action: String,
+    },
+    Workflow {
+        workflow: String,
+        /// `None` in runs stored before definitions were: those follow the config in force.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        definition: Option<Arc<Workflow>>,
+    },
+    Agent {
+        agent: String,
+    },
 }
 
 impl JobSnapshot {
-    pub fn of(job: &JobConfig) -> Self {
+    /// `workflow`: the definition of the workflow the job runs, if it runs one.
+    pub fn of(job: &JobConfig, workflow: Option<&Arc<Workflow>>) -> Self {
         Self {
             target: match &job.target {
                 Target::Plugin { plugin, action } => TargetRef::Plugin { plugin: plugin.clone(), action: action.clone() },
-                Target::Workflow(w) => TargetRef::Workflow { workflow: w.clone() },
+                Target::Workflow(w) => TargetRef::Workflow { workflow: w.clone(), definition: workflow.cloned() },
                 Target::Agent(a) => TargetRef::Agent { agent: a.clone() },
             },
             timeout_ms: job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
@@ -122,10 +134,24 @@ impl RunContext {
     pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
         self.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.clock.now()).await
     }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The workflow steps recorded by this attempt or an earlier one.
+    pub(crate) async fn steps(&self) -> Result<Vec<StepRecord>, StoreError> {
+        self.store.steps(&self.run.root_id).await
+    }
+
+    /// Records workflow steps for this run identity; durable when this returns.
+    pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
+        self.store.record_steps(&self.run.root_id, steps).await
+    }
 }
 
-/// Plugin actions through the registry; workflow and agent targets fail with a clear message
-/// until their engines land.
+/// Plugin actions through the registry and workflows through [`crate::workflow`]; agent targets
+/// fail with a clear message until their runner lands.
 #[derive(Debug)]
 pub struct BuiltinTargets {
     registry: Arc<Registry>,
@@ -159,10 +185,10 @@ impl Targets for BuiltinTargets {
                         Err(e) => Outcome::Failed { retry: !e.is_permanent(), error: e.to_string() },
                     }
                 }
-                TargetRef::Workflow { workflow } => Outcome::permanent(format!(
-                    "workflow jobs are not supported yet: job \"{}\" runs workflow \"{workflow}\", and the workflow engine has not landed",
-                    ctx.run().job
-                )),
+                TargetRef::Workflow { workflow, definition } => match definition {
+                    Some(definition) => crate::workflow::run(ctx, definition, registry).await,
+                    None => Outcome::permanent(format!("workflow \"{workflow}\" is no longer defined")),
+                },
                 TargetRef::Agent { agent } => Outcome::permanent(format!(
                     "agent jobs are not supported yet: job \"{}\" runs agent \"{agent}\", and the agent runner has not landed",
                     ctx.run().job

@@ -110,6 +110,16 @@ impl Registry {
         self.plugins.iter().any(|p| p.name == plugin && p.error.is_none() && p.actions.iter().any(|a| a.name == action))
     }
 
+    /// The JSON Schema of an action's parameters, if the action exists and its plugin loaded.
+    pub fn action_parameters(&self, plugin: &str, action: &str) -> Option<&Value> {
+        self.plugins
+            .iter()
+            .filter(|p| p.name == plugin && p.error.is_none())
+            .flat_map(|p| p.actions.iter())
+            .find(|a| a.name == action)
+            .map(|a| &a.parameters)
+    }
+
     /// `"file-read.read", …` for error messages.
     pub fn action_names(&self) -> Vec<String> {
         self.plugins

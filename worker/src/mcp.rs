@@ -30,14 +30,15 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::Config;
+use lamplighter_config::{Config, Step, StepKind};
 use lamplighter_jobs::{
-    Engine, JobDetail, JobPage, JobSummary, Run, RunBrief, RunFilter, RunPage, RunStatus, ServiceError, TriggerRequest, WorkerStatus,
+    Approval, Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus,
+    ServiceError, TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 22] = [
+const TOOL_ORDER: [&str; 23] = [
     "worker_status",
     "list_jobs",
     "get_job",
@@ -50,6 +51,7 @@ const TOOL_ORDER: [&str; 22] = [
     "list_approvals",
     "approve_step",
     "reject_step",
+    "run_workflow",
     "list_workflows",
     "list_agents",
     "list_plugins",
@@ -63,7 +65,8 @@ const TOOL_ORDER: [&str; 22] = [
 ];
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
-     cancel runs; list workflows, agents and plugins; reload the config. Job and run errors come back as tool results with \
+     cancel runs; run workflows and approve or reject their steps that wait for a person; list workflows, agents and plugins; \
+     reload the config. Job and run errors come back as tool results with \
      isError set and a message that says what to do.";
 
 /// How often `trigger_job … wait` reports progress (and re-reads the run) while it waits.
@@ -104,7 +107,7 @@ impl CatalogSnapshot {
                 name: name.clone(),
                 description: w.description.clone(),
                 trigger: w.trigger.clone(),
-                steps: w.steps.len(),
+                steps: outline(&w.steps),
                 disabled: disabled("workflow", name),
             })
             .collect();
@@ -123,6 +126,35 @@ impl CatalogSnapshot {
             .collect();
         Self { workflows, agents }
     }
+}
+
+/// Steps as `list_workflows` shows them.
+fn outline(steps: &[Step]) -> Vec<StepOutline> {
+    steps
+        .iter()
+        .map(|s| {
+            let (does, children) = match &s.kind {
+                StepKind::Plugin { plugin, action, .. } => (format!("{plugin}.{action}"), Vec::new()),
+                StepKind::Agent { agent, .. } => (agent.clone(), Vec::new()),
+                StepKind::GroupChat { agents, .. } => (agents.join(", "), Vec::new()),
+                StepKind::Condition { condition, then, otherwise } => {
+                    (format!("{condition} ? [{}] : [{}]", then.join(", "), otherwise.join(", ")), Vec::new())
+                }
+                StepKind::Approval { timeout, on_timeout, .. } => match timeout {
+                    Some(t) => (format!("timeout {}, then {}", humantime::format_duration(*t), on_timeout.as_str()), Vec::new()),
+                    None => ("waits until decided".into(), Vec::new()),
+                },
+                StepKind::Parallel { steps } => (format!("{} steps at once", steps.len()), outline(steps)),
+            };
+            StepOutline {
+                id: s.id.clone(),
+                step_type: s.kind.step_type().as_str().into(),
+                does,
+                when: s.when.as_ref().map(ToString::to_string),
+                steps: children,
+            }
+        })
+        .collect()
 }
 
 /// The MCP server handler. Cheap to clone: the HTTP transport makes one per session or request.
@@ -285,6 +317,23 @@ struct TriggerArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct RunWorkflowArgs {
+    /// The workflow's name, as in `list_workflows`.
+    name: String,
+    /// The workflow's input (any JSON value): `${input}` and `${input.key}` in its steps.
+    input: Option<Value>,
+    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
+    idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it (a run waiting for approval keeps the wait going). While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[schemars(range(min = 1, max = 86400))]
+    timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ListJobsArgs {
     /// Page size (1–1000, default 100).
     #[schemars(range(min = 1, max = 1000))]
@@ -322,8 +371,9 @@ struct DecisionArgs {
     /// The approval step's id (default: the step the run is waiting at).
     step: Option<String>,
     /// A comment recorded with the decision.
-    #[expect(dead_code, reason = "part of the tool's input schema; recorded once the workflow engine lands")]
     comment: Option<String>,
+    /// Who decides, recorded as `decided_by` (default: the MCP client's name).
+    decided_by: Option<String>,
 }
 
 /// The seed worker's job arguments: `name` or `job_name`.
@@ -398,20 +448,8 @@ struct TriggerOutcome {
 
 #[derive(Debug, Serialize, JsonSchema)]
 struct ApprovalList {
-    /// Runs in status `waiting_approval`, newest first.
-    approvals: Vec<RunBrief>,
-}
-
-/// What `approve_step` and `reject_step` will return once workflows can wait for approval.
-#[allow(dead_code, reason = "never built until the workflow engine lands; it gives the tools their output schema")]
-#[derive(Debug, Serialize, JsonSchema)]
-struct Decision {
-    run_id: String,
-    step: String,
-    /// `approved` or `rejected`.
-    decision: String,
-    comment: Option<String>,
-    run: Run,
+    /// Steps waiting for a decision, oldest run first.
+    approvals: Vec<Approval>,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -420,10 +458,25 @@ struct WorkflowInfo {
     description: Option<String>,
     /// `manual` or `scheduled`, as written in the config (informational).
     trigger: Option<String>,
-    /// Number of top-level steps.
-    steps: usize,
+    /// The steps in order (a `parallel`'s children under it).
+    steps: Vec<StepOutline>,
     /// Why it cannot run, when it cannot.
     disabled: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+struct StepOutline {
+    id: String,
+    /// plugin, agent, condition, approval, parallel or group_chat.
+    #[serde(rename = "type")]
+    step_type: String,
+    /// What it runs: `plugin.action`, the agent, the condition and its branches, the approval's timeout.
+    does: String,
+    /// Runs only when this renders true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    when: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    steps: Vec<StepOutline>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -489,6 +542,15 @@ impl Failure {
     fn invalid(message: impl Into<String>) -> Self {
         let message: String = message.into();
         Failure::Protocol(ErrorData::invalid_params(message, None))
+    }
+}
+
+/// A wait's time limit: only with `wait`, 1–86400 seconds.
+fn wait_timeout(wait: bool, timeout_seconds: Option<u64>) -> Result<Option<Duration>, Failure> {
+    match timeout_seconds {
+        Some(_) if !wait => Err(Failure::invalid("timeout_seconds only applies with wait: true")),
+        Some(s) => Ok(Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?))),
+        None => Ok(None),
     }
 }
 
@@ -582,25 +644,10 @@ impl Control {
         Parameters(a): Parameters<TriggerArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
-        let timeout = match a.timeout_seconds {
-            Some(_) if !a.wait => return Err(Failure::invalid("timeout_seconds only applies with wait: true")),
-            Some(s) => Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?)),
-            None => None,
-        };
+        let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
         let request = TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
         let triggered = self.engine.trigger_job(&a.name, request).await?;
-        if !a.wait {
-            return Ok(Json(TriggerOutcome {
-                run_id: triggered.run_id,
-                created: triggered.created,
-                run: None,
-                finished: false,
-                note: None,
-            }));
-        }
-        let (run, note) = self.wait_for(&triggered.run_id, timeout, &ctx).await?;
-        let finished = run.status.is_final();
-        Ok(Json(TriggerOutcome { run_id: triggered.run_id, created: triggered.created, run: Some(run), finished, note }))
+        self.outcome(triggered, a.wait, timeout, &ctx).await
     }
 
     /// Lists runs, newest first, filtered by job and status, one page at a time: pass `next_cursor` back as `cursor` for the next page.
@@ -621,10 +668,10 @@ impl Control {
         Ok(Json(page))
     }
 
-    /// One run in full: trigger, times, status, attempt, input, parameters, output, error, worker and token usage.
+    /// One run in full: trigger, times, status, attempt, input, parameters, output, error, worker, token usage, and for a workflow run each step (status, attempt, times, output, error) as a tree.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
-    async fn get_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<Run>, Failure> {
-        Ok(Json(self.engine.get_run(&a.id).await?))
+    async fn get_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<RunDetail>, Failure> {
+        Ok(Json(self.engine.get_run_detail(&a.id).await?))
     }
 
     /// Cancels a queued or running run and returns it. A run that already finished cannot be cancelled.
@@ -633,24 +680,42 @@ impl Control {
         Ok(Json(self.engine.cancel_run(&a.id).await?))
     }
 
-    /// Runs waiting for a person to approve or reject a workflow step (status `waiting_approval`).
+    /// Workflow steps waiting for a person to approve or reject them: run, job, step, the question, since when, and when a timeout decides.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_approvals(&self, _: Parameters<NoArgs>) -> Result<Json<ApprovalList>, Failure> {
-        let filter = RunFilter { job: None, status: Some(RunStatus::WaitingApproval), limit: Some(200), before: None };
-        let page = self.engine.list_runs(filter).await?;
-        Ok(Json(ApprovalList { approvals: page.runs.iter().map(RunBrief::from).collect() }))
+        Ok(Json(ApprovalList { approvals: self.engine.list_approvals().await? }))
     }
 
-    /// Approves a workflow step that waits for a person, with an optional comment; the run continues.
-    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
-    async fn approve_step(&self, Parameters(a): Parameters<DecisionArgs>) -> Result<Json<Decision>, Failure> {
-        Err(Self::no_approvals("approve", &a))
+    /// Approves a workflow step that waits for a person, with an optional comment; the run continues. Deciding a step twice, or a run that is not waiting, is an error that says who decided.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false))]
+    async fn approve_step(
+        &self,
+        Parameters(a): Parameters<DecisionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Decision>, Failure> {
+        self.decide(a, true, &ctx).await
     }
 
-    /// Rejects a workflow step that waits for a person, with an optional comment; the run fails naming the step (or follows its `on_reject`).
-    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
-    async fn reject_step(&self, Parameters(a): Parameters<DecisionArgs>) -> Result<Json<Decision>, Failure> {
-        Err(Self::no_approvals("reject", &a))
+    /// Rejects a workflow step that waits for a person, with an optional comment; the run fails naming the step.
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
+    async fn reject_step(
+        &self,
+        Parameters(a): Parameters<DecisionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Decision>, Failure> {
+        self.decide(a, false, &ctx).await
+    }
+
+    /// Runs a workflow by hand, without a job, with an optional input and idempotency key (as `lampctl workflows run`). Returns the run id at once; with `wait`, waits for the run to finish (sending progress notifications) and returns it.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn run_workflow(
+        &self,
+        Parameters(a): Parameters<RunWorkflowArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
+        let started = self.engine.run_workflow(&a.name, a.input, a.idempotency_key).await?;
+        self.outcome(started, a.wait, timeout, &ctx).await
     }
 
     /// The configured workflows: description, trigger, number of steps, and why one is disabled.
@@ -763,14 +828,33 @@ impl Control {
         Json(PluginList { plugins })
     }
 
-    /// Workflows cannot pause for approval yet, so there is never a step to decide on. Say so
-    /// rather than pretend.
-    fn no_approvals(verb: &str, a: &DecisionArgs) -> Failure {
-        let step = a.step.as_deref().map(|s| format!(" step \"{s}\" of")).unwrap_or_default();
-        Failure::Tool(format!(
-            "cannot {verb}{step} run \"{}\": approval steps are not supported yet (the workflow engine has not landed), so no run can be waiting for approval",
-            a.run_id
-        ))
+    /// Records a decision; `decided_by` defaults to the MCP client's name.
+    async fn decide(&self, a: DecisionArgs, approve: bool, ctx: &RequestContext<RoleServer>) -> Result<Json<Decision>, Failure> {
+        let decided_by = match a.decided_by {
+            Some(by) => by,
+            None => match ctx.peer.peer_info() {
+                Some(info) => format!("mcp client {}", info.client_info.name),
+                None => "mcp client".to_string(),
+            },
+        };
+        let request = DecisionRequest { run_id: a.run_id, step: a.step, approve, comment: a.comment, decided_by };
+        Ok(Json(self.engine.decide(request).await?))
+    }
+
+    /// A started run, returned at once, or after waiting for it when asked to.
+    async fn outcome(
+        &self,
+        started: lamplighter_jobs::Triggered,
+        wait: bool,
+        timeout: Option<Duration>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        if !wait {
+            return Ok(Json(TriggerOutcome { run_id: started.run_id, created: started.created, run: None, finished: false, note: None }));
+        }
+        let (run, note) = self.wait_for(&started.run_id, timeout, ctx).await?;
+        let finished = run.status.is_final();
+        Ok(Json(TriggerOutcome { run_id: started.run_id, created: started.created, run: Some(run), finished, note }))
     }
 
     /// Waits for a run to reach a final status, reporting progress every [`PROGRESS_EVERY`]
@@ -811,7 +895,11 @@ impl Control {
                 return Ok((run, Some(note)));
             }
             if let Some(token) = &progress_token {
-                self.report(ctx, token, &mut reports, &run.id, run.status.as_str()).await;
+                let status = match run.status {
+                    RunStatus::WaitingApproval => format!("waiting for approval (lampctl approvals approve {})", run.id),
+                    other => other.as_str().to_string(),
+                };
+                self.report(ctx, token, &mut reports, &run.id, &status).await;
             }
         }
     }
@@ -965,7 +1053,7 @@ mod tests {
     }
 
     /// The catalog `list_agents`/`list_workflows` serve comes from the resolved config: the
-    /// default model fills in, disabled reasons show, steps are counted.
+    /// default model fills in, disabled reasons show, steps are outlined.
     #[test]
     fn catalog_of_the_seed_config() {
         let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml");
@@ -978,6 +1066,17 @@ mod tests {
         assert_eq!(news.model.as_deref(), Some("default"));
         assert!(news.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{news:?}");
         let review = c.workflows.iter().find(|w| w.name == "content-review").expect("listed");
-        assert!(review.steps >= 2, "{review:?}");
+        let outline: Vec<(&str, &str, &str)> =
+            review.steps.iter().map(|s| (s.id.as_str(), s.step_type.as_str(), s.does.as_str())).collect();
+        assert_eq!(
+            outline,
+            [
+                ("draft", "agent", "content-writer"),
+                ("review", "parallel", "2 steps at once"),
+                ("final-edit", "agent", "editor"),
+                ("approval", "approval", "waits until decided")
+            ]
+        );
+        assert_eq!(review.steps[1].steps.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["grammar-check", "fact-check"]);
     }
 }

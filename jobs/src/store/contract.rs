@@ -58,7 +58,7 @@ fn none(slots: usize) -> Claim<'static> {
 }
 
 fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
-    RunEnd { id, started_at: None, status, output: None, error: None }
+    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None }
 }
 
 async fn status(s: &dyn RunStore, id: &str) -> RunStatus {
@@ -196,7 +196,14 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
     assert!(s.finish(&ids[1], RunStatus::Cancelled, None, Some("stop"), t).await.expect("cancel"));
     let output = serde_json::json!({"ok": true});
     let ends = vec![
-        RunEnd { id: &ids[0], started_at: Some(t + secs(1)), status: RunStatus::Succeeded, output: Some(&output), error: None },
+        RunEnd {
+            id: &ids[0],
+            started_at: Some(t + secs(1)),
+            status: RunStatus::Succeeded,
+            output: Some(&output),
+            error: None,
+            wait_until: None,
+        },
         end(&ids[1], RunStatus::Failed),
     ];
     let done = s.finish_many(&ends, t + secs(2)).await.expect("finish");

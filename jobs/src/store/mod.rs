@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use crate::run::{Run, RunStatus, Trigger};
+use crate::run::{Run, RunStatus, StepRecord, Trigger};
 use crate::target::JobSnapshot;
 
 #[cfg(test)]
@@ -157,6 +157,8 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) status: RunStatus,
     pub(crate) output: Option<&'a serde_json::Value>,
     pub(crate) error: Option<&'a str>,
+    /// For `waiting_approval`: when the wait ends by itself.
+    pub(crate) wait_until: Option<DateTime<Utc>>,
 }
 
 /// A run claimed for this worker (`running`, its worker and start recorded) with what it
@@ -166,6 +168,8 @@ pub(crate) struct Handed {
     pub(crate) run: Run,
     /// The job as it was when the run was created; `None` for rows from before snapshots.
     pub(crate) snapshot: Option<JobSnapshot>,
+    /// A run that waited for approval and continues: it keeps its first start.
+    pub(crate) resumed: bool,
 }
 
 /// What [`RunStore::claim_queued`] took.
@@ -197,6 +201,39 @@ pub(crate) struct TickOutcome {
 pub(crate) struct Claim<'a> {
     pub(crate) worker: &'a str,
     pub(crate) slots: usize,
+}
+
+/// A person's (or a tool's) decision on a waiting approval step, for [`RunStore::decide`].
+#[derive(Debug, Clone)]
+pub(crate) struct Decide<'a> {
+    pub(crate) run_id: &'a str,
+    /// Which waiting step; may be left out when the run waits on exactly one.
+    pub(crate) step: Option<&'a str>,
+    pub(crate) approve: bool,
+    pub(crate) comment: Option<&'a str>,
+    pub(crate) decided_by: &'a str,
+}
+
+/// What [`RunStore::decide`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Decided {
+    NoSuchRun,
+    /// The run is not waiting for a decision (never was, or already decided).
+    NotWaiting(RunStatus),
+    /// The step named is not one the run waits on (`waiting`: those it does wait on).
+    NotWaitingStep {
+        waiting: Vec<String>,
+    },
+    /// No step named, and the run waits on several.
+    WhichStep {
+        waiting: Vec<String>,
+    },
+    /// Recorded on the step. `run`: the run's status now — `queued` (resumed), still
+    /// `waiting_approval` (other steps wait), or `failed` (rejected).
+    Recorded {
+        step: StepRecord,
+        run: RunStatus,
+    },
 }
 
 /// What the run core asks of a database. Every method is one transaction (or one statement);
@@ -244,7 +281,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Queued runs that are due and not handed over yet (id, job), oldest first, at most
     /// [`DUE_BATCH`].
     async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError>;
-    /// The earliest due instant of a queued run not handed over.
+    /// The earliest due instant of a queued run not handed over, or of a waiting run's
+    /// `wait_until`.
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
     /// True when the job has a run handed over and not finished (for `overlap: queue`).
     async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError>;
@@ -257,11 +295,13 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError>;
 
     // Ending runs.
-    /// Records the end of runs this worker claimed, in one statement. Returns the ids that
-    /// were still running (a run cancelled meanwhile keeps its first end).
+    /// Records the end of runs this worker claimed, in one statement (a run that waits for
+    /// approval is not finished: it keeps no `finished_at` and gets its `wait_until`). Returns
+    /// the ids that were still running (a run cancelled meanwhile keeps its first end). Steps
+    /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     /// Records one end, if the run's status allows it ([`RunStatus::can_become`]). False when
-    /// it did not.
+    /// it did not. Steps of the run still open are closed (cancelled).
     async fn finish(
         &self,
         id: &str,
@@ -281,6 +321,21 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
         value: &serde_json::Value,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError>;
+
+    // Workflow steps, per run identity.
+    /// Every step recorded for the run identity `root_id`.
+    async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+    /// Records steps (replacing an earlier record of the same step), in one transaction.
+    async fn record_steps(&self, root_id: &str, steps: &[StepRecord]) -> Result<(), StoreError>;
+    /// Records a decision on a waiting approval step, in one transaction with what it does to
+    /// the run: an approval resumes it (`queued`, unless other steps still wait), a rejection
+    /// fails it naming the step and cancels its other waiting steps. Of two decisions on the
+    /// same step, the second finds it decided.
+    async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError>;
+    /// Waiting runs whose wait ended (`wait_until` passed) are queued again; returns them.
+    async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    /// The job snapshot a run was created with.
+    async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError>;
 
     // Reading.
     async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError>;

@@ -14,12 +14,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, from_ms, ms,
-    new_id,
+    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
+    TickOutcome, from_ms, ms, new_id,
 };
 use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
-use crate::run::{Run, RunStatus, Trigger};
+use crate::run::{Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::target::JobSnapshot;
 
 trait Ctx<T> {
     fn ctx(self, what: &str) -> Result<T, StoreError>;
@@ -93,7 +94,8 @@ fn run_from_row(r: &SqliteRow) -> Run {
 /// force, as rows from before snapshots do.
 fn handed_from_row(r: &SqliteRow) -> Handed {
     let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
-    Handed { run: run_from_row(r), snapshot }
+    let resumed = r.try_get::<bool, _>("resumed").unwrap_or(false);
+    Handed { run: run_from_row(r), snapshot, resumed }
 }
 
 /// `('queued','running',…)` for a `status IN` guard; status lists come from [`RunStatus`],
@@ -121,8 +123,53 @@ static DUE_UNDISPATCHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     )
 });
 
-static NEXT_DUE: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("SELECT min(due_at) FROM ll_runs INDEXED BY ll_runs_undispatched WHERE {}", *UNDISPATCHED));
+static NEXT_DUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT min(t) FROM (SELECT min(due_at) AS t FROM ll_runs INDEXED BY ll_runs_undispatched WHERE {}
+                             UNION ALL SELECT min(wait_until) FROM ll_runs WHERE status = '{}')",
+        *UNDISPATCHED,
+        RunStatus::WaitingApproval.as_str()
+    )
+});
+
+fn step_from_row(r: &SqliteRow) -> StepRecord {
+    let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
+    StepRecord {
+        step: r.get("step"),
+        // A damaged or newer row reads as a step to run again, not a crash.
+        status: StepStatus::from_str(r.get::<&str, _>("status")).unwrap_or(StepStatus::Interrupted),
+        attempt: r.get::<i64, _>("attempt").max(1) as u32,
+        run_id: r.get("run_id"),
+        started_at: opt_t("started_at"),
+        finished_at: opt_t("finished_at"),
+        output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
+        error: r.get("error"),
+    }
+}
+
+/// Closes the steps still open (running or waiting) of runs that ended without succeeding:
+/// `interrupted` when the run was, otherwise `cancelled`. `ends`: (run id, run status).
+async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
+    let ends: Vec<serde_json::Value> = ends
+        .iter()
+        .filter(|(_, s)| s.is_final() && *s != RunStatus::Succeeded)
+        .map(|(id, s)| serde_json::json!({"id": id, "status": if *s == RunStatus::Interrupted { StepStatus::Interrupted } else { StepStatus::Cancelled }.as_str()}))
+        .collect();
+    if ends.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE ll_steps SET status = j.status, finished_at = ?2
+         FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status FROM json_each(?1)) AS j
+         WHERE ll_steps.run_id = j.id AND ll_steps.status IN ('running', 'waiting_approval')",
+    )
+    .bind(serde_json::Value::from(ends).to_string())
+    .bind(ms(now))
+    .execute(conn)
+    .await
+    .ctx("closing the steps of ended runs")?;
+    Ok(())
+}
 
 fn json_ids(ids: &[String]) -> String {
     serde_json::to_string(ids).unwrap_or_else(|_| "[]".into())
@@ -320,7 +367,7 @@ impl RunStore for SqliteStore {
                     let mut handed = run.to_run(&id, now);
                     handed.started_at = Some(now);
                     handed.worker = Some(claim.worker.to_string());
-                    outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone() });
+                    outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone(), resumed: false });
                 } else {
                     dispatched = Dispatch::Queued;
                     outcome.pushed = true;
@@ -468,25 +515,37 @@ impl RunStore for SqliteStore {
                 serde_json::json!({
                     "id": e.id, "started_at": e.started_at.map(ms), "status": e.status.as_str(),
                     "output": e.output.map(|o| o.to_string()), "error": e.error,
+                    "finished": e.status.is_final(), "wait_until": e.wait_until.map(ms),
                 })
             })
             .collect();
+        let steps_to_close = ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded);
         // `+ll_runs.status` keeps the planner off the status index: it must drive the update
         // from the batch and find each run by id (driven from the status index, the batch was
         // scanned once per running run: seconds for a thousand ends).
-        let done: Vec<String> = sqlx::query_scalar(
-            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error, finished_at = ?2,
+        let finish = sqlx::query_scalar(
+            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
+                                finished_at = CASE WHEN j.finished THEN ?2 END, wait_until = j.wait_until,
                                 started_at = coalesce(j.started_at, ll_runs.started_at)
              FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
-                          value ->> 'output' AS output, value ->> 'error' AS error FROM json_each(?1)) AS j
+                          value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
+                          value ->> 'wait_until' AS wait_until FROM json_each(?1)) AS j
              WHERE ll_runs.id = j.id AND +ll_runs.status = ?3 RETURNING ll_runs.id",
         )
         .bind(serde_json::Value::from(payload).to_string())
         .bind(ms(now))
-        .bind(RunStatus::Running.as_str())
-        .fetch_all(&self.write)
-        .await
-        .ctx("finishing runs")?;
+        .bind(RunStatus::Running.as_str());
+        // Only a batch with steps to close needs a transaction around both statements.
+        let done: Vec<String> = if steps_to_close {
+            let mut tx = self.write.begin().await.ctx("starting to finish runs")?;
+            let done = finish.fetch_all(&mut *tx).await.ctx("finishing runs")?;
+            let ended: Vec<(&str, RunStatus)> = ends.iter().map(|e| (e.id, e.status)).collect();
+            close_steps(&mut tx, &ended, now).await?;
+            tx.commit().await.ctx("committing the end of runs")?;
+            done
+        } else {
+            finish.fetch_all(&self.write).await.ctx("finishing runs")?
+        };
         Ok(done)
     }
 
@@ -502,16 +561,21 @@ impl RunStore for SqliteStore {
             "UPDATE ll_runs SET status = ?2, output = ?3, error = ?4, finished_at = ?5 WHERE id = ?1 AND status IN {}",
             status_list(RunStatus::sources(status))
         );
+        let mut tx = self.write.begin().await.ctx("starting to finish a run")?;
         let n = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(status.as_str())
             .bind(output.map(|o| o.to_string()))
             .bind(error)
             .bind(ms(now))
-            .execute(&self.write)
+            .execute(&mut *tx)
             .await
             .ctx("finishing a run")?
             .rows_affected();
+        if n == 1 {
+            close_steps(&mut tx, &[(id, status)], now).await?;
+        }
+        tx.commit().await.ctx("committing the end of a run")?;
         Ok(n == 1)
     }
 
@@ -546,6 +610,145 @@ impl RunStore for SqliteStore {
         .await
         .ctx("recording a checkpoint")?;
         Ok(())
+    }
+
+    async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM ll_steps WHERE root_id = ?1 ORDER BY coalesce(started_at, finished_at), step")
+            .bind(root_id)
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading workflow steps")?;
+        Ok(rows.iter().map(step_from_row).collect())
+    }
+
+    async fn record_steps(&self, root_id: &str, steps: &[StepRecord]) -> Result<(), StoreError> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+            "INSERT INTO ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error) ",
+        );
+        q.push_values(steps, |mut b, st| {
+            b.push_bind(root_id)
+                .push_bind(st.step.as_str())
+                .push_bind(st.status.as_str())
+                .push_bind(st.run_id.as_str())
+                .push_bind(i64::from(st.attempt))
+                .push_bind(st.started_at.map(ms))
+                .push_bind(st.finished_at.map(ms))
+                .push_bind(st.output.as_ref().map(|v| v.to_string()))
+                .push_bind(st.error.as_deref());
+        });
+        q.push(
+            " ON CONFLICT (root_id, step) DO UPDATE SET status = excluded.status, run_id = excluded.run_id, attempt = excluded.attempt,
+              started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error",
+        );
+        q.build().execute(&self.write).await.ctx("recording workflow steps")?;
+        Ok(())
+    }
+
+    async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
+        let waiting = RunStatus::WaitingApproval.as_str();
+        let step_waiting = StepStatus::WaitingApproval.as_str();
+        let mut tx = self.write.begin().await.ctx("starting a decision")?;
+        let run: Option<(String, String)> = sqlx::query_as("SELECT status, coalesce(root_id, id) FROM ll_runs WHERE id = ?1")
+            .bind(d.run_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .ctx("reading the run to decide on")?;
+        let Some((status, root)) = run else { return Ok(Decided::NoSuchRun) };
+        let status = RunStatus::from_str(&status).unwrap_or(RunStatus::Failed);
+        if status != RunStatus::WaitingApproval {
+            return Ok(Decided::NotWaiting(status));
+        }
+        let open: Vec<String> = sqlx::query_scalar("SELECT step FROM ll_steps WHERE run_id = ?1 AND status = ?2 ORDER BY step")
+            .bind(d.run_id)
+            .bind(step_waiting)
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("reading the steps waiting for a decision")?;
+        let step = match (d.step, open.as_slice()) {
+            (Some(s), _) if open.iter().any(|o| o == s) => s.to_string(),
+            (Some(_), _) => return Ok(Decided::NotWaitingStep { waiting: open }),
+            (None, [only]) => only.clone(),
+            (None, _) => return Ok(Decided::WhichStep { waiting: open }),
+        };
+        let output = serde_json::json!({
+            "approved": d.approve,
+            "comment": d.comment,
+            "decided_by": d.decided_by,
+            "decided_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+        let error = (!d.approve).then(|| match d.comment {
+            Some(c) => format!("rejected by {}: {c}", d.decided_by),
+            None => format!("rejected by {}", d.decided_by),
+        });
+        let new_status = if d.approve { StepStatus::Succeeded } else { StepStatus::Failed };
+        let row = sqlx::query(
+            "UPDATE ll_steps SET status = ?3, output = ?4, error = ?5, finished_at = ?6
+             WHERE root_id = ?1 AND step = ?2 AND status = ?7 RETURNING *",
+        )
+        .bind(&root)
+        .bind(&step)
+        .bind(new_status.as_str())
+        .bind(output.to_string())
+        .bind(error.as_deref())
+        .bind(ms(now))
+        .bind(step_waiting)
+        .fetch_one(&mut *tx)
+        .await
+        .ctx("recording a decision")?;
+        let record = step_from_row(&row);
+        let run_status = if d.approve {
+            if open.len() > 1 {
+                RunStatus::WaitingApproval
+            } else {
+                sqlx::query("UPDATE ll_runs SET status = ?2, dispatched_at = NULL, wait_until = NULL WHERE id = ?1 AND status = ?3")
+                    .bind(d.run_id)
+                    .bind(RunStatus::Queued.as_str())
+                    .bind(waiting)
+                    .execute(&mut *tx)
+                    .await
+                    .ctx("resuming an approved run")?;
+                RunStatus::Queued
+            }
+        } else {
+            let why = format!("step \"{step}\" was {}", error.as_deref().unwrap_or("rejected"));
+            sqlx::query("UPDATE ll_runs SET status = ?2, error = ?3, finished_at = ?4, wait_until = NULL WHERE id = ?1 AND status = ?5")
+                .bind(d.run_id)
+                .bind(RunStatus::Failed.as_str())
+                .bind(why)
+                .bind(ms(now))
+                .bind(waiting)
+                .execute(&mut *tx)
+                .await
+                .ctx("failing a rejected run")?;
+            close_steps(&mut tx, &[(d.run_id, RunStatus::Failed)], now).await?;
+            RunStatus::Failed
+        };
+        tx.commit().await.ctx("committing a decision")?;
+        Ok(Decided::Recorded { step: record, run: run_status })
+    }
+
+    async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(
+            "UPDATE ll_runs SET status = ?2, dispatched_at = NULL, wait_until = NULL WHERE status = ?3 AND wait_until <= ?1 RETURNING id",
+        )
+        .bind(ms(now))
+        .bind(RunStatus::Queued.as_str())
+        .bind(RunStatus::WaitingApproval.as_str())
+        .fetch_all(&self.write)
+        .await
+        .ctx("resuming runs whose wait is over")
+    }
+
+    async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError> {
+        let v: Option<Option<String>> = sqlx::query_scalar("SELECT job_snapshot FROM ll_runs WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx("reading a run's job snapshot")?;
+        Ok(v.flatten().and_then(|s| serde_json::from_str(&s).ok()))
     }
 
     async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
@@ -622,6 +825,10 @@ impl RunStore for SqliteStore {
                 .await
                 .ctx("marking a run interrupted")?;
         }
+        let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
+        let mut conn = self.write.acquire().await.ctx("closing the steps of interrupted runs")?;
+        close_steps(&mut conn, &interrupted, now).await?;
+        drop(conn);
         // Queued runs are handed over again, so the tasks that carried them are dropped.
         let mut tx = self.write.begin().await.ctx("starting a re-queue")?;
         sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = ?1")
@@ -697,6 +904,10 @@ impl RunStore for SqliteStore {
             .execute(&self.write)
             .await
             .ctx("pruning checkpoints")?;
+        sqlx::query("DELETE FROM ll_steps WHERE root_id NOT IN (SELECT coalesce(root_id, id) FROM ll_runs)")
+            .execute(&self.write)
+            .await
+            .ctx("pruning workflow steps")?;
         queue::sqlite::prune(&self.write).await?;
         sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.write).await.ctx("checkpointing the WAL")?;
         Ok(())
@@ -765,8 +976,8 @@ async fn insert_rows(
 /// planner on the primary key (on the status index it walks every queued run: measured 7 ms
 /// per claim with 50,000 queued).
 const CLAIM: &str = concat!(
-    "UPDATE ll_runs SET status = ?4, started_at = ?3, worker = ?2, dispatched_at = coalesce(dispatched_at, ?3) \
-     WHERE id IN (SELECT value FROM json_each(?1)) AND +status = ?5 RETURNING job_snapshot, ",
+    "UPDATE ll_runs SET status = ?4, started_at = coalesce(started_at, ?3), worker = ?2, dispatched_at = coalesce(dispatched_at, ?3) \
+     WHERE id IN (SELECT value FROM json_each(?1)) AND +status = ?5 RETURNING job_snapshot, started_at < ?3 AS resumed, ",
     run_cols!()
 );
 

@@ -9,3 +9,4 @@ mod support;
 mod config_cli;
 mod lifecycle;
 mod mcp;
+mod workflows;

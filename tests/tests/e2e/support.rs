@@ -88,10 +88,15 @@ impl Worker {
 
     /// `mcp_extra` goes under `worker.mcp` (e.g. `auth: { type: bearer, token: t }`).
     pub(crate) fn write_config(&self, jobs_yaml: &str, mcp_extra: &str) {
+        self.write_full("", jobs_yaml, mcp_extra);
+    }
+
+    /// As [`Worker::write_config`], with `top_yaml` (e.g. a `workflows:` section) at the top level.
+    pub(crate) fn write_full(&self, top_yaml: &str, jobs_yaml: &str, mcp_extra: &str) {
         let indented: String = jobs_yaml.lines().map(|l| format!("    {l}\n")).collect();
         let mcp: String = mcp_extra.lines().map(|l| format!("    {l}\n")).collect();
         let text = format!(
-            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\n{mcp}scheduling:\n  jobs:\n{}",
+            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\n{mcp}{top_yaml}scheduling:\n  jobs:\n{}",
             self.dir.path().join("data").display(),
             self.port,
             indented
