@@ -72,10 +72,15 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) fn new(jobs: &str, concurrency: usize) -> Worker {
+        Worker::with("", jobs, concurrency)
+    }
+
+    /// As [`Worker::new`], with `top` (e.g. a `workflows:` section) at the top level.
+    pub(crate) fn with(top: &str, jobs: &str, concurrency: usize) -> Worker {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let config = format!(
-            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\nscheduling:\n  jobs:\n{jobs}",
+            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\n{top}scheduling:\n  jobs:\n{jobs}",
             data = dir.path().join("data").display()
         );
         std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
@@ -126,6 +131,10 @@ impl Worker {
             let _ = c.wait();
         }
         t.elapsed()
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
     pub(crate) fn db(&self) -> PathBuf {
