@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::cli::{
-    ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, ToolsCommand,
+    ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, StartArgs, ToolsCommand,
     WorkflowsCommand,
 };
 use crate::client::{Client, Progress};
@@ -96,19 +96,7 @@ fn plan(command: Command) -> Action {
             JobsCommand::Resume { name } => call("resume_job", none().with("name", name.clone()), View::Resumed { job: name }),
             JobsCommand::Trigger(trigger) => {
                 let parameters: Option<Map<String, Value>> = (!trigger.params.is_empty()).then(|| trigger.params.into_iter().collect());
-                let arguments = none()
-                    .with("name", trigger.name.clone())
-                    .maybe("input", trigger.input)
-                    .maybe("parameters", parameters)
-                    .maybe("idempotency_key", trigger.idempotency_key.clone())
-                    .maybe("wait", trigger.wait.then_some(true))
-                    .maybe("timeout_seconds", trigger.timeout);
-                let view = if trigger.wait {
-                    View::WaitedRun { job: trigger.name }
-                } else {
-                    View::Triggered { job: trigger.name, idempotency_key: trigger.idempotency_key }
-                };
-                call("trigger_job", arguments, view)
+                start("trigger_job", trigger.name.clone(), trigger.name, trigger.start, parameters)
             }
         },
         Command::Runs { command } => match command {
@@ -126,17 +114,9 @@ fn plan(command: Command) -> Action {
             ApprovalsCommand::Reject(decision) => decide("reject_step", false, decision),
         },
         Command::Workflows { command: WorkflowsCommand::List } => call("list_workflows", none(), View::Workflows),
+        // Runs of a workflow started by hand are listed under the job `workflow:<name>`.
         Command::Workflows { command: WorkflowsCommand::Run(run) } => {
-            let arguments = none()
-                .with("name", run.name.clone())
-                .maybe("input", run.input)
-                .maybe("idempotency_key", run.idempotency_key.clone())
-                .maybe("wait", run.wait.then_some(true))
-                .maybe("timeout_seconds", run.timeout);
-            // Runs of a workflow started by hand are listed under the job `workflow:<name>`.
-            let job = format!("workflow:{}", run.name);
-            let view = if run.wait { View::WaitedRun { job } } else { View::Triggered { job, idempotency_key: run.idempotency_key } };
-            call("run_workflow", arguments, view)
+            start("run_workflow", run.name.clone(), format!("workflow:{}", run.name), run.start, None)
         }
         Command::Agents { command: ListCommand::List } => call("list_agents", none(), View::Agents),
         Command::Plugins { command: ListCommand::List } => call("list_plugins", none(), View::Plugins),
@@ -146,6 +126,19 @@ fn plan(command: Command) -> Action {
             ToolsCommand::Call { name, json } => Action::Call { tool: name, arguments: json.unwrap_or_default(), view: View::Raw },
         },
     }
+}
+
+/// `jobs trigger` and `workflows run`: `name` is the tool's argument, `job` what runs are listed under.
+fn start(tool: &str, name: String, job: String, start: StartArgs, parameters: Option<Map<String, Value>>) -> Action {
+    let arguments = Arguments::default()
+        .with("name", name)
+        .maybe("input", start.input)
+        .maybe("parameters", parameters)
+        .maybe("idempotency_key", start.idempotency_key.clone())
+        .maybe("wait", start.wait.then_some(true))
+        .maybe("timeout_seconds", start.timeout);
+    let view = if start.wait { View::WaitedRun { job } } else { View::Triggered { job, idempotency_key: start.idempotency_key } };
+    call(tool, arguments, view)
 }
 
 fn decide(tool: &str, approved: bool, decision: DecisionArgs) -> Action {

@@ -128,15 +128,22 @@ pub(crate) struct TriggerArgs {
     /// The job's name
     pub(crate) name: String,
 
-    /// Input for the run: JSON if it parses as JSON, else the text as a string
-    #[arg(long, value_name = "TEXT", allow_hyphen_values = true, value_parser = parse_input)]
-    pub(crate) input: Option<Value>,
-
     /// A parameter for the run (repeatable); VALUE is JSON if it parses (42, true, {"a":1}), else a string
     #[arg(long = "param", value_name = "KEY=VALUE", allow_hyphen_values = true, value_parser = parse_param)]
     pub(crate) params: Vec<(String, Value)>,
 
-    /// Trigger at most once per key: repeating the command returns the first run
+    #[command(flatten)]
+    pub(crate) start: StartArgs,
+}
+
+/// How a run is started by hand (`jobs trigger`, `workflows run`).
+#[derive(Debug, Args)]
+pub(crate) struct StartArgs {
+    /// Input for the run (${input}): JSON if it parses as JSON, else the text as a string
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true, value_parser = parse_input)]
+    pub(crate) input: Option<Value>,
+
+    /// Start at most once per key: repeating the command returns the first run
     #[arg(long, value_name = "KEY")]
     pub(crate) idempotency_key: Option<String>,
 
@@ -162,21 +169,8 @@ pub(crate) struct RunWorkflowArgs {
     /// The workflow's name
     pub(crate) name: String,
 
-    /// The workflow's input (${input}): JSON if it parses as JSON, else the text as a string
-    #[arg(long, value_name = "TEXT", allow_hyphen_values = true, value_parser = parse_input)]
-    pub(crate) input: Option<Value>,
-
-    /// Run at most once per key: repeating the command returns the first run
-    #[arg(long, value_name = "KEY")]
-    pub(crate) idempotency_key: Option<String>,
-
-    /// Wait for the run to finish, then print it (exit 1 if it did not succeed)
-    #[arg(long)]
-    pub(crate) wait: bool,
-
-    /// With --wait: stop waiting after this many seconds (the run goes on)
-    #[arg(long, value_name = "SECONDS", requires = "wait", value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub(crate) timeout: Option<u64>,
+    #[command(flatten)]
+    pub(crate) start: StartArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,9 +363,9 @@ mod tests {
         let Command::Jobs { command: JobsCommand::Trigger(args) } = cli.command else { panic!("not parsed as jobs trigger") };
         assert_eq!(args.name, "nightly");
         assert_eq!(args.params, vec![("limit".to_owned(), json!(3)), ("who".to_owned(), json!("me"))]);
-        assert_eq!(args.input, Some(json!(-5)));
-        assert_eq!(args.idempotency_key.as_deref(), Some("k1"));
-        assert!(args.wait);
+        assert_eq!(args.start.input, Some(json!(-5)));
+        assert_eq!(args.start.idempotency_key.as_deref(), Some("k1"));
+        assert!(args.start.wait);
     }
 
     #[test]
