@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
-use crate::run::{RunStatus, Trigger};
+use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
+use crate::run::{RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
@@ -350,6 +350,80 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
 
 /// Runs every check of the contract against one implementation: `$make` is an async
 /// expression giving `(guard, store)`; the guard lives as long as the test.
+fn step(id: &str, run: &str, status: StepStatus, at: DateTime<Utc>) -> StepRecord {
+    StepRecord {
+        step: id.into(),
+        status,
+        attempt: 1,
+        run_id: run.into(),
+        started_at: Some(at),
+        finished_at: None,
+        output: None,
+        error: None,
+    }
+}
+
+/// A claimed run that ends waiting on `steps` (recorded waiting), until `until`.
+async fn waiting_run(s: &dyn RunStore, steps: &[&str], until: Option<DateTime<Utc>>) -> String {
+    let t = t0();
+    let (id, _) = s.insert_run(manual("w", t), t).await.expect("insert");
+    assert_eq!(s.dispatch(std::slice::from_ref(&id), &[], ME, t).await.expect("claim").len(), 1);
+    let records: Vec<StepRecord> = steps.iter().map(|st| step(st, &id, StepStatus::WaitingApproval, t)).collect();
+    s.record_steps(&id, &records).await.expect("record steps");
+    let end = RunEnd { wait_until: until, ..end(&id, RunStatus::WaitingApproval) };
+    assert_eq!(s.finish_many(&[end], t).await.expect("wait"), [id.clone()]);
+    id
+}
+
+async fn waits_decisions_and_step_records(s: &dyn RunStore) {
+    let t = t0();
+    let decide = |run_id, step, approve| Decide { run_id, step, approve, comment: Some("c"), decided_by: "ana" };
+    // A run waiting on one step: not finished, no slot; approving resumes it, once.
+    let a = waiting_run(s, &["gate"], None).await;
+    let run = s.get_run(&a).await.expect("get").expect("exists");
+    assert_eq!((run.status, run.finished_at), (RunStatus::WaitingApproval, None));
+    assert_eq!(s.recover(t).await.expect("recover").len(), 0, "a wait is not an orphan");
+    match s.decide(&decide(&a, None, true), t + secs(5)).await.expect("decide") {
+        Decided::Recorded { step, run } => {
+            assert_eq!((step.step.as_str(), step.status, run), ("gate", StepStatus::Succeeded, RunStatus::Queued));
+            assert_eq!(step.output.expect("decision")["decided_by"], "ana");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.decide(&decide(&a, None, false), t).await.expect("again"), Decided::NotWaiting(RunStatus::Queued));
+    let resumed = s.dispatch(std::slice::from_ref(&a), &[], ME, t + secs(6)).await.expect("claim again");
+    assert!(resumed[0].resumed, "claimed again as a resumed run");
+    assert_eq!(resumed[0].run.started_at, Some(t), "it keeps its first start");
+
+    // Two steps: say which; a rejection fails the run and cancels the other.
+    let b = waiting_run(s, &["x", "y"], None).await;
+    let which = s.decide(&decide(&b, None, true), t).await.expect("decide");
+    assert_eq!(which, Decided::WhichStep { waiting: vec!["x".into(), "y".into()] });
+    let unknown = s.decide(&decide(&b, Some("z"), true), t).await.expect("decide");
+    assert_eq!(unknown, Decided::NotWaitingStep { waiting: vec!["x".into(), "y".into()] });
+    match s.decide(&decide(&b, Some("x"), false), t).await.expect("reject") {
+        Decided::Recorded { run, .. } => assert_eq!(run, RunStatus::Failed),
+        other => panic!("{other:?}"),
+    }
+    let run = s.get_run(&b).await.expect("get").expect("exists");
+    assert_eq!(run.error.as_deref(), Some("step \"x\" was rejected by ana: c"));
+    let steps = s.steps(&b).await.expect("steps");
+    let by_id = |id: &str| steps.iter().find(|r| r.step == id).map(|r| r.status);
+    assert_eq!((by_id("x"), by_id("y")), (Some(StepStatus::Failed), Some(StepStatus::Cancelled)));
+    assert_eq!(s.decide(&decide("nope", None, true), t).await.expect("decide"), Decided::NoSuchRun);
+
+    // A wait with a limit: due then, and queued again once it passes.
+    let c = waiting_run(s, &["gate"], Some(t + secs(60))).await;
+    assert_eq!(s.next_due().await.expect("next due"), Some(t + secs(60)));
+    assert!(s.wake_waiting(t + secs(59)).await.expect("wake").is_empty());
+    assert_eq!(s.wake_waiting(t + secs(60)).await.expect("wake"), [c.clone()]);
+    assert_eq!(status(s, &c).await, RunStatus::Queued);
+    // A run that ends cancelled closes its open steps; records replace earlier ones.
+    s.record_steps(&c, &[step("gate", &c, StepStatus::Running, t)]).await.expect("record");
+    assert!(s.finish(&c, RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
+    assert_eq!(s.steps(&c).await.expect("steps").iter().map(|r| r.status).collect::<Vec<_>>(), [StepStatus::Cancelled]);
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -368,6 +442,7 @@ macro_rules! contract {
                 tick_keys_guard_a_window_then_go,
                 listings_page_newest_first_and_count,
                 job_state_persists_and_the_last_tick_only_moves_forward,
+                waits_decisions_and_step_records,
             );
         }
     };
