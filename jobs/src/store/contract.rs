@@ -371,7 +371,7 @@ async fn waiting_run(s: &dyn RunStore, steps: &[&str], until: Option<DateTime<Ut
     let records: Vec<StepRecord> = steps.iter().map(|st| step(st, &id, StepStatus::WaitingApproval, t)).collect();
     s.record_steps(&id, &records).await.expect("record steps");
     let end = RunEnd { wait_until: until, ..end(&id, RunStatus::WaitingApproval) };
-    assert_eq!(s.finish_many(&[end], t).await.expect("wait"), [id.clone()]);
+    assert_eq!(s.finish_many(&[end], t).await.expect("wait"), std::slice::from_ref(&id));
     id
 }
 
@@ -416,7 +416,7 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     let c = waiting_run(s, &["gate"], Some(t + secs(60))).await;
     assert_eq!(s.next_due().await.expect("next due"), Some(t + secs(60)));
     assert!(s.wake_waiting(t + secs(59)).await.expect("wake").is_empty());
-    assert_eq!(s.wake_waiting(t + secs(60)).await.expect("wake"), [c.clone()]);
+    assert_eq!(s.wake_waiting(t + secs(60)).await.expect("wake"), std::slice::from_ref(&c));
     assert_eq!(status(s, &c).await, RunStatus::Queued);
     // A run that ends cancelled closes its open steps; records replace earlier ones.
     s.record_steps(&c, &[step("gate", &c, StepStatus::Running, t)]).await.expect("record");
