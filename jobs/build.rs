@@ -1,4 +1,4 @@
-// `sqlx::migrate!` embeds the migration files; a new file must rebuild the crate.
+//! Rebuilds the crate when a migration is added: `sqlx::migrate!` embeds the files it finds.
 fn main() {
     println!("cargo:rerun-if-changed=../migrations/sqlite");
 }

@@ -61,8 +61,8 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             let lamplighter_config::StepKind::Plugin { plugin, action, input, .. } = &step.kind else { continue };
             let at = config.locate(&["workflows", wname]);
             let what = format!("workflow \"{wname}\": step \"{}\" runs plugin action \"{plugin}.{action}\"", step.id);
-            match registry.action_parameters(plugin, action) {
-                Some(schema) => {
+            match find_action(registry, plugin, action) {
+                Ok(schema) => {
                     let takes_input = schema.get("properties").and_then(|p| p.get("input")).is_some();
                     if input.is_some() && !takes_input {
                         out.errors.push(Diagnostic::error(
@@ -73,58 +73,58 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
                         ));
                     }
                 }
-                None => match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
-                    Some(why) => {
-                        broken
-                            .entry(wname.as_str())
-                            .or_insert_with(|| format!("{what}, but plugin \"{plugin}\" could not be loaded: {why}"));
-                    }
-                    None => out.errors.push(Diagnostic::error(
-                        at,
-                        format!("{what}, which does not exist; known actions: {}", registry.action_names().join(", ")),
-                    )),
-                },
-            }
-        }
-    }
-    for (name, job) in &config.jobs {
-        if let Target::Workflow(w) = &job.target
-            && let Some(reason) = broken.get(w.as_str())
-        {
-            let at = config.locate(&["scheduling", "jobs", name, "workflow"]);
-            out.unavailable.push(Unavailable {
-                job: name.clone(),
-                diagnostic: Diagnostic::error(at, format!("job \"{name}\" runs {reason}")),
-                reason: reason.clone(),
-            });
-        }
-    }
-    for (name, job) in &config.jobs {
-        if let Target::Plugin { plugin, action } = &job.target
-            && !registry.has_action(plugin, action)
-        {
-            let at =
-                config.locate(&["scheduling", "jobs", name, "action"]).or_else(|| config.locate(&["scheduling", "jobs", name, "plugin"]));
-            match registry.plugins().iter().find(|p| &p.name == plugin).and_then(|p| p.error.as_deref()) {
-                Some(why) => {
-                    let reason = format!("plugin \"{plugin}\" could not be loaded: {why}");
-                    out.unavailable.push(Unavailable {
-                        job: name.clone(),
-                        diagnostic: Diagnostic::error(at, format!("job \"{name}\" runs plugin action \"{plugin}.{action}\", but {reason}")),
-                        reason,
-                    });
+                Err(Missing::Unloaded(reason)) => {
+                    broken.entry(wname.as_str()).or_insert_with(|| format!("{what}, but {reason}"));
                 }
-                None => out.errors.push(Diagnostic::error(
-                    at,
-                    format!(
-                        "job \"{name}\" runs plugin action \"{plugin}.{action}\", which does not exist; known actions: {}",
-                        registry.action_names().join(", ")
-                    ),
-                )),
+                Err(Missing::Unknown(which)) => out.errors.push(Diagnostic::error(at, format!("{what}, {which}"))),
             }
+        }
+    }
+    for (name, job) in &config.jobs {
+        let at = |key: &str| config.locate(&["scheduling", "jobs", name, key]);
+        let mut disable = |at, message: String, reason: String| {
+            out.unavailable.push(Unavailable { job: name.clone(), diagnostic: Diagnostic::error(at, message), reason });
+        };
+        match &job.target {
+            Target::Workflow(w) => {
+                if let Some(reason) = broken.get(w.as_str()) {
+                    disable(at("workflow"), format!("job \"{name}\" runs {reason}"), reason.clone());
+                }
+            }
+            Target::Plugin { plugin, action } => {
+                let what = format!("job \"{name}\" runs plugin action \"{plugin}.{action}\"");
+                match find_action(registry, plugin, action) {
+                    Ok(_) => {}
+                    Err(Missing::Unloaded(reason)) => {
+                        disable(at("action").or_else(|| at("plugin")), format!("{what}, but {reason}"), reason)
+                    }
+                    Err(Missing::Unknown(which)) => {
+                        out.errors.push(Diagnostic::error(at("action").or_else(|| at("plugin")), format!("{what}, {which}")));
+                    }
+                }
+            }
+            Target::Agent(_) => {}
         }
     }
     out
+}
+
+/// Why a plugin action cannot run here.
+enum Missing {
+    /// Its plugin is known but did not load: what depends on it is disabled (the reason).
+    Unloaded(String),
+    /// No plugin has it: a config error (the rest of the message, with the known actions).
+    Unknown(String),
+}
+
+/// The action's parameter schema, or why it cannot run here.
+fn find_action<'r>(registry: &'r Registry, plugin: &str, action: &str) -> Result<&'r serde_json::Value, Missing> {
+    registry.action_parameters(plugin, action).ok_or_else(|| {
+        match registry.plugins().iter().find(|p| p.name == plugin).and_then(|p| p.error.as_deref()) {
+            Some(why) => Missing::Unloaded(format!("plugin \"{plugin}\" could not be loaded: {why}")),
+            None => Missing::Unknown(format!("which does not exist; known actions: {}", registry.action_names().join(", "))),
+        }
+    })
 }
 
 /// Every problem [`check`] finds, as `config validate` reports them (jobs the environment

@@ -807,9 +807,11 @@ impl RunStore for SqliteStore {
     /// worker name it carries (a restart under a configured `worker.name` has the same name).
     /// Returns the interrupted runs.
     async fn recover(&self, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+        // One transaction: the orphans and their open steps are interrupted together.
+        let mut tx = self.write.begin().await.ctx("starting recovery")?;
         let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1"))
             .bind(RunStatus::Running.as_str())
-            .fetch_all(&self.write)
+            .fetch_all(&mut *tx)
             .await
             .ctx("finding orphaned runs")?;
         let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
@@ -821,14 +823,13 @@ impl RunStore for SqliteStore {
                 .bind(ms(now))
                 .bind(RunStatus::Interrupted.as_str())
                 .bind(RunStatus::Running.as_str())
-                .execute(&self.write)
+                .execute(&mut *tx)
                 .await
                 .ctx("marking a run interrupted")?;
         }
         let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
-        let mut conn = self.write.acquire().await.ctx("closing the steps of interrupted runs")?;
-        close_steps(&mut conn, &interrupted, now).await?;
-        drop(conn);
+        close_steps(&mut tx, &interrupted, now).await?;
+        tx.commit().await.ctx("committing recovery")?;
         // Queued runs are handed over again, so the tasks that carried them are dropped.
         let mut tx = self.write.begin().await.ctx("starting a re-queue")?;
         sqlx::query("UPDATE ll_runs SET dispatched_at = NULL WHERE status = ?1")

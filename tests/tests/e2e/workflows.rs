@@ -26,13 +26,25 @@ fn data(w: &Worker, file: &str) -> String {
     std::fs::read_to_string(w.dir.path().join("data").join(file)).unwrap_or_default()
 }
 
-/// Waits (polling: the worker is another process on a real clock) until `pred` holds.
-fn eventually(what: &str, within: Duration, mut pred: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + within;
-    while !pred() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Opens a FIFO the way `what` needs it (`read`: until a writer closes it; else writes a line)
+/// and returns when the other end did its part: an event from the step's shell, not a poll.
+fn fifo(path: std::path::PathBuf, read: bool, what: &str) {
+    use std::io::{Read, Write};
+    let (done, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ok = if read {
+            std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut Vec::new())).is_ok()
+        } else {
+            std::fs::OpenOptions::new().write(true).open(&path).and_then(|mut f| f.write_all(b"go\n")).is_ok()
+        };
+        let _ = done.send(ok);
+    });
+    // A blocked open is left to the thread if it times out; the test fails either way.
+    assert_eq!(wait.recv_timeout(Duration::from_secs(20)), Ok(true), "timed out waiting for {what}");
+}
+
+fn mkfifo(path: &std::path::Path) {
+    assert!(std::process::Command::new("mkfifo").arg(path).status().unwrap().success(), "mkfifo {}", path.display());
 }
 
 fn json_of(out: &str) -> Value {
@@ -44,18 +56,23 @@ fn a_worker_killed_mid_workflow_finishes_it_after_restart_without_repeating_fini
     let steps = [
         sh("one", "printf 1 >> log"),
         sh("two", "printf 2 >> log"),
-        // Runs until `go` exists: the worker is killed while it waits.
-        sh("three", "echo $$ > three.pid; printf x >> started-three; while ! test -f go; do sleep 0.05; done; printf 3 >> log"),
+        // Says it started (through the FIFO `started`), then waits for a line on the FIFO `go`:
+        // the worker is killed while it waits.
+        sh("three", "echo $$ > three.pid; printf x >> started-three; printf x > started; read line < go; printf 3 >> log"),
         sh("four", "printf 4 >> log"),
         sh("five", "printf 5 >> log"),
     ]
     .concat();
     let mut w = Worker::new("");
     w.write_full(&workflows("five", &steps), "nightly:\n  type: workflow\n  workflow: five\n", "");
+    let data_dir = w.dir.path().join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    mkfifo(&data_dir.join("started"));
+    mkfifo(&data_dir.join("go"));
     w.start();
     let (code, out, err) = w.ctl(&["jobs", "trigger", "nightly"]);
     assert_eq!(code, 0, "{out}{err}");
-    eventually("step three to start", Duration::from_secs(20), || data(&w, "started-three") == "x");
+    fifo(data_dir.join("started"), true, "step three to start");
     w.signal("KILL");
     w.wait_exit(Duration::from_secs(10));
     // What the service manager does with the rest of the worker's processes (systemd's
@@ -64,8 +81,10 @@ fn a_worker_killed_mid_workflow_finishes_it_after_restart_without_repeating_fini
     let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
     assert_eq!(data(&w, "log"), "12", "killed in the middle of step three");
 
-    std::fs::write(w.dir.path().join("data/go"), "").unwrap();
     w.start();
+    // The recovered run starts step three again; let it go on.
+    fifo(data_dir.join("started"), true, "step three to start again");
+    fifo(data_dir.join("go"), false, "step three to read its go");
     let runs = w.wait_for("the recovered run to succeed", Duration::from_secs(20), |r| r.iter().any(|r| r.status == "succeeded"));
     assert_eq!(data(&w, "log"), "12345", "every finished step's side effect happened once: {runs:#?}");
     assert_eq!(data(&w, "started-three"), "xx", "the step that was running when the worker died ran again");
