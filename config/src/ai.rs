@@ -5,13 +5,16 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 /// A value that must not be shown: `Debug` prints `<redacted>`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
-    pub(crate) fn new(s: String) -> Self {
+    pub fn new(s: String) -> Self {
         Self(s)
     }
 
@@ -37,7 +40,16 @@ pub struct Provider {
     pub models: BTreeMap<String, Model>,
     /// `rate_limits.<provider>` (top level) over `ai.rate_limits.<provider>`.
     pub rate_limit: RateLimit,
+    /// How long one model call may take (default [`DEFAULT_CALL_TIMEOUT`]).
+    pub timeout: Duration,
+    /// Retries of a call that failed with 429, 5xx, a timeout or a dropped connection.
+    pub max_retries: u32,
 }
+
+/// The default of `ai.providers.<name>.timeout`.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// The default of `ai.providers.<name>.max_retries`.
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
 
 /// How a provider is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +91,21 @@ pub struct Model {
     pub api: ModelApi,
     pub max_tokens: Option<u32>,
     pub default_temperature: Option<f64>,
+    pub pricing: Option<Pricing>,
+}
+
+/// Prices per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pricing {
+    pub input: f64,
+    pub output: f64,
+}
+
+impl Pricing {
+    /// What `input` prompt and `output` completion tokens cost.
+    pub fn cost(&self, input: u64, output: u64) -> f64 {
+        (input as f64 * self.input + output as f64 * self.output) / 1_000_000.0
+    }
 }
 
 impl Model {
@@ -92,6 +119,7 @@ impl Model {
             api: ModelApi::Chat,
             max_tokens: None,
             default_temperature: None,
+            pricing: None,
         }
     }
 }
@@ -145,6 +173,98 @@ pub struct Agent {
     pub allowed_commands: Vec<String>,
     pub working_directory: Option<PathBuf>,
     pub delegates: Vec<String>,
+    pub budget: Budget,
+    pub tool_approval: ToolApproval,
+}
+
+/// Limits on one run of an agent. `None`: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_ms")]
+    pub max_duration: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_budget: Option<OnBudget>,
+}
+
+impl Budget {
+    /// This budget's limits, falling back to `base`'s field by field.
+    pub fn over(&self, base: &Budget) -> Budget {
+        Budget {
+            max_tokens_total: self.max_tokens_total.or(base.max_tokens_total),
+            max_tool_calls: self.max_tool_calls.or(base.max_tool_calls),
+            max_cost: self.max_cost.or(base.max_cost),
+            max_duration: self.max_duration.or(base.max_duration),
+            on_budget: self.on_budget.or(base.on_budget),
+        }
+    }
+}
+
+/// What happens when a run reaches its budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBudget {
+    /// The run fails with `budget exceeded: …`.
+    #[default]
+    Fail,
+    /// The run waits for approval to go on with its budget raised by as much again.
+    Ask,
+}
+
+/// Whether an agent's tool calls need a person.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolApproval {
+    pub mode: ApprovalMode,
+    /// The tools `mode` applies to (`plugin.action`, `server.tool`, `prefix.*`); empty: all.
+    /// Tools not listed run without asking.
+    pub tools: Vec<String>,
+}
+
+impl ToolApproval {
+    /// The mode for the tool named `tool` (`plugin.action`).
+    pub fn mode_for(&self, tool: &str) -> ApprovalMode {
+        if self.tools.is_empty() || self.tools.iter().any(|p| name_matches(p, tool)) { self.mode } else { ApprovalMode::Auto }
+    }
+}
+
+/// `auto`: calls run; `deny`: the model is told the call was refused; `ask`: the run waits
+/// for a person's decision on the call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApprovalMode {
+    #[default]
+    Auto,
+    Deny,
+    Ask,
+}
+
+/// `pattern` is a tool name, or a prefix followed by `*` (`shell-exec.*`, `fs.read*`).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+mod opt_ms {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
 }
 
 /// The default of `agents.<name>.max_iters`.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use chrono_tz::Tz;
 
 use crate::ai::{
-    Agent, DEFAULT_MAX_ITERS, McpServer, Model, ModelApi, ModelRef, Pipeline, Provider, ProviderApi, RateLimit, Secret, SystemPrompt,
-    resolve_model,
+    Agent, ApprovalMode, Budget, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_ITERS, DEFAULT_MAX_RETRIES, McpServer, Model, ModelApi, ModelRef,
+    OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, resolve_model,
 };
 use crate::diag::{Diagnostic, Severity, did_you_mean, quoted_list};
 use crate::load::{Loaded, SourceMap, keys};
@@ -135,6 +135,8 @@ pub struct JobConfig {
     pub retention: Retention,
     pub working_directory: Option<PathBuf>,
     pub allowed_commands: Vec<String>,
+    /// Limits on each run of an agent job, over the agent's own.
+    pub budget: Budget,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,15 +425,38 @@ impl<'a> Compiler<'a> {
                     api,
                     max_tokens: m.max_tokens,
                     default_temperature: m.default_temperature,
+                    pricing: m.pricing.as_ref().map(|p| Pricing { input: p.input, output: p.output }),
                 };
+                if let Some(p) = &m.pricing
+                    && !(p.input >= 0.0 && p.output >= 0.0)
+                {
+                    self.err(
+                        &["ai", "providers", name, "models", alias, "pricing"],
+                        format!("model \"{alias}\" of provider \"{name}\": prices must be zero or more"),
+                    );
+                }
                 models.insert(alias.clone(), model);
             }
+            let timeout = match p.timeout.as_deref().map(duration) {
+                None => DEFAULT_CALL_TIMEOUT,
+                Some(Ok(t)) if !t.is_zero() => t,
+                Some(Ok(_)) => {
+                    self.err(&["ai", "providers", name, "timeout"], format!("provider \"{name}\": timeout must be more than 0s"));
+                    DEFAULT_CALL_TIMEOUT
+                }
+                Some(Err(e)) => {
+                    self.err(&["ai", "providers", name, "timeout"], format!("provider \"{name}\": timeout {e}"));
+                    DEFAULT_CALL_TIMEOUT
+                }
+            };
             let provider = Provider {
                 name: name.clone(),
                 api,
                 api_key: p.api_key.clone().map(Secret::new),
                 models,
                 rate_limit: limits(name).unwrap_or_default(),
+                timeout,
+                max_retries: p.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             };
             out.insert(name.clone(), provider);
         }
@@ -557,6 +582,8 @@ impl<'a> Compiler<'a> {
                 (None, Some(f)) => Some(SystemPrompt::File(cwd.join(f))),
                 (None, None) => None,
             };
+            let budget = self.budget(&["agents", &name, "budget"], a.budget.as_ref());
+            let tool_approval = self.tool_approval(&name, a.tool_approval.as_ref());
             let agent = Agent {
                 name: name.clone(),
                 description: a.description,
@@ -574,10 +601,61 @@ impl<'a> Compiler<'a> {
                 allowed_commands: a.allowed_commands.unwrap_or_default(),
                 working_directory: a.working_directory.map(|w| cwd.join(w)),
                 delegates: a.delegates.unwrap_or_default(),
+                budget,
+                tool_approval,
             };
             out.insert(name, agent);
         }
         out
+    }
+
+    /// A `budget:` map (of an agent or a job) checked.
+    pub(crate) fn budget(&mut self, at: &[&str], b: Option<&raw::Budget>) -> Budget {
+        let Some(b) = b else { return Budget::default() };
+        let field = |f: &'static str| -> Vec<&str> { [at, &[f]].concat() };
+        let max_duration = match b.max_duration.as_deref().map(duration) {
+            None => None,
+            Some(Ok(d)) => Some(d),
+            Some(Err(e)) => {
+                self.err(&field("max_duration"), format!("max_duration {e}"));
+                None
+            }
+        };
+        if let Some(c) = b.max_cost
+            && !(c >= 0.0)
+        {
+            self.err(&field("max_cost"), format!("max_cost must be zero or more, not {c}"));
+        }
+        let on_budget = match b.on_budget.as_deref() {
+            None => None,
+            Some("fail") => Some(OnBudget::Fail),
+            Some("ask") => Some(OnBudget::Ask),
+            Some(other) => {
+                self.err(&field("on_budget"), format!("on_budget \"{other}\" is not one of fail, ask"));
+                None
+            }
+        };
+        Budget { max_tokens_total: b.max_tokens_total, max_tool_calls: b.max_tool_calls, max_cost: b.max_cost, max_duration, on_budget }
+    }
+
+    fn tool_approval(&mut self, agent: &str, t: Option<&raw::ToolApproval>) -> ToolApproval {
+        let (mode, tools, at) = match t {
+            None => return ToolApproval::default(),
+            Some(raw::ToolApproval::Mode(m)) => (m, Vec::new(), vec!["agents", agent, "tool_approval"]),
+            Some(raw::ToolApproval::Listed { mode, tools }) => {
+                (mode, tools.clone().unwrap_or_default(), vec!["agents", agent, "tool_approval", "mode"])
+            }
+        };
+        let mode = match mode.as_str() {
+            "auto" => ApprovalMode::Auto,
+            "deny" => ApprovalMode::Deny,
+            "ask" => ApprovalMode::Ask,
+            other => {
+                self.err(&at, format!("agent \"{agent}\": tool_approval \"{other}\" is not one of auto, deny, ask"));
+                ApprovalMode::Auto
+            }
+        };
+        ToolApproval { mode, tools }
     }
 
     /// Workflows with their steps typed and templates parsed. A workflow with an error is left
@@ -1091,6 +1169,7 @@ impl<'a> Compiler<'a> {
                 }
             }
         });
+        let budget = self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref());
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
@@ -1109,6 +1188,7 @@ impl<'a> Compiler<'a> {
             retention,
             working_directory: j.working_directory.as_ref().map(|w| cwd.join(w)),
             allowed_commands: j.allowed_commands.clone().unwrap_or_default(),
+            budget,
         })
     }
 

@@ -19,7 +19,8 @@ mod yaml;
 use std::path::{Path, PathBuf};
 
 pub use ai::{
-    Agent, DEFAULT_MAX_ITERS, McpServer, Model, ModelApi, ModelRef, Pipeline, Provider, ProviderApi, RateLimit, Secret, SystemPrompt,
+    Agent, ApprovalMode, Budget, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_ITERS, DEFAULT_MAX_RETRIES, McpServer, Model, ModelApi, ModelRef,
+    OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, name_matches,
 };
 pub use compile::{
     Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES,

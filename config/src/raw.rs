@@ -62,6 +62,11 @@ pub(crate) struct Provider {
     pub(crate) api_key: Option<String>,
     pub(crate) api_version: Option<String>,
     pub(crate) models: Option<BTreeMap<String, Model>>,
+    /// How long one model call may take before it is abandoned and retried (default `120s`).
+    pub(crate) timeout: Option<String>,
+    /// Retries of a model call that failed with 429, 5xx, a timeout or a dropped connection
+    /// (default 3), with backoff; a `Retry-After` from the provider wins over the backoff.
+    pub(crate) max_retries: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -73,6 +78,46 @@ pub(crate) struct Model {
     pub(crate) api_type: Option<String>,
     pub(crate) max_tokens: Option<u32>,
     pub(crate) default_temperature: Option<f64>,
+    /// Prices per million tokens, for `budget.max_cost` and the cost shown with each run.
+    pub(crate) pricing: Option<Pricing>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Pricing {
+    /// Price of a million prompt (input) tokens.
+    pub(crate) input: f64,
+    /// Price of a million completion (output) tokens.
+    pub(crate) output: f64,
+}
+
+/// Limits on one run of an agent (on an agent, or on a job; the job's fields win).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Budget {
+    /// Prompt plus completion tokens over every model call of the run.
+    pub(crate) max_tokens_total: Option<u64>,
+    pub(crate) max_tool_calls: Option<u32>,
+    /// In the currency of the models' `pricing`.
+    pub(crate) max_cost: Option<f64>,
+    /// From the run's first start, e.g. `10m`.
+    pub(crate) max_duration: Option<String>,
+    /// `fail` (default): the run fails with "budget exceeded"; `ask`: it waits for approval to
+    /// go on with the budget raised by as much again.
+    pub(crate) on_budget: Option<String>,
+}
+
+/// `auto` (default), `deny` or `ask`, for every tool or, in the long form, for the tools
+/// listed (`plugin.action`, `server.tool`, or `prefix.*`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum ToolApproval {
+    Mode(String),
+    Listed {
+        mode: String,
+        #[serde(default)]
+        tools: Option<Vec<String>>,
+    },
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -101,6 +146,9 @@ pub(crate) struct Agent {
     pub(crate) allowed_commands: Option<Vec<String>>,
     pub(crate) working_directory: Option<String>,
     pub(crate) delegates: Option<Vec<String>>,
+    pub(crate) budget: Option<Budget>,
+    /// Whether tool calls need a person when the agent runs unattended.
+    pub(crate) tool_approval: Option<ToolApproval>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -215,6 +263,8 @@ pub(crate) struct Job {
     pub(crate) retention: Option<Retention>,
     pub(crate) working_directory: Option<String>,
     pub(crate) allowed_commands: Option<Vec<String>>,
+    /// For agent jobs: limits on each run, over the agent's own `budget`.
+    pub(crate) budget: Option<Budget>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

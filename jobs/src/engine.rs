@@ -77,6 +77,8 @@ pub(crate) struct JobsConfig {
     /// scheduled, not triggerable, shown with the reason.
     pub(crate) unavailable: Arc<HashMap<String, String>>,
     pub(crate) data_dir: PathBuf,
+    /// Agents, providers, pipelines and MCP servers, for the agent runner.
+    pub(crate) agents: Arc<crate::agent::Catalog>,
 }
 
 impl JobsConfig {
@@ -93,6 +95,7 @@ impl JobsConfig {
             workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
             unavailable: Arc::new(unavailable),
             data_dir: config.data_dir.clone(),
+            agents: Arc::new(crate::agent::Catalog::of(config)),
         }
     }
 
@@ -167,6 +170,11 @@ impl Shared {
 
     pub(crate) fn data_dir(&self) -> PathBuf {
         self.config.read().unwrap_or_else(|e| e.into_inner()).data_dir.clone()
+    }
+
+    /// The agents of the config in force.
+    pub(crate) fn agents(&self) -> Arc<crate::agent::Catalog> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).agents.clone()
     }
 
     fn set_config(&self, config: JobsConfig) {

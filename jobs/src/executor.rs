@@ -152,8 +152,15 @@ async fn execute(
         None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
             let job = Arc::new(job);
-            let ctx =
-                RunContext::new(run, job.clone(), entry.token.clone(), shared.data_dir(), shared.store_handle(), shared.clock().clone());
+            let ctx = RunContext::new(
+                run,
+                job.clone(),
+                entry.token.clone(),
+                shared.data_dir(),
+                shared.store_handle(),
+                shared.clock().clone(),
+                shared.agents(),
+            );
             // The run's start, as recorded: the moment its target is called.
             if let Some(started) = started {
                 let _ = started.set(shared.clock().now());

@@ -1,6 +1,7 @@
 //! Lamplighter's jobs: schedules, the persistent queue and run store, the scheduler, the
 //! executor and the job service API. Knows nothing of MCP, HTTP serving or the CLI.
 
+mod agent;
 mod clock;
 mod decide;
 mod engine;
@@ -16,14 +17,15 @@ mod store;
 mod target;
 mod workflow;
 
+pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError};
-pub use run::{Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
+pub use run::{CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError, StepView,
-    TriggerRequest, Triggered, WorkerStatus,
+    AgentUsage, Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError,
+    StepView, TriggerRequest, Triggered, WorkerStatus,
 };
 pub use store::{RunFilter, StoreError};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};

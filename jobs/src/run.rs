@@ -1,7 +1,7 @@
 //! Runs: the record of one execution of a job, its status and what triggered it.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Where a run is in its life. Stored as its snake_case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
@@ -261,6 +261,54 @@ pub struct StepRecord {
     /// Capped (see `workflow::OUTPUT_CAP`).
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
+}
+
+/// One model call or tool call of an agent conversation, as recorded once it returned: kept
+/// per run identity, so a run that executes again replays it instead of calling again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CallRecord {
+    /// `""` for an agent job, the step id for a workflow step; delegations and group-chat
+    /// turns add a suffix to their parent's.
+    pub conversation: String,
+    /// The call's place in its conversation.
+    pub seq: u32,
+    pub kind: CallKind,
+    /// The model id, or the tool as configured (`plugin.action`, `server.tool`).
+    pub name: String,
+    /// A tool call's id, as the model gave it.
+    pub call_id: Option<String>,
+    /// A tool call's arguments; a model call's summary (the messages and tools it was sent).
+    pub request: Option<serde_json::Value>,
+    /// A model's reply (`content`, `tool_calls`), or a tool's result.
+    pub response: Option<serde_json::Value>,
+    /// A tool call that failed (the model was told so), or a model call that did not return.
+    pub error: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// From the model's `pricing`; `None` when the model has none.
+    pub cost: Option<f64>,
+    /// The attempt that made the call.
+    pub run_id: String,
+    pub attempt: u32,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+}
+
+/// What a [`CallRecord`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    Model,
+    Tool,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Model => "model",
+            CallKind::Tool => "tool",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use serde::Serialize;
 use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
 use crate::engine::{Engine, WORKFLOW_RUNS};
-use crate::run::{Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
 use crate::store::{Decide, Decided, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
@@ -141,6 +141,50 @@ pub struct RunDetail {
     /// recorded for it by any attempt of the run; empty for other targets.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepView>,
+    /// What agents waited on in this run (a tool call under `tool_approval: ask`, more
+    /// budget), with the decisions: steps that are not the workflow's own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub agent_waits: Vec<StepRecord>,
+    /// The agent transcript: every model and tool call of the run, by conversation and order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallRecord>,
+    /// Totals over `calls`, when there are any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<AgentUsage>,
+}
+
+/// What a run's agents used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct AgentUsage {
+    pub model_calls: u64,
+    pub tool_calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// From the models' `pricing`; `None` when no model called has one.
+    pub cost: Option<f64>,
+}
+
+impl AgentUsage {
+    fn of(calls: &[CallRecord]) -> Option<Self> {
+        if calls.is_empty() {
+            return None;
+        }
+        let mut u = AgentUsage::default();
+        for c in calls {
+            match c.kind {
+                CallKind::Model => {
+                    u.model_calls += 1;
+                    u.input_tokens += c.input_tokens;
+                    u.output_tokens += c.output_tokens;
+                    if let Some(cost) = c.cost {
+                        u.cost = Some(u.cost.unwrap_or(0.0) + cost);
+                    }
+                }
+                CallKind::Tool => u.tool_calls += 1,
+            }
+        }
+        Some(u)
+    }
 }
 
 /// One workflow step of a run.
@@ -479,13 +523,20 @@ impl Engine {
     /// A run with its workflow steps as a tree.
     pub async fn get_run_detail(&self, id: &str) -> Result<RunDetail, ServiceError> {
         let run = self.get_run(id).await?;
-        let Some((name, definition)) = self.definition_of(&run).await? else {
-            return Ok(RunDetail { run, workflow: None, steps: Vec::new() });
+        let calls = self.shared.store().calls(&run.root_id).await?;
+        let usage = AgentUsage::of(&calls);
+        let records = self.shared.store().steps(&run.root_id).await?;
+        let (workflow, steps, own) = match self.definition_of(&run).await? {
+            None => (None, Vec::new(), Vec::new()),
+            Some((name, definition)) => {
+                let by_id: std::collections::HashMap<String, StepRecord> = records.iter().map(|r| (r.step.clone(), r.clone())).collect();
+                let own: Vec<String> =
+                    definition.as_ref().map(|d| d.all_steps().iter().map(|s| s.id.clone()).collect()).unwrap_or_default();
+                (Some(name), definition.as_ref().map(|d| step_views(&d.steps, &by_id)).unwrap_or_default(), own)
+            }
         };
-        let records: std::collections::HashMap<String, StepRecord> =
-            self.shared.store().steps(&run.root_id).await?.into_iter().map(|r| (r.step.clone(), r)).collect();
-        let steps = definition.as_ref().map(|d| step_views(&d.steps, &records)).unwrap_or_default();
-        Ok(RunDetail { run, workflow: Some(name), steps })
+        let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
+        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).
@@ -525,6 +576,7 @@ impl Engine {
             timeout_ms: None,
             working_directory: None,
             allowed_commands: Vec::new(),
+            budget: None,
         };
         let run = NewRun {
             job: format!("{WORKFLOW_RUNS}{name}"),

@@ -9,11 +9,12 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{JobConfig, Target, Workflow};
+use lamplighter_config::{Budget, JobConfig, Target, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
+use crate::agent::{AgentEnd, AgentRuntime, Catalog, Session, input_text};
 use crate::clock::Clock;
-use crate::run::{Outcome, Run, StepRecord};
+use crate::run::{CallRecord, Outcome, Run, StepRecord};
 use crate::store::{RunStore, StoreError};
 
 /// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
@@ -34,6 +35,9 @@ pub struct JobSnapshot {
     pub working_directory: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_commands: Vec<String>,
+    /// The job's `budget` (over the agents' own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
 }
 
 /// A job's target, by name; a workflow with its definition, so that every attempt of a run
@@ -68,6 +72,7 @@ impl JobSnapshot {
             timeout_ms: job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             working_directory: job.working_directory.clone(),
             allowed_commands: job.allowed_commands.clone(),
+            budget: (job.budget != Budget::default()).then_some(job.budget),
         }
     }
 
@@ -87,6 +92,7 @@ pub struct RunContext {
     data_dir: PathBuf,
     store: Arc<dyn RunStore>,
     clock: Arc<dyn Clock>,
+    agents: Arc<Catalog>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -103,8 +109,9 @@ impl RunContext {
         data_dir: PathBuf,
         store: Arc<dyn RunStore>,
         clock: Arc<dyn Clock>,
+        agents: Arc<Catalog>,
     ) -> Self {
-        Self { run, job, cancel, data_dir, store, clock }
+        Self { run, job, cancel, data_dir, store, clock, agents }
     }
 
     pub fn run(&self) -> &Run {
@@ -148,24 +155,46 @@ impl RunContext {
     pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
         self.store.record_steps(&self.run.root_id, steps).await
     }
+
+    /// The agent calls recorded by this attempt or an earlier one.
+    pub(crate) async fn calls(&self) -> Result<Vec<CallRecord>, StoreError> {
+        self.store.calls(&self.run.root_id).await
+    }
+
+    /// Records an agent call for this run identity; durable when this returns.
+    pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
+        self.store.record_call(&self.run.root_id, call).await
+    }
+
+    /// The agents of the config in force when the run started.
+    pub(crate) fn agents(&self) -> &Arc<Catalog> {
+        &self.agents
+    }
 }
 
-/// Plugin actions through the registry and workflows through [`crate::workflow`]; agent targets
-/// fail with a clear message until their runner lands.
+/// Plugin actions through the registry, workflows through [`crate::workflow`], agents through
+/// [`crate::agent`].
 #[derive(Debug)]
 pub struct BuiltinTargets {
     registry: Arc<Registry>,
+    agents: Arc<AgentRuntime>,
 }
 
 impl BuiltinTargets {
     pub fn new(registry: Arc<Registry>) -> Self {
-        Self { registry }
+        Self { registry, agents: Arc::new(AgentRuntime::new()) }
+    }
+
+    /// Stops what agents started (MCP servers); call after running work drained.
+    pub async fn shutdown(&self) {
+        self.agents.shutdown().await;
     }
 }
 
 impl Targets for BuiltinTargets {
     fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome> {
         let registry = self.registry.clone();
+        let agents = self.agents.clone();
         Box::pin(async move {
             match ctx.job().target.clone() {
                 TargetRef::Plugin { plugin, action } => {
@@ -186,13 +215,22 @@ impl Targets for BuiltinTargets {
                     }
                 }
                 TargetRef::Workflow { workflow, definition } => match definition {
-                    Some(definition) => crate::workflow::run(ctx, definition, registry).await,
+                    Some(definition) => crate::workflow::run(ctx, definition, registry, agents).await,
                     None => Outcome::permanent(format!("workflow \"{workflow}\" is no longer defined")),
                 },
-                TargetRef::Agent { agent } => Outcome::permanent(format!(
-                    "agent jobs are not supported yet: job \"{}\" runs agent \"{agent}\", and the agent runner has not landed",
-                    ctx.run().job
-                )),
+                TargetRef::Agent { agent } => {
+                    let input = input_text(ctx.run().input.as_ref());
+                    let cancel = ctx.cancelled().clone();
+                    let session = match Session::open(ctx, agents, registry).await {
+                        Ok(s) => s,
+                        Err(e) => return Outcome::failed(e),
+                    };
+                    match session.converse(&agent, input, String::new(), 0, &cancel).await {
+                        AgentEnd::Answer(a) => Outcome::Succeeded { output: serde_json::Value::String(a) },
+                        AgentEnd::Waiting => Outcome::Waiting { until: None },
+                        AgentEnd::Failed { error, retry } => Outcome::Failed { error, retry },
+                    }
+                }
             }
         })
     }

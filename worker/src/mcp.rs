@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, Step, StepKind};
+use lamplighter_config::{ApprovalMode, Config, Step, StepKind};
 use lamplighter_jobs::{
     Approval, Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus,
     ServiceError, TriggerRequest, WorkerStatus,
@@ -98,7 +98,7 @@ pub(crate) struct CatalogSnapshot {
 }
 
 impl CatalogSnapshot {
-    pub(crate) fn of(config: &Config) -> Self {
+    pub(crate) fn of(config: &Config, registry: &Registry) -> Self {
         let disabled = |what: &str, name: &str| config.disabled.get(&format!("{what} \"{name}\"")).cloned();
         let workflows = config
             .workflows
@@ -114,18 +114,57 @@ impl CatalogSnapshot {
         let agents = config
             .agents
             .iter()
-            .map(|(name, a)| AgentInfo {
-                name: name.clone(),
-                description: a.description.clone(),
-                model: a.model.clone(),
-                provider: a.provider.clone(),
-                plugins: a.plugins.clone(),
-                mcp_servers: a.mcp_servers.clone(),
-                disabled: disabled("agent", name),
+            .map(|(name, a)| {
+                let disabled = disabled("agent", name);
+                AgentInfo {
+                    name: name.clone(),
+                    description: a.description.clone(),
+                    model: a.model.clone(),
+                    provider: a.resolved.as_ref().map(|r| r.provider.clone()).or_else(|| a.provider.clone()),
+                    model_id: a.resolved.as_ref().map(|r| r.model.id.clone()),
+                    plugins: a.plugins.clone(),
+                    mcp_servers: a.mcp_servers.clone(),
+                    tools: agent_tools(a, registry),
+                    delegates: a.delegates.clone(),
+                    tool_approval: match a.tool_approval.mode {
+                        ApprovalMode::Auto => "auto",
+                        ApprovalMode::Deny => "deny",
+                        ApprovalMode::Ask => "ask",
+                    }
+                    .into(),
+                    enabled: disabled.is_none(),
+                    disabled,
+                }
             })
             .collect();
         Self { workflows, agents }
     }
+}
+
+/// The tools an agent is offered, as far as the worker knows them without starting its MCP
+/// servers: its plugins' actions, and `server.*` (or the `allowed_actions` naming the server).
+fn agent_tools(a: &lamplighter_config::Agent, registry: &Registry) -> Vec<String> {
+    let allowed = |name: &str| a.allowed_actions.is_empty() || a.allowed_actions.iter().any(|p| lamplighter_config::name_matches(p, name));
+    let mut out: Vec<String> = registry
+        .plugins()
+        .iter()
+        .filter(|p| a.plugins.contains(&p.name) && p.error.is_none())
+        .flat_map(|p| p.actions.iter().map(move |x| format!("{}.{}", p.name, x.name)))
+        .filter(|n| allowed(n))
+        .collect();
+    for server in &a.mcp_servers {
+        let prefix = format!("{server}.");
+        let named: Vec<String> = a.allowed_actions.iter().filter(|p| p.starts_with(&prefix)).cloned().collect();
+        if a.allowed_actions.is_empty() {
+            out.push(format!("{server}.*"));
+        } else {
+            out.extend(named);
+        }
+    }
+    if !a.delegates.is_empty() {
+        out.extend(["delegate_to_agent".to_string(), "delegate_to_multiple_agents".to_string()]);
+    }
+    out
 }
 
 /// Steps as `list_workflows` shows them.
@@ -490,9 +529,19 @@ struct AgentInfo {
     description: Option<String>,
     /// The model alias it uses (its own `model`, else `ai.default_model`).
     model: Option<String>,
+    /// The provider the alias resolved to.
     provider: Option<String>,
+    /// What the provider calls the model.
+    model_id: Option<String>,
     plugins: Vec<String>,
     mcp_servers: Vec<String>,
+    /// The tools it is offered (`plugin.action`; `server.*` for all of an MCP server's tools).
+    tools: Vec<String>,
+    /// Agents it may delegate to.
+    delegates: Vec<String>,
+    /// `auto`, `deny` or `ask`.
+    tool_approval: String,
+    enabled: bool,
     /// Why it cannot run, when it cannot.
     disabled: Option<String>,
 }
@@ -1060,11 +1109,14 @@ mod tests {
         // Loading reads only; the working directory is where relative paths would point.
         let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()) };
         let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
-        let c = CatalogSnapshot::of(&config);
+        let c = CatalogSnapshot::of(&config, &Registry::builtin());
         assert_eq!((c.agents.len(), c.workflows.len()), (12, 6));
         let news = c.agents.iter().find(|a| a.name == "news-summarizer").expect("listed");
         assert_eq!(news.model.as_deref(), Some("default"));
         assert!(news.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{news:?}");
+        assert!(!news.enabled);
+        assert_eq!(news.tools, ["file-save.save", "brave.*"], "its plugin's actions and its MCP server");
+        assert_eq!((news.provider.as_deref(), news.model_id.as_deref()), (Some("azure-openai"), Some("gpt-5-mini")));
         let review = c.workflows.iter().find(|w| w.name == "content-review").expect("listed");
         let outline: Vec<(&str, &str, &str)> =
             review.steps.iter().map(|s| (s.id.as_str(), s.step_type.as_str(), s.does.as_str())).collect();

@@ -73,7 +73,7 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
     // Storage first: its lock says whether this worker may run at all, before it takes a port.
     let name = worker_name(config.worker.name.as_deref());
     let targets = Arc::new(BuiltinTargets::new(registry.clone()));
-    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets };
+    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets: targets.clone() };
     let engine = match Engine::start(&config, options).await {
         Ok(e) => e,
         Err(e) => {
@@ -93,7 +93,7 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
-    let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config)));
+    let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config, &registry)));
     let mut reloader = Reloader {
         path,
         engine: engine.clone(),
@@ -170,6 +170,8 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
             return ExitCode::from(130);
         }
     }
+    // MCP servers agents used: stopped once nothing runs that could call them.
+    targets.shutdown().await;
     http_stop.cancel();
     let _ = http.await;
     tracing::info!("stopped");
@@ -200,7 +202,7 @@ impl Reloader {
                 }
                 let config = &loaded.config;
                 self.engine.reload(config);
-                *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = CatalogSnapshot::of(config);
+                *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = CatalogSnapshot::of(config, &self.registry);
                 self.grace = config.worker.shutdown_grace;
                 let w = &config.worker;
                 let l = &self.listening;

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
-use crate::run::{RunStatus, StepRecord, StepStatus, Trigger};
+use super::{Claim, Decide, Decided, NewRun, ON_REJECT, ON_REJECT_RESUME, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
+use crate::run::{CallKind, CallRecord, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
@@ -348,6 +348,57 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
     assert!(s.ping().await);
 }
 
+fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> CallRecord {
+    CallRecord {
+        conversation: conversation.into(),
+        seq,
+        kind,
+        name: "m".into(),
+        call_id: None,
+        request: None,
+        response: Some(serde_json::json!({"content": "hi"})),
+        error: None,
+        input_tokens: 10,
+        output_tokens: 5,
+        cost: Some(0.5),
+        run_id: "r".into(),
+        attempt: 1,
+        started_at: at,
+        finished_at: at + secs(1),
+    }
+}
+
+async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
+    let t = t0();
+    // Calls come back by conversation and order, whatever order they were written in; a
+    // record at the same place replaces the earlier one.
+    s.record_call("root", &call("", 1, CallKind::Tool, t)).await.expect("record");
+    s.record_call("root", &call("", 0, CallKind::Model, t)).await.expect("record");
+    s.record_call("root", &call("b", 0, CallKind::Model, t)).await.expect("record");
+    let again = CallRecord { name: "tool.x".into(), ..call("", 1, CallKind::Tool, t) };
+    s.record_call("root", &again).await.expect("replace");
+    let calls = s.calls("root").await.expect("calls");
+    let places: Vec<(&str, u32, CallKind)> = calls.iter().map(|c| (c.conversation.as_str(), c.seq, c.kind)).collect();
+    assert_eq!(places, [("", 0, CallKind::Model), ("", 1, CallKind::Tool), ("b", 0, CallKind::Model)]);
+    assert_eq!(calls[1], again, "a record reads back as written");
+    assert!(s.calls("other").await.expect("calls").is_empty());
+
+    // A wait marked to resume on rejection: rejecting it records the rejection on the step
+    // and queues the run again, for the run to act on.
+    let a = waiting_run(s, &[], None).await;
+    let mut ask = step("tool-1", &a, StepStatus::WaitingApproval, t);
+    ask.output = Some(serde_json::json!({ "tool": "shell.run", ON_REJECT: ON_REJECT_RESUME }));
+    s.record_steps(&a, &[ask]).await.expect("record");
+    let d = Decide { run_id: &a, step: None, approve: false, comment: Some("no"), decided_by: "ana" };
+    match s.decide(&d, t).await.expect("decide") {
+        Decided::Recorded { step, run } => {
+            assert_eq!((step.status, run), (StepStatus::Failed, RunStatus::Queued));
+            assert_eq!(step.output.expect("decision")["approved"], false);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Runs every check of the contract against one implementation: `$make` is an async
 /// expression giving `(guard, store)`; the guard lives as long as the test.
 fn step(id: &str, run: &str, status: StepStatus, at: DateTime<Utc>) -> StepRecord {
@@ -443,6 +494,7 @@ macro_rules! contract {
                 listings_page_newest_first_and_count,
                 job_state_persists_and_the_last_tick_only_moves_forward,
                 waits_decisions_and_step_records,
+                agent_calls_and_resuming_rejections,
             );
         }
     };

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use crate::run::{Run, RunStatus, StepRecord, Trigger};
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
 use crate::target::JobSnapshot;
 
 #[cfg(test)]
@@ -214,6 +214,11 @@ pub(crate) struct Decide<'a> {
     pub(crate) decided_by: &'a str,
 }
 
+/// The key in a waiting step's output that says what a rejection does: with
+/// [`ON_REJECT_RESUME`] the run is resumed (and acts on the rejection itself) instead of failed.
+pub(crate) const ON_REJECT: &str = "on_reject";
+pub(crate) const ON_REJECT_RESUME: &str = "resume";
+
 /// What [`RunStore::decide`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Decided {
@@ -334,6 +339,13 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError>;
     /// Waiting runs whose wait ended (`wait_until` passed) are queued again; returns them.
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    // Agent conversations, per run identity.
+    /// Every model and tool call recorded for the run identity `root_id`, by conversation and
+    /// order.
+    async fn calls(&self, root_id: &str) -> Result<Vec<CallRecord>, StoreError>;
+    /// Records a call (replacing an earlier record at the same place); durable when this
+    /// returns.
+    async fn record_call(&self, root_id: &str, call: &CallRecord) -> Result<(), StoreError>;
     /// The job snapshot a run was created with.
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError>;
 

@@ -14,12 +14,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, from_ms, ms, new_id,
+    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, ON_REJECT, ON_REJECT_RESUME, RunEnd, RunFilter, RunStore, StoreError,
+    TICK_KEYS_KEPT, Taken, TickOutcome, from_ms, ms, new_id,
 };
 use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
-use crate::run::{Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::JobSnapshot;
 
 trait Ctx<T> {
@@ -145,6 +145,33 @@ fn step_from_row(r: &SqliteRow) -> StepRecord {
         output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
         error: r.get("error"),
     }
+}
+
+/// A damaged row (an unknown kind) is left out rather than misread.
+fn call_from_row(r: &SqliteRow) -> Option<CallRecord> {
+    let kind = match r.get::<&str, _>("kind") {
+        "model" => CallKind::Model,
+        "tool" => CallKind::Tool,
+        _ => return None,
+    };
+    let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
+    Some(CallRecord {
+        conversation: r.get("conversation"),
+        seq: u32::try_from(r.get::<i64, _>("seq")).ok()?,
+        kind,
+        name: r.get("name"),
+        call_id: r.get("call_id"),
+        request: json("request"),
+        response: json("response"),
+        error: r.get("error"),
+        input_tokens: u64::try_from(r.get::<i64, _>("input_tokens")).unwrap_or(0),
+        output_tokens: u64::try_from(r.get::<i64, _>("output_tokens")).unwrap_or(0),
+        cost: r.get("cost"),
+        run_id: r.get("run_id"),
+        attempt: r.get::<i64, _>("attempt").max(1) as u32,
+        started_at: from_ms(r.get("started_at")),
+        finished_at: from_ms(r.get("finished_at")),
+    })
 }
 
 /// Closes the steps still open (running or waiting) of runs that ended without succeeding:
@@ -647,6 +674,48 @@ impl RunStore for SqliteStore {
         Ok(())
     }
 
+    async fn calls(&self, root_id: &str) -> Result<Vec<CallRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM ll_agent_calls WHERE root_id = ?1 ORDER BY conversation, seq")
+            .bind(root_id)
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading agent calls")?;
+        Ok(rows.iter().filter_map(call_from_row).collect())
+    }
+
+    async fn record_call(&self, root_id: &str, c: &CallRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO ll_agent_calls (root_id, conversation, seq, kind, name, call_id, request, response, error,
+                 input_tokens, output_tokens, cost, run_id, attempt, started_at, finished_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+             ON CONFLICT (root_id, conversation, seq) DO UPDATE SET kind = excluded.kind, name = excluded.name,
+                 call_id = excluded.call_id, request = excluded.request, response = excluded.response, error = excluded.error,
+                 input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, cost = excluded.cost,
+                 run_id = excluded.run_id, attempt = excluded.attempt, started_at = excluded.started_at,
+                 finished_at = excluded.finished_at",
+        )
+        .bind(root_id)
+        .bind(&c.conversation)
+        .bind(i64::from(c.seq))
+        .bind(c.kind.as_str())
+        .bind(&c.name)
+        .bind(c.call_id.as_deref())
+        .bind(c.request.as_ref().map(|v| v.to_string()))
+        .bind(c.response.as_ref().map(|v| v.to_string()))
+        .bind(c.error.as_deref())
+        .bind(i64::try_from(c.input_tokens).unwrap_or(i64::MAX))
+        .bind(i64::try_from(c.output_tokens).unwrap_or(i64::MAX))
+        .bind(c.cost)
+        .bind(&c.run_id)
+        .bind(i64::from(c.attempt))
+        .bind(ms(c.started_at))
+        .bind(ms(c.finished_at))
+        .execute(&self.write)
+        .await
+        .ctx("recording an agent call")?;
+        Ok(())
+    }
+
     async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
         let waiting = RunStatus::WaitingApproval.as_str();
         let step_waiting = StepStatus::WaitingApproval.as_str();
@@ -661,12 +730,14 @@ impl RunStore for SqliteStore {
         if status != RunStatus::WaitingApproval {
             return Ok(Decided::NotWaiting(status));
         }
-        let open: Vec<String> = sqlx::query_scalar("SELECT step FROM ll_steps WHERE run_id = ?1 AND status = ?2 ORDER BY step")
-            .bind(d.run_id)
-            .bind(step_waiting)
-            .fetch_all(&mut *tx)
-            .await
-            .ctx("reading the steps waiting for a decision")?;
+        let open_rows: Vec<(String, Option<String>)> =
+            sqlx::query_as("SELECT step, output FROM ll_steps WHERE run_id = ?1 AND status = ?2 ORDER BY step")
+                .bind(d.run_id)
+                .bind(step_waiting)
+                .fetch_all(&mut *tx)
+                .await
+                .ctx("reading the steps waiting for a decision")?;
+        let open: Vec<String> = open_rows.iter().map(|(s, _)| s.clone()).collect();
         let step = match (d.step, open.as_slice()) {
             (Some(s), _) if open.iter().any(|o| o == s) => s.to_string(),
             (Some(_), _) => return Ok(Decided::NotWaitingStep { waiting: open }),
@@ -699,7 +770,14 @@ impl RunStore for SqliteStore {
         .await
         .ctx("recording a decision")?;
         let record = step_from_row(&row);
-        let run_status = if d.approve {
+        // A wait that asked "may this go on?" (an agent's tool call) resumes the run either
+        // way: the run itself acts on a rejection.
+        let resumes_on_reject = open_rows
+            .iter()
+            .find(|(s, _)| *s == step)
+            .and_then(|(_, o)| serde_json::from_str::<serde_json::Value>(o.as_deref()?).ok())
+            .is_some_and(|o| o.get(ON_REJECT) == Some(&serde_json::json!(ON_REJECT_RESUME)));
+        let run_status = if d.approve || resumes_on_reject {
             if open.len() > 1 {
                 RunStatus::WaitingApproval
             } else {
@@ -909,6 +987,10 @@ impl RunStore for SqliteStore {
             .execute(&self.write)
             .await
             .ctx("pruning workflow steps")?;
+        sqlx::query("DELETE FROM ll_agent_calls WHERE root_id NOT IN (SELECT coalesce(root_id, id) FROM ll_runs)")
+            .execute(&self.write)
+            .await
+            .ctx("pruning agent calls")?;
         queue::sqlite::prune(&self.write).await?;
         sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.write).await.ctx("checkpointing the WAL")?;
         Ok(())

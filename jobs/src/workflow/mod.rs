@@ -17,7 +17,10 @@
 //!   ([`Outcome::Waiting`]); the decision is recorded on the step by the job service
 //!   (`RunStore::decide`), which resumes the run. A timeout resumes it too, and the step then
 //!   applies `on_timeout`.
-//! - Agent and group-chat steps fail their run until the agent runner exists.
+//! - `agent` steps run a conversation (see [`crate::agent`]) keyed by the step id, so a resumed
+//!   run continues it from its recorded calls; `group_chat` runs its agents in order, each
+//!   given the previous one's answer. A conversation waiting for a decision (a tool call,
+//!   more budget) leaves its step `running` and the run waiting.
 
 mod values;
 
@@ -28,11 +31,13 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Value, json};
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{Decision, Step, StepKind, Template, Templated, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
+use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
 use crate::run::{Outcome, StepRecord, StepStatus};
 use crate::target::RunContext;
 
@@ -58,12 +63,18 @@ impl End {
 
 /// Runs `workflow` for the run in `ctx`, continuing from the steps its earlier attempts (or
 /// its own earlier execution, before a wait) recorded.
-pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<Registry>) -> Outcome {
+pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<Registry>, agents: Arc<AgentRuntime>) -> Outcome {
     let records = match ctx.steps().await {
         Ok(r) => r,
         Err(e) => return Outcome::failed(format!("cannot read the recorded steps of the run: {e}")),
     };
-    let engine = Engine { ctx, registry, steps: Mutex::new(records.into_iter().map(|r| (r.step.clone(), r)).collect()) };
+    let engine = Engine {
+        ctx,
+        registry,
+        agents,
+        session: OnceCell::new(),
+        steps: Mutex::new(records.into_iter().map(|r| (r.step.clone(), r)).collect()),
+    };
     let cancel = engine.ctx.cancelled().clone();
     for step in &workflow.steps {
         match engine.step(step, &cancel).await {
@@ -88,6 +99,9 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
 struct Engine {
     ctx: RunContext,
     registry: Arc<Registry>,
+    agents: Arc<AgentRuntime>,
+    /// The run's agent session, opened by the first agent step that runs.
+    session: OnceCell<Session>,
     /// Every step recorded for the run identity, by id: read at start, kept up to date with
     /// each record written. Never locked across an `.await`.
     steps: Mutex<HashMap<String, StepRecord>>,
@@ -195,8 +209,10 @@ impl Engine {
                 StepKind::Condition { condition, then, otherwise } => self.condition(&step.id, condition, then, otherwise).await,
                 StepKind::Parallel { steps } => self.parallel(&step.id, steps, cancel).await,
                 StepKind::Approval { input, timeout, on_timeout } => self.approval(&step.id, input.as_ref(), *timeout, *on_timeout).await,
-                StepKind::Agent { agent, .. } => self.no_agents(&step.id, &format!("agent \"{agent}\"")).await,
-                StepKind::GroupChat { agents, .. } => self.no_agents(&step.id, &format!("group chat of {}", agents.join(", "))).await,
+                StepKind::Agent { agent, input } => self.agent(&step.id, agent, input.as_ref(), cancel).await,
+                StepKind::GroupChat { agents, input, max_iterations } => {
+                    self.group_chat(&step.id, agents, input.as_ref(), max_iterations.unwrap_or(1), cancel).await
+                }
             };
             end.unwrap_or_else(|e| e)
         })
@@ -317,8 +333,8 @@ impl Engine {
             return Ok(End::Failed { error, retry });
         }
         if let Some(until) = waiting {
-            let r = self.record(id, StepStatus::WaitingApproval, Some(started));
-            self.write(vec![r]).await?;
+            // The parallel itself stays `running`: only the steps that wait for a decision are
+            // recorded waiting (a decision resumes the run once none is left).
             return Ok(End::Waiting(until));
         }
         let output: serde_json::Map<String, Value> = {
@@ -389,10 +405,60 @@ impl Engine {
         })
     }
 
-    async fn no_agents(&self, id: &str, what: &str) -> Result<End, End> {
-        let error = format!("agent runner not available: this version cannot run agent steps yet ({what} was not called)");
-        let now = Some(self.now());
-        self.end(id, now, StepStatus::Failed, None, Some(error.clone())).await?;
-        Ok(End::failed(format!("step \"{id}\": {error}"), false))
+    async fn session(&self) -> Result<&Session, String> {
+        self.session.get_or_try_init(|| Session::open(self.ctx.clone(), self.agents.clone(), self.registry.clone())).await
+    }
+
+    /// Records the step running, keeping the first start of a step resumed after a wait.
+    async fn begin_or_resume(&self, id: &str) -> Result<DateTime<Utc>, End> {
+        let running = self.lock().get(id).filter(|r| r.status == StepStatus::Running).and_then(|r| r.started_at);
+        match running {
+            Some(started) => Ok(started),
+            None => self.begin(id).await,
+        }
+    }
+
+    async fn agent(&self, id: &str, agent: &str, input: Option<&Templated>, cancel: &CancellationToken) -> Result<End, End> {
+        let input = input_text(input.map(|i| self.value(i)).as_ref());
+        self.conversations(id, &[(agent, String::new())], input, cancel).await
+    }
+
+    /// Each agent in turn, `rounds` times, each given the previous one's answer.
+    async fn group_chat(
+        &self,
+        id: &str,
+        agents: &[String],
+        input: Option<&Templated>,
+        rounds: u32,
+        cancel: &CancellationToken,
+    ) -> Result<End, End> {
+        let input = input_text(input.map(|i| self.value(i)).as_ref());
+        let turns: Vec<(&str, String)> = (0..rounds.max(1))
+            .flat_map(|round| agents.iter().enumerate().map(move |(i, a)| (a.as_str(), format!("#{round}.{i}"))))
+            .collect();
+        self.conversations(id, &turns, input, cancel).await
+    }
+
+    /// Runs conversations in order (`(agent, suffix of the step id)`), each given the previous
+    /// answer; the last answer is the step's output.
+    async fn conversations(&self, id: &str, turns: &[(&str, String)], input: String, cancel: &CancellationToken) -> Result<End, End> {
+        let started = self.begin_or_resume(id).await?;
+        let session = match self.session().await {
+            Ok(s) => s,
+            Err(e) => return Ok(End::failed(format!("step \"{id}\" failed: {e}"), true)),
+        };
+        let mut text = input;
+        for (agent, suffix) in turns {
+            match session.converse(agent, text, format!("{id}{suffix}"), 0, cancel).await {
+                AgentEnd::Answer(a) => text = a,
+                AgentEnd::Waiting => return Ok(End::Waiting(None)),
+                AgentEnd::Failed { error, retry } => {
+                    self.end(id, Some(started), StepStatus::Failed, None, Some(error.clone())).await?;
+                    return Ok(End::failed(format!("step \"{id}\" failed: {error}"), retry));
+                }
+            }
+        }
+        self.end(id, Some(started), StepStatus::Succeeded, Some(cap(Value::String(text))), None).await?;
+        Ok(End::Done)
     }
 }

@@ -1,0 +1,850 @@
+//! The agent runner: one agent's tool loop — model → tool calls → results → model, until a
+//! text answer or `max_iters` — durably.
+//!
+//! Durability is replay of recorded calls. Every model call and every tool call is recorded
+//! under the run's identity (`ll_agent_calls`, by conversation and place) as soon as it
+//! returns. A conversation that runs again (a retry, a run recovered after a crash, a run
+//! resumed after an approval) rebuilds its messages from those records and goes on from the
+//! last one: a model call that returned is never made again, a tool call that finished never
+//! runs again. A tool call cut off by a crash has no record and runs again.
+//!
+//! - Tools: the actions of the agent's `plugins` and the tools of its `mcp_servers`, filtered
+//!   by `allowed_actions`; with `delegates`, the delegation tools. A tool error, an unknown
+//!   tool or arguments that are not JSON go back to the model as the tool's result.
+//! - Budgets count the whole run (every conversation in it): tokens, tool calls, cost,
+//!   duration since the run's first start. Reaching one fails the run (`budget exceeded: …`),
+//!   or with `on_budget: ask` waits for approval (step `budget-N`) to go on with the budget
+//!   raised by as much again.
+//! - `tool_approval: ask` records the call as a step waiting for approval
+//!   (`[<conversation>/]tool-<n>`); a rejection resumes the run and the model is told the call
+//!   was refused. `deny` tells the model at once.
+
+mod mcp;
+mod model;
+mod tools;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudget, Pipeline, Provider, SystemPrompt};
+use lamplighter_plugins::{ActionContext, Registry};
+
+use crate::run::{CallKind, CallRecord, StepRecord, StepStatus};
+use crate::store::{ON_REJECT, ON_REJECT_RESUME};
+use crate::target::RunContext;
+
+use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
+use tools::{Delegation, Source, Toolbox};
+
+/// How deep agents may delegate to agents.
+pub const MAX_DELEGATION_DEPTH: u32 = 3;
+/// How long an MCP tool call may take.
+const MCP_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// The most of one tool result the model is given (and the transcript keeps).
+const TOOL_RESULT_CAP: usize = 100_000;
+
+/// The agents part of the config, swapped whole on reload.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    agents: BTreeMap<String, Agent>,
+    providers: BTreeMap<String, Provider>,
+    pipelines: BTreeMap<String, Pipeline>,
+    mcp_servers: BTreeMap<String, McpServer>,
+    /// Agents that cannot run (their key is unset, …), with why.
+    disabled: BTreeMap<String, String>,
+}
+
+impl Catalog {
+    pub(crate) fn of(config: &Config) -> Self {
+        let disabled = config
+            .disabled
+            .iter()
+            .filter_map(|(what, why)| Some((what.strip_prefix("agent \"")?.strip_suffix('"')?.to_string(), why.clone())))
+            .collect();
+        Self {
+            agents: config.agents.clone(),
+            providers: config.providers.clone(),
+            pipelines: config.pipelines.clone(),
+            mcp_servers: config.mcp_servers.clone(),
+            disabled,
+        }
+    }
+}
+
+/// What agents share across runs and reloads: the HTTP client, each provider's rate limiter,
+/// and the MCP servers.
+#[derive(Debug)]
+pub struct AgentRuntime {
+    http: reqwest::Client,
+    limiters: Mutex<HashMap<String, Arc<Limiter>>>,
+    mcp: mcp::McpPool,
+}
+
+impl Default for AgentRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentRuntime {
+    pub fn new() -> Self {
+        Self { http: reqwest::Client::new(), limiters: Mutex::default(), mcp: mcp::McpPool::default() }
+    }
+
+    /// Stops the MCP servers (at shutdown, after running work drained).
+    pub async fn shutdown(&self) {
+        self.mcp.shutdown().await;
+    }
+
+    fn limiter(&self, provider: &Provider) -> Arc<Limiter> {
+        let mut l = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = l.entry(provider.name.clone()).or_insert_with(|| Arc::new(Limiter::new(provider.rate_limit)));
+        if entry.limit() != provider.rate_limit {
+            *entry = Arc::new(Limiter::new(provider.rate_limit));
+        }
+        entry.clone()
+    }
+}
+
+/// How a conversation ended.
+#[derive(Debug)]
+pub(crate) enum AgentEnd {
+    Answer(String),
+    /// Waits for a decision (a tool call or more budget).
+    Waiting,
+    Failed {
+        error: String,
+        retry: bool,
+    },
+}
+
+impl AgentEnd {
+    fn failed(error: String, retry: bool) -> Self {
+        AgentEnd::Failed { error, retry }
+    }
+}
+
+/// The agent side of one run: its recorded calls and approval steps, and what it needs to make
+/// more. Shared by every conversation of the run (a workflow's agent steps, delegations).
+pub(crate) struct Session {
+    ctx: RunContext,
+    runtime: Arc<AgentRuntime>,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    /// Every call recorded for the run identity; appended as calls are recorded. Never locked
+    /// across an `.await`.
+    calls: Mutex<Vec<CallRecord>>,
+    /// The run's steps that agents wait on (tool approvals, budget asks), by id.
+    steps: Mutex<HashMap<String, StepRecord>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("run", &self.ctx.run().id).finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Reads what earlier attempts of the run recorded.
+    pub(crate) async fn open(ctx: RunContext, runtime: Arc<AgentRuntime>, registry: Arc<Registry>) -> Result<Self, String> {
+        let calls = ctx.calls().await.map_err(|e| format!("cannot read the recorded agent calls of the run: {e}"))?;
+        let steps = ctx.steps().await.map_err(|e| format!("cannot read the recorded steps of the run: {e}"))?;
+        let catalog = ctx.agents().clone();
+        Ok(Self {
+            ctx,
+            runtime,
+            registry,
+            catalog,
+            calls: Mutex::new(calls),
+            steps: Mutex::new(steps.into_iter().map(|s| (s.step.clone(), s)).collect()),
+        })
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.ctx.clock().now()
+    }
+
+    fn conversation(&self, conv: &str) -> Vec<CallRecord> {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mine: Vec<CallRecord> = calls.iter().filter(|c| c.conversation == conv).cloned().collect();
+        mine.sort_by_key(|c| c.seq);
+        mine
+    }
+
+    async fn record(&self, call: CallRecord) -> Result<(), AgentEnd> {
+        self.ctx
+            .record_call(&call)
+            .await
+            .map_err(|e| AgentEnd::failed(format!("cannot record {} call {}: {e}", call.kind.as_str(), call.name), true))?;
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        calls.retain(|c| !(c.conversation == call.conversation && c.seq == call.seq));
+        calls.push(call);
+        Ok(())
+    }
+
+    async fn write_step(&self, record: StepRecord) -> Result<(), AgentEnd> {
+        self.ctx
+            .record_steps(std::slice::from_ref(&record))
+            .await
+            .map_err(|e| AgentEnd::failed(format!("cannot record step {}: {e}", record.step), true))?;
+        self.steps.lock().unwrap_or_else(|e| e.into_inner()).insert(record.step.clone(), record);
+        Ok(())
+    }
+
+    fn step(&self, id: &str) -> Option<StepRecord> {
+        self.steps.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    /// Runs agent `name` on `input` as conversation `conv` (continuing what is recorded under
+    /// it), `depth` delegations deep.
+    pub(crate) fn converse<'a>(
+        &'a self,
+        name: &'a str,
+        input: String,
+        conv: String,
+        depth: u32,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, AgentEnd> {
+        Box::pin(async move {
+            let agent = match self.catalog.agents.get(name) {
+                Some(a) => a,
+                None => {
+                    let known: Vec<&str> = self.catalog.agents.keys().map(String::as_str).collect();
+                    return AgentEnd::failed(format!("agent \"{name}\" is not defined (agents: {})", known.join(", ")), false);
+                }
+            };
+            if let Some(why) = self.catalog.disabled.get(name) {
+                return AgentEnd::failed(format!("agent \"{name}\" is disabled: {why}"), false);
+            }
+            let setup = match self.setup(agent, depth).await {
+                Ok(s) => s,
+                Err(e) => return e,
+            };
+            self.tool_loop(agent, &setup, input, conv, depth, cancel).await
+        })
+    }
+
+    /// The endpoint, limiter, tools and system prompt of `agent`.
+    async fn setup(&self, agent: &Agent, depth: u32) -> Result<Setup, AgentEnd> {
+        let name = &agent.name;
+        let Some(resolved) = &agent.resolved else {
+            return Err(AgentEnd::failed(format!("agent \"{name}\" has no model it can use"), false));
+        };
+        let Some(provider) = self.catalog.providers.get(&resolved.provider) else {
+            return Err(AgentEnd::failed(format!("agent \"{name}\": provider \"{}\" is not defined", resolved.provider), false));
+        };
+        let endpoint = Endpoint::new(provider, &resolved.model).map_err(|e| AgentEnd::failed(format!("agent \"{name}\": {e}"), false))?;
+        let mut endpoint = endpoint;
+        if agent.max_tokens.is_some() {
+            endpoint.max_tokens = agent.max_tokens;
+        }
+        if agent.temperature.is_some() {
+            endpoint.temperature = agent.temperature;
+        }
+        let mut toolbox = Toolbox::default();
+        for plugin in &agent.plugins {
+            let Some(info) = self.registry.plugins().iter().find(|p| &p.name == plugin) else {
+                return Err(AgentEnd::failed(format!("agent \"{name}\" uses plugin \"{plugin}\", which is not loaded"), false));
+            };
+            if let Some(e) = &info.error {
+                return Err(AgentEnd::failed(format!("agent \"{name}\" uses plugin \"{plugin}\", which did not load: {e}"), false));
+            }
+            for a in &info.actions {
+                let source = Source::Plugin { plugin: plugin.clone(), action: a.name.clone() };
+                toolbox.add(format!("{plugin}.{}", a.name), a.description.clone(), a.parameters.clone(), source, &agent.allowed_actions);
+            }
+        }
+        for server in &agent.mcp_servers {
+            let Some(def) = self.catalog.mcp_servers.get(server) else {
+                return Err(AgentEnd::failed(format!("agent \"{name}\" uses MCP server \"{server}\", which is not defined"), false));
+            };
+            let listed = self.runtime.mcp.tools(server, def).await.map_err(|e| AgentEnd::failed(format!("agent \"{name}\": {e}"), true))?;
+            for t in listed {
+                let source = Source::Mcp { server: server.clone(), tool: t.name.clone() };
+                toolbox.add(format!("{server}.{}", t.name), t.description, t.input_schema, source, &agent.allowed_actions);
+            }
+        }
+        if !agent.delegates.is_empty() && depth < MAX_DELEGATION_DEPTH {
+            let pipelines: Vec<String> = self.catalog.pipelines.keys().cloned().collect();
+            for (n, d, p, s) in tools::delegation_tools(&agent.delegates, &pipelines) {
+                toolbox.add(n, d, p, s, &[]);
+            }
+        }
+        let system = match &agent.system_prompt {
+            None => None,
+            Some(SystemPrompt::Inline(s)) => Some(s.clone()),
+            Some(SystemPrompt::File(path)) => Some(std::fs::read_to_string(path).map_err(|e| {
+                AgentEnd::failed(format!("agent \"{name}\": cannot read system_prompt_file {}: {e}", path.display()), false)
+            })?),
+        };
+        let limiter = self.runtime.limiter(provider);
+        let specs = toolbox
+            .tools()
+            .iter()
+            .map(|t| ToolSpec { wire: t.wire.clone(), description: t.description.clone(), parameters: t.parameters.clone() })
+            .collect();
+        Ok(Setup { endpoint, limiter, toolbox, specs, system, pricing: resolved.model.pricing })
+    }
+
+    async fn tool_loop(&self, agent: &Agent, s: &Setup, input: String, conv: String, depth: u32, cancel: &CancellationToken) -> AgentEnd {
+        let name = &agent.name;
+        loop {
+            let records = self.conversation(&conv);
+            let mut messages = Vec::with_capacity(records.len() + 2);
+            if let Some(system) = &s.system {
+                messages.push(Msg::System(system.clone()));
+            }
+            messages.push(Msg::User(input.clone()));
+            let mut model_calls = 0;
+            // The last model reply and the tool calls it asked for that have no result yet.
+            let mut last: Option<(u32, Vec<ToolCall>, String)> = None;
+            for r in &records {
+                match r.kind {
+                    CallKind::Model => {
+                        model_calls += 1;
+                        let (content, calls) = reply_of(r);
+                        messages.push(Msg::Assistant { content: content.clone(), calls: calls.clone() });
+                        last = Some((r.seq, calls, content));
+                    }
+                    CallKind::Tool => messages.push(Msg::Tool {
+                        call_id: r.call_id.clone().unwrap_or_default(),
+                        content: r.response.as_ref().and_then(Value::as_str).unwrap_or_default().to_string(),
+                    }),
+                }
+            }
+            let next_seq = match &last {
+                None => 0,
+                Some((seq, calls, content)) => {
+                    if calls.is_empty() {
+                        return AgentEnd::Answer(content.clone());
+                    }
+                    // Tool calls not yet answered, in the order the model made them; then the
+                    // messages are rebuilt with their results.
+                    let done: Vec<u32> = records.iter().filter(|r| r.kind == CallKind::Tool).map(|r| r.seq).collect();
+                    let mut answered = false;
+                    for (i, call) in calls.iter().enumerate() {
+                        let seq = seq + 1 + i as u32;
+                        if done.contains(&seq) {
+                            continue;
+                        }
+                        answered = true;
+                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel).await {
+                            return end;
+                        }
+                    }
+                    if answered {
+                        continue;
+                    }
+                    seq + 1 + calls.len() as u32
+                }
+            };
+            if model_calls >= agent.max_iters {
+                return AgentEnd::failed(
+                    format!("agent \"{name}\" gave no answer within max_iters ({}) model calls", agent.max_iters),
+                    false,
+                );
+            }
+            if let Some(end) = self.over_budget(agent, BudgetCheck::ModelCall).await {
+                return end;
+            }
+            if cancel.is_cancelled() {
+                return AgentEnd::failed("cancelled".into(), false);
+            }
+            let started = self.now();
+            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).await;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(CallFailed { error, retry }) => {
+                    return AgentEnd::failed(format!("agent \"{name}\": model call failed: {error}"), retry);
+                }
+            };
+            let request = if next_seq == 0 {
+                json!({
+                    "system": s.system,
+                    "input": input,
+                    "tools": s.toolbox.tools().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+                })
+            } else {
+                json!({ "messages": messages.len() })
+            };
+            let record = self.model_record(&conv, next_seq, s, started, request, &reply);
+            if let Err(e) = self.record(record).await {
+                return e;
+            }
+        }
+    }
+
+    fn model_record(&self, conv: &str, seq: u32, s: &Setup, started: DateTime<Utc>, request: Value, reply: &Reply) -> CallRecord {
+        let run = self.ctx.run();
+        let calls: Vec<Value> = reply
+            .calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "name": c.name,
+                    "tool": s.toolbox.by_wire(&c.name).map(|t| t.name.clone()),
+                    "arguments": c.arguments,
+                })
+            })
+            .collect();
+        CallRecord {
+            conversation: conv.to_string(),
+            seq,
+            kind: CallKind::Model,
+            name: s.endpoint.model().to_string(),
+            call_id: None,
+            request: Some(request),
+            response: Some(json!({
+                "content": reply.content,
+                "tool_calls": calls,
+                "finish_reason": reply.finish_reason,
+                "attempts": reply.attempts,
+            })),
+            error: None,
+            input_tokens: reply.input_tokens,
+            output_tokens: reply.output_tokens,
+            cost: s.pricing.map(|p| p.cost(reply.input_tokens, reply.output_tokens)),
+            run_id: run.id.clone(),
+            attempt: run.attempt,
+            started_at: started,
+            finished_at: self.now(),
+        }
+    }
+
+    /// Runs (or refuses, or asks about) one tool call and records its result.
+    #[allow(clippy::too_many_arguments)]
+    async fn tool_call(
+        &self,
+        agent: &Agent,
+        s: &Setup,
+        call: &ToolCall,
+        conv: &str,
+        seq: u32,
+        depth: u32,
+        cancel: &CancellationToken,
+    ) -> Result<(), AgentEnd> {
+        let started = self.now();
+        let tool = s.toolbox.by_wire(&call.name);
+        let shown = tool.map_or(call.name.clone(), |t| t.name.clone());
+        let args: Result<Value, String> =
+            if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments).map_err(|e| e.to_string()) };
+        let result: Result<String, ToolErr> = match (tool, &args) {
+            (None, _) => {
+                let names: Vec<&str> = s.toolbox.tools().iter().map(|t| t.wire.as_str()).collect();
+                Err(ToolErr::Model(format!("there is no tool named \"{}\"; the tools are: {}", call.name, names.join(", "))))
+            }
+            (Some(_), Err(e)) => Err(ToolErr::Model(format!("the arguments are not valid JSON ({e}); send a JSON object"))),
+            (Some(t), Ok(args)) => {
+                if let Some(end) = self.over_budget(agent, BudgetCheck::ToolCall).await {
+                    return Err(end);
+                }
+                match agent.tool_approval.mode_for(&t.name) {
+                    ApprovalMode::Auto => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
+                    ApprovalMode::Deny => {
+                        Err(ToolErr::Model(format!("refused: agent \"{}\" may not call {} (tool_approval: deny)", agent.name, t.name)))
+                    }
+                    ApprovalMode::Ask => match self.ask(agent, &t.name, args, conv, seq).await? {
+                        Asked::Approved => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
+                        Asked::Refused(why) => Err(ToolErr::Model(why)),
+                        Asked::Waiting => return Err(AgentEnd::Waiting),
+                    },
+                }
+            }
+        };
+        let result = match result {
+            Ok(r) => Ok(r),
+            // A delegation that waits: nothing is recorded; the call runs again on resume.
+            Err(ToolErr::Stop(end)) => return Err(end),
+            Err(ToolErr::Model(e)) => Err(e),
+        };
+        if cancel.is_cancelled() {
+            return Err(AgentEnd::failed("cancelled".into(), false));
+        }
+        let run = self.ctx.run();
+        let (text, error) = match result {
+            Ok(t) => (cap_text(t), None),
+            Err(e) => (cap_text(format!("error: {e}")), Some(e)),
+        };
+        let record = CallRecord {
+            conversation: conv.to_string(),
+            seq,
+            kind: CallKind::Tool,
+            name: shown,
+            call_id: Some(call.id.clone()),
+            request: Some(args.unwrap_or_else(|_| Value::String(call.arguments.clone()))),
+            response: Some(Value::String(text)),
+            error,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost: None,
+            run_id: run.id.clone(),
+            attempt: run.attempt,
+            started_at: started,
+            finished_at: self.now(),
+        };
+        self.record(record).await
+    }
+
+    /// Calls the tool.
+    #[allow(clippy::too_many_arguments)]
+    async fn invoke(
+        &self,
+        agent: &Agent,
+        tool: &tools::Tool,
+        args: Value,
+        conv: &str,
+        seq: u32,
+        depth: u32,
+        cancel: &CancellationToken,
+    ) -> Result<String, ToolErr> {
+        let model = ToolErr::Model;
+        match &tool.source {
+            Source::Plugin { plugin, action } => {
+                let dir = agent.working_directory.clone().unwrap_or_else(|| self.ctx.working_directory());
+                std::fs::create_dir_all(&dir).map_err(|e| model(format!("cannot create working directory {}: {e}", dir.display())))?;
+                let allowed_commands = if agent.allowed_commands.is_empty() {
+                    self.ctx.job().allowed_commands.clone()
+                } else {
+                    agent.allowed_commands.clone()
+                };
+                let actx = ActionContext { working_directory: dir, allowed_commands, cancel: cancel.clone() };
+                match self.registry.invoke(plugin, action, args, &actx).await {
+                    Ok(Value::String(s)) => Ok(s),
+                    Ok(v) => Ok(v.to_string()),
+                    Err(e) => Err(model(e.to_string())),
+                }
+            }
+            Source::Mcp { server, tool: t } => {
+                let Some(def) = self.catalog.mcp_servers.get(server) else {
+                    return Err(model(format!("MCP server \"{server}\" is no longer defined")));
+                };
+                let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).await.map_err(model)?;
+                if r.is_error { Err(model(r.text)) } else { Ok(r.text) }
+            }
+            Source::Delegate(kind) => self.delegate(agent, *kind, &args, conv, seq, depth, cancel).await,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn delegate(
+        &self,
+        agent: &Agent,
+        kind: Delegation,
+        args: &Value,
+        conv: &str,
+        seq: u32,
+        depth: u32,
+        cancel: &CancellationToken,
+    ) -> Result<String, ToolErr> {
+        let sub = |i: Option<usize>, who: &str| match i {
+            None => format!("{conv}/{seq}:{who}"),
+            Some(i) => format!("{conv}/{seq}.{i}:{who}"),
+        };
+        let allowed = |who: &str| -> Result<(), ToolErr> {
+            if agent.delegates.iter().any(|d| d == who) {
+                Ok(())
+            } else {
+                Err(ToolErr::Model(format!(
+                    "agent \"{}\" may delegate only to {}, not to \"{who}\"",
+                    agent.name,
+                    agent.delegates.join(", ")
+                )))
+            }
+        };
+        let str_arg = |v: &Value, k: &str| {
+            v.get(k).and_then(Value::as_str).map(str::to_string).ok_or_else(|| ToolErr::Model(format!("\"{k}\" (a string) is required")))
+        };
+        let waiting = || ToolErr::Stop(AgentEnd::Waiting);
+        match kind {
+            Delegation::One => {
+                let who = str_arg(args, "agent")?;
+                let task = str_arg(args, "task")?;
+                allowed(&who)?;
+                match self.converse(&who, task, sub(None, &who), depth + 1, cancel).await {
+                    AgentEnd::Answer(a) => Ok(a),
+                    AgentEnd::Waiting => Err(waiting()),
+                    AgentEnd::Failed { error, .. } => Err(ToolErr::Model(format!("agent \"{who}\" failed: {error}"))),
+                }
+            }
+            Delegation::Many => {
+                let tasks = args
+                    .get("tasks")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| ToolErr::Model("\"tasks\" (a list of {agent, task}) is required".into()))?;
+                let mut jobs = Vec::new();
+                for (i, t) in tasks.iter().enumerate() {
+                    let at = |e: ToolErr| match e {
+                        ToolErr::Model(m) => ToolErr::Model(format!("tasks[{i}]: {m}")),
+                        other => other,
+                    };
+                    let who = str_arg(t, "agent").map_err(at)?;
+                    let task = str_arg(t, "task").map_err(at)?;
+                    allowed(&who).map_err(at)?;
+                    jobs.push((who, task, i));
+                }
+                let ends = futures::future::join_all(
+                    jobs.iter().map(|(who, task, i)| self.converse(who, task.clone(), sub(Some(*i), who), depth + 1, cancel)),
+                )
+                .await;
+                if ends.iter().any(|e| matches!(e, AgentEnd::Waiting)) {
+                    return Err(waiting());
+                }
+                let labelled: Vec<Value> = jobs
+                    .iter()
+                    .zip(ends)
+                    .map(|((who, _, _), end)| match end {
+                        AgentEnd::Answer(a) => json!({"agent": who, "ok": true, "answer": a}),
+                        AgentEnd::Failed { error, .. } => json!({"agent": who, "ok": false, "error": error}),
+                        AgentEnd::Waiting => Value::Null,
+                    })
+                    .collect();
+                Ok(Value::Array(labelled).to_string())
+            }
+            Delegation::Pipeline => {
+                let name = str_arg(args, "pipeline")?;
+                let mut text = str_arg(args, "input")?;
+                let Some(p) = self.catalog.pipelines.get(&name) else {
+                    let known: Vec<&str> = self.catalog.pipelines.keys().map(String::as_str).collect();
+                    return Err(ToolErr::Model(format!("there is no pipeline \"{name}\" (pipelines: {})", known.join(", "))));
+                };
+                for (i, who) in p.agents.iter().enumerate() {
+                    match self.converse(who, text, sub(Some(i), who), depth + 1, cancel).await {
+                        AgentEnd::Answer(a) => text = a,
+                        AgentEnd::Waiting => return Err(waiting()),
+                        AgentEnd::Failed { error, .. } => {
+                            return Err(ToolErr::Model(format!(
+                                "pipeline \"{name}\" stopped at step {} (agent \"{who}\"): {error}",
+                                i + 1
+                            )));
+                        }
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+
+    /// `tool_approval: ask`: the decision recorded for this call, or a new wait for one.
+    async fn ask(&self, agent: &Agent, tool: &str, args: &Value, conv: &str, seq: u32) -> Result<Asked, AgentEnd> {
+        let id = if conv.is_empty() { format!("tool-{seq}") } else { format!("{conv}/tool-{seq}") };
+        let run = self.ctx.run();
+        match self.step(&id) {
+            Some(r) if r.status == StepStatus::Succeeded => Ok(Asked::Approved),
+            Some(r) if r.status == StepStatus::Failed => {
+                let o = r.output.unwrap_or_default();
+                let by = o.get("decided_by").and_then(Value::as_str).unwrap_or("a person");
+                Ok(Asked::Refused(match o.get("comment").and_then(Value::as_str) {
+                    Some(c) => format!("refused by {by}: {c}"),
+                    None => format!("refused by {by}"),
+                }))
+            }
+            Some(r) if r.status == StepStatus::WaitingApproval => {
+                if r.run_id != run.id {
+                    // Waiting on behalf of this attempt now (a decision looks it up by run).
+                    self.write_step(StepRecord { run_id: run.id.clone(), attempt: run.attempt, ..r }).await?;
+                }
+                Ok(Asked::Waiting)
+            }
+            _ => {
+                let now = self.now();
+                let record = StepRecord {
+                    step: id,
+                    status: StepStatus::WaitingApproval,
+                    attempt: run.attempt,
+                    run_id: run.id.clone(),
+                    started_at: Some(now),
+                    finished_at: None,
+                    output: Some(json!({
+                        "question": format!("Agent \"{}\" wants to call {tool} with {args}. Allow it?", agent.name),
+                        "agent": agent.name,
+                        "tool": tool,
+                        "arguments": args,
+                        ON_REJECT: ON_REJECT_RESUME,
+                    })),
+                    error: None,
+                };
+                self.write_step(record).await?;
+                Ok(Asked::Waiting)
+            }
+        }
+    }
+
+    /// `None` while the run is within its budget (raised by the asks approved so far).
+    async fn over_budget(&self, agent: &Agent, check: BudgetCheck) -> Option<AgentEnd> {
+        let budget = self.ctx.job().budget.unwrap_or_default().over(&agent.budget);
+        if budget == Budget::default() {
+            return None;
+        }
+        // Each approved ask adds the budget again.
+        let (approved, open) = {
+            let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut approved = 0u32;
+            let mut open = None;
+            for (id, r) in steps.iter().filter(|(id, _)| id.starts_with("budget-")) {
+                match r.status {
+                    StepStatus::Succeeded => approved += 1,
+                    StepStatus::WaitingApproval => open = Some(r.clone()),
+                    _ => {}
+                }
+                let _ = id;
+            }
+            (approved, open)
+        };
+        let factor = u64::from(approved) + 1;
+        let usage = self.usage();
+        let elapsed = (self.now() - self.ctx.run().started_at.unwrap_or_else(|| self.now())).to_std().unwrap_or_default();
+        let mut over = None;
+        if let Some(max) = budget.max_tokens_total
+            && usage.tokens >= max.saturating_mul(factor)
+        {
+            over = Some(format!("{} tokens used, max_tokens_total is {}", usage.tokens, max.saturating_mul(factor)));
+        }
+        if let Some(max) = budget.max_tool_calls
+            && check == BudgetCheck::ToolCall
+            && usage.tool_calls >= u64::from(max).saturating_mul(factor)
+        {
+            over = Some(format!("{} tool calls made, max_tool_calls is {}", usage.tool_calls, u64::from(max).saturating_mul(factor)));
+        }
+        if let Some(max) = budget.max_cost
+            && usage.cost >= max * factor as f64
+        {
+            over = Some(format!("cost {:.4} reached, max_cost is {:.4}", usage.cost, max * factor as f64));
+        }
+        if let Some(max) = budget.max_duration
+            && elapsed >= max.saturating_mul(factor as u32)
+        {
+            over = Some(format!(
+                "running for {}, max_duration is {}",
+                humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
+                humantime::format_duration(max.saturating_mul(factor as u32))
+            ));
+        }
+        let why = over?;
+        if budget.on_budget != Some(OnBudget::Ask) {
+            return Some(AgentEnd::failed(format!("budget exceeded: {why}"), false));
+        }
+        let run = self.ctx.run();
+        if let Some(r) = open {
+            if r.run_id != run.id
+                && let Err(e) = self.write_step(StepRecord { run_id: run.id.clone(), attempt: run.attempt, ..r }).await
+            {
+                return Some(e);
+            }
+            return Some(AgentEnd::Waiting);
+        }
+        let now = self.now();
+        let record = StepRecord {
+            step: format!("budget-{}", approved + 1),
+            status: StepStatus::WaitingApproval,
+            attempt: run.attempt,
+            run_id: run.id.clone(),
+            started_at: Some(now),
+            finished_at: None,
+            output: Some(json!({
+                "question": format!("Agent \"{}\" reached its budget ({why}). Approve to go on with the budget raised by as much again.", agent.name),
+                "agent": agent.name,
+                "usage": {"tokens": usage.tokens, "tool_calls": usage.tool_calls, "cost": usage.cost},
+            })),
+            error: None,
+        };
+        Some(match self.write_step(record).await {
+            Ok(()) => AgentEnd::Waiting,
+            Err(e) => e,
+        })
+    }
+
+    fn usage(&self) -> Usage {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = Usage::default();
+        for c in calls.iter() {
+            match c.kind {
+                CallKind::Model => {
+                    u.tokens += c.input_tokens + c.output_tokens;
+                    u.cost += c.cost.unwrap_or(0.0);
+                }
+                CallKind::Tool => u.tool_calls += 1,
+            }
+        }
+        u
+    }
+}
+
+/// Why a tool call gave no result: an error the model is told as the call's result, or a stop
+/// of the conversation (a delegation that waits) that records nothing.
+enum ToolErr {
+    Model(String),
+    Stop(AgentEnd),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BudgetCheck {
+    ModelCall,
+    ToolCall,
+}
+
+#[derive(Debug, Default)]
+struct Usage {
+    tokens: u64,
+    tool_calls: u64,
+    cost: f64,
+}
+
+enum Asked {
+    Approved,
+    Refused(String),
+    Waiting,
+}
+
+struct Setup {
+    endpoint: Endpoint,
+    limiter: Arc<Limiter>,
+    toolbox: Toolbox,
+    specs: Vec<ToolSpec>,
+    system: Option<String>,
+    pricing: Option<lamplighter_config::Pricing>,
+}
+
+/// A recorded model call's reply: its text and the tool calls (by wire name) it made.
+fn reply_of(r: &CallRecord) -> (String, Vec<ToolCall>) {
+    let resp = r.response.clone().unwrap_or_default();
+    let content = resp.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+    let calls = resp
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|c| ToolCall {
+                    id: c.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                    name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                    arguments: c.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (content, calls)
+}
+
+fn cap_text(s: String) -> String {
+    if s.len() <= TOOL_RESULT_CAP {
+        return s;
+    }
+    let cut = s.floor_char_boundary(TOOL_RESULT_CAP);
+    format!("{}\n[… {} more bytes not shown]", &s[..cut], s.len() - cut)
+}
+
+/// The text an agent is given from a run's or a step's input: a string as it is, anything
+/// else as JSON; no input asks it to do what its instructions say.
+pub(crate) fn input_text(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "Do the task your instructions describe.".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
