@@ -1,6 +1,6 @@
 //! Workflows on the real engine and SQLite: branching, `when`, parallel join and fail-fast,
 //! templates, durable retries, approvals (approve, reject, timeout, twice, at once, after a
-//! restart), cancel while waiting, workflows run by hand, and agent steps that cannot run yet.
+//! restart), cancel while waiting, workflows run by hand, and an agent step whose provider is unreachable.
 //! Plugin steps are `shell-exec` commands; time moves only on the manual clock.
 
 mod support;
@@ -369,7 +369,7 @@ async fn a_waiting_run_survives_a_restart_and_can_be_cancelled() {
 }
 
 #[tokio::test]
-async fn a_workflow_runs_by_hand_and_agent_steps_fail_clearly() {
+async fn a_workflow_runs_by_hand_and_an_unreachable_provider_fails_its_agent_step_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(t0()));
     let steps = format!(
@@ -377,7 +377,7 @@ async fn a_workflow_runs_by_hand_and_agent_steps_fail_clearly() {
         sh("fetch", "printf '${input}' > got")
     );
     let top = format!(
-        "ai:\n  providers:\n    p:\n      base_url: http://127.0.0.1:9\n      models:\n        m: {{id: m}}\nagents:\n  writer:\n    model: m\n    provider: p\nworkflows:\n  w:\n    steps:\n{}",
+        "ai:\n  providers:\n    p:\n      base_url: http://127.0.0.1:9\n      max_retries: 0\n      models:\n        m: {{id: m}}\nagents:\n  writer:\n    model: m\n    provider: p\nworkflows:\n  w:\n    steps:\n{}",
         steps.lines().map(|l| format!("      {l}\n")).collect::<String>()
     );
     let config = config_with(dir.path(), &top, "type: plugin\nplugin: file-save\naction: save\nparameters: {path: x, content: y}");
@@ -388,12 +388,38 @@ async fn a_workflow_runs_by_hand_and_agent_steps_fail_clearly() {
     let run = ended(&engine, &started.run_id).await;
     assert_eq!(run.job, "workflow:w");
     assert_eq!(run.status, RunStatus::Failed);
-    assert_eq!(
-        run.error.as_deref(),
-        Some("step \"summarize\": agent runner not available: this version cannot run agent steps yet (agent \"writer\" was not called)")
+    let error = run.error.unwrap_or_default();
+    assert!(
+        error.starts_with("step \"summarize\" failed: agent \"writer\": model call failed: provider \"p\": ")
+            && error.contains("Connection refused")
+            && error.ends_with("(gave up after 1 attempts)"),
+        "{error}"
     );
     assert_eq!(data(dir.path(), "got"), "hello");
     let missing = engine.run_workflow("nope", None, None).await.expect_err("unknown workflow");
     assert_eq!(missing.to_string(), "workflow \"nope\" not found; known workflows: w");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn an_approval_inside_a_parallel_is_the_only_wait_and_approving_it_finishes_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let steps = format!(
+        "- id: both\n  type: parallel\n  steps:\n{}{}- id: after\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: {{command: \"echo done >> log\"}}\n",
+        sh("work", "echo work >> log").lines().map(|l| format!("    {l}\n")).collect::<String>(),
+        "    - id: gate\n      type: approval\n",
+    );
+    let config = workflow(dir.path(), &steps, "");
+    let engine = start(&config, &clock).await;
+    let id = trigger(&engine, json!(null)).await;
+    waiting(&engine, &id).await;
+    // The parallel itself is not a second wait: no step needs naming.
+    let approvals = engine.list_approvals().await.expect("approvals");
+    assert_eq!(approvals.iter().map(|a| a.step.as_str()).collect::<Vec<_>>(), ["gate"]);
+    engine.decide(decision(&id, true, "ana", None)).await.expect("approve without naming the step");
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(data(dir.path(), "log"), "work\ndone\n");
     engine.shutdown(Duration::from_secs(5)).await;
 }

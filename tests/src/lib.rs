@@ -1,1 +1,4 @@
-//! End-to-end tests live in `tests/e2e/`; this library is empty.
+//! Fixtures the test suites share: a scripted OpenAI-compatible server ([`llm`]) and a stdio
+//! MCP server (the `mcp-fixture` binary). End-to-end tests live in `tests/e2e/`.
+
+pub mod llm;

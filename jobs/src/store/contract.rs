@@ -28,6 +28,7 @@ fn snapshot(action: &str) -> JobSnapshot {
         timeout_ms: Some(1500),
         working_directory: None,
         allowed_commands: vec!["ls".into()],
+        budget: Some(lamplighter_config::Budget { max_tool_calls: Some(3), ..Default::default() }),
     }
 }
 

@@ -1,0 +1,351 @@
+//! Agents on the real engine and SQLite, against the scripted OpenAI-compatible server over
+//! real HTTP: the tool loop over plugin tools, what goes back to the model when a tool call is
+//! wrong, retries (429 with Retry-After, 500, a reply past the timeout), token accounting,
+//! budgets (fail, ask), tool approval (ask, deny), delegation and pipelines, the Responses API,
+//! agent steps in a workflow, and keys that stay out of records.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lamplighter_config::Config;
+use lamplighter_jobs::{CallKind, DecisionRequest, Engine, ManualClock, Run, RunDetail, RunStatus, TriggerRequest};
+use lamplighter_tests::llm::{Reply, ScriptedLlm, last_text, system, tool_results};
+use serde_json::{Value, json};
+
+use support::{config_with, start, t0};
+
+/// A provider `p` at the scripted server and the given agents (YAML under `agents:`), and a
+/// job `j` running agent `a` (extra job lines in `job`).
+fn agents(dir: &Path, llm: &ScriptedLlm, provider_extra: &str, agents_yaml: &str, job: &str) -> Config {
+    let agents: String = agents_yaml.lines().map(|l| format!("  {l}\n")).collect();
+    let extra: String = provider_extra.lines().map(|l| format!("      {l}\n")).collect();
+    let top = format!(
+        "ai:\n  default_model: m\n  providers:\n    p:\n      base_url: {}\n      api_key: sk-test-secret\n{extra}      models:\n        m: {{id: scripted-model, pricing: {{input: 1.0, output: 2.0}}}}\nagents:\n{agents}",
+        llm.base_url()
+    );
+    config_with(dir, &top, &format!("type: agent\nagent: a\n{job}"))
+}
+
+async fn trigger(engine: &Engine, input: &str) -> String {
+    let req = TriggerRequest { input: Some(json!(input)), ..Default::default() };
+    engine.trigger_job("j", req).await.expect("trigger").run_id
+}
+
+async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut changes = engine.changes();
+    loop {
+        let run = engine.get_run(id).await.expect("run");
+        if pred(&run) {
+            return run;
+        }
+        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
+            panic!("timed out waiting for {what}; run: {run:#?}");
+        }
+    }
+}
+
+async fn ended(engine: &Engine, id: &str) -> Run {
+    until_run(engine, id, "the run to end", |r| r.status.is_final()).await
+}
+
+async fn waiting(engine: &Engine, id: &str) -> Run {
+    until_run(engine, id, "the run to wait", |r| r.status == RunStatus::WaitingApproval).await
+}
+
+async fn detail(engine: &Engine, id: &str) -> RunDetail {
+    engine.get_run_detail(id).await.expect("detail")
+}
+
+fn decision(run: &str, approve: bool, comment: Option<&str>) -> DecisionRequest {
+    DecisionRequest { run_id: run.into(), step: None, approve, comment: comment.map(str::to_string), decided_by: "ana".into() }
+}
+
+fn tools_offered(body: &Value) -> Vec<String> {
+    body["tools"].as_array().into_iter().flatten().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect()
+}
+
+#[tokio::test]
+async fn the_tool_loop_runs_plugin_tools_and_records_a_transcript_with_usage_and_cost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((10, 5), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("file-save__save".into(), r##"{"path": "out/news.md", "content": "# News"}"##.into())]),
+        _ => Reply::Text(format!("done: {}", last_text(req))),
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "", "a:\n  system_prompt: You save news.\n  plugins: [file-save]\n  working_directory: work", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let id = trigger(&engine, "save the news").await;
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert!(run.output.as_ref().and_then(Value::as_str).is_some_and(|o| o.starts_with("done: ")), "{:?}", run.output);
+    assert_eq!(std::fs::read_to_string(dir.path().join("work/out/news.md")).expect("saved in the working directory"), "# News");
+
+    let seen = llm.seen();
+    assert_eq!(seen.len(), 2);
+    let first = &seen[0].body;
+    assert_eq!(system(first), "You save news.");
+    assert_eq!(first["model"], "scripted-model");
+    assert_eq!(tools_offered(first), ["file-save__save"], "tool names follow provider rules");
+    assert!(tools_offered(first).iter().all(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')));
+    assert_eq!(seen[0].authorization.as_deref(), Some("Bearer sk-test-secret"));
+
+    let d = detail(&engine, &id).await;
+    let kinds: Vec<(CallKind, &str)> = d.calls.iter().map(|c| (c.kind, c.name.as_str())).collect();
+    assert_eq!(kinds, [(CallKind::Model, "scripted-model"), (CallKind::Tool, "file-save.save"), (CallKind::Model, "scripted-model")]);
+    assert_eq!(d.calls[1].request, Some(json!({"path": "out/news.md", "content": "# News"})));
+    let usage = d.usage.clone().expect("usage");
+    assert_eq!((usage.model_calls, usage.tool_calls, usage.input_tokens, usage.output_tokens), (2, 1, 20, 10));
+    // 20 × 1.0 + 10 × 2.0 per million tokens.
+    assert!((usage.cost.expect("priced") - 40.0 / 1e6).abs() < 1e-12);
+    let everything = serde_json::to_string(&d).expect("json");
+    assert!(!everything.contains("sk-test-secret"), "the key never reaches a record");
+}
+
+#[tokio::test]
+async fn wrong_tool_calls_go_back_to_the_model_as_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![
+            ("no_such_tool".into(), "{}".into()),
+            ("file-read__read".into(), "{not json".into()),
+            ("file-read__read".into(), r#"{"path": "missing.txt"}"#.into()),
+        ]),
+        _ => {
+            let results: Vec<String> = lamplighter_tests::llm::messages(req)
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+                .collect();
+            Reply::Text(results.join("\n---\n"))
+        }
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "", "a:\n  plugins: [file-read]", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let id = trigger(&engine, "read").await;
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let out = run.output.and_then(|o| o.as_str().map(str::to_string)).unwrap_or_default();
+    let parts: Vec<&str> = out.split("\n---\n").collect();
+    assert_eq!(parts.len(), 3, "{out}");
+    assert!(parts[0].contains("there is no tool named \"no_such_tool\"") && parts[0].contains("file-read__read"), "{}", parts[0]);
+    assert!(parts[1].contains("not valid JSON"), "{}", parts[1]);
+    assert!(parts[2].starts_with("error:") && parts[2].contains("missing.txt"), "{}", parts[2]);
+    let d = detail(&engine, &id).await;
+    assert_eq!(d.calls.iter().filter(|c| c.kind == CallKind::Tool && c.error.is_some()).count(), 3);
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_a_500_and_a_reply_past_the_timeout_are_retried_within_the_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    let llm = ScriptedLlm::start((3, 4), move |_| match count.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::Status { code: 429, retry_after: Some("1".into()) },
+        1 => Reply::Status { code: 500, retry_after: None },
+        2 => Reply::Slow(Duration::from_secs(5), Box::new(Reply::Text("too late".into()))),
+        _ => Reply::Text("made it".into()),
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "timeout: 1s\nmax_retries: 3", "a: {}", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let id = trigger(&engine, "go").await;
+    let run = ended(&engine, &id).await;
+    assert_eq!((run.status, run.output.clone()), (RunStatus::Succeeded, Some(json!("made it"))), "{run:#?}");
+    let seen = llm.seen();
+    assert_eq!(seen.len(), 4);
+    assert!(seen[1].at - seen[0].at >= Duration::from_secs(1), "Retry-After: 1 was honoured");
+    assert!(seen.windows(2).all(|w| w[0].body == w[1].body), "every retry resends the same turn");
+    let d = detail(&engine, &id).await;
+    assert_eq!(d.calls.len(), 1, "one model call recorded, whatever its attempts");
+    assert_eq!(d.calls[0].response.as_ref().map(|r| r["attempts"].clone()), Some(json!(4)));
+    assert_eq!((d.calls[0].input_tokens, d.calls[0].output_tokens), (3, 4), "the answer's usage");
+
+    // Past max_retries the run fails, naming the provider.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |_| Reply::Status { code: 503, retry_after: Some("0".into()) }).await;
+    let config = agents(dir.path(), &llm, "max_retries: 2", "a: {}", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "go").await).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap_or_default();
+    assert!(error.contains("provider \"p\": HTTP 503") && error.contains("gave up after 3 attempts"), "{error}");
+    assert_eq!(llm.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn a_budget_stops_the_run_or_asks_to_go_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A model that never stops calling tools.
+    let llm =
+        ScriptedLlm::start((10, 5), |_| Reply::Tools(vec![("shell-exec__run".into(), r#"{"command": "echo x >> calls.txt"}"#.into())]))
+            .await;
+    let config =
+        agents(dir.path(), &llm, "", "a:\n  plugins: [shell-exec]\n  allowed_commands: ['echo*']", "budget: {max_tokens_total: 20}");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "go").await).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: 30 tokens used, max_tokens_total is 20"));
+    assert_eq!(llm.seen().len(), 2, "the call that would go over is not made");
+
+    // on_budget: ask — the run waits; an approval raises the budget by as much again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| match tool_results(req) {
+        n if n < 2 => Reply::Tools(vec![("shell-exec__run".into(), r#"{"command": "echo x >> calls.txt"}"#.into())]),
+        _ => Reply::Text("two calls made".into()),
+    })
+    .await;
+    let config = agents(
+        dir.path(),
+        &llm,
+        "",
+        "a:\n  plugins: [shell-exec]\n  allowed_commands: ['echo*']\n  budget: {max_tool_calls: 1, on_budget: ask}",
+        "",
+    );
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let id = trigger(&engine, "go").await;
+    waiting(&engine, &id).await;
+    let approvals = engine.list_approvals().await.expect("approvals");
+    assert_eq!(approvals.len(), 1);
+    assert_eq!(approvals[0].step, "budget-1");
+    let q = approvals[0].question.clone().unwrap_or_default();
+    assert!(q.as_str().is_some_and(|q| q.contains("1 tool calls made, max_tool_calls is 1")), "{q}");
+    engine.decide(decision(&id, true, None)).await.expect("approve");
+    let run = ended(&engine, &id).await;
+    assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("two calls made"))));
+    assert_eq!(llm.seen().len(), 3, "the model call made before the wait is not made again");
+    assert_eq!(std::fs::read_to_string(dir.path().join("data/calls.txt")).expect("calls"), "x\nx\n", "each tool ran once");
+}
+
+#[tokio::test]
+async fn tool_approval_ask_waits_for_a_person_and_deny_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("file-save__save".into(), r#"{"path": "a.txt", "content": "A"}"#.into())]),
+        _ => Reply::Text(format!("tool said: {}", last_text(req))),
+    })
+    .await;
+    let config = agents(
+        dir.path(),
+        &llm,
+        "",
+        "a:\n  plugins: [file-save]\n  tool_approval: {mode: ask, tools: ['file-save.*']}\nd:\n  plugins: [file-save]\n  tool_approval: deny",
+        "",
+    );
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    // Approved: the call runs, once.
+    let id = trigger(&engine, "save").await;
+    waiting(&engine, &id).await;
+    let approvals = engine.list_approvals().await.expect("approvals");
+    assert_eq!(approvals[0].step, "tool-1");
+    let q = approvals[0].question.clone().unwrap_or_default();
+    assert!(q.as_str().is_some_and(|q| q.contains("file-save.save") && q.contains("a.txt")), "shows the tool and its arguments: {q}");
+    engine.decide(decision(&id, true, None)).await.expect("approve");
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("data/a.txt")).expect("saved"), "A");
+    // Rejected: the model is told, with the comment, and the file is not written.
+    std::fs::remove_file(dir.path().join("data/a.txt")).expect("rm");
+    let id = trigger(&engine, "save").await;
+    waiting(&engine, &id).await;
+    engine.decide(decision(&id, false, Some("not today"))).await.expect("reject");
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded);
+    assert_eq!(run.output, Some(json!("tool said: error: refused by ana: not today")));
+    assert!(!dir.path().join("data/a.txt").exists());
+    let d = detail(&engine, &id).await;
+    assert_eq!(d.agent_waits.len(), 1, "the decision is kept with the run");
+
+    // deny: refused at once, no wait.
+    let config = agents(dir.path(), &llm, "", "a:\n  plugins: [file-save]\n  tool_approval: deny", "");
+    engine.reload(&config);
+    let run = ended(&engine, &trigger(&engine, "save").await).await;
+    assert_eq!(run.status, RunStatus::Succeeded);
+    let out = run.output.and_then(|o| o.as_str().map(str::to_string)).unwrap_or_default();
+    assert!(out.contains("refused: agent \"a\" may not call file-save.save (tool_approval: deny)"), "{out}");
+}
+
+#[tokio::test]
+async fn delegation_runs_agents_concurrently_and_pipelines_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| {
+        let who = system(req);
+        let input = lamplighter_tests::llm::messages(req)
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        match (who.as_str(), tool_results(req)) {
+            ("boss", 0) if input == "fan out" => Reply::Tools(vec![(
+                "delegate_to_multiple_agents".into(),
+                json!({"tasks": [{"agent": "x", "task": "one"}, {"agent": "broken", "task": "two"}]}).to_string(),
+            )]),
+            ("boss", 0) => Reply::Tools(vec![("run_pipeline".into(), json!({"pipeline": "chain", "input": "start"}).to_string())]),
+            ("boss", _) => Reply::Text(last_text(req)),
+            ("broken", _) => Reply::Status { code: 400, retry_after: None },
+            (name, _) => Reply::Text(format!("{name}({input})")),
+        }
+    })
+    .await;
+    let agents_yaml = "a:\n  system_prompt: boss\n  delegates: [x, y, broken]\nx:\n  system_prompt: x\ny:\n  system_prompt: y\nbroken:\n  system_prompt: broken";
+    let dirp = dir.path();
+    let config = agents(dirp, &llm, "", agents_yaml, "");
+    // Pipelines live at the top level: add one.
+    let path = dirp.join("lamplighter.yaml");
+    let text = std::fs::read_to_string(&path).expect("read").replace("agents:\n", "pipelines:\n  chain:\n    steps: [x, y]\nagents:\n");
+    std::fs::write(&path, text).expect("write");
+    let config = lamplighter_config::load(&lamplighter_config::LoadOptions { path: Some(path), cwd: Some(dirp.to_path_buf()) })
+        .map(|l| l.config)
+        .unwrap_or(config);
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+
+    let run = ended(&engine, &trigger(&engine, "fan out").await).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let labelled: Value = serde_json::from_str(run.output.as_ref().and_then(Value::as_str).unwrap_or("null")).expect("labelled json");
+    assert_eq!(labelled[0], json!({"agent": "x", "ok": true, "answer": "x(one)"}));
+    assert_eq!(
+        (labelled[1]["agent"].clone(), labelled[1]["ok"].clone()),
+        (json!("broken"), json!(false)),
+        "one failure does not stop the other"
+    );
+
+    let run = ended(&engine, &trigger(&engine, "chain it").await).await;
+    assert_eq!(run.output, Some(json!("y(x(start))")), "each pipeline step gets the previous answer");
+}
+
+#[tokio::test]
+async fn responses_api_models_and_agent_steps_in_a_workflow() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((2, 3), |req| {
+        let input = req["input"].as_array().cloned().unwrap_or_default();
+        match input.iter().any(|i| i["type"] == "function_call_output") {
+            false => Reply::Tools(vec![("file-save__save".into(), r#"{"path": "r.txt", "content": "R"}"#.into())]),
+            true => Reply::Text(format!("wrote; {}", req["instructions"].as_str().unwrap_or(""))),
+        }
+    })
+    .await;
+    let top = format!(
+        "ai:\n  providers:\n    p:\n      base_url: {}\n      models:\n        code: {{id: codex, api_type: responses}}\nagents:\n  coder:\n    model: code\n    system_prompt: be brief\n    plugins: [file-save]\nworkflows:\n  w:\n    steps:\n      - id: write\n        type: agent\n        agent: coder\n        input: \"${{input.task}}\"\n      - id: after\n        type: agent\n        agent: coder\n        input: \"again: ${{steps.write.output}}\"\n",
+        llm.base_url()
+    );
+    let config = config_with(dir.path(), &top, "type: workflow\nworkflow: w");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let req = TriggerRequest { input: Some(json!({"task": "write r"})), ..Default::default() };
+    let id = engine.trigger_job("j", req).await.expect("trigger").run_id;
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output, Some(json!("wrote; be brief")));
+    let seen = llm.seen();
+    assert!(seen.iter().all(|s| s.path == "/v1/responses"), "api_type: responses uses the Responses API");
+    assert_eq!(seen[0].body["input"][0]["content"], "write r", "the step's input template rendered");
+    assert_eq!(seen[2].body["input"][0]["content"], "again: wrote; be brief", "the next step sees the previous output");
+    let d = detail(&engine, &id).await;
+    let convs: Vec<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
+    assert_eq!(convs, ["after", "after", "after", "write", "write", "write"], "one conversation per step");
+}
