@@ -190,10 +190,13 @@ pub(crate) enum RunsCommand {
         #[arg(long, value_name = "CURSOR")]
         cursor: Option<String>,
     },
-    /// Show one run: times, input, output, error, steps
+    /// Show one run: times, input, output, error, steps, agent usage
     Show {
         /// The run's id
         id: String,
+        /// Also print the agent transcript: every model call and tool call, in order
+        #[arg(long)]
+        transcript: bool,
     },
     /// Cancel a queued or running run
     Cancel {

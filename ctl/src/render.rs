@@ -569,7 +569,7 @@ pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
     pairs.add_some("idempotency key", get(run, &["idempotency_key"]).map(scalar));
     pairs.add_some("tokens", tokens(run));
     pairs.add_some("cost", get(run, &["cost"]).map(scalar));
-    pairs.add_some("usage", get(run, &["usage"]).map(compact));
+    pairs.add_some("usage", get(run, &["usage"]).map(usage));
     pairs.add_some("input", get(run, &["input"]).map(compact));
     pairs.add_some("parameters", get(run, &["parameters"]).map(compact));
     pairs.add_some("error", get(run, &["error"]).map(scalar));
@@ -578,6 +578,11 @@ pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
     if !steps.is_empty() {
         out.push_str("\nsteps:\n");
         out.push_str(&indent(&steps_table(&steps, now)));
+    }
+    let waits = list_at(run, "agent_waits");
+    if !waits.is_empty() {
+        out.push_str("\nagent approvals:\n");
+        out.push_str(&indent(&steps_table(&waits, now)));
     }
     if let Some(output) = get(run, &["output"]) {
         out.push_str("\noutput:\n");
@@ -588,6 +593,76 @@ pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
         out.push_str(&indent(&text));
     }
     out
+}
+
+/// An agent run's usage: `2 model calls, 1 tool call, 20 tokens in / 10 out, cost 0.00004`.
+fn usage(u: &Value) -> String {
+    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let plural = |count: u64, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
+    let mut text = format!(
+        "{}, {}, {} tokens in / {} out",
+        plural(n("model_calls"), "model call"),
+        plural(n("tool_calls"), "tool call"),
+        n("input_tokens"),
+        n("output_tokens")
+    );
+    if let Some(cost) = u.get("cost").and_then(Value::as_f64) {
+        text.push_str(&format!(", cost {cost:.6}"));
+    }
+    text
+}
+
+/// `runs show --transcript`: every model and tool call of the run's agents, by conversation.
+pub(crate) fn transcript(value: &Value) -> String {
+    let run = run_of(value);
+    let calls = list_at(run, "calls");
+    if calls.is_empty() {
+        return "transcript: no agent calls\n".to_owned();
+    }
+    let mut out = String::from("transcript:\n");
+    let mut conversation = None;
+    for call in calls {
+        let conv = call.get("conversation").and_then(Value::as_str).unwrap_or_default();
+        if conversation != Some(conv) {
+            out.push_str(&format!("  [{}]\n", if conv.is_empty() { "agent" } else { conv }));
+            conversation = Some(conv);
+        }
+        let name = cell(call, &["name"]);
+        let took = took_ms(call).map(|ms| format!(", {ms} ms")).unwrap_or_default();
+        match call.get("kind").and_then(Value::as_str) {
+            Some("model") => {
+                let n = |k: &str| call.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let cost = call.get("cost").and_then(Value::as_f64).map(|c| format!(", cost {c:.6}")).unwrap_or_default();
+                out.push_str(&format!("    model {name} ({} in / {} out{cost}{took})\n", n("input_tokens"), n("output_tokens")));
+                let response = call.get("response").cloned().unwrap_or(Value::Null);
+                if let Some(text) = response.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    out.push_str(&indent_by(text.trim_end(), 6));
+                }
+                for tc in response.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    let tool = tc.get("tool").and_then(Value::as_str).or_else(|| tc.get("name").and_then(Value::as_str)).unwrap_or("?");
+                    let args = tc.get("arguments").and_then(Value::as_str).unwrap_or("");
+                    out.push_str(&format!("      → {tool} {}\n", truncate(args, 200)));
+                }
+            }
+            _ => {
+                let failed = if call.get("error").is_some_and(|e| !e.is_null()) { " failed" } else { "" };
+                out.push_str(&format!("    tool {name}{failed} ({}{took})\n", cell(call, &["call_id"])));
+                let result = call.get("response").map_or_else(String::new, |r| r.as_str().map_or_else(|| compact(r), str::to_owned));
+                out.push_str(&format!("      ← {}\n", truncate(&result.replace('\n', " "), 300)));
+            }
+        }
+    }
+    out
+}
+
+fn took_ms(call: &Value) -> Option<i64> {
+    let start = parse_time(call.get("started_at")?)?;
+    let end = parse_time(call.get("finished_at")?)?;
+    Some((end - start).num_milliseconds())
+}
+
+fn indent_by(text: &str, n: usize) -> String {
+    text.lines().map(|l| format!("{}{l}\n", " ".repeat(n))).collect()
 }
 
 fn tokens(run: &Value) -> Option<String> {
@@ -722,13 +797,32 @@ fn step_chain(steps: &[Value]) -> String {
 
 /// `agents list`.
 pub(crate) fn agents(value: &Value, now: DateTime<Utc>) -> String {
-    const COLUMNS: [Column; 4] = [
-        Column { title: "NAME", keys: &["name"] },
-        Column { title: "MODEL", keys: &["model"] },
-        Column { title: "TOOLS", keys: &["tools", "plugins"] },
-        Column { title: "DESCRIPTION", keys: &["description"] },
-    ];
-    list_view(value, "agents", "no agents", &COLUMNS, now)
+    let _ = now;
+    let entries = items(value, "agents");
+    if entries.is_empty() {
+        return "no agents\n".to_owned();
+    }
+    let mut table = Table::new(&["NAME", "MODEL", "PROVIDER", "TOOLS", "ENABLED"]);
+    for a in entries {
+        let model = match (get(a, &["model"]).map(scalar), get(a, &["model_id"]).map(scalar)) {
+            (Some(alias), Some(id)) if alias != id => format!("{alias} ({id})"),
+            (Some(alias), _) => alias,
+            (None, _) => NONE.to_owned(),
+        };
+        let tools = list_at(a, "tools").iter().map(|t| scalar(t)).collect::<Vec<_>>().join(", ");
+        let enabled = match get(a, &["disabled"]) {
+            Some(why) => format!("no: {}", scalar(why)),
+            None => "yes".to_owned(),
+        };
+        table.push(vec![
+            cell(a, &["name"]),
+            model,
+            cell(a, &["provider"]),
+            if tools.is_empty() { NONE.to_owned() } else { truncate(&tools, MAX_CELL) },
+            enabled,
+        ]);
+    }
+    table.render()
 }
 
 /// `plugins list`.

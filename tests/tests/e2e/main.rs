@@ -6,6 +6,7 @@
 
 mod support;
 
+mod agents;
 mod config_cli;
 mod lifecycle;
 mod mcp;

@@ -1,0 +1,264 @@
+//! Agents on the real binaries against the scripted OpenAI-compatible server (real HTTP): a
+//! worker killed with SIGKILL mid-conversation resumes it without repeating a returned model
+//! call or a finished tool call; the seed's `content-review` workflow (its own files) with
+//! approval and rejection through `lampctl`; a tool call approved through `lampctl` and the
+//! transcript it prints; MCP server tools from a stdio fixture, one crashing mid-call and one
+//! that never starts; `lampctl agents list`.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lamplighter_tests::llm::{Reply, ScriptedLlm, last_text, messages, system, tool_results};
+use serde_json::{Value, json};
+
+use crate::support::{Worker, repo_root};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+}
+
+fn data(w: &Worker, file: &str) -> String {
+    std::fs::read_to_string(w.dir.path().join("data").join(file)).unwrap_or_default()
+}
+
+fn json_of(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// A provider `scripted` at `llm` whose model alias `default` every agent resolves to.
+fn ai(llm: &ScriptedLlm) -> String {
+    format!(
+        "ai:\n  default_model: default\n  providers:\n    scripted:\n      base_url: {}\n      models:\n        default: {{id: scripted-model}}\n",
+        llm.base_url()
+    )
+}
+
+fn user_input(req: &Value) -> String {
+    messages(req).iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_worker_killed_mid_agent_resumes_the_conversation_without_repeating_calls() {
+    let rt = runtime();
+    let (in_flight, killed_during) = mpsc::channel::<()>();
+    let in_flight = Mutex::new(Some(in_flight));
+    let llm = rt.block_on(ScriptedLlm::start((10, 2), move |req| {
+        let step = |c: &str| Reply::Tools(vec![("shell-exec__run".into(), json!({"command": format!("printf {c} >> side")}).to_string())]);
+        match tool_results(req) {
+            0 => step("a"),
+            1 => step("b"),
+            // The first time the third call comes in, the test kills the worker while it waits.
+            2 => match in_flight.lock().unwrap().take() {
+                Some(tx) => {
+                    let _ = tx.send(());
+                    Reply::Slow(Duration::from_secs(60), Box::new(step("c")))
+                }
+                None => step("c"),
+            },
+            _ => Reply::Text(format!("side effects done; last: {}", last_text(req))),
+        }
+    }));
+    let top = format!("{}agents:\n  worker-bee:\n    plugins: [shell-exec]\n    allowed_commands: ['printf*']\n", ai(&llm));
+    let mut w = Worker::new("");
+    w.write_full(&top, "bee:\n  type: agent\n  agent: worker-bee\n  input: make three marks\n", "");
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "bee"]);
+    assert_eq!(code, 0, "{out}{err}");
+    killed_during.recv_timeout(Duration::from_secs(30)).expect("the third model call to start");
+    w.signal("KILL");
+    w.wait_exit(Duration::from_secs(10));
+    assert_eq!(data(&w, "side"), "ab", "two tool calls finished before the kill");
+
+    w.start();
+    let runs = w.wait_for("the resumed run to succeed", Duration::from_secs(30), |r| r.iter().any(|r| r.status == "succeeded"));
+    assert_eq!(data(&w, "side"), "abc", "each tool's side effect happened once: {runs:#?}");
+    let by_state: Vec<usize> = llm.seen().iter().map(|s| tool_results(&s.body)).collect();
+    // The call cut off by the kill never returned and was made again; no call that returned was.
+    assert_eq!(by_state, [0, 1, 2, 2, 3], "model calls by how many tool results they carried");
+
+    let (code, out, _) = w.ctl(&["runs", "list", "--job", "bee", "-o", "json"]);
+    assert_eq!(code, 0);
+    let id = json_of(&out)["runs"][0]["id"].as_str().unwrap().to_owned();
+    let (code, out, _) = w.ctl(&["runs", "show", &id, "-o", "json"]);
+    assert_eq!(code, 0);
+    let detail = json_of(&out);
+    assert_eq!(detail["usage"]["model_calls"], 4);
+    assert_eq!(detail["usage"]["tool_calls"], 3);
+    assert_eq!(detail["usage"]["input_tokens"], 40);
+    let attempts: Vec<u64> = detail["calls"].as_array().unwrap().iter().map(|c| c["attempt"].as_u64().unwrap()).collect();
+    assert_eq!(attempts, [1, 1, 1, 1, 2, 2, 2], "the first attempt's calls are kept; the retry made the rest");
+    drop(rt);
+}
+
+/// Writes a config importing the seed's `content-review` workflow and its three agents from
+/// the seed's own files, with the scripted provider.
+fn write_content_review(w: &Worker, llm: &ScriptedLlm) {
+    let seed = repo_root().join("../shared/reference/gantri-config");
+    let files =
+        ["workflows/content-review-group-chat.yaml", "agents/content-writer.yaml", "agents/editor.yaml", "agents/fact-checker.yaml"];
+    let imports: String = files.iter().map(|f| format!("    - {}\n", seed.join(f).display())).collect();
+    w.write_full(&ai(llm), "", "");
+    let text = std::fs::read_to_string(w.config_path()).unwrap().replacen("framework:\n", &format!("framework:\n  imports:\n{imports}"), 1);
+    std::fs::write(w.config_path(), text).unwrap();
+}
+
+#[test]
+fn the_seed_content_review_workflow_runs_and_lampctl_approves_or_rejects_it() {
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((5, 5), |req| {
+        let who = system(req);
+        let input = user_input(req);
+        if who.starts_with("You are an editor") {
+            if input.starts_with("Incorporate") { Reply::Text("FINAL".into()) } else { Reply::Text(format!("grammar ok: {input}")) }
+        } else if who.starts_with("You are a fact-checker") {
+            Reply::Text(format!("facts ok: {input}"))
+        } else {
+            Reply::Text(format!("draft about {input}"))
+        }
+    }));
+    let mut w = Worker::new("");
+    write_content_review(&w, &llm);
+    w.start();
+    let (code, out, err) = w.ctl(&["workflows", "run", "content-review", "--input", "{\"topic\": \"tides\"}", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let run = json_of(&out)["run_id"].as_str().unwrap().to_owned();
+    w.wait_for("the run to wait for approval", Duration::from_secs(30), |r| r.iter().any(|r| r.status == "waiting_approval"));
+    let (code, out, _) = w.ctl(&["runs", "show", &run, "-o", "json"]);
+    assert_eq!(code, 0);
+    let detail = json_of(&out);
+    let step = |id: &str| -> Value {
+        fn find(steps: &Value, id: &str) -> Option<Value> {
+            steps.as_array()?.iter().find_map(|s| if s["id"] == id { Some(s.clone()) } else { find(&s["steps"], id) })
+        }
+        find(&detail["steps"], id).unwrap_or(Value::Null)
+    };
+    assert_eq!(step("draft")["output"], "draft about tides");
+    assert_eq!(step("grammar-check")["output"], "grammar ok: draft about tides");
+    assert_eq!(step("fact-check")["output"], "facts ok: draft about tides");
+    assert_eq!(step("final-edit")["output"], "FINAL");
+    let final_input = llm.seen().iter().map(|s| user_input(&s.body)).find(|i| i.starts_with("Incorporate")).unwrap();
+    assert!(
+        final_input.contains("Grammar review: grammar ok: draft about tides") && final_input.contains("Fact check: facts ok"),
+        "{final_input}"
+    );
+
+    let (code, out, err) = w.ctl(&["approvals", "approve", &run, "--by", "ana"]);
+    assert_eq!(code, 0, "{out}{err}");
+    w.wait_for("the run to succeed", Duration::from_secs(30), |r| r.iter().any(|r| r.status == "succeeded"));
+    assert_eq!(llm.seen().len(), 4, "resuming after the approval calls no model again");
+
+    // And rejected: the run fails naming the step.
+    let (code, out, _) = w.ctl(&["workflows", "run", "content-review", "--input", "{\"topic\": \"moons\"}", "-o", "json"]);
+    assert_eq!(code, 0);
+    let second = json_of(&out)["run_id"].as_str().unwrap().to_owned();
+    w.wait_for("the second run to wait", Duration::from_secs(30), |r| r.iter().any(|r| r.id == second && r.status == "waiting_approval"));
+    let (code, out, err) = w.ctl(&["approvals", "reject", &second, "--comment", "off topic", "--by", "ana"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let runs = w.wait_for("the second run to fail", Duration::from_secs(30), |r| r.iter().any(|r| r.id == second && r.status == "failed"));
+    let failed = runs.iter().find(|r| r.id == second).unwrap();
+    assert_eq!(failed.error.as_deref(), Some("step \"approval\" was rejected by ana: off topic"));
+    drop(rt);
+}
+
+#[test]
+fn a_tool_call_waits_for_lampctl_and_the_transcript_shows_it() {
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((7, 3), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("file-save__save".into(), r#"{"path": "report.md", "content": "all good"}"#.into())]),
+        _ => Reply::Text(format!("saved: {}", last_text(req))),
+    }));
+    let top = format!("{}agents:\n  careful:\n    plugins: [file-save]\n    tool_approval: ask\n", ai(&llm));
+    let mut w = Worker::new("");
+    w.write_full(&top, "report:\n  type: agent\n  agent: careful\n", "");
+    w.start();
+    let (code, out, _) = w.ctl(&["agents", "list"]);
+    assert_eq!(code, 0);
+    let row = out.lines().find(|l| l.starts_with("careful")).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("default (scripted-model)") && row.contains("scripted") && row.contains("file-save.save") && row.contains("yes"),
+        "{out}"
+    );
+
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "report"]);
+    assert_eq!(code, 0);
+    w.wait_for("the run to wait", Duration::from_secs(30), |r| r.iter().any(|r| r.status == "waiting_approval"));
+    let (code, out, _) = w.ctl(&["approvals", "list", "-o", "json"]);
+    assert_eq!(code, 0);
+    let approval = &json_of(&out)["approvals"][0];
+    assert_eq!(approval["step"], "tool-1");
+    let question = approval["question"].as_str().unwrap_or_default();
+    assert!(question.contains("file-save.save") && question.contains("report.md"), "shows the tool and its arguments: {out}");
+    assert_eq!(data(&w, "report.md"), "", "nothing written before the approval");
+    let run = w.runs()[0].id.clone();
+    let (code, out, err) = w.ctl(&["approvals", "approve", &run]);
+    assert_eq!(code, 0, "{out}{err}");
+    w.wait_for("the run to succeed", Duration::from_secs(30), |r| r.iter().any(|r| r.status == "succeeded"));
+    assert_eq!(data(&w, "report.md"), "all good");
+
+    let (code, out, _) = w.ctl(&["runs", "show", &run, "--transcript"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("usage") && out.contains("2 model calls, 1 tool call, 14 tokens in / 6 out"), "{out}");
+    assert!(out.contains("→ file-save.save {\"path\": \"report.md\""), "{out}");
+    assert!(out.contains("tool file-save.save (call_"), "{out}");
+    assert!(out.contains("agent approvals:") && out.contains("tool-1"), "{out}");
+    drop(rt);
+}
+
+#[test]
+fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that_never_starts_fails_only_its_runs() {
+    let rt = runtime();
+    let calls = Arc::new(Mutex::new(0usize));
+    let llm = rt.block_on(ScriptedLlm::start((1, 1), move |req| {
+        let input = user_input(req);
+        let results: Vec<String> =
+            messages(req).iter().filter(|m| m["role"] == "tool").map(|m| m["content"].as_str().unwrap_or_default().to_owned()).collect();
+        *calls.lock().unwrap() += 1;
+        match (input.as_str(), results.len()) {
+            ("first", 0) => Reply::Tools(vec![
+                ("fx__echo".into(), r#"{"text": "hi"}"#.into()),
+                ("fx__note".into(), r#"{"text": "once"}"#.into()),
+                ("fx__fail".into(), "{}".into()),
+            ]),
+            ("first", 3) => Reply::Tools(vec![("fx__crash".into(), "{}".into())]),
+            ("again", 0) => Reply::Tools(vec![("fx__echo".into(), r#"{"text": "back"}"#.into())]),
+            ("never", 0) => Reply::Text("unreachable".into()),
+            _ => Reply::Text(results.join("\n---\n")),
+        }
+    }));
+    let fixture = env!("CARGO_BIN_EXE_mcp-fixture");
+    let mut w = Worker::new("");
+    let notes = w.dir.path().join("notes.txt");
+    let top = format!(
+        "{}mcp:\n  servers:\n    fx:\n      command: {fixture}\n      env: {{FIXTURE_NOTES: {}}}\n    broken:\n      command: {fixture}\n      args: [--refuse]\nagents:\n  user:\n    mcp_servers: [fx]\n  doomed:\n    mcp_servers: [broken]\n",
+        ai(&llm),
+        notes.display()
+    );
+    w.write_full(&top, "use:\n  type: agent\n  agent: user\nfail:\n  type: agent\n  agent: doomed\n", "");
+    w.start();
+
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "use", "--input", "first", "--wait", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let answer = json_of(&out)["run"]["output"].as_str().unwrap_or_default().to_owned();
+    let parts: Vec<&str> = answer.split("\n---\n").collect();
+    assert_eq!(parts.len(), 4, "{out}\n{}", w.log());
+    assert_eq!(parts[..3], ["echo: hi", "noted", "error: the fixture failed on purpose"], "{answer}");
+    assert!(parts[3].contains("MCP server \"fx\" stopped during crash") && parts[3].contains("fixture: crashing on purpose"), "{answer}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "once\n");
+
+    // The crashed server is started again on its next use.
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "use", "--input", "again", "--wait", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_of(&out)["run"]["output"], "echo: back");
+
+    // A server that never starts fails the run that needs it, with what it printed; the worker goes on.
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "fail", "--input", "never", "--wait", "-o", "json"]);
+    assert_ne!(code, 0, "{out}{err}");
+    let runs = w.runs();
+    let failed = runs.iter().find(|r| r.job == "fail").unwrap();
+    let error = failed.error.clone().unwrap_or_default();
+    assert!(error.contains("MCP server \"broken\" did not start") && error.contains("refusing to start: FIXTURE_KEY is wrong"), "{error}");
+    let (code, _, _) = w.ctl(&["status"]);
+    assert_eq!(code, 0, "the worker is still up");
+    drop(rt);
+}
