@@ -56,9 +56,49 @@ pub struct Unavailable {
 /// takes one.
 pub fn check(config: &Config, registry: &Registry) -> Checked {
     let mut out = Checked::default();
-    // Workflows whose plugin steps cannot run here, with the reason (their jobs are disabled).
+    // Agents that cannot run here (a plugin that did not load, a disabled provider or MCP
+    // server), with the reason: what runs them is disabled.
+    let mut agents_down: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    for (name, agent) in &config.agents {
+        if let Some(why) = config.disabled.get(&format!("agent \"{name}\"")) {
+            agents_down.insert(name, format!("agent \"{name}\", which is disabled: {why}"));
+        }
+        for (i, plugin) in agent.plugins.iter().enumerate() {
+            match registry.plugins().iter().find(|p| &p.name == plugin) {
+                None => {
+                    let known: Vec<&str> = registry.plugins().iter().map(|p| p.name.as_str()).collect();
+                    let path = [lamplighter_config::keys(&["agents", name, "plugins"]), vec![lamplighter_config::Seg::Index(i)]].concat();
+                    let at = config.sources.locate(&path);
+                    out.errors.push(Diagnostic::error(
+                        at.or_else(|| config.locate(&["agents", name])),
+                        format!("agent \"{name}\" uses plugin \"{plugin}\", which does not exist; known plugins: {}", known.join(", ")),
+                    ));
+                }
+                Some(p) => {
+                    if let Some(why) = &p.error {
+                        agents_down
+                            .entry(name)
+                            .or_insert_with(|| format!("agent \"{name}\", whose plugin \"{plugin}\" could not be loaded: {why}"));
+                    }
+                }
+            }
+        }
+    }
+    // Workflows whose steps cannot run here, with the reason (their jobs are disabled).
     let mut broken: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     for (wname, workflow) in &config.workflows {
+        for step in workflow.all_steps() {
+            let agents: Vec<&String> = match &step.kind {
+                lamplighter_config::StepKind::Agent { agent, .. } => vec![agent],
+                lamplighter_config::StepKind::GroupChat { agents, .. } => agents.iter().collect(),
+                _ => Vec::new(),
+            };
+            for a in agents {
+                if let Some(reason) = agents_down.get(a.as_str()) {
+                    broken.entry(wname.as_str()).or_insert_with(|| format!("workflow \"{wname}\": step \"{}\" needs {reason}", step.id));
+                }
+            }
+        }
         for step in workflow.all_steps() {
             let lamplighter_config::StepKind::Plugin { plugin, action, input, .. } = &step.kind else { continue };
             let at = config.locate(&["workflows", wname]);
@@ -105,7 +145,11 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
                     }
                 }
             }
-            Target::Agent(_) => {}
+            Target::Agent(a) => {
+                if let Some(reason) = agents_down.get(a.as_str()) {
+                    disable(at("agent"), format!("job \"{name}\" runs {reason}"), reason.clone());
+                }
+            }
         }
     }
     out

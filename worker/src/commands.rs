@@ -109,8 +109,10 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
     }
 }
 
+/// The merged config as a worker would run it: what the environment breaks (an unset key, a
+/// plugin that did not load) is disabled, not an error; `validate` reports those.
 pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
-    match load_checked(path, Purpose::Check) {
+    match load_checked(path, Purpose::Run) {
         Ok((l, _)) => {
             print!("{}", lamplighter_config::show(&l.config));
             ExitCode::SUCCESS

@@ -7,11 +7,25 @@ use crate::support::{repo_root, run_cli};
 fn gantri_reference_config_validates() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = repo_root().join("../shared/reference/gantri-config/gantri.yaml");
+    // Without its keys, what needs them is an error (a worker would run with it disabled).
     let (code, out, err) = run_cli(&["config", "validate", "--config", reference.to_str().unwrap()], tmp.path());
-    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
-    assert!(out.contains("1 jobs, 12 agents, 6 workflows"), "{out}");
-    assert!(err.contains("section \"dataverse\""), "{err}");
-    assert!(err.contains("agent \"news-summarizer\" is disabled"), "{err}");
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("error: job \"daily-news-9pm\" runs workflow \"daily-news\": step \"fetch-and-summarize\" needs agent \"news-summarizer\", which is disabled: its provider \"azure-openai\" is disabled: ${AZURE_OPENAI_API_KEY} is not set"),
+        "{err}"
+    );
+    // With them set, it validates.
+    let out = std::process::Command::new(crate::support::bin())
+        .args(["config", "validate", "--config", reference.to_str().unwrap()])
+        .current_dir(tmp.path())
+        .env("AZURE_OPENAI_API_KEY", "k")
+        .env("BRAVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("1 jobs, 12 agents, 6 workflows"), "{stdout}");
+    assert!(stderr.contains("section \"dataverse\""), "{stderr}");
     let (code, out, _) = run_cli(&["config", "show", "--config", reference.to_str().unwrap()], tmp.path());
     assert_eq!(code, 0);
     assert!(out.contains("daily-news-9pm:"));

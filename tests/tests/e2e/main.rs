@@ -10,4 +10,5 @@ mod agents;
 mod config_cli;
 mod lifecycle;
 mod mcp;
+mod real_llm;
 mod workflows;
