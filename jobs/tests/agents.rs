@@ -349,3 +349,29 @@ async fn responses_api_models_and_agent_steps_in_a_workflow() {
     let convs: Vec<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
     assert_eq!(convs, ["after", "after", "after", "write", "write", "write"], "one conversation per step");
 }
+
+#[tokio::test]
+async fn a_group_chat_step_passes_each_answer_to_the_next_participant_for_its_rounds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| {
+        let input = lamplighter_tests::llm::messages(req)
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        Reply::Text(format!("{}({input})", system(req)))
+    })
+    .await;
+    let top = format!(
+        "ai:\n  providers:\n    p:\n      base_url: {}\n      models:\n        m: {{id: m}}\nagents:\n  a: {{model: m, system_prompt: a}}\n  b: {{model: m, system_prompt: b}}\nworkflows:\n  w:\n    steps:\n      - {{id: chat, type: group_chat, agents: [a, b], input: \"${{input}}\", max_iterations: 2}}\n",
+        llm.base_url()
+    );
+    let config = config_with(dir.path(), &top, "type: workflow\nworkflow: w");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "x").await).await;
+    assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("b(a(b(a(x))))"))));
+    let d = detail(&engine, &run.id).await;
+    let convs: Vec<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
+    assert_eq!(convs, ["chat#0.0", "chat#0.1", "chat#1.0", "chat#1.1"], "one conversation per turn");
+}

@@ -687,13 +687,12 @@ impl Session {
             let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
             let mut approved = 0u32;
             let mut open = None;
-            for (id, r) in steps.iter().filter(|(id, _)| id.starts_with("budget-")) {
+            for r in steps.iter().filter(|(id, _)| id.starts_with("budget-")).map(|(_, r)| r) {
                 match r.status {
                     StepStatus::Succeeded => approved += 1,
                     StepStatus::WaitingApproval => open = Some(r.clone()),
                     _ => {}
                 }
-                let _ = id;
             }
             (approved, open)
         };

@@ -262,3 +262,29 @@ fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that
     assert_eq!(code, 0, "the worker is still up");
     drop(rt);
 }
+
+#[test]
+fn an_agent_uses_a_streamable_http_mcp_server_limited_by_allowed_actions() {
+    // The MCP server is the worker's own control surface, over streamable HTTP.
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((1, 1), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("self__list_jobs".into(), "{}".into())]),
+        _ => Reply::Text(last_text(req)),
+    }));
+    let mut w = Worker::new("");
+    let top = format!(
+        "{}mcp:\n  servers:\n    self:\n      url: {}\n      headers: {{X-Trace: e2e}}\nagents:\n  operator:\n    mcp_servers: [self]\n    allowed_actions: [self.list_jobs]\n",
+        ai(&llm),
+        w.url()
+    );
+    w.write_full(&top, "look:\n  type: agent\n  agent: operator\n  input: which jobs are there?\n", "");
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "look", "--wait", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let answer = json_of(&out)["run"]["output"].as_str().unwrap_or_default().to_owned();
+    assert!(answer.contains("\"look\""), "the tool's result reached the model: {answer}");
+    let offered: Vec<String> =
+        llm.seen()[0].body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(offered, ["self__list_jobs"], "only what allowed_actions lets through of the server's tools");
+    drop(rt);
+}
