@@ -428,7 +428,7 @@ impl<'a> Compiler<'a> {
                     pricing: m.pricing.as_ref().map(|p| Pricing { input: p.input, output: p.output }),
                 };
                 if let Some(p) = &m.pricing
-                    && !(p.input >= 0.0 && p.output >= 0.0)
+                    && [p.input, p.output].iter().any(|v| v.is_nan() || *v < 0.0)
                 {
                     self.err(
                         &["ai", "providers", name, "models", alias, "pricing"],
@@ -622,7 +622,7 @@ impl<'a> Compiler<'a> {
             }
         };
         if let Some(c) = b.max_cost
-            && !(c >= 0.0)
+            && (c.is_nan() || c < 0.0)
         {
             self.err(&field("max_cost"), format!("max_cost must be zero or more, not {c}"));
         }
