@@ -193,6 +193,14 @@ async fn a_budget_stops_the_run_or_asks_to_go_on() {
     assert_eq!(run.error.as_deref(), Some("budget exceeded: 30 tokens used, max_tokens_total is 20"));
     assert_eq!(llm.seen().len(), 2, "the call that would go over is not made");
 
+    // max_cost, from the model's pricing (1.0 in / 2.0 out per million): 20e-6 a call.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config =
+        agents(dir.path(), &llm, "", "a:\n  plugins: [shell-exec]\n  allowed_commands: ['echo*']\n  budget: {max_cost: 0.00003}", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "go").await).await;
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: cost 0.000040 reached, max_cost is 0.000030"));
+
     // on_budget: ask — the run waits; an approval raises the budget by as much again.
     let dir = tempfile::tempdir().expect("tempdir");
     let llm = ScriptedLlm::start((1, 1), |req| match tool_results(req) {
@@ -374,4 +382,23 @@ async fn a_group_chat_step_passes_each_answer_to_the_next_participant_for_its_ro
     let d = detail(&engine, &run.id).await;
     let convs: Vec<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
     assert_eq!(convs, ["chat#0.0", "chat#0.1", "chat#1.0", "chat#1.1"], "one conversation per turn");
+}
+
+#[tokio::test]
+async fn an_agent_from_a_markdown_file_runs_with_its_body_as_the_system_prompt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| Reply::Text(format!("prompt was: {}", system(req).trim()))).await;
+    std::fs::create_dir_all(dir.path().join("agents")).expect("agents dir");
+    std::fs::write(dir.path().join("agents/scribe.md"), "---\nmodel: m\ndescription: writes things\n---\nYou are a scribe.\n").expect("md");
+    let config = agents(dir.path(), &llm, "", "a: {}", "");
+    assert!(config.agents.contains_key("scribe"), "loaded from agents/scribe.md");
+    let path = dir.path().join("lamplighter.yaml");
+    let text = std::fs::read_to_string(&path).expect("read").replace("agent: a\n", "agent: scribe\n");
+    std::fs::write(&path, text).expect("write");
+    let config = lamplighter_config::load(&lamplighter_config::LoadOptions { path: Some(path), cwd: Some(dir.path().to_path_buf()) })
+        .expect("config")
+        .config;
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "write").await).await;
+    assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("prompt was: You are a scribe."))));
 }

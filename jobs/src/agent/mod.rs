@@ -714,7 +714,7 @@ impl Session {
         if let Some(max) = budget.max_cost
             && usage.cost >= max * factor as f64
         {
-            over = Some(format!("cost {:.4} reached, max_cost is {:.4}", usage.cost, max * factor as f64));
+            over = Some(format!("cost {:.6} reached, max_cost is {:.6}", usage.cost, max * factor as f64));
         }
         if let Some(max) = budget.max_duration
             && elapsed >= max.saturating_mul(factor as u32)
