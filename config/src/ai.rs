@@ -277,11 +277,25 @@ pub struct Pipeline {
     pub agents: Vec<String>,
 }
 
-/// An MCP server agents can use (`mcp.servers.<name>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An MCP server agents can use (`mcp.servers.<name>`). `Debug` shows the names of its `env`
+/// variables and headers, never their values (they often hold keys).
+#[derive(Clone, PartialEq, Eq)]
 pub enum McpServer {
     /// A child process speaking MCP over stdio.
     Stdio { command: String, args: Vec<String>, env: BTreeMap<String, String> },
     /// A streamable-HTTP endpoint.
     Http { url: String, headers: BTreeMap<String, String> },
+}
+
+impl fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            McpServer::Stdio { command, args, env } => {
+                f.debug_struct("Stdio").field("command", command).field("args", args).field("env", &env.keys().collect::<Vec<_>>()).finish()
+            }
+            McpServer::Http { url, headers } => {
+                f.debug_struct("Http").field("url", url).field("headers", &headers.keys().collect::<Vec<_>>()).finish()
+            }
+        }
+    }
 }

@@ -449,12 +449,27 @@ impl<'a> Compiler<'a> {
                     DEFAULT_CALL_TIMEOUT
                 }
             };
+            let rate_limit = limits(name).unwrap_or_default();
+            for (field, v) in [("requests_per_minute", rate_limit.requests_per_minute), ("tokens_per_minute", rate_limit.tokens_per_minute)]
+            {
+                if v == Some(0) {
+                    let section = if self.loaded.raw.rate_limits.as_ref().is_some_and(|l| l.contains_key(name)) {
+                        vec!["rate_limits"]
+                    } else {
+                        vec!["ai", "rate_limits"]
+                    };
+                    self.err(
+                        &[section.as_slice(), &[name.as_str(), field]].concat(),
+                        format!("rate limit of provider \"{name}\": {field} must be more than 0 (leave it out for no limit)"),
+                    );
+                }
+            }
             let provider = Provider {
                 name: name.clone(),
                 api,
                 api_key: p.api_key.clone().map(Secret::new),
                 models,
-                rate_limit: limits(name).unwrap_or_default(),
+                rate_limit,
                 timeout,
                 max_retries: p.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             };
@@ -622,9 +637,19 @@ impl<'a> Compiler<'a> {
             }
         };
         if let Some(c) = b.max_cost
-            && (c.is_nan() || c < 0.0)
+            && (c.is_nan() || c <= 0.0)
         {
-            self.err(&field("max_cost"), format!("max_cost must be zero or more, not {c}"));
+            self.err(&field("max_cost"), format!("max_cost must be more than 0, not {c}"));
+        }
+        // A zero limit could never be met, and with `on_budget: ask` would ask forever.
+        if b.max_tokens_total == Some(0) {
+            self.err(&field("max_tokens_total"), "max_tokens_total must be more than 0".into());
+        }
+        if b.max_tool_calls == Some(0) {
+            self.err(&field("max_tool_calls"), "max_tool_calls must be more than 0".into());
+        }
+        if max_duration.is_some_and(|d| d.is_zero()) {
+            self.err(&field("max_duration"), "max_duration must be more than 0s".into());
         }
         let on_budget = match b.on_budget.as_deref() {
             None => None,
@@ -764,6 +789,13 @@ impl<'a> Compiler<'a> {
                 self.diags.push(Diagnostic::error(
                     loc,
                     format!("workflow \"{wname}\": step id \"{}\" is used twice; step ids must be unique", s.id),
+                ));
+            }
+            if s.id.contains(':') || s.id.is_empty() {
+                let loc = self.loaded.sources.locate(&at(&path, "id"));
+                self.diags.push(Diagnostic::error(
+                    loc,
+                    format!("workflow \"{wname}\": step id \"{}\" must be non-empty and without \":\" (reserved for agent waits)", s.id),
                 ));
             }
             ids.push(s.id.clone());

@@ -100,7 +100,8 @@ pub(crate) struct Budget {
     pub(crate) max_tool_calls: Option<u32>,
     /// In the currency of the models' `pricing`.
     pub(crate) max_cost: Option<f64>,
-    /// From the run's first start, e.g. `10m`.
+    /// Time spent in model and tool calls over the whole run (waits for a decision do not
+    /// count), e.g. `10m`.
     pub(crate) max_duration: Option<String>,
     /// `fail` (default): the run fails with "budget exceeded"; `ask`: it waits for approval to
     /// go on with the budget raised by as much again.

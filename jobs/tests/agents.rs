@@ -220,7 +220,7 @@ async fn a_budget_stops_the_run_or_asks_to_go_on() {
     waiting(&engine, &id).await;
     let approvals = engine.list_approvals().await.expect("approvals");
     assert_eq!(approvals.len(), 1);
-    assert_eq!(approvals[0].step, "budget-1");
+    assert_eq!(approvals[0].step, "agent:budget-1");
     let q = approvals[0].question.clone().unwrap_or_default();
     assert!(q.as_str().is_some_and(|q| q.contains("1 tool calls made, max_tool_calls is 1")), "{q}");
     engine.decide(decision(&id, true, None)).await.expect("approve");
@@ -250,7 +250,7 @@ async fn tool_approval_ask_waits_for_a_person_and_deny_refuses() {
     let id = trigger(&engine, "save").await;
     waiting(&engine, &id).await;
     let approvals = engine.list_approvals().await.expect("approvals");
-    assert_eq!(approvals[0].step, "tool-1");
+    assert_eq!(approvals[0].step, "agent:tool-1");
     let q = approvals[0].question.clone().unwrap_or_default();
     assert!(q.as_str().is_some_and(|q| q.contains("file-save.save") && q.contains("a.txt")), "shows the tool and its arguments: {q}");
     engine.decide(decision(&id, true, None)).await.expect("approve");

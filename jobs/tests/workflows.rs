@@ -414,7 +414,13 @@ async fn an_approval_inside_a_parallel_is_the_only_wait_and_approving_it_finishe
     let engine = start(&config, &clock).await;
     let id = trigger(&engine, json!(null)).await;
     waiting(&engine, &id).await;
-    // The parallel itself is not a second wait: no step needs naming.
+    // A database written before parallels stopped recording themselves waiting has the
+    // parallel as a second wait: the decision still resumes the run.
+    let db = dir.path().join("data/lamplighter.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await.expect("open db");
+    sqlx::query("UPDATE ll_steps SET status = 'waiting_approval' WHERE step = 'both'").execute(&pool).await.expect("old shape");
+    pool.close().await;
+    // The parallel itself is not a wait to decide: no step needs naming.
     let approvals = engine.list_approvals().await.expect("approvals");
     assert_eq!(approvals.iter().map(|a| a.step.as_str()).collect::<Vec<_>>(), ["gate"]);
     engine.decide(decision(&id, true, "ana", None)).await.expect("approve without naming the step");

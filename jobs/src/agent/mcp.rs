@@ -20,8 +20,9 @@ use lamplighter_config::McpServer;
 
 /// How long a server may take to start and answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// Lines of a stdio server's stderr kept for error messages.
+/// Lines of a stdio server's stderr kept for error messages, and how much of each.
 const STDERR_LINES: usize = 20;
+const STDERR_LINE_MAX: usize = 1000;
 /// How long a server gets to stop at shutdown before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -47,7 +48,24 @@ struct Live {
     def: McpServer,
     client: Arc<Client>,
     tools: Vec<McpTool>,
-    stderr: Arc<Mutex<VecDeque<String>>>,
+    stderr: Stderr,
+}
+
+/// What a stdio server printed last, and whether its stderr reached its end (it exited).
+#[derive(Clone)]
+struct Stderr {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    closed: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Stderr {
+    /// The tail, once the process's stderr ended (or after a second): what it printed as it
+    /// died is in it.
+    async fn tail_at_end(&self) -> String {
+        let mut closed = self.closed.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(1), closed.wait_for(|c| *c)).await;
+        tail_text(&self.lines)
+    }
 }
 
 /// The running servers, by name. One start at a time per server (the async lock is held
@@ -72,14 +90,14 @@ impl McpPool {
 
     /// The server's client and tools, starting it if it is not running (or died, or its
     /// definition changed).
-    async fn live(&self, name: &str, def: &McpServer) -> Result<(Arc<Client>, Vec<McpTool>), String> {
+    async fn live(&self, name: &str, def: &McpServer) -> Result<(Arc<Client>, Vec<McpTool>, Stderr), String> {
         let slot = self.slot(name);
         let mut guard = slot.lock().await;
         if let Some(live) = guard.as_ref()
             && live.def == *def
             && !live.client.is_transport_closed()
         {
-            return Ok((live.client.clone(), live.tools.clone()));
+            return Ok((live.client.clone(), live.tools.clone(), live.stderr.clone()));
         }
         if let Some(old) = guard.take() {
             let why = if old.def == *def { "it stopped answering" } else { "its definition changed" };
@@ -87,7 +105,7 @@ impl McpPool {
             stop(old).await;
         }
         let live = start(name, def).await?;
-        let out = (live.client.clone(), live.tools.clone());
+        let out = (live.client.clone(), live.tools.clone(), live.stderr.clone());
         *guard = Some(live);
         Ok(out)
     }
@@ -100,7 +118,7 @@ impl McpPool {
     /// Calls `tool` on `name`. A server that died during the call is started again on the next
     /// use; this call fails with what it printed.
     pub(crate) async fn call(&self, name: &str, def: &McpServer, tool: &str, args: Value, timeout: Duration) -> Result<McpResult, String> {
-        let (client, _) = self.live(name, def).await?;
+        let (client, _, stderr) = self.live(name, def).await?;
         let arguments = match args {
             Value::Object(m) => m,
             Value::Null => serde_json::Map::new(),
@@ -123,16 +141,10 @@ impl McpPool {
             }
             Err(ServiceError::McpError(e)) => Err(format!("MCP server \"{name}\" refused {tool}: {}", e.message)),
             Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
-                Err(format!("MCP server \"{name}\" stopped during {tool} ({e}){}", self.stderr_tail(name)))
+                Err(format!("MCP server \"{name}\" stopped during {tool} ({e}){}", stderr.tail_at_end().await))
             }
             Err(e) => Err(format!("MCP server \"{name}\" failed {tool}: {e}")),
         }
-    }
-
-    fn stderr_tail(&self, name: &str) -> String {
-        let slot = self.slot(name);
-        let Ok(guard) = slot.try_lock() else { return String::new() };
-        guard.as_ref().map(|l| tail_text(&l.stderr)).unwrap_or_default()
     }
 
     /// Stops every server (at shutdown).
@@ -171,7 +183,8 @@ fn client_config() -> ClientConfig {
 }
 
 async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
-    let stderr = Arc::new(Mutex::new(VecDeque::new()));
+    let (closed_tx, closed) = tokio::sync::watch::channel(false);
+    let stderr = Stderr { lines: Arc::new(Mutex::new(VecDeque::new())), closed };
     let client = match def {
         McpServer::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -180,23 +193,37 @@ async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("MCP server \"{name}\" cannot start: {command}: {e}"))?;
-            let mut reader_done = None;
-            if let Some(err) = err {
-                let lines = stderr.clone();
-                let server = name.to_string();
-                reader_done = Some(tokio::spawn(async move {
-                    let mut reader = BufReader::new(err).lines();
-                    while let Ok(Some(line)) = reader.next_line().await {
-                        tracing::debug!(server = %server, "MCP server stderr: {line}");
-                        let mut l = lines.lock().unwrap_or_else(|e| e.into_inner());
-                        if l.len() == STDERR_LINES {
-                            l.pop_front();
+            match err {
+                None => {
+                    let _ = closed_tx.send(true);
+                }
+                Some(err) => {
+                    let lines = stderr.lines.clone();
+                    let server = name.to_string();
+                    tokio::spawn(async move {
+                        // Drained to its end whatever it holds (bytes that are not UTF-8, lines
+                        // without end): a server whose stderr pipe closed would die writing to it.
+                        let mut reader = BufReader::new(err);
+                        let mut buf = Vec::new();
+                        loop {
+                            buf.clear();
+                            match reader.read_until(b'\n', &mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(_) => {}
+                            }
+                            let line = String::from_utf8_lossy(&buf[..buf.len().min(STDERR_LINE_MAX)]).trim_end().to_string();
+                            tracing::debug!(server = %server, "MCP server stderr: {line}");
+                            let mut l = lines.lock().unwrap_or_else(|e| e.into_inner());
+                            if l.len() == STDERR_LINES {
+                                l.pop_front();
+                            }
+                            l.push_back(line);
                         }
-                        l.push_back(line);
-                    }
-                }));
+                        let _ = closed_tx.send(true);
+                    });
+                }
             }
-            connect(name, client_config().serve(transport), &stderr, reader_done).await?
+            connect(name, client_config().serve(transport), &stderr).await?
         }
         McpServer::Http { url, headers } => {
             let mut custom = HashMap::new();
@@ -206,13 +233,14 @@ async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
                 custom.insert(k, v);
             }
             let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).custom_headers(custom);
-            connect(name, client_config().serve(StreamableHttpClientTransport::from_config(config)), &stderr, None).await?
+            let _ = closed_tx.send(true);
+            connect(name, client_config().serve(StreamableHttpClientTransport::from_config(config)), &stderr).await?
         }
     };
     client.set_response_cache_config(ClientCacheConfig::disabled()).await;
     let tools = match tokio::time::timeout(START_TIMEOUT, client.list_all_tools()).await {
         Ok(Ok(tools)) => tools,
-        Ok(Err(e)) => return Err(format!("MCP server \"{name}\" did not list its tools: {e}{}", tail_text(&stderr))),
+        Ok(Err(e)) => return Err(format!("MCP server \"{name}\" did not list its tools: {e}{}", stderr.tail_at_end().await)),
         Err(_) => return Err(format!("MCP server \"{name}\" did not list its tools within {}s", START_TIMEOUT.as_secs())),
     };
     let tools = tools
@@ -230,18 +258,14 @@ async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
 async fn connect<E: std::fmt::Display>(
     name: &str,
     serve: impl Future<Output = Result<Client, E>>,
-    stderr: &Mutex<VecDeque<String>>,
-    stderr_reader: Option<tokio::task::JoinHandle<()>>,
+    stderr: &Stderr,
 ) -> Result<Client, String> {
     match tokio::time::timeout(START_TIMEOUT, serve).await {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => {
-            // The process died (or closed stdout): take what it printed, up to its end.
-            if let Some(reader) = stderr_reader {
-                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
-            }
-            Err(format!("MCP server \"{name}\" did not start: {e}{}", tail_text(stderr)))
+        // The process died (or closed stdout): what it printed, up to its end.
+        Ok(Err(e)) => Err(format!("MCP server \"{name}\" did not start: {e}{}", stderr.tail_at_end().await)),
+        Err(_) => {
+            Err(format!("MCP server \"{name}\" did not answer initialize within {}s{}", START_TIMEOUT.as_secs(), tail_text(&stderr.lines)))
         }
-        Err(_) => Err(format!("MCP server \"{name}\" did not answer initialize within {}s{}", START_TIMEOUT.as_secs(), tail_text(stderr))),
     }
 }

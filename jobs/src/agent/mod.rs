@@ -12,11 +12,11 @@
 //!   by `allowed_actions`; with `delegates`, the delegation tools. A tool error, an unknown
 //!   tool or arguments that are not JSON go back to the model as the tool's result.
 //! - Budgets count the whole run (every conversation in it): tokens, tool calls, cost,
-//!   duration since the run's first start. Reaching one fails the run (`budget exceeded: …`),
-//!   or with `on_budget: ask` waits for approval (step `budget-N`) to go on with the budget
+//!   time spent in model and tool calls (waits for a decision do not count). Reaching one fails the run (`budget exceeded: …`),
+//!   or with `on_budget: ask` waits for approval (step `agent:budget-N`) to go on with the budget
 //!   raised by as much again.
 //! - `tool_approval: ask` records the call as a step waiting for approval
-//!   (`[<conversation>/]tool-<n>`); a rejection resumes the run and the model is told the call
+//!   (`agent:[<conversation>/]tool-<n>`); a rejection resumes the run and the model is told the call
 //!   was refused. `deny` tells the model at once.
 
 mod mcp;
@@ -41,6 +41,11 @@ use crate::target::RunContext;
 
 use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
 use tools::{Delegation, Source, Toolbox};
+
+/// Agent waits are steps of the run named `agent:…` (`agent:budget-N`, `agent:[conv/]tool-N`);
+/// workflow step ids may not contain `:`, so the two never meet.
+const AGENT_WAIT: &str = "agent:";
+const BUDGET_WAIT: &str = "agent:budget-";
 
 /// How deep agents may delegate to agents.
 pub const MAX_DELEGATION_DEPTH: u32 = 3;
@@ -219,6 +224,13 @@ impl Session {
                     return AgentEnd::failed(format!("agent \"{name}\" is not defined (agents: {})", known.join(", ")), false);
                 }
             };
+            // A conversation that already has its answer needs nothing started or checked.
+            if let Some(last) = self.conversation(&conv).into_iter().rev().find(|r| r.kind == CallKind::Model) {
+                let (content, calls) = reply_of(&last);
+                if calls.is_empty() {
+                    return AgentEnd::Answer(content);
+                }
+            }
             if let Some(why) = self.catalog.disabled.get(name) {
                 return AgentEnd::failed(format!("agent \"{name}\" is disabled: {why}"), false);
             }
@@ -358,12 +370,22 @@ impl Session {
             }
             let started = self.now();
             let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).await;
-            let reply = match reply {
+            let mut reply = match reply {
                 Ok(r) => r,
                 Err(CallFailed { error, retry }) => {
                     return AgentEnd::failed(format!("agent \"{name}\": model call failed: {error}"), retry);
                 }
             };
+            // Every tool call needs an id of its own in the conversation (the results refer to
+            // it): a missing or repeated one gets one, before it is recorded and replayed.
+            let mut used: std::collections::HashSet<String> =
+                records.iter().filter(|r| r.kind == CallKind::Model).flat_map(|r| reply_of(r).1).map(|c| c.id).collect();
+            for (i, c) in reply.calls.iter_mut().enumerate() {
+                if c.id.is_empty() || !used.insert(c.id.clone()) {
+                    c.id = format!("call_{next_seq}_{i}");
+                    used.insert(c.id.clone());
+                }
+            }
             let request = if next_seq == 0 {
                 json!({
                     "system": s.system,
@@ -570,6 +592,10 @@ impl Session {
                 match self.converse(&who, task, sub(None, &who), depth + 1, cancel).await {
                     AgentEnd::Answer(a) => Ok(a),
                     AgentEnd::Waiting => Err(waiting()),
+                    // Unavailable, not refused: nothing is recorded, and a later attempt tries again.
+                    AgentEnd::Failed { error, retry: true } => {
+                        Err(ToolErr::Stop(AgentEnd::failed(format!("agent \"{who}\" failed: {error}"), true)))
+                    }
                     AgentEnd::Failed { error, .. } => Err(ToolErr::Model(format!("agent \"{who}\" failed: {error}"))),
                 }
             }
@@ -596,6 +622,12 @@ impl Session {
                 if ends.iter().any(|e| matches!(e, AgentEnd::Waiting)) {
                     return Err(waiting());
                 }
+                if let Some((who, error)) = jobs.iter().zip(&ends).find_map(|((who, _, _), e)| match e {
+                    AgentEnd::Failed { error, retry: true } => Some((who, error)),
+                    _ => None,
+                }) {
+                    return Err(ToolErr::Stop(AgentEnd::failed(format!("agent \"{who}\" failed: {error}"), true)));
+                }
                 let labelled: Vec<Value> = jobs
                     .iter()
                     .zip(ends)
@@ -618,6 +650,10 @@ impl Session {
                     match self.converse(who, text, sub(Some(i), who), depth + 1, cancel).await {
                         AgentEnd::Answer(a) => text = a,
                         AgentEnd::Waiting => return Err(waiting()),
+                        AgentEnd::Failed { error, retry: true } => {
+                            let error = format!("pipeline \"{name}\" stopped at step {} (agent \"{who}\"): {error}", i + 1);
+                            return Err(ToolErr::Stop(AgentEnd::failed(error, true)));
+                        }
                         AgentEnd::Failed { error, .. } => {
                             return Err(ToolErr::Model(format!(
                                 "pipeline \"{name}\" stopped at step {} (agent \"{who}\"): {error}",
@@ -633,7 +669,7 @@ impl Session {
 
     /// `tool_approval: ask`: the decision recorded for this call, or a new wait for one.
     async fn ask(&self, agent: &Agent, tool: &str, args: &Value, conv: &str, seq: u32) -> Result<Asked, AgentEnd> {
-        let id = if conv.is_empty() { format!("tool-{seq}") } else { format!("{conv}/tool-{seq}") };
+        let id = if conv.is_empty() { format!("{AGENT_WAIT}tool-{seq}") } else { format!("{AGENT_WAIT}{conv}/tool-{seq}") };
         let run = self.ctx.run();
         match self.step(&id) {
             Some(r) if r.status == StepStatus::Succeeded => Ok(Asked::Approved),
@@ -687,7 +723,7 @@ impl Session {
             let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
             let mut approved = 0u32;
             let mut open = None;
-            for r in steps.iter().filter(|(id, _)| id.starts_with("budget-")).map(|(_, r)| r) {
+            for r in steps.iter().filter(|(id, _)| id.starts_with(BUDGET_WAIT)).map(|(_, r)| r) {
                 match r.status {
                     StepStatus::Succeeded => approved += 1,
                     StepStatus::WaitingApproval => open = Some(r.clone()),
@@ -698,7 +734,7 @@ impl Session {
         };
         let factor = u64::from(approved) + 1;
         let usage = self.usage();
-        let elapsed = (self.now() - self.ctx.run().started_at.unwrap_or_else(|| self.now())).to_std().unwrap_or_default();
+        let elapsed = usage.busy;
         let mut over = None;
         if let Some(max) = budget.max_tokens_total
             && usage.tokens >= max.saturating_mul(factor)
@@ -717,12 +753,12 @@ impl Session {
             over = Some(format!("cost {:.6} reached, max_cost is {:.6}", usage.cost, max * factor as f64));
         }
         if let Some(max) = budget.max_duration
-            && elapsed >= max.saturating_mul(factor as u32)
+            && elapsed >= max.saturating_mul(u32::try_from(factor).unwrap_or(u32::MAX))
         {
             over = Some(format!(
                 "running for {}, max_duration is {}",
                 humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
-                humantime::format_duration(max.saturating_mul(factor as u32))
+                humantime::format_duration(max.saturating_mul(u32::try_from(factor).unwrap_or(u32::MAX)))
             ));
         }
         let why = over?;
@@ -740,7 +776,7 @@ impl Session {
         }
         let now = self.now();
         let record = StepRecord {
-            step: format!("budget-{}", approved + 1),
+            step: format!("{BUDGET_WAIT}{}", approved + 1),
             status: StepStatus::WaitingApproval,
             attempt: run.attempt,
             run_id: run.id.clone(),
@@ -765,10 +801,14 @@ impl Session {
         for c in calls.iter() {
             match c.kind {
                 CallKind::Model => {
-                    u.tokens += c.input_tokens + c.output_tokens;
+                    u.tokens = u.tokens.saturating_add(c.input_tokens).saturating_add(c.output_tokens);
                     u.cost += c.cost.unwrap_or(0.0);
+                    u.busy += (c.finished_at - c.started_at).to_std().unwrap_or_default();
                 }
-                CallKind::Tool => u.tool_calls += 1,
+                CallKind::Tool => {
+                    u.tool_calls += 1;
+                    u.busy += (c.finished_at - c.started_at).to_std().unwrap_or_default();
+                }
             }
         }
         u
@@ -793,6 +833,9 @@ struct Usage {
     tokens: u64,
     tool_calls: u64,
     cost: f64,
+    /// Time spent in model and tool calls, over every attempt (waits for a decision, and time
+    /// between attempts, do not count).
+    busy: Duration,
 }
 
 enum Asked {

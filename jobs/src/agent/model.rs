@@ -205,7 +205,7 @@ impl Endpoint {
             };
             let failure = match sent {
                 Ok(Ok(mut reply)) => {
-                    limiter.spent(reply.input_tokens + reply.output_tokens);
+                    limiter.spent(reply.input_tokens.saturating_add(reply.output_tokens));
                     reply.attempts = attempt;
                     return Ok(reply);
                 }
@@ -391,7 +391,7 @@ fn backoff(attempt: u32) -> Duration {
 fn parse_retry_after(v: &str) -> Option<Duration> {
     let v = v.trim();
     let d = match v.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s),
+        Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(600.0)),
         _ => {
             let at = chrono::DateTime::parse_from_rfc2822(v).ok()?;
             (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO)
@@ -583,8 +583,8 @@ impl Limiter {
                     w.pop_front();
                 }
                 let requests_full = self.limit.requests_per_minute.is_some_and(|r| w.len() as u64 >= u64::from(r.max(1)));
-                let tokens: u64 = w.iter().map(|(_, n)| n).sum();
-                let tokens_full = self.limit.tokens_per_minute.is_some_and(|t| tokens >= u64::from(t));
+                let tokens: u64 = w.iter().fold(0u64, |a, (_, n)| a.saturating_add(*n));
+                let tokens_full = self.limit.tokens_per_minute.is_some_and(|t| tokens >= u64::from(t.max(1)));
                 if !requests_full && !tokens_full {
                     w.push_back((now, 0));
                     return;
@@ -635,6 +635,7 @@ mod tests {
         assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a date in the past: now");
         assert_eq!(parse_retry_after("99999"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_retry_after("1e20"), Some(Duration::from_secs(600)), "a huge value is capped, not a panic");
         assert_eq!(parse_retry_after("soon"), None);
         assert_eq!((backoff(1), backoff(2), backoff(20)), (Duration::from_millis(500), Duration::from_secs(1), Duration::from_secs(30)));
     }

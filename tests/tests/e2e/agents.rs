@@ -186,7 +186,7 @@ fn a_tool_call_waits_for_lampctl_and_the_transcript_shows_it() {
     let (code, out, _) = w.ctl(&["approvals", "list", "-o", "json"]);
     assert_eq!(code, 0);
     let approval = &json_of(&out)["approvals"][0];
-    assert_eq!(approval["step"], "tool-1");
+    assert_eq!(approval["step"], "agent:tool-1");
     let question = approval["question"].as_str().unwrap_or_default();
     assert!(question.contains("file-save.save") && question.contains("report.md"), "shows the tool and its arguments: {out}");
     assert_eq!(data(&w, "report.md"), "", "nothing written before the approval");
@@ -201,7 +201,7 @@ fn a_tool_call_waits_for_lampctl_and_the_transcript_shows_it() {
     assert!(out.contains("usage") && out.contains("2 model calls, 1 tool call, 14 tokens in / 6 out"), "{out}");
     assert!(out.contains("→ file-save.save {\"path\": \"report.md\""), "{out}");
     assert!(out.contains("tool file-save.save (call_"), "{out}");
-    assert!(out.contains("agent approvals:") && out.contains("tool-1"), "{out}");
+    assert!(out.contains("agent approvals:") && out.contains("agent:tool-1"), "{out}");
     drop(rt);
 }
 
