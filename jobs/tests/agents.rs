@@ -402,3 +402,22 @@ async fn an_agent_from_a_markdown_file_runs_with_its_body_as_the_system_prompt()
     let run = ended(&engine, &trigger(&engine, "write").await).await;
     assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("prompt was: You are a scribe."))));
 }
+
+#[tokio::test]
+async fn azure_openai_is_addressed_by_deployment_with_its_api_key_header() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((4, 2), |_| Reply::Text("from azure".into())).await;
+    let top = format!(
+        "ai:\n  providers:\n    az:\n      endpoint: {}/\n      api_version: 2024-10-21\n      api_key: az-secret\n      models:\n        default: {{id: gpt-5-mini, deployment_name: prod-mini, max_tokens: 50}}\nagents:\n  a: {{model: default}}\n",
+        llm.endpoint()
+    );
+    let config = config_with(dir.path(), &top, "type: agent\nagent: a");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "hi").await).await;
+    assert_eq!((run.status, run.output.clone()), (RunStatus::Succeeded, Some(json!("from azure"))), "{run:#?}");
+    let seen = llm.seen();
+    assert_eq!(seen[0].path, "/openai/deployments/prod-mini/chat/completions?api-version=2024-10-21");
+    assert_eq!((seen[0].api_key.as_deref(), seen[0].authorization.as_deref()), (Some("az-secret"), None));
+    assert_eq!(seen[0].body["max_completion_tokens"], 50, "Azure wants max_completion_tokens");
+    assert!(seen[0].body.get("max_tokens").is_none());
+}

@@ -1,7 +1,8 @@
 //! A scripted OpenAI-compatible server: the real wire format over real HTTP on loopback,
 //! answering from a script the test writes. It serves Chat Completions
-//! (`POST /v1/chat/completions`) and the Responses API (`POST /v1/responses`), and keeps every
-//! request it was sent, with its arrival time.
+//! (`POST /v1/chat/completions`, and Azure OpenAI's
+//! `POST /openai/deployments/{deployment}/chat/completions?api-version=…`) and the Responses API
+//! (`POST /v1/responses`), and keeps every request it was sent, with its arrival time.
 //!
 //! The script is a function from the request to a [`Reply`], so concurrent conversations
 //! (parallel agents) get answers that depend on what they said, not on arrival order.
@@ -33,11 +34,14 @@ pub enum Reply {
 /// One request the server was sent.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// With the query, if any.
     pub path: String,
     pub body: Value,
     pub at: Instant,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// Azure's `api-key` header, if any.
+    pub api_key: Option<String>,
 }
 
 type Script = dyn Fn(&Value) -> Reply + Send + Sync;
@@ -60,7 +64,11 @@ impl ScriptedLlm {
     /// Starts it on a free port. Every reply reports `usage` tokens (prompt, completion).
     pub async fn start(usage: (u64, u64), script: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Self {
         let inner = Arc::new(Inner { script: Box::new(script), seen: Mutex::new(Vec::new()), usage });
-        let app = Router::new().route("/v1/chat/completions", post(chat)).route("/v1/responses", post(responses)).with_state(inner.clone());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/openai/deployments/{deployment}/chat/completions", post(chat))
+            .route("/v1/responses", post(responses))
+            .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -75,6 +83,11 @@ impl ScriptedLlm {
         format!("http://{}/v1", self.addr)
     }
 
+    /// `http://127.0.0.1:PORT`, the `endpoint` of an Azure OpenAI provider.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.inner.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -86,12 +99,13 @@ impl ScriptedLlm {
 }
 
 fn record(inner: &Inner, path: &str, headers: &HeaderMap, body: &Value) {
-    let authorization = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     inner.seen.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
         path: path.into(),
         body: body.clone(),
         at: Instant::now(),
-        authorization,
+        authorization: header("authorization"),
+        api_key: header("api-key"),
     });
 }
 
@@ -113,8 +127,8 @@ async fn resolve(reply: Reply) -> Result<Reply, Response> {
     Ok(reply)
 }
 
-async fn chat(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: axum::Json<Value>) -> Response {
-    record(&inner, "/v1/chat/completions", &headers, &body);
+async fn chat(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: HeaderMap, body: axum::Json<Value>) -> Response {
+    record(&inner, &uri.to_string(), &headers, &body);
     let reply = match resolve((inner.script)(&body)).await {
         Ok(r) => r,
         Err(resp) => return resp,
