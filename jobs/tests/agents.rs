@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lamplighter_config::Config;
-use lamplighter_jobs::{CallKind, DecisionRequest, Engine, ManualClock, Run, RunDetail, RunStatus, TriggerRequest};
+use lamplighter_jobs::{CallKind, DecisionRequest, Engine, ManualClock, RunStatus, TriggerRequest};
 use lamplighter_tests::llm::{Reply, ScriptedLlm, last_text, system, tool_results};
 use serde_json::{Value, json};
 
-use support::{config_with, start, t0};
+use support::{config_with, detail, ended, start, t0, waiting};
 
 /// A provider `p` at the scripted server and the given agents (YAML under `agents:`), and a
 /// job `j` running agent `a` (extra job lines in `job`).
@@ -33,32 +33,6 @@ fn agents(dir: &Path, llm: &ScriptedLlm, provider_extra: &str, agents_yaml: &str
 async fn trigger(engine: &Engine, input: &str) -> String {
     let req = TriggerRequest { input: Some(json!(input)), ..Default::default() };
     engine.trigger_job("j", req).await.expect("trigger").run_id
-}
-
-async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut changes = engine.changes();
-    loop {
-        let run = engine.get_run(id).await.expect("run");
-        if pred(&run) {
-            return run;
-        }
-        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
-            panic!("timed out waiting for {what}; run: {run:#?}");
-        }
-    }
-}
-
-async fn ended(engine: &Engine, id: &str) -> Run {
-    until_run(engine, id, "the run to end", |r| r.status.is_final()).await
-}
-
-async fn waiting(engine: &Engine, id: &str) -> Run {
-    until_run(engine, id, "the run to wait", |r| r.status == RunStatus::WaitingApproval).await
-}
-
-async fn detail(engine: &Engine, id: &str) -> RunDetail {
-    engine.get_run_detail(id).await.expect("detail")
 }
 
 fn decision(run: &str, approve: bool, comment: Option<&str>) -> DecisionRequest {

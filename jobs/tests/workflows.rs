@@ -10,12 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lamplighter_config::Config;
-use lamplighter_jobs::{
-    DecisionRequest, Engine, ManualClock, Run, RunDetail, RunStatus, ServiceError, StepStatus, StepView, TriggerRequest,
-};
+use lamplighter_jobs::{DecisionRequest, Engine, ManualClock, RunDetail, RunStatus, ServiceError, StepStatus, StepView, TriggerRequest};
 use serde_json::json;
 
-use support::{config_with, minutes, start, t0};
+use support::{config_with, detail, ended, minutes, start, t0, until_run, waiting};
 
 /// A job `j` running workflow `w` with these steps (YAML list items, indented as under `steps:`).
 fn workflow(dir: &Path, steps: &str, job_extra: &str) -> Config {
@@ -33,33 +31,6 @@ fn sh(id: &str, command: &str) -> String {
 
 async fn trigger(engine: &Engine, input: serde_json::Value) -> String {
     engine.trigger_job("j", TriggerRequest { input: Some(input), ..Default::default() }).await.expect("trigger").run_id
-}
-
-/// Waits (up to 10 s of real time) until the run satisfies `pred`, reading it at each change.
-async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut changes = engine.changes();
-    loop {
-        let run = engine.get_run(id).await.expect("run");
-        if pred(&run) {
-            return run;
-        }
-        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
-            panic!("timed out waiting for {what}; run: {run:#?}");
-        }
-    }
-}
-
-async fn ended(engine: &Engine, id: &str) -> Run {
-    until_run(engine, id, "the run to end", |r| r.status.is_final()).await
-}
-
-async fn waiting(engine: &Engine, id: &str) -> Run {
-    until_run(engine, id, "the run to wait for approval", |r| r.status == RunStatus::WaitingApproval).await
-}
-
-async fn detail(engine: &Engine, id: &str) -> RunDetail {
-    engine.get_run_detail(id).await.expect("run detail")
 }
 
 fn flat(steps: &[StepView]) -> Vec<&StepView> {

@@ -20,7 +20,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Worker, bin, read_rows};
+use common::{Worker, bin, pct, read_rows};
 use lamplighter_tests::llm::{Reply, ScriptedLlm, tool_results};
 
 const TURNS: usize = 50;
@@ -48,24 +48,9 @@ fn main() {
     std::fs::create_dir_all(w.dir.path().join("data")).expect("data dir");
     std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
     w.start();
-    let ctl = bin().with_file_name("lampctl");
-    let durations = |job: &str| -> Vec<i64> {
-        for _ in 0..runs {
-            let out = std::process::Command::new(&ctl)
-                .args(["--url", &w.url(), "jobs", "trigger", job, "--wait", "-o", "json"])
-                .output()
-                .expect("lampctl");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        }
-        let sql = format!("SELECT finished_at - started_at AS d FROM ll_runs WHERE job = '{job}' AND status = 'succeeded'");
-        let mut d = read_rows(&w.db(), &sql, |r| sqlx::Row::get::<i64, _>(r, "d"));
-        assert_eq!(d.len(), runs, "every run succeeded");
-        d.sort_unstable();
-        d
-    };
+    let durations = |job: &str| w.trigger_durations(job, runs);
     let answer = durations("answer");
     let looped = durations("loop");
-    let pct = |v: &[i64], p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
     println!("\n== {runs} runs each, run duration (finished − started), ms: p50 / p99 / max ==");
     for (name, v) in [("one model call", &answer), ("50 tool-loop turns", &looped)] {
         println!("{name:<20} {:>6} / {:>6} / {:>6}", pct(v, 0.5), pct(v, 0.99), v[v.len() - 1]);
@@ -88,7 +73,7 @@ fn main() {
         out
     });
     direct.sort_unstable();
-    let dp = |p: f64| direct[((direct.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0;
+    let dp = |p: f64| pct(&direct, p) as f64 / 1000.0;
     println!("direct HTTP call, same server, {} KB body: p50 {:.2} ms, p99 {:.2} ms", body.to_string().len() / 1024, dp(0.5), dp(0.99));
     let calls: i64 = read_rows(&w.db(), "SELECT count(*) AS n FROM ll_agent_calls", |r| sqlx::Row::get::<i64, _>(r, "n"))[0];
     println!("agent call records kept: {calls}");

@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{Worker, bin, read_rows};
+use common::{Worker, bin, pct, read_rows};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
@@ -29,25 +29,10 @@ fn main() {
     std::fs::create_dir_all(w.dir.path().join("data")).expect("data dir");
     std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
     w.start();
-    let ctl = bin().with_file_name("lampctl");
-    let durations = |job: &str| -> Vec<i64> {
-        for _ in 0..runs {
-            let out = std::process::Command::new(&ctl)
-                .args(["--url", &w.url(), "jobs", "trigger", job, "--wait", "-o", "json"])
-                .output()
-                .expect("lampctl");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        }
-        let sql = format!("SELECT finished_at - started_at AS d FROM ll_runs WHERE job = '{job}' AND status = 'succeeded'");
-        let mut d = read_rows(&w.db(), &sql, |r| sqlx::Row::get::<i64, _>(r, "d"));
-        assert_eq!(d.len(), runs, "every run succeeded");
-        d.sort_unstable();
-        d
-    };
+    let durations = |job: &str| w.trigger_durations(job, runs);
     let plain = durations("plain");
     let one = durations("j1");
     let hundred = durations("j100");
-    let pct = |v: &[i64], p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
     println!("\n== {runs} runs each, run duration (finished − started), ms: p50 / p99 / max ==");
     for (name, v) in [("plugin job (file-read)", &plain), ("1-step workflow", &one), ("100-step workflow", &hundred)] {
         println!("{name:<24} {:>6} / {:>6} / {:>6}", pct(v, 0.5), pct(v, 0.99), v[v.len() - 1]);

@@ -202,6 +202,32 @@ impl Session {
         Ok(())
     }
 
+    /// Records a new wait for a decision, as step `id` of the run.
+    async fn wait_on(&self, id: String, output: Value) -> Result<(), AgentEnd> {
+        let run = self.ctx.run();
+        let record = StepRecord {
+            step: id,
+            status: StepStatus::WaitingApproval,
+            attempt: run.attempt,
+            run_id: run.id.clone(),
+            started_at: Some(self.now()),
+            finished_at: None,
+            output: Some(output),
+            error: None,
+        };
+        self.write_step(record).await
+    }
+
+    /// A wait recorded by an earlier attempt goes on for this one (a decision finds a wait by
+    /// the run it belongs to).
+    async fn still_waiting(&self, waiting: StepRecord) -> Result<(), AgentEnd> {
+        let run = self.ctx.run();
+        if waiting.run_id == run.id {
+            return Ok(());
+        }
+        self.write_step(StepRecord { run_id: run.id.clone(), attempt: run.attempt, ..waiting }).await
+    }
+
     fn step(&self, id: &str) -> Option<StepRecord> {
         self.steps.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
@@ -670,7 +696,6 @@ impl Session {
     /// `tool_approval: ask`: the decision recorded for this call, or a new wait for one.
     async fn ask(&self, agent: &Agent, tool: &str, args: &Value, conv: &str, seq: u32) -> Result<Asked, AgentEnd> {
         let id = if conv.is_empty() { format!("{AGENT_WAIT}tool-{seq}") } else { format!("{AGENT_WAIT}{conv}/tool-{seq}") };
-        let run = self.ctx.run();
         match self.step(&id) {
             Some(r) if r.status == StepStatus::Succeeded => Ok(Asked::Approved),
             Some(r) if r.status == StepStatus::Failed => {
@@ -682,31 +707,18 @@ impl Session {
                 }))
             }
             Some(r) if r.status == StepStatus::WaitingApproval => {
-                if r.run_id != run.id {
-                    // Waiting on behalf of this attempt now (a decision looks it up by run).
-                    self.write_step(StepRecord { run_id: run.id.clone(), attempt: run.attempt, ..r }).await?;
-                }
+                self.still_waiting(r).await?;
                 Ok(Asked::Waiting)
             }
             _ => {
-                let now = self.now();
-                let record = StepRecord {
-                    step: id,
-                    status: StepStatus::WaitingApproval,
-                    attempt: run.attempt,
-                    run_id: run.id.clone(),
-                    started_at: Some(now),
-                    finished_at: None,
-                    output: Some(json!({
-                        "question": format!("Agent \"{}\" wants to call {tool} with {args}. Allow it?", agent.name),
-                        "agent": agent.name,
-                        "tool": tool,
-                        "arguments": args,
-                        ON_REJECT: ON_REJECT_RESUME,
-                    })),
-                    error: None,
-                };
-                self.write_step(record).await?;
+                let output = json!({
+                    "question": format!("Agent \"{}\" wants to call {tool} with {args}. Allow it?", agent.name),
+                    "agent": agent.name,
+                    "tool": tool,
+                    "arguments": args,
+                    ON_REJECT: ON_REJECT_RESUME,
+                });
+                self.wait_on(id, output).await?;
                 Ok(Asked::Waiting)
             }
         }
@@ -765,34 +777,15 @@ impl Session {
         if budget.on_budget != Some(OnBudget::Ask) {
             return Some(AgentEnd::failed(format!("budget exceeded: {why}"), false));
         }
-        let run = self.ctx.run();
         if let Some(r) = open {
-            if r.run_id != run.id
-                && let Err(e) = self.write_step(StepRecord { run_id: run.id.clone(), attempt: run.attempt, ..r }).await
-            {
-                return Some(e);
-            }
-            return Some(AgentEnd::Waiting);
+            return Some(self.still_waiting(r).await.err().unwrap_or(AgentEnd::Waiting));
         }
-        let now = self.now();
-        let record = StepRecord {
-            step: format!("{BUDGET_WAIT}{}", approved + 1),
-            status: StepStatus::WaitingApproval,
-            attempt: run.attempt,
-            run_id: run.id.clone(),
-            started_at: Some(now),
-            finished_at: None,
-            output: Some(json!({
-                "question": format!("Agent \"{}\" reached its budget ({why}). Approve to go on with the budget raised by as much again.", agent.name),
-                "agent": agent.name,
-                "usage": {"tokens": usage.tokens, "tool_calls": usage.tool_calls, "cost": usage.cost},
-            })),
-            error: None,
-        };
-        Some(match self.write_step(record).await {
-            Ok(()) => AgentEnd::Waiting,
-            Err(e) => e,
-        })
+        let output = json!({
+            "question": format!("Agent \"{}\" reached its budget ({why}). Approve to go on with the budget raised by as much again.", agent.name),
+            "agent": agent.name,
+            "usage": {"tokens": usage.tokens, "tool_calls": usage.tool_calls, "cost": usage.cost},
+        });
+        Some(self.wait_on(format!("{BUDGET_WAIT}{}", approved + 1), output).await.err().unwrap_or(AgentEnd::Waiting))
     }
 
     fn usage(&self) -> Usage {

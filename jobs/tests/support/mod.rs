@@ -78,3 +78,30 @@ pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -
 pub fn finished(runs: &[Run]) -> bool {
     runs.iter().all(|r| r.status.is_final())
 }
+
+/// Waits (up to 20 s of real time) until the run satisfies `pred`, reading it at each change.
+pub async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut changes = engine.changes();
+    loop {
+        let run = engine.get_run(id).await.expect("run");
+        if pred(&run) {
+            return run;
+        }
+        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
+            panic!("timed out waiting for {what}; run: {run:#?}");
+        }
+    }
+}
+
+pub async fn ended(engine: &Engine, id: &str) -> Run {
+    until_run(engine, id, "the run to end", |r| r.status.is_final()).await
+}
+
+pub async fn waiting(engine: &Engine, id: &str) -> Run {
+    until_run(engine, id, "the run to wait for approval", |r| r.status == lamplighter_jobs::RunStatus::WaitingApproval).await
+}
+
+pub async fn detail(engine: &Engine, id: &str) -> lamplighter_jobs::RunDetail {
+    engine.get_run_detail(id).await.expect("run detail")
+}

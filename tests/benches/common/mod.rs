@@ -137,6 +137,22 @@ impl Worker {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
+    /// Triggers `job` `runs` times, one after another, with `lampctl jobs trigger --wait`, and
+    /// returns the runs' recorded durations (`finished_at − started_at`, ms), sorted.
+    pub(crate) fn trigger_durations(&self, job: &str, runs: usize) -> Vec<i64> {
+        let ctl = bin().with_file_name("lampctl");
+        for _ in 0..runs {
+            let out =
+                Command::new(&ctl).args(["--url", &self.url(), "jobs", "trigger", job, "--wait", "-o", "json"]).output().expect("lampctl");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let sql = format!("SELECT finished_at - started_at AS d FROM ll_runs WHERE job = '{job}' AND status = 'succeeded'");
+        let mut d = read_rows(&self.db(), &sql, |r| sqlx::Row::get::<i64, _>(r, "d"));
+        assert_eq!(d.len(), runs, "every run succeeded");
+        d.sort_unstable();
+        d
+    }
+
     pub(crate) fn db(&self) -> PathBuf {
         self.dir.path().join("data/lamplighter.db")
     }
@@ -152,4 +168,9 @@ impl Drop for Worker {
             let _ = std::fs::copy(self.dir.path().join("worker.log"), "/tmp/bench-worker.log");
         }
     }
+}
+
+/// The `p` quantile (0–1) of sorted values, nearest rank.
+pub(crate) fn pct<T: Copy>(sorted: &[T], p: f64) -> T {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
