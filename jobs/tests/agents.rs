@@ -395,3 +395,24 @@ async fn azure_openai_is_addressed_by_deployment_with_its_api_key_header() {
     assert_eq!(seen[0].body["max_completion_tokens"], 50, "Azure wants max_completion_tokens");
     assert!(seen[0].body.get("max_tokens").is_none());
 }
+
+#[tokio::test]
+async fn cancelling_a_run_stops_a_model_call_in_flight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tx, mut in_flight) = tokio::sync::mpsc::unbounded_channel();
+    let llm = ScriptedLlm::start((1, 1), move |_| {
+        let _ = tx.send(());
+        Reply::Slow(Duration::from_secs(60), Box::new(Reply::Text("too late".into())))
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "", "a: {}", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let id = trigger(&engine, "think long").await;
+    tokio::time::timeout(Duration::from_secs(10), in_flight.recv()).await.expect("the model call to start");
+    let started = std::time::Instant::now();
+    engine.cancel_run(&id).await.expect("cancel");
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert!(started.elapsed() < Duration::from_secs(10), "the call was abandoned, not waited out");
+    assert!(detail(&engine, &id).await.calls.is_empty(), "a call that did not return is not recorded");
+}
