@@ -46,7 +46,7 @@ fi
   >"$LOG" 2>&1 &
 echo $! >"$PIDFILE"
 for _ in $(seq 1 300); do
-  curl -fsS "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1 && { echo "http://127.0.0.1:$port/v1"; exit 0; }
+  "$VENV/bin/python" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1 && { echo "http://127.0.0.1:$port/v1"; exit 0; }
   kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -5 "$LOG" >&2; exit 1; }
   sleep 0.2
 done
