@@ -141,9 +141,21 @@ pub struct JobConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageConfig {
-    Sqlite { path: PathBuf },
-    Postgres { url: String },
+    Sqlite {
+        path: PathBuf,
+    },
+    /// `url` may hold a password: `Debug` redacts it.
+    Postgres {
+        url: Secret,
+        pool_size: u32,
+        statement_timeout: Duration,
+    },
 }
+
+/// The default of `scheduling.storage.pool_size`.
+pub const DEFAULT_PG_POOL_SIZE: u32 = 10;
+/// The default of `scheduling.storage.statement_timeout`.
+pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum McpAuth {
@@ -343,16 +355,49 @@ impl<'a> Compiler<'a> {
                 };
                 StorageConfig::Sqlite { path }
             }
-            "postgres" | "postgresql" => match conn {
-                Some(url) => StorageConfig::Postgres { url },
-                None => {
-                    self.err(
-                        &["scheduling", "storage", "provider"],
-                        "storage provider \"postgres\" needs scheduling.storage.connection_string (a postgres:// URL)".into(),
-                    );
-                    StorageConfig::Postgres { url: String::new() }
-                }
-            },
+            "postgres" | "postgresql" => {
+                let at = |k: &'static str| -> Vec<&str> { vec!["scheduling", "storage", k] };
+                let url = match conn.as_deref().map(str::trim) {
+                    Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => u.to_string(),
+                    Some(u) => {
+                        let shown = if u.starts_with("Data Source=") { "a SQLite \"Data Source=…\"" } else { "not a postgres:// URL" };
+                        self.err(
+                            &at("connection_string"),
+                            format!("storage provider \"postgres\" needs a postgres:// URL in connection_string; this is {shown}"),
+                        );
+                        String::new()
+                    }
+                    None => {
+                        self.err(
+                            &at("provider"),
+                            "storage provider \"postgres\" needs scheduling.storage.connection_string (a postgres:// URL, e.g. ${DATABASE_URL})"
+                                .into(),
+                        );
+                        String::new()
+                    }
+                };
+                let pool_size = match s.and_then(|s| s.pool_size) {
+                    None => DEFAULT_PG_POOL_SIZE,
+                    Some(n) if (1..=1000).contains(&n) => n,
+                    Some(n) => {
+                        self.err(&at("pool_size"), format!("pool_size {n} is outside 1–1000"));
+                        DEFAULT_PG_POOL_SIZE
+                    }
+                };
+                let statement_timeout = match s.and_then(|s| s.statement_timeout.as_deref()).map(duration) {
+                    None => DEFAULT_PG_STATEMENT_TIMEOUT,
+                    Some(Ok(d)) if !d.is_zero() => d,
+                    Some(Ok(_)) => {
+                        self.err(&at("statement_timeout"), "statement_timeout must be more than 0s".into());
+                        DEFAULT_PG_STATEMENT_TIMEOUT
+                    }
+                    Some(Err(e)) => {
+                        self.err(&at("statement_timeout"), format!("statement_timeout {e}"));
+                        DEFAULT_PG_STATEMENT_TIMEOUT
+                    }
+                };
+                StorageConfig::Postgres { url: Secret::new(url), pool_size, statement_timeout }
+            }
             other => {
                 self.err(
                     &["scheduling", "storage", "provider"],

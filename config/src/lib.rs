@@ -23,8 +23,8 @@ pub use ai::{
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, name_matches,
 };
 pub use compile::{
-    Backoff, CatchUp, Config, JobConfig, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES,
-    WasmConfig, WorkerConfig,
+    Backoff, CatchUp, Config, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, JobConfig, McpAuth, McpTransport, Overlap, Retention,
+    RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
@@ -120,6 +120,12 @@ fn redact(v: &mut serde_yaml::Value, all: bool) {
                     *child = serde_yaml::Value::String("<redacted>".into());
                     continue;
                 }
+                if let serde_yaml::Value::String(text) = child
+                    && let Some(masked) = mask_url_password(text)
+                {
+                    *text = masked;
+                    continue;
+                }
                 redact(child, all || secret_map);
             }
         }
@@ -128,7 +134,34 @@ fn redact(v: &mut serde_yaml::Value, all: bool) {
     }
 }
 
+/// `scheme://user:password@host…` with the password replaced by `<redacted>`; `None` when the
+/// text holds no such URL.
+fn mask_url_password(text: &str) -> Option<String> {
+    let scheme_end = text.find("://")? + 3;
+    let rest = &text[scheme_end..];
+    let at = rest.find('@')?;
+    let userinfo = &rest[..at];
+    if userinfo.contains('/') {
+        return None;
+    }
+    let colon = userinfo.find(':')?;
+    Some(format!("{}{}:<redacted>{}", &text[..scheme_end], &userinfo[..colon], &rest[at..]))
+}
+
 /// Where a relative path in the config resolves.
 pub fn resolve_path(cwd: &Path, p: &str) -> PathBuf {
     cwd.join(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_url_password;
+
+    #[test]
+    fn only_the_password_of_a_url_is_masked() {
+        assert_eq!(mask_url_password("postgres://u:p@h/db").as_deref(), Some("postgres://u:<redacted>@h/db"));
+        assert_eq!(mask_url_password("postgres://u@h/db"), None, "no password, nothing to hide");
+        assert_eq!(mask_url_password("https://h/a:b@c"), None, "an @ after the host is not userinfo");
+        assert_eq!(mask_url_password("plain text"), None);
+    }
 }

@@ -219,8 +219,13 @@ pub(crate) struct Scheduling {
 pub(crate) struct Storage {
     /// `sqlite` (default) or `postgres`.
     pub(crate) provider: Option<String>,
-    /// A sqlx URL (`sqlite://…`, `postgres://…`) or the seed's `Data Source=…` form.
+    /// A sqlx URL (`sqlite://…`, `postgres://…`) or the seed's `Data Source=…` form; e.g.
+    /// `${DATABASE_URL}`.
     pub(crate) connection_string: Option<String>,
+    /// PostgreSQL: connections each worker keeps open (default 10).
+    pub(crate) pool_size: Option<u32>,
+    /// PostgreSQL: the longest a statement may run before the server cancels it (default `30s`).
+    pub(crate) statement_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

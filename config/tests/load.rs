@@ -321,3 +321,38 @@ lamplighter.yaml:9:5: error: MCP server "nothing" needs "command" (a stdio serve
 lamplighter.yaml:10:26: error: MCP server "both" sets both command and url; keep one"#;
     assert_eq!(errors_of(tmp.path()).join("\n"), expected);
 }
+
+/// PostgreSQL storage: a URL (from `${DATABASE_URL}`), pool size and statement timeout with
+/// defaults, the URL's password kept out of `Debug` and `config show`; the seed's SQLite form
+/// is refused for postgres with a clear message.
+#[test]
+fn postgres_storage_reads_its_url_pool_and_timeout_and_hides_the_password() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        "scheduling:\n  storage:\n    provider: postgres\n    connection_string: ${DATABASE_URL}\n    statement_timeout: 5s\n  jobs: {}\n",
+    );
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let env = |n: &str| (n == "DATABASE_URL").then(|| "postgres://ll:hunter2@db.internal:5432/lamplighter".to_string());
+    let config = load_with_env(&opts, env).unwrap_or_else(|e| panic!("{e}")).config;
+    match &config.storage {
+        lamplighter_config::StorageConfig::Postgres { url, pool_size, statement_timeout } => {
+            assert_eq!(url.expose(), "postgres://ll:hunter2@db.internal:5432/lamplighter");
+            assert_eq!((*pool_size, *statement_timeout), (10, std::time::Duration::from_secs(5)));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!format!("{:?}", config.storage).contains("hunter2"));
+    let shown = lamplighter_config::show(&config);
+    assert!(shown.contains("postgres://ll:<redacted>@db.internal:5432/lamplighter") && !shown.contains("hunter2"), "{shown}");
+
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        "scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"Data Source=data/x.db\"\n    pool_size: 0\n  jobs: {}\n",
+    );
+    let expected = r#"lamplighter.yaml:4:5: error: storage provider "postgres" needs a postgres:// URL in connection_string; this is a SQLite "Data Source=…"
+lamplighter.yaml:5:5: error: pool_size 0 is outside 1–1000"#;
+    assert_eq!(errors_of(tmp.path()).join("\n"), expected);
+}
