@@ -1,0 +1,195 @@
+//! A throwaway PostgreSQL cluster for tests: `initdb` in a temporary directory, started with
+//! `pg_ctl` on a free loopback port (its socket in the same directory, `fsync` off), stopped and
+//! removed when dropped. The server binaries come from `PATH` or Debian's
+//! `/usr/lib/postgresql/<version>/bin` (`.ci/run` installs them where missing). They refuse to
+//! run as root: as root the cluster belongs to an unprivileged system user, `llpg`, created on
+//! first use.
+//!
+//! A missing server is a failure, never a skip: the tests that need PostgreSQL must run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The unprivileged owner of test clusters when tests run as root.
+const USER: &str = "llpg";
+
+/// A running cluster; stopped (immediately) and deleted when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    as_user: Option<&'static str>,
+}
+
+impl Cluster {
+    /// Initialises and starts a cluster. Panics with what to do when PostgreSQL is not installed
+    /// or does not start.
+    pub fn start() -> Cluster {
+        let bin = server_bin().unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin; \
+                 install them (`apt-get install postgresql`, as .ci/run does)"
+            )
+        });
+        let as_user = is_root().then(|| {
+            ensure_user();
+            USER
+        });
+        let dir = tempfile::Builder::new().prefix("llpg-").tempdir().expect("temp dir");
+        if as_user.is_some() {
+            run(Command::new("chown").args(["-R", USER]).arg(dir.path()), "chown the cluster directory");
+        }
+        let port = free_port();
+        let c = Cluster { dir, bin, port, as_user };
+        c.pg("initdb", &["-D", &c.data().display().to_string(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"]);
+        c.start_server();
+        c
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        self.url_of("postgres")
+    }
+
+    /// The URL of database `db` on this cluster.
+    pub fn url_of(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server (fast shutdown) without deleting anything; [`Cluster::restart`] brings it back.
+    pub fn stop(&self) {
+        self.pg("pg_ctl", &["-D", &self.data().display().to_string(), "-m", "fast", "-w", "stop"]);
+    }
+
+    /// Starts the server again on the same port and data.
+    pub fn restart(&self) {
+        self.start_server();
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn start_server(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.pg("pg_ctl", &["-D", &self.data().display().to_string(), "-o", &opts, "-l", &log, "-w", "-t", "60", "start"]);
+    }
+
+    /// Runs one of the server's programs, as the cluster's owner.
+    fn pg(&self, program: &str, args: &[&str]) -> Output {
+        let exe = self.bin.join(program);
+        let mut cmd = match self.as_user {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        cmd.args(args).current_dir(self.dir.path());
+        run(&mut cmd, &format!("{program} {}", args.join(" ")))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let data = self.data().display().to_string();
+        let exe = self.bin.join("pg_ctl");
+        let mut cmd = match self.as_user {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let _ = cmd.args(["-D", &data, "-m", "immediate", "-w", "stop"]).output();
+    }
+}
+
+fn run(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The directory holding `initdb` and `pg_ctl`.
+fn server_bin() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|d| d.join("initdb").is_file() && d.join("pg_ctl").is_file());
+    on_path.or_else(|| {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("initdb").is_file())
+            .collect();
+        versions.sort();
+        versions.pop()
+    })
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+fn ensure_user() {
+    let exists = Command::new("id").arg(USER).output().map(|o| o.status.success()).unwrap_or(false);
+    if !exists {
+        // Two tests may race to create it: the loser finds it there.
+        let _ = Command::new("useradd").args(["-r", "-M", "-s", "/usr/sbin/nologin", USER]).output();
+        let exists = Command::new("id").arg(USER).output().map(|o| o.status.success()).unwrap_or(false);
+        assert!(exists, "cannot create the system user {USER} that owns test clusters (useradd -r -M {USER})");
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// Where a cluster keeps its files (for tests that check it is gone).
+pub fn path_of(c: &Cluster) -> &Path {
+    c.dir.path()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_cluster_accepts_connections_survives_a_restart_and_is_removed_when_dropped() {
+        let c = Cluster::start();
+        let query = |url: String| async move {
+            let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+            let v: i32 = sqlx::query_scalar("SELECT 41 + 1").fetch_one(&pool).await.expect("query");
+            pool.close().await;
+            v
+        };
+        assert_eq!(query(c.url()).await, 42);
+        c.stop();
+        assert!(sqlx::PgPool::connect(&c.url()).await.is_err(), "stopped means refused");
+        c.restart();
+        assert_eq!(query(c.url()).await, 42, "back on the same port");
+        let dir = path_of(&c).to_path_buf();
+        drop(c);
+        assert!(!dir.exists(), "its files are gone");
+    }
+}
