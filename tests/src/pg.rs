@@ -7,6 +7,9 @@
 //!
 //! A missing server is a failure, never a skip: the tests that need PostgreSQL must run.
 
+// Starting the server's own programs is this module's job.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
