@@ -416,3 +416,28 @@ async fn cancelling_a_run_stops_a_model_call_in_flight() {
     assert!(started.elapsed() < Duration::from_secs(10), "the call was abandoned, not waited out");
     assert!(detail(&engine, &id).await.calls.is_empty(), "a call that did not return is not recorded");
 }
+
+#[tokio::test]
+async fn delegation_stops_at_the_depth_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // An agent that delegates to itself whenever it can.
+    let llm = ScriptedLlm::start((1, 1), |req| {
+        let can_delegate = req["tools"].as_array().is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "delegate_to_agent"));
+        match (can_delegate, tool_results(req)) {
+            (true, 0) => Reply::Tools(vec![("delegate_to_agent".into(), json!({"agent": "a", "task": "go deeper"}).to_string())]),
+            (true, _) => Reply::Text(format!("up: {}", last_text(req))),
+            (false, _) => Reply::Text("bottom".into()),
+        }
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "", "a:\n  delegates: [a]", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "start").await).await;
+    assert_eq!(run.output, Some(json!("up: up: up: bottom")), "{run:#?}");
+    let depth = lamplighter_jobs::MAX_DELEGATION_DEPTH as usize;
+    let without_tools = llm.seen().iter().filter(|s| s.body.get("tools").is_none()).count();
+    assert_eq!(without_tools, 1, "only the agent {depth} levels down was offered no delegation");
+    let d = detail(&engine, &run.id).await;
+    let conversations: std::collections::BTreeSet<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
+    assert_eq!(conversations.len(), depth + 1, "{conversations:?}");
+}
