@@ -261,6 +261,27 @@ pub struct StepRecord {
     /// Capped (see `workflow::OUTPUT_CAP`).
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
+    /// A wait whose rejection resumes the run, which acts on it (an agent's tool call: the
+    /// model is told), instead of failing the run naming the step (a workflow approval).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub resumes_on_reject: bool,
+}
+
+impl StepRecord {
+    /// A record of `step` by the attempt `run`, with nothing to say yet but its status.
+    pub(crate) fn by(run: &Run, step: &str, status: StepStatus, started_at: Option<DateTime<Utc>>) -> Self {
+        Self {
+            step: step.to_string(),
+            status,
+            attempt: run.attempt,
+            run_id: run.id.clone(),
+            started_at,
+            finished_at: None,
+            output: None,
+            error: None,
+            resumes_on_reject: false,
+        }
+    }
 }
 
 /// One model call or tool call of an agent conversation, as recorded once it returned: kept

@@ -639,32 +639,6 @@ impl Engine {
     /// Records a decision on a waiting approval step. An approval resumes the run (unless other
     /// steps of it still wait); a rejection fails it, naming the step. Deciding a run that does
     /// not wait, or a step already decided, is an error that says what happened.
-    /// Runs recorded before parallels stopped recording themselves waiting (0.1 before the
-    /// agent runner) have their `parallel` steps as a second wait: set back to `running`, so the
-    /// decision on the real one resumes the run.
-    async fn unwait_parallels(&self, run_id: &str) -> Result<(), ServiceError> {
-        let Some(run) = self.shared.store().get_run(run_id).await? else { return Ok(()) };
-        if run.status != RunStatus::WaitingApproval {
-            return Ok(());
-        }
-        let Some((_, Some(definition))) = self.definition_of(&run).await? else { return Ok(()) };
-        let parallels: Vec<String> =
-            definition.all_steps().iter().filter(|s| matches!(s.kind, StepKind::Parallel { .. })).map(|s| s.id.clone()).collect();
-        let stale: Vec<StepRecord> = self
-            .shared
-            .store()
-            .steps(&run.root_id)
-            .await?
-            .into_iter()
-            .filter(|r| r.status == StepStatus::WaitingApproval && parallels.contains(&r.step))
-            .map(|r| StepRecord { status: StepStatus::Running, ..r })
-            .collect();
-        if !stale.is_empty() {
-            self.shared.store().record_steps(&run.root_id, &stale).await?;
-        }
-        Ok(())
-    }
-
     pub async fn decide(&self, req: DecisionRequest) -> Result<Decision, ServiceError> {
         if req.decided_by.trim().is_empty() || req.decided_by.len() > 200 {
             return Err(ServiceError::InvalidArgument("decided_by must be 1–200 characters".into()));
@@ -673,7 +647,6 @@ impl Engine {
             return Err(ServiceError::InvalidArgument("comment must be at most 10,000 characters".into()));
         }
         let now = self.shared.clock().now();
-        self.unwait_parallels(&req.run_id).await?;
         let d = Decide {
             run_id: &req.run_id,
             step: req.step.as_deref(),

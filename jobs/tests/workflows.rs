@@ -385,12 +385,17 @@ async fn an_approval_inside_a_parallel_is_the_only_wait_and_approving_it_finishe
     let engine = start(&config, &clock).await;
     let id = trigger(&engine, json!(null)).await;
     waiting(&engine, &id).await;
-    // A database written before parallels stopped recording themselves waiting has the
-    // parallel as a second wait: the decision still resumes the run.
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(engine);
+    // As the version before migration 0006 left the database: the parallel recorded as a
+    // second wait (and that migration not applied yet). The upgrade repairs it.
     let db = dir.path().join("data/lamplighter.db");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await.expect("open db");
     sqlx::query("UPDATE ll_steps SET status = 'waiting_approval' WHERE step = 'both'").execute(&pool).await.expect("old shape");
+    sqlx::query("ALTER TABLE ll_steps DROP COLUMN resumes_on_reject").execute(&pool).await.expect("old columns");
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 6").execute(&pool).await.expect("before 0006");
     pool.close().await;
+    let engine = start(&config, &clock).await;
     // The parallel itself is not a wait to decide: no step needs naming.
     let approvals = engine.list_approvals().await.expect("approvals");
     assert_eq!(approvals.iter().map(|a| a.step.as_str()).collect::<Vec<_>>(), ["gate"]);

@@ -36,7 +36,6 @@ use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudge
 use lamplighter_plugins::{ActionContext, Registry};
 
 use crate::run::{CallKind, CallRecord, StepRecord, StepStatus};
-use crate::store::{ON_REJECT, ON_REJECT_RESUME};
 use crate::target::RunContext;
 
 use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
@@ -203,18 +202,10 @@ impl Session {
     }
 
     /// Records a new wait for a decision, as step `id` of the run.
-    async fn wait_on(&self, id: String, output: Value) -> Result<(), AgentEnd> {
-        let run = self.ctx.run();
-        let record = StepRecord {
-            step: id,
-            status: StepStatus::WaitingApproval,
-            attempt: run.attempt,
-            run_id: run.id.clone(),
-            started_at: Some(self.now()),
-            finished_at: None,
-            output: Some(output),
-            error: None,
-        };
+    async fn wait_on(&self, id: &str, output: Value, resumes_on_reject: bool) -> Result<(), AgentEnd> {
+        let mut record = StepRecord::by(self.ctx.run(), id, StepStatus::WaitingApproval, Some(self.now()));
+        record.output = Some(output);
+        record.resumes_on_reject = resumes_on_reject;
         self.write_step(record).await
     }
 
@@ -716,9 +707,9 @@ impl Session {
                     "agent": agent.name,
                     "tool": tool,
                     "arguments": args,
-                    ON_REJECT: ON_REJECT_RESUME,
                 });
-                self.wait_on(id, output).await?;
+                // A rejection resumes the run: the model is told the call was refused.
+                self.wait_on(&id, output, true).await?;
                 Ok(Asked::Waiting)
             }
         }
@@ -785,7 +776,9 @@ impl Session {
             "agent": agent.name,
             "usage": {"tokens": usage.tokens, "tool_calls": usage.tool_calls, "cost": usage.cost},
         });
-        Some(self.wait_on(format!("{BUDGET_WAIT}{}", approved + 1), output).await.err().unwrap_or(AgentEnd::Waiting))
+        let id = format!("{BUDGET_WAIT}{}", approved + 1);
+        // A rejection ends the run: no more budget.
+        Some(self.wait_on(&id, output, false).await.err().unwrap_or(AgentEnd::Waiting))
     }
 
     fn usage(&self) -> Usage {

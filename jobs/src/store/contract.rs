@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, Decide, Decided, NewRun, ON_REJECT, ON_REJECT_RESUME, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
+use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
 use crate::run::{CallKind, CallRecord, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
@@ -388,7 +388,8 @@ async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     // and queues the run again, for the run to act on.
     let a = waiting_run(s, &[], None).await;
     let mut ask = step("tool-1", &a, StepStatus::WaitingApproval, t);
-    ask.output = Some(serde_json::json!({ "tool": "shell.run", ON_REJECT: ON_REJECT_RESUME }));
+    ask.output = Some(serde_json::json!({ "tool": "shell.run" }));
+    ask.resumes_on_reject = true;
     s.record_steps(&a, &[ask]).await.expect("record");
     let d = Decide { run_id: &a, step: None, approve: false, comment: Some("no"), decided_by: "ana" };
     match s.decide(&d, t).await.expect("decide") {
@@ -412,6 +413,7 @@ fn step(id: &str, run: &str, status: StepStatus, at: DateTime<Utc>) -> StepRecor
         finished_at: None,
         output: None,
         error: None,
+        resumes_on_reject: false,
     }
 }
 

@@ -214,11 +214,6 @@ pub(crate) struct Decide<'a> {
     pub(crate) decided_by: &'a str,
 }
 
-/// The key in a waiting step's output that says what a rejection does: with
-/// [`ON_REJECT_RESUME`] the run is resumed (and acts on the rejection itself) instead of failed.
-pub(crate) const ON_REJECT: &str = "on_reject";
-pub(crate) const ON_REJECT_RESUME: &str = "resume";
-
 /// What [`RunStore::decide`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Decided {

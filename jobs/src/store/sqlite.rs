@@ -14,8 +14,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, ON_REJECT, ON_REJECT_RESUME, RunEnd, RunFilter, RunStore, StoreError,
-    TICK_KEYS_KEPT, Taken, TickOutcome, from_ms, ms, new_id,
+    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
+    TickOutcome, from_ms, ms, new_id,
 };
 use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
@@ -144,6 +144,7 @@ fn step_from_row(r: &SqliteRow) -> StepRecord {
         finished_at: opt_t("finished_at"),
         output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
         error: r.get("error"),
+        resumes_on_reject: r.get::<i64, _>("resumes_on_reject") != 0,
     }
 }
 
@@ -653,7 +654,7 @@ impl RunStore for SqliteStore {
             return Ok(());
         }
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-            "INSERT INTO ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error) ",
+            "INSERT INTO ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error, resumes_on_reject) ",
         );
         q.push_values(steps, |mut b, st| {
             b.push_bind(root_id)
@@ -664,11 +665,13 @@ impl RunStore for SqliteStore {
                 .push_bind(st.started_at.map(ms))
                 .push_bind(st.finished_at.map(ms))
                 .push_bind(st.output.as_ref().map(|v| v.to_string()))
-                .push_bind(st.error.as_deref());
+                .push_bind(st.error.as_deref())
+                .push_bind(st.resumes_on_reject);
         });
         q.push(
             " ON CONFLICT (root_id, step) DO UPDATE SET status = excluded.status, run_id = excluded.run_id, attempt = excluded.attempt,
-              started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error",
+              started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error,
+              resumes_on_reject = excluded.resumes_on_reject",
         );
         q.build().execute(&self.write).await.ctx("recording workflow steps")?;
         Ok(())
@@ -730,8 +733,8 @@ impl RunStore for SqliteStore {
         if status != RunStatus::WaitingApproval {
             return Ok(Decided::NotWaiting(status));
         }
-        let open_rows: Vec<(String, Option<String>)> =
-            sqlx::query_as("SELECT step, output FROM ll_steps WHERE run_id = ?1 AND status = ?2 ORDER BY step")
+        let open_rows: Vec<(String, bool)> =
+            sqlx::query_as("SELECT step, resumes_on_reject != 0 FROM ll_steps WHERE run_id = ?1 AND status = ?2 ORDER BY step")
                 .bind(d.run_id)
                 .bind(step_waiting)
                 .fetch_all(&mut *tx)
@@ -772,11 +775,7 @@ impl RunStore for SqliteStore {
         let record = step_from_row(&row);
         // A wait that asked "may this go on?" (an agent's tool call) resumes the run either
         // way: the run itself acts on a rejection.
-        let resumes_on_reject = open_rows
-            .iter()
-            .find(|(s, _)| *s == step)
-            .and_then(|(_, o)| serde_json::from_str::<serde_json::Value>(o.as_deref()?).ok())
-            .is_some_and(|o| o.get(ON_REJECT) == Some(&serde_json::json!(ON_REJECT_RESUME)));
+        let resumes_on_reject = open_rows.iter().any(|(s, resumes)| *s == step && *resumes);
         let run_status = if d.approve || resumes_on_reject {
             if open.len() > 1 {
                 RunStatus::WaitingApproval

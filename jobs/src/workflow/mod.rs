@@ -136,17 +136,7 @@ impl Engine {
 
     /// A record of `step` by this attempt.
     fn record(&self, step: &str, status: StepStatus, started_at: Option<DateTime<Utc>>) -> StepRecord {
-        let run = self.ctx.run();
-        StepRecord {
-            step: step.to_string(),
-            status,
-            attempt: run.attempt,
-            run_id: run.id.clone(),
-            started_at,
-            finished_at: None,
-            output: None,
-            error: None,
-        }
+        StepRecord::by(self.ctx.run(), step, status, started_at)
     }
 
     /// Writes records (durable when this returns), then keeps them.

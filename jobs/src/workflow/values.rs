@@ -127,6 +127,7 @@ mod tests {
             finished_at: None,
             output: Some(output),
             error: None,
+            resumes_on_reject: false,
         };
         (step.into(), r)
     }
