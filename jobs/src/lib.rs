@@ -21,11 +21,11 @@ pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError};
-pub use run::{CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
+pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    AgentUsage, Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError,
-    StepView, TriggerRequest, Triggered, WorkerStatus,
+    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError, StepView,
+    TriggerRequest, Triggered, WorkerStatus,
 };
 pub use store::{RunFilter, StoreError};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};

@@ -315,6 +315,49 @@ pub struct CallRecord {
     pub finished_at: DateTime<Utc>,
 }
 
+/// What a run's agents used, summed over its call records (every attempt's): what `get_run`
+/// shows and what budgets are checked against.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct AgentUsage {
+    pub model_calls: u64,
+    pub tool_calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// From the models' `pricing`; `None` when no model called has one.
+    pub cost: Option<f64>,
+    /// Time spent in model and tool calls (waits for a decision, and time between attempts,
+    /// do not count).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub busy: std::time::Duration,
+}
+
+impl AgentUsage {
+    pub fn of(calls: &[CallRecord]) -> Self {
+        let mut u = AgentUsage::default();
+        for c in calls {
+            u.busy += (c.finished_at - c.started_at).to_std().unwrap_or_default();
+            match c.kind {
+                CallKind::Model => {
+                    u.model_calls += 1;
+                    u.input_tokens = u.input_tokens.saturating_add(c.input_tokens);
+                    u.output_tokens = u.output_tokens.saturating_add(c.output_tokens);
+                    if let Some(cost) = c.cost {
+                        u.cost = Some(u.cost.unwrap_or(0.0) + cost);
+                    }
+                }
+                CallKind::Tool => u.tool_calls += 1,
+            }
+        }
+        u
+    }
+
+    /// Prompt and completion tokens together.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
 /// What a [`CallRecord`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -11,7 +11,7 @@ use serde::Serialize;
 use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
 use crate::engine::{Engine, WORKFLOW_RUNS};
-use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{AgentUsage, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
 use crate::store::{Decide, Decided, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
@@ -151,40 +151,6 @@ pub struct RunDetail {
     /// Totals over `calls`, when there are any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<AgentUsage>,
-}
-
-/// What a run's agents used.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct AgentUsage {
-    pub model_calls: u64,
-    pub tool_calls: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// From the models' `pricing`; `None` when no model called has one.
-    pub cost: Option<f64>,
-}
-
-impl AgentUsage {
-    fn of(calls: &[CallRecord]) -> Option<Self> {
-        if calls.is_empty() {
-            return None;
-        }
-        let mut u = AgentUsage::default();
-        for c in calls {
-            match c.kind {
-                CallKind::Model => {
-                    u.model_calls += 1;
-                    u.input_tokens += c.input_tokens;
-                    u.output_tokens += c.output_tokens;
-                    if let Some(cost) = c.cost {
-                        u.cost = Some(u.cost.unwrap_or(0.0) + cost);
-                    }
-                }
-                CallKind::Tool => u.tool_calls += 1,
-            }
-        }
-        Some(u)
-    }
 }
 
 /// One workflow step of a run.
@@ -524,7 +490,7 @@ impl Engine {
     pub async fn get_run_detail(&self, id: &str) -> Result<RunDetail, ServiceError> {
         let run = self.get_run(id).await?;
         let calls = self.shared.store().calls(&run.root_id).await?;
-        let usage = AgentUsage::of(&calls);
+        let usage = (!calls.is_empty()).then(|| AgentUsage::of(&calls));
         let records = self.shared.store().steps(&run.root_id).await?;
         let (workflow, steps, own) = match self.definition_of(&run).await? {
             None => (None, Vec::new(), Vec::new()),

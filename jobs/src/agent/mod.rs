@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudget, Pipeline, Provider, SystemPrompt};
 use lamplighter_plugins::{ActionContext, Registry};
 
-use crate::run::{CallKind, CallRecord, StepRecord, StepStatus};
+use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
 use crate::target::RunContext;
 
 use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
@@ -740,9 +740,9 @@ impl Session {
         let elapsed = usage.busy;
         let mut over = None;
         if let Some(max) = budget.max_tokens_total
-            && usage.tokens >= max.saturating_mul(factor)
+            && usage.tokens() >= max.saturating_mul(factor)
         {
-            over = Some(format!("{} tokens used, max_tokens_total is {}", usage.tokens, max.saturating_mul(factor)));
+            over = Some(format!("{} tokens used, max_tokens_total is {}", usage.tokens(), max.saturating_mul(factor)));
         }
         if let Some(max) = budget.max_tool_calls
             && check == BudgetCheck::ToolCall
@@ -751,9 +751,10 @@ impl Session {
             over = Some(format!("{} tool calls made, max_tool_calls is {}", usage.tool_calls, u64::from(max).saturating_mul(factor)));
         }
         if let Some(max) = budget.max_cost
-            && usage.cost >= max * factor as f64
+            && let cost = usage.cost.unwrap_or(0.0)
+            && cost >= max * factor as f64
         {
-            over = Some(format!("cost {:.6} reached, max_cost is {:.6}", usage.cost, max * factor as f64));
+            over = Some(format!("cost {:.6} reached, max_cost is {:.6}", cost, max * factor as f64));
         }
         if let Some(max) = budget.max_duration
             && elapsed >= max.saturating_mul(u32::try_from(factor).unwrap_or(u32::MAX))
@@ -774,30 +775,15 @@ impl Session {
         let output = json!({
             "question": format!("Agent \"{}\" reached its budget ({why}). Approve to go on with the budget raised by as much again.", agent.name),
             "agent": agent.name,
-            "usage": {"tokens": usage.tokens, "tool_calls": usage.tool_calls, "cost": usage.cost},
+            "usage": usage,
         });
         let id = format!("{BUDGET_WAIT}{}", approved + 1);
         // A rejection ends the run: no more budget.
         Some(self.wait_on(&id, output, false).await.err().unwrap_or(AgentEnd::Waiting))
     }
 
-    fn usage(&self) -> Usage {
-        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        let mut u = Usage::default();
-        for c in calls.iter() {
-            match c.kind {
-                CallKind::Model => {
-                    u.tokens = u.tokens.saturating_add(c.input_tokens).saturating_add(c.output_tokens);
-                    u.cost += c.cost.unwrap_or(0.0);
-                    u.busy += (c.finished_at - c.started_at).to_std().unwrap_or_default();
-                }
-                CallKind::Tool => {
-                    u.tool_calls += 1;
-                    u.busy += (c.finished_at - c.started_at).to_std().unwrap_or_default();
-                }
-            }
-        }
-        u
+    fn usage(&self) -> AgentUsage {
+        AgentUsage::of(&self.calls.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -812,16 +798,6 @@ enum ToolErr {
 enum BudgetCheck {
     ModelCall,
     ToolCall,
-}
-
-#[derive(Debug, Default)]
-struct Usage {
-    tokens: u64,
-    tool_calls: u64,
-    cost: f64,
-    /// Time spent in model and tool calls, over every attempt (waits for a decision, and time
-    /// between attempts, do not count).
-    busy: Duration,
 }
 
 enum Asked {
