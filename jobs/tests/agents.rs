@@ -122,7 +122,7 @@ async fn a_429_with_retry_after_a_500_and_a_reply_past_the_timeout_are_retried_w
     let llm = ScriptedLlm::start((3, 4), move |_| match count.fetch_add(1, Ordering::SeqCst) {
         0 => Reply::Status { code: 429, retry_after: Some("1".into()) },
         1 => Reply::Status { code: 500, retry_after: None },
-        2 => Reply::Slow(Duration::from_secs(5), Box::new(Reply::Text("too late".into()))),
+        2 => Reply::Hang,
         _ => Reply::Text("made it".into()),
     })
     .await;
@@ -402,7 +402,7 @@ async fn cancelling_a_run_stops_a_model_call_in_flight() {
     let (tx, mut in_flight) = tokio::sync::mpsc::unbounded_channel();
     let llm = ScriptedLlm::start((1, 1), move |_| {
         let _ = tx.send(());
-        Reply::Slow(Duration::from_secs(60), Box::new(Reply::Text("too late".into())))
+        Reply::Hang
     })
     .await;
     let config = agents(dir.path(), &llm, "", "a: {}", "");

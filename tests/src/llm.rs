@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -27,8 +27,9 @@ pub enum Reply {
     Tools(Vec<(String, String)>),
     /// An HTTP error status, with an optional `Retry-After` value.
     Status { code: u16, retry_after: Option<String> },
-    /// The reply after a delay (to go past a client's timeout).
-    Slow(Duration, Box<Reply>),
+    /// No reply at all: the request is held until the client gives up on it (its timeout,
+    /// a cancelled run, a killed worker). An event, not a delay: nothing waits on a clock.
+    Hang,
 }
 
 /// One request the server was sent.
@@ -110,10 +111,9 @@ fn record(inner: &Inner, path: &str, headers: &HeaderMap, body: &Value) {
 }
 
 async fn resolve(reply: Reply) -> Result<Reply, Response> {
-    let mut reply = reply;
-    while let Reply::Slow(d, inner) = reply {
-        tokio::time::sleep(d).await;
-        reply = *inner;
+    if let Reply::Hang = reply {
+        // Dropped with the connection when the client goes away.
+        std::future::pending::<()>().await;
     }
     if let Reply::Status { code, retry_after } = &reply {
         let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -144,7 +144,7 @@ async fn chat(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: He
                 .collect();
             (json!({"role": "assistant", "content": null, "tool_calls": calls}), "tool_calls")
         }
-        Reply::Status { .. } | Reply::Slow(..) => unreachable!("resolved above"),
+        Reply::Status { .. } | Reply::Hang => unreachable!("resolved above"),
     };
     let (p, c) = inner.usage;
     axum::Json(json!({
@@ -177,7 +177,7 @@ async fn responses(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: ax
                 json!({"type": "function_call", "id": format!("fc_{n}_{i}"), "call_id": format!("call_{n}_{i}"), "name": name, "arguments": args, "status": "completed"})
             })
             .collect(),
-        Reply::Status { .. } | Reply::Slow(..) => unreachable!("resolved above"),
+        Reply::Status { .. } | Reply::Hang => unreachable!("resolved above"),
     };
     let (p, c) = inner.usage;
     axum::Json(json!({
