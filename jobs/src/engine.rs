@@ -461,6 +461,13 @@ impl Engine {
         self.shared.set_config(JobsConfig::of(config));
     }
 
+    /// Waits for the scheduler's first pass (recovery done, due ticks fired, the plan built):
+    /// from then on the worker is ready, as `/readyz` says.
+    pub async fn first_pass(&self) {
+        let mut rx = self.shared.passes.subscribe();
+        let _ = rx.wait_for(|p| *p > DateTime::<Utc>::MIN_UTC).await;
+    }
+
     /// Runs a scheduler pass now and waits until a pass at or after the clock's current time
     /// has completed — every tick due by then fired, every run that could start claimed and
     /// started. With a manual clock this is how a test knows that nothing happened *because

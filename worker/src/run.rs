@@ -92,6 +92,8 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
     };
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
+    // "Ready" means what `/readyz` means: the scheduler has made its first pass.
+    engine.first_pass().await;
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
     let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config, &registry)));
     let mut reloader = Reloader {

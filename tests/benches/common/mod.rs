@@ -89,30 +89,21 @@ impl Worker {
 
     /// Starts the worker; returns the time to `/readyz` 200.
     pub(crate) fn start(&mut self) -> Duration {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("worker.log")).expect("log");
         let started = Instant::now();
-        self.child = Some(
-            Command::new(bin())
-                .args(["run", "--config"])
-                .arg(self.dir.path().join("lamplighter.yaml"))
-                .current_dir(self.dir.path())
-                // BENCH_LOG=lamplighter_jobs=debug keeps the worker's log in worker.log.
-                .env("RUST_LOG", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("spawn lamplighter"),
-        );
-        loop {
-            if ready(self.port) {
-                return started.elapsed();
-            }
-            if let Some(Ok(Some(s))) = self.child.as_mut().map(Child::try_wait) {
-                panic!("worker exited with {s}:\n{}", self.log());
-            }
-            assert!(started.elapsed() < Duration::from_secs(120), "not ready in 120 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"])
+            .arg(self.dir.path().join("lamplighter.yaml"))
+            .current_dir(self.dir.path())
+            // BENCH_LOG=lamplighter_jobs=debug keeps more of the worker's log in worker.log; the
+            // ready line is always kept, since it is what start waits for.
+            .env("RUST_LOG", format!("{},lamplighter_worker::run=info", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into())))
+            .stdout(Stdio::null());
+        let log = self.dir.path().join("worker.log");
+        let child = lamplighter_tests::proc::spawn_until(&mut cmd, &log, lamplighter_tests::proc::READY_LINE, Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("worker not ready: {e}"));
+        self.child = Some(child);
+        assert!(ready(self.port), "ready, but /readyz says otherwise:\n{}", self.log());
+        started.elapsed()
     }
 
     pub(crate) fn log(&self) -> String {

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lamplighter_tests::proc::{READY_LINE, spawn_until};
+
 pub(crate) fn ctl_bin() -> PathBuf {
     bin().with_file_name("lampctl")
 }
@@ -113,33 +115,14 @@ impl Worker {
         ctl_at(&self.url(), None, args)
     }
 
+    /// Starts the worker and returns once it says it is ready (and `/readyz` agrees).
     pub(crate) fn start(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let child = Command::new(bin())
-            .args(["run", "--config"])
-            .arg(self.config_path())
-            .current_dir(self.dir.path())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
+        let child =
+            spawn_until(&mut cmd, &self.log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
         self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if http_get(self.port, "/readyz").is_some_and(|(code, _)| code == 200) {
-                return;
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("worker exited with {status} before it was ready:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("worker not ready in 20 s:\n{}", self.log());
+        assert_eq!(http_get(self.port, "/readyz").map(|(code, _)| code), Some(200), "ready, but /readyz says otherwise:\n{}", self.log());
     }
 
     pub(crate) fn pid(&self) -> i32 {
