@@ -152,6 +152,8 @@ pub enum StorageConfig {
     },
 }
 
+/// The default of `worker.lease`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default of `scheduling.storage.pool_size`.
 pub const DEFAULT_PG_POOL_SIZE: u32 = 10;
 /// The default of `scheduling.storage.statement_timeout`.
@@ -174,6 +176,8 @@ pub struct WorkerConfig {
     pub name: Option<String>,
     pub concurrency: usize,
     pub shutdown_grace: Duration,
+    /// How long the worker's runs stay its own without a heartbeat (`worker.lease`).
+    pub lease: Duration,
     pub host: String,
     pub port: u16,
     pub transport: McpTransport,
@@ -1279,6 +1283,18 @@ impl<'a> Compiler<'a> {
                 Duration::from_secs(30)
             }),
         };
+        let lease = match w.lease.as_deref().map(duration) {
+            None => DEFAULT_LEASE,
+            Some(Ok(d)) if d >= Duration::from_secs(1) => d,
+            Some(Ok(_)) => {
+                self.err(&["worker", "lease"], "worker.lease must be at least 1s".into());
+                DEFAULT_LEASE
+            }
+            Some(Err(e)) => {
+                self.err(&["worker", "lease"], format!("worker.lease {e}"));
+                DEFAULT_LEASE
+            }
+        };
         let transport = match mcp.transport.as_deref() {
             None | Some("http") | Some("streamable-http") | Some("streamable_http") => McpTransport::Http,
             Some("stdio") => McpTransport::Stdio,
@@ -1325,6 +1341,7 @@ impl<'a> Compiler<'a> {
             name: w.name.filter(|n| !n.trim().is_empty()),
             concurrency: concurrency.max(1),
             shutdown_grace,
+            lease,
             host,
             port: mcp.port.unwrap_or(5100),
             transport,

@@ -23,8 +23,8 @@ pub use ai::{
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, name_matches,
 };
 pub use compile::{
-    Backoff, CatchUp, Config, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, JobConfig, McpAuth, McpTransport, Overlap, Retention,
-    RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
+    Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, JobConfig, McpAuth, McpTransport, Overlap,
+    Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
@@ -136,7 +136,7 @@ fn redact(v: &mut serde_yaml::Value, all: bool) {
 
 /// `scheme://user:password@host…` with the password replaced by `<redacted>`; `None` when the
 /// text holds no such URL.
-fn mask_url_password(text: &str) -> Option<String> {
+pub fn mask_url_password(text: &str) -> Option<String> {
     let scheme_end = text.find("://")? + 3;
     let rest = &text[scheme_end..];
     let at = rest.find('@')?;

@@ -356,6 +356,9 @@ pub(crate) struct Worker {
     pub(crate) name: Option<String>,
     pub(crate) concurrency: Option<u32>,
     pub(crate) shutdown_grace: Option<String>,
+    /// How long a worker's runs stay its own without a heartbeat (default 30s); after that the
+    /// other workers on a shared database take them over. Heartbeats go every third of it.
+    pub(crate) lease: Option<String>,
     pub(crate) mcp: Option<WorkerMcp>,
 }
 

@@ -19,8 +19,9 @@ use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::signals::{Signal, Signals};
+use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{RunStore, StoreError};
+use crate::store::{RunStore, StoreError, WorkerId};
 use crate::target::{JobSnapshot, Targets};
 
 /// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
@@ -48,7 +49,11 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
     targets: Arc<dyn Targets>,
     signals: Arc<dyn Signals>,
-    worker_name: String,
+    worker: WorkerId,
+    /// `sqlite` or `postgres`.
+    storage: &'static str,
+    /// How long this worker's runs stay its own without a heartbeat.
+    lease: Duration,
     config: RwLock<Arc<JobsConfig>>,
     /// Runs executing in this process, by id.
     running: Mutex<HashMap<String, Arc<Running>>>,
@@ -127,7 +132,11 @@ impl Shared {
     }
 
     pub(crate) fn worker_name(&self) -> &str {
-        &self.worker_name
+        &self.worker.name
+    }
+
+    pub(crate) fn storage(&self) -> &'static str {
+        self.storage
     }
 
     pub(crate) fn started_at(&self) -> DateTime<Utc> {
@@ -338,13 +347,15 @@ impl Shared {
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     tasks: Arc<Mutex<Option<Tasks>>>,
-    _lock: Arc<std::fs::File>,
+    /// SQLite: the lock that makes this the database's one worker.
+    _lock: Option<Arc<std::fs::File>>,
 }
 
 struct Tasks {
     /// The scheduler and the housekeeper.
     stop_scheduler: CancellationToken,
-    /// The queue worker, the recorder and the canceller: after the drain.
+    /// The queue worker, the recorder, the canceller, the lease keeper and the signal
+    /// listener: after the drain.
     stop_runs: CancellationToken,
     scheduler: tokio::task::JoinHandle<()>,
     housekeeper: tokio::task::JoinHandle<()>,
@@ -372,58 +383,90 @@ pub struct EngineOptions {
     pub targets: Arc<dyn Targets>,
 }
 
-/// Applies migrations without starting anything (`lamplighter migrate`).
-pub async fn migrate(config: &Config) -> Result<PathBuf, EngineError> {
-    let path = sqlite_path(config)?;
-    let store = SqliteStore::open(&path).await?;
+/// Applies migrations without starting anything (`lamplighter migrate`); returns where (the
+/// SQLite file, or the PostgreSQL URL without its password).
+pub async fn migrate(config: &Config) -> Result<String, EngineError> {
+    let store = open(config).await?;
     store.migrate().await?;
     store.close().await;
-    Ok(path)
+    Ok(match &config.storage {
+        StorageConfig::Sqlite { path } => path.display().to_string(),
+        StorageConfig::Postgres { url, .. } => {
+            lamplighter_config::mask_url_password(url.expose()).unwrap_or_else(|| url.expose().to_string())
+        }
+    })
 }
 
-fn sqlite_path(config: &Config) -> Result<PathBuf, EngineError> {
-    match &config.storage {
-        StorageConfig::Sqlite { path } => Ok(path.clone()),
-        StorageConfig::Postgres { .. } => Err(EngineError::Unsupported(
-            "scheduling.storage.provider \"postgres\" is not supported by this build yet; use \"sqlite\" (the default)".into(),
-        )),
+/// Opens the configured storage (no migrations, no lock).
+async fn open(config: &Config) -> Result<Box<dyn RunStore>, EngineError> {
+    Ok(match &config.storage {
+        StorageConfig::Sqlite { path } => Box::new(SqliteStore::open(path).await?),
+        StorageConfig::Postgres { url, pool_size, statement_timeout } => {
+            Box::new(PgStore::connect(url.expose(), *pool_size, *statement_timeout).await?)
+        }
+    })
+}
+
+/// One worker per SQLite database: the lock makes "every run marked running is an orphan"
+/// true at start.
+fn lock_sqlite(path: &std::path::Path) -> Result<std::fs::File, EngineError> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
     }
+    let lock_path = path.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| EngineError::Locked(format!("cannot open {}: {e}", lock_path.display())))?;
+    if lock.try_lock().is_err() {
+        return Err(EngineError::Locked(format!(
+            "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
+            path.display()
+        )));
+    }
+    Ok(lock)
+}
+
+/// This process's identity for its lease.
+fn worker_id(name: String) -> WorkerId {
+    let host = std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty());
+    WorkerId { name, instance: uuid::Uuid::new_v4().to_string(), host: host.unwrap_or_else(|| "localhost".into()), pid: std::process::id() }
 }
 
 impl Engine {
     /// Opens storage, applies migrations, recovers runs of a worker that died, and starts the
     /// scheduler and the queue worker.
     pub async fn start(config: &Config, opts: EngineOptions) -> Result<Engine, EngineError> {
-        let path = sqlite_path(config)?;
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        // One worker per SQLite database: the lock makes "every run marked running is an
-        // orphan" true at start.
-        let lock_path = path.with_extension("lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| EngineError::Locked(format!("cannot open {}: {e}", lock_path.display())))?;
-        if lock.try_lock().is_err() {
-            return Err(EngineError::Locked(format!(
-                "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
-                path.display()
-            )));
-        }
-        let store = SqliteStore::open(&path).await?;
-        store.migrate().await?;
-        let store: Arc<dyn RunStore> = Arc::new(store);
+        let stop_scheduler = CancellationToken::new();
+        let stop_runs = CancellationToken::new();
+        let (store, signals, lock, storage): (Arc<dyn RunStore>, Arc<dyn Signals>, _, _) = match &config.storage {
+            StorageConfig::Sqlite { path } => {
+                let lock = lock_sqlite(path)?;
+                let store = SqliteStore::open(path).await?;
+                store.migrate().await?;
+                (Arc::new(store), Arc::new(crate::signals::Local::new()), Some(Arc::new(lock)), "sqlite")
+            }
+            StorageConfig::Postgres { url, pool_size, statement_timeout } => {
+                let store = PgStore::connect(url.expose(), *pool_size, *statement_timeout).await?;
+                store.migrate().await?;
+                let signals = crate::signals::Shared::start(store.pool().clone(), opts.worker_name.clone(), stop_runs.clone())
+                    .await
+                    .map_err(|e| StoreError::new("listening for other workers", e))?;
+                (Arc::new(store), signals, None, "postgres")
+            }
+        };
         let (executors, recorder_rx) = Executors::new(config.worker.concurrency);
         let now = opts.clock.now();
         let shared = Arc::new(Shared {
             store,
             clock: opts.clock,
             targets: opts.targets,
-            signals: Arc::new(crate::signals::Local::new()),
-            worker_name: opts.worker_name,
+            signals,
+            worker: worker_id(opts.worker_name),
+            storage,
+            lease: config.worker.lease,
             config: RwLock::new(Arc::new(JobsConfig::of(config))),
             running: Mutex::new(HashMap::new()),
             gate: Arc::new(Gate::new()),
@@ -435,9 +478,9 @@ impl Engine {
             next_wake_ms: AtomicI64::new(i64::MAX),
             passes: tokio::sync::watch::Sender::new(DateTime::<Utc>::MIN_UTC),
         });
+        // The lease first: from here on no other worker takes this one's runs.
+        shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
         recover(&shared, now).await?;
-        let stop_scheduler = CancellationToken::new();
-        let stop_runs = CancellationToken::new();
         // Subscribed before any task runs, so no signal sent from here on is missed.
         let queue_signals = shared.subscribe();
         let cancel_signals = shared.subscribe();
@@ -446,13 +489,14 @@ impl Engine {
             tokio::spawn(executor::recorder(shared.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(crate::queue::consume(shared.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.clone(), cancel_signals, stop_runs.clone())),
+            tokio::spawn(keep_lease(shared.clone(), stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
         Ok(Engine {
             shared,
             tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_runs, scheduler, housekeeper, runs }))),
-            _lock: Arc::new(lock),
+            _lock: lock,
         })
     }
 
@@ -492,7 +536,7 @@ impl Engine {
     }
 
     pub fn worker_name(&self) -> &str {
-        &self.shared.worker_name
+        &self.shared.worker.name
     }
 
     /// Number of runs executing in this process.
@@ -537,6 +581,12 @@ impl Engine {
         tasks.stop_runs.cancel();
         for t in tasks.runs {
             let _ = tokio::time::timeout(STOP_TASK, t).await;
+        }
+        // Every run it claimed has its end recorded: nothing is left for others to take over.
+        if self.shared.gate.passes() == 0
+            && let Err(e) = self.shared.store.release(&self.shared.worker).await
+        {
+            tracing::warn!(error = %e, "cannot give up the worker's lease; it runs out by itself");
         }
         // A transaction abandoned mid-way (a fetch cut off by the stop) is rolled back only
         // when its connection is used again; closing the pool rolls it back now, so no write
@@ -589,8 +639,8 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// After an unclean stop or a shutdown with interrupted runs: mark orphans interrupted and
 /// start a follow-up attempt for each where the retry policy allows.
-async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError> {
-    let orphans = shared.store.recover(now).await?;
+async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let orphans = shared.store.recover(&shared.worker.name, now).await?;
     for r in &orphans {
         tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
     }
@@ -602,4 +652,37 @@ async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), EngineError>
         }
     }
     Ok(())
+}
+
+/// Renews this worker's lease every third of it. On a shared database it also takes over the
+/// runs of workers whose lease ran out (interrupted, then followed up per policy), as every
+/// worker does at start.
+async fn keep_lease(shared: Arc<Shared>, stop: CancellationToken) {
+    let every = shared.lease / 3;
+    let mut lost = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        let now = shared.clock.now();
+        match shared.store.heartbeat(&shared.worker, shared.lease, false, now).await {
+            Ok(true) => lost = false,
+            Ok(false) if !lost => {
+                lost = true;
+                tracing::error!(
+                    worker = %shared.worker.name,
+                    "another process started under this worker's name and took its lease; worker names must be unique \
+                     (worker.name)"
+                );
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot renew the worker's lease"),
+        }
+        if shared.storage == "postgres"
+            && let Err(e) = recover(&shared, now).await
+        {
+            tracing::warn!(error = %e, "cannot check for runs of workers that are gone");
+        }
+    }
 }

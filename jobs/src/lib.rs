@@ -27,7 +27,7 @@ pub use service::{
     Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError, StepView,
     TriggerRequest, Triggered, WorkerStatus,
 };
-pub use store::{RunFilter, StoreError};
+pub use store::{RunFilter, StoreError, WorkerLease};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
 
 use lamplighter_config::{Config, Diagnostic, Target};

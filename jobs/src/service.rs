@@ -228,7 +228,11 @@ pub struct WorkerStatus {
     pub jobs: usize,
     pub running: usize,
     pub queue_depth: u64,
+    /// `sqlite` or `postgres`.
     pub storage: String,
+    /// The workers sharing the database whose lease is live (on SQLite, this one), with the
+    /// runs each is running.
+    pub workers: Vec<crate::store::WorkerLease>,
 }
 
 /// A trigger's parameters override the job's key by key; keys it does not name keep the job's
@@ -704,7 +708,8 @@ impl Engine {
             jobs: self.shared.jobs().len(),
             running: self.running_count(),
             queue_depth: self.shared.store().queue_depth().await?,
-            storage: "sqlite".into(),
+            storage: self.shared.storage().into(),
+            workers: self.shared.store().workers(now).await?,
         })
     }
 }

@@ -142,7 +142,7 @@ pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
     };
     match rt.block_on(lamplighter_jobs::migrate(&loaded.config)) {
         Ok(p) => {
-            println!("migrations applied: {}", p.display());
+            println!("migrations applied: {p}");
             ExitCode::SUCCESS
         }
         Err(e) => {

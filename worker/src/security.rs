@@ -225,6 +225,7 @@ mod tests {
             name: None,
             concurrency: 1,
             shutdown_grace: std::time::Duration::from_secs(1),
+            lease: lamplighter_config::DEFAULT_LEASE,
             host: host.into(),
             port: 5100,
             transport: lamplighter_config::McpTransport::Http,

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT};
+use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
 use crate::run::{CallKind, CallRecord, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
@@ -261,20 +261,45 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     let t = t0();
     let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(1), t).await.expect("fire");
     let ids: Vec<String> = out.into_iter().map(|o| o.expect("fresh").run_id).collect();
-    // The process dies: "a" was running, "b" was in the queue.
+    // The process dies (it held no lease): "a" was running, "b" was in the queue. Another
+    // process recovers.
     let later = t + secs(5);
-    let orphans = s.recover(later).await.expect("recover");
+    let orphans = s.recover("worker-b", later).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[0].clone()]);
     let a = s.get_run(&ids[0]).await.expect("get").expect("run");
     assert_eq!((a.status, a.finished_at), (RunStatus::Interrupted, Some(later)));
     assert!(a.error.is_some_and(|e| e.contains(ME)), "the error names the worker");
-    assert_eq!(s.claim_queued(5, ME, later).await.expect("claim").tasks, 0, "old queue tasks are dropped");
+    // The queued run is taken once more: through its task where the queue outlives workers
+    // (PostgreSQL), or handed over again where recovery drops the queue (SQLite).
+    let taken: Vec<String> = s.claim_queued(5, "worker-b", later).await.expect("claim").runs.into_iter().map(|h| h.run.id).collect();
     let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _)| id).collect();
-    assert_eq!(due, vec![ids[1].clone()], "the queued run is handed over again");
+    assert_eq!([taken, due].concat(), vec![ids[1].clone()], "the queued run is handed over exactly once");
     let waiting: Vec<String> = s.interrupted_without_follow_up().await.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(waiting, vec![ids[0].clone()]);
     s.mark_no_follow_up(&ids[0]).await.expect("close");
     assert!(s.interrupted_without_follow_up().await.expect("list").is_empty());
+}
+
+/// A worker that starts under the name of one that died (a configured name) takes its row
+/// over and recovers what it left; the process it replaced can no longer renew the lease.
+async fn a_restart_under_the_same_name_takes_the_lease_over(s: &dyn RunStore) {
+    let t = t0();
+    let old = WorkerId { name: ME.into(), instance: "one".into(), host: "h".into(), pid: 1 };
+    assert!(s.heartbeat(&old, Duration::from_secs(60), true, t).await.expect("lease"));
+    let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow)], none(1), t).await.expect("fire");
+    let id = out[0].as_ref().expect("fresh").run_id.clone();
+    let listed = s.workers(t).await.expect("workers");
+    assert_eq!(listed.iter().map(|w| (w.name.as_str(), w.running.clone())).collect::<Vec<_>>(), [(ME, vec![id.clone()])]);
+    // The new process under the same name.
+    let new = WorkerId { instance: "two".into(), pid: 2, ..old.clone() };
+    assert!(s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over"));
+    let orphans = s.recover(ME, t + secs(1)).await.expect("recover");
+    assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![id]);
+    assert!(!s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew"), "the old process lost its name");
+    assert!(s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew"));
+    assert_eq!(s.workers(t).await.expect("workers")[0].pid, 2);
+    s.release(&new).await.expect("release");
+    assert!(s.workers(t).await.expect("workers").is_empty(), "a released lease is not listed");
 }
 
 async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
@@ -436,7 +461,7 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     let a = waiting_run(s, &["gate"], None).await;
     let run = s.get_run(&a).await.expect("get").expect("exists");
     assert_eq!((run.status, run.finished_at), (RunStatus::WaitingApproval, None));
-    assert_eq!(s.recover(t).await.expect("recover").len(), 0, "a wait is not an orphan");
+    assert_eq!(s.recover("worker-b", t).await.expect("recover").len(), 0, "a wait is not an orphan");
     match s.decide(&decide(&a, None, true), t + secs(5)).await.expect("decide") {
         Decided::Recorded { step, run } => {
             assert_eq!((step.step.as_str(), step.status, run), ("gate", StepStatus::Succeeded, RunStatus::Queued));
@@ -492,6 +517,7 @@ macro_rules! contract {
                 an_idempotency_key_returns_the_first_run,
                 a_follow_up_keeps_identity_snapshot_and_checkpoints,
                 recovery_interrupts_running_runs_and_hands_queued_ones_over_again,
+                a_restart_under_the_same_name_takes_the_lease_over,
                 retention_deletes_only_finished_runs,
                 tick_keys_guard_a_window_then_go,
                 listings_page_newest_first_and_count,
@@ -520,3 +546,14 @@ async fn sqlite() -> (tempfile::TempDir, Box<dyn RunStore>) {
 }
 
 contract!(sqlite_store, sqlite());
+
+/// A fresh cluster per check (about a second to create): checks run in parallel and never see
+/// each other's rows.
+async fn postgres() -> (lamplighter_tests::pg::Cluster, Box<dyn RunStore>) {
+    let cluster = lamplighter_tests::pg::Cluster::start();
+    let store = super::postgres::PgStore::connect(&cluster.url(), 4, Duration::from_secs(30)).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    (cluster, Box::new(store))
+}
+
+contract!(postgres_store, postgres());

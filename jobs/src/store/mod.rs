@@ -20,8 +20,145 @@ use lamplighter_config::Overlap;
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
 use crate::target::JobSnapshot;
 
+/// The columns of a run, for [`row_readers`]' `run_from_row` (a first attempt stores no root:
+/// it is its own).
+macro_rules! run_cols {
+    () => {
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, coalesce(root_id, id) AS root_id"
+    };
+}
+
+/// The row readers, for one backend's row type. Both backends store the same columns with
+/// types that decode alike (instants and counts as 64-bit integers, flags as booleans, JSON as
+/// text), so the mapping from rows to domain types is written once.
+macro_rules! row_readers {
+    ($row:ty) => {
+        fn job_state_from_row(r: &$row) -> JobState {
+            JobState {
+                paused: r.get::<bool, _>("paused"),
+                pause_reason: r.get("pause_reason"),
+                paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
+                last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
+            }
+        }
+
+        fn run_from_row(r: &$row) -> Run {
+            let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
+            let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
+            Run {
+                id: r.get("id"),
+                job: r.get("job"),
+                // Rows from a newer or damaged database read as the most cautious value, not a crash.
+                trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
+                status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
+                scheduled_at: opt_t("scheduled_at"),
+                due_at: from_ms(r.get("due_at")),
+                enqueued_at: from_ms(r.get("enqueued_at")),
+                started_at: opt_t("started_at"),
+                finished_at: opt_t("finished_at"),
+                attempt: r.get::<i64, _>("attempt").max(1) as u32,
+                input: json("input"),
+                parameters: json("parameters"),
+                output: json("output"),
+                error: r.get("error"),
+                worker: r.get("worker"),
+                idempotency_key: r.get("idempotency_key"),
+                root_id: r.get("root_id"),
+                retry_of: r.get("retry_of"),
+                next_run_id: r.get("next_run_id"),
+                tokens_in: r.get("tokens_in"),
+                tokens_out: r.get("tokens_out"),
+                cost: r.get("cost"),
+            }
+        }
+
+        /// A claimed run with its snapshot, from a row that selected `job_snapshot` and [`run_cols`]. A
+        /// snapshot that does not parse (a damaged row) reads as none: the run then uses the config in
+        /// force, as rows from before snapshots do.
+        fn handed_from_row(r: &$row) -> Handed {
+            let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
+            let resumed = r.try_get::<bool, _>("resumed").unwrap_or(false);
+            Handed { run: run_from_row(r), snapshot, resumed }
+        }
+
+        fn step_from_row(r: &$row) -> StepRecord {
+            let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
+            StepRecord {
+                step: r.get("step"),
+                // A damaged or newer row reads as a step to run again, not a crash.
+                status: StepStatus::from_str(r.get::<&str, _>("status")).unwrap_or(StepStatus::Interrupted),
+                attempt: r.get::<i64, _>("attempt").max(1) as u32,
+                run_id: r.get("run_id"),
+                started_at: opt_t("started_at"),
+                finished_at: opt_t("finished_at"),
+                output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
+                error: r.get("error"),
+                resumes_on_reject: r.get::<bool, _>("resumes_on_reject"),
+            }
+        }
+
+        /// A damaged row (an unknown kind) is left out rather than misread.
+        fn call_from_row(r: &$row) -> Option<CallRecord> {
+            let kind = match r.get::<&str, _>("kind") {
+                "model" => CallKind::Model,
+                "tool" => CallKind::Tool,
+                _ => return None,
+            };
+            let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
+            Some(CallRecord {
+                conversation: r.get("conversation"),
+                seq: u32::try_from(r.get::<i64, _>("seq")).ok()?,
+                kind,
+                name: r.get("name"),
+                call_id: r.get("call_id"),
+                request: json("request"),
+                response: json("response"),
+                error: r.get("error"),
+                input_tokens: u64::try_from(r.get::<i64, _>("input_tokens")).unwrap_or(0),
+                output_tokens: u64::try_from(r.get::<i64, _>("output_tokens")).unwrap_or(0),
+                cost: r.get("cost"),
+                run_id: r.get("run_id"),
+                attempt: r.get::<i64, _>("attempt").max(1) as u32,
+                started_at: from_ms(r.get("started_at")),
+                finished_at: from_ms(r.get("finished_at")),
+            })
+        }
+    };
+}
+pub(crate) use row_readers;
+
+/// `leases_with_runs`, for one backend's row type: live workers' rows (`SELECT * FROM
+/// ll_workers`) and the running runs (`worker`, `id`) into [`WorkerLease`]s.
+macro_rules! lease_readers {
+    ($row:ty) => {
+        fn leases_with_runs(leases: &[$row], running: &[$row]) -> Vec<WorkerLease> {
+            let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
+            for r in running {
+                by_worker.entry(r.get("worker")).or_default().push(r.get("id"));
+            }
+            leases
+                .iter()
+                .map(|r| {
+                    let name: String = r.get("name");
+                    WorkerLease {
+                        running: by_worker.remove(&name).unwrap_or_default(),
+                        name,
+                        host: r.get("host"),
+                        pid: u32::try_from(r.get::<i64, _>("pid")).unwrap_or(0),
+                        started_at: from_ms(r.get("started_at")),
+                        heartbeat_at: from_ms(r.get("heartbeat_at")),
+                        lease_until: from_ms(r.get("lease_until")),
+                    }
+                })
+                .collect()
+        }
+    };
+}
+pub(crate) use lease_readers;
+
 #[cfg(test)]
 mod contract;
+pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
 /// Storage failures. The message says what was being done.
@@ -37,6 +174,11 @@ impl StoreError {
     pub(crate) fn new(context: impl Into<String>, source: sqlx::Error) -> Self {
         Self { context: context.into(), source }
     }
+
+    /// A unique constraint refused the write (another writer got there first).
+    pub(crate) fn is_unique_violation(&self) -> bool {
+        self.source.as_database_error().is_some_and(|e| e.is_unique_violation())
+    }
 }
 
 pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
@@ -45,6 +187,22 @@ pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
 
 pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(v).unwrap_or_default()
+}
+
+/// What a decision records on its step: the output (`approved`, `comment`, `decided_by`,
+/// `decided_at`) and, for a rejection, the error.
+pub(crate) fn decision_record(d: &Decide<'_>, now: DateTime<Utc>) -> (serde_json::Value, Option<String>) {
+    let output = serde_json::json!({
+        "approved": d.approve,
+        "comment": d.comment,
+        "decided_by": d.decided_by,
+        "decided_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    });
+    let error = (!d.approve).then(|| match d.comment {
+        Some(c) => format!("rejected by {}: {c}", d.decided_by),
+        None => format!("rejected by {}", d.decided_by),
+    });
+    (output, error)
 }
 
 pub(crate) fn new_id() -> String {
@@ -137,6 +295,29 @@ impl NewRun {
             snapshot: None,
         }
     }
+}
+
+/// This worker process, as its lease records it.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerId {
+    pub(crate) name: String,
+    /// Unique per process: tells a restart under a configured name from the process it replaced.
+    pub(crate) instance: String,
+    pub(crate) host: String,
+    pub(crate) pid: u32,
+}
+
+/// A live worker: its lease and the runs it is running.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+pub struct WorkerLease {
+    pub name: String,
+    pub host: String,
+    pub pid: u32,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// Its runs are taken over by the others if no heartbeat comes before this.
+    pub lease_until: DateTime<Utc>,
+    pub running: Vec<String>,
 }
 
 /// Filters for listing runs; `before` is a paging cursor (a run id from a previous page).
@@ -354,10 +535,24 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Runs waiting to start.
     async fn queue_depth(&self) -> Result<u64, StoreError>;
 
+    // Workers.
+    /// Takes or renews `me`'s lease until `lease` from now (the database server's clock where
+    /// it has one, else `now`). With `take_over`, a row under the same name left by an earlier
+    /// process is taken over (a restart under a configured name); without, false means another
+    /// process holds the name now.
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<bool, StoreError>;
+    /// Gives the lease up (a clean stop).
+    async fn release(&self, me: &WorkerId) -> Result<(), StoreError>;
+    /// Workers whose lease has not run out, with their running runs, by name.
+    async fn workers(&self, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError>;
+
     // Recovery.
-    /// Runs left `running` by workers that are gone become `interrupted`, and queued runs
-    /// handed to them are handed over again. Returns the interrupted runs.
-    async fn recover(&self, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
+    /// Runs left `running` by workers that are gone become `interrupted` (their open steps
+    /// with them), and queued runs handed to them are handed over again. Gone: `me` itself
+    /// (a worker that starts runs nothing yet, whatever an earlier process under its name left)
+    /// and, on a shared database, every worker whose lease ran out; on SQLite, one worker per
+    /// file, every other worker. Returns the interrupted runs.
+    async fn recover(&self, me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
     /// Interrupted runs nobody has followed up yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
 

@@ -15,7 +15,7 @@ use lamplighter_config::Overlap;
 
 use super::{
     Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, from_ms, ms, new_id,
+    TickOutcome, WorkerId, WorkerLease, from_ms, ms, new_id,
 };
 use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
@@ -42,60 +42,6 @@ pub(crate) struct SqliteStore {
     write: SqlitePool,
     /// Worker names registered with the queue by this process.
     registered: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-macro_rules! run_cols {
-    () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, coalesce(root_id, id) AS root_id"
-    };
-}
-
-fn job_state_from_row(r: &SqliteRow) -> JobState {
-    JobState {
-        paused: r.get::<i64, _>("paused") != 0,
-        pause_reason: r.get("pause_reason"),
-        paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
-        last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
-    }
-}
-
-fn run_from_row(r: &SqliteRow) -> Run {
-    let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
-    let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
-    Run {
-        id: r.get("id"),
-        job: r.get("job"),
-        // Rows from a newer or damaged database read as the most cautious value, not a crash.
-        trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
-        status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
-        scheduled_at: opt_t("scheduled_at"),
-        due_at: from_ms(r.get("due_at")),
-        enqueued_at: from_ms(r.get("enqueued_at")),
-        started_at: opt_t("started_at"),
-        finished_at: opt_t("finished_at"),
-        attempt: r.get::<i64, _>("attempt").max(1) as u32,
-        input: json("input"),
-        parameters: json("parameters"),
-        output: json("output"),
-        error: r.get("error"),
-        worker: r.get("worker"),
-        idempotency_key: r.get("idempotency_key"),
-        root_id: r.get("root_id"),
-        retry_of: r.get("retry_of"),
-        next_run_id: r.get("next_run_id"),
-        tokens_in: r.get("tokens_in"),
-        tokens_out: r.get("tokens_out"),
-        cost: r.get("cost"),
-    }
-}
-
-/// A claimed run with its snapshot, from a row that selected `job_snapshot` and [`run_cols`]. A
-/// snapshot that does not parse (a damaged row) reads as none: the run then uses the config in
-/// force, as rows from before snapshots do.
-fn handed_from_row(r: &SqliteRow) -> Handed {
-    let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
-    let resumed = r.try_get::<bool, _>("resumed").unwrap_or(false);
-    Handed { run: run_from_row(r), snapshot, resumed }
 }
 
 /// `('queued','running',…)` for a `status IN` guard; status lists come from [`RunStatus`],
@@ -132,48 +78,8 @@ static NEXT_DUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
-fn step_from_row(r: &SqliteRow) -> StepRecord {
-    let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
-    StepRecord {
-        step: r.get("step"),
-        // A damaged or newer row reads as a step to run again, not a crash.
-        status: StepStatus::from_str(r.get::<&str, _>("status")).unwrap_or(StepStatus::Interrupted),
-        attempt: r.get::<i64, _>("attempt").max(1) as u32,
-        run_id: r.get("run_id"),
-        started_at: opt_t("started_at"),
-        finished_at: opt_t("finished_at"),
-        output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
-        error: r.get("error"),
-        resumes_on_reject: r.get::<i64, _>("resumes_on_reject") != 0,
-    }
-}
-
-/// A damaged row (an unknown kind) is left out rather than misread.
-fn call_from_row(r: &SqliteRow) -> Option<CallRecord> {
-    let kind = match r.get::<&str, _>("kind") {
-        "model" => CallKind::Model,
-        "tool" => CallKind::Tool,
-        _ => return None,
-    };
-    let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
-    Some(CallRecord {
-        conversation: r.get("conversation"),
-        seq: u32::try_from(r.get::<i64, _>("seq")).ok()?,
-        kind,
-        name: r.get("name"),
-        call_id: r.get("call_id"),
-        request: json("request"),
-        response: json("response"),
-        error: r.get("error"),
-        input_tokens: u64::try_from(r.get::<i64, _>("input_tokens")).unwrap_or(0),
-        output_tokens: u64::try_from(r.get::<i64, _>("output_tokens")).unwrap_or(0),
-        cost: r.get("cost"),
-        run_id: r.get("run_id"),
-        attempt: r.get::<i64, _>("attempt").max(1) as u32,
-        started_at: from_ms(r.get("started_at")),
-        finished_at: from_ms(r.get("finished_at")),
-    })
-}
+super::row_readers!(SqliteRow);
+super::lease_readers!(SqliteRow);
 
 /// Closes the steps still open (running or waiting) of runs that ended without succeeding:
 /// `interrupted` when the run was, otherwise `cancelled`. `ends`: (run id, run status).
@@ -747,16 +653,7 @@ impl RunStore for SqliteStore {
             (None, [only]) => only.clone(),
             (None, _) => return Ok(Decided::WhichStep { waiting: open }),
         };
-        let output = serde_json::json!({
-            "approved": d.approve,
-            "comment": d.comment,
-            "decided_by": d.decided_by,
-            "decided_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        });
-        let error = (!d.approve).then(|| match d.comment {
-            Some(c) => format!("rejected by {}: {c}", d.decided_by),
-            None => format!("rejected by {}", d.decided_by),
-        });
+        let (output, error) = super::decision_record(d, now);
         let new_status = if d.approve { StepStatus::Succeeded } else { StepStatus::Failed };
         let row = sqlx::query(
             "UPDATE ll_steps SET status = ?3, output = ?4, error = ?5, finished_at = ?6
@@ -878,12 +775,52 @@ impl RunStore for SqliteStore {
         Ok(n as u64)
     }
 
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let n = sqlx::query(HEARTBEAT)
+            .bind(&me.name)
+            .bind(&me.instance)
+            .bind(&me.host)
+            .bind(i64::from(me.pid))
+            .bind(ms(now))
+            .bind(ms(now) + lease.as_millis() as i64)
+            .bind(take_over)
+            .execute(&self.write)
+            .await
+            .ctx("renewing the worker's lease")?
+            .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn release(&self, me: &WorkerId) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM ll_workers WHERE name = ?1 AND instance = ?2")
+            .bind(&me.name)
+            .bind(&me.instance)
+            .execute(&self.write)
+            .await
+            .ctx("giving up the worker's lease")?;
+        Ok(())
+    }
+
+    async fn workers(&self, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError> {
+        let leases = sqlx::query("SELECT * FROM ll_workers WHERE lease_until > ?1 ORDER BY name")
+            .bind(ms(now))
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading worker leases")?;
+        let running = sqlx::query("SELECT worker, id FROM ll_runs WHERE status = ?1 AND worker IS NOT NULL ORDER BY id")
+            .bind(RunStatus::Running.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .ctx("reading running runs")?;
+        Ok(leases_with_runs(&leases, &running))
+    }
+
     /// After an unclean stop: runs left `running` become `interrupted`, and queued runs that
     /// were handed to the old queue are handed again. Only called with the database lock held,
     /// so no other process can be running anything: every `running` run is an orphan, whatever
     /// worker name it carries (a restart under a configured `worker.name` has the same name).
     /// Returns the interrupted runs.
-    async fn recover(&self, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+    async fn recover(&self, _me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
         // One transaction: the orphans and their open steps are interrupted together.
         let mut tx = self.write.begin().await.ctx("starting recovery")?;
         let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1"))
@@ -995,6 +932,15 @@ impl RunStore for SqliteStore {
         Ok(())
     }
 }
+
+/// Takes or renews a lease: ?1 name, ?2 instance, ?3 host, ?4 pid, ?5 now, ?6 lease end,
+/// ?7 take over a row another instance left.
+const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
+     ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
+         started_at = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.started_at ELSE excluded.started_at END,
+         heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until
+     WHERE ?7 OR ll_workers.instance = excluded.instance";
 
 /// Rows per multi-row statement: 17 columns × 1000 stays well under SQLite's 32,766 bound
 /// parameters.
