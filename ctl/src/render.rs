@@ -295,7 +295,8 @@ pub(crate) fn raw(value: &Value) -> String {
 
 /// `status`.
 pub(crate) fn status(value: &Value, now: DateTime<Utc>) -> String {
-    const SHOWN: [&str; 9] = ["worker", "name", "version", "started_at", "uptime_seconds", "jobs", "running", "queue_depth", "storage"];
+    const SHOWN: [&str; 10] =
+        ["worker", "name", "version", "started_at", "uptime_seconds", "jobs", "running", "queue_depth", "storage", "workers"];
     let mut pairs = Pairs::default();
     pairs.add("worker", cell(value, &["worker", "name"]));
     pairs.add("version", cell(value, &["version"]));
@@ -310,7 +311,25 @@ pub(crate) fn status(value: &Value, now: DateTime<Utc>) -> String {
             pairs.add(&key.replace('_', " "), detail_value(extra, now));
         }
     }
-    pairs.render()
+    let mut out = pairs.render();
+    // The workers sharing the database (one on SQLite) and what each runs.
+    let workers = items(value, "workers");
+    if !workers.is_empty() {
+        let mut table = Table::new(&["WORKER", "HOST", "PID", "HEARTBEAT", "RUNNING"]);
+        for w in workers {
+            let running = w.get("running").and_then(Value::as_array).map_or(0, Vec::len);
+            table.push(vec![
+                cell(w, &["name"]),
+                cell(w, &["host"]),
+                cell(w, &["pid"]),
+                when(w.get("heartbeat_at"), now),
+                running.to_string(),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&table.render());
+    }
+    out
 }
 
 /// `jobs list`.

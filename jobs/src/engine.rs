@@ -480,7 +480,7 @@ impl Engine {
         });
         // The lease first: from here on no other worker takes this one's runs.
         shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
-        recover(&shared, now).await?;
+        recover(&shared, now, true).await?;
         // Subscribed before any task runs, so no signal sent from here on is missed.
         let queue_signals = shared.subscribe();
         let cancel_signals = shared.subscribe();
@@ -639,8 +639,9 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// After an unclean stop or a shutdown with interrupted runs: mark orphans interrupted and
 /// start a follow-up attempt for each where the retry policy allows.
-async fn recover(shared: &Shared, now: DateTime<Utc>) -> Result<(), StoreError> {
-    let orphans = shared.store.recover(&shared.worker.name, now).await?;
+/// `starting`: at start, when whatever runs under this worker's name is an orphan too.
+async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<(), StoreError> {
+    let orphans = shared.store.recover(starting.then_some(shared.worker.name.as_str()), now).await?;
     for r in &orphans {
         tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
     }
@@ -680,7 +681,7 @@ async fn keep_lease(shared: Arc<Shared>, stop: CancellationToken) {
             Err(e) => tracing::warn!(error = %e, "cannot renew the worker's lease"),
         }
         if shared.storage == "postgres"
-            && let Err(e) = recover(&shared, now).await
+            && let Err(e) = recover(&shared, now, false).await
         {
             tracing::warn!(error = %e, "cannot check for runs of workers that are gone");
         }

@@ -210,19 +210,33 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
                 wait_until: f.end.wait_until,
             })
             .collect();
+        // Until the database takes them (a server restarting, a failover): the runs keep
+        // their slots meanwhile, so nothing new starts on a worker that cannot record. Only a
+        // stop gives up (the runs are then recovered as interrupted).
         let mut recorded = false;
-        for attempt in 1..=3 {
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
             let began = std::time::Instant::now();
             let res = shared.store().finish_many(&ends, now).await;
             tracing::debug!(runs = ends.len(), finish_us = began.elapsed().as_micros() as u64, "ends recorded");
             match res {
                 Ok(_) => {
+                    if attempt > 1 {
+                        tracing::info!(runs = ends.len(), attempt, "the end of runs is recorded");
+                    }
                     recorded = true;
                     break;
                 }
                 Err(e) => {
-                    tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs");
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                    if attempt == 1 || attempt.is_multiple_of(10) {
+                        tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs; retrying");
+                    }
+                    let backoff = Duration::from_millis(100 * u64::from(attempt.min(50)));
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = stop.cancelled() => break,
+                    }
                 }
             }
         }

@@ -238,10 +238,13 @@ pub(crate) mod postgres {
     /// skipping those another transaction holds; returns how many it took and their run ids.
     pub(crate) async fn take(tx: &mut Transaction<'_, Postgres>, n: usize) -> Result<(usize, Vec<String>), StoreError> {
         let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
-            "DELETE FROM apalis.jobs j USING (
+            // The pick is a materialized CTE, run once: as a subquery joined to the DELETE,
+            // the planner may run it again per row, and each run skips what the last one
+            // locked, so more than `n` tasks were taken (seen with three workers).
+            "WITH picked AS MATERIALIZED (
                  SELECT id FROM apalis.jobs WHERE job_type = $1 AND status = 'Pending'
-                 ORDER BY priority DESC, run_at ASC LIMIT $2 FOR UPDATE SKIP LOCKED) c
-             WHERE j.id = c.id RETURNING j.job",
+                 ORDER BY priority DESC, run_at ASC LIMIT $2 FOR UPDATE SKIP LOCKED)
+             DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING j.job",
         )
         .bind(QUEUE)
         .bind(n.max(1) as i64)

@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{Worker, bin, cpu_ms, read_rows, rss_kb};
+use common::{SAVE, Worker, bin, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,16 +47,6 @@ fn main() {
     }
 }
 
-fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
-    let mut s = String::with_capacity(n * 160);
-    for i in 0..n {
-        s.push_str(&format!("    job-{i:05}:\n      cron: \"{cron}\"\n      type: plugin\n{}", action.replace("{i}", &i.to_string())));
-    }
-    s
-}
-
-const SAVE: &str = "      plugin: file-save\n      action: save\n      parameters: { path: \"out/{i}.txt\", content: \"x\" }\n";
-
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
@@ -70,19 +60,6 @@ fn runs(db: &Path) -> Vec<Row> {
     read_rows(db, "SELECT scheduled_at, due_at, started_at, finished_at, status FROM ll_runs", |r| {
         (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"), r.get("finished_at"), r.get("status"))
     })
-}
-
-fn pct(sorted: &[i64], p: f64) -> i64 {
-    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
-}
-
-fn summary(label: &str, mut v: Vec<i64>) {
-    v.sort_unstable();
-    if v.is_empty() {
-        println!("{label}: none");
-        return;
-    }
-    println!("{label}: n {} p50 {} p99 {} max {}", v.len(), pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1]);
 }
 
 fn burst(seconds: u64) {

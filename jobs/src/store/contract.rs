@@ -264,7 +264,7 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     // The process dies (it held no lease): "a" was running, "b" was in the queue. Another
     // process recovers.
     let later = t + secs(5);
-    let orphans = s.recover("worker-b", later).await.expect("recover");
+    let orphans = s.recover(Some("worker-b"), later).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[0].clone()]);
     let a = s.get_run(&ids[0]).await.expect("get").expect("run");
     assert_eq!((a.status, a.finished_at), (RunStatus::Interrupted, Some(later)));
@@ -293,7 +293,7 @@ async fn a_restart_under_the_same_name_takes_the_lease_over(s: &dyn RunStore) {
     // The new process under the same name.
     let new = WorkerId { instance: "two".into(), pid: 2, ..old.clone() };
     assert!(s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over"));
-    let orphans = s.recover(ME, t + secs(1)).await.expect("recover");
+    let orphans = s.recover(Some(ME), t + secs(1)).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![id]);
     assert!(!s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew"), "the old process lost its name");
     assert!(s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew"));
@@ -461,7 +461,7 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     let a = waiting_run(s, &["gate"], None).await;
     let run = s.get_run(&a).await.expect("get").expect("exists");
     assert_eq!((run.status, run.finished_at), (RunStatus::WaitingApproval, None));
-    assert_eq!(s.recover("worker-b", t).await.expect("recover").len(), 0, "a wait is not an orphan");
+    assert_eq!(s.recover(Some("worker-b"), t).await.expect("recover").len(), 0, "a wait is not an orphan");
     match s.decide(&decide(&a, None, true), t + secs(5)).await.expect("decide") {
         Decided::Recorded { step, run } => {
             assert_eq!((step.step.as_str(), step.status, run), ("gate", StepStatus::Succeeded, RunStatus::Queued));

@@ -548,11 +548,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
 
     // Recovery.
     /// Runs left `running` by workers that are gone become `interrupted` (their open steps
-    /// with them), and queued runs handed to them are handed over again. Gone: `me` itself
-    /// (a worker that starts runs nothing yet, whatever an earlier process under its name left)
-    /// and, on a shared database, every worker whose lease ran out; on SQLite, one worker per
-    /// file, every other worker. Returns the interrupted runs.
-    async fn recover(&self, me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
+    /// with them), and queued runs handed to them are handed over again. Gone: on a shared
+    /// database, every worker whose lease ran out, and `starting` (a worker that starts runs
+    /// nothing yet, whatever an earlier process under its name left); on SQLite, one worker per
+    /// file, every worker. Returns the interrupted runs.
+    async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
     /// Interrupted runs nobody has followed up yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
 

@@ -421,10 +421,10 @@ impl RunStore for PgStore {
             Vec::new()
         } else {
             sqlx::query_scalar(
-                "UPDATE ll_runs SET dispatched_at = $2 WHERE id IN (
+                "WITH picked AS MATERIALIZED (
                      SELECT id FROM ll_runs WHERE id = ANY($1) AND status = 'queued' AND dispatched_at IS NULL
                      ORDER BY id FOR UPDATE SKIP LOCKED)
-                 RETURNING id",
+                 UPDATE ll_runs SET dispatched_at = $2 FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id",
             )
             .bind(queued)
             .bind(ms(now))
@@ -828,11 +828,11 @@ impl RunStore for PgStore {
         Ok(leases_with_runs(&leases, &running))
     }
 
-    /// Runs left `running` by `me` (an earlier process under its name) or by a worker whose
-    /// lease ran out become `interrupted`, with their open steps, in one transaction. A live
+    /// Runs left `running` by `starting` (an earlier process under its name) or by a worker
+    /// whose lease ran out become `interrupted`, with their open steps, in one transaction. A live
     /// worker's runs are never touched. Queue tasks are not owned by workers (a task is
     /// consumed in the transaction that claims its run), so nothing is handed over again.
-    async fn recover(&self, me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+    async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting recovery")?;
         let sql = format!(
             "UPDATE ll_runs SET status = 'interrupted', finished_at = $2,
@@ -842,8 +842,12 @@ impl RunStore for PgStore {
              RETURNING {}",
             run_cols!()
         );
-        let rows =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(me).bind(ms(now)).fetch_all(&mut *tx).await.ctx("interrupting orphaned runs")?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(starting)
+            .bind(ms(now))
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("interrupting orphaned runs")?;
         let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
         let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
         close_steps(&mut tx, &interrupted, now).await?;
@@ -977,14 +981,13 @@ async fn claim(
     now: DateTime<Utc>,
     locked: Locked,
 ) -> Result<Vec<Handed>, StoreError> {
-    let pick = match locked {
-        Locked::Skip => "id IN (SELECT id FROM ll_runs WHERE id = ANY($1) AND status = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED)",
-        Locked::Wait => "id = ANY($1) AND status = 'queued'",
-    };
+    // The rows to take, picked once (a materialized CTE): see `queue::postgres::take`.
+    let skip = if locked == Locked::Skip { " SKIP LOCKED" } else { "" };
     let sql = format!(
-        "UPDATE ll_runs SET status = 'running', started_at = coalesce(started_at, $3), worker = $2,
+        "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND status = 'queued' ORDER BY id FOR UPDATE{skip})
+         UPDATE ll_runs SET status = 'running', started_at = coalesce(started_at, $3), worker = $2,
              dispatched_at = coalesce(dispatched_at, $3)
-         WHERE {pick} RETURNING job_snapshot, started_at < $3 AS resumed, {}",
+         FROM picked WHERE ll_runs.id = picked.pick RETURNING job_snapshot, started_at < $3 AS resumed, {}",
         run_cols!()
     );
     let rows =
@@ -1051,6 +1054,24 @@ mod tests {
         let running: i64 =
             sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = 'running'").fetch_one(&stores[0].pool).await.expect("count");
         assert_eq!((tasks + running) as usize, ticks.len(), "every run is either claimed or queued with its task");
+
+        // The three take the queue in small batches at once: nobody takes more than it asked
+        // for (each run it takes needs one of its slots), and every run is taken once.
+        let later = t0 + chrono::Duration::seconds(11);
+        let takers = stores.iter().zip(names).map(|(s, name)| async move {
+            let mut mine = Vec::new();
+            loop {
+                let taken = s.claim_queued(3, name, later).await.expect("claim");
+                assert!(taken.tasks <= 3 && taken.runs.len() <= 3, "{name} asked for 3 and took {}", taken.tasks);
+                if taken.tasks == 0 {
+                    return mine;
+                }
+                mine.extend(taken.runs.into_iter().map(|h| h.run.id));
+            }
+        });
+        let taken: Vec<String> = futures::future::join_all(takers).await.concat();
+        let unique: std::collections::HashSet<&String> = taken.iter().collect();
+        assert_eq!((taken.len(), unique.len()), (tasks as usize, tasks as usize), "each queued run taken once");
     }
 
     /// Recovery by another worker leaves a live worker's runs alone, and takes a dead one's
@@ -1066,10 +1087,10 @@ mod tests {
         let a = s.fire_ticks(vec![(tick("a", now), Overlap::Allow)], Claim { worker: "live", slots: 1 }, now).await.expect("fire");
         let b = s.fire_ticks(vec![(tick("b", now), Overlap::Allow)], Claim { worker: "dead", slots: 1 }, now).await.expect("fire");
         let (a, b) = (a[0].as_ref().expect("fresh").run_id.clone(), b[0].as_ref().expect("fresh").run_id.clone());
-        assert!(s.recover("other", now).await.expect("recover").is_empty(), "both leases are live");
+        assert!(s.recover(None, now).await.expect("recover").is_empty(), "both leases are live");
         // The dead worker's last heartbeat gave it no time left.
         assert!(s.heartbeat(&dead, Duration::ZERO, false, now).await.expect("renew"));
-        let taken: Vec<String> = s.recover("other", now).await.expect("recover").into_iter().map(|r| r.id).collect();
+        let taken: Vec<String> = s.recover(None, now).await.expect("recover").into_iter().map(|r| r.id).collect();
         assert_eq!(taken, vec![b.clone()]);
         let live_run = s.get_run(&a).await.expect("get").expect("run");
         assert_eq!(live_run.status, RunStatus::Running, "a live worker's run is never touched");

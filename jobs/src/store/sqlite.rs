@@ -820,7 +820,7 @@ impl RunStore for SqliteStore {
     /// so no other process can be running anything: every `running` run is an orphan, whatever
     /// worker name it carries (a restart under a configured `worker.name` has the same name).
     /// Returns the interrupted runs.
-    async fn recover(&self, _me: &str, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+    async fn recover(&self, _starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
         // One transaction: the orphans and their open steps are interrupted together.
         let mut tx = self.write.begin().await.ctx("starting recovery")?;
         let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1"))

@@ -77,10 +77,20 @@ impl Worker {
 
     /// As [`Worker::new`], with `top` (e.g. a `workflows:` section) at the top level.
     pub(crate) fn with(top: &str, jobs: &str, concurrency: usize) -> Worker {
+        Worker::configured(top, "", jobs, concurrency)
+    }
+
+    /// As [`Worker::new`], on the PostgreSQL database at `url`.
+    pub(crate) fn on_postgres(url: &str, jobs: &str, concurrency: usize) -> Worker {
+        let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n");
+        Worker::configured("", &storage, jobs, concurrency)
+    }
+
+    fn configured(top: &str, storage: &str, jobs: &str, concurrency: usize) -> Worker {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let config = format!(
-            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\n{top}scheduling:\n  jobs:\n{jobs}",
+            "framework:\n  data_dir: {data}\nworker:\n  concurrency: {concurrency}\n  mcp:\n    port: {port}\n{top}scheduling:\n{storage}  jobs:\n{jobs}",
             data = dir.path().join("data").display()
         );
         std::fs::write(dir.path().join("lamplighter.yaml"), config).expect("write config");
@@ -164,4 +174,31 @@ impl Drop for Worker {
 /// The `p` quantile (0–1) of sorted values, nearest rank.
 pub(crate) fn pct<T: Copy>(sorted: &[T], p: f64) -> T {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// `n` jobs `job-00000`… on `cron`, each running `action` (`{i}`: the job's number).
+pub(crate) fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
+    let mut s = String::with_capacity(n * 160);
+    for i in 0..n {
+        s.push_str(&format!("    job-{i:05}:\n      cron: \"{cron}\"\n      type: plugin\n{}", action.replace("{i}", &i.to_string())));
+    }
+    s
+}
+
+/// `file-save` of a one-byte file per job.
+pub(crate) const SAVE: &str = "      plugin: file-save\n      action: save\n      parameters: { path: \"out/{i}.txt\", content: \"x\" }\n";
+
+/// The `p` quantile of sorted values, rank rounded up.
+fn pct_up(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// Prints n, p50, p99 and max of `v`.
+pub(crate) fn summary(label: &str, mut v: Vec<i64>) {
+    v.sort_unstable();
+    if v.is_empty() {
+        println!("{label}: none");
+        return;
+    }
+    println!("{label}: n {} p50 {} p99 {} max {}", v.len(), pct_up(&v, 0.5), pct_up(&v, 0.99), v[v.len() - 1]);
 }

@@ -10,5 +10,6 @@ mod agents;
 mod config_cli;
 mod lifecycle;
 mod mcp;
+mod postgres;
 mod real_llm;
 mod workflows;

@@ -125,6 +125,11 @@ impl Worker {
         assert_eq!(http_get(self.port, "/readyz").map(|(code, _)| code), Some(200), "ready, but /readyz says otherwise:\n{}", self.log());
     }
 
+    /// Started and not seen to exit.
+    pub(crate) fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub(crate) fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }

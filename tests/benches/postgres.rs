@@ -1,0 +1,172 @@
+//! PostgreSQL benchmark (issue 12): the run core's burst and sustained loads on PostgreSQL, and
+//! the drain of 50,000 queued no-op runs by one and by three workers sharing the database. The
+//! real `lamplighter` binary (release build) against a throwaway cluster of the installed
+//! server (the test harness's: `fsync`, `synchronous_commit` and `full_page_writes` off).
+//!
+//! ```text
+//! cargo build --release -p lamplighter-worker
+//! cargo bench -p lamplighter-tests --bench postgres -- [burst] [sustained] [drain] [--seconds 60]
+//! ```
+//!
+//! - burst / sustained: as in `runcore` (1,000 `file-save` jobs every 10 s / every second,
+//!   concurrency 1000); lateness = `started_at − due_at` as the worker records it.
+//! - drain: 50,000 runs queued (as manual triggers leave them) while no worker runs, then 1 or
+//!   3 workers with `worker.concurrency: 32` each and a near no-op action (`file-read` of a
+//!   2-byte file); rate = runs / (first start → last finish).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use common::{SAVE, Worker, bin, cpu_ms, jobs_yaml, summary};
+
+use std::time::{Duration, Instant};
+
+use lamplighter_tests::pg::Cluster;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
+    let mut scenarios: Vec<&str> = args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "drain"].contains(a)).collect();
+    if scenarios.is_empty() {
+        scenarios = vec!["burst", "sustained", "drain"];
+    }
+    println!("binary: {}", bin().display());
+    let cluster = Cluster::start();
+    let version = query(&cluster.url(), "SELECT version()", |r| sqlx::Row::get::<String, _>(r, 0));
+    println!("server: {}", version[0]);
+    for (i, s) in scenarios.into_iter().enumerate() {
+        let db = format!("bench{i}");
+        query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
+        let url = cluster.url_of(&db);
+        match s {
+            "burst" => burst(&url, seconds),
+            "sustained" => sustained(&url, seconds),
+            "drain" => {
+                drain(&url, 50_000, 1);
+                let db = format!("bench{i}b");
+                query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
+                drain(&cluster.url_of(&db), 50_000, 3);
+            }
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn query<T>(url: &str, sql: &str, row: impl Fn(&sqlx::postgres::PgRow) -> T) -> Vec<T> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let pool = sqlx::PgPool::connect(url).await.expect("connect");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&pool).await.expect("query");
+        pool.close().await;
+        rows.iter().map(row).collect()
+    })
+}
+
+/// (scheduled_at, due_at, started_at, finished_at, status) of every run.
+type Row = (Option<i64>, i64, Option<i64>, Option<i64>, String);
+
+fn runs(url: &str) -> Vec<Row> {
+    use sqlx::Row;
+    query(url, "SELECT scheduled_at, due_at, started_at, finished_at, status FROM ll_runs", |r| {
+        (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"), r.get("finished_at"), r.get("status"))
+    })
+}
+
+fn burst(url: &str, seconds: u64) {
+    let mut w = Worker::on_postgres(url, &jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
+    let ready = w.start();
+    println!("\n== burst on PostgreSQL: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
+    println!("start to ready: {} ms", ready.as_millis());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let exit = w.stop();
+    let r = runs(url);
+    summary("start lateness ms", r.iter().filter_map(|x| Some(x.2? - x.1)).collect());
+    let mut by_tick: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
+    for x in &r {
+        if let (Some(t), Some(s)) = (x.0, x.2) {
+            let e = by_tick.entry(t).or_insert((i64::MAX, i64::MIN, 0));
+            e.0 = e.0.min(s);
+            e.1 = e.1.max(s);
+            e.2 += 1;
+        }
+    }
+    println!("bursts: {} (runs per burst: {:?})", by_tick.len(), by_tick.values().map(|v| v.2).collect::<Vec<_>>());
+    summary("burst spread ms (last start − first start)", by_tick.values().filter(|v| v.2 >= 900).map(|v| v.1 - v.0).collect());
+    println!("SIGTERM to exit: {} ms", exit.as_millis());
+}
+
+fn sustained(url: &str, seconds: u64) {
+    let mut w = Worker::on_postgres(url, &jobs_yaml(1000, "* * * * * *", SAVE), 1000);
+    w.start();
+    println!("\n== sustained on PostgreSQL: 1,000 jobs every second, concurrency 1000, {seconds} s ==");
+    let began = now_ms();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let exit = w.stop();
+    let r = runs(url);
+    let late = |from: i64, to: i64| -> Vec<i64> {
+        r.iter().filter(|x| x.0.is_some_and(|t| t >= from && t < to)).filter_map(|x| Some(x.2? - x.1)).collect()
+    };
+    let end = began + seconds as i64 * 1000;
+    summary("start lateness ms, whole run", r.iter().filter_map(|x| Some(x.2? - x.1)).collect());
+    summary("start lateness ms, first 10 s", late(began, began + 10_000));
+    summary("start lateness ms, last 10 s", late(end - 10_000, end));
+    let ticks: std::collections::BTreeSet<i64> = r.iter().filter_map(|x| x.0).collect();
+    let full = ticks.iter().filter(|t| r.iter().filter(|x| x.0 == Some(**t)).count() == 1000).count();
+    let skipped = r.iter().filter(|x| x.4 == "skipped").count();
+    let queued = r.iter().filter(|x| x.4 == "queued").count();
+    println!("ticks: {} instants, {full} with all 1,000 jobs; runs {} (skipped {skipped}, queued at exit {queued})", ticks.len(), r.len());
+    println!("SIGTERM to exit: {} ms", exit.as_millis());
+}
+
+fn drain(url: &str, n: usize, workers: usize) {
+    let action =
+        "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
+    let jobs = jobs_yaml(1, "0 0 1 1 *", action);
+    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres(url, &jobs, 32)).collect();
+    // The first start applies the migrations.
+    ws[0].start();
+    ws[0].stop();
+    for w in &ws {
+        std::fs::create_dir_all(w.dir.path().join("data")).expect("data dir");
+        std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
+    }
+    let t0 = now_ms();
+    query(
+        url,
+        &format!(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters)
+             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
+                    '{{\"path\":\"tiny.txt\"}}'
+             FROM generate_series(1, {n}) i"
+        ),
+        |_| (),
+    );
+    println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes ==");
+    let started = Instant::now();
+    for w in &mut ws {
+        w.start();
+    }
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let left = query(url, "SELECT count(*) FROM ll_runs WHERE status IN ('queued', 'running')", |r| sqlx::Row::get::<i64, _>(r, 0));
+        if left[0] == 0 || started.elapsed() > Duration::from_secs(600) {
+            break;
+        }
+    }
+    let cpu: u64 = ws.iter().map(|w| cpu_ms(w.pid())).sum();
+    for w in &mut ws {
+        w.stop();
+    }
+    let r = runs(url);
+    let first = r.iter().filter_map(|x| x.2).min().unwrap_or(0);
+    let last = r.iter().filter_map(|x| x.3).max().unwrap_or(0);
+    let done = r.iter().filter(|x| x.4 == "succeeded").count();
+    println!("succeeded {done}, other {}; first start → last finish {} ms", r.len() - done, last - first);
+    println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
+    println!("workers' CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
+}

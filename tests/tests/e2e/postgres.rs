@@ -1,0 +1,366 @@
+//! Several workers on one PostgreSQL database (a throwaway cluster), as real processes: every
+//! tick of a per-second job fires once in total over two minutes; pause, cancel, approval and
+//! `trigger --wait` go through one worker and take effect on another; a worker killed with
+//! SIGKILL has its runs finished by the others; a database restart under load loses nothing.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use lamplighter_tests::pg::Cluster;
+use serde_json::Value;
+use sqlx::Row;
+
+use crate::support::{Worker, http_get};
+
+/// A blocking view of the shared database, for checks.
+struct Db {
+    rt: tokio::runtime::Runtime,
+    pool: sqlx::PgPool,
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    id: String,
+    job: String,
+    trigger: String,
+    status: String,
+    scheduled_at: Option<i64>,
+    worker: Option<String>,
+    retry_of: Option<String>,
+}
+
+impl Db {
+    fn new(cluster: &Cluster, db: &str) -> Db {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let admin = rt.block_on(sqlx::PgPool::connect(&cluster.url())).unwrap();
+        rt.block_on(sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}"))).execute(&admin)).unwrap();
+        rt.block_on(admin.close());
+        let pool = {
+            let _in = rt.enter();
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect_lazy(&cluster.url_of(db))
+                .unwrap()
+        };
+        Db { rt, pool }
+    }
+
+    /// Every run; empty while the server is down or the tables are not there yet.
+    fn runs(&self) -> Vec<Run> {
+        let rows = self.rt.block_on(
+            sqlx::query("SELECT id, job, trigger, status, scheduled_at, worker, retry_of FROM ll_runs ORDER BY id").fetch_all(&self.pool),
+        );
+        rows.unwrap_or_default()
+            .iter()
+            .map(|r| Run {
+                id: r.get("id"),
+                job: r.get("job"),
+                trigger: r.get("trigger"),
+                status: r.get("status"),
+                scheduled_at: r.get("scheduled_at"),
+                worker: r.get("worker"),
+                retry_of: r.get("retry_of"),
+            })
+            .collect()
+    }
+
+    fn run(&self, id: &str) -> Option<Run> {
+        self.runs().into_iter().find(|r| r.id == id)
+    }
+
+    /// Polls until `pred` holds over the runs (the workers' clocks are real; this only waits).
+    fn wait_for(&self, what: &str, within: Duration, workers: &[&Worker], pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
+        let deadline = Instant::now() + within;
+        loop {
+            let runs = self.runs();
+            if pred(&runs) {
+                return runs;
+            }
+            if Instant::now() > deadline {
+                let logs: String = workers.iter().map(|w| format!("--- {}\n{}", w.port, w.log())).collect();
+                panic!("timed out waiting for {what}; runs: {:#?}\n{logs}", &runs[runs.len().saturating_sub(30)..]);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+const JOBS: &str = r#"
+    tick:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      cron: "* * * * * *"
+      retention: {max_runs: 1000}
+      parameters: {command: "echo tick"}
+    beat:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      cron: "* * * * * *"
+      parameters: {command: "echo beat"}
+    hold:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      parameters: {command: "sleep 600"}
+    quick:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      parameters: {command: "echo quick"}
+    slow:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      retries: {max: 2, initial: 1s}
+      parameters: {command: "sleep 6; echo slow"}
+workflows:
+  post:
+    steps:
+      - id: gate
+        type: approval
+        input: "Publish?"
+      - id: publish
+        type: plugin
+        plugin: shell-exec
+        action: run
+        parameters: {command: "echo published"}
+"#;
+
+/// A worker named `name` on database `url`.
+fn worker(name: &str, url: &str, concurrency: u32) -> Worker {
+    let w = Worker::new("");
+    let text = format!(
+        "framework:\n  data_dir: {data}\nworker:\n  name: {name}\n  concurrency: {concurrency}\n  lease: 3s\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n\
+         scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n  jobs:{JOBS}",
+        data = w.dir.path().join("data").display(),
+        port = w.port,
+    );
+    std::fs::write(w.config_path(), text).unwrap();
+    w
+}
+
+fn json_of(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// `lampctl jobs trigger JOB` through `w`: the new run's id.
+fn trigger(w: &Worker, job: &str) -> String {
+    let (code, out, err) = w.ctl(&["jobs", "trigger", job, "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    json_of(&out)["run_id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "shared");
+    let url = cluster.url_of("shared");
+    let (mut a, mut b, mut c) = (worker("w-a", &url, 4), worker("w-b", &url, 4), worker("w-c", &url, 1));
+    a.start();
+    b.start();
+    c.start();
+    // Every worker lists the three.
+    for w in [&a, &b, &c] {
+        let (code, out, err) = w.ctl(&["status", "-o", "json"]);
+        assert_eq!(code, 0, "{err}");
+        let status = json_of(&out);
+        assert_eq!(status["storage"], "postgres");
+        let names: Vec<&str> = status["workers"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["w-a", "w-b", "w-c"], "{out}");
+    }
+
+    // C's one slot is taken by a long run, so what is triggered through C runs elsewhere.
+    let mut held = None;
+    for _ in 0..20 {
+        let id = trigger(&c, "hold");
+        let run =
+            db.wait_for("the hold run to start", Duration::from_secs(10), &[&c], |r| r.iter().any(|r| r.id == id && r.status == "running"));
+        let on = run.iter().find(|r| r.id == id).and_then(|r| r.worker.clone());
+        if on.as_deref() == Some("w-c") {
+            held = Some(id);
+            break;
+        }
+        assert_eq!(c.ctl(&["runs", "cancel", &id]).0, 0);
+    }
+    let held = held.expect("C ran one of its own hold runs");
+    let (code, out, err) = c.ctl(&["jobs", "trigger", "quick", "--wait", "--timeout", "30", "-o", "json"]);
+    assert_eq!(code, 0, "trigger --wait through C: {out}{err}");
+    let quick = json_of(&out);
+    let quick_id = quick["run_id"].as_str().unwrap().to_owned();
+    assert_eq!((&quick["finished"], &quick["run"]["status"]), (&Value::Bool(true), &Value::from("succeeded")), "{out}");
+    let ran_on = db.run(&quick_id).unwrap().worker.unwrap();
+    assert_ne!(ran_on, "w-c", "C had no free slot: another worker ran it and C's wait saw the end");
+
+    // Pause through A holds on B and C (every worker fires every tick it can).
+    assert_eq!(a.ctl(&["jobs", "pause", "beat", "--reason", "maintenance"]).0, 0);
+    let paused_at = now_ms();
+    for (_, w) in [("w-b", &b), ("w-c", &c)] {
+        let (code, out, _) = w.ctl(&["jobs", "show", "beat", "-o", "json"]);
+        assert_eq!(code, 0);
+        assert_eq!(json_of(&out)["paused"], true, "the pause shows on every worker: {out}");
+    }
+    // Four seconds of ticks while paused.
+    let _ = db.wait_for("four more ticks of tick", Duration::from_secs(10), &[&a], |r| {
+        r.iter().filter(|r| r.job == "tick" && r.scheduled_at.unwrap_or(0) > paused_at + 1000).count() >= 4
+    });
+    assert_eq!(c.ctl(&["jobs", "resume", "beat"]).0, 0);
+    let resumed_at = now_ms();
+    let runs = db.wait_for("beat to fire again", Duration::from_secs(5), &[&a, &b, &c], |r| {
+        r.iter().any(|r| r.job == "beat" && r.status == "succeeded" && r.scheduled_at.unwrap_or(0) > resumed_at)
+    });
+    let while_paused: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.job == "beat" && r.status != "skipped")
+        .filter(|r| r.scheduled_at.is_some_and(|t| t > paused_at + 1000 && t < resumed_at - 1000))
+        .collect();
+    assert!(while_paused.is_empty(), "no worker ran beat while it was paused: {while_paused:#?}");
+
+    // Cancel through another worker than the one running the run.
+    let slow = trigger(&a, "hold");
+    let runs = db.wait_for("the run to cancel to start", Duration::from_secs(10), &[&a], |r| {
+        r.iter().any(|r| r.id == slow && r.status == "running")
+    });
+    let runner = runs.iter().find(|r| r.id == slow).unwrap().worker.clone().unwrap();
+    let other = if runner == "w-b" { &a } else { &b };
+    let (code, out, err) = other.ctl(&["runs", "cancel", &slow]);
+    assert_eq!(code, 0, "{out}{err}");
+    db.wait_for("the cancel to reach the runner", Duration::from_secs(3), &[&a, &b], |r| {
+        r.iter().any(|r| r.id == slow && r.status == "cancelled")
+    });
+
+    // An approval through another worker than the one the run waits on.
+    let (code, out, err) = a.ctl(&["workflows", "run", "post", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let post = json_of(&out)["run_id"].as_str().unwrap().to_owned();
+    let runs = db.wait_for("the workflow to wait", Duration::from_secs(10), &[&a], |r| {
+        r.iter().any(|r| r.id == post && r.status == "waiting_approval")
+    });
+    let waited_on = runs.iter().find(|r| r.id == post).unwrap().worker.clone().unwrap();
+    let approver = [("w-a", &a), ("w-b", &b), ("w-c", &c)].into_iter().find(|(n, _)| *n != waited_on).unwrap().1;
+    let (code, out, err) = approver.ctl(&["approvals", "approve", &post, "--by", "ana"]);
+    assert_eq!(code, 0, "{out}{err}");
+    db.wait_for("the approved workflow to finish", Duration::from_secs(10), &[&a, &b, &c], |r| {
+        r.iter().any(|r| r.id == post && r.status == "succeeded")
+    });
+
+    // SIGKILL the worker running a slow run: after its lease the others interrupt the run and
+    // retry it to the end.
+    let slow = trigger(&b, "slow");
+    let runs =
+        db.wait_for("the slow run to start", Duration::from_secs(10), &[&b], |r| r.iter().any(|r| r.id == slow && r.status == "running"));
+    let victim = runs.iter().find(|r| r.id == slow).unwrap().worker.clone().unwrap();
+    let (victim_w, survivors): (&mut Worker, Vec<&Worker>) = match victim.as_str() {
+        "w-a" => (&mut a, vec![&b, &c]),
+        "w-b" => (&mut b, vec![&a, &c]),
+        other => panic!("C has no free slot, yet {other} ran it"),
+    };
+    victim_w.signal("KILL");
+    victim_w.wait_exit(Duration::from_secs(5));
+    let runs = db.wait_for("the killed worker's run to be retried to its end", Duration::from_secs(30), &survivors, |r| {
+        r.iter().any(|r| r.retry_of.as_deref() == Some(&slow) && r.status == "succeeded")
+    });
+    assert_eq!(runs.iter().find(|r| r.id == slow).unwrap().status, "interrupted");
+    let left: Vec<&Run> = runs.iter().filter(|r| r.worker.as_deref() == Some(&victim) && r.status == "running").collect();
+    assert!(left.is_empty(), "nothing of the killed worker is left running: {left:#?}");
+    let (_, out, _) = survivors[0].ctl(&["status", "-o", "json"]);
+    let names: Vec<String> = json_of(&out)["workers"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect();
+    assert!(!names.contains(&victim), "a dead worker is not listed: {names:?}");
+
+    // Two minutes of ticks in all, then a clean stop of the rest.
+    let survivors_now: Vec<&Worker> = [&a, &b, &c].into_iter().filter(|w| w.is_running()).collect();
+    db.wait_for("two minutes of ticks", Duration::from_secs(150), &survivors_now, |r| {
+        r.iter().filter(|r| r.job == "tick" && r.trigger != "retry").count() >= 122
+    });
+    drop(survivors_now);
+    let _ = c.ctl(&["runs", "cancel", &held]);
+    let mut alive: Vec<&mut Worker> = vec![&mut a, &mut b, &mut c].into_iter().filter(|w| w.is_running()).collect();
+    for w in &alive {
+        w.signal("TERM");
+    }
+    for w in &mut alive {
+        assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    }
+
+    let runs = db.runs();
+    let running: Vec<&Run> = runs.iter().filter(|r| r.status == "running").collect();
+    assert!(running.is_empty(), "no run left running: {running:#?}");
+    // Every second from the first tick to the last fired once, whichever worker fired it.
+    let mut ticks: BTreeMap<i64, usize> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.job == "tick" && r.trigger != "retry") {
+        *ticks.entry(r.scheduled_at.unwrap()).or_default() += 1;
+    }
+    let doubled: Vec<(&i64, &usize)> = ticks.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "ticks fired more than once: {doubled:?}");
+    let (first, last) = (*ticks.keys().next().unwrap(), *ticks.keys().last().unwrap());
+    let missed: Vec<i64> = (0..=(last - first) / 1000).map(|i| first + i * 1000).filter(|t| !ticks.contains_key(t)).collect();
+    assert!(missed.is_empty(), "ticks missed: {missed:?}");
+    assert!(ticks.len() >= 120, "two minutes of per-second ticks: {}", ticks.len());
+    let by: std::collections::BTreeSet<String> = runs.iter().filter(|r| r.job == "tick").filter_map(|r| r.worker.clone()).collect();
+    assert!(by.len() >= 2, "the ticks were shared out: {by:?}");
+}
+
+#[test]
+fn a_database_restart_under_load_loses_nothing() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "restart");
+    let url = cluster.url_of("restart");
+    let (mut a, mut b) = (worker("r-a", &url, 4), worker("r-b", &url, 4));
+    a.start();
+    b.start();
+    db.wait_for("ticks", Duration::from_secs(10), &[&a, &b], |r| r.iter().filter(|r| r.job == "tick").count() >= 3);
+    let slow = trigger(&a, "slow");
+    db.wait_for("the slow run to start", Duration::from_secs(10), &[&a], |r| r.iter().any(|r| r.id == slow && r.status == "running"));
+
+    cluster.stop();
+    for w in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(w.port, "/readyz").map(|(c, _)| c) == Some(200) {
+            assert!(Instant::now() < deadline, "still ready with the database down:\n{}", w.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // The slow run ends while the server is down: its end waits to be recorded.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ![&a, &b].iter().any(|w| w.log().contains("cannot record the end of runs")) {
+        assert!(Instant::now() < deadline, "the slow run did not end during the outage:\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.restart();
+    for w in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_get(w.port, "/readyz").map(|(c, _)| c) != Some(200) {
+            assert!(Instant::now() < deadline, "not ready again after the database came back:\n{}", w.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let back = now_ms();
+    db.wait_for("the slow run's end, recorded after the restart", Duration::from_secs(20), &[&a, &b], |r| {
+        r.iter().any(|r| (r.id == slow || r.retry_of.as_deref() == Some(&slow)) && r.status == "succeeded")
+    });
+    db.wait_for("ticks after the restart", Duration::from_secs(10), &[&a, &b], |r| {
+        r.iter().filter(|r| r.job == "tick" && r.status == "succeeded" && r.scheduled_at.unwrap_or(0) > back).count() >= 3
+    });
+    for w in [&a, &b] {
+        w.signal("TERM");
+    }
+    assert_eq!(a.wait_exit(Duration::from_secs(20)), Some(0));
+    assert_eq!(b.wait_exit(Duration::from_secs(20)), Some(0));
+    let runs = db.runs();
+    let running: Vec<&Run> = runs.iter().filter(|r| r.status == "running").collect();
+    assert!(running.is_empty(), "no run left running: {running:#?}");
+    let mut ticks: BTreeMap<i64, usize> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.job == "tick" && r.trigger != "retry") {
+        *ticks.entry(r.scheduled_at.unwrap()).or_default() += 1;
+    }
+    assert!(ticks.values().all(|n| *n == 1), "no tick doubled across the restart: {ticks:?}");
+}
