@@ -356,3 +356,21 @@ fn postgres_storage_reads_its_url_pool_and_timeout_and_hides_the_password() {
 lamplighter.yaml:5:5: error: pool_size 0 is outside 1–1000"#;
     assert_eq!(errors_of(tmp.path()).join("\n"), expected);
 }
+
+/// `worker.lease`: 30 s by default, a duration of at least a second.
+#[test]
+fn the_worker_lease_has_a_default_and_refuses_nonsense() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "lamplighter.yaml", "worker:\n  lease: 5s\nscheduling:\n  jobs: {}\n");
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    assert_eq!(config.worker.lease, std::time::Duration::from_secs(5));
+    write(tmp.path(), "lamplighter.yaml", "scheduling:\n  jobs: {}\n");
+    let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    assert_eq!(config.worker.lease, lamplighter_config::DEFAULT_LEASE);
+    write(tmp.path(), "lamplighter.yaml", "worker:\n  lease: 0s\nscheduling:\n  jobs: {}\n");
+    assert_eq!(errors_of(tmp.path()), ["lamplighter.yaml:2:3: error: worker.lease must be at least 1s"]);
+    write(tmp.path(), "lamplighter.yaml", "worker:\n  lease: soon\nscheduling:\n  jobs: {}\n");
+    let errors = errors_of(tmp.path());
+    assert!(errors.len() == 1 && errors[0].contains("worker.lease"), "{errors:?}");
+}

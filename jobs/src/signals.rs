@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "k", rename_all = "snake_case")]
+#[serde(tag = "k", content = "v", rename_all = "snake_case")]
 pub(crate) enum Signal {
     /// Something is due or was queued: the scheduler should look.
     Wake,
@@ -258,9 +258,18 @@ mod tests {
 
     #[test]
     fn notices_stay_under_the_payload_limit_and_keep_every_signal() {
-        let signals: Vec<Signal> = (0..2000).map(|i| Signal::RunFinished(format!("0199-run-{i}"))).collect();
+        let mut signals: Vec<Signal> = (0..2000).map(|i| Signal::RunFinished(format!("0199-run-{i}"))).collect();
+        // Every kind a worker sends (all but `Lagged`, which is local).
+        signals.extend([
+            Signal::Wake,
+            Signal::JobChanged,
+            Signal::TasksPushed,
+            Signal::RunsChanged,
+            Signal::CancelRequested { run: "r1".into(), why: "asked".into() },
+        ]);
         let payloads = payloads("worker-a", signals.clone());
         assert!(payloads.len() > 1, "2000 ends do not fit one notice");
+        assert!(payloads.iter().all(|p| !p.is_empty()), "every notice encodes");
         assert!(payloads.iter().all(|p| p.len() < 8000), "PostgreSQL refuses payloads of 8000 bytes or more");
         let back: Vec<Signal> = payloads.iter().flat_map(|p| serde_json::from_str::<Notice>(p).expect("a notice").s).collect();
         assert_eq!(back, signals);
