@@ -32,7 +32,8 @@ fn snapshot(action: &str) -> JobSnapshot {
     }
 }
 
-fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
+/// A cron run of `job` for the tick at `at` (shared with the backends' own store tests).
+pub(super) fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
     NewRun {
         job: job.into(),
         trigger: Trigger::Cron,

@@ -25,10 +25,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, WorkerId, WorkerLease, from_ms, ms, new_id,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
+    TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
-use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::JobSnapshot;
@@ -198,7 +197,6 @@ impl RunStore for PgStore {
         claim: Claim<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
-        let mut handoff = claim.slots;
         let mut tx = self.pool.begin().await.ctx("starting a tick")?;
         let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
         // The tick keys, in (job, instant) order so that workers firing the same ticks lock
@@ -246,58 +244,7 @@ impl RunStore for PgStore {
         for row in sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&jobs).fetch_all(&mut *tx).await.ctx("reading active runs")? {
             active.entry(row.get("job")).or_default().push(row.get("id"));
         }
-        // Decide tick by tick, in order (as on SQLite).
-        let mut out = Vec::with_capacity(ticks.len());
-        let mut rows: Vec<(String, NewRun, Dispatch<'_>)> = Vec::with_capacity(out.capacity());
-        let mut pushed = Vec::new();
-        let mut last_ticks: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
-        for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
-            if !fresh.contains(&id) {
-                out.push(None);
-                continue;
-            }
-            let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
-            let job_active = active.entry(run.job.clone()).or_default();
-            let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
-            let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
-            let mut hold = false;
-            match decision {
-                TickDecision::Start => job_active.push(id.clone()),
-                TickDecision::Hold => {
-                    hold = true;
-                    job_active.push(id.clone());
-                }
-                TickDecision::Skip(why) => {
-                    run.status = RunStatus::Skipped;
-                    run.error = Some(why);
-                }
-                TickDecision::Replace(old) => {
-                    outcome.replaced = old;
-                    *job_active = vec![id.clone()];
-                }
-            }
-            let mut dispatched = Dispatch::No;
-            if run.status == RunStatus::Queued && !hold && run.due_at <= now {
-                if handoff > 0 {
-                    handoff -= 1;
-                    dispatched = Dispatch::Claimed(claim.worker);
-                    run.status = RunStatus::Running;
-                    let mut handed = run.to_run(&id, now);
-                    handed.started_at = Some(now);
-                    handed.worker = Some(claim.worker.to_string());
-                    outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone(), resumed: false });
-                } else {
-                    dispatched = Dispatch::Queued;
-                    outcome.pushed = true;
-                    pushed.push(id.clone());
-                }
-            }
-            outcome.status = run.status;
-            let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
-            *lt = (*lt).max(tick);
-            rows.push((id, run, dispatched));
-            out.push(Some(outcome));
-        }
+        let TickPlan { out, rows, pushed, last_ticks } = plan_ticks(ticks, ids, &fresh, &paused, active, claim, now);
         insert_rows(&mut tx, &rows, now).await?;
         if !last_ticks.is_empty() {
             // In job order (a BTreeMap), as the advisory locks.
@@ -912,14 +859,6 @@ impl RunStore for PgStore {
     }
 }
 
-/// How a run being inserted is handed over.
-#[derive(Debug, Clone, Copy)]
-enum Dispatch<'a> {
-    No,
-    Queued,
-    Claimed(&'a str),
-}
-
 /// Rows per multi-row insert: 19 columns × 1000 stays under PostgreSQL's 65,535 parameters.
 const ROWS_PER_STATEMENT: usize = 1000;
 
@@ -998,30 +937,12 @@ async fn claim(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::Trigger;
+    use crate::store::contract::tick;
 
     async fn store(cluster: &lamplighter_tests::pg::Cluster) -> PgStore {
         let store = PgStore::connect(&cluster.url(), 4, Duration::from_secs(30)).await.expect("connect");
         store.migrate().await.expect("migrate");
         store
-    }
-
-    fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
-        NewRun {
-            job: job.into(),
-            trigger: Trigger::Cron,
-            status: RunStatus::Queued,
-            scheduled_at: Some(at),
-            due_at: at,
-            attempt: 1,
-            input: None,
-            parameters: None,
-            error: None,
-            idempotency_key: None,
-            retry_of: None,
-            root_id: None,
-            snapshot: None,
-        }
     }
 
     fn worker(name: &str) -> WorkerId {

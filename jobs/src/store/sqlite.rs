@@ -14,10 +14,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, WorkerId, WorkerLease, from_ms, ms, new_id,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
+    TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
-use crate::decide::{TickDecision, TickFacts, decide_tick};
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::JobSnapshot;
@@ -209,7 +208,6 @@ impl RunStore for SqliteStore {
         claim: Claim<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
-        let mut handoff = claim.slots;
         let mut tx = self.write.begin().await.ctx("starting a tick")?;
         let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
         // The tick keys, without RETURNING (1,000 returned rows cost more than the insert): when
@@ -259,61 +257,7 @@ impl RunStore for SqliteStore {
         for row in sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&jobs_json).fetch_all(&mut *tx).await.ctx("reading active runs")? {
             active.entry(row.get("job")).or_default().push(row.get("id"));
         }
-        // Decide tick by tick, in order: a run this batch queued is active for the job's
-        // later ticks in it (caught-up ticks queue behind each other).
-        let mut out = Vec::with_capacity(ticks.len());
-        let mut rows: Vec<(String, NewRun, Dispatch<'_>)> = Vec::with_capacity(out.capacity());
-        let mut pushed = Vec::new();
-        let mut last_ticks: HashMap<String, i64> = HashMap::new();
-        for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
-            if !fresh.contains(&id) {
-                out.push(None);
-                continue;
-            }
-            let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
-            let job_active = active.entry(run.job.clone()).or_default();
-            let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
-            let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
-            let mut hold = false;
-            match decision {
-                TickDecision::Start => job_active.push(id.clone()),
-                TickDecision::Hold => {
-                    hold = true;
-                    job_active.push(id.clone());
-                }
-                TickDecision::Skip(why) => {
-                    run.status = RunStatus::Skipped;
-                    run.error = Some(why);
-                }
-                TickDecision::Replace(old) => {
-                    outcome.replaced = old;
-                    *job_active = vec![id.clone()];
-                }
-            }
-            let mut dispatched = Dispatch::No;
-            if run.status == RunStatus::Queued && !hold && run.due_at <= now {
-                if handoff > 0 {
-                    // Claimed here, in the tick's transaction: no second round trip before
-                    // the run starts.
-                    handoff -= 1;
-                    dispatched = Dispatch::Claimed(claim.worker);
-                    run.status = RunStatus::Running;
-                    let mut handed = run.to_run(&id, now);
-                    handed.started_at = Some(now);
-                    handed.worker = Some(claim.worker.to_string());
-                    outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone(), resumed: false });
-                } else {
-                    dispatched = Dispatch::Queued;
-                    outcome.pushed = true;
-                    pushed.push(id.clone());
-                }
-            }
-            outcome.status = run.status;
-            let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
-            *lt = (*lt).max(tick);
-            rows.push((id, run, dispatched));
-            out.push(Some(outcome));
-        }
+        let TickPlan { out, rows, pushed, last_ticks } = plan_ticks(ticks, ids, &fresh, &paused, active, claim, now);
         insert_rows(&mut tx, &rows, now).await?;
         let last: Vec<(String, i64)> = last_ticks.into_iter().collect();
         for chunk in last.chunks(ROWS_PER_STATEMENT) {
@@ -945,17 +889,6 @@ const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, star
 /// Rows per multi-row statement: 17 columns × 1000 stays well under SQLite's 32,766 bound
 /// parameters.
 const ROWS_PER_STATEMENT: usize = 1000;
-
-/// How a run being inserted is handed over.
-#[derive(Debug, Clone, Copy)]
-enum Dispatch<'a> {
-    /// Not yet (not due, held, or skipped).
-    No,
-    /// Through the queue (a task is pushed in the same transaction).
-    Queued,
-    /// Claimed by this worker at once.
-    Claimed(&'a str),
-}
 
 /// Inserts runs with one multi-row statement per [`ROWS_PER_STATEMENT`]: binding values
 /// directly, no JSON to build or parse.

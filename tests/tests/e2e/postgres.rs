@@ -4,13 +4,13 @@
 //! SIGKILL has its runs finished by the others; a database restart under load loses nothing.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lamplighter_tests::pg::Cluster;
 use serde_json::Value;
 use sqlx::Row;
 
-use crate::support::{Worker, http_get};
+use crate::support::{Worker, http_get, poll};
 
 /// A blocking view of the shared database, for checks.
 struct Db {
@@ -71,18 +71,24 @@ impl Db {
 
     /// Polls until `pred` holds over the runs (the workers' clocks are real; this only waits).
     fn wait_for(&self, what: &str, within: Duration, workers: &[&Worker], pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
-        let deadline = Instant::now() + within;
-        loop {
-            let runs = self.runs();
-            if pred(&runs) {
-                return runs;
-            }
-            if Instant::now() > deadline {
+        poll(
+            what,
+            within,
+            || Some(self.runs()).filter(|r| pred(r)),
+            || {
+                let runs = self.runs();
                 let logs: String = workers.iter().map(|w| format!("--- {}\n{}", w.port, w.log())).collect();
-                panic!("timed out waiting for {what}; runs: {:#?}\n{logs}", &runs[runs.len().saturating_sub(30)..]);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                format!("runs: {:#?}\n{logs}", &runs[runs.len().saturating_sub(30)..])
+            },
+        )
+    }
+}
+
+/// Waits until every worker's `/readyz` answers `ready` (200) or not.
+fn wait_ready(workers: &[&Worker], ready: bool, within: Duration) {
+    for w in workers {
+        let what = if ready { "the worker to be ready" } else { "the worker to say it is not ready" };
+        poll(what, within, || ((http_get(w.port, "/readyz").map(|(c, _)| c) == Some(200)) == ready).then_some(()), || w.log());
     }
 }
 
@@ -322,27 +328,16 @@ fn a_database_restart_under_load_loses_nothing() {
     db.wait_for("the slow run to start", Duration::from_secs(10), &[&a], |r| r.iter().any(|r| r.id == slow && r.status == "running"));
 
     cluster.stop();
-    for w in [&a, &b] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(w.port, "/readyz").map(|(c, _)| c) == Some(200) {
-            assert!(Instant::now() < deadline, "still ready with the database down:\n{}", w.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    // The slow run ends while the server is down: its end waits to be recorded.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while ![&a, &b].iter().any(|w| w.log().contains("cannot record the end of runs")) {
-        assert!(Instant::now() < deadline, "the slow run did not end during the outage:\n{}", a.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_ready(&[&a, &b], false, Duration::from_secs(10));
+    // The slow run ends while the server is down: its end waits to be recorded (the log says so).
+    poll(
+        "the slow run to end during the outage",
+        Duration::from_secs(15),
+        || [&a, &b].iter().any(|w| w.log().contains("cannot record the end of runs")).then_some(()),
+        || a.log(),
+    );
     cluster.restart();
-    for w in [&a, &b] {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(w.port, "/readyz").map(|(c, _)| c) != Some(200) {
-            assert!(Instant::now() < deadline, "not ready again after the database came back:\n{}", w.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    wait_ready(&[&a, &b], true, Duration::from_secs(20));
     let back = now_ms();
     db.wait_for("the slow run's end, recorded after the restart", Duration::from_secs(20), &[&a, &b], |r| {
         r.iter().any(|r| (r.id == slow || r.retry_of.as_deref() == Some(&slow)) && r.status == "succeeded")

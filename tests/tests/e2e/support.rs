@@ -58,6 +58,21 @@ pub(crate) fn bin() -> PathBuf {
     b
 }
 
+/// Polls `check` until it gives a value (another process's state, seen from outside: there
+/// is no event to wait on); after `within` panics with `what` and `context()`.
+pub(crate) fn poll<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}; {}", context());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -174,17 +189,7 @@ impl Worker {
 
     /// Polls the database until `pred` holds (the worker's clock is real; this only waits).
     pub(crate) fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[RunRow]) -> bool) -> Vec<RunRow> {
-        let deadline = Instant::now() + within;
-        loop {
-            let runs = self.runs();
-            if pred(&runs) {
-                return runs;
-            }
-            if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; runs: {runs:#?}\nlog:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll(what, within, || Some(self.runs()).filter(|r| pred(r)), || format!("runs: {:#?}\nlog:\n{}", self.runs(), self.log()))
     }
 }
 
