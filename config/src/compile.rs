@@ -16,6 +16,7 @@ use crate::ai::{
 };
 use crate::diag::{Diagnostic, Severity, did_you_mean, quoted_list};
 use crate::load::{Loaded, SourceMap, keys};
+use crate::observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig};
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
 use crate::template::{Template, Templated, Var};
@@ -218,6 +219,9 @@ pub struct Config {
     pub plugin_dirs: Vec<PathBuf>,
     pub wasm: WasmConfig,
     pub worker: WorkerConfig,
+    pub telemetry: TelemetryConfig,
+    /// `hooks.bindings`, in priority order (lower first; ties keep the file's order).
+    pub hooks: Vec<HookBinding>,
     /// Things that are defined but cannot work, e.g. `agent "x"` → why.
     pub disabled: BTreeMap<String, String>,
     pub sources: SourceMap,
@@ -282,6 +286,8 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         }
     }
     let worker = c.worker(raw.worker.as_ref());
+    let telemetry = c.telemetry(raw.telemetry.as_ref());
+    let hooks = c.hooks(raw.hooks.as_ref());
     let wasm = c.wasm(raw.plugins.as_ref().and_then(|p| p.wasm.as_ref()));
     let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
     let config = Config {
@@ -301,6 +307,8 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         plugin_dirs,
         wasm,
         worker,
+        telemetry,
+        hooks,
         disabled: c.disabled,
         sources: SourceMap::default(),
         merged: serde_yaml::Value::Null,
@@ -313,6 +321,97 @@ fn duration(s: &str) -> Result<Duration, String> {
 }
 
 impl<'a> Compiler<'a> {
+    fn telemetry(&mut self, t: Option<&raw::Telemetry>) -> TelemetryConfig {
+        let Some(t) = t else { return TelemetryConfig::default() };
+        let signal = |c: &mut Self, name: &str, s: Option<&raw::Signal>| {
+            let s = s.cloned().unwrap_or_default();
+            let exporter = s.exporter.as_deref().and_then(|e| {
+                Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], e)).ok()
+            });
+            if let Some(url) = &s.endpoint
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                c.err(
+                    &["telemetry", name, "endpoint"],
+                    format!("telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (OTLP over HTTP, e.g. http://localhost:4318/v1/{name})"),
+                );
+            }
+            SignalConfig { exporter, endpoint: s.endpoint }
+        };
+        let traces = signal(self, "traces", t.traces.as_ref());
+        let metrics = signal(self, "metrics", t.metrics.as_ref());
+        let logs = signal(self, "logs", t.logs.as_ref());
+        let raw_traces = t.traces.clone().unwrap_or_default();
+        let sample_ratio = raw_traces.sampling.as_ref().and_then(|s| match (s.strategy.as_deref(), s.ratio) {
+            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), Some(r)) if (0.0..=1.0).contains(&r) => Some(r),
+            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), r) => {
+                self.err(&["telemetry", "traces", "sampling", "ratio"], format!("telemetry.traces.sampling.ratio must be between 0 and 1, not {r:?}"));
+                None
+            }
+            (Some("always_on"), _) => Some(1.0),
+            (Some("always_off"), _) => Some(0.0),
+            (Some(o), _) => {
+                self.err(
+                    &["telemetry", "traces", "sampling", "strategy"],
+                    format!("telemetry.traces.sampling.strategy \"{o}\" is not one of always_on, always_off, ratio"),
+                );
+                None
+            }
+        });
+        let metrics_interval = t.metrics.as_ref().and_then(|m| m.export_interval_ms).map(|ms| {
+            if ms < 100 {
+                self.err(&["telemetry", "metrics", "export_interval_ms"], format!("telemetry.metrics.export_interval_ms must be at least 100, not {ms}"));
+            }
+            Duration::from_millis(ms.max(100))
+        });
+        for (name, s) in [("metrics", &t.metrics), ("logs", &t.logs)] {
+            if s.as_ref().is_some_and(|s| s.enable_sensitive_data.is_some()) {
+                self.warn(&["telemetry", name, "enable_sensitive_data"], format!("telemetry.{name}.enable_sensitive_data has no effect; it belongs under telemetry.traces"));
+            }
+        }
+        TelemetryConfig {
+            enabled: t.enabled.unwrap_or(false),
+            service_name: t.service_name.clone(),
+            service_version: t.service_version.clone(),
+            resource_attributes: t.resource_attributes.clone().unwrap_or_default(),
+            traces,
+            metrics,
+            logs,
+            sensitive_data: raw_traces.enable_sensitive_data.unwrap_or(false),
+            sample_ratio,
+            metrics_interval,
+        }
+    }
+
+    /// Hook bindings, sorted by priority. Whether the plugin exports the hook is the worker's
+    /// check: plugins are discovered at run time.
+    fn hooks(&mut self, h: Option<&raw::Hooks>) -> Vec<HookBinding> {
+        let mut out = Vec::new();
+        for (i, b) in h.and_then(|h| h.bindings.clone()).unwrap_or_default().into_iter().enumerate() {
+            let at = |key: Option<&str>| {
+                let mut p = [keys(&["hooks", "bindings"]), vec![Seg::Index(i)]].concat();
+                p.extend(key.map(|k| Seg::Key(k.to_string())));
+                p
+            };
+            let event = match EventPattern::parse(&b.event) {
+                Ok(p) => p,
+                Err(e) => {
+                    let loc = self.loaded.sources.locate(&at(Some("event")));
+                    self.diags.push(Diagnostic::error(loc, e));
+                    continue;
+                }
+            };
+            if b.plugin.trim().is_empty() || b.hook.trim().is_empty() {
+                let loc = self.loaded.sources.locate(&at(None));
+                self.diags.push(Diagnostic::error(loc, format!("hook binding for \"{}\" needs a plugin and a hook", b.event)));
+                continue;
+            }
+            out.push(HookBinding { event, plugin: b.plugin, hook: b.hook, priority: b.priority.unwrap_or(DEFAULT_HOOK_PRIORITY) });
+        }
+        out.sort_by_key(|b| b.priority);
+        out
+    }
+
     fn err(&mut self, path: &[&str], msg: String) {
         let loc = self.loaded.sources.locate(&keys(path));
         self.diags.push(Diagnostic::error(loc, msg));

@@ -585,6 +585,7 @@ pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
     pairs.add("finished", when_detail(run.get("finished_at"), now));
     pairs.add("duration", run_duration(run, now));
     pairs.add_some("worker", get(run, &["worker"]).map(scalar));
+    pairs.add_some("trace", get(run, &["trace_id"]).map(scalar));
     pairs.add_some("idempotency key", get(run, &["idempotency_key"]).map(scalar));
     pairs.add_some("tokens", tokens(run));
     pairs.add_some("cost", get(run, &["cost"]).map(scalar));

@@ -15,6 +15,7 @@ use lamplighter_config::{Config, JobConfig, RetryPolicy, StorageConfig, Workflow
 
 use crate::clock::Clock;
 use crate::decide::StopReason;
+use crate::events::Observer;
 use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
     targets: Arc<dyn Targets>,
     signals: Arc<dyn Signals>,
+    /// Where events go: metrics, hooks, spans.
+    observer: Arc<Observer>,
     worker: WorkerId,
     /// `sqlite` or `postgres`.
     storage: &'static str,
@@ -129,6 +132,10 @@ impl Shared {
 
     pub(crate) fn targets(&self) -> &dyn Targets {
         &*self.targets
+    }
+
+    pub(crate) fn observer(&self) -> &Arc<Observer> {
+        &self.observer
     }
 
     pub(crate) fn worker_name(&self) -> &str {
@@ -272,7 +279,13 @@ impl Shared {
         now: DateTime<Utc>,
     ) -> Result<Option<String>, StoreError> {
         match due_at {
-            Some(due) => self.store.follow_up(run, due, now).await,
+            Some(due) => {
+                let id = self.store.follow_up(run, due, now).await?;
+                if let Some(id) = &id {
+                    self.observer.run_created(&run.job, run.trigger, id);
+                }
+                Ok(id)
+            }
             None => {
                 self.store.mark_no_follow_up(&run.id).await?;
                 Ok(None)
@@ -381,6 +394,8 @@ pub struct EngineOptions {
     pub clock: Arc<dyn Clock>,
     /// What runs execute ([`crate::BuiltinTargets`] in the worker).
     pub targets: Arc<dyn Targets>,
+    /// Where events go ([`Observer::none`] when nothing looks).
+    pub observer: Arc<Observer>,
 }
 
 /// Applies migrations without starting anything (`lamplighter migrate`); returns where (the
@@ -459,11 +474,13 @@ impl Engine {
         };
         let (executors, recorder_rx) = Executors::new(config.worker.concurrency);
         let now = opts.clock.now();
+        opts.observer.configure(config);
         let shared = Arc::new(Shared {
             store,
             clock: opts.clock,
             targets: opts.targets,
             signals,
+            observer: opts.observer,
             worker: worker_id(opts.worker_name),
             storage,
             lease: config.worker.lease,
@@ -490,6 +507,7 @@ impl Engine {
             tokio::spawn(crate::queue::consume(shared.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.clone(), cancel_signals, stop_runs.clone())),
             tokio::spawn(keep_lease(shared.clone(), stop_runs.clone())),
+            tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
@@ -502,6 +520,7 @@ impl Engine {
 
     /// Swaps in a new set of jobs; the scheduler replans at once.
     pub fn reload(&self, config: &Config) {
+        self.shared.observer.configure(config);
         self.shared.set_config(JobsConfig::of(config));
     }
 
@@ -653,6 +672,23 @@ async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<
         }
     }
     Ok(())
+}
+
+/// How often the queue depth gauge is sampled.
+const QUEUE_SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
+/// Samples the number of queued runs (all workers) for the queue depth gauge.
+async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        match shared.store.queued().await {
+            Ok(n) => shared.observer.set_queue_depth(n),
+            Err(e) => tracing::debug!(error = %e, "cannot count queued runs"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(QUEUE_SAMPLE_EVERY) => {}
+            () = stop.cancelled() => return,
+        }
+    }
 }
 
 /// Renews this worker's lease every third of it. On a shared database it also takes over the

@@ -16,8 +16,11 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use tracing::Instrument as _;
+
 use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::engine::Shared;
+use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::gate::{Gate, Pass};
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::Signal;
@@ -57,6 +60,8 @@ struct Finished {
     started: Option<chrono::DateTime<chrono::Utc>>,
     end: Settled,
     ticket: Ticket,
+    /// The execution's trace, when spans are exported.
+    trace_id: Option<String>,
 }
 
 /// The slots and the way to the recorder. Owned by `Shared`.
@@ -112,26 +117,40 @@ pub(crate) fn launch(shared: &Arc<Shared>, runs: Vec<Handed>, tickets: Vec<Ticke
 }
 
 /// One claimed run: its target in a task of its own, so that a panic becomes this run's end.
+/// The run's span is the root of its trace; its `before` hooks may cancel it.
 async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
     let Handed { run, snapshot, resumed } = handed;
     let entry = shared.track(&run.id);
-    tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = run.lateness().map(|d| d.num_milliseconds()), "run started");
-    let started = Arc::new(std::sync::OnceLock::new());
-    // A resumed run keeps its first start.
-    let started_now = (!resumed).then(|| started.clone());
-    let end = match tokio::spawn(execute(shared.clone(), run.clone(), snapshot, entry, started_now)).await {
-        Ok(end) => end,
-        Err(e) => Settled {
-            status: RunStatus::Failed,
-            output: None,
-            error: Some(format!("the run panicked: {e}")),
-            retry: false,
-            wait_until: None,
-        },
+    let obs = shared.observer().clone();
+    obs.run_started(&run, run.lateness(), resumed);
+    let op = Op::Run { job: run.job.clone(), trigger: run.trigger.as_str(), attempt: run.attempt };
+    let (end, trace_id) = match obs.begin(op, Owner::from(&run), None).await {
+        Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None),
+        Ok(op) => {
+            let started = Arc::new(std::sync::OnceLock::new());
+            // A resumed run keeps its first start.
+            let started_now = (!resumed).then(|| started.clone());
+            let work = execute(shared.clone(), run.clone(), snapshot, entry, started_now).instrument(op.span().clone());
+            let end = match tokio::spawn(work).await {
+                Ok(end) => end,
+                Err(e) => Settled {
+                    status: RunStatus::Failed,
+                    output: None,
+                    error: Some(format!("the run panicked: {e}")),
+                    retry: false,
+                    wait_until: None,
+                },
+            };
+            let trace_id = op.trace_id();
+            op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() }).await;
+            let started = started.get().copied();
+            let _ = shared.executors().finished.send(Finished { run, started, end, ticket, trace_id });
+            return;
+        }
     };
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
-    let _ = shared.executors().finished.send(Finished { run, started: started.get().copied(), end, ticket });
+    let _ = shared.executors().finished.send(Finished { run, started: None, end, ticket, trace_id });
 }
 
 async fn execute(
@@ -160,6 +179,7 @@ async fn execute(
                 shared.store_handle(),
                 shared.clock().clone(),
                 shared.agents(),
+                shared.observer().clone(),
             );
             // The run's start, as recorded: the moment its target is called.
             if let Some(started) = started {
@@ -208,6 +228,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
                 output: f.end.output.as_ref(),
                 error: f.end.error.as_deref(),
                 wait_until: f.end.wait_until,
+                trace_id: f.trace_id.as_deref(),
             })
             .collect();
         // Until the database takes them (a server restarting, a failover): the runs keep
@@ -248,11 +269,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
             if f.end.status == RunStatus::Failed && f.end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
                 tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
             }
-            if f.end.status == RunStatus::WaitingApproval {
-                tracing::info!(run = %f.run.id, job = %f.run.job, until = ?f.end.wait_until, "run waits for approval; its slot is free");
-            } else {
-                tracing::info!(run = %f.run.id, job = %f.run.job, status = f.end.status.as_str(), error = f.end.error.as_deref().unwrap_or(""), "run finished");
-            }
+            shared.observer().run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
             if recorded && f.end.retry {
                 schedule_retry(&shared, &f.run, now).await;
             }

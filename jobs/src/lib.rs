@@ -5,6 +5,7 @@ mod agent;
 mod clock;
 mod decide;
 mod engine;
+pub mod events;
 mod executor;
 mod gate;
 mod queue;
@@ -41,6 +42,9 @@ pub struct Checked {
     /// Jobs the environment breaks (their plugin did not load): a running worker disables
     /// them with the reason and runs the rest; `config validate` reports them as errors.
     pub unavailable: Vec<Unavailable>,
+    /// Other things the environment breaks (a hook whose plugin did not load), as `(what,
+    /// why, diagnostic)`: disabled by a running worker, errors for `config validate`.
+    pub disabled: Vec<(String, String, Diagnostic)>,
 }
 
 /// A job the environment breaks.
@@ -56,6 +60,33 @@ pub struct Unavailable {
 /// takes one.
 pub fn check(config: &Config, registry: &Registry) -> Checked {
     let mut out = Checked::default();
+    // Hook bindings name a hook their plugin exports.
+    for (i, b) in config.hooks.iter().enumerate() {
+        let path = [lamplighter_config::keys(&["hooks", "bindings"]), vec![lamplighter_config::Seg::Index(i)]].concat();
+        let at = config.sources.locate(&path).or_else(|| config.locate(&["hooks"]));
+        let label = b.label();
+        match registry.plugins().iter().find(|p| p.name == b.plugin) {
+            None => {
+                let known: Vec<&str> = registry.plugins().iter().filter(|p| !p.hooks.is_empty()).map(|p| p.name.as_str()).collect();
+                out.errors.push(Diagnostic::error(
+                    at,
+                    format!("hook binding \"{}\" names plugin \"{}\", which does not exist; plugins with hooks: {}", b.event, b.plugin, list(&known)),
+                ));
+            }
+            Some(p) if p.error.is_some() => {
+                let why = format!("its plugin \"{}\" could not be loaded: {}", b.plugin, p.error.as_deref().unwrap_or_default());
+                let diag = Diagnostic::error(at, format!("hook {label} for \"{}\": {why}", b.event));
+                out.disabled.push((format!("hook {label}"), why, diag));
+            }
+            Some(p) if !p.hooks.contains(&b.hook) => {
+                out.errors.push(Diagnostic::error(
+                    at,
+                    format!("plugin \"{}\" has no hook \"{}\"; its hooks: {}", b.plugin, b.hook, list(&p.hooks.iter().map(String::as_str).collect::<Vec<_>>())),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
     // Agents that cannot run here (a plugin that did not load, a disabled provider or MCP
     // server), with the reason: what runs them is disabled.
     let mut agents_down: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
@@ -180,4 +211,8 @@ pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
     let mut out = checked.errors;
     out.extend(checked.unavailable.into_iter().map(|u| u.diagnostic));
     out
+}
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() { "none".into() } else { names.join(", ") }
 }

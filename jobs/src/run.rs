@@ -153,6 +153,8 @@ pub struct Run {
     pub tokens_in: Option<i64>,
     pub tokens_out: Option<i64>,
     pub cost: Option<f64>,
+    /// The trace of the latest execution (32 hex digits), when spans were exported.
+    pub trace_id: Option<String>,
 }
 
 impl Run {

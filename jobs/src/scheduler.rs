@@ -304,8 +304,10 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
         shared.tasks_pushed();
     }
     for (job, tick, run_id, status, replaced) in later {
-        if status == RunStatus::Skipped {
-            tracing::info!(job = %job, %tick, run = %run_id, "tick skipped");
+        if status != RunStatus::Skipped {
+            shared.observer().tick_fired(&job, tick, &run_id);
+        } else {
+            shared.observer().tick_skipped(&job, tick, &run_id);
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
             shared.prune_soon(&job, now);
         }

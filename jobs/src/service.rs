@@ -567,7 +567,11 @@ impl Engine {
     }
 
     async fn insert_and_dispatch(&self, run: NewRun, now: DateTime<Utc>) -> Result<Triggered, ServiceError> {
+        let (job, trigger) = (run.job.clone(), run.trigger);
         let (run_id, created) = self.shared.store().insert_run(run, now).await?;
+        if created {
+            self.shared.observer().run_created(&job, trigger, &run_id);
+        }
         if created && crate::scheduler::dispatch_due(&self.shared, now).await {
             self.shared.wake_scheduler();
         }
@@ -638,7 +642,7 @@ impl Engine {
                 quoted(&waiting)
             ))),
             Decided::Recorded { step, run } => {
-                tracing::info!(run = %id, step = %step.step, approved = req.approve, decided_by = %req.decided_by, "approval decided");
+                self.shared.observer().approval_decided(id, &step.step, req.approve, &req.decided_by);
                 match run {
                     RunStatus::Queued => {
                         if crate::scheduler::dispatch_due(&self.shared, now).await {

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use lamplighter_config::{Budget, JobConfig, Target, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::agent::{AgentEnd, AgentRuntime, Catalog, Session, input_text};
 use crate::clock::Clock;
+use crate::events::{Cancelled, Ended, Observer, Op, Owner};
 use crate::run::{CallRecord, Outcome, Run, StepRecord};
 use crate::store::{RunStore, StoreError};
 
@@ -93,6 +95,7 @@ pub struct RunContext {
     store: Arc<dyn RunStore>,
     clock: Arc<dyn Clock>,
     agents: Arc<Catalog>,
+    observer: Arc<Observer>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -110,8 +113,35 @@ impl RunContext {
         store: Arc<dyn RunStore>,
         clock: Arc<dyn Clock>,
         agents: Arc<Catalog>,
+        observer: Arc<Observer>,
     ) -> Self {
-        Self { run, job, cancel, data_dir, store, clock, agents }
+        Self { run, job, cancel, data_dir, store, clock, agents, observer }
+    }
+
+    /// Where this run's events go.
+    pub fn observer(&self) -> &Arc<Observer> {
+        &self.observer
+    }
+
+    /// Calls a plugin action for this run, as an operation: its span, its metrics (fuel
+    /// included) and its hooks; a `before` hook that cancels refuses the call.
+    pub(crate) async fn invoke(
+        &self,
+        registry: &Registry,
+        plugin: &str,
+        action: &str,
+        params: serde_json::Value,
+        actx: &ActionContext,
+    ) -> Result<serde_json::Value, ActionError> {
+        let op = Op::PluginAction { plugin: plugin.to_string(), action: action.to_string() };
+        let started = match self.observer.begin(op, Owner::from(&self.run), None).await {
+            Ok(s) => s,
+            Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
+        };
+        let result = registry.invoke(plugin, action, params, actx).instrument(started.span().clone()).await;
+        let error = result.as_ref().err().map(ToString::to_string);
+        started.end(&self.observer, Ended { error: error.as_deref(), fuel: actx.usage.fuel(), ..Ended::ok() }).await;
+        result
     }
 
     pub fn run(&self) -> &Run {
@@ -206,9 +236,10 @@ impl Targets for BuiltinTargets {
                         working_directory: dir,
                         allowed_commands: ctx.job().allowed_commands.clone(),
                         cancel: ctx.cancelled().clone(),
+                        usage: Default::default(),
                     };
                     let params = ctx.run().parameters.clone().unwrap_or_else(|| serde_json::json!({}));
-                    match registry.invoke(&plugin, &action, params, &actx).await {
+                    match ctx.invoke(&registry, &plugin, &action, params, &actx).await {
                         Ok(output) => Outcome::Succeeded { output },
                         Err(e @ ActionError::Timeout { .. }) => Outcome::TimedOut { error: e.to_string() },
                         Err(e) => Outcome::Failed { retry: !e.is_permanent(), error: e.to_string() },

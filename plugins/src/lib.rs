@@ -18,6 +18,25 @@ pub struct ActionContext {
     pub allowed_commands: Vec<String>,
     /// Cancelled when the run is cancelled or times out; long actions stop and clean up.
     pub cancel: CancellationToken,
+    /// What the call used, filled in by the host (the caller reports it as metrics).
+    pub usage: Arc<Usage>,
+}
+
+/// What plugin calls used: WASM fuel so far, added by the host at the end of each call
+/// (trapped ones included).
+#[derive(Debug, Default)]
+pub struct Usage {
+    fuel: std::sync::atomic::AtomicU64,
+}
+
+impl Usage {
+    pub fn fuel(&self) -> u64 {
+        self.fuel.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_fuel(&self, n: u64) {
+        self.fuel.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Why an action failed. Callers branch on the kind (e.g. bad parameters are not retried).
@@ -35,6 +54,9 @@ pub enum ActionError {
     Timeout { action: String, seconds: u64 },
     #[error("{action} was cancelled")]
     Cancelled { action: String },
+    /// A `before` hook refused the call.
+    #[error("{action} was not run: {reason}")]
+    Refused { action: String, reason: String },
     #[error("{action} failed: {message}")]
     Failed { action: String, message: String },
     #[error("plugin \"{plugin}\" has no hook \"{hook}\"; known hooks: {known}")]
@@ -48,6 +70,7 @@ impl ActionError {
             self,
             Self::UnknownAction { .. }
                 | Self::UnknownHook { .. }
+                | Self::Refused { .. }
                 | Self::InvalidParameter { .. }
                 | Self::PathNotAllowed { .. }
                 | Self::CommandNotAllowed { .. }
@@ -150,7 +173,7 @@ impl Registry {
         // One check against the manifest's schema, for built-ins and WASM plugins alike.
         let params = builtin::Params::validate(&full, &info.parameters, params)?;
         match self.wasm.get(plugin) {
-            Some(module) => module.invoke_action(action, params.into_value(), &ctx.cancel).await,
+            Some(module) => module.invoke_action(action, params.into_value(), &ctx.cancel, &ctx.usage).await,
             None => builtin::invoke(plugin, action, &params, ctx).await,
         }
     }
@@ -165,6 +188,6 @@ impl Registry {
             let known = if known.is_empty() { "(none)".to_owned() } else { known.join(", ") };
             return Err(ActionError::UnknownHook { plugin: plugin.to_owned(), hook: hook.to_owned(), known });
         };
-        module.invoke_hook(hook, event).await
+        module.invoke_hook(hook, event, &Arc::default()).await
     }
 }

@@ -38,7 +38,7 @@ use wasmtime::{
     UpdateDeadline,
 };
 
-use crate::ActionError;
+use crate::{ActionError, Usage};
 use crate::builtin::confine;
 
 /// Limits and grants for WASM plugins, from the operator's configuration.
@@ -494,13 +494,14 @@ impl WasmPlugin {
         action: &str,
         params: Value,
         cancel: &CancellationToken,
+        usage: &Arc<Usage>,
     ) -> Result<Value, ActionError> {
-        self.call(format!("{}.{action}", self.name), action.to_owned(), params, cancel).await
+        self.call(format!("{}.{action}", self.name), action.to_owned(), params, cancel, usage.clone()).await
     }
 
-    pub(crate) async fn invoke_hook(self: &Arc<Self>, hook: &str, event: Value) -> Result<Value, ActionError> {
+    pub(crate) async fn invoke_hook(self: &Arc<Self>, hook: &str, event: Value, usage: &Arc<Usage>) -> Result<Value, ActionError> {
         // Hooks have no cancellation of their own; the wall-time limit bounds them.
-        self.call(format!("{}.hook:{hook}", self.name), format!("hook:{hook}"), event, &CancellationToken::new()).await
+        self.call(format!("{}.hook:{hook}", self.name), format!("hook:{hook}"), event, &CancellationToken::new(), usage.clone()).await
     }
 
     /// Runs one call on the blocking pool, stopping it when its wall time runs out or `cancel`
@@ -511,6 +512,7 @@ impl WasmPlugin {
         export_name: String,
         input: Value,
         cancel: &CancellationToken,
+        usage: Arc<Usage>,
     ) -> Result<Value, ActionError> {
         if cancel.is_cancelled() {
             return Err(ActionError::Cancelled { action: label });
@@ -521,7 +523,7 @@ impl WasmPlugin {
         let mut guard = StopOnDrop { stop: Arc::clone(&stop), engine: self.engine.clone(), finished: false };
         let plugin = Arc::clone(self);
         let (task_label, task_stop) = (label.clone(), Arc::clone(&stop));
-        let mut task = tokio::task::spawn_blocking(move || plugin.run(&task_label, &export_name, &input, &task_stop));
+        let mut task = tokio::task::spawn_blocking(move || plugin.run(&task_label, &export_name, &input, &task_stop, &usage));
 
         let wall = tokio::time::sleep(self.wall_time);
         tokio::pin!(wall);
@@ -555,7 +557,7 @@ impl WasmPlugin {
 
     /// One call, start to end, on a blocking thread: new store, instantiate, write the action
     /// name and input, `execute`, read the output.
-    fn run(&self, label: &str, export_name: &str, input: &[u8], stop: &Arc<AtomicU8>) -> Result<Value, ActionError> {
+    fn run(&self, label: &str, export_name: &str, input: &[u8], stop: &Arc<AtomicU8>, usage: &Usage) -> Result<Value, ActionError> {
         let failed = |message: String| ActionError::Failed { action: label.to_owned(), message };
         let trap = |e: wasmtime::Error| self.error(label, stop, &e);
         let state = HostState {
@@ -588,7 +590,9 @@ impl WasmPlugin {
 
         let (action_ptr, action_len) = self.put(&mut store, memory, &allocate, export_name.as_bytes(), label, stop)?;
         let (input_ptr, input_len) = self.put(&mut store, memory, &allocate, input, label, stop)?;
-        let code = execute.call(&mut store, (action_ptr, action_len, input_ptr, input_len)).map_err(trap)?;
+        let code = execute.call(&mut store, (action_ptr, action_len, input_ptr, input_len));
+        usage.add_fuel(self.fuel.saturating_sub(store.get_fuel().unwrap_or(0)));
+        let code = code.map_err(trap)?;
         let ptr = output_ptr.call(&mut store, ()).map_err(trap)?;
         let len = output_len.call(&mut store, ()).map_err(trap)?;
 

@@ -17,6 +17,7 @@ fn ctx(dir: &Path, allowed: &[&str]) -> ActionContext {
         working_directory: dir.to_path_buf(),
         allowed_commands: allowed.iter().map(|s| (*s).to_owned()).collect(),
         cancel: CancellationToken::new(),
+        usage: Default::default(),
     }
 }
 

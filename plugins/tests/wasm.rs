@@ -46,7 +46,7 @@ fn load() -> Loaded {
 }
 
 fn ctx(dir: &Path) -> ActionContext {
-    ActionContext { working_directory: dir.to_path_buf(), allowed_commands: Vec::new(), cancel: CancellationToken::new() }
+    ActionContext { working_directory: dir.to_path_buf(), allowed_commands: Vec::new(), cancel: CancellationToken::new(), usage: Default::default() }
 }
 
 fn load_error(registry: &Registry, plugin: &str) -> String {
@@ -161,8 +161,14 @@ async fn echo_round_trips_json_and_validates_parameters() {
 #[tokio::test]
 async fn endless_loop_runs_out_of_fuel_and_the_worker_carries_on() {
     let l = load();
-    let message = failure(l.registry.invoke("endless-loop", "run", json!({}), &ctx(l.data.path())).await);
+    let c = ctx(l.data.path());
+    let message = failure(l.registry.invoke("endless-loop", "run", json!({}), &c).await);
     assert_eq!(message, "plugin \"endless-loop\" ran out of fuel (limit 100000)");
+    // The fuel it burnt is reported (for the fuel metric), all of it.
+    assert_eq!(c.usage.fuel(), 100_000);
+    l.registry.invoke("echo", "echo", json!({}), &c).await.expect("echo");
+    let echo = c.usage.fuel() - 100_000;
+    assert!(echo > 0 && echo < 10_000, "echo used {echo} fuel");
     echo_still_works(&l).await;
 }
 

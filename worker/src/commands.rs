@@ -19,6 +19,9 @@ pub(crate) enum Purpose {
     Run,
 }
 
+/// How a running worker names telemetry export in its disabled items.
+pub(crate) const TELEMETRY_EXPORT: &str = "telemetry export";
+
 /// Loads and fully validates the config (including what only the scheduler and plugins know),
 /// and loads the plugins it names.
 pub(crate) fn load_checked(path: Option<PathBuf>, purpose: Purpose) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
@@ -55,6 +58,22 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
                 Purpose::Check => diags.push(u.diagnostic),
                 Purpose::Run => {
                     c.disabled.insert(format!("job \"{}\"", u.job), u.reason);
+                }
+            }
+        }
+        for (what, why, diagnostic) in checked.disabled {
+            match purpose {
+                Purpose::Check => diags.push(diagnostic),
+                Purpose::Run => {
+                    c.disabled.insert(what, why);
+                }
+            }
+        }
+        if let Some(why) = crate::telemetry::check(&c.telemetry, |n| std::env::var(n).ok()) {
+            match purpose {
+                Purpose::Check => diags.push(Diagnostic::error(c.locate(&["telemetry"]), format!("telemetry: {why}"))),
+                Purpose::Run => {
+                    c.disabled.insert(TELEMETRY_EXPORT.to_string(), why);
                 }
             }
         }
@@ -132,7 +151,7 @@ pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::logging::init(format, loaded.config.log_level.as_deref());
+    crate::telemetry::init_logging(format, loaded.config.log_level.as_deref());
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

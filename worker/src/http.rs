@@ -1,6 +1,7 @@
 //! The worker's HTTP listener: `GET /healthz` (alive), `GET /readyz` (storage reachable,
-//! migrations applied, scheduler running), and the MCP endpoint at `/mcp` (streamable HTTP),
-//! which alone sits behind the guards of `security.rs`.
+//! migrations applied, scheduler running), `GET /metrics` (Prometheus text; behind the bearer
+//! token when auth is on), and the MCP endpoint at `/mcp` (streamable HTTP), which alone sits
+//! behind all the guards of `security.rs`.
 
 use std::sync::Arc;
 
@@ -16,14 +17,33 @@ use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::mcp::Control;
 use crate::security::{self, Guard};
+use crate::telemetry::PullReader;
 
 /// The whole HTTP surface; `/mcp` is mounted when `mcp` is given.
-pub(crate) fn router(engine: Engine, mcp: Option<(Control, &WorkerConfig)>) -> Router {
+pub(crate) fn router(engine: Engine, mcp: Option<(Control, &WorkerConfig)>, metrics: Arc<PullReader>) -> Router {
     let app = Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(readyz)).with_state(engine);
     match mcp {
-        Some((control, worker)) => app.merge(mcp_routes(control, worker)),
+        Some((control, worker)) => {
+            let guard = Arc::new(Guard::from_env(worker));
+            app.merge(metrics_route(metrics, guard.clone())).merge(mcp_routes(control, guard))
+        }
         None => app,
     }
+}
+
+/// `/metrics`: every metric in the Prometheus text format. Metrics name jobs, so with auth on
+/// a scraper sends the same bearer token (no Host or Origin checks: scrapers reach workers by
+/// many names).
+fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
+    let serve = move || {
+        let metrics = metrics.clone();
+        async move {
+            // Collecting walks every series: off the async threads.
+            let text = tokio::task::spawn_blocking(move || metrics.prometheus()).await.unwrap_or_default();
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+        }
+    };
+    Router::new().route("/metrics", get(serve)).route_layer(axum::middleware::from_fn_with_state(guard, security::check_token))
 }
 
 async fn readyz(State(engine): State<Engine>) -> (StatusCode, &'static str) {
@@ -32,8 +52,7 @@ async fn readyz(State(engine): State<Engine>) -> (StatusCode, &'static str) {
 
 /// `/mcp`, guarded: Host/Origin checks and auth (outermost), then the body limit, then rmcp.
 /// `route_layer` keeps the guards off every other path, including the 404 fallback.
-fn mcp_routes(control: Control, worker: &WorkerConfig) -> Router {
-    let guard = Arc::new(Guard::from_env(worker));
+fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
     // rmcp's own checks get the same lists: a second line, never a different policy.
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(guard.rmcp_allowed_hosts())

@@ -4,10 +4,10 @@
 
 mod commands;
 mod http;
-mod logging;
 mod mcp;
 mod run;
 mod security;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -36,6 +36,7 @@ use lamplighter_jobs::{
     ServiceError, TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
+use lamplighter_jobs::events::Observer;
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = [
@@ -208,6 +209,8 @@ pub(crate) struct Control {
     tools: Arc<ToolRouter<Control>>,
     /// Every tool in [`TOOL_ORDER`], built once.
     listed: Arc<[Tool]>,
+    /// Counts the requests (`lamplighter.mcp.requests`).
+    observer: Arc<Observer>,
 }
 
 impl Control {
@@ -217,6 +220,7 @@ impl Control {
         catalog: Arc<RwLock<CatalogSnapshot>>,
         reload: mpsc::Sender<ReloadReply>,
         stop: CancellationToken,
+        observer: Arc<Observer>,
     ) -> Self {
         let tools = Self::tool_router();
         let mut listed: Vec<Tool> = TOOL_ORDER.iter().filter_map(|name| tools.get(name).cloned()).collect();
@@ -230,7 +234,7 @@ impl Control {
                 Arc::make_mut(&mut tool.input_schema).insert("properties".into(), Value::Object(Map::new()));
             }
         }
-        Self { engine, registry, catalog, reload, stop, tools: Arc::new(tools), listed: listed.into() }
+        Self { engine, registry, catalog, reload, stop, tools: Arc::new(tools), listed: listed.into(), observer }
     }
 
     /// Cancelled when the worker stops serving MCP.
@@ -995,13 +999,16 @@ impl ServerHandler for Control {
         }
         let call = ToolCallContext::new(self, request, context);
         // A panic in a tool fails that call, not the worker (STYLE §9).
-        match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
+        let response = match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
             Ok(response) => response,
             Err(_) => {
                 tracing::error!(tool = %name, "MCP tool call panicked");
                 Ok(tool_error(format!("internal error in tool \"{name}\"; the worker log has details")).into())
             }
-        }
+        };
+        let ok = matches!(&response, Ok(CallToolResponse::Complete(r)) if r.is_error != Some(true)) || matches!(&response, Ok(CallToolResponse::Task(_) | CallToolResponse::InputRequired(_)));
+        self.observer.mcp_request(&name, ok);
+        response
     }
 
     async fn list_tools(

@@ -13,13 +13,15 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, McpAuth, McpTransport, WorkerConfig};
+use lamplighter_config::{Config, McpAuth, McpTransport, TelemetryConfig, WorkerConfig};
+use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
 use crate::commands::{Purpose, load_checked, print_diags, reload_checked};
 use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
+use crate::telemetry::{PullReader, Telemetry};
 
 pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
     let (loaded, registry) = match load_checked(path.clone(), Purpose::Run) {
@@ -30,7 +32,10 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
             return ExitCode::from(2);
         }
     };
-    crate::logging::init(format, loaded.config.log_level.as_deref());
+    let config = &loaded.config;
+    let name = worker_name(config.worker.name.as_deref());
+    let broken = config.disabled.get(crate::commands::TELEMETRY_EXPORT).map(String::as_str);
+    let telemetry = Telemetry::init(&config.telemetry, format, config.log_level.as_deref(), &name, registry.clone(), broken);
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
@@ -44,10 +49,13 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
             return ExitCode::FAILURE;
         }
     };
-    let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio));
+    let observer = telemetry.observer.clone();
+    let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio, name, observer, telemetry.metrics.clone()));
     // A blocking read of stdin (MCP over stdio from a terminal or a file) cannot be cancelled;
     // do not let it hold the exit.
     rt.shutdown_timeout(Duration::from_secs(1));
+    // Last: what the drain produced is flushed.
+    telemetry.shutdown();
     code
 }
 
@@ -64,16 +72,24 @@ fn worker_name(configured: Option<&str>) -> String {
     format!("{host}-{}-{}", std::process::id(), &rand[..6])
 }
 
-async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, mcp_stdio: bool) -> ExitCode {
+async fn serve(
+    config: Config,
+    registry: Arc<Registry>,
+    path: Option<PathBuf>,
+    mcp_stdio: bool,
+    name: String,
+    observer: Arc<Observer>,
+    metrics: Arc<PullReader>,
+) -> ExitCode {
     let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     if !host.is_loopback() && config.worker.auth == McpAuth::None {
         eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
         return ExitCode::from(2);
     }
     // Storage first: its lock says whether this worker may run at all, before it takes a port.
-    let name = worker_name(config.worker.name.as_deref());
     let targets = Arc::new(BuiltinTargets::new(registry.clone()));
-    let options = EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets: targets.clone() };
+    let options =
+        EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets: targets.clone(), observer: observer.clone() };
     let engine = match Engine::start(&config, options).await {
         Ok(e) => e,
         Err(e) => {
@@ -101,7 +117,9 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
         engine: engine.clone(),
         registry: registry.clone(),
         catalog: catalog.clone(),
+        observer: observer.clone(),
         listening: config.worker.clone(),
+        telemetry: config.telemetry.clone(),
         grace: config.worker.shutdown_grace,
     };
     // The engine holds its own copy of the jobs; the loaded tree (merged YAML, source map) is
@@ -111,8 +129,8 @@ async fn serve(config: Config, registry: Arc<Registry>, path: Option<PathBuf>, m
     // Cancelled once running work has drained: HTTP and MCP stop serving.
     let http_stop = CancellationToken::new();
     let (reload_requests, mut reloads) = mpsc::channel(4);
-    let control = Control::new(engine.clone(), registry, catalog, reload_requests, http_stop.clone());
-    let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)));
+    let control = Control::new(engine.clone(), registry, catalog, reload_requests, http_stop.clone(), observer);
+    let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)), metrics);
     let stop = http_stop.clone();
     let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
     // Cancelled when the stdio MCP session ends (the client closed stdin).
@@ -188,8 +206,11 @@ struct Reloader {
     /// The plugins loaded at start; a reload checks jobs against them.
     registry: Arc<Registry>,
     catalog: Arc<RwLock<CatalogSnapshot>>,
+    observer: Arc<Observer>,
     /// `worker.mcp` as the listener was started with; changes there need a restart.
     listening: WorkerConfig,
+    /// `telemetry` as exporters were set up with; changes there need a restart.
+    telemetry: TelemetryConfig,
     /// `worker.shutdown_grace` of the config in force.
     grace: Duration,
 }
@@ -211,14 +232,19 @@ impl Reloader {
                 if (&w.host, w.port, &w.auth, w.transport) != (&l.host, l.port, &l.auth, l.transport) {
                     tracing::warn!("worker.mcp changed (host, port, auth or transport); that takes effect at the next restart");
                 }
-                tracing::info!(jobs = config.jobs.len(), "config reloaded");
+                let (t, l) = (&config.telemetry, &self.telemetry);
+                if (t.enabled, &t.traces, &t.metrics, &t.logs, &t.service_name) != (l.enabled, &l.traces, &l.metrics, &l.logs, &l.service_name) {
+                    tracing::warn!("telemetry exporters changed; that takes effect at the next restart (hooks and enable_sensitive_data apply now)");
+                }
+                self.observer.config_reloaded(Ok(config.jobs.len()));
                 Ok(ReloadSummary { jobs: config.jobs.len(), warnings: loaded.warnings.iter().map(ToString::to_string).collect() })
             }
             Err(diags) => {
                 for d in &diags {
                     tracing::error!("{d}");
                 }
-                tracing::error!("config reload rejected; the running config is kept");
+                let errors = diags.iter().filter(|d| d.is_error()).count();
+                self.observer.config_reloaded(Err(&format!("{errors} error(s)")));
                 Err(diags.iter().map(ToString::to_string).collect())
             }
         }

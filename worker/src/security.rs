@@ -150,6 +150,14 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, nex
     }
 }
 
+/// The middleware for `/metrics`: the bearer token only, when auth is on.
+pub(crate) async fn check_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    match guard.check_auth(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
 /// Why a request was turned away; each becomes a short plain-text answer.
 #[derive(Debug)]
 enum Refusal {

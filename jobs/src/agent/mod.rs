@@ -35,6 +35,9 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudget, Pipeline, Provider, SystemPrompt};
 use lamplighter_plugins::{ActionContext, Registry};
 
+use tracing::Instrument as _;
+
+use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
 use crate::target::RunContext;
 
@@ -206,7 +209,9 @@ impl Session {
         let mut record = StepRecord::by(self.ctx.run(), id, StepStatus::WaitingApproval, Some(self.now()));
         record.output = Some(output);
         record.resumes_on_reject = resumes_on_reject;
-        self.write_step(record).await
+        self.write_step(record).await?;
+        self.ctx.observer().approval_requested(self.ctx.run(), id);
+        Ok(())
     }
 
     /// A wait recorded by an earlier attempt goes on for this one (a decision finds a wait by
@@ -323,6 +328,8 @@ impl Session {
 
     async fn tool_loop(&self, agent: &Agent, s: &Setup, input: String, conv: String, depth: u32, cancel: &CancellationToken) -> AgentEnd {
         let name = &agent.name;
+        // The span of the model call whose tool calls come next: they are its children.
+        let model_cx: std::sync::Mutex<Option<opentelemetry::Context>> = std::sync::Mutex::new(None);
         loop {
             let records = self.conversation(&conv);
             let mut messages = Vec::with_capacity(records.len() + 2);
@@ -363,7 +370,8 @@ impl Session {
                             continue;
                         }
                         answered = true;
-                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel).await {
+                        let parent = model_cx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel, parent.as_ref()).await {
                             return end;
                         }
                     }
@@ -386,10 +394,30 @@ impl Session {
                 return AgentEnd::failed("cancelled".into(), false);
             }
             let started = self.now();
-            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).await;
+            let obs = self.ctx.observer();
+            let op = Op::ModelCall { agent: name.clone(), provider: s.endpoint.provider().to_string(), model: s.endpoint.model().to_string() };
+            let call = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+                Ok(c) => c,
+                Err(Cancelled(why)) => return AgentEnd::failed(format!("agent \"{name}\": model call not made: {why}"), false),
+            };
+            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).instrument(call.span().clone()).await;
             let mut reply = match reply {
-                Ok(r) => r,
+                Ok(r) => {
+                    let cost = s.pricing.map(|p| p.cost(r.input_tokens, r.output_tokens));
+                    let ended = Ended {
+                        input_tokens: r.input_tokens,
+                        output_tokens: r.output_tokens,
+                        cost,
+                        prompt: Some(&input),
+                        completion: Some(&r.content),
+                        ..Ended::ok()
+                    };
+                    *model_cx.lock().unwrap_or_else(|e| e.into_inner()) = Some(call.context());
+                    call.end(obs, ended).await;
+                    r
+                }
                 Err(CallFailed { error, retry }) => {
+                    call.end(obs, Ended::failed(&error)).await;
                     return AgentEnd::failed(format!("agent \"{name}\": model call failed: {error}"), retry);
                 }
             };
@@ -468,35 +496,58 @@ impl Session {
         seq: u32,
         depth: u32,
         cancel: &CancellationToken,
+        parent: Option<&opentelemetry::Context>,
     ) -> Result<(), AgentEnd> {
         let started = self.now();
         let tool = s.toolbox.by_wire(&call.name);
         let shown = tool.map_or(call.name.clone(), |t| t.name.clone());
         let args: Result<Value, String> =
             if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments).map_err(|e| e.to_string()) };
-        let result: Result<String, ToolErr> = match (tool, &args) {
-            (None, _) => {
-                let names: Vec<&str> = s.toolbox.tools().iter().map(|t| t.wire.as_str()).collect();
-                Err(ToolErr::Model(format!("there is no tool named \"{}\"; the tools are: {}", call.name, names.join(", "))))
-            }
-            (Some(_), Err(e)) => Err(ToolErr::Model(format!("the arguments are not valid JSON ({e}); send a JSON object"))),
-            (Some(t), Ok(args)) => {
-                if let Some(end) = self.over_budget(agent, BudgetCheck::ToolCall).await {
-                    return Err(end);
-                }
-                match agent.tool_approval.mode_for(&t.name) {
-                    ApprovalMode::Auto => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
-                    ApprovalMode::Deny => {
-                        Err(ToolErr::Model(format!("refused: agent \"{}\" may not call {} (tool_approval: deny)", agent.name, t.name)))
-                    }
-                    ApprovalMode::Ask => match self.ask(agent, &t.name, args, conv, seq).await? {
-                        Asked::Approved => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
-                        Asked::Refused(why) => Err(ToolErr::Model(why)),
-                        Asked::Waiting => return Err(AgentEnd::Waiting),
-                    },
-                }
-            }
+        let obs = self.ctx.observer();
+        let op = Op::ToolUse { agent: agent.name.clone(), tool: shown.clone() };
+        let (op, refused) = match obs.begin(op, Owner::from(self.ctx.run()), parent).await {
+            Ok(op) => (Some(op), None),
+            Err(Cancelled(why)) => (None, Some(why)),
         };
+        let work = async {
+            Ok(match (tool, &args, refused) {
+                (_, _, Some(why)) => Err(ToolErr::Model(format!("refused: {why}"))),
+                (None, _, None) => {
+                    let names: Vec<&str> = s.toolbox.tools().iter().map(|t| t.wire.as_str()).collect();
+                    Err(ToolErr::Model(format!("there is no tool named \"{}\"; the tools are: {}", call.name, names.join(", "))))
+                }
+                (Some(_), Err(e), None) => Err(ToolErr::Model(format!("the arguments are not valid JSON ({e}); send a JSON object"))),
+                (Some(t), Ok(args), None) => {
+                    if let Some(end) = self.over_budget(agent, BudgetCheck::ToolCall).await {
+                        return Err(end);
+                    }
+                    match agent.tool_approval.mode_for(&t.name) {
+                        ApprovalMode::Auto => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
+                        ApprovalMode::Deny => {
+                            Err(ToolErr::Model(format!("refused: agent \"{}\" may not call {} (tool_approval: deny)", agent.name, t.name)))
+                        }
+                        ApprovalMode::Ask => match self.ask(agent, &t.name, args, conv, seq).await? {
+                            Asked::Approved => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
+                            Asked::Refused(why) => Err(ToolErr::Model(why)),
+                            Asked::Waiting => return Err(AgentEnd::Waiting),
+                        },
+                    }
+                }
+            })
+        };
+        let result = match &op {
+            Some(op) => work.instrument(op.span().clone()).await,
+            None => work.await,
+        };
+        if let Some(op) = op {
+            let ended = match &result {
+                Ok(Err(ToolErr::Model(e))) => Ended::failed(e),
+                Err(AgentEnd::Failed { error, .. }) => Ended::failed(error),
+                _ => Ended::ok(),
+            };
+            op.end(obs, ended).await;
+        }
+        let result = result?;
         let result = match result {
             Ok(r) => Ok(r),
             // A delegation that waits: nothing is recorded; the call runs again on resume.
@@ -553,8 +604,8 @@ impl Session {
                 } else {
                     agent.allowed_commands.clone()
                 };
-                let actx = ActionContext { working_directory: dir, allowed_commands, cancel: cancel.clone() };
-                match self.registry.invoke(plugin, action, args, &actx).await {
+                let actx = ActionContext { working_directory: dir, allowed_commands, cancel: cancel.clone(), usage: Default::default() };
+                match self.ctx.invoke(&self.registry, plugin, action, args, &actx).await {
                     Ok(Value::String(s)) => Ok(s),
                     Ok(v) => Ok(v.to_string()),
                     Err(e) => Err(model(e.to_string())),
@@ -564,8 +615,17 @@ impl Session {
                 let Some(def) = self.catalog.mcp_servers.get(server) else {
                     return Err(model(format!("MCP server \"{server}\" is no longer defined")));
                 };
-                let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).await.map_err(model)?;
-                if r.is_error { Err(model(r.text)) } else { Ok(r.text) }
+                let obs = self.ctx.observer();
+                let op = Op::McpCall { server: server.clone(), tool: t.clone() };
+                let call = obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
+                let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).instrument(call.span().clone()).await;
+                let r = match r {
+                    Ok(r) if r.is_error => Err(r.text),
+                    Ok(r) => Ok(r.text),
+                    Err(e) => Err(e),
+                };
+                call.end(obs, Ended::of(&r)).await;
+                r.map_err(model)
             }
             Source::Delegate(kind) => self.delegate(agent, *kind, &args, conv, seq, depth, cancel).await,
         }

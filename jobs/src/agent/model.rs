@@ -176,6 +176,10 @@ impl Endpoint {
         &self.model
     }
 
+    pub(crate) fn provider(&self) -> &str {
+        &self.provider
+    }
+
     /// One model call: retried on transient failures until `max_retries`, waiting for the
     /// rate limiter first each time. Cancelling `cancel` abandons it.
     pub(crate) async fn call(

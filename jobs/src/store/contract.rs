@@ -60,7 +60,7 @@ fn none(slots: usize) -> Claim<'static> {
 }
 
 fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
-    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None }
+    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None, trace_id: None }
 }
 
 async fn status(s: &dyn RunStore, id: &str) -> RunStatus {
@@ -205,6 +205,7 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
             output: Some(&output),
             error: None,
             wait_until: None,
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
         },
         end(&ids[1], RunStatus::Failed),
     ];
@@ -212,10 +213,12 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
     assert_eq!(done, vec![ids[0].clone()]);
     let a = s.get_run(&ids[0]).await.expect("get").expect("run");
     assert_eq!(
-        (a.status, a.output, a.started_at, a.finished_at),
-        (RunStatus::Succeeded, Some(output), Some(t + secs(1)), Some(t + secs(2)))
+        (a.status, a.output, a.started_at, a.finished_at, a.trace_id.as_deref()),
+        (RunStatus::Succeeded, Some(output), Some(t + secs(1)), Some(t + secs(2)), Some("4bf92f3577b34da6a3ce929d0e0e4736"))
     );
     assert_eq!(status(s, &ids[1]).await, RunStatus::Cancelled);
+    // Nothing queued is left: both runs were claimed in their tick.
+    assert_eq!(s.queued().await.expect("count"), 0);
     // A final status is final.
     assert!(!s.finish(&ids[0], RunStatus::Failed, None, Some("late"), t).await.expect("finish"));
     assert_eq!(status(s, &ids[0]).await, RunStatus::Succeeded);

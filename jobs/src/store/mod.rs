@@ -25,7 +25,7 @@ use crate::target::JobSnapshot;
 /// it is its own).
 macro_rules! run_cols {
     () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, coalesce(root_id, id) AS root_id"
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, coalesce(root_id, id) AS root_id"
     };
 }
 
@@ -70,6 +70,7 @@ macro_rules! row_readers {
                 tokens_in: r.get("tokens_in"),
                 tokens_out: r.get("tokens_out"),
                 cost: r.get("cost"),
+                trace_id: r.get("trace_id"),
             }
         }
 
@@ -274,6 +275,7 @@ impl NewRun {
             tokens_in: None,
             tokens_out: None,
             cost: None,
+            trace_id: None,
         }
     }
 
@@ -437,6 +439,8 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) error: Option<&'a str>,
     /// For `waiting_approval`: when the wait ends by itself.
     pub(crate) wait_until: Option<DateTime<Utc>>,
+    /// The execution's trace, when its spans were exported.
+    pub(crate) trace_id: Option<&'a str>,
 }
 
 /// A run claimed for this worker (`running`, its worker and start recorded) with what it
@@ -627,6 +631,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError>;
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
+    /// How many runs are queued, of every job and worker.
+    async fn queued(&self) -> Result<u64, StoreError>;
     /// The latest run of every job.
     async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError>;
     /// Runs waiting to start.

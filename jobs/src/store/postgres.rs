@@ -401,9 +401,10 @@ impl RunStore for PgStore {
         let done: Vec<String> = sqlx::query_scalar(
             "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
                                 finished_at = CASE WHEN j.finished THEN $8 END, wait_until = j.wait_until,
-                                started_at = coalesce(j.started_at, ll_runs.started_at)
-             FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[])
-                  AS j(id, started_at, status, output, error, finished, wait_until)
+                                started_at = coalesce(j.started_at, ll_runs.started_at),
+                                trace_id = coalesce(j.trace_id, ll_runs.trace_id)
+             FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[])
+                  AS j(id, started_at, status, output, error, finished, wait_until, trace_id)
              WHERE ll_runs.id = j.id AND ll_runs.status = 'running' RETURNING ll_runs.id",
         )
         .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
@@ -414,6 +415,7 @@ impl RunStore for PgStore {
         .bind(ends.iter().map(|e| e.status.is_final()).collect::<Vec<_>>())
         .bind(ends.iter().map(|e| e.wait_until.map(ms)).collect::<Vec<_>>())
         .bind(ms(now))
+        .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
         .await
         .ctx("finishing runs")?;
@@ -702,6 +704,15 @@ impl RunStore for PgStore {
         .await
         .ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    async fn queued(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = $1")
+            .bind(RunStatus::Queued.as_str())
+            .fetch_one(&self.pool)
+            .await
+            .ctx("counting queued runs")?;
+        Ok(n as u64)
     }
 
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {

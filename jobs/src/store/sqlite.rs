@@ -393,7 +393,7 @@ impl RunStore for SqliteStore {
                 serde_json::json!({
                     "id": e.id, "started_at": e.started_at.map(ms), "status": e.status.as_str(),
                     "output": e.output.map(|o| o.to_string()), "error": e.error,
-                    "finished": e.status.is_final(), "wait_until": e.wait_until.map(ms),
+                    "finished": e.status.is_final(), "wait_until": e.wait_until.map(ms), "trace_id": e.trace_id,
                 })
             })
             .collect();
@@ -404,10 +404,11 @@ impl RunStore for SqliteStore {
         let finish = sqlx::query_scalar(
             "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
                                 finished_at = CASE WHEN j.finished THEN ?2 END, wait_until = j.wait_until,
-                                started_at = coalesce(j.started_at, ll_runs.started_at)
+                                started_at = coalesce(j.started_at, ll_runs.started_at),
+                                trace_id = coalesce(j.trace_id, ll_runs.trace_id)
              FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
                           value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
-                          value ->> 'wait_until' AS wait_until FROM json_each(?1)) AS j
+                          value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id FROM json_each(?1)) AS j
              WHERE ll_runs.id = j.id AND +ll_runs.status = ?3 RETURNING ll_runs.id",
         )
         .bind(serde_json::Value::from(payload).to_string())
@@ -690,6 +691,15 @@ impl RunStore for SqliteStore {
         .await
         .ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    async fn queued(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = ?1")
+            .bind(RunStatus::Queued.as_str())
+            .fetch_one(&self.pool)
+            .await
+            .ctx("counting queued runs")?;
+        Ok(n as u64)
     }
 
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {

@@ -38,7 +38,10 @@ use lamplighter_config::{Decision, Step, StepKind, Template, Templated, Workflow
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
-use crate::run::{Outcome, StepRecord, StepStatus};
+use tracing::Instrument as _;
+
+use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::run::{Outcome, RunStatus, StepRecord, StepStatus};
 use crate::target::RunContext;
 
 use values::{Scope, cap, truthy};
@@ -70,6 +73,7 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
     };
     let engine = Engine {
         ctx,
+        workflow: workflow.name.clone(),
         registry,
         agents,
         session: OnceCell::new(),
@@ -98,6 +102,8 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
 
 struct Engine {
     ctx: RunContext,
+    /// The workflow's name, for events.
+    workflow: String,
     registry: Arc<Registry>,
     agents: Arc<AgentRuntime>,
     /// The run's agent session, opened by the first agent step that runs.
@@ -192,19 +198,42 @@ impl Engine {
                     };
                 }
             }
-            let end = match &step.kind {
-                StepKind::Plugin { plugin, action, input, parameters } => {
-                    self.plugin(&step.id, plugin, action, input.as_ref(), parameters.as_ref(), cancel).await
-                }
-                StepKind::Condition { condition, then, otherwise } => self.condition(&step.id, condition, then, otherwise).await,
-                StepKind::Parallel { steps } => self.parallel(&step.id, steps, cancel).await,
-                StepKind::Approval { input, timeout, on_timeout } => self.approval(&step.id, input.as_ref(), *timeout, *on_timeout).await,
-                StepKind::Agent { agent, input } => self.agent(&step.id, agent, input.as_ref(), cancel).await,
-                StepKind::GroupChat { agents, input, max_iterations } => {
-                    self.group_chat(&step.id, agents, input.as_ref(), max_iterations.unwrap_or(1), cancel).await
+            let op = Op::Step { workflow: self.workflow.clone(), step: step.id.clone(), kind: step.kind.step_type().as_str() };
+            let obs = self.ctx.observer();
+            let started = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+                Ok(s) => s,
+                Err(Cancelled(why)) => {
+                    let now = Some(self.now());
+                    return match self.end(&step.id, now, StepStatus::Failed, None, Some(why.clone())).await {
+                        Ok(()) => End::failed(format!("step \"{}\" was not run: {why}", step.id), false),
+                        Err(e) => e,
+                    };
                 }
             };
-            end.unwrap_or_else(|e| e)
+            let work = async {
+                match &step.kind {
+                    StepKind::Plugin { plugin, action, input, parameters } => {
+                        self.plugin(&step.id, plugin, action, input.as_ref(), parameters.as_ref(), cancel).await
+                    }
+                    StepKind::Condition { condition, then, otherwise } => self.condition(&step.id, condition, then, otherwise).await,
+                    StepKind::Parallel { steps } => self.parallel(&step.id, steps, cancel).await,
+                    StepKind::Approval { input, timeout, on_timeout } => {
+                        self.approval(&step.id, input.as_ref(), *timeout, *on_timeout).await
+                    }
+                    StepKind::Agent { agent, input } => self.agent(&step.id, agent, input.as_ref(), cancel).await,
+                    StepKind::GroupChat { agents, input, max_iterations } => {
+                        self.group_chat(&step.id, agents, input.as_ref(), max_iterations.unwrap_or(1), cancel).await
+                    }
+                }
+            };
+            let end = work.instrument(started.span().clone()).await.unwrap_or_else(|e| e);
+            let ended = match &end {
+                End::Failed { error, .. } => Ended::failed(error),
+                End::Waiting(_) => Ended { status: Some(RunStatus::WaitingApproval), ..Ended::ok() },
+                End::Done => Ended::ok(),
+            };
+            started.end(obs, ended).await;
+            end
         })
     }
 
@@ -234,9 +263,13 @@ impl Engine {
             self.end(id, Some(started), StepStatus::Failed, None, Some(error.clone())).await?;
             return Ok(End::failed(format!("step \"{id}\" failed: {error}"), true));
         }
-        let actx =
-            ActionContext { working_directory: dir, allowed_commands: self.ctx.job().allowed_commands.clone(), cancel: cancel.clone() };
-        match self.registry.invoke(plugin, action, params, &actx).await {
+        let actx = ActionContext {
+            working_directory: dir,
+            allowed_commands: self.ctx.job().allowed_commands.clone(),
+            cancel: cancel.clone(),
+            usage: Default::default(),
+        };
+        match self.ctx.invoke(&self.registry, plugin, action, params, &actx).await {
             Ok(output) => {
                 self.end(id, Some(started), StepStatus::Succeeded, Some(cap(output)), None).await?;
                 Ok(End::Done)
@@ -367,6 +400,7 @@ impl Engine {
                 let mut r = self.record(id, StepStatus::WaitingApproval, Some(now));
                 r.output = Some(json!({ "question": question }));
                 self.write(vec![r]).await?;
+                self.ctx.observer().approval_requested(self.ctx.run(), id);
                 Ok(End::Waiting(timeout.map(|t| now + chrono::Duration::from_std(t).unwrap_or(chrono::Duration::MAX))))
             }
         }
@@ -426,7 +460,24 @@ impl Engine {
         let turns: Vec<(&str, String)> = (0..rounds.max(1))
             .flat_map(|round| agents.iter().enumerate().map(move |(i, a)| (a.as_str(), format!("#{round}.{i}"))))
             .collect();
-        self.conversations(id, &turns, input, cancel).await
+        let obs = self.ctx.observer();
+        let op = Op::GroupChat { step: id.to_string(), agents: agents.to_vec() };
+        let chat = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+            Ok(c) => c,
+            Err(Cancelled(why)) => {
+                let now = Some(self.now());
+                self.end(id, now, StepStatus::Failed, None, Some(why.clone())).await?;
+                return Ok(End::failed(format!("step \"{id}\" was not run: {why}"), false));
+            }
+        };
+        let end = self.conversations(id, &turns, input, cancel).instrument(chat.span().clone()).await;
+        let ended = match &end {
+            Ok(End::Failed { error, .. }) | Err(End::Failed { error, .. }) => Ended::failed(error),
+            Ok(End::Waiting(_)) | Err(End::Waiting(_)) => Ended { status: Some(RunStatus::WaitingApproval), ..Ended::ok() },
+            _ => Ended::ok(),
+        };
+        chat.end(obs, ended).await;
+        end
     }
 
     /// Runs conversations in order (`(agent, suffix of the step id)`), each given the previous

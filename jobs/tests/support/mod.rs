@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use lamplighter_config::{Config, LoadOptions};
+use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, ManualClock, Run, RunFilter, Targets};
 use lamplighter_plugins::Registry;
 
@@ -43,8 +44,13 @@ pub async fn start(config: &Config, clock: &Arc<ManualClock>) -> Engine {
 
 /// Starts the engine with the given targets.
 pub async fn start_with(config: &Config, clock: &Arc<ManualClock>, targets: Arc<dyn Targets>) -> Engine {
+    start_observed(config, clock, targets, Observer::none()).await
+}
+
+/// Starts the engine with the given targets, reporting to `observer`.
+pub async fn start_observed(config: &Config, clock: &Arc<ManualClock>, targets: Arc<dyn Targets>, observer: Arc<Observer>) -> Engine {
     let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
-    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets };
+    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets, observer };
     let engine = Engine::start(config, opts).await.expect("engine starts");
     // Time may only move once the scheduler has planned from the start instant: wait for its
     // first pass.

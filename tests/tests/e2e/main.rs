@@ -12,4 +12,5 @@ mod lifecycle;
 mod mcp;
 mod postgres;
 mod real_llm;
+mod telemetry;
 mod workflows;

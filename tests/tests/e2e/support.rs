@@ -83,6 +83,8 @@ pub(crate) struct Worker {
     pub port: u16,
     child: Option<Child>,
     log: PathBuf,
+    /// Extra environment for the worker process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Worker {
@@ -90,7 +92,7 @@ impl Worker {
     pub(crate) fn new(jobs_yaml: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None };
+        let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None, env: Vec::new() };
         w.write_jobs(jobs_yaml);
         w
     }
@@ -134,6 +136,7 @@ impl Worker {
     pub(crate) fn start(&mut self) {
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child =
             spawn_until(&mut cmd, &self.log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
         self.child = Some(child);

@@ -1,0 +1,221 @@
+//! The `telemetry` and `hooks` sections, resolved: where traces, metrics and logs go (SPEC §10),
+//! and hook bindings with their event patterns (SPEC §7). Patterns are parsed and matched here
+//! so that validation and the runtime share one rule.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where one signal goes (`telemetry.<signal>.exporter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exporter {
+    /// OTLP over HTTP (protobuf) to the signal's endpoint.
+    Otlp,
+    /// One line per span on standard error (traces); the log output itself (logs).
+    Console,
+    None,
+}
+
+impl Exporter {
+    pub(crate) fn parse(s: &str, signal: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "otlp" => Ok(Self::Otlp),
+            "console" | "stdout" if signal != "metrics" => Ok(Self::Console),
+            "console" | "stdout" => {
+                Err("telemetry.metrics.exporter \"console\" is not supported: use otlp, or scrape GET /metrics".to_string())
+            }
+            "none" => Ok(Self::None),
+            other => Err(format!("telemetry.{signal}.exporter \"{other}\" is not one of otlp, console, none")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Otlp => "otlp",
+            Self::Console => "console",
+            Self::None => "none",
+        }
+    }
+}
+
+/// One signal's settings. `exporter: None` in the YAML leaves the choice to `OTEL_*_EXPORTER`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalConfig {
+    pub exporter: Option<Exporter>,
+    /// A full URL (`http://host:4318/v1/traces`); unset: `OTEL_EXPORTER_OTLP_*_ENDPOINT`, then
+    /// `http://localhost:4318`.
+    pub endpoint: Option<String>,
+}
+
+/// The `telemetry` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// `telemetry.enabled` (default false): nothing is exported when false; `/metrics` still
+    /// serves the same metrics.
+    pub enabled: bool,
+    pub service_name: Option<String>,
+    pub service_version: Option<String>,
+    pub resource_attributes: BTreeMap<String, String>,
+    pub traces: SignalConfig,
+    pub metrics: SignalConfig,
+    pub logs: SignalConfig,
+    /// Prompts and completions on model-call spans (`traces.enable_sensitive_data`).
+    pub sensitive_data: bool,
+    /// The share of traces kept (`traces.sampling`: always_on, always_off, ratio).
+    pub sample_ratio: Option<f64>,
+    /// How often metrics are pushed (`metrics.export_interval_ms`).
+    pub metrics_interval: Option<Duration>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        let off = SignalConfig { exporter: None, endpoint: None };
+        Self {
+            enabled: false,
+            service_name: None,
+            service_version: None,
+            resource_attributes: BTreeMap::new(),
+            traces: off.clone(),
+            metrics: off.clone(),
+            logs: off,
+            sensitive_data: false,
+            sample_ratio: None,
+            metrics_interval: None,
+        }
+    }
+}
+
+/// When a hook runs relative to its operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Timing {
+    /// Before the operation; a hook may cancel it.
+    Before,
+    /// After it succeeded.
+    After,
+    /// After it failed.
+    OnError,
+    /// Both sides: called before (may cancel) and after, whatever the outcome.
+    Around,
+}
+
+impl Timing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Before => "before",
+            Self::After => "after",
+            Self::OnError => "onerror",
+            Self::Around => "around",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "before" => Self::Before,
+            "after" => Self::After,
+            "onerror" => Self::OnError,
+            "around" => Self::Around,
+            _ => return None,
+        })
+    }
+}
+
+/// An event name or pattern: `{domain}:{component}:{action}:{timing}`, `*` matching any one
+/// segment. A pattern of three segments matches every timing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventPattern {
+    segments: Vec<String>,
+}
+
+impl EventPattern {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let segments: Vec<String> = s.split(':').map(str::to_string).collect();
+        if !(3..=4).contains(&segments.len()) || segments.iter().any(|p| p.is_empty() || p.contains(char::is_whitespace)) {
+            return Err(format!(
+                "hook event \"{s}\" is not domain:component:action:timing (e.g. \"agent:*:model-call:before\"; `*` matches one segment)"
+            ));
+        }
+        if let Some(t) = segments.get(3)
+            && t != "*"
+            && Timing::parse(t).is_none()
+        {
+            return Err(format!("hook event \"{s}\": timing \"{t}\" is not one of before, after, onerror, around, *"));
+        }
+        Ok(Self { segments })
+    }
+
+    /// Whether the event `domain:component:action` at `timing` matches. An `around` binding
+    /// sees both sides of its operation.
+    pub fn matches(&self, event: [&str; 3], timing: Timing) -> bool {
+        let seg = |i: usize, v: &str| self.segments[i] == "*" || self.segments[i] == v;
+        let timing_ok = match self.segments.get(3).map(String::as_str) {
+            None | Some("*") => true,
+            Some(t) => Timing::parse(t).is_some_and(|t| t == timing || t == Timing::Around),
+        };
+        timing_ok && (0..3).all(|i| seg(i, event[i]))
+    }
+
+    /// The timing the pattern names, if it names one.
+    pub fn timing(&self) -> Option<Timing> {
+        self.segments.get(3).and_then(|t| Timing::parse(t))
+    }
+}
+
+impl std::fmt::Display for EventPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.segments.join(":"))
+    }
+}
+
+/// The default hook priority; lower runs first.
+pub const DEFAULT_HOOK_PRIORITY: i32 = 500;
+
+/// One `hooks.bindings` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookBinding {
+    pub event: EventPattern,
+    pub plugin: String,
+    pub hook: String,
+    pub priority: i32,
+}
+
+impl HookBinding {
+    /// `plugin.hook`, as logs and errors name it.
+    pub fn label(&self) -> String {
+        format!("{}.{}", self.plugin, self.hook)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_segment_by_segment() {
+        let cases = [
+            ("agent:*:model-call:before", ["agent", "writer", "model-call"], Timing::Before, true),
+            ("agent:*:model-call:before", ["agent", "writer", "model-call"], Timing::After, false),
+            ("agent:*:model-call:before", ["agent", "writer", "tool-use"], Timing::Before, false),
+            ("*:*:*:*", ["plugin", "file-read", "action"], Timing::OnError, true),
+            ("plugin:file-read:action:onerror", ["plugin", "file-read", "action"], Timing::OnError, true),
+            ("plugin:file-read:action:onerror", ["plugin", "file-save", "action"], Timing::OnError, false),
+            ("orchestration:group-chat:start", ["orchestration", "group-chat", "start"], Timing::Before, true),
+            ("orchestration:group-chat:end", ["orchestration", "group-chat", "start"], Timing::After, false),
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::Before, true),
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::After, true),
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::OnError, true),
+            // No partial-segment globbing: `*` is a whole segment.
+            ("agent:writ*:model-call:before", ["agent", "writer", "model-call"], Timing::Before, false),
+        ];
+        for (pattern, event, timing, want) in cases {
+            let p = EventPattern::parse(pattern).expect(pattern);
+            assert_eq!(p.matches(event, timing), want, "{pattern} vs {event:?} {timing:?}");
+        }
+    }
+
+    #[test]
+    fn bad_patterns_are_refused_with_the_form() {
+        for bad in ["", "agent", "agent:x", "a:b:c:d:e", "a::c:before", "a:b:c:later", "a:b c:d:before"] {
+            let e = EventPattern::parse(bad).expect_err(bad);
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+}

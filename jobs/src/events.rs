@@ -1,0 +1,678 @@
+//! Lamplighter's internal events, defined in one place (as vector's `internal_events`): what
+//! happens to runs, ticks, steps, model and tool calls, plugin actions, MCP calls, approvals and
+//! the config. Every log line about them, every span, every metric and every hook is fed from
+//! here: no metric or span name is written anywhere else.
+//!
+//! Two kinds of event:
+//! - **operations** ([`Op`]) have a start and an end: [`Observer::begin`] opens their span
+//!   (`run` is a root; the rest are children of what runs them) and runs their `before` hooks,
+//!   which may cancel; [`Started::end`] records the outcome on the span, counts it, logs it and
+//!   runs the `after` or `onerror` hooks;
+//! - **point events** ([`Observer::tick_fired`], [`Observer::run_created`], …) are a log line
+//!   and a metric.
+//!
+//! Metrics go to an OpenTelemetry [`Meter`] the worker provides (pushed over OTLP and served
+//! at `/metrics`); spans are `tracing` spans that the worker's OpenTelemetry layer exports.
+//! Without that layer or meter everything here still works and costs little. Telemetry never
+//! fails or blocks an operation: a hook that fails or times out is logged and counted, and only
+//! a `before` hook that answers `{"cancel": …}` changes what happens.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use lamplighter_config::{Config, HookBinding, Timing};
+use lamplighter_plugins::Registry;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
+use opentelemetry::trace::{Status, TraceContextExt as _};
+use serde_json::{Value, json};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::run::{Run, RunStatus};
+
+/// Metric names (OpenTelemetry style; `/metrics` writes them Prometheus style, e.g.
+/// `lamplighter_runs_total`).
+pub mod metric {
+    /// Runs that ended, by `job` and `status`.
+    pub const RUNS: &str = "lamplighter.runs";
+    /// Runs created by triggers, retries and recovery, by `job` and `trigger` (ticks count
+    /// as [`TICKS`]).
+    pub const RUNS_CREATED: &str = "lamplighter.runs.created";
+    /// Run duration in seconds (start to end of one execution), by `job` and `status`.
+    pub const RUN_DURATION: &str = "lamplighter.run.duration";
+    /// Start minus due instant (the tick plus its jitter), seconds, by `job`.
+    pub const LATENESS: &str = "lamplighter.schedule.lateness";
+    /// Ticks, by `job` and `outcome` (`fired`, `skipped`).
+    pub const TICKS: &str = "lamplighter.ticks";
+    /// Runs waiting in the queue (all workers), sampled.
+    pub const QUEUE_DEPTH: &str = "lamplighter.queue.depth";
+    /// Runs executing in this worker.
+    pub const RUNNING: &str = "lamplighter.runs.running";
+    /// Workflow steps, by `workflow`, `step_type` and `outcome`.
+    pub const STEPS: &str = "lamplighter.workflow.steps";
+    /// GenAI semantic conventions: model call duration, seconds.
+    pub const MODEL_DURATION: &str = "gen_ai.client.operation.duration";
+    /// GenAI semantic conventions: tokens per model call, by `gen_ai.token.type`.
+    pub const TOKEN_USAGE: &str = "gen_ai.client.token.usage";
+    /// Tokens used, by `agent`, `model` and `type` (`input`, `output`).
+    pub const TOKENS: &str = "lamplighter.agent.tokens";
+    /// Cost of model calls (in the pricing's currency), by `agent` and `model`.
+    pub const COST: &str = "lamplighter.agent.cost";
+    /// Agent tool calls, by `agent`, `tool` and `outcome`.
+    pub const TOOL_CALLS: &str = "lamplighter.agent.tool_calls";
+    /// Plugin actions, by `plugin`, `action` and `outcome`.
+    pub const PLUGIN_ACTIONS: &str = "lamplighter.plugin.actions";
+    /// WASM fuel used, by `plugin`.
+    pub const WASM_FUEL: &str = "lamplighter.wasm.fuel";
+    /// Calls to external MCP servers, by `server`, `tool` and `outcome`.
+    pub const MCP_CALLS: &str = "lamplighter.mcp.client.calls";
+    /// Requests to the worker's own MCP server, by `tool` and `outcome`.
+    pub const MCP_REQUESTS: &str = "lamplighter.mcp.requests";
+    /// Approvals, by `event` (`requested`, `approved`, `rejected`).
+    pub const APPROVALS: &str = "lamplighter.approvals";
+    /// Hook calls, by `hook`, `timing` and `outcome` (`ok`, `cancelled`, `failed`).
+    pub const HOOKS: &str = "lamplighter.hook.executions";
+    /// Config reloads, by `outcome` (`applied`, `rejected`).
+    pub const CONFIG_RELOADS: &str = "lamplighter.config.reloads";
+}
+
+/// The instruments, created once from the meter.
+#[derive(Debug, Clone)]
+struct Instruments {
+    runs: Counter<u64>,
+    runs_created: Counter<u64>,
+    run_duration: Histogram<f64>,
+    lateness: Histogram<f64>,
+    ticks: Counter<u64>,
+    running: UpDownCounter<i64>,
+    steps: Counter<u64>,
+    model_duration: Histogram<f64>,
+    token_usage: Histogram<u64>,
+    tokens: Counter<u64>,
+    cost: Counter<f64>,
+    tool_calls: Counter<u64>,
+    plugin_actions: Counter<u64>,
+    wasm_fuel: Counter<u64>,
+    mcp_calls: Counter<u64>,
+    mcp_requests: Counter<u64>,
+    approvals: Counter<u64>,
+    hooks: Counter<u64>,
+    reloads: Counter<u64>,
+}
+
+/// Buckets for durations and lateness, in seconds: 1 ms to an hour.
+const SECONDS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
+/// Buckets for tokens per call.
+const TOKEN_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0];
+
+impl Instruments {
+    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>) -> Self {
+        let s = |name: &'static str, desc: &'static str| meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build();
+        let c = |name: &'static str, desc: &'static str| meter.u64_counter(name).with_description(desc).build();
+        meter
+            .i64_observable_gauge(metric::QUEUE_DEPTH)
+            .with_description("Runs waiting in the queue")
+            .with_callback(move |o| {
+                let v = queue_depth.load(Ordering::Relaxed);
+                if v >= 0 {
+                    o.observe(v, &[]);
+                }
+            })
+            .build();
+        Self {
+            runs: c(metric::RUNS, "Runs that ended, by job and status"),
+            runs_created: c(metric::RUNS_CREATED, "Runs created, by job and trigger"),
+            run_duration: s(metric::RUN_DURATION, "How long runs ran"),
+            lateness: s(metric::LATENESS, "Start minus due instant of scheduled runs"),
+            ticks: c(metric::TICKS, "Schedule ticks, fired or skipped"),
+            running: meter.i64_up_down_counter(metric::RUNNING).with_description("Runs executing in this worker").build(),
+            steps: c(metric::STEPS, "Workflow steps that ended"),
+            model_duration: s(metric::MODEL_DURATION, "GenAI operation duration"),
+            token_usage: meter
+                .u64_histogram(metric::TOKEN_USAGE)
+                .with_unit("{token}")
+                .with_description("Tokens used per model call")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            tokens: c(metric::TOKENS, "Tokens used by agents"),
+            cost: meter.f64_counter(metric::COST).with_description("Cost of model calls").build(),
+            tool_calls: c(metric::TOOL_CALLS, "Agent tool calls"),
+            plugin_actions: c(metric::PLUGIN_ACTIONS, "Plugin actions"),
+            wasm_fuel: c(metric::WASM_FUEL, "WASM fuel used"),
+            mcp_calls: c(metric::MCP_CALLS, "Calls to external MCP servers"),
+            mcp_requests: c(metric::MCP_REQUESTS, "Requests to the worker's MCP server"),
+            approvals: c(metric::APPROVALS, "Approvals requested and decided"),
+            hooks: c(metric::HOOKS, "Hook calls"),
+            reloads: c(metric::CONFIG_RELOADS, "Config reloads"),
+        }
+    }
+}
+
+/// An operation that hooks, spans and metrics see begin and end.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// One execution of a run: the root span; hooks `scheduler:<job>:job-execute:*`.
+    Run { job: String, trigger: &'static str, attempt: u32 },
+    /// A workflow step: hooks `workflow:<name>:step:*`.
+    Step { workflow: String, step: String, kind: &'static str },
+    /// A model call (GenAI conventions): hooks `agent:<name>:model-call:*`.
+    ModelCall { agent: String, provider: String, model: String },
+    /// An agent's tool call: hooks `agent:<name>:tool-use:*`.
+    ToolUse { agent: String, tool: String },
+    /// A plugin action: hooks `plugin:<name>:action:*`.
+    PluginAction { plugin: String, action: String },
+    /// A tool call to an external MCP server: hooks `mcp:<server>:tool-call:*`.
+    McpCall { server: String, tool: String },
+    /// A group chat: hooks `orchestration:group-chat:start` (before) and `…:end` (after).
+    GroupChat { step: String, agents: Vec<String> },
+}
+
+impl Op {
+    /// `domain:component:action` of its hook events; a group chat ends as `…:end`.
+    fn hook_event(&self, timing: Timing) -> [&str; 3] {
+        match self {
+            Op::Run { job, .. } => ["scheduler", job, "job-execute"],
+            Op::Step { workflow, .. } => ["workflow", workflow, "step"],
+            Op::ModelCall { agent, .. } => ["agent", agent, "model-call"],
+            Op::ToolUse { agent, .. } => ["agent", agent, "tool-use"],
+            Op::PluginAction { plugin, .. } => ["plugin", plugin, "action"],
+            Op::McpCall { server, .. } => ["mcp", server, "tool-call"],
+            Op::GroupChat { .. } if timing == Timing::Before => ["orchestration", "group-chat", "start"],
+            Op::GroupChat { .. } => ["orchestration", "group-chat", "end"],
+        }
+    }
+
+    /// The span: its name (`otel.name`) and attributes, GenAI conventions for model and tool
+    /// calls. `run` is a root; everything else is a child of the current span or of `parent`.
+    fn span(&self, parent: Option<&opentelemetry::Context>) -> Span {
+        let span = match self {
+            Op::Run { job, .. } => tracing::info_span!(parent: None, "run", otel.name = %format_args!("run {job}"), otel.kind = "internal"),
+            Op::Step { step, .. } => tracing::info_span!("step", otel.name = %format_args!("step {step}")),
+            Op::ModelCall { model, .. } => tracing::info_span!("model call", otel.name = %format_args!("chat {model}"), otel.kind = "client"),
+            Op::ToolUse { tool, .. } => tracing::info_span!("tool call", otel.name = %format_args!("execute_tool {tool}")),
+            Op::PluginAction { plugin, action } => tracing::info_span!("plugin action", otel.name = %format_args!("plugin {plugin}.{action}")),
+            Op::McpCall { server, tool } => {
+                tracing::info_span!("mcp call", otel.name = %format_args!("mcp {server}.{tool}"), otel.kind = "client")
+            }
+            Op::GroupChat { step, .. } => tracing::info_span!("group chat", otel.name = %format_args!("group_chat {step}")),
+        };
+        if let Some(cx) = parent {
+            let _ = span.set_parent(cx.clone());
+        }
+        for kv in self.attributes() {
+            span.set_attribute(kv.key, kv.value);
+        }
+        span
+    }
+
+    fn attributes(&self) -> Vec<KeyValue> {
+        let s = |k: &'static str, v: &str| KeyValue::new(k, v.to_string());
+        match self {
+            Op::Run { job, trigger, attempt } => {
+                vec![s("lamplighter.job", job), s("lamplighter.trigger", trigger), KeyValue::new("lamplighter.attempt", i64::from(*attempt))]
+            }
+            Op::Step { workflow, step, kind } => vec![s("lamplighter.workflow", workflow), s("lamplighter.step", step), s("lamplighter.step.type", kind)],
+            Op::ModelCall { agent, provider, model } => vec![
+                s("gen_ai.operation.name", "chat"),
+                s("gen_ai.request.model", model),
+                s("gen_ai.provider.name", provider),
+                s("gen_ai.agent.name", agent),
+            ],
+            Op::ToolUse { agent, tool } => {
+                vec![s("gen_ai.operation.name", "execute_tool"), s("gen_ai.tool.name", tool), s("gen_ai.agent.name", agent)]
+            }
+            Op::PluginAction { plugin, action } => vec![s("lamplighter.plugin", plugin), s("lamplighter.action", action)],
+            Op::McpCall { server, tool } => vec![s("mcp.server", server), s("gen_ai.tool.name", tool)],
+            Op::GroupChat { step, agents } => vec![s("lamplighter.step", step), s("lamplighter.agents", &agents.join(","))],
+        }
+    }
+
+    /// The operation's own fields, for hook payloads.
+    fn fields(&self) -> Value {
+        match self {
+            Op::Run { job, trigger, attempt } => json!({"job": job, "trigger": trigger, "attempt": attempt}),
+            Op::Step { workflow, step, kind } => json!({"workflow": workflow, "step": step, "type": kind}),
+            Op::ModelCall { agent, provider, model } => json!({"agent": agent, "provider": provider, "model": model}),
+            Op::ToolUse { agent, tool } => json!({"agent": agent, "tool": tool}),
+            Op::PluginAction { plugin, action } => json!({"plugin": plugin, "action": action}),
+            Op::McpCall { server, tool } => json!({"server": server, "tool": tool}),
+            Op::GroupChat { step, agents } => json!({"step": step, "agents": agents}),
+        }
+    }
+}
+
+/// How an operation ended, with what it used.
+#[derive(Debug, Clone, Default)]
+pub struct Ended<'a> {
+    /// `None`: it succeeded.
+    pub error: Option<&'a str>,
+    /// A run's recorded status (runs only).
+    pub status: Option<RunStatus>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: Option<f64>,
+    /// WASM fuel (plugin actions).
+    pub fuel: u64,
+    /// Prompt and completion, recorded on the span only with `enable_sensitive_data`.
+    pub prompt: Option<&'a str>,
+    pub completion: Option<&'a str>,
+}
+
+impl<'a> Ended<'a> {
+    pub fn ok() -> Self {
+        Self::default()
+    }
+
+    pub fn failed(error: &'a str) -> Self {
+        Self { error: Some(error), ..Self::default() }
+    }
+
+    pub fn of<T, E: AsRef<str>>(r: &'a Result<T, E>) -> Self {
+        match r {
+            Ok(_) => Self::ok(),
+            Err(e) => Self::failed(e.as_ref()),
+        }
+    }
+
+    /// `failed`, `succeeded`, or the status given (a run's, or a step's `waiting_approval`).
+    fn outcome(&self) -> &'static str {
+        match (self.status, self.error) {
+            (Some(s), _) => s.as_str(),
+            (None, Some(_)) => "failed",
+            (None, None) => "succeeded",
+        }
+    }
+}
+
+/// A `before` hook cancelled the operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancelled(pub String);
+
+impl std::fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who an operation belongs to, for hook payloads and logs.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    pub run_id: &'a str,
+    pub job: &'a str,
+    pub attempt: u32,
+}
+
+impl<'a> From<&'a Run> for Owner<'a> {
+    fn from(r: &'a Run) -> Self {
+        Self { run_id: &r.id, job: &r.job, attempt: r.attempt }
+    }
+}
+
+/// A begun operation: its span, and what its end needs.
+#[derive(Debug)]
+pub struct Started {
+    op: Op,
+    span: Span,
+    began: Instant,
+    run_id: String,
+    job: String,
+    attempt: u32,
+}
+
+impl Started {
+    /// The operation's span: instrument its work with it.
+    pub fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// The span's OpenTelemetry context, to parent later operations on (tool calls on the
+    /// model call that asked for them).
+    pub fn context(&self) -> opentelemetry::Context {
+        self.span.context()
+    }
+
+    /// The trace id (32 hex digits), when spans are exported.
+    pub fn trace_id(&self) -> Option<String> {
+        let cx = self.span.context();
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then(|| sc.trace_id().to_string())
+    }
+
+    /// Records the end: span status and attributes, metrics, a log line, then the `after` (or
+    /// `onerror`) hooks.
+    pub async fn end(self, obs: &Observer, ended: Ended<'_>) {
+        let secs = self.began.elapsed().as_secs_f64();
+        let m = &obs.m;
+        let kv = |k: &'static str, v: &str| KeyValue::new(k, v.to_string());
+        let outcome = kv("outcome", ended.outcome());
+        match &self.op {
+            Op::Run { job, .. } => {
+                let status = ended.outcome();
+                let attrs = [kv("job", job), kv("status", status)];
+                m.run_duration.record(secs, &attrs);
+                m.runs.add(1, &attrs);
+                self.span.set_attribute("lamplighter.run.status", status.to_string());
+            }
+            Op::Step { workflow, kind, .. } => m.steps.add(1, &[kv("workflow", workflow), kv("step_type", kind), outcome]),
+            Op::ModelCall { agent, provider, model } => {
+                let mut attrs =
+                    vec![kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", model), kv("gen_ai.provider.name", provider)];
+                if ended.error.is_some() {
+                    attrs.push(kv("error.type", "model_call_failed"));
+                }
+                m.model_duration.record(secs, &attrs);
+                attrs.truncate(3);
+                if ended.error.is_none() {
+                    for (t, n) in [("input", ended.input_tokens), ("output", ended.output_tokens)] {
+                        let mut a = attrs.clone();
+                        a.push(kv("gen_ai.token.type", t));
+                        m.token_usage.record(n, &a);
+                        m.tokens.add(n, &[kv("agent", agent), kv("model", model), kv("type", t)]);
+                    }
+                    if let Some(c) = ended.cost {
+                        m.cost.add(c, &[kv("agent", agent), kv("model", model)]);
+                    }
+                }
+                self.span.set_attribute("gen_ai.usage.input_tokens", ended.input_tokens as i64);
+                self.span.set_attribute("gen_ai.usage.output_tokens", ended.output_tokens as i64);
+                if obs.sensitive.load(Ordering::Relaxed) {
+                    if let Some(p) = ended.prompt {
+                        self.span.set_attribute("gen_ai.input.messages", p.to_string());
+                    }
+                    if let Some(c) = ended.completion {
+                        self.span.set_attribute("gen_ai.output.messages", c.to_string());
+                    }
+                }
+            }
+            Op::ToolUse { agent, tool } => m.tool_calls.add(1, &[kv("agent", agent), kv("tool", tool), outcome]),
+            Op::PluginAction { plugin, action } => {
+                m.plugin_actions.add(1, &[kv("plugin", plugin), kv("action", action), outcome]);
+                if ended.fuel > 0 {
+                    m.wasm_fuel.add(ended.fuel, &[kv("plugin", plugin)]);
+                    self.span.set_attribute("lamplighter.wasm.fuel", ended.fuel as i64);
+                }
+            }
+            Op::McpCall { server, tool } => m.mcp_calls.add(1, &[kv("server", server), kv("tool", tool), outcome]),
+            Op::GroupChat { .. } => {}
+        }
+        if let Some(e) = ended.error {
+            self.span.set_status(Status::error(e.to_string()));
+        } else {
+            self.span.set_status(Status::Ok);
+        }
+        let _in_span = self.span.enter();
+        let ms = (secs * 1000.0) as u64;
+        match &self.op {
+            Op::Run { .. } => {} // logged by the recorder, with the end as recorded
+            op => match ended.error {
+                None => tracing::debug!(run = %self.run_id, what = ?op, duration_ms = ms, "operation finished"),
+                Some(e) => tracing::debug!(run = %self.run_id, what = ?op, duration_ms = ms, error = e, "operation failed"),
+            },
+        }
+        drop(_in_span);
+        let timing = if ended.error.is_some() { Timing::OnError } else { Timing::After };
+        if obs.has_hooks() {
+            let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
+            let mut payload = obs.payload(&self.op, timing, owner);
+            payload["outcome"] = json!(ended.outcome());
+            payload["duration_ms"] = json!(ms);
+            if let Some(e) = ended.error {
+                payload["error"] = json!(e);
+            }
+            let _ = obs.run_hooks(&self.op, timing, payload).await;
+        }
+    }
+}
+
+/// A hook binding whose plugin exports the hook.
+#[derive(Debug, Clone)]
+struct Bound {
+    binding: HookBinding,
+    label: String,
+}
+
+/// The one place events go: metrics, hooks, spans and their logs.
+pub struct Observer {
+    m: Instruments,
+    /// Bindings in priority order, swapped on reload.
+    hooks: RwLock<Arc<Vec<Bound>>>,
+    any_hooks: AtomicBool,
+    registry: RwLock<Option<Arc<Registry>>>,
+    sensitive: AtomicBool,
+    queue_depth: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer").field("hooks", &self.hooks.read().map(|h| h.len()).unwrap_or(0)).finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    /// Records metrics on `meter`; hooks call plugins of `registry`.
+    pub fn new(meter: &Meter, registry: Option<Arc<Registry>>) -> Arc<Self> {
+        let queue_depth = Arc::new(AtomicI64::new(-1));
+        Arc::new(Self {
+            m: Instruments::new(meter, queue_depth.clone()),
+            hooks: RwLock::new(Arc::new(Vec::new())),
+            any_hooks: AtomicBool::new(false),
+            registry: RwLock::new(registry),
+            sensitive: AtomicBool::new(false),
+            queue_depth,
+        })
+    }
+
+    /// No metrics kept, no hooks: for embedding and tests that look at none of it.
+    pub fn none() -> Arc<Self> {
+        Self::new(&opentelemetry::metrics::noop::NoopMeterProvider::new().meter("lamplighter"), None)
+    }
+
+    /// Takes the hook bindings and `enable_sensitive_data` of `config` (at start and on
+    /// reload). A binding whose plugin does not export its hook (or did not load) is left out
+    /// and named in the log; `config validate` reports it.
+    pub fn configure(&self, config: &Config) {
+        self.sensitive.store(config.telemetry.sensitive_data, Ordering::Relaxed);
+        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut bound = Vec::new();
+        for b in &config.hooks {
+            let label = b.label();
+            match &registry {
+                Some(r) if r.has_hook(&b.plugin, &b.hook) => bound.push(Bound { binding: b.clone(), label }),
+                _ => tracing::warn!(hook = %label, event = %b.event, "hook binding disabled: the plugin does not export this hook or did not load"),
+            }
+        }
+        self.any_hooks.store(!bound.is_empty(), Ordering::Relaxed);
+        *self.hooks.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(bound);
+    }
+
+    fn has_hooks(&self) -> bool {
+        self.any_hooks.load(Ordering::Relaxed)
+    }
+
+    /// Begins an operation: opens its span (a child of the current span, or of `parent`),
+    /// then runs its `before` hooks. A hook that cancels ends the span and returns why.
+    pub async fn begin(&self, op: Op, owner: Owner<'_>, parent: Option<&opentelemetry::Context>) -> Result<Started, Cancelled> {
+        let span = op.span(parent);
+        if let Op::Run { .. } = &op {
+            span.set_attribute("lamplighter.run.id", owner.run_id.to_string());
+        }
+        if let Op::GroupChat { .. } = &op {
+            tracing::info!(parent: &span, run = %owner.run_id, "group chat started");
+        }
+        let started = Started {
+            op,
+            span,
+            began: Instant::now(),
+            run_id: owner.run_id.to_string(),
+            job: owner.job.to_string(),
+            attempt: owner.attempt,
+        };
+        if self.has_hooks() {
+            let payload = self.payload(&started.op, Timing::Before, owner);
+            if let Err(c) = self.run_hooks(&started.op, Timing::Before, payload).await {
+                started.span.set_status(Status::error(c.0.clone()));
+                return Err(c);
+            }
+        }
+        Ok(started)
+    }
+
+    fn payload(&self, op: &Op, timing: Timing, owner: Owner<'_>) -> Value {
+        let [d, c, a] = op.hook_event(timing);
+        json!({
+            "event": format!("{d}:{c}:{a}:{}", timing.as_str()),
+            "domain": d, "component": c, "action": a, "timing": timing.as_str(),
+            "run": {"id": owner.run_id, "job": owner.job, "attempt": owner.attempt},
+            "data": op.fields(),
+        })
+    }
+
+    /// Runs the hooks bound to `op` at `timing`, in priority order. Before: the first hook
+    /// that answers `{"cancel": true, "reason": …}` (or `{"cancel": "<reason>"}`) stops the
+    /// rest and cancels the operation. A failing hook is logged and counted, nothing more.
+    async fn run_hooks(&self, op: &Op, timing: Timing, payload: Value) -> Result<(), Cancelled> {
+        let hooks = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let event = op.hook_event(timing);
+        let Some(registry) = self.registry.read().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
+        for b in hooks.iter().filter(|b| b.binding.event.matches(event, timing)) {
+            let reply = registry.invoke_hook(&b.binding.plugin, &b.binding.hook, payload.clone()).await;
+            let kv = |o: &str| [KeyValue::new("hook", b.label.clone()), KeyValue::new("timing", timing.as_str()), KeyValue::new("outcome", o.to_string())];
+            match reply {
+                Ok(reply) => match cancel_reason(&reply) {
+                    Some(why) if timing == Timing::Before => {
+                        self.m.hooks.add(1, &kv("cancelled"));
+                        let why = format!("cancelled by hook {}: {why}", b.label);
+                        tracing::info!(hook = %b.label, event = %payload["event"], "{why}");
+                        return Err(Cancelled(why));
+                    }
+                    Some(_) => {
+                        self.m.hooks.add(1, &kv("ok"));
+                        tracing::warn!(hook = %b.label, event = %payload["event"], "hook asked to cancel after the fact; only before hooks can cancel");
+                    }
+                    None => {
+                        self.m.hooks.add(1, &kv("ok"));
+                        tracing::debug!(hook = %b.label, event = %payload["event"], reply = %reply, "hook called");
+                    }
+                },
+                Err(e) => {
+                    self.m.hooks.add(1, &kv("failed"));
+                    tracing::warn!(hook = %b.label, event = %payload["event"], error = %e, "hook failed; the operation goes on");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The queue depth the `lamplighter.queue.depth` gauge reports (sampled by the engine).
+    pub(crate) fn set_queue_depth(&self, n: u64) {
+        self.queue_depth.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    // Point events.
+
+    /// A run was created outside a tick (a trigger, a retry, a recovery); ticks count as
+    /// [`Self::tick_fired`].
+    pub(crate) fn run_created(&self, job: &str, trigger: crate::run::Trigger, run_id: &str) {
+        self.m.runs_created.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("trigger", trigger.as_str())]);
+        tracing::debug!(run = run_id, job, trigger = trigger.as_str(), "run created");
+    }
+
+    /// A run began executing here (`lateness`: start minus due, for scheduled runs).
+    pub(crate) fn run_started(&self, run: &Run, lateness: Option<chrono::Duration>, resumed: bool) {
+        self.m.running.add(1, &[]);
+        if let Some(l) = lateness.filter(|_| !resumed && run.scheduled_at.is_some()) {
+            self.m.lateness.record(l.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6, &[KeyValue::new("job", run.job.clone())]);
+        }
+        tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = lateness.map(|d| d.num_milliseconds()), resumed, "run started");
+    }
+
+    /// A run's end was recorded.
+    pub(crate) fn run_finished(&self, run: &Run, status: RunStatus, error: Option<&str>, waiting_until: Option<chrono::DateTime<chrono::Utc>>) {
+        self.m.running.add(-1, &[]);
+        match status {
+            RunStatus::WaitingApproval => tracing::info!(run = %run.id, job = %run.job, until = ?waiting_until, "run waits for approval; its slot is free"),
+            _ => tracing::info!(run = %run.id, job = %run.job, status = status.as_str(), error = error.unwrap_or(""), "run finished"),
+        }
+    }
+
+    pub(crate) fn tick_fired(&self, job: &str, tick: chrono::DateTime<chrono::Utc>, run_id: &str) {
+        self.m.ticks.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("outcome", "fired")]);
+        tracing::debug!(job, %tick, run = run_id, "tick fired");
+    }
+
+    /// A tick recorded as a skipped run (paused job, or an overlap policy).
+    pub(crate) fn tick_skipped(&self, job: &str, tick: chrono::DateTime<chrono::Utc>, run_id: &str) {
+        self.m.ticks.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("outcome", "skipped")]);
+        tracing::info!(job, %tick, run = run_id, "tick skipped");
+    }
+
+    pub(crate) fn approval_requested(&self, run: &Run, step: &str) {
+        self.m.approvals.add(1, &[KeyValue::new("event", "requested")]);
+        tracing::info!(run = %run.id, job = %run.job, step, "approval requested");
+    }
+
+    pub(crate) fn approval_decided(&self, run_id: &str, step: &str, approved: bool, by: &str) {
+        self.m.approvals.add(1, &[KeyValue::new("event", if approved { "approved" } else { "rejected" })]);
+        tracing::info!(run = run_id, step, approved, decided_by = by, "approval decided");
+    }
+
+    /// A config reload was applied (`Ok(jobs)`) or rejected.
+    pub fn config_reloaded(&self, result: Result<usize, &str>) {
+        match result {
+            Ok(jobs) => {
+                self.m.reloads.add(1, &[KeyValue::new("outcome", "applied")]);
+                tracing::info!(jobs, "config reloaded");
+            }
+            Err(why) => {
+                self.m.reloads.add(1, &[KeyValue::new("outcome", "rejected")]);
+                tracing::error!("config reload rejected; the running config is kept: {why}");
+            }
+        }
+    }
+
+    /// A request to the worker's own MCP server (the control surface).
+    pub fn mcp_request(&self, tool: &str, ok: bool) {
+        self.m.mcp_requests.add(1, &[KeyValue::new("tool", tool.to_string()), KeyValue::new("outcome", if ok { "ok" } else { "error" })]);
+    }
+}
+
+/// `{"cancel": true, "reason": "…"}` or `{"cancel": "<reason>"}` → the reason.
+fn cancel_reason(reply: &Value) -> Option<String> {
+    match reply.get("cancel")? {
+        Value::Bool(true) => Some(reply.get("reason").and_then(Value::as_str).unwrap_or("no reason given").to_string()),
+        Value::String(s) => Some(if s.is_empty() { "no reason given".into() } else { s.clone() }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hook_cancels_only_with_a_cancel_field() {
+        assert_eq!(cancel_reason(&json!({"cancel": true, "reason": "maintenance"})), Some("maintenance".into()));
+        assert_eq!(cancel_reason(&json!({"cancel": "freeze"})), Some("freeze".into()));
+        assert_eq!(cancel_reason(&json!({"cancel": true})), Some("no reason given".into()));
+        for keep in [json!({"cancel": false}), json!({}), json!("cancel"), json!({"action": "hook:x", "input": {"cancel": true}})] {
+            assert_eq!(cancel_reason(&keep), None, "{keep}");
+        }
+    }
+
+    #[test]
+    fn hook_events_are_named_by_the_spec() {
+        let name = |op: &Op, t: Timing| op.hook_event(t).join(":");
+        let s = String::from;
+        assert_eq!(name(&Op::Run { job: s("nightly"), trigger: "schedule", attempt: 1 }, Timing::Before), "scheduler:nightly:job-execute");
+        assert_eq!(name(&Op::Step { workflow: s("w"), step: s("a"), kind: "plugin" }, Timing::After), "workflow:w:step");
+        assert_eq!(name(&Op::ModelCall { agent: s("x"), provider: s("p"), model: s("m") }, Timing::Before), "agent:x:model-call");
+        assert_eq!(name(&Op::ToolUse { agent: s("x"), tool: s("t") }, Timing::OnError), "agent:x:tool-use");
+        assert_eq!(name(&Op::PluginAction { plugin: s("file-read"), action: s("read") }, Timing::After), "plugin:file-read:action");
+        assert_eq!(name(&Op::McpCall { server: s("fs"), tool: s("ls") }, Timing::After), "mcp:fs:tool-call");
+        let chat = Op::GroupChat { step: s("c"), agents: vec![] };
+        assert_eq!(name(&chat, Timing::Before), "orchestration:group-chat:start");
+        assert_eq!(name(&chat, Timing::After), "orchestration:group-chat:end");
+    }
+}

@@ -1,0 +1,532 @@
+//! Telemetry (SPEC §10): the `tracing` subscriber (logs on standard error, human or JSON),
+//! and OpenTelemetry — traces and logs through `tracing`, metrics through the meter the job
+//! engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the `telemetry`
+//! section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
+//! /metrics` whether or not they are pushed.
+//!
+//! Telemetry never blocks or fails a run: spans and logs wait in bounded batch queues (2,048;
+//! the oldest are dropped when a collector is gone) and are sent from the SDK's own threads; an
+//! export that fails is reported at most once a minute per signal.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lamplighter_config::{Exporter, SignalConfig, TelemetryConfig};
+use lamplighter_jobs::events::Observer;
+use lamplighter_plugins::Registry;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::logs::SdkLoggerProvider;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
+use opentelemetry_sdk::metrics::reader::MetricReader;
+use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{Layer, Registry as Subscriber};
+
+use crate::LogFormat;
+
+/// What `lamplighter run` keeps of telemetry: the observer the engine reports to, the reader
+/// behind `/metrics`, and the providers to flush at exit.
+pub(crate) struct Telemetry {
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) metrics: Arc<PullReader>,
+    meters: SdkMeterProvider,
+    tracer: Option<SdkTracerProvider>,
+    logger: Option<SdkLoggerProvider>,
+}
+
+/// Problems with the telemetry settings that only the environment shows (e.g. an OTLP
+/// protocol this build does not speak). `config validate` reports them as errors; a running
+/// worker exports nothing and says why, and everything else runs.
+pub(crate) fn check(t: &TelemetryConfig, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    if !t.enabled {
+        return None;
+    }
+    for var in ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"] {
+        if let Some(p) = env(var).filter(|p| !p.trim().is_empty() && p.trim() != "http/protobuf") {
+            return Some(format!("{var}={p} is not supported: Lamplighter exports OTLP over HTTP with protobuf (http/protobuf, port 4318)"));
+        }
+    }
+    for (signal, var) in [("traces", "OTEL_TRACES_EXPORTER"), ("metrics", "OTEL_METRICS_EXPORTER"), ("logs", "OTEL_LOGS_EXPORTER")] {
+        if let Some(v) = env(var)
+            && let Err(e) = exporter_from_env(&v, signal)
+        {
+            return Some(format!("{var}: {e}"));
+        }
+    }
+    None
+}
+
+fn exporter_from_env(v: &str, signal: &str) -> Result<Exporter, String> {
+    match v.trim() {
+        "otlp" => Ok(Exporter::Otlp),
+        "none" => Ok(Exporter::None),
+        "console" if signal != "metrics" => Ok(Exporter::Console),
+        other => Err(format!("\"{other}\" is not one of otlp, none{}", if signal == "metrics" { "" } else { ", console" })),
+    }
+}
+
+/// The exporter for a signal: the config's, else `OTEL_<SIGNAL>_EXPORTER`, else OTLP; none when
+/// telemetry is off (or `OTEL_SDK_DISABLED=true`).
+fn exporter(t: &TelemetryConfig, s: &SignalConfig, signal: &str, env: &impl Fn(&str) -> Option<String>) -> Exporter {
+    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    if !t.enabled || disabled {
+        return Exporter::None;
+    }
+    s.exporter
+        .or_else(|| env(&format!("OTEL_{}_EXPORTER", signal.to_ascii_uppercase())).and_then(|v| exporter_from_env(&v, signal).ok()))
+        .unwrap_or(Exporter::Otlp)
+}
+
+/// The configured endpoint of a signal; a bare `http://host:port` gets the signal's path.
+fn endpoint(s: &SignalConfig, signal: &str) -> Option<String> {
+    let url = s.endpoint.as_ref()?.trim_end_matches('/');
+    let path_start = url.find("://").map(|i| i + 3).and_then(|i| url[i..].find('/').map(|j| i + j));
+    Some(match path_start {
+        Some(_) => url.to_string(),
+        None => format!("{url}/v1/{signal}"),
+    })
+}
+
+impl Telemetry {
+    /// Sets up logging and OpenTelemetry for `lamplighter run`. Call outside the async runtime
+    /// (the OTLP client is a blocking one, driven from the SDK's threads). An exporter that
+    /// cannot be built is reported and left out; nothing here stops the worker.
+    pub(crate) fn init(
+        t: &TelemetryConfig,
+        format: LogFormat,
+        level: Option<&str>,
+        worker: &str,
+        registry: Arc<Registry>,
+        broken: Option<&str>,
+    ) -> Telemetry {
+        let env = |n: &str| std::env::var(n).ok();
+        let resource = resource(t, worker, &env);
+        let mut problems = Vec::new();
+        let on = |signal: &str, s: &SignalConfig| if broken.is_some() { Exporter::None } else { exporter(t, s, signal, &env) };
+
+        let metrics = Arc::new(PullReader::default());
+        let mut meters = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(SharedReader(metrics.clone()));
+        if on("metrics", &t.metrics) == Exporter::Otlp {
+            let mut b = opentelemetry_otlp::MetricExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
+            if let Some(url) = endpoint(&t.metrics, "metrics") {
+                b = b.with_endpoint(url);
+            }
+            match b.build() {
+                Ok(e) => {
+                    let mut r = PeriodicReader::builder(Warned::new(e, "metrics"));
+                    if let Some(i) = t.metrics_interval {
+                        r = r.with_interval(i);
+                    }
+                    meters = meters.with_reader(r.build());
+                }
+                Err(e) => problems.push(format!("cannot export metrics: {e}")),
+            }
+        }
+        let meters = meters.build();
+
+        let tracer = match on("traces", &t.traces) {
+            Exporter::None => None,
+            kind => {
+                let sampler = match t.sample_ratio {
+                    Some(r) => Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r))),
+                    None => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+                };
+                let b = SdkTracerProvider::builder().with_resource(resource.clone()).with_sampler(sampler);
+                let b = match kind {
+                    Exporter::Console => Some(b.with_simple_exporter(ConsoleSpans)),
+                    _ => {
+                        let mut e = opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
+                        if let Some(url) = endpoint(&t.traces, "traces") {
+                            e = e.with_endpoint(url);
+                        }
+                        match e.build() {
+                            Ok(e) => Some(b.with_batch_exporter(Warned::new(e, "traces"))),
+                            Err(e) => {
+                                problems.push(format!("cannot export traces: {e}"));
+                                None
+                            }
+                        }
+                    }
+                };
+                b.map(|b| b.build())
+            }
+        };
+
+        let logger = match on("logs", &t.logs) {
+            Exporter::Otlp => {
+                let mut e = opentelemetry_otlp::LogExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
+                if let Some(url) = endpoint(&t.logs, "logs") {
+                    e = e.with_endpoint(url);
+                }
+                match e.build() {
+                    Ok(e) => Some(SdkLoggerProvider::builder().with_resource(resource).with_batch_exporter(Warned::new(e, "logs")).build()),
+                    Err(e) => {
+                        problems.push(format!("cannot export logs: {e}"));
+                        None
+                    }
+                }
+            }
+            // `console`: the log output itself.
+            _ => None,
+        };
+
+        init_subscriber(format, level, tracer.as_ref(), logger.as_ref());
+        if let Some(why) = broken {
+            tracing::warn!("telemetry export is disabled: {why}");
+        }
+        for p in problems {
+            tracing::warn!("{p}");
+        }
+        let observer = Observer::new(&meters.meter("lamplighter"), Some(registry));
+        Telemetry { observer, metrics, meters, tracer, logger }
+    }
+
+    /// Flushes and stops the exporters (outside the async runtime). With a collector gone this
+    /// costs at most a few seconds.
+    pub(crate) fn shutdown(self) {
+        if let Some(t) = self.tracer {
+            let _ = t.shutdown_with_timeout(Duration::from_secs(3));
+        }
+        if let Some(l) = self.logger {
+            let _ = l.shutdown_with_timeout(Duration::from_secs(3));
+        }
+        let _ = self.meters.shutdown_with_timeout(Duration::from_secs(3));
+    }
+}
+
+fn resource(t: &TelemetryConfig, worker: &str, env: &impl Fn(&str) -> Option<String>) -> Resource {
+    let name = t.service_name.clone().or_else(|| env("OTEL_SERVICE_NAME")).unwrap_or_else(|| "lamplighter".into());
+    let version = t.service_version.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").into());
+    // The builder reads OTEL_RESOURCE_ATTRIBUTES; the config's own attributes win.
+    Resource::builder()
+        .with_service_name(name)
+        .with_attribute(KeyValue::new("service.version", version))
+        .with_attribute(KeyValue::new("service.instance.id", worker.to_string()))
+        .with_attributes(t.resource_attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())))
+        .build()
+}
+
+/// The filter for logs: `RUST_LOG`, else the config's level, quiet for noisy dependencies.
+fn log_filter(level: Option<&str>) -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        let l = level.unwrap_or("info");
+        EnvFilter::new(format!("{l},sqlx=warn,apalis=warn,apalis_sqlite=warn,apalis_core=warn"))
+    })
+}
+
+/// Logging only (the one-shot commands).
+pub(crate) fn init_logging(format: LogFormat, level: Option<&str>) {
+    init_subscriber(format, level, None, None);
+}
+
+fn init_subscriber(format: LogFormat, level: Option<&str>, tracer: Option<&SdkTracerProvider>, logger: Option<&SdkLoggerProvider>) {
+    // Colours only for a person at a terminal, not for journald, a container log or a file.
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let fmt: Box<dyn Layer<Subscriber> + Send + Sync> = match format {
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(log_filter(level)).boxed(),
+        LogFormat::Human => fmt.with_filter(log_filter(level)).boxed(),
+    };
+    // Spans are Lamplighter's own (the events module), whatever the log level.
+    let spans = tracer.map(|t| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t.tracer("lamplighter"))
+            .with_filter(Targets::new().with_target("lamplighter_jobs", tracing::Level::INFO))
+    });
+    // Log records through the same pipeline; the exporters' own chatter stays out of it.
+    let logs = logger.map(|l| {
+        opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(
+            log_filter(level).add_directive("opentelemetry=off".parse().expect("static")).add_directive("reqwest=off".parse().expect("static")),
+        )
+    });
+    let _ = tracing_subscriber::registry().with(fmt).with(spans).with(logs).try_init();
+}
+
+/// An exporter whose failures are reported at most once a minute (an unreachable collector
+/// must not flood the log it may itself be receiving).
+#[derive(Debug)]
+struct Warned<E> {
+    inner: E,
+    signal: &'static str,
+    last_warned: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl<E> Warned<E> {
+    fn new(inner: E, signal: &'static str) -> Self {
+        Self { inner, signal, last_warned: AtomicU64::new(0), failures: AtomicU64::new(0) }
+    }
+
+    fn report(&self, r: OTelSdkResult) -> OTelSdkResult {
+        if let Err(e) = &r {
+            let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let last = self.last_warned.load(Ordering::Relaxed);
+            if now >= last + 60 && self.last_warned.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                tracing::warn!(target: "lamplighter::telemetry", signal = self.signal, failures, error = %e, "cannot export telemetry; dropping it (next warning in a minute at the earliest)");
+            }
+        }
+        r
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for Warned<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let r = self.inner.export(batch).await;
+        self.report(r)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+impl<E: opentelemetry_sdk::metrics::exporter::PushMetricExporter> opentelemetry_sdk::metrics::exporter::PushMetricExporter for Warned<E> {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let r = self.inner.export(metrics).await;
+        self.report(r)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+impl<E: opentelemetry_sdk::logs::LogExporter> opentelemetry_sdk::logs::LogExporter for Warned<E> {
+    async fn export(&self, batch: opentelemetry_sdk::logs::LogBatch<'_>) -> OTelSdkResult {
+        let r = self.inner.export(batch).await;
+        self.report(r)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// `traces.exporter: console`: one line per finished span on standard error (never standard
+/// output, which MCP over stdio owns).
+#[derive(Debug)]
+struct ConsoleSpans;
+
+impl SpanExporter for ConsoleSpans {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let mut out = String::new();
+        for s in batch {
+            let ms = s.end_time.duration_since(s.start_time).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
+            let _ = write!(out, "span {} trace={} id={} parent={} {ms:.1}ms", s.name, s.span_context.trace_id(), s.span_context.span_id(), s.parent_span_id);
+            for kv in &s.attributes {
+                let _ = write!(out, " {}={}", kv.key, kv.value);
+            }
+            out.push('\n');
+        }
+        eprint!("{out}");
+        Ok(())
+    }
+}
+
+/// The reader behind `/metrics`: collects on demand.
+#[derive(Debug, Default)]
+pub(crate) struct PullReader(ManualReader);
+
+impl PullReader {
+    /// Every metric, in the Prometheus text format (0.0.4).
+    pub(crate) fn prometheus(&self) -> String {
+        let mut rm = ResourceMetrics::default();
+        if let Err(e) = self.0.collect(&mut rm) {
+            return format!("# cannot collect metrics: {e}\n");
+        }
+        render_prometheus(&rm)
+    }
+}
+
+/// Hands the provider a reader it shares with `/metrics`.
+#[derive(Debug)]
+struct SharedReader(Arc<PullReader>);
+
+impl MetricReader for SharedReader {
+    fn register_pipeline(&self, pipeline: Weak<Pipeline>) {
+        self.0.0.register_pipeline(pipeline);
+    }
+
+    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
+        self.0.0.collect(rm)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.0.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self, kind: InstrumentKind) -> Temporality {
+        self.0.0.temporality(kind)
+    }
+}
+
+/// A Prometheus metric or label name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+fn prom_name(s: &str) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == ':' { c } else { '_' }).collect();
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+fn prom_labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&str, String)>) -> String {
+    let mut parts: Vec<String> = attrs
+        .map(|kv| {
+            let v = kv.value.as_str();
+            format!("{}=\"{}\"", prom_name(kv.key.as_str()), v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+        })
+        .collect();
+    parts.sort();
+    if let Some((k, v)) = extra {
+        parts.push(format!("{k}=\"{v}\""));
+    }
+    if parts.is_empty() { String::new() } else { format!("{{{}}}", parts.join(",")) }
+}
+
+fn prom_value(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    } else {
+        v.to_string()
+    }
+}
+
+/// Renders OpenTelemetry metrics as Prometheus text: dots become underscores, seconds get
+/// `_seconds`, counters `_total`; up-down counters are gauges.
+fn render_prometheus(rm: &ResourceMetrics) -> String {
+    let mut out = String::new();
+    for scope in rm.scope_metrics() {
+        for m in scope.metrics() {
+            let mut name = prom_name(m.name());
+            if m.unit() == "s" && !name.ends_with("_seconds") {
+                name.push_str("_seconds");
+            }
+            macro_rules! render {
+                ($data:expr) => {
+                    match $data {
+                        MetricData::Gauge(g) => {
+                            header(&mut out, &name, m.description(), "gauge");
+                            for p in g.data_points() {
+                                let _ = writeln!(out, "{name}{} {}", prom_labels(p.attributes(), None), prom_value(p.value() as f64));
+                            }
+                        }
+                        MetricData::Sum(s) if s.is_monotonic() => {
+                            let total = format!("{name}_total");
+                            header(&mut out, &total, m.description(), "counter");
+                            for p in s.data_points() {
+                                let _ = writeln!(out, "{total}{} {}", prom_labels(p.attributes(), None), prom_value(p.value() as f64));
+                            }
+                        }
+                        MetricData::Sum(s) => {
+                            header(&mut out, &name, m.description(), "gauge");
+                            for p in s.data_points() {
+                                let _ = writeln!(out, "{name}{} {}", prom_labels(p.attributes(), None), prom_value(p.value() as f64));
+                            }
+                        }
+                        MetricData::Histogram(h) => {
+                            header(&mut out, &name, m.description(), "histogram");
+                            for p in h.data_points() {
+                                let mut cumulative = 0u64;
+                                let bounds: Vec<f64> = p.bounds().collect();
+                                for (i, n) in p.bucket_counts().enumerate() {
+                                    cumulative += n;
+                                    let le = bounds.get(i).copied().unwrap_or(f64::INFINITY);
+                                    let labels = prom_labels(p.attributes(), Some(("le", prom_value(le))));
+                                    let _ = writeln!(out, "{name}_bucket{labels} {cumulative}");
+                                }
+                                let labels = prom_labels(p.attributes(), None);
+                                let _ = writeln!(out, "{name}_sum{labels} {}", prom_value(p.sum() as f64));
+                                let _ = writeln!(out, "{name}_count{labels} {}", p.count());
+                            }
+                        }
+                        MetricData::ExponentialHistogram(_) => {}
+                    }
+                };
+            }
+            match m.data() {
+                AggregatedMetrics::F64(d) => render!(d),
+                AggregatedMetrics::U64(d) => render!(d),
+                AggregatedMetrics::I64(d) => render!(d),
+            }
+        }
+    }
+    out
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", help.replace('\\', "\\\\").replace('\n', "\\n"));
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_follow_the_prometheus_rules() {
+        assert_eq!(prom_name("lamplighter.run.duration"), "lamplighter_run_duration");
+        assert_eq!(prom_name("gen_ai.client.token.usage"), "gen_ai_client_token_usage");
+        assert_eq!(prom_name("9lives"), "_9lives");
+        let kv = [KeyValue::new("job", "a\"b\\c\nd"), KeyValue::new("gen_ai.token.type", "input")];
+        assert_eq!(prom_labels(kv.iter(), Some(("le", "0.5".into()))), r#"{gen_ai_token_type="input",job="a\"b\\c\nd",le="0.5"}"#);
+    }
+
+    #[test]
+    fn endpoints_get_the_signal_path_only_when_they_have_none() {
+        let s = |e: &str| SignalConfig { exporter: None, endpoint: Some(e.into()) };
+        assert_eq!(endpoint(&s("http://collector:4318"), "traces").as_deref(), Some("http://collector:4318/v1/traces"));
+        assert_eq!(endpoint(&s("http://collector:4318/"), "metrics").as_deref(), Some("http://collector:4318/v1/metrics"));
+        assert_eq!(endpoint(&s("https://x.example/otlp/v1/traces"), "traces").as_deref(), Some("https://x.example/otlp/v1/traces"));
+    }
+
+    #[test]
+    fn the_environment_can_break_export_but_only_when_it_is_on() {
+        let on = TelemetryConfig { enabled: true, ..TelemetryConfig::default() };
+        let env = |k: &'static str, v: &'static str| move |n: &str| (n == k).then(|| v.to_string());
+        let grpc = check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")).expect("grpc refused");
+        assert!(grpc.contains("http/protobuf"), "{grpc}");
+        assert_eq!(check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")), None);
+        assert!(check(&on, env("OTEL_METRICS_EXPORTER", "console")).is_some());
+        assert_eq!(check(&TelemetryConfig::default(), env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")), None);
+        // The config's choice wins over the variable; the variable fills in.
+        let t = TelemetryConfig { enabled: true, ..TelemetryConfig::default() };
+        assert_eq!(exporter(&t, &t.traces, "traces", &env("OTEL_TRACES_EXPORTER", "none")), Exporter::None);
+        let set = SignalConfig { exporter: Some(Exporter::Otlp), endpoint: None };
+        assert_eq!(exporter(&t, &set, "traces", &env("OTEL_TRACES_EXPORTER", "none")), Exporter::Otlp);
+        assert_eq!(exporter(&t, &set, "traces", &env("OTEL_SDK_DISABLED", "true")), Exporter::None);
+    }
+}
