@@ -49,6 +49,12 @@ fn gantri_reference_loads_unchanged() {
     assert_eq!(resolved.model.api, ModelApi::Responses);
     let providers = format!("{:?}", c.providers);
     assert!(providers.contains("<redacted>") && !providers.contains("AZURE_OPENAI_API_KEY"), "keys are redacted in Debug: {providers}");
+    // The seed's telemetry section: on, everything over OTLP, no prompts on spans.
+    let t = &c.telemetry;
+    assert!(t.enabled && !t.sensitive_data);
+    assert_eq!(t.service_name.as_deref(), Some("gantri"));
+    let otlp = Some(lamplighter_config::Exporter::Otlp);
+    assert_eq!((t.traces.exporter, t.metrics.exporter, t.logs.exporter), (otlp, otlp, otlp));
     let shown = lamplighter_config::show(c);
     assert!(shown.contains("daily-news-9pm"));
     assert!(!shown.contains("${AZURE_OPENAI_API_KEY}"), "secrets must be redacted:\n{shown}");
@@ -373,4 +379,29 @@ fn the_worker_lease_has_a_default_and_refuses_nonsense() {
     write(tmp.path(), "lamplighter.yaml", "worker:\n  lease: soon\nscheduling:\n  jobs: {}\n");
     let errors = errors_of(tmp.path());
     assert!(errors.len() == 1 && errors[0].contains("worker.lease"), "{errors:?}");
+}
+
+#[test]
+fn hook_and_telemetry_mistakes_are_located_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        "hooks:\n  bindings:\n    - {event: \"agent:*:model-call:later\", plugin: p, hook: h}\n    - {event: \"agent\", plugin: p, hook: h}\n    - {event: \"agent:*:model-call:before\", plugin: \"\", hook: h}\n\
+         telemetry:\n  enabled: true\n  traces: {exporter: zipkin}\n  metrics: {exporter: console, export_interval_ms: 5}\n  logs: {endpoint: \"collector:4318\"}\n",
+    );
+    let errors = errors_of(tmp.path());
+    let want = [
+        "lamplighter.yaml:3:8: error: hook event \"agent:*:model-call:later\": timing \"later\" is not one of before, after, onerror, around, *",
+        "lamplighter.yaml:4:8: error: hook event \"agent\" is not domain:component:action:timing",
+        "lamplighter.yaml:5:7: error: hook binding for \"agent:*:model-call:before\" needs a plugin and a hook",
+        "lamplighter.yaml:8:12: error: telemetry.traces.exporter \"zipkin\" is not one of otlp, console, none",
+        "lamplighter.yaml:9:13: error: telemetry.metrics.exporter \"console\" is not supported: use otlp, or scrape GET /metrics",
+        "lamplighter.yaml:9:32: error: telemetry.metrics.export_interval_ms must be at least 100, not 5",
+        "lamplighter.yaml:10:10: error: telemetry.logs.endpoint \"collector:4318\" is not an http(s) URL",
+    ];
+    for w in want {
+        assert!(errors.iter().any(|e| e.starts_with(w)), "missing {w}\nin {errors:#?}");
+    }
+    assert_eq!(errors.len(), want.len(), "{errors:#?}");
 }

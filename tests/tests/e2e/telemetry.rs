@@ -213,3 +213,36 @@ fn with_no_collector_runs_are_unaffected_and_the_worker_says_so_once_per_signal(
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0), "{}", w.log());
     drop(rt);
 }
+
+#[test]
+fn validate_refuses_unknown_hook_plugins_and_an_otlp_protocol_it_cannot_speak_and_run_goes_on_without_export() {
+    let mut w = Worker::new("");
+    let job = "j:\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {path: a.txt, content: b}\n";
+    let telemetry = "telemetry:\n  enabled: true\n  traces: {exporter: otlp, endpoint: \"http://127.0.0.1:9\"}\n";
+    w.write_full(&format!("hooks:\n  bindings:\n    - {{event: \"agent:*:model-call:before\", plugin: nope, hook: log}}\n{telemetry}"), job, "");
+    let validate = |w: &Worker| {
+        let out = std::process::Command::new(crate::support::bin())
+            .args(["config", "validate", "--config"])
+            .arg(w.config_path())
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = validate(&w);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("hook binding \"agent:*:model-call:before\" names plugin \"nope\", which does not exist"), "{err}");
+    assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported"), "{err}");
+
+    // Without the bad binding, validate still refuses the protocol; a worker started with it
+    // exports nothing, says why, and runs its jobs.
+    w.write_full(telemetry, job, "");
+    let (code, err) = validate(&w);
+    assert_eq!(code, Some(2), "{err}");
+    w.env.push(("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()));
+    w.start();
+    assert!(w.log().contains("telemetry export is disabled: OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported"), "{}", w.log());
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "j", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(w.dir.path().join("data/a.txt")).ok().as_deref(), Some("b"));
+}
