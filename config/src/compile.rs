@@ -325,15 +325,16 @@ impl<'a> Compiler<'a> {
         let Some(t) = t else { return TelemetryConfig::default() };
         let signal = |c: &mut Self, name: &str, s: Option<&raw::Signal>| {
             let s = s.cloned().unwrap_or_default();
-            let exporter = s.exporter.as_deref().and_then(|e| {
-                Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], e)).ok()
-            });
+            let exporter =
+                s.exporter.as_deref().and_then(|e| Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], e)).ok());
             if let Some(url) = &s.endpoint
                 && !(url.starts_with("http://") || url.starts_with("https://"))
             {
                 c.err(
                     &["telemetry", name, "endpoint"],
-                    format!("telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (OTLP over HTTP, e.g. http://localhost:4318/v1/{name})"),
+                    format!(
+                        "telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (OTLP over HTTP, e.g. http://localhost:4318/v1/{name})"
+                    ),
                 );
             }
             SignalConfig { exporter, endpoint: s.endpoint }
@@ -343,9 +344,14 @@ impl<'a> Compiler<'a> {
         let logs = signal(self, "logs", t.logs.as_ref());
         let raw_traces = t.traces.clone().unwrap_or_default();
         let sample_ratio = raw_traces.sampling.as_ref().and_then(|s| match (s.strategy.as_deref(), s.ratio) {
-            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), Some(r)) if (0.0..=1.0).contains(&r) => Some(r),
+            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), Some(r)) if (0.0..=1.0).contains(&r) => {
+                Some(r)
+            }
             (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), r) => {
-                self.err(&["telemetry", "traces", "sampling", "ratio"], format!("telemetry.traces.sampling.ratio must be between 0 and 1, not {r:?}"));
+                self.err(
+                    &["telemetry", "traces", "sampling", "ratio"],
+                    format!("telemetry.traces.sampling.ratio must be between 0 and 1, not {r:?}"),
+                );
                 None
             }
             (Some("always_on"), _) => Some(1.0),
@@ -360,13 +366,19 @@ impl<'a> Compiler<'a> {
         });
         let metrics_interval = t.metrics.as_ref().and_then(|m| m.export_interval_ms).map(|ms| {
             if ms < 100 {
-                self.err(&["telemetry", "metrics", "export_interval_ms"], format!("telemetry.metrics.export_interval_ms must be at least 100, not {ms}"));
+                self.err(
+                    &["telemetry", "metrics", "export_interval_ms"],
+                    format!("telemetry.metrics.export_interval_ms must be at least 100, not {ms}"),
+                );
             }
             Duration::from_millis(ms.max(100))
         });
         for (name, s) in [("metrics", &t.metrics), ("logs", &t.logs)] {
             if s.as_ref().is_some_and(|s| s.enable_sensitive_data.is_some()) {
-                self.warn(&["telemetry", name, "enable_sensitive_data"], format!("telemetry.{name}.enable_sensitive_data has no effect; it belongs under telemetry.traces"));
+                self.warn(
+                    &["telemetry", name, "enable_sensitive_data"],
+                    format!("telemetry.{name}.enable_sensitive_data has no effect; it belongs under telemetry.traces"),
+                );
             }
         }
         TelemetryConfig {

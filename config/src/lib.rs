@@ -27,9 +27,9 @@ pub use compile::{
     Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, JobConfig, McpAuth, McpTransport, Overlap,
     Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
-pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig, Timing};
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
+pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig, Timing};
 pub use schedule::{Schedule, ScheduleError, ScheduleSpec};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};

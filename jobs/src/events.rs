@@ -109,7 +109,9 @@ const TOKEN_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 163
 
 impl Instruments {
     fn new(meter: &Meter, queue_depth: Arc<AtomicI64>) -> Self {
-        let s = |name: &'static str, desc: &'static str| meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build();
+        let s = |name: &'static str, desc: &'static str| {
+            meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build()
+        };
         let c = |name: &'static str, desc: &'static str| meter.u64_counter(name).with_description(desc).build();
         meter
             .i64_observable_gauge(metric::QUEUE_DEPTH)
@@ -190,9 +192,13 @@ impl Op {
         let span = match self {
             Op::Run { job, .. } => tracing::info_span!(parent: None, "run", otel.name = %format_args!("run {job}"), otel.kind = "internal"),
             Op::Step { step, .. } => tracing::info_span!("step", otel.name = %format_args!("step {step}")),
-            Op::ModelCall { model, .. } => tracing::info_span!("model call", otel.name = %format_args!("chat {model}"), otel.kind = "client"),
+            Op::ModelCall { model, .. } => {
+                tracing::info_span!("model call", otel.name = %format_args!("chat {model}"), otel.kind = "client")
+            }
             Op::ToolUse { tool, .. } => tracing::info_span!("tool call", otel.name = %format_args!("execute_tool {tool}")),
-            Op::PluginAction { plugin, action } => tracing::info_span!("plugin action", otel.name = %format_args!("plugin {plugin}.{action}")),
+            Op::PluginAction { plugin, action } => {
+                tracing::info_span!("plugin action", otel.name = %format_args!("plugin {plugin}.{action}"))
+            }
             Op::McpCall { server, tool } => {
                 tracing::info_span!("mcp call", otel.name = %format_args!("mcp {server}.{tool}"), otel.kind = "client")
             }
@@ -211,9 +217,15 @@ impl Op {
         let s = |k: &'static str, v: &str| KeyValue::new(k, v.to_string());
         match self {
             Op::Run { job, trigger, attempt } => {
-                vec![s("lamplighter.job", job), s("lamplighter.trigger", trigger), KeyValue::new("lamplighter.attempt", i64::from(*attempt))]
+                vec![
+                    s("lamplighter.job", job),
+                    s("lamplighter.trigger", trigger),
+                    KeyValue::new("lamplighter.attempt", i64::from(*attempt)),
+                ]
             }
-            Op::Step { workflow, step, kind } => vec![s("lamplighter.workflow", workflow), s("lamplighter.step", step), s("lamplighter.step.type", kind)],
+            Op::Step { workflow, step, kind } => {
+                vec![s("lamplighter.workflow", workflow), s("lamplighter.step", step), s("lamplighter.step.type", kind)]
+            }
             Op::ModelCall { agent, provider, model } => vec![
                 s("gen_ai.operation.name", "chat"),
                 s("gen_ai.request.model", model),
@@ -480,7 +492,9 @@ impl Observer {
             let label = b.label();
             match &registry {
                 Some(r) if r.has_hook(&b.plugin, &b.hook) => bound.push(Bound { binding: b.clone(), label }),
-                _ => tracing::warn!(hook = %label, event = %b.event, "hook binding disabled: the plugin does not export this hook or did not load"),
+                _ => {
+                    tracing::warn!(hook = %label, event = %b.event, "hook binding disabled: the plugin does not export this hook or did not load")
+                }
             }
         }
         self.any_hooks.store(!bound.is_empty(), Ordering::Relaxed);
@@ -538,7 +552,9 @@ impl Observer {
         let Some(registry) = self.registry.read().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
         for b in hooks.iter().filter(|b| b.binding.event.matches(event, timing)) {
             let reply = registry.invoke_hook(&b.binding.plugin, &b.binding.hook, payload.clone()).await;
-            let kv = |o: &str| [KeyValue::new("hook", b.label.clone()), KeyValue::new("timing", timing.as_str()), KeyValue::new("outcome", o.to_string())];
+            let kv = |o: &str| {
+                [KeyValue::new("hook", b.label.clone()), KeyValue::new("timing", timing.as_str()), KeyValue::new("outcome", o.to_string())]
+            };
             match reply {
                 Ok(reply) => match cancel_reason(&reply) {
                     Some(why) if timing == Timing::Before => {
@@ -589,10 +605,18 @@ impl Observer {
     }
 
     /// A run's end was recorded.
-    pub(crate) fn run_finished(&self, run: &Run, status: RunStatus, error: Option<&str>, waiting_until: Option<chrono::DateTime<chrono::Utc>>) {
+    pub(crate) fn run_finished(
+        &self,
+        run: &Run,
+        status: RunStatus,
+        error: Option<&str>,
+        waiting_until: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
         self.m.running.add(-1, &[]);
         match status {
-            RunStatus::WaitingApproval => tracing::info!(run = %run.id, job = %run.job, until = ?waiting_until, "run waits for approval; its slot is free"),
+            RunStatus::WaitingApproval => {
+                tracing::info!(run = %run.id, job = %run.job, until = ?waiting_until, "run waits for approval; its slot is free")
+            }
             _ => tracing::info!(run = %run.id, job = %run.job, status = status.as_str(), error = error.unwrap_or(""), "run finished"),
         }
     }

@@ -25,7 +25,7 @@ use crate::gate::{Gate, Pass};
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::Signal;
 use crate::store::{Handed, RunEnd};
-use crate::target::{JobSnapshot, RunContext, TargetRef};
+use crate::target::{JobSnapshot, RunContext, RunEnv, TargetRef};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -171,16 +171,14 @@ async fn execute(
         None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
             let job = Arc::new(job);
-            let ctx = RunContext::new(
-                run,
-                job.clone(),
-                entry.token.clone(),
-                shared.data_dir(),
-                shared.store_handle(),
-                shared.clock().clone(),
-                shared.agents(),
-                shared.observer().clone(),
-            );
+            let env = RunEnv {
+                data_dir: shared.data_dir(),
+                store: shared.store_handle(),
+                clock: shared.clock().clone(),
+                agents: shared.agents(),
+                observer: shared.observer().clone(),
+            };
+            let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
             // The run's start, as recorded: the moment its target is called.
             if let Some(started) = started {
                 let _ = started.set(shared.clock().now());

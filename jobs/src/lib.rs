@@ -70,7 +70,12 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
                 let known: Vec<&str> = registry.plugins().iter().filter(|p| !p.hooks.is_empty()).map(|p| p.name.as_str()).collect();
                 out.errors.push(Diagnostic::error(
                     at,
-                    format!("hook binding \"{}\" names plugin \"{}\", which does not exist; plugins with hooks: {}", b.event, b.plugin, list(&known)),
+                    format!(
+                        "hook binding \"{}\" names plugin \"{}\", which does not exist; plugins with hooks: {}",
+                        b.event,
+                        b.plugin,
+                        list(&known)
+                    ),
                 ));
             }
             Some(p) if p.error.is_some() => {
@@ -81,7 +86,12 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             Some(p) if !p.hooks.contains(&b.hook) => {
                 out.errors.push(Diagnostic::error(
                     at,
-                    format!("plugin \"{}\" has no hook \"{}\"; its hooks: {}", b.plugin, b.hook, list(&p.hooks.iter().map(String::as_str).collect::<Vec<_>>())),
+                    format!(
+                        "plugin \"{}\" has no hook \"{}\"; its hooks: {}",
+                        b.plugin,
+                        b.hook,
+                        list(&p.hooks.iter().map(String::as_str).collect::<Vec<_>>())
+                    ),
                 ));
             }
             Some(_) => {}

@@ -91,11 +91,18 @@ pub struct RunContext {
     run: Run,
     job: Arc<JobSnapshot>,
     cancel: CancellationToken,
-    data_dir: PathBuf,
-    store: Arc<dyn RunStore>,
-    clock: Arc<dyn Clock>,
-    agents: Arc<Catalog>,
-    observer: Arc<Observer>,
+    env: RunEnv,
+}
+
+/// What every run of an engine shares: the data directory, the store, the clock, the agent
+/// catalog in force and where events go.
+#[derive(Clone)]
+pub(crate) struct RunEnv {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) agents: Arc<Catalog>,
+    pub(crate) observer: Arc<Observer>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -105,22 +112,13 @@ impl std::fmt::Debug for RunContext {
 }
 
 impl RunContext {
-    pub(crate) fn new(
-        run: Run,
-        job: Arc<JobSnapshot>,
-        cancel: CancellationToken,
-        data_dir: PathBuf,
-        store: Arc<dyn RunStore>,
-        clock: Arc<dyn Clock>,
-        agents: Arc<Catalog>,
-        observer: Arc<Observer>,
-    ) -> Self {
-        Self { run, job, cancel, data_dir, store, clock, agents, observer }
+    pub(crate) fn new(run: Run, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
+        Self { run, job, cancel, env }
     }
 
     /// Where this run's events go.
     pub fn observer(&self) -> &Arc<Observer> {
-        &self.observer
+        &self.env.observer
     }
 
     /// Calls a plugin action for this run, as an operation: its span, its metrics (fuel
@@ -134,13 +132,13 @@ impl RunContext {
         actx: &ActionContext,
     ) -> Result<serde_json::Value, ActionError> {
         let op = Op::PluginAction { plugin: plugin.to_string(), action: action.to_string() };
-        let started = match self.observer.begin(op, Owner::from(&self.run), None).await {
+        let started = match self.env.observer.begin(op, Owner::from(&self.run), None).await {
             Ok(s) => s,
             Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
         };
         let result = registry.invoke(plugin, action, params, actx).instrument(started.span().clone()).await;
         let error = result.as_ref().err().map(ToString::to_string);
-        started.end(&self.observer, Ended { error: error.as_deref(), fuel: actx.usage.fuel(), ..Ended::ok() }).await;
+        started.end(&self.env.observer, Ended { error: error.as_deref(), fuel: actx.usage.fuel(), ..Ended::ok() }).await;
         result
     }
 
@@ -158,47 +156,47 @@ impl RunContext {
 
     /// The job's `working_directory`, or the data directory.
     pub fn working_directory(&self) -> PathBuf {
-        self.job.working_directory.clone().unwrap_or_else(|| self.data_dir.clone())
+        self.job.working_directory.clone().unwrap_or_else(|| self.env.data_dir.clone())
     }
 
     /// The value recorded under `step` by this attempt or an earlier one of the same run.
     pub async fn checkpoint(&self, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        self.store.checkpoint(&self.run.root_id, step).await
+        self.env.store.checkpoint(&self.run.root_id, step).await
     }
 
     /// Records `value` under `step` for this run and every later attempt of it (replacing an
     /// earlier value). Durable when this returns.
     pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
-        self.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.clock.now()).await
+        self.env.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now()).await
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
+        &self.env.clock
     }
 
     /// The workflow steps recorded by this attempt or an earlier one.
     pub(crate) async fn steps(&self) -> Result<Vec<StepRecord>, StoreError> {
-        self.store.steps(&self.run.root_id).await
+        self.env.store.steps(&self.run.root_id).await
     }
 
     /// Records workflow steps for this run identity; durable when this returns.
     pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
-        self.store.record_steps(&self.run.root_id, steps).await
+        self.env.store.record_steps(&self.run.root_id, steps).await
     }
 
     /// The agent calls recorded by this attempt or an earlier one.
     pub(crate) async fn calls(&self) -> Result<Vec<CallRecord>, StoreError> {
-        self.store.calls(&self.run.root_id).await
+        self.env.store.calls(&self.run.root_id).await
     }
 
     /// Records an agent call for this run identity; durable when this returns.
     pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
-        self.store.record_call(&self.run.root_id, call).await
+        self.env.store.record_call(&self.run.root_id, call).await
     }
 
     /// The agents of the config in force when the run started.
     pub(crate) fn agents(&self) -> &Arc<Catalog> {
-        &self.agents
+        &self.env.agents
     }
 }
 

@@ -80,7 +80,10 @@ async fn hooks_get_the_event_in_priority_order_and_onerror_only_on_failure() {
     assert_eq!(run.status, RunStatus::Succeeded, "{:?}", run.error);
     let after = recorded(dir.path(), "record").expect("the after hook ran");
     assert_eq!(after["event"], "plugin:file-save:action:after");
-    assert_eq!((after["domain"].as_str(), after["component"].as_str(), after["timing"].as_str()), (Some("plugin"), Some("file-save"), Some("after")));
+    assert_eq!(
+        (after["domain"].as_str(), after["component"].as_str(), after["timing"].as_str()),
+        (Some("plugin"), Some("file-save"), Some("after"))
+    );
     assert_eq!(after["run"]["id"], run.id.as_str());
     assert_eq!(after["run"]["job"], "j");
     assert_eq!(after["data"], serde_json::json!({"plugin": "file-save", "action": "save"}));

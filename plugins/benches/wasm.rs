@@ -36,8 +36,12 @@ async fn run(n: usize) {
         registry.plugins().iter().find(|p| p.name == "echo")
     );
 
-    let ctx =
-        ActionContext { working_directory: data.path().to_path_buf(), allowed_commands: Vec::new(), cancel: CancellationToken::new(), usage: Default::default() };
+    let ctx = ActionContext {
+        working_directory: data.path().to_path_buf(),
+        allowed_commands: Vec::new(),
+        cancel: CancellationToken::new(),
+        usage: Default::default(),
+    };
     let wasm = measure(n, || registry.invoke("echo", "echo", json!({"message": "hello", "count": 3}), &ctx)).await;
     let builtin = measure(n, || registry.invoke("file-read", "read", json!({"path": "small.txt"}), &ctx)).await;
 

@@ -38,8 +38,8 @@ use wasmtime::{
     UpdateDeadline,
 };
 
-use crate::{ActionError, Usage};
 use crate::builtin::confine;
+use crate::{ActionError, Usage};
 
 /// Limits and grants for WASM plugins, from the operator's configuration.
 #[derive(Debug, Clone)]

@@ -46,7 +46,12 @@ fn load() -> Loaded {
 }
 
 fn ctx(dir: &Path) -> ActionContext {
-    ActionContext { working_directory: dir.to_path_buf(), allowed_commands: Vec::new(), cancel: CancellationToken::new(), usage: Default::default() }
+    ActionContext {
+        working_directory: dir.to_path_buf(),
+        allowed_commands: Vec::new(),
+        cancel: CancellationToken::new(),
+        usage: Default::default(),
+    }
 }
 
 fn load_error(registry: &Registry, plugin: &str) -> String {

@@ -168,8 +168,12 @@ async fn metrics(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCo
                     kind,
                 };
                 let points: Vec<Point> = match &m.data {
-                    Some(metric::Data::Sum(s)) => s.data_points.iter().map(|p| point(&p.attributes, number(&p.value), 0.0, "sum")).collect(),
-                    Some(metric::Data::Gauge(g)) => g.data_points.iter().map(|p| point(&p.attributes, number(&p.value), 0.0, "gauge")).collect(),
+                    Some(metric::Data::Sum(s)) => {
+                        s.data_points.iter().map(|p| point(&p.attributes, number(&p.value), 0.0, "sum")).collect()
+                    }
+                    Some(metric::Data::Gauge(g)) => {
+                        g.data_points.iter().map(|p| point(&p.attributes, number(&p.value), 0.0, "gauge")).collect()
+                    }
                     Some(metric::Data::Histogram(h)) => {
                         h.data_points.iter().map(|p| point(&p.attributes, p.count as f64, p.sum.unwrap_or(0.0), "histogram")).collect()
                     }

@@ -31,12 +31,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{ApprovalMode, Config, Step, StepKind};
+use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
     Approval, Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus,
     ServiceError, TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
-use lamplighter_jobs::events::Observer;
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = [
@@ -1006,7 +1006,8 @@ impl ServerHandler for Control {
                 Ok(tool_error(format!("internal error in tool \"{name}\"; the worker log has details")).into())
             }
         };
-        let ok = matches!(&response, Ok(CallToolResponse::Complete(r)) if r.is_error != Some(true)) || matches!(&response, Ok(CallToolResponse::Task(_) | CallToolResponse::InputRequired(_)));
+        let ok = matches!(&response, Ok(CallToolResponse::Complete(r)) if r.is_error != Some(true))
+            || matches!(&response, Ok(CallToolResponse::Task(_) | CallToolResponse::InputRequired(_)));
         self.observer.mcp_request(&name, ok);
         response
     }

@@ -233,8 +233,12 @@ impl Reloader {
                     tracing::warn!("worker.mcp changed (host, port, auth or transport); that takes effect at the next restart");
                 }
                 let (t, l) = (&config.telemetry, &self.telemetry);
-                if (t.enabled, &t.traces, &t.metrics, &t.logs, &t.service_name) != (l.enabled, &l.traces, &l.metrics, &l.logs, &l.service_name) {
-                    tracing::warn!("telemetry exporters changed; that takes effect at the next restart (hooks and enable_sensitive_data apply now)");
+                if (t.enabled, &t.traces, &t.metrics, &t.logs, &t.service_name)
+                    != (l.enabled, &l.traces, &l.metrics, &l.logs, &l.service_name)
+                {
+                    tracing::warn!(
+                        "telemetry exporters changed; that takes effect at the next restart (hooks and enable_sensitive_data apply now)"
+                    );
                 }
                 self.observer.config_reloaded(Ok(config.jobs.len()));
                 Ok(ReloadSummary { jobs: config.jobs.len(), warnings: loaded.warnings.iter().map(ToString::to_string).collect() })

@@ -51,9 +51,16 @@ pub(crate) fn check(t: &TelemetryConfig, env: impl Fn(&str) -> Option<String>) -
     if !t.enabled {
         return None;
     }
-    for var in ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"] {
+    for var in [
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+    ] {
         if let Some(p) = env(var).filter(|p| !p.trim().is_empty() && p.trim() != "http/protobuf") {
-            return Some(format!("{var}={p} is not supported: Lamplighter exports OTLP over HTTP with protobuf (http/protobuf, port 4318)"));
+            return Some(format!(
+                "{var}={p} is not supported: Lamplighter exports OTLP over HTTP with protobuf (http/protobuf, port 4318)"
+            ));
         }
     }
     for (signal, var) in [("traces", "OTEL_TRACES_EXPORTER"), ("metrics", "OTEL_METRICS_EXPORTER"), ("logs", "OTEL_LOGS_EXPORTER")] {
@@ -245,7 +252,9 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, tracer: Option<&SdkTr
     // Log records through the same pipeline; the exporters' own chatter stays out of it.
     let logs = logger.map(|l| {
         opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(
-            log_filter(level).add_directive("opentelemetry=off".parse().expect("static")).add_directive("reqwest=off".parse().expect("static")),
+            log_filter(level)
+                .add_directive("opentelemetry=off".parse().expect("static"))
+                .add_directive("reqwest=off".parse().expect("static")),
         )
     });
     let _ = tracing_subscriber::registry().with(fmt).with(spans).with(logs).try_init();
@@ -342,7 +351,14 @@ impl SpanExporter for ConsoleSpans {
         let mut out = String::new();
         for s in batch {
             let ms = s.end_time.duration_since(s.start_time).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
-            let _ = write!(out, "span {} trace={} id={} parent={} {ms:.1}ms", s.name, s.span_context.trace_id(), s.span_context.span_id(), s.parent_span_id);
+            let _ = write!(
+                out,
+                "span {} trace={} id={} parent={} {ms:.1}ms",
+                s.name,
+                s.span_context.trace_id(),
+                s.span_context.span_id(),
+                s.parent_span_id
+            );
             for kv in &s.attributes {
                 let _ = write!(out, " {}={}", kv.key, kv.value);
             }
@@ -418,11 +434,7 @@ fn prom_labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&st
 }
 
 fn prom_value(v: f64) -> String {
-    if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
-    } else {
-        v.to_string()
-    }
+    if v.is_infinite() { if v > 0.0 { "+Inf".into() } else { "-Inf".into() } } else { v.to_string() }
 }
 
 /// Renders OpenTelemetry metrics as Prometheus text: dots become underscores, seconds get

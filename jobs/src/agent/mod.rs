@@ -395,7 +395,8 @@ impl Session {
             }
             let started = self.now();
             let obs = self.ctx.observer();
-            let op = Op::ModelCall { agent: name.clone(), provider: s.endpoint.provider().to_string(), model: s.endpoint.model().to_string() };
+            let op =
+                Op::ModelCall { agent: name.clone(), provider: s.endpoint.provider().to_string(), model: s.endpoint.model().to_string() };
             let call = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
                 Ok(c) => c,
                 Err(Cancelled(why)) => return AgentEnd::failed(format!("agent \"{name}\": model call not made: {why}"), false),
@@ -617,7 +618,8 @@ impl Session {
                 };
                 let obs = self.ctx.observer();
                 let op = Op::McpCall { server: server.clone(), tool: t.clone() };
-                let call = obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
+                let call =
+                    obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
                 let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).instrument(call.span().clone()).await;
                 let r = match r {
                     Ok(r) if r.is_error => Err(r.text),

@@ -171,9 +171,12 @@ fn a_workflow_run_is_one_trace_with_genai_attributes_and_its_metrics_and_logs_ar
     assert!(point("lamplighter.queue.depth", &[]).is_some(), "queue depth sampled: {:?}", otlp.metric_names());
 
     // Logs, through the same pipeline.
-    poll("the run's log records", Duration::from_secs(20), || otlp.logs().iter().any(|l| l == "run finished").then_some(()), || {
-        format!("logs: {:?}", otlp.logs())
-    });
+    poll(
+        "the run's log records",
+        Duration::from_secs(20),
+        || otlp.logs().iter().any(|l| l == "run finished").then_some(()),
+        || format!("logs: {:?}", otlp.logs()),
+    );
 
     // `/metrics` has the same numbers, in Prometheus text.
     let after = metrics_page(&w);
@@ -219,7 +222,11 @@ fn validate_refuses_unknown_hook_plugins_and_an_otlp_protocol_it_cannot_speak_an
     let mut w = Worker::new("");
     let job = "j:\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {path: a.txt, content: b}\n";
     let telemetry = "telemetry:\n  enabled: true\n  traces: {exporter: otlp, endpoint: \"http://127.0.0.1:9\"}\n";
-    w.write_full(&format!("hooks:\n  bindings:\n    - {{event: \"agent:*:model-call:before\", plugin: nope, hook: log}}\n{telemetry}"), job, "");
+    w.write_full(
+        &format!("hooks:\n  bindings:\n    - {{event: \"agent:*:model-call:before\", plugin: nope, hook: log}}\n{telemetry}"),
+        job,
+        "",
+    );
     let validate = |w: &Worker| {
         let out = std::process::Command::new(crate::support::bin())
             .args(["config", "validate", "--config"])
