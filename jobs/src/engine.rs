@@ -680,7 +680,7 @@ const QUEUE_SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Samples the number of queued runs (all workers) for the queue depth gauge.
 async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        match shared.store.queued().await {
+        match shared.store.queue_depth().await {
             Ok(n) => shared.observer.set_queue_depth(n),
             Err(e) => tracing::debug!(error = %e, "cannot count queued runs"),
         }

@@ -631,8 +631,6 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError>;
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
-    /// How many runs are queued, of every job and worker.
-    async fn queued(&self) -> Result<u64, StoreError>;
     /// The latest run of every job.
     async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError>;
     /// Runs waiting to start.

@@ -693,15 +693,6 @@ impl RunStore for SqliteStore {
         Ok(rows.iter().map(run_from_row).collect())
     }
 
-    async fn queued(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = ?1")
-            .bind(RunStatus::Queued.as_str())
-            .fetch_one(&self.pool)
-            .await
-            .ctx("counting queued runs")?;
-        Ok(n as u64)
-    }
-
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {
         let rows = sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status")
             .bind(job)
