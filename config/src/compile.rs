@@ -325,8 +325,9 @@ impl<'a> Compiler<'a> {
         let Some(t) = t else { return TelemetryConfig::default() };
         let signal = |c: &mut Self, name: &str, s: Option<&raw::Signal>| {
             let s = s.cloned().unwrap_or_default();
-            let exporter =
-                s.exporter.as_deref().and_then(|e| Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], e)).ok());
+            let exporter = s.exporter.as_deref().and_then(|e| {
+                Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], format!("telemetry.{name}.exporter {e}"))).ok()
+            });
             if let Some(url) = &s.endpoint
                 && !(url.starts_with("http://") || url.starts_with("https://"))
             {

@@ -16,15 +16,15 @@ pub enum Exporter {
 }
 
 impl Exporter {
-    pub(crate) fn parse(s: &str, signal: &str) -> Result<Self, String> {
+    /// An exporter name for `signal` (`traces`, `metrics`, `logs`); the error says what is
+    /// allowed, for the caller to put after where the name came from.
+    pub fn parse(s: &str, signal: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "otlp" => Ok(Self::Otlp),
             "console" | "stdout" if signal != "metrics" => Ok(Self::Console),
-            "console" | "stdout" => {
-                Err("telemetry.metrics.exporter \"console\" is not supported: use otlp, or scrape GET /metrics".to_string())
-            }
+            "console" | "stdout" => Err("\"console\" is not supported for metrics: use otlp, or scrape GET /metrics".to_string()),
             "none" => Ok(Self::None),
-            other => Err(format!("telemetry.{signal}.exporter \"{other}\" is not one of otlp, console, none")),
+            other => Err(format!("\"{other}\" is not one of otlp, console, none")),
         }
     }
 

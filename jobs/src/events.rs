@@ -425,16 +425,16 @@ impl Started {
         }
         drop(_in_span);
         let timing = if ended.error.is_some() { Timing::OnError } else { Timing::After };
-        if obs.has_hooks() {
-            let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
-            let mut payload = obs.payload(&self.op, timing, owner);
-            payload["outcome"] = json!(ended.outcome());
-            payload["duration_ms"] = json!(ms);
-            if let Some(e) = ended.error {
-                payload["error"] = json!(e);
-            }
-            let _ = obs.run_hooks(&self.op, timing, payload).await;
-        }
+        let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
+        let _ = obs
+            .run_hooks(&self.op, timing, owner, |payload| {
+                payload["outcome"] = json!(ended.outcome());
+                payload["duration_ms"] = json!(ms);
+                if let Some(e) = ended.error {
+                    payload["error"] = json!(e);
+                }
+            })
+            .await;
     }
 }
 
@@ -449,9 +449,8 @@ struct Bound {
 pub struct Observer {
     m: Instruments,
     /// Bindings in priority order, swapped on reload.
-    hooks: RwLock<Arc<Vec<Bound>>>,
-    any_hooks: AtomicBool,
-    registry: RwLock<Option<Arc<Registry>>>,
+    hooks: RwLock<Vec<Bound>>,
+    registry: Option<Arc<Registry>>,
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
 }
@@ -468,9 +467,8 @@ impl Observer {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         Arc::new(Self {
             m: Instruments::new(meter, queue_depth.clone()),
-            hooks: RwLock::new(Arc::new(Vec::new())),
-            any_hooks: AtomicBool::new(false),
-            registry: RwLock::new(registry),
+            hooks: RwLock::new(Vec::new()),
+            registry,
             sensitive: AtomicBool::new(false),
             queue_depth,
         })
@@ -486,23 +484,17 @@ impl Observer {
     /// and named in the log; `config validate` reports it.
     pub fn configure(&self, config: &Config) {
         self.sensitive.store(config.telemetry.sensitive_data, Ordering::Relaxed);
-        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner()).clone();
         let mut bound = Vec::new();
         for b in &config.hooks {
             let label = b.label();
-            match &registry {
+            match &self.registry {
                 Some(r) if r.has_hook(&b.plugin, &b.hook) => bound.push(Bound { binding: b.clone(), label }),
                 _ => {
                     tracing::warn!(hook = %label, event = %b.event, "hook binding disabled: the plugin does not export this hook or did not load")
                 }
             }
         }
-        self.any_hooks.store(!bound.is_empty(), Ordering::Relaxed);
-        *self.hooks.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(bound);
-    }
-
-    fn has_hooks(&self) -> bool {
-        self.any_hooks.load(Ordering::Relaxed)
+        *self.hooks.write().unwrap_or_else(|e| e.into_inner()) = bound;
     }
 
     /// Begins an operation: opens its span (a child of the current span, or of `parent`),
@@ -523,17 +515,14 @@ impl Observer {
             job: owner.job.to_string(),
             attempt: owner.attempt,
         };
-        if self.has_hooks() {
-            let payload = self.payload(&started.op, Timing::Before, owner);
-            if let Err(c) = self.run_hooks(&started.op, Timing::Before, payload).await {
-                started.span.set_status(Status::error(c.0.clone()));
-                return Err(c);
-            }
+        if let Err(c) = self.run_hooks(&started.op, Timing::Before, owner, |_| {}).await {
+            started.span.set_status(Status::error(c.0.clone()));
+            return Err(c);
         }
         Ok(started)
     }
 
-    fn payload(&self, op: &Op, timing: Timing, owner: Owner<'_>) -> Value {
+    fn payload(op: &Op, timing: Timing, owner: Owner<'_>) -> Value {
         let [d, c, a] = op.hook_event(timing);
         json!({
             "event": format!("{d}:{c}:{a}:{}", timing.as_str()),
@@ -546,11 +535,20 @@ impl Observer {
     /// Runs the hooks bound to `op` at `timing`, in priority order. Before: the first hook
     /// that answers `{"cancel": true, "reason": …}` (or `{"cancel": "<reason>"}`) stops the
     /// rest and cancels the operation. A failing hook is logged and counted, nothing more.
-    async fn run_hooks(&self, op: &Op, timing: Timing, payload: Value) -> Result<(), Cancelled> {
-        let hooks = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
+    /// The event's JSON (`Self::payload`, then `fill`) is built only when a binding matches.
+    async fn run_hooks(&self, op: &Op, timing: Timing, owner: Owner<'_>, fill: impl FnOnce(&mut Value)) -> Result<(), Cancelled> {
+        let Some(registry) = &self.registry else { return Ok(()) };
         let event = op.hook_event(timing);
-        let Some(registry) = self.registry.read().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
-        for b in hooks.iter().filter(|b| b.binding.event.matches(event, timing)) {
+        let hooks: Vec<Bound> = {
+            let all = self.hooks.read().unwrap_or_else(|e| e.into_inner());
+            all.iter().filter(|b| b.binding.event.matches(event, timing)).cloned().collect()
+        };
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let mut payload = Self::payload(op, timing, owner);
+        fill(&mut payload);
+        for b in &hooks {
             let reply = registry.invoke_hook(&b.binding.plugin, &b.binding.hook, payload.clone()).await;
             let kv = |o: &str| {
                 [KeyValue::new("hook", b.label.clone()), KeyValue::new("timing", timing.as_str()), KeyValue::new("outcome", o.to_string())]

@@ -124,10 +124,10 @@ async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
     let obs = shared.observer().clone();
     obs.run_started(&run, run.lateness(), resumed);
     let op = Op::Run { job: run.job.clone(), trigger: run.trigger.as_str(), attempt: run.attempt };
+    let started = Arc::new(std::sync::OnceLock::new());
     let (end, trace_id) = match obs.begin(op, Owner::from(&run), None).await {
         Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None),
         Ok(op) => {
-            let started = Arc::new(std::sync::OnceLock::new());
             // A resumed run keeps its first start.
             let started_now = (!resumed).then(|| started.clone());
             let work = execute(shared.clone(), run.clone(), snapshot, entry, started_now).instrument(op.span().clone());
@@ -143,14 +143,13 @@ async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
             };
             let trace_id = op.trace_id();
             op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() }).await;
-            let started = started.get().copied();
-            let _ = shared.executors().finished.send(Finished { run, started, end, ticket, trace_id });
-            return;
+            (end, trace_id)
         }
     };
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
-    let _ = shared.executors().finished.send(Finished { run, started: None, end, ticket, trace_id });
+    let started = started.get().copied();
+    let _ = shared.executors().finished.send(Finished { run, started, end, ticket, trace_id });
 }
 
 async fn execute(

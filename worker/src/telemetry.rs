@@ -65,21 +65,12 @@ pub(crate) fn check(t: &TelemetryConfig, env: impl Fn(&str) -> Option<String>) -
     }
     for (signal, var) in [("traces", "OTEL_TRACES_EXPORTER"), ("metrics", "OTEL_METRICS_EXPORTER"), ("logs", "OTEL_LOGS_EXPORTER")] {
         if let Some(v) = env(var)
-            && let Err(e) = exporter_from_env(&v, signal)
+            && let Err(e) = Exporter::parse(&v, signal)
         {
             return Some(format!("{var}: {e}"));
         }
     }
     None
-}
-
-fn exporter_from_env(v: &str, signal: &str) -> Result<Exporter, String> {
-    match v.trim() {
-        "otlp" => Ok(Exporter::Otlp),
-        "none" => Ok(Exporter::None),
-        "console" if signal != "metrics" => Ok(Exporter::Console),
-        other => Err(format!("\"{other}\" is not one of otlp, none{}", if signal == "metrics" { "" } else { ", console" })),
-    }
 }
 
 /// The exporter for a signal: the config's, else `OTEL_<SIGNAL>_EXPORTER`, else OTLP; none when
@@ -90,7 +81,7 @@ fn exporter(t: &TelemetryConfig, s: &SignalConfig, signal: &str, env: &impl Fn(&
         return Exporter::None;
     }
     s.exporter
-        .or_else(|| env(&format!("OTEL_{}_EXPORTER", signal.to_ascii_uppercase())).and_then(|v| exporter_from_env(&v, signal).ok()))
+        .or_else(|| env(&format!("OTEL_{}_EXPORTER", signal.to_ascii_uppercase())).and_then(|v| Exporter::parse(&v, signal).ok()))
         .unwrap_or(Exporter::Otlp)
 }
 

@@ -329,7 +329,7 @@ impl Session {
     async fn tool_loop(&self, agent: &Agent, s: &Setup, input: String, conv: String, depth: u32, cancel: &CancellationToken) -> AgentEnd {
         let name = &agent.name;
         // The span of the model call whose tool calls come next: they are its children.
-        let model_cx: std::sync::Mutex<Option<opentelemetry::Context>> = std::sync::Mutex::new(None);
+        let mut model_cx: Option<opentelemetry::Context> = None;
         loop {
             let records = self.conversation(&conv);
             let mut messages = Vec::with_capacity(records.len() + 2);
@@ -370,8 +370,7 @@ impl Session {
                             continue;
                         }
                         answered = true;
-                        let parent = model_cx.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel, parent.as_ref()).await {
+                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel, model_cx.as_ref()).await {
                             return end;
                         }
                     }
@@ -413,7 +412,7 @@ impl Session {
                         completion: Some(&r.content),
                         ..Ended::ok()
                     };
-                    *model_cx.lock().unwrap_or_else(|e| e.into_inner()) = Some(call.context());
+                    model_cx = Some(call.context());
                     call.end(obs, ended).await;
                     r
                 }

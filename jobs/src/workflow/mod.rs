@@ -181,6 +181,13 @@ impl Engine {
         self.write(vec![r]).await
     }
 
+    /// A `before` hook refused step `id`: recorded failed with the hook's reason; not retried.
+    async fn not_run(&self, id: &str, why: String) -> Result<End, End> {
+        let now = Some(self.now());
+        self.end(id, now, StepStatus::Failed, None, Some(why.clone())).await?;
+        Ok(End::failed(format!("step \"{id}\" was not run: {why}"), false))
+    }
+
     /// Runs one step (and its children), unless a record says it finished already.
     fn step<'a>(&'a self, step: &'a Step, cancel: &'a CancellationToken) -> BoxFuture<'a, End> {
         Box::pin(async move {
@@ -202,13 +209,7 @@ impl Engine {
             let obs = self.ctx.observer();
             let started = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
                 Ok(s) => s,
-                Err(Cancelled(why)) => {
-                    let now = Some(self.now());
-                    return match self.end(&step.id, now, StepStatus::Failed, None, Some(why.clone())).await {
-                        Ok(()) => End::failed(format!("step \"{}\" was not run: {why}", step.id), false),
-                        Err(e) => e,
-                    };
-                }
+                Err(Cancelled(why)) => return self.not_run(&step.id, why).await.unwrap_or_else(|e| e),
             };
             let work = async {
                 match &step.kind {
@@ -464,11 +465,7 @@ impl Engine {
         let op = Op::GroupChat { step: id.to_string(), agents: agents.to_vec() };
         let chat = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
             Ok(c) => c,
-            Err(Cancelled(why)) => {
-                let now = Some(self.now());
-                self.end(id, now, StepStatus::Failed, None, Some(why.clone())).await?;
-                return Ok(End::failed(format!("step \"{id}\" was not run: {why}"), false));
-            }
+            Err(Cancelled(why)) => return self.not_run(id, why).await,
         };
         let end = self.conversations(id, &turns, input, cancel).instrument(chat.span().clone()).await;
         let ended = match &end {
