@@ -23,14 +23,21 @@ pub(crate) fn ctl_at(url: &str, token: Option<&str>, args: &[&str]) -> (i32, Str
 }
 
 /// A raw HTTP POST of a JSON-RPC body to `/mcp` with the given extra headers: (status, body).
+/// A body over 1 MiB is announced with `Expect: 100-continue` and sent only if the worker asks
+/// for it (RFC 9110 §10.1.1): a worker refusing the size answers at once and closes, and writing
+/// the body into a closed connection would lose that answer.
 pub(crate) fn mcp_post(port: u16, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let expect = body.len() > 1024 * 1024;
     let mut req = format!(
         "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    if expect {
+        req.push_str("Expect: 100-continue\r\n");
+    }
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
     }
@@ -38,12 +45,26 @@ pub(crate) fn mcp_post(port: u16, headers: &[(&str, &str)], body: &str) -> (u16,
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    req.push_str(body);
     s.write_all(req.as_bytes()).unwrap();
+    let status = |text: &str| text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    if expect {
+        // The interim `100 Continue`, or the final answer.
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        if status(&head) != 100 {
+            let mut rest = String::new();
+            let _ = s.read_to_string(&mut rest);
+            return (status(&head), rest);
+        }
+    }
+    s.write_all(body.as_bytes()).unwrap();
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
-    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    (status(&buf), buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
 }
 
 pub(crate) fn bin() -> PathBuf {
