@@ -4,9 +4,9 @@
 //! section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
 //! /metrics` whether or not they are pushed.
 //!
-//! Telemetry never blocks or fails a run: spans and logs wait in bounded batch queues (2,048;
-//! the oldest are dropped when a collector is gone) and are sent from the SDK's own threads; an
-//! export that fails is reported at most once a minute per signal.
+//! Telemetry never blocks or fails a run: spans and logs wait in bounded batch queues (8,192
+//! spans, 2,048 log records; what comes while the queue is full is dropped) and are sent from
+//! the SDK's own threads; an export that fails is reported at most once a minute per signal.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +26,7 @@ use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -148,7 +148,9 @@ impl Telemetry {
                             e = e.with_endpoint(url);
                         }
                         match e.build() {
-                            Ok(e) => Some(b.with_batch_exporter(Warned::new(e, "traces"))),
+                            Ok(e) => Some(b.with_span_processor(
+                                BatchSpanProcessor::builder(Warned::new(e, "traces")).with_batch_config(batch_config(&env)).build(),
+                            )),
                             Err(e) => {
                                 problems.push(format!("cannot export traces: {e}"));
                                 None
@@ -202,6 +204,21 @@ impl Telemetry {
     }
 }
 
+/// The span batch queue: the SDK's `OTEL_BSP_*` variables where set; otherwise room for 8,192
+/// spans (a burst of a thousand runs makes two to several spans each), sent 2,048 to a request,
+/// so that a burst is exported after it, on the scheduled delay, rather than in 512-span
+/// requests while its runs are still starting.
+fn batch_config(env: &impl Fn(&str) -> Option<String>) -> BatchConfig {
+    let mut b = BatchConfigBuilder::default();
+    if env("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+        b = b.with_max_queue_size(8192);
+    }
+    if env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
+        b = b.with_max_export_batch_size(2048);
+    }
+    b.build()
+}
+
 fn resource(t: &TelemetryConfig, worker: &str, env: &impl Fn(&str) -> Option<String>) -> Resource {
     let name = t.service_name.clone().or_else(|| env("OTEL_SERVICE_NAME")).unwrap_or_else(|| "lamplighter".into());
     let version = t.service_version.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").into());
@@ -234,10 +251,19 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, tracer: Option<&SdkTr
         LogFormat::Json => fmt.json().flatten_event(true).with_filter(log_filter(level)).boxed(),
         LogFormat::Human => fmt.with_filter(log_filter(level)).boxed(),
     };
-    // Spans are Lamplighter's own (the events module), whatever the log level.
+    // Spans are Lamplighter's own (the events module), whatever the log level. They carry the
+    // attributes the events module gives them and nothing per poll: no source location, thread,
+    // target or busy/idle times (eight more attributes on every span), and no OpenTelemetry
+    // context made current on each poll (nothing here reads it: parents are passed explicitly
+    // or found through the current `tracing` span).
     let spans = tracer.map(|t| {
         tracing_opentelemetry::layer()
             .with_tracer(t.tracer("lamplighter"))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_context_activation(false)
             .with_filter(Targets::new().with_target("lamplighter_jobs", tracing::Level::INFO))
     });
     // Log records through the same pipeline; the exporters' own chatter stays out of it.

@@ -61,6 +61,20 @@ pub(crate) fn cpu_ms(pid: u32) -> u64 {
     (ticks(11) + ticks(12)) * 10
 }
 
+/// CPU time (user + system, ms) of each thread of the process, summed by thread name (e.g.
+/// `tokio-rt-worker`, `sqlx-sqlite-wor`, `OpenTelemetry.T`).
+pub(crate) fn cpu_ms_by_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut by = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        *by.entry(stat[open + 1..close].to_string()).or_insert(0) += (ticks(11) + ticks(12)) * 10;
+    }
+    by
+}
+
 /// The real binary in a temp dir with a generated config: `jobs` is the YAML under
 /// `scheduling.jobs`. Killed when dropped; `BENCH_LOG` sets its log filter and keeps its log
 /// (copied to /tmp/bench-worker.log).
