@@ -12,8 +12,10 @@
 //!   and a metric.
 //!
 //! Metrics go to an OpenTelemetry [`Meter`] the worker provides (pushed over OTLP and served
-//! at `/metrics`); spans are `tracing` spans that the worker's OpenTelemetry layer exports.
-//! Without that layer or meter everything here still works and costs little. Telemetry never
+//! at `/metrics`); spans are made with the OpenTelemetry tracer it provides, directly, not
+//! through `tracing` spans: an operation's [`Context`] is made current only while its work is
+//! polled ([`FutureExt::with_context`], a thread-local swap), so that operations begun inside
+//! it are its children. Without a tracer or meter everything here still works and costs little. Telemetry never
 //! fails or blocks an operation: a hook that fails or times out is logged and counted, and only
 //! a `before` hook that answers `{"cancel": …}` changes what happens.
 
@@ -23,12 +25,12 @@ use std::time::Instant;
 
 use lamplighter_config::{Config, HookBinding, Timing};
 use lamplighter_plugins::Registry;
+use opentelemetry::Context;
 use opentelemetry::KeyValue;
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
-use opentelemetry::trace::{Status, TraceContextExt as _};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt as _, Tracer as _};
 use serde_json::{Value, json};
-use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::run::{Run, RunStatus};
 
@@ -186,31 +188,24 @@ impl Op {
         }
     }
 
-    /// The span: its name (`otel.name`) and attributes, GenAI conventions for model and tool
-    /// calls. `run` is a root; everything else is a child of the current span or of `parent`.
-    fn span(&self, parent: Option<&opentelemetry::Context>) -> Span {
-        let span = match self {
-            Op::Run { job, .. } => tracing::info_span!(parent: None, "run", otel.name = %format_args!("run {job}"), otel.kind = "internal"),
-            Op::Step { step, .. } => tracing::info_span!("step", otel.name = %format_args!("step {step}")),
-            Op::ModelCall { model, .. } => {
-                tracing::info_span!("model call", otel.name = %format_args!("chat {model}"), otel.kind = "client")
-            }
-            Op::ToolUse { tool, .. } => tracing::info_span!("tool call", otel.name = %format_args!("execute_tool {tool}")),
-            Op::PluginAction { plugin, action } => {
-                tracing::info_span!("plugin action", otel.name = %format_args!("plugin {plugin}.{action}"))
-            }
-            Op::McpCall { server, tool } => {
-                tracing::info_span!("mcp call", otel.name = %format_args!("mcp {server}.{tool}"), otel.kind = "client")
-            }
-            Op::GroupChat { step, .. } => tracing::info_span!("group chat", otel.name = %format_args!("group_chat {step}")),
+    /// Starts the span: its name, kind and attributes (GenAI conventions for model and tool
+    /// calls), as a child of `parent`; returns `parent` with the span in it.
+    fn start(&self, tracer: &BoxedTracer, parent: &Context, owner: Owner<'_>) -> Context {
+        let (name, kind) = match self {
+            Op::Run { job, .. } => (format!("run {job}"), SpanKind::Internal),
+            Op::Step { step, .. } => (format!("step {step}"), SpanKind::Internal),
+            Op::ModelCall { model, .. } => (format!("chat {model}"), SpanKind::Client),
+            Op::ToolUse { tool, .. } => (format!("execute_tool {tool}"), SpanKind::Internal),
+            Op::PluginAction { plugin, action } => (format!("plugin {plugin}.{action}"), SpanKind::Internal),
+            Op::McpCall { server, tool } => (format!("mcp {server}.{tool}"), SpanKind::Client),
+            Op::GroupChat { step, .. } => (format!("group_chat {step}"), SpanKind::Internal),
         };
-        if let Some(cx) = parent {
-            let _ = span.set_parent(cx.clone());
+        let mut attributes = self.attributes();
+        if let Op::Run { .. } = self {
+            attributes.push(KeyValue::new("lamplighter.run.id", owner.run_id.to_string()));
         }
-        for kv in self.attributes() {
-            span.set_attribute(kv.key, kv.value);
-        }
-        span
+        let span = tracer.span_builder(name).with_kind(kind).with_attributes(attributes).start_with_context(tracer, parent);
+        parent.with_span(span)
     }
 
     fn attributes(&self) -> Vec<KeyValue> {
@@ -322,11 +317,11 @@ impl<'a> From<&'a Run> for Owner<'a> {
     }
 }
 
-/// A begun operation: its span, and what its end needs.
+/// A begun operation: its span (in its context), and what its end needs.
 #[derive(Debug)]
 pub struct Started {
     op: Op,
-    span: Span,
+    cx: Context,
     began: Instant,
     run_id: String,
     job: String,
@@ -334,21 +329,16 @@ pub struct Started {
 }
 
 impl Started {
-    /// The operation's span: instrument its work with it.
-    pub fn span(&self) -> &Span {
-        &self.span
-    }
-
-    /// The span's OpenTelemetry context, to parent later operations on (tool calls on the
-    /// model call that asked for them).
-    pub fn context(&self) -> opentelemetry::Context {
-        self.span.context()
+    /// The operation's context: run its work `.with_context(started.context())` (operations
+    /// begun inside are its children), or pass it as the parent of later ones (tool calls on
+    /// the model call that asked for them).
+    pub fn context(&self) -> Context {
+        self.cx.clone()
     }
 
     /// The trace id (32 hex digits), when spans are exported.
     pub fn trace_id(&self) -> Option<String> {
-        let cx = self.span.context();
-        let sc = cx.span().span_context().clone();
+        let sc = self.cx.span().span_context().clone();
         sc.is_valid().then(|| sc.trace_id().to_string())
     }
 
@@ -357,6 +347,7 @@ impl Started {
     pub async fn end(self, obs: &Observer, ended: Ended<'_>) {
         let secs = self.began.elapsed().as_secs_f64();
         let m = &obs.m;
+        let span = self.cx.span();
         let kv = |k: &'static str, v: &str| KeyValue::new(k, v.to_string());
         let outcome = kv("outcome", ended.outcome());
         match &self.op {
@@ -365,7 +356,7 @@ impl Started {
                 let attrs = [kv("job", job), kv("status", status)];
                 m.run_duration.record(secs, &attrs);
                 m.runs.add(1, &attrs);
-                self.span.set_attribute("lamplighter.run.status", status.to_string());
+                span.set_attribute(KeyValue::new("lamplighter.run.status", status));
             }
             Op::Step { workflow, kind, .. } => m.steps.add(1, &[kv("workflow", workflow), kv("step_type", kind), outcome]),
             Op::ModelCall { agent, provider, model } => {
@@ -387,14 +378,14 @@ impl Started {
                         m.cost.add(c, &[kv("agent", agent), kv("model", model)]);
                     }
                 }
-                self.span.set_attribute("gen_ai.usage.input_tokens", ended.input_tokens as i64);
-                self.span.set_attribute("gen_ai.usage.output_tokens", ended.output_tokens as i64);
+                span.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", ended.input_tokens as i64));
+                span.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", ended.output_tokens as i64));
                 if obs.sensitive.load(Ordering::Relaxed) {
                     if let Some(p) = ended.prompt {
-                        self.span.set_attribute("gen_ai.input.messages", p.to_string());
+                        span.set_attribute(KeyValue::new("gen_ai.input.messages", p.to_string()));
                     }
                     if let Some(c) = ended.completion {
-                        self.span.set_attribute("gen_ai.output.messages", c.to_string());
+                        span.set_attribute(KeyValue::new("gen_ai.output.messages", c.to_string()));
                     }
                 }
             }
@@ -403,18 +394,18 @@ impl Started {
                 m.plugin_actions.add(1, &[kv("plugin", plugin), kv("action", action), outcome]);
                 if ended.fuel > 0 {
                     m.wasm_fuel.add(ended.fuel, &[kv("plugin", plugin)]);
-                    self.span.set_attribute("lamplighter.wasm.fuel", ended.fuel as i64);
+                    span.set_attribute(KeyValue::new("lamplighter.wasm.fuel", ended.fuel as i64));
                 }
             }
             Op::McpCall { server, tool } => m.mcp_calls.add(1, &[kv("server", server), kv("tool", tool), outcome]),
             Op::GroupChat { .. } => {}
         }
         if let Some(e) = ended.error {
-            self.span.set_status(Status::error(e.to_string()));
+            span.set_status(Status::error(e.to_string()));
         } else {
-            self.span.set_status(Status::Ok);
+            span.set_status(Status::Ok);
         }
-        let _in_span = self.span.enter();
+        span.end();
         let ms = (secs * 1000.0) as u64;
         match &self.op {
             Op::Run { .. } => {} // logged by the recorder, with the end as recorded
@@ -423,7 +414,6 @@ impl Started {
                 Some(e) => tracing::debug!(run = %self.run_id, what = ?op, duration_ms = ms, error = e, "operation failed"),
             },
         }
-        drop(_in_span);
         let timing = if ended.error.is_some() { Timing::OnError } else { Timing::After };
         let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
         let _ = obs
@@ -448,6 +438,8 @@ struct Bound {
 /// The one place events go: metrics, hooks, spans and their logs.
 pub struct Observer {
     m: Instruments,
+    /// Where spans go; none: no spans.
+    tracer: Option<BoxedTracer>,
     /// Bindings in priority order, swapped on reload.
     hooks: RwLock<Vec<Bound>>,
     registry: Option<Arc<Registry>>,
@@ -462,11 +454,12 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
-    /// Records metrics on `meter`; hooks call plugins of `registry`.
-    pub fn new(meter: &Meter, registry: Option<Arc<Registry>>) -> Arc<Self> {
+    /// Records metrics on `meter` and spans with `tracer`; hooks call plugins of `registry`.
+    pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         Arc::new(Self {
             m: Instruments::new(meter, queue_depth.clone()),
+            tracer,
             hooks: RwLock::new(Vec::new()),
             registry,
             sensitive: AtomicBool::new(false),
@@ -476,7 +469,7 @@ impl Observer {
 
     /// No metrics kept, no hooks: for embedding and tests that look at none of it.
     pub fn none() -> Arc<Self> {
-        Self::new(&opentelemetry::metrics::noop::NoopMeterProvider::new().meter("lamplighter"), None)
+        Self::new(&opentelemetry::metrics::noop::NoopMeterProvider::new().meter("lamplighter"), None, None)
     }
 
     /// Takes the hook bindings and `enable_sensitive_data` of `config` (at start and on
@@ -499,24 +492,24 @@ impl Observer {
 
     /// Begins an operation: opens its span (a child of the current span, or of `parent`),
     /// then runs its `before` hooks. A hook that cancels ends the span and returns why.
-    pub async fn begin(&self, op: Op, owner: Owner<'_>, parent: Option<&opentelemetry::Context>) -> Result<Started, Cancelled> {
-        let span = op.span(parent);
-        if let Op::Run { .. } = &op {
-            span.set_attribute("lamplighter.run.id", owner.run_id.to_string());
-        }
-        if let Op::GroupChat { .. } = &op {
-            tracing::info!(parent: &span, run = %owner.run_id, "group chat started");
-        }
-        let started = Started {
-            op,
-            span,
-            began: Instant::now(),
-            run_id: owner.run_id.to_string(),
-            job: owner.job.to_string(),
-            attempt: owner.attempt,
+    pub async fn begin(&self, op: Op, owner: Owner<'_>, parent: Option<&Context>) -> Result<Started, Cancelled> {
+        let cx = match (&self.tracer, &op) {
+            (None, _) => Context::new(),
+            // A run is the root of its trace.
+            (Some(t), Op::Run { .. }) => op.start(t, &Context::new(), owner),
+            (Some(t), _) => match parent {
+                Some(p) => op.start(t, p, owner),
+                None => op.start(t, &Context::current(), owner),
+            },
         };
+        if let Op::GroupChat { .. } = &op {
+            tracing::info!(run = %owner.run_id, "group chat started");
+        }
+        let started =
+            Started { op, cx, began: Instant::now(), run_id: owner.run_id.to_string(), job: owner.job.to_string(), attempt: owner.attempt };
         if let Err(c) = self.run_hooks(&started.op, Timing::Before, owner, |_| {}).await {
-            started.span.set_status(Status::error(c.0.clone()));
+            started.cx.span().set_status(Status::error(c.0.clone()));
+            started.cx.span().end();
             return Err(c);
         }
         Ok(started)

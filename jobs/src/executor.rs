@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use tracing::Instrument as _;
+use opentelemetry::context::FutureExt as _;
 
 use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::engine::Shared;
@@ -130,7 +130,7 @@ async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
         Ok(op) => {
             // A resumed run keeps its first start.
             let started_now = (!resumed).then(|| started.clone());
-            let work = execute(shared.clone(), run.clone(), snapshot, entry, started_now).instrument(op.span().clone());
+            let work = execute(shared.clone(), run.clone(), snapshot, entry, started_now).with_context(op.context());
             let end = match tokio::spawn(work).await {
                 Ok(end) => end,
                 Err(e) => Settled {

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use opentelemetry::context::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 use lamplighter_config::{Budget, JobConfig, Target, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
@@ -136,7 +136,7 @@ impl RunContext {
             Ok(s) => s,
             Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
         };
-        let result = registry.invoke(plugin, action, params, actx).instrument(started.span().clone()).await;
+        let result = registry.invoke(plugin, action, params, actx).with_context(started.context()).await;
         let error = result.as_ref().err().map(ToString::to_string);
         started.end(&self.env.observer, Ended { error: error.as_deref(), fuel: actx.usage.fuel(), ..Ended::ok() }).await;
         result

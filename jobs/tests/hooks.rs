@@ -37,7 +37,7 @@ fn config(dir: &Path, bindings: &str, job_yaml: &str) -> Config {
 
 async fn start(dir: &Path, config: &Config) -> Engine {
     let registry = registry(dir);
-    let observer = Observer::new(&opentelemetry::global::meter("test"), Some(registry.clone()));
+    let observer = Observer::new(&opentelemetry::global::meter("test"), None, Some(registry.clone()));
     let clock = Arc::new(ManualClock::new(t0()));
     start_observed(config, &clock, Arc::new(BuiltinTargets::new(registry)), observer).await
 }

@@ -1,6 +1,6 @@
 //! Telemetry (SPEC §10): the `tracing` subscriber (logs on standard error, human or JSON),
-//! and OpenTelemetry — traces and logs through `tracing`, metrics through the meter the job
-//! engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the `telemetry`
+//! and OpenTelemetry — logs through `tracing`, spans and metrics through the tracer and meter
+//! the job engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the `telemetry`
 //! section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
 //! /metrics` whether or not they are pushed.
 //!
@@ -17,6 +17,7 @@ use lamplighter_config::{Exporter, SignalConfig, TelemetryConfig};
 use lamplighter_jobs::events::Observer;
 use lamplighter_plugins::Registry;
 use opentelemetry::KeyValue;
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig as _};
@@ -27,7 +28,7 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMe
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::trace::{BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter};
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer, Registry as Subscriber};
@@ -180,14 +181,17 @@ impl Telemetry {
             _ => None,
         };
 
-        init_subscriber(format, level, tracer.as_ref(), logger.as_ref());
+        init_subscriber(format, level, logger.as_ref());
         if let Some(why) = broken {
             tracing::warn!("telemetry export is disabled: {why}");
         }
         for p in problems {
             tracing::warn!("{p}");
         }
-        let observer = Observer::new(&meters.meter("lamplighter"), Some(registry));
+        // Spans are made by the events module with this tracer directly (not through `tracing`
+        // spans and a layer): nothing per poll but a thread-local context swap.
+        let spans = tracer.as_ref().map(|t| BoxedTracer::new(Box::new(t.tracer("lamplighter"))));
+        let observer = Observer::new(&meters.meter("lamplighter"), spans, Some(registry));
         Telemetry { observer, metrics, meters, tracer, logger }
     }
 
@@ -241,31 +245,16 @@ fn log_filter(level: Option<&str>) -> EnvFilter {
 
 /// Logging only (the one-shot commands).
 pub(crate) fn init_logging(format: LogFormat, level: Option<&str>) {
-    init_subscriber(format, level, None, None);
+    init_subscriber(format, level, None);
 }
 
-fn init_subscriber(format: LogFormat, level: Option<&str>, tracer: Option<&SdkTracerProvider>, logger: Option<&SdkLoggerProvider>) {
+fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<&SdkLoggerProvider>) {
     // Colours only for a person at a terminal, not for journald, a container log or a file.
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt: Box<dyn Layer<Subscriber> + Send + Sync> = match format {
         LogFormat::Json => fmt.json().flatten_event(true).with_filter(log_filter(level)).boxed(),
         LogFormat::Human => fmt.with_filter(log_filter(level)).boxed(),
     };
-    // Spans are Lamplighter's own (the events module), whatever the log level. They carry the
-    // attributes the events module gives them and nothing per poll: no source location, thread,
-    // target or busy/idle times (eight more attributes on every span), and no OpenTelemetry
-    // context made current on each poll (nothing here reads it: parents are passed explicitly
-    // or found through the current `tracing` span).
-    let spans = tracer.map(|t| {
-        tracing_opentelemetry::layer()
-            .with_tracer(t.tracer("lamplighter"))
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false)
-            .with_context_activation(false)
-            .with_filter(Targets::new().with_target("lamplighter_jobs", tracing::Level::INFO))
-    });
     // Log records through the same pipeline; the exporters' own chatter stays out of it.
     let logs = logger.map(|l| {
         opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(
@@ -274,7 +263,7 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, tracer: Option<&SdkTr
                 .add_directive("reqwest=off".parse().expect("static")),
         )
     });
-    let _ = tracing_subscriber::registry().with(fmt).with(spans).with(logs).try_init();
+    let _ = tracing_subscriber::registry().with(fmt).with(logs).try_init();
 }
 
 /// An exporter whose failures are reported at most once a minute (an unreachable collector

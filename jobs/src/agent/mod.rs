@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudget, Pipeline, Provider, SystemPrompt};
 use lamplighter_plugins::{ActionContext, Registry};
 
-use tracing::Instrument as _;
+use opentelemetry::context::FutureExt as _;
 
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
@@ -400,7 +400,7 @@ impl Session {
                 Ok(c) => c,
                 Err(Cancelled(why)) => return AgentEnd::failed(format!("agent \"{name}\": model call not made: {why}"), false),
             };
-            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).instrument(call.span().clone()).await;
+            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).with_context(call.context()).await;
             let mut reply = match reply {
                 Ok(r) => {
                     let cost = s.pricing.map(|p| p.cost(r.input_tokens, r.output_tokens));
@@ -536,7 +536,7 @@ impl Session {
             })
         };
         let result = match &op {
-            Some(op) => work.instrument(op.span().clone()).await,
+            Some(op) => work.with_context(op.context()).await,
             None => work.await,
         };
         if let Some(op) = op {
@@ -619,7 +619,7 @@ impl Session {
                 let op = Op::McpCall { server: server.clone(), tool: t.clone() };
                 let call =
                     obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
-                let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).instrument(call.span().clone()).await;
+                let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).with_context(call.context()).await;
                 let r = match r {
                     Ok(r) if r.is_error => Err(r.text),
                     Ok(r) => Ok(r.text),

@@ -38,7 +38,7 @@ use lamplighter_config::{Decision, Step, StepKind, Template, Templated, Workflow
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
-use tracing::Instrument as _;
+use opentelemetry::context::FutureExt as _;
 
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{Outcome, RunStatus, StepRecord, StepStatus};
@@ -227,7 +227,7 @@ impl Engine {
                     }
                 }
             };
-            let end = work.instrument(started.span().clone()).await.unwrap_or_else(|e| e);
+            let end = work.with_context(started.context()).await.unwrap_or_else(|e| e);
             let ended = match &end {
                 End::Failed { error, .. } => Ended::failed(error),
                 End::Waiting(_) => Ended { status: Some(RunStatus::WaitingApproval), ..Ended::ok() },
@@ -467,7 +467,7 @@ impl Engine {
             Ok(c) => c,
             Err(Cancelled(why)) => return self.not_run(id, why).await,
         };
-        let end = self.conversations(id, &turns, input, cancel).instrument(chat.span().clone()).await;
+        let end = self.conversations(id, &turns, input, cancel).with_context(chat.context()).await;
         let ended = match &end {
             Ok(End::Failed { error, .. }) | Err(End::Failed { error, .. }) => Ended::failed(error),
             Ok(End::Waiting(_)) | Err(End::Waiting(_)) => Ended { status: Some(RunStatus::WaitingApproval), ..Ended::ok() },
