@@ -4,8 +4,11 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker
-//! cargo bench -p lamplighter-tests --bench telemetry -- [--bursts 3] [--rounds 3]
+//! TMPDIR=/dev/shm cargo bench -p lamplighter-tests --bench telemetry -- [--bursts 3] [--rounds 3]
 //! ```
+//!
+//! (`TMPDIR=/dev/shm`: the workers' data dirs on tmpfs, where file-save's file creation costs
+//! the same in every round; on disk it varies by tens of percent and hides the difference.)
 //!
 //! Each side runs in a fresh worker for a fixed window of whole bursts: from 1 s before a tick
 //! (at least 3 s after the worker is ready, so start-up is not counted) to 6 s after the last
