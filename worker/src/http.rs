@@ -59,6 +59,9 @@ fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
         .with_allowed_origins(guard.rmcp_allowed_origins())
         .enforce_origin_validation()
         .with_max_request_body_bytes(security::MAX_BODY_BYTES)
+        // One `application/json` answer when the call sends nothing before its result; a call
+        // that reports progress (e.g. `trigger_job` with `wait`) still gets an event stream.
+        .with_json_response(true)
         // Ends sessions and their event streams when the worker stops, so the graceful HTTP
         // shutdown does not wait on clients that keep a stream open.
         .with_cancellation_token(control.stop_token().child_token());

@@ -977,6 +977,27 @@ impl Control {
 }
 
 // ---------------------------------------------------------------------------------------------
+/// Fields worth naming in a one-line summary of a result.
+const SUMMARY_FIELDS: [&str; 9] = ["name", "job", "run_id", "id", "status", "paused", "decision", "step", "next_cursor"];
+
+/// A short human summary of a structured result, the text part of an answer to a client that
+/// reads `structuredContent`: the size of each list and the identifying fields, e.g.
+/// `list_jobs: 100 jobs, next_cursor 100` or `get_job: name report, paused false`.
+fn summary(tool: &str, v: &Value) -> String {
+    let Some(o) = v.as_object() else { return format!("{tool}: done") };
+    let mut parts = Vec::new();
+    for (k, x) in o {
+        match x {
+            Value::Array(a) => parts.push(format!("{} {k}", a.len())),
+            Value::String(s) if SUMMARY_FIELDS.contains(&k.as_str()) => parts.push(format!("{k} {s}")),
+            Value::Bool(_) | Value::Number(_) if SUMMARY_FIELDS.contains(&k.as_str()) => parts.push(format!("{k} {x}")),
+            _ => {}
+        }
+    }
+    parts.truncate(6);
+    if parts.is_empty() { format!("{tool}: done") } else { format!("{tool}: {}", parts.join(", ")) }
+}
+
 // The handler
 
 impl ServerHandler for Control {
@@ -997,6 +1018,7 @@ impl ServerHandler for Control {
         if self.tools.get(&name).is_none() {
             return Err(ErrorData::invalid_params(format!("unknown tool \"{name}\"; known tools: {}", TOOL_ORDER.join(", ")), None));
         }
+        let current = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         let call = ToolCallContext::new(self, request, context);
         // A panic in a tool fails that call, not the worker (STYLE §9).
         let response = match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
@@ -1009,7 +1031,17 @@ impl ServerHandler for Control {
         let ok = matches!(&response, Ok(CallToolResponse::Complete(r)) if r.is_error != Some(true))
             || matches!(&response, Ok(CallToolResponse::Task(_) | CallToolResponse::InputRequired(_)));
         self.observer.mcp_request(&name, ok);
-        response
+        match response {
+            // Clients at 2026-07-28 read the structured result; its JSON again as text would
+            // double the answer. Older clients keep the full JSON text.
+            Ok(CallToolResponse::Complete(mut r)) if current && r.is_error != Some(true) => {
+                if let Some(v) = &r.structured_content {
+                    r.content = vec![ContentBlock::text(summary(&name, v))];
+                }
+                Ok(CallToolResponse::Complete(r))
+            }
+            other => other,
+        }
     }
 
     async fn list_tools(
@@ -1066,6 +1098,16 @@ impl ServerHandler for Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summaries_name_list_sizes_and_identifying_fields_only() {
+        let page = serde_json::json!({"jobs": [{"name": "a"}, {"name": "b"}], "next_cursor": "2", "total": 9});
+        assert_eq!(summary("list_jobs", &page), "list_jobs: 2 jobs, next_cursor 2");
+        let job = serde_json::json!({"name": "report", "cron": "0 3 * * *", "paused": false, "target": {"plugin": "x"}});
+        assert_eq!(summary("get_job", &job), "get_job: name report, paused false");
+        assert_eq!(summary("worker_status", &serde_json::json!({"uptime_seconds": 3})), "worker_status: done");
+        assert_eq!(summary("x", &serde_json::json!([1, 2])), "x: done");
+    }
 
     fn error_for<P: DeserializeOwned>(args: Value) -> ErrorData {
         let Err(e) = serde_path_to_error::deserialize::<_, P>(&args) else { panic!("{args} should not deserialize") };

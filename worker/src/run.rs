@@ -107,6 +107,13 @@ async fn serve(
         }
     };
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    // Answers are small and written in more than one piece: without TCP_NODELAY, Nagle's
+    // algorithm holds the last piece until the client's delayed ACK (~40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
+        }
+    });
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
     // "Ready" means what `/readyz` means: the scheduler has made its first pass.
     engine.first_pass().await;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Worker, ctl_at, free_port, mcp_post};
+use crate::support::{Worker, ctl_at, free_port, mcp_exchange, mcp_post};
 
 const QUICK: &str = "report:\n  description: writes a report\n  cron: \"0 3 * * *\"\n  timezone: Europe/Berlin\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: { path: report.txt, content: hello }";
 const SLOW: &str = "slow:\n  cron: \"0 4 * * *\"\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: { command: \"sleep 30\", timeout_seconds: 60 }";
@@ -189,6 +189,42 @@ fn foreign_origin_and_host_are_refused() {
     let local = format!("http://127.0.0.1:{}", w.port);
     assert_eq!(mcp_post(w.port, &[("Origin", local.as_str())], INIT).0, 200, "own Origin");
     assert_eq!(mcp_post(w.port, &[], INIT).0, 200, "no Origin (not a browser)");
+}
+
+/// A `tools/call` of `get_job` at 2026-07-28, as a plain HTTP client sends it.
+const GET_JOB_CURRENT: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_job","arguments":{"name":"report"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
+#[test]
+fn a_current_client_gets_one_json_answer_with_the_structured_result_once_and_an_older_one_the_full_text() {
+    let w = worker();
+    let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "get_job")];
+    let (status, head, body) = mcp_exchange(w.port, &headers, GET_JOB_CURRENT);
+    assert_eq!(status, 200, "{head}\n{body}");
+    // One plain JSON answer, not an event stream.
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let answer = json(&body);
+    let result = &answer["result"];
+    assert_eq!(result["structuredContent"]["name"], "report", "{body}");
+    // The text part is a short summary, not the structured result a second time.
+    let text = result["content"][0]["text"].as_str().expect("text content");
+    assert!(text.starts_with("get_job: name report"), "{text}");
+    assert!(!text.contains('{'), "{text}");
+    assert!(body.len() < 2 * result["structuredContent"].to_string().len(), "answer carries the result once: {body}");
+
+    // A client at 2025-06-18 keeps the whole JSON as text too (it may not read structuredContent).
+    let (status, head, _) = mcp_exchange(w.port, &[], INIT);
+    assert_eq!(status, 200);
+    let session = head.lines().find_map(|l| l.strip_prefix("mcp-session-id:")).map(|s| s.trim().to_string()).expect("session id");
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let old = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-06-18")];
+    assert_eq!(mcp_exchange(w.port, &old, initialized).0, 202);
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_job","arguments":{"name":"report"}}}"#;
+    let (status, _, body) = mcp_exchange(w.port, &old, call);
+    assert_eq!(status, 200, "{body}");
+    // An event stream (after its empty priming event), in HTTP chunks.
+    let data = body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty()).map(json).expect("a data event");
+    let text = data["result"]["content"][0]["text"].as_str().expect("text content");
+    assert_eq!(json(text)["name"], "report", "the full JSON as text: {text}");
 }
 
 #[test]

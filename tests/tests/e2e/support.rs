@@ -27,6 +27,12 @@ pub(crate) fn ctl_at(url: &str, token: Option<&str>, args: &[&str]) -> (i32, Str
 /// for it (RFC 9110 §10.1.1): a worker refusing the size answers at once and closes, and writing
 /// the body into a closed connection would lose that answer.
 pub(crate) fn mcp_post(port: u16, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let (status, _, body) = mcp_exchange(port, headers, body);
+    (status, body)
+}
+
+/// As [`mcp_post`], with the answer's head (status line and headers, lower-cased).
+pub(crate) fn mcp_exchange(port: u16, headers: &[(&str, &str)], body: &str) -> (u16, String, String) {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -58,13 +64,14 @@ pub(crate) fn mcp_post(port: u16, headers: &[(&str, &str)], body: &str) -> (u16,
         if status(&head) != 100 {
             let mut rest = String::new();
             let _ = s.read_to_string(&mut rest);
-            return (status(&head), rest);
+            return (status(&head), head.to_ascii_lowercase(), rest);
         }
     }
     s.write_all(body.as_bytes()).unwrap();
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
-    (status(&buf), buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    let (head, rest) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    (status(head), head.to_ascii_lowercase(), rest.to_string())
 }
 
 pub(crate) fn bin() -> PathBuf {
