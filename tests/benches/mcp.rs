@@ -78,6 +78,33 @@ fn main() {
         println!("get_job, {clients} concurrent clients: {:.0} calls/s ({total} in {seconds} s)", total as f64 / seconds as f64);
     });
 
+    // The same calls from a plain HTTP/1.1 client (one keep-alive connection per client, the
+    // 2026-07-28 headers), against this worker and, with MCP_PEER_PYTHON set to a Python that
+    // has the `mcp` package, the official Python SDK's server with the same tools and jobs.
+    let mut servers = vec![("lamplighter".to_string(), worker.port, None)];
+    if let Ok(python) = std::env::var("MCP_PEER_PYTHON") {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peer/mcp_sdk_server.py");
+        let child = Command::new(python)
+            .arg(script)
+            .args([port.to_string(), jobs.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python peer");
+        let killer = KillOnDrop(child);
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(30), "the Python SDK server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        servers.push(("python sdk".to_string(), port, Some(killer)));
+    }
+    for (name, port, _) in &servers {
+        plain_http(name, *port, calls, clients, seconds);
+    }
+    drop(servers);
+
     let ctl = dir.join("lampctl");
     let mut wall = Vec::new();
     for _ in 0..50 {
@@ -88,6 +115,117 @@ fn main() {
     }
     report(&format!("lampctl jobs list, whole process ({jobs} jobs, 50 runs)"), &mut wall);
     drop(worker);
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection that sends `tools/call` at 2026-07-28 and reads whole
+/// answers (`Content-Length` or chunked: plain JSON or an event stream).
+struct Plain {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    port: u16,
+}
+
+impl Plain {
+    fn connect(port: u16) -> Plain {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Plain { reader: std::io::BufReader::new(s), port }
+    }
+
+    /// One call; returns the answer's body size in bytes.
+    fn call(&mut self, tool: &str, args: &str) -> usize {
+        use std::io::{BufRead, Read, Write};
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+        );
+        let req = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\nContent-Length: {}\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        self.reader.get_mut().write_all(req.as_bytes()).expect("write");
+        let (mut length, mut chunked, mut status) = (None, false, String::new());
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).expect("read head");
+            let l = line.trim_end().to_ascii_lowercase();
+            if status.is_empty() {
+                status = l.clone();
+            } else if l.is_empty() {
+                break;
+            } else if let Some(v) = l.strip_prefix("content-length:") {
+                length = v.trim().parse::<usize>().ok();
+            } else if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+                chunked = true;
+            }
+        }
+        assert!(status.starts_with("http/1.1 200"), "{tool}: {status}");
+        let mut out = Vec::new();
+        if let Some(n) = length {
+            out.resize(n, 0);
+            self.reader.read_exact(&mut out).expect("body");
+        } else {
+            assert!(chunked, "{tool}: neither a length nor chunks");
+            loop {
+                let mut size = String::new();
+                self.reader.read_line(&mut size).expect("chunk size");
+                let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+                let mut chunk = vec![0; n + 2];
+                self.reader.read_exact(&mut chunk).expect("chunk");
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&chunk[..n]);
+            }
+        }
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("\"result\"") && !text.contains("\"isError\":true"), "{tool} failed: {text}");
+        out.len()
+    }
+}
+
+/// `get_job` and `list_jobs` (all jobs in one page) from one connection, then `get_job` from
+/// `clients` connections for `seconds`.
+fn plain_http(server: &str, port: u16, calls: usize, clients: usize, seconds: usize) {
+    let mut c = Plain::connect(port);
+    for (label, tool, args) in [("get_job", "get_job", r#"{"name":"job-00042"}"#), ("list_jobs of all", "list_jobs", r#"{"limit":1000}"#)] {
+        for _ in 0..50 {
+            c.call(tool, args);
+        }
+        let mut lat = Vec::with_capacity(calls);
+        let mut size = 0;
+        for _ in 0..calls {
+            let t = Instant::now();
+            size = c.call(tool, args);
+            lat.push(t.elapsed());
+        }
+        let mean = lat.iter().sum::<Duration>().as_secs_f64() * 1000.0 / calls as f64;
+        report(&format!("plain HTTP, {server}: {label} ({calls} calls, answer {size} B, mean {mean:.2} ms)"), &mut lat);
+    }
+    let deadline = Instant::now() + Duration::from_secs(seconds as u64);
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Plain::connect(port);
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    c.call("get_job", r#"{"name":"job-00042"}"#);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().expect("client")).sum();
+    println!("plain HTTP, {server}: get_job, {clients} connections: {:.0} calls/s", total as f64 / seconds as f64);
 }
 
 fn report(what: &str, lat: &mut [Duration]) {
