@@ -85,19 +85,23 @@ fn main() {
     if let Ok(python) = std::env::var("MCP_PEER_PYTHON") {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peer/mcp_sdk_server.py");
-        let child = Command::new(python)
+        let mut child = Command::new(python)
             .arg(script)
             .args([port.to_string(), jobs.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("python peer");
+        // Ready when uvicorn says it is listening (its log goes to standard error).
+        let stderr = child.stderr.take().expect("stderr");
         let killer = KillOnDrop(child);
-        let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(30), "the Python SDK server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        assert!(
+            lines.by_ref().map_while(Result::ok).any(|l| l.contains("Uvicorn running")),
+            "the Python SDK server did not start (is `mcp` installed for MCP_PEER_PYTHON?)"
+        );
+        // Keep draining its access log, so that a full pipe never blocks it.
+        std::thread::spawn(move || lines.for_each(drop));
         servers.push(("python sdk".to_string(), port, Some(killer)));
     }
     for (name, port, _) in &servers {
