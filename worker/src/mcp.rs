@@ -223,17 +223,7 @@ impl Control {
         observer: Arc<Observer>,
     ) -> Self {
         let tools = Self::tool_router();
-        let mut listed: Vec<Tool> = TOOL_ORDER.iter().filter_map(|name| tools.get(name).cloned()).collect();
-        // A tool missing from TOOL_ORDER is still listed (last, by name) rather than hidden.
-        let mut rest: Vec<Tool> = tools.list_all().into_iter().filter(|t| !TOOL_ORDER.iter().any(|n| *n == t.name)).collect();
-        debug_assert!(rest.is_empty(), "tools missing from TOOL_ORDER: {:?}", rest.iter().map(|t| &t.name).collect::<Vec<_>>());
-        listed.append(&mut rest);
-        // Tools without arguments have no `properties`; some clients insist on the key.
-        for tool in &mut listed {
-            if !tool.input_schema.contains_key("properties") {
-                Arc::make_mut(&mut tool.input_schema).insert("properties".into(), Value::Object(Map::new()));
-            }
-        }
+        let listed = listed_tools(&tools);
         Self { engine, registry, catalog, reload, stop, tools: Arc::new(tools), listed: listed.into(), observer }
     }
 
@@ -977,6 +967,56 @@ impl Control {
 }
 
 // ---------------------------------------------------------------------------------------------
+/// The tools as `tools/list` shows them: in [`TOOL_ORDER`], every schema an object.
+fn listed_tools(tools: &ToolRouter<Control>) -> Vec<Tool> {
+    let mut listed: Vec<Tool> = TOOL_ORDER.iter().filter_map(|name| tools.get(name).cloned()).collect();
+    // A tool missing from TOOL_ORDER is still listed (last, by name) rather than hidden.
+    let mut rest: Vec<Tool> = tools.list_all().into_iter().filter(|t| !TOOL_ORDER.iter().any(|n| *n == t.name)).collect();
+    debug_assert!(rest.is_empty(), "tools missing from TOOL_ORDER: {:?}", rest.iter().map(|t| &t.name).collect::<Vec<_>>());
+    listed.append(&mut rest);
+    for tool in &mut listed {
+        // Tools without arguments have no `properties`; some clients insist on the key.
+        if !tool.input_schema.contains_key("properties") {
+            Arc::make_mut(&mut tool.input_schema).insert("properties".into(), Value::Object(Map::new()));
+        }
+        // schemars writes `true` for any-JSON fields (e.g. a run's `input`); MCP Inspector
+        // 0.15 (TypeScript SDK) rejects a whole `tools/list` for a boolean sub-schema.
+        objects_for_boolean_schemas(Arc::make_mut(&mut tool.input_schema));
+        if let Some(out) = tool.output_schema.as_mut() {
+            objects_for_boolean_schemas(Arc::make_mut(out));
+        }
+    }
+    listed
+}
+
+/// Rewrites every boolean sub-schema of `schema` as the object that means the same: `true` as
+/// `{}`, `false` as `{"not": {}}`.
+fn objects_for_boolean_schemas(schema: &mut Map<String, Value>) {
+    fn fix(v: &mut Value) {
+        match v {
+            Value::Bool(true) => *v = Value::Object(Map::new()),
+            Value::Bool(false) => *v = serde_json::json!({"not": {}}),
+            Value::Object(o) => objects_for_boolean_schemas(o),
+            _ => {}
+        }
+    }
+    for (k, v) in schema.iter_mut() {
+        match (k.as_str(), v) {
+            // A sub-schema.
+            ("items" | "additionalProperties" | "additionalItems" | "not" | "if" | "then" | "else" | "contains" | "propertyNames", v) => {
+                fix(v)
+            }
+            // A list of sub-schemas.
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(a)) => a.iter_mut().for_each(fix),
+            // A map of sub-schemas.
+            ("properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas", Value::Object(o)) => {
+                o.values_mut().for_each(fix)
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Fields worth naming in a one-line summary of a result.
 const SUMMARY_FIELDS: [&str; 9] = ["name", "job", "run_id", "id", "status", "paused", "decision", "step", "next_cursor"];
 
@@ -1061,7 +1101,7 @@ impl ServerHandler for Control {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools.get(name).cloned()
+        self.listed.iter().find(|t| t.name == name).cloned()
     }
 
     // rmcp's defaults answer these with empty lists even though the capability is not declared.
@@ -1098,6 +1138,60 @@ impl ServerHandler for Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_tool_schema_has_a_boolean_sub_schema() {
+        fn booleans(v: &Value, path: &str, found: &mut Vec<String>) {
+            let Value::Object(o) = v else { return };
+            for (k, x) in o {
+                let subs: Vec<(String, &Value)> = match (k.as_str(), x) {
+                    ("items" | "additionalProperties" | "not", x) => vec![(k.clone(), x)],
+                    ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(a)) => {
+                        a.iter().enumerate().map(|(i, x)| (format!("{k}[{i}]"), x)).collect()
+                    }
+                    ("properties" | "$defs" | "definitions", Value::Object(m)) => m.iter().map(|(n, x)| (format!("{k}.{n}"), x)).collect(),
+                    _ => vec![],
+                };
+                for (p, sub) in subs {
+                    if sub.is_boolean() {
+                        found.push(format!("{path}/{p}"));
+                    }
+                    booleans(sub, &format!("{path}/{p}"), found);
+                }
+            }
+        }
+        let listed = listed_tools(&Control::tool_router());
+        let mut found = Vec::new();
+        for t in &listed {
+            booleans(&Value::Object((*t.input_schema).clone()), &format!("{}:input", t.name), &mut found);
+            if let Some(out) = &t.output_schema {
+                booleans(&Value::Object((**out).clone()), &format!("{}:output", t.name), &mut found);
+            }
+        }
+        assert!(found.is_empty(), "boolean sub-schemas: {found:?}");
+        // Without the rewrite there are some (a run's `input`, a step's output): the check is live.
+        let raw: usize = Control::tool_router()
+            .list_all()
+            .iter()
+            .filter_map(|t| t.output_schema.clone())
+            .map(|o| {
+                let mut f = Vec::new();
+                booleans(&Value::Object((*o).clone()), "", &mut f);
+                f.len()
+            })
+            .sum();
+        assert!(raw > 0, "the router's own schemas should have boolean sub-schemas to rewrite");
+        assert_eq!(
+            objects_for_boolean_schemas_of(serde_json::json!({"properties": {"a": true, "b": false}})),
+            serde_json::json!({"properties": {"a": {}, "b": {"not": {}}}})
+        );
+    }
+
+    fn objects_for_boolean_schemas_of(v: Value) -> Value {
+        let Value::Object(mut o) = v else { panic!("an object") };
+        objects_for_boolean_schemas(&mut o);
+        Value::Object(o)
+    }
 
     #[test]
     fn summaries_name_list_sizes_and_identifying_fields_only() {
