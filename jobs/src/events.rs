@@ -14,10 +14,11 @@
 //! Metrics go to an OpenTelemetry [`Meter`] the worker provides (pushed over OTLP and served
 //! at `/metrics`); spans are made with the OpenTelemetry tracer it provides, directly, not
 //! through `tracing` spans: an operation's [`Context`] is made current only while its work is
-//! polled ([`FutureExt::with_context`], a thread-local swap), so that operations begun inside
-//! it are its children. Without a tracer or meter everything here still works and costs little. Telemetry never
-//! fails or blocks an operation: a hook that fails or times out is logged and counted, and only
-//! a `before` hook that answers `{"cancel": …}` changes what happens.
+//! polled (`opentelemetry::context::FutureExt::with_context`, a thread-local swap), so that
+//! operations begun inside it are its children. Without a tracer or meter everything here
+//! still works and costs little. Telemetry never fails or blocks an operation: a hook that
+//! fails or times out is logged and counted, and only a `before` hook that answers
+//! `{"cancel": …}` changes what happens.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -497,10 +498,7 @@ impl Observer {
             (None, _) => Context::new(),
             // A run is the root of its trace.
             (Some(t), Op::Run { .. }) => op.start(t, &Context::new(), owner),
-            (Some(t), _) => match parent {
-                Some(p) => op.start(t, p, owner),
-                None => op.start(t, &Context::current(), owner),
-            },
+            (Some(t), _) => op.start(t, &parent.cloned().unwrap_or_else(Context::current), owner),
         };
         if let Op::GroupChat { .. } = &op {
             tracing::info!(run = %owner.run_id, "group chat started");

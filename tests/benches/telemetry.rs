@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{SAVE, Worker, bin, cpu_ms, cpu_ms_by_thread, jobs_yaml, read_rows, summary};
+use common::{SAVE, Worker, bin, cpu_ms, cpu_ms_by_thread, jobs_yaml, pct_up, read_rows, summary};
 
 use std::time::Duration;
 
@@ -83,11 +83,11 @@ impl Totals {
     }
 }
 
-/// The 99th percentile (rank rounded up), as `summary` prints it.
+/// The 99th percentile, as `summary` prints it.
 fn p99(v: &[i64]) -> i64 {
     let mut v = v.to_vec();
     v.sort_unstable();
-    v.get(((v.len() as f64 * 0.99).ceil() as usize).max(1) - 1).copied().unwrap_or(0)
+    if v.is_empty() { 0 } else { pct_up(&v, 0.99) }
 }
 
 /// Milliseconds since the Unix epoch.

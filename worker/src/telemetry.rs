@@ -1,7 +1,7 @@
 //! Telemetry (SPEC §10): the `tracing` subscriber (logs on standard error, human or JSON),
 //! and OpenTelemetry — logs through `tracing`, spans and metrics through the tracer and meter
-//! the job engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the `telemetry`
-//! section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
+//! the job engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the
+//! `telemetry` section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
 //! /metrics` whether or not they are pushed.
 //!
 //! Telemetry never blocks or fails a run: spans and logs wait in bounded batch queues (8,192

@@ -53,7 +53,11 @@ pub(crate) fn rss_kb(pid: u32) -> u64 {
 
 /// CPU time (user + system) the process has used so far, in ms (clock ticks of 10 ms).
 pub(crate) fn cpu_ms(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_ms(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// utime + stime (ms) of a `/proc/.../stat` line.
+fn stat_cpu_ms(stat: &str) -> u64 {
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
     let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
@@ -68,9 +72,7 @@ pub(crate) fn cpu_ms_by_thread(pid: u32) -> std::collections::BTreeMap<String, u
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
         let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        *by.entry(stat[open + 1..close].to_string()).or_insert(0) += (ticks(11) + ticks(12)) * 10;
+        *by.entry(stat[open + 1..close].to_string()).or_insert(0) += stat_cpu_ms(&stat);
     }
     by
 }
@@ -203,7 +205,7 @@ pub(crate) fn jobs_yaml(n: usize, cron: &str, action: &str) -> String {
 pub(crate) const SAVE: &str = "      plugin: file-save\n      action: save\n      parameters: { path: \"out/{i}.txt\", content: \"x\" }\n";
 
 /// The `p` quantile of sorted values, rank rounded up.
-fn pct_up(sorted: &[i64], p: f64) -> i64 {
+pub(crate) fn pct_up(sorted: &[i64], p: f64) -> i64 {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
