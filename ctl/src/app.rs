@@ -6,6 +6,8 @@ use std::io::{ErrorKind, IsTerminal, Write};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use lamplighter_contract::{JobList, RunDetail, RunStatus, TriggerOutcome};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{
@@ -42,15 +44,15 @@ enum View {
     Jobs,
     Job,
     NextFires { job: String },
-    Paused { job: String },
-    Resumed { job: String },
+    Paused,
+    Resumed,
     Triggered { job: String, idempotency_key: Option<String> },
     WaitedRun { job: String },
     Runs,
     Run { transcript: bool },
-    Cancelled { id: String },
+    Cancelled,
     Approvals,
-    Decision { approved: bool, run: String, step: Option<String> },
+    Decision,
     Workflows,
     Agents,
     Plugins,
@@ -90,10 +92,8 @@ fn plan(command: Command) -> Action {
             JobsCommand::Next { name, count } => {
                 call("get_job", none().with("name", name.clone()).with("next", count), View::NextFires { job: name })
             }
-            JobsCommand::Pause { name, reason } => {
-                call("pause_job", none().with("name", name.clone()).maybe("reason", reason), View::Paused { job: name })
-            }
-            JobsCommand::Resume { name } => call("resume_job", none().with("name", name.clone()), View::Resumed { job: name }),
+            JobsCommand::Pause { name, reason } => call("pause_job", none().with("name", name).maybe("reason", reason), View::Paused),
+            JobsCommand::Resume { name } => call("resume_job", none().with("name", name), View::Resumed),
             JobsCommand::Trigger(trigger) => {
                 let parameters: Option<Map<String, Value>> = (!trigger.params.is_empty()).then(|| trigger.params.into_iter().collect());
                 start("trigger_job", trigger.name.clone(), trigger.name, trigger.start, parameters)
@@ -106,12 +106,12 @@ fn plan(command: Command) -> Action {
                 View::Runs,
             ),
             RunsCommand::Show { id, transcript } => call("get_run", none().with("id", id), View::Run { transcript }),
-            RunsCommand::Cancel { id } => call("cancel_run", none().with("id", id.clone()), View::Cancelled { id }),
+            RunsCommand::Cancel { id } => call("cancel_run", none().with("id", id), View::Cancelled),
         },
         Command::Approvals { command } => match command {
             ApprovalsCommand::List => call("list_approvals", none(), View::Approvals),
-            ApprovalsCommand::Approve(decision) => decide("approve_step", true, decision),
-            ApprovalsCommand::Reject(decision) => decide("reject_step", false, decision),
+            ApprovalsCommand::Approve(decision) => decide("approve_step", decision),
+            ApprovalsCommand::Reject(decision) => decide("reject_step", decision),
         },
         Command::Workflows { command: WorkflowsCommand::List } => call("list_workflows", none(), View::Workflows),
         // Runs of a workflow started by hand are listed under the job `workflow:<name>`.
@@ -141,17 +141,17 @@ fn start(tool: &str, name: String, job: String, start: StartArgs, parameters: Op
     call(tool, arguments, view)
 }
 
-fn decide(tool: &str, approved: bool, decision: DecisionArgs) -> Action {
+fn decide(tool: &str, decision: DecisionArgs) -> Action {
     let by = decision.by.unwrap_or_else(|| match std::env::var("USER") {
         Ok(user) if !user.is_empty() => format!("{user} via lampctl"),
         _ => "lampctl".to_owned(),
     });
     let arguments = Arguments::default()
-        .with("run_id", decision.run.clone())
-        .maybe("step", decision.step.clone())
+        .with("run_id", decision.run)
+        .maybe("step", decision.step)
         .maybe("comment", decision.comment)
         .with("decided_by", by);
-    call(tool, arguments, View::Decision { approved, run: decision.run, step: decision.step })
+    call(tool, arguments, View::Decision)
 }
 
 async fn execute(url: &str, token: Option<&str>, output: Output, action: Action) -> Result<(), CtlError> {
@@ -168,7 +168,7 @@ async fn execute(url: &str, token: Option<&str>, output: Output, action: Action)
 async fn list_tools(client: &Client, output: Output) -> Result<(), CtlError> {
     let tools = client.list_tools().await?;
     emit(&match output {
-        Output::Json => render::json(&tools),
+        Output::Json => render::json(&serde_json::json!({ "tools": tools })),
         Output::Table => render::tools(&tools),
     })
 }
@@ -184,12 +184,12 @@ async fn all_jobs(client: &Client, arguments: Map<String, Value>) -> Result<Valu
         if let Some(c) = &cursor {
             page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
         }
-        let page = client.call("list_jobs", page_args).await?;
-        match page.get("jobs").and_then(Value::as_array) {
-            Some(list) => jobs.extend(list.iter().cloned()),
-            // A bare list (an older worker): that is all of them.
-            None => return Ok(page),
-        }
+        let mut page = client.call("list_jobs", page_args).await?;
+        // Kept as sent, so that `-o json` shows fields this lampctl does not know.
+        let Some(Value::Array(list)) = page.get_mut("jobs").map(Value::take) else {
+            return Err(unreadable("list_jobs", "no `jobs` list"));
+        };
+        jobs.extend(list);
         cursor = page.get("next_cursor").and_then(Value::as_str).map(str::to_owned);
         if cursor.is_none() {
             return Ok(serde_json::json!({ "jobs": jobs }));
@@ -212,41 +212,65 @@ async fn perform(
     };
     emit(&match output {
         Output::Json => render::json(&value),
-        Output::Table => show(view, &value, Utc::now()),
+        Output::Table => show(view, tool, &value, Utc::now())?,
     })?;
     match view {
+        View::WaitedRun { .. } => waited_outcome(&answer(tool, &value)?),
         View::Runs if output == Output::Table => {
             if let Some(cursor) = value.get("next_cursor").and_then(Value::as_str) {
                 eprintln!("lampctl: more runs: repeat with --cursor {cursor}");
             }
             Ok(())
         }
-        View::WaitedRun { .. } => waited_outcome(&value),
         _ => Ok(()),
     }
 }
 
-fn show(view: &View, value: &Value, now: DateTime<Utc>) -> String {
-    match view {
-        View::Status => render::status(value, now),
-        View::Jobs => render::jobs(value, now),
-        View::Job => render::job(value, now),
-        View::NextFires { job } => render::next_fires(value, job, now),
-        View::Paused { job } => render::paused(value, job),
-        View::Resumed { job } => render::resumed(value, job, now),
-        View::Triggered { job, idempotency_key } => render::triggered(value, job, idempotency_key.as_deref()),
-        View::WaitedRun { .. } | View::Run { transcript: false } => render::run(value, now),
-        View::Run { transcript: true } => format!("{}\n{}", render::run(value, now), render::transcript(value)),
-        View::Runs => render::runs(value, now),
-        View::Cancelled { id } => render::cancelled(value, id),
-        View::Approvals => render::approvals(value, now),
-        View::Decision { approved, run, step } => render::decision(value, *approved, run, step.as_deref()),
-        View::Workflows => render::workflows(value, now),
-        View::Agents => render::agents(value, now),
-        View::Plugins => render::plugins(value, now),
-        View::Reloaded => render::reloaded(value, now),
+fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<String, CtlError> {
+    Ok(match view {
+        View::Status => render::status(&answer(tool, value)?, now),
+        View::Jobs => render::jobs(&answer::<JobList>(tool, value)?.jobs, now),
+        View::Job => render::job(&answer(tool, value)?, now),
+        View::NextFires { job } => render::next_fires(&answer(tool, value)?, job, now),
+        View::Paused => render::paused(&answer(tool, value)?),
+        View::Resumed => render::resumed(&answer(tool, value)?, now),
+        View::Triggered { job, idempotency_key } => render::triggered(&answer(tool, value)?, job, idempotency_key.as_deref()),
+        View::WaitedRun { .. } => match answer::<TriggerOutcome>(tool, value)?.run {
+            Some(run) => render::run(&render::bare(run), now),
+            None => return Err(unreadable(tool, "no `run` although it waited")),
+        },
+        View::Run { transcript } => {
+            let detail: RunDetail = answer(tool, value)?;
+            let text = render::run(&detail, now);
+            if *transcript { format!("{text}\n{}", render::transcript(&detail)) } else { text }
+        }
+        View::Runs => render::runs(&answer(tool, value)?, now),
+        View::Cancelled => render::cancelled(&answer(tool, value)?),
+        View::Approvals => render::approvals(&answer(tool, value)?, now),
+        View::Decision => render::decision(&answer(tool, value)?),
+        View::Workflows => render::workflows(&answer(tool, value)?),
+        View::Agents => render::agents(&answer(tool, value)?),
+        View::Plugins => render::plugins(&answer(tool, value)?),
+        View::Reloaded => render::reloaded(&answer(tool, value)?),
         View::Raw => render::raw(value),
-    }
+    })
+}
+
+/// A tool's answer as the contract type lampctl shows.
+fn answer<'a, T: Deserialize<'a>>(tool: &str, value: &'a Value) -> Result<T, CtlError> {
+    T::deserialize(value).map_err(|error| unreadable(tool, error))
+}
+
+/// An answer that does not fit the contract came from a worker of another version (or not a
+/// Lamplighter worker): said so, with the way to see it.
+fn unreadable(tool: &str, why: impl std::fmt::Display) -> CtlError {
+    CtlError::new(
+        Failure::Unreachable,
+        format!(
+            "the worker's answer to {tool} is not what this lampctl reads ({why}); it may be another version of Lamplighter: \
+             compare `lampctl status` with `lampctl --version`, or see the answer with -o json"
+        ),
+    )
 }
 
 /// `jobs trigger --wait`: the call, unless Ctrl-C comes first. Then lampctl stops waiting
@@ -277,22 +301,21 @@ async fn wait_interruptibly(
 
 /// After `--wait`: exit 1 when the run ended without succeeding, so that scripts can rely on
 /// the exit code; a run still going (the wait timed out) is pointed at, not failed.
-fn waited_outcome(value: &Value) -> Result<(), CtlError> {
-    let run = render::run_of(value);
-    let id = render::run_id(value).unwrap_or_else(|| render::NONE.to_owned());
-    let Some(status) = run.get("status").and_then(Value::as_str) else { return Ok(()) };
-    match status {
-        "succeeded" => Ok(()),
-        "waiting_approval" => {
+fn waited_outcome(outcome: &TriggerOutcome) -> Result<(), CtlError> {
+    let id = &outcome.run_id;
+    let Some(run) = &outcome.run else { return Ok(()) };
+    match run.status {
+        RunStatus::Succeeded => Ok(()),
+        RunStatus::WaitingApproval => {
             eprintln!("lampctl: run {id} waits for approval; see it with: lampctl approvals list, then lampctl approvals approve {id}");
             Ok(())
         }
-        "queued" | "running" => {
+        status @ (RunStatus::Queued | RunStatus::Running) => {
             eprintln!("lampctl: stopped waiting while run {id} is {status}; follow it with: lampctl runs show {id}");
             Ok(())
         }
         ended => {
-            let reason = run.get("error").and_then(Value::as_str).map(|error| format!(": {error}")).unwrap_or_default();
+            let reason = run.error.as_ref().map(|error| format!(": {error}")).unwrap_or_default();
             Err(CtlError::new(Failure::WorkerSaidNo, format!("run {id} {ended}{reason}")))
         }
     }
@@ -386,13 +409,27 @@ mod tests {
         }
     }
 
+    /// What `trigger_job … wait` answers, through the contract type.
+    fn waited(status: &str, error: Option<&str>) -> TriggerOutcome {
+        let at = "2026-05-04T12:00:00Z";
+        let run = json!({"id": "r1", "job": "j", "trigger": "manual", "status": status, "due_at": at, "enqueued_at": at, "attempt": 1, "root_id": "r1", "error": error});
+        serde_json::from_value(json!({"run_id": "r1", "created": true, "finished": true, "run": run})).unwrap()
+    }
+
     #[test]
     fn a_waited_run_that_did_not_succeed_exits_1() {
-        assert!(waited_outcome(&json!({"id": "r1", "status": "succeeded"})).is_ok());
-        assert!(waited_outcome(&json!({"id": "r1", "status": "running"})).is_ok());
-        let failed = waited_outcome(&json!({"run": {"id": "r1", "status": "failed", "error": "exit status 2"}})).unwrap_err();
+        assert!(waited_outcome(&waited("succeeded", None)).is_ok());
+        assert!(waited_outcome(&waited("running", None)).is_ok());
+        let failed = waited_outcome(&waited("failed", Some("exit status 2"))).unwrap_err();
         assert_eq!(failed.exit_code(), 1);
         assert_eq!(failed.to_string(), "run r1 failed: exit status 2");
-        assert_eq!(waited_outcome(&json!({"id": "r2", "status": "timed_out"})).unwrap_err().to_string(), "run r2 timed_out");
+        assert_eq!(waited_outcome(&waited("timed_out", None)).unwrap_err().to_string(), "run r1 timed_out");
+    }
+
+    #[test]
+    fn an_answer_of_another_shape_is_named_not_shown_as_dashes() {
+        let error = answer::<lamplighter_contract::JobDetail>("get_job", &json!({"name": "x"})).unwrap_err();
+        assert_eq!(error.exit_code(), 3);
+        assert!(error.to_string().starts_with("the worker's answer to get_job is not what this lampctl reads (missing field"), "{error}");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ErrorCode, Implementation, ProgressNotificationParam,
-    ProtocolVersion,
+    ProtocolVersion, Tool,
 };
 use rmcp::service::{ClientInitializeError, NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -85,10 +85,9 @@ impl Client {
         }
     }
 
-    /// All tools the worker offers, as the JSON `tools/list` carries them.
-    pub(crate) async fn list_tools(&self) -> Result<Value, CtlError> {
-        let tools = self.service.list_all_tools().await.map_err(|error| call_failure(&self.target, error))?;
-        serde_json::to_value(&tools).map_err(|error| CtlError::new(Failure::Local, format!("cannot show the tool list: {error}")))
+    /// All tools the worker offers.
+    pub(crate) async fn list_tools(&self) -> Result<Vec<Tool>, CtlError> {
+        self.service.list_all_tools().await.map_err(|error| call_failure(&self.target, error))
     }
 
     /// Ends the connection. Best effort: an unfinished request is abandoned, which tells the

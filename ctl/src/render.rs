@@ -1,9 +1,15 @@
 //! What people read: aligned tables, key-value blocks, and times in local time with a
-//! relative hint ("in 3h", "5m ago"). The worker's JSON is read tolerantly: a field it does
-//! not send is shown as "-", a list may come bare or inside an object, and fields this
-//! version does not know are left to `-o json`.
+//! relative hint ("in 3h", "5m ago"). Each view takes the contract type its tool answers with
+//! (`lamplighter-contract`, the types the worker serializes); `-o json` shows the answer as sent.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
+use lamplighter_contract::{
+    AgentList, AgentUsage, ApprovalList, CallKind, Decision, FireTime, JobDetail, JobSummary, PluginList, ReloadSummary, Run, RunBrief,
+    RunDetail, RunPage, RunStatus, StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+};
+use rmcp::model::Tool;
 use serde_json::Value;
 
 /// Shown for a field the worker did not send.
@@ -113,92 +119,7 @@ fn indent(text: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reading the worker's JSON
-
-/// The first of `keys` that is present and not null.
-fn get<'a>(value: &'a Value, keys: &[&str]) -> Option<&'a Value> {
-    keys.iter().filter_map(|key| value.get(*key)).find(|found| !found.is_null())
-}
-
-/// The first of `keys` as text, or "-".
-fn cell(value: &Value, keys: &[&str]) -> String {
-    get(value, keys).map_or_else(|| NONE.to_owned(), scalar)
-}
-
-/// The entries of a list the worker sends either bare (`[...]`) or inside an object
-/// (`{"jobs": [...]}`; failing `key`, the object's first list).
-pub(crate) fn items<'a>(value: &'a Value, key: &str) -> Vec<&'a Value> {
-    match value {
-        Value::Array(list) => list.iter().collect(),
-        Value::Object(map) => match map.get(key) {
-            Some(Value::Array(list)) => list.iter().collect(),
-            _ => map.values().find_map(Value::as_array).map(|list| list.iter().collect()).unwrap_or_default(),
-        },
-        _ => Vec::new(),
-    }
-}
-
-/// Only `value[key]` as a list (no fallback to another field).
-fn list_at<'a>(value: &'a Value, key: &str) -> Vec<&'a Value> {
-    value.get(key).and_then(Value::as_array).map(|list| list.iter().collect()).unwrap_or_default()
-}
-
-/// A value as a person reads it: strings as they are, lists joined, objects as JSON.
-pub(crate) fn scalar(value: &Value) -> String {
-    match value {
-        Value::Null => NONE.to_owned(),
-        Value::String(text) if text.is_empty() => NONE.to_owned(),
-        Value::String(text) => text.clone(),
-        Value::Bool(true) => "yes".to_owned(),
-        Value::Bool(false) => "no".to_owned(),
-        Value::Number(number) => number.to_string(),
-        Value::Array(list) if list.is_empty() => "none".to_owned(),
-        Value::Array(list) => list.iter().map(list_entry).collect::<Vec<_>>().join(", "),
-        Value::Object(_) => compact(value),
-    }
-}
-
-/// A list entry: a string or number as is, an object by its name when it has one.
-fn list_entry(value: &Value) -> String {
-    match value {
-        Value::Object(_) => get(value, &["name", "id"]).map_or_else(|| compact(value), scalar),
-        other => scalar(other),
-    }
-}
-
-/// A value on one line: strings as they are, anything else as compact JSON.
-fn compact(value: &Value) -> String {
-    match value {
-        Value::String(text) => text.clone(),
-        other => truncate(&serde_json::to_string(other).unwrap_or_default(), MAX_INLINE_JSON),
-    }
-}
-
-/// Table cells for lists whose shape lampctl only partly knows: times are recognised and
-/// shown as times; everything is cut to [`MAX_CELL`].
-fn table_value(value: &Value, now: DateTime<Utc>) -> String {
-    match parse_time(value) {
-        Some(time) => when_short(time, now),
-        None => truncate(&scalar(value), MAX_CELL),
-    }
-}
-
-/// The same for key-value lines.
-fn detail_value(value: &Value, now: DateTime<Utc>) -> String {
-    match parse_time(value) {
-        Some(time) => when_full(time, now),
-        None => scalar(value),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Times
-
-/// An RFC 3339 string as an instant.
-pub(crate) fn parse_time(value: &Value) -> Option<DateTime<Utc>> {
-    let text = value.as_str()?;
-    DateTime::parse_from_rfc3339(text).ok().map(|time| time.with_timezone(&Utc))
-}
 
 /// "in 3h", "5m ago", "now": one unit, rounded toward zero.
 pub(crate) fn relative(then: DateTime<Utc>, now: DateTime<Utc>) -> String {
@@ -257,26 +178,9 @@ fn when_full(time: DateTime<Utc>, now: DateTime<Utc>) -> String {
     format!("{} ({})", time.with_timezone(&Local).format("%Y-%m-%d %H:%M:%S %:z"), relative(time, now))
 }
 
-/// The run in a tool's answer: `trigger_job` wraps it as `{"run": …}`, the others send it bare.
-pub(crate) fn run_of(value: &Value) -> &Value {
-    value.get("run").filter(|run| run.is_object()).unwrap_or(value)
-}
-
-/// A time field for a table: "-" when absent, the text as sent when it is not a time.
-pub(crate) fn when(value: Option<&Value>, now: DateTime<Utc>) -> String {
-    match value {
-        None | Some(Value::Null) => NONE.to_owned(),
-        Some(value) => parse_time(value).map_or_else(|| scalar(value), |time| when_short(time, now)),
-    }
-}
-
-/// A time field for a key-value block.
-fn when_detail(value: Option<&Value>, now: DateTime<Utc>) -> String {
-    value.map_or_else(|| NONE.to_owned(), |value| detail_value(value, now))
-}
-
 // ---------------------------------------------------------------------------------------
-// Views, one per command
+// Views, one per command. Each reads the contract's type for the tool it shows, so a field
+// the worker renamed is a compile error here, not a "-" in a table.
 
 /// `-o json`: the tool's structured content, pretty.
 pub(crate) fn json(value: &Value) -> String {
@@ -293,37 +197,52 @@ pub(crate) fn raw(value: &Value) -> String {
     }
 }
 
-/// `status`.
-pub(crate) fn status(value: &Value, now: DateTime<Utc>) -> String {
-    const SHOWN: [&str; 10] =
-        ["worker", "name", "version", "started_at", "uptime_seconds", "jobs", "running", "queue_depth", "storage", "workers"];
-    let mut pairs = Pairs::default();
-    pairs.add("worker", cell(value, &["worker", "name"]));
-    pairs.add("version", cell(value, &["version"]));
-    pairs.add("started", when_detail(value.get("started_at"), now));
-    pairs.add("uptime", value.get("uptime_seconds").and_then(Value::as_u64).map_or_else(|| NONE.to_owned(), duration));
-    pairs.add("jobs", cell(value, &["jobs"]));
-    pairs.add("running", cell(value, &["running"]));
-    pairs.add("queue depth", cell(value, &["queue_depth"]));
-    pairs.add("storage", cell(value, &["storage"]));
-    if let Some(map) = value.as_object() {
-        for (key, extra) in map.iter().filter(|(key, _)| !SHOWN.contains(&key.as_str())) {
-            pairs.add(&key.replace('_', " "), detail_value(extra, now));
-        }
+fn or_none(text: Option<&str>) -> String {
+    text.filter(|t| !t.is_empty()).map_or_else(|| NONE.to_owned(), str::to_owned)
+}
+
+fn time_short(time: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    time.map_or_else(|| NONE.to_owned(), |time| when_short(time, now))
+}
+
+fn time_full(time: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    time.map_or_else(|| NONE.to_owned(), |time| when_full(time, now))
+}
+
+/// A value on one line: strings as they are, anything else as compact JSON.
+fn compact(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => truncate(&serde_json::to_string(other).unwrap_or_default(), MAX_INLINE_JSON),
     }
+}
+
+fn joined(names: &[String]) -> String {
+    if names.is_empty() { NONE.to_owned() } else { names.join(", ") }
+}
+
+/// `status`.
+pub(crate) fn status(s: &WorkerStatus, now: DateTime<Utc>) -> String {
+    let mut pairs = Pairs::default();
+    pairs.add("worker", s.worker.clone());
+    pairs.add("version", s.version.clone());
+    pairs.add("started", when_full(s.started_at, now));
+    pairs.add("uptime", duration(u64::try_from(s.uptime_seconds).unwrap_or(0)));
+    pairs.add("jobs", s.jobs.to_string());
+    pairs.add("running", s.running.to_string());
+    pairs.add("queue depth", s.queue_depth.to_string());
+    pairs.add("storage", s.storage.clone());
     let mut out = pairs.render();
     // The workers sharing the database (one on SQLite) and what each runs.
-    let workers = items(value, "workers");
-    if !workers.is_empty() {
+    if !s.workers.is_empty() {
         let mut table = Table::new(&["WORKER", "HOST", "PID", "HEARTBEAT", "RUNNING"]);
-        for w in workers {
-            let running = w.get("running").and_then(Value::as_array).map_or(0, Vec::len);
+        for w in &s.workers {
             table.push(vec![
-                cell(w, &["name"]),
-                cell(w, &["host"]),
-                cell(w, &["pid"]),
-                when(w.get("heartbeat_at"), now),
-                running.to_string(),
+                w.name.clone(),
+                w.host.clone(),
+                w.pid.to_string(),
+                when_short(w.heartbeat_at, now),
+                w.running.len().to_string(),
             ]);
         }
         out.push('\n');
@@ -333,203 +252,156 @@ pub(crate) fn status(value: &Value, now: DateTime<Utc>) -> String {
 }
 
 /// `jobs list`.
-pub(crate) fn jobs(value: &Value, now: DateTime<Utc>) -> String {
-    let jobs = items(value, "jobs");
+pub(crate) fn jobs(jobs: &[JobSummary], now: DateTime<Utc>) -> String {
     if jobs.is_empty() {
         return "no jobs\n".to_owned();
     }
     let mut table = Table::new(&["NAME", "TARGET", "SCHEDULE", "STATE", "NEXT FIRE", "LAST RUN"]);
     for job in jobs {
         table.push(vec![
-            cell(job, &["name"]),
-            truncate(&cell(job, &["target", "target_type"]), MAX_CELL),
+            job.name.clone(),
+            truncate(&job.target, MAX_CELL),
             schedule(job),
-            job_state(job),
-            when(job.get("next_fire"), now),
-            last_run(job.get("last_run"), now),
+            job_state(job).to_owned(),
+            time_short(job.next_fire, now),
+            last_run(job.last_run.as_ref(), now),
         ]);
     }
     table.render()
 }
 
-/// A job's schedule; a job the worker sends with `schedule: null` fires only when triggered.
-fn schedule(job: &Value) -> String {
-    match job.get("schedule") {
-        Some(Value::Null) => "manual".to_owned(),
-        Some(schedule) => scalar(schedule),
-        None => NONE.to_owned(),
-    }
+/// A job's schedule; a job without one fires only when triggered.
+fn schedule(job: &JobSummary) -> String {
+    job.schedule.clone().unwrap_or_else(|| "manual".to_owned())
 }
 
-fn job_state(job: &Value) -> String {
-    let paused = job.get("paused").and_then(Value::as_bool);
-    let enabled = job.get("enabled").and_then(Value::as_bool);
+fn job_state(job: &JobSummary) -> &'static str {
     // The worker cannot run it (e.g. its plugin did not load): the strongest state.
-    if job.get("disabled").is_some_and(Value::is_string) {
-        return "unavailable".to_owned();
+    if job.disabled.is_some() {
+        "unavailable"
+    } else if job.paused {
+        "paused"
+    } else if !job.enabled {
+        "disabled"
+    } else {
+        "active"
     }
-    let state = match (paused, enabled) {
-        (Some(true), _) => "paused",
-        (_, Some(false)) => "disabled",
-        (None, None) => NONE,
-        _ => "active",
-    };
-    state.to_owned()
 }
 
 /// "succeeded 5m ago", from a run summary.
-fn last_run(run: Option<&Value>, now: DateTime<Utc>) -> String {
-    let Some(run) = run.filter(|run| run.is_object()) else { return NONE.to_owned() };
-    let status = cell(run, &["status"]);
-    match get(run, &["finished_at", "started_at", "enqueued_at"]).and_then(parse_time) {
-        Some(time) => format!("{status} {}", relative(time, now)),
-        None => status,
+fn last_run(run: Option<&RunBrief>, now: DateTime<Utc>) -> String {
+    match run {
+        None => NONE.to_owned(),
+        Some(run) => format!("{} {}", run.status, relative(run.finished_at.unwrap_or(run.enqueued_at), now)),
     }
 }
 
 /// `jobs show`.
-pub(crate) fn job(value: &Value, now: DateTime<Utc>) -> String {
+pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
+    let job = &detail.summary;
     let mut pairs = Pairs::default();
-    pairs.add("name", cell(value, &["name"]));
-    pairs.add_some("description", get(value, &["description"]).map(scalar));
-    pairs.add("target", cell(value, &["target", "target_type"]));
-    let zone = get(value, &["timezone"]).map(scalar);
-    pairs.add(
-        "schedule",
-        match zone {
-            Some(zone) => format!("{} ({zone})", schedule(value)),
-            None => schedule(value),
-        },
-    );
-    pairs.add("state", job_state_detail(value, now));
-    pairs.add("next fire", when_detail(value.get("next_fire"), now));
-    pairs.add("catch-up", cell(value, &["catch_up"]));
-    pairs.add("overlap", cell(value, &["overlap"]));
-    pairs.add("timeout", seconds(value.get("timeout_seconds")));
-    pairs.add("max retries", cell(value, &["max_retries"]));
-    pairs.add("runs", counts(value.get("counts")));
-    pairs.add("last run", last_run(value.get("last_run"), now));
+    pairs.add("name", job.name.clone());
+    pairs.add_some("description", job.description.clone());
+    pairs.add("target", job.target.clone());
+    pairs.add("schedule", format!("{} ({})", schedule(job), job.timezone));
+    pairs.add("state", job_state_detail(job, now));
+    pairs.add("next fire", time_full(job.next_fire, now));
+    pairs.add("catch-up", detail.catch_up.clone());
+    pairs.add("overlap", detail.overlap.clone());
+    pairs.add("timeout", detail.timeout_seconds.map_or_else(|| "none".to_owned(), duration));
+    pairs.add("max retries", detail.max_retries.to_string());
+    pairs.add("runs", counts(&detail.counts));
+    pairs.add("last run", last_run(job.last_run.as_ref(), now));
     let mut out = pairs.render();
-    let fires = list_at(value, "next_fires");
-    if !fires.is_empty() {
+    if !detail.next_fires.is_empty() {
         out.push_str("\nnext fires:\n");
-        out.push_str(&indent(&fires_table(&fires, now)));
+        out.push_str(&indent(&fires_table(&detail.next_fires, now)));
     }
-    let recent = list_at(value, "recent_runs");
-    if !recent.is_empty() {
+    if !detail.recent_runs.is_empty() {
         out.push_str("\nrecent runs:\n");
-        out.push_str(&indent(&brief_runs_table(&recent, now)));
+        out.push_str(&indent(&brief_runs_table(&detail.recent_runs, now)));
     }
     out
 }
 
-fn job_state_detail(job: &Value, now: DateTime<Utc>) -> String {
+fn job_state_detail(job: &JobSummary, now: DateTime<Utc>) -> String {
     let state = job_state(job);
-    if let Some(reason) = job.get("disabled").and_then(Value::as_str) {
+    if let Some(reason) = &job.disabled {
         return format!("{state}: {reason}");
     }
-    if state != "paused" {
-        return state;
+    if !job.paused {
+        return state.to_owned();
     }
-    let mut text = state;
-    if let Some(since) = job.get("paused_at").and_then(parse_time) {
+    let mut text = state.to_owned();
+    if let Some(since) = job.paused_at {
         text.push_str(&format!(" {}", relative(since, now)));
     }
-    if let Some(reason) = get(job, &["pause_reason"]) {
-        text.push_str(&format!(": {}", scalar(reason)));
+    if let Some(reason) = &job.pause_reason {
+        text.push_str(&format!(": {reason}"));
     }
     text
 }
 
-/// A count of seconds as a length of time; null means "none" (no limit).
-fn seconds(value: Option<&Value>) -> String {
-    match value {
-        None => NONE.to_owned(),
-        Some(Value::Null) => "none".to_owned(),
-        Some(value) => value.as_u64().map_or_else(|| scalar(value), duration),
+/// `{"succeeded": 12, "failed": 1}` as "failed 1, succeeded 12".
+fn counts(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return "none yet".to_owned();
     }
-}
-
-/// `{"succeeded": 12, "failed": 1}` as "succeeded 12, failed 1".
-fn counts(value: Option<&Value>) -> String {
-    match value {
-        None | Some(Value::Null) => NONE.to_owned(),
-        Some(Value::Object(map)) if map.is_empty() => "none yet".to_owned(),
-        Some(Value::Object(map)) => map.iter().map(|(status, count)| format!("{status} {}", scalar(count))).collect::<Vec<_>>().join(", "),
-        Some(other) => scalar(other),
-    }
+    counts.iter().map(|(status, count)| format!("{status} {count}")).collect::<Vec<_>>().join(", ")
 }
 
 /// Upcoming fire times: in the reader's local time, relative, and in the job's own zone.
-fn fires_table(fires: &[&Value], now: DateTime<Utc>) -> String {
+fn fires_table(fires: &[FireTime], now: DateTime<Utc>) -> String {
     let mut table = Table::new(&["LOCAL TIME", "WHEN", "IN THE JOB'S ZONE"]);
     for fire in fires {
-        let instant = get(fire, &["at", "utc", "time"]).and_then(parse_time).or_else(|| parse_time(fire));
-        let zoned = match get(fire, &["local"]).and_then(Value::as_str) {
-            Some(text) => {
-                DateTime::parse_from_rfc3339(text).map_or_else(|_| text.to_owned(), |time| time.format("%Y-%m-%d %H:%M %:z").to_string())
-            }
-            None => NONE.to_owned(),
-        };
-        table.push(vec![
-            instant.map_or_else(|| NONE.to_owned(), |time| time.with_timezone(&Local).format("%a %Y-%m-%d %H:%M").to_string()),
-            instant.map_or_else(|| NONE.to_owned(), |time| relative(time, now)),
-            zoned,
-        ]);
+        let zoned = DateTime::parse_from_rfc3339(&fire.local)
+            .map_or_else(|_| fire.local.clone(), |time| time.format("%Y-%m-%d %H:%M %:z").to_string());
+        table.push(vec![fire.utc.with_timezone(&Local).format("%a %Y-%m-%d %H:%M").to_string(), relative(fire.utc, now), zoned]);
     }
     table.render()
 }
 
 /// `jobs next`.
-pub(crate) fn next_fires(value: &Value, job: &str, now: DateTime<Utc>) -> String {
-    let fires = list_at(value, "next_fires");
-    if fires.is_empty() {
-        return format!("job \"{job}\" has no upcoming fire times ({})\n", job_state(value));
+pub(crate) fn next_fires(detail: &JobDetail, job: &str, now: DateTime<Utc>) -> String {
+    if detail.next_fires.is_empty() {
+        return format!("job \"{job}\" has no upcoming fire times ({})\n", job_state(&detail.summary));
     }
-    fires_table(&fires, now)
+    fires_table(&detail.next_fires, now)
 }
 
-fn brief_runs_table(runs: &[&Value], now: DateTime<Utc>) -> String {
+fn brief_runs_table(runs: &[RunBrief], now: DateTime<Utc>) -> String {
     let mut table = Table::new(&["ID", "STATUS", "TRIGGER", "ENQUEUED", "FINISHED"]);
     for run in runs {
         table.push(vec![
-            cell(run, &["id", "run_id"]),
-            cell(run, &["status"]),
-            cell(run, &["trigger"]),
-            when(run.get("enqueued_at"), now),
-            when(run.get("finished_at"), now),
+            run.id.clone(),
+            run.status.to_string(),
+            run.trigger.as_str().to_owned(),
+            when_short(run.enqueued_at, now),
+            time_short(run.finished_at, now),
         ]);
     }
     table.render()
 }
 
 /// `jobs pause`.
-pub(crate) fn paused(value: &Value, job: &str) -> String {
-    let reason = get(value, &["pause_reason"]).map(|reason| format!(" ({})", scalar(reason))).unwrap_or_default();
-    format!("job \"{job}\" paused{reason}; it stays paused across restarts\nresume it with: lampctl jobs resume {job}\n")
+pub(crate) fn paused(job: &JobSummary) -> String {
+    let name = &job.name;
+    let reason = job.pause_reason.as_ref().map(|reason| format!(" ({reason})")).unwrap_or_default();
+    format!("job \"{name}\" paused{reason}; it stays paused across restarts\nresume it with: lampctl jobs resume {name}\n")
 }
 
 /// `jobs resume`.
-pub(crate) fn resumed(value: &Value, job: &str, now: DateTime<Utc>) -> String {
-    match get(value, &["next_fire"]).and_then(parse_time) {
-        Some(next) => format!("job \"{job}\" resumed; next fire {}\n", when_full(next, now)),
-        None => format!("job \"{job}\" resumed\n"),
+pub(crate) fn resumed(job: &JobSummary, now: DateTime<Utc>) -> String {
+    match job.next_fire {
+        Some(next) => format!("job \"{}\" resumed; next fire {}\n", job.name, when_full(next, now)),
+        None => format!("job \"{}\" resumed\n", job.name),
     }
 }
 
-/// The run a trigger or a wait answered with: `run_id`, `id`, or `run.id`.
-pub(crate) fn run_id(value: &Value) -> Option<String> {
-    get(value, &["run_id", "id"])
-        .or_else(|| value.get("run").and_then(|run| get(run, &["id", "run_id"])))
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
-/// `jobs trigger` without `--wait`.
-pub(crate) fn triggered(value: &Value, job: &str, idempotency_key: Option<&str>) -> String {
-    let id = run_id(value).unwrap_or_else(|| NONE.to_owned());
-    let created = value.get("created").and_then(Value::as_bool).unwrap_or(true);
-    let first = match (created, idempotency_key) {
+/// `jobs trigger` and `workflows run` without `--wait`.
+pub(crate) fn triggered(outcome: &TriggerOutcome, job: &str, idempotency_key: Option<&str>) -> String {
+    let id = &outcome.run_id;
+    let first = match (outcome.created, idempotency_key) {
         (false, Some(key)) => format!("job \"{job}\" was not triggered again: idempotency key \"{key}\" belongs to run {id}"),
         (false, None) => format!("job \"{job}\" was not triggered again: run {id} already answers this trigger"),
         (true, _) => format!("job \"{job}\" triggered: run {id}"),
@@ -538,28 +410,26 @@ pub(crate) fn triggered(value: &Value, job: &str, idempotency_key: Option<&str>)
 }
 
 /// `runs list`.
-pub(crate) fn runs(value: &Value, now: DateTime<Utc>) -> String {
-    let runs = items(value, "runs");
-    if runs.is_empty() {
+pub(crate) fn runs(page: &RunPage, now: DateTime<Utc>) -> String {
+    if page.runs.is_empty() {
         return "no runs\n".to_owned();
     }
     let mut table = Table::new(&["ID", "JOB", "STATUS", "TRIGGER", "STARTED", "DURATION"]);
-    for run in runs {
+    for run in &page.runs {
         table.push(vec![
-            cell(run, &["id", "run_id"]),
-            cell(run, &["job"]),
-            cell(run, &["status"]),
-            cell(run, &["trigger"]),
-            when(run.get("started_at"), now),
-            run_duration(run, now),
+            run.id.clone(),
+            run.job.clone(),
+            run.status.to_string(),
+            run.trigger.as_str().to_owned(),
+            time_short(run.started_at, now),
+            took(run.started_at, run.finished_at, now),
         ]);
     }
     table.render()
 }
 
-fn run_duration(run: &Value, now: DateTime<Utc>) -> String {
-    let started = run.get("started_at").and_then(parse_time);
-    let finished = run.get("finished_at").and_then(parse_time);
+/// How long something ran, or has run so far.
+fn took(started: Option<DateTime<Utc>>, finished: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
     match (started, finished) {
         (Some(started), Some(finished)) => duration(whole_seconds(finished - started)),
         (Some(started), None) => format!("{} so far", duration(whole_seconds(now - started))),
@@ -567,44 +437,50 @@ fn run_duration(run: &Value, now: DateTime<Utc>) -> String {
     }
 }
 
-/// `runs show`, and the final run of `jobs trigger --wait`.
-pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
-    let run = run_of(value);
+/// `runs show`, and the final run of `jobs trigger --wait` (a bare [`Run`], no steps).
+pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
+    let run = &detail.run;
     let mut pairs = Pairs::default();
-    pairs.add("id", cell(run, &["id", "run_id"]));
-    pairs.add("job", cell(run, &["job"]));
-    pairs.add("status", cell(run, &["status"]));
-    pairs.add("trigger", cell(run, &["trigger"]));
-    pairs.add("attempt", cell(run, &["attempt"]));
-    pairs.add_some("retry of", get(run, &["retry_of"]).map(scalar));
-    pairs.add_some("retried as", get(run, &["next_run_id"]).map(scalar));
-    pairs.add_some("scheduled", get(run, &["scheduled_at"]).map(|time| when_detail(Some(time), now)));
-    pairs.add("due", when_detail(run.get("due_at"), now));
-    pairs.add("enqueued", when_detail(run.get("enqueued_at"), now));
-    pairs.add("started", when_detail(run.get("started_at"), now));
-    pairs.add("finished", when_detail(run.get("finished_at"), now));
-    pairs.add("duration", run_duration(run, now));
-    pairs.add_some("worker", get(run, &["worker"]).map(scalar));
-    pairs.add_some("trace", get(run, &["trace_id"]).map(scalar));
-    pairs.add_some("idempotency key", get(run, &["idempotency_key"]).map(scalar));
+    pairs.add("id", run.id.clone());
+    pairs.add("job", run.job.clone());
+    pairs.add_some("workflow", detail.workflow.clone());
+    pairs.add("status", run.status.to_string());
+    pairs.add("trigger", run.trigger.as_str().to_owned());
+    pairs.add("attempt", run.attempt.to_string());
+    pairs.add_some("retry of", run.retry_of.clone());
+    pairs.add_some("retried as", run.next_run_id.clone());
+    pairs.add_some("scheduled", run.scheduled_at.map(|time| when_full(time, now)));
+    pairs.add("due", when_full(run.due_at, now));
+    pairs.add("enqueued", when_full(run.enqueued_at, now));
+    pairs.add("started", time_full(run.started_at, now));
+    pairs.add("finished", time_full(run.finished_at, now));
+    pairs.add("duration", took(run.started_at, run.finished_at, now));
+    pairs.add_some("worker", run.worker.clone());
+    pairs.add_some("trace", run.trace_id.clone());
+    pairs.add_some("idempotency key", run.idempotency_key.clone());
     pairs.add_some("tokens", tokens(run));
-    pairs.add_some("cost", get(run, &["cost"]).map(scalar));
-    pairs.add_some("usage", get(run, &["usage"]).map(usage));
-    pairs.add_some("input", get(run, &["input"]).map(compact));
-    pairs.add_some("parameters", get(run, &["parameters"]).map(compact));
-    pairs.add_some("error", get(run, &["error"]).map(scalar));
+    pairs.add_some("cost", run.cost.map(|cost| format!("{cost:.6}")));
+    pairs.add_some("usage", detail.usage.as_ref().map(usage));
+    pairs.add_some("input", run.input.as_ref().map(compact));
+    pairs.add_some("parameters", run.parameters.as_ref().map(compact));
+    pairs.add_some("error", run.error.clone());
     let mut out = pairs.render();
-    let steps = list_at(run, "steps");
-    if !steps.is_empty() {
+    if !detail.steps.is_empty() {
         out.push_str("\nsteps:\n");
-        out.push_str(&indent(&steps_table(&steps, now)));
+        let mut table = steps_table();
+        step_rows(&mut table, &detail.steps, 0, now);
+        out.push_str(&indent(&table.render()));
     }
-    let waits = list_at(run, "agent_waits");
-    if !waits.is_empty() {
+    if !detail.agent_waits.is_empty() {
         out.push_str("\nagent approvals:\n");
-        out.push_str(&indent(&steps_table(&waits, now)));
+        let mut table = steps_table();
+        for wait in &detail.agent_waits {
+            let row = StepRow { id: &wait.step, step_type: "tool call", status: Some(wait.status), attempt: Some(wait.attempt) };
+            table.push(row.cells(wait.started_at, wait.finished_at, wait.error.as_deref(), wait.output.as_ref(), 0, now));
+        }
+        out.push_str(&indent(&table.render()));
     }
-    if let Some(output) = get(run, &["output"]) {
+    if let Some(output) = &run.output {
         out.push_str("\noutput:\n");
         let text = match output {
             Value::String(text) => text.trim_end().to_owned(),
@@ -615,59 +491,74 @@ pub(crate) fn run(value: &Value, now: DateTime<Utc>) -> String {
     out
 }
 
+/// A run without the detail `get_run` adds, as `trigger_job … wait` returns it.
+pub(crate) fn bare(run: Run) -> RunDetail {
+    RunDetail { run, workflow: None, steps: Vec::new(), agent_waits: Vec::new(), calls: Vec::new(), usage: None }
+}
+
 /// An agent run's usage: `2 model calls, 1 tool call, 20 tokens in / 10 out, cost 0.00004`.
-fn usage(u: &Value) -> String {
-    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+fn usage(u: &AgentUsage) -> String {
     let plural = |count: u64, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
     let mut text = format!(
         "{}, {}, {} tokens in / {} out",
-        plural(n("model_calls"), "model call"),
-        plural(n("tool_calls"), "tool call"),
-        n("input_tokens"),
-        n("output_tokens")
+        plural(u.model_calls, "model call"),
+        plural(u.tool_calls, "tool call"),
+        u.input_tokens,
+        u.output_tokens
     );
-    if let Some(cost) = u.get("cost").and_then(Value::as_f64) {
+    if let Some(cost) = u.cost {
         text.push_str(&format!(", cost {cost:.6}"));
     }
     text
 }
 
+fn tokens(run: &Run) -> Option<String> {
+    if run.tokens_in.is_none() && run.tokens_out.is_none() {
+        return None;
+    }
+    let show = |count: Option<i64>| count.map_or_else(|| NONE.to_owned(), |n| n.to_string());
+    Some(format!("{} in, {} out", show(run.tokens_in), show(run.tokens_out)))
+}
+
 /// `runs show --transcript`: every model and tool call of the run's agents, by conversation.
-pub(crate) fn transcript(value: &Value) -> String {
-    let run = run_of(value);
-    let calls = list_at(run, "calls");
-    if calls.is_empty() {
+pub(crate) fn transcript(detail: &RunDetail) -> String {
+    if detail.calls.is_empty() {
         return "transcript: no agent calls\n".to_owned();
     }
     let mut out = String::from("transcript:\n");
     let mut conversation = None;
-    for call in calls {
-        let conv = call.get("conversation").and_then(Value::as_str).unwrap_or_default();
+    for call in &detail.calls {
+        let conv = call.conversation.as_str();
         if conversation != Some(conv) {
             out.push_str(&format!("  [{}]\n", if conv.is_empty() { "agent" } else { conv }));
             conversation = Some(conv);
         }
-        let name = cell(call, &["name"]);
-        let took = took_ms(call).map(|ms| format!(", {ms} ms")).unwrap_or_default();
-        match call.get("kind").and_then(Value::as_str) {
-            Some("model") => {
-                let n = |k: &str| call.get(k).and_then(Value::as_u64).unwrap_or(0);
-                let cost = call.get("cost").and_then(Value::as_f64).map(|c| format!(", cost {c:.6}")).unwrap_or_default();
-                out.push_str(&format!("    model {name} ({} in / {} out{cost}{took})\n", n("input_tokens"), n("output_tokens")));
-                let response = call.get("response").cloned().unwrap_or(Value::Null);
+        let name = &call.name;
+        let took = (call.finished_at - call.started_at).num_milliseconds();
+        match call.kind {
+            CallKind::Model => {
+                let cost = call.cost.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
+                out.push_str(&format!("    model {name} ({} in / {} out{cost}, {took} ms)\n", call.input_tokens, call.output_tokens));
+                let response = call.response.as_ref().unwrap_or(&Value::Null);
                 if let Some(text) = response.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
                     out.push_str(&indent_by(text.trim_end(), 6));
                 }
+                // The model's reply as recorded: tool calls name the configured tool.
                 for tc in response.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    // `tool` is null when the model named a tool it was not offered: its wire name then.
                     let tool = tc.get("tool").and_then(Value::as_str).or_else(|| tc.get("name").and_then(Value::as_str)).unwrap_or("?");
                     let args = tc.get("arguments").and_then(Value::as_str).unwrap_or("");
                     out.push_str(&format!("      → {tool} {}\n", truncate(args, 200)));
                 }
             }
-            _ => {
-                let failed = if call.get("error").is_some_and(|e| !e.is_null()) { " failed" } else { "" };
-                out.push_str(&format!("    tool {name}{failed} ({}{took})\n", cell(call, &["call_id"])));
-                let result = call.get("response").map_or_else(String::new, |r| r.as_str().map_or_else(|| compact(r), str::to_owned));
+            CallKind::Tool => {
+                let failed = if call.error.is_some() { " failed" } else { "" };
+                out.push_str(&format!("    tool {name}{failed} ({}, {took} ms)\n", or_none(call.call_id.as_deref())));
+                let result = match (&call.error, &call.response) {
+                    (Some(error), _) => error.clone(),
+                    (None, Some(response)) => response.as_str().map_or_else(|| compact(response), str::to_owned),
+                    (None, None) => String::new(),
+                };
                 out.push_str(&format!("      ← {}\n", truncate(&result.replace('\n', " "), 300)));
             }
         }
@@ -675,222 +566,187 @@ pub(crate) fn transcript(value: &Value) -> String {
     out
 }
 
-fn took_ms(call: &Value) -> Option<i64> {
-    let start = parse_time(call.get("started_at")?)?;
-    let end = parse_time(call.get("finished_at")?)?;
-    Some((end - start).num_milliseconds())
-}
-
 fn indent_by(text: &str, n: usize) -> String {
     text.lines().map(|l| format!("{}{l}\n", " ".repeat(n))).collect()
 }
 
-fn tokens(run: &Value) -> Option<String> {
-    let tokens_in = get(run, &["tokens_in"]);
-    let tokens_out = get(run, &["tokens_out"]);
-    if tokens_in.is_none() && tokens_out.is_none() {
-        return None;
+fn steps_table() -> Table {
+    Table::new(&["STEP", "TYPE", "STATUS", "ATTEMPT", "STARTED", "DURATION", "OUTPUT / ERROR"])
+}
+
+/// What a step row shows besides its times and result.
+struct StepRow<'a> {
+    id: &'a str,
+    step_type: &'a str,
+    status: Option<StepStatus>,
+    attempt: Option<u32>,
+}
+
+impl StepRow<'_> {
+    fn cells(
+        &self,
+        started: Option<DateTime<Utc>>,
+        finished: Option<DateTime<Utc>>,
+        error: Option<&str>,
+        output: Option<&Value>,
+        depth: usize,
+        now: DateTime<Utc>,
+    ) -> Vec<String> {
+        let detail = match (error, output) {
+            (Some(error), _) => truncate(error, MAX_CELL),
+            (None, Some(output)) => truncate(&compact(output), MAX_CELL),
+            (None, None) => NONE.to_owned(),
+        };
+        vec![
+            format!("{}{}", "  ".repeat(depth), self.id),
+            self.step_type.to_owned(),
+            self.status.map_or_else(|| "pending".to_owned(), |s| s.to_string()),
+            self.attempt.map_or_else(|| NONE.to_owned(), |a| a.to_string()),
+            time_short(started, now),
+            if started.is_some() { took(started, finished, now) } else { NONE.to_owned() },
+            detail,
+        ]
     }
-    let show = |count: Option<&Value>| count.map_or_else(|| NONE.to_owned(), scalar);
-    Some(format!("{} in, {} out", show(tokens_in), show(tokens_out)))
 }
 
 /// A workflow run's steps as a tree: a `parallel`'s children indented under it.
-fn steps_table(steps: &[&Value], now: DateTime<Utc>) -> String {
-    let mut table = Table::new(&["STEP", "TYPE", "STATUS", "ATTEMPT", "STARTED", "DURATION", "OUTPUT / ERROR"]);
-    step_rows(&mut table, steps, 0, now);
-    table.render()
-}
-
-fn step_rows(table: &mut Table, steps: &[&Value], depth: usize, now: DateTime<Utc>) {
+fn step_rows(table: &mut Table, steps: &[StepView], depth: usize, now: DateTime<Utc>) {
     for step in steps {
-        let status = get(step, &["status"]).map_or_else(|| "pending".to_owned(), scalar);
-        let detail =
-            get(step, &["error"]).or_else(|| get(step, &["output"])).map_or_else(|| NONE.to_owned(), |v| truncate(&compact(v), MAX_CELL));
-        table.push(vec![
-            format!("{}{}", "  ".repeat(depth), cell(step, &["name", "step", "id"])),
-            cell(step, &["type"]),
-            status,
-            cell(step, &["attempt"]),
-            when(step.get("started_at"), now),
-            if step.get("started_at").is_some() { run_duration(step, now) } else { NONE.to_owned() },
-            detail,
-        ]);
-        step_rows(table, &list_at(step, "steps"), depth + 1, now);
+        let row = StepRow { id: &step.id, step_type: &step.step_type, status: step.status, attempt: step.attempt };
+        table.push(row.cells(step.started_at, step.finished_at, step.error.as_deref(), step.output.as_ref(), depth, now));
+        step_rows(table, &step.steps, depth + 1, now);
     }
 }
 
 /// `runs cancel`.
-pub(crate) fn cancelled(value: &Value, id: &str) -> String {
-    let run = run_of(value);
-    match get(run, &["status"]).and_then(Value::as_str) {
-        Some("cancelled") => format!("run {id} cancelled\n"),
-        Some(status) => format!("run {id}: cancellation requested; it is {status} until it stops\n"),
-        None => format!("run {id}: cancellation requested\n"),
+pub(crate) fn cancelled(run: &Run) -> String {
+    match run.status {
+        RunStatus::Cancelled => format!("run {} cancelled\n", run.id),
+        status => format!("run {}: cancellation requested; it is {status} until it stops\n", run.id),
     }
 }
 
-/// One column of a list whose entries lampctl reads by any of several field names.
-struct Column {
-    title: &'static str,
-    keys: &'static [&'static str],
-}
-
-fn list_view(value: &Value, key: &str, empty: &str, columns: &[Column], now: DateTime<Utc>) -> String {
-    let entries = items(value, key);
-    if entries.is_empty() {
-        return format!("{empty}\n");
+/// `approvals list`.
+pub(crate) fn approvals(list: &ApprovalList, now: DateTime<Utc>) -> String {
+    if list.approvals.is_empty() {
+        return "no steps are waiting for approval\n".to_owned();
     }
-    let titles: Vec<&str> = columns.iter().map(|column| column.title).collect();
-    let mut table = Table::new(&titles);
-    for entry in entries {
-        table.push(
-            columns.iter().map(|column| get(entry, column.keys).map_or_else(|| NONE.to_owned(), |found| table_value(found, now))).collect(),
-        );
+    let mut table = Table::new(&["RUN", "JOB", "STEP", "WAITING SINCE", "TIMEOUT", "QUESTION"]);
+    for a in &list.approvals {
+        let timeout = match (a.timeout_at, &a.on_timeout) {
+            (Some(at), Some(then)) => format!("{}, then {then}", when_short(at, now)),
+            (Some(at), None) => when_short(at, now),
+            (None, _) => NONE.to_owned(),
+        };
+        table.push(vec![
+            a.run_id.clone(),
+            a.job.clone(),
+            a.step.clone(),
+            time_short(a.waiting_since, now),
+            timeout,
+            a.question.as_ref().map_or_else(|| NONE.to_owned(), |q| truncate(&compact(q), MAX_CELL)),
+        ]);
     }
     table.render()
 }
 
-/// `approvals list`.
-pub(crate) fn approvals(value: &Value, now: DateTime<Utc>) -> String {
-    const COLUMNS: [Column; 6] = [
-        Column { title: "RUN", keys: &["run_id", "run"] },
-        Column { title: "JOB", keys: &["job"] },
-        Column { title: "STEP", keys: &["step", "step_id", "step_name"] },
-        Column { title: "WAITING SINCE", keys: &["requested_at", "waiting_since", "since", "created_at"] },
-        Column { title: "TIMEOUT", keys: &["timeout_at"] },
-        Column { title: "QUESTION", keys: &["question", "message", "prompt", "description", "summary"] },
-    ];
-    list_view(value, "approvals", "no steps are waiting for approval", &COLUMNS, now)
-}
-
 /// `approvals approve` and `approvals reject`.
-pub(crate) fn decision(value: &Value, approved: bool, run: &str, step: Option<&str>) -> String {
-    let verb = if approved { "approved" } else { "rejected" };
-    let step = step.map(str::to_owned).or_else(|| get(value, &["step"]).map(scalar));
-    let mut line = match step {
-        Some(step) => format!("{verb} step \"{step}\" of run {run}"),
-        None => format!("{verb} the waiting step of run {run}"),
-    };
-    if let Some(status) = get(value, &["run_status", "status"]) {
-        line.push_str(&format!("; the run is now {}", scalar(status)));
-    }
-    line.push('\n');
-    line
+pub(crate) fn decision(d: &Decision) -> String {
+    let verb = if d.approved { "approved" } else { "rejected" };
+    format!("{verb} step \"{}\" of run {}; the run is now {}\n", d.step, d.run_id, d.run_status)
 }
 
 /// `workflows list`.
-pub(crate) fn workflows(value: &Value, now: DateTime<Utc>) -> String {
-    let entries = items(value, "workflows");
-    if entries.is_empty() {
+pub(crate) fn workflows(list: &WorkflowList) -> String {
+    if list.workflows.is_empty() {
         return "no workflows\n".to_owned();
     }
     let mut table = Table::new(&["NAME", "STEPS", "DESCRIPTION"]);
-    for w in entries {
-        let steps = match w.get("steps") {
-            Some(Value::Array(steps)) => step_chain(steps),
-            Some(other) => table_value(other, now),
-            None => NONE.to_owned(),
+    for w in &list.workflows {
+        let description = match &w.disabled {
+            Some(why) => format!("disabled: {why}"),
+            None => or_none(w.description.as_deref()),
         };
-        let mut description = get(w, &["description"]).map_or_else(|| NONE.to_owned(), scalar);
-        if let Some(why) = get(w, &["disabled"]) {
-            description = format!("disabled: {}", scalar(why));
-        }
-        table.push(vec![cell(w, &["name"]), steps, description]);
+        table.push(vec![w.name.clone(), step_chain(&w.steps), description]);
     }
     table.render()
 }
 
 /// `fetch → check → [a | b] → publish`: step ids in order, a parallel's children in brackets.
-fn step_chain(steps: &[Value]) -> String {
-    steps
-        .iter()
-        .map(|s| match s.get("steps") {
-            Some(Value::Array(children)) if !children.is_empty() => {
-                format!("[{}]", children.iter().map(|c| step_chain(std::slice::from_ref(c))).collect::<Vec<_>>().join(" | "))
-            }
-            _ => cell(s, &["id", "name"]),
-        })
-        .collect::<Vec<_>>()
-        .join(" → ")
+fn step_chain(steps: &[StepOutline]) -> String {
+    fn entry(s: &StepOutline) -> String {
+        if s.steps.is_empty() { s.id.clone() } else { format!("[{}]", s.steps.iter().map(entry).collect::<Vec<_>>().join(" | ")) }
+    }
+    steps.iter().map(entry).collect::<Vec<_>>().join(" → ")
 }
 
 /// `agents list`.
-pub(crate) fn agents(value: &Value, now: DateTime<Utc>) -> String {
-    let _ = now;
-    let entries = items(value, "agents");
-    if entries.is_empty() {
+pub(crate) fn agents(list: &AgentList) -> String {
+    if list.agents.is_empty() {
         return "no agents\n".to_owned();
     }
     let mut table = Table::new(&["NAME", "MODEL", "PROVIDER", "TOOLS", "ENABLED"]);
-    for a in entries {
-        let model = match (get(a, &["model"]).map(scalar), get(a, &["model_id"]).map(scalar)) {
+    for a in &list.agents {
+        let model = match (&a.model, &a.model_id) {
             (Some(alias), Some(id)) if alias != id => format!("{alias} ({id})"),
-            (Some(alias), _) => alias,
-            (None, _) => NONE.to_owned(),
+            (Some(alias), _) => alias.clone(),
+            (None, Some(id)) => id.clone(),
+            (None, None) => NONE.to_owned(),
         };
-        let tools = list_at(a, "tools").iter().map(|t| scalar(t)).collect::<Vec<_>>().join(", ");
-        let enabled = match get(a, &["disabled"]) {
-            Some(why) => format!("no: {}", scalar(why)),
+        let enabled = match &a.disabled {
+            Some(why) => format!("no: {why}"),
             None => "yes".to_owned(),
         };
-        table.push(vec![
-            cell(a, &["name"]),
-            model,
-            cell(a, &["provider"]),
-            if tools.is_empty() { NONE.to_owned() } else { truncate(&tools, MAX_CELL) },
-            enabled,
-        ]);
+        table.push(vec![a.name.clone(), model, or_none(a.provider.as_deref()), truncate(&joined(&a.tools), MAX_CELL), enabled]);
     }
     table.render()
 }
 
 /// `plugins list`.
-pub(crate) fn plugins(value: &Value, now: DateTime<Utc>) -> String {
-    const COLUMNS: [Column; 5] = [
-        Column { title: "NAME", keys: &["name"] },
-        Column { title: "VERSION", keys: &["version"] },
-        Column { title: "TYPE", keys: &["type", "kind"] },
-        Column { title: "STATUS", keys: &["status", "state", "error"] },
-        Column { title: "ACTIONS", keys: &["actions"] },
-    ];
-    list_view(value, "plugins", "no plugins", &COLUMNS, now)
+pub(crate) fn plugins(list: &PluginList) -> String {
+    if list.plugins.is_empty() {
+        return "no plugins\n".to_owned();
+    }
+    let mut table = Table::new(&["NAME", "VERSION", "TYPE", "STATUS", "ACTIONS"]);
+    for p in &list.plugins {
+        let actions: Vec<String> = p.actions.iter().map(|a| a.name.clone()).collect();
+        table.push(vec![
+            p.name.clone(),
+            or_none(Some(&p.version)),
+            p.kind.clone(),
+            p.error.as_ref().map_or_else(|| "loaded".to_owned(), |e| truncate(&format!("failed: {e}"), MAX_CELL)),
+            truncate(&joined(&actions), MAX_CELL),
+        ]);
+    }
+    table.render()
 }
 
 /// `config reload`.
-pub(crate) fn reloaded(value: &Value, now: DateTime<Utc>) -> String {
-    let mut out = String::from("configuration reloaded\n");
-    match value {
-        Value::Object(map) if !map.is_empty() => {
-            let mut pairs = Pairs::default();
-            for (key, field) in map {
-                pairs.add(&key.replace('_', " "), detail_value(field, now));
-            }
-            out.push_str(&pairs.render());
-        }
-        Value::String(text) if !text.trim().is_empty() => out = format!("{}\n", text.trim_end()),
-        _ => {}
+pub(crate) fn reloaded(summary: &ReloadSummary) -> String {
+    let mut out = format!("configuration reloaded: {} jobs\n", summary.jobs);
+    for warning in &summary.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
     }
     out
 }
 
 /// `tools list`, from the tools as `tools/list` carries them.
-pub(crate) fn tools(value: &Value) -> String {
-    let tools = items(value, "tools");
+pub(crate) fn tools(tools: &[Tool]) -> String {
     if tools.is_empty() {
         return "the worker offers no tools\n".to_owned();
     }
     let mut table = Table::new(&["NAME", "HINTS", "DESCRIPTION"]);
     for tool in tools {
-        let hint = |key: &str| tool.get("annotations").and_then(|annotations| annotations.get(key)).and_then(Value::as_bool) == Some(true);
-        let hints: Vec<&str> = [("readOnlyHint", "read-only"), ("destructiveHint", "destructive")]
-            .into_iter()
-            .filter(|&(key, _)| hint(key))
-            .map(|(_, label)| label)
-            .collect();
-        let description = tool.get("description").and_then(Value::as_str).and_then(|text| text.lines().next()).unwrap_or(NONE);
+        let hints = tool.annotations.as_ref();
+        let hints: Vec<&str> =
+            [(hints.and_then(|h| h.read_only_hint), "read-only"), (hints.and_then(|h| h.destructive_hint), "destructive")]
+                .into_iter()
+                .filter(|&(on, _)| on == Some(true))
+                .map(|(_, label)| label)
+                .collect();
+        let description = tool.description.as_deref().and_then(|text| text.lines().next()).unwrap_or(NONE);
         table.push(vec![
-            cell(tool, &["name"]),
+            tool.name.to_string(),
             if hints.is_empty() { NONE.to_owned() } else { hints.join(", ") },
             truncate(description, 70),
         ]);
@@ -901,7 +757,6 @@ pub(crate) fn tools(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
-    use serde_json::json;
 
     use super::*;
 
@@ -963,98 +818,165 @@ mod tests {
         assert_eq!(pairs.render(), "id:           r1\nmax retries:  2\n");
     }
 
+    fn summary(name: &str) -> JobSummary {
+        JobSummary {
+            name: name.into(),
+            description: None,
+            target_type: "workflow".into(),
+            target: "workflow review".into(),
+            schedule: Some("cron: 0 2 * * *".into()),
+            timezone: "Europe/Berlin".into(),
+            enabled: true,
+            disabled: None,
+            paused: false,
+            pause_reason: None,
+            paused_at: None,
+            next_fire: Some(at(3 * 3_600)),
+            last_run: None,
+        }
+    }
+
+    fn brief(id: &str, status: RunStatus, finished: Option<i64>) -> RunBrief {
+        RunBrief {
+            id: id.into(),
+            status,
+            trigger: lamplighter_contract::Trigger::Cron,
+            enqueued_at: at(-600),
+            finished_at: finished.map(at),
+        }
+    }
+
+    fn a_run(status: RunStatus) -> Run {
+        Run {
+            id: "r9".into(),
+            job: "nightly".into(),
+            trigger: lamplighter_contract::Trigger::Manual,
+            status,
+            scheduled_at: None,
+            due_at: at(-100),
+            enqueued_at: at(-100),
+            started_at: Some(at(-90)),
+            finished_at: Some(at(0)),
+            attempt: 2,
+            input: None,
+            parameters: None,
+            output: None,
+            error: None,
+            worker: None,
+            idempotency_key: None,
+            root_id: "r9".into(),
+            retry_of: None,
+            next_run_id: None,
+            tokens_in: None,
+            tokens_out: None,
+            cost: None,
+            trace_id: None,
+        }
+    }
+
     #[test]
-    fn jobs_accept_a_bare_list_or_an_object_and_show_missing_fields_as_dashes() {
-        let job = json!({
-            "name": "nightly",
-            "target": "workflow review",
-            "schedule": "cron: 0 2 * * *",
-            "enabled": true,
-            "paused": false,
-            "next_fire": at(3 * 3_600).to_rfc3339(),
-            "last_run": {"id": "r1", "status": "succeeded", "finished_at": at(-5 * 60).to_rfc3339()}
-        });
-        let sparse = json!({"name": "adhoc", "schedule": null, "paused": true});
-        let from_object = jobs(&json!({"jobs": [job.clone(), sparse.clone()]}), now());
-        let from_list = jobs(&json!([job, sparse]), now());
-        assert_eq!(from_object, from_list);
-        let lines: Vec<&str> = from_object.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("NAME     TARGET           SCHEDULE         STATE   NEXT FIRE"), "{}", lines[0]);
-        assert!(lines[1].starts_with("nightly  workflow review  cron: 0 2 * * *  active  "), "{}", lines[1]);
+    fn jobs_show_state_next_fire_and_last_run() {
+        let mut job = summary("nightly");
+        job.last_run = Some(brief("r1", RunStatus::Succeeded, Some(-5 * 60)));
+        let mut adhoc = summary("adhoc");
+        (adhoc.schedule, adhoc.paused, adhoc.next_fire) = (None, true, None);
+        let mut broken = summary("broken");
+        broken.disabled = Some("plugin \"x\" did not load".into());
+        let text = jobs(&[job, adhoc, broken], now());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].starts_with("NAME     TARGET           SCHEDULE         STATE        NEXT FIRE"), "{}", lines[0]);
+        assert!(lines[1].starts_with("nightly  workflow review  cron: 0 2 * * *  active       "), "{}", lines[1]);
         assert!(lines[1].contains("(in 3h)"), "{}", lines[1]);
         assert!(lines[1].ends_with("succeeded 5m ago"), "{}", lines[1]);
-        assert!(lines[2].starts_with("adhoc    -                manual           paused  -"), "{}", lines[2]);
-        assert_eq!(jobs(&json!({"jobs": []}), now()), "no jobs\n");
+        assert!(lines[2].starts_with("adhoc    workflow review  manual           paused       -"), "{}", lines[2]);
+        assert!(lines[3].contains("unavailable"), "{}", lines[3]);
+        assert_eq!(jobs(&[], now()), "no jobs\n");
     }
 
     #[test]
     fn job_detail_lists_fire_times_and_counts() {
-        let detail = json!({
-            "name": "nightly",
-            "timezone": "Europe/Berlin",
-            "schedule": "cron: 0 2 * * *",
-            "paused": true,
-            "pause_reason": "db migration",
-            "paused_at": at(-2 * 3_600).to_rfc3339(),
-            "counts": {"failed": 1, "succeeded": 12},
-            "timeout_seconds": 5_400,
-            "next_fires": [{"utc": at(3_600).to_rfc3339(), "local": "2026-05-04T15:00:00+02:00"}],
-            "recent_runs": [{"id": "r1", "status": "failed", "trigger": "cron"}]
-        });
+        let mut paused = summary("nightly");
+        (paused.paused, paused.pause_reason, paused.paused_at, paused.next_fire) =
+            (true, Some("db migration".into()), Some(at(-2 * 3_600)), None);
+        let detail = JobDetail {
+            summary: paused,
+            next_fires: vec![FireTime { utc: at(3_600), local: "2026-05-04T15:00:00+02:00".into() }],
+            counts: [("failed".to_owned(), 1), ("succeeded".to_owned(), 12)].into_iter().collect(),
+            recent_runs: vec![brief("r1", RunStatus::Failed, None)],
+            catch_up: "skip".into(),
+            overlap: "skip".into(),
+            timeout_seconds: Some(5_400),
+            max_retries: 0,
+        };
         let text = job(&detail, now());
         assert!(text.contains("schedule:     cron: 0 2 * * * (Europe/Berlin)\n"), "{text}");
         assert!(text.contains("state:        paused 2h ago: db migration\n"), "{text}");
         assert!(text.contains("timeout:      1h30m\n"), "{text}");
         assert!(text.contains("runs:         failed 1, succeeded 12\n"), "{text}");
-        assert!(text.contains("catch-up:     -\n"), "{text}");
+        assert!(text.contains("next fire:    -\n"), "{text}");
         assert!(text.contains("in 1h"), "{text}");
         assert!(text.contains("2026-05-04 15:00 +02:00"), "{text}");
         assert!(text.contains("\nrecent runs:\n  ID"), "{text}");
     }
 
     #[test]
-    fn a_run_shows_its_output_and_error() {
-        let text = run(
-            &json!({
-                "id": "r9", "job": "nightly", "status": "failed", "trigger": "manual", "attempt": 2,
-                "started_at": at(-90).to_rfc3339(), "finished_at": at(0).to_rfc3339(),
-                "error": "step \"load\" timed out", "output": {"rows": 3}, "tokens_in": 10
-            }),
-            now(),
-        );
+    fn a_run_shows_its_output_error_and_steps_as_a_tree() {
+        let mut r = a_run(RunStatus::Failed);
+        (r.error, r.output, r.tokens_in) = (Some("step \"load\" timed out".into()), Some(serde_json::json!({"rows": 3})), Some(10));
+        let step = |id: &str, status: Option<StepStatus>, steps: Vec<StepView>| StepView {
+            id: id.into(),
+            step_type: if steps.is_empty() { "plugin".into() } else { "parallel".into() },
+            status,
+            attempt: status.map(|_| 2),
+            started_at: status.map(|_| at(-60)),
+            finished_at: None,
+            output: None,
+            error: None,
+            steps,
+        };
+        let mut detail = bare(r);
+        detail.steps =
+            vec![step("fan", Some(StepStatus::Running), vec![step("a", Some(StepStatus::Running), vec![]), step("b", None, vec![])])];
+        let text = run(&detail, now());
         assert!(text.contains("duration:  1m30s\n"), "{text}");
         assert!(text.contains("error:     step \"load\" timed out\n"), "{text}");
         assert!(text.contains("tokens:    10 in, - out\n"), "{text}");
+        assert!(text.contains("\n    a   plugin    running  2  "), "{text}");
+        assert!(text.contains("\n    b   plugin    pending  -  "), "{text}");
         assert!(text.ends_with("output:\n  {\n    \"rows\": 3\n  }\n"), "{text}");
     }
 
     #[test]
-    fn lists_of_unknown_shape_pick_known_field_names() {
-        let text = plugins(&json!({"plugins": [{"name": "shell-exec", "type": "builtin", "actions": [{"name": "run"}]}]}), now());
-        assert_eq!(text, "NAME        VERSION  TYPE     STATUS  ACTIONS\nshell-exec  -        builtin  -       run\n");
-        assert_eq!(approvals(&json!([]), now()), "no steps are waiting for approval\n");
+    fn trigger_and_cancel_messages_name_the_run() {
+        let outcome = |created| TriggerOutcome { run_id: "r1".into(), created, run: None, finished: false, note: None };
+        assert_eq!(triggered(&outcome(true), "nightly", None), "job \"nightly\" triggered: run r1\nfollow it with: lampctl runs show r1\n");
+        assert!(triggered(&outcome(false), "nightly", Some("k")).contains("idempotency key \"k\" belongs to run r1"));
+        assert_eq!(cancelled(&a_run(RunStatus::Cancelled)), "run r9 cancelled\n");
+        assert!(cancelled(&a_run(RunStatus::Running)).contains("it is running until it stops"));
     }
 
     #[test]
-    fn trigger_messages_name_the_run() {
-        assert_eq!(
-            triggered(&json!({"run_id": "r1", "created": true}), "nightly", None),
-            "job \"nightly\" triggered: run r1\nfollow it with: lampctl runs show r1\n"
-        );
-        assert!(
-            triggered(&json!({"run_id": "r1", "created": false}), "nightly", Some("k")).contains("idempotency key \"k\" belongs to run r1")
-        );
-        assert_eq!(run_id(&json!({"run": {"id": "r2"}})).as_deref(), Some("r2"));
-    }
-
-    #[test]
-    fn scalars_read_as_text() {
-        assert_eq!(scalar(&json!(["a", 1, {"name": "x"}])), "a, 1, x");
-        assert_eq!(scalar(&json!([])), "none");
-        assert_eq!(scalar(&json!(true)), "yes");
-        assert_eq!(scalar(&json!("")), NONE);
-        assert_eq!(when(None, now()), NONE);
-        assert_eq!(when(Some(&json!("soon")), now()), "soon");
+    fn workflows_show_parallel_steps_in_brackets() {
+        let outline = |id: &str, steps: Vec<StepOutline>| StepOutline {
+            id: id.into(),
+            step_type: "plugin".into(),
+            does: String::new(),
+            when: None,
+            steps,
+        };
+        let w = lamplighter_contract::WorkflowInfo {
+            name: "publish".into(),
+            description: None,
+            trigger: None,
+            steps: vec![
+                outline("fetch", vec![]),
+                outline("fan", vec![outline("a", vec![]), outline("b", vec![outline("c", vec![])])]),
+                outline("done", vec![]),
+            ],
+            disabled: None,
+        };
+        let text = workflows(&WorkflowList { workflows: vec![w] });
+        assert!(text.contains("publish  fetch → [a | [c]] → done  -"), "{text}");
     }
 }

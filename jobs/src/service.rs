@@ -2,16 +2,17 @@
 //! follow and cancel runs), with typed results and errors that name the job. The MCP layer
 //! wraps these one to one; nothing here knows about the wire.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-
 use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
 use crate::engine::{Engine, WORKFLOW_RUNS};
-use crate::run::{AgentUsage, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+pub use lamplighter_contract::{
+    Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, StepView, Triggered, WorkerStatus,
+};
+
+use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
 use crate::store::{Decide, Decided, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
@@ -38,173 +39,12 @@ pub enum ServiceError {
     Storage(#[from] StoreError),
 }
 
-/// A job as listings show it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct JobSummary {
-    pub name: String,
-    pub description: Option<String>,
-    /// `workflow`, `agent` or `plugin`.
-    pub target_type: String,
-    /// e.g. `plugin shell-exec.run`.
-    pub target: String,
-    /// The schedule as written (`cron: 0 2 * * *`), or none for manual-only jobs.
-    pub schedule: Option<String>,
-    pub timezone: String,
-    /// `enabled: false` in config.
-    pub enabled: bool,
-    /// Why the worker cannot run this job (e.g. its plugin did not load); it is not
-    /// scheduled and cannot be triggered until a restart fixes that.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disabled: Option<String>,
-    /// Paused at run time (persisted).
-    pub paused: bool,
-    pub pause_reason: Option<String>,
-    pub paused_at: Option<DateTime<Utc>>,
-    pub next_fire: Option<DateTime<Utc>>,
-    pub last_run: Option<RunBrief>,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct RunBrief {
-    pub id: String,
-    pub status: RunStatus,
-    pub trigger: Trigger,
-    pub enqueued_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-}
-
-impl From<&Run> for RunBrief {
-    fn from(r: &Run) -> Self {
-        Self { id: r.id.clone(), status: r.status, trigger: r.trigger, enqueued_at: r.enqueued_at, finished_at: r.finished_at }
-    }
-}
-
-/// One upcoming fire time, in UTC and in the job's zone.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct FireTime {
-    pub utc: DateTime<Utc>,
-    /// RFC 3339 in the job's time zone.
-    pub local: String,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct JobDetail {
-    #[serde(flatten)]
-    pub summary: JobSummary,
-    pub next_fires: Vec<FireTime>,
-    pub counts: BTreeMap<String, u64>,
-    pub recent_runs: Vec<RunBrief>,
-    pub catch_up: String,
-    pub overlap: String,
-    pub timeout_seconds: Option<u64>,
-    pub max_retries: u32,
-}
-
 /// A manual trigger's options.
 #[derive(Debug, Clone, Default)]
 pub struct TriggerRequest {
     pub input: Option<serde_json::Value>,
     pub parameters: Option<serde_json::Value>,
     pub idempotency_key: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct Triggered {
-    pub run_id: String,
-    /// False when the idempotency key matched an earlier trigger (its run is returned).
-    pub created: bool,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct JobPage {
-    pub jobs: Vec<JobSummary>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
-    pub next_cursor: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct RunPage {
-    pub runs: Vec<Run>,
-    /// Pass as `before` to get the next page; absent on the last page.
-    pub next_cursor: Option<String>,
-}
-
-/// A run with its workflow steps, as `get_run` shows it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct RunDetail {
-    #[serde(flatten)]
-    pub run: Run,
-    /// The workflow it runs, if it runs one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub workflow: Option<String>,
-    /// Every step of the workflow in order (a `parallel`'s children under it), with what was
-    /// recorded for it by any attempt of the run; empty for other targets.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub steps: Vec<StepView>,
-    /// What agents waited on in this run (a tool call under `tool_approval: ask`, more
-    /// budget), with the decisions: steps that are not the workflow's own.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub agent_waits: Vec<StepRecord>,
-    /// The agent transcript: every model and tool call of the run, by conversation and order.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub calls: Vec<CallRecord>,
-    /// Totals over `calls`, when there are any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<AgentUsage>,
-}
-
-/// One workflow step of a run.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct StepView {
-    pub id: String,
-    /// `plugin`, `agent`, `condition`, `approval`, `parallel` or `group_chat`.
-    #[serde(rename = "type")]
-    pub step_type: String,
-    /// None: not reached (yet).
-    pub status: Option<StepStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<DateTime<Utc>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<DateTime<Utc>>,
-    /// Capped at 1 MiB of JSON when recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<serde_json::Value>,
-    /// Why it failed, or a note on why it was skipped or cancelled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub steps: Vec<StepView>,
-}
-
-/// A step waiting for a decision.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct Approval {
-    pub run_id: String,
-    /// The job, or `workflow:<name>` for a workflow run by hand.
-    pub job: String,
-    pub step: String,
-    /// The step's `input`, rendered: what is to be approved.
-    pub question: Option<serde_json::Value>,
-    pub waiting_since: Option<DateTime<Utc>>,
-    /// When `on_timeout` decides, if the step has a `timeout`.
-    pub timeout_at: Option<DateTime<Utc>>,
-    /// `approve` or `reject`.
-    pub on_timeout: Option<String>,
-}
-
-/// A decision as recorded.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct Decision {
-    pub run_id: String,
-    pub step: String,
-    pub approved: bool,
-    /// The step's record: its output is `{approved, comment, decided_by, decided_at}`.
-    pub record: StepRecord,
-    /// The run's status after the decision: `queued` (it continues), `waiting_approval`
-    /// (other steps still wait) or `failed` (rejected).
-    pub run_status: RunStatus,
 }
 
 /// A decision to record with [`Engine::decide`].
@@ -217,22 +57,6 @@ pub struct DecisionRequest {
     pub comment: Option<String>,
     /// Who or what decided (recorded as `decided_by`).
     pub decided_by: String,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct WorkerStatus {
-    pub worker: String,
-    pub version: String,
-    pub started_at: DateTime<Utc>,
-    pub uptime_seconds: i64,
-    pub jobs: usize,
-    pub running: usize,
-    pub queue_depth: u64,
-    /// `sqlite` or `postgres`.
-    pub storage: String,
-    /// The workers sharing the database whose lease is live (on SQLite, this one), with the
-    /// runs each is running.
-    pub workers: Vec<crate::store::WorkerLease>,
 }
 
 /// A trigger's parameters override the job's key by key; keys it does not name keep the job's

@@ -24,17 +24,22 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
 use schemars::JsonSchema;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{ApprovalMode, Config, Step, StepKind};
+pub(crate) use lamplighter_contract::ReloadSummary;
+use lamplighter_contract::{
+    ActionView, AgentInfo, AgentList, ApprovalList, JobList, PluginList, PluginView, StepOutline, TriggerOutcome, WorkflowInfo,
+    WorkflowList,
+};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
-    Approval, Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus,
-    ServiceError, TriggerRequest, WorkerStatus,
+    Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus, ServiceError,
+    TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
 
@@ -74,15 +79,6 @@ const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pa
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// The longest `trigger_job … wait` may be told to wait.
 const MAX_WAIT_SECONDS: u64 = 24 * 60 * 60;
-
-/// What `reload_config` (and SIGHUP) answers when the new config was applied.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub(crate) struct ReloadSummary {
-    /// Jobs in the new config.
-    pub(crate) jobs: usize,
-    /// Warnings found while loading, each with its `file:line:col` when known.
-    pub(crate) warnings: Vec<String>,
-}
 
 /// A reload request: the main loop in `run.rs` reloads and answers on the enclosed channel with
 /// the summary, or with every config error (`file:line:col: error: …`) when the new config was
@@ -455,119 +451,6 @@ struct SeedTriggerArgs {
     parameters: Option<Map<String, Value>>,
     /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
     idempotency_key: Option<String>,
-}
-
-// ---------------------------------------------------------------------------------------------
-// Results
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct JobList {
-    jobs: Vec<JobSummary>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct TriggerOutcome {
-    /// The run started (or, with a repeated idempotency key, the earlier run).
-    run_id: String,
-    /// False when the idempotency key matched an earlier trigger.
-    created: bool,
-    /// With `wait`: the run as it stands when the call returns.
-    run: Option<Run>,
-    /// With `wait`: true when the run reached a final status before the call returned.
-    finished: bool,
-    /// Why waiting stopped before the run finished (timeout, the caller cancelled, shutdown).
-    note: Option<String>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct ApprovalList {
-    /// Steps waiting for a decision, oldest run first.
-    approvals: Vec<Approval>,
-}
-
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-struct WorkflowInfo {
-    name: String,
-    description: Option<String>,
-    /// `manual` or `scheduled`, as written in the config (informational).
-    trigger: Option<String>,
-    /// The steps in order (a `parallel`'s children under it).
-    steps: Vec<StepOutline>,
-    /// Why it cannot run, when it cannot.
-    disabled: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-struct StepOutline {
-    id: String,
-    /// plugin, agent, condition, approval, parallel or group_chat.
-    #[serde(rename = "type")]
-    step_type: String,
-    /// What it runs: `plugin.action`, the agent, the condition and its branches, the approval's timeout.
-    does: String,
-    /// Runs only when this renders true.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    when: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    steps: Vec<StepOutline>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct WorkflowList {
-    workflows: Vec<WorkflowInfo>,
-}
-
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-struct AgentInfo {
-    name: String,
-    description: Option<String>,
-    /// The model alias it uses (its own `model`, else `ai.default_model`).
-    model: Option<String>,
-    /// The provider the alias resolved to.
-    provider: Option<String>,
-    /// What the provider calls the model.
-    model_id: Option<String>,
-    plugins: Vec<String>,
-    mcp_servers: Vec<String>,
-    /// The tools it is offered (`plugin.action`; `server.*` for all of an MCP server's tools).
-    tools: Vec<String>,
-    /// Agents it may delegate to.
-    delegates: Vec<String>,
-    /// `auto`, `deny` or `ask`.
-    tool_approval: String,
-    enabled: bool,
-    /// Why it cannot run, when it cannot.
-    disabled: Option<String>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct AgentList {
-    agents: Vec<AgentInfo>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct ActionView {
-    name: String,
-    description: String,
-    /// JSON Schema of the action's parameters.
-    parameters: Value,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct PluginView {
-    name: String,
-    version: String,
-    /// `builtin`, `wasm` or `native`.
-    kind: String,
-    description: String,
-    actions: Vec<ActionView>,
-    /// Why the plugin cannot be used, when it cannot.
-    error: Option<String>,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-struct PluginList {
-    plugins: Vec<PluginView>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -206,7 +206,7 @@ impl Session {
 
     /// Records a new wait for a decision, as step `id` of the run.
     async fn wait_on(&self, id: &str, output: Value, resumes_on_reject: bool) -> Result<(), AgentEnd> {
-        let mut record = StepRecord::by(self.ctx.run(), id, StepStatus::WaitingApproval, Some(self.now()));
+        let mut record = crate::run::step_record(self.ctx.run(), id, StepStatus::WaitingApproval, Some(self.now()));
         record.output = Some(output);
         record.resumes_on_reject = resumes_on_reject;
         self.write_step(record).await?;

@@ -18,6 +18,8 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::Overlap;
 
 use crate::decide::{TickDecision, TickFacts, decide_tick};
+pub use lamplighter_contract::WorkerLease;
+
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
 use crate::target::JobSnapshot;
 
@@ -404,19 +406,6 @@ pub(crate) struct WorkerId {
     pub(crate) instance: String,
     pub(crate) host: String,
     pub(crate) pid: u32,
-}
-
-/// A live worker: its lease and the runs it is running.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
-pub struct WorkerLease {
-    pub name: String,
-    pub host: String,
-    pub pid: u32,
-    pub started_at: DateTime<Utc>,
-    pub heartbeat_at: DateTime<Utc>,
-    /// Its runs are taken over by the others if no heartbeat comes before this.
-    pub lease_until: DateTime<Utc>,
-    pub running: Vec<String>,
 }
 
 /// Filters for listing runs; `before` is a paging cursor (a run id from a previous page).

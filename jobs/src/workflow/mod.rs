@@ -142,7 +142,7 @@ impl Engine {
 
     /// A record of `step` by this attempt.
     fn record(&self, step: &str, status: StepStatus, started_at: Option<DateTime<Utc>>) -> StepRecord {
-        StepRecord::by(self.ctx.run(), step, status, started_at)
+        crate::run::step_record(self.ctx.run(), step, status, started_at)
     }
 
     /// Writes records (durable when this returns), then keeps them.
