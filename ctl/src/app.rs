@@ -2,11 +2,11 @@
 //! answer is shown: a table or block for people, or the tool's structured content with
 //! `-o json`. Data goes to stdout; hints and errors go to stderr.
 
-use std::io::{ErrorKind, IsTerminal, Write};
-use std::sync::Arc;
+use std::io::{ErrorKind, Write};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_contract::{JobList, RunDetail, RunStatus, TriggerOutcome};
+use lamplighter_contract::{JobList, Run, RunDetail, RunStatus, TriggerOutcome};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -14,7 +14,7 @@ use crate::cli::{
     ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, StartArgs, ToolsCommand,
     WorkflowsCommand,
 };
-use crate::client::{Client, Progress};
+use crate::client::Client;
 use crate::error::{CtlError, Failure};
 use crate::render;
 
@@ -36,6 +36,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CtlError> {
 enum Action {
     Call { tool: String, arguments: Map<String, Value>, view: View },
     ListTools,
+    Follow { id: String },
 }
 
 /// How an answer is shown in table mode, with what the command line knew.
@@ -47,7 +48,7 @@ enum View {
     Paused,
     Resumed,
     Triggered { job: String, idempotency_key: Option<String> },
-    WaitedRun { job: String },
+    WaitedRun { timeout: Option<u64> },
     Runs,
     Run { transcript: bool },
     Cancelled,
@@ -106,6 +107,7 @@ fn plan(command: Command) -> Action {
                 View::Runs,
             ),
             RunsCommand::Show { id, transcript } => call("get_run", none().with("id", id), View::Run { transcript }),
+            RunsCommand::Follow { id } => Action::Follow { id },
             RunsCommand::Cancel { id } => call("cancel_run", none().with("id", id), View::Cancelled),
         },
         Command::Approvals { command } => match command {
@@ -134,10 +136,14 @@ fn start(tool: &str, name: String, job: String, start: StartArgs, parameters: Op
         .with("name", name)
         .maybe("input", start.input)
         .maybe("parameters", parameters)
-        .maybe("idempotency_key", start.idempotency_key.clone())
-        .maybe("wait", start.wait.then_some(true))
-        .maybe("timeout_seconds", start.timeout);
-    let view = if start.wait { View::WaitedRun { job } } else { View::Triggered { job, idempotency_key: start.idempotency_key } };
+        .maybe("idempotency_key", start.idempotency_key.clone());
+    // `--wait` starts the run, then follows it (see `start_and_follow`), rather than asking the
+    // tool to wait: lampctl then shows each step as the worker notifies it.
+    let view = if start.wait {
+        View::WaitedRun { timeout: start.timeout }
+    } else {
+        View::Triggered { job, idempotency_key: start.idempotency_key }
+    };
     call(tool, arguments, view)
 }
 
@@ -155,11 +161,11 @@ fn decide(tool: &str, decision: DecisionArgs) -> Action {
 }
 
 async fn execute(url: &str, token: Option<&str>, output: Output, action: Action) -> Result<(), CtlError> {
-    let progress = Arc::new(Progress::new(std::io::stderr().is_terminal()));
-    let client = Client::connect(url, token, progress.clone()).await?;
+    let client = Client::connect(url, token).await?;
     let outcome = match action {
         Action::ListTools => list_tools(&client, output).await,
-        Action::Call { tool, arguments, view } => perform(&client, &progress, output, &tool, arguments, &view).await,
+        Action::Follow { id } => follow_interruptibly(&client, output, &id).await,
+        Action::Call { tool, arguments, view } => perform(&client, output, &tool, arguments, &view).await,
     };
     client.close().await;
     outcome
@@ -197,16 +203,9 @@ async fn all_jobs(client: &Client, arguments: Map<String, Value>) -> Result<Valu
     }
 }
 
-async fn perform(
-    client: &Client,
-    progress: &Progress,
-    output: Output,
-    tool: &str,
-    arguments: Map<String, Value>,
-    view: &View,
-) -> Result<(), CtlError> {
+async fn perform(client: &Client, output: Output, tool: &str, arguments: Map<String, Value>, view: &View) -> Result<(), CtlError> {
     let value = match view {
-        View::WaitedRun { job } => wait_interruptibly(client, progress, tool, arguments, job).await?,
+        View::WaitedRun { timeout } => start_and_follow(client, output, tool, arguments, *timeout).await?,
         View::Jobs => all_jobs(client, arguments).await?,
         _ => client.call(tool, arguments).await?,
     };
@@ -273,30 +272,45 @@ fn unreadable(tool: &str, why: impl std::fmt::Display) -> CtlError {
     )
 }
 
-/// `jobs trigger --wait`: the call, unless Ctrl-C comes first. Then lampctl stops waiting
-/// (dropping the call tells the worker to stop waiting too); the run itself goes on.
-async fn wait_interruptibly(
+/// `jobs trigger --wait` and `workflows run --wait`: starts the run, then follows it until it
+/// ends, the timeout passes (the run goes on) or Ctrl-C; in table mode each change goes to
+/// stderr as `runs follow` shows it. Answers as the tool's own `wait` would.
+async fn start_and_follow(
     client: &Client,
-    progress: &Progress,
+    output: Output,
     tool: &str,
     arguments: Map<String, Value>,
-    job: &str,
+    timeout: Option<u64>,
 ) -> Result<Value, CtlError> {
-    let interrupted = async {
-        // Without a signal handler Ctrl-C keeps its default effect: the process ends.
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+    let started: TriggerOutcome = answer(tool, &client.call(tool, arguments).await?)?;
+    let id = started.run_id.as_str();
+    let followed = follow_run(client, id, |before, detail, _| {
+        if output == Output::Table {
+            eprint!("{}", render::progress(before, detail, Utc::now()));
+        }
+        Ok(())
+    });
+    let limit = async {
+        match timeout {
+            Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,
+            None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        answer = client.call_unbounded(tool, arguments) => answer,
-        () = interrupted => Err(CtlError::new(Failure::Interrupted, match progress.run_id() {
-            Some(id) => format!("stopped waiting; run {id} goes on on the worker; follow it with: lampctl runs show {id}"),
-            None => format!(
-                "stopped waiting; the run goes on on the worker, but its id had not arrived yet; find it with: lampctl runs list --job {job}"
-            ),
-        })),
-    }
+    let (run, note) = tokio::select! {
+        detail = followed => (detail?.run, None),
+        () = limit => {
+            let run = answer::<RunDetail>("get_run", &client.call("get_run", Arguments::default().with("id", id).0).await?)?.run;
+            let note = format!("stopped waiting after {} s; the run is still {}", timeout.unwrap_or_default(), run.status);
+            (run, Some(note))
+        }
+        () = interrupted() => return Err(CtlError::new(
+            Failure::Interrupted,
+            format!("stopped waiting; run {id} goes on on the worker; follow it with: lampctl runs follow {id}"),
+        )),
+    };
+    let outcome =
+        TriggerOutcome { run_id: started.run_id.clone(), created: started.created, finished: run.status.is_final(), run: Some(run), note };
+    serde_json::to_value(outcome).map_err(|error| CtlError::new(Failure::Local, format!("cannot show the run: {error}")))
 }
 
 /// After `--wait`: exit 1 when the run ended without succeeding, so that scripts can rely on
@@ -305,19 +319,76 @@ fn waited_outcome(outcome: &TriggerOutcome) -> Result<(), CtlError> {
     let id = &outcome.run_id;
     let Some(run) = &outcome.run else { return Ok(()) };
     match run.status {
-        RunStatus::Succeeded => Ok(()),
         RunStatus::WaitingApproval => {
             eprintln!("lampctl: run {id} waits for approval; see it with: lampctl approvals list, then lampctl approvals approve {id}");
             Ok(())
         }
         status @ (RunStatus::Queued | RunStatus::Running) => {
-            eprintln!("lampctl: stopped waiting while run {id} is {status}; follow it with: lampctl runs show {id}");
+            eprintln!("lampctl: stopped waiting while run {id} is {status}; follow it with: lampctl runs follow {id}");
             Ok(())
         }
-        ended => {
+        _ => ended(run),
+    }
+}
+
+/// A finished run as an exit code: 0 when it succeeded, else 1 with its error.
+fn ended(run: &Run) -> Result<(), CtlError> {
+    match run.status {
+        RunStatus::Succeeded => Ok(()),
+        status => {
             let reason = run.error.as_ref().map(|error| format!(": {error}")).unwrap_or_default();
-            Err(CtlError::new(Failure::WorkerSaidNo, format!("run {id} {ended}{reason}")))
+            Err(CtlError::new(Failure::WorkerSaidNo, format!("run {} {status}{reason}", run.id)))
         }
+    }
+}
+
+/// `runs follow`, unless Ctrl-C comes first (the run goes on).
+async fn follow_interruptibly(client: &Client, output: Output, id: &str) -> Result<(), CtlError> {
+    tokio::select! {
+        followed = follow(client, output, id) => followed,
+        () = interrupted() => Err(CtlError::new(Failure::Interrupted, format!("stopped following; run {id} goes on on the worker"))),
+    }
+}
+
+/// `runs follow`: the run, then what changes, on stdout; `-o json` prints the run, one JSON
+/// line per change.
+async fn follow(client: &Client, output: Output, id: &str) -> Result<(), CtlError> {
+    let detail = follow_run(client, id, |before, detail, value| {
+        emit(&match output {
+            Output::Json => format!("{}\n", serde_json::to_string(value).unwrap_or_default()),
+            Output::Table => render::progress(before, detail, Utc::now()),
+        })
+    })
+    .await?;
+    ended(&detail.run)
+}
+
+/// Subscribes to the run's resource, then reads the run, and again at each change the worker
+/// notifies, handing each reading (with the one before) to `show`, until the run ends.
+async fn follow_run(
+    client: &Client,
+    id: &str,
+    mut show: impl FnMut(Option<&RunDetail>, &RunDetail, &Value) -> Result<(), CtlError>,
+) -> Result<RunDetail, CtlError> {
+    // Subscribed before the first read: nothing that happens in between is missed.
+    let mut updates = client.updates(&format!("lamplighter://runs/{id}")).await?;
+    let mut shown: Option<RunDetail> = None;
+    loop {
+        let value = client.call("get_run", Arguments::default().with("id", id).0).await?;
+        let detail: RunDetail = answer("get_run", &value)?;
+        show(shown.as_ref(), &detail, &value)?;
+        if detail.run.status.is_final() {
+            return Ok(detail);
+        }
+        shown = Some(detail);
+        updates.next().await?;
+    }
+}
+
+/// Resolves at Ctrl-C; never, if no handler can be installed (Ctrl-C then ends the process).
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -343,6 +414,7 @@ mod tests {
         match plan(cli.command) {
             Action::Call { tool, arguments, .. } => (tool, Value::Object(arguments)),
             Action::ListTools => ("tools/list".to_owned(), Value::Null),
+            Action::Follow { id } => ("subscriptions/listen".to_owned(), Value::from(id)),
         }
     }
 
@@ -374,7 +446,7 @@ mod tests {
                     "60",
                 ],
                 "trigger_job",
-                json!({"name": "nightly", "input": {"pr": 7}, "parameters": {"n": 2, "who": "me"}, "idempotency_key": "k", "wait": true, "timeout_seconds": 60}),
+                json!({"name": "nightly", "input": {"pr": 7}, "parameters": {"n": 2, "who": "me"}, "idempotency_key": "k"}),
             ),
             (
                 &["runs", "list", "--job", "nightly", "--status", "failed", "--limit", "5"],
@@ -384,6 +456,7 @@ mod tests {
             (&["runs", "list", "--cursor", "c1"], "list_runs", json!({"cursor": "c1"})),
             (&["runs", "show", "r1"], "get_run", json!({"id": "r1"})),
             (&["runs", "cancel", "r1"], "cancel_run", json!({"id": "r1"})),
+            (&["runs", "follow", "r1"], "subscriptions/listen", json!("r1")),
             (&["approvals", "list"], "list_approvals", json!({})),
             (
                 &["approvals", "approve", "r1", "--step", "review", "--comment", "ok", "--by", "ana"],
@@ -395,7 +468,7 @@ mod tests {
             (
                 &["workflows", "run", "publish", "--input", "{\"url\":\"u\"}", "--idempotency-key", "k", "--wait", "--timeout", "9"],
                 "run_workflow",
-                json!({"name": "publish", "input": {"url": "u"}, "idempotency_key": "k", "wait": true, "timeout_seconds": 9}),
+                json!({"name": "publish", "input": {"url": "u"}, "idempotency_key": "k"}),
             ),
             (&["agents", "list"], "list_agents", json!({})),
             (&["plugins", "list"], "list_plugins", json!({})),

@@ -3,14 +3,23 @@
 //! anything is sent to the worker.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lamplighter_contract::RunStatus;
 use serde_json::{Map, Value};
 
 /// Where a worker serves MCP unless told otherwise.
 pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:5100/mcp";
 
 /// The run statuses a worker knows; `runs list --status` accepts exactly these.
-const RUN_STATUSES: [&str; 9] =
-    ["queued", "running", "waiting_approval", "succeeded", "failed", "cancelled", "timed_out", "skipped", "interrupted"];
+/// `--status` takes the contract's run statuses, not a copy of them.
+const RUN_STATUSES: [&str; RunStatus::ALL.len()] = {
+    let mut names = [""; RunStatus::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = RunStatus::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "lampctl", version, about = "Control a lamplighter worker over MCP", propagate_version = true)]
@@ -197,6 +206,12 @@ pub(crate) enum RunsCommand {
         /// Also print the agent transcript: every model call and tool call, in order
         #[arg(long)]
         transcript: bool,
+    },
+    /// Follow a run until it ends: its status and each step as they change (the worker notifies
+    /// lampctl; nothing polls). Exits like `jobs trigger --wait`: 0 when it succeeded
+    Follow {
+        /// The run's id
+        id: String,
     },
     /// Cancel a queued or running run
     Cancel {

@@ -7,14 +7,13 @@
 use std::error::Error as StdError;
 use std::io::ErrorKind;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ErrorCode, Implementation, ProgressNotificationParam,
-    ProtocolVersion, Tool,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ErrorCode, Implementation, ProtocolVersion,
+    ServerNotification, SubscriptionFilter, Tool,
 };
-use rmcp::service::{ClientInitializeError, NotificationContext, RunningService};
+use rmcp::service::{ClientInitializeError, RunningService, Subscription};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{StreamableHttpClientTransportConfig, StreamableHttpError};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
@@ -47,7 +46,7 @@ pub(crate) struct Client {
 impl Client {
     /// Connects and completes the MCP handshake: `server/discover` for a current worker (one
     /// round trip, no session), falling back to `initialize` for an older one.
-    pub(crate) async fn connect(url: &str, token: Option<&str>, progress: Arc<Progress>) -> Result<Self, CtlError> {
+    pub(crate) async fn connect(url: &str, token: Option<&str>) -> Result<Self, CtlError> {
         let target = Target { url: url.to_owned(), token_given: token.is_some() };
         let http = http_client(url)?;
         let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
@@ -59,7 +58,7 @@ impl Client {
             preferred_versions: vec![ProtocolVersion::LATEST],
             legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
         };
-        let handshake = Handler { progress }.serve_with_lifecycle(transport, lifecycle);
+        let handshake = Handler.serve_with_lifecycle(transport, lifecycle);
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
             Ok(Ok(service)) => Ok(Self { service, target }),
             Ok(Err(error)) => Err(target.explain(init_problem(&error))),
@@ -70,24 +69,38 @@ impl Client {
     /// Calls `tool` and returns its structured content (or, from a worker that sends only
     /// text, the text parsed as JSON, or the text itself).
     pub(crate) async fn call(&self, tool: &str, arguments: Map<String, Value>) -> Result<Value, CtlError> {
-        match tokio::time::timeout(CALL_TIMEOUT, self.call_unbounded(tool, arguments)).await {
-            Ok(answer) => answer,
-            Err(_elapsed) => Err(self.target.explain(Problem::TimedOut)),
-        }
-    }
-
-    /// [`Client::call`] without a time limit, for `--wait` (Ctrl-C ends it).
-    pub(crate) async fn call_unbounded(&self, tool: &str, arguments: Map<String, Value>) -> Result<Value, CtlError> {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        match self.service.call_tool(params).await {
-            Ok(result) => tool_value(result),
-            Err(error) => Err(call_failure(&self.target, error)),
+        match tokio::time::timeout(CALL_TIMEOUT, self.service.call_tool(params)).await {
+            Ok(Ok(result)) => tool_value(result),
+            Ok(Err(error)) => Err(call_failure(&self.target, error)),
+            Err(_elapsed) => Err(self.target.explain(Problem::TimedOut)),
         }
     }
 
     /// All tools the worker offers.
     pub(crate) async fn list_tools(&self) -> Result<Vec<Tool>, CtlError> {
         self.service.list_all_tools().await.map_err(|error| call_failure(&self.target, error))
+    }
+
+    /// Opens a `subscriptions/listen` stream for the resource at `uri`; [`Updates::next`]
+    /// resolves each time the worker says it changed.
+    pub(crate) async fn updates(&self, uri: &str) -> Result<Updates, CtlError> {
+        let filter = SubscriptionFilter::builder().resource_subscription(uri).build();
+        let subscription = match tokio::time::timeout(CALL_TIMEOUT, self.service.peer().listen(filter)).await {
+            Ok(Ok(subscription)) => subscription,
+            Ok(Err(ServiceError::McpError(data))) if data.code == ErrorCode::METHOD_NOT_FOUND => {
+                return Err(CtlError::new(
+                    Failure::WorkerSaidNo,
+                    "this worker cannot be followed (it has no subscriptions/listen); use: lampctl runs show ID",
+                ));
+            }
+            Ok(Err(error)) => return Err(call_failure(&self.target, error)),
+            Err(_elapsed) => return Err(self.target.explain(Problem::TimedOut)),
+        };
+        if !subscription.acknowledged().resource_subscriptions.iter().flatten().any(|u| u == uri) {
+            return Err(CtlError::new(Failure::WorkerSaidNo, format!("the worker does not serve {uri}")));
+        }
+        Ok(Updates { subscription, uri: uri.to_owned(), target: self.target.clone() })
     }
 
     /// Ends the connection. Best effort: an unfinished request is abandoned, which tells the
@@ -97,62 +110,32 @@ impl Client {
     }
 }
 
-/// What lampctl learns from progress notifications while it waits, and shows as they come.
-#[derive(Debug)]
-pub(crate) struct Progress {
-    /// Print each notification to stderr (only when stderr is a terminal).
-    show: bool,
-    /// The run being waited for, when the worker names it in a notification's `_meta`.
-    run_id: Mutex<Option<String>>,
+/// A subscription to one resource's changes.
+pub(crate) struct Updates {
+    subscription: Subscription,
+    uri: String,
+    target: Target,
 }
 
-impl Progress {
-    pub(crate) fn new(show: bool) -> Self {
-        Self { show, run_id: Mutex::new(None) }
-    }
-
-    /// The id of the run being waited for, if a progress notification carried it.
-    pub(crate) fn run_id(&self) -> Option<String> {
-        self.run_id.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    fn observe(&self, params: &ProgressNotificationParam, context_meta: &Map<String, Value>) {
-        let param_meta = params.meta.as_ref().map(|meta| &meta.0.0);
-        let run_id = [param_meta, Some(context_meta)]
-            .into_iter()
-            .flatten()
-            .flat_map(|meta| ["run_id", "runId"].into_iter().filter_map(move |key| meta.get(key)))
-            .find_map(Value::as_str);
-        // rmcp 3.9's client drops a notification's `_meta` on the way in (the worker does send
-        // it), so the worker's message, "run <id> is <status>", is read as well.
-        let from_message = params.message.as_deref().and_then(|m| m.strip_prefix("run ")).and_then(|m| m.split_whitespace().next());
-        if let Some(id) = run_id.or(from_message) {
-            *self.run_id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id.to_owned());
-        }
-        if self.show {
-            eprintln!("lampctl: {}", progress_line(params));
+impl Updates {
+    /// Resolves when the worker notifies that the resource changed; an error when the stream
+    /// ends (the worker stopped or the connection broke).
+    pub(crate) async fn next(&mut self) -> Result<(), CtlError> {
+        loop {
+            match self.subscription.next().await {
+                Ok(Some(ServerNotification::ResourceUpdatedNotification(n))) if n.params.uri == self.uri => return Ok(()),
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(self.target.explain(Problem::Lost)),
+                Err(error) => return Err(call_failure(&self.target, error)),
+            }
         }
     }
 }
 
-fn progress_line(params: &ProgressNotificationParam) -> String {
-    match (&params.message, params.total) {
-        (Some(message), _) => one_line(message, 200),
-        (None, Some(total)) => format!("progress {}/{}", params.progress, total),
-        (None, None) => format!("progress {}", params.progress),
-    }
-}
-
-/// lampctl's side of the MCP session: it names itself and listens for progress.
-struct Handler {
-    progress: Arc<Progress>,
-}
+/// lampctl's side of the MCP session: it names itself.
+struct Handler;
 
 impl ClientHandler for Handler {
-    async fn on_progress(&self, params: ProgressNotificationParam, context: NotificationContext<RoleClient>) {
-        self.progress.observe(&params, &context.meta.0.0);
-    }
-
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(ClientCapabilities::default(), Implementation::new("lampctl", env!("CARGO_PKG_VERSION")))
     }
@@ -257,6 +240,7 @@ enum Problem {
 }
 
 /// Where lampctl connects, to put problems into words.
+#[derive(Clone)]
 struct Target {
     url: String,
     token_given: bool,
@@ -531,10 +515,6 @@ mod tests {
     // The tests below connect for real, through rmcp and reqwest, to a closed port or to a
     // tiny canned HTTP server, so a change in rmcp's error shapes shows up here.
 
-    fn progress() -> Arc<Progress> {
-        Arc::new(Progress::new(false))
-    }
-
     /// An HTTP server on a free loopback port that reads each request and answers `response`.
     fn canned_server(response: &'static str) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -575,7 +555,7 @@ mod tests {
     async fn a_closed_port_is_unreachable_with_connection_refused() {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let url = format!("http://127.0.0.1:{port}/mcp");
-        let error = Client::connect(&url, None, progress()).await.err().expect("nothing listens there");
+        let error = Client::connect(&url, None).await.err().expect("nothing listens there");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(
             error.to_string(),
@@ -586,7 +566,7 @@ mod tests {
     #[tokio::test]
     async fn a_401_with_a_challenge_is_a_refused_token() {
         let url = canned_server("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        let error = Client::connect(&url, Some("wrong"), progress()).await.err().expect("401");
+        let error = Client::connect(&url, Some("wrong")).await.err().expect("401");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(error.to_string(), "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN");
     }
@@ -594,7 +574,7 @@ mod tests {
     #[tokio::test]
     async fn a_401_without_a_challenge_asks_for_a_token() {
         let url = canned_server("HTTP/1.1 401 Unauthorized\r\nContent-Length: 12\r\nConnection: close\r\n\r\nunauthorized");
-        let error = Client::connect(&url, None, progress()).await.err().expect("401");
+        let error = Client::connect(&url, None).await.err().expect("401");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(error.to_string(), "the worker requires a token (401); set --token or $LAMPLIGHTER_TOKEN");
     }
@@ -602,7 +582,7 @@ mod tests {
     #[tokio::test]
     async fn a_403_names_the_token_and_the_host() {
         let url = canned_server("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        let error = Client::connect(&url, Some("t"), progress()).await.err().expect("403");
+        let error = Client::connect(&url, Some("t")).await.err().expect("403");
         assert_eq!(error.exit_code(), 3);
         assert!(error.to_string().starts_with("the worker refused the request (403)"), "{error}");
     }
@@ -610,7 +590,7 @@ mod tests {
     #[tokio::test]
     async fn a_404_is_a_wrong_url() {
         let url = canned_server("HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found");
-        let error = Client::connect(&url, None, progress()).await.err().expect("404");
+        let error = Client::connect(&url, None).await.err().expect("404");
         assert_eq!(error.exit_code(), 3);
         assert!(error.to_string().starts_with(&format!("nothing serves MCP at {url} (HTTP 404)")), "{error}");
     }

@@ -406,7 +406,7 @@ pub(crate) fn triggered(outcome: &TriggerOutcome, job: &str, idempotency_key: Op
         (false, None) => format!("job \"{job}\" was not triggered again: run {id} already answers this trigger"),
         (true, _) => format!("job \"{job}\" triggered: run {id}"),
     };
-    format!("{first}\nfollow it with: lampctl runs show {id}\n")
+    format!("{first}\nfollow it with: lampctl runs follow {id}\n")
 }
 
 /// `runs list`.
@@ -494,6 +494,57 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 /// A run without the detail `get_run` adds, as `trigger_job … wait` returns it.
 pub(crate) fn bare(run: Run) -> RunDetail {
     RunDetail { run, workflow: None, steps: Vec::new(), agent_waits: Vec::new(), calls: Vec::new(), usage: None }
+}
+
+/// `runs follow`: the run when first shown, then one line per change: the run's status, each
+/// workflow step and agent wait that moved, and how the run ended.
+pub(crate) fn progress(before: Option<&RunDetail>, now_detail: &RunDetail, now: DateTime<Utc>) -> String {
+    let run = &now_detail.run;
+    let mut out = String::new();
+    match before {
+        None => out.push_str(&format!("run {} (job {}, {} trigger): {}\n", run.id, run.job, run.trigger.as_str(), run.status)),
+        Some(b) if b.run.status != run.status && !run.status.is_final() => out.push_str(&format!("run {}: {}\n", run.id, run.status)),
+        Some(_) => {}
+    }
+    let was = before.map(moves).unwrap_or_default();
+    for (name, status, line) in moves(now_detail) {
+        if !was.iter().any(|(n, s, _)| *n == name && *s == status) {
+            out.push_str(&line);
+        }
+    }
+    if run.status == RunStatus::WaitingApproval && before.is_none_or(|b| b.run.status != run.status) {
+        out.push_str(&format!("  approve it with: lampctl approvals approve {}\n", run.id));
+    }
+    if run.status.is_final() {
+        let took = took(run.started_at, run.finished_at, now);
+        let error = run.error.as_ref().map(|e| format!(": {e}")).unwrap_or_default();
+        out.push_str(&format!("run {} {} after {took}{error}\n", run.id, run.status));
+    }
+    out
+}
+
+/// Each step and agent wait that has a status: (its name, its status, the line that shows it).
+fn moves(detail: &RunDetail) -> Vec<(String, String, String)> {
+    fn walk(out: &mut Vec<(String, String, String)>, steps: &[StepView], prefix: &str) {
+        for step in steps {
+            let name = format!("{prefix}{}", step.id);
+            if let Some(status) = step.status {
+                let took = match (step.started_at, step.finished_at) {
+                    (Some(s), Some(f)) => format!(" after {}", duration(whole_seconds(f - s))),
+                    _ => String::new(),
+                };
+                let error = step.error.as_ref().map(|e| format!(": {}", truncate(e, MAX_CELL))).unwrap_or_default();
+                out.push((name.clone(), status.to_string(), format!("  step {name}: {status}{took}{error}\n")));
+            }
+            walk(out, &step.steps, &format!("{name}/"));
+        }
+    }
+    let mut out = Vec::new();
+    walk(&mut out, &detail.steps, "");
+    for wait in &detail.agent_waits {
+        out.push((format!("wait {}", wait.step), wait.status.to_string(), format!("  agent wait {}: {}\n", wait.step, wait.status)));
+    }
+    out
 }
 
 /// An agent run's usage: `2 model calls, 1 tool call, 20 tokens in / 10 out, cost 0.00004`.
@@ -948,9 +999,44 @@ mod tests {
     }
 
     #[test]
+    fn progress_shows_the_run_once_then_only_what_moved() {
+        let step = |id: &str, status: Option<StepStatus>| StepView {
+            id: id.into(),
+            step_type: "plugin".into(),
+            status,
+            attempt: None,
+            started_at: None,
+            finished_at: None,
+            output: None,
+            error: None,
+            steps: vec![],
+        };
+        let mut first = bare(a_run(RunStatus::Running));
+        first.steps = vec![step("a", Some(StepStatus::Succeeded)), step("b", Some(StepStatus::Running)), step("c", None)];
+        assert_eq!(
+            progress(None, &first, now()),
+            "run r9 (job nightly, manual trigger): running\n  step a: succeeded\n  step b: running\n"
+        );
+        let mut waiting = first.clone();
+        waiting.run.status = RunStatus::WaitingApproval;
+        waiting.steps[1].status = Some(StepStatus::WaitingApproval);
+        assert_eq!(
+            progress(Some(&first), &waiting, now()),
+            "run r9: waiting_approval\n  step b: waiting_approval\n  approve it with: lampctl approvals approve r9\n"
+        );
+        let mut done = waiting.clone();
+        (done.run.status, done.run.error) = (RunStatus::Failed, Some("rejected".into()));
+        done.steps[1].status = Some(StepStatus::Failed);
+        assert_eq!(progress(Some(&waiting), &done, now()), "  step b: failed\nrun r9 failed after 1m30s: rejected\n");
+    }
+
+    #[test]
     fn trigger_and_cancel_messages_name_the_run() {
         let outcome = |created| TriggerOutcome { run_id: "r1".into(), created, run: None, finished: false, note: None };
-        assert_eq!(triggered(&outcome(true), "nightly", None), "job \"nightly\" triggered: run r1\nfollow it with: lampctl runs show r1\n");
+        assert_eq!(
+            triggered(&outcome(true), "nightly", None),
+            "job \"nightly\" triggered: run r1\nfollow it with: lampctl runs follow r1\n"
+        );
         assert!(triggered(&outcome(false), "nightly", Some("k")).contains("idempotency key \"k\" belongs to run r1"));
         assert_eq!(cancelled(&a_run(RunStatus::Cancelled)), "run r9 cancelled\n");
         assert!(cancelled(&a_run(RunStatus::Running)).contains("it is running until it stops"));

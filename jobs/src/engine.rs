@@ -204,6 +204,10 @@ impl Shared {
         self.signals.subscribe()
     }
 
+    pub(crate) fn signals_handle(&self) -> Arc<dyn Signals> {
+        self.signals.clone()
+    }
+
     pub(crate) fn wake_scheduler(&self) {
         self.signals.publish(Signal::Wake);
     }
@@ -385,6 +389,11 @@ impl Changes {
         if self.0.recv().await.is_none() {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// Forgets the changes already signalled, for a caller about to read everything anew.
+    pub fn drain(&mut self) {
+        self.0.drain();
     }
 }
 

@@ -176,6 +176,7 @@ async fn execute(
                 clock: shared.clock().clone(),
                 agents: shared.agents(),
                 observer: shared.observer().clone(),
+                signals: shared.signals_handle(),
             };
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
             // The run's start, as recorded: the moment its target is called.

@@ -110,7 +110,7 @@ fn for_scheduler(s: &Signal) -> Option<bool> {
     match s {
         Signal::JobChanged | Signal::Lagged => Some(true),
         Signal::Wake | Signal::RunFinished(_) => Some(false),
-        Signal::TasksPushed | Signal::RunsChanged | Signal::CancelRequested { .. } => None,
+        Signal::TasksPushed | Signal::RunsChanged | Signal::RunProgress(_) | Signal::CancelRequested { .. } => None,
     }
 }
 

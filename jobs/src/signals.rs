@@ -36,6 +36,8 @@ pub(crate) enum Signal {
     TasksPushed,
     /// A run's end is recorded.
     RunFinished(String),
+    /// A running run recorded progress (a workflow step started or ended, an agent waits).
+    RunProgress(String),
     /// Runs were created, started or deleted (and no other signal says so).
     RunsChanged,
     /// Someone asked for a running run to stop; the worker running it stops it.

@@ -103,6 +103,8 @@ pub(crate) struct RunEnv {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) agents: Arc<Catalog>,
     pub(crate) observer: Arc<Observer>,
+    /// Tells followers of the run (resource subscriptions) that it recorded progress.
+    pub(crate) signals: Arc<dyn crate::signals::Signals>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -181,7 +183,9 @@ impl RunContext {
 
     /// Records workflow steps for this run identity; durable when this returns.
     pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
-        self.env.store.record_steps(&self.run.root_id, steps).await
+        self.env.store.record_steps(&self.run.root_id, steps).await?;
+        self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
+        Ok(())
     }
 
     /// The agent calls recorded by this attempt or an earlier one.

@@ -67,7 +67,7 @@ fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
         .with_cancellation_token(control.stop_token().child_token());
     // The factory runs per session (older clients) or per request (2026-07-28): a clone of
     // `Control` is a few reference-count increments.
-    let service = StreamableHttpService::new(move || Ok(control.clone()), Arc::new(LocalSessionManager::default()), config);
+    let service = StreamableHttpService::new(move || Ok(control.for_session()), Arc::new(LocalSessionManager::default()), config);
     Router::new()
         .nest_service("/mcp", service)
         .route_layer(RequestBodyLimitLayer::new(security::MAX_BODY_BYTES))

@@ -5,6 +5,7 @@
 mod commands;
 mod http;
 mod mcp;
+mod resources;
 mod run;
 mod security;
 mod telemetry;

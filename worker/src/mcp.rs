@@ -8,8 +8,9 @@
 //! rejected) is a tool error: a result with `isError: true` and a message a person can act on.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -17,11 +18,12 @@ use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRouter};
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
-    ContentBlock, Implementation, ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesRequestMethod,
-    ListResourceTemplatesResult, ListResourcesRequestMethod, ListResourcesResult, ListToolsResult, MetaObject, NotificationMetaObject,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool,
+    ContentBlock, Implementation, ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, MetaObject, NotificationMetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ResourceUpdatedNotificationParam, ResultType, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -42,6 +44,8 @@ use lamplighter_jobs::{
     TriggerRequest, WorkerStatus,
 };
 use lamplighter_plugins::Registry;
+
+use crate::resources;
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = [
@@ -207,6 +211,9 @@ pub(crate) struct Control {
     listed: Arc<[Tool]>,
     /// Counts the requests (`lamplighter.mcp.requests`).
     observer: Arc<Observer>,
+    /// This session's `resources/subscribe` subscriptions (clients before 2026-07-28), by URI:
+    /// each a watch that `resources/unsubscribe` (or the worker's stop) ends.
+    subscriptions: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
 impl Control {
@@ -220,7 +227,22 @@ impl Control {
     ) -> Self {
         let tools = Self::tool_router();
         let listed = listed_tools(&tools);
-        Self { engine, registry, catalog, reload, stop, tools: Arc::new(tools), listed: listed.into(), observer }
+        Self {
+            engine,
+            registry,
+            catalog,
+            reload,
+            stop,
+            tools: Arc::new(tools),
+            listed: listed.into(),
+            observer,
+            subscriptions: Arc::default(),
+        }
+    }
+
+    /// The handler for a new session: the same worker, its own subscriptions.
+    pub(crate) fn for_session(&self) -> Self {
+        Self { subscriptions: Arc::default(), ..self.clone() }
     }
 
     /// Cancelled when the worker stops serving MCP.
@@ -927,7 +949,12 @@ impl ServerHandler for Control {
     /// Exactly what is served: tools (a fixed list). No prompts, resources, completions or
     /// logging, so those methods answer "method not found".
     fn get_info(&self) -> ServerConfig {
-        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_resources_list_changed()
+            .build();
         if let Some(tools) = capabilities.tools.as_mut() {
             tools.list_changed = Some(false);
         }
@@ -999,10 +1026,14 @@ impl ServerHandler for Control {
 
     async fn list_resources(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Err(ErrorData::method_not_found::<ListResourcesRequestMethod>())
+        let cursor = request.and_then(|r| r.cursor);
+        let (resources, next_cursor) = resources::list(&self.engine, cursor.as_deref()).await?;
+        let mut result = ListResourcesResult::with_all_items(resources);
+        result.next_cursor = next_cursor;
+        Ok(result)
     }
 
     async fn list_resource_templates(
@@ -1010,7 +1041,84 @@ impl ServerHandler for Control {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Err(ErrorData::method_not_found::<ListResourceTemplatesRequestMethod>())
+        Ok(ListResourceTemplatesResult::with_all_items(resources::templates()))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        Ok(resources::read(&self.engine, &request.uri).await?.into())
+    }
+
+    /// `subscriptions/listen`: the resources this worker serves, and `resources/list` changes.
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.resources_list_changed = requested.resources_list_changed;
+        accepted.resource_subscriptions = requested
+            .resource_subscriptions
+            .as_ref()
+            .map(|uris| uris.iter().filter(|uri| resources::Uri::parse(uri).is_ok()).cloned().collect());
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let accepted = context.accepted().clone();
+        let uris = accepted.resource_subscriptions.iter().flatten().filter_map(|uri| resources::Uri::parse(uri).ok()).collect();
+        let sink = context.sink().clone();
+        let until = async {
+            tokio::select! {
+                () = context.cancelled() => {}
+                () = self.stop.cancelled() => {}
+            }
+        };
+        resources::watch(&self.engine, uris, accepted.resources_list_changed == Some(true), until, |change| {
+            let sink = sink.clone();
+            async move {
+                let sent = match change {
+                    resources::Change::Updated(uri) => sink.notify_resource_updated(uri).await,
+                    resources::Change::ListChanged => sink.notify_resource_list_changed().await,
+                };
+                sent.is_ok()
+            }
+        })
+        .await;
+        Ok(())
+    }
+
+    #[allow(deprecated, reason = "resources/subscribe is what clients before 2026-07-28 send")]
+    async fn subscribe(&self, request: SubscribeRequestParams, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let uri = resources::Uri::parse(&request.uri)?;
+        let stop = self.stop.child_token();
+        let previous = self.subscriptions.lock().unwrap_or_else(PoisonError::into_inner).insert(request.uri.clone(), stop.clone());
+        if let Some(previous) = previous {
+            previous.cancel();
+        }
+        let (engine, peer) = (self.engine.clone(), context.peer.clone());
+        tokio::spawn(async move {
+            resources::watch(&engine, vec![uri], false, stop.cancelled_owned(), |change| {
+                let peer = peer.clone();
+                async move {
+                    match change {
+                        resources::Change::Updated(uri) => {
+                            peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri)).await.is_ok()
+                        }
+                        resources::Change::ListChanged => true,
+                    }
+                }
+            })
+            .await;
+        });
+        Ok(())
+    }
+
+    #[allow(deprecated, reason = "resources/unsubscribe is what clients before 2026-07-28 send")]
+    async fn unsubscribe(&self, request: UnsubscribeRequestParams, _context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        if let Some(stop) = self.subscriptions.lock().unwrap_or_else(PoisonError::into_inner).remove(&request.uri) {
+            stop.cancel();
+        }
+        Ok(())
     }
 
     async fn complete(&self, _request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {

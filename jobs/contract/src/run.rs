@@ -33,7 +33,7 @@ impl RunStatus {
         Self::Interrupted,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
             Self::Running => "running",
@@ -106,7 +106,7 @@ pub enum Trigger {
 }
 
 impl Trigger {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Cron => "cron",
             Self::Manual => "manual",
@@ -189,7 +189,7 @@ impl StepStatus {
     pub const ALL: [StepStatus; 7] =
         [Self::Running, Self::WaitingApproval, Self::Succeeded, Self::Failed, Self::Skipped, Self::Cancelled, Self::Interrupted];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Running => "running",
             Self::WaitingApproval => "waiting_approval",
@@ -327,7 +327,7 @@ pub enum CallKind {
 }
 
 impl CallKind {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             CallKind::Model => "model",
             CallKind::Tool => "tool",

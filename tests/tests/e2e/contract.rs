@@ -237,6 +237,7 @@ fn lampctl_prints_what_the_snapshots_say_for_the_real_workers_answers() {
     s.table("approvals-approve", &["approvals", "approve", &wf, "--comment", "fine"]);
     s.wait_for_run(&wf, "succeeded");
     s.both("runs-show-workflow", &["runs", "show", &wf]);
+    s.table("runs-follow-finished", &["runs", "follow", &wf]);
 
     // An agent run and its transcript.
     s.both("agent-trigger-wait", &["jobs", "trigger", "bee", "--wait", "--idempotency-key", "kb"]);

@@ -13,5 +13,6 @@ mod lifecycle;
 mod mcp;
 mod postgres;
 mod real_llm;
+mod resources;
 mod telemetry;
 mod workflows;

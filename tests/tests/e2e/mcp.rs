@@ -320,26 +320,30 @@ fn mcp_over_stdio_serves_the_same_tools() {
 }
 
 /// Ctrl-C while `lampctl jobs trigger --wait` waits: lampctl stops waiting (exit 130), names the
-/// run it learnt from the first progress notification, and the run goes on in the worker.
+/// run, and the run goes on in the worker.
 #[test]
 fn interrupting_a_wait_leaves_the_run_going_and_names_it() {
+    use std::io::BufRead;
     let w = worker();
-    let child = std::process::Command::new(crate::support::ctl_bin())
+    let mut child = std::process::Command::new(crate::support::ctl_bin())
         .args(["--url", &w.url(), "jobs", "trigger", "slow", "--wait"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("lampctl");
-    let runs = w.wait_for("the slow run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.job == "slow" && r.status == "running"));
-    let id = runs.iter().find(|r| r.job == "slow").map(|r| r.id.clone()).expect("run");
-    // The first progress notification (with the run id) is sent as soon as the wait begins.
-    std::thread::sleep(Duration::from_millis(500));
+    // lampctl shows the run's progress on stderr as it follows it: the first line names it.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    stderr.read_line(&mut first).expect("a progress line");
+    let id = first.strip_prefix("run ").and_then(|l| l.split_whitespace().next()).unwrap_or_else(|| panic!("{first}")).to_owned();
+    w.wait_for("the slow run to start", Duration::from_secs(10), |r| r.iter().any(|r| r.id == id && r.status == "running"));
     let ok = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill").success();
     assert!(ok);
-    let out = child.wait_with_output().expect("lampctl exits");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    assert!(err.contains(&id), "names the run: {err}");
+    let status = child.wait().expect("lampctl exits");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut err).expect("stderr");
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains(&format!("stopped waiting; run {id} goes on")), "names the run: {err}");
     let runs = w.runs();
     assert_eq!(runs.iter().find(|r| r.id == id).map(|r| r.status.as_str()), Some("running"), "the run goes on");
 }
