@@ -8,6 +8,7 @@ mod mcp;
 mod resources;
 mod run;
 mod security;
+mod tasks;
 mod telemetry;
 
 use std::path::PathBuf;

@@ -17,11 +17,12 @@ use futures::FutureExt;
 use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRouter};
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestMethod, CompleteRequestParams, CompleteResult,
-    ContentBlock, Implementation, ListPromptsRequestMethod, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, MetaObject, NotificationMetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ReadResourceRequestParams, ReadResourceResponse, ResourceUpdatedNotificationParam, ResultType, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestMethod, CompleteRequestParams,
+    CompleteResult, ContentBlock, CreateTaskResult, GetTaskParams, GetTaskResult, Implementation, ListPromptsRequestMethod,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject, NotificationMetaObject,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ResourceUpdatedNotificationParam, ResultType, ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool,
+    UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
@@ -46,6 +47,7 @@ use lamplighter_jobs::{
 use lamplighter_plugins::Registry;
 
 use crate::resources;
+use crate::tasks::{Follow, Tasks};
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = [
@@ -214,6 +216,8 @@ pub(crate) struct Control {
     /// This session's `resources/subscribe` subscriptions (clients before 2026-07-28), by URI:
     /// each a watch that `resources/unsubscribe` (or the worker's stop) ends.
     subscriptions: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// The runs followed as MCP tasks, shared by every session.
+    tasks: Tasks,
 }
 
 impl Control {
@@ -237,6 +241,7 @@ impl Control {
             listed: listed.into(),
             observer,
             subscriptions: Arc::default(),
+            tasks: Tasks::default(),
         }
     }
 
@@ -746,6 +751,53 @@ impl Control {
 }
 
 impl Control {
+    /// `trigger_job` and `run_workflow` with `wait`, from a client that declares the tasks
+    /// extension: the run starts as the tool would start it, and the answer is a task that
+    /// follows it (see `tasks.rs`). `None` for every other call, and for arguments the tool
+    /// itself must refuse (it says why).
+    async fn as_task(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<Result<CallToolResponse, ErrorData>> {
+        if !context.client_capabilities().is_some_and(|c| c.supports_tasks()) {
+            return None;
+        }
+        let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        let (started, timeout) = match request.name.as_ref() {
+            "trigger_job" => {
+                let a: TriggerArgs = serde_json::from_value(args).ok()?;
+                let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                if !a.wait {
+                    return None;
+                }
+                let trigger =
+                    TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+                (self.engine.trigger_job(&a.name, trigger).await, timeout)
+            }
+            "run_workflow" => {
+                let a: RunWorkflowArgs = serde_json::from_value(args).ok()?;
+                let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                if !a.wait {
+                    return None;
+                }
+                (self.engine.run_workflow(&a.name, a.input, a.idempotency_key).await, timeout)
+            }
+            _ => return None,
+        };
+        let started = match started {
+            Ok(started) => started,
+            Err(e) => return Some(Failure::from(e).into_call_tool_result()),
+        };
+        let decided_by = match context.client_info().or_else(|| context.peer.peer_info().map(|i| i.client_info.clone())) {
+            Some(info) => format!("mcp client {} (task)", info.name),
+            None => "mcp client (task)".to_string(),
+        };
+        let follow = Follow { run_id: started.run_id, created: started.created, timeout, decided_by };
+        let task = self.tasks.start(self.engine.clone(), follow, context);
+        Some(Ok(CallToolResponse::Task(CreateTaskResult::new(task))))
+    }
+
     async fn do_list_jobs(&self) -> Result<Json<JobList>, Failure> {
         Ok(Json(JobList { jobs: self.engine.list_jobs().await? }))
     }
@@ -954,6 +1006,7 @@ impl ServerHandler for Control {
             .enable_resources()
             .enable_resources_subscribe()
             .enable_resources_list_changed()
+            .enable_tasks()
             .build();
         if let Some(tools) = capabilities.tools.as_mut() {
             tools.list_changed = Some(false);
@@ -967,6 +1020,10 @@ impl ServerHandler for Control {
         let name = request.name.clone();
         if self.tools.get(&name).is_none() {
             return Err(ErrorData::invalid_params(format!("unknown tool \"{name}\"; known tools: {}", TOOL_ORDER.join(", ")), None));
+        }
+        if let Some(response) = self.as_task(&request, &context).await {
+            self.observer.mcp_request(&name, response.is_ok());
+            return response;
         }
         let current = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         let call = ToolCallContext::new(self, request, context);
@@ -1119,6 +1176,18 @@ impl ServerHandler for Control {
             stop.cancel();
         }
         Ok(())
+    }
+
+    async fn get_task(&self, request: GetTaskParams, context: RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(self.tasks.get(&request.task_id, &context)?))
+    }
+
+    async fn update_task(&self, request: UpdateTaskParams, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.tasks.update(&request.task_id, request.input_responses, &context)
+    }
+
+    async fn cancel_task(&self, request: CancelTaskParams, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.tasks.cancel(&request.task_id, &context)
     }
 
     async fn complete(&self, _request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {

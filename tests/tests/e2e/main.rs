@@ -14,5 +14,6 @@ mod mcp;
 mod postgres;
 mod real_llm;
 mod resources;
+mod tasks;
 mod telemetry;
 mod workflows;
