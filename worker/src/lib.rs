@@ -5,6 +5,7 @@
 mod commands;
 mod http;
 mod mcp;
+mod prompts;
 mod resources;
 mod run;
 mod security;

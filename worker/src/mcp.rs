@@ -17,8 +17,8 @@ use futures::FutureExt;
 use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRouter};
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestMethod, CompleteRequestParams,
-    CompleteResult, ContentBlock, CreateTaskResult, GetTaskParams, GetTaskResult, Implementation, ListPromptsRequestMethod,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestParams, CompleteResult,
+    ContentBlock, CreateTaskResult, GetPromptRequestParams, GetPromptResponse, GetTaskParams, GetTaskResult, Implementation,
     ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject, NotificationMetaObject,
     PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
     ResourceUpdatedNotificationParam, ResultType, ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool,
@@ -46,8 +46,8 @@ use lamplighter_jobs::{
 };
 use lamplighter_plugins::Registry;
 
-use crate::resources;
 use crate::tasks::{Follow, Tasks};
+use crate::{prompts, resources};
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = [
@@ -1007,6 +1007,8 @@ impl ServerHandler for Control {
             .enable_resources_subscribe()
             .enable_resources_list_changed()
             .enable_tasks()
+            .enable_prompts()
+            .enable_completions()
             .build();
         if let Some(tools) = capabilities.tools.as_mut() {
             tools.list_changed = Some(false);
@@ -1078,7 +1080,15 @@ impl ServerHandler for Control {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        Err(ErrorData::method_not_found::<ListPromptsRequestMethod>())
+        Ok(ListPromptsResult::with_all_items(prompts::list()).with_ttl_ms(0).with_cache_scope(CacheScope::Public))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        Ok(prompts::get(&self.engine, request).await?.into())
     }
 
     async fn list_resources(
@@ -1190,8 +1200,8 @@ impl ServerHandler for Control {
         self.tasks.cancel(&request.task_id, &context)
     }
 
-    async fn complete(&self, _request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {
-        Err(ErrorData::method_not_found::<CompleteRequestMethod>())
+    async fn complete(&self, request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {
+        prompts::complete(&self.engine, request).await
     }
 }
 

@@ -8,6 +8,7 @@ mod support;
 
 mod agents;
 mod config_cli;
+mod conformance;
 mod contract;
 mod lifecycle;
 mod mcp;

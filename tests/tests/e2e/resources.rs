@@ -129,6 +129,40 @@ fn a_current_client_reads_resources_and_hears_a_run_a_pause_and_a_reload() {
     });
 }
 
+/// The triage prompt, and job names completed for it and for `lamplighter://jobs/{name}`.
+#[test]
+fn the_triage_prompt_names_the_job_and_job_names_complete() {
+    use rmcp::model::{ArgumentInfo, CompleteRequestParams, GetPromptRequestParams, PromptReference, Reference, ResourceTemplateReference};
+    let w = worker();
+    runtime().block_on(async {
+        let client = current(&w).await;
+        let prompts: Vec<String> = client.list_all_prompts().await.expect("prompts/list").into_iter().map(|p| p.name).collect();
+        assert_eq!(prompts, ["triage-failures"]);
+        let mut ask = GetPromptRequestParams::new("triage-failures");
+        ask.arguments = json!({"job": "report"}).as_object().cloned();
+        let prompt = client.get_prompt(ask).await.expect("prompts/get");
+        let text = serde_json::to_value(&prompt.messages[0]).expect("JSON")["content"]["text"].as_str().unwrap_or_default().to_owned();
+        assert!(text.contains("of the job \"report\"") && text.contains("`list_runs` with status \"failed\" and job \"report\""), "{text}");
+        let mut unknown = GetPromptRequestParams::new("triage-failures");
+        unknown.arguments = json!({"job": "nope"}).as_object().cloned();
+        let e = client.get_prompt(unknown).await.expect_err("an unknown job");
+        assert!(format!("{e:?}").contains("job \\\"nope\\\" not found"), "{e:?}");
+
+        let complete = |r: Reference, arg: &str, value: &str| CompleteRequestParams::new(r, ArgumentInfo::new(arg, value));
+        let by_template = client
+            .complete(complete(Reference::Resource(ResourceTemplateReference::new("lamplighter://jobs/{name}")), "name", "re"))
+            .await
+            .expect("completion/complete");
+        assert_eq!(by_template.completion.values, ["report"]);
+        let by_prompt =
+            client.complete(complete(Reference::Prompt(PromptReference::new("triage-failures")), "job", "")).await.expect("completion");
+        assert_eq!(by_prompt.completion.values, ["publish", "report"]);
+        let other = client.complete(complete(Reference::Prompt(PromptReference::new("other")), "x", "")).await.expect("completion");
+        assert!(other.completion.values.is_empty());
+        let _ = client.cancel().await;
+    });
+}
+
 /// An older client's session: `resources/subscribe`, notifications through its handler.
 struct Older(tokio::sync::mpsc::UnboundedSender<String>);
 

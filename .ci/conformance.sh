@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the official MCP conformance suite and the Node.js it needs (22, from the npm package
+# `node@22`: this machine's own Node is older) into a cache directory, once per version; prints
+# the directory. `tests/tests/e2e/conformance.rs` calls it and runs the suite against a worker.
+set -euo pipefail
+DIR=${LAMPLIGHTER_CONFORMANCE:-$HOME/.cache/lamplighter-conformance}
+VERSION=0.2.0-alpha.12
+if [ -x "$DIR/node_modules/.bin/node" ] && [ "$(cat "$DIR/version" 2>/dev/null)" = "$VERSION" ]; then
+  echo "$DIR"; exit 0
+fi
+command -v npm >/dev/null || { echo "npm is needed to install the conformance suite" >&2; exit 1; }
+mkdir -p "$DIR"
+npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error node@22 "@modelcontextprotocol/conformance@$VERSION" >&2
+"$DIR/node_modules/.bin/node" --version >&2
+echo "$VERSION" >"$DIR/version"
+echo "$DIR"

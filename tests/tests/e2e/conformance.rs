@@ -1,0 +1,75 @@
+//! The official MCP conformance suite (`@modelcontextprotocol/conformance`, the scenarios the
+//! 2026-07-28 revision requires) against the real worker. `.ci/conformance.sh` installs it with
+//! the Node.js 22 it needs (cached after the first time). The checks that need the suite's own
+//! fixtures are listed, one by one with their reasons, in
+//! `tests/fixtures/conformance/expected-failures.yaml`; the suite fails the run on any other
+//! failure and on a listed check that passes. To regenerate the list after a suite upgrade, run
+//! the suite with `-o DIR` and keep the failing checks that name a fixture.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{Worker, repo_root};
+
+const JOBS: &str = "report:\n  cron: \"0 3 * * *\"\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: { path: report.txt, content: hello }\npublish:\n  type: workflow\n  workflow: publish";
+const WORKFLOW: &str = "workflows:\n  publish:\n    steps:\n      - {id: gate, type: approval, input: \"Publish?\"}\n";
+
+/// Scenarios that must pass whole, whatever the baseline says.
+const MUST_PASS: [&str; 11] = [
+    "caching",
+    "completion-complete",
+    "dns-rebinding-protection",
+    "http-header-validation",
+    "prompts-list",
+    "resources-list",
+    "sep-2164-resource-not-found",
+    "server-sse-multiple-streams",
+    "tools-list",
+    "input-required-result-unsupported-methods",
+    "input-required-result-validate-input",
+];
+
+#[test]
+fn the_official_conformance_suite_passes_but_for_the_checks_that_need_its_own_fixtures() {
+    let root = repo_root();
+    let install = Command::new("bash").arg(root.join(".ci/conformance.sh")).output().expect("bash");
+    assert!(install.status.success(), "installing the suite failed:\n{}", String::from_utf8_lossy(&install.stderr));
+    let suite = PathBuf::from(String::from_utf8_lossy(&install.stdout).trim());
+
+    let mut w = Worker::new("");
+    w.write_full(WORKFLOW, JOBS, "");
+    w.start();
+    let results = tempfile::tempdir().expect("a results directory");
+    let out = Command::new(suite.join("node_modules/.bin/node"))
+        .arg(suite.join("node_modules/.bin/conformance"))
+        .args(["server", "--url", &w.url(), "--requirements", "2026-07-28", "--expected-failures"])
+        .arg(root.join("tests/fixtures/conformance/expected-failures.yaml"))
+        .arg("-o")
+        .arg(results.path())
+        .output()
+        .expect("the conformance suite runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "conformance failures beyond the baseline:\n{report}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // The baseline lists checks, but a scenario could still vanish from the run: these ran, whole.
+    let mut ran = Vec::new();
+    for entry in std::fs::read_dir(results.path()).expect("results") {
+        let dir = entry.expect("an entry").path();
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let Some(scenario) = MUST_PASS.iter().find(|s| name.strip_prefix("server-").is_some_and(|n| n.starts_with(&format!("{s}-2"))))
+        else {
+            continue;
+        };
+        let checks: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("checks.json")).expect("checks.json")).expect("JSON");
+        let bad: Vec<&Value> = checks.iter().filter(|c| matches!(c["status"].as_str(), Some("FAILURE" | "WARNING"))).collect();
+        assert!(bad.is_empty(), "{scenario}: {bad:#?}");
+        ran.push(*scenario);
+    }
+    ran.sort_unstable();
+    let mut expected = MUST_PASS.to_vec();
+    expected.sort_unstable();
+    assert_eq!(ran, expected, "scenarios that ran:\n{report}");
+}
