@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Installs the official MCP conformance suite and the Node.js it needs (22, from the npm package
-# `node@22`: this machine's own Node is older) into a cache directory, once per version; prints
-# the directory. `tests/tests/e2e/conformance.rs` calls it and runs the suite against a worker.
+# `node@22`: this machine's own Node is older), and MCP Inspector 0.15 (its CLI, on the TypeScript
+# SDK that once rejected our tool list), into a cache directory, once per version; prints the
+# directory. `tests/tests/e2e/conformance.rs` calls it and runs both against a worker.
 set -euo pipefail
 DIR=${LAMPLIGHTER_CONFORMANCE:-$HOME/.cache/lamplighter-conformance}
-VERSION=0.2.0-alpha.12
+VERSION=0.2.0-alpha.12+inspector-0.15.0
 if [ -x "$DIR/node_modules/.bin/node" ] && [ "$(cat "$DIR/version" 2>/dev/null)" = "$VERSION" ]; then
   echo "$DIR"; exit 0
 fi
 command -v npm >/dev/null || { echo "npm is needed to install the conformance suite" >&2; exit 1; }
 mkdir -p "$DIR"
-npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error node@22 "@modelcontextprotocol/conformance@$VERSION" >&2
+npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error node@22 "@modelcontextprotocol/conformance@0.2.0-alpha.12" \
+  "@modelcontextprotocol/inspector@0.15.0" >&2
 "$DIR/node_modules/.bin/node" --version >&2
 echo "$VERSION" >"$DIR/version"
 echo "$DIR"

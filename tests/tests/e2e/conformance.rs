@@ -31,16 +31,26 @@ const MUST_PASS: [&str; 11] = [
     "input-required-result-validate-input",
 ];
 
-#[test]
-fn the_official_conformance_suite_passes_but_for_the_checks_that_need_its_own_fixtures() {
-    let root = repo_root();
-    let install = Command::new("bash").arg(root.join(".ci/conformance.sh")).output().expect("bash");
+/// The directory `.ci/conformance.sh` installed the suite and the Inspector into.
+fn installed() -> PathBuf {
+    let install = Command::new("bash").arg(repo_root().join(".ci/conformance.sh")).output().expect("bash");
     assert!(install.status.success(), "installing the suite failed:\n{}", String::from_utf8_lossy(&install.stderr));
-    let suite = PathBuf::from(String::from_utf8_lossy(&install.stdout).trim());
+    PathBuf::from(String::from_utf8_lossy(&install.stdout).trim())
+}
 
+fn worker() -> Worker {
     let mut w = Worker::new("");
     w.write_full(WORKFLOW, JOBS, "");
     w.start();
+    w
+}
+
+#[test]
+fn the_official_conformance_suite_passes_but_for_the_checks_that_need_its_own_fixtures() {
+    let root = repo_root();
+    let suite = installed();
+
+    let w = worker();
     let results = tempfile::tempdir().expect("a results directory");
     let out = Command::new(suite.join("node_modules/.bin/node"))
         .arg(suite.join("node_modules/.bin/conformance"))
@@ -72,4 +82,27 @@ fn the_official_conformance_suite_passes_but_for_the_checks_that_need_its_own_fi
     let mut expected = MUST_PASS.to_vec();
     expected.sort_unstable();
     assert_eq!(ran, expected, "scenarios that ran:\n{report}");
+}
+
+/// MCP Inspector 0.15's CLI (TypeScript SDK 1.x, which rejected a whole `tools/list` for one
+/// boolean sub-schema) lists every tool, and a call whose structured result it checks against the
+/// tool's output schema succeeds.
+#[test]
+fn mcp_inspector_0_15_takes_the_tool_list_and_a_structured_result() {
+    let dir = installed();
+    let (node, cli) = (dir.join("node_modules/.bin/node"), dir.join("node_modules/@modelcontextprotocol/inspector-cli/build/index.js"));
+    let w = worker();
+    let inspect = |args: &[&str]| -> Value {
+        let out = Command::new(&node).arg(&cli).arg(w.url()).args(args).output().expect("node runs the Inspector CLI");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "inspector {args:?}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    };
+    let tools = inspect(&["--method", "tools/list"]);
+    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(23), "{tools}");
+    let job = inspect(&["--method", "tools/call", "--tool-name", "get_job", "--tool-arg", "name=report"]);
+    assert_eq!(job["structuredContent"]["name"], "report", "{job}");
+    assert_ne!(job["isError"], true);
+    let run = inspect(&["--method", "tools/call", "--tool-name", "run_workflow", "--tool-arg", "name=publish"]);
+    assert_eq!(run["structuredContent"]["created"], true, "{run}");
 }
