@@ -25,10 +25,10 @@ use rmcp::model::{
     UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
-use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
 use schemars::JsonSchema;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -478,6 +478,22 @@ struct SeedTriggerArgs {
     parameters: Option<Map<String, Value>>,
     /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
     idempotency_key: Option<String>,
+}
+
+/// A tool's typed result. rmcp's `#[tool]` reads the output schema off a return type named
+/// `Json<T>`; unlike rmcp's own, this one leaves the text content to `call_tool` (a summary for
+/// clients at 2026-07-28, the JSON text for older ones), so an answer is not serialized a second
+/// time into text a current client never reads (260 KB for `list_jobs` of 1,000 jobs).
+struct Json<T>(T);
+
+impl<T: Serialize> IntoCallToolResult for Json<T> {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        let value = serde_json::to_value(self.0)
+            .map_err(|e| ErrorData::internal_error(format!("cannot serialize the tool's result: {e}"), None))?;
+        let mut result = CallToolResult::success(Vec::new());
+        result.structured_content = Some(value);
+        Ok(result.into())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1043,9 +1059,9 @@ impl ServerHandler for Control {
         match response {
             // Clients at 2026-07-28 read the structured result; its JSON again as text would
             // double the answer. Older clients keep the full JSON text.
-            Ok(CallToolResponse::Complete(mut r)) if current && r.is_error != Some(true) => {
+            Ok(CallToolResponse::Complete(mut r)) if r.is_error != Some(true) => {
                 if let Some(v) = &r.structured_content {
-                    r.content = vec![ContentBlock::text(summary(&name, v))];
+                    r.content = vec![ContentBlock::text(if current { summary(&name, v) } else { v.to_string() })];
                 }
                 Ok(CallToolResponse::Complete(r))
             }
