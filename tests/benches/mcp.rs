@@ -2,10 +2,11 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker -p lamplighter-ctl
-//! cargo bench -p lamplighter-tests --bench mcp -- [--jobs 1000] [--calls 2000] [--clients 8] [--seconds 5]
+//! cargo bench -p lamplighter-tests --bench mcp -- [--jobs 1000] [--history 100] [--calls 2000] [--clients 8] [--seconds 5]
 //! ```
 //!
-//! Measures, with `--jobs` jobs defined (none due during the run): p50/p99 of `list_jobs` (its
+//! Measures, with `--jobs` jobs defined (none due during the run) and `--history` finished runs
+//! of each in the database (default 100, the default retention): p50/p99 of `list_jobs` (its
 //! default page of 100, and all jobs in one page) and of `get_job` from one rmcp client (Streamable HTTP, the current protocol revision); calls per
 //! second of `get_job` with `--clients` concurrent clients; whole-process wall time of
 //! `lampctl jobs list` (p50/p99 over 50 runs).
@@ -25,12 +26,14 @@ fn main() {
         args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(|v| v.parse().expect("a number")).unwrap_or(default)
     };
     let (jobs, calls, clients, seconds) = (arg("--jobs", 1000), arg("--calls", 2000), arg("--clients", 8), arg("--seconds", 5));
+    let history = arg("--history", 100);
     let dir = target_dir();
     let worker = Worker::start(&dir.join("lamplighter"), jobs);
     let url = format!("http://127.0.0.1:{}/mcp", worker.port);
-    println!("worker: {} jobs at {url}", jobs);
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(seed_history(&worker._dir.path().join("data/lamplighter.db"), jobs, history));
+    println!("worker: {jobs} jobs, {history} finished runs each in its history, at {url}");
     rt.block_on(async {
         let client = ().serve(StreamableHttpClientTransport::from_uri(url.clone())).await.expect("connect");
         for (label, tool, args) in [
@@ -119,6 +122,38 @@ fn main() {
     }
     report(&format!("lampctl jobs list, whole process ({jobs} jobs, 50 runs)"), &mut wall);
     drop(worker);
+}
+
+/// A worker's history after a while in service: `per_job` finished runs of every job (100 is
+/// the default retention), written day by day as the scheduler would have (every job once a
+/// day, run ids in time order), one in twenty failed. Written into the running worker's
+/// database (it has applied its migrations once it listens; nothing is due during the bench).
+async fn seed_history(db: &Path, jobs: usize, per_job: usize) {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display())).await.expect("open the worker's database");
+    let mut tx = conn.begin().await.expect("begin");
+    let start: i64 = 1_750_000_000_000;
+    for day in 0..per_job as i64 {
+        for job in 0..jobs as i64 {
+            let at = start + day * 86_400_000 + job * 60_000;
+            let failed = (day + job) % 20 == 0;
+            sqlx::query(
+                "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, started_at, finished_at, output, error, worker)
+                 VALUES (?1, ?2, 'cron', ?3, ?4, ?4, ?4, ?4 + 2, ?4 + 3, ?4 + 40, ?5, ?6, 'bench')",
+            )
+            // UUIDv7's layout: the millisecond first, so that ids sort by time as real ones do.
+            .bind(format!("{:08x}-{:04x}-7000-8000-{:012x}", at >> 16, at & 0xffff, day * jobs as i64 + job))
+            .bind(format!("job-{job:05}"))
+            .bind(if failed { "failed" } else { "succeeded" })
+            .bind(at)
+            .bind((!failed).then_some(r#"{"path":"out.txt","bytes":1}"#))
+            .bind(failed.then_some("file-save: disk full"))
+            .execute(&mut *tx)
+            .await
+            .expect("insert a run");
+        }
+    }
+    tx.commit().await.expect("commit");
 }
 
 struct KillOnDrop(Child);
