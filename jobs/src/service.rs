@@ -147,26 +147,21 @@ impl Engine {
     /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
     /// page's `next_cursor`).
     pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize) -> Result<JobPage, ServiceError> {
-        let states = self.shared.store().job_states().await?;
-        let last = self.shared.store().last_runs().await?;
-        let now = self.shared.clock().now();
         let snapshot = self.shared.snapshot();
-        let jobs = &snapshot.jobs;
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
         };
-        let mut page: Vec<JobSummary> = Vec::new();
-        let mut more = false;
-        for j in jobs.range::<String, _>((start, std::ops::Bound::Unbounded)).map(|(_, j)| j) {
-            if page.len() == limit {
-                more = true;
-                break;
-            }
-            page.push(self.summary(j, states.get(&j.name), last.get(&j.name), now));
-        }
-        let next_cursor = if more { page.last().map(|j| j.name.clone()) } else { None };
-        Ok(JobPage { jobs: page, next_cursor })
+        let mut jobs = snapshot.jobs.range::<String, _>((start, std::ops::Bound::Unbounded)).map(|(_, j)| j);
+        let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
+        let more = jobs.next().is_some();
+        let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
+        let states = self.shared.store().job_states().await?;
+        let last = self.shared.store().last_runs(&names).await?;
+        let now = self.shared.clock().now();
+        let jobs: Vec<JobSummary> = page.iter().map(|j| self.summary(j, states.get(&j.name), last.get(&j.name), now)).collect();
+        let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
+        Ok(JobPage { jobs, next_cursor })
     }
 
     /// One job with its next `n` fire times, run counts by status and recent runs.

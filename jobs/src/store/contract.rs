@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::Overlap;
 
 use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
-use crate::run::{CallKind, CallRecord, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
@@ -356,10 +356,20 @@ async fn listings_page_newest_first_and_count(s: &dyn RunStore) {
         .await
         .expect("filtered");
     assert_eq!(queued.len(), 2);
+    // Every combination of filters builds its own query: each one once more.
+    let ids_of = |runs: Vec<Run>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let cancelled = s.list_runs(&RunFilter { status: Some(RunStatus::Cancelled), ..Default::default() }).await.expect("by status");
+    assert_eq!(ids_of(cancelled), vec![ids[0].clone()]);
+    let older_even = s.list_runs(&RunFilter { job: Some("even".into()), before: Some(ids[4].clone()), ..Default::default() }).await;
+    assert_eq!(ids_of(older_even.expect("by job, paged")), vec![ids[2].clone(), ids[0].clone()]);
+    let all = RunFilter { job: Some("even".into()), status: Some(RunStatus::Queued), before: Some(ids[4].clone()), limit: Some(1) };
+    assert_eq!(ids_of(s.list_runs(&all).await.expect("every filter")), vec![ids[2].clone()]);
     let counts = s.counts("even").await.expect("counts");
     assert_eq!((counts.get(&RunStatus::Queued), counts.get(&RunStatus::Cancelled)), (Some(&2), Some(&1)));
-    let last = s.last_runs().await.expect("last");
+    let last = s.last_runs(&["even", "odd", "never-ran"]).await.expect("last");
     assert_eq!((last["even"].id.as_str(), last["odd"].id.as_str()), (ids[4].as_str(), ids[3].as_str()));
+    assert!(!last.contains_key("never-ran"), "a job without runs has no last run");
+    assert_eq!(s.last_runs(&["odd"]).await.expect("last of one").len(), 1, "only the jobs asked for");
     assert_eq!(s.queue_depth().await.expect("depth"), 4);
     assert!(s.get_run("no-such-run").await.expect("get").is_none());
 }

@@ -417,6 +417,34 @@ pub struct RunFilter {
     pub before: Option<String>,
 }
 
+impl RunFilter {
+    /// The `WHERE` clause of the filters that are set, with placeholders numbered from 1 in the
+    /// order job, status, before (bind them in that order, then the limit as the next one).
+    /// Only the set filters appear: `(? IS NULL OR job = ?)` would keep the planner from the
+    /// `(job, id)` index and read the whole history for one job's ten latest runs.
+    fn where_clause(&self, placeholder: &str) -> (String, usize) {
+        let conditions: Vec<&str> =
+            [(self.job.is_some(), "job = "), (self.status.is_some(), "status = "), (self.before.is_some(), "id < ")]
+                .into_iter()
+                .filter_map(|(set, column)| set.then_some(column))
+                .collect();
+        let clause = conditions.iter().enumerate().map(|(i, c)| format!("{c}{placeholder}{}", i + 1)).collect::<Vec<_>>().join(" AND ");
+        let n = conditions.len();
+        (if n == 0 { String::new() } else { format!(" WHERE {clause}") }, n)
+    }
+
+    /// The limit asked for, within 1..=1000 (50 when none).
+    fn bounded_limit(&self) -> i64 {
+        i64::from(self.limit.unwrap_or(50).clamp(1, 1000))
+    }
+
+    /// The whole query: the set filters, newest first, the limit as the last placeholder.
+    pub(crate) fn sql(&self, placeholder: &str) -> String {
+        let (clause, n) = self.where_clause(placeholder);
+        format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT {placeholder}{}", run_cols!(), n + 1)
+    }
+}
+
 /// The end of one claimed run, for [`RunStore::finish_many`].
 #[derive(Debug, Clone)]
 pub(crate) struct RunEnd<'a> {
@@ -620,8 +648,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError>;
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
-    /// The latest run of every job.
-    async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError>;
+    /// The latest run of each of `jobs` that has one (one index lookup per job: a listing asks
+    /// for one page of jobs, never a scan of the whole history).
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError>;
     /// Runs waiting to start.
     async fn queue_depth(&self) -> Result<u64, StoreError>;
 

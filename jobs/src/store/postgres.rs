@@ -689,20 +689,17 @@ impl RunStore for PgStore {
     }
 
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
-        let limit = f.limit.unwrap_or(50).clamp(1, 1000) as i64;
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE ($1::text IS NULL OR job = $1) AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR id < $3)
-             ORDER BY id DESC LIMIT $4"
-        ))
-        .bind(&f.job)
-        .bind(f.status.map(RunStatus::as_str))
-        .bind(&f.before)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .ctx("listing runs")?;
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(f.sql("$")));
+        if let Some(job) = &f.job {
+            query = query.bind(job);
+        }
+        if let Some(status) = f.status {
+            query = query.bind(status.as_str());
+        }
+        if let Some(before) = &f.before {
+            query = query.bind(before);
+        }
+        let rows = query.bind(f.bounded_limit()).fetch_all(&self.pool).await.ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
     }
 
@@ -715,11 +712,17 @@ impl RunStore for PgStore {
         Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
     }
 
-    async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT DISTINCT ON (job) ", run_cols!(), " FROM ll_runs ORDER BY job, id DESC"))
-            .fetch_all(&self.pool)
-            .await
-            .ctx("reading last runs")?;
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError> {
+        // Each job's newest run straight from the `(job, id)` index.
+        let rows = sqlx::query(concat!(
+            "SELECT r.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL (SELECT ",
+            run_cols!(),
+            " FROM ll_runs WHERE job = j.name ORDER BY id DESC LIMIT 1) r"
+        ))
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await
+        .ctx("reading last runs")?;
         Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
     }
 

@@ -681,15 +681,18 @@ impl RunStore for SqliteStore {
 
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
-        let limit = f.limit.unwrap_or(50).clamp(1, 1000) as i64;
-        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE (?1 IS NULL OR job = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3) ORDER BY id DESC LIMIT ?4"))
-        .bind(&f.job)
-        .bind(f.status.map(RunStatus::as_str))
-        .bind(&f.before)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .ctx("listing runs")?;
+        let sql = f.sql("?");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(job) = &f.job {
+            query = query.bind(job);
+        }
+        if let Some(status) = f.status {
+            query = query.bind(status.as_str());
+        }
+        if let Some(before) = &f.before {
+            query = query.bind(before);
+        }
+        let rows = query.bind(f.bounded_limit()).fetch_all(&self.pool).await.ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
     }
 
@@ -702,12 +705,18 @@ impl RunStore for SqliteStore {
         Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
     }
 
-    /// The latest run of every job, for listings.
-    async fn last_runs(&self) -> Result<HashMap<String, Run>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE id IN (SELECT max(id) FROM ll_runs GROUP BY job)"))
-            .fetch_all(&self.pool)
-            .await
-            .ctx("reading last runs")?;
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError> {
+        let jobs_json = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        // Each job's newest id straight from the `(job, id)` index, then its row.
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM ll_runs WHERE id IN (SELECT (SELECT max(id) FROM ll_runs WHERE job = j.value) FROM json_each(?1) j)"
+        ))
+        .bind(&jobs_json)
+        .fetch_all(&self.pool)
+        .await
+        .ctx("reading last runs")?;
         Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
     }
 
