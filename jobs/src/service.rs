@@ -117,7 +117,7 @@ impl Engine {
         })
     }
 
-    fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<&Run>, now: DateTime<Utc>) -> JobSummary {
+    fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<RunBrief>, now: DateTime<Utc>) -> JobSummary {
         let paused = state.is_some_and(|s| s.paused);
         let disabled = self.shared.snapshot().unavailable.get(&job.name).cloned();
         let next_fire =
@@ -135,7 +135,7 @@ impl Engine {
             pause_reason: state.and_then(|s| s.pause_reason.clone()),
             paused_at: state.and_then(|s| s.paused_at),
             next_fire,
-            last_run: last.map(RunBrief::from),
+            last_run: last,
         }
     }
 
@@ -157,9 +157,9 @@ impl Engine {
         let more = jobs.next().is_some();
         let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
         let states = self.shared.store().job_states().await?;
-        let last = self.shared.store().last_runs(&names).await?;
+        let mut last = self.shared.store().last_runs(&names).await?;
         let now = self.shared.clock().now();
-        let jobs: Vec<JobSummary> = page.iter().map(|j| self.summary(j, states.get(&j.name), last.get(&j.name), now)).collect();
+        let jobs: Vec<JobSummary> = page.iter().map(|j| self.summary(j, states.get(&j.name), last.remove(&j.name), now)).collect();
         let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs, next_cursor })
     }
@@ -173,7 +173,7 @@ impl Engine {
         let counts = self.shared.store().counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
-        let summary = self.summary(&job, Some(&state), recent.first(), now);
+        let summary = self.summary(&job, Some(&state), recent.first().map(RunBrief::from), now);
         Ok(JobDetail {
             summary,
             next_fires,
@@ -224,7 +224,7 @@ impl Engine {
         let job = self.job_or_err(name)?;
         let state = self.shared.store().job_state(name).await?;
         let last = self.shared.store().list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
-        Ok(self.summary(&job, Some(&state), last.first(), self.shared.clock().now()))
+        Ok(self.summary(&job, Some(&state), last.first().map(RunBrief::from), self.shared.clock().now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.

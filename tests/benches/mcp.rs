@@ -126,7 +126,7 @@ fn main() {
 
 /// A worker's history after a while in service: `per_job` finished runs of every job (100 is
 /// the default retention), written day by day as the scheduler would have (every job once a
-/// day, run ids in time order), one in twenty failed. Written into the running worker's
+/// day, run ids in time order, the last tick recorded), one in twenty failed. Written into the running worker's
 /// database (it has applied its migrations once it listens; nothing is due during the bench).
 async fn seed_history(db: &Path, jobs: usize, per_job: usize) {
     use sqlx::Connection;
@@ -152,6 +152,15 @@ async fn seed_history(db: &Path, jobs: usize, per_job: usize) {
             .await
             .expect("insert a run");
         }
+    }
+    // The scheduler records each job's last tick.
+    for job in 0..jobs as i64 {
+        sqlx::query("INSERT INTO ll_job_state (job, last_tick) VALUES (?1, ?2)")
+            .bind(format!("job-{job:05}"))
+            .bind(start + (per_job as i64 - 1) * 86_400_000 + job * 60_000)
+            .execute(&mut *tx)
+            .await
+            .expect("insert a job's state");
     }
     tx.commit().await.expect("commit");
 }

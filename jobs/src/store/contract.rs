@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, Decide, Decided, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
+use super::{Claim, Decide, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::{JobSnapshot, TargetRef};
 
@@ -383,6 +383,12 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
     s.set_paused("j", true, None, t).await.expect("pause");
     let all = s.job_states().await.expect("states");
     assert_eq!((all["j"].paused, all["j"].last_tick), (true, Some(t + secs(60))), "a pause keeps the last tick");
+    // A reason survives the listing's read whatever it holds.
+    let reason = "disk \"full\" \\ ünïcode\n✓";
+    s.set_paused("k", true, Some(reason), t).await.expect("pause with a reason");
+    let all = s.job_states().await.expect("states");
+    assert_eq!(all["k"], JobState { paused: true, pause_reason: Some(reason.into()), paused_at: Some(t), last_tick: None });
+    assert_eq!(all["k"], s.job_state("k").await.expect("one state"), "the listing reads what the single read does");
     assert!(s.ping().await);
 }
 

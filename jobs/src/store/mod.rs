@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::Overlap;
 
 use crate::decide::{TickDecision, TickFacts, decide_tick};
+pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
@@ -650,7 +651,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
     /// The latest run of each of `jobs` that has one (one index lookup per job: a listing asks
     /// for one page of jobs, never a scan of the whole history).
-    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError>;
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError>;
     /// Runs waiting to start.
     async fn queue_depth(&self) -> Result<u64, StoreError>;
 

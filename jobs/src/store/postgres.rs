@@ -25,8 +25,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
+    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -712,18 +712,24 @@ impl RunStore for PgStore {
         Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
     }
 
-    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError> {
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
         // Each job's newest run straight from the `(job, id)` index.
-        let rows = sqlx::query(concat!(
-            "SELECT r.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL (SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE job = j.name ORDER BY id DESC LIMIT 1) r"
-        ))
+        let rows = sqlx::query(
+            "SELECT r.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL
+             (SELECT job, id, status, trigger, enqueued_at, finished_at FROM ll_runs WHERE job = j.name ORDER BY id DESC LIMIT 1) r",
+        )
         .bind(jobs)
         .fetch_all(&self.pool)
         .await
         .ctx("reading last runs")?;
-        Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
+        let brief = |r: &PgRow| RunBrief {
+            id: r.get("id"),
+            status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
+            trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
+            enqueued_at: from_ms(r.get::<i64, _>("enqueued_at")),
+            finished_at: r.get::<Option<i64>, _>("finished_at").map(from_ms),
+        };
+        Ok(rows.iter().map(|r| (r.get("job"), brief(r))).collect())
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {

@@ -14,8 +14,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError, TICK_KEYS_KEPT, Taken,
-    TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
+    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -104,6 +104,18 @@ async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus
     Ok(())
 }
 
+/// Many rows read as one: sqlx hands each SQLite row from its connection's thread to the
+/// async side on its own (a channel send and, often, a thread wake-up per row), which for the
+/// 1,000 rows of a listing cost more than the query. Listings that read a row per job ask
+/// SQLite for one row holding them all (`json_group_array` of `json_array`s), parsed here
+/// into tuples. `None` (no rows) is an empty list.
+fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context: &str) -> Result<Vec<T>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::new(context, sqlx::Error::Decode(Box::new(e)))),
+    }
+}
+
 fn json_ids(ids: &[String]) -> String {
     serde_json::to_string(ids).unwrap_or_else(|_| "[]".into())
 }
@@ -124,6 +136,10 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10))
             // The housekeeper checkpoints after each pass; this is the safety net (~40 MB).
             .pragma("wal_autocheckpoint", "10000")
+            // Reads map the file instead of copying each page through a read() into every
+            // connection's own cache, which a write elsewhere empties: a listing of 1,000 jobs
+            // touches ~1,000 scattered pages of the history.
+            .pragma("mmap_size", "268435456")
             .foreign_keys(true);
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await.ctx("opening the database")?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
@@ -157,11 +173,19 @@ impl RunStore for SqliteStore {
     }
 
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
-        let rows = sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state")
-            .fetch_all(&self.pool)
-            .await
-            .ctx("reading job state")?;
-        Ok(rows.iter().map(|r| (r.get("job"), job_state_from_row(r))).collect())
+        // One JSON row for every job's state (see `AggregateRow`).
+        let text: Option<String> =
+            sqlx::query_scalar("SELECT json_group_array(json_array(job, paused, pause_reason, paused_at, last_tick)) FROM ll_job_state")
+                .fetch_one(&self.pool)
+                .await
+                .ctx("reading job state")?;
+        let rows: Vec<(String, i64, Option<String>, Option<i64>, Option<i64>)> = parse_aggregate(text, "reading job state")?;
+        Ok(rows
+            .into_iter()
+            .map(|(job, paused, pause_reason, paused_at, last_tick)| {
+                (job, JobState { paused: paused != 0, pause_reason, paused_at: paused_at.map(from_ms), last_tick: last_tick.map(from_ms) })
+            })
+            .collect())
     }
 
     /// One job's state; the default (never paused, never ticked) when it has none yet.
@@ -705,19 +729,32 @@ impl RunStore for SqliteStore {
         Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
     }
 
-    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, Run>, StoreError> {
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
         let jobs_json = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        // Each job's newest id straight from the `(job, id)` index, then its row.
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            run_cols!(),
-            " FROM ll_runs WHERE id IN (SELECT (SELECT max(id) FROM ll_runs WHERE job = j.value) FROM json_each(?1) j)"
-        ))
+        // Each job's newest id straight from the `(job, id)` index, then its row; all of them
+        // in one JSON row (see `AggregateRow`).
+        let text: Option<String> = sqlx::query_scalar(
+            "SELECT json_group_array(json_array(r.job, r.id, r.status, r.trigger, r.enqueued_at, r.finished_at))
+             FROM json_each(?1) j JOIN ll_runs r ON r.id = (SELECT max(id) FROM ll_runs WHERE job = j.value)",
+        )
         .bind(&jobs_json)
-        .fetch_all(&self.pool)
+        .fetch_one(&self.pool)
         .await
         .ctx("reading last runs")?;
-        Ok(rows.iter().map(run_from_row).map(|r| (r.job.clone(), r)).collect())
+        let rows: Vec<(String, String, String, String, i64, Option<i64>)> = parse_aggregate(text, "reading last runs")?;
+        Ok(rows
+            .into_iter()
+            .map(|(job, id, status, trigger, enqueued_at, finished_at)| {
+                let brief = RunBrief {
+                    id,
+                    status: RunStatus::from_str(&status).unwrap_or(RunStatus::Failed),
+                    trigger: Trigger::from_str(&trigger).unwrap_or(Trigger::Api),
+                    enqueued_at: from_ms(enqueued_at),
+                    finished_at: finished_at.map(from_ms),
+                };
+                (job, brief)
+            })
+            .collect())
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {
