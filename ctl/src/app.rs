@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Write};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_contract::{JobList, Run, RunDetail, RunStatus, TriggerOutcome};
+use lamplighter_contract::{JobList, JobSummary, Run, RunDetail, RunStatus, TriggerOutcome};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -180,33 +180,43 @@ async fn list_tools(client: &Client, output: Output) -> Result<(), CtlError> {
 }
 
 /// `list_jobs` pages; `jobs list` shows every job, so it follows the cursor to the end and
-/// prints one `{"jobs": […]}`.
-async fn all_jobs(client: &Client, arguments: Map<String, Value>) -> Result<Value, CtlError> {
-    let mut jobs: Vec<Value> = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut page_args = arguments.clone();
-        page_args.insert("limit".to_owned(), Value::from(1000));
-        if let Some(c) = &cursor {
-            page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
-        }
-        let mut page = client.call("list_jobs", page_args).await?;
-        // Kept as sent, so that `-o json` shows fields this lampctl does not know.
-        let Some(Value::Array(list)) = page.get_mut("jobs").map(Value::take) else {
-            return Err(unreadable("list_jobs", "no `jobs` list"));
-        };
-        jobs.extend(list);
-        cursor = page.get("next_cursor").and_then(Value::as_str).map(str::to_owned);
-        if cursor.is_none() {
-            return Ok(serde_json::json!({ "jobs": jobs }));
+/// prints one table, or one `{"jobs": […]}` with each job as sent (fields this lampctl does
+/// not know included). Each page is read straight into what is shown: the contract's types
+/// for the table, JSON values for `-o json`.
+async fn list_all_jobs(client: &Client, output: Output, arguments: Map<String, Value>) -> Result<(), CtlError> {
+    #[derive(Deserialize)]
+    struct Page<T> {
+        jobs: Vec<T>,
+        next_cursor: Option<String>,
+    }
+    async fn pages<T: serde::de::DeserializeOwned>(client: &Client, arguments: Map<String, Value>) -> Result<Vec<T>, CtlError> {
+        let mut jobs = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut page_args = arguments.clone();
+            page_args.insert("limit".to_owned(), Value::from(1000));
+            if let Some(c) = &cursor {
+                page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
+            }
+            let raw = client.read_listing("list_jobs", page_args).await?;
+            let page: Page<T> = serde_json::from_str(raw.get()).map_err(|error| unreadable("list_jobs", error))?;
+            jobs.extend(page.jobs);
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                return Ok(jobs);
+            }
         }
     }
+    emit(&match output {
+        Output::Json => render::json(&serde_json::json!({ "jobs": pages::<Value>(client, arguments).await? })),
+        Output::Table => render::jobs(&pages::<JobSummary>(client, arguments).await?, Utc::now()),
+    })
 }
 
 async fn perform(client: &Client, output: Output, tool: &str, arguments: Map<String, Value>, view: &View) -> Result<(), CtlError> {
     let value = match view {
         View::WaitedRun { timeout } => start_and_follow(client, output, tool, arguments, *timeout).await?,
-        View::Jobs => all_jobs(client, arguments).await?,
+        View::Jobs => return list_all_jobs(client, output, arguments).await,
         _ => client.call(tool, arguments).await?,
     };
     emit(&match output {

@@ -17,6 +17,8 @@ use rmcp::service::{ClientInitializeError, RunningService, Subscription};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{StreamableHttpClientTransportConfig, StreamableHttpError};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::cli::DEFAULT_URL;
@@ -41,6 +43,9 @@ type HttpError = StreamableHttpError<reqwest::Error>;
 pub(crate) struct Client {
     service: RunningService<RoleClient, Handler>,
     target: Target,
+    /// The same HTTP client the transport uses, and the token, for [`Client::read_listing`].
+    http: reqwest::Client,
+    token: Option<String>,
 }
 
 impl Client {
@@ -53,14 +58,14 @@ impl Client {
         if let Some(token) = token {
             config = config.auth_header(token.to_owned());
         }
-        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
         let lifecycle = ClientLifecycleMode::Auto {
             preferred_versions: vec![ProtocolVersion::LATEST],
             legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
         };
         let handshake = Handler.serve_with_lifecycle(transport, lifecycle);
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-            Ok(Ok(service)) => Ok(Self { service, target }),
+            Ok(Ok(service)) => Ok(Self { service, target, http, token: token.map(str::to_owned) }),
             Ok(Err(error)) => Err(target.explain(init_problem(&error))),
             Err(_elapsed) => Err(target.explain(Problem::TimedOut)),
         }
@@ -75,6 +80,64 @@ impl Client {
             Ok(Err(error)) => Err(call_failure(&self.target, error)),
             Err(_elapsed) => Err(self.target.explain(Problem::TimedOut)),
         }
+    }
+
+    /// A read-only listing tool's structured content, as the JSON text the worker sent.
+    ///
+    /// A worker at 2026-07-28 takes every request on its own (no session), so this posts the
+    /// `tools/call` itself and lifts the structured content out of the answer unparsed: the
+    /// answer to `list_jobs` of 1,000 jobs is ~400 KB, and reading it through rmcp's
+    /// untagged result type (buffered, cloned, then a `Value`) cost lampctl more CPU than
+    /// the worker spent on it. Any other answer (an error, an event stream, an older
+    /// worker) goes through [`Client::call`] instead: `tool` only reads, so asking again
+    /// changes nothing.
+    pub(crate) async fn read_listing(&self, tool: &str, arguments: Map<String, Value>) -> Result<Box<RawValue>, CtlError> {
+        if self.service.peer_info().is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28) {
+            if let Ok(Some(raw)) = tokio::time::timeout(CALL_TIMEOUT, self.post_call(tool, &arguments)).await {
+                return Ok(raw);
+            }
+        }
+        let value = self.call(tool, arguments).await?;
+        serde_json::value::to_raw_value(&value).map_err(|error| CtlError::new(Failure::Local, format!("cannot hold the answer: {error}")))
+    }
+
+    /// One stateless `tools/call` (SEP-2575: the version, client and capabilities in `_meta`,
+    /// the method and tool name in headers too). `None` unless the answer is a successful
+    /// result with structured content in a plain JSON body.
+    async fn post_call(&self, tool: &str, arguments: &Map<String, Value>) -> Option<Box<RawValue>> {
+        let version = ProtocolVersion::V_2026_07_28.to_string();
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": tool,
+                "arguments": arguments,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": version,
+                    "io.modelcontextprotocol/clientInfo": Handler.get_info().client_info,
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                },
+            },
+        });
+        let mut request = self
+            .http
+            .post(&self.target.url)
+            .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", &version)
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", tool)
+            .json(&body);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.ok()?;
+        let json = response.headers().get(reqwest::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+        if !response.status().is_success() || !json {
+            return None;
+        }
+        let bytes = response.bytes().await.ok()?;
+        structured_content(&bytes)
     }
 
     /// All tools the worker offers.
@@ -178,6 +241,29 @@ fn is_loopback(url: &reqwest::Url) -> bool {
         Some(host) => host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
         None => false,
     }
+}
+
+/// The structured content of a successful `tools/call` answer, unparsed; `None` for an error,
+/// an `isError` result or a result without structured content.
+fn structured_content(body: &[u8]) -> Option<Box<RawValue>> {
+    #[derive(Deserialize)]
+    struct Answer<'a> {
+        #[serde(borrow)]
+        result: Option<Outcome<'a>>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Outcome<'a> {
+        #[serde(borrow)]
+        structured_content: Option<&'a RawValue>,
+        is_error: Option<bool>,
+    }
+    let answer: Answer<'_> = serde_json::from_slice(body).ok()?;
+    let outcome = answer.result?;
+    if outcome.is_error == Some(true) {
+        return None;
+    }
+    outcome.structured_content.map(RawValue::to_owned)
 }
 
 /// The worker's answer to a tool call: an `isError` result is the worker saying no.
@@ -409,6 +495,22 @@ mod tests {
         ClientInitializeError::TransportError {
             error: DynamicTransportError::from_parts("streamable-http", TypeId::of::<()>(), Box::new(error)),
             context: "send discover request".into(),
+        }
+    }
+
+    #[test]
+    fn a_listing_is_lifted_out_of_the_answer_as_sent_and_anything_else_is_left_to_rmcp() {
+        let answer = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"list_jobs: 1 jobs"}],"structuredContent":{"jobs":[{"name":"a","new_field":[1, 2]}],"next_cursor":null},"isError":false}}"#;
+        let raw = structured_content(answer).expect("a structured result");
+        assert_eq!(raw.get(), r#"{"jobs":[{"name":"a","new_field":[1, 2]}],"next_cursor":null}"#, "byte for byte");
+        for other in [
+            &br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"no such job"}],"isError":true}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"structuredContent":{"error":"x"},"isError":true}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{}"}]}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"bad arguments"}}"#,
+            br#"<html>not mcp</html>"#,
+        ] {
+            assert!(structured_content(other).is_none(), "{}", String::from_utf8_lossy(other));
         }
     }
 
