@@ -51,6 +51,32 @@ pub struct Schedule {
     spec: ScheduleSpec,
     kind: Kind,
     tz: Tz,
+    memo: NextMemo,
+}
+
+/// The last cron answer, `(t, next)`: the first fire after `t` is `next`, so it is also the
+/// first fire after any instant in `[t, next)`. A listing asks every job for its next fire on
+/// each call; between two fires the answer does not change, and walking a cron expression
+/// (with its zone and DST rules) is the listing's costliest part after the database. A clone
+/// starts empty.
+#[derive(Debug, Default)]
+struct NextMemo(std::sync::Mutex<Option<(DateTime<Utc>, DateTime<Utc>)>>);
+
+impl Clone for NextMemo {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl NextMemo {
+    fn get(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let memo = *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        memo.and_then(|(from, next)| (from <= t && t < next).then_some(next))
+    }
+
+    fn set(&self, t: DateTime<Utc>, next: DateTime<Utc>) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((t, next));
+    }
 }
 
 /// Two schedules are equal when they were written the same and fire in the same zone: the
@@ -109,7 +135,7 @@ impl Schedule {
             ScheduleSpec::Every(e) => (Kind::Every(every(e)?), Tz::UTC),
             ScheduleSpec::At(a) => (Kind::At(at(a)?), Tz::UTC),
         };
-        Ok(Self { spec, kind, tz })
+        Ok(Self { spec, kind, tz, memo: NextMemo::default() })
     }
 
     /// Every `spec` (a duration such as `90s`), aligned to the Unix epoch.
@@ -142,7 +168,16 @@ impl Schedule {
                 let next = (ms.div_euclid(p) + 1) * p;
                 DateTime::from_timestamp_millis(next)
             }
-            Kind::Cron { scheds, dst } => scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min(),
+            Kind::Cron { scheds, dst } => {
+                if let Some(next) = self.memo.get(t) {
+                    return Some(next);
+                }
+                let next = scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min();
+                if let Some(next) = next {
+                    self.memo.set(t, next);
+                }
+                next
+            }
         }
     }
 
@@ -355,6 +390,26 @@ mod tests {
 
     fn next(expr: &str, tz: &str, after: &str) -> String {
         Schedule::cron(expr, tz).unwrap().next_after(utc(after)).unwrap().to_rfc3339()
+    }
+
+    #[test]
+    fn a_remembered_next_fire_is_the_one_computed_afresh() {
+        // Instants in every order (forwards, backwards, on a fire, just before one, across
+        // Berlin's autumn hour): the remembered answer must be the fresh one (a clone starts
+        // with nothing remembered).
+        for (expr, tz) in [("30 2 * * *", "Europe/Berlin"), ("*/15 * * * *", "Europe/Berlin"), ("0 0 29 2 *", "UTC")] {
+            let s = Schedule::cron(expr, tz).unwrap();
+            let base = utc("2026-10-24T00:00:00Z");
+            let offsets_s: [i64; 12] = [0, 60, 59, 3600, 90_000, 86_399, 86_400, 1, 172_800, 100, 900, 899];
+            for (i, o) in offsets_s.iter().enumerate() {
+                let t = base + chrono::Duration::seconds(*o) + chrono::Duration::milliseconds(i as i64 * 7);
+                assert_eq!(s.next_after(t), s.clone().next_after(t), "{expr} in {tz} after {t}");
+                let on_fire = s.next_after(t).unwrap();
+                assert_eq!(s.next_after(on_fire), s.clone().next_after(on_fire), "{expr}: strictly after a fire");
+                let just_before = on_fire - chrono::Duration::milliseconds(1);
+                assert_eq!(s.next_after(just_before), Some(on_fire), "{expr}: just before a fire");
+            }
+        }
     }
 
     fn local(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {

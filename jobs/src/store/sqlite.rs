@@ -173,7 +173,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
-        // One JSON row for every job's state (see `AggregateRow`).
+        // One JSON row for every job's state (see `parse_aggregate`).
         let text: Option<String> =
             sqlx::query_scalar("SELECT json_group_array(json_array(job, paused, pause_reason, paused_at, last_tick)) FROM ll_job_state")
                 .fetch_one(&self.pool)
@@ -731,11 +731,12 @@ impl RunStore for SqliteStore {
 
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
         let jobs_json = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        // Each job's newest id straight from the `(job, id)` index, then its row; all of them
-        // in one JSON row (see `AggregateRow`).
+        // Each job's newest run's rowid straight from the `(job, id)` index (its entries hold
+        // the rowid), then its row: two seeks a job. All of them in one JSON row (see
+        // `parse_aggregate`).
         let text: Option<String> = sqlx::query_scalar(
             "SELECT json_group_array(json_array(r.job, r.id, r.status, r.trigger, r.enqueued_at, r.finished_at))
-             FROM json_each(?1) j JOIN ll_runs r ON r.id = (SELECT max(id) FROM ll_runs WHERE job = j.value)",
+             FROM json_each(?1) j JOIN ll_runs r ON r.rowid = (SELECT rowid FROM ll_runs WHERE job = j.value ORDER BY id DESC LIMIT 1)",
         )
         .bind(&jobs_json)
         .fetch_one(&self.pool)
