@@ -92,10 +92,10 @@ impl Client {
     /// worker) goes through [`Client::call`] instead: `tool` only reads, so asking again
     /// changes nothing.
     pub(crate) async fn read_listing(&self, tool: &str, arguments: Map<String, Value>) -> Result<Box<RawValue>, CtlError> {
-        if self.service.peer_info().is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28) {
-            if let Ok(Some(raw)) = tokio::time::timeout(CALL_TIMEOUT, self.post_call(tool, &arguments)).await {
-                return Ok(raw);
-            }
+        if self.service.peer_info().is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28)
+            && let Ok(Some(raw)) = tokio::time::timeout(CALL_TIMEOUT, self.post_call(tool, &arguments)).await
+        {
+            return Ok(raw);
         }
         let value = self.call(tool, arguments).await?;
         serde_json::value::to_raw_value(&value).map_err(|error| CtlError::new(Failure::Local, format!("cannot hold the answer: {error}")))
