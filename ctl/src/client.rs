@@ -88,24 +88,33 @@ impl Client {
     /// `tools/call` itself and lifts the structured content out of the answer unparsed: the
     /// answer to `list_jobs` of 1,000 jobs is ~400 KB, and reading it through rmcp's
     /// untagged result type (buffered, cloned, then a `Value`) cost lampctl more CPU than
-    /// the worker spent on it. Any other answer (an error, an event stream, an older
-    /// worker) goes through [`Client::call`] instead: `tool` only reads, so asking again
-    /// changes nothing.
+    /// the worker spent on it. Failures are told apart as [`Client::call`] tells them. An
+    /// answer this does not read (an event stream, another content type) and an older worker
+    /// go through [`Client::call`]: `tool` only reads, so asking again changes nothing.
     pub(crate) async fn read_listing(&self, tool: &str, arguments: Map<String, Value>) -> Result<Box<RawValue>, CtlError> {
-        if self.service.peer_info().is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28)
-            && let Ok(Some(raw)) = tokio::time::timeout(CALL_TIMEOUT, self.post_call(tool, &arguments)).await
+        if let Some(version) = self.service.peer_info().map(|info| info.protocol_version.clone())
+            && version >= ProtocolVersion::V_2026_07_28
         {
-            return Ok(raw);
+            match tokio::time::timeout(CALL_TIMEOUT, self.post_call(&version, tool, &arguments)).await {
+                Ok(Ok(Some(raw))) => return Ok(raw),
+                Ok(Ok(None)) => {}
+                Ok(Err(error)) => return Err(error),
+                Err(_elapsed) => return Err(self.target.explain(Problem::TimedOut)),
+            }
         }
         let value = self.call(tool, arguments).await?;
-        serde_json::value::to_raw_value(&value).map_err(|error| CtlError::new(Failure::Local, format!("cannot hold the answer: {error}")))
+        to_raw(&value)
     }
 
     /// One stateless `tools/call` (SEP-2575: the version, client and capabilities in `_meta`,
-    /// the method and tool name in headers too). `None` unless the answer is a successful
-    /// result with structured content in a plain JSON body.
-    async fn post_call(&self, tool: &str, arguments: &Map<String, Value>) -> Option<Box<RawValue>> {
-        let version = ProtocolVersion::V_2026_07_28.to_string();
+    /// the method and tool name in headers too, as rmcp's client sends them). `None` for an
+    /// answer that is not a plain JSON body.
+    async fn post_call(
+        &self,
+        version: &ProtocolVersion,
+        tool: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Option<Box<RawValue>>, CtlError> {
         let body = serde_json::json!({
             "jsonrpc": "2.0",
             "id": 1,
@@ -124,20 +133,30 @@ impl Client {
             .http
             .post(&self.target.url)
             .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", &version)
+            .header("MCP-Protocol-Version", version.to_string())
             .header("Mcp-Method", "tools/call")
             .header("Mcp-Name", tool)
             .json(&body);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        let response = request.send().await.ok()?;
-        let json = response.headers().get(reqwest::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
-        if !response.status().is_success() || !json {
-            return None;
+        let response = request.send().await.map_err(|error| self.target.explain(reqwest_problem(&error)))?;
+        let status = response.status().as_u16();
+        match status {
+            200 => {}
+            401 | 403 => return Err(self.target.explain(Problem::Unauthorized { status })),
+            404 => return Err(self.target.explain(Problem::NoEndpoint)),
+            // A JSON-RPC error the worker sends with a 4xx (bad headers, an unknown method):
+            // rmcp's path reads and words those.
+            400..=499 if status != 429 => return Ok(None),
+            _ => return Err(self.target.explain(Problem::Http { status })),
         }
-        let bytes = response.bytes().await.ok()?;
-        structured_content(&bytes)
+        let json = response.headers().get(reqwest::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+        if !json {
+            return Ok(None);
+        }
+        let bytes = response.bytes().await.map_err(|error| self.target.explain(reqwest_problem(&error)))?;
+        read_answer(&self.target, &bytes).map(Some)
     }
 
     /// All tools the worker offers.
@@ -243,14 +262,35 @@ fn is_loopback(url: &reqwest::Url) -> bool {
     }
 }
 
-/// The structured content of a successful `tools/call` answer, unparsed; `None` for an error,
-/// an `isError` result or a result without structured content.
-fn structured_content(body: &[u8]) -> Option<Box<RawValue>> {
+/// A plain JSON answer to `tools/call`: its structured content unparsed, or the failure it
+/// reports, as [`Client::call`] would report it.
+fn read_answer(target: &Target, body: &[u8]) -> Result<Box<RawValue>, CtlError> {
     #[derive(Deserialize)]
     struct Answer<'a> {
         #[serde(borrow)]
-        result: Option<Outcome<'a>>,
+        result: Option<&'a RawValue>,
+        error: Option<rmcp::ErrorData>,
     }
+    let answer: Answer<'_> =
+        serde_json::from_slice(body).map_err(|error| target.explain(Problem::NotMcp(format!("the answer is not JSON-RPC: {error}"))))?;
+    match (answer.result, answer.error) {
+        (_, Some(error)) => Err(call_failure(target, ServiceError::McpError(error))),
+        (Some(result), None) => match structured_content(result) {
+            Some(raw) => Ok(raw),
+            // An `isError` result, or one with text only: read whole, as `call` reads it.
+            None => {
+                let result: CallToolResult = serde_json::from_str(result.get())
+                    .map_err(|error| target.explain(Problem::NotMcp(format!("not a tool result: {error}"))))?;
+                to_raw(&tool_value(result)?)
+            }
+        },
+        (None, None) => Err(target.explain(Problem::NotMcp("an answer with neither a result nor an error".to_owned()))),
+    }
+}
+
+/// The structured content of a successful tool result, unparsed; `None` for an `isError`
+/// result or one without structured content.
+fn structured_content(result: &RawValue) -> Option<Box<RawValue>> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Outcome<'a> {
@@ -258,12 +298,15 @@ fn structured_content(body: &[u8]) -> Option<Box<RawValue>> {
         structured_content: Option<&'a RawValue>,
         is_error: Option<bool>,
     }
-    let answer: Answer<'_> = serde_json::from_slice(body).ok()?;
-    let outcome = answer.result?;
+    let outcome: Outcome<'_> = serde_json::from_str(result.get()).ok()?;
     if outcome.is_error == Some(true) {
         return None;
     }
     outcome.structured_content.map(RawValue::to_owned)
+}
+
+fn to_raw(value: &Value) -> Result<Box<RawValue>, CtlError> {
+    serde_json::value::to_raw_value(value).map_err(|error| CtlError::new(Failure::Local, format!("cannot hold the answer: {error}")))
 }
 
 /// The worker's answer to a tool call: an `isError` result is the worker saying no.
@@ -499,18 +542,30 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_is_lifted_out_of_the_answer_as_sent_and_anything_else_is_left_to_rmcp() {
+    fn a_listing_is_lifted_out_of_the_answer_as_sent_and_failures_read_as_call_reads_them() {
         let answer = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"list_jobs: 1 jobs"}],"structuredContent":{"jobs":[{"name":"a","new_field":[1, 2]}],"next_cursor":null},"isError":false}}"#;
-        let raw = structured_content(answer).expect("a structured result");
+        let raw = read_answer(&target(false), answer).expect("a structured result");
         assert_eq!(raw.get(), r#"{"jobs":[{"name":"a","new_field":[1, 2]}],"next_cursor":null}"#, "byte for byte");
-        for other in [
-            &br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"no such job"}],"isError":true}}"#[..],
-            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"structuredContent":{"error":"x"},"isError":true}}"#,
-            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{}"}]}}"#,
-            br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"bad arguments"}}"#,
-            br#"<html>not mcp</html>"#,
-        ] {
-            assert!(structured_content(other).is_none(), "{}", String::from_utf8_lossy(other));
+        let text_only = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{\"jobs\":[]}"}]}}"#;
+        assert_eq!(read_answer(&target(false), text_only).expect("text parsed as JSON").get(), r#"{"jobs":[]}"#);
+        let refusals: [(&[u8], Failure, &str); 4] = [
+            (
+                br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"no such job"}],"isError":true}}"#,
+                Failure::WorkerSaidNo,
+                "no such job",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"bad arguments"}}"#,
+                Failure::WorkerSaidNo,
+                "bad arguments; list the tools",
+            ),
+            (br#"<html>not mcp</html>"#, Failure::Unreachable, "did not answer like a lamplighter worker"),
+            (br#"{"jsonrpc":"2.0","id":1}"#, Failure::Unreachable, "neither a result nor an error"),
+        ];
+        for (body, failure, words) in refusals {
+            let error = read_answer(&target(false), body).expect_err("a failure");
+            assert_eq!(error.exit_code(), failure.exit_code(), "{}", String::from_utf8_lossy(body));
+            assert!(error.to_string().contains(words), "{error}");
         }
     }
 

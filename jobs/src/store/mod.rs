@@ -32,6 +32,26 @@ macro_rules! run_cols {
     };
 }
 
+/// `list_runs`' query for one backend's placeholder (`?` or `$`), its filters bound in the
+/// order [`RunFilter::sql`] numbers them, then the limit.
+macro_rules! list_runs_query {
+    ($f:expr, $placeholder:literal) => {{
+        let f: &RunFilter = $f;
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(f.sql($placeholder)));
+        if let Some(job) = &f.job {
+            query = query.bind(job);
+        }
+        if let Some(status) = f.status {
+            query = query.bind(status.as_str());
+        }
+        if let Some(before) = &f.before {
+            query = query.bind(before);
+        }
+        query.bind(f.bounded_limit())
+    }};
+}
+pub(crate) use list_runs_query;
+
 /// The row readers, for one backend's row type. Both backends store the same columns with
 /// types that decode alike (instants and counts as 64-bit integers, flags as booleans, JSON as
 /// text), so the mapping from rows to domain types is written once.

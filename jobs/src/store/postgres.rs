@@ -689,17 +689,7 @@ impl RunStore for PgStore {
     }
 
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(f.sql("$")));
-        if let Some(job) = &f.job {
-            query = query.bind(job);
-        }
-        if let Some(status) = f.status {
-            query = query.bind(status.as_str());
-        }
-        if let Some(before) = &f.before {
-            query = query.bind(before);
-        }
-        let rows = query.bind(f.bounded_limit()).fetch_all(&self.pool).await.ctx("listing runs")?;
+        let rows = super::list_runs_query!(f, "$").fetch_all(&self.pool).await.ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
     }
 

@@ -705,18 +705,7 @@ impl RunStore for SqliteStore {
 
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
-        let sql = f.sql("?");
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        if let Some(job) = &f.job {
-            query = query.bind(job);
-        }
-        if let Some(status) = f.status {
-            query = query.bind(status.as_str());
-        }
-        if let Some(before) = &f.before {
-            query = query.bind(before);
-        }
-        let rows = query.bind(f.bounded_limit()).fetch_all(&self.pool).await.ctx("listing runs")?;
+        let rows = super::list_runs_query!(f, "?").fetch_all(&self.pool).await.ctx("listing runs")?;
         Ok(rows.iter().map(run_from_row).collect())
     }
 
