@@ -156,8 +156,8 @@ impl Engine {
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
         let more = jobs.next().is_some();
         let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
-        let states = self.shared.store().job_states().await?;
-        let mut last = self.shared.store().last_runs(&names).await?;
+        let store = self.shared.store();
+        let (states, mut last) = tokio::try_join!(store.job_states(), store.last_runs(&names))?;
         let now = self.shared.clock().now();
         let jobs: Vec<JobSummary> = page.iter().map(|j| self.summary(j, states.get(&j.name), last.remove(&j.name), now)).collect();
         let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
@@ -167,10 +167,12 @@ impl Engine {
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
         let job = self.job_or_err(name)?;
-        let state = self.shared.store().job_state(name).await?;
-        let recent =
-            self.shared.store().list_runs(&RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() }).await?;
-        let counts = self.shared.store().counts(name).await?.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
+        let store = self.shared.store();
+        // Three independent reads, each on its own pooled connection: the call waits for the
+        // slowest, not for their sum.
+        let recent_filter = RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() };
+        let (state, recent, counts) = tokio::try_join!(store.job_state(name), store.list_runs(&recent_filter), store.counts(name))?;
+        let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
         let summary = self.summary(&job, Some(&state), recent.first().map(RunBrief::from), now);
