@@ -14,7 +14,7 @@ pub use lamplighter_contract::{
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
-use crate::store::{Decide, Decided, NewRun, RunFilter, StoreError};
+use crate::store::{Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
 
 /// Errors callers branch on. Messages say what to do.
@@ -167,20 +167,16 @@ impl Engine {
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
         let job = self.job_or_err(name)?;
-        let store = self.shared.store();
-        // Three independent reads, each on its own pooled connection: the call waits for the
-        // slowest, not for their sum.
-        let recent_filter = RunFilter { job: Some(name.to_string()), limit: Some(10), ..Default::default() };
-        let (state, recent, counts) = tokio::try_join!(store.job_state(name), store.list_runs(&recent_filter), store.counts(name))?;
+        let JobOverview { state, recent, counts } = self.shared.store().job_overview(name, 10).await?;
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
         let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
-        let summary = self.summary(&job, Some(&state), recent.first().map(RunBrief::from), now);
+        let summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
         Ok(JobDetail {
             summary,
             next_fires,
             counts,
-            recent_runs: recent.iter().map(RunBrief::from).collect(),
+            recent_runs: recent,
             catch_up: format!("{:?}", job.catch_up).to_lowercase(),
             overlap: format!("{:?}", job.overlap).to_lowercase(),
             timeout_seconds: job.timeout.map(|t| t.as_secs()),

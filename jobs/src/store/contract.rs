@@ -364,8 +364,17 @@ async fn listings_page_newest_first_and_count(s: &dyn RunStore) {
     assert_eq!(ids_of(older_even.expect("by job, paged")), vec![ids[2].clone(), ids[0].clone()]);
     let all = RunFilter { job: Some("even".into()), status: Some(RunStatus::Queued), before: Some(ids[4].clone()), limit: Some(1) };
     assert_eq!(ids_of(s.list_runs(&all).await.expect("every filter")), vec![ids[2].clone()]);
-    let counts = s.counts("even").await.expect("counts");
-    assert_eq!((counts.get(&RunStatus::Queued), counts.get(&RunStatus::Cancelled)), (Some(&2), Some(&1)));
+    let even = s.job_overview("even", 2).await.expect("overview");
+    assert_eq!((even.counts.get(&RunStatus::Queued), even.counts.get(&RunStatus::Cancelled)), (Some(&2), Some(&1)));
+    assert_eq!(
+        even.recent.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        vec![ids[4].as_str(), ids[2].as_str()],
+        "newest first, as many as asked"
+    );
+    assert_eq!((even.recent[0].status, even.recent[0].trigger), (RunStatus::Queued, Trigger::Manual));
+    assert_eq!(even.state, JobState::default(), "never paused, never ticked");
+    let none = s.job_overview("never-ran", 10).await.expect("overview of a job without runs");
+    assert!(none.recent.is_empty() && none.counts.is_empty() && none.state == JobState::default(), "{none:?}");
     let last = s.last_runs(&["even", "odd", "never-ran"]).await.expect("last");
     assert_eq!((last["even"].id.as_str(), last["odd"].id.as_str()), (ids[4].as_str(), ids[3].as_str()));
     assert!(!last.contains_key("never-ran"), "a job without runs has no last run");
@@ -389,6 +398,7 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
     let all = s.job_states().await.expect("states");
     assert_eq!(all["k"], JobState { paused: true, pause_reason: Some(reason.into()), paused_at: Some(t), last_tick: None });
     assert_eq!(all["k"], s.job_state("k").await.expect("one state"), "the listing reads what the single read does");
+    assert_eq!(s.job_overview("k", 1).await.expect("overview").state, all["k"], "and so does a job's overview");
     assert!(s.ping().await);
 }
 

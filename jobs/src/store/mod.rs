@@ -253,6 +253,15 @@ pub(crate) struct JobState {
     pub(crate) last_tick: Option<DateTime<Utc>>,
 }
 
+/// What a job's detail shows from the database: [`RunStore::job_overview`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobOverview {
+    pub(crate) state: JobState,
+    /// Newest first.
+    pub(crate) recent: Vec<RunBrief>,
+    pub(crate) counts: HashMap<RunStatus, u64>,
+}
+
 /// A run to insert.
 #[derive(Debug, Clone)]
 pub(crate) struct NewRun {
@@ -668,7 +677,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError>;
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError>;
-    async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError>;
+    /// One job's state, its `recent` newest runs and its run counts by status, read together
+    /// (a job's detail page).
+    async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError>;
     /// The latest run of each of `jobs` that has one (one index lookup per job: a listing asks
     /// for one page of jobs, never a scan of the whole history).
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError>;

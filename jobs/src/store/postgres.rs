@@ -25,7 +25,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
     TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
@@ -693,13 +693,22 @@ impl RunStore for PgStore {
         Ok(rows.iter().map(run_from_row).collect())
     }
 
-    async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {
-        let rows = sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = $1 GROUP BY status")
-            .bind(job)
-            .fetch_all(&self.pool)
-            .await
-            .ctx("counting runs")?;
-        Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
+    async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError> {
+        let filter = RunFilter { job: Some(job.to_owned()), limit: Some(recent), ..Default::default() };
+        let counts = async {
+            let rows = sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = $1 GROUP BY status")
+                .bind(job)
+                .fetch_all(&self.pool)
+                .await
+                .ctx("counting runs")?;
+            Ok::<_, StoreError>(
+                rows.iter()
+                    .filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64)))
+                    .collect(),
+            )
+        };
+        let (state, recent, counts) = tokio::try_join!(self.job_state(job), self.list_runs(&filter), counts)?;
+        Ok(JobOverview { state, recent: recent.iter().map(RunBrief::from).collect(), counts })
     }
 
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {

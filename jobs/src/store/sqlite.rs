@@ -14,7 +14,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
+    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
     TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
@@ -102,6 +102,19 @@ async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus
     .await
     .ctx("closing the steps of ended runs")?;
     Ok(())
+}
+
+/// A run's brief as the aggregate reads write it: id, status, trigger, enqueued, finished.
+type BriefRow = (String, String, String, i64, Option<i64>);
+
+fn brief((id, status, trigger, enqueued_at, finished_at): BriefRow) -> RunBrief {
+    RunBrief {
+        id,
+        status: RunStatus::from_str(&status).unwrap_or(RunStatus::Failed),
+        trigger: Trigger::from_str(&trigger).unwrap_or(Trigger::Api),
+        enqueued_at: from_ms(enqueued_at),
+        finished_at: finished_at.map(from_ms),
+    }
 }
 
 /// Many rows read as one: sqlx hands each SQLite row from its connection's thread to the
@@ -709,13 +722,34 @@ impl RunStore for SqliteStore {
         Ok(rows.iter().map(run_from_row).collect())
     }
 
-    async fn counts(&self, job: &str) -> Result<HashMap<RunStatus, u64>, StoreError> {
-        let rows = sqlx::query("SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status")
-            .bind(job)
-            .fetch_all(&self.pool)
-            .await
-            .ctx("counting runs")?;
-        Ok(rows.iter().filter_map(|r| Some((RunStatus::from_str(r.get::<&str, _>("status")).ok()?, r.get::<i64, _>("n") as u64))).collect())
+    async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError> {
+        // One statement, one JSON row (see `parse_aggregate`): three reads would each cross
+        // sqlx's connection thread and back, which is most of a `get_job`.
+        let text: String = sqlx::query_scalar(
+            "SELECT json_array(
+                json((SELECT json_array(paused, pause_reason, paused_at, last_tick) FROM ll_job_state WHERE job = ?1)),
+                json((SELECT json_group_array(json_array(id, status, trigger, enqueued_at, finished_at) ORDER BY id DESC)
+                      FROM (SELECT id, status, trigger, enqueued_at, finished_at FROM ll_runs WHERE job = ?1 ORDER BY id DESC LIMIT ?2))),
+                json((SELECT json_group_array(json_array(status, n)) FROM (SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status))))",
+        )
+        .bind(job)
+        .bind(i64::from(recent))
+        .fetch_one(&self.pool)
+        .await
+        .ctx("reading a job's overview")?;
+        type State = (i64, Option<String>, Option<i64>, Option<i64>);
+        let (state, recent, counts): (Option<State>, Vec<BriefRow>, Vec<(String, u64)>) =
+            serde_json::from_str(&text).map_err(|e| StoreError::new("reading a job's overview", sqlx::Error::Decode(Box::new(e))))?;
+        Ok(JobOverview {
+            state: state.map_or_else(JobState::default, |(paused, pause_reason, paused_at, last_tick)| JobState {
+                paused: paused != 0,
+                pause_reason,
+                paused_at: paused_at.map(from_ms),
+                last_tick: last_tick.map(from_ms),
+            }),
+            recent: recent.into_iter().map(brief).collect(),
+            counts: counts.into_iter().filter_map(|(status, n)| Some((RunStatus::from_str(&status).ok()?, n))).collect(),
+        })
     }
 
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
@@ -724,27 +758,15 @@ impl RunStore for SqliteStore {
         // the rowid), then its row: two seeks a job. All of them in one JSON row (see
         // `parse_aggregate`).
         let text: Option<String> = sqlx::query_scalar(
-            "SELECT json_group_array(json_array(r.job, r.id, r.status, r.trigger, r.enqueued_at, r.finished_at))
+            "SELECT json_group_array(json_array(r.job, json_array(r.id, r.status, r.trigger, r.enqueued_at, r.finished_at)))
              FROM json_each(?1) j JOIN ll_runs r ON r.rowid = (SELECT rowid FROM ll_runs WHERE job = j.value ORDER BY id DESC LIMIT 1)",
         )
         .bind(&jobs_json)
         .fetch_one(&self.pool)
         .await
         .ctx("reading last runs")?;
-        let rows: Vec<(String, String, String, String, i64, Option<i64>)> = parse_aggregate(text, "reading last runs")?;
-        Ok(rows
-            .into_iter()
-            .map(|(job, id, status, trigger, enqueued_at, finished_at)| {
-                let brief = RunBrief {
-                    id,
-                    status: RunStatus::from_str(&status).unwrap_or(RunStatus::Failed),
-                    trigger: Trigger::from_str(&trigger).unwrap_or(Trigger::Api),
-                    enqueued_at: from_ms(enqueued_at),
-                    finished_at: finished_at.map(from_ms),
-                };
-                (job, brief)
-            })
-            .collect())
+        let rows: Vec<(String, BriefRow)> = parse_aggregate(text, "reading last runs")?;
+        Ok(rows.into_iter().map(|(job, row)| (job, brief(row))).collect())
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {
