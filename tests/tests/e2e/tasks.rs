@@ -2,13 +2,14 @@
 //! `run_workflow … wait` becomes a task that is `input_required` while the approval waits, is
 //! answered through `tasks/update` (approve, and in another run reject), and ends as the run
 //! ends; `tasks/cancel` cancels a running run; a client without the extension keeps the
-//! plain waiting call. The client follows a task the way the protocol has it, with `tasks/get`.
+//! plain waiting call. The client reads a task the way the protocol has it, with `tasks/get`,
+//! woken by the worker's notifications that a job's runs changed.
 
 use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig, GetTaskParams, Implementation,
-    InputRequest, ProtocolVersion, TaskPayload, TaskStatus, UpdateTaskParams,
+    InputRequest, ProtocolVersion, SubscriptionFilter, TaskPayload, TaskStatus, UpdateTaskParams,
 };
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -63,8 +64,14 @@ async fn task_of(client: &Client, tool: &str, args: Value) -> String {
     }
 }
 
-/// Polls `tasks/get` (at 50 ms, well under the interval the worker suggests) until `status`.
+/// Reads the task with `tasks/get` until it is `status`, again each time the worker says a
+/// job's runs changed (`lamplighter://jobs` over `subscriptions/listen`; rmcp 3.9 sends no task
+/// notifications there). The task and that resource follow the same run change in no fixed
+/// order, so a notification that came just before the task moved is backed by one more read
+/// after 250 ms without news.
 async fn until(client: &Client, id: &str, status: TaskStatus) -> TaskPayload {
+    let filter = SubscriptionFilter::builder().resource_subscription("lamplighter://jobs").build();
+    let mut changes = client.peer().listen(filter).await.expect("subscriptions/listen");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let got = client.get_task(GetTaskParams::new(id)).await.expect("tasks/get").task;
@@ -72,7 +79,7 @@ async fn until(client: &Client, id: &str, status: TaskStatus) -> TaskPayload {
             return got.payload;
         }
         assert!(tokio::time::Instant::now() < deadline, "task {id} is {:?}, not {status:?}: {got:?}", got.status());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = tokio::time::timeout(Duration::from_millis(250), changes.next()).await;
     }
 }
 
