@@ -253,6 +253,21 @@ pub(crate) struct JobState {
     pub(crate) last_tick: Option<DateTime<Utc>>,
 }
 
+/// A run's brief as both backends read it: id, status, trigger, enqueued, finished.
+pub(crate) type BriefRow = (String, String, String, i64, Option<i64>);
+
+/// A brief from its columns (an unknown status or trigger reads as `run_from_row` reads it).
+pub(crate) fn brief((id, status, trigger, enqueued_at, finished_at): BriefRow) -> RunBrief {
+    use std::str::FromStr;
+    RunBrief {
+        id,
+        status: RunStatus::from_str(&status).unwrap_or(RunStatus::Failed),
+        trigger: Trigger::from_str(&trigger).unwrap_or(Trigger::Api),
+        enqueued_at: from_ms(enqueued_at),
+        finished_at: finished_at.map(from_ms),
+    }
+}
+
 /// What a job's detail shows from the database: [`RunStore::job_overview`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct JobOverview {

@@ -26,7 +26,7 @@ use lamplighter_config::Overlap;
 
 use super::{
     Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
-    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
+    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -721,14 +721,8 @@ impl RunStore for PgStore {
         .fetch_all(&self.pool)
         .await
         .ctx("reading last runs")?;
-        let brief = |r: &PgRow| RunBrief {
-            id: r.get("id"),
-            status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
-            trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
-            enqueued_at: from_ms(r.get::<i64, _>("enqueued_at")),
-            finished_at: r.get::<Option<i64>, _>("finished_at").map(from_ms),
-        };
-        Ok(rows.iter().map(|r| (r.get("job"), brief(r))).collect())
+        let row = |r: &PgRow| brief((r.get("id"), r.get("status"), r.get("trigger"), r.get("enqueued_at"), r.get("finished_at")));
+        Ok(rows.iter().map(|r| (r.get("job"), row(r))).collect())
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {

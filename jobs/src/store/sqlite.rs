@@ -14,8 +14,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
-    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks,
+    BriefRow, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore,
+    StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -102,19 +102,6 @@ async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus
     .await
     .ctx("closing the steps of ended runs")?;
     Ok(())
-}
-
-/// A run's brief as the aggregate reads write it: id, status, trigger, enqueued, finished.
-type BriefRow = (String, String, String, i64, Option<i64>);
-
-fn brief((id, status, trigger, enqueued_at, finished_at): BriefRow) -> RunBrief {
-    RunBrief {
-        id,
-        status: RunStatus::from_str(&status).unwrap_or(RunStatus::Failed),
-        trigger: Trigger::from_str(&trigger).unwrap_or(Trigger::Api),
-        enqueued_at: from_ms(enqueued_at),
-        finished_at: finished_at.map(from_ms),
-    }
 }
 
 /// Many rows read as one: sqlx hands each SQLite row from its connection's thread to the
