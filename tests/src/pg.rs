@@ -74,6 +74,27 @@ impl Cluster {
         self.start_server();
     }
 
+    /// Freezes the server and every backend (SIGSTOP): connections stay open and queries
+    /// hang, as on a database host that stopped answering. [`Cluster::thaw`] resumes them.
+    pub fn freeze(&self) {
+        self.signal_all("STOP");
+    }
+
+    /// Resumes a frozen server.
+    pub fn thaw(&self) {
+        self.signal_all("CONT");
+    }
+
+    /// Sends `sig` to the postmaster (first line of `postmaster.pid`) and its children.
+    fn signal_all(&self, sig: &str) {
+        let pidfile = std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
+        let postmaster = pidfile.lines().next().unwrap_or_default().trim().to_owned();
+        let children = run(Command::new("ps").args(["-o", "pid=", "--ppid", &postmaster]), "list the server's processes");
+        let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_owned).collect();
+        pids.push(postmaster);
+        run(Command::new("kill").arg(format!("-{sig}")).args(&pids), &format!("kill -{sig} the server"));
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -106,6 +127,12 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A test that failed while the server was frozen: a stopped server ignores the stop.
+        if let Ok(pidfile) = std::fs::read_to_string(self.data().join("postmaster.pid")) {
+            let postmaster = pidfile.lines().next().unwrap_or_default().trim().to_owned();
+            let _ = Command::new("pkill").args(["-CONT", "-P", &postmaster]).output();
+            let _ = Command::new("kill").args(["-CONT", &postmaster]).output();
+        }
         let data = self.data().display().to_string();
         let exe = self.bin.join("pg_ctl");
         let mut cmd = match self.as_user {

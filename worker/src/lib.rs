@@ -9,6 +9,7 @@ mod prompts;
 mod resources;
 mod run;
 mod security;
+mod systemd;
 mod tasks;
 mod telemetry;
 

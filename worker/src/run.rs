@@ -21,6 +21,7 @@ use lamplighter_plugins::Registry;
 use crate::LogFormat;
 use crate::commands::{Purpose, load_checked, print_diags, reload_checked};
 use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
+use crate::systemd::{self, Notifier};
 use crate::telemetry::{PullReader, Telemetry};
 
 pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
@@ -119,7 +120,9 @@ async fn serve(
     engine.first_pass().await;
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
     let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config, &registry)));
+    let notifier = Notifier::from_env().map(Arc::new);
     let mut reloader = Reloader {
+        notifier: notifier.clone(),
         path,
         engine: engine.clone(),
         registry: registry.clone(),
@@ -131,6 +134,7 @@ async fn serve(
     };
     // The engine holds its own copy of the jobs; the loaded tree (merged YAML, source map) is
     // only needed to load, and a large config must not stay resident twice.
+    let job_count = config.jobs.len();
     drop(config);
 
     // Cancelled once running work has drained: HTTP and MCP stop serving.
@@ -140,6 +144,14 @@ async fn serve(
     let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)), metrics);
     let stop = http_stop.clone();
     let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
+    // Pings end when the drain starts: systemd stops expecting them at STOPPING=1.
+    let watchdog_stop = CancellationToken::new();
+    if let Some(n) = &notifier {
+        n.ready(&format!("serving {} jobs on {local}", job_count));
+        if let Some(every) = systemd::watchdog_interval() {
+            tokio::spawn(systemd::watchdog(n.clone(), engine.clone(), every, watchdog_stop.clone()));
+        }
+    }
     // Cancelled when the stdio MCP session ends (the client closed stdin).
     let stdio_done = CancellationToken::new();
     let mut stdio_live = stdio;
@@ -188,6 +200,10 @@ async fn serve(
     drop(reloads);
     let grace = reloader.grace;
     tracing::info!(grace_s = grace.as_secs(), running = engine.running_count(), "shutting down: draining running work");
+    watchdog_stop.cancel();
+    if let Some(n) = &notifier {
+        n.stopping(&format!("draining {} running runs for up to {} s", engine.running_count(), grace.as_secs()));
+    }
     // A second SIGINT or SIGTERM while draining exits at once.
     let drain = engine.shutdown(grace);
     tokio::select! {
@@ -209,6 +225,8 @@ async fn serve(
 /// [`Reloader::reload`]. A config that does not load is rejected whole; the running one stays.
 struct Reloader {
     path: Option<PathBuf>,
+    /// systemd hears of every reload (`RELOADING=1` … `READY=1`).
+    notifier: Option<Arc<Notifier>>,
     engine: Engine,
     /// The plugins loaded at start; a reload checks jobs against them.
     registry: Arc<Registry>,
@@ -225,6 +243,20 @@ struct Reloader {
 impl Reloader {
     /// Reloads the config: the summary, or every diagnostic (`file:line:col: error: …`).
     fn reload(&mut self) -> Result<ReloadSummary, Vec<String>> {
+        if let Some(n) = &self.notifier {
+            n.reloading();
+        }
+        let result = self.reload_config();
+        if let Some(n) = &self.notifier {
+            n.ready(&match &result {
+                Ok(s) => format!("reloaded: serving {} jobs", s.jobs),
+                Err(e) => format!("reload rejected ({} diagnostics); the running config stays", e.len()),
+            });
+        }
+        result
+    }
+
+    fn reload_config(&mut self) -> Result<ReloadSummary, Vec<String>> {
         match reload_checked(self.path.clone(), &self.registry) {
             Ok(loaded) => {
                 for w in &loaded.warnings {

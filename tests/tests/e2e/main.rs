@@ -15,6 +15,7 @@ mod mcp;
 mod postgres;
 mod real_llm;
 mod resources;
+mod systemd;
 mod tasks;
 mod telemetry;
 mod workflows;
