@@ -24,7 +24,10 @@ pub(crate) fn run(cli: Cli) -> Result<(), CtlError> {
     let Cli { url, token, output, command } = cli;
     // An empty $LAMPLIGHTER_TOKEN means no token, not an empty one.
     let token = token.filter(|token| !token.trim().is_empty());
-    let action = plan(command);
+    let action = match plan(command) {
+        Action::Local(local) => return local.run(),
+        action => action,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -34,9 +37,40 @@ pub(crate) fn run(cli: Cli) -> Result<(), CtlError> {
 
 /// One request to the worker.
 enum Action {
-    Call { tool: String, arguments: Map<String, Value>, view: View },
+    Call {
+        tool: String,
+        arguments: Map<String, Value>,
+        view: View,
+    },
     ListTools,
-    Follow { id: String },
+    Follow {
+        id: String,
+    },
+    /// Answered without the worker.
+    Local(Local),
+}
+
+/// What lampctl knows by itself: its own completions and manual.
+enum Local {
+    Completions(clap_complete::Shell),
+    Man(Option<std::path::PathBuf>),
+}
+
+impl Local {
+    fn run(self) -> Result<(), CtlError> {
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let failed = |error: std::io::Error| CtlError::new(Failure::Local, format!("cannot write: {error}"));
+        // Into a buffer first: clap_complete panics on a failed write (a closed pipe).
+        let mut text = Vec::new();
+        match self {
+            Local::Completions(shell) => clap_complete::generate(shell, &mut cmd.clone(), "lampctl", &mut text),
+            Local::Man(None) => clap_mangen::Man::new(cmd).render(&mut text).map_err(failed)?,
+            Local::Man(Some(dir)) => {
+                return std::fs::create_dir_all(&dir).and_then(|()| clap_mangen::generate_to(cmd, &dir)).map_err(failed);
+            }
+        }
+        emit(&String::from_utf8_lossy(&text))
+    }
 }
 
 /// How an answer is shown in table mode, with what the command line knew.
@@ -127,6 +161,8 @@ fn plan(command: Command) -> Action {
             ToolsCommand::List => Action::ListTools,
             ToolsCommand::Call { name, json } => Action::Call { tool: name, arguments: json.unwrap_or_default(), view: View::Raw },
         },
+        Command::Completions { shell } => Action::Local(Local::Completions(shell)),
+        Command::Man { dir } => Action::Local(Local::Man(dir)),
     }
 }
 
@@ -166,6 +202,7 @@ async fn execute(url: &str, token: Option<&str>, output: Output, action: Action)
         Action::ListTools => list_tools(&client, output).await,
         Action::Follow { id } => follow_interruptibly(&client, output, &id).await,
         Action::Call { tool, arguments, view } => perform(&client, output, &tool, arguments, &view).await,
+        Action::Local(local) => local.run(),
     };
     client.close().await;
     outcome
@@ -425,6 +462,7 @@ mod tests {
             Action::Call { tool, arguments, .. } => (tool, Value::Object(arguments)),
             Action::ListTools => ("tools/list".to_owned(), Value::Null),
             Action::Follow { id } => ("subscriptions/listen".to_owned(), Value::from(id)),
+            Action::Local(_) => ("local".to_owned(), Value::Null),
         }
     }
 

@@ -22,7 +22,7 @@ const RUN_STATUSES: [&str; RunStatus::ALL.len()] = {
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "lampctl", version, about = "Control a lamplighter worker over MCP", propagate_version = true)]
+#[command(name = "lampctl", version = lamplighter_contract::VERSION, about = "Control a lamplighter worker over MCP", propagate_version = true)]
 pub(crate) struct Cli {
     /// The worker's MCP endpoint
     #[arg(long, global = true, env = "LAMPLIGHTER_URL", default_value = DEFAULT_URL, value_name = "URL")]
@@ -89,6 +89,17 @@ pub(crate) enum Command {
     Tools {
         #[command(subcommand)]
         command: ToolsCommand,
+    },
+    /// Print a shell completion script, e.g. `lampctl completions bash > /usr/share/bash-completion/completions/lampctl`
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or with --dir write one page per command there
+    Man {
+        /// Write `lampctl.1`, `lampctl-jobs.1`, … into this directory
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
     },
 }
 

@@ -170,3 +170,35 @@ pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
         }
     }
 }
+
+/// `completions`: the script for `shell` on standard output.
+pub(crate) fn completions(mut cmd: clap::Command, shell: clap_complete::Shell) -> ExitCode {
+    // Into a buffer first: clap_complete panics on a failed write (a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "lamplighter", &mut script);
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write the completion script: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `man`: the page of `cmd` on standard output, or every command's page written into `dir`.
+pub(crate) fn man(cmd: clap::Command, dir: Option<&std::path::Path>) -> ExitCode {
+    let name = cmd.get_name().to_owned();
+    let written = match dir {
+        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout().lock()),
+        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(cmd, dir)),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write the manual pages of {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -2,6 +2,10 @@
 //! config → validate → open storage → start scheduler, queue worker, HTTP listener and MCP →
 //! reload on SIGHUP or `reload_config` → drain on SIGTERM, or when the stdio MCP client leaves).
 
+// Tool calls run under `catch_unwind` so that a panicking tool fails its call, not the worker.
+#[cfg(panic = "abort")]
+compile_error!("the worker needs panic = \"unwind\": build it with --release (the `lampctl` profile is for lampctl only)");
+
 mod commands;
 mod http;
 mod mcp;
@@ -20,7 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// Lamplighter: a headless scheduler worker.
 #[derive(Debug, Parser)]
-#[command(name = "lamplighter", version, about)]
+#[command(name = "lamplighter", version = lamplighter_contract::VERSION, about)]
 pub struct Cli {
     /// Config file (default: $LAMPLIGHTER_CONFIG, then config/lamplighter.yaml, lamplighter.yaml,
     /// config/gantri.yaml, gantri.yaml in the working directory).
@@ -54,6 +58,18 @@ pub enum Command {
     Config(ConfigCommand),
     /// Apply database migrations and exit.
     Migrate,
+    /// Print a shell completion script, e.g. `lamplighter completions bash >
+    /// /usr/share/bash-completion/completions/lamplighter`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or with --dir write one page per command there.
+    Man {
+        /// Write `lamplighter.1`, `lamplighter-run.1`, … into this directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,5 +93,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
         Command::Run { mcp_stdio } => run::run(cli.config, cli.log_format, mcp_stdio),
+        Command::Completions { shell } => commands::completions(<Cli as clap::CommandFactory>::command(), shell),
+        Command::Man { dir } => commands::man(<Cli as clap::CommandFactory>::command(), dir.as_deref()),
     }
 }

@@ -9,6 +9,14 @@ mod run;
 mod tools;
 mod views;
 
+/// The git revision the binaries were built from (`LAMPLIGHTER_GIT_REV`, the checkout's
+/// HEAD, or `unknown`), as `jobs/contract/build.rs` found it.
+pub const REVISION: &str = env!("LAMPLIGHTER_REV");
+
+/// What `lamplighter --version` and `lampctl --version` print after the binary's name, e.g.
+/// `0.1.0 (rev 1a2b3c4d5e6f)`.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (rev ", env!("LAMPLIGHTER_REV"), ")");
+
 pub use run::{AgentUsage, CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use tools::{
     ActionView, AgentInfo, AgentList, ApprovalList, JobList, PluginList, PluginView, ReloadSummary, StepOutline, TriggerOutcome,

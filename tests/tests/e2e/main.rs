@@ -12,6 +12,7 @@ mod conformance;
 mod contract;
 mod lifecycle;
 mod mcp;
+mod packaging;
 mod postgres;
 mod real_llm;
 mod resources;

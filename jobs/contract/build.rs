@@ -1,0 +1,34 @@
+//! The git revision the binaries were built from, for `--version`: `LAMPLIGHTER_GIT_REV` when
+//! set (a container build, whose context has no `.git`), else `git rev-parse` of the checkout,
+//! else `unknown`. Rebuilds when HEAD moves, not at every change to the work tree.
+// A build script runs git itself; the rule that processes go through the plugin layer is for
+// the worker at run time.
+#![allow(clippy::disallowed_methods)]
+
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=LAMPLIGHTER_GIT_REV");
+    let rev = match std::env::var("LAMPLIGHTER_GIT_REV").ok().map(|r| r.trim().to_owned()).filter(|r| !r.is_empty()) {
+        Some(rev) => rev,
+        None => {
+            if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+                println!("cargo:rerun-if-changed={dir}/HEAD");
+                println!("cargo:rerun-if-changed={dir}/packed-refs");
+                if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                    println!("cargo:rerun-if-changed={dir}/{head}");
+                }
+            }
+            git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned())
+        }
+    };
+    // One token: it ends up in `--version` and in the MCP server's version.
+    let rev: String = rev.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(40).collect();
+    println!("cargo:rustc-env=LAMPLIGHTER_REV={}", if rev.is_empty() { "unknown" } else { &rev });
+}
