@@ -28,7 +28,7 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMe
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::trace::{BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter};
-use tracing_subscriber::filter::EnvFilter;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer, Registry as Subscriber};
@@ -251,20 +251,32 @@ pub(crate) fn init_logging(format: LogFormat, level: Option<&str>) {
 fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<&SdkLoggerProvider>) {
     // Colours only for a person at a terminal, not for journald, a container log or a file.
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let fmt: Box<dyn Layer<Subscriber> + Send + Sync> = match format {
-        LogFormat::Json => fmt.json().flatten_event(true).with_filter(log_filter(level)).boxed(),
-        LogFormat::Human => fmt.with_filter(log_filter(level)).boxed(),
+    let fmt: Box<dyn Layer<Layered> + Send + Sync> = match format {
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+        LogFormat::Human => fmt.boxed(),
     };
-    // Log records through the same pipeline; the exporters' own chatter stays out of it.
+    // Log records through the same pipeline; the exporters' own chatter stays out of it (their
+    // HTTP client's events would otherwise be exported, and export more). The level filter is
+    // one, for the whole subscriber: with an `EnvFilter` per layer, an event could vanish from
+    // the log on standard error while the OTLP bridge handled it ("lamplighter ready" did, on
+    // PostgreSQL with OTLP logs on; `tests/e2e/deploy.rs` runs that shape).
     let logs = logger.map(|l| {
-        opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(
-            log_filter(level)
-                .add_directive("opentelemetry=off".parse().expect("static"))
-                .add_directive("reqwest=off".parse().expect("static")),
-        )
+        let exporters_own = Targets::new()
+            .with_default(LevelFilter::TRACE)
+            .with_target("opentelemetry", LevelFilter::OFF)
+            .with_target("opentelemetry_sdk", LevelFilter::OFF)
+            .with_target("opentelemetry_otlp", LevelFilter::OFF)
+            .with_target("reqwest", LevelFilter::OFF)
+            .with_target("hyper", LevelFilter::OFF)
+            .with_target("hyper_util", LevelFilter::OFF)
+            .with_target("h2", LevelFilter::OFF);
+        opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(exporters_own)
     });
-    let _ = tracing_subscriber::registry().with(fmt).with(logs).try_init();
+    let _ = tracing_subscriber::registry().with(log_filter(level)).with(fmt).with(logs).try_init();
 }
+
+/// The registry under the global level filter: what the output layers sit on.
+type Layered = tracing_subscriber::layer::Layered<EnvFilter, Subscriber>;
 
 /// An exporter whose failures are reported at most once a minute (an unreachable collector
 /// must not flood the log it may itself be receiving).
