@@ -453,7 +453,8 @@ impl<'a> Compiler<'a> {
 
     fn storage(&mut self, s: Option<&raw::Storage>, data_dir: &Path, cwd: &Path) -> StorageConfig {
         let provider = s.and_then(|s| s.provider.clone()).unwrap_or_else(|| "sqlite".into());
-        let conn = s.and_then(|s| s.connection_string.clone());
+        // Blank is unset: `connection_string: ${DATABASE_URL:-}` with nothing set means the default.
+        let conn = s.and_then(|s| s.connection_string.clone()).filter(|c| !c.trim().is_empty());
         match provider.to_ascii_lowercase().as_str() {
             "sqlite" => {
                 let path = match conn.as_deref() {

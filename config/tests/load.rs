@@ -363,6 +363,25 @@ lamplighter.yaml:5:5: error: pool_size 0 is outside 1–1000"#;
     assert_eq!(errors_of(tmp.path()).join("\n"), expected);
 }
 
+/// A blank connection string (`${DATABASE_URL:-}` with nothing set, as the container's config
+/// has it) is no connection string: SQLite's file in the data directory, or for PostgreSQL the
+/// error that asks for one.
+#[test]
+fn a_blank_connection_string_means_the_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = "framework:\n  data_dir: d\nscheduling:\n  storage:\n    provider: ${STORE:-sqlite}\n    connection_string: ${DATABASE_URL:-}\n  jobs: {}\n";
+    write(tmp.path(), "lamplighter.yaml", text);
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    match &config.storage {
+        lamplighter_config::StorageConfig::Sqlite { path } => assert_eq!(path, &tmp.path().join("d/lamplighter.db")),
+        other => panic!("{other:?}"),
+    }
+    let env = |n: &str| (n == "STORE").then(|| "postgres".to_string());
+    let errors = load_with_env(&opts, env).err().map(|e| e.to_string());
+    assert!(errors.as_deref().unwrap_or_default().contains("needs scheduling.storage.connection_string"), "{errors:?}");
+}
+
 /// `worker.lease`: 30 s by default, a duration of at least a second.
 #[test]
 fn the_worker_lease_has_a_default_and_refuses_nonsense() {
