@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lamplighter_config::{Config, Diagnostic, LoadOptions, Loaded};
 use lamplighter_plugins::{Registry, WasmOptions};
@@ -200,5 +201,43 @@ pub(crate) fn man(cmd: clap::Command, dir: Option<&std::path::Path>) -> ExitCode
             eprintln!("error: cannot write the manual pages of {name}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `healthcheck`: 0 when `url` answers `200` within 5 s; 1 with the reason when it does not;
+/// 2 for a URL it cannot ask.
+pub(crate) fn healthcheck(url: &str) -> ExitCode {
+    let Some((authority, path)) = url.strip_prefix("http://").map(|rest| match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    }) else {
+        eprintln!("error: --url must be an http:// URL of the worker's listener, e.g. http://127.0.0.1:5100/healthz (not {url:?})");
+        return ExitCode::from(2);
+    };
+    match probe(authority, path, Duration::from_secs(5)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("unhealthy: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One `GET path` to `authority` (`host:port`); `Ok` for a 200.
+fn probe(authority: &str, path: &str, within: Duration) -> Result<(), String> {
+    use std::io::{BufRead, Write};
+    use std::net::ToSocketAddrs;
+    let addr = authority.to_socket_addrs().map_err(|e| format!("cannot resolve {authority}: {e}"))?.next();
+    let addr = addr.ok_or_else(|| format!("{authority} has no address"))?;
+    let stream = std::net::TcpStream::connect_timeout(&addr, within).map_err(|e| format!("cannot connect: {e}"))?;
+    stream.set_read_timeout(Some(within)).and_then(|()| stream.set_write_timeout(Some(within))).map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    (&stream).write_all(request.as_bytes()).map_err(|e| format!("cannot send: {e}"))?;
+    let mut status = String::new();
+    std::io::BufReader::new(&stream).read_line(&mut status).map_err(|e| format!("no answer: {e}"))?;
+    match status.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        Some(code) => Err(format!("answered {code}")),
+        None => Err(format!("not an HTTP answer: {:?}", status.trim())),
     }
 }

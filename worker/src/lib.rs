@@ -58,6 +58,13 @@ pub enum Command {
     Config(ConfigCommand),
     /// Apply database migrations and exit.
     Migrate,
+    /// Exit 0 when the worker's `/healthz` answers 200 within 5 s, else 1: a container's
+    /// HEALTHCHECK without curl in the image.
+    Healthcheck {
+        /// The endpoint to ask (http only: the worker's own listener).
+        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:5100/healthz")]
+        url: String,
+    },
     /// Print a shell completion script, e.g. `lamplighter completions bash >
     /// /usr/share/bash-completion/completions/lamplighter`.
     Completions {
@@ -93,6 +100,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
         Command::Run { mcp_stdio } => run::run(cli.config, cli.log_format, mcp_stdio),
+        Command::Healthcheck { url } => commands::healthcheck(&url),
         Command::Completions { shell } => commands::completions(<Cli as clap::CommandFactory>::command(), shell),
         Command::Man { dir } => commands::man(<Cli as clap::CommandFactory>::command(), dir.as_deref()),
     }

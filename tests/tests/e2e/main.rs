@@ -10,6 +10,7 @@ mod agents;
 mod config_cli;
 mod conformance;
 mod contract;
+mod deploy;
 mod lifecycle;
 mod mcp;
 mod packaging;
