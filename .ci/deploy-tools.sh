@@ -17,8 +17,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "missing: ${missing[*]} (install the Debian packages: apt-get install ${missing[*]})" >&2
     exit 1
   fi
-  # Two tests may ask at once: one installs, the other waits for it.
-  exec 9>/tmp/lamplighter-deploy-tools.lock
+  # One apt-get at a time (tests/src/setup.rs takes the same lock): dpkg would refuse a second.
+  exec 9>/tmp/lamplighter-apt.lock
   flock 9
   missing=()
   command -v systemd-analyze >/dev/null || missing+=(systemd)

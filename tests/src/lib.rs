@@ -1,11 +1,13 @@
 //! Fixtures the test suites share: a scripted OpenAI-compatible server ([`llm`]), a real OTLP
 //! receiver ([`otlp`]), a throwaway
 //! PostgreSQL cluster ([`pg`]), starting the worker until it says it is ready ([`proc`]), snapshot
-//! files ([`snapshot`]) and a stdio MCP server (the `mcp-fixture` binary). End-to-end
+//! files ([`snapshot`]), what the machine must have ([`setup`]) and a stdio MCP server (the
+//! `mcp-fixture` binary). End-to-end
 //! tests live in `tests/e2e/`.
 
 pub mod llm;
 pub mod otlp;
 pub mod pg;
 pub mod proc;
+pub mod setup;
 pub mod snapshot;

@@ -1,7 +1,7 @@
 //! A throwaway PostgreSQL cluster for tests: `initdb` in a temporary directory, started with
 //! `pg_ctl` on a free loopback port (its socket in the same directory, `fsync` off), stopped and
 //! removed when dropped. The server binaries come from `PATH` or Debian's
-//! `/usr/lib/postgresql/<version>/bin` (`.ci/run` installs them where missing). They refuse to
+//! `/usr/lib/postgresql/<version>/bin`, installed on first use where missing ([`crate::setup`]). They refuse to
 //! run as root: as root the cluster belongs to an unprivileged system user, `llpg`, created on
 //! first use.
 //!
@@ -26,15 +26,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Initialises and starts a cluster. Panics with what to do when PostgreSQL is not installed
-    /// or does not start.
+    /// Initialises and starts a cluster, installing PostgreSQL first where it is missing. Panics
+    /// with what to do when it cannot be installed or does not start.
     pub fn start() -> Cluster {
-        let bin = server_bin().unwrap_or_else(|| {
-            panic!(
-                "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin; \
-                 install them (`apt-get install postgresql`, as .ci/run does)"
-            )
-        });
+        crate::setup::debian_packages(&["postgresql"], "a throwaway PostgreSQL cluster (initdb, pg_ctl)", || server_bin().is_some());
+        let bin = server_bin().expect("installed above");
         let as_user = is_root().then(|| {
             ensure_user();
             USER

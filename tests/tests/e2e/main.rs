@@ -20,4 +20,5 @@ mod resources;
 mod systemd;
 mod tasks;
 mod telemetry;
+mod tour;
 mod workflows;

@@ -74,16 +74,41 @@ pub(crate) fn mcp_exchange(port: u16, headers: &[(&str, &str)], body: &str) -> (
     (status(head), head.to_ascii_lowercase(), rest.to_string())
 }
 
+/// The worker binary, built once per test process with the profile these tests were built
+/// with: `cargo test --workspace` alone works, and no test runs a binary older than the
+/// sources (the build is a no-op when they are fresh).
 pub(crate) fn bin() -> PathBuf {
-    // Integration tests of this package sit in target/<profile>/deps.
-    let mut p = std::env::current_exe().unwrap();
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    let b = p.join("lamplighter");
-    assert!(b.exists(), "{} not built: run `cargo build --workspace` first (the README's test command does)", b.display());
-    b
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // Integration tests of this package sit in target/<profile>/deps.
+            let mut dir = std::env::current_exe().unwrap();
+            dir.pop();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug").to_owned();
+            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cargo.current_dir(repo_root()).args(["build", "--quiet", "-p", "lamplighter-worker", "-p", "lamplighter-ctl"]);
+            if let Some(target) = dir.parent() {
+                cargo.arg("--target-dir").arg(target);
+            }
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    cargo.arg("--release");
+                }
+                other => {
+                    cargo.args(["--profile", other]);
+                }
+            }
+            let out = cargo.output().unwrap_or_else(|e| panic!("cannot run cargo to build the binaries under test: {e}"));
+            assert!(out.status.success(), "building lamplighter and lampctl failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            let b = dir.join("lamplighter");
+            assert!(b.exists() && dir.join("lampctl").exists(), "cargo built, but {} is not there", b.display());
+            b
+        })
+        .clone()
 }
 
 /// Polls `check` until it gives a value (another process's state, seen from outside: there

@@ -1,0 +1,34 @@
+//! What the tests need from the machine beyond Rust, installed on first use where the machine
+//! allows it, so that `cargo test --workspace` alone sets up a fresh machine: Debian's
+//! packages as root (CI runs as root). Without root, the error names the package to install.
+
+// Installing packages is this module's job.
+#![allow(clippy::disallowed_methods)]
+
+use std::process::Command;
+
+/// One `apt-get` at a time across test processes (and `.ci/deploy-tools.sh`): dpkg has one lock
+/// and a second install would fail on it rather than wait.
+const LOCK: &str = "/tmp/lamplighter-apt.lock";
+
+/// Installs Debian `packages` unless `present()` says they are there already; `why` says what
+/// needs them, for the error without root.
+pub fn debian_packages(packages: &[&str], why: &str, present: impl Fn() -> bool) {
+    if present() {
+        return;
+    }
+    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
+    assert!(root, "{why} needs {0}; install it (`sudo apt-get install {0}`) and run the tests again", packages.join(" "));
+    let lock = std::fs::File::create(LOCK).unwrap_or_else(|e| panic!("{LOCK}: {e}"));
+    lock.lock().unwrap_or_else(|e| panic!("lock {LOCK}: {e}"));
+    // Another test may have installed them while this one waited.
+    if present() {
+        return;
+    }
+    for args in [&["update", "-qq"][..], &[&["install", "-y", "-qq", "--no-install-recommends"][..], packages].concat()] {
+        let out = Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").output();
+        let out = out.unwrap_or_else(|e| panic!("{why}: cannot run apt-get to install {}: {e}", packages.join(" ")));
+        assert!(out.status.success(), "{why}: apt-get {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(present(), "{why}: installed {}, but still not found", packages.join(" "));
+}
