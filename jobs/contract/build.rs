@@ -18,11 +18,16 @@ fn main() {
     let rev = match std::env::var("LAMPLIGHTER_GIT_REV").ok().map(|r| r.trim().to_owned()).filter(|r| !r.is_empty()) {
         Some(rev) => rev,
         None => {
-            if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-                println!("cargo:rerun-if-changed={dir}/HEAD");
-                println!("cargo:rerun-if-changed={dir}/packed-refs");
-                if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
-                    println!("cargo:rerun-if-changed={dir}/{head}");
+            // Only files that exist: cargo reruns a script at every build for a watched path
+            // that does not. `--git-path` finds each where git keeps it (a worktree's refs are
+            // in the common directory).
+            let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+            watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+            for name in watched {
+                if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name])
+                    && std::path::Path::new(&path).exists()
+                {
+                    println!("cargo:rerun-if-changed={path}");
                 }
             }
             git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned())

@@ -551,6 +551,16 @@ impl Engine {
         let _ = rx.wait_for(|p| *p >= t).await;
     }
 
+    /// Wakes the scheduler and waits until a pass completes after this call: whatever the wall
+    /// clock does meanwhile (a step backwards must not make a live loop look stuck), this
+    /// resolves only if the loop is turning. The systemd watchdog pings on it.
+    pub async fn next_pass(&self) {
+        let mut rx = self.shared.passes.subscribe();
+        rx.borrow_and_update();
+        self.shared.wake_scheduler();
+        let _ = rx.changed().await;
+    }
+
     /// Tells when runs may have changed (created, started, finished, pruned), so a caller can
     /// wait for a state of its runs without polling: take it, read, and wait for the next
     /// change only if what was read is not there yet.

@@ -103,6 +103,10 @@ pub struct PluginInfo {
     pub error: Option<String>,
 }
 
+/// The service manager's variables (systemd's notification socket and watchdog): meant for
+/// the worker alone, so the processes it starts (commands, MCP servers) do not inherit them.
+pub const WORKER_ONLY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 mod builtin;
 mod discovery;
 mod wasm;

@@ -81,14 +81,15 @@ impl Cluster {
         self.signal_all("CONT");
     }
 
-    /// Sends `sig` to the postmaster (first line of `postmaster.pid`) and its children.
+    /// Sends `sig` to the postmaster (first line of `postmaster.pid`), then to its children: a
+    /// stopped postmaster forks no backend between the listing and the signal.
     fn signal_all(&self, sig: &str) {
         let pidfile = std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
         let postmaster = pidfile.lines().next().unwrap_or_default().trim().to_owned();
+        run(Command::new("kill").arg(format!("-{sig}")).arg(&postmaster), &format!("kill -{sig} the postmaster"));
         let children = run(Command::new("ps").args(["-o", "pid=", "--ppid", &postmaster]), "list the server's processes");
-        let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_owned).collect();
-        pids.push(postmaster);
-        run(Command::new("kill").arg(format!("-{sig}")).args(&pids), &format!("kill -{sig} the server"));
+        let pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_owned).collect();
+        run(Command::new("kill").arg(format!("-{sig}")).args(&pids), &format!("kill -{sig} the server's processes"));
     }
 
     fn data(&self) -> PathBuf {

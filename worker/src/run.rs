@@ -116,6 +116,16 @@ async fn serve(
         }
     });
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
+    // Handlers before anything says "ready": a SIGHUP (`systemctl reload`) or SIGTERM that
+    // follows READY=1 at once must reload or drain, not find the default action (exit).
+    let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot install signal handlers: {e}");
+            engine.shutdown(config.worker.shutdown_grace).await;
+            return ExitCode::FAILURE;
+        }
+    };
     // "Ready" means what `/readyz` means: the scheduler has made its first pass.
     engine.first_pass().await;
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
@@ -164,13 +174,6 @@ async fn serve(
         });
     }
 
-    let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     loop {
         tokio::select! {
             sig = signals.next() => match sig {
@@ -202,7 +205,7 @@ async fn serve(
     tracing::info!(grace_s = grace.as_secs(), running = engine.running_count(), "shutting down: draining running work");
     watchdog_stop.cancel();
     if let Some(n) = &notifier {
-        n.stopping(&format!("draining {} running runs for up to {} s", engine.running_count(), grace.as_secs()));
+        n.stopping(&format!("draining {} running runs for up to {} s", engine.running_count(), grace.as_secs()), grace);
     }
     // A second SIGINT or SIGTERM while draining exits at once.
     let drain = engine.shutdown(grace);

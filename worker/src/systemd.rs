@@ -60,9 +60,12 @@ impl Notifier {
         }
     }
 
-    /// Draining for shutdown: systemd stops expecting watchdog pings from here on.
-    pub(crate) fn stopping(&self, status: &str) {
-        self.send(&format!("STOPPING=1\nSTATUS={}", one_line(status)));
+    /// Draining for shutdown: systemd stops expecting watchdog pings from here on, and gives
+    /// the drain `grace` (plus the time to record what it interrupts) even when a reload
+    /// raised `worker.shutdown_grace` above the unit's `TimeoutStopSec`.
+    pub(crate) fn stopping(&self, status: &str, grace: Duration) {
+        let extend = (grace + Duration::from_secs(30)).as_micros();
+        self.send(&format!("STOPPING=1\nEXTEND_TIMEOUT_USEC={extend}\nSTATUS={}", one_line(status)));
     }
 
     fn watchdog(&self) {
@@ -106,12 +109,15 @@ fn interval_from(usec: Option<&str>, pid: Option<&str>, own_pid: u32) -> Option<
     {
         return None;
     }
-    Some(Duration::from_micros(usec / 2))
+    // At least a millisecond: a zero period is no period.
+    Some(Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
 }
 
-/// Pings the watchdog every `every` while the scheduler completes a pass within that time: a
-/// scheduler stuck on its database (or on anything else) stops the pings, and systemd restarts
-/// the worker after `WatchdogSec`. Ends when `stop` is cancelled (at `STOPPING=1`).
+/// Pings the watchdog every `every` (half of `WATCHDOG_USEC`) while the scheduler completes a
+/// pass within half of that: two pings are then never further apart than three quarters of
+/// the timeout. A scheduler stuck on its database (or on anything else) stops the pings, and
+/// systemd restarts the worker after `WatchdogSec`. Ends when `stop` is cancelled (at
+/// `STOPPING=1`).
 pub(crate) async fn watchdog(notifier: std::sync::Arc<Notifier>, engine: Engine, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -123,7 +129,7 @@ pub(crate) async fn watchdog(notifier: std::sync::Arc<Notifier>, engine: Engine,
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            passed = tokio::time::timeout(every, engine.scheduled_through_now()) => match passed {
+            passed = tokio::time::timeout(every / 2, engine.next_pass()) => match passed {
                 Ok(()) => {
                     if std::mem::take(&mut stalled) {
                         tracing::info!("the scheduler completes its passes again; watchdog pings resume");
@@ -134,7 +140,7 @@ pub(crate) async fn watchdog(notifier: std::sync::Arc<Notifier>, engine: Engine,
                     stalled = true;
                     tracing::error!(
                         "the scheduler has not completed a pass in {} ms; watchdog pings stop (systemd restarts the worker if this lasts)",
-                        every.as_millis()
+                        (every / 2).as_millis()
                     );
                 }
                 Err(_) => {}
@@ -158,6 +164,8 @@ mod tests {
         for bad in ["", "0", "-5", "30s", "1e6"] {
             assert_eq!(interval_from(Some(bad), None, 7), None, "{bad:?}");
         }
+        // Absurdly short: still a period tokio can tick at.
+        assert_eq!(interval_from(Some("1"), None, 7), Some(Duration::from_millis(1)));
         assert_eq!(interval_from(Some("200000"), Some("x"), 7), None);
     }
 
@@ -189,7 +197,7 @@ mod tests {
         assert!(usec > 0);
         n.watchdog();
         assert_eq!(next(), "WATCHDOG=1");
-        n.stopping("draining");
-        assert_eq!(next(), "STOPPING=1\nSTATUS=draining");
+        n.stopping("draining", Duration::from_secs(30));
+        assert_eq!(next(), "STOPPING=1\nEXTEND_TIMEOUT_USEC=60000000\nSTATUS=draining");
     }
 }

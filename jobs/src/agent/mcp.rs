@@ -188,7 +188,11 @@ async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
     let client = match def {
         McpServer::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).envs(env).kill_on_drop(true);
+            cmd.args(args).kill_on_drop(true);
+            for var in lamplighter_plugins::WORKER_ONLY_ENV {
+                cmd.env_remove(var);
+            }
+            cmd.envs(env);
             let (transport, err) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
                 .spawn()

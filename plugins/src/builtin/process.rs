@@ -53,6 +53,9 @@ pub(crate) async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    for var in crate::WORKER_ONLY_ENV {
+        command.env_remove(var);
+    }
     for (key, value) in env {
         command.env(key, value);
     }

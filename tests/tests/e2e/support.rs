@@ -89,7 +89,9 @@ pub(crate) fn bin() -> PathBuf {
             }
             let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug").to_owned();
             let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            cargo.current_dir(repo_root()).args(["build", "--quiet", "-p", "lamplighter-worker", "-p", "lamplighter-ctl"]);
+            // The whole workspace's binaries, as `cargo build --workspace` would: the same feature
+            // set, so nothing is compiled twice.
+            cargo.current_dir(repo_root()).args(["build", "--quiet", "--workspace", "--bins"]);
             if let Some(target) = dir.parent() {
                 cargo.arg("--target-dir").arg(target);
             }

@@ -11,8 +11,9 @@ use lamplighter_tests::pg::Cluster;
 
 use crate::support::Worker;
 
-const EVERY_SECOND: &str =
-    "tick:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"* * * * * *\"\n  parameters: {command: \"echo tick\"}\n";
+/// A job every second that shows what of systemd's variables its command sees.
+const EVERY_SECOND: &str = "tick:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"* * * * * *\"\n  \
+                            parameters: {command: \"echo socket=[$NOTIFY_SOCKET] watchdog=[$WATCHDOG_USEC]\"}\n";
 
 /// What systemd would receive: one datagram per notification.
 struct Manager {
@@ -94,6 +95,10 @@ fn the_worker_tells_systemd_it_is_ready_reloading_alive_and_stopping() {
     for _ in 0..3 {
         systemd.expect("a watchdog ping", Duration::from_secs(3), is("WATCHDOG=1"), &|| w.log());
     }
+    // The variables are the worker's: the commands of its runs do not inherit them.
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "tick", "--wait", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("socket=[] watchdog=[]"), "a run's command saw systemd's variables: {out}");
 
     // SIGHUP: RELOADING=1 with the monotonic time systemd ≥ 253 requires, then READY=1.
     w.write_jobs(&format!(
@@ -123,6 +128,8 @@ fn the_worker_tells_systemd_it_is_ready_reloading_alive_and_stopping() {
     w.signal("TERM");
     let stopping = systemd.expect("STOPPING=1", Duration::from_secs(5), is("STOPPING=1"), &|| w.log());
     assert!(stopping.contains("STATUS=draining"), "{stopping:?}");
+    // Enough time for the drain (3 s here) and the records after it, whatever the unit says.
+    assert!(stopping.contains("EXTEND_TIMEOUT_USEC=33000000"), "{stopping:?}");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
     systemd.none_for("a ping after STOPPING=1", Duration::from_millis(100), is("WATCHDOG=1"), &|| w.log());
 }
