@@ -163,9 +163,10 @@ impl Schedule {
         match &self.kind {
             Kind::At(at) => (*at > t).then_some(*at),
             Kind::Every(d) => {
-                let p = d.as_millis().max(1) as i64;
+                // At most 366 days (`MAX_EVERY`), so this fits; checked all the same.
+                let p = i64::try_from(d.as_millis()).ok()?.max(1);
                 let ms = t.timestamp_millis();
-                let next = (ms.div_euclid(p) + 1) * p;
+                let next = ms.div_euclid(p).checked_add(1)?.checked_mul(p)?;
                 DateTime::from_timestamp_millis(next)
             }
             Kind::Cron { scheds, dst } => {
@@ -204,8 +205,17 @@ fn every(spec: &str) -> Result<Duration, ScheduleError> {
     if d < Duration::from_secs(1) {
         return Err(ScheduleError(format!("every \"{spec}\" is shorter than the 1 s minimum")));
     }
+    if d > MAX_EVERY {
+        return Err(ScheduleError(format!(
+            "every \"{spec}\" is longer than the 366-day maximum; for something rarer use cron (e.g. \"0 3 1 1 *\") or at"
+        )));
+    }
     Ok(d)
 }
+
+/// The longest `every`: a year and a day. Longer periods are better said as cron or `at`, and
+/// keep every fire-time computation far from integer overflow.
+const MAX_EVERY: Duration = Duration::from_secs(366 * 86_400);
 
 fn at(spec: &str) -> Result<DateTime<Utc>, ScheduleError> {
     let t = DateTime::parse_from_rfc3339(spec.trim())
@@ -390,6 +400,19 @@ mod tests {
 
     fn next(expr: &str, tz: &str, after: &str) -> String {
         Schedule::cron(expr, tz).unwrap().next_after(utc(after)).unwrap().to_rfc3339()
+    }
+
+    /// Found by the `schedule` fuzz target: `every` of 22,222,222,222 weeks overflowed the
+    /// next-fire arithmetic. Periods are capped at 366 days, with a message that says so.
+    #[test]
+    fn every_has_a_maximum_and_the_longest_allowed_period_computes() {
+        let e = Schedule::every("444ms22222222222w").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("366-day maximum"), "{e}");
+        assert!(Schedule::every("367d").is_err());
+        let s = Schedule::every("366d").unwrap();
+        let t = DateTime::parse_from_rfc3339("2262-04-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        let next = s.next_after(t).unwrap();
+        assert!(next > t && next - t <= chrono::Duration::days(366), "{next}");
     }
 
     #[test]

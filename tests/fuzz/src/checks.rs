@@ -1,0 +1,110 @@
+//! What each fuzz target asserts for one input. A panic here is a finding: the code under
+//! test panicked, or broke an invariant stated below. Used by the fuzz targets and, through
+//! `#[path]`, by `tests/tests/fuzz_corpus.rs` in the main workspace.
+
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use lamplighter_config::{LoadOptions, Schedule, Template, Var};
+
+/// Config loading: `input` split at the first `0xff` byte into the root file and a second
+/// file it may import (`other.yaml`). Loading never panics; a refusal has at least one
+/// error, and every diagnostic says something.
+pub fn config_load(dir: &Path, input: &[u8]) {
+    let (root, other) = match input.iter().position(|&b| b == 0xff) {
+        Some(i) => (&input[..i], &input[i + 1..]),
+        None => (input, &[][..]),
+    };
+    let path = dir.join("lamplighter.yaml");
+    std::fs::write(&path, root).expect("write the root file");
+    std::fs::write(dir.join("other.yaml"), other).expect("write the imported file");
+    let opts = LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) };
+    // A fixed environment: `${SET}` and `${SET_EMPTY}` resolve, anything else is unset.
+    let env = |name: &str| match name {
+        "SET" => Some("value".to_owned()),
+        "SET_EMPTY" => Some(String::new()),
+        "DATABASE_URL" => Some("postgres://u:p@localhost:5432/db".to_owned()),
+        _ => None,
+    };
+    match lamplighter_config::load_with_env(&opts, env) {
+        Ok(loaded) => {
+            // A loaded config can be shown (secrets redacted) without panicking.
+            let _ = lamplighter_config::show(&loaded.config);
+        }
+        Err(errors) => {
+            assert!(!errors.0.is_empty(), "a refused config without an error");
+            for d in &errors.0 {
+                assert!(!d.to_string().trim().is_empty(), "an empty diagnostic");
+            }
+        }
+    }
+}
+
+/// Cron, `every` and `at` parsing, in any IANA zone, and the fire times that follow: the first
+/// byte picks the kind, the next eight the instant to start from, the rest is the expression
+/// and (for cron) the zone after a `\n`. A parsed schedule's next fire is strictly later than
+/// the instant asked about, and upcoming fires strictly increase.
+pub fn schedule(input: &[u8]) {
+    if input.len() < 9 {
+        return;
+    }
+    let kind = input[0] % 3;
+    let mut secs = [0u8; 8];
+    secs.copy_from_slice(&input[1..9]);
+    // Any instant from 1900 to 2200: the range a scheduler is asked about.
+    let t = DateTime::<Utc>::from_timestamp(-2_208_988_800 + (i64::from_le_bytes(secs).rem_euclid(9_467_280_000)), 0).expect("in range");
+    let text = String::from_utf8_lossy(&input[9..]);
+    let parsed = match kind {
+        0 => {
+            let (expr, tz) = text.split_once('\n').unwrap_or((&text, "UTC"));
+            Schedule::cron(expr, tz)
+        }
+        1 => Schedule::every(&text),
+        _ => Schedule::at(&text),
+    };
+    let Ok(schedule) = parsed else { return };
+    let upcoming = schedule.upcoming(t, 4);
+    let mut before = t;
+    for next in &upcoming {
+        assert!(*next > before, "{:?} after {t}: {upcoming:?}", schedule.spec());
+        before = *next;
+    }
+    // Asked again, from each fire: the same answers (the next-fire memo agrees with itself).
+    for pair in upcoming.windows(2) {
+        assert_eq!(schedule.next_after(pair[0]), Some(pair[1]), "{:?}", schedule.spec());
+    }
+    if let Some(first) = upcoming.first() {
+        assert_eq!(schedule.next_after(t), Some(*first), "{:?}", schedule.spec());
+    }
+}
+
+/// Template parsing and rendering (`${input.a}`, `${steps.x.output}`, `${env.X}`, `${run.id}`):
+/// parsing keeps the text as written, rendering with no values gives it back unchanged, and
+/// rendering with values replaces exactly the references.
+pub fn template(input: &[u8]) {
+    let text = String::from_utf8_lossy(input);
+    let template = Template::parse(&text);
+    assert_eq!(template.as_str(), text, "the template as written");
+    assert_eq!(template.render(|_| None), text, "rendering without values changed the text");
+    // Every reference is offered to the renderer exactly once, in order, and replaced by
+    // what it gives back: with empty values, what is left is the text between references.
+    let refs: Vec<Var> = template.vars().cloned().collect();
+    let mut offered = Vec::new();
+    let rendered = template.render(|var| {
+        offered.push(var.clone());
+        Some(String::new())
+    });
+    assert_eq!(offered, refs, "{text:?}");
+    let texts: String = template
+        .parts()
+        .iter()
+        .filter_map(|p| match p {
+            lamplighter_config::Part::Text(t) => Some(t.as_str()),
+            lamplighter_config::Part::Ref { .. } => None,
+        })
+        .collect();
+    assert_eq!(rendered, texts, "{text:?}");
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
+        let _ = lamplighter_config::Templated::parse(&value).vars();
+    }
+}
