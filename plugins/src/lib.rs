@@ -110,6 +110,7 @@ pub const WORKER_ONLY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCH
 mod builtin;
 mod discovery;
 mod wasm;
+mod wasm_output;
 
 pub use wasm::WasmOptions;
 

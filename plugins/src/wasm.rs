@@ -39,6 +39,7 @@ use wasmtime::{
 };
 
 use crate::builtin::confine;
+use crate::wasm_output::bytes;
 use crate::{ActionError, Usage};
 
 /// Limits and grants for WASM plugins, from the operator's configuration.
@@ -73,8 +74,6 @@ impl Default for WasmOptions {
     }
 }
 
-/// Largest output a plugin may return.
-const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
 /// Longest log line kept; the rest is cut.
 const MAX_LOG_BYTES: usize = 8 * 1024;
 /// Log lines per call; further ones are dropped so a plugin cannot flood the log.
@@ -89,8 +88,6 @@ const MAX_WRITES_PER_CALL: u32 = 1000;
 const MAX_NAME_BYTES: usize = 4096;
 /// Most elements a table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Most text of a failed call's output that goes into the error message.
-const MAX_ERROR_TEXT: usize = 2000;
 
 // Codes host functions return to the guest (a non-negative result is a length). Documented in
 // plugins/examples/README.md.
@@ -424,11 +421,6 @@ impl fmt::Display for Abort {
 
 impl std::error::Error for Abort {}
 
-fn bytes(n: usize) -> String {
-    const MIB: usize = 1024 * 1024;
-    if n >= MIB && n.is_multiple_of(MIB) { format!("{} MiB ({n} bytes)", n / MIB) } else { format!("{n} bytes") }
-}
-
 /// Per-call store data.
 struct HostState {
     plugin: Arc<str>,
@@ -596,27 +588,7 @@ impl WasmPlugin {
         let ptr = output_ptr.call(&mut store, ()).map_err(trap)?;
         let len = output_len.call(&mut store, ()).map_err(trap)?;
 
-        // Guest pointers and lengths are unsigned 32-bit values that wasm passes as i32.
-        let (start, len) = (ptr as u32 as usize, len as u32 as usize);
-        if len > MAX_OUTPUT_BYTES {
-            return Err(failed(format!(
-                "plugin \"{}\" returned {len} bytes of output; the limit is {}",
-                self.name,
-                bytes(MAX_OUTPUT_BYTES)
-            )));
-        }
-        let data = memory.data(&store);
-        let Some(output) = data.get(start..).and_then(|rest| rest.get(..len)) else {
-            return Err(failed(format!(
-                "plugin \"{}\" returned an out-of-bounds output: {len} bytes at {start}, but its memory is {} bytes",
-                self.name,
-                data.len()
-            )));
-        };
-        if code != 0 {
-            return Err(failed(self.guest_failure(code, output)));
-        }
-        serde_json::from_slice(output).map_err(|e| failed(format!("plugin \"{}\" returned invalid JSON: {e}", self.name)))
+        crate::wasm_output::read(&self.name, code, ptr, len, memory.data(&store)).map_err(failed)
     }
 
     /// Copies `bytes` into a buffer the guest allocates; returns the guest pointer and length.
@@ -645,20 +617,6 @@ impl WasmPlugin {
             ))
         })?;
         Ok((ptr, len))
-    }
-
-    /// The message of a call that returned non-zero: the guest's own words when it gave any.
-    fn guest_failure(&self, code: i32, output: &[u8]) -> String {
-        let from_json = match serde_json::from_slice::<Value>(output) {
-            Ok(Value::Object(map)) => map.get("error").or_else(|| map.get("message")).and_then(Value::as_str).map(str::to_owned),
-            Ok(Value::String(text)) => Some(text),
-            _ => None,
-        };
-        let text = from_json.or_else(|| std::str::from_utf8(output).ok().map(|s| s.trim().to_owned())).filter(|s| !s.is_empty());
-        match text {
-            Some(text) => format!("plugin \"{}\" returned error code {code}: {}", self.name, cut(&text, MAX_ERROR_TEXT)),
-            None => format!("plugin \"{}\" returned error code {code}", self.name),
-        }
     }
 
     /// Maps a wasmtime error (trap, host abort, instantiation failure) to an action error.
@@ -692,13 +650,6 @@ impl WasmPlugin {
             None => format!("plugin \"{}\" failed: {e:#}", self.name),
         };
         ActionError::Failed { action, message }
-    }
-}
-
-fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_owned(),
     }
 }
 
@@ -933,11 +884,5 @@ mod tests {
             assert_eq!(Capability::parse(c.name()), Some(c));
         }
         assert_eq!(Capability::parse("process-exec"), None);
-    }
-
-    #[test]
-    fn cut_keeps_char_boundaries() {
-        assert_eq!(cut("héllo", 2), "hé…");
-        assert_eq!(cut("hi", 2), "hi");
     }
 }

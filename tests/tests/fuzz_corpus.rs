@@ -7,6 +7,10 @@
 #[allow(unreachable_pub, reason = "public for the fuzz crate, which includes the same file")]
 mod checks;
 
+/// The plugins crate's reader of WASM call output, which `checks::wasm_output` calls.
+#[path = "../../plugins/src/wasm_output.rs"]
+mod wasm_output;
+
 use std::path::{Path, PathBuf};
 
 fn inputs(target: &str) -> Vec<PathBuf> {
@@ -46,4 +50,9 @@ fn schedule_inputs_pass() {
 #[test]
 fn template_inputs_pass() {
     each("template", checks::template);
+}
+
+#[test]
+fn wasm_output_inputs_pass() {
+    each("wasm_output", checks::wasm_output);
 }

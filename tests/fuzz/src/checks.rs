@@ -108,3 +108,28 @@ pub fn template(input: &[u8]) {
         let _ = lamplighter_config::Templated::parse(&value).vars();
     }
 }
+
+/// A WASM plugin call's output, as the guest controls it: the first twelve bytes are the
+/// return code, output pointer and length it hands back (little-endian i32), the rest its
+/// memory. Reading never panics; only a zero code with in-bounds valid JSON is a result, and
+/// a failure names the plugin and stays short whatever the guest wrote.
+pub fn wasm_output(input: &[u8]) {
+    if input.len() < 12 {
+        return;
+    }
+    let word = |i: usize| i32::from_le_bytes([input[i], input[i + 1], input[i + 2], input[i + 3]]);
+    let (code, ptr, len) = (word(0), word(4), word(8));
+    let memory = &input[12..];
+    match crate::wasm_output::read("fuzz", code, ptr, len, memory) {
+        Ok(value) => {
+            assert_eq!(code, 0, "a failed call gave a result");
+            let (start, len) = (ptr as u32 as usize, len as u32 as usize);
+            let expected: serde_json::Value = serde_json::from_slice(&memory[start..start + len]).expect("the output is JSON");
+            assert_eq!(value, expected);
+        }
+        Err(message) => {
+            assert!(message.starts_with("plugin \"fuzz\" "), "{message}");
+            assert!(message.chars().count() <= crate::wasm_output::MAX_ERROR_TEXT + 200, "{} chars", message.chars().count());
+        }
+    }
+}

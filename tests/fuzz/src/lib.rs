@@ -3,3 +3,7 @@
 //! a test.
 #[path = "checks.rs"]
 pub mod checks;
+
+/// The plugins crate's reader of WASM call output, as it is (it needs std and serde_json only).
+#[path = "../../../plugins/src/wasm_output.rs"]
+mod wasm_output;
