@@ -9,26 +9,34 @@ each=${FUZZ_SECONDS:-60}
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
 # libFuzzer's instrumentation needs nightly flags: the nightly toolchain where there is one,
 # else the stable one told to accept them.
-if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+# (grep reads the whole list: with -q it could stop early and fail rustup on a closed pipe.)
+if rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
   fuzz() { cargo +nightly fuzz "$@"; }
 else
   export RUSTC_BOOTSTRAP=1
   fuzz() { cargo fuzz "$@"; }
 fi
 fuzz build --fuzz-dir tests/fuzz
-for target in $(fuzz list --fuzz-dir tests/fuzz); do
+targets=$(fuzz list --fuzz-dir tests/fuzz)
+[ -n "$targets" ] || { echo "fuzz: no targets found in tests/fuzz" >&2; exit 1; }
+for target in $targets; do
   work=$(mktemp -d)
+  mkdir -p "$work/corpus" "$work/artifacts"
   echo "fuzz: $target for ${each}s"
-  if ! fuzz run --fuzz-dir tests/fuzz "$target" "$work" "tests/fuzz/corpus/$target" -- \
-      -max_total_time="$each" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 >"$work.log" 2>&1; then
-    tail -60 "$work.log"
-    for crash in tests/fuzz/artifacts/"$target"/*; do
+  # New inputs go to a scratch corpus; the committed corpus and the regressions are seeds.
+  seeds=("tests/fuzz/corpus/$target")
+  [ -d "tests/fuzz/regressions/$target" ] && seeds+=("tests/fuzz/regressions/$target")
+  if ! fuzz run --fuzz-dir tests/fuzz "$target" "$work/corpus" "${seeds[@]}" -- \
+      -max_total_time="$each" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="$work/artifacts/" >"$work/log" 2>&1; then
+    tail -60 "$work/log"
+    for crash in "$work"/artifacts/*; do
       [ -f "$crash" ] || continue
-      echo "input that failed ($crash), hex:"
+      echo "input that failed ($(basename "$crash")), hex:"
       od -An -tx1 -v "$crash" | tr -d ' \n'; echo
     done
     exit 1
   fi
-  grep -E "^stat::number_of_executed_units|^Done" "$work.log" || true
-  rm -rf "$work" "$work.log"
+  grep -E "^stat::number_of_executed_units|^Done" "$work/log" || true
+  rm -rf "$work"
 done

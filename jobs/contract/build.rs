@@ -20,14 +20,16 @@ fn main() {
         None => {
             // Only files that exist: cargo reruns a script at every build for a watched path
             // that does not. `--git-path` finds each where git keeps it (a worktree's refs are
-            // in the common directory).
-            let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+            // in the common directory); `logs/HEAD` moves with every commit and checkout, even
+            // when the branch's ref is packed.
+            let mut watched = vec!["HEAD".to_owned(), "logs/HEAD".to_owned(), "packed-refs".to_owned()];
             watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+            let here = std::env::current_dir().unwrap_or_default();
             for name in watched {
-                if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name])
-                    && std::path::Path::new(&path).exists()
+                if let Some(path) = git(&["rev-parse", "--git-path", &name]).map(|p| here.join(p))
+                    && path.exists()
                 {
-                    println!("cargo:rerun-if-changed={path}");
+                    println!("cargo:rerun-if-changed={}", path.display());
                 }
             }
             git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned())

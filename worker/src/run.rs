@@ -126,8 +126,25 @@ async fn serve(
             return ExitCode::FAILURE;
         }
     };
-    // "Ready" means what `/readyz` means: the scheduler has made its first pass.
-    engine.first_pass().await;
+    // "Ready" means what `/readyz` means: the scheduler has made its first pass. A stop asked
+    // for while that pass hangs (a database that does not answer) is honoured at once; a
+    // reload asked for then waits for the loop below.
+    let mut early_reload = false;
+    let first_pass = engine.first_pass();
+    tokio::pin!(first_pass);
+    loop {
+        tokio::select! {
+            () = &mut first_pass => break,
+            sig = signals.next() => match sig {
+                Some(SIGHUP) => early_reload = true,
+                _ => {
+                    tracing::info!("stopped before the first scheduler pass completed");
+                    engine.shutdown(config.worker.shutdown_grace).await;
+                    return ExitCode::SUCCESS;
+                }
+            },
+        }
+    }
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
     let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config, &registry)));
     let notifier = Notifier::from_env().map(Arc::new);
@@ -174,6 +191,9 @@ async fn serve(
         });
     }
 
+    if early_reload {
+        let _ = reloader.reload();
+    }
     loop {
         tokio::select! {
             sig = signals.next() => match sig {

@@ -69,12 +69,18 @@ pub fn schedule(input: &[u8]) {
         assert!(*next > before, "{:?} after {t}: {upcoming:?}", schedule.spec());
         before = *next;
     }
-    // Asked again, from each fire: the same answers (the next-fire memo agrees with itself).
+    // Asked again, from each fire: the same answers.
     for pair in upcoming.windows(2) {
         assert_eq!(schedule.next_after(pair[0]), Some(pair[1]), "{:?}", schedule.spec());
     }
     if let Some(first) = upcoming.first() {
         assert_eq!(schedule.next_after(t), Some(*first), "{:?}", schedule.spec());
+        // Between `t` and its next fire the remembered answer is used: it must be the answer
+        // a schedule without memory gives.
+        let between = *first - chrono::Duration::milliseconds(1);
+        if between > t {
+            assert_eq!(schedule.next_after(between), schedule.clone().next_after(between), "{:?}", schedule.spec());
+        }
     }
 }
 

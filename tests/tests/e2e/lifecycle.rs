@@ -67,6 +67,8 @@ fn sigterm_drains_running_work() {
         "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  every: 1h\n  parameters: {command: \"sleep 1; echo done\"}\n",
     );
     // Fire it by hand: a one-shot `at` a moment from now.
+    // Built (or found fresh) before the clock starts: a first build takes longer than the lead.
+    crate::support::bin();
     let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
     w.write_jobs(&format!(
         "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  at: \"{}\"\n  parameters: {{command: \"sleep 1; echo done\"}}\n",
@@ -83,6 +85,8 @@ fn sigterm_drains_running_work() {
 
 #[test]
 fn runs_past_the_grace_period_are_interrupted_and_picked_up_at_next_start() {
+    // Built (or found fresh) before the clock starts: a first build takes longer than the lead.
+    crate::support::bin();
     let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
     let job = |cmd: &str| {
         format!(
@@ -110,6 +114,8 @@ fn runs_past_the_grace_period_are_interrupted_and_picked_up_at_next_start() {
 
 #[test]
 fn kill_9_during_a_run_is_recovered_after_restart() {
+    // Built (or found fresh) before the clock starts: a first build takes longer than the lead.
+    crate::support::bin();
     let at = (chrono_now_ms() + 1500) / 1000 * 1000 + 1000;
     let mut w = Worker::new(&format!(
         "crashy:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  at: \"{}\"\n  parameters: {{command: \"sleep 2\"}}\n",

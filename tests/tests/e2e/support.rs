@@ -89,8 +89,8 @@ pub(crate) fn bin() -> PathBuf {
             }
             let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug").to_owned();
             let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            // The whole workspace's binaries, as `cargo build --workspace` would: the same feature
-            // set, so nothing is compiled twice.
+            // The whole workspace's binaries, as `cargo build --workspace` builds them (its
+            // feature set, which differs from the tests' own: dev-dependencies add features).
             cargo.current_dir(repo_root()).args(["build", "--quiet", "--workspace", "--bins"]);
             if let Some(target) = dir.parent() {
                 cargo.arg("--target-dir").arg(target);
@@ -145,6 +145,9 @@ pub(crate) struct Worker {
 impl Worker {
     /// Writes `jobs_yaml` (the body of `scheduling.jobs`) into a config.
     pub(crate) fn new(jobs_yaml: &str) -> Self {
+        // The binaries first (built once per process): a test that reads the clock after
+        // this does not count the build against its deadlines.
+        bin();
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None, env: Vec::new() };
