@@ -555,8 +555,8 @@ impl Engine {
     /// clock does meanwhile (a step backwards must not make a live loop look stuck), this
     /// resolves only if the loop is turning. The systemd watchdog pings on it.
     pub async fn next_pass(&self) {
+        // A new receiver has seen the current value: `changed` waits for the next pass.
         let mut rx = self.shared.passes.subscribe();
-        rx.borrow_and_update();
         self.shared.wake_scheduler();
         let _ = rx.changed().await;
     }

@@ -12,6 +12,7 @@
 //! `lampctl jobs list` (p50/p99 over 50 runs).
 #![allow(clippy::disallowed_methods)]
 
+use lamplighter_tests::proc::KillOnDrop;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -163,15 +164,6 @@ async fn seed_history(db: &Path, jobs: usize, per_job: usize) {
             .expect("insert a job's state");
     }
     tx.commit().await.expect("commit");
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// One keep-alive HTTP/1.1 connection that sends `tools/call` at 2026-07-28 and reads whole

@@ -31,7 +31,7 @@ impl Cluster {
     pub fn start() -> Cluster {
         crate::setup::debian_packages(&["postgresql"], "a throwaway PostgreSQL cluster (initdb, pg_ctl)", || server_bin().is_some());
         let bin = server_bin().expect("installed above");
-        let as_user = is_root().then(|| {
+        let as_user = crate::setup::is_root().then(|| {
             ensure_user();
             USER
         });
@@ -172,10 +172,6 @@ fn server_bin() -> Option<PathBuf> {
         versions.sort();
         versions.pop()
     })
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }
 
 fn ensure_user() {

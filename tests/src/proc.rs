@@ -49,3 +49,14 @@ pub fn spawn_until(cmd: &mut Command, log: &Path, marker: &str, within: Duration
         }
     }
 }
+
+/// A child process killed (and reaped) when this is dropped: a test that fails midway leaves
+/// no server behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -11,14 +11,18 @@ use std::process::Command;
 /// and a second install would fail on it rather than wait.
 const LOCK: &str = "/tmp/lamplighter-apt.lock";
 
+/// Whether the tests run as root (as CI does).
+pub fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
 /// Installs Debian `packages` unless `present()` says they are there already; `why` says what
 /// needs them, for the error without root.
 pub fn debian_packages(packages: &[&str], why: &str, present: impl Fn() -> bool) {
     if present() {
         return;
     }
-    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-    assert!(root, "{why} needs {0}; install it (`sudo apt-get install {0}`) and run the tests again", packages.join(" "));
+    assert!(is_root(), "{why} needs {0}; install it (`sudo apt-get install {0}`) and run the tests again", packages.join(" "));
     let lock = std::fs::File::create(LOCK).unwrap_or_else(|e| panic!("{LOCK}: {e}"));
     lock.lock().unwrap_or_else(|e| panic!("lock {LOCK}: {e}"));
     // Another test may have installed them while this one waited.

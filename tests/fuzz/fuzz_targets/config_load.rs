@@ -1,3 +1,4 @@
+//! Fuzz target `config_load`: libFuzzer's input into `lamplighter_fuzz::checks::config_load` (what it asserts is documented there).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,3 +1,4 @@
+//! Fuzz target `schedule`: libFuzzer's input into `lamplighter_fuzz::checks::schedule` (what it asserts is documented there).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

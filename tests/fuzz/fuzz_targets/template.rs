@@ -1,3 +1,4 @@
+//! Fuzz target `template`: libFuzzer's input into `lamplighter_fuzz::checks::template` (what it asserts is documented there).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

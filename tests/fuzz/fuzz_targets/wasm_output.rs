@@ -1,3 +1,4 @@
+//! Fuzz target `wasm_output`: libFuzzer's input into `lamplighter_fuzz::checks::wasm_output` (what it asserts is documented there).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

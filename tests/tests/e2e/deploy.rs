@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use lamplighter_tests::otlp::Receiver;
 use lamplighter_tests::pg::Cluster;
-use lamplighter_tests::proc::{READY_LINE, spawn_until};
+use lamplighter_tests::proc::{KillOnDrop, READY_LINE, spawn_until};
 use serde_json::Value;
 
 use crate::support::{bin, ctl_at, free_port, poll, repo_root};
@@ -219,7 +219,7 @@ fn the_compose_worker_runs_from_the_images_command_line_config_and_healthcheck()
     assert_ne!(healthcheck, image.healthcheck, "the HEALTHCHECK no longer names port 5100");
     assert!(!run(&mut command_of(&healthcheck)).0, "healthy before the worker started");
 
-    let mut child = spawn_until(&mut start(true), &log, READY_LINE, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = KillOnDrop(spawn_until(&mut start(true), &log, READY_LINE, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}")));
     let (ok, out) = run(&mut command_of(&healthcheck));
     assert!(ok, "HEALTHCHECK failed on a running worker: {out}\n{}", logs());
 
@@ -242,8 +242,8 @@ fn the_compose_worker_runs_from_the_images_command_line_config_and_healthcheck()
     poll("the workflow to succeed", Duration::from_secs(20), || (status(&run_id) == "succeeded").then_some(()), logs);
     poll("spans at the collector", Duration::from_secs(20), || (!receiver.spans().is_empty()).then_some(()), logs);
 
-    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    assert_eq!(child.wait().unwrap().code(), Some(0), "{}", logs());
+    assert!(Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap().success());
+    assert_eq!(child.0.wait().unwrap().code(), Some(0), "{}", logs());
     let (ok, out) = run(&mut command_of(&healthcheck));
     assert!(!ok && out.contains("unhealthy"), "HEALTHCHECK passed on a stopped worker: {out}");
     drop(rt);

@@ -8,6 +8,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use lamplighter_tests::pg::Cluster;
+use lamplighter_tests::proc::KillOnDrop;
 
 use crate::support::Worker;
 
@@ -284,14 +285,5 @@ fn the_units_command_line_serves_the_example_config() {
     assert!(text.lines().count() >= 3, "{text}");
     for line in text.lines() {
         assert!(serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| v.is_object()), "not a JSON log line: {line}");
-    }
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use lamplighter_tests::proc::{READY_LINE, spawn_until};
+use lamplighter_tests::proc::{KillOnDrop, READY_LINE, spawn_until};
 
 use crate::support::{bin, ctl_bin, free_port, http_get, repo_root};
 
@@ -81,7 +81,7 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     let log = root.path().join("worker.log");
     let mut cmd = Command::new(bin());
     cmd.args(&worker_args).current_dir(root.path()).env("RUST_LOG", "info").stdout(std::process::Stdio::null());
-    let mut worker = spawn_until(&mut cmd, &log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
+    let mut worker = KillOnDrop(spawn_until(&mut cmd, &log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}")));
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
@@ -143,8 +143,8 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     assert_eq!(code, 0);
     assert!(out.contains("not tonight"), "{out}");
 
-    assert!(Command::new("kill").args(["-TERM", &worker.id().to_string()]).status().unwrap().success());
-    assert_eq!(worker.wait().unwrap().code(), Some(0), "{}", logs());
+    assert!(Command::new("kill").args(["-TERM", &worker.0.id().to_string()]).status().unwrap().success());
+    assert_eq!(worker.0.wait().unwrap().code(), Some(0), "{}", logs());
 }
 
 #[test]
