@@ -7,6 +7,7 @@
 mod support;
 
 mod agents;
+mod chaos;
 mod config_cli;
 mod conformance;
 mod contract;

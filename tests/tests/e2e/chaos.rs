@@ -1,0 +1,678 @@
+//! Chaos: the real worker killed with SIGKILL (and its commands with it) at random moments while
+//! a per-second job, workflows waiting for approval and agent runs against the scripted provider
+//! go on; on SQLite, and on three workers sharing PostgreSQL. Afterwards, from the database and
+//! from side effects the runs leave behind:
+//!
+//! - no tick doubled or lost (`catch_up: all`, so every second between the first and the last
+//!   tick has exactly one scheduled run that was not skipped), no run identity succeeded twice;
+//! - no run left `running` after the final SIGTERM, no worker left registered;
+//! - every interrupted run followed up by the next attempt (or out of retries);
+//! - no workflow step repeated once its end was recorded, no model call repeated once its reply
+//!   was recorded, and no second reply's tool run for the same place in a conversation.
+//!
+//! A monitor thread watches the database while the chaos goes on: the first time it sees a
+//! step recorded `succeeded` (a model call recorded) it counts that step's lines in the step log
+//! (the requests the provider had for that place); any line or request after that is a repeat.
+//! The side effect always comes before the record, so the count is never short.
+//!
+//! `CHAOS_SECONDS` (default 25) sets how long the kills go on; `CHAOS_SEED` replays a run's
+//! choices (the timing of real processes still varies). The seed and the kill timeline are
+//! printed. A long run: `CHAOS_SECONDS=3600 cargo test -p lamplighter-tests --test e2e chaos --
+//! --nocapture`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lamplighter_tests::llm::{Reply, ScriptedLlm, messages, tool_results};
+use lamplighter_tests::pg::Cluster;
+use serde_json::json;
+use sqlx::Row;
+
+use crate::support::Worker;
+
+/// A seeded SplitMix64: the harness's choices, replayable from `CHAOS_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi` milliseconds.
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo).max(1))
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// The database the workers write, read from outside; every column as text.
+enum Conn {
+    Sqlite(PathBuf),
+    Pg(sqlx::PgPool),
+}
+
+struct Db {
+    rt: tokio::runtime::Runtime,
+    conn: Conn,
+}
+
+type Rows = Vec<Vec<Option<String>>>;
+
+impl Db {
+    fn sqlite(path: &Path) -> Db {
+        Db { rt: tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap(), conn: Conn::Sqlite(path.to_owned()) }
+    }
+
+    fn pg(url: &str) -> Db {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let pool = {
+            let _in = rt.enter();
+            sqlx::postgres::PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(5)).connect_lazy(url).unwrap()
+        };
+        Db { rt, conn: Conn::Pg(pool) }
+    }
+
+    fn same(&self) -> Db {
+        match &self.conn {
+            Conn::Sqlite(p) => Db::sqlite(p),
+            Conn::Pg(pool) => {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let _in = rt.enter();
+                let opts = pool.connect_options().as_ref().clone();
+                let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(opts);
+                drop(_in);
+                Db { rt, conn: Conn::Pg(pool) }
+            }
+        }
+    }
+
+    /// The rows of `sql`, whose columns must all be text (cast them).
+    fn rows(&self, sql: &'static str) -> Result<Rows, String> {
+        match &self.conn {
+            Conn::Sqlite(path) => self.rt.block_on(async {
+                let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(path).read_only(true);
+                let mut conn = sqlx::ConnectOptions::connect(&opts).await.map_err(|e| e.to_string())?;
+                let rows = sqlx::query(sql).fetch_all(&mut conn).await.map_err(|e| e.to_string())?;
+                rows.iter().map(|r| (0..r.len()).map(|i| r.try_get::<Option<String>, _>(i).map_err(|e| e.to_string())).collect()).collect()
+            }),
+            Conn::Pg(pool) => self.rt.block_on(async {
+                let rows = sqlx::query(sql).fetch_all(pool).await.map_err(|e| e.to_string())?;
+                rows.iter().map(|r| (0..r.len()).map(|i| r.try_get::<Option<String>, _>(i).map_err(|e| e.to_string())).collect()).collect()
+            }),
+        }
+    }
+}
+
+/// One row of `ll_runs`.
+#[derive(Debug, Clone)]
+struct Run {
+    id: String,
+    job: String,
+    trigger: String,
+    status: String,
+    scheduled_at: Option<i64>,
+    attempt: u32,
+    retry_of: Option<String>,
+    next_run_id: Option<String>,
+    root: String,
+    finished_at: Option<i64>,
+    error: Option<String>,
+}
+
+const RUNS: &str = "SELECT id, job, trigger, status, CAST(scheduled_at AS TEXT), CAST(attempt AS TEXT), retry_of, next_run_id, \
+                    coalesce(root_id, id), CAST(finished_at AS TEXT), error FROM ll_runs ORDER BY id";
+
+fn runs(db: &Db) -> Result<Vec<Run>, String> {
+    let int = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<i64>().ok());
+    Ok(db
+        .rows(RUNS)?
+        .into_iter()
+        .map(|r| Run {
+            id: r[0].clone().unwrap_or_default(),
+            job: r[1].clone().unwrap_or_default(),
+            trigger: r[2].clone().unwrap_or_default(),
+            status: r[3].clone().unwrap_or_default(),
+            scheduled_at: int(&r[4]),
+            attempt: int(&r[5]).unwrap_or(0) as u32,
+            retry_of: r[6].clone(),
+            next_run_id: r[7].clone(),
+            root: r[8].clone().unwrap_or_default(),
+            finished_at: int(&r[9]),
+            error: r[10].clone(),
+        })
+        .collect())
+}
+
+/// Retries every job gets: enough that the kills never exhaust them.
+const RETRIES: u32 = 50;
+
+/// The workers' config: `storage` is the `scheduling.storage` block (empty for SQLite), `name`
+/// the worker's name (PostgreSQL).
+fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, name: Option<&str>) {
+    let log = shared.join("steps.log");
+    let step = |id: &str| {
+        let command = format!("sleep 0.2; echo \"${{run.id}} {id} ${{run.attempt}}\" >> {}", log.display());
+        format!(
+            "      - id: {id}\n        type: plugin\n        plugin: shell-exec\n        action: run\n        parameters: {{command: {}}}\n",
+            serde_json::to_string(&command).unwrap()
+        )
+    };
+    let common = format!("retries: {{max: {RETRIES}, backoff: fixed, initial: 1s}}, retention: {{max_runs: 1000000}}");
+    let name = name.map(|n| format!("  name: {n}\n  lease: 3s\n")).unwrap_or_default();
+    let text = format!(
+        "framework:\n  data_dir: {data}\n\
+         worker:\n{name}  concurrency: 4\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n\
+         ai:\n  default_model: default\n  providers:\n    scripted:\n      base_url: {base}\n      models:\n        default: {{id: scripted-model}}\n\
+         agents:\n  chaos-bee:\n    plugins: [shell-exec]\n    allowed_commands: ['echo *', 'sleep *']\n\
+         workflows:\n  gated:\n    steps:\n{draft}      - id: gate\n        type: approval\n        input: \"Publish?\"\n{publish}{done}\
+         scheduling:\n{storage}  jobs:\n\
+         \x20   tick: {{type: plugin, plugin: shell-exec, action: run, cron: \"* * * * * *\", overlap: allow, catch_up: all, \
+         catch_up_window: 2h, {common}, parameters: {{command: \"sleep 0.5; echo tick\"}}}}\n\
+         \x20   gated: {{type: workflow, workflow: gated, cron: \"*/3 * * * * *\", overlap: allow, catch_up: all, catch_up_window: 2h, {common}}}\n\
+         \x20   bee: {{type: agent, agent: chaos-bee, {common}}}\n",
+        data = w.dir.path().join("data").display(),
+        port = w.port,
+        base = llm.base_url(),
+        draft = step("draft"),
+        publish = step("publish"),
+        done = step("done"),
+    );
+    std::fs::write(w.config_path(), text).unwrap();
+}
+
+/// What the scripted provider was asked: (the conversation's tag, how many tool results it
+/// carried, the nonce of the reply).
+type Calls = Arc<Mutex<Vec<(String, usize, u64)>>>;
+
+/// A provider whose agent makes three tool calls, each appending `TAG K nonce=N;` to
+/// `agent.log`, then answers; every reply carries a fresh nonce.
+fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls) {
+    let calls: Calls = Arc::default();
+    let nonce = AtomicU64::new(0);
+    let log = shared.join("agent.log");
+    let seen = calls.clone();
+    let llm = rt.block_on(ScriptedLlm::start((3, 2), move |req| {
+        let tag = messages(req).iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or("?").to_owned();
+        let k = tool_results(req);
+        let n = nonce.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.lock().unwrap().push((tag.clone(), k, n));
+        if k < 3 {
+            let command = format!("sleep 0.2; echo '{tag} {k} nonce={n}' >> {}", log.display());
+            Reply::Tools(vec![("shell-exec__run".into(), json!({ "command": command }).to_string())])
+        } else {
+            Reply::Text(format!("{tag} done nonce={n}"))
+        }
+    }));
+    (llm, calls)
+}
+
+fn nonce_in(text: &str) -> Option<u64> {
+    let at = text.find("nonce=")? + "nonce=".len();
+    text[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+}
+
+fn lines_of(log: &str, root: &str, step: &str) -> usize {
+    let prefix = format!("{root} {step} ");
+    log.lines().filter(|l| l.starts_with(&prefix)).count()
+}
+
+/// What the monitor saw the first time a record appeared.
+#[derive(Default)]
+struct Sightings {
+    /// (root, step) of a step recorded succeeded → (its attempt, the step's lines in the log then).
+    steps: BTreeMap<(String, String), (String, usize)>,
+    /// (root, conversation, seq) of a model call → (the reply's nonce, its place, the provider's
+    /// requests for that place then).
+    models: BTreeMap<(String, String, String), (u64, (String, usize), usize)>,
+    problems: Vec<String>,
+}
+
+const STEPS: &str = "SELECT root_id, step, CAST(attempt AS TEXT) FROM ll_steps WHERE status = 'succeeded' AND step <> 'gate'";
+const MODELS: &str = "SELECT root_id, conversation, CAST(seq AS TEXT), CAST(response AS TEXT) FROM ll_agent_calls WHERE kind = 'model'";
+
+impl Sightings {
+    /// One look at the database, then at the side effects (which come before the records).
+    fn look(&mut self, db: &Db, steps_log: &Path, calls: &Calls) {
+        if let Ok(rows) = db.rows(STEPS) {
+            let log = std::fs::read_to_string(steps_log).unwrap_or_default();
+            for r in rows {
+                let [root, step, attempt] = [0, 1, 2].map(|i| r[i].clone().unwrap_or_default());
+                let lines = lines_of(&log, &root, &step);
+                self.steps.entry((root, step)).or_insert((attempt, lines));
+            }
+        }
+        if let Ok(rows) = db.rows(MODELS) {
+            let calls = calls.lock().unwrap().clone();
+            for r in rows {
+                let [root, conversation, seq, response] = [0, 1, 2, 3].map(|i| r[i].clone().unwrap_or_default());
+                let key = (root, conversation, seq);
+                if self.models.contains_key(&key) {
+                    continue;
+                }
+                let Some(n) = nonce_in(&response) else {
+                    self.problems.push(format!("model call {key:?} recorded without a nonce: {response}"));
+                    self.models.insert(key, (0, (String::new(), 0), 0));
+                    continue;
+                };
+                let Some((tag, k, _)) = calls.iter().find(|c| c.2 == n).cloned() else {
+                    self.problems.push(format!("model call {key:?} recorded a reply the provider never sent (nonce {n})"));
+                    continue;
+                };
+                let asked = calls.iter().filter(|c| c.0 == tag && c.1 == k).count();
+                self.models.insert(key, (n, (tag, k), asked));
+            }
+        }
+    }
+}
+
+/// Watches the database every 50 ms until `stop`, then looks once more.
+fn monitor(db: Db, steps_log: PathBuf, calls: Calls, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Sightings> {
+    std::thread::spawn(move || {
+        let mut s = Sightings::default();
+        while !stop.load(Ordering::SeqCst) {
+            s.look(&db, &steps_log, &calls);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s.look(&db, &steps_log, &calls);
+        s
+    })
+}
+
+/// SIGKILL as a crash or an OOM kill delivers it: the worker stopped first (so it starts
+/// nothing new), its commands' process groups killed with it, as a service manager's control
+/// group or a container's end does.
+fn kill_hard(w: &mut Worker) {
+    let pid = w.pid();
+    w.signal("STOP");
+    let children: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let ppid: i32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == pid).then(|| head.split_whitespace().next()?.parse().ok()).flatten()
+        })
+        .collect();
+    w.signal("KILL");
+    w.wait_exit(Duration::from_secs(10));
+    for c in children {
+        // Each command leads its own process group (its shell and what it started).
+        let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{c}")]).stderr(std::process::Stdio::null()).status();
+    }
+}
+
+struct Chaos<'a> {
+    workers: Vec<Worker>,
+    db: &'a Db,
+    rng: Rng,
+    t0: Instant,
+    timeline: Vec<String>,
+    /// Agent runs asked for and started, and those whose trigger has not gone through yet.
+    triggered: Vec<String>,
+    pending: Vec<String>,
+    /// Runs waiting for approval → when the harness approves them.
+    approve_at: HashMap<String, Instant>,
+    kills: usize,
+}
+
+impl Chaos<'_> {
+    fn note(&mut self, what: String) {
+        self.timeline.push(format!("{:>8.3}s {what}", self.t0.elapsed().as_secs_f64()));
+    }
+
+    fn live(&mut self) -> Option<usize> {
+        let up: Vec<usize> = (0..self.workers.len()).filter(|&i| self.workers[i].is_running()).collect();
+        (!up.is_empty()).then(|| up[(self.rng.next() % up.len() as u64) as usize])
+    }
+
+    /// A moment of a user's activity through a live worker: now and then an agent run, and the
+    /// approvals that are due (`at_once`: every waiting run).
+    fn act(&mut self, at_once: bool) {
+        let Some(i) = self.live() else { return };
+        if self.rng.chance(0.07) {
+            let tag = format!("chaos-{}", self.triggered.len() + self.pending.len());
+            self.pending.push(tag);
+        }
+        for tag in std::mem::take(&mut self.pending) {
+            let (code, out, err) = self.workers[i].ctl(&["jobs", "trigger", "bee", "--input", &tag, "--idempotency-key", &tag]);
+            if code == 0 {
+                self.note(format!("triggered {tag}"));
+                self.triggered.push(tag);
+            } else {
+                self.note(format!("trigger {tag} failed: {out}{err}"));
+                self.pending.push(tag);
+            }
+        }
+        let Ok(waiting) = self.db.rows("SELECT id FROM ll_runs WHERE status = 'waiting_approval'") else { return };
+        let now = Instant::now();
+        for id in waiting.into_iter().filter_map(|r| r[0].clone()) {
+            let delay = self.rng.ms(0, 3000);
+            let due = *self.approve_at.entry(id.clone()).or_insert(now + delay);
+            if at_once || due <= now {
+                let (code, out, err) = self.workers[i].ctl(&["approvals", "approve", &id, "--by", "chaos"]);
+                if code != 0 {
+                    self.note(format!("approve {id}: exit {code}: {}{}", out.trim(), err.trim()));
+                }
+            }
+        }
+    }
+
+    /// Acts for `d`, in slices.
+    fn act_for(&mut self, d: Duration) {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            self.act(false);
+            std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+        }
+    }
+
+    fn run(&mut self, seconds: u64) {
+        while self.t0.elapsed() < Duration::from_secs(seconds) {
+            let up = self.rng.ms(300, 4000);
+            self.act_for(up);
+            if self.rng.chance(0.3) {
+                // Near a whole second, when the per-second job's tick is being claimed.
+                let ms = now_ms().rem_euclid(1000) as u64;
+                let jitter = self.rng.ms(0, 40).as_millis() as u64;
+                std::thread::sleep(Duration::from_millis((1000 - ms + jitter + 980) % 1000));
+            }
+            let n = self.workers.len();
+            let victims: BTreeSet<usize> = if n == 1 {
+                [0].into()
+            } else {
+                let count = if self.rng.chance(0.7) { 1 } else if self.rng.chance(0.8) { 2 } else { n };
+                let mut v = BTreeSet::new();
+                while v.len() < count {
+                    v.insert((self.rng.next() % n as u64) as usize);
+                }
+                v
+            };
+            for &v in &victims {
+                kill_hard(&mut self.workers[v]);
+                self.kills += 1;
+            }
+            // On PostgreSQL, sometimes long enough for the lease to run out (3 s, taken over
+            // after 4 s): the others then recover the victims' runs.
+            let down = if n > 1 && self.rng.chance(0.15) { Duration::from_millis(5000) } else { self.rng.ms(0, 2000) };
+            self.note(format!("killed {victims:?}, down for {} ms", down.as_millis()));
+            self.act_for(down);
+            for &v in &victims {
+                self.workers[v].start();
+            }
+            self.note(format!("restarted {victims:?}"));
+        }
+    }
+
+    /// Every worker up, `gated` paused, every approval given at once, until no run but the
+    /// per-second job's is going and every interrupted run has its follow-up.
+    fn settle(&mut self) {
+        for w in &mut self.workers {
+            if !w.is_running() {
+                w.start();
+            }
+        }
+        let (code, out, err) = self.workers[0].ctl(&["jobs", "pause", "gated"]);
+        assert_eq!(code, 0, "{out}{err}");
+        self.note("settling: gated paused".into());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            self.act(true);
+            let rs = runs(self.db).unwrap_or_default();
+            let going: Vec<&Run> =
+                rs.iter().filter(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str())).collect();
+            let unfollowed = rs.iter().filter(|r| r.status == "interrupted" && r.next_run_id.is_none()).count();
+            if self.pending.is_empty() && going.is_empty() && unfollowed == 0 && !rs.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let logs: String = self.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect();
+                panic!(
+                    "the runs did not settle within 120 s: still going {going:#?}, {unfollowed} interrupted without a follow-up\n{}\n{logs}",
+                    self.timeline.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Everything the invariants say, from the final database and the side effects.
+fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls, triggered: &[String]) -> Vec<String> {
+    let mut bad = s.problems.clone();
+    let rs = runs(db).expect("reading the runs after the chaos");
+    assert!(!rs.is_empty(), "no runs recorded at all");
+    let by_id: HashMap<&str, &Run> = rs.iter().map(|r| (r.id.as_str(), r)).collect();
+
+    // No tick doubled or lost.
+    let mut per_second: BTreeMap<i64, Vec<&Run>> = BTreeMap::new();
+    for r in rs.iter().filter(|r| r.job == "tick" && r.trigger != "retry") {
+        per_second.entry(r.scheduled_at.expect("a scheduled tick has its time")).or_default().push(r);
+    }
+    for (at, fired) in &per_second {
+        if fired.len() > 1 {
+            bad.push(format!("tick {at} fired {} times: {fired:#?}", fired.len()));
+        }
+    }
+    let (lo, hi) = (*per_second.keys().next().unwrap(), *per_second.keys().last().unwrap());
+    assert!(hi - lo >= 5_000, "the per-second job ran for less than 5 s: {lo}..{hi}");
+    for at in (lo..=hi).step_by(1000) {
+        if !per_second.get(&at).is_some_and(|f| f.iter().any(|r| r.status != "skipped")) {
+            bad.push(format!("tick {at} lost: {:?}", per_second.get(&at)));
+        }
+    }
+    let mut succeeded: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in rs.iter().filter(|r| r.status == "succeeded") {
+        *succeeded.entry(&r.root).or_default() += 1;
+    }
+    bad.extend(succeeded.iter().filter(|(_, n)| **n > 1).map(|(root, n)| format!("run identity {root} succeeded {n} times")));
+
+    // Nothing left running, nothing failed; every interrupted run followed up by the next attempt.
+    for r in &rs {
+        match r.status.as_str() {
+            "running" => bad.push(format!("run {} ({}) left running after the final stop", r.id, r.job)),
+            "failed" | "timed_out" | "cancelled" => bad.push(format!("run {} ({}) {}: {:?}", r.id, r.job, r.status, r.error)),
+            "interrupted" => match r.next_run_id.as_deref() {
+                None if r.finished_at.is_some_and(|f| f >= t_stop) => {} // followed up at the next start
+                None => bad.push(format!("interrupted run {} ({}) was never followed up", r.id, r.job)),
+                Some("") if r.attempt > RETRIES => {}
+                Some(next) => match by_id.get(next) {
+                    Some(f) if f.retry_of.as_deref() == Some(r.id.as_str()) && f.attempt == r.attempt + 1 && f.root == r.root => {}
+                    f => bad.push(format!("interrupted run {r:?} followed up by {f:?}")),
+                },
+            },
+            _ => {}
+        }
+    }
+    // Every workflow and agent run identity ended in success.
+    let roots = |job: &str| rs.iter().filter(|r| r.job == job).map(|r| r.root.as_str()).collect::<BTreeSet<_>>();
+    for job in ["gated", "bee"] {
+        for root in roots(job) {
+            if !succeeded.contains_key(root) {
+                bad.push(format!("{job} run {root} never succeeded"));
+            }
+        }
+    }
+    assert_eq!(roots("bee").len(), triggered.len(), "one agent run per trigger: {triggered:?}");
+    assert!(!roots("gated").is_empty(), "no workflow ran");
+
+    // No step repeated after its end was recorded; the record kept is the first one.
+    let log = std::fs::read_to_string(shared.join("steps.log")).unwrap_or_default();
+    for ((root, step), (attempt, lines)) in &s.steps {
+        let now = lines_of(&log, root, step);
+        if *lines == 0 || now != *lines {
+            bad.push(format!("step {step} of {root}: {lines} line(s) when recorded succeeded (attempt {attempt}), {now} at the end"));
+        }
+    }
+    let final_steps = db.rows(STEPS).expect("reading the steps");
+    for r in &final_steps {
+        let [root, step, attempt] = [0, 1, 2].map(|i| r[i].clone().unwrap_or_default());
+        let first = s.steps.get(&(root.clone(), step.clone()));
+        if first.is_none_or(|(first, _)| *first != attempt) {
+            bad.push(format!("step {step} of {root}: recorded succeeded by attempt {attempt}, first seen {first:?}"));
+        }
+    }
+    for root in roots("gated") {
+        for step in ["draft", "publish", "done"] {
+            if !s.steps.contains_key(&(root.to_owned(), step.to_owned())) {
+                bad.push(format!("step {step} of {root} never seen succeeded"));
+            }
+        }
+    }
+
+    // No model call repeated after its reply was recorded, nor a recorded reply replaced.
+    let calls = calls.lock().unwrap().clone();
+    for (key, (nonce, (tag, k), asked)) in &s.models {
+        let now = calls.iter().filter(|c| &c.0 == tag && c.1 == *k).count();
+        if now != *asked {
+            bad.push(format!("model call {key:?} (reply {nonce} to {tag} at {k}): asked {asked} time(s) by its record, {now} at the end"));
+        }
+    }
+    for r in db.rows(MODELS).expect("reading the model calls") {
+        let key = (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default(), r[2].clone().unwrap_or_default());
+        let n = r[3].as_deref().and_then(nonce_in);
+        if s.models.get(&key).map(|m| m.0) != n {
+            bad.push(format!("model call {key:?} holds reply {n:?}, first seen {:?}", s.models.get(&key)));
+        }
+    }
+    for r in db.rows("SELECT root_id, CAST(seq AS TEXT), error FROM ll_agent_calls WHERE error IS NOT NULL").expect("reading the calls") {
+        bad.push(format!("agent call {:?} #{:?} failed: {:?}", r[0], r[1], r[2]));
+    }
+    // Each place in a conversation had its tools run for one reply only, and each agent made
+    // its three calls.
+    let agent_log = std::fs::read_to_string(shared.join("agent.log")).unwrap_or_default();
+    let mut replies: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for line in agent_log.lines() {
+        let mut f = line.split(' ');
+        let (Some(tag), Some(k), Some(n)) = (f.next(), f.next(), f.next()) else {
+            bad.push(format!("agent.log: {line:?}"));
+            continue;
+        };
+        replies.entry((tag.into(), k.into())).or_default().insert(n.into());
+    }
+    for ((tag, k), nonces) in &replies {
+        if nonces.len() > 1 {
+            bad.push(format!("{tag}: the tools of {} replies ran at place {k}: {nonces:?}", nonces.len()));
+        }
+    }
+    for tag in triggered {
+        for k in 0..3 {
+            if !replies.contains_key(&(tag.clone(), k.to_string())) {
+                bad.push(format!("{tag}: tool call {k} never ran"));
+            }
+        }
+    }
+    bad
+}
+
+/// Starts the chaos on `workers` (configured, not started) and checks the invariants.
+fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) {
+    let seconds = env_u64("CHAOS_SECONDS").unwrap_or(25);
+    let seed = env_u64("CHAOS_SEED").unwrap_or_else(|| now_ms() as u64);
+    eprintln!("chaos: CHAOS_SEED={seed} CHAOS_SECONDS={seconds}");
+    let mut c = Chaos {
+        workers,
+        db,
+        rng: Rng(seed),
+        t0: Instant::now(),
+        timeline: Vec::new(),
+        triggered: Vec::new(),
+        pending: Vec::new(),
+        approve_at: HashMap::new(),
+        kills: 0,
+    };
+    for w in &mut c.workers {
+        w.start();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let watching = monitor(db.same(), shared.join("steps.log"), calls.clone(), stop.clone());
+    c.run(seconds);
+    c.settle();
+    let t_stop = now_ms();
+    for w in &c.workers {
+        w.signal("TERM");
+    }
+    for w in &mut c.workers {
+        let code = w.wait_exit(Duration::from_secs(30));
+        assert_eq!(code, Some(0), "a worker did not stop cleanly:\n{}", w.log());
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sightings = watching.join().expect("the monitor");
+    let mut bad = violations(db, t_stop, &sightings, shared, calls, &c.triggered);
+    if pg {
+        let left = db.rows("SELECT name FROM ll_workers").expect("reading the workers");
+        if !left.is_empty() {
+            bad.push(format!("workers still registered after stopping: {left:?}"));
+        }
+    }
+    let rs = runs(db).unwrap_or_default();
+    let count = |f: &dyn Fn(&Run) -> bool| rs.iter().filter(|r| f(r)).count();
+    eprintln!(
+        "chaos: {} kills in {seconds} s; {} runs ({} ticks, {} interrupted, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
+        c.kills,
+        rs.len(),
+        count(&|r| r.job == "tick"),
+        count(&|r| r.status == "interrupted"),
+        count(&|r| r.trigger == "retry"),
+        sightings.steps.len(),
+        sightings.models.len(),
+        c.triggered.len(),
+    );
+    if !bad.is_empty() {
+        let logs: String = c.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect();
+        panic!("CHAOS_SEED={seed}: {} violation(s):\n{}\n\ntimeline:\n{}\n{logs}", bad.len(), bad.join("\n"), c.timeline.join("\n"));
+    }
+    assert!(c.kills >= 3, "too few kills to mean anything: {}", c.kills);
+    assert!(sightings.steps.len() >= 3 && !sightings.models.is_empty(), "too little work watched");
+}
+
+#[test]
+fn chaos_on_sqlite_loses_and_doubles_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let (llm, calls) = provider(&rt, shared.path());
+    let w = Worker::new("");
+    write_config(&w, &llm, shared.path(), "", None);
+    let db = Db::sqlite(&w.db());
+    chaos(vec![w], &db, shared.path(), &calls, false);
+    drop(llm);
+}
+
+#[test]
+fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let (llm, calls) = provider(&rt, shared.path());
+    let cluster = Cluster::start();
+    Db::pg(&cluster.url()).rows("CREATE DATABASE chaos").expect("creating the database");
+    let url = cluster.url_of("chaos");
+    let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n");
+    let workers: Vec<Worker> = ["w-a", "w-b", "w-c"]
+        .into_iter()
+        .map(|name| {
+            let w = Worker::new("");
+            write_config(&w, &llm, shared.path(), &storage, Some(name));
+            w
+        })
+        .collect();
+    let db = Db::pg(&url);
+    chaos(workers, &db, shared.path(), &calls, true);
+    drop(llm);
+}
