@@ -56,3 +56,8 @@ fn template_inputs_pass() {
 fn wasm_output_inputs_pass() {
     each("wasm_output", checks::wasm_output);
 }
+
+#[test]
+fn mcp_args_inputs_pass() {
+    each("mcp_args", checks::mcp_args);
+}

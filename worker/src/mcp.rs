@@ -27,14 +27,18 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_router};
 use schemars::JsonSchema;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{ApprovalMode, Config, Step, StepKind};
 pub(crate) use lamplighter_contract::ReloadSummary;
+use lamplighter_contract::args::{
+    self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, RunArgs, RunWorkflowArgs,
+    SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, seed_job_name, wait_timeout,
+};
 use lamplighter_contract::{
     ActionView, AgentInfo, AgentList, ApprovalList, JobList, PluginList, PluginView, StepOutline, TriggerOutcome, WorkflowInfo,
     WorkflowList,
@@ -50,31 +54,8 @@ use crate::tasks::{Follow, Tasks};
 use crate::{prompts, resources};
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 23] = [
-    "worker_status",
-    "list_jobs",
-    "get_job",
-    "pause_job",
-    "resume_job",
-    "trigger_job",
-    "list_runs",
-    "get_run",
-    "cancel_run",
-    "list_approvals",
-    "approve_step",
-    "reject_step",
-    "run_workflow",
-    "list_workflows",
-    "list_agents",
-    "list_plugins",
-    "reload_config",
-    "scheduler_list_jobs",
-    "scheduler_trigger_job",
-    "scheduler_pause_job",
-    "scheduler_resume_job",
-    "scheduler_job_status",
-    "worker_plugin_list",
-];
+/// The tools in the order `tools/list` gives them.
+const TOOL_ORDER: [&str; 23] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
      cancel runs; run workflows and approve or reject their steps that wait for a person; list workflows, agents and plugins; \
@@ -83,8 +64,6 @@ const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pa
 
 /// How often `trigger_job … wait` reports progress (and re-reads the run) while it waits.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// The longest `trigger_job … wait` may be told to wait.
-const MAX_WAIT_SECONDS: u64 = 24 * 60 * 60;
 
 /// A reload request: the main loop in `run.rs` reloads and answers on the enclosed channel with
 /// the summary, or with every config error (`file:line:col: error: …`) when the new config was
@@ -302,182 +281,11 @@ impl<P: JsonSchema> JsonSchema for Parameters<P> {
 
 impl<'a, S, P: DeserializeOwned> FromContextPart<ToolCallContext<'a, S>> for Parameters<P> {
     fn from_context_part(context: &mut ToolCallContext<'a, S>) -> Result<Self, ErrorData> {
-        let value = Value::Object(context.arguments.take().unwrap_or_default());
-        serde_path_to_error::deserialize(&value).map(Parameters).map_err(|e| argument_error(&context.name, &e))
+        let tool = &context.name;
+        args::from_arguments(tool, context.arguments.take().unwrap_or_default())
+            .map(Parameters)
+            .map_err(|e| ErrorData::invalid_params(e.message, Some(serde_json::json!({ "tool": tool, "field": e.field }))))
     }
-}
-
-fn argument_error(tool: &str, error: &serde_path_to_error::Error<serde_json::Error>) -> ErrorData {
-    let path = error.path().to_string();
-    // "." is the root: unknown and missing fields name themselves in serde's message.
-    let field = (path != ".").then_some(path);
-    let detail = match &field {
-        Some(f) => format!("field `{f}`: {}", error.inner()),
-        None => error.inner().to_string(),
-    };
-    ErrorData::invalid_params(
-        format!("invalid arguments for tool \"{tool}\": {detail}"),
-        Some(serde_json::json!({ "tool": tool, "field": field })),
-    )
-}
-
-/// No arguments (unknown ones are refused).
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct NoArgs {}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct JobArgs {
-    /// The job's name, as in `list_jobs`.
-    name: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct GetJobArgs {
-    /// The job's name, as in `list_jobs`.
-    name: String,
-    /// How many upcoming fire times to show (1–100, default 5).
-    #[schemars(range(min = 1, max = 100))]
-    next: Option<u32>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct PauseArgs {
-    /// The job's name, as in `list_jobs`.
-    name: String,
-    /// Why it is paused; shown in listings.
-    reason: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct TriggerArgs {
-    /// The job's name, as in `list_jobs`. Paused jobs can be triggered too.
-    name: String,
-    /// Input for this run (any JSON value), instead of the job's configured `input`.
-    input: Option<Value>,
-    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
-    parameters: Option<Map<String, Value>>,
-    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
-    idempotency_key: Option<String>,
-    /// Wait for the run to finish and return it. While waiting, progress notifications are sent if the request has a progress token.
-    #[serde(default)]
-    wait: bool,
-    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
-    #[schemars(range(min = 1, max = 86400))]
-    timeout_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct RunWorkflowArgs {
-    /// The workflow's name, as in `list_workflows`.
-    name: String,
-    /// The workflow's input (any JSON value): `${input}` and `${input.key}` in its steps.
-    input: Option<Value>,
-    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
-    idempotency_key: Option<String>,
-    /// Wait for the run to finish and return it (a run waiting for approval keeps the wait going). While waiting, progress notifications are sent if the request has a progress token.
-    #[serde(default)]
-    wait: bool,
-    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
-    #[schemars(range(min = 1, max = 86400))]
-    timeout_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ListJobsArgs {
-    /// Page size (1–1000, default 100).
-    #[schemars(range(min = 1, max = 1000))]
-    limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    cursor: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ListRunsArgs {
-    /// Only runs of this job.
-    job: Option<String>,
-    /// Only runs with this status: queued, running, waiting_approval, succeeded, failed, cancelled, timed_out, skipped, interrupted.
-    status: Option<String>,
-    /// Page size (1–200, default 20).
-    #[schemars(range(min = 1, max = 200))]
-    limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    cursor: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct RunArgs {
-    /// The run's id, as returned by `trigger_job` or `list_runs`.
-    id: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct DecisionArgs {
-    /// The run waiting for approval.
-    run_id: String,
-    /// The approval step's id (default: the step the run is waiting at).
-    step: Option<String>,
-    /// A comment recorded with the decision.
-    comment: Option<String>,
-    /// Who decides, recorded as `decided_by` (default: the MCP client's name).
-    decided_by: Option<String>,
-}
-
-/// The seed worker's job arguments: `name` or `job_name`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct SeedJobArgs {
-    /// The job's name.
-    name: Option<String>,
-    /// The job's name (the seed worker's spelling of `name`).
-    job_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct SeedPauseArgs {
-    /// The job's name.
-    name: Option<String>,
-    /// The job's name (the seed worker's spelling of `name`).
-    job_name: Option<String>,
-    /// Why it is paused; shown in listings.
-    reason: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct SeedStatusArgs {
-    /// The job's name.
-    name: Option<String>,
-    /// The job's name (the seed worker's spelling of `name`).
-    job_name: Option<String>,
-    /// How many upcoming fire times to show (1–100, default 5).
-    #[schemars(range(min = 1, max = 100))]
-    next: Option<u32>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct SeedTriggerArgs {
-    /// The job's name.
-    name: Option<String>,
-    /// The job's name (the seed worker's spelling of `name`).
-    job_name: Option<String>,
-    /// Input for this run (any JSON value), instead of the job's configured `input`.
-    input: Option<Value>,
-    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
-    parameters: Option<Map<String, Value>>,
-    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
-    idempotency_key: Option<String>,
 }
 
 /// A tool's typed result. rmcp's `#[tool]` reads the output schema off a return type named
@@ -514,12 +322,9 @@ impl Failure {
     }
 }
 
-/// A wait's time limit: only with `wait`, 1–86400 seconds.
-fn wait_timeout(wait: bool, timeout_seconds: Option<u64>) -> Result<Option<Duration>, Failure> {
-    match timeout_seconds {
-        Some(_) if !wait => Err(Failure::invalid("timeout_seconds only applies with wait: true")),
-        Some(s) => Ok(Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?))),
-        None => Ok(None),
+impl From<ArgError> for Failure {
+    fn from(e: ArgError) -> Self {
+        Failure::invalid(e.message)
     }
 }
 
@@ -550,25 +355,6 @@ fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message)])
 }
 
-/// `value` when it is within `1..=max`, else an invalid-arguments error naming `field`.
-fn in_range(field: &str, value: u64, max: u64) -> Result<u64, Failure> {
-    if value < 1 || value > max {
-        return Err(Failure::invalid(format!("invalid arguments: field `{field}` must be between 1 and {max}, not {value}")));
-    }
-    Ok(value)
-}
-
-/// The seed's tools take the job as `name` or `job_name`.
-fn seed_job_name(name: Option<String>, job_name: Option<String>) -> Result<String, Failure> {
-    match (name, job_name) {
-        (Some(a), Some(b)) if a != b => {
-            Err(Failure::invalid(format!("invalid arguments: `name` (\"{a}\") and `job_name` (\"{b}\") name different jobs; pass one")))
-        }
-        (Some(a), _) | (None, Some(a)) => Ok(a),
-        (None, None) => Err(Failure::invalid("invalid arguments: missing field `name` (or the seed's `job_name`)")),
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tools
 
@@ -584,7 +370,7 @@ impl Control {
     /// The configured jobs by name, one page at a time (pass `next_cursor` back as `cursor`): target, schedule, time zone, enabled/paused state, next fire time and last run.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_jobs(&self, Parameters(a): Parameters<ListJobsArgs>) -> Result<Json<JobPage>, Failure> {
-        let limit = in_range("limit", a.limit.map_or(100, u64::from), 1000)? as usize;
+        let limit = a.page_size()?;
         Ok(Json(self.engine.list_jobs_page(a.cursor.as_deref(), limit).await?))
     }
 
@@ -622,18 +408,8 @@ impl Control {
     /// Lists runs, newest first, filtered by job and status, one page at a time: pass `next_cursor` back as `cursor` for the next page.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_runs(&self, Parameters(a): Parameters<ListRunsArgs>) -> Result<Json<RunPage>, Failure> {
-        let status = match a.status.as_deref() {
-            Some(s) => Some(s.parse::<RunStatus>().map_err(Failure::invalid)?),
-            None => None,
-        };
-        let limit = in_range("limit", a.limit.map_or(20, u64::from), 200)? as u32;
-        // A cursor is a run id from `next_cursor`; anything else would silently page wrong.
-        if let Some(c) = &a.cursor
-            && uuid::Uuid::parse_str(c).is_err()
-        {
-            return Err(Failure::invalid(format!("cursor \"{c}\" is not a `next_cursor` from list_runs")));
-        }
-        let page = self.engine.list_runs(RunFilter { job: a.job, status, limit: Some(limit), before: a.cursor }).await?;
+        let q = a.query()?;
+        let page = self.engine.list_runs(RunFilter { job: q.job, status: q.status, limit: Some(q.limit), before: q.before }).await?;
         Ok(Json(page))
     }
 
@@ -819,7 +595,7 @@ impl Control {
     }
 
     async fn do_get_job(&self, name: &str, next: Option<u32>) -> Result<Json<JobDetail>, Failure> {
-        let next = in_range("next", next.map_or(5, u64::from), 100)? as usize;
+        let next = args::next_fires(next)?;
         Ok(Json(self.engine.get_job(name, next).await?))
     }
 
@@ -1287,33 +1063,6 @@ mod tests {
         assert_eq!(summary("get_job", &job), "get_job: name report, paused false");
         assert_eq!(summary("worker_status", &serde_json::json!({"uptime_seconds": 3})), "worker_status: done");
         assert_eq!(summary("x", &serde_json::json!([1, 2])), "x: done");
-    }
-
-    fn error_for<P: DeserializeOwned>(args: Value) -> ErrorData {
-        let Err(e) = serde_path_to_error::deserialize::<_, P>(&args) else { panic!("{args} should not deserialize") };
-        argument_error("t", &e)
-    }
-
-    #[test]
-    fn bad_argument_errors_name_the_field() {
-        let e = error_for::<GetJobArgs>(serde_json::json!({"name": "a", "next": "five"}));
-        assert!(e.message.contains("field `next`"), "{}", e.message);
-        let e = error_for::<ListRunsArgs>(serde_json::json!({"limit": -1}));
-        assert!(e.message.contains("field `limit`"), "{}", e.message);
-        let e = error_for::<GetJobArgs>(serde_json::json!({"name": "a", "bogus": 1}));
-        assert!(e.message.contains("unknown field `bogus`"), "{}", e.message);
-        let e = error_for::<GetJobArgs>(serde_json::json!({}));
-        assert!(e.message.contains("missing field `name`"), "{}", e.message);
-        assert!(!e.message.starts_with("failed to deserialize parameters"), "rmcp would turn this into a tool result");
-    }
-
-    #[test]
-    fn seed_job_name_accepts_either_spelling() {
-        assert_eq!(seed_job_name(Some("a".into()), None).ok(), Some("a".to_string()));
-        assert_eq!(seed_job_name(None, Some("a".into())).ok(), Some("a".to_string()));
-        assert_eq!(seed_job_name(Some("a".into()), Some("a".into())).ok(), Some("a".to_string()));
-        assert!(seed_job_name(Some("a".into()), Some("b".into())).is_err());
-        assert!(seed_job_name(None, None).is_err());
     }
 
     #[test]

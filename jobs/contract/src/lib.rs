@@ -3,8 +3,10 @@
 //! output schemas from them); `lampctl` deserializes them, so a field renamed on one side is a
 //! compile error on the other rather than a "-" in a table.
 //!
-//! serde, serde_json and chrono only: `lampctl` depends on this crate and stays small.
+//! serde, serde_json, serde_path_to_error and chrono only: `lampctl` depends on this crate and
+//! stays small.
 
+pub mod args;
 mod run;
 mod tools;
 mod views;

@@ -139,3 +139,62 @@ pub fn wasm_output(input: &[u8]) {
         }
     }
 }
+
+/// MCP tool arguments, as any client may send them: the first byte picks the tool (one past
+/// the last is a tool that does not exist), the rest is the `arguments` object as JSON text.
+/// Checking never panics and gives the same answer twice. An accepted call has its counts and
+/// wait within range, a cursor that is a run id, a known status, the job it names, and would be
+/// refused with one more (unknown) field; a refusal says something, and names its field when it
+/// blames one.
+pub fn mcp_args(input: &[u8]) {
+    use lamplighter_contract::RunStatus;
+    use lamplighter_contract::args::{TOOLS, check, is_run_id};
+    use serde_json::Value;
+
+    let Some((&pick, json)) = input.split_first() else { return };
+    let tool = TOOLS.get(pick as usize % (TOOLS.len() + 1)).copied().unwrap_or("no_such_tool");
+    let Ok(Value::Object(arguments)) = serde_json::from_slice::<Value>(json) else { return };
+    let result = check(tool, arguments.clone());
+    assert_eq!(result, check(tool, arguments.clone()), "{tool}: the same arguments checked twice differ");
+    match result {
+        Ok(checked) => {
+            assert!(TOOLS.contains(&tool), "an unknown tool was accepted");
+            let max = match tool {
+                "list_jobs" => Some(1000),
+                "list_runs" => Some(200),
+                "get_job" | "scheduler_job_status" => Some(100),
+                _ => None,
+            };
+            assert_eq!(checked.count.is_some(), max.is_some(), "{tool}: {checked:?}");
+            if let (Some(n), Some(max)) = (checked.count, max) {
+                assert!((1..=max).contains(&n), "{tool}: count {n} outside 1..={max}");
+            }
+            if let Some(t) = checked.timeout {
+                assert!((1..=86_400).contains(&t.as_secs()), "{tool}: timeout {t:?}");
+                assert_eq!(arguments.get("wait"), Some(&Value::Bool(true)), "{tool}: a timeout without wait");
+            }
+            if tool == "list_runs" {
+                assert!(checked.subject.is_empty() || is_run_id(&checked.subject), "cursor {:?} accepted", checked.subject);
+                if let Some(s) = arguments.get("status").and_then(Value::as_str) {
+                    assert!(s.parse::<RunStatus>().is_ok(), "status {s:?} accepted");
+                }
+            }
+            let named = ["name", "job_name"].iter().filter_map(|k| arguments.get(*k).and_then(Value::as_str)).collect::<Vec<_>>();
+            if !named.is_empty() && tool != "run_workflow" {
+                assert!(named.iter().all(|n| *n == checked.subject), "{tool}: named {named:?}, checked {:?}", checked.subject);
+            }
+            let mut more = arguments;
+            let extra = (0..).map(|i| format!("zz_unknown_{i}")).find(|k| !more.contains_key(k)).unwrap_or_default();
+            more.insert(extra.clone(), Value::Null);
+            let refused = check(tool, more).expect_err("an unknown field was accepted");
+            assert!(refused.message.contains(&format!("unknown field `{extra}`")), "{tool}: {}", refused.message);
+        }
+        Err(e) => {
+            assert!(!e.message.trim().is_empty(), "{tool}: an empty refusal");
+            if let Some(field) = &e.field {
+                let last = field.rsplit('.').next().unwrap_or(field);
+                assert!(e.message.contains(last), "{tool}: the refusal blames `{field}` without naming it: {}", e.message);
+            }
+        }
+    }
+}

@@ -234,14 +234,23 @@ fn lines_of(log: &str, root: &str, step: &str) -> usize {
     log.lines().filter(|l| l.starts_with(&prefix)).count()
 }
 
+/// A model call as first recorded: the reply's nonce, its place in the conversation (tag, tool
+/// results so far) and how many requests the provider had had for that place then.
+#[derive(Debug, Clone, PartialEq)]
+struct Model {
+    nonce: u64,
+    tag: String,
+    k: usize,
+    asked: usize,
+}
+
 /// What the monitor saw the first time a record appeared.
 #[derive(Default)]
 struct Sightings {
     /// (root, step) of a step recorded succeeded → (its attempt, the step's lines in the log then).
     steps: BTreeMap<(String, String), (String, usize)>,
-    /// (root, conversation, seq) of a model call → (the reply's nonce, its place, the provider's
-    /// requests for that place then).
-    models: BTreeMap<(String, String, String), (u64, (String, usize), usize)>,
+    /// (root, conversation, seq) of a model call → what it recorded.
+    models: BTreeMap<(String, String, String), Model>,
     problems: Vec<String>,
 }
 
@@ -269,7 +278,7 @@ impl Sightings {
                 }
                 let Some(n) = nonce_in(&response) else {
                     self.problems.push(format!("model call {key:?} recorded without a nonce: {response}"));
-                    self.models.insert(key, (0, (String::new(), 0), 0));
+                    self.models.insert(key, Model { nonce: 0, tag: String::new(), k: 0, asked: 0 });
                     continue;
                 };
                 let Some((tag, k, _)) = calls.iter().find(|c| c.2 == n).cloned() else {
@@ -277,7 +286,7 @@ impl Sightings {
                     continue;
                 };
                 let asked = calls.iter().filter(|c| c.0 == tag && c.1 == k).count();
-                self.models.insert(key, (n, (tag, k), asked));
+                self.models.insert(key, Model { nonce: n, tag, k, asked });
             }
         }
     }
@@ -398,7 +407,13 @@ impl Chaos<'_> {
             let victims: BTreeSet<usize> = if n == 1 {
                 [0].into()
             } else {
-                let count = if self.rng.chance(0.7) { 1 } else if self.rng.chance(0.8) { 2 } else { n };
+                let count = if self.rng.chance(0.7) {
+                    1
+                } else if self.rng.chance(0.8) {
+                    2
+                } else {
+                    n
+                };
                 let mut v = BTreeSet::new();
                 while v.len() < count {
                     v.insert((self.rng.next() % n as u64) as usize);
@@ -539,7 +554,7 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
 
     // No model call repeated after its reply was recorded, nor a recorded reply replaced.
     let calls = calls.lock().unwrap().clone();
-    for (key, (nonce, (tag, k), asked)) in &s.models {
+    for (key, Model { nonce, tag, k, asked }) in &s.models {
         let now = calls.iter().filter(|c| &c.0 == tag && c.1 == *k).count();
         if now != *asked {
             bad.push(format!("model call {key:?} (reply {nonce} to {tag} at {k}): asked {asked} time(s) by its record, {now} at the end"));
@@ -548,7 +563,7 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     for r in db.rows(MODELS).expect("reading the model calls") {
         let key = (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default(), r[2].clone().unwrap_or_default());
         let n = r[3].as_deref().and_then(nonce_in);
-        if s.models.get(&key).map(|m| m.0) != n {
+        if s.models.get(&key).map(|m| m.nonce) != n {
             bad.push(format!("model call {key:?} holds reply {n:?}, first seen {:?}", s.models.get(&key)));
         }
     }

@@ -1,0 +1,465 @@
+//! The MCP tools' arguments, and every check the worker makes on them before it touches the
+//! store: strict deserialization (unknown fields and wrong types are refused, naming the field),
+//! ranges, which fields go together, run statuses and cursors. All of it is pure, so
+//! [`check`] runs a tool's whole argument handling without a worker (the fuzz target
+//! `mcp_args` drives it).
+//!
+//! A refusal is an [`ArgError`]: the worker answers it as a JSON-RPC invalid-params error
+//! (`-32602`) with this message.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::RunStatus;
+
+/// Arguments a tool refuses: the message says why and names the field when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgError {
+    pub message: String,
+    /// The field's path (`parameters.x`), when one field is to blame.
+    pub field: Option<String>,
+}
+
+impl ArgError {
+    fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), field: None }
+    }
+}
+
+impl std::fmt::Display for ArgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Reads `tool`'s arguments as `P`, strictly; the error names the tool and the field.
+pub fn from_arguments<P: DeserializeOwned>(tool: &str, arguments: Map<String, Value>) -> Result<P, ArgError> {
+    serde_path_to_error::deserialize(Value::Object(arguments)).map_err(|e| {
+        let path = e.path().to_string();
+        // "." is the root: unknown and missing fields name themselves in serde's message.
+        let field = (path != ".").then_some(path);
+        let detail = match &field {
+            Some(f) => format!("field `{f}`: {}", e.inner()),
+            None => e.inner().to_string(),
+        };
+        ArgError { message: format!("invalid arguments for tool \"{tool}\": {detail}"), field }
+    })
+}
+
+/// `value` when it is within `1..=max`, else an error naming `field`.
+pub fn in_range(field: &str, value: u64, max: u64) -> Result<u64, ArgError> {
+    if value < 1 || value > max {
+        return Err(ArgError {
+            message: format!("invalid arguments: field `{field}` must be between 1 and {max}, not {value}"),
+            field: Some(field.to_owned()),
+        });
+    }
+    Ok(value)
+}
+
+/// The longest wait a tool call may ask for: a day.
+pub const MAX_WAIT_SECONDS: u64 = 86_400;
+
+/// A wait's time limit: only with `wait`, 1–86400 seconds.
+pub fn wait_timeout(wait: bool, timeout_seconds: Option<u64>) -> Result<Option<Duration>, ArgError> {
+    match timeout_seconds {
+        Some(_) if !wait => {
+            Err(ArgError { message: "timeout_seconds only applies with wait: true".into(), field: Some("timeout_seconds".into()) })
+        }
+        Some(s) => Ok(Some(Duration::from_secs(in_range("timeout_seconds", s, MAX_WAIT_SECONDS)?))),
+        None => Ok(None),
+    }
+}
+
+/// The seed's tools take the job as `name` or `job_name`.
+pub fn seed_job_name(name: Option<String>, job_name: Option<String>) -> Result<String, ArgError> {
+    match (name, job_name) {
+        (Some(a), Some(b)) if a != b => {
+            Err(ArgError::new(format!("invalid arguments: `name` (\"{a}\") and `job_name` (\"{b}\") name different jobs; pass one")))
+        }
+        (Some(a), _) | (None, Some(a)) => Ok(a),
+        (None, None) => Err(ArgError::new("invalid arguments: missing field `name` (or the seed's `job_name`)")),
+    }
+}
+
+/// No arguments (unknown ones are refused).
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct JobArgs {
+    /// The job's name, as in `list_jobs`.
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GetJobArgs {
+    /// The job's name, as in `list_jobs`.
+    pub name: String,
+    /// How many upcoming fire times to show (1–100, default 5).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
+    pub next: Option<u32>,
+}
+
+/// How many upcoming fire times `get_job` shows: 1–100, default 5.
+pub fn next_fires(next: Option<u32>) -> Result<usize, ArgError> {
+    Ok(in_range("next", next.map_or(5, u64::from), 100)? as usize)
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PauseArgs {
+    /// The job's name, as in `list_jobs`.
+    pub name: String,
+    /// Why it is paused; shown in listings.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TriggerArgs {
+    /// The job's name, as in `list_jobs`. Paused jobs can be triggered too.
+    pub name: String,
+    /// Input for this run (any JSON value), instead of the job's configured `input`.
+    pub input: Option<Value>,
+    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
+    pub parameters: Option<Map<String, Value>>,
+    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it. While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    pub wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86400)))]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RunWorkflowArgs {
+    /// The workflow's name, as in `list_workflows`.
+    pub name: String,
+    /// The workflow's input (any JSON value): `${input}` and `${input.key}` in its steps.
+    pub input: Option<Value>,
+    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it (a run waiting for approval keeps the wait going). While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    pub wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86400)))]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ListJobsArgs {
+    /// Page size (1–1000, default 100).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1000)))]
+    pub limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    pub cursor: Option<String>,
+}
+
+impl ListJobsArgs {
+    /// The page size: 1–1000, default 100.
+    pub fn page_size(&self) -> Result<usize, ArgError> {
+        Ok(in_range("limit", self.limit.map_or(100, u64::from), 1000)? as usize)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ListRunsArgs {
+    /// Only runs of this job.
+    pub job: Option<String>,
+    /// Only runs with this status: queued, running, waiting_approval, succeeded, failed, cancelled, timed_out, skipped, interrupted.
+    pub status: Option<String>,
+    /// Page size (1–200, default 20).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 200)))]
+    pub limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A `list_runs` query, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunsQuery {
+    pub job: Option<String>,
+    pub status: Option<RunStatus>,
+    /// 1–200.
+    pub limit: u32,
+    /// A run id as `next_cursor` gives it: runs older than that one.
+    pub before: Option<String>,
+}
+
+impl ListRunsArgs {
+    pub fn query(self) -> Result<RunsQuery, ArgError> {
+        let status = match self.status.as_deref() {
+            Some(s) => Some(s.parse::<RunStatus>().map_err(|m| ArgError { message: m, field: Some("status".into()) })?),
+            None => None,
+        };
+        let limit = in_range("limit", self.limit.map_or(20, u64::from), 200)? as u32;
+        // A cursor is a run id from `next_cursor`; anything else would silently page wrong
+        // (ids compare as text, so even another spelling of the same UUID would).
+        if let Some(c) = &self.cursor
+            && !is_run_id(c)
+        {
+            return Err(ArgError {
+                message: format!("cursor \"{c}\" is not a `next_cursor` from list_runs"),
+                field: Some("cursor".into()),
+            });
+        }
+        Ok(RunsQuery { job: self.job, status, limit, before: self.cursor })
+    }
+}
+
+/// A run id as the worker writes it: a UUID, lower-case and hyphenated.
+pub fn is_run_id(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes()
+            .enumerate()
+            .all(|(i, b)| if matches!(i, 8 | 13 | 18 | 23) { b == b'-' } else { matches!(b, b'0'..=b'9' | b'a'..=b'f') })
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// The run's id, as returned by `trigger_job` or `list_runs`.
+    pub id: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DecisionArgs {
+    /// The run waiting for approval.
+    pub run_id: String,
+    /// The approval step's id (default: the step the run is waiting at).
+    pub step: Option<String>,
+    /// A comment recorded with the decision.
+    pub comment: Option<String>,
+    /// Who decides, recorded as `decided_by` (default: the MCP client's name).
+    pub decided_by: Option<String>,
+}
+
+/// The seed worker's job arguments: `name` or `job_name`.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeedJobArgs {
+    /// The job's name.
+    pub name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    pub job_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeedPauseArgs {
+    /// The job's name.
+    pub name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    pub job_name: Option<String>,
+    /// Why it is paused; shown in listings.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeedStatusArgs {
+    /// The job's name.
+    pub name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    pub job_name: Option<String>,
+    /// How many upcoming fire times to show (1–100, default 5).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
+    pub next: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeedTriggerArgs {
+    /// The job's name.
+    pub name: Option<String>,
+    /// The job's name (the seed worker's spelling of `name`).
+    pub job_name: Option<String>,
+    /// Input for this run (any JSON value), instead of the job's configured `input`.
+    pub input: Option<Value>,
+    /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
+    pub parameters: Option<Map<String, Value>>,
+    /// Makes the trigger safe to retry: a second trigger with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+}
+
+/// What a tool's arguments came to once checked, as far as the checks go: the job, run or
+/// workflow the call is about (`""` for none) and the page size or fire-time count it asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub subject: String,
+    pub count: Option<usize>,
+    pub timeout: Option<Duration>,
+}
+
+/// Every tool the worker serves, in the order `tools/list` gives them.
+pub const TOOLS: [&str; 23] = [
+    "worker_status",
+    "list_jobs",
+    "get_job",
+    "pause_job",
+    "resume_job",
+    "trigger_job",
+    "list_runs",
+    "get_run",
+    "cancel_run",
+    "list_approvals",
+    "approve_step",
+    "reject_step",
+    "run_workflow",
+    "list_workflows",
+    "list_agents",
+    "list_plugins",
+    "reload_config",
+    "scheduler_list_jobs",
+    "scheduler_trigger_job",
+    "scheduler_pause_job",
+    "scheduler_resume_job",
+    "scheduler_job_status",
+    "worker_plugin_list",
+];
+
+/// Runs `tool`'s argument handling as the worker does before it calls the engine: the
+/// arguments are read as the tool's type and checked. An unknown tool is an error too.
+pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgError> {
+    let plain = |subject: String| Checked { subject, count: None, timeout: None };
+    match tool {
+        "worker_status"
+        | "list_approvals"
+        | "list_workflows"
+        | "list_agents"
+        | "list_plugins"
+        | "reload_config"
+        | "scheduler_list_jobs"
+        | "worker_plugin_list" => from_arguments::<NoArgs>(tool, arguments).map(|_| plain(String::new())),
+        "list_jobs" => {
+            let a: ListJobsArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { subject: a.cursor.clone().unwrap_or_default(), count: Some(a.page_size()?), timeout: None })
+        }
+        "get_job" => {
+            let a: GetJobArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { count: Some(next_fires(a.next)?), subject: a.name, timeout: None })
+        }
+        "pause_job" => from_arguments::<PauseArgs>(tool, arguments).map(|a| plain(a.name)),
+        "resume_job" => from_arguments::<JobArgs>(tool, arguments).map(|a| plain(a.name)),
+        "trigger_job" => {
+            let a: TriggerArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
+        }
+        "list_runs" => {
+            let q = from_arguments::<ListRunsArgs>(tool, arguments)?.query()?;
+            Ok(Checked { subject: q.before.unwrap_or_default(), count: Some(q.limit as usize), timeout: None })
+        }
+        "get_run" | "cancel_run" => from_arguments::<RunArgs>(tool, arguments).map(|a| plain(a.id)),
+        "approve_step" | "reject_step" => from_arguments::<DecisionArgs>(tool, arguments).map(|a| plain(a.run_id)),
+        "run_workflow" => {
+            let a: RunWorkflowArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
+        }
+        "scheduler_trigger_job" => {
+            let a: SeedTriggerArgs = from_arguments(tool, arguments)?;
+            seed_job_name(a.name, a.job_name).map(plain)
+        }
+        "scheduler_pause_job" => {
+            let a: SeedPauseArgs = from_arguments(tool, arguments)?;
+            seed_job_name(a.name, a.job_name).map(plain)
+        }
+        "scheduler_resume_job" => {
+            let a: SeedJobArgs = from_arguments(tool, arguments)?;
+            seed_job_name(a.name, a.job_name).map(plain)
+        }
+        "scheduler_job_status" => {
+            let a: SeedStatusArgs = from_arguments(tool, arguments)?;
+            let count = next_fires(a.next)?;
+            Ok(Checked { subject: seed_job_name(a.name, a.job_name)?, count: Some(count), timeout: None })
+        }
+        other => Err(ArgError::new(format!("unknown tool \"{other}\""))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn every_listed_tool_is_checked() {
+        for tool in TOOLS {
+            let err = check(tool, args(json!({"surely_not_a_field": 1}))).expect_err(tool);
+            assert!(err.message.contains("unknown field `surely_not_a_field`"), "{tool}: {err}");
+        }
+        assert_eq!(check("nope", Map::new()).unwrap_err().message, "unknown tool \"nope\"");
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let err = check("trigger_job", args(json!({"name": "a", "parameters": {"x": 1}, "wait": "yes"}))).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("wait"));
+        assert!(err.message.starts_with("invalid arguments for tool \"trigger_job\": field `wait`: invalid type"), "{err}");
+        let err = check("get_job", args(json!({}))).unwrap_err();
+        assert_eq!(err.message, "invalid arguments for tool \"get_job\": missing field `name`");
+    }
+
+    #[test]
+    fn ranges_defaults_and_pairs() {
+        assert_eq!(check("list_jobs", Map::new()).unwrap().count, Some(100));
+        assert_eq!(check("list_runs", Map::new()).unwrap().count, Some(20));
+        assert_eq!(check("get_job", args(json!({"name": "a"}))).unwrap().count, Some(5));
+        let err = check("list_jobs", args(json!({"limit": 0}))).unwrap_err();
+        assert_eq!(err.message, "invalid arguments: field `limit` must be between 1 and 1000, not 0");
+        assert!(check("list_runs", args(json!({"limit": 201}))).is_err());
+        assert!(check("trigger_job", args(json!({"name": "a", "timeout_seconds": 5}))).is_err(), "a timeout needs wait");
+        let ok = check("trigger_job", args(json!({"name": "a", "wait": true, "timeout_seconds": 86400}))).unwrap();
+        assert_eq!(ok.timeout, Some(Duration::from_secs(86_400)));
+        assert!(check("run_workflow", args(json!({"name": "a", "wait": true, "timeout_seconds": 86401}))).is_err());
+        assert!(check("scheduler_pause_job", args(json!({"name": "a", "job_name": "b"}))).is_err());
+        assert_eq!(check("scheduler_pause_job", args(json!({"job_name": "b"}))).unwrap().subject, "b");
+        assert!(check("scheduler_resume_job", Map::new()).is_err());
+    }
+
+    #[test]
+    fn a_cursor_is_a_run_id_as_written() {
+        let id = "01a20bba-b091-71bd-ae74-2ec92bfcf2f7";
+        assert_eq!(check("list_runs", args(json!({"cursor": id}))).unwrap().subject, id);
+        for bad in
+            ["01A20BBA-B091-71BD-AE74-2EC92BFCF2F7", "01a20bbab09171bdae742ec92bfcf2f7", "{01a20bba-b091-71bd-ae74-2ec92bfcf2f7}", "", "ü"]
+        {
+            let err = check("list_runs", args(json!({"cursor": bad}))).unwrap_err();
+            assert_eq!(err.field.as_deref(), Some("cursor"), "{bad}");
+        }
+        let err = check("list_runs", args(json!({"status": "done"}))).unwrap_err();
+        assert!(err.message.starts_with("unknown run status \"done\""), "{err}");
+    }
+}
