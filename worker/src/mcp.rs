@@ -54,7 +54,6 @@ use crate::tasks::{Follow, Tasks};
 use crate::{prompts, resources};
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-/// The tools in the order `tools/list` gives them.
 const TOOL_ORDER: [&str; 23] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \

@@ -1,8 +1,9 @@
-//! The MCP tools' arguments, and every check the worker makes on them before it touches the
-//! store: strict deserialization (unknown fields and wrong types are refused, naming the field),
-//! ranges, which fields go together, run statuses and cursors. All of it is pure, so
-//! [`check`] runs a tool's whole argument handling without a worker (the fuzz target
-//! `mcp_args` drives it).
+//! The MCP tools' arguments, and the checks the worker makes on them in its MCP layer: strict
+//! deserialization (unknown fields and wrong types are refused, naming the field), ranges,
+//! which fields go together, run statuses and cursors. All of it is pure, so [`check`] runs a
+//! tool's argument handling without a worker (the fuzz target `mcp_args` drives it). The job
+//! service checks the lengths of idempotency keys, comments and `decided_by` itself, for every
+//! caller (`jobs/src/service.rs`).
 //!
 //! A refusal is an [`ArgError`]: the worker answers it as a JSON-RPC invalid-params error
 //! (`-32602`) with this message.
@@ -430,6 +431,8 @@ mod tests {
         assert!(err.message.starts_with("invalid arguments for tool \"trigger_job\": field `wait`: invalid type"), "{err}");
         let err = check("get_job", args(json!({}))).unwrap_err();
         assert_eq!(err.message, "invalid arguments for tool \"get_job\": missing field `name`");
+        // Not rmcp's own wording, which it would turn into a tool result.
+        assert!(!err.message.starts_with("failed to deserialize parameters"));
     }
 
     #[test]
@@ -446,6 +449,7 @@ mod tests {
         assert!(check("run_workflow", args(json!({"name": "a", "wait": true, "timeout_seconds": 86401}))).is_err());
         assert!(check("scheduler_pause_job", args(json!({"name": "a", "job_name": "b"}))).is_err());
         assert_eq!(check("scheduler_pause_job", args(json!({"job_name": "b"}))).unwrap().subject, "b");
+        assert_eq!(check("scheduler_pause_job", args(json!({"name": "b", "job_name": "b"}))).unwrap().subject, "b");
         assert!(check("scheduler_resume_job", Map::new()).is_err());
     }
 
