@@ -380,6 +380,8 @@ struct Chaos<'a> {
     /// Runs waiting for approval → when the harness approves them.
     approve_at: HashMap<String, Instant>,
     kills: usize,
+    /// Outages past a minute (runs of 300 s or more).
+    long_outages: usize,
 }
 
 impl Chaos<'_> {
@@ -481,6 +483,7 @@ impl Chaos<'_> {
             } else {
                 self.rng.ms(0, 2000)
             };
+            self.long_outages += usize::from(long);
             self.note(format!("killed {victims:?}, down for {} ms", down.as_millis()));
             self.act_for(down);
             for &v in &victims {
@@ -680,6 +683,7 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
         pending: Vec::new(),
         approve_at: HashMap::new(),
         kills: 0,
+        long_outages: 0,
     };
     for w in &mut c.workers {
         w.start();
@@ -708,10 +712,12 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
     let rs = runs(db).unwrap_or_default();
     let count = |f: &dyn Fn(&Run) -> bool| rs.iter().filter(|r| f(r)).count();
     eprintln!(
-        "chaos: {} kills in {seconds} s; {} runs ({} ticks, {} interrupted, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
+        "chaos: {} kills in {seconds} s ({} outages past a minute); {} runs ({} ticks of which {} caught up, {} interrupted, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
         c.kills,
+        c.long_outages,
         rs.len(),
         count(&|r| r.job == "tick"),
+        count(&|r| r.trigger == "catch_up"),
         count(&|r| r.status == "interrupted"),
         count(&|r| r.trigger == "retry"),
         sightings.steps.len(),
