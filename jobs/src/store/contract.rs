@@ -437,6 +437,19 @@ async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     assert_eq!(calls[1], again, "a record reads back as written");
     assert!(s.calls("other").await.expect("calls").is_empty());
 
+    // An attempt that lost its run (its worker's lease ran out while it went on) does not
+    // overwrite what the next attempt recorded, for calls and for steps.
+    let later = CallRecord { attempt: 2, run_id: "r2".into(), name: "later".into(), ..call("", 0, CallKind::Model, t) };
+    s.record_call("root", &later).await.expect("record");
+    let stale = CallRecord { attempt: 1, name: "stale".into(), ..call("", 0, CallKind::Model, t) };
+    s.record_call("root", &stale).await.expect("a stale record is no error");
+    assert_eq!(s.calls("root").await.expect("calls")[0], later);
+    let done = StepRecord { attempt: 2, finished_at: Some(t), ..step("draft", "r2", StepStatus::Succeeded, t) };
+    s.record_steps("root", &[done.clone()]).await.expect("record");
+    let cut = StepRecord { error: Some("interrupted".into()), ..step("draft", "r1", StepStatus::Failed, t) };
+    s.record_steps("root", &[cut]).await.expect("a stale record is no error");
+    assert_eq!(s.steps("root").await.expect("steps"), [done]);
+
     // A wait marked to resume on rejection: rejecting it records the rejection on the step
     // and queues the run again, for the run to act on.
     let a = waiting_run(s, &[], None).await;

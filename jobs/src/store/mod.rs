@@ -669,7 +669,10 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     // Workflow steps, per run identity.
     /// Every step recorded for the run identity `root_id`.
     async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError>;
-    /// Records steps (replacing an earlier record of the same step), in one transaction.
+    /// Records steps (replacing an earlier record of the same step), in one transaction. A
+    /// record never replaces one written by a later attempt: an attempt that lost its run to
+    /// another worker (its lease ran out while it went on) cannot overwrite what the attempt
+    /// after it recorded.
     async fn record_steps(&self, root_id: &str, steps: &[StepRecord]) -> Result<(), StoreError>;
     /// Records a decision on a waiting approval step, in one transaction with what it does to
     /// the run: an approval resumes it (`queued`, unless other steps still wait), a rejection
@@ -682,8 +685,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Every model and tool call recorded for the run identity `root_id`, by conversation and
     /// order.
     async fn calls(&self, root_id: &str) -> Result<Vec<CallRecord>, StoreError>;
-    /// Records a call (replacing an earlier record at the same place); durable when this
-    /// returns.
+    /// Records a call (replacing an earlier record at the same place, unless a later attempt
+    /// wrote it, as for steps); durable when this returns.
     async fn record_call(&self, root_id: &str, call: &CallRecord) -> Result<(), StoreError>;
     /// The job snapshot a run was created with.
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError>;

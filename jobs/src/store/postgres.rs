@@ -521,7 +521,8 @@ impl RunStore for PgStore {
         q.push(
             " ON CONFLICT (root_id, step) DO UPDATE SET status = excluded.status, run_id = excluded.run_id, attempt = excluded.attempt,
               started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error,
-              resumes_on_reject = excluded.resumes_on_reject",
+              resumes_on_reject = excluded.resumes_on_reject
+             WHERE ll_steps.attempt <= excluded.attempt",
         );
         q.build().execute(&self.pool).await.ctx("recording workflow steps")?;
         Ok(())
@@ -646,7 +647,8 @@ impl RunStore for PgStore {
                  call_id = excluded.call_id, request = excluded.request, response = excluded.response, error = excluded.error,
                  input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, cost = excluded.cost,
                  run_id = excluded.run_id, attempt = excluded.attempt, started_at = excluded.started_at,
-                 finished_at = excluded.finished_at",
+                 finished_at = excluded.finished_at
+             WHERE ll_agent_calls.attempt <= excluded.attempt",
         )
         .bind(root_id)
         .bind(&c.conversation)
