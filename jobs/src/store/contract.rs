@@ -445,7 +445,7 @@ async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     s.record_call("root", &stale).await.expect("a stale record is no error");
     assert_eq!(s.calls("root").await.expect("calls")[0], later);
     let done = StepRecord { attempt: 2, finished_at: Some(t), ..step("draft", "r2", StepStatus::Succeeded, t) };
-    s.record_steps("root", &[done.clone()]).await.expect("record");
+    s.record_steps("root", std::slice::from_ref(&done)).await.expect("record");
     let cut = StepRecord { error: Some("interrupted".into()), ..step("draft", "r1", StepStatus::Failed, t) };
     s.record_steps("root", &[cut]).await.expect("a stale record is no error");
     assert_eq!(s.steps("root").await.expect("steps"), [done]);
