@@ -23,8 +23,8 @@
 //! still fires as scheduled, so `catch_up: all` fires what was missed.
 //!
 //! `CHAOS_SECONDS` (default 25) sets how long the kills go on; `CHAOS_SEED` replays a run's
-//! choices (the timing of real processes still varies). The seed and the kill timeline are
-//! printed. A long run: `CHAOS_SECONDS=3600 cargo test -p lamplighter-tests --test e2e chaos --
+//! choices (the timing of real processes still varies). The seed is printed, and with a
+//! failure the kill timeline and the workers' logs. A long run: `CHAOS_SECONDS=3600 cargo test -p lamplighter-tests --test e2e chaos --
 //! --nocapture`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
