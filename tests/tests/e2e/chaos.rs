@@ -1,6 +1,7 @@
-//! Chaos: the real worker killed with SIGKILL (and its commands with it) at random moments while
-//! a per-second job, workflows waiting for approval and agent runs against the scripted provider
-//! go on; on SQLite, and on three workers sharing PostgreSQL. Afterwards, from the database and
+//! Chaos: the real worker killed with SIGKILL (and its commands with it) at random moments, a
+//! third of them as a model call arrives at the provider, while a per-second job, workflows
+//! waiting for approval and agent runs against the scripted provider go on; on SQLite, and on
+//! three workers sharing PostgreSQL. Afterwards, from the database and
 //! from side effects the runs leave behind:
 //!
 //! - no tick doubled or lost (every second between the first and the last tick has exactly one
@@ -29,7 +30,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +40,7 @@ use lamplighter_tests::pg::Cluster;
 use serde_json::json;
 use sqlx::Row;
 
-use crate::support::Worker;
+use crate::support::{Worker, poll};
 
 /// A seeded SplitMix64: the harness's choices, replayable from `CHAOS_SEED`.
 struct Rng(u64);
@@ -209,18 +211,22 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
 /// carried, the nonce of the reply).
 type Calls = Arc<Mutex<Vec<(String, usize, u64)>>>;
 
-/// A provider whose agent makes three tool calls, each appending `TAG K nonce=N;` to
-/// `agent.log`, then answers; every reply carries a fresh nonce.
-fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls) {
+/// A provider whose agent makes three tool calls, each appending `TAG K nonce=N` to
+/// `agent.log`, then answers; every reply carries a fresh nonce. The receiver hears of each
+/// request as it arrives, before it is answered.
+fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls, Receiver<()>) {
     let calls: Calls = Arc::default();
     let nonce = AtomicU64::new(0);
     let log = shared.join("agent.log");
     let seen = calls.clone();
+    let (tell, requests): (Sender<()>, _) = channel();
+    let tell = Mutex::new(tell);
     let llm = rt.block_on(ScriptedLlm::start((3, 2), move |req| {
         let tag = messages(req).iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or("?").to_owned();
         let k = tool_results(req);
         let n = nonce.fetch_add(1, Ordering::SeqCst) + 1;
         seen.lock().unwrap().push((tag.clone(), k, n));
+        let _ = tell.lock().unwrap().send(());
         if k < 3 {
             let command = format!("sleep 0.2; echo '{tag} {k} nonce={n}' >> {}", log.display());
             Reply::Tools(vec![("shell-exec__run".into(), json!({ "command": command }).to_string())])
@@ -228,7 +234,7 @@ fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls)
             Reply::Text(format!("{tag} done nonce={n}"))
         }
     }));
-    (llm, calls)
+    (llm, calls, requests)
 }
 
 fn nonce_in(text: &str) -> Option<u64> {
@@ -319,13 +325,16 @@ impl Sightings {
     }
 }
 
-/// Watches the database every 50 ms until `stop`, then looks once more.
-fn monitor(db: Db, steps_log: PathBuf, calls: Calls, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Sightings> {
+/// Watches the database until told to stop (or the sender is gone), looking every 50 ms
+/// meanwhile (another process's state: there is no event to wait on), then looks once more.
+fn monitor(db: Db, steps_log: PathBuf, calls: Calls, stop: Receiver<()>) -> std::thread::JoinHandle<Sightings> {
     std::thread::spawn(move || {
         let mut s = Sightings::default();
-        while !stop.load(Ordering::SeqCst) {
+        loop {
             s.look(&db, &steps_log, &calls, false);
-            std::thread::sleep(Duration::from_millis(50));
+            if stop.recv_timeout(Duration::from_millis(50)) != Err(RecvTimeoutError::Timeout) {
+                break;
+            }
         }
         s.look(&db, &steps_log, &calls, true);
         s
@@ -338,15 +347,11 @@ fn monitor(db: Db, steps_log: PathBuf, calls: Calls, stop: Arc<AtomicBool>) -> s
 fn kill_hard(w: &mut Worker) {
     let pid = w.pid();
     w.signal("STOP");
-    // SIGSTOP takes effect asynchronously: wait until it has, so no child appears after the scan.
-    let stopped = || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(')').is_none_or(|(_, rest)| rest.trim_start().starts_with('T'))
-    };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !stopped() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // SIGSTOP takes effect asynchronously: wait for the stop (left to be reported again:
+    // NOWAIT), so no child appears after the scan.
+    use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+    let stopped = Pid::from_raw(pid).map(|p| waitid(WaitId::Pid(p), WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT));
+    assert!(matches!(stopped, Some(Ok(Some(_)))), "waiting for the worker to stop: {stopped:?}");
     let children: Vec<i32> = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| {
@@ -382,6 +387,8 @@ struct Chaos<'a> {
     kills: usize,
     /// Outages past a minute (runs of 300 s or more).
     long_outages: usize,
+    /// The provider's requests, as they arrive.
+    requests: Receiver<()>,
 }
 
 impl Chaos<'_> {
@@ -426,25 +433,36 @@ impl Chaos<'_> {
         }
     }
 
-    /// Acts for `d`, in slices.
-    fn act_for(&mut self, d: Duration) {
+    /// Acts every 100 ms for `d`; with `at_request`, returns as soon as the provider is asked
+    /// (so the kill lands while a model call is in flight) if that comes first.
+    fn act_for(&mut self, d: Duration, at_request: bool) {
         let until = Instant::now() + d;
-        while Instant::now() < until {
+        while self.requests.try_recv().is_ok() {}
+        loop {
             self.act(false);
-            std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            match self.requests.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(()) if at_request => return,
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => panic!("the scripted provider stopped"),
+            }
         }
+    }
+
+    /// Every worker's log, for a failure.
+    fn logs(&self) -> String {
+        self.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect()
     }
 
     fn run(&mut self, seconds: u64) {
         while self.t0.elapsed() < Duration::from_secs(seconds) {
             let up = self.rng.ms(300, 4000);
-            self.act_for(up);
-            if self.rng.chance(0.3) {
-                // Near a whole second, when the per-second job's tick is being claimed.
-                let ms = now_ms().rem_euclid(1000) as u64;
-                let jitter = self.rng.ms(0, 40).as_millis() as u64;
-                std::thread::sleep(Duration::from_millis((1000 - ms + jitter + 980) % 1000));
-            }
+            // A third of the kills aim at a model call in flight.
+            let aim = self.rng.chance(0.3);
+            self.act_for(up, aim);
             let n = self.workers.len();
             // In long runs, now and then an outage past the minute in which late ticks still
             // fire as scheduled, so `catch_up: all` fires the rest.
@@ -484,8 +502,8 @@ impl Chaos<'_> {
                 self.rng.ms(0, 2000)
             };
             self.long_outages += usize::from(long);
-            self.note(format!("killed {victims:?}, down for {} ms", down.as_millis()));
-            self.act_for(down);
+            self.note(format!("killed {victims:?}{}, down for {} ms", if aim { " (aimed)" } else { "" }, down.as_millis()));
+            self.act_for(down, false);
             for &v in &victims {
                 self.workers[v].start();
             }
@@ -504,25 +522,26 @@ impl Chaos<'_> {
         let (code, out, err) = self.workers[0].ctl(&["jobs", "pause", "gated"]);
         assert_eq!(code, 0, "{out}{err}");
         self.note("settling: gated paused".into());
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            self.act(true);
-            let rs = runs(self.db).unwrap_or_default();
-            let going: Vec<&Run> =
-                rs.iter().filter(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str())).collect();
-            let unfollowed = rs.iter().filter(|r| r.status == "interrupted" && r.next_run_id.is_none()).count();
-            if self.pending.is_empty() && going.is_empty() && unfollowed == 0 && !rs.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                let logs: String = self.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect();
-                panic!(
-                    "the runs did not settle within 120 s: still going {going:#?}, {unfollowed} interrupted without a follow-up\n{}\n{logs}",
-                    self.timeline.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let chaos = std::cell::RefCell::new(self);
+        poll(
+            "the runs to settle",
+            Duration::from_secs(120),
+            || {
+                let mut c = chaos.borrow_mut();
+                c.act(true);
+                let rs = runs(c.db).unwrap_or_default();
+                let going = rs.iter().any(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str()));
+                let unfollowed = rs.iter().any(|r| r.status == "interrupted" && r.next_run_id.is_none());
+                (c.pending.is_empty() && !going && !unfollowed && !rs.is_empty()).then_some(())
+            },
+            || {
+                let c = chaos.borrow();
+                let rs = runs(c.db).unwrap_or_default();
+                let open: Vec<&Run> =
+                    rs.iter().filter(|r| r.job != "tick" && !["succeeded", "interrupted"].contains(&r.status.as_str())).collect();
+                format!("runs still going or not followed up: {open:#?}\ntimeline:\n{}\n{}", c.timeline.join("\n"), c.logs())
+            },
+        );
     }
 }
 
@@ -669,7 +688,7 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
 }
 
 /// Starts the chaos on `workers` (configured, not started) and checks the invariants.
-fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) {
+fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, (calls, requests): (&Calls, Receiver<()>), pg: bool) {
     let seconds = env_u64("CHAOS_SECONDS").unwrap_or(25);
     let seed = env_u64("CHAOS_SEED").unwrap_or_else(|| now_ms() as u64);
     eprintln!("chaos: CHAOS_SEED={seed} CHAOS_SECONDS={seconds}");
@@ -684,12 +703,13 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
         approve_at: HashMap::new(),
         kills: 0,
         long_outages: 0,
+        requests,
     };
     for w in &mut c.workers {
         w.start();
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let watching = monitor(db.same(), shared.join("steps.log"), calls.clone(), stop.clone());
+    let (stop, stopped) = channel();
+    let watching = monitor(db.same(), shared.join("steps.log"), calls.clone(), stopped);
     c.run(seconds);
     c.settle();
     let t_stop = now_ms();
@@ -700,7 +720,7 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
         let code = w.wait_exit(Duration::from_secs(30));
         assert_eq!(code, Some(0), "a worker did not stop cleanly:\n{}", w.log());
     }
-    stop.store(true, Ordering::SeqCst);
+    let _ = stop.send(());
     let sightings = watching.join().expect("the monitor");
     let mut bad = violations(db, t_stop, &sightings, shared, calls, &c.triggered);
     if pg {
@@ -725,8 +745,7 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
         c.triggered.len(),
     );
     if !bad.is_empty() {
-        let logs: String = c.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect();
-        panic!("CHAOS_SEED={seed}: {} violation(s):\n{}\n\ntimeline:\n{}\n{logs}", bad.len(), bad.join("\n"), c.timeline.join("\n"));
+        panic!("CHAOS_SEED={seed}: {} violation(s):\n{}\n\ntimeline:\n{}\n{}", bad.len(), bad.join("\n"), c.timeline.join("\n"), c.logs());
     }
     assert!(c.kills >= 3, "too few kills to mean anything: {}", c.kills);
     assert!(sightings.steps.len() >= 3 && !sightings.models.is_empty(), "too little work watched");
@@ -736,11 +755,11 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, calls: &Calls, pg: bool) 
 fn chaos_on_sqlite_loses_and_doubles_nothing() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let shared = tempfile::tempdir().unwrap();
-    let (llm, calls) = provider(&rt, shared.path());
+    let (llm, calls, requests) = provider(&rt, shared.path());
     let w = Worker::new("");
     write_config(&w, &llm, shared.path(), "", None);
     let db = Db::sqlite(&w.db());
-    chaos(vec![w], &db, shared.path(), &calls, false);
+    chaos(vec![w], &db, shared.path(), (&calls, requests), false);
     drop(llm);
 }
 
@@ -748,7 +767,7 @@ fn chaos_on_sqlite_loses_and_doubles_nothing() {
 fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let shared = tempfile::tempdir().unwrap();
-    let (llm, calls) = provider(&rt, shared.path());
+    let (llm, calls, requests) = provider(&rt, shared.path());
     let cluster = Cluster::start();
     Db::pg(&cluster.url()).rows("CREATE DATABASE chaos").expect("creating the database");
     let url = cluster.url_of("chaos");
@@ -762,6 +781,6 @@ fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
         })
         .collect();
     let db = Db::pg(&url);
-    chaos(workers, &db, shared.path(), &calls, true);
+    chaos(workers, &db, shared.path(), (&calls, requests), true);
     drop(llm);
 }
