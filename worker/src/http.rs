@@ -15,6 +15,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tower_http::limit::RequestBodyLimitLayer;
 
+use crate::direct;
 use crate::mcp::Control;
 use crate::security::{self, Guard};
 use crate::telemetry::PullReader;
@@ -50,7 +51,8 @@ async fn readyz(State(engine): State<Engine>) -> (StatusCode, &'static str) {
     if engine.ready().await { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
 }
 
-/// `/mcp`, guarded: Host/Origin checks and auth (outermost), then the body limit, then rmcp.
+/// `/mcp`, guarded: Host/Origin checks and auth (outermost), then the body limit, then the
+/// direct answer to reads (`direct.rs`), then rmcp.
 /// `route_layer` keeps the guards off every other path, including the 404 fallback.
 fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
     // rmcp's own checks get the same lists: a second line, never a different policy.
@@ -67,9 +69,12 @@ fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
         .with_cancellation_token(control.stop_token().child_token());
     // The factory runs per session (older clients) or per request (2026-07-28): a clone of
     // `Control` is a few reference-count increments.
-    let service = StreamableHttpService::new(move || Ok(control.for_session()), Arc::new(LocalSessionManager::default()), config);
+    let factory = control.clone();
+    let service = StreamableHttpService::new(move || Ok(factory.for_session()), Arc::new(LocalSessionManager::default()), config);
     Router::new()
         .nest_service("/mcp", service)
+        // Innermost: sees only what passed every guard, and hands on what it does not answer.
+        .route_layer(axum::middleware::from_fn_with_state(control, direct::answer))
         .route_layer(RequestBodyLimitLayer::new(security::MAX_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(guard, security::check))
 }

@@ -7,12 +7,14 @@
 compile_error!("the worker needs panic = \"unwind\": build it with --release (the `lampctl` profile is for lampctl only)");
 
 mod commands;
+mod direct;
 mod http;
 mod mcp;
 mod prompts;
 mod resources;
 mod run;
 mod security;
+mod summary;
 mod systemd;
 mod tasks;
 mod telemetry;

@@ -50,8 +50,20 @@ use lamplighter_jobs::{
 };
 use lamplighter_plugins::Registry;
 
+use crate::summary::summary;
 use crate::tasks::{Follow, Tasks};
 use crate::{prompts, resources};
+
+/// The read-only tools `direct.rs` answers outside rmcp, for clients at 2026-07-28.
+pub(crate) const DIRECT_TOOLS: [&str; 4] = ["list_jobs", "get_job", "list_runs", "get_run"];
+
+/// What one of [`DIRECT_TOOLS`] answers.
+pub(crate) enum Read {
+    Jobs(JobPage),
+    Job(JobDetail),
+    Runs(RunPage),
+    Run(RunDetail),
+}
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
 const TOOL_ORDER: [&str; 23] = args::TOOLS;
@@ -369,14 +381,13 @@ impl Control {
     /// The configured jobs by name, one page at a time (pass `next_cursor` back as `cursor`): target, schedule, time zone, enabled/paused state, next fire time and last run.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_jobs(&self, Parameters(a): Parameters<ListJobsArgs>) -> Result<Json<JobPage>, Failure> {
-        let limit = a.page_size()?;
-        Ok(Json(self.engine.list_jobs_page(a.cursor.as_deref(), limit).await?))
+        Ok(Json(self.jobs_page(a).await?))
     }
 
     /// One job in detail: its next fire times (UTC and the job's zone), run counts by status, recent runs, and its catch-up, overlap, timeout and retry policy.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn get_job(&self, Parameters(a): Parameters<GetJobArgs>) -> Result<Json<JobDetail>, Failure> {
-        self.do_get_job(&a.name, a.next).await
+        Ok(Json(self.job_detail(&a.name, a.next).await?))
     }
 
     /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.
@@ -407,9 +418,7 @@ impl Control {
     /// Lists runs, newest first, filtered by job and status, one page at a time: pass `next_cursor` back as `cursor` for the next page.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_runs(&self, Parameters(a): Parameters<ListRunsArgs>) -> Result<Json<RunPage>, Failure> {
-        let q = a.query()?;
-        let page = self.engine.list_runs(RunFilter { job: q.job, status: q.status, limit: Some(q.limit), before: q.before }).await?;
-        Ok(Json(page))
+        Ok(Json(self.runs_page(a).await?))
     }
 
     /// One run in full: trigger, times, status, attempt, input, parameters, output, error, worker, token usage, and for a workflow run each step (status, attempt, times, output, error) as a tree.
@@ -531,7 +540,7 @@ impl Control {
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn scheduler_job_status(&self, Parameters(a): Parameters<SeedStatusArgs>) -> Result<Json<JobDetail>, Failure> {
         let name = seed_job_name(a.name, a.job_name)?;
-        self.do_get_job(&name, a.next).await
+        Ok(Json(self.job_detail(&name, a.next).await?))
     }
 
     /// Seed-compatible name of `list_plugins`.
@@ -593,9 +602,43 @@ impl Control {
         Ok(Json(JobList { jobs: self.engine.list_jobs().await? }))
     }
 
-    async fn do_get_job(&self, name: &str, next: Option<u32>) -> Result<Json<JobDetail>, Failure> {
+    async fn job_detail(&self, name: &str, next: Option<u32>) -> Result<JobDetail, Failure> {
         let next = args::next_fires(next)?;
-        Ok(Json(self.engine.get_job(name, next).await?))
+        Ok(self.engine.get_job(name, next).await?)
+    }
+
+    async fn jobs_page(&self, a: ListJobsArgs) -> Result<JobPage, Failure> {
+        let limit = a.page_size()?;
+        Ok(self.engine.list_jobs_page(a.cursor.as_deref(), limit).await?)
+    }
+
+    async fn runs_page(&self, a: ListRunsArgs) -> Result<RunPage, Failure> {
+        let q = a.query()?;
+        Ok(self.engine.list_runs(RunFilter { job: q.job, status: q.status, limit: Some(q.limit), before: q.before }).await?)
+    }
+
+    /// A call to one of [`DIRECT_TOOLS`], for `direct.rs`: what the tool answers, or `None`
+    /// when the arguments are refused, the call fails or panics. rmcp then takes the request
+    /// and words the refusal; these tools only read, so running one twice changes nothing.
+    pub(crate) async fn read_directly(&self, tool: &str, arguments: Map<String, Value>) -> Option<Read> {
+        let read = async {
+            match tool {
+                "list_jobs" => self.jobs_page(args::from_arguments(tool, arguments).ok()?).await.ok().map(Read::Jobs),
+                "get_job" => {
+                    let a: GetJobArgs = args::from_arguments(tool, arguments).ok()?;
+                    self.job_detail(&a.name, a.next).await.ok().map(Read::Job)
+                }
+                "list_runs" => self.runs_page(args::from_arguments(tool, arguments).ok()?).await.ok().map(Read::Runs),
+                "get_run" => {
+                    let a: RunArgs = args::from_arguments(tool, arguments).ok()?;
+                    self.engine.get_run_detail(&a.id).await.ok().map(Read::Run)
+                }
+                _ => None,
+            }
+        };
+        let read = AssertUnwindSafe(read).catch_unwind().await.ok().flatten()?;
+        self.observer.mcp_request(tool, true);
+        Some(read)
     }
 
     fn do_list_plugins(&self) -> Json<PluginList> {
@@ -763,27 +806,6 @@ fn objects_for_boolean_schemas(schema: &mut Map<String, Value>) {
             _ => {}
         }
     }
-}
-
-/// Fields worth naming in a one-line summary of a result.
-const SUMMARY_FIELDS: [&str; 9] = ["name", "job", "run_id", "id", "status", "paused", "decision", "step", "next_cursor"];
-
-/// A short human summary of a structured result, the text part of an answer to a client that
-/// reads `structuredContent`: the size of each list and the identifying fields, e.g.
-/// `list_jobs: 100 jobs, next_cursor 100` or `get_job: name report, paused false`.
-fn summary(tool: &str, v: &Value) -> String {
-    let Some(o) = v.as_object() else { return format!("{tool}: done") };
-    let mut parts = Vec::new();
-    for (k, x) in o {
-        match x {
-            Value::Array(a) => parts.push(format!("{} {k}", a.len())),
-            Value::String(s) if SUMMARY_FIELDS.contains(&k.as_str()) => parts.push(format!("{k} {s}")),
-            Value::Bool(_) | Value::Number(_) if SUMMARY_FIELDS.contains(&k.as_str()) => parts.push(format!("{k} {x}")),
-            _ => {}
-        }
-    }
-    parts.truncate(6);
-    if parts.is_empty() { format!("{tool}: done") } else { format!("{tool}: {}", parts.join(", ")) }
 }
 
 // The handler

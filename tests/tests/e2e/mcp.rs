@@ -409,3 +409,44 @@ fn list_jobs_pages_by_name_and_lampctl_follows_the_pages() {
     assert_ne!(code, 0);
     assert!(err.contains("limit"), "{err}");
 }
+
+/// `list_jobs`, `get_job`, `list_runs` and `get_run` from a client at 2026-07-28 are answered
+/// outside rmcp (`direct.rs`). The same call with a progress token in `_meta`, a shape only rmcp
+/// takes, must get the same answer, refusals included; the direct answer is told apart by its
+/// `structuredContent` coming before `content`.
+#[test]
+fn reads_answered_directly_match_rmcps_answers() {
+    let w = worker();
+    let out = json(&ok(&w, &["-o", "json", "jobs", "trigger", "report", "--wait"]));
+    let run = if out.get("run").is_some() { &out["run"] } else { &out };
+    let id = run["id"].as_str().expect("run id").to_string();
+    let calls = [
+        ("list_jobs", "{}".to_string(), true),
+        ("list_jobs", r#"{"limit": 1, "cursor": "report"}"#.to_string(), true),
+        ("get_job", r#"{"name": "report", "next": 3}"#.to_string(), true),
+        ("list_runs", r#"{"job": "report", "status": "succeeded"}"#.to_string(), true),
+        ("get_run", format!(r#"{{"id": "{id}"}}"#), true),
+        // Refused or failing calls go on to rmcp, which words them.
+        ("get_job", r#"{"name": "nope"}"#.to_string(), false),
+        ("get_run", r#"{"id": "0193a0a0-0000-7000-8000-000000000000"}"#.to_string(), false),
+        ("list_jobs", r#"{"limit": 0}"#.to_string(), false),
+        ("list_runs", r#"{"status": "sleeping"}"#.to_string(), false),
+    ];
+    for (tool, args, direct) in calls {
+        let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", tool)];
+        let meta = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}"#;
+        let body = |extra: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":"c-1","method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{{extra}{meta}}}}}}}"#
+            )
+        };
+        let (status, head, fast) = mcp_exchange(w.port, &headers, &body(""));
+        assert!(head.contains("content-type: application/json"), "{tool} {args}: {head}\n{fast}");
+        let (rmcp_status, _, slow) = mcp_exchange(w.port, &headers, &body(r#""progressToken":"p","#));
+        assert_eq!(status, rmcp_status, "{tool} {args}: {fast}\n{slow}");
+        assert_eq!(json(&fast), json(&slow), "{tool} {args}: the direct answer differs from rmcp's");
+        let structured_first = |a: &str| a.find("\"structuredContent\"").is_some_and(|s| a.find("\"content\"").is_some_and(|c| s < c));
+        assert_eq!(structured_first(&fast), direct, "{tool} {args}: answered directly? {fast}");
+        assert!(!structured_first(&slow), "{tool} {args}: the progress token did not reach rmcp: {slow}");
+    }
+}
