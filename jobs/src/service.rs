@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
-use crate::engine::{Engine, WORKFLOW_RUNS};
+use crate::engine::{Engine, JobsConfig, WORKFLOW_RUNS};
 pub use lamplighter_contract::{
     Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, StepView, Triggered, WorkerStatus,
 };
@@ -118,25 +118,7 @@ impl Engine {
     }
 
     fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<RunBrief>, now: DateTime<Utc>) -> JobSummary {
-        let paused = state.is_some_and(|s| s.paused);
-        let disabled = self.shared.snapshot().unavailable.get(&job.name).cloned();
-        let next_fire =
-            if job.enabled && !paused && disabled.is_none() { job.schedule.as_ref().and_then(|s| s.next_after(now)) } else { None };
-        JobSummary {
-            name: job.name.clone(),
-            description: job.description.clone(),
-            target_type: job.target.kind().to_string(),
-            target: job.target.describe(),
-            schedule: job.schedule.as_ref().map(|s| s.spec().to_string()),
-            timezone: job.timezone.clone(),
-            enabled: job.enabled,
-            disabled,
-            paused,
-            pause_reason: state.and_then(|s| s.pause_reason.clone()),
-            paused_at: state.and_then(|s| s.paused_at),
-            next_fire,
-            last_run: last,
-        }
+        summary_in(&self.shared.snapshot(), job, state, last, now)
     }
 
     /// Every configured job, by name.
@@ -159,7 +141,7 @@ impl Engine {
         let store = self.shared.store();
         let (states, mut last) = tokio::try_join!(store.job_states(), store.last_runs(&names))?;
         let now = self.shared.clock().now();
-        let jobs: Vec<JobSummary> = page.iter().map(|j| self.summary(j, states.get(&j.name), last.remove(&j.name), now)).collect();
+        let jobs: Vec<JobSummary> = page.iter().map(|j| summary_in(&snapshot, j, states.get(&j.name), last.remove(&j.name), now)).collect();
         let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs, next_cursor })
     }
@@ -532,5 +514,33 @@ impl Engine {
             storage: self.shared.storage().into(),
             workers: self.shared.store().workers(now).await?,
         })
+    }
+}
+
+/// A job as listed, from the config `snapshot` it belongs to (read once per listing, not per job).
+fn summary_in(
+    snapshot: &JobsConfig,
+    job: &JobConfig,
+    state: Option<&crate::store::JobState>,
+    last: Option<RunBrief>,
+    now: DateTime<Utc>,
+) -> JobSummary {
+    let paused = state.is_some_and(|s| s.paused);
+    let disabled = snapshot.unavailable.get(&job.name).cloned();
+    let next_fire = if job.enabled && !paused && disabled.is_none() { job.schedule.as_ref().and_then(|s| s.next_after(now)) } else { None };
+    JobSummary {
+        name: job.name.clone(),
+        description: job.description.clone(),
+        target_type: job.target.kind().to_string(),
+        target: job.target.describe(),
+        schedule: job.schedule.as_ref().map(|s| s.spec().to_string()),
+        timezone: job.timezone.clone(),
+        enabled: job.enabled,
+        disabled,
+        paused,
+        pause_reason: state.and_then(|s| s.pause_reason.clone()),
+        paused_at: state.and_then(|s| s.paused_at),
+        next_fire,
+        last_run: last,
     }
 }
