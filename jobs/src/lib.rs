@@ -25,8 +25,8 @@ pub use lamplighter_config::{Schedule, ScheduleError};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, ServiceError, StepView,
-    TriggerRequest, Triggered, WorkerStatus,
+    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, RunBrief, RunDetail, RunPage,
+    ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus,
 };
 pub use store::{RunFilter, StoreError, WorkerLease};
 pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};

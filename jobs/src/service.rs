@@ -2,6 +2,7 @@
 //! follow and cancel runs), with typed results and errors that name the job. The MCP layer
 //! wraps these one to one; nothing here knows about the wire.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -14,7 +15,7 @@ pub use lamplighter_contract::{
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
-use crate::store::{Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
+use crate::store::{DataVersion, Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
 
 /// Errors callers branch on. Messages say what to do.
@@ -124,6 +125,22 @@ impl Engine {
     /// Every configured job, by name.
     pub async fn list_jobs(&self) -> Result<Vec<JobSummary>, ServiceError> {
         Ok(self.list_jobs_page(None, usize::MAX).await?.jobs)
+    }
+
+    /// What a listing of jobs is read from, besides the clock: the config in force and the
+    /// database's [`data version`](crate::store::RunStore::data_version). Taken before a
+    /// listing, it lets a caller keep the listing and serve it again while an equal version is
+    /// taken, from the instant the listing was read until the first `next_fire` in it. `None`
+    /// when the store cannot tell (PostgreSQL, where other workers write).
+    pub async fn listing_version(&self) -> Option<ListingVersion> {
+        let config = self.shared.snapshot();
+        let data = self.shared.store().data_version().await?;
+        Some(ListingVersion { config, data })
+    }
+
+    /// The engine's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.shared.clock().now()
     }
 
     /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
@@ -514,6 +531,21 @@ impl Engine {
             storage: self.shared.storage().into(),
             workers: self.shared.store().workers(now).await?,
         })
+    }
+}
+
+/// See [`Engine::listing_version`]. Equal versions: the same config (the same snapshot, not
+/// an equal one) and no commit to the database in between.
+#[derive(Debug, Clone)]
+pub struct ListingVersion {
+    /// Held, so that its address is not reused by a later snapshot.
+    config: Arc<JobsConfig>,
+    data: DataVersion,
+}
+
+impl PartialEq for ListingVersion {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config) && self.data == other.data
     }
 }
 

@@ -10,8 +10,19 @@
 //! to rmcp untouched. So are calls whose arguments are refused or that fail: rmcp runs them
 //! again (they only read) and words the error, so errors have one source. The answer is the
 //! one rmcp gives, member for member, except that `structuredContent` comes before `content`.
+//!
+//! On SQLite, `list_jobs` answers are kept ([`Listings`]) and served again while they are
+//! still the answer: the same config, no commit to the database since (SQLite's data version,
+//! which counts other processes' commits too), and no job's next fire reached. A dashboard
+//! or `lampctl` polling the listing then costs one small read instead of a thousand jobs' worth.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use lamplighter_contract::args::{self, ListJobsArgs};
+use lamplighter_jobs::ListingVersion;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -31,8 +42,104 @@ const VERSION: &str = "2026-07-28";
 /// A bigger request is no read this path knows; rmcp takes it (and its body limit applies).
 const MAX_BODY: usize = 64 * 1024;
 
+/// The direct path's state: the control surface, and the job listings it keeps.
+#[derive(Clone)]
+pub(crate) struct Direct {
+    control: Control,
+    listings: Arc<Listings>,
+}
+
+impl Direct {
+    pub(crate) fn new(control: Control) -> Self {
+        Self { control, listings: Arc::default() }
+    }
+
+    /// The answer to `call`, or `None` to leave it to rmcp.
+    async fn call(&self, call: Call<'_>) -> Option<Vec<u8>> {
+        if call.tool == "list_jobs" {
+            return self.list_jobs(call).await;
+        }
+        let read = self.control.read_directly(call.tool, call.arguments).await?;
+        let (content, summary) = render(call.tool, &read)?;
+        Some(envelope(call.id, &content, &summary))
+    }
+
+    /// `list_jobs`, from [`Listings`] when a kept answer is still the answer.
+    async fn list_jobs(&self, call: Call<'_>) -> Option<Vec<u8>> {
+        let engine = self.control.engine();
+        let key = args::from_arguments::<ListJobsArgs>(call.tool, call.arguments.clone())
+            .ok()
+            .and_then(|a| Some((a.page_size().ok()?, a.cursor)));
+        // Taken before the read: a commit after it makes the next version differ.
+        let version = engine.listing_version().await;
+        if let (Some(key), Some(version)) = (&key, &version)
+            && let Some((content, summary)) = self.listings.find(key, version, engine.now())
+        {
+            self.control.observe_kept(call.tool);
+            return Some(envelope(call.id, &content, &summary));
+        }
+        let read = self.control.read_directly(call.tool, call.arguments).await?;
+        // Taken after the read, so that no fire falls between the read's clock and this.
+        let read_at = engine.now();
+        let (content, summary) = render(call.tool, &read)?;
+        if let (Some(key), Some(version), Read::Jobs(page)) = (key, version, &read) {
+            let until = page.jobs.iter().filter_map(|j| j.next_fire).min();
+            self.listings.keep(Listing { key, version, read_at, until, content: content.clone(), summary: summary.clone() });
+        }
+        Some(envelope(call.id, &content, &summary))
+    }
+}
+
+/// How many listings are kept, and at most how many bytes of them.
+const KEPT: usize = 8;
+const KEPT_BYTES: usize = 8 << 20;
+
+/// The last few `list_jobs` answers, newest first. See the module doc.
+#[derive(Default)]
+struct Listings(Mutex<VecDeque<Listing<ListingVersion>>>);
+
+/// One kept answer: its page (`limit`, `cursor`), what it was read at, and until when the
+/// clock alone leaves it true (its first `next_fire`; none: no job in it fires).
+struct Listing<V> {
+    key: (usize, Option<String>),
+    version: V,
+    read_at: DateTime<Utc>,
+    until: Option<DateTime<Utc>>,
+    content: Bytes,
+    summary: String,
+}
+
+impl<V: PartialEq> Listing<V> {
+    fn serves(&self, key: &(usize, Option<String>), version: &V, now: DateTime<Utc>) -> bool {
+        self.key == *key && self.version == *version && self.read_at <= now && self.until.is_none_or(|u| now < u)
+    }
+}
+
+impl Listings {
+    fn find(&self, key: &(usize, Option<String>), version: &ListingVersion, now: DateTime<Utc>) -> Option<(Bytes, String)> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.iter().find(|l| l.serves(key, version, now)).map(|l| (l.content.clone(), l.summary.clone()))
+    }
+
+    fn keep(&self, listing: Listing<ListingVersion>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        keep_in(&mut kept, listing);
+    }
+}
+
+/// Puts `listing` first, in place of an older answer to the same page, and drops the oldest
+/// beyond [`KEPT`] listings or [`KEPT_BYTES`].
+fn keep_in<V>(kept: &mut VecDeque<Listing<V>>, listing: Listing<V>) {
+    kept.retain(|l| l.key != listing.key);
+    kept.push_front(listing);
+    kept.truncate(KEPT);
+    while kept.len() > 1 && kept.iter().map(|l| l.content.len()).sum::<usize>() > KEPT_BYTES {
+        kept.pop_back();
+    }
+}
+
 /// The axum middleware: answers a recognized read, hands everything else to rmcp.
-pub(crate) async fn answer(State(control): State<Control>, request: Request, next: Next) -> Response {
+pub(crate) async fn answer(State(direct): State<Direct>, request: Request, next: Next) -> Response {
     if !wanted(request.method(), request.headers()) {
         return next.run(request).await;
     }
@@ -42,8 +149,7 @@ pub(crate) async fn answer(State(control): State<Control>, request: Request, nex
         return StatusCode::BAD_REQUEST.into_response();
     };
     if let Some(call) = recognize(&parts.headers, &bytes)
-        && let Some(read) = control.read_directly(call.tool, call.arguments).await
-        && let Some(answer) = encode(call.id, call.tool, &read)
+        && let Some(answer) = direct.call(call).await
     {
         return ([(header::CONTENT_TYPE, "application/json")], Bytes::from(answer)).into_response();
     }
@@ -139,31 +245,39 @@ fn recognize<'a>(headers: &HeaderMap, body: &'a [u8]) -> Option<Call<'a>> {
     })
 }
 
-/// The size of the last answer to each tool, so that the next one is written without regrowing.
+/// The size of the last result of each tool, so that the next one is written without regrowing.
 static LAST_SIZE: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
-/// The JSON-RPC answer: the typed result written once, as `structuredContent`, then its
-/// summary. `None` only for a result serde cannot write (a map with non-string keys, which no
-/// contract type has); rmcp then reports it.
-fn encode(id: &RawValue, tool: &str, read: &Read) -> Option<Vec<u8>> {
-    fn write<T: Serialize>(id: &RawValue, tool: &str, result: &T, slot: &AtomicUsize) -> Option<Vec<u8>> {
-        let mut out = Vec::with_capacity(slot.load(Ordering::Relaxed) + 256);
-        out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-        out.extend_from_slice(id.get().as_bytes());
-        out.extend_from_slice(br#","result":{"resultType":"complete","structuredContent":"#);
+/// A result as `structuredContent` (written straight from its type), and its summary. `None`
+/// only for a result serde cannot write (a map with non-string keys, which no contract type
+/// has); rmcp then reports it.
+fn render(tool: &str, read: &Read) -> Option<(Bytes, String)> {
+    fn write<T: Serialize>(tool: &str, result: &T, slot: &AtomicUsize) -> Option<(Bytes, String)> {
+        let mut out = Vec::with_capacity(slot.load(Ordering::Relaxed));
         serde_json::to_writer(&mut out, result).ok()?;
-        out.extend_from_slice(br#","content":[{"type":"text","text":"#);
-        serde_json::to_writer(&mut out, &summary(tool, result)).ok()?;
-        out.extend_from_slice(br#"}],"isError":false}}"#);
         slot.store(out.len(), Ordering::Relaxed);
-        Some(out)
+        Some((Bytes::from(out), summary(tool, result)))
     }
     match read {
-        Read::Jobs(r) => write(id, tool, r, &LAST_SIZE[0]),
-        Read::Job(r) => write(id, tool, r, &LAST_SIZE[1]),
-        Read::Runs(r) => write(id, tool, r, &LAST_SIZE[2]),
-        Read::Run(r) => write(id, tool, r, &LAST_SIZE[3]),
+        Read::Jobs(r) => write(tool, r, &LAST_SIZE[0]),
+        Read::Job(r) => write(tool, r, &LAST_SIZE[1]),
+        Read::Runs(r) => write(tool, r, &LAST_SIZE[2]),
+        Read::Run(r) => write(tool, r, &LAST_SIZE[3]),
     }
+}
+
+/// The JSON-RPC answer to request `id`: the structured result, then its summary as text.
+fn envelope(id: &RawValue, content: &[u8], summary: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(content.len() + summary.len() + id.get().len() + 128);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(br#","result":{"resultType":"complete","structuredContent":"#);
+    out.extend_from_slice(content);
+    out.extend_from_slice(br#","content":[{"type":"text","text":"#);
+    // A String always serializes.
+    let _ = serde_json::to_writer(&mut out, summary);
+    out.extend_from_slice(br#"}],"isError":false}}"#);
+    out
 }
 
 #[cfg(test)]
@@ -255,7 +369,8 @@ mod tests {
     fn the_answer_is_rmcps_with_the_structured_result_first() {
         let page = lamplighter_jobs::JobPage { jobs: Vec::new(), next_cursor: Some("b".into()) };
         let id = RawValue::from_string("\"x\"".into()).expect("raw");
-        let body = encode(&id, "list_jobs", &Read::Jobs(page)).expect("written");
+        let (content, summary) = render("list_jobs", &Read::Jobs(page)).expect("written");
+        let body = envelope(&id, &content, &summary);
         let v: Value = serde_json::from_slice(&body).expect("JSON");
         assert_eq!(
             v,
@@ -266,5 +381,48 @@ mod tests {
                 "isError": false,
             }})
         );
+    }
+
+    fn listing(key: (usize, Option<&str>), version: u32, bytes: usize) -> Listing<u32> {
+        let t = DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
+        Listing {
+            key: (key.0, key.1.map(String::from)),
+            version,
+            read_at: t,
+            until: Some(t + chrono::Duration::minutes(1)),
+            content: Bytes::from(vec![b' '; bytes]),
+            summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_kept_listing_serves_its_page_at_its_version_until_its_first_fire() {
+        let l = listing((100, None), 7, 10);
+        let (t, until) = (l.read_at, l.until.expect("until"));
+        assert!(l.serves(&(100, None), &7, t));
+        assert!(l.serves(&(100, None), &7, until - chrono::Duration::milliseconds(1)));
+        assert!(!l.serves(&(100, None), &7, until), "the first fire changes that job's next fire");
+        assert!(!l.serves(&(100, None), &7, t - chrono::Duration::milliseconds(1)), "a clock set back");
+        assert!(!l.serves(&(100, None), &8, t), "a commit, or another config");
+        assert!(!l.serves(&(1000, None), &7, t), "another page size");
+        assert!(!l.serves(&(100, Some("a".into())), &7, t), "another page");
+        let timeless = Listing { until: None, ..listing((100, None), 7, 10) };
+        assert!(timeless.serves(&(100, None), &7, t + chrono::Duration::days(3650)), "no job in it fires");
+    }
+
+    #[test]
+    fn listings_are_kept_newest_first_one_per_page_within_their_bounds() {
+        let mut kept = VecDeque::new();
+        for i in 0..KEPT + 3 {
+            keep_in(&mut kept, listing((i, None), 1, 10));
+        }
+        assert_eq!(kept.len(), KEPT);
+        assert_eq!(kept.front().map(|l| l.key.0), Some(KEPT + 2));
+        keep_in(&mut kept, listing((KEPT + 1, None), 2, 10));
+        assert_eq!(kept.len(), KEPT, "a newer answer to a kept page replaces it");
+        assert_eq!(kept.iter().filter(|l| l.key.0 == KEPT + 1).map(|l| l.version).collect::<Vec<_>>(), [2]);
+        keep_in(&mut kept, listing((0, None), 1, KEPT_BYTES / 2));
+        keep_in(&mut kept, listing((1, None), 1, KEPT_BYTES / 2 + 1));
+        assert_eq!(kept.len(), 1, "bytes bound the kept answers, but the newest is always kept");
     }
 }

@@ -74,7 +74,7 @@ fn mcp_routes(control: Control, guard: Arc<Guard>) -> Router {
     Router::new()
         .nest_service("/mcp", service)
         // Innermost: sees only what passed every guard, and hands on what it does not answer.
-        .route_layer(axum::middleware::from_fn_with_state(control, direct::answer))
+        .route_layer(axum::middleware::from_fn_with_state(direct::Direct::new(control), direct::answer))
         .route_layer(RequestBodyLimitLayer::new(security::MAX_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(guard, security::check))
 }

@@ -241,6 +241,15 @@ impl Control {
     }
 
     /// Cancelled when the worker stops serving MCP.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Counts a call `direct.rs` answered from what it kept.
+    pub(crate) fn observe_kept(&self, tool: &str) {
+        self.observer.mcp_request(tool, true);
+    }
+
     pub(crate) fn stop_token(&self) -> &CancellationToken {
         &self.stop
     }

@@ -422,6 +422,26 @@ fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> Call
     }
 }
 
+/// A data version, when the backend gives one, moves with every commit and only then: a
+/// listing kept against it is served again only while nothing changed.
+async fn the_data_version_moves_with_every_commit(s: &dyn RunStore) {
+    let Some(v0) = s.data_version().await else {
+        // PostgreSQL cannot tell cheaply; nothing is kept there.
+        return;
+    };
+    s.job_states().await.expect("a read");
+    s.last_runs(&["a"]).await.expect("a read");
+    assert_eq!(s.data_version().await, Some(v0), "reads commit nothing");
+    s.set_paused("a", true, Some("why"), t0()).await.expect("pause");
+    let v1 = s.data_version().await.expect("a version");
+    assert_ne!(v1, v0, "a pause is a commit");
+    assert_eq!(s.data_version().await, Some(v1));
+    s.insert_run(tick("a", t0()), t0()).await.expect("insert");
+    assert_ne!(s.data_version().await, Some(v1), "a new run is a commit");
+    s.close().await;
+    assert_eq!(s.data_version().await, None, "a closed store keeps nothing");
+}
+
 async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     let t = t0();
     // Calls come back by conversation and order, whatever order they were written in; a
@@ -565,6 +585,7 @@ macro_rules! contract {
                 job_state_persists_and_the_last_tick_only_moves_forward,
                 waits_decisions_and_step_records,
                 agent_calls_and_resuming_rejections,
+                the_data_version_moves_with_every_commit,
             );
         }
     };

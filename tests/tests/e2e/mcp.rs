@@ -450,3 +450,54 @@ fn reads_answered_directly_match_rmcps_answers() {
         assert!(!structured_first(&slow), "{tool} {args}: the progress token did not reach rmcp: {slow}");
     }
 }
+
+/// On SQLite, `list_jobs` answers are kept and served again while nothing changed
+/// (`direct.rs`). After each kind of change the listing shows it, and it always equals rmcp's
+/// own answer for the same call, which is read afresh every time.
+#[test]
+fn a_kept_job_listing_follows_every_change() {
+    let w = worker();
+    let listing = |what: &str| {
+        let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "list_jobs")];
+        let body = |extra: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"list_jobs","arguments":{{}},"_meta":{{{extra}"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+            )
+        };
+        let kept = json(&mcp_exchange(w.port, &headers, &body("")).2)["result"]["structuredContent"].clone();
+        let fresh = json(&mcp_exchange(w.port, &headers, &body(r#""progressToken":"p","#)).2)["result"]["structuredContent"].clone();
+        assert_eq!(kept, fresh, "{what}: the listing differs from a fresh read");
+        kept
+    };
+    let job = |v: &Value, name: &str| v["jobs"].as_array().and_then(|j| j.iter().find(|j| j["name"] == name)).cloned().unwrap_or_default();
+
+    let first = listing("first");
+    assert_eq!(listing("nothing changed"), first);
+    ok(&w, &["jobs", "pause", "report", "--reason", "disk full"]);
+    let v = listing("after a pause");
+    assert_eq!((&job(&v, "report")["paused"], &job(&v, "report")["pause_reason"]), (&Value::from(true), &Value::from("disk full")));
+    assert!(job(&v, "report")["next_fire"].is_null(), "{v}");
+    ok(&w, &["jobs", "resume", "report"]);
+    ok(&w, &["jobs", "trigger", "report", "--wait"]);
+    let v = listing("after a run");
+    assert_eq!(job(&v, "report")["paused"], false, "{v}");
+    assert_eq!(job(&v, "report")["last_run"]["status"], "succeeded", "{v}");
+
+    // Another process's commit: the listing cannot have heard of it but by the database.
+    let db = w.dir.path().join("data/lamplighter.db");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display())).await.expect("open the database");
+        sqlx::query("INSERT INTO ll_job_state (job, paused, pause_reason) VALUES ('slow', 1, 'elsewhere') ON CONFLICT (job) DO UPDATE SET paused = 1, pause_reason = 'elsewhere'")
+            .execute(&mut conn)
+            .await
+            .expect("write");
+    });
+    assert_eq!(job(&listing("after another process's commit"), "slow")["pause_reason"], "elsewhere");
+
+    // A reload that adds a job.
+    w.write_config(&format!("{QUICK}\n{SLOW}\nlater:\n  cron: \"0 5 * * *\"\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {{ path: l.txt, content: x }}"), "");
+    ok(&w, &["config", "reload"]);
+    assert_eq!(job(&listing("after a reload"), "later")["name"], "later");
+}
