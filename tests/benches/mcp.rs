@@ -9,7 +9,9 @@
 //! of each in the database (default 100, the default retention): p50/p99 of `list_jobs` (its
 //! default page of 100, and all jobs in one page) and of `get_job` from one rmcp client (Streamable HTTP, the current protocol revision); calls per
 //! second of `get_job` with `--clients` concurrent clients; whole-process wall time of
-//! `lampctl jobs list` (p50/p99 over 50 runs).
+//! `lampctl jobs list` (p50/p99 over 50 runs). The plain-HTTP client measures the same calls
+//! against this worker and the Python SDK's server side by side, and `list_jobs` once more with
+//! a commit before each call, so that the worker cannot serve a listing it kept.
 #![allow(clippy::disallowed_methods)]
 
 use lamplighter_tests::proc::KillOnDrop;
@@ -112,6 +114,33 @@ fn main() {
         plain_http(name, *port, calls, clients, seconds);
     }
     drop(servers);
+
+    // On SQLite the worker keeps a listing while nothing is committed, so the calls above are
+    // served from it. Here another connection commits before each call, so that every listing
+    // is read afresh: the cost after any change (a run's end, a pause).
+    let db = worker._dir.path().join("data/lamplighter.db");
+    let mut writer = rt.block_on(async {
+        use sqlx::Connection;
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display())).await.expect("open the worker's database")
+    });
+    let mut c = Plain::connect(worker.port);
+    let mut lat = Vec::with_capacity(calls);
+    for i in 0..calls + 50 {
+        rt.block_on(
+            sqlx::query(
+                "INSERT INTO ll_job_state (job, last_tick) VALUES ('bench-writer', ?1) ON CONFLICT (job) DO UPDATE SET last_tick = ?1",
+            )
+            .bind(i as i64)
+            .execute(&mut writer),
+        )
+        .expect("commit");
+        let t = Instant::now();
+        c.call("list_jobs", r#"{"limit":1000}"#);
+        if i >= 50 {
+            lat.push(t.elapsed());
+        }
+    }
+    report(&format!("plain HTTP, lamplighter: list_jobs of all, each after a commit ({calls} calls)"), &mut lat);
 
     let ctl = dir.join("lampctl");
     let mut wall = Vec::new();
