@@ -216,7 +216,9 @@ struct Params<'a> {
     meta: Meta<'a>,
 }
 
-/// SEP-2575's per-request metadata, and nothing else (a progress token, say, is rmcp's).
+/// SEP-2575's per-request metadata and a progress token (rmcp's client sends one with every
+/// request; these reads report no progress, so it changes nothing), and nothing else: any other
+/// key may mean something to rmcp.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Meta<'a> {
@@ -228,6 +230,8 @@ struct Meta<'a> {
     _capabilities: rmcp::model::ClientCapabilities,
     #[serde(rename = "io.modelcontextprotocol/clientInfo", default)]
     _info: Option<rmcp::model::Implementation>,
+    #[serde(rename = "progressToken", default)]
+    _progress: Option<rmcp::model::ProgressToken>,
 }
 
 /// The call in `body`, if it is exactly the one the headers announce: JSON-RPC 2.0, an integer
@@ -348,7 +352,8 @@ mod tests {
             BODY.replace(r#""id":7"#, r#""id":null"#),
             BODY.replace(r#""2.0""#, r#""1.0""#),
             BODY.replace(r#""arguments":{"name":"nightly"}"#, r#""arguments":["nightly"]"#),
-            BODY.replace(r#""_meta":{"#, r#""_meta":{"progressToken":1,"#),
+            BODY.replace(r#""_meta":{"#, r#""_meta":{"progressToken":1.5,"#),
+            BODY.replace(r#""_meta":{"#, r#""_meta":{"io.modelcontextprotocol/logLevel":"debug","#),
             BODY.replace(r#""_meta":{"#, r#""task":{},"_meta":{"#),
             BODY.replace(r#"clientCapabilities":{}"#, r#"clientCapabilities":{"roots":5}"#),
             BODY.replace(r#"protocolVersion":"2026-07-28""#, r#"protocolVersion":"2025-11-25""#),
@@ -363,6 +368,10 @@ mod tests {
             assert!(recognize(&headers(), body.as_bytes()).is_none(), "taken: {body}");
         }
         assert!(recognize(&headers(), BODY.replace(r#","arguments":{"name":"nightly"}"#, "").as_bytes()).is_some(), "no arguments");
+        for token in ["3", r#""p-1""#] {
+            let body = BODY.replace(r#""_meta":{"#, &format!(r#""_meta":{{"progressToken":{token},"#));
+            assert!(recognize(&headers(), body.as_bytes()).is_some(), "a progress token, as rmcp's client sends");
+        }
     }
 
     #[test]
