@@ -15,7 +15,7 @@ pub use lamplighter_contract::{
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
-use crate::store::{DataVersion, Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
+use crate::store::{Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
 use crate::target::{JobSnapshot, TargetRef};
 
 /// Errors callers branch on. Messages say what to do.
@@ -128,14 +128,14 @@ impl Engine {
     }
 
     /// What a listing of jobs is read from, besides the clock: the config in force and the
-    /// database's [`data version`](crate::store::RunStore::data_version). Taken before a
-    /// listing, it lets a caller keep the listing and serve it again while an equal version is
+    /// store's [count of listing changes](crate::store::RunStore::listing_changes). Taken before
+    /// a listing, it lets a caller keep the listing and serve it again while an equal version is
     /// taken, from the instant the listing was read until the first `next_fire` in it. `None`
     /// when the store cannot tell (PostgreSQL, where other workers write).
     pub async fn listing_version(&self) -> Option<ListingVersion> {
         let config = self.shared.snapshot();
-        let data = self.shared.store().data_version().await?;
-        Some(ListingVersion { config, data })
+        let changes = self.shared.store().listing_changes().await?;
+        Some(ListingVersion { config, changes })
     }
 
     /// The engine's clock.
@@ -535,17 +535,17 @@ impl Engine {
 }
 
 /// See [`Engine::listing_version`]. Equal versions: the same config (the same snapshot, not
-/// an equal one) and no commit to the database in between.
+/// an equal one) and no change to what a listing shows in between.
 #[derive(Debug, Clone)]
 pub struct ListingVersion {
     /// Held, so that its address is not reused by a later snapshot.
     config: Arc<JobsConfig>,
-    data: DataVersion,
+    changes: u64,
 }
 
 impl PartialEq for ListingVersion {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.config, &other.config) && self.data == other.data
+        Arc::ptr_eq(&self.config, &other.config) && self.changes == other.changes
     }
 }
 

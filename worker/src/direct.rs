@@ -8,13 +8,16 @@
 //! It sits inside every guard of `/mcp` (Host, Origin, token, body limit) and takes only
 //! requests it recognizes whole; anything else, including anything rmcp would refuse, goes on
 //! to rmcp untouched. So are calls whose arguments are refused or that fail: rmcp runs them
-//! again (they only read) and words the error, so errors have one source. The answer is the
-//! one rmcp gives, member for member, except that `structuredContent` comes before `content`.
+//! again (they only read) and words the error, so errors have one source. The answer is JSON-
+//! equal to rmcp's; the members come in another order (`structuredContent` before `content`,
+//! and a result's fields in their declared order where rmcp's `Value` sorts them).
 //!
 //! On SQLite, `list_jobs` answers are kept ([`Listings`]) and served again while they are
-//! still the answer: the same config, no commit to the database since (SQLite's data version,
-//! which counts other processes' commits too), and no job's next fire reached. A dashboard
-//! or `lampctl` polling the listing then costs one small read instead of a thousand jobs' worth.
+//! still the answer: the same config, no change to what a listing shows since (a count kept by
+//! triggers on runs and job state, migration 0010, which counts other processes' writes too;
+//! heartbeats and ticks' bookkeeping do not move it), and no job's next fire reached. A
+//! dashboard or `lampctl` polling a listing between runs then costs one read of one row
+//! instead of a thousand jobs' worth.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,8 +73,8 @@ impl Direct {
         let key = args::from_arguments::<ListJobsArgs>(call.tool, call.arguments.clone())
             .ok()
             .and_then(|a| Some((a.page_size().ok()?, a.cursor)));
-        // Taken before the read: a commit after it makes the next version differ.
-        let version = engine.listing_version().await;
+        // Taken before the read: a change after it makes the next version differ.
+        let version = if key.is_some() { engine.listing_version().await } else { None };
         if let (Some(key), Some(version)) = (&key, &version)
             && let Some((content, summary)) = self.listings.find(key, version, engine.now())
         {
@@ -84,7 +87,10 @@ impl Direct {
         let (content, summary) = render(call.tool, &read)?;
         if let (Some(key), Some(version), Read::Jobs(page)) = (key, version, &read) {
             let until = page.jobs.iter().filter_map(|j| j.next_fire).min();
-            self.listings.keep(Listing { key, version, read_at, until, content: content.clone(), summary: summary.clone() });
+            // A listing whose first fire has already come could never be served.
+            if until.is_none_or(|u| read_at < u) {
+                self.listings.keep(Listing { key, version, read_at, until, content: content.clone(), summary: summary.clone() });
+            }
         }
         Some(envelope(call.id, &content, &summary))
     }
@@ -169,8 +175,10 @@ fn wanted(method: &Method, headers: &HeaderMap) -> bool {
     };
     let mut accepts = (false, false);
     for value in headers.get_all(header::ACCEPT) {
-        // Only plain media types: a parameter (a weight of 0, say) is rmcp's to read.
-        for entry in value.to_str().unwrap_or(";").split(',').map(str::trim) {
+        // Only plain media types: a parameter (a weight of 0, say) or a quoted string (which
+        // may hide a comma) is rmcp's to read.
+        let value = value.to_str().ok().filter(|v| !v.contains('"')).unwrap_or(";");
+        for entry in value.split(',').map(str::trim) {
             accepts.0 |= entry.eq_ignore_ascii_case("application/json");
             accepts.1 |= entry.eq_ignore_ascii_case("text/event-stream");
         }
@@ -319,8 +327,9 @@ mod tests {
     #[test]
     fn any_other_header_shape_is_left_to_rmcp() {
         assert!(!wanted(&Method::GET, &headers()));
-        let changed: [(&str, Option<&'static str>); 11] = [
+        let changed: [(&str, Option<&'static str>); 12] = [
             ("accept", Some("application/json")),
+            ("accept", Some(r#"x/y;a=",application/json,", text/event-stream"#)),
             ("accept", Some("application/json;q=0, text/event-stream")),
             ("content-type", Some("text/plain")),
             ("content-length", None),

@@ -240,7 +240,6 @@ impl Control {
         Self { subscriptions: Arc::default(), ..self.clone() }
     }
 
-    /// Cancelled when the worker stops serving MCP.
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -250,6 +249,7 @@ impl Control {
         self.observer.mcp_request(tool, true);
     }
 
+    /// Cancelled when the worker stops serving MCP.
     pub(crate) fn stop_token(&self) -> &CancellationToken {
         &self.stop
     }
@@ -645,7 +645,11 @@ impl Control {
                 _ => None,
             }
         };
-        let read = AssertUnwindSafe(read).catch_unwind().await.ok().flatten()?;
+        let Ok(read) = AssertUnwindSafe(read).catch_unwind().await else {
+            tracing::error!(tool, "MCP tool call panicked (answered directly); rmcp answers it instead");
+            return None;
+        };
+        let read = read?;
         self.observer.mcp_request(tool, true);
         Some(read)
     }

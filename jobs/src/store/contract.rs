@@ -422,24 +422,31 @@ fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> Call
     }
 }
 
-/// A data version, when the backend gives one, moves with every commit and only then: a
-/// listing kept against it is served again only while nothing changed.
-async fn the_data_version_moves_with_every_commit(s: &dyn RunStore) {
-    let Some(v0) = s.data_version().await else {
+/// The count of listing changes, when the backend keeps one, moves with everything a job
+/// listing shows (a pause, a new run, a run's status) and only with that: not with a tick's
+/// bookkeeping or a heartbeat, which commit every few seconds. A kept listing relies on it.
+async fn listing_changes_move_with_what_a_listing_shows(s: &dyn RunStore) {
+    let Some(n0) = s.listing_changes().await else {
         // PostgreSQL cannot tell cheaply; nothing is kept there.
         return;
     };
     s.job_states().await.expect("a read");
     s.last_runs(&["a"]).await.expect("a read");
-    assert_eq!(s.data_version().await, Some(v0), "reads commit nothing");
+    assert_eq!(s.listing_changes().await, Some(n0), "reads change nothing");
     s.set_paused("a", true, Some("why"), t0()).await.expect("pause");
-    let v1 = s.data_version().await.expect("a version");
-    assert_ne!(v1, v0, "a pause is a commit");
-    assert_eq!(s.data_version().await, Some(v1));
-    s.insert_run(tick("a", t0()), t0()).await.expect("insert");
-    assert_ne!(s.data_version().await, Some(v1), "a new run is a commit");
+    let n1 = s.listing_changes().await.expect("a count");
+    assert_ne!(n1, n0, "a pause shows");
+    s.set_last_tick("a", t0() + secs(1)).await.expect("a tick");
+    let me = WorkerId { name: ME.into(), instance: "one".into(), host: "h".into(), pid: 1 };
+    s.heartbeat(&me, Duration::from_secs(30), true, t0()).await.expect("heartbeat");
+    assert_eq!(s.listing_changes().await, Some(n1), "a tick's bookkeeping and a heartbeat do not show");
+    let (id, _) = s.insert_run(tick("a", t0()), t0()).await.expect("insert");
+    let n2 = s.listing_changes().await.expect("a count");
+    assert_ne!(n2, n1, "a new run is a job's last run");
+    assert!(s.finish(&id, RunStatus::Cancelled, None, Some("asked"), t0()).await.expect("cancel"));
+    assert_ne!(s.listing_changes().await, Some(n2), "a run's status shows");
     s.close().await;
-    assert_eq!(s.data_version().await, None, "a closed store keeps nothing");
+    assert_eq!(s.listing_changes().await, None, "a closed store keeps nothing");
 }
 
 async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
@@ -585,7 +592,7 @@ macro_rules! contract {
                 job_state_persists_and_the_last_tick_only_moves_forward,
                 waits_decisions_and_step_records,
                 agent_calls_and_resuming_rejections,
-                the_data_version_moves_with_every_commit,
+                listing_changes_move_with_what_a_listing_shows,
             );
         }
     };

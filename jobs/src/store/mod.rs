@@ -583,14 +583,6 @@ pub(crate) enum Decided {
 /// What the run core asks of a database. Every method is one transaction (or one statement);
 /// a failed call changes nothing. Implementations must pass the contract suite
 /// (`store/contract.rs`).
-/// See [`RunStore::data_version`]. Opaque: only equality means anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DataVersion {
-    /// Which watching connection counted (a new one counts from its own start).
-    pub(crate) epoch: u64,
-    pub(crate) count: i64,
-}
-
 #[async_trait]
 pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Applies the queue's migrations and ours.
@@ -598,10 +590,10 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Closes every connection; later calls fail with a storage error.
     async fn close(&self);
     async fn ping(&self) -> bool;
-    /// A value that changes whenever anything is committed to the database, by any connection
-    /// of any process, and stays equal while nothing is; `None` when the backend cannot tell
-    /// cheaply (PostgreSQL). What may be kept of a read depends on it (`Engine::listing_version`).
-    async fn data_version(&self) -> Option<DataVersion> {
+    /// A count that moves whenever what a job listing shows may have changed (a run's brief, a
+    /// job's pause), by any writer, and stays while it has not; `None` when the backend cannot
+    /// tell cheaply (PostgreSQL). A kept listing depends on it (`Engine::listing_version`).
+    async fn listing_changes(&self) -> Option<u64> {
         None
     }
 

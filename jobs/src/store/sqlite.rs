@@ -14,8 +14,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use lamplighter_config::Overlap;
 
 use super::{
-    BriefRow, Claim, DUE_BATCH, DataVersion, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter,
-    RunStore, StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
+    BriefRow, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore,
+    StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
 use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -41,20 +41,6 @@ pub(crate) struct SqliteStore {
     write: SqlitePool,
     /// Worker names registered with the queue by this process.
     registered: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// How connections are opened, for [`Watch`]'s.
-    opts: SqliteConnectOptions,
-    watch: tokio::sync::Mutex<Watch>,
-}
-
-/// A connection of its own that never writes, for `PRAGMA data_version`: SQLite changes the
-/// value a connection reads whenever *another* connection commits, this process's pools and
-/// other processes alike. Opened on first use, opened again (a new epoch: counts of two
-/// connections do not compare) after an error, and never after `close`.
-#[derive(Debug, Default)]
-struct Watch {
-    conn: Option<sqlx::SqliteConnection>,
-    epoch: u64,
-    closed: bool,
 }
 
 /// `('queued','running',…)` for a `status IN` guard; status lists come from [`RunStatus`],
@@ -156,8 +142,8 @@ impl SqliteStore {
             .pragma("mmap_size", "268435456")
             .foreign_keys(true);
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await.ctx("opening the database")?;
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts.clone()).await.ctx("opening the database")?;
-        Ok(Self { pool, write, registered: Default::default(), opts, watch: Default::default() })
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
+        Ok(Self { pool, write, registered: Default::default() })
     }
 }
 
@@ -167,35 +153,15 @@ impl RunStore for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
     }
 
-    async fn data_version(&self) -> Option<DataVersion> {
-        let mut watch = self.watch.lock().await;
-        if watch.closed {
-            return None;
-        }
-        if watch.conn.is_none() {
-            watch.conn = Some(sqlx::ConnectOptions::connect(&self.opts).await.ok()?);
-            watch.epoch += 1;
-        }
-        let epoch = watch.epoch;
-        let conn = watch.conn.as_mut()?;
-        match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(conn).await {
-            Ok(count) => Some(DataVersion { epoch, count }),
-            Err(_) => {
-                watch.conn = None;
-                None
-            }
-        }
+    /// Kept by the triggers of migration 0010.
+    async fn listing_changes(&self) -> Option<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT n FROM ll_listing_changes WHERE id = 1").fetch_one(&self.pool).await.ok()?;
+        Some(n as u64)
     }
 
     /// Closes every connection (rolling back anything left open), so no lock outlives the
     /// engine. Later calls fail with a storage error.
     async fn close(&self) {
-        let mut watch = self.watch.lock().await;
-        watch.closed = true;
-        if let Some(conn) = watch.conn.take() {
-            let _ = sqlx::Connection::close(conn).await;
-        }
-        drop(watch);
         self.write.close().await;
         self.pool.close().await;
     }
@@ -1064,19 +1030,21 @@ mod tests {
         (dir, store)
     }
 
-    /// Another process's commit moves the data version too (a second connection stands in
-    /// for it: SQLite tells a connection about every commit but its own).
+    /// The count of listing changes moves with another process's pause too (a second
+    /// connection stands in for it), and not with a heartbeat or a tick.
     #[tokio::test]
-    async fn a_commit_from_elsewhere_moves_the_data_version() {
+    async fn another_process_pausing_a_job_counts_as_a_listing_change() {
         let (dir, store) = migrated().await;
-        let v0 = store.data_version().await.expect("a version");
+        let n0 = store.listing_changes().await.expect("a count");
         let mut other =
             sqlx::ConnectOptions::connect(&SqliteConnectOptions::new().filename(dir.path().join("plan.db"))).await.expect("open");
         sqlx::query("INSERT INTO ll_job_state (job, paused) VALUES ('b', 1)").execute(&mut other).await.expect("write");
-        let v1 = store.data_version().await.expect("a version");
-        assert_ne!(v1, v0);
-        sqlx::query("SELECT count(*) FROM ll_job_state").fetch_one(&mut other).await.expect("read");
-        assert_eq!(store.data_version().await, Some(v1), "a read elsewhere commits nothing");
+        let n1 = store.listing_changes().await.expect("a count");
+        assert_ne!(n1, n0);
+        sqlx::query("UPDATE ll_job_state SET last_tick = 5 WHERE job = 'b'").execute(&mut other).await.expect("a tick");
+        let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
+        store.heartbeat(&me, Duration::from_secs(30), true, Utc::now()).await.expect("heartbeat");
+        assert_eq!(store.listing_changes().await, Some(n1), "neither a tick nor a heartbeat changes a listing");
     }
 
     /// SQLite's plan for `sql` (parameters bound to `null`), one line per step.

@@ -440,10 +440,11 @@ fn reads_answered_directly_match_rmcps_answers() {
         let meta = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}"#;
         let body = |extra: &str| {
             format!(
-                r#"{{"jsonrpc":"2.0","id":"c-1","method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{{extra}{meta}}}}}}}"#
+                r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{{extra}{meta}}}}}}}"#
             )
         };
-        let (status, head, fast) = mcp_exchange(w.port, &headers, &body(""));
+        // As rmcp's own client sends it: an integer id and a progress token.
+        let (status, head, fast) = mcp_exchange(w.port, &headers, &body(r#""progressToken":3,"#));
         assert!(head.contains("content-type: application/json"), "{tool} {args}: {head}\n{fast}");
         let (rmcp_status, _, slow) = mcp_exchange(w.port, &headers, &body(OWN_META));
         assert_eq!(status, rmcp_status, "{tool} {args}: {fast}\n{slow}");
@@ -498,6 +499,25 @@ fn a_kept_job_listing_follows_every_change() {
             .expect("write");
     });
     assert_eq!(job(&listing("after another process's commit"), "slow")["pause_reason"], "elsewhere");
+
+    // The kept listing is what is served: a change its count does not see (its trigger
+    // dropped for the moment) does not show until something else moves the count.
+    let unseen = "DROP TRIGGER ll_listing_state_changed; UPDATE ll_job_state SET pause_reason = 'unseen' WHERE job = 'slow'";
+    let restore = "CREATE TRIGGER ll_listing_state_changed AFTER UPDATE OF job, paused, pause_reason, paused_at ON ll_job_state \
+                   BEGIN UPDATE ll_listing_changes SET n = n + 1 WHERE id = 1; END";
+    let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "list_jobs")];
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_jobs","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    assert_eq!(job(&listing("before the unseen change"), "slow")["pause_reason"], "elsewhere");
+    rt.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display())).await.expect("open the database");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(unseen)).execute(&mut conn).await.expect("an unseen change");
+        let kept = json(&mcp_exchange(w.port, &headers, call).2)["result"]["structuredContent"].clone();
+        assert_eq!(job(&kept, "slow")["pause_reason"], "elsewhere", "the kept listing was not served: {kept}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(restore)).execute(&mut conn).await.expect("the trigger again");
+    });
+    ok(&w, &["jobs", "resume", "slow"]);
+    assert_eq!(job(&listing("after a resume"), "slow")["paused"], false);
 
     // A reload that adds a job.
     w.write_config(&format!("{QUICK}\n{SLOW}\nlater:\n  cron: \"0 5 * * *\"\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {{ path: l.txt, content: x }}"), "");
