@@ -11,7 +11,7 @@
 //! second of `get_job` with `--clients` concurrent clients; whole-process wall time of
 //! `lampctl jobs list` (p50/p99 over 50 runs). The plain-HTTP client measures the same calls
 //! against this worker and the Python SDK's server side by side, and `list_jobs` once more with
-//! a commit before each call, so that the worker cannot serve a listing it kept.
+//! a change before each call, so that the worker cannot serve a listing it kept.
 #![allow(clippy::disallowed_methods)]
 
 use lamplighter_tests::proc::KillOnDrop;
@@ -115,9 +115,9 @@ fn main() {
     }
     drop(servers);
 
-    // On SQLite the worker keeps a listing while nothing is committed, so the calls above are
-    // served from it. Here another connection commits before each call, so that every listing
-    // is read afresh: the cost after any change (a run's end, a pause).
+    // On SQLite the worker keeps a listing while nothing it shows changes, so the calls above
+    // are served from it. Here another connection changes a pause reason before each call, so
+    // that every listing is read afresh: the cost after any change (a run's end, a pause).
     let db = worker._dir.path().join("data/lamplighter.db");
     let mut writer = rt.block_on(async {
         use sqlx::Connection;
@@ -128,9 +128,9 @@ fn main() {
     for i in 0..calls + 50 {
         rt.block_on(
             sqlx::query(
-                "INSERT INTO ll_job_state (job, last_tick) VALUES ('bench-writer', ?1) ON CONFLICT (job) DO UPDATE SET last_tick = ?1",
+                "INSERT INTO ll_job_state (job, pause_reason) VALUES ('bench-writer', ?1) ON CONFLICT (job) DO UPDATE SET pause_reason = ?1",
             )
-            .bind(i as i64)
+            .bind(i.to_string())
             .execute(&mut writer),
         )
         .expect("commit");
@@ -140,7 +140,7 @@ fn main() {
             lat.push(t.elapsed());
         }
     }
-    report(&format!("plain HTTP, lamplighter: list_jobs of all, each after a commit ({calls} calls)"), &mut lat);
+    report(&format!("plain HTTP, lamplighter: list_jobs of all, each after a change ({calls} calls)"), &mut lat);
 
     let ctl = dir.join("lampctl");
     let mut wall = Vec::new();
