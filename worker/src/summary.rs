@@ -84,6 +84,19 @@ macro_rules! refuse {
     };
 }
 
+/// Numbers and booleans, as their text.
+macro_rules! scalar {
+    ($($f:ident($t:ty)),* $(,)?) => {
+        $(fn $f(self, v: $t) -> Result<Kind, NotAnObject> { Ok(Kind::Scalar(v.to_string())) })*
+    };
+}
+
+macro_rules! refuse_compound {
+    ($($f:ident($($t:ty),*) -> $out:ident),* $(,)?) => {
+        $(fn $f(self, $(_: $t),*) -> Result<Self::$out, Self::Error> { Err(NotAnObject) })*
+    };
+}
+
 impl ser::Serializer for &mut Top {
     type Ok = ();
     type Error = NotAnObject;
@@ -125,38 +138,18 @@ impl ser::Serializer for &mut Top {
     fn serialize_newtype_variant<T: Serialize + ?Sized>(self, _: &'static str, _: u32, _: &'static str, _: &T) -> Result<(), NotAnObject> {
         Err(NotAnObject)
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotAnObject> {
-        Err(NotAnObject)
-    }
+    refuse_compound!(
+        serialize_seq(Option<usize>) -> SerializeSeq,
+        serialize_tuple(usize) -> SerializeTuple,
+        serialize_tuple_struct(&'static str, usize) -> SerializeTupleStruct,
+        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> SerializeTupleVariant,
+        serialize_struct_variant(&'static str, u32, &'static str, usize) -> SerializeStructVariant,
+    );
     fn serialize_map(self, _: Option<usize>) -> Result<Self, NotAnObject> {
         Ok(self)
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotAnObject> {
         Ok(self)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, NotAnObject> {
-        Err(NotAnObject)
     }
 }
 
@@ -241,39 +234,14 @@ impl ser::Serializer for KeyName {
     ) -> Result<String, NotAnObject> {
         Err(NotAnObject)
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, NotAnObject> {
-        Err(NotAnObject)
-    }
+    refuse_compound!(
+        serialize_seq(Option<usize>) -> SerializeSeq,
+        serialize_tuple(usize) -> SerializeTuple,
+        serialize_tuple_struct(&'static str, usize) -> SerializeTupleStruct,
+        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> SerializeTupleVariant,
+        serialize_struct_variant(&'static str, u32, &'static str, usize) -> SerializeStructVariant,
+    );
+    refuse_compound!(serialize_map(Option<usize>) -> SerializeMap, serialize_struct(&'static str, usize) -> SerializeStruct,);
 }
 
 /// A field's [`Kind`], as `serde_json` would write it: a list counts its items (without
@@ -297,33 +265,8 @@ impl ser::Serializer for KindOf {
     type SerializeStruct = Skip;
     type SerializeStructVariant = Skip;
 
-    fn serialize_bool(self, v: bool) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_i8(self, v: i8) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_i16(self, v: i16) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_i32(self, v: i32) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_i64(self, v: i64) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_u8(self, v: u8) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_u16(self, v: u16) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_u32(self, v: u32) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
-    fn serialize_u64(self, v: u64) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Scalar(v.to_string()))
-    }
+    scalar!(serialize_bool(bool), serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64));
+    scalar!(serialize_u8(u8), serialize_u16(u16), serialize_u32(u32), serialize_u64(u64));
     fn serialize_f32(self, v: f32) -> Result<Kind, NotAnObject> {
         self.serialize_f64(f64::from(v))
     }
@@ -432,27 +375,21 @@ impl ser::SerializeMap for Skip {
     }
 }
 
-impl ser::SerializeStruct for Skip {
-    type Ok = Kind;
-    type Error = NotAnObject;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, _: &T) -> Result<(), NotAnObject> {
-        Ok(())
-    }
-    fn end(self) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Other)
-    }
+macro_rules! skip_fields {
+    ($($trait:ident),*) => {
+        $(impl ser::$trait for Skip {
+            type Ok = Kind;
+            type Error = NotAnObject;
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, _: &T) -> Result<(), NotAnObject> {
+                Ok(())
+            }
+            fn end(self) -> Result<Kind, NotAnObject> {
+                Ok(Kind::Other)
+            }
+        })*
+    };
 }
-
-impl ser::SerializeStructVariant for Skip {
-    type Ok = Kind;
-    type Error = NotAnObject;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, _: &T) -> Result<(), NotAnObject> {
-        Ok(())
-    }
-    fn end(self) -> Result<Kind, NotAnObject> {
-        Ok(Kind::Other)
-    }
-}
+skip_fields!(SerializeStruct, SerializeStructVariant);
 
 #[cfg(test)]
 mod tests {
