@@ -169,8 +169,12 @@ impl ser::SerializeMap for &mut Top {
     type Ok = ();
     type Error = NotAnObject;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotAnObject> {
-        // A `Value`'s keys are strings, and so are a struct's field names.
-        self.key = Some(key.serialize(KeyName)?);
+        // A `Value`'s keys are strings, and so are a struct's field names; a key is small, so
+        // serde_json's own `Value` serializer reads it.
+        match serde_json::to_value(key) {
+            Ok(serde_json::Value::String(k)) => self.key = Some(k),
+            _ => return Err(NotAnObject),
+        }
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotAnObject> {
@@ -181,67 +185,6 @@ impl ser::SerializeMap for &mut Top {
     fn end(self) -> Result<(), NotAnObject> {
         Ok(())
     }
-}
-
-/// A map key, which must be a string.
-struct KeyName;
-
-impl ser::Serializer for KeyName {
-    type Ok = String;
-    type Error = NotAnObject;
-    type SerializeSeq = Impossible<String, NotAnObject>;
-    type SerializeTuple = Impossible<String, NotAnObject>;
-    type SerializeTupleStruct = Impossible<String, NotAnObject>;
-    type SerializeTupleVariant = Impossible<String, NotAnObject>;
-    type SerializeMap = Impossible<String, NotAnObject>;
-    type SerializeStruct = Impossible<String, NotAnObject>;
-    type SerializeStructVariant = Impossible<String, NotAnObject>;
-
-    fn serialize_str(self, v: &str) -> Result<String, NotAnObject> {
-        Ok(v.to_string())
-    }
-    refuse!(
-        serialize_bool(bool),
-        serialize_i8(i8),
-        serialize_i16(i16),
-        serialize_i32(i32),
-        serialize_i64(i64),
-        serialize_u8(u8),
-        serialize_u16(u16),
-        serialize_u32(u32),
-        serialize_u64(u64),
-        serialize_f32(f32),
-        serialize_f64(f64),
-        serialize_char(char),
-        serialize_bytes(&[u8]),
-        serialize_none(),
-        serialize_unit(),
-        serialize_unit_struct(&'static str),
-        serialize_unit_variant(&'static str, u32, &'static str),
-    );
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<String, NotAnObject> {
-        Err(NotAnObject)
-    }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<String, NotAnObject> {
-        value.serialize(self)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<String, NotAnObject> {
-        Err(NotAnObject)
-    }
-    refuse_compound!(
-        serialize_seq(Option<usize>) -> SerializeSeq,
-        serialize_tuple(usize) -> SerializeTuple,
-        serialize_tuple_struct(&'static str, usize) -> SerializeTupleStruct,
-        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> SerializeTupleVariant,
-        serialize_struct_variant(&'static str, u32, &'static str, usize) -> SerializeStructVariant,
-    );
-    refuse_compound!(serialize_map(Option<usize>) -> SerializeMap, serialize_struct(&'static str, usize) -> SerializeStruct,);
 }
 
 /// A field's [`Kind`], as `serde_json` would write it: a list counts its items (without
