@@ -180,13 +180,17 @@ async fn execute(
             };
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
             // The run's start, as recorded: the moment its target is called.
+            let clock = shared.clock().clone();
+            let now = clock.now();
             if let Some(started) = started {
-                let _ = started.set(shared.clock().now());
+                let _ = started.set(now);
             }
             let work = shared.targets().run(ctx);
+            // On the engine's clock, like every other time limit: tests move it.
+            let deadline = job.timeout().and_then(|t| now.checked_add_signed(chrono::TimeDelta::from_std(t).ok()?));
             let limit = async {
-                match job.timeout() {
-                    Some(t) => tokio::time::sleep(t).await,
+                match deadline {
+                    Some(at) => clock.sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };

@@ -1,7 +1,7 @@
 //! Agents on the real engine and SQLite, against the scripted OpenAI-compatible server over
 //! real HTTP: the tool loop over plugin tools, what goes back to the model when a tool call is
 //! wrong, retries (429 with Retry-After, 500, a reply past the timeout), token accounting,
-//! budgets (fail, ask), tool approval (ask, deny), delegation and pipelines, the Responses API,
+//! budgets (fail, ask; time on the engine clock), `max_iters`, tool approval (ask, deny), delegation and pipelines, the Responses API,
 //! agent steps in a workflow, and keys that stay out of records.
 
 mod support;
@@ -202,6 +202,41 @@ async fn a_budget_stops_the_run_or_asks_to_go_on() {
     assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("two calls made"))));
     assert_eq!(llm.seen().len(), 3, "the model call made before the wait is not made again");
     assert_eq!(std::fs::read_to_string(dir.path().join("data/calls.txt")).expect("calls"), "x\nx\n", "each tool ran once");
+}
+
+#[tokio::test]
+async fn max_iters_ends_a_run_whose_model_never_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm =
+        ScriptedLlm::start((1, 1), |_| Reply::Tools(vec![("shell-exec__run".into(), r#"{"command": "echo x >> calls.txt"}"#.into())]))
+            .await;
+    let config = agents(dir.path(), &llm, "", "a:\n  plugins: [shell-exec]\n  allowed_commands: ['echo*']\n  max_iters: 3", "");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+    let run = ended(&engine, &trigger(&engine, "go").await).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    assert_eq!(run.error.as_deref(), Some("agent \"a\" gave no answer within max_iters (3) model calls"));
+    assert_eq!(llm.seen().len(), 3, "exactly max_iters model calls");
+    assert_eq!(std::fs::read_to_string(dir.path().join("data/calls.txt")).expect("calls"), "x\nx\nx\n", "each call's tool ran");
+}
+
+#[tokio::test]
+async fn max_duration_counts_the_time_spent_in_calls_on_the_engine_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t0()));
+    // Each model call takes 40 s of the engine's time: the provider moves the clock as it answers.
+    let moved = clock.clone();
+    let llm = ScriptedLlm::start((1, 1), move |_| {
+        moved.advance(chrono::Duration::seconds(40));
+        Reply::Tools(vec![("shell-exec__run".into(), r#"{"command": "echo x >> calls.txt"}"#.into())])
+    })
+    .await;
+    let config =
+        agents(dir.path(), &llm, "", "a:\n  plugins: [shell-exec]\n  allowed_commands: ['echo*']\n  budget: {max_duration: 1m}", "");
+    let engine = start(&config, &clock).await;
+    let run = ended(&engine, &trigger(&engine, "go").await).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: running for 1m 20s, max_duration is 1m"));
+    assert_eq!(llm.seen().len(), 2, "40 s after the first call there is budget left; after the second there is none");
 }
 
 #[tokio::test]

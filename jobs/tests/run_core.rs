@@ -1,6 +1,7 @@
 //! The run core through the engine, with scripted targets: a drain always records the end of
 //! the runs it waited for; a panicking run fails alone and frees its slot; attempts of one run
-//! share its identity and checkpoints; a run keeps the job it was created with across a reload.
+//! share its identity and checkpoints; a run keeps the job it was created with across a reload;
+//! a job's `timeout` is kept on the engine's clock.
 
 mod support;
 
@@ -11,10 +12,13 @@ use futures::future::BoxFuture;
 use lamplighter_jobs::{Engine, ManualClock, Outcome, RunContext, RunStatus, TargetRef, Targets, TriggerRequest};
 use serde_json::json;
 
-use support::{config, config_with, finished, runs, start_with, t0, until};
+use support::{config, config_with, finished, minutes, runs, start_with, t0, until};
 
 /// `plugin: test` with the action naming the behaviour.
 struct Scripted;
+
+/// Told when a `hang` run's target has been called (its time limit runs from then).
+static HANGING: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 impl Targets for Scripted {
     fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome> {
@@ -47,6 +51,12 @@ impl Targets for Scripted {
                         return Outcome::failed("first attempt fails");
                     }
                     Outcome::Succeeded { output: serde_json::to_value(ctx.job()).expect("snapshot serializes") }
+                }
+                // Work that never ends by itself: only a stop (cancel, timeout, shutdown) ends it.
+                "hang" => {
+                    HANGING.notify_one();
+                    ctx.cancelled().cancelled().await;
+                    Outcome::failed("stopped")
                 }
                 other => Outcome::permanent(format!("unknown scripted action {other}")),
             }
@@ -207,5 +217,26 @@ async fn a_reload_does_not_change_the_job_a_run_was_created_with() {
     let out = r.iter().find(|x| x.attempt == 2).and_then(|x| x.output.clone()).expect("retry output");
     assert_eq!(out["timeout_ms"], json!(300_000), "the retry ran with the job as it was created: {out}");
     assert!(out.get("working_directory").is_none_or(|d| d.is_null()), "{out}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_run_past_its_job_timeout_is_stopped_on_the_engine_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), "type: plugin\nplugin: test\naction: hang\ntimeout: 10m");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start_with(&cfg, &clock, Arc::new(Scripted)).await;
+    let id = trigger(&engine, json!({})).await;
+    tokio::time::timeout(Duration::from_secs(10), HANGING.notified()).await.expect("the target to be called");
+    // Not a moment before the limit, on the engine's clock (the scheduler's pass through the
+    // new time shows the engine has seen it move).
+    clock.set(t0() + minutes(10) - chrono::Duration::seconds(1));
+    engine.scheduled_through_now().await;
+    tokio::task::yield_now().await;
+    assert_eq!(engine.get_run(&id).await.expect("run").status, RunStatus::Running, "the run ended before its timeout");
+    clock.set(t0() + minutes(10));
+    let run = support::ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::TimedOut, "{run:#?}");
+    assert_eq!(run.error.as_deref(), Some("timed out after 10m"));
     engine.shutdown(Duration::from_secs(5)).await;
 }

@@ -1,6 +1,7 @@
 //! Workflows on the real engine and SQLite: branching, `when`, parallel join and fail-fast,
 //! templates, durable retries, approvals (approve, reject, timeout, twice, at once, after a
-//! restart), cancel while waiting, workflows run by hand, and an agent step whose provider is unreachable.
+//! restart), cancel while waiting, a run keeps its definition across a reload, workflows run by
+//! hand, and an agent step whose provider is unreachable.
 //! Plugin steps are `shell-exec` commands; time moves only on the manual clock.
 
 mod support;
@@ -403,5 +404,31 @@ async fn an_approval_inside_a_parallel_is_the_only_wait_and_approving_it_finishe
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(data(dir.path(), "log"), "work\ndone\n");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_run_keeps_the_workflow_definition_it_started_with_across_a_reload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&workflow(dir.path(), GATED, ""), &clock).await;
+    let id = trigger(&engine, json!(null)).await;
+    waiting(&engine, &id).await;
+    // The workflow changes while the run waits: another publish command, and a step more.
+    let changed = format!("{}{}", GATED.replace("printf published >> log", "printf changed >> log"), sh("extra", "printf extra >> log"));
+    engine.reload(&workflow(dir.path(), &changed, ""));
+    engine.decide(decision(&id, true, "ana", None)).await.expect("approve");
+    let run = ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(data(dir.path(), "log"), "published", "the run went on with the steps it started with");
+    let d = detail(&engine, &id).await;
+    assert!(flat(&d.steps).iter().all(|s| s.id != "extra"), "{:#?}", d.steps);
+
+    // A run started after the reload follows the new definition.
+    let id = trigger(&engine, json!(null)).await;
+    waiting(&engine, &id).await;
+    engine.decide(decision(&id, true, "ana", None)).await.expect("approve");
+    assert_eq!(ended(&engine, &id).await.status, RunStatus::Succeeded);
+    assert_eq!(data(dir.path(), "log"), "publishedchangedextra");
     engine.shutdown(Duration::from_secs(5)).await;
 }

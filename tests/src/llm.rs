@@ -30,6 +30,9 @@ pub enum Reply {
     /// No reply at all: the request is held until the client gives up on it (its timeout,
     /// a cancelled run, a killed worker). An event, not a delay: nothing waits on a clock.
     Hang,
+    /// The inner reply, held until `open` is true: the test acts (kills the client, say)
+    /// knowing the call is in flight. An event, not a delay.
+    Held(tokio::sync::watch::Receiver<bool>, Box<Reply>),
 }
 
 /// One request the server was sent.
@@ -111,6 +114,12 @@ fn record(inner: &Inner, path: &str, headers: &HeaderMap, body: &Value) {
 }
 
 async fn resolve(reply: Reply) -> Result<Reply, Response> {
+    let mut reply = reply;
+    while let Reply::Held(mut open, inner) = reply {
+        // A sender gone counts as open: nothing will hold it any longer.
+        let _ = open.wait_for(|o| *o).await;
+        reply = *inner;
+    }
     if let Reply::Hang = reply {
         // Dropped with the connection when the client goes away.
         std::future::pending::<()>().await;
@@ -144,7 +153,7 @@ async fn chat(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: He
                 .collect();
             (json!({"role": "assistant", "content": null, "tool_calls": calls}), "tool_calls")
         }
-        Reply::Status { .. } | Reply::Hang => unreachable!("resolved above"),
+        Reply::Status { .. } | Reply::Hang | Reply::Held(..) => unreachable!("resolved above"),
     };
     let (p, c) = inner.usage;
     axum::Json(json!({
@@ -177,7 +186,7 @@ async fn responses(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: ax
                 json!({"type": "function_call", "id": format!("fc_{n}_{i}"), "call_id": format!("call_{n}_{i}"), "name": name, "arguments": args, "status": "completed"})
             })
             .collect(),
-        Reply::Status { .. } | Reply::Hang => unreachable!("resolved above"),
+        Reply::Status { .. } | Reply::Hang | Reply::Held(..) => unreachable!("resolved above"),
     };
     let (p, c) = inner.usage;
     axum::Json(json!({

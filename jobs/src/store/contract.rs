@@ -249,6 +249,14 @@ async fn a_follow_up_keeps_identity_snapshot_and_checkpoints(s: &dyn RunStore) {
     );
     assert_eq!(next.parameters, first.parameters);
     assert_eq!(s.get_run(&first.id).await.expect("get").expect("run").next_run_id.as_deref(), Some(next_id.as_str()));
+    // Closing a run as "no follow-up" (recovery deciding none is due) never blanks a link that
+    // another worker wrote meanwhile.
+    s.mark_no_follow_up(&first.id).await.expect("close");
+    assert_eq!(
+        s.get_run(&first.id).await.expect("get").expect("run").next_run_id.as_deref(),
+        Some(next_id.as_str()),
+        "an existing follow-up link is kept"
+    );
     // The next attempt runs what the first ran, and finds its checkpoint.
     let handed = s.dispatch(std::slice::from_ref(&next_id), &[], ME, t + secs(60)).await.expect("dispatch");
     assert_eq!(handed[0].snapshot, Some(snapshot("a")));

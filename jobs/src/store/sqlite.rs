@@ -864,7 +864,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn mark_no_follow_up(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ll_runs SET next_run_id = '' WHERE id = ?1")
+        sqlx::query("UPDATE ll_runs SET next_run_id = '' WHERE id = ?1 AND next_run_id IS NULL")
             .bind(id)
             .execute(&self.write)
             .await

@@ -1,5 +1,6 @@
 //! Chaos: the real worker killed with SIGKILL (and its commands with it) at random moments, a
-//! third of them as a model call arrives at the provider, while a per-second job, workflows
+//! third of them while a model call is in flight (its reply held at the provider, every worker
+//! killed), while a per-second job, workflows
 //! waiting for approval and agent runs against the scripted provider go on; on SQLite, and on
 //! three workers sharing PostgreSQL. Afterwards, from the database and
 //! from side effects the runs leave behind:
@@ -19,9 +20,15 @@
 //! appeared while it read the database, so the count is exact. Two lines of one step in one
 //! attempt are a repeat too.
 //!
-//! Outages are up to 2 s (5 s on PostgreSQL, past the 3 s lease, at least once per run); runs of
-//! 300 s or more also have outages of 70–90 s, longer than the minute in which a late tick
-//! still fires as scheduled, so `catch_up: all` fires what was missed.
+//! Outages are up to 2 s (5 s now and then on PostgreSQL, past the 3 s lease); runs of 300 s or
+//! more also have outages of 70–90 s, longer than the minute in which a late tick still fires as
+//! scheduled, so `catch_up: all` fires what was missed.
+//!
+//! A check that holds over nothing proves nothing, so each run also asserts that its invariants
+//! were exercised: an interrupted run was followed up; a kill landed during a model call (until
+//! one has, every kill aims at one), whose held reply was never recorded and whose place the next
+//! attempt asked for again; on PostgreSQL, a worker was killed holding running runs and left
+//! down until the others had taken them over (the first kills wait for such a worker).
 //!
 //! `CHAOS_SECONDS` (default 25) sets how long the kills go on; `CHAOS_SEED` replays a run's
 //! choices (the timing of real processes still varies). The seed is printed, and with a
@@ -39,6 +46,7 @@ use lamplighter_tests::llm::{Reply, ScriptedLlm, messages, tool_results};
 use lamplighter_tests::pg::Cluster;
 use serde_json::json;
 use sqlx::Row;
+use tokio::sync::watch;
 
 use crate::support::{Worker, poll};
 
@@ -211,30 +219,44 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
 /// carried, the nonce of the reply).
 type Calls = Arc<Mutex<Vec<(String, usize, u64)>>>;
 
+/// A request as it arrived at the provider: its place (tag, tool results so far), the nonce of
+/// its reply, and whether that reply is held.
+#[derive(Debug, Clone)]
+struct Asked {
+    tag: String,
+    k: usize,
+    nonce: u64,
+    held: bool,
+}
+
 /// A provider whose agent makes three tool calls, each appending `TAG K nonce=N` to
 /// `agent.log`, then answers; every reply carries a fresh nonce. The receiver hears of each
-/// request as it arrives, before it is answered.
-fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls, Receiver<()>) {
+/// request as it arrives, before it is answered. While the hold is closed (`false`), replies
+/// wait until it opens: a kill then lands while the model call is certainly in flight.
+fn provider(rt: &tokio::runtime::Runtime, shared: &Path) -> (ScriptedLlm, Calls, Receiver<Asked>, watch::Sender<bool>) {
     let calls: Calls = Arc::default();
     let nonce = AtomicU64::new(0);
     let log = shared.join("agent.log");
     let seen = calls.clone();
-    let (tell, requests): (Sender<()>, _) = channel();
+    let (tell, requests): (Sender<Asked>, _) = channel();
     let tell = Mutex::new(tell);
+    let (hold, open) = watch::channel(true);
     let llm = rt.block_on(ScriptedLlm::start((3, 2), move |req| {
         let tag = messages(req).iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or("?").to_owned();
         let k = tool_results(req);
         let n = nonce.fetch_add(1, Ordering::SeqCst) + 1;
         seen.lock().unwrap().push((tag.clone(), k, n));
-        let _ = tell.lock().unwrap().send(());
-        if k < 3 {
+        let held = !*open.borrow();
+        let _ = tell.lock().unwrap().send(Asked { tag: tag.clone(), k, nonce: n, held });
+        let reply = if k < 3 {
             let command = format!("sleep 0.2; echo '{tag} {k} nonce={n}' >> {}", log.display());
             Reply::Tools(vec![("shell-exec__run".into(), json!({ "command": command }).to_string())])
         } else {
             Reply::Text(format!("{tag} done nonce={n}"))
-        }
+        };
+        if held { Reply::Held(open.clone(), Box::new(reply)) } else { reply }
     }));
-    (llm, calls, requests)
+    (llm, calls, requests, hold)
 }
 
 fn nonce_in(text: &str) -> Option<u64> {
@@ -387,8 +409,19 @@ struct Chaos<'a> {
     kills: usize,
     /// Outages past a minute (runs of 300 s or more).
     long_outages: usize,
-    /// The provider's requests, as they arrive.
-    requests: Receiver<()>,
+    /// The provider's requests, as they arrive, and the hold on its replies.
+    requests: Receiver<Asked>,
+    hold: watch::Sender<bool>,
+    /// The workers' names (PostgreSQL), in the order of `workers`.
+    names: Vec<String>,
+    /// Kills that landed while a model call was in flight: the request whose reply was held
+    /// when every worker was killed (so no worker can have recorded it).
+    cut: Vec<Asked>,
+    /// Takeovers (PostgreSQL): a worker killed while it held running runs, and those runs —
+    /// which the others must have interrupted before it came back.
+    takeovers: Vec<(String, Vec<String>)>,
+    /// Problems the harness saw as it went (a takeover that did not come).
+    problems: Vec<String>,
 }
 
 impl Chaos<'_> {
@@ -433,11 +466,9 @@ impl Chaos<'_> {
         }
     }
 
-    /// Acts every 100 ms for `d`; with `at_request`, returns as soon as the provider is asked
-    /// (so the kill lands while a model call is in flight) if that comes first.
-    fn act_for(&mut self, d: Duration, at_request: bool) {
+    /// Acts every 100 ms for `d`.
+    fn act_for(&mut self, d: Duration) {
         let until = Instant::now() + d;
-        while self.requests.try_recv().is_ok() {}
         loop {
             self.act(false);
             let left = until.saturating_duration_since(Instant::now());
@@ -445,11 +476,79 @@ impl Chaos<'_> {
                 return;
             }
             match self.requests.recv_timeout(left.min(Duration::from_millis(100))) {
-                Ok(()) if at_request => return,
-                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => panic!("the scripted provider stopped"),
             }
         }
+    }
+
+    /// Acts with the provider's replies held, until a request arrives (its reply then stays
+    /// held: the call is in flight) or `d` has passed (the hold is opened again). With `surely`,
+    /// an agent run is asked for and the wait goes on up to 60 s, so that a request comes.
+    fn aim(&mut self, d: Duration, surely: bool) -> Option<Asked> {
+        let d = if surely { d.max(Duration::from_secs(60)) } else { d };
+        if surely {
+            let tag = format!("chaos-{}", self.triggered.len() + self.pending.len());
+            self.pending.push(tag);
+        }
+        self.hold.send_replace(false);
+        while self.requests.try_recv().is_ok() {}
+        let until = Instant::now() + d;
+        loop {
+            self.act(false);
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.hold.send_replace(true);
+                return None;
+            }
+            match self.requests.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(asked) if asked.held => return Some(asked),
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => panic!("the scripted provider stopped"),
+            }
+        }
+    }
+
+    /// The live worker that holds a running run, waited for up to 20 s (PostgreSQL).
+    fn holding_a_run(&mut self) -> Option<usize> {
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if let Ok(rows) = self.db.rows("SELECT DISTINCT worker FROM ll_runs WHERE status = 'running' AND worker IS NOT NULL") {
+                let holders: Vec<usize> = (0..self.workers.len())
+                    .filter(|&i| self.workers[i].is_running() && rows.iter().any(|r| r[0].as_deref() == Some(self.names[i].as_str())))
+                    .collect();
+                if let Some(&i) = holders.first() {
+                    return Some(i);
+                }
+            }
+            self.act_for(Duration::from_millis(100));
+        }
+        None
+    }
+
+    /// The runs `worker` holds `running` (it is dead: they stay so until taken over).
+    fn held_by(&self, worker: &str) -> Vec<String> {
+        let rows = self.db.rows("SELECT id, worker FROM ll_runs WHERE status = 'running'").expect("reading the running runs");
+        rows.into_iter().filter(|r| r[1].as_deref() == Some(worker)).filter_map(|r| r[0].clone()).collect()
+    }
+
+    /// Waits (acting meanwhile) until none of `ids` is `running` any more, up to 30 s.
+    fn until_taken_over(&mut self, ids: &[String]) -> bool {
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            let running: BTreeSet<String> = match self.db.rows("SELECT id FROM ll_runs WHERE status = 'running'") {
+                Ok(rows) => rows.into_iter().filter_map(|r| r[0].clone()).collect(),
+                Err(_) => {
+                    self.act_for(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if ids.iter().all(|id| !running.contains(id)) {
+                return true;
+            }
+            self.act_for(Duration::from_millis(100));
+        }
+        false
     }
 
     /// Every worker's log, for a failure.
@@ -459,23 +558,48 @@ impl Chaos<'_> {
 
     fn run(&mut self, seconds: u64) {
         while self.t0.elapsed() < Duration::from_secs(seconds) {
-            let up = self.rng.ms(300, 4000);
-            // A third of the kills aim at a model call in flight.
-            let aim = self.rng.chance(0.3);
-            self.act_for(up, aim);
             let n = self.workers.len();
+            let up = self.rng.ms(300, 4000);
+            // On PostgreSQL, until one has happened, a worker holding a running run is killed
+            // and left down until the others have taken its runs over (past its lease).
+            if n > 1 && self.takeovers.is_empty() {
+                self.act_for(up);
+                let Some(v) = self.holding_a_run() else { continue };
+                kill_hard(&mut self.workers[v]);
+                self.kills += 1;
+                let name = self.names[v].clone();
+                let held = self.held_by(&name);
+                self.note(format!("killed [{v}] holding {held:?}"));
+                if held.is_empty() {
+                    self.workers[v].start();
+                    continue;
+                }
+                if !self.until_taken_over(&held) {
+                    self.problems.push(format!("the runs {held:?} of the killed worker {name} were not taken over within 30 s"));
+                }
+                self.note(format!("taken over: {held:?}"));
+                self.takeovers.push((name, held));
+                self.workers[v].start();
+                self.note(format!("restarted [{v}]"));
+                continue;
+            }
+            // A third of the kills (every one, until one has) land while a model call is in
+            // flight: its reply held at the provider, every worker killed.
+            let caught = if self.rng.chance(0.3) || self.cut.is_empty() {
+                self.aim(up, self.cut.is_empty())
+            } else {
+                self.act_for(up);
+                None
+            };
             // In long runs, now and then an outage past the minute in which late ticks still
             // fire as scheduled, so `catch_up: all` fires the rest.
             let long = seconds >= 300 && self.rng.chance(0.03);
-            // On PostgreSQL the first kill leaves one worker down past its lease, so a
-            // takeover happens in every run.
-            let first = self.kills == 0;
             let victims: BTreeSet<usize> = if n == 1 {
                 [0].into()
             } else {
-                let count = if long {
+                let count = if long || caught.is_some() {
                     n
-                } else if first || self.rng.chance(0.7) {
+                } else if self.rng.chance(0.7) {
                     1
                 } else if self.rng.chance(0.8) {
                     2
@@ -489,21 +613,29 @@ impl Chaos<'_> {
                 v
             };
             for &v in &victims {
-                kill_hard(&mut self.workers[v]);
-                self.kills += 1;
+                if self.workers[v].is_running() {
+                    kill_hard(&mut self.workers[v]);
+                    self.kills += 1;
+                }
+            }
+            if let Some(asked) = caught {
+                // Every worker is dead: the held reply can reach none of them.
+                self.hold.send_replace(true);
+                self.note(format!("killed during the model call {asked:?}"));
+                self.cut.push(asked);
             }
             // On PostgreSQL, sometimes long enough for the lease to run out (3 s, taken over
             // after 4 s): the others then recover the victims' runs.
             let down = if long {
                 self.rng.ms(70_000, 90_000)
-            } else if n > 1 && (first || self.rng.chance(0.15)) {
+            } else if n > 1 && self.rng.chance(0.15) {
                 Duration::from_millis(5000)
             } else {
                 self.rng.ms(0, 2000)
             };
             self.long_outages += usize::from(long);
-            self.note(format!("killed {victims:?}{}, down for {} ms", if aim { " (aimed)" } else { "" }, down.as_millis()));
-            self.act_for(down, false);
+            self.note(format!("killed {victims:?}, down for {} ms", down.as_millis()));
+            self.act_for(down);
             for &v in &victims {
                 self.workers[v].start();
             }
@@ -529,14 +661,14 @@ impl Chaos<'_> {
             || {
                 let mut c = chaos.borrow_mut();
                 c.act(true);
-                let rs = runs(c.db).unwrap_or_default();
+                let Ok(rs) = runs(c.db) else { return None };
                 let going = rs.iter().any(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str()));
                 let unfollowed = rs.iter().any(|r| r.status == "interrupted" && r.next_run_id.is_none());
                 (c.pending.is_empty() && !going && !unfollowed && !rs.is_empty()).then_some(())
             },
             || {
                 let c = chaos.borrow();
-                let rs = runs(c.db).unwrap_or_default();
+                let rs = runs(c.db).unwrap_or_else(|e| panic!("reading the runs: {e}"));
                 let open: Vec<&Run> =
                     rs.iter().filter(|r| r.job != "tick" && !["succeeded", "interrupted"].contains(&r.status.as_str())).collect();
                 format!("runs still going or not followed up: {open:#?}\ntimeline:\n{}\n{}", c.timeline.join("\n"), c.logs())
@@ -612,7 +744,7 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     assert!(!roots("gated").is_empty(), "no workflow ran");
 
     // No step repeated after its end was recorded; the record kept is the first one.
-    let log = std::fs::read_to_string(shared.join("steps.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(shared.join("steps.log")).expect("reading the step log");
     let counts = line_counts(&log);
     let mut by_attempt: BTreeMap<&str, usize> = BTreeMap::new();
     for line in log.lines() {
@@ -662,7 +794,7 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     }
     // Each place in a conversation had its tools run for one reply only, and each agent made
     // its three calls.
-    let agent_log = std::fs::read_to_string(shared.join("agent.log")).unwrap_or_default();
+    let agent_log = std::fs::read_to_string(shared.join("agent.log")).expect("reading the agent log");
     let mut replies: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for line in agent_log.lines() {
         let mut f = line.split(' ');
@@ -687,8 +819,11 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     bad
 }
 
-/// Starts the chaos on `workers` (configured, not started) and checks the invariants.
-fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, (calls, requests): (&Calls, Receiver<()>), pg: bool) {
+/// Starts the chaos on `workers` (configured, not started; named `names` on PostgreSQL) and
+/// checks the invariants, and that each was exercised.
+fn chaos(workers: Vec<Worker>, names: &[&str], db: &Db, shared: &Path, provider: (&Calls, Receiver<Asked>, watch::Sender<bool>)) {
+    let (calls, requests, hold) = provider;
+    let pg = workers.len() > 1;
     let seconds = env_u64("CHAOS_SECONDS").unwrap_or(25);
     let seed = env_u64("CHAOS_SEED").unwrap_or_else(|| now_ms() as u64);
     eprintln!("chaos: CHAOS_SEED={seed} CHAOS_SECONDS={seconds}");
@@ -704,6 +839,11 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, (calls, requests): (&Call
         kills: 0,
         long_outages: 0,
         requests,
+        hold,
+        names: names.iter().map(|n| (*n).to_owned()).collect(),
+        cut: Vec::new(),
+        takeovers: Vec::new(),
+        problems: Vec::new(),
     };
     for w in &mut c.workers {
         w.start();
@@ -723,18 +863,46 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, (calls, requests): (&Call
     let _ = stop.send(());
     let sightings = watching.join().expect("the monitor");
     let mut bad = violations(db, t_stop, &sightings, shared, calls, &c.triggered);
+    bad.append(&mut c.problems);
     if pg {
         let left = db.rows("SELECT name FROM ll_workers").expect("reading the workers");
         if !left.is_empty() {
             bad.push(format!("workers still registered after stopping: {left:?}"));
         }
     }
-    let rs = runs(db).unwrap_or_default();
+    let rs = runs(db).unwrap_or_else(|e| panic!("reading the runs: {e}"));
+    let by_id: HashMap<&str, &Run> = rs.iter().map(|r| (r.id.as_str(), r)).collect();
+    // What the invariants were tested on. Interrupted runs that were followed up:
+    let resumed = rs.iter().filter(|r| r.status == "interrupted" && r.next_run_id.as_deref().is_some_and(|n| !n.is_empty())).count();
+    // Model calls cut by a kill: the held reply was never recorded, and the next attempt asked
+    // for that place again.
+    let recorded: BTreeSet<u64> =
+        db.rows(MODELS).expect("reading the model calls").iter().filter_map(|r| r[3].as_deref().and_then(nonce_in)).collect();
+    let asked = calls.lock().unwrap().clone();
+    for cut in &c.cut {
+        if recorded.contains(&cut.nonce) {
+            bad.push(format!("the reply held while every worker was killed was recorded: {cut:?}"));
+        }
+        if !asked.iter().any(|(tag, k, n)| *tag == cut.tag && *k == cut.k && *n > cut.nonce) {
+            bad.push(format!("the model call cut by a kill was never asked again: {cut:?}"));
+        }
+    }
+    // Takeovers: each run a dead worker held was interrupted by another and followed up.
+    for (worker, held) in &c.takeovers {
+        for id in held {
+            match by_id.get(id.as_str()) {
+                Some(r) if r.status == "interrupted" && r.next_run_id.is_some() => {}
+                r => bad.push(format!("run {id}, held by {worker} when it was killed, was not taken over: {r:?}")),
+            }
+        }
+    }
     let count = |f: &dyn Fn(&Run) -> bool| rs.iter().filter(|r| f(r)).count();
     eprintln!(
-        "chaos: {} kills in {seconds} s ({} outages past a minute); {} runs ({} ticks of which {} caught up, {} interrupted, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
+        "chaos: {} kills in {seconds} s ({} outages past a minute, {} during a model call, {} takeovers); {} runs ({} ticks of which {} caught up, {} interrupted of which {resumed} followed up, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
         c.kills,
         c.long_outages,
+        c.cut.len(),
+        c.takeovers.len(),
         rs.len(),
         count(&|r| r.job == "tick"),
         count(&|r| r.trigger == "catch_up"),
@@ -747,19 +915,23 @@ fn chaos(workers: Vec<Worker>, db: &Db, shared: &Path, (calls, requests): (&Call
     if !bad.is_empty() {
         panic!("CHAOS_SEED={seed}: {} violation(s):\n{}\n\ntimeline:\n{}\n{}", bad.len(), bad.join("\n"), c.timeline.join("\n"), c.logs());
     }
+    // Each invariant was exercised: a check that held over nothing proves nothing.
     assert!(c.kills >= 3, "too few kills to mean anything: {}", c.kills);
     assert!(sightings.steps.len() >= 3 && !sightings.models.is_empty(), "too little work watched");
+    assert!(resumed >= 1, "no interrupted run was followed up: the follow-up invariant was not exercised");
+    assert!(!c.cut.is_empty(), "no kill landed during a model call");
+    assert!(!pg || !c.takeovers.is_empty(), "no worker's runs were taken over by the others");
 }
 
 #[test]
 fn chaos_on_sqlite_loses_and_doubles_nothing() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let shared = tempfile::tempdir().unwrap();
-    let (llm, calls, requests) = provider(&rt, shared.path());
+    let (llm, calls, requests, hold) = provider(&rt, shared.path());
     let w = Worker::new("");
     write_config(&w, &llm, shared.path(), "", None);
     let db = Db::sqlite(&w.db());
-    chaos(vec![w], &db, shared.path(), (&calls, requests), false);
+    chaos(vec![w], &[], &db, shared.path(), (&calls, requests, hold));
     drop(llm);
 }
 
@@ -767,12 +939,13 @@ fn chaos_on_sqlite_loses_and_doubles_nothing() {
 fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let shared = tempfile::tempdir().unwrap();
-    let (llm, calls, requests) = provider(&rt, shared.path());
+    let (llm, calls, requests, hold) = provider(&rt, shared.path());
     let cluster = Cluster::start();
     Db::pg(&cluster.url()).rows("CREATE DATABASE chaos").expect("creating the database");
     let url = cluster.url_of("chaos");
     let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n");
-    let workers: Vec<Worker> = ["w-a", "w-b", "w-c"]
+    let names = ["w-a", "w-b", "w-c"];
+    let workers: Vec<Worker> = names
         .into_iter()
         .map(|name| {
             let w = Worker::new("");
@@ -781,6 +954,6 @@ fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
         })
         .collect();
     let db = Db::pg(&url);
-    chaos(workers, &db, shared.path(), (&calls, requests), true);
+    chaos(workers, &names, &db, shared.path(), (&calls, requests, hold));
     drop(llm);
 }

@@ -175,18 +175,18 @@ impl Session {
         self.table(name, args);
         let json_args: Vec<&str> = ["-o", "json"].iter().chain(args).copied().collect();
         let json = self.n.json(&lampctl(&self.w, &json_args, 0));
-        self.snaps.check(&format!("lampctl/{name}.json"), &json);
+        self.snaps.check(&format!("{name}.json"), &json);
     }
 
     fn table(&mut self, name: &str, args: &[&str]) {
         let table = self.n.table(&lampctl(&self.w, args, 0));
-        self.snaps.check(&format!("lampctl/{name}.txt"), &table);
+        self.snaps.check(&format!("{name}.txt"), &table);
     }
 
     /// A command the worker refuses: exit 1, and the message on stderr.
     fn refused(&mut self, name: &str, args: &[&str]) {
         let message = self.n.text(&lampctl(&self.w, args, 1));
-        self.snaps.check(&format!("lampctl/{name}.txt"), &message);
+        self.snaps.check(&format!("{name}.txt"), &message);
     }
 
     /// `-o json` of `args`, as sent.
@@ -213,7 +213,7 @@ fn lampctl_prints_what_the_snapshots_say_for_the_real_workers_answers() {
     w.write_full(&top(&llm), JOBS, "");
     w.start();
     let n = Normalizer::new(&w);
-    let mut s = Session { w, n, snaps: Snapshots::default() };
+    let mut s = Session { w, n, snaps: Snapshots::in_dir("lampctl") };
 
     s.both("status", &["status"]);
     s.both("jobs-list", &["jobs", "list"]);
@@ -224,7 +224,7 @@ fn lampctl_prints_what_the_snapshots_say_for_the_real_workers_answers() {
     // A trigger is not repeated for the JSON: the table's and the JSON's each start a run.
     s.table("jobs-trigger", &["jobs", "trigger", "adhoc", "--idempotency-key", "k1"]);
     let json = s.n.json(&lampctl(&s.w, &["-o", "json", "jobs", "trigger", "adhoc", "--idempotency-key", "k0"], 0));
-    s.snaps.check("lampctl/jobs-trigger.json", &json);
+    s.snaps.check("jobs-trigger.json", &json);
     s.both("jobs-trigger-again", &["jobs", "trigger", "adhoc", "--idempotency-key", "k1"]);
     s.both("jobs-trigger-wait", &["jobs", "trigger", "report", "--param", "content=waited", "--wait", "--idempotency-key", "k2"]);
     let report_run = s.json(&["runs", "list", "--job", "report"])["runs"][0]["id"].as_str().expect("a run").to_owned();
@@ -270,7 +270,7 @@ fn every_tool_schema_is_the_one_in_the_snapshot() {
         let _ = client.cancel().await;
         tools
     });
-    let mut snaps = Snapshots::default();
+    let mut snaps = Snapshots::in_dir("tools");
     for tool in &tools {
         let text = serde_json::to_string_pretty(&json!({
             "name": tool.name,
@@ -280,9 +280,9 @@ fn every_tool_schema_is_the_one_in_the_snapshot() {
             "outputSchema": tool.output_schema,
         }))
         .expect("JSON");
-        snaps.check(&format!("tools/{}.json", tool.name), &format!("{text}\n"));
+        snaps.check(&format!("{}.json", tool.name), &format!("{text}\n"));
     }
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
-    snaps.check("tools/list.txt", &format!("{}\n", names.join("\n")));
+    snaps.check("list.txt", &format!("{}\n", names.join("\n")));
     snaps.assert_all();
 }

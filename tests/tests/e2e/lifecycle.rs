@@ -27,9 +27,11 @@ fn a_job_fires_on_time_and_health_endpoints_answer() {
 #[test]
 fn a_restart_does_not_fire_a_tick_twice() {
     let mut w = Worker::new(EVERY_SECOND);
-    for _ in 0..3 {
+    for i in 0..3 {
+        let before = if i == 0 { 0 } else { w.runs().iter().filter(|r| r.status == "succeeded").count() };
         w.start();
-        std::thread::sleep(Duration::from_millis(1500));
+        // Stopped once this start has run a tick of its own, not after a guessed while.
+        w.wait_for("a tick run by this start", Duration::from_secs(10), |r| r.iter().filter(|r| r.status == "succeeded").count() > before);
         w.signal("TERM");
         assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
     }
@@ -48,9 +50,14 @@ fn sighup_adds_and_removes_jobs() {
     w.write_jobs("tock:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  every: 1s\n  parameters: {command: \"echo tock\"}\n");
     w.signal("HUP");
     w.wait_for("the added job runs", Duration::from_secs(10), |r| r.iter().any(|r| r.job == "tock" && r.status == "succeeded"));
-    let ticks_then = w.runs().iter().filter(|r| r.job == "tick").count();
-    std::thread::sleep(Duration::from_millis(2500));
-    let ticks_now = w.runs().iter().filter(|r| r.job == "tick").count();
+    let runs = w.runs();
+    let ticks_then = runs.iter().filter(|r| r.job == "tick").count();
+    let tocks_then = runs.iter().filter(|r| r.job == "tock" && r.status == "succeeded").count();
+    // Three more seconds of the kept job: a removed per-second job would have fired meanwhile.
+    let runs = w.wait_for("three more runs of the kept job", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.job == "tock" && r.status == "succeeded").count() >= tocks_then + 3
+    });
+    let ticks_now = runs.iter().filter(|r| r.job == "tick").count();
     assert!(ticks_now <= ticks_then + 1, "the removed job kept firing: {ticks_then} → {ticks_now}");
 
     // An invalid config is rejected and the running one is kept.

@@ -46,23 +46,29 @@ impl Db {
         Db { rt, pool }
     }
 
-    /// Every run; empty while the server is down or the tables are not there yet.
-    fn runs(&self) -> Vec<Run> {
+    /// Every run, or why they could not be read (the server is down, the tables are not there yet).
+    fn try_runs(&self) -> Result<Vec<Run>, sqlx::Error> {
         let rows = self.rt.block_on(
             sqlx::query("SELECT id, job, trigger, status, scheduled_at, worker, retry_of FROM ll_runs ORDER BY id").fetch_all(&self.pool),
-        );
-        rows.unwrap_or_default()
-            .iter()
-            .map(|r| Run {
-                id: r.get("id"),
-                job: r.get("job"),
-                trigger: r.get("trigger"),
-                status: r.get("status"),
-                scheduled_at: r.get("scheduled_at"),
-                worker: r.get("worker"),
-                retry_of: r.get("retry_of"),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(Run {
+                    id: r.try_get("id")?,
+                    job: r.try_get("job")?,
+                    trigger: r.try_get("trigger")?,
+                    status: r.try_get("status")?,
+                    scheduled_at: r.try_get("scheduled_at")?,
+                    worker: r.try_get("worker")?,
+                    retry_of: r.try_get("retry_of")?,
+                })
             })
             .collect()
+    }
+
+    /// Every run; a failed read fails the test ("no runs" never stands for "could not look").
+    fn runs(&self) -> Vec<Run> {
+        self.try_runs().unwrap_or_else(|e| panic!("cannot read the runs: {e}"))
     }
 
     fn run(&self, id: &str) -> Option<Run> {
@@ -74,11 +80,15 @@ impl Db {
         poll(
             what,
             within,
-            || Some(self.runs()).filter(|r| pred(r)),
+            // While the server is down a read fails, and the wait goes on; it never counts as
+            // "no runs".
+            || self.try_runs().ok().filter(|r| pred(r)),
             || {
-                let runs = self.runs();
                 let logs: String = workers.iter().map(|w| format!("--- {}\n{}", w.port, w.log())).collect();
-                format!("runs: {:#?}\n{logs}", &runs[runs.len().saturating_sub(30)..])
+                match self.try_runs() {
+                    Ok(runs) => format!("runs: {:#?}\n{logs}", &runs[runs.len().saturating_sub(30)..]),
+                    Err(e) => format!("runs: cannot read them: {e}\n{logs}"),
+                }
             },
         )
     }

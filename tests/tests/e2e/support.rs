@@ -244,13 +244,20 @@ impl Worker {
     }
 
     /// Rows of `SELECT job, trigger, status, scheduled_at, error, started_at - due_at FROM ll_runs`.
+    /// A failed read fails the test: "no runs" must never stand for "could not look".
     pub(crate) fn runs(&self) -> Vec<RunRow> {
-        query_runs(&self.db())
+        query_runs(&self.db()).unwrap_or_else(|e| panic!("{e}\nlog:\n{}", self.log()))
     }
 
     /// Polls the database until `pred` holds (the worker's clock is real; this only waits).
+    /// Until the worker has created its database there is nothing to read, and the wait goes
+    /// on; any other failed read fails the test.
     pub(crate) fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[RunRow]) -> bool) -> Vec<RunRow> {
-        poll(what, within, || Some(self.runs()).filter(|r| pred(r)), || format!("runs: {:#?}\nlog:\n{}", self.runs(), self.log()))
+        let read = || match query_runs(&self.db()) {
+            Err(ReadError::NoDatabase(_)) => None,
+            other => Some(other.unwrap_or_else(|e| panic!("{e}\nlog:\n{}", self.log()))),
+        };
+        poll(what, within, || read().filter(|r| pred(r)), || format!("runs: {:#?}\nlog:\n{}", read(), self.log()))
     }
 }
 
@@ -275,33 +282,55 @@ pub(crate) struct RunRow {
     pub retry_of: Option<String>,
 }
 
-pub(crate) fn query_runs(db: &Path) -> Vec<RunRow> {
-    if !db.exists() {
-        return Vec::new();
+/// Why the runs could not be read.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The worker has not created its database (yet).
+    NoDatabase(PathBuf),
+    Failed(PathBuf, String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoDatabase(p) => write!(f, "cannot read the runs: there is no database at {}", p.display()),
+            Self::Failed(p, e) => write!(f, "cannot read the runs in {}: {e}", p.display()),
+        }
     }
+}
+
+/// Every run in the worker's SQLite database, oldest first.
+pub(crate) fn query_runs(db: &Path) -> Result<Vec<RunRow>, ReadError> {
+    if !db.exists() {
+        return Err(ReadError::NoDatabase(db.to_path_buf()));
+    }
+    let failed = |e: sqlx::Error| ReadError::Failed(db.to_path_buf(), e.to_string());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         use sqlx::Row;
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true);
-        let Ok(mut conn) = sqlx::ConnectOptions::connect(&opts).await else { return Vec::new() };
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true).busy_timeout(Duration::from_secs(5));
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.map_err(failed)?;
         let rows = sqlx::query(
             "SELECT id, job, trigger, status, scheduled_at, error, started_at - due_at AS late, retry_of FROM ll_runs ORDER BY id",
         )
         .fetch_all(&mut conn)
         .await
-        .unwrap_or_default();
+        .map_err(failed)?;
         rows.iter()
-            .map(|r| RunRow {
-                id: r.get("id"),
-                job: r.get("job"),
-                trigger: r.get("trigger"),
-                status: r.get("status"),
-                scheduled_at: r.get("scheduled_at"),
-                error: r.get("error"),
-                lateness_ms: r.get("late"),
-                retry_of: r.get("retry_of"),
+            .map(|r| {
+                Ok(RunRow {
+                    id: r.try_get("id")?,
+                    job: r.try_get("job")?,
+                    trigger: r.try_get("trigger")?,
+                    status: r.try_get("status")?,
+                    scheduled_at: r.try_get("scheduled_at")?,
+                    error: r.try_get("error")?,
+                    lateness_ms: r.try_get("late")?,
+                    retry_of: r.try_get("retry_of")?,
+                })
             })
-            .collect()
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(failed)
     })
 }
 
