@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, JobConfig, RetryPolicy, StorageConfig, Workflow};
+use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
 
 use crate::clock::Clock;
 use crate::decide::StopReason;
@@ -20,9 +20,7 @@ use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::signals::{Signal, Signals};
-use crate::store::postgres::PgStore;
-use crate::store::sqlite::SqliteStore;
-use crate::store::{RunStore, StoreError, WorkerId};
+use crate::store::{Backend, OpenError, RunStore, StorageKind, StoreError, WorkerId};
 use crate::target::{JobSnapshot, Targets};
 
 /// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
@@ -53,8 +51,7 @@ pub(crate) struct Shared {
     /// Where events go: metrics, hooks, spans.
     observer: Arc<Observer>,
     worker: WorkerId,
-    /// `sqlite` or `postgres`.
-    storage: &'static str,
+    storage: StorageKind,
     /// How long this worker's runs stay its own without a heartbeat.
     lease: Duration,
     config: RwLock<Arc<JobsConfig>>,
@@ -142,7 +139,7 @@ impl Shared {
         &self.worker.name
     }
 
-    pub(crate) fn storage(&self) -> &'static str {
+    pub(crate) fn storage(&self) -> StorageKind {
         self.storage
     }
 
@@ -410,47 +407,16 @@ pub struct EngineOptions {
 /// Applies migrations without starting anything (`lamplighter migrate`); returns where (the
 /// SQLite file, or the PostgreSQL URL without its password).
 pub async fn migrate(config: &Config) -> Result<String, EngineError> {
-    let store = open(config).await?;
-    store.migrate().await?;
-    store.close().await;
-    Ok(match &config.storage {
-        StorageConfig::Sqlite { path } => path.display().to_string(),
-        StorageConfig::Postgres { url, .. } => {
-            lamplighter_config::mask_url_password(url.expose()).unwrap_or_else(|| url.expose().to_string())
-        }
-    })
+    Ok(crate::store::migrate(&config.storage).await?)
 }
 
-/// Opens the configured storage (no migrations, no lock).
-async fn open(config: &Config) -> Result<Box<dyn RunStore>, EngineError> {
-    Ok(match &config.storage {
-        StorageConfig::Sqlite { path } => Box::new(SqliteStore::open(path).await?),
-        StorageConfig::Postgres { url, pool_size, statement_timeout } => {
-            Box::new(PgStore::connect(url.expose(), *pool_size, *statement_timeout).await?)
+impl From<OpenError> for EngineError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Store(e) => Self::Store(e),
+            OpenError::Locked(why) => Self::Locked(why),
         }
-    })
-}
-
-/// One worker per SQLite database: the lock makes "every run marked running is an orphan"
-/// true at start.
-fn lock_sqlite(path: &std::path::Path) -> Result<std::fs::File, EngineError> {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
     }
-    let lock_path = path.with_extension("lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| EngineError::Locked(format!("cannot open {}: {e}", lock_path.display())))?;
-    if lock.try_lock().is_err() {
-        return Err(EngineError::Locked(format!(
-            "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
-            path.display()
-        )));
-    }
-    Ok(lock)
 }
 
 /// This process's identity for its lease.
@@ -465,22 +431,7 @@ impl Engine {
     pub async fn start(config: &Config, opts: EngineOptions) -> Result<Engine, EngineError> {
         let stop_scheduler = CancellationToken::new();
         let stop_runs = CancellationToken::new();
-        let (store, signals, lock, storage): (Arc<dyn RunStore>, Arc<dyn Signals>, _, _) = match &config.storage {
-            StorageConfig::Sqlite { path } => {
-                let lock = lock_sqlite(path)?;
-                let store = SqliteStore::open(path).await?;
-                store.migrate().await?;
-                (Arc::new(store), Arc::new(crate::signals::Local::new()), Some(Arc::new(lock)), "sqlite")
-            }
-            StorageConfig::Postgres { url, pool_size, statement_timeout } => {
-                let store = PgStore::connect(url.expose(), *pool_size, *statement_timeout).await?;
-                store.migrate().await?;
-                let signals = crate::signals::Shared::start(store.pool().clone(), opts.worker_name.clone(), stop_runs.clone())
-                    .await
-                    .map_err(|e| StoreError::new("listening for other workers", e))?;
-                (Arc::new(store), signals, None, "postgres")
-            }
-        };
+        let Backend { store, signals, lock, kind: storage } = crate::store::open(&config.storage, &opts.worker_name, &stop_runs).await?;
         let (executors, recorder_rx) = Executors::new(config.worker.concurrency);
         let now = opts.clock.now();
         opts.observer.configure(config);
@@ -513,7 +464,7 @@ impl Engine {
         let scheduler_signals = shared.subscribe();
         let runs = vec![
             tokio::spawn(executor::recorder(shared.clone(), recorder_rx, stop_runs.clone())),
-            tokio::spawn(crate::queue::consume(shared.clone(), queue_signals, stop_runs.clone())),
+            tokio::spawn(executor::intake(shared.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.clone(), cancel_signals, stop_runs.clone())),
             tokio::spawn(keep_lease(shared.clone(), stop_runs.clone())),
             tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
@@ -523,7 +474,7 @@ impl Engine {
         Ok(Engine {
             shared,
             tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_runs, scheduler, housekeeper, runs }))),
-            _lock: lock,
+            _lock: lock.map(Arc::new),
         })
     }
 
@@ -735,7 +686,7 @@ async fn keep_lease(shared: Arc<Shared>, stop: CancellationToken) {
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "cannot renew the worker's lease"),
         }
-        if shared.storage == "postgres"
+        if shared.storage.takes_over_from_others()
             && let Err(e) = recover(&shared, now, false).await
         {
             tracing::warn!(error = %e, "cannot check for runs of workers that are gone");

@@ -8,7 +8,6 @@ mod engine;
 pub mod events;
 mod executor;
 mod gate;
-mod queue;
 mod run;
 mod schedule;
 mod scheduler;

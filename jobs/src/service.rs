@@ -528,7 +528,7 @@ impl Engine {
             jobs: self.shared.jobs().len(),
             running: self.running_count(),
             queue_depth: self.shared.store().queue_depth().await?,
-            storage: self.shared.storage().into(),
+            storage: self.shared.storage().as_str().into(),
             workers: self.shared.store().workers(now).await?,
         })
     }

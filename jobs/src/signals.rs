@@ -10,19 +10,10 @@
 //! Signals are hints, never the record: whoever receives one reads the database. A receiver
 //! that falls behind gets [`Signal::Lagged`] and must act as if it had received everything.
 //!
-//! [`Shared`] is the PostgreSQL side: a local [`Local`] plus `NOTIFY lamplighter` to the
-//! other workers (signals batched into few notifications) and one `LISTEN` connection
-//! feeding theirs in. A listener that loses its connection cannot know what it missed: its
-//! receivers get [`Signal::Lagged`].
-
-use std::sync::Arc;
-use std::time::Duration;
+//! PostgreSQL's side lives with its backend (`store/postgres/signals.rs`).
 
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
-use sqlx::postgres::PgListener;
-use tokio::sync::{broadcast, mpsc};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::broadcast;
 
 /// What changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,142 +97,6 @@ impl Signals for Local {
     }
 }
 
-/// The PostgreSQL channel the workers of one database share.
-const CHANNEL: &str = "lamplighter";
-
-/// PostgreSQL's payload limit is 8000 bytes; batches stay under it.
-const PAYLOAD_MAX: usize = 7800;
-
-/// One notification: who sent it and what changed.
-#[derive(Debug, Serialize, Deserialize)]
-struct Notice {
-    /// The sending worker; a worker skips its own notices (it had them locally already).
-    o: String,
-    s: Vec<Signal>,
-}
-
-/// Signals shared by every worker of one PostgreSQL database.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    local: Local,
-    out: mpsc::UnboundedSender<Signal>,
-}
-
-impl Signals for Shared {
-    fn publish(&self, signal: Signal) {
-        if signal != Signal::Lagged {
-            let _ = self.out.send(signal.clone());
-        }
-        self.local.publish(signal);
-    }
-
-    fn subscribe(&self) -> Receiver {
-        self.local.subscribe()
-    }
-}
-
-impl Shared {
-    /// Starts the listener and the sender for worker `me`; both stop with `stop`. Returns once
-    /// the listener listens, so nothing another worker sends from then on is missed.
-    pub(crate) async fn start(pool: PgPool, me: String, stop: CancellationToken) -> Result<Arc<Shared>, sqlx::Error> {
-        let (out, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared { local: Local::new(), out });
-        let mut listener = PgListener::connect_with(&pool).await?;
-        listener.listen(CHANNEL).await?;
-        tokio::spawn(listen(listener, shared.clone(), me.clone(), stop.clone()));
-        tokio::spawn(send(pool, rx, me, stop));
-        Ok(shared)
-    }
-}
-
-/// Feeds other workers' notices to the local receivers.
-async fn listen(mut listener: PgListener, shared: Arc<Shared>, me: String, stop: CancellationToken) {
-    let mut failing = false;
-    loop {
-        let got = tokio::select! {
-            r = listener.try_recv() => r,
-            () = stop.cancelled() => return,
-        };
-        match got {
-            Ok(Some(n)) => {
-                failing = false;
-                match serde_json::from_str::<Notice>(n.payload()) {
-                    Ok(notice) if notice.o == me => {}
-                    Ok(notice) => notice.s.into_iter().for_each(|s| shared.local.publish(s)),
-                    // A newer or foreign sender: whatever it meant, look again.
-                    Err(_) => shared.local.publish(Signal::Lagged),
-                }
-            }
-            // The connection was lost (and is made again at the next call): what was sent
-            // meanwhile is gone, so every receiver reads the database again.
-            Ok(None) => {
-                tracing::warn!("lost the notification connection to the database; reconnecting");
-                shared.local.publish(Signal::Lagged);
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(error = %e, "cannot listen for other workers' notifications; retrying every second");
-                    failing = true;
-                }
-                shared.local.publish(Signal::Lagged);
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    () = stop.cancelled() => return,
-                }
-            }
-        }
-    }
-}
-
-/// Sends local signals to the other workers, batched: whatever is waiting goes in one
-/// statement, as few notifications as fit.
-async fn send(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Signal>, me: String, stop: CancellationToken) {
-    let mut failing = false;
-    loop {
-        let first = tokio::select! {
-            s = rx.recv() => match s { Some(s) => s, None => return },
-            () = stop.cancelled() => return,
-        };
-        let mut batch = vec![first];
-        while let Ok(s) = rx.try_recv() {
-            batch.push(s);
-        }
-        batch.dedup();
-        let payloads = payloads(&me, batch);
-        match sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) p").bind(CHANNEL).bind(&payloads).execute(&pool).await {
-            Ok(_) => failing = false,
-            // Hints only: the other workers see the database when they next look (a lost
-            // connection tells their listeners to look at once).
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(error = %e, "cannot notify the other workers; they will see the change when they next read");
-                    failing = true;
-                }
-            }
-        }
-    }
-}
-
-/// `signals` as JSON notices of at most [`PAYLOAD_MAX`] bytes each.
-fn payloads(me: &str, signals: Vec<Signal>) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut batch: Vec<Signal> = Vec::new();
-    let mut size = 0;
-    for s in signals {
-        let len = serde_json::to_string(&s).map(|j| j.len() + 1).unwrap_or(0);
-        if !batch.is_empty() && size + len > PAYLOAD_MAX - me.len() - 16 {
-            out.push(serde_json::to_string(&Notice { o: me.to_string(), s: std::mem::take(&mut batch) }).unwrap_or_default());
-            size = 0;
-        }
-        size += len;
-        batch.push(s);
-    }
-    if !batch.is_empty() {
-        out.push(serde_json::to_string(&Notice { o: me.to_string(), s: batch }).unwrap_or_default());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,25 +111,6 @@ mod tests {
         let got = rx.drain();
         assert_eq!(got.first(), Some(&Signal::Lagged), "the first thing it reads says it missed some");
         assert_eq!(got.last(), Some(&Signal::RunFinished((CAPACITY + 9).to_string())));
-    }
-
-    #[test]
-    fn notices_stay_under_the_payload_limit_and_keep_every_signal() {
-        let mut signals: Vec<Signal> = (0..2000).map(|i| Signal::RunFinished(format!("0199-run-{i}"))).collect();
-        // Every kind a worker sends (all but `Lagged`, which is local).
-        signals.extend([
-            Signal::Wake,
-            Signal::JobChanged,
-            Signal::TasksPushed,
-            Signal::RunsChanged,
-            Signal::CancelRequested { run: "r1".into(), why: "asked".into() },
-        ]);
-        let payloads = payloads("worker-a", signals.clone());
-        assert!(payloads.len() > 1, "2000 ends do not fit one notice");
-        assert!(payloads.iter().all(|p| !p.is_empty()), "every notice encodes");
-        assert!(payloads.iter().all(|p| p.len() < 8000), "PostgreSQL refuses payloads of 8000 bytes or more");
-        let back: Vec<Signal> = payloads.iter().flat_map(|p| serde_json::from_str::<Notice>(p).expect("a notice").s).collect();
-        assert_eq!(back, signals);
     }
 
     #[tokio::test]

@@ -4,9 +4,12 @@
 //! decision is [`crate::decide::decide_tick`], called by the store inside its transaction, and
 //! every status list is built from [`RunStatus`].
 //!
-//! - [`sqlite`]: the embedded backend (one worker per database file).
-//! - PostgreSQL comes next; every query here is written so it has a PostgreSQL equivalent
-//!   (ARCHITECTURE.md, "Storage", says how each maps).
+//! A backend is one unit, in a folder of its own with its SQL, its apalis adapter and what else
+//! it needs; nothing outside it names its types. [`open`] is the one place that chooses one
+//! from the config, and returns everything it provides as a [`Backend`].
+//!
+//! - [`sqlite`]: the embedded backend (one worker per database file, held by a file lock).
+//! - [`postgres`]: the shared backend (any number of workers; leases, `LISTEN`/`NOTIFY`).
 //! - `contract` (tests only): the suite every implementation must pass.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -183,8 +186,84 @@ pub(crate) use lease_readers;
 
 #[cfg(test)]
 mod contract;
-pub(crate) mod postgres;
-pub(crate) mod sqlite;
+mod postgres;
+mod sqlite;
+
+/// Which backend a worker runs on: named in the status answer, and what the engine may rely on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StorageKind {
+    Sqlite,
+    Postgres,
+}
+
+impl StorageKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+
+    /// Several workers share the database, so a live worker takes over the runs of a worker
+    /// whose lease ran out. (On SQLite the file lock serves one worker: every run left
+    /// `running` is an orphan at start, and there is nobody else to take over from.)
+    pub(crate) fn takes_over_from_others(self) -> bool {
+        self == Self::Postgres
+    }
+}
+
+/// Everything a backend provides to a worker: the store (migrated), the signals between the
+/// engine's parts (and, on a shared database, between workers), and what keeps the database
+/// this worker's while it lives (SQLite's file lock).
+pub(crate) struct Backend {
+    pub(crate) store: std::sync::Arc<dyn RunStore>,
+    pub(crate) signals: std::sync::Arc<dyn crate::signals::Signals>,
+    pub(crate) lock: Option<std::fs::File>,
+    pub(crate) kind: StorageKind,
+}
+
+/// Why storage could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another worker holds the database (SQLite).
+    #[error("{0}")]
+    Locked(String),
+}
+
+/// Opens the configured storage for worker `worker`: locked where the backend serves one
+/// worker, migrated, its signals listening (until `stop`).
+pub(crate) async fn open(
+    config: &lamplighter_config::StorageConfig,
+    worker: &str,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<Backend, OpenError> {
+    use lamplighter_config::StorageConfig;
+    match config {
+        StorageConfig::Sqlite { path } => sqlite::backend(path).await,
+        StorageConfig::Postgres { url, pool_size, statement_timeout } => {
+            postgres::backend(url.expose(), *pool_size, *statement_timeout, worker, stop).await
+        }
+    }
+}
+
+/// Applies the configured storage's migrations and closes it, starting nothing
+/// (`lamplighter migrate`). Returns where: the SQLite file, or the PostgreSQL URL without its
+/// password.
+pub(crate) async fn migrate(config: &lamplighter_config::StorageConfig) -> Result<String, StoreError> {
+    use lamplighter_config::StorageConfig;
+    let (store, place): (Box<dyn RunStore>, String) = match config {
+        StorageConfig::Sqlite { path } => (Box::new(sqlite::SqliteStore::open(path).await?), path.display().to_string()),
+        StorageConfig::Postgres { url, pool_size, statement_timeout } => (
+            Box::new(postgres::PgStore::connect(url.expose(), *pool_size, *statement_timeout).await?),
+            lamplighter_config::mask_url_password(url.expose()).unwrap_or_else(|| url.expose().to_string()),
+        ),
+    };
+    store.migrate().await?;
+    store.close().await;
+    Ok(place)
+}
 
 /// Storage failures. The message says what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +283,18 @@ impl StoreError {
     pub(crate) fn is_unique_violation(&self) -> bool {
         self.source.as_database_error().is_some_and(|e| e.is_unique_violation())
     }
+}
+
+/// The apalis queue name (otherwise it would be the Rust type path). Runs that cannot start at
+/// once wait in the queue as tasks that carry only the run id; the `ll_runs` row stays the
+/// truth about the run. Each backend's adapter (`sqlite/queue.rs`, `postgres/queue.rs`) pushes
+/// tasks inside the transaction that makes a run due, and takes them inside the claim.
+pub(crate) const QUEUE: &str = "lamplighter-runs";
+
+/// What travels through the queue: only the run id; the run row holds the rest.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RunTask {
+    pub(crate) run_id: String,
 }
 
 pub(crate) fn ms(t: DateTime<Utc>) -> i64 {

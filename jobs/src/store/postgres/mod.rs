@@ -13,8 +13,12 @@
 //! - **Leases on the server's clock** (`ll_workers`): recovery interrupts only the runs of
 //!   workers whose lease ran out, never a live worker's.
 
+mod queue;
+mod signals;
+
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,13 +28,14 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use lamplighter_config::Overlap;
 
+use super::{Backend, OpenError, StorageKind};
 use super::{
     Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore, StoreError,
     TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
-use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::target::JobSnapshot;
+use tokio_util::sync::CancellationToken;
 
 super::row_readers!(PgRow);
 super::lease_readers!(PgRow);
@@ -93,6 +98,23 @@ async fn close_steps(conn: &mut sqlx::PgConnection, ends: &[(&str, RunStatus)], 
     Ok(())
 }
 
+/// The PostgreSQL backend for worker `me`: the store, migrated, and signals shared with the
+/// other workers through `LISTEN`/`NOTIFY` (listening before this returns, until `stop`).
+pub(super) async fn backend(
+    url: &str,
+    pool_size: u32,
+    statement_timeout: Duration,
+    me: &str,
+    stop: &CancellationToken,
+) -> Result<Backend, OpenError> {
+    let store = PgStore::connect(url, pool_size, statement_timeout).await?;
+    store.migrate().await?;
+    let signals = signals::PgSignals::start(store.pool.clone(), me.to_owned(), stop.clone())
+        .await
+        .map_err(|e| StoreError::new("listening for other workers", e))?;
+    Ok(Backend { store: Arc::new(store), signals, lock: None, kind: StorageKind::Postgres })
+}
+
 impl PgStore {
     /// Connects with a pool of `pool_size` connections; every statement runs under
     /// `statement_timeout`. Connections are made lazily: a server that is down makes calls
@@ -109,11 +131,6 @@ impl PgStore {
             .await
             .ctx("connecting to the database")?;
         Ok(Self { pool })
-    }
-
-    /// The pool, for the signal listener.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
     }
 }
 
@@ -258,7 +275,7 @@ impl RunStore for PgStore {
             .await
             .ctx("saving the last ticks")?;
         }
-        queue::postgres::push(&mut tx, &pushed).await?;
+        queue::push(&mut tx, &pushed).await?;
         tx.commit().await.ctx("committing ticks")?;
         Ok(out)
     }
@@ -379,7 +396,7 @@ impl RunStore for PgStore {
             .await
             .ctx("marking runs dispatched")?
         };
-        queue::postgres::push(&mut tx, &to_push).await?;
+        queue::push(&mut tx, &to_push).await?;
         tx.commit().await.ctx("committing a dispatch")?;
         Ok(claimed)
     }
@@ -388,7 +405,7 @@ impl RunStore for PgStore {
     /// nobody else but a concurrent cancel: the claim waits for it and then leaves the run out.
     async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting a claim")?;
-        let (tasks, ids) = queue::postgres::take(&mut tx, n).await?;
+        let (tasks, ids) = queue::take(&mut tx, n).await?;
         let runs = if ids.is_empty() { Vec::new() } else { claim(&mut tx, &ids, worker, now, Locked::Wait).await? };
         tx.commit().await.ctx("committing a claim")?;
         Ok(Taken { tasks, runs })
@@ -860,7 +877,7 @@ impl RunStore for PgStore {
                 format!("DELETE FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM ll_runs r WHERE coalesce(r.root_id, r.id) = t.root_id)");
             sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&self.pool).await.ctx(what)?;
         }
-        queue::postgres::prune(&self.pool).await?;
+        queue::prune(&self.pool).await?;
         Ok(())
     }
 }
@@ -926,7 +943,7 @@ async fn claim(
     now: DateTime<Utc>,
     locked: Locked,
 ) -> Result<Vec<Handed>, StoreError> {
-    // The rows to take, picked once (a materialized CTE): see `queue::postgres::take`.
+    // The rows to take, picked once (a materialized CTE): see `queue::take`.
     let skip = if locked == Locked::Skip { " SKIP LOCKED" } else { "" };
     let sql = format!(
         "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND status = 'queued' ORDER BY id FOR UPDATE{skip})

@@ -1,9 +1,12 @@
 //! The SQLite backend: Lamplighter's tables (`migrations/sqlite`) and apalis-sqlite's queue in
 //! one database file, served to one worker (the engine holds a file lock).
 
+mod queue;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,12 +16,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use lamplighter_config::Overlap;
 
+use super::{Backend, OpenError, StorageKind};
 use super::{
     BriefRow, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore,
     StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
-use crate::queue;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::signals::Local;
 use crate::target::JobSnapshot;
 
 trait Ctx<T> {
@@ -118,6 +122,36 @@ fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context
 
 fn json_ids(ids: &[String]) -> String {
     serde_json::to_string(ids).unwrap_or_else(|_| "[]".into())
+}
+
+/// The SQLite backend for one worker: the file lock first (one worker per database, so every
+/// run left `running` is an orphan at start), then the store, migrated, and in-process signals.
+pub(super) async fn backend(path: &Path) -> Result<Backend, OpenError> {
+    let lock = lock(path)?;
+    let store = SqliteStore::open(path).await?;
+    store.migrate().await?;
+    Ok(Backend { store: Arc::new(store), signals: Arc::new(Local::new()), lock: Some(lock), kind: StorageKind::Sqlite })
+}
+
+/// Takes `<db>.lock` for this process, or says who has it.
+fn lock(path: &Path) -> Result<std::fs::File, OpenError> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let lock_path = path.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| OpenError::Locked(format!("cannot open {}: {e}", lock_path.display())))?;
+    if lock.try_lock().is_err() {
+        return Err(OpenError::Locked(format!(
+            "another lamplighter worker is using {}; stop it first (SQLite storage serves one worker; use postgres for several)",
+            path.display()
+        )));
+    }
+    Ok(lock)
 }
 
 impl SqliteStore {
@@ -298,7 +332,7 @@ impl RunStore for SqliteStore {
             q.push(" ON CONFLICT (job) DO UPDATE SET last_tick = max(coalesce(last_tick, 0), excluded.last_tick)");
             q.build().execute(&mut *tx).await.ctx("saving the last ticks")?;
         }
-        queue::sqlite::push(&mut tx, &pushed).await?;
+        queue::push(&mut tx, &pushed).await?;
         tx.commit().await.ctx("committing ticks")?;
         Ok(out)
     }
@@ -393,7 +427,7 @@ impl RunStore for SqliteStore {
                 .await
                 .ctx("marking runs dispatched")?
         };
-        queue::sqlite::push(&mut tx, &to_push).await?;
+        queue::push(&mut tx, &to_push).await?;
         tx.commit().await.ctx("committing a dispatch")?;
         Ok(claimed)
     }
@@ -402,9 +436,9 @@ impl RunStore for SqliteStore {
         let mut tx = self.write.begin().await.ctx("starting a claim")?;
         let known = self.registered.lock().unwrap_or_else(|e| e.into_inner()).contains(worker);
         if !known {
-            queue::sqlite::register(&mut tx, worker).await?;
+            queue::register(&mut tx, worker).await?;
         }
-        let (tasks, ids) = queue::sqlite::take(&mut tx, n, worker).await?;
+        let (tasks, ids) = queue::take(&mut tx, n, worker).await?;
         let runs = if ids.is_empty() { Vec::new() } else { claim(&mut tx, &ids, worker, now).await? };
         tx.commit().await.ctx("committing a claim")?;
         if !known {
@@ -849,7 +883,7 @@ impl RunStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .ctx("re-queueing runs")?;
-        queue::sqlite::forget_all(&mut tx).await?;
+        queue::forget_all(&mut tx).await?;
         tx.commit().await.ctx("committing a re-queue")?;
         Ok(runs)
     }
@@ -925,7 +959,7 @@ impl RunStore for SqliteStore {
             .execute(&self.write)
             .await
             .ctx("pruning agent calls")?;
-        queue::sqlite::prune(&self.write).await?;
+        queue::prune(&self.write).await?;
         sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.write).await.ctx("checkpointing the WAL")?;
         Ok(())
     }

@@ -1,0 +1,83 @@
+//! apalis-postgres, used inside the store's transactions. Its tables live in the `apalis`
+//! schema (migrated by [`apalis_postgres::PostgresStorage::setup`]'s migrations). Tasks are
+//! pushed with apalis's own `push_tasks`; they are taken and consumed in one statement that
+//! skips rows another worker holds, so workers sharing the queue never wait for each other
+//! and never take the same task.
+
+use apalis::prelude::{TaskBuilder, TaskId};
+use sqlx::{Postgres, Transaction};
+
+use crate::store::StoreError;
+use crate::store::{QUEUE, RunTask};
+
+/// Pushes one task per run id (apalis's `push_tasks`), one attempt each: retries are
+/// Lamplighter's. `run_at` is a second in the past: apalis compares it with the server's
+/// `now()` (the transaction's start), and a task "due later" would be skipped by apalis's
+/// own fetch and its notification left out.
+pub(crate) async fn push(tx: &mut Transaction<'_, Postgres>, ids: &[String]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let run_at =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs().saturating_sub(1)).unwrap_or_default();
+    let mut tasks: Vec<apalis_postgres::PgTask> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let args = serde_json::to_vec(&RunTask { run_id: id.clone() })
+            .map_err(|e| StoreError::new("encoding a queue task", sqlx::Error::Protocol(e.to_string())))?;
+        tasks.push(
+            TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).run_at_timestamp(run_at).build(),
+        );
+    }
+    apalis_postgres::queries::push_tasks(&mut **tx, QUEUE, tasks).await.map_err(|e| {
+        StoreError::new(
+            "pushing to the queue",
+            match e {
+                apalis_postgres::Error::Database(e) => e,
+                other => sqlx::Error::Protocol(other.to_string()),
+            },
+        )
+    })
+}
+
+/// Takes and consumes up to `n` pending tasks in apalis's order (priority, then due time),
+/// skipping those another transaction holds; returns how many it took and their run ids.
+pub(crate) async fn take(tx: &mut Transaction<'_, Postgres>, n: usize) -> Result<(usize, Vec<String>), StoreError> {
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
+        // The pick is a materialized CTE, run once: as a subquery joined to the DELETE,
+        // the planner may run it again per row, and each run skips what the last one
+        // locked, so more than `n` tasks were taken (seen with three workers).
+        "WITH picked AS MATERIALIZED (
+             SELECT id FROM apalis.jobs WHERE job_type = $1 AND status = 'Pending'
+             ORDER BY priority DESC, run_at ASC LIMIT $2 FOR UPDATE SKIP LOCKED)
+         DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING j.job",
+    )
+    .bind(QUEUE)
+    .bind(n.max(1) as i64)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
+    // A task that does not decode cannot name its run; it is consumed, and the run (still
+    // queued and dispatched) is handed over again by recovery.
+    let ids = payloads
+        .iter()
+        .filter_map(|p| match serde_json::from_slice::<RunTask>(p) {
+            Ok(task) => Some(task.run_id),
+            Err(e) => {
+                tracing::error!(error = %e, "a queue task does not decode; dropped");
+                None
+            }
+        })
+        .collect();
+    Ok((payloads.len(), ids))
+}
+
+/// Deletes finished tasks of our queue (none, unless something outside Lamplighter marks
+/// them: tasks are deleted when taken).
+pub(crate) async fn prune(pool: &sqlx::PgPool) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM apalis.jobs WHERE job_type = $1 AND status IN ('Done','Killed','Failed')")
+        .bind(QUEUE)
+        .execute(pool)
+        .await
+        .map_err(|e| StoreError::new("pruning the queue", e))?;
+    Ok(())
+}
