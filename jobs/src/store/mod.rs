@@ -297,6 +297,35 @@ pub(crate) struct RunTask {
     pub(crate) run_id: String,
 }
 
+/// SQL text with its status values filled in from the enums: `{Queued}` (a [`RunStatus`], by
+/// variant name) and `{step:Running}` (a [`StepStatus`]) become the quoted names the store
+/// writes, so no status is spelled in SQL. Written out rather than bound where a partial
+/// index's predicate must match. A placeholder naming no variant is left as it is, which the
+/// database refuses, and `statuses_in_sql_come_from_the_enums` finds in the source first.
+pub(crate) fn sql(text: &str) -> String {
+    static NAMES: std::sync::LazyLock<Vec<(String, String)>> = std::sync::LazyLock::new(|| {
+        let runs = RunStatus::ALL.into_iter().map(|s| (format!("{{{s:?}}}"), format!("'{}'", s.as_str())));
+        let steps = crate::run::StepStatus::ALL.into_iter().map(|s| (format!("{{step:{s:?}}}"), format!("'{}'", s.as_str())));
+        runs.chain(steps).collect()
+    });
+    let mut out = text.to_owned();
+    for (placeholder, name) in NAMES.iter() {
+        if out.contains(placeholder.as_str()) {
+            out = out.replace(placeholder.as_str(), name);
+        }
+    }
+    out
+}
+
+/// The names of `statuses`, quoted and in parentheses, for a `status IN` guard.
+pub(crate) fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
+    let names: Vec<String> = statuses.map(|s| format!("'{}'", s.as_str())).collect();
+    format!("({})", names.join(","))
+}
+
+/// The statuses of runs still going, as an SQL list.
+pub(crate) static ACTIVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| status_list(RunStatus::active()));
+
 pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
@@ -829,4 +858,67 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// What pruning single jobs leaves behind (checkpoints of deleted runs, consumed queue
     /// tasks), and the backend's own upkeep.
     async fn housekeeping(&self) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod sql_text {
+    use super::*;
+    use crate::run::StepStatus;
+
+    /// Every backend source file, as text.
+    const SOURCES: [(&str, &str); 5] = [
+        ("store/mod.rs", include_str!("mod.rs")),
+        ("store/sqlite/mod.rs", include_str!("sqlite/mod.rs")),
+        ("store/sqlite/queue.rs", include_str!("sqlite/queue.rs")),
+        ("store/postgres/mod.rs", include_str!("postgres/mod.rs")),
+        ("store/postgres/queue.rs", include_str!("postgres/queue.rs")),
+    ];
+
+    /// The two backends once drifted here: PostgreSQL spelled 22 statuses in its SQL where
+    /// SQLite took them from `RunStatus`. Neither may spell one, and every placeholder must name
+    /// a variant.
+    #[test]
+    fn statuses_in_sql_come_from_the_enums() {
+        let mut names: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).chain(StepStatus::ALL.iter().map(|s| s.as_str())).collect();
+        names.sort_unstable();
+        names.dedup();
+        let runs: Vec<String> = RunStatus::ALL.iter().map(|s| format!("{s:?}")).collect();
+        let steps: Vec<String> = StepStatus::ALL.iter().map(|s| format!("{s:?}")).collect();
+        let mut found = Vec::new();
+        for (file, text) in SOURCES {
+            // Up to these tests, whose examples name unknown statuses on purpose.
+            let text = text.split("mod sql_text {").next().unwrap_or(text);
+            for (n, line) in text.lines().enumerate() {
+                for name in &names {
+                    if line.contains(&format!("'{name}'")) {
+                        found.push(format!("{file}:{}: the status '{name}' is spelled out: {}", n + 1, line.trim()));
+                    }
+                }
+                // `{Word}` and `{step:Word}` (CamelCase: format arguments are snake or SCREAMING case).
+                for part in line.split('{').skip(1) {
+                    let Some((inner, _)) = part.split_once('}') else { continue };
+                    let (list, word) = match inner.strip_prefix("step:") {
+                        Some(w) => (&steps, w),
+                        None => (&runs, inner),
+                    };
+                    let camel = word.starts_with(|c: char| c.is_ascii_uppercase())
+                        && word.chars().all(|c| c.is_ascii_alphanumeric())
+                        && word.chars().any(|c| c.is_ascii_lowercase());
+                    if camel && !list.iter().any(|v| v == word) {
+                        found.push(format!("{file}:{}: {{{inner}}} names no status: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "{}", found.join("\n"));
+    }
+
+    #[test]
+    fn placeholders_become_the_names_the_store_writes() {
+        assert_eq!(
+            sql("status = {Queued} OR status IN ({WaitingApproval}, {TimedOut}) AND s = {step:Running}"),
+            "status = 'queued' OR status IN ('waiting_approval', 'timed_out') AND s = 'running'"
+        );
+        assert_eq!(sql("{Nope} {step:Queued}"), "{Nope} {step:Queued}", "unknown placeholders stay, for the database to refuse");
+    }
 }

@@ -16,7 +16,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use lamplighter_config::Overlap;
 
-use super::{Backend, OpenError, StorageKind};
+use super::{ACTIVE, Backend, OpenError, StorageKind, sql, status_list};
 use super::{
     BriefRow, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunBrief, RunEnd, RunFilter, RunStore,
     StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
@@ -46,17 +46,6 @@ pub(crate) struct SqliteStore {
     /// Worker names registered with the queue by this process.
     registered: std::sync::Mutex<std::collections::HashSet<String>>,
 }
-
-/// `('queued','running',…)` for a `status IN` guard; status lists come from [`RunStatus`],
-/// never from SQL text. The only dynamic SQL in the store, built from the enum's own names
-/// (hence `AssertSqlSafe` where it is used).
-fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
-    let names: Vec<String> = statuses.map(|s| format!("'{}'", s.as_str())).collect();
-    format!("({})", names.join(","))
-}
-
-/// The statuses of runs still going, as an SQL list.
-static ACTIVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| status_list(RunStatus::active()));
 
 /// The guard of the partial index `ll_runs_undispatched` (migration 0003). It is written out,
 /// not bound, so the planner can prove a query's rows lie inside the index; `INDEXED BY`
@@ -95,16 +84,17 @@ async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus
     if ends.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "UPDATE ll_steps SET status = j.status, finished_at = ?2
-         FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status FROM json_each(?1)) AS j
-         WHERE ll_steps.run_id = j.id AND ll_steps.status IN ('running', 'waiting_approval')",
-    )
-    .bind(serde_json::Value::from(ends).to_string())
-    .bind(ms(now))
-    .execute(conn)
-    .await
-    .ctx("closing the steps of ended runs")?;
+    static CLOSE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        sql("UPDATE ll_steps SET status = j.status, finished_at = ?2
+             FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status FROM json_each(?1)) AS j
+             WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})")
+    });
+    sqlx::query(sqlx::AssertSqlSafe(CLOSE.as_str()))
+        .bind(serde_json::Value::from(ends).to_string())
+        .bind(ms(now))
+        .execute(conn)
+        .await
+        .ctx("closing the steps of ended runs")?;
     Ok(())
 }
 
@@ -645,9 +635,13 @@ impl RunStore for SqliteStore {
             .fetch_optional(&mut *tx)
             .await
             .ctx("reading the run to decide on")?;
-        let Some((status, root)) = run else { return Ok(Decided::NoSuchRun) };
+        let Some((status, root)) = run else {
+            tx.rollback().await.ctx("ending a decision")?;
+            return Ok(Decided::NoSuchRun);
+        };
         let status = RunStatus::from_str(&status).unwrap_or(RunStatus::Failed);
         if status != RunStatus::WaitingApproval {
+            tx.rollback().await.ctx("ending a decision")?;
             return Ok(Decided::NotWaiting(status));
         }
         let open_rows: Vec<(String, bool)> =
@@ -660,9 +654,15 @@ impl RunStore for SqliteStore {
         let open: Vec<String> = open_rows.iter().map(|(s, _)| s.clone()).collect();
         let step = match (d.step, open.as_slice()) {
             (Some(s), _) if open.iter().any(|o| o == s) => s.to_string(),
-            (Some(_), _) => return Ok(Decided::NotWaitingStep { waiting: open }),
+            (Some(_), _) => {
+                tx.rollback().await.ctx("ending a decision")?;
+                return Ok(Decided::NotWaitingStep { waiting: open });
+            }
             (None, [only]) => only.clone(),
-            (None, _) => return Ok(Decided::WhichStep { waiting: open }),
+            (None, _) => {
+                tx.rollback().await.ctx("ending a decision")?;
+                return Ok(Decided::WhichStep { waiting: open });
+            }
         };
         let (output, error) = super::decision_record(d, now);
         let new_status = if d.approve { StepStatus::Succeeded } else { StepStatus::Failed };
@@ -890,7 +890,8 @@ impl RunStore for SqliteStore {
 
     /// Interrupted runs that nobody has followed up with a retry yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = 'interrupted' AND next_run_id IS NULL"))
+        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1 AND next_run_id IS NULL"))
+            .bind(RunStatus::Interrupted.as_str())
             .fetch_all(&self.pool)
             .await
             .ctx("reading interrupted runs")?;
