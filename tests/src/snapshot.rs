@@ -38,17 +38,13 @@ impl Snapshots {
         Self { dir: dir.to_owned(), root, update, checked: BTreeSet::new(), mismatches: Vec::new() }
     }
 
-    fn root(&self) -> &std::path::Path {
-        &self.root
-    }
-
     /// Compares `actual` with the snapshot `name` (a file name in this test's folder).
     pub fn check(&mut self, name: &str, actual: &str) {
         assert!(!name.contains('/'), "snapshot {name:?}: a name is a file in {}/, not a path", self.dir);
         assert!(self.checked.insert(name.to_owned()), "snapshot {}/{name} is checked twice in one test", self.dir);
-        let path = self.root().join(name);
+        let path = self.root.join(name);
         if self.update {
-            std::fs::create_dir_all(self.root()).expect("create the snapshot directory");
+            std::fs::create_dir_all(&self.root).expect("create the snapshot directory");
             std::fs::write(&path, actual).expect("write the snapshot");
             return;
         }
@@ -70,9 +66,9 @@ impl Snapshots {
 
     /// Files in the folder that no check of this test named.
     fn orphans(&self) -> Vec<String> {
-        let entries = std::fs::read_dir(self.root()).unwrap_or_else(|e| panic!("cannot list {}: {e}", self.root().display()));
+        let entries = std::fs::read_dir(&self.root).unwrap_or_else(|e| panic!("cannot list {}: {e}", self.root.display()));
         let mut names: Vec<String> = entries
-            .map(|e| e.unwrap_or_else(|e| panic!("cannot list {}: {e}", self.root().display())).file_name().to_string_lossy().into_owned())
+            .map(|e| e.unwrap_or_else(|e| panic!("cannot list {}: {e}", self.root.display())).file_name().to_string_lossy().into_owned())
             .filter(|n| !self.checked.contains(n))
             .collect();
         names.sort();
@@ -85,7 +81,7 @@ impl Snapshots {
         let orphans = self.orphans();
         if self.update {
             for name in &orphans {
-                std::fs::remove_file(self.root().join(name)).expect("remove an orphaned snapshot");
+                std::fs::remove_file(self.root.join(name)).expect("remove an orphaned snapshot");
             }
         } else {
             self.mismatches.extend(

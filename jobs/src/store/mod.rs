@@ -299,10 +299,11 @@ pub(crate) struct RunTask {
 
 /// SQL text with its status values filled in from the enums: `{Queued}` (a [`RunStatus`], by
 /// variant name) and `{step:Running}` (a [`StepStatus`]) become the quoted names the store
-/// writes, so no status is spelled in SQL. Written out rather than bound where a partial
-/// index's predicate must match. A placeholder naming no variant is left as it is, which the
+/// writes, so no status is spelled in SQL, and every statement keeps the literal its partial
+/// indexes were written for. A placeholder naming no variant is left as it is, which the
 /// database refuses, and `statuses_in_sql_come_from_the_enums` finds in the source first.
-pub(crate) fn sql(text: &str) -> String {
+/// Call sites use [`sql!`], which does this once per statement.
+pub(crate) fn fill_statuses(text: &str) -> String {
     static NAMES: std::sync::LazyLock<Vec<(String, String)>> = std::sync::LazyLock::new(|| {
         let runs = RunStatus::ALL.into_iter().map(|s| (format!("{{{s:?}}}"), format!("'{}'", s.as_str())));
         let steps = crate::run::StepStatus::ALL.into_iter().map(|s| (format!("{{step:{s:?}}}"), format!("'{}'", s.as_str())));
@@ -316,6 +317,17 @@ pub(crate) fn sql(text: &str) -> String {
     }
     out
 }
+
+/// A statement with its statuses filled in ([`fill_statuses`]), built once per call site:
+/// `sqlx::query(sql!("… WHERE status = {Queued}"))`. `$text` is evaluated once, so it may be a
+/// `format!` of other fixed parts.
+macro_rules! sql {
+    ($text:expr) => {{
+        static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| $crate::store::fill_statuses(&$text));
+        sqlx::AssertSqlSafe(TEXT.as_str())
+    }};
+}
+pub(crate) use sql;
 
 /// The names of `statuses`, quoted and in parentheses, for a `status IN` guard.
 pub(crate) fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
@@ -916,9 +928,9 @@ mod sql_text {
     #[test]
     fn placeholders_become_the_names_the_store_writes() {
         assert_eq!(
-            sql("status = {Queued} OR status IN ({WaitingApproval}, {TimedOut}) AND s = {step:Running}"),
+            fill_statuses("status = {Queued} OR status IN ({WaitingApproval}, {TimedOut}) AND s = {step:Running}"),
             "status = 'queued' OR status IN ('waiting_approval', 'timed_out') AND s = 'running'"
         );
-        assert_eq!(sql("{Nope} {step:Queued}"), "{Nope} {step:Queued}", "unknown placeholders stay, for the database to refuse");
+        assert_eq!(fill_statuses("{Nope} {step:Queued}"), "{Nope} {step:Queued}", "unknown placeholders stay, for the database to refuse");
     }
 }

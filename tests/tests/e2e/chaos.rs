@@ -468,14 +468,21 @@ impl Chaos<'_> {
 
     /// Acts every 100 ms for `d`.
     fn act_for(&mut self, d: Duration) {
+        self.act_until(d, false);
+    }
+
+    /// Acts every 100 ms for `d` or, with `at_held`, until a request whose reply is held
+    /// arrives (returned).
+    fn act_until(&mut self, d: Duration, at_held: bool) -> Option<Asked> {
         let until = Instant::now() + d;
         loop {
             self.act(false);
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                return None;
             }
             match self.requests.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(asked) if at_held && asked.held => return Some(asked),
                 Ok(_) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => panic!("the scripted provider stopped"),
             }
@@ -493,20 +500,11 @@ impl Chaos<'_> {
         }
         self.hold.send_replace(false);
         while self.requests.try_recv().is_ok() {}
-        let until = Instant::now() + d;
-        loop {
-            self.act(false);
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.hold.send_replace(true);
-                return None;
-            }
-            match self.requests.recv_timeout(left.min(Duration::from_millis(100))) {
-                Ok(asked) if asked.held => return Some(asked),
-                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => panic!("the scripted provider stopped"),
-            }
+        let caught = self.act_until(d, true);
+        if caught.is_none() {
+            self.hold.send_replace(true);
         }
+        caught
     }
 
     /// The live worker that holds a running run, waited for up to 20 s (PostgreSQL).

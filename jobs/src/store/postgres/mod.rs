@@ -18,7 +18,7 @@ mod signals;
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -76,18 +76,17 @@ async fn close_steps(conn: &mut sqlx::PgConnection, ends: &[(&str, RunStatus)], 
     if ids.is_empty() {
         return Ok(());
     }
-    static CLOSE: LazyLock<String> = LazyLock::new(|| {
-        sql("UPDATE ll_steps SET status = j.status, finished_at = $3
+    sqlx::query(sql!(
+        "UPDATE ll_steps SET status = j.status, finished_at = $3
              FROM unnest($1::text[], $2::text[]) AS j(id, status)
-             WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})")
-    });
-    sqlx::query(sqlx::AssertSqlSafe(CLOSE.as_str()))
-        .bind(ids)
-        .bind(statuses)
-        .bind(ms(now))
-        .execute(conn)
-        .await
-        .ctx("closing the steps of ended runs")?;
+             WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
+    ))
+    .bind(ids)
+    .bind(statuses)
+    .bind(ms(now))
+    .execute(conn)
+    .await
+    .ctx("closing the steps of ended runs")?;
     Ok(())
 }
 
@@ -338,37 +337,38 @@ impl RunStore for PgStore {
     }
 
     async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
-        static DUE: LazyLock<String> = LazyLock::new(|| {
-            sql("SELECT id, job FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
-                 ORDER BY due_at, enqueued_at LIMIT $2")
-        });
-        let rows = sqlx::query(sqlx::AssertSqlSafe(DUE.as_str()))
-            .bind(ms(now))
-            .bind(DUE_BATCH as i64)
-            .fetch_all(&self.pool)
-            .await
-            .ctx("reading due runs")?;
+        let rows = sqlx::query(sql!(
+            "SELECT id, job FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
+                 ORDER BY due_at, enqueued_at LIMIT $2"
+        ))
+        .bind(ms(now))
+        .bind(DUE_BATCH as i64)
+        .fetch_all(&self.pool)
+        .await
+        .ctx("reading due runs")?;
         Ok(rows.iter().map(|r| (r.get("id"), r.get("job"))).collect())
     }
 
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        static NEXT: LazyLock<String> = LazyLock::new(|| {
-            sql("SELECT least((SELECT min(due_at) FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL),
-                              (SELECT min(wait_until) FROM ll_runs WHERE status = {WaitingApproval}))")
-        });
-        let v: Option<i64> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(NEXT.as_str())).fetch_one(&self.pool).await.ctx("reading the next due run")?;
+        let v: Option<i64> = sqlx::query_scalar(sql!(
+            "SELECT least((SELECT min(due_at) FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL),
+                              (SELECT min(wait_until) FROM ll_runs WHERE status = {WaitingApproval}))"
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .ctx("reading the next due run")?;
         Ok(v.map(from_ms))
     }
 
     async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError> {
-        static EXISTS: LazyLock<String> = LazyLock::new(|| {
-            sql(&format!(
-                "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE job = $1 AND status IN {} AND (status != {{Queued}} OR dispatched_at IS NOT NULL))",
-                *ACTIVE
-            ))
-        });
-        sqlx::query_scalar(sqlx::AssertSqlSafe(EXISTS.as_str())).bind(job).fetch_one(&self.pool).await.ctx("reading active runs")
+        sqlx::query_scalar(sql!(&format!(
+            "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE job = $1 AND status IN {} AND (status != {{Queued}} OR dispatched_at IS NOT NULL))",
+            *ACTIVE
+        )))
+        .bind(job)
+        .fetch_one(&self.pool)
+        .await
+        .ctx("reading active runs")
     }
 
     /// Several schedulers may hand the same due runs over at once: rows another one holds are
@@ -379,18 +379,17 @@ impl RunStore for PgStore {
         let to_push: Vec<String> = if queued.is_empty() {
             Vec::new()
         } else {
-            static MARK: LazyLock<String> = LazyLock::new(|| {
-                sql("WITH picked AS MATERIALIZED (
+            sqlx::query_scalar(sql!(
+                "WITH picked AS MATERIALIZED (
                          SELECT id FROM ll_runs WHERE id = ANY($1) AND status = {Queued} AND dispatched_at IS NULL
                          ORDER BY id FOR UPDATE SKIP LOCKED)
-                     UPDATE ll_runs SET dispatched_at = $2 FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id")
-            });
-            sqlx::query_scalar(sqlx::AssertSqlSafe(MARK.as_str()))
-                .bind(queued)
-                .bind(ms(now))
-                .fetch_all(&mut *tx)
-                .await
-                .ctx("marking runs dispatched")?
+                     UPDATE ll_runs SET dispatched_at = $2 FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id"
+            ))
+            .bind(queued)
+            .bind(ms(now))
+            .fetch_all(&mut *tx)
+            .await
+            .ctx("marking runs dispatched")?
         };
         queue::push(&mut tx, &to_push).await?;
         tx.commit().await.ctx("committing a dispatch")?;
@@ -411,28 +410,27 @@ impl RunStore for PgStore {
         debug_assert!(ends.iter().all(|e| RunStatus::Running.can_become(e.status)));
         let steps_to_close = ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded);
         let mut tx = self.pool.begin().await.ctx("starting to finish runs")?;
-        static FINISH: LazyLock<String> = LazyLock::new(|| {
-            sql("UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
+        let done: Vec<String> = sqlx::query_scalar(sql!(
+            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
                                     finished_at = CASE WHEN j.finished THEN $8 END, wait_until = j.wait_until,
                                     started_at = coalesce(j.started_at, ll_runs.started_at),
                                     trace_id = coalesce(j.trace_id, ll_runs.trace_id)
                  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[])
                       AS j(id, started_at, status, output, error, finished, wait_until, trace_id)
-                 WHERE ll_runs.id = j.id AND ll_runs.status = {Running} RETURNING ll_runs.id")
-        });
-        let done: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(FINISH.as_str()))
-            .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.started_at.map(ms)).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.status.as_str()).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.output.map(|o| o.to_string())).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.error).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.status.is_final()).collect::<Vec<_>>())
-            .bind(ends.iter().map(|e| e.wait_until.map(ms)).collect::<Vec<_>>())
-            .bind(ms(now))
-            .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
-            .fetch_all(&mut *tx)
-            .await
-            .ctx("finishing runs")?;
+                 WHERE ll_runs.id = j.id AND ll_runs.status = {Running} RETURNING ll_runs.id"
+        ))
+        .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.started_at.map(ms)).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.status.as_str()).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.output.map(|o| o.to_string())).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.error).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.status.is_final()).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.wait_until.map(ms)).collect::<Vec<_>>())
+        .bind(ms(now))
+        .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await
+        .ctx("finishing runs")?;
         if steps_to_close {
             let ended: Vec<(&str, RunStatus)> = ends.iter().map(|e| (e.id, e.status)).collect();
             close_steps(&mut tx, &ended, now).await?;
@@ -605,26 +603,28 @@ impl RunStore for PgStore {
             if open.len() > 1 {
                 RunStatus::WaitingApproval
             } else {
-                sqlx::query("UPDATE ll_runs SET status = $3, dispatched_at = NULL, wait_until = NULL WHERE id = $1 AND status = $2")
-                    .bind(d.run_id)
-                    .bind(waiting)
-                    .bind(RunStatus::Queued.as_str())
-                    .execute(&mut *tx)
-                    .await
-                    .ctx("resuming an approved run")?;
+                sqlx::query(sql!(
+                    "UPDATE ll_runs SET status = {Queued}, dispatched_at = NULL, wait_until = NULL WHERE id = $1 AND status = $2"
+                ))
+                .bind(d.run_id)
+                .bind(waiting)
+                .execute(&mut *tx)
+                .await
+                .ctx("resuming an approved run")?;
                 RunStatus::Queued
             }
         } else {
             let why = format!("step \"{step}\" was {}", error.as_deref().unwrap_or("rejected"));
-            sqlx::query("UPDATE ll_runs SET status = $5, error = $2, finished_at = $3, wait_until = NULL WHERE id = $1 AND status = $4")
-                .bind(d.run_id)
-                .bind(why)
-                .bind(ms(now))
-                .bind(waiting)
-                .bind(RunStatus::Failed.as_str())
-                .execute(&mut *tx)
-                .await
-                .ctx("failing a rejected run")?;
+            sqlx::query(sql!(
+                "UPDATE ll_runs SET status = {Failed}, error = $2, finished_at = $3, wait_until = NULL WHERE id = $1 AND status = $4"
+            ))
+            .bind(d.run_id)
+            .bind(why)
+            .bind(ms(now))
+            .bind(waiting)
+            .execute(&mut *tx)
+            .await
+            .ctx("failing a rejected run")?;
             close_steps(&mut tx, &[(d.run_id, RunStatus::Failed)], now).await?;
             RunStatus::Failed
         };
@@ -633,13 +633,8 @@ impl RunStore for PgStore {
     }
 
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar(
-            "UPDATE ll_runs SET status = $2, dispatched_at = NULL, wait_until = NULL
-             WHERE status = $3 AND wait_until <= $1 RETURNING id",
-        )
+        sqlx::query_scalar(sql!("UPDATE ll_runs SET status = {Queued}, dispatched_at = NULL, wait_until = NULL WHERE status = {WaitingApproval} AND wait_until <= $1 RETURNING id"))
         .bind(ms(now))
-        .bind(RunStatus::Queued.as_str())
-        .bind(RunStatus::WaitingApproval.as_str())
         .fetch_all(&self.pool)
         .await
         .ctx("resuming runs whose wait is over")
@@ -744,8 +739,7 @@ impl RunStore for PgStore {
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = $1")
-            .bind(RunStatus::Queued.as_str())
+        let n: i64 = sqlx::query_scalar(sql!("SELECT count(*) FROM ll_runs WHERE status = {Queued}"))
             .fetch_one(&self.pool)
             .await
             .ctx("counting queued runs")?;
@@ -791,8 +785,7 @@ impl RunStore for PgStore {
             .fetch_all(&self.pool)
             .await
             .ctx("reading worker leases")?;
-        let running = sqlx::query("SELECT worker, id FROM ll_runs WHERE status = $1 AND worker IS NOT NULL ORDER BY id")
-            .bind(RunStatus::Running.as_str())
+        let running = sqlx::query(sql!("SELECT worker, id FROM ll_runs WHERE status = {Running} AND worker IS NOT NULL ORDER BY id"))
             .fetch_all(&self.pool)
             .await
             .ctx("reading running runs")?;
@@ -805,22 +798,19 @@ impl RunStore for PgStore {
     /// consumed in the transaction that claims its run), so nothing is handed over again.
     async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
         let mut tx = self.pool.begin().await.ctx("starting recovery")?;
-        static RECOVER: LazyLock<String> = LazyLock::new(|| {
-            sql(&format!(
-                "UPDATE ll_runs SET status = {{Interrupted}}, finished_at = $2,
+        let rows = sqlx::query(sql!(&format!(
+            "UPDATE ll_runs SET status = {{Interrupted}}, finished_at = $2,
                      error = 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going'
                  WHERE status = {{Running}} AND (worker IS NULL OR worker = $1
                        OR worker NOT IN (SELECT name FROM ll_workers WHERE lease_until > {DB_NOW_MS}))
                  RETURNING {}",
-                run_cols!()
-            ))
-        });
-        let rows = sqlx::query(sqlx::AssertSqlSafe(RECOVER.as_str()))
-            .bind(starting)
-            .bind(ms(now))
-            .fetch_all(&mut *tx)
-            .await
-            .ctx("interrupting orphaned runs")?;
+            run_cols!()
+        )))
+        .bind(starting)
+        .bind(ms(now))
+        .fetch_all(&mut *tx)
+        .await
+        .ctx("interrupting orphaned runs")?;
         let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
         let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
         close_steps(&mut tx, &interrupted, now).await?;
@@ -829,8 +819,7 @@ impl RunStore for PgStore {
     }
 
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = $1 AND next_run_id IS NULL"))
-            .bind(RunStatus::Interrupted.as_str())
+        let rows = sqlx::query(sql!(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = {Interrupted} AND next_run_id IS NULL")))
             .fetch_all(&self.pool)
             .await
             .ctx("reading interrupted runs")?;
@@ -948,20 +937,23 @@ async fn claim(
     locked: Locked,
 ) -> Result<Vec<Handed>, StoreError> {
     // The rows to take, picked once (a materialized CTE): see `queue::take`.
-    fn text(skip: &str) -> String {
-        sql(&format!(
-            "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND status = {{Queued}} ORDER BY id FOR UPDATE{skip})
-             UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $3), worker = $2,
-                 dispatched_at = coalesce(dispatched_at, $3)
-             FROM picked WHERE ll_runs.id = picked.pick RETURNING job_snapshot, started_at < $3 AS resumed, {}",
-            run_cols!()
-        ))
+    macro_rules! claim_sql {
+        ($skip:literal) => {
+            sql!(format!(
+                concat!(
+                    "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND status = {{Queued}} ORDER BY id FOR UPDATE",
+                    $skip,
+                    ")
+                     UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $3), worker = $2,
+                         dispatched_at = coalesce(dispatched_at, $3)
+                     FROM picked WHERE ll_runs.id = picked.pick RETURNING job_snapshot, started_at < $3 AS resumed, {}"
+                ),
+                run_cols!()
+            ))
+        };
     }
-    static SKIPPING: LazyLock<String> = LazyLock::new(|| text(" SKIP LOCKED"));
-    static WAITING: LazyLock<String> = LazyLock::new(|| text(""));
-    let sql = if locked == Locked::Skip { SKIPPING.as_str() } else { WAITING.as_str() };
-    let rows =
-        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ids).bind(worker).bind(ms(now)).fetch_all(&mut **tx).await.ctx("claiming runs")?;
+    let sql = if locked == Locked::Skip { claim_sql!(" SKIP LOCKED") } else { claim_sql!("") };
+    let rows = sqlx::query(sql).bind(ids).bind(worker).bind(ms(now)).fetch_all(&mut **tx).await.ctx("claiming runs")?;
     Ok(rows.iter().map(handed_from_row).collect())
 }
 
@@ -1003,8 +995,7 @@ mod tests {
         let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs").fetch_one(&stores[0].pool).await.expect("count");
         assert_eq!(runs as usize, ticks.len());
         let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs").fetch_one(&stores[0].pool).await.expect("count");
-        let running: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs WHERE status = $1")
-            .bind(RunStatus::Running.as_str())
+        let running: i64 = sqlx::query_scalar(sql!("SELECT count(*) FROM ll_runs WHERE status = {Running}"))
             .fetch_one(&stores[0].pool)
             .await
             .expect("count");

@@ -84,17 +84,16 @@ async fn close_steps(conn: &mut sqlx::SqliteConnection, ends: &[(&str, RunStatus
     if ends.is_empty() {
         return Ok(());
     }
-    static CLOSE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        sql("UPDATE ll_steps SET status = j.status, finished_at = ?2
+    sqlx::query(sql!(
+        "UPDATE ll_steps SET status = j.status, finished_at = ?2
              FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status FROM json_each(?1)) AS j
-             WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})")
-    });
-    sqlx::query(sqlx::AssertSqlSafe(CLOSE.as_str()))
-        .bind(serde_json::Value::from(ends).to_string())
-        .bind(ms(now))
-        .execute(conn)
-        .await
-        .ctx("closing the steps of ended runs")?;
+             WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
+    ))
+    .bind(serde_json::Value::from(ends).to_string())
+    .bind(ms(now))
+    .execute(conn)
+    .await
+    .ctx("closing the steps of ended runs")?;
     Ok(())
 }
 
@@ -890,8 +889,7 @@ impl RunStore for SqliteStore {
 
     /// Interrupted runs that nobody has followed up with a retry yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = ?1 AND next_run_id IS NULL"))
-            .bind(RunStatus::Interrupted.as_str())
+        let rows = sqlx::query(sql!(concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = {Interrupted} AND next_run_id IS NULL")))
             .fetch_all(&self.pool)
             .await
             .ctx("reading interrupted runs")?;
