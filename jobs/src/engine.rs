@@ -14,14 +14,15 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
 
 use crate::clock::Clock;
+use crate::context::Targets;
 use crate::decide::StopReason;
 use crate::events::Observer;
 use crate::executor::{self, Executors, Running};
 use crate::gate::Gate;
 use crate::run::{Run, RunStatus};
 use crate::signals::{Signal, Signals};
+use crate::snapshot::JobSnapshot;
 use crate::store::{Backend, OpenError, RunStore, StorageKind, StoreError, WorkerId};
-use crate::target::{JobSnapshot, Targets};
 
 /// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
 /// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
@@ -83,7 +84,7 @@ pub(crate) struct JobsConfig {
     pub(crate) unavailable: Arc<HashMap<String, String>>,
     pub(crate) data_dir: PathBuf,
     /// Agents, providers, pipelines and MCP servers, for the agent runner.
-    pub(crate) agents: Arc<crate::agent::Catalog>,
+    pub(crate) agents: Arc<crate::catalog::Catalog>,
 }
 
 impl JobsConfig {
@@ -100,7 +101,7 @@ impl JobsConfig {
             workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
             unavailable: Arc::new(unavailable),
             data_dir: config.data_dir.clone(),
-            agents: Arc::new(crate::agent::Catalog::of(config)),
+            agents: Arc::new(crate::catalog::Catalog::of(config)),
         }
     }
 
@@ -186,7 +187,7 @@ impl Shared {
     }
 
     /// The agents of the config in force.
-    pub(crate) fn agents(&self) -> Arc<crate::agent::Catalog> {
+    pub(crate) fn agents(&self) -> Arc<crate::catalog::Catalog> {
         self.config.read().unwrap_or_else(|e| e.into_inner()).agents.clone()
     }
 

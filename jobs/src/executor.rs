@@ -23,14 +23,15 @@ use tokio_util::sync::CancellationToken;
 
 use opentelemetry::context::FutureExt as _;
 
+use crate::context::{RunContext, RunEnv};
 use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::engine::Shared;
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::gate::{Gate, Pass};
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::{Receiver, Signal};
+use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{Handed, RunEnd};
-use crate::target::{JobSnapshot, RunContext, RunEnv, TargetRef};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;

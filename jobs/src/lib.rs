@@ -2,7 +2,9 @@
 //! executor and the job service API. Knows nothing of MCP, HTTP serving or the CLI.
 
 mod agent;
+mod catalog;
 mod clock;
+mod context;
 mod decide;
 mod engine;
 pub mod events;
@@ -13,12 +15,14 @@ mod schedule;
 mod scheduler;
 mod service;
 mod signals;
+mod snapshot;
 mod store;
 mod target;
 mod workflow;
 
 pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
+pub use context::{RunContext, Targets};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -27,8 +31,9 @@ pub use service::{
     Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, RunBrief, RunDetail, RunPage,
     ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus,
 };
+pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};
-pub use target::{BuiltinTargets, JobSnapshot, RunContext, TargetRef, Targets};
+pub use target::BuiltinTargets;
 
 use lamplighter_config::{Config, Diagnostic, Target};
 use lamplighter_plugins::Registry;

@@ -15,8 +15,8 @@ pub use lamplighter_contract::{
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
+use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
-use crate::target::{JobSnapshot, TargetRef};
 
 /// Errors callers branch on. Messages say what to do.
 #[derive(Debug, thiserror::Error)]

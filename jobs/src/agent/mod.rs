@@ -23,7 +23,7 @@ mod mcp;
 mod model;
 mod tools;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,14 +32,15 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Agent, ApprovalMode, Budget, Config, McpServer, OnBudget, Pipeline, Provider, SystemPrompt};
+use lamplighter_config::{Agent, ApprovalMode, Budget, OnBudget, Provider, SystemPrompt};
 use lamplighter_plugins::{ActionContext, Registry};
 
 use opentelemetry::context::FutureExt as _;
 
+use crate::catalog::Catalog;
+use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
-use crate::target::RunContext;
 
 use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
 use tools::{Delegation, Source, Toolbox};
@@ -55,34 +56,6 @@ pub const MAX_DELEGATION_DEPTH: u32 = 3;
 const MCP_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// The most of one tool result the model is given (and the transcript keeps).
 const TOOL_RESULT_CAP: usize = 100_000;
-
-/// The agents part of the config, swapped whole on reload.
-#[derive(Debug, Default)]
-pub(crate) struct Catalog {
-    agents: BTreeMap<String, Agent>,
-    providers: BTreeMap<String, Provider>,
-    pipelines: BTreeMap<String, Pipeline>,
-    mcp_servers: BTreeMap<String, McpServer>,
-    /// Agents that cannot run (their key is unset, …), with why.
-    disabled: BTreeMap<String, String>,
-}
-
-impl Catalog {
-    pub(crate) fn of(config: &Config) -> Self {
-        let disabled = config
-            .disabled
-            .iter()
-            .filter_map(|(what, why)| Some((what.strip_prefix("agent \"")?.strip_suffix('"')?.to_string(), why.clone())))
-            .collect();
-        Self {
-            agents: config.agents.clone(),
-            providers: config.providers.clone(),
-            pipelines: config.pipelines.clone(),
-            mcp_servers: config.mcp_servers.clone(),
-            disabled,
-        }
-    }
-}
 
 /// What agents share across runs and reloads: the HTTP client, each provider's rate limiter,
 /// and the MCP servers.

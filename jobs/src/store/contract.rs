@@ -10,7 +10,7 @@ use lamplighter_config::Overlap;
 
 use super::{Claim, Decide, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
-use crate::target::{JobSnapshot, TargetRef};
+use crate::snapshot::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
 

@@ -25,7 +25,7 @@ pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
-use crate::target::JobSnapshot;
+use crate::snapshot::JobSnapshot;
 
 /// The columns of a run, for [`row_readers`]' `run_from_row` (a first attempt stores no root:
 /// it is its own).

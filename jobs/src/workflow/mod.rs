@@ -40,9 +40,9 @@ use lamplighter_plugins::{ActionContext, ActionError, Registry};
 use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
 use opentelemetry::context::FutureExt as _;
 
+use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{Outcome, RunStatus, StepRecord, StepStatus};
-use crate::target::RunContext;
 
 use values::{Scope, cap, truthy};
 

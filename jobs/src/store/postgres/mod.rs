@@ -35,7 +35,7 @@ use super::{
     TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, brief, from_ms, ms, new_id, plan_ticks,
 };
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
-use crate::target::JobSnapshot;
+use crate::snapshot::JobSnapshot;
 
 super::row_readers!(PgRow);
 super::lease_readers!(PgRow);

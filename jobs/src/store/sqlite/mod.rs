@@ -23,7 +23,7 @@ use super::{
 };
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Local;
-use crate::target::JobSnapshot;
+use crate::snapshot::JobSnapshot;
 
 trait Ctx<T> {
     fn ctx(self, what: &str) -> Result<T, StoreError>;

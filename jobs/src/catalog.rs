@@ -1,0 +1,34 @@
+//! The agents part of the config in force — agents, providers, pipelines, MCP servers, and the
+//! agents that cannot run — swapped whole on reload; a run keeps the one it started with.
+
+use std::collections::BTreeMap;
+
+use lamplighter_config::{Agent, Config, McpServer, Pipeline, Provider};
+
+/// The agents part of the config, swapped whole on reload.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    pub(crate) agents: BTreeMap<String, Agent>,
+    pub(crate) providers: BTreeMap<String, Provider>,
+    pub(crate) pipelines: BTreeMap<String, Pipeline>,
+    pub(crate) mcp_servers: BTreeMap<String, McpServer>,
+    /// Agents that cannot run (their key is unset, …), with why.
+    pub(crate) disabled: BTreeMap<String, String>,
+}
+
+impl Catalog {
+    pub(crate) fn of(config: &Config) -> Self {
+        let disabled = config
+            .disabled
+            .iter()
+            .filter_map(|(what, why)| Some((what.strip_prefix("agent \"")?.strip_suffix('"')?.to_string(), why.clone())))
+            .collect();
+        Self {
+            agents: config.agents.clone(),
+            providers: config.providers.clone(),
+            pipelines: config.pipelines.clone(),
+            mcp_servers: config.mcp_servers.clone(),
+            disabled,
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! What a target is handed: the [`Targets`] interface the engine calls once per run, and the
+//! [`RunContext`] — the run, its [`JobSnapshot`], cancellation, and the run's durable records
+//! (checkpoints, workflow steps, agent calls) through the store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use opentelemetry::context::FutureExt as _;
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_plugins::{ActionContext, ActionError, Registry};
+
+use crate::catalog::Catalog;
+use crate::clock::Clock;
+use crate::events::{Cancelled, Ended, Observer, Op, Owner};
+use crate::run::{CallRecord, Outcome, Run, StepRecord};
+use crate::snapshot::JobSnapshot;
+use crate::store::{RunStore, StoreError};
+
+/// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
+/// run and nothing else.
+pub trait Targets: Send + Sync + 'static {
+    fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome>;
+}
+
+/// Everything a target gets: its run, the job as it was when the run was created, a
+/// cancellation token (cancelled on cancel, replace, timeout and shutdown), and durable
+/// checkpoints shared by every attempt of the run.
+#[derive(Clone)]
+pub struct RunContext {
+    run: Run,
+    job: Arc<JobSnapshot>,
+    cancel: CancellationToken,
+    env: RunEnv,
+}
+
+/// What every run of an engine shares: the data directory, the store, the clock, the agent
+/// catalog in force and where events go.
+#[derive(Clone)]
+pub(crate) struct RunEnv {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) agents: Arc<Catalog>,
+    pub(crate) observer: Arc<Observer>,
+    /// Tells followers of the run (resource subscriptions) that it recorded progress.
+    pub(crate) signals: Arc<dyn crate::signals::Signals>,
+}
+
+impl std::fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext").field("run", &self.run.id).field("job", &self.job).finish_non_exhaustive()
+    }
+}
+
+impl RunContext {
+    pub(crate) fn new(run: Run, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
+        Self { run, job, cancel, env }
+    }
+
+    /// Where this run's events go.
+    pub fn observer(&self) -> &Arc<Observer> {
+        &self.env.observer
+    }
+
+    /// Calls a plugin action for this run, as an operation: its span, its metrics (fuel
+    /// included) and its hooks; a `before` hook that cancels refuses the call.
+    pub(crate) async fn invoke(
+        &self,
+        registry: &Registry,
+        plugin: &str,
+        action: &str,
+        params: serde_json::Value,
+        actx: &ActionContext,
+    ) -> Result<serde_json::Value, ActionError> {
+        let op = Op::PluginAction { plugin: plugin.to_string(), action: action.to_string() };
+        let started = match self.env.observer.begin(op, Owner::from(&self.run), None).await {
+            Ok(s) => s,
+            Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
+        };
+        let result = registry.invoke(plugin, action, params, actx).with_context(started.context()).await;
+        let error = result.as_ref().err().map(ToString::to_string);
+        started.end(&self.env.observer, Ended { error: error.as_deref(), fuel: actx.usage.fuel(), ..Ended::ok() }).await;
+        result
+    }
+
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    pub fn job(&self) -> &JobSnapshot {
+        &self.job
+    }
+
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The job's `working_directory`, or the data directory.
+    pub fn working_directory(&self) -> PathBuf {
+        self.job.working_directory.clone().unwrap_or_else(|| self.env.data_dir.clone())
+    }
+
+    /// The value recorded under `step` by this attempt or an earlier one of the same run.
+    pub async fn checkpoint(&self, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.env.store.checkpoint(&self.run.root_id, step).await
+    }
+
+    /// Records `value` under `step` for this run and every later attempt of it (replacing an
+    /// earlier value). Durable when this returns.
+    pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
+        self.env.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now()).await
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.env.clock
+    }
+
+    /// The workflow steps recorded by this attempt or an earlier one.
+    pub(crate) async fn steps(&self) -> Result<Vec<StepRecord>, StoreError> {
+        self.env.store.steps(&self.run.root_id).await
+    }
+
+    /// Records workflow steps for this run identity; durable when this returns.
+    pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
+        self.env.store.record_steps(&self.run.root_id, steps).await?;
+        self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
+        Ok(())
+    }
+
+    /// The agent calls recorded by this attempt or an earlier one.
+    pub(crate) async fn calls(&self) -> Result<Vec<CallRecord>, StoreError> {
+        self.env.store.calls(&self.run.root_id).await
+    }
+
+    /// Records an agent call for this run identity; durable when this returns.
+    pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
+        self.env.store.record_call(&self.run.root_id, call).await
+    }
+
+    /// The agents of the config in force when the run started.
+    pub(crate) fn agents(&self) -> &Arc<Catalog> {
+        &self.env.agents
+    }
+}
