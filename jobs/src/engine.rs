@@ -1,33 +1,26 @@
-//! The engine: owns the store, the scheduler, the queue worker, the recorder and the shared
-//! state they use. Start, reload and shutdown go through here.
+//! The engine composes the run core: it opens storage, hands the executor and the scheduler
+//! their handles, starts their tasks, and does what is the whole worker's — reload, drain,
+//! the lease and takeover, housekeeping. Nothing it composes imports it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
+use lamplighter_config::{Config, JobConfig, Workflow};
 
 use crate::clock::Clock;
 use crate::context::Targets;
 use crate::decide::StopReason;
 use crate::events::Observer;
-use crate::executor::{self, Executors, Running};
-use crate::gate::Gate;
-use crate::run::{Run, RunStatus};
+use crate::executor::{self, Executor, ExecutorEnv};
+use crate::in_force::{InForce, JobsConfig};
+use crate::retention::PruneQueue;
+use crate::scheduler::{Scheduler, SchedulerEnv};
 use crate::signals::{Signal, Signals};
-use crate::snapshot::JobSnapshot;
 use crate::store::{Backend, OpenError, RunStore, StorageKind, StoreError, WorkerId};
-
-/// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
-/// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
-/// policies: the default retry policy, no retention limit.
-pub(crate) const WORKFLOW_RUNS: &str = "workflow:";
 
 /// Engine start-up failures.
 #[derive(Debug, thiserror::Error)]
@@ -40,14 +33,12 @@ pub enum EngineError {
     Locked(String),
 }
 
-/// State shared by the scheduler, the executors, the queue worker and the service; each
-/// reaches it through the methods below.
-///
-/// Locking rule: the `std` locks here guard plain data and are never held across `.await`.
+/// What the engine composed, for the job service and the engine's own tasks (start, reload,
+/// drain, lease, housekeeping). The executor and the scheduler own their state and were handed
+/// narrow handles of their own; they never reach back in here.
 pub(crate) struct Shared {
     store: Arc<dyn RunStore>,
     clock: Arc<dyn Clock>,
-    targets: Arc<dyn Targets>,
     signals: Arc<dyn Signals>,
     /// Where events go: metrics, hooks, spans.
     observer: Arc<Observer>,
@@ -55,64 +46,11 @@ pub(crate) struct Shared {
     storage: StorageKind,
     /// How long this worker's runs stay its own without a heartbeat.
     lease: Duration,
-    config: RwLock<Arc<JobsConfig>>,
-    /// Runs executing in this process, by id.
-    running: Mutex<HashMap<String, Arc<Running>>>,
-    /// Every run from before its claim until its end is recorded; closed by the drain.
-    gate: Arc<Gate>,
-    /// The `worker.concurrency` slots and the way to the recorder.
-    executors: Executors,
-    /// Jobs whose history may need pruning; the housekeeper takes them in batches.
-    prune_pending: Mutex<PrunePending>,
-    prune_wake: Notify,
+    config: Arc<InForce>,
+    executor: Arc<Executor>,
+    scheduler: Arc<Scheduler>,
+    retention: Arc<PruneQueue>,
     started_at: DateTime<Utc>,
-    scheduler_alive: AtomicBool,
-    /// When the scheduler wakes next (ms since the epoch; `i64::MAX`: nothing planned), so
-    /// background work can keep out of the way of ticks.
-    next_wake_ms: AtomicI64,
-    /// The clock instant of the scheduler's last completed pass.
-    passes: tokio::sync::watch::Sender<DateTime<Utc>>,
-}
-
-/// The part of the config the engine needs, swapped whole on reload.
-#[derive(Debug, Clone)]
-pub(crate) struct JobsConfig {
-    pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
-    pub(crate) workflows: Arc<BTreeMap<String, Arc<Workflow>>>,
-    /// Jobs the environment broke (e.g. their plugin did not load), with the reason: not
-    /// scheduled, not triggerable, shown with the reason.
-    pub(crate) unavailable: Arc<HashMap<String, String>>,
-    pub(crate) data_dir: PathBuf,
-    /// Agents, providers, pipelines and MCP servers, for the agent runner.
-    pub(crate) agents: Arc<crate::catalog::Catalog>,
-}
-
-impl JobsConfig {
-    fn of(config: &Config) -> Self {
-        // The worker records them as `job "<name>"` in the config's disabled items.
-        let unavailable = config
-            .disabled
-            .iter()
-            .filter_map(|(what, why)| Some((what.strip_prefix("job \"")?.strip_suffix('"')?.to_string(), why.clone())))
-            .filter(|(name, _)| config.jobs.contains_key(name))
-            .collect();
-        Self {
-            jobs: Arc::new(config.jobs.clone()),
-            workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
-            unavailable: Arc::new(unavailable),
-            data_dir: config.data_dir.clone(),
-            agents: Arc::new(crate::catalog::Catalog::of(config)),
-        }
-    }
-
-    /// What a run of `job` executes, as it is now (its workflow's definition included).
-    pub(crate) fn snapshot_of(&self, job: &JobConfig) -> JobSnapshot {
-        let workflow = match &job.target {
-            lamplighter_config::Target::Workflow(w) => self.workflows.get(w),
-            _ => None,
-        };
-        JobSnapshot::of(job, workflow)
-    }
 }
 
 impl Shared {
@@ -120,16 +58,8 @@ impl Shared {
         &*self.store
     }
 
-    pub(crate) fn store_handle(&self) -> Arc<dyn RunStore> {
-        self.store.clone()
-    }
-
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
-    }
-
-    pub(crate) fn targets(&self) -> &dyn Targets {
-        &*self.targets
     }
 
     pub(crate) fn observer(&self) -> &Arc<Observer> {
@@ -148,51 +78,29 @@ impl Shared {
         self.started_at
     }
 
-    pub(crate) fn gate(&self) -> &Arc<Gate> {
-        &self.gate
-    }
-
-    pub(crate) fn executors(&self) -> &Executors {
-        &self.executors
+    pub(crate) fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
     }
 
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.clone()
+        self.config.jobs()
     }
 
     /// The jobs (with their parsed schedules) and the data directory, from one config.
     pub(crate) fn snapshot(&self) -> Arc<JobsConfig> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config.get()
     }
 
     pub(crate) fn job(&self, name: &str) -> Option<JobConfig> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).jobs.get(name).cloned()
+        self.config.job(name)
     }
 
     pub(crate) fn workflow(&self, name: &str) -> Option<Arc<Workflow>> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).workflows.get(name).cloned()
-    }
-
-    /// The retry policy of runs recorded under `job`: the job's, the default for workflows run
-    /// by hand, none for a job that is no longer defined (its runs are not retried).
-    pub(crate) fn retries_for(&self, job: &str) -> Option<RetryPolicy> {
-        match self.job(job) {
-            Some(j) => Some(j.retries),
-            None => job.strip_prefix(WORKFLOW_RUNS).and_then(|w| self.workflow(w)).map(|_| RetryPolicy::default()),
-        }
-    }
-
-    pub(crate) fn data_dir(&self) -> PathBuf {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).data_dir.clone()
-    }
-
-    /// The agents of the config in force.
-    pub(crate) fn agents(&self) -> Arc<crate::catalog::Catalog> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).agents.clone()
+        self.config.workflow(name)
     }
 
     fn set_config(&self, config: JobsConfig) {
-        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        self.config.set(config);
         self.signals.publish(Signal::JobChanged);
     }
 
@@ -200,10 +108,6 @@ impl Shared {
 
     pub(crate) fn subscribe(&self) -> crate::signals::Receiver {
         self.signals.subscribe()
-    }
-
-    pub(crate) fn signals_handle(&self) -> Arc<dyn Signals> {
-        self.signals.clone()
     }
 
     pub(crate) fn wake_scheduler(&self) {
@@ -215,11 +119,6 @@ impl Shared {
         self.signals.publish(Signal::JobChanged);
     }
 
-    /// Tasks were pushed: the queue worker takes them into free slots.
-    pub(crate) fn tasks_pushed(&self) {
-        self.signals.publish(Signal::TasksPushed);
-    }
-
     /// Runs were created, started or deleted.
     pub(crate) fn runs_changed(&self) {
         self.signals.publish(Signal::RunsChanged);
@@ -229,87 +128,15 @@ impl Shared {
         self.signals.publish(Signal::RunFinished(id.to_string()));
     }
 
-    // The scheduler's state, for readiness and for background work.
-
-    pub(crate) fn scheduler_alive(&self, alive: bool) {
-        self.scheduler_alive.store(alive, Ordering::SeqCst);
-    }
-
-    /// A scheduler pass through `now` is complete; it wakes next at `next` (none: nothing
-    /// planned).
-    pub(crate) fn pass_done(&self, now: DateTime<Utc>, next: Option<DateTime<Utc>>) {
-        self.next_wake_ms.store(next.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
-        self.passes.send_replace(now);
-    }
-
-    // Runs executing here.
-
-    /// Registers a run that starts executing here.
-    pub(crate) fn track(&self, id: &str) -> Arc<Running> {
-        let entry = Arc::new(Running::default());
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), entry.clone());
-        entry
-    }
-
-    /// Forgets a run whose end is recorded (or given up on).
-    pub(crate) fn untrack(&self, id: &str) {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-    }
-
-    /// Stops a run if it executes here.
-    pub(crate) fn stop_here(&self, id: &str, why: String) -> bool {
-        match self.tracked(id) {
-            Some(r) => {
-                r.stop(StopReason::Cancelled(why));
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn tracked(&self, id: &str) -> Option<Arc<Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
-    }
-
-    /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
-    /// [`crate::decide::next_attempt`]), with the same identity and job snapshot; with no
-    /// `due_at`, marks the run as having none.
-    pub(crate) async fn follow_up(
-        &self,
-        run: &Run,
-        due_at: Option<DateTime<Utc>>,
-        now: DateTime<Utc>,
-    ) -> Result<Option<String>, StoreError> {
-        match due_at {
-            Some(due) => {
-                let id = self.store.follow_up(run, due, now).await?;
-                if let Some(id) = &id {
-                    self.observer.run_created(&run.job, run.trigger, id);
-                }
-                Ok(id)
-            }
-            None => {
-                self.store.mark_no_follow_up(&run.id).await?;
-                Ok(None)
-            }
-        }
-    }
-
     /// Asks the housekeeper to apply the job's retention soon (batched, off the run path).
-    /// `at`: the engine-clock instant of what asked (a run's end, a skipped tick).
     pub(crate) fn prune_soon(&self, job: &str, at: DateTime<Utc>) {
-        let mut p = self.prune_pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.jobs.insert(job.to_string());
-        // The batch is due [`PRUNE_EVERY`] after its first request, on the engine's clock.
-        p.since = Some(p.since.map_or(at, |s| s.min(at)));
-        drop(p);
-        self.prune_wake.notify_one();
+        self.retention.prune_soon(job, at);
     }
 
     /// Background writes wait while a tick is about to fire (they would hold SQLite's write lock
     /// while the tick's runs are claimed).
     async fn clear_of_ticks(&self) {
-        let until_tick = self.next_wake_ms.load(Ordering::SeqCst).saturating_sub(self.clock.now().timestamp_millis());
+        let until_tick = self.scheduler.next_wake_ms().saturating_sub(self.clock.now().timestamp_millis());
         if (0..PRUNE_CLEARANCE_MS).contains(&until_tick) {
             let now = self.clock.now();
             self.clock.sleep_until(now + chrono::Duration::milliseconds(until_tick + PRUNE_CLEARANCE_MS)).await;
@@ -318,7 +145,7 @@ impl Shared {
 
     /// Applies retention to every job waiting for it.
     pub(crate) async fn prune_now(&self) {
-        let pending = std::mem::take(&mut *self.prune_pending.lock().unwrap_or_else(|e| e.into_inner())).jobs;
+        let pending = self.retention.take();
         let jobs = self.jobs();
         let now = self.clock.now();
         for name in pending {
@@ -335,25 +162,9 @@ impl Shared {
         self.runs_changed();
     }
 
-    /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
-    /// records the reason itself.
+    /// Stops a run, wherever it is (see [`Executor::stop_run`]).
     pub(crate) async fn stop_run(&self, id: &str, why: String, now: DateTime<Utc>) -> bool {
-        if self.stop_here(id, why.clone()) {
-            return true;
-        }
-        let done = self.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
-        if done {
-            self.run_finished(id);
-            return true;
-        }
-        // Running, but not here: whichever worker runs it stops it.
-        match self.store.get_run(id).await {
-            Ok(Some(run)) if run.status == RunStatus::Running => {
-                self.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
-                true
-            }
-            _ => false,
-        }
+        self.executor.stop_run(id, why, now).await
     }
 }
 
@@ -433,28 +244,46 @@ impl Engine {
         let stop_scheduler = CancellationToken::new();
         let stop_runs = CancellationToken::new();
         let Backend { store, signals, lock, kind: storage } = crate::store::open(&config.storage, &opts.worker_name, &stop_runs).await?;
-        let (executors, recorder_rx) = Executors::new(config.worker.concurrency);
         let now = opts.clock.now();
         opts.observer.configure(config);
+        let in_force = Arc::new(InForce::new(JobsConfig::of(config)));
+        let retention = Arc::new(PruneQueue::default());
+        let (executor, recorder_rx) = Executor::new(
+            config.worker.concurrency,
+            ExecutorEnv {
+                store: store.clone(),
+                clock: opts.clock.clone(),
+                targets: opts.targets,
+                observer: opts.observer.clone(),
+                signals: signals.clone(),
+                config: in_force.clone(),
+                retention: retention.clone(),
+                worker: opts.worker_name.clone(),
+            },
+        );
+        let scheduler = Scheduler::new(SchedulerEnv {
+            store: store.clone(),
+            clock: opts.clock.clone(),
+            observer: opts.observer.clone(),
+            signals: signals.clone(),
+            config: in_force.clone(),
+            executor: executor.clone(),
+            retention: retention.clone(),
+            worker: opts.worker_name.clone(),
+        });
         let shared = Arc::new(Shared {
             store,
             clock: opts.clock,
-            targets: opts.targets,
             signals,
             observer: opts.observer,
             worker: worker_id(opts.worker_name),
             storage,
             lease: config.worker.lease,
-            config: RwLock::new(Arc::new(JobsConfig::of(config))),
-            running: Mutex::new(HashMap::new()),
-            gate: Arc::new(Gate::new()),
-            executors,
-            prune_pending: Mutex::new(PrunePending::default()),
-            prune_wake: Notify::new(),
+            config: in_force,
+            executor,
+            scheduler,
+            retention,
             started_at: now,
-            scheduler_alive: AtomicBool::new(false),
-            next_wake_ms: AtomicI64::new(i64::MAX),
-            passes: tokio::sync::watch::Sender::new(DateTime::<Utc>::MIN_UTC),
         });
         // The lease first: from here on no other worker takes this one's runs.
         shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
@@ -464,13 +293,13 @@ impl Engine {
         let cancel_signals = shared.subscribe();
         let scheduler_signals = shared.subscribe();
         let runs = vec![
-            tokio::spawn(executor::recorder(shared.clone(), recorder_rx, stop_runs.clone())),
-            tokio::spawn(executor::intake(shared.clone(), queue_signals, stop_runs.clone())),
-            tokio::spawn(executor::canceller(shared.clone(), cancel_signals, stop_runs.clone())),
+            tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
+            tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
+            tokio::spawn(executor::canceller(shared.executor.clone(), cancel_signals, stop_runs.clone())),
             tokio::spawn(keep_lease(shared.clone(), stop_runs.clone())),
             tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
         ];
-        let scheduler = tokio::spawn(crate::scheduler::run(shared.clone(), scheduler_signals, stop_scheduler.clone()));
+        let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
         Ok(Engine {
             shared,
@@ -488,7 +317,7 @@ impl Engine {
     /// Waits for the scheduler's first pass (recovery done, due ticks fired, the plan built):
     /// from then on the worker is ready, as `/readyz` says.
     pub async fn first_pass(&self) {
-        let mut rx = self.shared.passes.subscribe();
+        let mut rx = self.shared.scheduler.passes();
         let _ = rx.wait_for(|p| *p > DateTime::<Utc>::MIN_UTC).await;
     }
 
@@ -498,7 +327,7 @@ impl Engine {
     /// nothing was due*, without sleeping.
     pub async fn scheduled_through_now(&self) {
         let t = self.shared.clock.now();
-        let mut rx = self.shared.passes.subscribe();
+        let mut rx = self.shared.scheduler.passes();
         self.shared.wake_scheduler();
         let _ = rx.wait_for(|p| *p >= t).await;
     }
@@ -508,7 +337,7 @@ impl Engine {
     /// resolves only if the loop is turning. The systemd watchdog pings on it.
     pub async fn next_pass(&self) {
         // A new receiver has seen the current value: `changed` waits for the next pass.
-        let mut rx = self.shared.passes.subscribe();
+        let mut rx = self.shared.scheduler.passes();
         self.shared.wake_scheduler();
         let _ = rx.changed().await;
     }
@@ -522,7 +351,7 @@ impl Engine {
 
     /// Storage reachable, migrations applied, scheduler running.
     pub async fn ready(&self) -> bool {
-        self.shared.scheduler_alive.load(Ordering::SeqCst) && self.shared.store.ping().await
+        self.shared.scheduler.alive() && self.shared.store.ping().await
     }
 
     pub fn worker_name(&self) -> &str {
@@ -531,7 +360,7 @@ impl Engine {
 
     /// Number of runs executing in this process.
     pub fn running_count(&self) -> usize {
-        self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.shared.executor.running_count()
     }
 
     /// Stops scheduling and new claims, lets running work finish for `grace`, then interrupts
@@ -546,7 +375,7 @@ impl Engine {
         // The queue worker keeps running (it stops claiming at the closed gate) until the
         // drain is over: stopping it could cut a claim off mid-transaction, and the write lock
         // that claim holds would block the drained runs' own writes.
-        self.shared.gate.close();
+        self.shared.executor.gate().close();
         tasks.stop_scheduler.cancel();
         // Every scheduler write is one transaction, so a scheduler stopped mid-write loses
         // nothing (the transaction rolls back and the ticks fire again at the next start);
@@ -557,15 +386,13 @@ impl Engine {
                 abort.abort();
             }
         }
-        if tokio::time::timeout(grace, self.shared.gate.idle()).await.is_err() {
-            let left: Vec<Arc<Running>> = self.shared.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-            tracing::warn!(runs = left.len(), "grace period over; interrupting runs");
-            for r in left {
-                r.stop(StopReason::Shutdown);
-            }
+        let gate = self.shared.executor.gate();
+        if tokio::time::timeout(grace, gate.idle()).await.is_err() {
+            let left = self.shared.executor.stop_all(&StopReason::Shutdown);
+            tracing::warn!(runs = left, "grace period over; interrupting runs");
             // An interrupted run records its end at once (its target is dropped, not awaited).
-            if tokio::time::timeout(RECORD_INTERRUPTED, self.shared.gate.idle()).await.is_err() {
-                tracing::error!(runs = self.shared.gate.passes(), "runs did not record their end; they will be recovered at next start");
+            if tokio::time::timeout(RECORD_INTERRUPTED, gate.idle()).await.is_err() {
+                tracing::error!(runs = gate.passes(), "runs did not record their end; they will be recovered at next start");
             }
         }
         tasks.stop_runs.cancel();
@@ -573,7 +400,7 @@ impl Engine {
             let _ = tokio::time::timeout(STOP_TASK, t).await;
         }
         // Every run it claimed has its end recorded: nothing is left for others to take over.
-        if self.shared.gate.passes() == 0
+        if gate.passes() == 0
             && let Err(e) = self.shared.store.release(&self.shared.worker).await
         {
             tracing::warn!(error = %e, "cannot give up the worker's lease; it runs out by itself");
@@ -593,13 +420,6 @@ const STOP_TASK: Duration = Duration::from_secs(2);
 /// How long interrupted runs may take to record their end after the grace period.
 const RECORD_INTERRUPTED: Duration = Duration::from_secs(10);
 
-/// Jobs whose history may need pruning, and when the first of them asked.
-#[derive(Debug, Default)]
-struct PrunePending {
-    jobs: BTreeSet<String>,
-    since: Option<DateTime<Utc>>,
-}
-
 /// Pruning waits when a tick is this close, and until this long after it.
 const PRUNE_CLEARANCE_MS: i64 = 250;
 
@@ -611,12 +431,12 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         tokio::select! {
-            _ = shared.prune_wake.notified() => {}
+            () = shared.retention.requested() => {}
             _ = stop.cancelled() => break,
         }
         // Due PRUNE_EVERY after the first request of the batch (not after this wake: a clock
         // that moved on meanwhile must not push the batch further out).
-        let since = shared.prune_pending.lock().unwrap_or_else(|e| e.into_inner()).since;
+        let since = shared.retention.since();
         let Some(since) = since else { continue };
         let batch_until = since + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
         tokio::select! {
@@ -637,8 +457,8 @@ async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<
     }
     for r in shared.store.interrupted_without_follow_up().await? {
         // Picked up at once, if the policy gives it another attempt at all.
-        let due = crate::decide::next_attempt(r.attempt, shared.retries_for(&r.job).as_ref(), now).map(|_| now);
-        if let Some(id) = shared.follow_up(&r, due, now).await? {
+        let due = crate::decide::next_attempt(r.attempt, shared.config.get().retries_for(&r.job).as_ref(), now).map(|_| now);
+        if let Some(id) = shared.executor.follow_up(&r, due, now).await? {
             tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
         }
     }

@@ -15,7 +15,8 @@
 //!
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -23,15 +24,17 @@ use tokio_util::sync::CancellationToken;
 
 use opentelemetry::context::FutureExt as _;
 
-use crate::context::{RunContext, RunEnv};
+use crate::clock::Clock;
+use crate::context::{RunContext, RunEnv, Targets};
 use crate::decide::{Settled, StopReason, next_attempt, settle};
-use crate::engine::Shared;
-use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::events::{Cancelled, Ended, Observer, Op, Owner};
 use crate::gate::{Gate, Pass};
+use crate::in_force::InForce;
+use crate::retention::PruneQueue;
 use crate::run::{Outcome, Run, RunStatus};
-use crate::signals::{Receiver, Signal};
+use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{Handed, RunEnd};
+use crate::store::{Handed, RunEnd, RunStore, StoreError};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -70,64 +73,172 @@ struct Finished {
     trace_id: Option<String>,
 }
 
-/// The slots and the way to the recorder. Owned by `Shared`.
-#[derive(Debug)]
-pub(crate) struct Executors {
-    slots: Arc<Semaphore>,
-    finished: mpsc::UnboundedSender<Finished>,
+/// What the executor is handed by the engine that composes it: narrow handles, no engine.
+pub(crate) struct ExecutorEnv {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) targets: Arc<dyn Targets>,
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) config: Arc<InForce>,
+    pub(crate) retention: Arc<PruneQueue>,
+    /// This worker's name, which its claims record.
+    pub(crate) worker: String,
 }
 
-/// The recorder's end of the executors' channel, taken by [`recorder`].
+/// The executor owns what runs take on their way: the `worker.concurrency` slots, the drain
+/// gate, the runs executing here, and the way to the recorder.
+///
+/// Locking rule: the `std` lock guards the running map only and is never held across `.await`.
+pub(crate) struct Executor {
+    env: ExecutorEnv,
+    slots: Arc<Semaphore>,
+    gate: Arc<Gate>,
+    finished: mpsc::UnboundedSender<Finished>,
+    /// Runs executing in this process, by id.
+    running: Mutex<HashMap<String, Arc<Running>>>,
+}
+
+/// The recorder's end of the executor's channel, taken by [`recorder`].
 pub(crate) struct RecorderRx(mpsc::UnboundedReceiver<Finished>);
 
-impl Executors {
-    pub(crate) fn new(concurrency: usize) -> (Self, RecorderRx) {
+impl Executor {
+    pub(crate) fn new(concurrency: usize, env: ExecutorEnv) -> (Arc<Self>, RecorderRx) {
         let (finished, rx) = mpsc::unbounded_channel();
-        (Self { slots: Arc::new(Semaphore::new(concurrency.max(1))), finished }, RecorderRx(rx))
+        let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+        (Arc::new(Self { env, slots, gate: Arc::new(Gate::new()), finished, running: Mutex::default() }), RecorderRx(rx))
+    }
+
+    /// Every run passes it before its claim and holds its pass until its end is recorded.
+    pub(crate) fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// Up to `n` tickets, without waiting: as many as there are free slots, none once the
     /// gate is closed.
-    pub(crate) fn tickets(&self, gate: &Arc<Gate>, n: usize) -> Vec<Ticket> {
+    pub(crate) fn tickets(&self, n: usize) -> Vec<Ticket> {
         let mut out = Vec::new();
         while out.len() < n {
             let Ok(slot) = self.slots.clone().try_acquire_owned() else { break };
-            let Some(pass) = gate.enter() else { break };
+            let Some(pass) = self.gate.enter() else { break };
             out.push(Ticket { _slot: slot, _pass: pass });
         }
         out
     }
 
     /// Waits for a free slot, then takes up to `max` tickets; none once the gate is closed.
-    pub(crate) async fn tickets_when_free(&self, gate: &Arc<Gate>, max: usize) -> Vec<Ticket> {
+    async fn tickets_when_free(&self, max: usize) -> Vec<Ticket> {
         let slot = tokio::select! {
             s = self.slots.clone().acquire_owned() => s.ok(),
-            () = gate.closed() => None,
+            () = self.gate.closed() => None,
         };
-        let (Some(slot), Some(pass)) = (slot, gate.enter()) else { return Vec::new() };
+        let (Some(slot), Some(pass)) = (slot, self.gate.enter()) else { return Vec::new() };
         let mut out = vec![Ticket { _slot: slot, _pass: pass }];
-        out.extend(self.tickets(gate, max.saturating_sub(1)));
+        out.extend(self.tickets(max.saturating_sub(1)));
         out
     }
-}
 
-/// Starts claimed runs, one ticket each; tickets left over are returned (dropped).
-pub(crate) fn launch(shared: &Arc<Shared>, runs: Vec<Handed>, tickets: Vec<Ticket>) {
-    debug_assert!(runs.len() <= tickets.len());
-    if !runs.is_empty() {
-        shared.runs_changed();
+    /// Starts claimed runs, one ticket each; tickets left over are returned (dropped).
+    pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) {
+        debug_assert!(runs.len() <= tickets.len());
+        if !runs.is_empty() {
+            self.env.signals.publish(Signal::RunsChanged);
+        }
+        for (handed, ticket) in runs.into_iter().zip(tickets) {
+            tokio::spawn(run_one(self.clone(), handed, ticket));
+        }
     }
-    for (handed, ticket) in runs.into_iter().zip(tickets) {
-        tokio::spawn(run_one(shared.clone(), handed, ticket));
+
+    /// Number of runs executing here.
+    pub(crate) fn running_count(&self) -> usize {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Registers a run that starts executing here.
+    fn track(&self, id: &str) -> Arc<Running> {
+        let entry = Arc::new(Running::default());
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), entry.clone());
+        entry
+    }
+
+    /// Forgets a run whose end is recorded (or given up on).
+    fn untrack(&self, id: &str) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    /// Stops a run if it executes here.
+    pub(crate) fn stop_here(&self, id: &str, why: String) -> bool {
+        let entry = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+        match entry {
+            Some(r) => {
+                r.stop(StopReason::Cancelled(why));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every run executing here (the drain's grace is over); returns how many.
+    pub(crate) fn stop_all(&self, why: &StopReason) -> usize {
+        let left: Vec<Arc<Running>> = self.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for r in &left {
+            r.stop(why.clone());
+        }
+        left.len()
+    }
+
+    /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
+    /// records the reason itself (here, or through the signals on whichever worker runs it).
+    pub(crate) async fn stop_run(&self, id: &str, why: String, now: chrono::DateTime<chrono::Utc>) -> bool {
+        if self.stop_here(id, why.clone()) {
+            return true;
+        }
+        let done = self.env.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
+        if done {
+            self.env.signals.publish(Signal::RunFinished(id.to_string()));
+            return true;
+        }
+        // Running, but not here: whichever worker runs it stops it.
+        match self.env.store.get_run(id).await {
+            Ok(Some(run)) if run.status == RunStatus::Running => {
+                self.env.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
+    /// [`next_attempt`]), with the same identity and job snapshot; with no `due_at`, marks the
+    /// run as having none.
+    pub(crate) async fn follow_up(
+        &self,
+        run: &Run,
+        due_at: Option<chrono::DateTime<chrono::Utc>>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<String>, StoreError> {
+        match due_at {
+            Some(due) => {
+                let id = self.env.store.follow_up(run, due, now).await?;
+                if let Some(id) = &id {
+                    self.env.observer.run_created(&run.job, run.trigger, id);
+                }
+                Ok(id)
+            }
+            None => {
+                self.env.store.mark_no_follow_up(&run.id).await?;
+                Ok(None)
+            }
+        }
     }
 }
 
 /// One claimed run: its target in a task of its own, so that a panic becomes this run's end.
 /// The run's span is the root of its trace; its `before` hooks may cancel it.
-async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
+async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     let Handed { run, snapshot, resumed } = handed;
-    let entry = shared.track(&run.id);
-    let obs = shared.observer().clone();
+    let entry = exec.track(&run.id);
+    let obs = exec.env.observer.clone();
     obs.run_started(&run, run.lateness(), resumed);
     let op = Op::Run { job: run.job.clone(), trigger: run.trigger.as_str(), attempt: run.attempt };
     let started = Arc::new(std::sync::OnceLock::new());
@@ -136,7 +247,7 @@ async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
         Ok(op) => {
             // A resumed run keeps its first start.
             let started_now = (!resumed).then(|| started.clone());
-            let work = execute(shared.clone(), run.clone(), snapshot, entry, started_now).with_context(op.context());
+            let work = execute(exec.clone(), run.clone(), snapshot, entry, started_now).with_context(op.context());
             let end = match tokio::spawn(work).await {
                 Ok(end) => end,
                 Err(e) => Settled {
@@ -155,11 +266,11 @@ async fn run_one(shared: Arc<Shared>, handed: Handed, ticket: Ticket) {
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
     let started = started.get().copied();
-    let _ = shared.executors().finished.send(Finished { run, started, end, ticket, trace_id });
+    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id });
 }
 
 async fn execute(
-    shared: Arc<Shared>,
+    exec: Arc<Executor>,
     run: Run,
     snapshot: Option<JobSnapshot>,
     entry: Arc<Running>,
@@ -167,31 +278,32 @@ async fn execute(
 ) -> Settled {
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
-    let mut snapshot = snapshot.or_else(|| shared.job(&run.job).map(|j| shared.snapshot().snapshot_of(&j)));
+    let config = exec.env.config.get();
+    let mut snapshot = snapshot.or_else(|| config.jobs.get(&run.job).map(|j| config.snapshot_of(j)));
     // Runs stored before workflow definitions were kept with them follow the config in force.
     if let Some(JobSnapshot { target: TargetRef::Workflow { workflow, definition: definition @ None }, .. }) = &mut snapshot {
-        *definition = shared.workflow(workflow);
+        *definition = config.workflows.get(workflow).cloned();
     }
     let outcome = match snapshot {
         None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
             let job = Arc::new(job);
             let env = RunEnv {
-                data_dir: shared.data_dir(),
-                store: shared.store_handle(),
-                clock: shared.clock().clone(),
-                agents: shared.agents(),
-                observer: shared.observer().clone(),
-                signals: shared.signals_handle(),
+                data_dir: config.data_dir.clone(),
+                store: exec.env.store.clone(),
+                clock: exec.env.clock.clone(),
+                agents: config.agents.clone(),
+                observer: exec.env.observer.clone(),
+                signals: exec.env.signals.clone(),
             };
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
             // The run's start, as recorded: the moment its target is called.
-            let clock = shared.clock().clone();
+            let clock = exec.env.clock.clone();
             let now = clock.now();
             if let Some(started) = started {
                 let _ = started.set(now);
             }
-            let work = shared.targets().run(ctx);
+            let work = exec.env.targets.run(ctx);
             // On the engine's clock, like every other time limit: tests move it.
             let deadline = job.timeout().and_then(|t| now.checked_add_signed(chrono::TimeDelta::from_std(t).ok()?));
             let limit = async {
@@ -218,7 +330,7 @@ async fn execute(
 
 /// Writes the ends of whatever runs have finished (up to [`BATCH`]) in one statement, then
 /// frees their slots and passes.
-pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: CancellationToken) {
+pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: CancellationToken) {
     let mut rx = rx.0;
     let mut batch = Vec::with_capacity(BATCH);
     loop {
@@ -226,7 +338,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
             () = stop.cancelled() => return,
         }
-        let now = shared.clock().now();
+        let now = exec.env.clock.now();
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
             .map(|f| RunEnd {
@@ -247,7 +359,7 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
         loop {
             attempt += 1;
             let began = std::time::Instant::now();
-            let res = shared.store().finish_many(&ends, now).await;
+            let res = exec.env.store.finish_many(&ends, now).await;
             tracing::debug!(runs = ends.len(), finish_us = began.elapsed().as_micros() as u64, "ends recorded");
             match res {
                 Ok(_) => {
@@ -273,42 +385,42 @@ pub(crate) async fn recorder(shared: Arc<Shared>, rx: RecorderRx, stop: Cancella
         for f in batch.drain(..) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
-            shared.untrack(&f.run.id);
+            exec.untrack(&f.run.id);
             if f.end.status == RunStatus::Failed && f.end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
                 tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
             }
-            shared.observer().run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
+            exec.env.observer.run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
             if recorded && f.end.retry {
-                schedule_retry(&shared, &f.run, now).await;
+                schedule_retry(&exec, &f.run, now).await;
             }
-            shared.prune_soon(&f.run.job, now);
-            shared.run_finished(&f.run.id);
+            exec.env.retention.prune_soon(&f.run.job, now);
+            exec.env.signals.publish(Signal::RunFinished(f.run.id.clone()));
             drop(f.ticket);
         }
     }
 }
 
 /// Schedules the next attempt of a failed run after the job's backoff, if its policy allows.
-async fn schedule_retry(shared: &Shared, run: &Run, now: chrono::DateTime<chrono::Utc>) {
-    let due = next_attempt(run.attempt, shared.retries_for(&run.job).as_ref(), now);
-    match shared.follow_up(run, due, now).await {
+async fn schedule_retry(exec: &Executor, run: &Run, now: chrono::DateTime<chrono::Utc>) {
+    let due = next_attempt(run.attempt, exec.env.config.get().retries_for(&run.job).as_ref(), now);
+    match exec.follow_up(run, due, now).await {
         Ok(Some(id)) => tracing::info!(run = %run.id, retry = %id, due = ?due, "retry scheduled"),
         Ok(None) => {}
         Err(e) => tracing::error!(run = %run.id, error = %e, "cannot schedule a retry"),
     }
-    shared.wake_scheduler();
+    exec.env.signals.publish(Signal::Wake);
 }
 
 /// Stops runs executing here when a stop is asked for through the signals (by another
 /// process, or for a run that was being claimed when it was asked).
-pub(crate) async fn canceller(shared: Arc<Shared>, mut signals: crate::signals::Receiver, stop: CancellationToken) {
+pub(crate) async fn canceller(exec: Arc<Executor>, mut signals: Receiver, stop: CancellationToken) {
     loop {
         let signal = tokio::select! {
             s = signals.recv() => match s { Some(s) => s, None => return },
             () = stop.cancelled() => return,
         };
         if let Signal::CancelRequested { run, why } = signal {
-            shared.stop_here(&run, why);
+            exec.stop_here(&run, why);
         }
     }
 }
@@ -319,7 +431,7 @@ const CLAIM_BATCH: usize = 1024;
 /// Takes queued runs into free slots until `stop`: woken when tasks are pushed; while tasks
 /// remain it waits only for slots. No polling: a queue that came up short sleeps until the next
 /// push wakes it.
-pub(crate) async fn intake(shared: Arc<Shared>, mut signals: Receiver, stop: CancellationToken) {
+pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: CancellationToken) {
     // Recovery dropped every task from before, and this receiver was subscribed before the
     // scheduler could push: the first push wakes it.
     let mut more = false;
@@ -337,7 +449,7 @@ pub(crate) async fn intake(shared: Arc<Shared>, mut signals: Receiver, stop: Can
             }
         }
         let tickets = tokio::select! {
-            t = shared.executors().tickets_when_free(shared.gate(), CLAIM_BATCH) => t,
+            t = exec.tickets_when_free(CLAIM_BATCH) => t,
             () = stop.cancelled() => return,
         };
         // The gate is closed: nothing more is claimed; queued runs stay for the next start.
@@ -346,9 +458,9 @@ pub(crate) async fn intake(shared: Arc<Shared>, mut signals: Receiver, stop: Can
             return;
         }
         let asked = tickets.len();
-        let now = shared.clock().now();
+        let now = exec.env.clock.now();
         let began = std::time::Instant::now();
-        match shared.store().claim_queued(asked, shared.worker_name(), now).await {
+        match exec.env.store.claim_queued(asked, &exec.env.worker, now).await {
             Ok(taken) => {
                 tracing::debug!(
                     asked,
@@ -359,7 +471,7 @@ pub(crate) async fn intake(shared: Arc<Shared>, mut signals: Receiver, stop: Can
                 );
                 // A full batch: there may be more behind it.
                 more = taken.tasks == asked;
-                launch(&shared, taken.runs, tickets);
+                exec.launch(taken.runs, tickets);
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot take runs from the queue; retrying in 1 s");

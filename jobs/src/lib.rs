@@ -10,6 +10,8 @@ mod engine;
 pub mod events;
 mod executor;
 mod gate;
+mod in_force;
+mod retention;
 mod run;
 mod schedule;
 mod scheduler;

@@ -5,17 +5,23 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{CatchUp, JobConfig, Overlap, Schedule};
 
-use crate::engine::{JobsConfig, Shared};
+use crate::clock::Clock;
+use crate::events::Observer;
+use crate::executor::Executor;
+use crate::in_force::{InForce, JobsConfig};
+use crate::retention::PruneQueue;
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::jitter_for;
-use crate::signals::{Receiver, Signal};
-use crate::store::{Claim, DUE_BATCH, NewRun};
+use crate::signals::{Receiver, Signal, Signals};
+use crate::store::{Claim, DUE_BATCH, NewRun, RunStore};
 
 /// A tick later than this is "missed" and follows the job's catch-up policy.
 const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
@@ -58,7 +64,64 @@ impl Plan {
     }
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: CancellationToken) {
+/// What the scheduler is handed by the engine that composes it: narrow handles, no engine.
+pub(crate) struct SchedulerEnv {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) config: Arc<InForce>,
+    /// Where fired ticks' runs start.
+    pub(crate) executor: Arc<Executor>,
+    pub(crate) retention: Arc<PruneQueue>,
+    /// This worker's name, which its claims record.
+    pub(crate) worker: String,
+}
+
+/// The scheduler: its handles, and what it tells of its passes (readiness, the watchdog,
+/// background work keeping out of the way of ticks). The plan itself lives in its loop.
+pub(crate) struct Scheduler {
+    env: SchedulerEnv,
+    alive: AtomicBool,
+    /// When the scheduler wakes next (ms since the epoch; `i64::MAX`: nothing planned).
+    next_wake_ms: AtomicI64,
+    /// The clock instant of the last completed pass.
+    passes: watch::Sender<DateTime<Utc>>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(env: SchedulerEnv) -> Arc<Self> {
+        Arc::new(Self {
+            env,
+            alive: AtomicBool::new(false),
+            next_wake_ms: AtomicI64::new(i64::MAX),
+            passes: watch::Sender::new(DateTime::<Utc>::MIN_UTC),
+        })
+    }
+
+    /// The loop is running.
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// When the loop wakes next, in ms since the epoch (`i64::MAX`: nothing planned).
+    pub(crate) fn next_wake_ms(&self) -> i64 {
+        self.next_wake_ms.load(Ordering::SeqCst)
+    }
+
+    /// The clock instant of each completed pass, as it happens.
+    pub(crate) fn passes(&self) -> watch::Receiver<DateTime<Utc>> {
+        self.passes.subscribe()
+    }
+
+    /// A pass through `now` is complete; the loop wakes next at `next` (none: nothing planned).
+    fn pass_done(&self, now: DateTime<Utc>, next: Option<DateTime<Utc>>) {
+        self.next_wake_ms.store(next.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
+        self.passes.send_replace(now);
+    }
+}
+
+pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: CancellationToken) {
     let mut plan = Plan::default();
     let mut replan = true;
     // The earliest due run or end of a wait seen by the last pass (at start: anything, since
@@ -66,27 +129,27 @@ pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: Cancel
     let mut due_seen = Some(DateTime::<Utc>::MIN_UTC);
     loop {
         if replan {
-            plan = build_plan(&shared).await;
+            plan = build_plan(&s).await;
             replan = false;
         }
-        let now = shared.clock().now();
-        fire_due(&shared, &mut plan, now).await;
+        let now = s.env.clock.now();
+        fire_due(&s, &mut plan, now).await;
         if due_seen.is_some_and(|t| t <= now) {
-            resume_waits_over(&shared, now).await;
+            resume_waits_over(&s, now).await;
         }
         // A backlog larger than one batch: hand over the next batch at once.
-        let more = dispatch_due(&shared, now).await;
-        shared.scheduler_alive(true);
+        let more = s.dispatch_due(now).await;
+        s.alive.store(true, Ordering::SeqCst);
         let next_tick = plan.order.first().map(|(t, _)| *t);
-        due_seen = shared.store().next_due().await.ok().flatten();
+        due_seen = s.env.store.next_due().await.ok().flatten();
         let next_due = due_seen.filter(|t| *t > now);
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
-        shared.pass_done(now, wake_at);
+        s.pass_done(now, wake_at);
         if more {
             continue;
         }
         let sleep = match wake_at {
-            Some(t) => shared.clock().sleep_until(t),
+            Some(t) => s.env.clock.sleep_until(t),
             None => Box::pin(std::future::pending()),
         };
         tokio::select! {
@@ -100,7 +163,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut signals: Receiver, stop: Cancel
         // Every signal so far is covered by the next pass.
         replan |= signals.drain().iter().any(|s| for_scheduler(s) == Some(true));
     }
-    shared.scheduler_alive(false);
+    s.alive.store(false, Ordering::SeqCst);
 }
 
 /// Whether a signal concerns the scheduler: `Some(true)` when its plan must be rebuilt,
@@ -124,17 +187,17 @@ async fn next_for_scheduler(signals: &mut Receiver) -> Option<bool> {
     }
 }
 
-async fn build_plan(shared: &Shared) -> Plan {
-    let snapshot = shared.snapshot();
+async fn build_plan(s: &Scheduler) -> Plan {
+    let snapshot = s.env.config.get();
     let jobs = &snapshot.jobs;
-    let states = match shared.store().job_states().await {
+    let states = match s.env.store.job_states().await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot read job state; scheduling from now");
             HashMap::new()
         }
     };
-    let now = shared.clock().now();
+    let now = s.env.clock.now();
     let mut plan = Plan::default();
     for (name, cfg) in jobs.iter() {
         let paused = states.get(name).is_some_and(|s| s.paused);
@@ -149,9 +212,9 @@ async fn build_plan(shared: &Shared) -> Plan {
     plan
 }
 
-async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
+async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
     let began = std::time::Instant::now();
-    let config = shared.snapshot();
+    let config = s.env.config.get();
     let jobs = &config.jobs;
     // Every tick due now, of every job, goes to the database in one transaction.
     let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
@@ -209,7 +272,7 @@ async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
     if !batch.is_empty() {
         let planned = began.elapsed();
         let n = batch.len();
-        fire_batch(shared, batch, now).await;
+        fire_batch(s, batch, now).await;
         tracing::debug!(ticks = n, plan_us = planned.as_micros() as u64, total_us = began.elapsed().as_micros() as u64, "ticks fired");
     }
     for (job, next) in next_ticks {
@@ -218,7 +281,7 @@ async fn fire_due(shared: &Arc<Shared>, plan: &mut Plan, now: DateTime<Utc>) {
         }
     }
     for (job, tick) in skipped_last {
-        if let Err(e) = shared.store().set_last_tick(&job, tick).await {
+        if let Err(e) = s.env.store.set_last_tick(&job, tick).await {
             tracing::error!(job = %job, error = %e, "cannot save the last tick");
         }
     }
@@ -260,14 +323,14 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
     }
 }
 
-async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
+async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
-    let tickets = shared.executors().tickets(shared.gate(), batch.len());
+    let tickets = s.env.executor.tickets(batch.len());
     let began = std::time::Instant::now();
-    let claim = Claim { worker: shared.worker_name(), slots: tickets.len() };
-    let outcomes = shared.store().fire_ticks(batch, claim, now).await;
+    let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
+    let outcomes = s.env.store.fire_ticks(batch, claim, now).await;
     tracing::debug!(tx_us = began.elapsed().as_micros() as u64, "tick transaction");
     let outcomes = match outcomes {
         Ok(o) => o,
@@ -277,7 +340,7 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
             tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");
             drop(tickets);
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            shared.job_changed();
+            s.env.signals.publish(Signal::JobChanged);
             return;
         }
     };
@@ -295,32 +358,32 @@ async fn fire_batch(shared: &Arc<Shared>, batch: Vec<(NewRun, Overlap)>, now: Da
     }
     // Started before anything else is looked at.
     let launched = !handed.is_empty();
-    crate::executor::launch(shared, handed, tickets);
+    s.env.executor.launch(handed, tickets);
     if !launched {
         // Queued or skipped runs were created all the same.
-        shared.runs_changed();
+        s.env.signals.publish(Signal::RunsChanged);
     }
     if pushed {
-        shared.tasks_pushed();
+        s.env.signals.publish(Signal::TasksPushed);
     }
     for (job, tick, run_id, status, replaced) in later {
         if status != RunStatus::Skipped {
-            shared.observer().tick_fired(&job, tick, &run_id);
+            s.env.observer.tick_fired(&job, tick, &run_id);
         } else {
-            shared.observer().tick_skipped(&job, tick, &run_id);
+            s.env.observer.tick_skipped(&job, tick, &run_id);
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
-            shared.prune_soon(&job, now);
+            s.env.retention.prune_soon(&job, now);
         }
         for old in replaced {
-            shared.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
+            s.env.executor.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
         }
     }
 }
 
 /// Runs waiting for an approval whose timeout passed are queued again; the workflow applies the
 /// step's `on_timeout` when it resumes.
-async fn resume_waits_over(shared: &Arc<Shared>, now: DateTime<Utc>) {
-    match shared.store().wake_waiting(now).await {
+async fn resume_waits_over(s: &Scheduler, now: DateTime<Utc>) {
+    match s.env.store.wake_waiting(now).await {
         Ok(ids) => {
             for id in &ids {
                 tracing::info!(run = %id, "approval wait is over; the run resumes to apply on_timeout");
@@ -330,45 +393,47 @@ async fn resume_waits_over(shared: &Arc<Shared>, now: DateTime<Utc>) {
     }
 }
 
-/// Hands due queued runs over (claimed into free slots, the rest through the queue), holding
-/// back runs of `overlap: queue` jobs while an earlier run of the same job is going. Returns
-/// true when it stopped at its batch limit and more may be due.
-pub(crate) async fn dispatch_due(shared: &Arc<Shared>, now: DateTime<Utc>) -> bool {
-    let due = match shared.store().due_undispatched(now).await {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read due runs");
-            return false;
-        }
-    };
-    let more = due.len() >= DUE_BATCH;
-    let jobs = shared.jobs();
-    let mut held: Vec<String> = Vec::new();
-    let mut ready: Vec<String> = Vec::with_capacity(due.len());
-    for (id, job) in due {
-        let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
-        if queue_policy {
-            if held.contains(&job) || shared.store().has_dispatched_active(&job).await.unwrap_or(false) {
+impl Scheduler {
+    /// Hands due queued runs over (claimed into free slots, the rest through the queue), holding
+    /// back runs of `overlap: queue` jobs while an earlier run of the same job is going. Returns
+    /// true when it stopped at its batch limit and more may be due.
+    pub(crate) async fn dispatch_due(&self, now: DateTime<Utc>) -> bool {
+        let due = match self.env.store.due_undispatched(now).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read due runs");
+                return false;
+            }
+        };
+        let more = due.len() >= DUE_BATCH;
+        let jobs = self.env.config.jobs();
+        let mut held: Vec<String> = Vec::new();
+        let mut ready: Vec<String> = Vec::with_capacity(due.len());
+        for (id, job) in due {
+            let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
+            if queue_policy {
+                if held.contains(&job) || self.env.store.has_dispatched_active(&job).await.unwrap_or(false) {
+                    held.push(job);
+                    continue;
+                }
                 held.push(job);
-                continue;
             }
-            held.push(job);
+            ready.push(id);
         }
-        ready.push(id);
-    }
-    if ready.is_empty() {
-        return more;
-    }
-    let tickets = shared.executors().tickets(shared.gate(), ready.len());
-    let queued = ready.split_off(tickets.len());
-    match shared.store().dispatch(&ready, &queued, shared.worker_name(), now).await {
-        Ok(claimed) => {
-            crate::executor::launch(shared, claimed, tickets);
-            if !queued.is_empty() {
-                shared.tasks_pushed();
+        if ready.is_empty() {
+            return more;
+        }
+        let tickets = self.env.executor.tickets(ready.len());
+        let queued = ready.split_off(tickets.len());
+        match self.env.store.dispatch(&ready, &queued, &self.env.worker, now).await {
+            Ok(claimed) => {
+                self.env.executor.launch(claimed, tickets);
+                if !queued.is_empty() {
+                    self.env.signals.publish(Signal::TasksPushed);
+                }
             }
+            Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),
         }
-        Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),
+        more
     }
-    more
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 
-use crate::engine::{Engine, JobsConfig, WORKFLOW_RUNS};
+use crate::engine::Engine;
+use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
 pub use lamplighter_contract::{
     Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, StepView, Triggered, WorkerStatus,
 };
@@ -388,7 +389,7 @@ impl Engine {
         if created {
             self.shared.observer().run_created(&job, trigger, &run_id);
         }
-        if created && crate::scheduler::dispatch_due(&self.shared, now).await {
+        if created && self.shared.scheduler().dispatch_due(now).await {
             self.shared.wake_scheduler();
         }
         Ok(Triggered { run_id, created })
@@ -461,7 +462,7 @@ impl Engine {
                 self.shared.observer().approval_decided(id, &step.step, req.approve, &req.decided_by);
                 match run {
                     RunStatus::Queued => {
-                        if crate::scheduler::dispatch_due(&self.shared, now).await {
+                        if self.shared.scheduler().dispatch_due(now).await {
                             self.shared.wake_scheduler();
                         }
                     }
