@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lamplighter_config::{LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
+use lamplighter_config::{Disabled, LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
 
 fn reference() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml")
@@ -35,8 +35,8 @@ fn gantri_reference_loads_unchanged() {
     assert_eq!(c.agents.len(), 12, "{:?}", c.agents.keys());
     assert_eq!(c.workflows.len(), 6);
     // The unset key disables the provider and its agents, it does not stop the load.
-    assert!(c.disabled["provider \"azure-openai\""].contains("AZURE_OPENAI_API_KEY"));
-    assert!(c.disabled.contains_key("agent \"news-summarizer\""));
+    assert!(c.disabled[&Disabled::Provider("azure-openai".into())].contains("AZURE_OPENAI_API_KEY"));
+    assert!(c.disabled.contains_key(&Disabled::Agent("news-summarizer".into())));
     assert!(loaded.warnings.iter().any(|w| w.message.contains("\"dataverse\"")));
     // `${input}` is a workflow template, not an environment variable.
     let implement = &c.workflows["code-implement"].steps[0];

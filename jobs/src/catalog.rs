@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use lamplighter_config::{Agent, Config, McpServer, Pipeline, Provider};
+use lamplighter_config::{Agent, Config, Disabled, McpServer, Pipeline, Provider};
 
 /// The agents part of the config, swapped whole on reload.
 #[derive(Debug, Default)]
@@ -21,7 +21,10 @@ impl Catalog {
         let disabled = config
             .disabled
             .iter()
-            .filter_map(|(what, why)| Some((what.strip_prefix("agent \"")?.strip_suffix('"')?.to_string(), why.clone())))
+            .filter_map(|(what, why)| match what {
+                Disabled::Agent(name) => Some((name.clone(), why.clone())),
+                _ => None,
+            })
             .collect();
         Self {
             agents: config.agents.clone(),

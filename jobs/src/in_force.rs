@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
+use lamplighter_config::{Config, Disabled, JobConfig, RetryPolicy, Workflow};
 
 use crate::catalog::Catalog;
 use crate::snapshot::JobSnapshot;
@@ -31,11 +31,14 @@ pub(crate) struct JobsConfig {
 
 impl JobsConfig {
     pub(crate) fn of(config: &Config) -> Self {
-        // The worker records them as `job "<name>"` in the config's disabled items.
+        // The worker records them as `Disabled::Job` in the config's disabled items.
         let unavailable = config
             .disabled
             .iter()
-            .filter_map(|(what, why)| Some((what.strip_prefix("job \"")?.strip_suffix('"')?.to_string(), why.clone())))
+            .filter_map(|(what, why)| match what {
+                Disabled::Job(name) => Some((name.clone(), why.clone())),
+                _ => None,
+            })
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
         Self {

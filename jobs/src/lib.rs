@@ -37,7 +37,7 @@ pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};
 pub use target::BuiltinTargets;
 
-use lamplighter_config::{Config, Diagnostic, Target};
+use lamplighter_config::{Config, Diagnostic, Disabled, Target};
 use lamplighter_plugins::Registry;
 
 /// What the scheduler and the plugins find in a config.
@@ -50,7 +50,7 @@ pub struct Checked {
     pub unavailable: Vec<Unavailable>,
     /// Other things the environment breaks (a hook whose plugin did not load), as `(what,
     /// why, diagnostic)`: disabled by a running worker, errors for `config validate`.
-    pub disabled: Vec<(String, String, Diagnostic)>,
+    pub disabled: Vec<(Disabled, String, Diagnostic)>,
 }
 
 /// A job the environment breaks.
@@ -87,7 +87,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             Some(p) if p.error.is_some() => {
                 let why = format!("its plugin \"{}\" could not be loaded: {}", b.plugin, p.error.as_deref().unwrap_or_default());
                 let diag = Diagnostic::error(at, format!("hook {label} for \"{}\": {why}", b.event));
-                out.disabled.push((format!("hook {label}"), why, diag));
+                out.disabled.push((Disabled::Hook(label), why, diag));
             }
             Some(p) if !p.hooks.contains(&b.hook) => {
                 out.errors.push(Diagnostic::error(
@@ -107,7 +107,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
     // server), with the reason: what runs them is disabled.
     let mut agents_down: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     for (name, agent) in &config.agents {
-        if let Some(why) = config.disabled.get(&format!("agent \"{name}\"")) {
+        if let Some(why) = config.disabled.get(&Disabled::Agent(name.clone())) {
             agents_down.insert(name, format!("agent \"{name}\", which is disabled: {why}"));
         }
         for (i, plugin) in agent.plugins.iter().enumerate() {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lamplighter_config::{Config, Diagnostic, LoadOptions, Loaded};
+use lamplighter_config::{Config, Diagnostic, Disabled, LoadOptions, Loaded};
 use lamplighter_plugins::{Registry, WasmOptions};
 
 use crate::LogFormat;
@@ -19,9 +19,6 @@ pub(crate) enum Purpose {
     Check,
     Run,
 }
-
-/// How a running worker names telemetry export in its disabled items.
-pub(crate) const TELEMETRY_EXPORT: &str = "telemetry export";
 
 /// Loads and fully validates the config (including what only the scheduler and plugins know),
 /// and loads the plugins it names.
@@ -58,7 +55,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
             match purpose {
                 Purpose::Check => diags.push(u.diagnostic),
                 Purpose::Run => {
-                    c.disabled.insert(format!("job \"{}\"", u.job), u.reason);
+                    c.disabled.insert(Disabled::Job(u.job), u.reason);
                 }
             }
         }
@@ -74,7 +71,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
             match purpose {
                 Purpose::Check => diags.push(Diagnostic::error(c.locate(&["telemetry"]), format!("telemetry: {why}"))),
                 Purpose::Run => {
-                    c.disabled.insert(TELEMETRY_EXPORT.to_string(), why);
+                    c.disabled.insert(Disabled::TelemetryExport, why);
                 }
             }
         }
@@ -97,6 +94,14 @@ fn registry_for(config: &Config) -> Registry {
     Registry::load(&config.plugin_dirs, opts)
 }
 
+/// The config's disabled items as `(what, why)`, ordered by the text of `what`: the order they
+/// were always reported in.
+pub(crate) fn disabled_notes(config: &Config) -> Vec<(String, &str)> {
+    let mut notes: Vec<(String, &str)> = config.disabled.iter().map(|(what, why)| (what.to_string(), why.as_str())).collect();
+    notes.sort_by(|a, b| a.0.cmp(&b.0));
+    notes
+}
+
 pub(crate) fn print_diags(diags: &[Diagnostic]) {
     for d in diags {
         eprintln!("{d}");
@@ -107,7 +112,7 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
     match load_checked(path, Purpose::Check) {
         Ok((l, _)) => {
             print_diags(&l.warnings);
-            for (what, why) in &l.config.disabled {
+            for (what, why) in disabled_notes(&l.config) {
                 eprintln!("note: {what} is disabled: {why}");
             }
             let c = &l.config;

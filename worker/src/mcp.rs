@@ -33,7 +33,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{ApprovalMode, Config, Step, StepKind};
+use lamplighter_config::{ApprovalMode, Config, Disabled, Step, StepKind};
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
     self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, RunArgs, RunWorkflowArgs,
@@ -92,7 +92,7 @@ pub(crate) struct CatalogSnapshot {
 
 impl CatalogSnapshot {
     pub(crate) fn of(config: &Config, registry: &Registry) -> Self {
-        let disabled = |what: &str, name: &str| config.disabled.get(&format!("{what} \"{name}\"")).cloned();
+        let disabled = |what: fn(String) -> Disabled, name: &str| config.disabled.get(&what(name.to_string())).cloned();
         let workflows = config
             .workflows
             .iter()
@@ -101,14 +101,14 @@ impl CatalogSnapshot {
                 description: w.description.clone(),
                 trigger: w.trigger.clone(),
                 steps: outline(&w.steps),
-                disabled: disabled("workflow", name),
+                disabled: disabled(Disabled::Workflow, name),
             })
             .collect();
         let agents = config
             .agents
             .iter()
             .map(|(name, a)| {
-                let disabled = disabled("agent", name);
+                let disabled = disabled(Disabled::Agent, name);
                 AgentInfo {
                     name: name.clone(),
                     description: a.description.clone(),

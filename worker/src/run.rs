@@ -13,13 +13,13 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, McpAuth, McpTransport, TelemetryConfig, WorkerConfig};
+use lamplighter_config::{Config, Disabled, McpAuth, McpTransport, TelemetryConfig, WorkerConfig};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
-use crate::commands::{Purpose, load_checked, print_diags, reload_checked};
+use crate::commands::{Purpose, disabled_notes, load_checked, print_diags, reload_checked};
 use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
 use crate::systemd::{self, Notifier};
 use crate::telemetry::{PullReader, Telemetry};
@@ -35,12 +35,12 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
     };
     let config = &loaded.config;
     let name = worker_name(config.worker.name.as_deref());
-    let broken = config.disabled.get(crate::commands::TELEMETRY_EXPORT).map(String::as_str);
+    let broken = config.disabled.get(&Disabled::TelemetryExport).map(String::as_str);
     let telemetry = Telemetry::init(&config.telemetry, format, config.log_level.as_deref(), &name, registry.clone(), broken);
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
-    for (what, why) in &loaded.config.disabled {
+    for (what, why) in disabled_notes(&loaded.config) {
         tracing::warn!("{what} is disabled: {why}");
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -1,0 +1,268 @@
+//! Compiles `scheduling.jobs`, one job at a time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+
+use super::{Backoff, CatchUp, Compiler, JobConfig, Overlap, Retention, RetryPolicy, Target, duration};
+use crate::diag::{Diagnostic, did_you_mean, quoted_list};
+use crate::load::{Loaded, keys};
+use crate::raw;
+use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
+
+impl<'a> Compiler<'a> {
+    pub(super) fn job(
+        &mut self,
+        name: &str,
+        j: &mut raw::Job,
+        default_tz: (&String, &Result<Tz, ScheduleError>),
+        cwd: &Path,
+    ) -> Option<JobConfig> {
+        let p = |k: &'static str| ["scheduling", "jobs", name, k];
+        let mut ok = true;
+        // Borrowed from the loaded config, not from `self`, so errors can still be recorded.
+        let loaded: &'a Loaded = self.loaded;
+        if name.starts_with("workflow:") {
+            let loc = self.loaded.sources.locate(&keys(&["scheduling", "jobs", name]));
+            self.diags.push(Diagnostic::error(
+                loc,
+                format!("job \"{name}\": job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it); rename the job"),
+            ));
+            ok = false;
+        }
+        let empty_workflows = BTreeMap::new();
+        let empty_agents = BTreeMap::new();
+        let workflows = loaded.raw.workflows.as_ref().unwrap_or(&empty_workflows);
+        let agents = loaded.raw.agents.as_ref().unwrap_or(&empty_agents);
+        let kind = j.kind.clone().or_else(|| {
+            // Infer the type from the one target field given.
+            match (&j.workflow, &j.agent, &j.plugin) {
+                (Some(_), None, None) => Some("workflow".into()),
+                (None, Some(_), None) => Some("agent".into()),
+                (None, None, Some(_)) => Some("plugin".into()),
+                _ => None,
+            }
+        });
+        let target = match kind.as_deref() {
+            Some("workflow") => match &j.workflow {
+                Some(w) if workflows.contains_key(w) => Some(Target::Workflow(w.clone())),
+                Some(w) => {
+                    let hint = did_you_mean(w, workflows.keys().map(String::as_str));
+                    self.err(
+                        &p("workflow"),
+                        format!(
+                            "job \"{name}\" runs workflow \"{w}\", which is not defined{hint} (defined workflows: {})",
+                            quoted_list(workflows.keys().map(String::as_str))
+                        ),
+                    );
+                    None
+                }
+                None => {
+                    self.err(&p("type"), format!("job \"{name}\" is of type workflow but names no \"workflow\""));
+                    None
+                }
+            },
+            Some("agent") => match &j.agent {
+                Some(a) if agents.contains_key(a) => Some(Target::Agent(a.clone())),
+                Some(a) => {
+                    let hint = did_you_mean(a, agents.keys().map(String::as_str));
+                    self.err(
+                        &p("agent"),
+                        format!(
+                            "job \"{name}\" runs agent \"{a}\", which is not defined{hint} (defined agents: {})",
+                            quoted_list(agents.keys().map(String::as_str))
+                        ),
+                    );
+                    None
+                }
+                None => {
+                    self.err(&p("type"), format!("job \"{name}\" is of type agent but names no \"agent\""));
+                    None
+                }
+            },
+            Some("plugin") => match (&j.plugin, &j.action) {
+                (Some(plugin), Some(action)) => Some(Target::Plugin { plugin: plugin.clone(), action: action.clone() }),
+                (Some(plugin), None) => match plugin.split_once('.') {
+                    Some((pl, ac)) => Some(Target::Plugin { plugin: pl.into(), action: ac.into() }),
+                    None => {
+                        self.err(&p("plugin"), format!("job \"{name}\" runs plugin \"{plugin}\" but names no \"action\""));
+                        None
+                    }
+                },
+                _ => {
+                    self.err(&p("type"), format!("job \"{name}\" is of type plugin but names no \"plugin\""));
+                    None
+                }
+            },
+            Some(other) => {
+                let hint = did_you_mean(other, ["workflow", "agent", "plugin"]);
+                self.err(&p("type"), format!("job \"{name}\" has unknown type \"{other}\"{hint}; use workflow, agent or plugin"));
+                None
+            }
+            None => {
+                self.err(
+                    &["scheduling", "jobs", name],
+                    format!("job \"{name}\" needs \"type\" (workflow, agent or plugin) and its target"),
+                );
+                None
+            }
+        };
+        ok &= target.is_some();
+        let schedules: Vec<ScheduleSpec> =
+            [j.cron.clone().map(ScheduleSpec::Cron), j.every.clone().map(ScheduleSpec::Every), j.at.clone().map(ScheduleSpec::At)]
+                .into_iter()
+                .flatten()
+                .collect();
+        if schedules.len() > 1 {
+            self.err(&["scheduling", "jobs", name], format!("job \"{name}\" sets more than one of cron, every, at; keep one"));
+            ok = false;
+        }
+        let (timezone, tz) = match &j.timezone {
+            None => (default_tz.0.clone(), default_tz.1.clone()),
+            Some(own) => {
+                let tz = schedule::parse_tz(own);
+                if tz.is_err() {
+                    self.err(
+                        &p("timezone"),
+                        format!("job \"{name}\": time zone \"{own}\" is not an IANA zone name (e.g. \"Europe/Berlin\")"),
+                    );
+                    ok = false;
+                }
+                (own.clone(), tz)
+            }
+        };
+        let mut dur = |this: &mut Self, k: &'static str, v: &Option<String>| -> Option<Duration> {
+            let s = v.as_ref()?;
+            match duration(s) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    this.err(&p(k), format!("job \"{name}\": {k} {e}"));
+                    ok = false;
+                    None
+                }
+            }
+        };
+        let catch_up_window = dur(self, "catch_up_window", &j.catch_up_window).unwrap_or(Duration::from_secs(24 * 3600));
+        let timeout = dur(self, "timeout", &j.timeout);
+        let jitter = dur(self, "jitter", &j.jitter);
+        let catch_up = match j.catch_up.as_deref() {
+            None | Some("latest") => CatchUp::Latest,
+            Some("skip") => CatchUp::Skip,
+            Some("all") => CatchUp::All,
+            Some(o) => {
+                self.err(
+                    &p("catch_up"),
+                    format!(
+                        "job \"{name}\": catch_up \"{o}\" is not one of skip, latest, all{}",
+                        did_you_mean(o, ["skip", "latest", "all"])
+                    ),
+                );
+                ok = false;
+                CatchUp::Latest
+            }
+        };
+        let overlap = match j.overlap.as_deref() {
+            None | Some("forbid") => Overlap::Forbid,
+            Some("allow") => Overlap::Allow,
+            Some("replace") => Overlap::Replace,
+            Some("queue") => Overlap::Queue,
+            Some(o) => {
+                self.err(
+                    &p("overlap"),
+                    format!(
+                        "job \"{name}\": overlap \"{o}\" is not one of forbid, allow, replace, queue{}",
+                        did_you_mean(o, ["forbid", "allow", "replace", "queue"])
+                    ),
+                );
+                ok = false;
+                Overlap::Forbid
+            }
+        };
+        let retries = match &j.retries {
+            None => RetryPolicy::default(),
+            Some(r) => {
+                let rp = |k: &'static str| ["scheduling", "jobs", name, "retries", k];
+                let mut d = |this: &mut Self, k: &'static str, v: &Option<String>, dflt: u64| match v {
+                    None => Duration::from_secs(dflt),
+                    Some(s) => duration(s).unwrap_or_else(|e| {
+                        this.err(&rp(k), format!("job \"{name}\": retries.{k} {e}"));
+                        ok = false;
+                        Duration::from_secs(dflt)
+                    }),
+                };
+                let initial = d(self, "initial", &r.initial, 60);
+                let max_delay = d(self, "max_delay", &r.max_delay, 3600);
+                let backoff = match r.backoff.as_deref() {
+                    None | Some("exponential") => Backoff::Exponential { initial, max_delay },
+                    Some("fixed") => Backoff::Fixed(initial),
+                    Some(o) => {
+                        self.err(&rp("backoff"), format!("job \"{name}\": retries.backoff \"{o}\" is not one of exponential, fixed"));
+                        ok = false;
+                        Backoff::Fixed(initial)
+                    }
+                };
+                RetryPolicy { max: r.max.unwrap_or(3), backoff }
+            }
+        };
+        let retention = match &j.retention {
+            None => Retention { max_runs: Some(100), max_age: None },
+            Some(r) => {
+                let max_age = match &r.max_age {
+                    None => None,
+                    Some(s) => match duration(s) {
+                        Ok(d) => Some(d),
+                        Err(e) => {
+                            self.err(
+                                &["scheduling", "jobs", name, "retention", "max_age"],
+                                format!("job \"{name}\": retention.max_age {e}"),
+                            );
+                            ok = false;
+                            None
+                        }
+                    },
+                };
+                Retention { max_runs: r.max_runs, max_age }
+            }
+        };
+        if !ok {
+            return None;
+        }
+        // Parsed only once the job is otherwise valid, as before: a job with other errors
+        // reports those. A job whose only error is its schedule is still returned, without a
+        // schedule, so the checks after compiling (plugin actions) report theirs too.
+        let schedule = schedules.into_iter().next().and_then(|spec| {
+            let field = spec.field();
+            match Schedule::build(spec, &tz) {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    self.err(&p(field), format!("job \"{name}\": {e}"));
+                    None
+                }
+            }
+        });
+        let budget = self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref());
+        Some(JobConfig {
+            name: name.to_string(),
+            description: j.description.clone(),
+            target: target?,
+            input: j.input.take(),
+            parameters: j.parameters.take(),
+            schedule,
+            timezone,
+            enabled: j.enabled.unwrap_or(true),
+            catch_up,
+            catch_up_window,
+            overlap,
+            retries,
+            timeout,
+            jitter,
+            retention,
+            working_directory: j.working_directory.as_ref().map(|w| cwd.join(w)),
+            allowed_commands: j.allowed_commands.clone().unwrap_or_default(),
+            budget,
+        })
+    }
+}

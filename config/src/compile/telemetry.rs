@@ -1,0 +1,132 @@
+//! Compiles `telemetry`, `hooks` and `framework.log_level`.
+
+use std::time::Duration;
+
+use super::Compiler;
+use crate::diag::Diagnostic;
+use crate::load::keys;
+use crate::observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig};
+use crate::raw;
+use crate::yaml::Seg;
+
+impl Compiler<'_> {
+    pub(super) fn telemetry(&mut self, t: Option<&raw::Telemetry>) -> TelemetryConfig {
+        let Some(t) = t else { return TelemetryConfig::default() };
+        let signal = |c: &mut Self, name: &str, s: Option<&raw::Signal>| {
+            let s = s.cloned().unwrap_or_default();
+            let exporter = s.exporter.as_deref().and_then(|e| {
+                Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], format!("telemetry.{name}.exporter {e}"))).ok()
+            });
+            if let Some(url) = &s.endpoint
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                c.err(
+                    &["telemetry", name, "endpoint"],
+                    format!(
+                        "telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (OTLP over HTTP, e.g. http://localhost:4318/v1/{name})"
+                    ),
+                );
+            }
+            SignalConfig { exporter, endpoint: s.endpoint }
+        };
+        let traces = signal(self, "traces", t.traces.as_ref());
+        let metrics = signal(self, "metrics", t.metrics.as_ref());
+        let logs = signal(self, "logs", t.logs.as_ref());
+        let raw_traces = t.traces.clone().unwrap_or_default();
+        let sample_ratio = raw_traces.sampling.as_ref().and_then(|s| match (s.strategy.as_deref(), s.ratio) {
+            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), Some(r)) if (0.0..=1.0).contains(&r) => {
+                Some(r)
+            }
+            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), r) => {
+                self.err(
+                    &["telemetry", "traces", "sampling", "ratio"],
+                    format!("telemetry.traces.sampling.ratio must be between 0 and 1, not {r:?}"),
+                );
+                None
+            }
+            (Some("always_on"), _) => Some(1.0),
+            (Some("always_off"), _) => Some(0.0),
+            (Some(o), _) => {
+                self.err(
+                    &["telemetry", "traces", "sampling", "strategy"],
+                    format!("telemetry.traces.sampling.strategy \"{o}\" is not one of always_on, always_off, ratio"),
+                );
+                None
+            }
+        });
+        let metrics_interval = t.metrics.as_ref().and_then(|m| m.export_interval_ms).map(|ms| {
+            if ms < 100 {
+                self.err(
+                    &["telemetry", "metrics", "export_interval_ms"],
+                    format!("telemetry.metrics.export_interval_ms must be at least 100, not {ms}"),
+                );
+            }
+            Duration::from_millis(ms.max(100))
+        });
+        for (name, s) in [("metrics", &t.metrics), ("logs", &t.logs)] {
+            if s.as_ref().is_some_and(|s| s.enable_sensitive_data.is_some()) {
+                self.warn(
+                    &["telemetry", name, "enable_sensitive_data"],
+                    format!("telemetry.{name}.enable_sensitive_data has no effect; it belongs under telemetry.traces"),
+                );
+            }
+        }
+        TelemetryConfig {
+            enabled: t.enabled.unwrap_or(false),
+            service_name: t.service_name.clone(),
+            service_version: t.service_version.clone(),
+            resource_attributes: t.resource_attributes.clone().unwrap_or_default(),
+            traces,
+            metrics,
+            logs,
+            sensitive_data: raw_traces.enable_sensitive_data.unwrap_or(false),
+            sample_ratio,
+            metrics_interval,
+        }
+    }
+
+    /// Hook bindings, sorted by priority. Whether the plugin exports the hook is the worker's
+    /// check: plugins are discovered at run time.
+    pub(super) fn hooks(&mut self, h: Option<&raw::Hooks>) -> Vec<HookBinding> {
+        let mut out = Vec::new();
+        for (i, b) in h.and_then(|h| h.bindings.clone()).unwrap_or_default().into_iter().enumerate() {
+            let at = |key: Option<&str>| {
+                let mut p = [keys(&["hooks", "bindings"]), vec![Seg::Index(i)]].concat();
+                p.extend(key.map(|k| Seg::Key(k.to_string())));
+                p
+            };
+            let event = match EventPattern::parse(&b.event) {
+                Ok(p) => p,
+                Err(e) => {
+                    let loc = self.loaded.sources.locate(&at(Some("event")));
+                    self.diags.push(Diagnostic::error(loc, e));
+                    continue;
+                }
+            };
+            if b.plugin.trim().is_empty() || b.hook.trim().is_empty() {
+                let loc = self.loaded.sources.locate(&at(None));
+                self.diags.push(Diagnostic::error(loc, format!("hook binding for \"{}\" needs a plugin and a hook", b.event)));
+                continue;
+            }
+            out.push(HookBinding { event, plugin: b.plugin, hook: b.hook, priority: b.priority.unwrap_or(DEFAULT_HOOK_PRIORITY) });
+        }
+        out.sort_by_key(|b| b.priority);
+        out
+    }
+
+    pub(super) fn log_level(&mut self, l: &str) -> Option<String> {
+        let v = match l.to_ascii_lowercase().as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" | "information" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "critical" => "error",
+            "none" | "off" => "off",
+            _ => {
+                self.err(&["framework", "log_level"], format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"));
+                return None;
+            }
+        };
+        Some(v.to_string())
+    }
+}

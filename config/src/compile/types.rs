@@ -1,0 +1,310 @@
+//! The resolved config that compiling produces: [`Config`], its sections' types, and [`Disabled`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ai::{Agent, Budget, McpServer, ModelRef, Pipeline, Provider, Secret, resolve_model};
+use crate::load::{SourceMap, keys};
+use crate::observe::{HookBinding, TelemetryConfig};
+use crate::schedule::Schedule;
+use crate::workflow::Workflow;
+
+/// What a job runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Workflow(String),
+    Agent(String),
+    Plugin { plugin: String, action: String },
+}
+
+impl Target {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Workflow(_) => "workflow",
+            Target::Agent(_) => "agent",
+            Target::Plugin { .. } => "plugin",
+        }
+    }
+
+    /// `workflow "x"`, `plugin action "p.a"` — for messages and listings.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Workflow(w) => format!("workflow {w}"),
+            Target::Agent(a) => format!("agent {a}"),
+            Target::Plugin { plugin, action } => format!("plugin {plugin}.{action}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CatchUp {
+    Skip,
+    #[default]
+    Latest,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlap {
+    #[default]
+    Forbid,
+    Allow,
+    Replace,
+    Queue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backoff {
+    /// `initial × 2^n`, capped at `max_delay`.
+    Exponential {
+        initial: Duration,
+        max_delay: Duration,
+    },
+    Fixed(Duration),
+    /// The seed's default: 60 s, 300 s, 900 s.
+    Steps(Vec<Duration>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max: u32,
+    pub backoff: Backoff,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max: 3, backoff: Backoff::Steps(vec![Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(900)]) }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before retry number `n` (1-based).
+    pub fn delay(&self, n: u32) -> Duration {
+        let n = n.max(1);
+        match &self.backoff {
+            Backoff::Fixed(d) => *d,
+            Backoff::Exponential { initial, max_delay } => {
+                let factor = 2u32.checked_pow(n - 1).unwrap_or(u32::MAX);
+                initial.checked_mul(factor).unwrap_or(*max_delay).min(*max_delay)
+            }
+            Backoff::Steps(steps) => steps.get(n as usize - 1).or(steps.last()).copied().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub max_runs: Option<u32>,
+    pub max_age: Option<Duration>,
+}
+
+/// A validated job definition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    pub name: String,
+    pub description: Option<String>,
+    pub target: Target,
+    pub input: Option<serde_json::Value>,
+    pub parameters: Option<serde_json::Value>,
+    /// Parsed once, here; `None` for a job that is only triggered by hand (or, in a config
+    /// that failed to load, one whose schedule is an error).
+    pub schedule: Option<Arc<Schedule>>,
+    /// IANA zone name as written, or the `scheduling.timezone` default.
+    pub timezone: String,
+    pub enabled: bool,
+    pub catch_up: CatchUp,
+    pub catch_up_window: Duration,
+    pub overlap: Overlap,
+    pub retries: RetryPolicy,
+    pub timeout: Option<Duration>,
+    pub jitter: Option<Duration>,
+    pub retention: Retention,
+    pub working_directory: Option<PathBuf>,
+    pub allowed_commands: Vec<String>,
+    /// Limits on each run of an agent job, over the agent's own.
+    pub budget: Budget,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageConfig {
+    Sqlite {
+        path: PathBuf,
+    },
+    /// `url` may hold a password: `Debug` redacts it.
+    Postgres {
+        url: Secret,
+        pool_size: u32,
+        statement_timeout: Duration,
+    },
+}
+
+/// The default of `worker.lease`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default of `scheduling.storage.pool_size`.
+pub const DEFAULT_PG_POOL_SIZE: u32 = 10;
+/// The default of `scheduling.storage.statement_timeout`.
+pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpAuth {
+    None,
+    Bearer { token: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McpTransport {
+    Http,
+    Stdio,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub name: Option<String>,
+    pub concurrency: usize,
+    pub shutdown_grace: Duration,
+    /// How long the worker's runs stay its own without a heartbeat (`worker.lease`).
+    pub lease: Duration,
+    pub host: String,
+    pub port: u16,
+    pub transport: McpTransport,
+    pub auth: McpAuth,
+}
+
+/// Limits and grants for WASM plugins (`plugins.wasm`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasmConfig {
+    pub fuel: u64,
+    pub memory_bytes: u64,
+    pub timeout: Duration,
+    pub capabilities: Vec<String>,
+    pub plugin_config: BTreeMap<String, serde_json::Value>,
+}
+
+/// Capabilities a WASM plugin can be granted (`plugins.wasm.capabilities`).
+pub const WASM_CAPABILITIES: &[&str] = &["config-read", "fs-read", "fs-write", "http-request", "ai", "mcp"];
+
+/// The resolved configuration the rest of the program uses.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub root: PathBuf,
+    pub name: String,
+    pub data_dir: PathBuf,
+    /// A `tracing` filter directive (`info`, `debug`, …).
+    pub log_level: Option<String>,
+    pub default_timezone: String,
+    pub storage: StorageConfig,
+    pub jobs: BTreeMap<String, JobConfig>,
+    /// `ai.default_model`: the alias of agents that name none.
+    pub default_model: Option<String>,
+    pub providers: BTreeMap<String, Provider>,
+    pub agents: BTreeMap<String, Agent>,
+    pub pipelines: BTreeMap<String, Pipeline>,
+    pub workflows: BTreeMap<String, Workflow>,
+    pub mcp_servers: BTreeMap<String, McpServer>,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub wasm: WasmConfig,
+    pub worker: WorkerConfig,
+    pub telemetry: TelemetryConfig,
+    /// `hooks.bindings`, in priority order (lower first; ties keep the file's order).
+    pub hooks: Vec<HookBinding>,
+    /// Things that are defined but cannot work, e.g. `agent "x"` → why.
+    pub disabled: BTreeMap<Disabled, String>,
+    pub sources: SourceMap,
+    /// The merged YAML, for `config show`.
+    pub merged: serde_yaml::Value,
+}
+
+impl Config {
+    /// `file:line:col` of a path such as `["scheduling","jobs","x","cron"]`.
+    pub fn locate(&self, path: &[&str]) -> Option<crate::Location> {
+        self.sources.locate(&keys(path))
+    }
+
+    /// A model alias resolved to its provider and model, by the rule validation applies:
+    /// under `provider` when given, else under the first provider (by name) defining it.
+    pub fn resolve_model(&self, provider: Option<&str>, alias: &str) -> Option<ModelRef> {
+        resolve_model(&self.providers, provider, alias)
+    }
+}
+
+/// What [`Config::disabled`] names: a thing that is defined but cannot work here.
+///
+/// Displayed as the text messages name it (`provider "x"`, `MCP server "x"`, `hook p.h`,
+/// `telemetry export`, …). The variants are declared in the order of those texts, so the
+/// derived order sorts the kinds as the texts do.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Disabled {
+    /// An MCP server under `mcp.servers`, by name.
+    McpServer(String),
+    /// An agent, by name.
+    Agent(String),
+    /// A hook binding, by its label (`plugin.hook`).
+    Hook(String),
+    /// A job, by name (one the environment breaks, e.g. its plugin did not load).
+    Job(String),
+    /// A provider under `ai.providers`, by name.
+    Provider(String),
+    /// Telemetry export (the worker found its settings unusable).
+    TelemetryExport,
+    /// A workflow, by name.
+    Workflow(String),
+}
+
+impl fmt::Display for Disabled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Disabled::McpServer(name) => write!(f, "MCP server \"{name}\""),
+            Disabled::Agent(name) => write!(f, "agent \"{name}\""),
+            Disabled::Hook(label) => write!(f, "hook {label}"),
+            Disabled::Job(name) => write!(f, "job \"{name}\""),
+            Disabled::Provider(name) => write!(f, "provider \"{name}\""),
+            Disabled::TelemetryExport => f.write_str("telemetry export"),
+            Disabled::Workflow(name) => write!(f, "workflow \"{name}\""),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_default_retries() {
+        let r = RetryPolicy::default();
+        assert_eq!(r.max, 3);
+        assert_eq!([r.delay(1), r.delay(2), r.delay(3)], [60, 300, 900].map(Duration::from_secs));
+    }
+
+    #[test]
+    fn exponential_backoff_is_capped() {
+        let r =
+            RetryPolicy { max: 10, backoff: Backoff::Exponential { initial: Duration::from_secs(10), max_delay: Duration::from_secs(60) } };
+        assert_eq!(r.delay(1), Duration::from_secs(10));
+        assert_eq!(r.delay(3), Duration::from_secs(40));
+        assert_eq!(r.delay(4), Duration::from_secs(60));
+        assert_eq!(r.delay(40), Duration::from_secs(60));
+    }
+
+    /// The texts are those the disabled items were always named by, and the kinds sort as
+    /// those texts do.
+    #[test]
+    fn disabled_items_read_and_sort_as_their_texts() {
+        let items = [
+            (Disabled::McpServer("s".into()), "MCP server \"s\""),
+            (Disabled::Agent("a".into()), "agent \"a\""),
+            (Disabled::Hook("p.h".into()), "hook p.h"),
+            (Disabled::Job("j".into()), "job \"j\""),
+            (Disabled::Provider("p".into()), "provider \"p\""),
+            (Disabled::TelemetryExport, "telemetry export"),
+            (Disabled::Workflow("w".into()), "workflow \"w\""),
+        ];
+        for (item, text) in &items {
+            assert_eq!(item.to_string(), *text);
+        }
+        assert!(items.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+    }
+}
