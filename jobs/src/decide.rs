@@ -97,6 +97,70 @@ pub(crate) fn next_attempt(attempt: u32, policy: Option<&RetryPolicy>, now: Date
     (attempt <= policy.max).then(|| now + chrono::Duration::from_std(policy.delay(attempt)).unwrap_or_default())
 }
 
+/// Which waiting step a decision is about: the one named, or the only one when none is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StepChoice<'a> {
+    Step(&'a str),
+    /// The step named is not one the run waits on.
+    NotWaiting,
+    /// No step named, and the run waits on several (or none).
+    Which,
+}
+
+/// `open`: the run's waiting steps.
+pub(crate) fn choose_step<'a>(named: Option<&'a str>, open: &'a [String]) -> StepChoice<'a> {
+    match (named, open) {
+        (Some(s), _) if open.iter().any(|o| o == s) => StepChoice::Step(s),
+        (Some(_), _) => StepChoice::NotWaiting,
+        (None, [only]) => StepChoice::Step(only),
+        (None, _) => StepChoice::Which,
+    }
+}
+
+/// What a decision records on its step: the output (`approved`, `comment`, `decided_by`,
+/// `decided_at`) and, for a rejection, the error.
+pub(crate) fn decision_record(
+    approve: bool,
+    comment: Option<&str>,
+    decided_by: &str,
+    now: DateTime<Utc>,
+) -> (serde_json::Value, Option<String>) {
+    let output = serde_json::json!({
+        "approved": approve,
+        "comment": comment,
+        "decided_by": decided_by,
+        "decided_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    });
+    let error = (!approve).then(|| match comment {
+        Some(c) => format!("rejected by {decided_by}: {c}"),
+        None => format!("rejected by {decided_by}"),
+    });
+    (output, error)
+}
+
+/// What a recorded decision does to its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AfterDecision {
+    /// Other steps still wait: the run keeps waiting.
+    Wait,
+    /// Queued again, to go on.
+    Resume,
+    /// Failed, with this error; its other waiting steps are cancelled.
+    Fail(String),
+}
+
+/// After a decision on `step` (one of `open_steps` waiting steps): an approval resumes the
+/// run once no other step waits; so does a rejection of a wait that asked "may this go on?"
+/// (`resumes_on_reject`: an agent's tool call, whose run acts on the rejection itself); any
+/// other rejection fails the run, naming the step and the decision's `error`.
+pub(crate) fn after_decision(approve: bool, resumes_on_reject: bool, open_steps: usize, step: &str, error: Option<&str>) -> AfterDecision {
+    if approve || resumes_on_reject {
+        if open_steps > 1 { AfterDecision::Wait } else { AfterDecision::Resume }
+    } else {
+        AfterDecision::Fail(format!("step \"{step}\" was {}", error.unwrap_or("rejected")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +221,54 @@ mod tests {
         assert_eq!(next_attempt(1, None, now), None, "a removed job is not retried");
         let none = RetryPolicy { max: 0, backoff: Backoff::Fixed(Duration::from_secs(1)) };
         assert_eq!(next_attempt(1, Some(&none), now), None);
+    }
+
+    #[test]
+    fn the_step_a_decision_is_about_by_the_table() {
+        let none: Vec<String> = vec![];
+        let one = vec!["a".to_string()];
+        let two = vec!["a".to_string(), "b".to_string()];
+        let cases: Vec<(Option<&str>, &[String], StepChoice)> = vec![
+            (Some("a"), &one, StepChoice::Step("a")),
+            (None, &one, StepChoice::Step("a")),
+            (Some("b"), &two, StepChoice::Step("b")),
+            (Some("c"), &two, StepChoice::NotWaiting),
+            (Some("a"), &none, StepChoice::NotWaiting),
+            (None, &two, StepChoice::Which),
+            (None, &none, StepChoice::Which),
+        ];
+        for (named, open, want) in cases {
+            assert_eq!(choose_step(named, open), want, "named={named:?} open={open:?}");
+        }
+    }
+
+    #[test]
+    fn what_a_decision_does_to_its_run_by_the_table() {
+        let fail = |s: &str| AfterDecision::Fail(s.into());
+        let cases = [
+            (true, false, 1, None, AfterDecision::Resume),
+            (true, false, 2, None, AfterDecision::Wait),
+            (false, true, 1, Some("rejected by ann"), AfterDecision::Resume),
+            (false, true, 3, Some("rejected by ann"), AfterDecision::Wait),
+            (false, false, 1, Some("rejected by ann: no"), fail("step \"deploy\" was rejected by ann: no")),
+            (false, false, 2, Some("rejected by ann"), fail("step \"deploy\" was rejected by ann")),
+            (false, false, 1, None, fail("step \"deploy\" was rejected")),
+        ];
+        for (approve, resumes, open, error, want) in cases {
+            assert_eq!(after_decision(approve, resumes, open, "deploy", error), want, "approve={approve} resumes={resumes} open={open}");
+        }
+    }
+
+    #[test]
+    fn a_decision_records_who_decided_and_why() {
+        let now = DateTime::from_timestamp(1_000_000, 0).unwrap();
+        let (out, err) = decision_record(true, None, "ann", now);
+        assert_eq!(
+            out,
+            serde_json::json!({"approved": true, "comment": null, "decided_by": "ann", "decided_at": "1970-01-12T13:46:40.000Z"})
+        );
+        assert_eq!(err, None);
+        assert_eq!(decision_record(false, Some("too late"), "bob", now).1.as_deref(), Some("rejected by bob: too late"));
+        assert_eq!(decision_record(false, None, "bob", now).1.as_deref(), Some("rejected by bob"));
     }
 }

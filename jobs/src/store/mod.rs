@@ -27,173 +27,18 @@ pub use lamplighter_contract::WorkerLease;
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
 use crate::snapshot::JobSnapshot;
 
-/// The columns of a run, for [`row_readers`]' `run_from_row` (a first attempt stores no root:
-/// it is its own).
-macro_rules! run_cols {
-    () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, coalesce(root_id, id) AS root_id"
-    };
-}
-
-/// `list_runs`' query for one backend's placeholder (`?` or `$`), its filters bound in the
-/// order [`RunFilter::sql`] numbers them, then the limit.
-macro_rules! list_runs_query {
-    ($f:expr, $placeholder:literal) => {{
-        let f: &RunFilter = $f;
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(f.sql($placeholder)));
-        if let Some(job) = &f.job {
-            query = query.bind(job);
-        }
-        if let Some(status) = f.status {
-            query = query.bind(status.as_str());
-        }
-        if let Some(before) = &f.before {
-            query = query.bind(before);
-        }
-        query.bind(f.bounded_limit())
-    }};
-}
-pub(crate) use list_runs_query;
-
-/// The row readers, for one backend's row type. Both backends store the same columns with
-/// types that decode alike (instants and counts as 64-bit integers, flags as booleans, JSON as
-/// text), so the mapping from rows to domain types is written once.
-macro_rules! row_readers {
-    ($row:ty) => {
-        fn job_state_from_row(r: &$row) -> JobState {
-            JobState {
-                paused: r.get::<bool, _>("paused"),
-                pause_reason: r.get("pause_reason"),
-                paused_at: r.get::<Option<i64>, _>("paused_at").map(from_ms),
-                last_tick: r.get::<Option<i64>, _>("last_tick").map(from_ms),
-            }
-        }
-
-        fn run_from_row(r: &$row) -> Run {
-            let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
-            let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
-            Run {
-                id: r.get("id"),
-                job: r.get("job"),
-                // Rows from a newer or damaged database read as the most cautious value, not a crash.
-                trigger: Trigger::from_str(r.get::<&str, _>("trigger")).unwrap_or(Trigger::Api),
-                status: RunStatus::from_str(r.get::<&str, _>("status")).unwrap_or(RunStatus::Failed),
-                scheduled_at: opt_t("scheduled_at"),
-                due_at: from_ms(r.get("due_at")),
-                enqueued_at: from_ms(r.get("enqueued_at")),
-                started_at: opt_t("started_at"),
-                finished_at: opt_t("finished_at"),
-                attempt: r.get::<i64, _>("attempt").max(1) as u32,
-                input: json("input"),
-                parameters: json("parameters"),
-                output: json("output"),
-                error: r.get("error"),
-                worker: r.get("worker"),
-                idempotency_key: r.get("idempotency_key"),
-                root_id: r.get("root_id"),
-                retry_of: r.get("retry_of"),
-                next_run_id: r.get("next_run_id"),
-                tokens_in: r.get("tokens_in"),
-                tokens_out: r.get("tokens_out"),
-                cost: r.get("cost"),
-                trace_id: r.get("trace_id"),
-            }
-        }
-
-        /// A claimed run with its snapshot, from a row that selected `job_snapshot` and [`run_cols`]. A
-        /// snapshot that does not parse (a damaged row) reads as none: the run then uses the config in
-        /// force, as rows from before snapshots do.
-        fn handed_from_row(r: &$row) -> Handed {
-            let snapshot = r.get::<Option<String>, _>("job_snapshot").and_then(|s| serde_json::from_str(&s).ok());
-            let resumed = r.try_get::<bool, _>("resumed").unwrap_or(false);
-            Handed { run: run_from_row(r), snapshot, resumed }
-        }
-
-        fn step_from_row(r: &$row) -> StepRecord {
-            let opt_t = |c: &str| r.get::<Option<i64>, _>(c).map(from_ms);
-            StepRecord {
-                step: r.get("step"),
-                // A damaged or newer row reads as a step to run again, not a crash.
-                status: StepStatus::from_str(r.get::<&str, _>("status")).unwrap_or(StepStatus::Interrupted),
-                attempt: r.get::<i64, _>("attempt").max(1) as u32,
-                run_id: r.get("run_id"),
-                started_at: opt_t("started_at"),
-                finished_at: opt_t("finished_at"),
-                output: r.get::<Option<String>, _>("output").and_then(|s| serde_json::from_str(&s).ok()),
-                error: r.get("error"),
-                resumes_on_reject: r.get::<bool, _>("resumes_on_reject"),
-            }
-        }
-
-        /// A damaged row (an unknown kind) is left out rather than misread.
-        fn call_from_row(r: &$row) -> Option<CallRecord> {
-            let kind = match r.get::<&str, _>("kind") {
-                "model" => CallKind::Model,
-                "tool" => CallKind::Tool,
-                _ => return None,
-            };
-            let json = |c: &str| r.get::<Option<String>, _>(c).and_then(|s| serde_json::from_str(&s).ok());
-            Some(CallRecord {
-                conversation: r.get("conversation"),
-                seq: u32::try_from(r.get::<i64, _>("seq")).ok()?,
-                kind,
-                name: r.get("name"),
-                call_id: r.get("call_id"),
-                request: json("request"),
-                response: json("response"),
-                error: r.get("error"),
-                input_tokens: u64::try_from(r.get::<i64, _>("input_tokens")).unwrap_or(0),
-                output_tokens: u64::try_from(r.get::<i64, _>("output_tokens")).unwrap_or(0),
-                cost: r.get("cost"),
-                run_id: r.get("run_id"),
-                attempt: r.get::<i64, _>("attempt").max(1) as u32,
-                started_at: from_ms(r.get("started_at")),
-                finished_at: from_ms(r.get("finished_at")),
-            })
-        }
-    };
-}
-pub(crate) use row_readers;
-
-/// `leases_with_runs`, for one backend's row type: live workers' rows (`SELECT * FROM
-/// ll_workers`) and the running runs (`worker`, `id`) into [`WorkerLease`]s.
-macro_rules! lease_readers {
-    ($row:ty) => {
-        fn leases_with_runs(leases: &[$row], running: &[$row]) -> Vec<WorkerLease> {
-            let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
-            for r in running {
-                by_worker.entry(r.get("worker")).or_default().push(r.get("id"));
-            }
-            leases
-                .iter()
-                .map(|r| {
-                    let name: String = r.get("name");
-                    WorkerLease {
-                        running: by_worker.remove(&name).unwrap_or_default(),
-                        name,
-                        host: r.get("host"),
-                        pid: u32::try_from(r.get::<i64, _>("pid")).unwrap_or(0),
-                        started_at: from_ms(r.get("started_at")),
-                        heartbeat_at: from_ms(r.get("heartbeat_at")),
-                        lease_until: from_ms(r.get("lease_until")),
-                    }
-                })
-                .collect()
-        }
-    };
-}
-pub(crate) use lease_readers;
-
 #[cfg(test)]
 mod contract;
+pub(crate) mod dialect;
 mod postgres;
+mod scripts;
 mod sqlite;
 
 /// Which backend a worker runs on: named in the status answer, and what the engine may rely on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StorageKind {
-    Sqlite,
-    Postgres,
+    Sqlite = 0,
+    Postgres = 1,
 }
 
 impl StorageKind {
@@ -318,17 +163,6 @@ pub(crate) fn fill_statuses(text: &str) -> String {
     out
 }
 
-/// A statement with its statuses filled in ([`fill_statuses`]), built once per call site:
-/// `sqlx::query(sql!("… WHERE status = {Queued}"))`. `$text` is evaluated once, so it may be a
-/// `format!` of other fixed parts.
-macro_rules! sql {
-    ($text:expr) => {{
-        static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| $crate::store::fill_statuses(&$text));
-        sqlx::AssertSqlSafe(TEXT.as_str())
-    }};
-}
-pub(crate) use sql;
-
 /// The names of `statuses`, quoted and in parentheses, for a `status IN` guard.
 pub(crate) fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
     let names: Vec<String> = statuses.map(|s| format!("'{}'", s.as_str())).collect();
@@ -344,22 +178,6 @@ pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
 
 pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(v).unwrap_or_default()
-}
-
-/// What a decision records on its step: the output (`approved`, `comment`, `decided_by`,
-/// `decided_at`) and, for a rejection, the error.
-pub(crate) fn decision_record(d: &Decide<'_>, now: DateTime<Utc>) -> (serde_json::Value, Option<String>) {
-    let output = serde_json::json!({
-        "approved": d.approve,
-        "comment": d.comment,
-        "decided_by": d.decided_by,
-        "decided_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-    });
-    let error = (!d.approve).then(|| match d.comment {
-        Some(c) => format!("rejected by {}: {c}", d.decided_by),
-        None => format!("rejected by {}", d.decided_by),
-    });
-    (output, error)
 }
 
 pub(crate) fn new_id() -> String {
@@ -599,13 +417,13 @@ impl RunFilter {
     /// order job, status, before (bind them in that order, then the limit as the next one).
     /// Only the set filters appear: `(? IS NULL OR job = ?)` would keep the planner from the
     /// `(job, id)` index and read the whole history for one job's ten latest runs.
-    fn where_clause(&self, placeholder: &str) -> (String, usize) {
+    fn where_clause(&self) -> (String, usize) {
         let conditions: Vec<&str> =
             [(self.job.is_some(), "job = "), (self.status.is_some(), "status = "), (self.before.is_some(), "id < ")]
                 .into_iter()
                 .filter_map(|(set, column)| set.then_some(column))
                 .collect();
-        let clause = conditions.iter().enumerate().map(|(i, c)| format!("{c}{placeholder}{}", i + 1)).collect::<Vec<_>>().join(" AND ");
+        let clause = conditions.iter().enumerate().map(|(i, c)| format!("{c}${}", i + 1)).collect::<Vec<_>>().join(" AND ");
         let n = conditions.len();
         (if n == 0 { String::new() } else { format!(" WHERE {clause}") }, n)
     }
@@ -616,9 +434,24 @@ impl RunFilter {
     }
 
     /// The whole query: the set filters, newest first, the limit as the last placeholder.
-    pub(crate) fn sql(&self, placeholder: &str) -> String {
-        let (clause, n) = self.where_clause(placeholder);
-        format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT {placeholder}{}", run_cols!(), n + 1)
+    fn sql(&self) -> String {
+        let (clause, n) = self.where_clause();
+        format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1)
+    }
+
+    /// The query with its values bound in the order [`Self::where_clause`] numbers them.
+    pub(crate) fn query(&self) -> dialect::Stmt<'_> {
+        let mut q = dialect::Stmt::built(self.sql(), "listing runs");
+        if let Some(job) = &self.job {
+            q = q.bind(job);
+        }
+        if let Some(status) = self.status {
+            q = q.bind(status.as_str());
+        }
+        if let Some(before) = &self.before {
+            q = q.bind(before);
+        }
+        q.bind(self.bounded_limit())
     }
 }
 
@@ -878,8 +711,10 @@ mod sql_text {
     use crate::run::StepStatus;
 
     /// Every backend source file, as text.
-    const SOURCES: [(&str, &str); 5] = [
+    const SOURCES: [(&str, &str); 7] = [
         ("store/mod.rs", include_str!("mod.rs")),
+        ("store/dialect.rs", include_str!("dialect.rs")),
+        ("store/scripts.rs", include_str!("scripts.rs")),
         ("store/sqlite/mod.rs", include_str!("sqlite/mod.rs")),
         ("store/sqlite/queue.rs", include_str!("sqlite/queue.rs")),
         ("store/postgres/mod.rs", include_str!("postgres/mod.rs")),
@@ -900,6 +735,7 @@ mod sql_text {
         for (file, text) in SOURCES {
             // Up to these tests, whose examples name unknown statuses on purpose.
             let text = text.split("mod sql_text {").next().unwrap_or(text);
+            let text = text.split("mod tests {").next().unwrap_or(text);
             for (n, line) in text.lines().enumerate() {
                 for name in &names {
                     if line.contains(&format!("'{name}'")) {

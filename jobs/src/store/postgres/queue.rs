@@ -5,7 +5,6 @@
 //! and never take the same task.
 
 use apalis::prelude::{TaskBuilder, TaskId};
-use sqlx::{Postgres, Transaction};
 
 use crate::store::StoreError;
 use crate::store::{QUEUE, RunTask};
@@ -14,7 +13,7 @@ use crate::store::{QUEUE, RunTask};
 /// Lamplighter's. `run_at` is a second in the past: apalis compares it with the server's
 /// `now()` (the transaction's start), and a task "due later" would be skipped by apalis's
 /// own fetch and its notification left out.
-pub(crate) async fn push(tx: &mut Transaction<'_, Postgres>, ids: &[String]) -> Result<(), StoreError> {
+pub(crate) async fn push(c: &mut sqlx::PgConnection, ids: &[String]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -28,7 +27,7 @@ pub(crate) async fn push(tx: &mut Transaction<'_, Postgres>, ids: &[String]) -> 
             TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).run_at_timestamp(run_at).build(),
         );
     }
-    apalis_postgres::queries::push_tasks(&mut **tx, QUEUE, tasks).await.map_err(|e| {
+    apalis_postgres::queries::push_tasks(&mut *c, QUEUE, tasks).await.map_err(|e| {
         StoreError::new(
             "pushing to the queue",
             match e {
@@ -41,7 +40,7 @@ pub(crate) async fn push(tx: &mut Transaction<'_, Postgres>, ids: &[String]) -> 
 
 /// Takes and consumes up to `n` pending tasks in apalis's order (priority, then due time),
 /// skipping those another transaction holds; returns how many it took and their run ids.
-pub(crate) async fn take(tx: &mut Transaction<'_, Postgres>, n: usize) -> Result<(usize, Vec<String>), StoreError> {
+pub(crate) async fn take(c: &mut sqlx::PgConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
     let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
         // The pick is a materialized CTE, run once: as a subquery joined to the DELETE,
         // the planner may run it again per row, and each run skips what the last one
@@ -53,7 +52,7 @@ pub(crate) async fn take(tx: &mut Transaction<'_, Postgres>, n: usize) -> Result
     )
     .bind(QUEUE)
     .bind(n.max(1) as i64)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *c)
     .await
     .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
     // A task that does not decode cannot name its run; it is consumed, and the run (still
@@ -69,6 +68,16 @@ pub(crate) async fn take(tx: &mut Transaction<'_, Postgres>, n: usize) -> Result
         })
         .collect();
     Ok((payloads.len(), ids))
+}
+
+/// Drops every task of our queue.
+pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM apalis.jobs WHERE job_type = $1")
+        .bind(QUEUE)
+        .execute(&mut *c)
+        .await
+        .map_err(|e| StoreError::new("clearing the queue", e))?;
+    Ok(())
 }
 
 /// Deletes finished tasks of our queue (none, unless something outside Lamplighter marks

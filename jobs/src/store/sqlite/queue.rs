@@ -1,7 +1,7 @@
 //! apalis-sqlite, used inside the store's transactions.
 
 use apalis::prelude::{TaskBuilder, TaskId, WorkerContext};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::SqlitePool;
 
 use crate::store::StoreError;
 use crate::store::{QUEUE, RunTask};
@@ -18,7 +18,7 @@ fn queue_error(what: &str, e: apalis_sqlite::Error) -> StoreError {
 
 /// Pushes one task per run id (apalis's `push_tasks`). A new task id per hand-over, one
 /// attempt each: retries are Lamplighter's.
-pub(crate) async fn push(tx: &mut Transaction<'_, Sqlite>, ids: &[String]) -> Result<(), StoreError> {
+pub(crate) async fn push(c: &mut sqlx::SqliteConnection, ids: &[String]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -28,14 +28,14 @@ pub(crate) async fn push(tx: &mut Transaction<'_, Sqlite>, ids: &[String]) -> Re
             .map_err(|e| StoreError::new("encoding a queue task", sqlx::Error::Protocol(e.to_string())))?;
         tasks.push(TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build());
     }
-    apalis_sqlite::queries::push_tasks(&mut **tx, QUEUE, &tasks).await.map_err(|e| queue_error("pushing to the queue", e))
+    apalis_sqlite::queries::push_tasks(&mut *c, QUEUE, &tasks).await.map_err(|e| queue_error("pushing to the queue", e))
 }
 
 /// Takes up to `n` due tasks with apalis's fetch query (its order: priority, due time, id)
 /// and consumes them; returns how many it took and their run ids.
-pub(crate) async fn take(tx: &mut Transaction<'_, Sqlite>, n: usize, worker: &str) -> Result<(usize, Vec<String>), StoreError> {
+pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize, worker: &str) -> Result<(usize, Vec<String>), StoreError> {
     let config = apalis_sqlite::Config::default().queue(QUEUE).batch_size(n.max(1));
-    let tasks = apalis_sqlite::queries::fetch_next(&mut **tx, &config, &WorkerContext::new(worker))
+    let tasks = apalis_sqlite::queries::fetch_next(&mut *c, &config, &WorkerContext::new(worker))
         .await
         .map_err(|e| queue_error("fetching from the queue", e))?;
     if tasks.is_empty() {
@@ -44,7 +44,7 @@ pub(crate) async fn take(tx: &mut Transaction<'_, Sqlite>, n: usize, worker: &st
     let task_ids: Vec<String> = tasks.iter().filter_map(|t| t.task_id().map(|id| id.to_string())).collect();
     sqlx::query("DELETE FROM Jobs WHERE id IN (SELECT value FROM json_each(?1))")
         .bind(serde_json::to_string(&task_ids).unwrap_or_default())
-        .execute(&mut **tx)
+        .execute(&mut *c)
         .await
         .map_err(|e| StoreError::new("consuming queue tasks", e))?;
     // A task that does not decode cannot name its run; it is consumed and the run, still
@@ -64,7 +64,7 @@ pub(crate) async fn take(tx: &mut Transaction<'_, Sqlite>, n: usize, worker: &st
 
 /// Records `worker` in apalis's workers table (a task's lock names its taker). Idempotent;
 /// a restart under the same name takes its row over.
-pub(crate) async fn register(tx: &mut Transaction<'_, Sqlite>, worker: &str) -> Result<(), StoreError> {
+pub(crate) async fn register(c: &mut sqlx::SqliteConnection, worker: &str) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO Workers (id, worker_type, storage_name, layers, last_seen, started_at)
          VALUES (?1, ?2, 'SqliteStorage', 'lamplighter', strftime('%s', 'now'), strftime('%s', 'now'))
@@ -72,17 +72,17 @@ pub(crate) async fn register(tx: &mut Transaction<'_, Sqlite>, worker: &str) -> 
     )
     .bind(worker)
     .bind(QUEUE)
-    .execute(&mut **tx)
+    .execute(&mut *c)
     .await
     .map_err(|e| StoreError::new("registering with the queue", e))?;
     Ok(())
 }
 
 /// Drops every task of our queue (at start, when every queued run is handed over again).
-pub(crate) async fn forget_all(tx: &mut Transaction<'_, Sqlite>) -> Result<(), StoreError> {
+pub(crate) async fn forget_all(c: &mut sqlx::SqliteConnection) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM Jobs WHERE job_type = ?1")
         .bind(QUEUE)
-        .execute(&mut **tx)
+        .execute(&mut *c)
         .await
         .map_err(|e| StoreError::new("clearing the queue", e))?;
     Ok(())

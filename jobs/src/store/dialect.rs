@@ -1,0 +1,498 @@
+//! What differs between the backends, as one small interface ([`Dialect`]), and what the
+//! transaction scripts of [`super::scripts`] need to speak to any backend through it: values
+//! to bind ([`Arg`], [`Stmt`]), rows to read ([`Record`] and the row readers), and SQL written
+//! once, with `$n` placeholders (both drivers take them) and the few words the dialects spell
+//! differently ([`Spelling`], rendered by [`sql!`]).
+//!
+//! A backend implements [`Dialect`] for its store: how it connects, how it binds a batch (a
+//! JSON array on SQLite, arrays on PostgreSQL), how it locks (one writer, or row locks and
+//! advisory locks), how it keeps leases (the application's clock, or the server's), its queue
+//! adapter, and the reads it answers its own way for speed. Everything else is written once.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::ops::DerefMut;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::SqlSafeStr;
+
+use super::RunBrief;
+use super::{Handed, JobOverview, JobState, RunEnd, StorageKind, StoreError, WorkerId, WorkerLease, from_ms};
+use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+
+/// A value bound to a statement.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg<'a> {
+    Int(Option<i64>),
+    Real(Option<f64>),
+    Bool(bool),
+    Text(Option<Cow<'a, str>>),
+    /// The list a `{in $n}` tests membership of: a JSON array on SQLite, `text[]` on PostgreSQL.
+    Texts(Vec<&'a str>),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(Some(v))
+    }
+}
+
+impl From<Option<i64>> for Arg<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Arg::Int(v)
+    }
+}
+
+impl From<Option<f64>> for Arg<'_> {
+    fn from(v: Option<f64>) -> Self {
+        Arg::Real(v)
+    }
+}
+
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(Some(Cow::Borrowed(v)))
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(Some(Cow::Borrowed(v)))
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Arg<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        Arg::Text(v.map(Cow::Borrowed))
+    }
+}
+
+impl From<String> for Arg<'_> {
+    fn from(v: String) -> Self {
+        Arg::Text(Some(Cow::Owned(v)))
+    }
+}
+
+impl From<Option<String>> for Arg<'_> {
+    fn from(v: Option<String>) -> Self {
+        Arg::Text(v.map(Cow::Owned))
+    }
+}
+
+/// One statement: its text, its values in placeholder order, and what it does (the context
+/// of its error).
+pub(crate) struct Stmt<'a> {
+    pub(crate) sql: sqlx::SqlStr,
+    pub(crate) args: Vec<Arg<'a>>,
+    pub(crate) what: &'static str,
+}
+
+impl<'a> Stmt<'a> {
+    pub(crate) fn new(sql: impl SqlSafeStr, what: &'static str) -> Self {
+        Self { sql: sql.into_sql_str(), args: Vec::new(), what }
+    }
+
+    /// A statement whose text was built for this call (a batch's rows, a listing's filters).
+    pub(crate) fn built(sql: String, what: &'static str) -> Self {
+        Self::new(sqlx::AssertSqlSafe(sql), what)
+    }
+
+    pub(crate) fn bind(mut self, v: impl Into<Arg<'a>>) -> Self {
+        self.args.push(v.into());
+        self
+    }
+
+    /// The list for a `{in $n}`.
+    pub(crate) fn bind_list(mut self, v: impl IntoIterator<Item = &'a str>) -> Self {
+        self.args.push(Arg::Texts(v.into_iter().collect()));
+        self
+    }
+}
+
+/// A row, read by column name. Both backends store the same columns with types that decode
+/// alike (instants and counts as 64-bit integers, flags as booleans, JSON as text), so the
+/// readers below serve both. A column of another type is a bug in the statement, not input:
+/// it panics, as sqlx's `get` does.
+pub(crate) trait Record: Send + Sync {
+    fn int(&self, col: &str) -> i64;
+    fn opt_int(&self, col: &str) -> Option<i64>;
+    fn opt_real(&self, col: &str) -> Option<f64>;
+    fn flag(&self, col: &str) -> bool;
+    /// A flag the statement may not have selected.
+    fn try_flag(&self, col: &str) -> Option<bool>;
+    fn text(&self, col: &str) -> String;
+    fn opt_text(&self, col: &str) -> Option<String>;
+    /// A JSON text column, parsed; a damaged value reads as none.
+    fn json<T: serde::de::DeserializeOwned>(&self, col: &str) -> Option<T> {
+        self.opt_text(col).and_then(|s| serde_json::from_str(&s).ok())
+    }
+}
+
+/// [`Record`] for a driver's row type.
+macro_rules! record_for {
+    ($row:ty) => {
+        impl $crate::store::dialect::Record for $row {
+            fn int(&self, col: &str) -> i64 {
+                sqlx::Row::get(self, col)
+            }
+            fn opt_int(&self, col: &str) -> Option<i64> {
+                sqlx::Row::get(self, col)
+            }
+            fn opt_real(&self, col: &str) -> Option<f64> {
+                sqlx::Row::get(self, col)
+            }
+            fn flag(&self, col: &str) -> bool {
+                sqlx::Row::get(self, col)
+            }
+            fn try_flag(&self, col: &str) -> Option<bool> {
+                sqlx::Row::try_get(self, col).ok()
+            }
+            fn text(&self, col: &str) -> String {
+                sqlx::Row::get(self, col)
+            }
+            fn opt_text(&self, col: &str) -> Option<String> {
+                sqlx::Row::get(self, col)
+            }
+        }
+    };
+}
+pub(crate) use record_for;
+
+/// What a claim does with a run another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Locked {
+    /// Leave it: whoever holds it is handing it over.
+    Skip,
+    /// Wait for it, then claim it if it is still queued.
+    Wait,
+}
+
+/// The words the dialects spell differently, for statements written once. In the text:
+/// `{greatest}`, `{lock}`, `{undispatched}`, `{in $n}` (and the statuses, `{Queued}`,
+/// `{step:Running}`).
+pub(crate) struct Spelling {
+    /// `{greatest}(a, b)`: the larger of two values.
+    pub(crate) greatest: &'static str,
+    /// `{lock}`, at the end of a `SELECT`: its rows are this transaction's until it ends.
+    pub(crate) lock: &'static str,
+    /// `{undispatched}`, after `FROM ll_runs` in reads of queued runs not handed over: how to
+    /// reach them through their partial index.
+    pub(crate) undispatched: &'static str,
+    /// `{in $n}`: membership in the list bound at `$n` ([`Arg::Texts`]).
+    pub(crate) in_list: fn(&str) -> String,
+}
+
+/// `text` for `kind`: statuses filled in ([`super::fill_statuses`]), the spelled words
+/// replaced.
+pub(crate) fn render(text: &str, kind: StorageKind) -> String {
+    let s = match kind {
+        StorageKind::Sqlite => &super::sqlite::SPELLING,
+        StorageKind::Postgres => &super::postgres::SPELLING,
+    };
+    let mut out =
+        super::fill_statuses(text).replace("{greatest}", s.greatest).replace("{lock}", s.lock).replace("{undispatched}", s.undispatched);
+    while let Some(start) = out.find("{in $") {
+        let Some(len) = out[start..].find('}') else { break };
+        let list = (s.in_list)(&out[start + 4..start + len]);
+        out.replace_range(start..=start + len, &list);
+    }
+    out
+}
+
+/// A statement's text for one dialect, rendered once per call site: `sql!(D, "… {in $1}")`
+/// where `D: Dialect` (both renderings are made together; the call picks its own). Without a
+/// dialect, `sql!("… {Queued}")` only fills the statuses in (a backend's own statements).
+/// `$text` is evaluated once, so it may be a `format!` of other fixed parts.
+macro_rules! sql {
+    ($d:ty, $text:expr) => {{
+        static TEXTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+            let text: &str = &$text;
+            [
+                $crate::store::dialect::render(text, $crate::store::StorageKind::Sqlite),
+                $crate::store::dialect::render(text, $crate::store::StorageKind::Postgres),
+            ]
+        });
+        let text: &'static str = TEXTS[<$d as $crate::store::dialect::Dialect>::KIND as usize].as_str();
+        text
+    }};
+    ($text:expr) => {{
+        static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| $crate::store::fill_statuses(&$text));
+        let text: &'static str = TEXT.as_str();
+        text
+    }};
+}
+pub(crate) use sql;
+
+/// A boxed-free future of a dialect's method.
+pub(crate) trait Fut<T>: Future<Output = Result<T, StoreError>> + Send {}
+impl<T, F: Future<Output = Result<T, StoreError>> + Send> Fut<T> for F {}
+
+/// What a backend provides to the transaction scripts: its connections, the statements that
+/// really differ, and its own upkeep. A store that implements it is a [`super::RunStore`].
+pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
+    type Conn: Send;
+    type Row: Record;
+    /// A transaction of the connection that writes.
+    type Tx: DerefMut<Target = Self::Conn> + Send;
+    /// A connection of a pool.
+    type Pooled: DerefMut<Target = Self::Conn> + Send;
+
+    const KIND: StorageKind;
+
+    // Connections.
+    /// Starts a transaction that will write.
+    fn begin(&self) -> impl Fut<Self::Tx>;
+    fn commit(tx: Self::Tx) -> impl Fut<()>;
+    /// Ends a transaction that wrote nothing at once (a dropped one would hold its locks until
+    /// its connection is next used).
+    fn rollback(tx: Self::Tx) -> impl Fut<()>;
+    /// A connection for reads.
+    fn reader(&self) -> impl Fut<Self::Pooled>;
+    /// A connection for a write outside a transaction (one statement).
+    fn writer(&self) -> impl Fut<Self::Pooled>;
+
+    // Statements.
+    fn execute(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<u64>;
+    fn fetch_all(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<Vec<Self::Row>>;
+    fn fetch_optional(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<Option<Self::Row>>;
+
+    // Batches, bound each backend's way.
+    /// Records tick keys `(job, scheduled instant, run id)`; returns the run ids whose key was
+    /// new. Of two writers recording one key, the second finds it taken.
+    fn record_ticks(c: &mut Self::Conn, keys: Vec<(&str, i64, &str)>) -> impl Fut<HashSet<String>>;
+    /// Records the ends of runs still `running`; returns their ids.
+    fn finish_runs(c: &mut Self::Conn, ends: &[RunEnd<'_>], now: i64) -> impl Fut<Vec<String>>;
+    /// Closes the open (running or waiting) steps of runs: `(run id, the status they take)`.
+    fn close_steps(c: &mut Self::Conn, ends: &[(&str, StepStatus)], now: i64) -> impl Fut<()>;
+
+    // Locking.
+    /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
+    fn lock_jobs(c: &mut Self::Conn, jobs: &[&str]) -> impl Fut<()>;
+    /// Claims the runs of `ids` still queued for `worker`; rows: `job_snapshot`, `resumed`
+    /// and [`run_cols`]. The guard that makes a run execute at most once.
+    fn claim(c: &mut Self::Conn, ids: &[String], worker: &str, now: i64, locked: Locked) -> impl Fut<Vec<Self::Row>>;
+    /// Marks the runs of `ids` still queued and not handed over as handed to the queue;
+    /// returns those it marked.
+    fn mark_dispatched(c: &mut Self::Conn, ids: &[String], now: i64) -> impl Fut<Vec<String>>;
+
+    // The queue (apalis).
+    /// Pushes a task per run.
+    fn push(c: &mut Self::Conn, ids: &[String]) -> impl Fut<()>;
+    /// Takes and consumes up to `n` tasks for `worker`: how many, and their run ids.
+    fn take(&self, c: &mut Self::Conn, n: usize, worker: &str) -> impl Fut<(usize, Vec<String>)>;
+    /// Drops every task of our queue.
+    fn forget_queue(c: &mut Self::Conn) -> impl Fut<()>;
+
+    // Leases and recovery.
+    /// Takes or renews `me`'s lease (see [`super::RunStore::heartbeat`]).
+    fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<bool>;
+    /// The rows of `ll_workers` whose lease has not run out, by name.
+    fn live_leases(c: &mut Self::Conn, now: i64) -> impl Fut<Vec<Self::Row>>;
+    /// Marks the runs left `running` by workers that are gone `interrupted` (see
+    /// [`super::RunStore::recover`]) and returns them ([`run_cols`]).
+    fn interrupt_orphans(c: &mut Self::Conn, starting: Option<&str>, now: i64) -> impl Fut<Vec<Self::Row>>;
+
+    // Reads each backend answers its own way, for speed.
+    fn job_states(&self) -> impl Fut<HashMap<String, JobState>>;
+    fn job_overview(&self, job: &str, recent: u32) -> impl Fut<JobOverview>;
+    fn last_runs(&self, jobs: &[&str]) -> impl Fut<HashMap<String, RunBrief>>;
+    /// See [`super::RunStore::listing_changes`].
+    fn listing_changes(&self) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
+
+    // Upkeep.
+    fn migrate(&self) -> impl Fut<()>;
+    fn close(&self) -> impl Future<Output = ()> + Send;
+    fn ping(&self) -> impl Future<Output = bool> + Send;
+    /// What pruning single jobs leaves behind, and the backend's own upkeep.
+    fn housekeeping(&self) -> impl Fut<()>;
+}
+
+/// The columns of a run, for [`run_from_row`] (a first attempt stores no root: it is its own).
+macro_rules! run_cols {
+    () => {
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, coalesce(root_id, id) AS root_id"
+    };
+}
+pub(crate) use run_cols;
+
+pub(crate) fn job_state_from_row(r: &impl Record) -> JobState {
+    JobState {
+        paused: r.flag("paused"),
+        pause_reason: r.opt_text("pause_reason"),
+        paused_at: r.opt_int("paused_at").map(from_ms),
+        last_tick: r.opt_int("last_tick").map(from_ms),
+    }
+}
+
+pub(crate) fn run_from_row(r: &impl Record) -> Run {
+    let opt_t = |c: &str| r.opt_int(c).map(from_ms);
+    Run {
+        id: r.text("id"),
+        job: r.text("job"),
+        // Rows from a newer or damaged database read as the most cautious value, not a crash.
+        trigger: Trigger::from_str(&r.text("trigger")).unwrap_or(Trigger::Api),
+        status: RunStatus::from_str(&r.text("status")).unwrap_or(RunStatus::Failed),
+        scheduled_at: opt_t("scheduled_at"),
+        due_at: from_ms(r.int("due_at")),
+        enqueued_at: from_ms(r.int("enqueued_at")),
+        started_at: opt_t("started_at"),
+        finished_at: opt_t("finished_at"),
+        attempt: r.int("attempt").max(1) as u32,
+        input: r.json("input"),
+        parameters: r.json("parameters"),
+        output: r.json("output"),
+        error: r.opt_text("error"),
+        worker: r.opt_text("worker"),
+        idempotency_key: r.opt_text("idempotency_key"),
+        root_id: r.text("root_id"),
+        retry_of: r.opt_text("retry_of"),
+        next_run_id: r.opt_text("next_run_id"),
+        tokens_in: r.opt_int("tokens_in"),
+        tokens_out: r.opt_int("tokens_out"),
+        cost: r.opt_real("cost"),
+        trace_id: r.opt_text("trace_id"),
+    }
+}
+
+/// A claimed run with its snapshot, from a row that selected `job_snapshot` and [`run_cols`].
+/// A snapshot that does not parse (a damaged row) reads as none: the run then uses the config
+/// in force, as rows from before snapshots do.
+pub(crate) fn handed_from_row(r: &impl Record) -> Handed {
+    Handed { run: run_from_row(r), snapshot: r.json("job_snapshot"), resumed: r.try_flag("resumed").unwrap_or(false) }
+}
+
+pub(crate) fn step_from_row(r: &impl Record) -> StepRecord {
+    let opt_t = |c: &str| r.opt_int(c).map(from_ms);
+    StepRecord {
+        step: r.text("step"),
+        // A damaged or newer row reads as a step to run again, not a crash.
+        status: StepStatus::from_str(&r.text("status")).unwrap_or(StepStatus::Interrupted),
+        attempt: r.int("attempt").max(1) as u32,
+        run_id: r.text("run_id"),
+        started_at: opt_t("started_at"),
+        finished_at: opt_t("finished_at"),
+        output: r.json("output"),
+        error: r.opt_text("error"),
+        resumes_on_reject: r.flag("resumes_on_reject"),
+    }
+}
+
+/// A damaged row (an unknown kind) is left out rather than misread.
+pub(crate) fn call_from_row(r: &impl Record) -> Option<CallRecord> {
+    let kind = match r.text("kind").as_str() {
+        "model" => CallKind::Model,
+        "tool" => CallKind::Tool,
+        _ => return None,
+    };
+    Some(CallRecord {
+        conversation: r.text("conversation"),
+        seq: u32::try_from(r.int("seq")).ok()?,
+        kind,
+        name: r.text("name"),
+        call_id: r.opt_text("call_id"),
+        request: r.json("request"),
+        response: r.json("response"),
+        error: r.opt_text("error"),
+        input_tokens: u64::try_from(r.int("input_tokens")).unwrap_or(0),
+        output_tokens: u64::try_from(r.int("output_tokens")).unwrap_or(0),
+        cost: r.opt_real("cost"),
+        run_id: r.text("run_id"),
+        attempt: r.int("attempt").max(1) as u32,
+        started_at: from_ms(r.int("started_at")),
+        finished_at: from_ms(r.int("finished_at")),
+    })
+}
+
+/// Live workers' rows (`SELECT * FROM ll_workers`) and the running runs (`worker`, `id`) as
+/// [`WorkerLease`]s.
+pub(crate) fn leases_with_runs(leases: &[impl Record], running: &[impl Record]) -> Vec<WorkerLease> {
+    let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
+    for r in running {
+        by_worker.entry(r.text("worker")).or_default().push(r.text("id"));
+    }
+    leases
+        .iter()
+        .map(|r| {
+            let name = r.text("name");
+            WorkerLease {
+                running: by_worker.remove(&name).unwrap_or_default(),
+                name,
+                host: r.text("host"),
+                pid: u32::try_from(r.int("pid")).unwrap_or(0),
+                started_at: from_ms(r.int("started_at")),
+                heartbeat_at: from_ms(r.int("heartbeat_at")),
+                lease_until: from_ms(r.int("lease_until")),
+            }
+        })
+        .collect()
+}
+
+/// `INSERT INTO table (cols) VALUES ($1, …), (…), … tail` for `rows` rows of `cols.len()`
+/// values, numbered in row order: a batch written once for both drivers.
+pub(crate) fn values(table_and_cols: &str, cols: usize, rows: usize, tail: &str) -> String {
+    let mut sql = String::with_capacity(table_and_cols.len() + tail.len() + rows * cols * 6);
+    sql.push_str("INSERT INTO ");
+    sql.push_str(table_and_cols);
+    sql.push_str(" VALUES ");
+    let mut n = 0;
+    for row in 0..rows {
+        sql.push_str(if row == 0 { "(" } else { ", (" });
+        for col in 0..cols {
+            n += 1;
+            if col > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('$');
+            sql.push_str(&n.to_string());
+        }
+        sql.push(')');
+    }
+    sql.push(' ');
+    sql.push_str(tail);
+    sql
+}
+
+/// Parses a JSON aggregate read as one text, for the SQLite reads that ask for many rows as
+/// one; `None` (no rows) is an empty list.
+pub(crate) fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context: &str) -> Result<Vec<T>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::new(context, sqlx::Error::Decode(Box::new(e)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_dialect_spells_its_words() {
+        let text = "SELECT id FROM ll_runs {undispatched} WHERE status = {Queued} AND job {in $1} AND n = {greatest}(a, $2) {lock}";
+        assert_eq!(
+            render(text, StorageKind::Sqlite),
+            "SELECT id FROM ll_runs INDEXED BY ll_runs_undispatched WHERE status = 'queued' AND job IN (SELECT value FROM json_each($1)) AND n = max(a, $2) "
+        );
+        assert_eq!(
+            render(text, StorageKind::Postgres),
+            "SELECT id FROM ll_runs  WHERE status = 'queued' AND job = ANY($1) AND n = greatest(a, $2) FOR UPDATE"
+        );
+    }
+
+    #[test]
+    fn batches_number_their_values_in_row_order() {
+        assert_eq!(
+            values("t (a, b)", 2, 2, "ON CONFLICT DO NOTHING"),
+            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
+        );
+    }
+}

@@ -1,0 +1,693 @@
+//! Every transaction of the run core, written once: a store whose backend implements
+//! [`Dialect`] is a [`RunStore`]. Each script reads the facts it needs, asks the pure
+//! decisions of [`crate::decide`] (and [`super::plan_ticks`]) what to do, and writes the
+//! result in the same transaction; where the backends really differ (binding a batch, locking,
+//! leases, the queue) it calls the dialect.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use lamplighter_config::Overlap;
+
+use super::RunBrief;
+use super::dialect::{
+    Dialect, Locked, Record, Stmt, call_from_row, handed_from_row, job_state_from_row, leases_with_runs, run_cols, run_from_row, sql,
+    step_from_row, values,
+};
+use super::{
+    ACTIVE, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError,
+    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
+};
+use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus};
+use crate::snapshot::JobSnapshot;
+
+/// Rows per multi-row statement: 19 columns × 1000 stays under both drivers' bound on
+/// parameters (SQLite 32,766, PostgreSQL 65,535).
+const ROWS_PER_STATEMENT: usize = 1000;
+
+/// The columns of a run as [`insert_runs`] writes them.
+const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
+                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at)";
+const RUN_INSERT_COLS: usize = 19;
+
+/// Inserts runs, one multi-row statement per [`ROWS_PER_STATEMENT`].
+async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispatch<'_>)], now: DateTime<Utc>) -> Result<(), StoreError> {
+    let now = ms(now);
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut q = Stmt::built(values(RUN_INSERT, RUN_INSERT_COLS, chunk.len(), ""), "inserting runs");
+        for (id, r, dispatch) in chunk {
+            let (status, worker) = match dispatch {
+                Dispatch::Claimed(worker) => (RunStatus::Running, Some(*worker)),
+                _ => (r.status, None),
+            };
+            q = q
+                .bind(id.as_str())
+                .bind(r.job.as_str())
+                .bind(r.trigger.as_str())
+                .bind(status.as_str())
+                .bind(r.scheduled_at.map(ms))
+                .bind(ms(r.due_at))
+                .bind(now)
+                .bind((!matches!(dispatch, Dispatch::No)).then_some(now))
+                .bind(i64::from(r.attempt))
+                .bind(r.input.as_ref().map(|v| v.to_string()))
+                .bind(r.parameters.as_ref().map(|v| v.to_string()))
+                .bind(r.error.as_deref())
+                .bind(r.idempotency_key.as_deref())
+                .bind(r.retry_of.as_deref())
+                .bind(status.is_final().then_some(now))
+                // NULL means "its own root" (reads coalesce): a first attempt stores no copy of its id.
+                .bind(r.root_id.as_deref().filter(|root| *root != id.as_str()))
+                .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
+                .bind(worker)
+                .bind(worker.map(|_| now));
+        }
+        D::execute(c, q).await?;
+    }
+    Ok(())
+}
+
+/// Closes the steps still open (running or waiting) of runs that ended without succeeding:
+/// `interrupted` when the run was, otherwise `cancelled`. `ends`: (run id, run status).
+async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
+    let ends: Vec<(&str, StepStatus)> = ends
+        .iter()
+        .filter(|(_, s)| s.is_final() && *s != RunStatus::Succeeded)
+        .map(|(id, s)| (*id, if *s == RunStatus::Interrupted { StepStatus::Interrupted } else { StepStatus::Cancelled }))
+        .collect();
+    if ends.is_empty() {
+        return Ok(());
+    }
+    D::close_steps(c, &ends, ms(now)).await
+}
+
+/// Claims `ids` for `worker` (see [`Dialect::claim`]).
+async fn claim<D: Dialect>(
+    c: &mut D::Conn,
+    ids: &[String],
+    worker: &str,
+    now: DateTime<Utc>,
+    locked: Locked,
+) -> Result<Vec<Handed>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(D::claim(c, ids, worker, ms(now), locked).await?.iter().map(handed_from_row).collect())
+}
+
+/// The reads the scheduler makes on every pass, for the SQLite backend's plan tests.
+#[cfg(test)]
+pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
+    [due_undispatched_sql::<D>(), next_due_sql::<D>()]
+}
+
+fn due_undispatched_sql<D: Dialect>() -> &'static str {
+    sql!(
+        D,
+        "SELECT id, job FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
+         ORDER BY due_at, enqueued_at LIMIT $2"
+    )
+}
+
+fn next_due_sql<D: Dialect>() -> &'static str {
+    sql!(
+        D,
+        "SELECT min(t) AS t FROM (SELECT min(due_at) AS t FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL
+                                  UNION ALL SELECT min(wait_until) FROM ll_runs WHERE status = {WaitingApproval}) AS due"
+    )
+}
+
+#[async_trait]
+impl<D: Dialect> RunStore for D {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        Dialect::migrate(self).await
+    }
+
+    async fn close(&self) {
+        Dialect::close(self).await
+    }
+
+    async fn ping(&self) -> bool {
+        Dialect::ping(self).await
+    }
+
+    async fn listing_changes(&self) -> Option<u64> {
+        Dialect::listing_changes(self).await
+    }
+
+    async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
+        Dialect::job_states(self).await
+    }
+
+    async fn job_state(&self, job: &str) -> Result<JobState, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state WHERE job = $1"),
+            "reading job state",
+        );
+        let row = D::fetch_optional(&mut *self.reader().await?, q.bind(job)).await?;
+        Ok(row.as_ref().map(job_state_from_row).unwrap_or_default())
+    }
+
+    async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (job) DO UPDATE SET paused = $2, pause_reason = $3, paused_at = $4"
+            ),
+            "saving pause state",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(job).bind(paused).bind(reason).bind(paused.then(|| ms(now)))).await?;
+        Ok(())
+    }
+
+    async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_job_state (job, last_tick) VALUES ($1, $2)
+                 ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $2)"
+            ),
+            "saving the last tick",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(job).bind(ms(tick))).await?;
+        Ok(())
+    }
+
+    async fn fire_ticks(
+        &self,
+        ticks: Vec<(NewRun, Overlap)>,
+        claim: Claim<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
+        let keys =
+            ticks.iter().zip(&ids).map(|((r, _), id)| (r.job.as_str(), ms(r.scheduled_at.unwrap_or(r.due_at)), id.as_str())).collect();
+        let fresh = D::record_ticks(&mut tx, keys).await?;
+        let jobs: Vec<&str> = ticks
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| fresh.contains(*id))
+            .map(|((r, _), _)| r.job.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        D::lock_jobs(&mut tx, &jobs).await?;
+        let q = Stmt::new(sql!(D, "SELECT job FROM ll_job_state WHERE paused AND job {in $1}"), "reading pause state");
+        let paused: HashSet<String> =
+            D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await?.iter().map(|r| r.text("job")).collect();
+        let q = Stmt::new(
+            sql!(D, format!("SELECT job, id FROM ll_runs WHERE job {{in $1}} AND status IN {} ORDER BY enqueued_at, id", *ACTIVE)),
+            "reading active runs",
+        );
+        let mut active: HashMap<String, Vec<String>> = HashMap::new();
+        for row in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
+            active.entry(row.text("job")).or_default().push(row.text("id"));
+        }
+        let TickPlan { out, rows, pushed, last_ticks } = plan_ticks(ticks, ids, &fresh, &paused, active, claim, now);
+        insert_runs::<D>(&mut tx, &rows, now).await?;
+        // In job order (a BTreeMap), as the jobs were locked.
+        let last: Vec<(&String, &i64)> = last_ticks.iter().collect();
+        for chunk in last.chunks(ROWS_PER_STATEMENT) {
+            static TAIL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+                let tail =
+                    "ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), excluded.last_tick)";
+                [super::dialect::render(tail, super::StorageKind::Sqlite), super::dialect::render(tail, super::StorageKind::Postgres)]
+            });
+            let mut q =
+                Stmt::built(values("ll_job_state (job, last_tick)", 2, chunk.len(), &TAIL[D::KIND as usize]), "saving the last ticks");
+            for (job, at) in chunk {
+                q = q.bind(job.as_str()).bind(**at);
+            }
+            D::execute(&mut tx, q).await?;
+        }
+        D::push(&mut tx, &pushed).await?;
+        D::commit(tx).await?;
+        Ok(out)
+    }
+
+    async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError> {
+        let existing = |job: &str, key: &str| {
+            Stmt::new(sql!(D, "SELECT id FROM ll_runs WHERE job = $1 AND idempotency_key = $2"), "looking up an idempotency key")
+                .bind(job.to_owned())
+                .bind(key.to_owned())
+        };
+        let mut tx = self.begin().await?;
+        if let Some(key) = run.idempotency_key.as_deref()
+            && let Some(row) = D::fetch_optional(&mut tx, existing(&run.job, key)).await?
+        {
+            D::rollback(tx).await?;
+            return Ok((row.text("id"), false));
+        }
+        let id = new_id();
+        let (job, key) = (run.job.clone(), run.idempotency_key.clone());
+        match insert_runs::<D>(&mut tx, &[(id.clone(), run, Dispatch::No)], now).await {
+            Ok(()) => {}
+            // Two callers with the same new key (several writers): the unique (job, key) made
+            // this one wait for the other and fail; the other's run is the answer.
+            Err(e)
+                if e.is_unique_violation()
+                    && let Some(key) = key =>
+            {
+                drop(tx);
+                let row = D::fetch_optional(&mut *self.reader().await?, existing(&job, &key)).await?;
+                return row.map(|r| (r.text("id"), false)).ok_or(e);
+            }
+            Err(e) => return Err(e),
+        }
+        D::commit(tx).await?;
+        Ok((id, true))
+    }
+
+    async fn follow_up(&self, run: &Run, due_at: DateTime<Utc>, now: DateTime<Utc>) -> Result<Option<String>, StoreError> {
+        let mut tx = self.begin().await?;
+        let id = new_id();
+        // Claims the link first: a run is followed up at most once, whichever worker asks.
+        let q = Stmt::new(
+            sql!(D, "UPDATE ll_runs SET next_run_id = $1 WHERE id = $2 AND next_run_id IS NULL RETURNING job_snapshot"),
+            "linking a follow-up",
+        );
+        let Some(linked) = D::fetch_optional(&mut tx, q.bind(id.as_str()).bind(run.id.as_str())).await? else {
+            D::rollback(tx).await?;
+            return Ok(None);
+        };
+        let mut next = NewRun::follow_up(run, due_at);
+        next.snapshot = linked.json("job_snapshot");
+        insert_runs::<D>(&mut tx, &[(id.clone(), next, Dispatch::No)], now).await?;
+        D::commit(tx).await?;
+        Ok(Some(id))
+    }
+
+    async fn mark_no_follow_up(&self, id: &str) -> Result<(), StoreError> {
+        let q =
+            Stmt::new(sql!(D, "UPDATE ll_runs SET next_run_id = '' WHERE id = $1 AND next_run_id IS NULL"), "closing an interrupted run");
+        D::execute(&mut *self.writer().await?, q.bind(id)).await?;
+        Ok(())
+    }
+
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
+        let q = Stmt::new(due_undispatched_sql::<D>(), "reading due runs").bind(ms(now)).bind(DUE_BATCH as i64);
+        Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(|r| (r.text("id"), r.text("job"))).collect())
+    }
+
+    async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let row = D::fetch_optional(&mut *self.reader().await?, Stmt::new(next_due_sql::<D>(), "reading the next due run")).await?;
+        Ok(row.and_then(|r| r.opt_int("t")).map(from_ms))
+    }
+
+    async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                format!(
+                    "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE job = $1 AND status IN {} AND (status != {{Queued}} OR dispatched_at IS NOT NULL)) AS found",
+                    *ACTIVE
+                )
+            ),
+            "reading active runs",
+        );
+        Ok(D::fetch_optional(&mut *self.reader().await?, q.bind(job)).await?.is_some_and(|r| r.flag("found")))
+    }
+
+    /// Several schedulers may hand the same due runs over at once: rows another one holds are
+    /// skipped (it is handing them over), the rest taken.
+    async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
+        let mut tx = self.begin().await?;
+        let claimed = claim::<D>(&mut tx, handed, worker, now, Locked::Skip).await?;
+        let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(&mut tx, queued, ms(now)).await? };
+        D::push(&mut tx, &to_push).await?;
+        D::commit(tx).await?;
+        Ok(claimed)
+    }
+
+    /// The tasks taken are this transaction's alone, so their runs are locked by nobody else
+    /// but a concurrent cancel: the claim waits for it and then leaves the run out.
+    async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError> {
+        let mut tx = self.begin().await?;
+        let (tasks, ids) = self.take(&mut tx, n, worker).await?;
+        let runs = claim::<D>(&mut tx, &ids, worker, now, Locked::Wait).await?;
+        D::commit(tx).await?;
+        Ok(Taken { tasks, runs })
+    }
+
+    async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        debug_assert!(ends.iter().all(|e| RunStatus::Running.can_become(e.status)));
+        // Only a batch with steps to close needs a transaction around both statements.
+        if !ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded) {
+            return D::finish_runs(&mut *self.writer().await?, ends, ms(now)).await;
+        }
+        let mut tx = self.begin().await?;
+        let done = D::finish_runs(&mut tx, ends, ms(now)).await?;
+        let ended: Vec<(&str, RunStatus)> = ends.iter().map(|e| (e.id, e.status)).collect();
+        close_steps::<D>(&mut tx, &ended, now).await?;
+        D::commit(tx).await?;
+        Ok(done)
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        status: RunStatus,
+        output: Option<&serde_json::Value>,
+        error: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5 WHERE id = $1 AND status IN {}",
+            status_list(RunStatus::sources(status))
+        );
+        let mut tx = self.begin().await?;
+        let q = Stmt::built(sql, "finishing a run")
+            .bind(id)
+            .bind(status.as_str())
+            .bind(output.map(|o| o.to_string()))
+            .bind(error)
+            .bind(ms(now));
+        let n = D::execute(&mut tx, q).await?;
+        if n == 1 {
+            close_steps::<D>(&mut tx, &[(id, status)], now).await?;
+        }
+        D::commit(tx).await?;
+        Ok(n == 1)
+    }
+
+    async fn checkpoint(&self, root_id: &str, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let q = Stmt::new(sql!(D, "SELECT value FROM ll_checkpoints WHERE root_id = $1 AND step = $2"), "reading a checkpoint");
+        Ok(D::fetch_optional(&mut *self.reader().await?, q.bind(root_id).bind(step)).await?.and_then(|r| r.json("value")))
+    }
+
+    async fn record_checkpoint(
+        &self,
+        root_id: &str,
+        step: &str,
+        run_id: &str,
+        value: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_checkpoints (root_id, step, run_id, value, recorded_at) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (root_id, step) DO UPDATE SET run_id = $3, value = $4, recorded_at = $5"
+            ),
+            "recording a checkpoint",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(root_id).bind(step).bind(run_id).bind(value.to_string()).bind(ms(now))).await?;
+        Ok(())
+    }
+
+    async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT * FROM ll_steps WHERE root_id = $1 ORDER BY coalesce(started_at, finished_at), step"),
+            "reading workflow steps",
+        );
+        Ok(D::fetch_all(&mut *self.reader().await?, q.bind(root_id)).await?.iter().map(step_from_row).collect())
+    }
+
+    async fn record_steps(&self, root_id: &str, steps: &[StepRecord]) -> Result<(), StoreError> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let sql = values(
+            "ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error, resumes_on_reject)",
+            10,
+            steps.len(),
+            "ON CONFLICT (root_id, step) DO UPDATE SET status = excluded.status, run_id = excluded.run_id, attempt = excluded.attempt,
+                 started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error,
+                 resumes_on_reject = excluded.resumes_on_reject
+             WHERE ll_steps.attempt <= excluded.attempt",
+        );
+        let mut q = Stmt::built(sql, "recording workflow steps");
+        for st in steps {
+            q = q
+                .bind(root_id)
+                .bind(st.step.as_str())
+                .bind(st.status.as_str())
+                .bind(st.run_id.as_str())
+                .bind(i64::from(st.attempt))
+                .bind(st.started_at.map(ms))
+                .bind(st.finished_at.map(ms))
+                .bind(st.output.as_ref().map(|v| v.to_string()))
+                .bind(st.error.as_deref())
+                .bind(st.resumes_on_reject);
+        }
+        D::execute(&mut *self.writer().await?, q).await?;
+        Ok(())
+    }
+
+    async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
+        let mut tx = self.begin().await?;
+        // The run's lock orders decisions on it: the second reads what the first did.
+        let q = Stmt::new(
+            sql!(D, "SELECT status, coalesce(root_id, id) AS root FROM ll_runs WHERE id = $1 {lock}"),
+            "reading the run to decide on",
+        );
+        let Some(run) = D::fetch_optional(&mut tx, q.bind(d.run_id)).await? else {
+            D::rollback(tx).await?;
+            return Ok(Decided::NoSuchRun);
+        };
+        let status: RunStatus = run.text("status").parse().unwrap_or(RunStatus::Failed);
+        if status != RunStatus::WaitingApproval {
+            D::rollback(tx).await?;
+            return Ok(Decided::NotWaiting(status));
+        }
+        let q = Stmt::new(
+            sql!(D, "SELECT step, resumes_on_reject FROM ll_steps WHERE run_id = $1 AND status = {step:WaitingApproval} ORDER BY step"),
+            "reading the steps waiting for a decision",
+        );
+        let open_rows: Vec<(String, bool)> =
+            D::fetch_all(&mut tx, q.bind(d.run_id)).await?.iter().map(|r| (r.text("step"), r.flag("resumes_on_reject"))).collect();
+        let open: Vec<String> = open_rows.iter().map(|(s, _)| s.clone()).collect();
+        let step = match choose_step(d.step, &open) {
+            StepChoice::Step(s) => s.to_owned(),
+            StepChoice::NotWaiting => {
+                D::rollback(tx).await?;
+                return Ok(Decided::NotWaitingStep { waiting: open });
+            }
+            StepChoice::Which => {
+                D::rollback(tx).await?;
+                return Ok(Decided::WhichStep { waiting: open });
+            }
+        };
+        let (output, error) = decision_record(d.approve, d.comment, d.decided_by, now);
+        let new_status = if d.approve { StepStatus::Succeeded } else { StepStatus::Failed };
+        let q = Stmt::new(
+            sql!(
+                D,
+                "UPDATE ll_steps SET status = $3, output = $4, error = $5, finished_at = $6
+                 WHERE root_id = $1 AND step = $2 AND status = {step:WaitingApproval} RETURNING *"
+            ),
+            "recording a decision",
+        )
+        .bind(run.text("root"))
+        .bind(step.as_str())
+        .bind(new_status.as_str())
+        .bind(output.to_string())
+        .bind(error.as_deref())
+        .bind(ms(now));
+        let Some(record) = D::fetch_optional(&mut tx, q).await? else {
+            // Read as waiting in this transaction a moment ago: only a broken row gets here.
+            D::rollback(tx).await?;
+            return Ok(Decided::NotWaitingStep { waiting: open });
+        };
+        let record = step_from_row(&record);
+        let resumes_on_reject = open_rows.iter().any(|(s, resumes)| *s == step && *resumes);
+        let run_status = match after_decision(d.approve, resumes_on_reject, open.len(), &step, error.as_deref()) {
+            AfterDecision::Wait => RunStatus::WaitingApproval,
+            AfterDecision::Resume => {
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        "UPDATE ll_runs SET status = {Queued}, dispatched_at = NULL, wait_until = NULL WHERE id = $1 AND status = {WaitingApproval}"
+                    ),
+                    "resuming an approved run",
+                );
+                D::execute(&mut tx, q.bind(d.run_id)).await?;
+                RunStatus::Queued
+            }
+            AfterDecision::Fail(why) => {
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        "UPDATE ll_runs SET status = {Failed}, error = $2, finished_at = $3, wait_until = NULL
+                         WHERE id = $1 AND status = {WaitingApproval}"
+                    ),
+                    "failing a rejected run",
+                );
+                D::execute(&mut tx, q.bind(d.run_id).bind(why).bind(ms(now))).await?;
+                close_steps::<D>(&mut tx, &[(d.run_id, RunStatus::Failed)], now).await?;
+                RunStatus::Failed
+            }
+        };
+        D::commit(tx).await?;
+        Ok(Decided::Recorded { step: record, run: run_status })
+    }
+
+    async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "UPDATE ll_runs SET status = {Queued}, dispatched_at = NULL, wait_until = NULL
+                 WHERE status = {WaitingApproval} AND wait_until <= $1 RETURNING id"
+            ),
+            "resuming runs whose wait is over",
+        );
+        Ok(D::fetch_all(&mut *self.writer().await?, q.bind(ms(now))).await?.iter().map(|r| r.text("id")).collect())
+    }
+
+    async fn calls(&self, root_id: &str) -> Result<Vec<CallRecord>, StoreError> {
+        let q = Stmt::new(sql!(D, "SELECT * FROM ll_agent_calls WHERE root_id = $1 ORDER BY conversation, seq"), "reading agent calls");
+        Ok(D::fetch_all(&mut *self.reader().await?, q.bind(root_id)).await?.iter().filter_map(call_from_row).collect())
+    }
+
+    async fn record_call(&self, root_id: &str, c: &CallRecord) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_agent_calls (root_id, conversation, seq, kind, name, call_id, request, response, error,
+                     input_tokens, output_tokens, cost, run_id, attempt, started_at, finished_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 ON CONFLICT (root_id, conversation, seq) DO UPDATE SET kind = excluded.kind, name = excluded.name,
+                     call_id = excluded.call_id, request = excluded.request, response = excluded.response, error = excluded.error,
+                     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, cost = excluded.cost,
+                     run_id = excluded.run_id, attempt = excluded.attempt, started_at = excluded.started_at,
+                     finished_at = excluded.finished_at
+                 WHERE ll_agent_calls.attempt <= excluded.attempt"
+            ),
+            "recording an agent call",
+        )
+        .bind(root_id)
+        .bind(c.conversation.as_str())
+        .bind(i64::from(c.seq))
+        .bind(c.kind.as_str())
+        .bind(c.name.as_str())
+        .bind(c.call_id.as_deref())
+        .bind(c.request.as_ref().map(|v| v.to_string()))
+        .bind(c.response.as_ref().map(|v| v.to_string()))
+        .bind(c.error.as_deref())
+        .bind(i64::try_from(c.input_tokens).unwrap_or(i64::MAX))
+        .bind(i64::try_from(c.output_tokens).unwrap_or(i64::MAX))
+        .bind(c.cost)
+        .bind(c.run_id.as_str())
+        .bind(i64::from(c.attempt))
+        .bind(ms(c.started_at))
+        .bind(ms(c.finished_at));
+        D::execute(&mut *self.writer().await?, q).await?;
+        Ok(())
+    }
+
+    async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError> {
+        let q = Stmt::new(sql!(D, "SELECT job_snapshot FROM ll_runs WHERE id = $1"), "reading a run's job snapshot");
+        Ok(D::fetch_optional(&mut *self.reader().await?, q.bind(id)).await?.and_then(|r| r.json("job_snapshot")))
+    }
+
+    async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        let q = Stmt::new(sql!(D, concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE id = $1")), "reading a run");
+        Ok(D::fetch_optional(&mut *self.reader().await?, q.bind(id)).await?.as_ref().map(run_from_row))
+    }
+
+    /// Runs, newest first, with paging by cursor.
+    async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
+        Ok(D::fetch_all(&mut *self.reader().await?, f.query()).await?.iter().map(run_from_row).collect())
+    }
+
+    async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError> {
+        Dialect::job_overview(self, job, recent).await
+    }
+
+    async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
+        Dialect::last_runs(self, jobs).await
+    }
+
+    async fn queue_depth(&self) -> Result<u64, StoreError> {
+        let q = Stmt::new(sql!(D, "SELECT count(*) AS n FROM ll_runs WHERE status = {Queued}"), "counting queued runs");
+        Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.map_or(0, |r| r.int("n")) as u64)
+    }
+
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        Dialect::heartbeat(self, me, lease, take_over, ms(now)).await
+    }
+
+    async fn release(&self, me: &WorkerId) -> Result<(), StoreError> {
+        let q = Stmt::new(sql!(D, "DELETE FROM ll_workers WHERE name = $1 AND instance = $2"), "giving up the worker's lease");
+        D::execute(&mut *self.writer().await?, q.bind(me.name.as_str()).bind(me.instance.as_str())).await?;
+        Ok(())
+    }
+
+    async fn workers(&self, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError> {
+        let mut c = self.reader().await?;
+        let leases = D::live_leases(&mut c, ms(now)).await?;
+        let q = Stmt::new(
+            sql!(D, "SELECT worker, id FROM ll_runs WHERE status = {Running} AND worker IS NOT NULL ORDER BY id"),
+            "reading running runs",
+        );
+        let running = D::fetch_all(&mut c, q).await?;
+        Ok(leases_with_runs(&leases, &running))
+    }
+
+    /// The orphans and their open steps are interrupted together, in one transaction. Where a
+    /// backend serves one worker, every queued run is then handed over again (the tasks that
+    /// carried them are dropped); on a shared database queue tasks are not owned by workers (a
+    /// task is consumed in the transaction that claims its run), so nothing is handed over.
+    async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
+        let mut tx = self.begin().await?;
+        let runs: Vec<Run> = D::interrupt_orphans(&mut tx, starting, ms(now)).await?.iter().map(run_from_row).collect();
+        let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
+        close_steps::<D>(&mut tx, &interrupted, now).await?;
+        D::commit(tx).await?;
+        if !D::KIND.takes_over_from_others() {
+            let mut tx = self.begin().await?;
+            let q = Stmt::new(sql!(D, "UPDATE ll_runs SET dispatched_at = NULL WHERE status = {Queued}"), "re-queueing runs");
+            D::execute(&mut tx, q).await?;
+            D::forget_queue(&mut tx).await?;
+            D::commit(tx).await?;
+        }
+        Ok(runs)
+    }
+
+    async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE status = {Interrupted} AND next_run_id IS NULL")),
+            "reading interrupted runs",
+        );
+        Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(run_from_row).collect())
+    }
+
+    async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut c = self.writer().await?;
+        let mut deleted = 0;
+        if let Some(keep) = keep {
+            let q = Stmt::new(
+                sql!(
+                    D,
+                    format!(
+                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {a} AND id NOT IN
+                         (SELECT id FROM ll_runs WHERE job = $1 AND status NOT IN {a} ORDER BY id DESC LIMIT $2)",
+                        a = *ACTIVE
+                    )
+                ),
+                "pruning runs by count",
+            );
+            deleted += D::execute(&mut c, q.bind(job).bind(i64::from(keep))).await?;
+        }
+        if let Some(age) = max_age {
+            let q = Stmt::new(
+                sql!(D, format!("DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {} AND finished_at < $2", *ACTIVE)),
+                "pruning runs by age",
+            );
+            deleted += D::execute(&mut c, q.bind(job).bind(ms(now) - age.as_millis() as i64)).await?;
+        }
+        let q = Stmt::new(sql!(D, "DELETE FROM ll_ticks WHERE job = $1 AND scheduled_at < $2"), "pruning ticks");
+        D::execute(&mut c, q.bind(job).bind(ms(now) - TICK_KEYS_KEPT.as_millis() as i64)).await?;
+        Ok(deleted)
+    }
+
+    async fn housekeeping(&self) -> Result<(), StoreError> {
+        Dialect::housekeeping(self).await
+    }
+}
