@@ -1,8 +1,112 @@
-//! Runtime schedule policy. The schedules themselves are parsed once, by the config crate.
+//! Runtime schedule policy, as pure functions: which of a job's ticks are due, which of them
+//! fire (on time, or caught up after downtime), and each tick's jitter. The schedules
+//! themselves are parsed once, by the config crate; the scheduler loop keeps the plan and
+//! records what these decide.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+
+use lamplighter_config::{CatchUp, JobConfig, Overlap, Schedule};
+
+use crate::run::Trigger;
+
+/// A tick later than this is "missed" and follows the job's catch-up policy.
+pub(crate) const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
+/// At most this many missed ticks are looked at per job (`catch_up: all` is bounded by it).
+pub(crate) const MAX_MISSED: usize = 1000;
+
+/// The parts of a job's config that decide when its ticks fire.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TickPolicy<'a> {
+    pub(crate) job: &'a str,
+    pub(crate) schedule: &'a Schedule,
+    pub(crate) jitter: Option<Duration>,
+    pub(crate) catch_up: CatchUp,
+    pub(crate) catch_up_window: Duration,
+    pub(crate) overlap: Overlap,
+}
+
+impl<'a> TickPolicy<'a> {
+    pub(crate) fn of(cfg: &'a JobConfig, schedule: &'a Schedule) -> Self {
+        Self {
+            job: &cfg.name,
+            schedule,
+            jitter: cfg.jitter,
+            catch_up: cfg.catch_up,
+            catch_up_window: cfg.catch_up_window,
+            overlap: cfg.overlap,
+        }
+    }
+
+    /// When `tick` fires: the tick plus its jitter.
+    pub(crate) fn fire_at(&self, tick: DateTime<Utc>) -> DateTime<Utc> {
+        tick + chrono::Duration::from_std(self.jitter.map(|j| jitter_for(self.job, tick, j)).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+/// What a job's due ticks come to at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DueTicks {
+    /// The ticks that fire, in order: (tick, when it fires, why).
+    pub(crate) fire: Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)>,
+    /// How many of the due ticks were missed (more than [`ON_TIME`] late).
+    pub(crate) missed: usize,
+    /// The last tick processed (fired or passed over); it only moves forward.
+    pub(crate) last: Option<DateTime<Utc>>,
+    /// The last due tick when it did not fire: no run records it, so it is saved on its own.
+    pub(crate) skipped_last: Option<DateTime<Utc>>,
+    /// The job's next tick after these.
+    pub(crate) next: Option<DateTime<Utc>>,
+    /// The overlap policy the fired ticks apply: caught-up ticks run one after another, and the
+    /// on-time tick after them (under `forbid` or `replace` they would otherwise skip or cancel
+    /// each other at once).
+    pub(crate) overlap: Overlap,
+}
+
+/// A job's ticks due at `now`, from its planned next tick (`planned`) on, after the last one
+/// processed (`last`). After a suspend or downtime there can be many: on-time ones always
+/// fire; missed ones as the job's `catch_up` and `catch_up_window` say.
+pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last: Option<DateTime<Utc>>, now: DateTime<Utc>) -> DueTicks {
+    let mut ticks = Vec::new();
+    let mut cur = planned;
+    while let Some(t) = cur {
+        let fire_at = p.fire_at(t);
+        if fire_at > now || ticks.len() >= MAX_MISSED {
+            break;
+        }
+        ticks.push((t, fire_at));
+        cur = p.schedule.next_after(t);
+    }
+    let fire = choose(p, &ticks, now);
+    let missed = ticks.iter().filter(|(_, at)| now - *at > ON_TIME).count();
+    let due_last = ticks.last().map(|(t, _)| *t);
+    let skipped_last = due_last.filter(|l| fire.last().map(|(t, _, _)| t) != Some(l));
+    let catching_up = fire.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
+    let overlap = if catching_up && p.overlap != Overlap::Allow { Overlap::Queue } else { p.overlap };
+    let last = due_last.or(last);
+    // `cur` is the first tick after the last one taken: the job's next tick.
+    let next = if ticks.is_empty() { p.schedule.next_after(last.unwrap_or(now)) } else { cur };
+    DueTicks { fire, missed, last, skipped_last, next, overlap }
+}
+
+/// Which of the due ticks `(tick, fire at)` fire: on-time ones always; missed ones as the
+/// catch-up policy and window say.
+fn choose(
+    p: &TickPolicy<'_>,
+    ticks: &[(DateTime<Utc>, DateTime<Utc>)],
+    now: DateTime<Utc>,
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
+    let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
+    let window_start = now - chrono::Duration::from_std(p.catch_up_window).unwrap_or(chrono::Duration::days(1));
+    let in_window: Vec<_> = missed.into_iter().filter(|(t, _)| *t >= window_start).collect();
+    let caught: Vec<_> = match p.catch_up {
+        CatchUp::Skip => Vec::new(),
+        CatchUp::Latest => in_window.last().copied().into_iter().collect(),
+        CatchUp::All => in_window,
+    };
+    caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
+}
 
 /// A delay in `[0, max)` that depends only on the job and the tick, so a tick keeps its jitter
 /// across restarts and on every worker.
@@ -26,6 +130,131 @@ mod tests {
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn minutely() -> Schedule {
+        Schedule::cron("* * * * *", "UTC").unwrap()
+    }
+
+    fn hourly() -> Schedule {
+        Schedule::cron("0 * * * *", "UTC").unwrap()
+    }
+
+    fn policy(schedule: &Schedule, catch_up: CatchUp, window_mins: u64, overlap: Overlap) -> TickPolicy<'_> {
+        TickPolicy { job: "j", schedule, jitter: None, catch_up, catch_up_window: Duration::from_secs(window_mins * 60), overlap }
+    }
+
+    /// `(tick, trigger)` of what fires, with times as `HH:MM`.
+    fn fired(d: &DueTicks) -> Vec<(String, Trigger)> {
+        d.fire.iter().map(|(t, _, tr)| (t.format("%H:%M").to_string(), *tr)).collect()
+    }
+
+    fn hm(d: Option<DateTime<Utc>>) -> Option<String> {
+        d.map(|t| t.format("%H:%M").to_string())
+    }
+
+    #[test]
+    fn due_ticks_by_the_table() {
+        use CatchUp::{All, Latest, Skip};
+        use Trigger::{CatchUp as Caught, Cron};
+        let (m, h) = (minutely(), hourly());
+        let day = 24 * 60;
+        // (schedule, catch_up, window (min), overlap, planned, now) => fired, missed, next, skipped last, overlap applied
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(&Schedule, CatchUp, u64, Overlap, &str, &str, Vec<(&str, Trigger)>, usize, &str, Option<&str>, Overlap)> = vec![
+            // On time (5 s late): fires as cron.
+            (&m, Latest, day, Overlap::Forbid, "10:00:00", "10:00:05", vec![("10:00", Cron)], 0, "10:01", None, Overlap::Forbid),
+            // 59 s late is still on time.
+            (&m, Skip, day, Overlap::Forbid, "10:00:00", "10:00:59", vec![("10:00", Cron)], 0, "10:01", None, Overlap::Forbid),
+            // Five minutes down: the latest missed tick is caught up, then the on-time one, queued behind it.
+            (
+                &m,
+                Latest,
+                day,
+                Overlap::Forbid,
+                "10:00:00",
+                "10:05:10",
+                vec![("10:04", Caught), ("10:05", Cron)],
+                5,
+                "10:06",
+                None,
+                Overlap::Queue,
+            ),
+            // `skip` fires only the on-time tick.
+            (&m, Skip, day, Overlap::Forbid, "10:00:00", "10:05:10", vec![("10:05", Cron)], 5, "10:06", None, Overlap::Forbid),
+            // `all` within a 3-minute window.
+            (
+                &m,
+                All,
+                3,
+                Overlap::Replace,
+                "10:00:00",
+                "10:05:10",
+                vec![("10:03", Caught), ("10:04", Caught), ("10:05", Cron)],
+                5,
+                "10:06",
+                None,
+                Overlap::Queue,
+            ),
+            // `allow` stays `allow` while catching up.
+            (
+                &m,
+                All,
+                3,
+                Overlap::Allow,
+                "10:00:00",
+                "10:05:10",
+                vec![("10:03", Caught), ("10:04", Caught), ("10:05", Cron)],
+                5,
+                "10:06",
+                None,
+                Overlap::Allow,
+            ),
+            // Every due tick missed and `skip`: nothing fires; the last one is recorded on its own.
+            (&h, Skip, day, Overlap::Forbid, "10:00:00", "12:30:00", vec![], 3, "13:00", Some("12:00"), Overlap::Forbid),
+            (&h, Latest, day, Overlap::Forbid, "10:00:00", "12:30:00", vec![("12:00", Caught)], 3, "13:00", None, Overlap::Queue),
+            // Missed ticks outside the window are not caught up.
+            (&h, Latest, 20, Overlap::Forbid, "10:00:00", "12:30:00", vec![], 3, "13:00", Some("12:00"), Overlap::Forbid),
+            // Nothing due yet: the next tick after now.
+            (&m, Latest, day, Overlap::Forbid, "10:01:00", "10:00:30", vec![], 0, "10:01", None, Overlap::Forbid),
+        ];
+        for (i, (schedule, catch_up, window, overlap, planned, now, want, missed, next, skipped, applied)) in cases.into_iter().enumerate()
+        {
+            let p = policy(schedule, catch_up, window, overlap);
+            let d = due_ticks(&p, Some(utc(&format!("2026-03-01T{planned}Z"))), None, utc(&format!("2026-03-01T{now}Z")));
+            let want: Vec<(String, Trigger)> = want.into_iter().map(|(t, tr)| (t.to_string(), tr)).collect();
+            assert_eq!(fired(&d), want, "case {i}");
+            assert_eq!(d.missed, missed, "case {i}: missed");
+            assert_eq!(hm(d.next).as_deref(), Some(next), "case {i}: next");
+            assert_eq!(hm(d.skipped_last).as_deref(), skipped, "case {i}: skipped last");
+            assert_eq!(d.overlap, applied, "case {i}: overlap");
+        }
+    }
+
+    /// A long downtime looks at [`MAX_MISSED`] ticks and plans the next from there.
+    #[test]
+    fn missed_ticks_are_bounded() {
+        let m = minutely();
+        let p = policy(&m, CatchUp::All, 10 * 24 * 60, Overlap::Allow);
+        let planned = utc("2026-03-01T00:00:00Z");
+        let d = due_ticks(&p, Some(planned), None, planned + chrono::Duration::minutes(5000));
+        assert_eq!((d.fire.len(), d.missed), (MAX_MISSED, MAX_MISSED));
+        assert_eq!(d.next, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64)));
+        assert_eq!(d.last, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64 - 1)));
+    }
+
+    /// A tick fires at its jitter, not before.
+    #[test]
+    fn a_tick_waits_for_its_jitter() {
+        let m = minutely();
+        let p = TickPolicy { jitter: Some(Duration::from_secs(50)), ..policy(&m, CatchUp::Latest, 60, Overlap::Allow) };
+        let tick = utc("2026-03-01T10:00:00Z");
+        let at = p.fire_at(tick);
+        assert!(at > tick && at < tick + chrono::Duration::seconds(50), "{at}");
+        let before = due_ticks(&p, Some(tick), None, at - chrono::Duration::milliseconds(1));
+        assert!(before.fire.is_empty());
+        let then = due_ticks(&p, Some(tick), None, at);
+        assert_eq!(then.fire, vec![(tick, at, Trigger::Cron)]);
     }
 
     #[test]

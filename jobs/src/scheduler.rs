@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{CatchUp, JobConfig, Overlap, Schedule};
+use lamplighter_config::{JobConfig, Overlap, Schedule};
 
 use crate::clock::Clock;
 use crate::events::Observer;
@@ -19,14 +19,9 @@ use crate::executor::Executor;
 use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
 use crate::run::{RunStatus, Trigger};
-use crate::schedule::jitter_for;
+use crate::schedule::{TickPolicy, due_ticks};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::store::{Claim, DUE_BATCH, NewRun, RunStore};
-
-/// A tick later than this is "missed" and follows the job's catch-up policy.
-const ON_TIME: chrono::Duration = chrono::Duration::seconds(60);
-/// At most this many missed ticks are looked at per job (`catch_up: all` is bounded by it).
-const MAX_MISSED: usize = 1000;
 
 struct Entry {
     schedule: Arc<Schedule>,
@@ -57,7 +52,7 @@ impl Plan {
             self.order.remove(&(at, job.to_string()));
         }
         if let Some(tick) = tick {
-            let at = tick + jitter(cfg, job, tick);
+            let at = TickPolicy::of(cfg, &e.schedule).fire_at(tick);
             e.next = Some((tick, at));
             self.order.insert((at, job.to_string()));
         }
@@ -234,40 +229,19 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         let Some(entry) = plan.entries.get_mut(&job) else {
             continue;
         };
-        // Every tick of this job that is due now: the planned one and any after it (after a
-        // suspend or downtime there can be many).
-        let mut ticks = Vec::new();
-        let mut cur = entry.next.take().map(|(t, _)| t);
-        while let Some(t) = cur {
-            let fire_at = t + jitter(cfg, &job, t);
-            if fire_at > now || ticks.len() >= MAX_MISSED {
-                break;
-            }
-            ticks.push((t, fire_at));
-            cur = entry.schedule.next_after(t);
+        let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.take().map(|(t, _)| t), entry.last, now);
+        if due.missed > 0 {
+            let caught_up = due.fire.iter().filter(|(_, _, tr)| *tr == Trigger::CatchUp).count();
+            tracing::info!(job = %job, missed = due.missed, caught_up, policy = ?cfg.catch_up, "missed ticks");
         }
-        let chosen = choose(cfg, &ticks, now);
-        let missed = ticks.iter().filter(|(_, at)| now - *at > ON_TIME).count();
-        if missed > 0 {
-            let caught_up = chosen.iter().filter(|(_, _, tr)| *tr == Trigger::CatchUp).count();
-            tracing::info!(job = %job, missed, caught_up, policy = ?cfg.catch_up, "missed ticks");
-        }
-        let last = ticks.last().map(|(t, _)| *t);
-        if let Some(l) = last
-            && chosen.last().map(|(t, _, _)| *t) != Some(l)
-        {
+        if let Some(l) = due.skipped_last {
             skipped_last.push((job.clone(), l));
         }
-        // Caught-up ticks run one after another, and the on-time tick after them: under
-        // `forbid` or `replace` they would otherwise skip or cancel each other at once.
-        let catching_up = chosen.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
-        let tick_policy = if catching_up && cfg.overlap != Overlap::Allow { Overlap::Queue } else { cfg.overlap };
-        for (t, at, trigger) in chosen {
-            batch.push((new_tick_run(&config, cfg, t, at, trigger), tick_policy));
+        for (t, at, trigger) in due.fire {
+            batch.push((new_tick_run(&config, cfg, t, at, trigger), due.overlap));
         }
-        entry.last = last.or(entry.last);
-        // `cur` is the first tick after the last one taken: the job's next tick.
-        next_ticks.push((job, if ticks.is_empty() { entry.schedule.next_after(entry.last.unwrap_or(now)) } else { cur }));
+        entry.last = due.last;
+        next_ticks.push((job, due.next));
     }
     if !batch.is_empty() {
         let planned = began.elapsed();
@@ -285,24 +259,6 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
             tracing::error!(job = %job, error = %e, "cannot save the last tick");
         }
     }
-}
-
-fn jitter(cfg: &JobConfig, job: &str, tick: DateTime<Utc>) -> chrono::Duration {
-    chrono::Duration::from_std(cfg.jitter.map(|j| jitter_for(job, tick, j)).unwrap_or_default()).unwrap_or_default()
-}
-
-/// Which of a job's due ticks fire: on-time ones always; missed ones (more than [`ON_TIME`]
-/// late) as the job's `catch_up` policy and `catch_up_window` say.
-fn choose(cfg: &JobConfig, ticks: &[(DateTime<Utc>, DateTime<Utc>)], now: DateTime<Utc>) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
-    let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
-    let window_start = now - chrono::Duration::from_std(cfg.catch_up_window).unwrap_or(chrono::Duration::days(1));
-    let in_window: Vec<_> = missed.into_iter().filter(|(t, _)| *t >= window_start).collect();
-    let caught: Vec<_> = match cfg.catch_up {
-        CatchUp::Skip => Vec::new(),
-        CatchUp::Latest => in_window.last().copied().into_iter().collect(),
-        CatchUp::All => in_window,
-    };
-    caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
 }
 
 fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
