@@ -21,6 +21,7 @@
 
 mod mcp;
 mod model;
+mod replay;
 mod tools;
 
 use std::collections::HashMap;
@@ -42,7 +43,8 @@ use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
 
-use model::{CallFailed, Endpoint, Limiter, Msg, Reply, ToolCall, ToolSpec};
+use model::{CallFailed, Endpoint, Limiter, Reply, ToolCall, ToolSpec};
+use replay::{Next, Replay, replay, reply_of, unique_call_ids};
 use tools::{Delegation, Source, Toolbox};
 
 /// Agent waits are steps of the run named `agent:…` (`agent:budget-N`, `agent:[conv/]tool-N`);
@@ -305,53 +307,19 @@ impl Session {
         let mut model_cx: Option<opentelemetry::Context> = None;
         loop {
             let records = self.conversation(&conv);
-            let mut messages = Vec::with_capacity(records.len() + 2);
-            if let Some(system) = &s.system {
-                messages.push(Msg::System(system.clone()));
-            }
-            messages.push(Msg::User(input.clone()));
-            let mut model_calls = 0;
-            // The last model reply and the tool calls it asked for that have no result yet.
-            let mut last: Option<(u32, Vec<ToolCall>, String)> = None;
-            for r in &records {
-                match r.kind {
-                    CallKind::Model => {
-                        model_calls += 1;
-                        let (content, calls) = reply_of(r);
-                        messages.push(Msg::Assistant { content: content.clone(), calls: calls.clone() });
-                        last = Some((r.seq, calls, content));
-                    }
-                    CallKind::Tool => messages.push(Msg::Tool {
-                        call_id: r.call_id.clone().unwrap_or_default(),
-                        content: r.response.as_ref().and_then(Value::as_str).unwrap_or_default().to_string(),
-                    }),
-                }
-            }
-            let next_seq = match &last {
-                None => 0,
-                Some((seq, calls, content)) => {
-                    if calls.is_empty() {
-                        return AgentEnd::Answer(content.clone());
-                    }
-                    // Tool calls not yet answered, in the order the model made them; then the
-                    // messages are rebuilt with their results.
-                    let done: Vec<u32> = records.iter().filter(|r| r.kind == CallKind::Tool).map(|r| r.seq).collect();
-                    let mut answered = false;
-                    for (i, call) in calls.iter().enumerate() {
-                        let seq = seq + 1 + i as u32;
-                        if done.contains(&seq) {
-                            continue;
-                        }
-                        answered = true;
-                        if let Err(end) = self.tool_call(agent, s, call, &conv, seq, depth, cancel, model_cx.as_ref()).await {
+            let Replay { messages, model_calls, next } = replay(&records, s.system.as_deref(), &input);
+            let next_seq = match next {
+                Next::Answer(answer) => return AgentEnd::Answer(answer),
+                Next::Tools(owed) => {
+                    for (seq, call) in owed {
+                        if let Err(end) = self.tool_call(agent, s, &call, &conv, seq, depth, cancel, model_cx.as_ref()).await {
                             return end;
                         }
                     }
-                    if answered {
-                        continue;
-                    }
-                    seq + 1 + calls.len() as u32
+                    // The messages are rebuilt with their results.
+                    continue;
                 }
+                Next::Model { seq } => seq,
             };
             if model_calls >= agent.max_iters {
                 return AgentEnd::failed(
@@ -394,16 +362,7 @@ impl Session {
                     return AgentEnd::failed(format!("agent \"{name}\": model call failed: {error}"), retry);
                 }
             };
-            // Every tool call needs an id of its own in the conversation (the results refer to
-            // it): a missing or repeated one gets one, before it is recorded and replayed.
-            let mut used: std::collections::HashSet<String> =
-                records.iter().filter(|r| r.kind == CallKind::Model).flat_map(|r| reply_of(r).1).map(|c| c.id).collect();
-            for (i, c) in reply.calls.iter_mut().enumerate() {
-                if c.id.is_empty() || !used.insert(c.id.clone()) {
-                    c.id = format!("call_{next_seq}_{i}");
-                    used.insert(c.id.clone());
-                }
-            }
+            unique_call_ids(&records, &mut reply.calls, next_seq);
             let request = if next_seq == 0 {
                 json!({
                     "system": s.system,
@@ -847,26 +806,6 @@ struct Setup {
     specs: Vec<ToolSpec>,
     system: Option<String>,
     pricing: Option<lamplighter_config::Pricing>,
-}
-
-/// A recorded model call's reply: its text and the tool calls (by wire name) it made.
-fn reply_of(r: &CallRecord) -> (String, Vec<ToolCall>) {
-    let resp = r.response.clone().unwrap_or_default();
-    let content = resp.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-    let calls = resp
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|c| ToolCall {
-                    id: c.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-                    name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-                    arguments: c.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (content, calls)
 }
 
 fn cap_text(s: String) -> String {
