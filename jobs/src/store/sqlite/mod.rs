@@ -346,11 +346,11 @@ impl Dialect for SqliteStore {
 
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
         // One JSON row for every job's state (see `parse_aggregate`).
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!("SELECT json_group_array(json_array({}, last_tick)) FROM ll_job_state", LISTED_STATE_COLUMNS.join(", "))
+        });
         let text: Option<String> =
-            sqlx::query_scalar("SELECT json_group_array(json_array(job, paused, pause_reason, paused_at, last_tick)) FROM ll_job_state")
-                .fetch_one(&self.pool)
-                .await
-                .ctx("reading job state")?;
+            sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str())).fetch_one(&self.pool).await.ctx("reading job state")?;
         let rows: Vec<JobStateRow> = parse_aggregate(text, "reading job state")?;
         Ok(rows
             .into_iter()
@@ -394,14 +394,19 @@ impl Dialect for SqliteStore {
         // Each job's newest run's rowid straight from the `(job, id)` index (its entries hold
         // the rowid), then its row: two seeks a job. All of them in one JSON row (see
         // `parse_aggregate`).
-        let text: Option<String> = sqlx::query_scalar(
-            "SELECT json_group_array(json_array(r.job, json_array(r.id, r.status, r.trigger, r.enqueued_at, r.finished_at)))
-             FROM json_each(?1) j JOIN ll_runs r ON r.rowid = (SELECT rowid FROM ll_runs WHERE job = j.value ORDER BY id DESC LIMIT 1)",
-        )
-        .bind(json_list(jobs.iter().copied()))
-        .fetch_one(&self.pool)
-        .await
-        .ctx("reading last runs")?;
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            let brief: Vec<String> = LISTED_RUN_COLUMNS.iter().map(|c| format!("r.{c}")).collect();
+            format!(
+                "SELECT json_group_array(json_array(r.job, json_array({})))
+                 FROM json_each(?1) j JOIN ll_runs r ON r.rowid = (SELECT rowid FROM ll_runs WHERE job = j.value ORDER BY id DESC LIMIT 1)",
+                brief.join(", ")
+            )
+        });
+        let text: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+            .bind(json_list(jobs.iter().copied()))
+            .fetch_one(&self.pool)
+            .await
+            .ctx("reading last runs")?;
         let rows: Vec<(String, BriefRow)> = parse_aggregate(text, "reading last runs")?;
         Ok(rows.into_iter().map(|(job, row)| (job, brief(row))).collect())
     }
@@ -451,6 +456,13 @@ impl Dialect for SqliteStore {
         Ok(())
     }
 }
+
+/// What a job listing reads of a job's state (with `last_tick`, which only plans: a tick's
+/// bookkeeping is not a change a listing shows) and of its last run (a [`BriefRow`], by `job`).
+/// Migration 0010's triggers count a change to any of these, which a kept listing relies on;
+/// `every_column_a_listing_reads_moves_the_count` holds the two together.
+const LISTED_STATE_COLUMNS: [&str; 4] = ["job", "paused", "pause_reason", "paused_at"];
+const LISTED_RUN_COLUMNS: [&str; 5] = ["id", "status", "trigger", "enqueued_at", "finished_at"];
 
 /// Takes or renews a lease: ?1 name, ?2 instance, ?3 host, ?4 pid, ?5 now, ?6 lease end,
 /// ?7 take over a row another instance left.
@@ -504,6 +516,42 @@ mod tests {
         let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
         crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("heartbeat");
         assert_eq!(store.listing_changes().await, Some(n1), "neither a tick nor a heartbeat changes a listing");
+    }
+
+    /// A listing kept while the count stands must see every change to what it read: each
+    /// column the listing reads, changed alone by another process, moves the count.
+    #[tokio::test]
+    async fn every_column_a_listing_reads_moves_the_count() {
+        let (dir, store) = migrated().await;
+        let mut other =
+            sqlx::ConnectOptions::connect(&SqliteConnectOptions::new().filename(dir.path().join("plan.db"))).await.expect("open");
+        let now = chrono::Utc::now();
+        let run = crate::store::contract::tick("a", now);
+        let (id, _) = crate::store::RunStore::insert_run(&store, run, now).await.expect("insert");
+        crate::store::RunStore::set_paused(&store, "a", true, Some("why"), now).await.expect("pause");
+        // Another value of the same type, whatever the column holds (NULL becomes a number).
+        let change = |table: &str, col: &str, key: &str, value: &str| {
+            format!(
+                "UPDATE {table} SET {col} = CASE WHEN {col} IS NULL THEN 1 WHEN typeof({col}) = 'integer' THEN {col} + 1 ELSE {col} || '-' END
+                 WHERE {key} = '{value}'"
+            )
+        };
+        let runs = LISTED_RUN_COLUMNS.iter().chain(&["job"]).map(|c| ("ll_runs", *c, "id", id.clone()));
+        let states = LISTED_STATE_COLUMNS.iter().map(|c| ("ll_job_state", *c, "job", "a".to_string()));
+        for (table, col, key, value) in runs.chain(states) {
+            let before = store.listing_changes().await.expect("a count");
+            let sql = change(table, col, key, &value);
+            let changed = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut other).await.expect("an update").rows_affected();
+            assert_eq!(changed, 1, "{table}.{col} was changed");
+            assert_ne!(store.listing_changes().await, Some(before), "{table}.{col} is read by a listing but does not move the count");
+            // Its key may have been the column just changed.
+            if col == key {
+                sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET {col} = '{value}' WHERE {col} = '{value}-'")))
+                    .execute(&mut other)
+                    .await
+                    .expect("back");
+            }
+        }
     }
 
     /// SQLite's plan for `sql` (parameters bound to `null`), one line per step.
