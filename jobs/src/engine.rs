@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{Config, JobConfig, Workflow};
+use lamplighter_plugins::Registry;
 
 use crate::clock::Clock;
 use crate::context::Targets;
@@ -51,6 +52,7 @@ pub(crate) struct Shared {
     scheduler: Arc<Scheduler>,
     retention: Arc<PruneQueue>,
     started_at: DateTime<Utc>,
+    registry: Arc<Registry>,
 }
 
 impl Shared {
@@ -214,6 +216,8 @@ pub struct EngineOptions {
     pub targets: Arc<dyn Targets>,
     /// Where events go ([`Observer::none`] when nothing looks).
     pub observer: Arc<Observer>,
+    /// The plugins loaded, for the catalog listings (the targets hold their own).
+    pub registry: Arc<Registry>,
 }
 
 /// Applies migrations without starting anything (`lamplighter migrate`); returns where (the
@@ -246,7 +250,7 @@ impl Engine {
         let Backend { store, signals, lock, kind: storage } = crate::store::open(&config.storage, &opts.worker_name, &stop_runs).await?;
         let now = opts.clock.now();
         opts.observer.configure(config);
-        let in_force = Arc::new(InForce::new(JobsConfig::of(config)));
+        let in_force = Arc::new(InForce::new(JobsConfig::of(config, &opts.registry)));
         let retention = Arc::new(PruneQueue::default());
         let (executor, recorder_rx) = Executor::new(
             config.worker.concurrency,
@@ -284,6 +288,7 @@ impl Engine {
             scheduler,
             retention,
             started_at: now,
+            registry: opts.registry,
         });
         // The lease first: from here on no other worker takes this one's runs.
         shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
@@ -311,7 +316,7 @@ impl Engine {
     /// Swaps in a new set of jobs; the scheduler replans at once.
     pub fn reload(&self, config: &Config) {
         self.shared.observer.configure(config);
-        self.shared.set_config(JobsConfig::of(config));
+        self.shared.set_config(JobsConfig::of(config, &self.shared.registry));
     }
 
     /// Waits for the scheduler's first pass (recovery done, due ticks fired, the plan built):

@@ -8,7 +8,10 @@ use std::sync::{Arc, RwLock};
 
 use lamplighter_config::{Config, Disabled, JobConfig, RetryPolicy, Workflow};
 
+use lamplighter_plugins::Registry;
+
 use crate::catalog::Catalog;
+use crate::listing::Listing;
 use crate::snapshot::JobSnapshot;
 
 /// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
@@ -27,10 +30,12 @@ pub(crate) struct JobsConfig {
     pub(crate) data_dir: PathBuf,
     /// Agents, providers, pipelines and MCP servers, for the agent runner.
     pub(crate) agents: Arc<Catalog>,
+    /// What the catalog listings show.
+    pub(crate) listing: Arc<Listing>,
 }
 
 impl JobsConfig {
-    pub(crate) fn of(config: &Config) -> Self {
+    pub(crate) fn of(config: &Config, registry: &Registry) -> Self {
         // The worker records them as `Disabled::Job` in the config's disabled items.
         let unavailable = config
             .disabled
@@ -47,6 +52,7 @@ impl JobsConfig {
             unavailable: Arc::new(unavailable),
             data_dir: config.data_dir.clone(),
             agents: Arc::new(Catalog::of(config)),
+            listing: Arc::new(Listing::of(config, registry)),
         }
     }
 

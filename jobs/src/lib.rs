@@ -11,6 +11,7 @@ pub mod events;
 mod executor;
 mod gate;
 mod in_force;
+mod listing;
 mod retention;
 mod run;
 mod schedule;
@@ -30,8 +31,8 @@ pub use lamplighter_config::{Schedule, ScheduleError};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, RunBrief, RunDetail, RunPage,
-    ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus,
+    AgentInfo, Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, PluginView, RunBrief,
+    RunDetail, RunFollower, RunPage, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};

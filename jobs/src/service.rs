@@ -11,13 +11,14 @@ use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
 use crate::engine::Engine;
 use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
 pub use lamplighter_contract::{
-    Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, StepView, Triggered, WorkerStatus,
+    AgentInfo, Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage, StepView, Triggered,
+    WorkerStatus, WorkflowInfo,
 };
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{Decide, Decided, JobOverview, NewRun, RunFilter, StoreError};
+use crate::store::{Decided, JobOverview, NewRun, RunFilter, StepDecision, StoreError};
 
 /// Errors callers branch on. Messages say what to do.
 #[derive(Debug, thiserror::Error)]
@@ -259,32 +260,53 @@ impl Engine {
 
     /// Waits until a run reaches a final status (or `timeout` passes) and returns it.
     pub async fn wait_run(&self, id: &str, timeout: Option<Duration>) -> Result<Run, ServiceError> {
-        let mut rx = self.shared.subscribe();
+        let mut follow = self.follow(id);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut last = None;
         loop {
-            let run = self.get_run(id).await?;
-            if run.status.is_final() {
-                return Ok(run);
-            }
-            let recv = async {
-                loop {
-                    match rx.recv().await {
-                        Some(Signal::RunFinished(done)) if done == id => return,
-                        Some(Signal::Lagged) => return,
-                        Some(_) => {}
-                        None => std::future::pending::<()>().await,
-                    }
-                }
+            let next = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, follow.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => follow.next().await,
             };
-            match deadline {
-                Some(d) => {
-                    if tokio::time::timeout_at(d, recv).await.is_err() {
-                        return self.get_run(id).await;
+            match next {
+                Some(detail) => {
+                    let run = detail?.run;
+                    if run.status.is_final() {
+                        return Ok(run);
                     }
+                    last = Some(run);
                 }
-                None => recv.await,
+                None => break,
             }
         }
+        match last {
+            Some(run) => Ok(run),
+            None => self.get_run(id).await,
+        }
+    }
+
+    /// The configured workflows: what each does step by step, and why one is disabled.
+    pub fn list_workflows(&self) -> Vec<WorkflowInfo> {
+        self.shared.snapshot().listing.workflows.clone()
+    }
+
+    /// The configured agents: model, provider, tools offered, and why one is disabled.
+    pub fn list_agents(&self) -> Vec<AgentInfo> {
+        self.shared.snapshot().listing.agents.clone()
+    }
+
+    /// The plugins this worker knows: actions with their parameter schemas, and why one cannot
+    /// be used.
+    pub fn list_plugins(&self) -> Vec<PluginView> {
+        self.shared.snapshot().listing.plugins.clone()
+    }
+
+    /// Follows a run: see [`RunFollower`]. Tools, tasks and resources follow runs through it.
+    pub fn follow(&self, id: &str) -> RunFollower {
+        RunFollower { engine: self.clone(), id: id.to_owned(), signals: self.shared.subscribe(), last: None, stale: true, done: false }
     }
 
     pub async fn list_runs(&self, filter: RunFilter) -> Result<RunPage, ServiceError> {
@@ -438,7 +460,7 @@ impl Engine {
             return Err(ServiceError::InvalidArgument("comment must be at most 10,000 characters".into()));
         }
         let now = self.shared.clock().now();
-        let d = Decide {
+        let d = StepDecision {
             run_id: &req.run_id,
             step: req.step.as_deref(),
             approve: req.approve,
@@ -446,7 +468,7 @@ impl Engine {
             decided_by: &req.decided_by,
         };
         let id = &req.run_id;
-        match self.shared.store().decide(&d, now).await? {
+        match self.shared.store().record_decision(&d, now).await? {
             Decided::NoSuchRun => Err(ServiceError::RunNotFound { id: id.clone() }),
             Decided::NotWaiting(status) => Err(ServiceError::NotWaiting(self.not_waiting(id, req.step.as_deref(), status).await)),
             Decided::NotWaitingStep { waiting } => Err(ServiceError::NotWaiting(format!(
@@ -575,5 +597,68 @@ fn summary_in(
         paused_at: state.and_then(|s| s.paused_at),
         next_fire,
         last_run: last,
+    }
+}
+
+/// A run as it goes: [`RunFollower::next`] gives its detail now, then again each time it reads
+/// differently, until it is final (the last detail given). A read follows the signals that may
+/// change the run (its progress or end, runs started or resumed; from other workers too on
+/// PostgreSQL; anything after a lag); a burst of them is one read.
+pub struct RunFollower {
+    engine: Engine,
+    id: String,
+    signals: crate::signals::Receiver,
+    /// What was last given, as JSON (a read that shows nothing new gives nothing).
+    last: Option<String>,
+    /// A signal came (or nothing was read yet) and no read has answered it.
+    stale: bool,
+    done: bool,
+}
+
+impl RunFollower {
+    /// The run's detail when it reads differently from the last one given; `None` after the
+    /// final one, or after an error (given once). Cancel-safe: a signal taken by a call that is
+    /// dropped is answered by the next call.
+    pub async fn next(&mut self) -> Option<Result<RunDetail, ServiceError>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if !self.stale {
+                loop {
+                    match self.signals.recv().await {
+                        Some(s) if self.concerns(&s) => break,
+                        Some(_) => {}
+                        // The engine stopped: nothing will change any more.
+                        None => std::future::pending::<()>().await,
+                    }
+                }
+                self.stale = true;
+            }
+            self.signals.drain();
+            let detail = match self.engine.get_run_detail(&self.id).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            };
+            self.stale = false;
+            let text = serde_json::to_string(&detail).ok();
+            if text.is_some() && text == self.last {
+                continue;
+            }
+            self.last = text;
+            self.done = detail.run.status.is_final();
+            return Some(Ok(detail));
+        }
+    }
+
+    fn concerns(&self, s: &Signal) -> bool {
+        match s {
+            Signal::RunFinished(id) | Signal::RunProgress(id) | Signal::CancelRequested { run: id, .. } => *id == self.id,
+            Signal::RunsChanged | Signal::Wake | Signal::Lagged => true,
+            Signal::JobChanged | Signal::TasksPushed => false,
+        }
     }
 }

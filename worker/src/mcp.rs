@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -33,22 +33,17 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{ApprovalMode, Config, Disabled, Step, StepKind};
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
     self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, RunArgs, RunWorkflowArgs,
     SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, seed_job_name, wait_timeout,
 };
-use lamplighter_contract::{
-    ActionView, AgentInfo, AgentList, ApprovalList, JobList, PluginList, PluginView, StepOutline, TriggerOutcome, WorkflowInfo,
-    WorkflowList,
-};
+use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
     Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus, ServiceError,
     TriggerRequest, WorkerStatus,
 };
-use lamplighter_plugins::Registry;
 
 use crate::summary::summary;
 use crate::tasks::{Follow, Tasks};
@@ -81,120 +76,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// rejected and the old one kept.
 pub(crate) type ReloadReply = oneshot::Sender<Result<ReloadSummary, Vec<String>>>;
 
-/// What the catalog tools (`list_workflows`, `list_agents`) show, taken from the config at start
-/// and replaced on every successful reload. Owned by `run.rs`'s reload path (the only writer);
-/// readers copy what they need under the read lock and never hold it across an `.await`.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct CatalogSnapshot {
-    workflows: Vec<WorkflowInfo>,
-    agents: Vec<AgentInfo>,
-}
-
-impl CatalogSnapshot {
-    pub(crate) fn of(config: &Config, registry: &Registry) -> Self {
-        let disabled = |what: fn(String) -> Disabled, name: &str| config.disabled.get(&what(name.to_string())).cloned();
-        let workflows = config
-            .workflows
-            .iter()
-            .map(|(name, w)| WorkflowInfo {
-                name: name.clone(),
-                description: w.description.clone(),
-                trigger: w.trigger.clone(),
-                steps: outline(&w.steps),
-                disabled: disabled(Disabled::Workflow, name),
-            })
-            .collect();
-        let agents = config
-            .agents
-            .iter()
-            .map(|(name, a)| {
-                let disabled = disabled(Disabled::Agent, name);
-                AgentInfo {
-                    name: name.clone(),
-                    description: a.description.clone(),
-                    model: a.model.clone(),
-                    provider: a.resolved.as_ref().map(|r| r.provider.clone()).or_else(|| a.provider.clone()),
-                    model_id: a.resolved.as_ref().map(|r| r.model.id.clone()),
-                    plugins: a.plugins.clone(),
-                    mcp_servers: a.mcp_servers.clone(),
-                    tools: agent_tools(a, registry),
-                    delegates: a.delegates.clone(),
-                    tool_approval: match a.tool_approval.mode {
-                        ApprovalMode::Auto => "auto",
-                        ApprovalMode::Deny => "deny",
-                        ApprovalMode::Ask => "ask",
-                    }
-                    .into(),
-                    enabled: disabled.is_none(),
-                    disabled,
-                }
-            })
-            .collect();
-        Self { workflows, agents }
-    }
-}
-
-/// The tools an agent is offered, as far as the worker knows them without starting its MCP
-/// servers: its plugins' actions, and `server.*` (or the `allowed_actions` naming the server).
-fn agent_tools(a: &lamplighter_config::Agent, registry: &Registry) -> Vec<String> {
-    let allowed = |name: &str| a.allowed_actions.is_empty() || a.allowed_actions.iter().any(|p| lamplighter_config::name_matches(p, name));
-    let mut out: Vec<String> = registry
-        .plugins()
-        .iter()
-        .filter(|p| a.plugins.contains(&p.name) && p.error.is_none())
-        .flat_map(|p| p.actions.iter().map(move |x| format!("{}.{}", p.name, x.name)))
-        .filter(|n| allowed(n))
-        .collect();
-    for server in &a.mcp_servers {
-        let prefix = format!("{server}.");
-        let named: Vec<String> = a.allowed_actions.iter().filter(|p| p.starts_with(&prefix)).cloned().collect();
-        if a.allowed_actions.is_empty() {
-            out.push(format!("{server}.*"));
-        } else {
-            out.extend(named);
-        }
-    }
-    if !a.delegates.is_empty() {
-        out.extend(["delegate_to_agent".to_string(), "delegate_to_multiple_agents".to_string()]);
-    }
-    out
-}
-
-/// Steps as `list_workflows` shows them.
-fn outline(steps: &[Step]) -> Vec<StepOutline> {
-    steps
-        .iter()
-        .map(|s| {
-            let (does, children) = match &s.kind {
-                StepKind::Plugin { plugin, action, .. } => (format!("{plugin}.{action}"), Vec::new()),
-                StepKind::Agent { agent, .. } => (agent.clone(), Vec::new()),
-                StepKind::GroupChat { agents, .. } => (agents.join(", "), Vec::new()),
-                StepKind::Condition { condition, then, otherwise } => {
-                    (format!("{condition} ? [{}] : [{}]", then.join(", "), otherwise.join(", ")), Vec::new())
-                }
-                StepKind::Approval { timeout, on_timeout, .. } => match timeout {
-                    Some(t) => (format!("timeout {}, then {}", humantime::format_duration(*t), on_timeout.as_str()), Vec::new()),
-                    None => ("waits until decided".into(), Vec::new()),
-                },
-                StepKind::Parallel { steps } => (format!("{} steps at once", steps.len()), outline(steps)),
-            };
-            StepOutline {
-                id: s.id.clone(),
-                step_type: s.kind.step_type().as_str().into(),
-                does,
-                when: s.when.as_ref().map(ToString::to_string),
-                steps: children,
-            }
-        })
-        .collect()
-}
-
 /// The MCP server handler. Cheap to clone: the HTTP transport makes one per session or request.
 #[derive(Clone)]
 pub(crate) struct Control {
     engine: Engine,
-    registry: Arc<Registry>,
-    catalog: Arc<RwLock<CatalogSnapshot>>,
     reload: mpsc::Sender<ReloadReply>,
     /// Cancelled when the worker stops serving: waits end and streams close.
     stop: CancellationToken,
@@ -211,20 +96,11 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    pub(crate) fn new(
-        engine: Engine,
-        registry: Arc<Registry>,
-        catalog: Arc<RwLock<CatalogSnapshot>>,
-        reload: mpsc::Sender<ReloadReply>,
-        stop: CancellationToken,
-        observer: Arc<Observer>,
-    ) -> Self {
+    pub(crate) fn new(engine: Engine, reload: mpsc::Sender<ReloadReply>, stop: CancellationToken, observer: Arc<Observer>) -> Self {
         let tools = Self::tool_router();
         let listed = listed_tools(&tools);
         Self {
             engine,
-            registry,
-            catalog,
             reload,
             stop,
             tools: Arc::new(tools),
@@ -483,21 +359,19 @@ impl Control {
     /// The configured workflows: description, trigger, number of steps, and why one is disabled.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_workflows(&self, _: Parameters<NoArgs>) -> Result<Json<WorkflowList>, Failure> {
-        let workflows = self.catalog.read().unwrap_or_else(PoisonError::into_inner).workflows.clone();
-        Ok(Json(WorkflowList { workflows }))
+        Ok(Json(WorkflowList { workflows: self.engine.list_workflows() }))
     }
 
     /// The configured agents: description, model, provider, plugins, MCP servers, and why one is disabled.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_agents(&self, _: Parameters<NoArgs>) -> Result<Json<AgentList>, Failure> {
-        let agents = self.catalog.read().unwrap_or_else(PoisonError::into_inner).agents.clone();
-        Ok(Json(AgentList { agents }))
+        Ok(Json(AgentList { agents: self.engine.list_agents() }))
     }
 
     /// The plugins this worker knows: version, kind, description, actions with their parameter schemas, and why one cannot be used.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_plugins(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
-        Ok(self.do_list_plugins())
+        Ok(Json(PluginList { plugins: self.engine.list_plugins() }))
     }
 
     /// Reloads the config from disk, as SIGHUP does: jobs are added, removed and changed without a restart. An invalid config is rejected with every error and its location, and the running config is kept.
@@ -555,7 +429,7 @@ impl Control {
     /// Seed-compatible name of `list_plugins`.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn worker_plugin_list(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
-        Ok(self.do_list_plugins())
+        Ok(Json(PluginList { plugins: self.engine.list_plugins() }))
     }
 }
 
@@ -654,27 +528,6 @@ impl Control {
         Some(read)
     }
 
-    fn do_list_plugins(&self) -> Json<PluginList> {
-        let plugins = self
-            .registry
-            .plugins()
-            .iter()
-            .map(|p| PluginView {
-                name: p.name.clone(),
-                version: p.version.clone(),
-                kind: p.kind.clone(),
-                description: p.description.clone(),
-                actions: p
-                    .actions
-                    .iter()
-                    .map(|a| ActionView { name: a.name.clone(), description: a.description.clone(), parameters: a.parameters.clone() })
-                    .collect(),
-                error: p.error.clone(),
-            })
-            .collect();
-        Json(PluginList { plugins })
-    }
-
     /// Records a decision; `decided_by` defaults to the MCP client's name.
     async fn decide(&self, a: DecisionArgs, approve: bool, ctx: &RequestContext<RoleServer>) -> Result<Json<Decision>, Failure> {
         let decided_by = match a.decided_by {
@@ -715,38 +568,54 @@ impl Control {
     ) -> Result<(Run, Option<String>), Failure> {
         let progress_token = ctx.meta.get_progress_token();
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let limit = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(limit);
         let mut reports: u32 = 0;
         // The first report goes out at once: it tells the caller the run's id (in `_meta`), so a
         // client that gives up waiting can still say which run goes on.
         if let Some(token) = &progress_token {
             self.report(ctx, token, &mut reports, run_id, "queued").await;
         }
+        let mut follow = self.engine.follow(run_id);
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        let mut run: Option<Run> = None;
         loop {
-            let slice = match deadline {
-                Some(d) => d.saturating_duration_since(tokio::time::Instant::now()).min(PROGRESS_EVERY),
-                None => PROGRESS_EVERY,
-            };
-            let run = tokio::select! {
+            tokio::select! {
                 biased;
                 () = ctx.ct.cancelled() => return self.run_now(run_id, "the caller cancelled the wait; the run goes on").await,
                 () = self.stop.cancelled() => return self.run_now(run_id, "the worker is shutting down").await,
-                run = self.engine.wait_run(run_id, Some(slice)) => run?,
-            };
-            if run.status.is_final() {
-                return Ok((run, None));
-            }
-            if let (Some(d), Some(t)) = (deadline, timeout)
-                && tokio::time::Instant::now() >= d
-            {
-                let note = format!("stopped waiting after {} s; the run is still {}", t.as_secs(), run.status);
-                return Ok((run, Some(note)));
-            }
-            if let Some(token) = &progress_token {
-                let status = match run.status {
-                    RunStatus::WaitingApproval => format!("waiting for approval (lampctl approvals approve {})", run.id),
-                    other => other.as_str().to_string(),
-                };
-                self.report(ctx, token, &mut reports, &run.id, &status).await;
+                () = &mut limit => {
+                    let run = match run {
+                        Some(r) => r,
+                        None => self.engine.get_run(run_id).await?,
+                    };
+                    let note = format!("stopped waiting after {} s; the run is still {}", timeout.unwrap_or_default().as_secs(), run.status);
+                    return Ok((run, Some(note)));
+                }
+                next = follow.next() => match next {
+                    Some(detail) => {
+                        let detail = detail?;
+                        if detail.run.status.is_final() {
+                            return Ok((detail.run, None));
+                        }
+                        run = Some(detail.run);
+                    }
+                    None => return self.run_now(run_id, "the run can no longer be followed").await,
+                },
+                _ = every.tick() => {
+                    if let (Some(token), Some(run)) = (&progress_token, &run) {
+                        let status = match run.status {
+                            RunStatus::WaitingApproval => format!("waiting for approval (lampctl approvals approve {})", run.id),
+                            other => other.as_str().to_string(),
+                        };
+                        self.report(ctx, token, &mut reports, &run.id, &status).await;
+                    }
+                }
             }
         }
     }
@@ -1112,36 +981,5 @@ mod tests {
             assert!(tool.annotations.is_some(), "{name} has no annotations");
             assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{name} has no description");
         }
-    }
-
-    /// The catalog `list_agents`/`list_workflows` serve comes from the resolved config: the
-    /// default model fills in, disabled reasons show, steps are outlined.
-    #[test]
-    fn catalog_of_the_seed_config() {
-        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml");
-        // Loading reads only; the working directory is where relative paths would point.
-        let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()) };
-        let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
-        let c = CatalogSnapshot::of(&config, &Registry::builtin());
-        assert_eq!((c.agents.len(), c.workflows.len()), (12, 6));
-        let news = c.agents.iter().find(|a| a.name == "news-summarizer").expect("listed");
-        assert_eq!(news.model.as_deref(), Some("default"));
-        assert!(news.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{news:?}");
-        assert!(!news.enabled);
-        assert_eq!(news.tools, ["file-save.save", "brave.*"], "its plugin's actions and its MCP server");
-        assert_eq!((news.provider.as_deref(), news.model_id.as_deref()), (Some("azure-openai"), Some("gpt-5-mini")));
-        let review = c.workflows.iter().find(|w| w.name == "content-review").expect("listed");
-        let outline: Vec<(&str, &str, &str)> =
-            review.steps.iter().map(|s| (s.id.as_str(), s.step_type.as_str(), s.does.as_str())).collect();
-        assert_eq!(
-            outline,
-            [
-                ("draft", "agent", "content-writer"),
-                ("review", "parallel", "2 steps at once"),
-                ("final-edit", "agent", "editor"),
-                ("approval", "approval", "waits until decided")
-            ]
-        );
-        assert_eq!(review.steps[1].steps.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["grammar-check", "fact-check"]);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,7 +20,7 @@ use lamplighter_plugins::Registry;
 
 use crate::LogFormat;
 use crate::commands::{Purpose, disabled_notes, load_checked, print_diags, reload_checked};
-use crate::mcp::{CatalogSnapshot, Control, ReloadSummary};
+use crate::mcp::{Control, ReloadSummary};
 use crate::systemd::{self, Notifier};
 use crate::telemetry::{PullReader, Telemetry};
 
@@ -89,8 +89,13 @@ async fn serve(
     }
     // Storage first: its lock says whether this worker may run at all, before it takes a port.
     let targets = Arc::new(BuiltinTargets::new(registry.clone()));
-    let options =
-        EngineOptions { worker_name: name.clone(), clock: Arc::new(SystemClock), targets: targets.clone(), observer: observer.clone() };
+    let options = EngineOptions {
+        worker_name: name.clone(),
+        clock: Arc::new(SystemClock),
+        targets: targets.clone(),
+        observer: observer.clone(),
+        registry: registry.clone(),
+    };
     let engine = match Engine::start(&config, options).await {
         Ok(e) => e,
         Err(e) => {
@@ -146,14 +151,12 @@ async fn serve(
         }
     }
     tracing::info!(worker = %name, listen = %local, mcp_stdio = stdio, jobs = config.jobs.len(), "lamplighter ready");
-    let catalog = Arc::new(RwLock::new(CatalogSnapshot::of(&config, &registry)));
     let notifier = Notifier::from_env().map(Arc::new);
     let mut reloader = Reloader {
         notifier: notifier.clone(),
         path,
         engine: engine.clone(),
         registry: registry.clone(),
-        catalog: catalog.clone(),
         observer: observer.clone(),
         listening: config.worker.clone(),
         telemetry: config.telemetry.clone(),
@@ -167,7 +170,7 @@ async fn serve(
     // Cancelled once running work has drained: HTTP and MCP stop serving.
     let http_stop = CancellationToken::new();
     let (reload_requests, mut reloads) = mpsc::channel(4);
-    let control = Control::new(engine.clone(), registry, catalog, reload_requests, http_stop.clone(), observer);
+    let control = Control::new(engine.clone(), reload_requests, http_stop.clone(), observer);
     let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)), metrics);
     let stop = http_stop.clone();
     let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
@@ -253,7 +256,6 @@ struct Reloader {
     engine: Engine,
     /// The plugins loaded at start; a reload checks jobs against them.
     registry: Arc<Registry>,
-    catalog: Arc<RwLock<CatalogSnapshot>>,
     observer: Arc<Observer>,
     /// `worker.mcp` as the listener was started with; changes there need a restart.
     listening: WorkerConfig,
@@ -287,7 +289,6 @@ impl Reloader {
                 }
                 let config = &loaded.config;
                 self.engine.reload(config);
-                *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = CatalogSnapshot::of(config, &self.registry);
                 self.grace = config.worker.shutdown_grace;
                 let w = &config.worker;
                 let l = &self.listening;

@@ -121,12 +121,11 @@ struct Waiting {
     question: Option<Value>,
 }
 
-/// The task's operation: follows the run through the engine's change signals until it ends.
+/// The task's operation: follows the run ([`Engine::follow`]) until it ends.
 async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, follow: Follow) -> Result<CallToolResult, TaskExit> {
     let Follow { run_id, created, timeout, decided_by } = follow;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    // Subscribed before the first read: no change is lost in between.
-    let mut changes = engine.changes();
+    let mut follow = engine.follow(&run_id);
     // Step → the key of the elicitation that asks about it.
     let mut asked: HashMap<String, String> = HashMap::new();
     // Steps whose elicitation the person dismissed: not asked again (other ways stay open).
@@ -134,8 +133,11 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
     let mut answers = FuturesUnordered::new();
     let mut asked_so_far = 0u32;
     let mut cancel_asked = false;
+    let mut detail = match follow.next().await {
+        Some(d) => d.map_err(failed)?,
+        None => engine.get_run_detail(&run_id).await.map_err(failed)?,
+    };
     loop {
-        let detail = engine.get_run_detail(&run_id).await.map_err(failed)?;
         let run = &detail.run;
         if run.status.is_final() {
             return ended(detail, created);
@@ -165,7 +167,12 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
             }
         };
         tokio::select! {
-            () = changes.next() => {}
+            next = follow.next() => {
+                detail = match next {
+                    Some(d) => d.map_err(failed)?,
+                    None => engine.get_run_detail(&run_id).await.map_err(failed)?,
+                };
+            }
             Some((step, key, answer)) = answers.next() => {
                 // A withdrawn or superseded question's answer is moot.
                 if asked.get(&step) != Some(&key) {

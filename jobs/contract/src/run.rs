@@ -51,30 +51,6 @@ impl RunStatus {
     pub fn is_final(self) -> bool {
         !matches!(self, Self::Queued | Self::Running | Self::WaitingApproval)
     }
-
-    /// The statuses a run is still going in (not final).
-    pub fn active() -> impl Iterator<Item = RunStatus> {
-        Self::ALL.into_iter().filter(|s| !s.is_final())
-    }
-
-    /// Whether a run in this status may move to `next`. Every write of a status checks it (the
-    /// store turns it into the `WHERE status IN (…)` guard), so a finished run never changes.
-    pub fn can_become(self, next: RunStatus) -> bool {
-        use RunStatus::*;
-        match self {
-            // Skipped runs are created final; only a waiting run that is resumed (its approval
-            // decided, or its wait over) moves back into `Queued`, to be claimed again.
-            Queued => matches!(next, Running | Cancelled),
-            Running => matches!(next, WaitingApproval | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
-            WaitingApproval => matches!(next, Queued | Failed | Cancelled),
-            Succeeded | Failed | Cancelled | TimedOut | Skipped | Interrupted => false,
-        }
-    }
-
-    /// The statuses from which a run may move to `next`.
-    pub fn sources(next: RunStatus) -> impl Iterator<Item = RunStatus> {
-        Self::ALL.into_iter().filter(move |s| s.can_become(next))
-    }
 }
 
 impl std::str::FromStr for RunStatus {
@@ -338,25 +314,6 @@ impl CallKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn final_statuses_never_change_and_runs_only_start_from_queued() {
-        for s in RunStatus::ALL {
-            for n in RunStatus::ALL {
-                if s.is_final() {
-                    assert!(!s.can_become(n), "{s} is final but may become {n}");
-                }
-            }
-        }
-        assert_eq!(RunStatus::sources(RunStatus::Running).collect::<Vec<_>>(), [RunStatus::Queued]);
-        assert_eq!(
-            RunStatus::sources(RunStatus::Cancelled).collect::<Vec<_>>(),
-            [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]
-        );
-        assert_eq!(RunStatus::sources(RunStatus::Interrupted).collect::<Vec<_>>(), [RunStatus::Running]);
-        assert_eq!(RunStatus::sources(RunStatus::Queued).collect::<Vec<_>>(), [RunStatus::WaitingApproval]);
-        assert_eq!(RunStatus::active().collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]);
-    }
 
     #[test]
     fn status_names_round_trip() {

@@ -110,7 +110,7 @@ pub struct AgentList {
     pub agents: Vec<AgentInfo>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ActionView {
     pub name: String,
@@ -119,7 +119,7 @@ pub struct ActionView {
     pub parameters: Value,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PluginView {
     pub name: String,

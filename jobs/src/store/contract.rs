@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{Claim, Decide, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, TICK_KEYS_KEPT, WorkerId};
+use super::{Claim, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::snapshot::{JobSnapshot, TargetRef};
 
@@ -492,8 +492,8 @@ async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     ask.output = Some(serde_json::json!({ "tool": "shell.run" }));
     ask.resumes_on_reject = true;
     s.record_steps(&a, &[ask]).await.expect("record");
-    let d = Decide { run_id: &a, step: None, approve: false, comment: Some("no"), decided_by: "ana" };
-    match s.decide(&d, t).await.expect("decide") {
+    let d = StepDecision { run_id: &a, step: None, approve: false, comment: Some("no"), decided_by: "ana" };
+    match s.record_decision(&d, t).await.expect("decide") {
         Decided::Recorded { step, run } => {
             assert_eq!((step.status, run), (StepStatus::Failed, RunStatus::Queued));
             assert_eq!(step.output.expect("decision")["approved"], false);
@@ -532,31 +532,31 @@ async fn waiting_run(s: &dyn RunStore, steps: &[&str], until: Option<DateTime<Ut
 
 async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     let t = t0();
-    let decide = |run_id, step, approve| Decide { run_id, step, approve, comment: Some("c"), decided_by: "ana" };
+    let decide = |run_id, step, approve| StepDecision { run_id, step, approve, comment: Some("c"), decided_by: "ana" };
     // A run waiting on one step: not finished, no slot; approving resumes it, once.
     let a = waiting_run(s, &["gate"], None).await;
     let run = s.get_run(&a).await.expect("get").expect("exists");
     assert_eq!((run.status, run.finished_at), (RunStatus::WaitingApproval, None));
     assert_eq!(s.recover(Some("worker-b"), t).await.expect("recover").len(), 0, "a wait is not an orphan");
-    match s.decide(&decide(&a, None, true), t + secs(5)).await.expect("decide") {
+    match s.record_decision(&decide(&a, None, true), t + secs(5)).await.expect("decide") {
         Decided::Recorded { step, run } => {
             assert_eq!((step.step.as_str(), step.status, run), ("gate", StepStatus::Succeeded, RunStatus::Queued));
             assert_eq!(step.output.expect("decision")["decided_by"], "ana");
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.decide(&decide(&a, None, false), t).await.expect("again"), Decided::NotWaiting(RunStatus::Queued));
+    assert_eq!(s.record_decision(&decide(&a, None, false), t).await.expect("again"), Decided::NotWaiting(RunStatus::Queued));
     let resumed = s.dispatch(std::slice::from_ref(&a), &[], ME, t + secs(6)).await.expect("claim again");
     assert!(resumed[0].resumed, "claimed again as a resumed run");
     assert_eq!(resumed[0].run.started_at, Some(t), "it keeps its first start");
 
     // Two steps: say which; a rejection fails the run and cancels the other.
     let b = waiting_run(s, &["x", "y"], None).await;
-    let which = s.decide(&decide(&b, None, true), t).await.expect("decide");
+    let which = s.record_decision(&decide(&b, None, true), t).await.expect("decide");
     assert_eq!(which, Decided::WhichStep { waiting: vec!["x".into(), "y".into()] });
-    let unknown = s.decide(&decide(&b, Some("z"), true), t).await.expect("decide");
+    let unknown = s.record_decision(&decide(&b, Some("z"), true), t).await.expect("decide");
     assert_eq!(unknown, Decided::NotWaitingStep { waiting: vec!["x".into(), "y".into()] });
-    match s.decide(&decide(&b, Some("x"), false), t).await.expect("reject") {
+    match s.record_decision(&decide(&b, Some("x"), false), t).await.expect("reject") {
         Decided::Recorded { run, .. } => assert_eq!(run, RunStatus::Failed),
         other => panic!("{other:?}"),
     }
@@ -565,7 +565,7 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     let steps = s.steps(&b).await.expect("steps");
     let by_id = |id: &str| steps.iter().find(|r| r.step == id).map(|r| r.status);
     assert_eq!((by_id("x"), by_id("y")), (Some(StepStatus::Failed), Some(StepStatus::Cancelled)));
-    assert_eq!(s.decide(&decide("nope", None, true), t).await.expect("decide"), Decided::NoSuchRun);
+    assert_eq!(s.record_decision(&decide("nope", None, true), t).await.expect("decide"), Decided::NoSuchRun);
 
     // A wait with a limit: due then, and queued again once it passes.
     let c = waiting_run(s, &["gate"], Some(t + secs(60))).await;

@@ -24,7 +24,7 @@ use crate::decide::{TickDecision, TickFacts, decide_tick};
 pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
-use crate::run::{CallRecord, Run, RunStatus, StepRecord, Trigger};
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
 #[cfg(test)]
@@ -512,9 +512,9 @@ pub(crate) struct Claim<'a> {
     pub(crate) slots: usize,
 }
 
-/// A person's (or a tool's) decision on a waiting approval step, for [`RunStore::decide`].
+/// A person's (or a tool's) decision on a waiting approval step, for [`RunStore::record_decision`].
 #[derive(Debug, Clone)]
-pub(crate) struct Decide<'a> {
+pub(crate) struct StepDecision<'a> {
     pub(crate) run_id: &'a str,
     /// Which waiting step; may be left out when the run waits on exactly one.
     pub(crate) step: Option<&'a str>,
@@ -523,7 +523,7 @@ pub(crate) struct Decide<'a> {
     pub(crate) decided_by: &'a str,
 }
 
-/// What [`RunStore::decide`] did.
+/// What [`RunStore::record_decision`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Decided {
     NoSuchRun,
@@ -615,7 +615,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// the ids that were still running (a run cancelled meanwhile keeps its first end). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
-    /// Records one end, if the run's status allows it ([`RunStatus::can_become`]). False when
+    /// Records one end, if the run's status allows it ([`Transitions::can_become`]). False when
     /// it did not. Steps of the run still open are closed (cancelled).
     async fn finish(
         &self,
@@ -649,7 +649,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// the run: an approval resumes it (`queued`, unless other steps still wait), a rejection
     /// fails it naming the step and cancels its other waiting steps. Of two decisions on the
     /// same step, the second finds it decided.
-    async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError>;
+    async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError>;
     /// Waiting runs whose wait ended (`wait_until` passed) are queued again; returns them.
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     // Agent conversations, per run identity.

@@ -18,11 +18,11 @@ use super::dialect::{
     step_from_row, values,
 };
 use super::{
-    ACTIVE, Claim, DUE_BATCH, Decide, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunEnd, RunFilter, RunStore, StoreError,
-    TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
+    ACTIVE, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision,
+    StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
-use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus};
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions};
 use crate::snapshot::JobSnapshot;
 
 /// Rows per multi-row statement: 19 columns × 1000 stays under both drivers' bound on
@@ -440,7 +440,7 @@ impl<D: Dialect> RunStore for D {
         Ok(())
     }
 
-    async fn decide(&self, d: &Decide<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
+    async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
         let mut tx = self.begin().await?;
         // The run's lock orders decisions on it: the second reads what the first did.
         let q = Stmt::new(

@@ -15,7 +15,7 @@
 //!   `skipped`; any step's `when` that renders false skips it.
 //! - `approval` records the step `waiting_approval` and the run gives its slot back
 //!   ([`Outcome::Waiting`]); the decision is recorded on the step by the job service
-//!   (`RunStore::decide`), which resumes the run. A timeout resumes it too, and the step then
+//!   (`RunStore::record_decision`), which resumes the run. A timeout resumes it too, and the step then
 //!   applies `on_timeout`.
 //! - `agent` steps run a conversation (see [`crate::agent`]) keyed by the step id, so a resumed
 //!   run continues it from its recorded calls; `group_chat` runs its agents in order, each
@@ -71,7 +71,7 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
         Ok(r) => r,
         Err(e) => return Outcome::failed(format!("cannot read the recorded steps of the run: {e}")),
     };
-    let engine = Engine {
+    let engine = Interpreter {
         ctx,
         workflow: workflow.name.clone(),
         registry,
@@ -100,7 +100,7 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
     Outcome::Succeeded { output }
 }
 
-struct Engine {
+struct Interpreter {
     ctx: RunContext,
     /// The workflow's name, for events.
     workflow: String,
@@ -113,7 +113,7 @@ struct Engine {
     steps: Mutex<HashMap<String, StepRecord>>,
 }
 
-impl Engine {
+impl Interpreter {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, StepRecord>> {
         self.steps.lock().unwrap_or_else(|e| e.into_inner())
     }

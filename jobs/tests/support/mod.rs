@@ -50,7 +50,8 @@ pub async fn start_with(config: &Config, clock: &Arc<ManualClock>, targets: Arc<
 /// Starts the engine with the given targets, reporting to `observer`.
 pub async fn start_observed(config: &Config, clock: &Arc<ManualClock>, targets: Arc<dyn Targets>, observer: Arc<Observer>) -> Engine {
     let _ = tracing_subscriber::fmt().with_env_filter("lamplighter_jobs=info").with_test_writer().try_init();
-    let opts = EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets, observer };
+    let opts =
+        EngineOptions { worker_name: "test".into(), clock: clock.clone(), targets, observer, registry: Arc::new(Registry::builtin()) };
     let engine = Engine::start(config, opts).await.expect("engine starts");
     // Time may only move once the scheduler has planned from the start instant: wait for its
     // first pass.
