@@ -434,14 +434,15 @@ impl RunFilter {
     }
 
     /// The whole query: the set filters, newest first, the limit as the last placeholder.
-    fn sql(&self) -> String {
+    fn sql(&self, kind: StorageKind) -> String {
         let (clause, n) = self.where_clause();
-        format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1)
+        dialect::numbered(&format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1), kind)
     }
 
-    /// The query with its values bound in the order [`Self::where_clause`] numbers them.
-    pub(crate) fn query(&self) -> dialect::Stmt<'_> {
-        let mut q = dialect::Stmt::built(self.sql(), "listing runs");
+    /// The query for `kind`, with its values bound in the order [`Self::where_clause`] numbers
+    /// them.
+    pub(crate) fn query(&self, kind: StorageKind) -> dialect::Stmt<'_> {
+        let mut q = dialect::Stmt::built(self.sql(kind), "listing runs");
         if let Some(job) = &self.job {
             q = q.bind(job);
         }

@@ -45,7 +45,7 @@ impl<T> Ctx<T> for Result<T, sqlx::Error> {
 
 /// How PostgreSQL spells what the dialects spell differently.
 pub(super) const SPELLING: Spelling =
-    Spelling { greatest: "greatest", lock: "FOR UPDATE", undispatched: "", in_list: |param| format!("= ANY({param})") };
+    Spelling { greatest: "greatest", lock: "FOR UPDATE", undispatched: "", in_list: |param| format!("= ANY({param})"), param: '$' };
 
 /// The server's clock, in Unix milliseconds (leases are measured on it).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";

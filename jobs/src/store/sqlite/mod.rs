@@ -44,6 +44,7 @@ pub(super) const SPELLING: Spelling = Spelling {
     // lie inside it.
     undispatched: "INDEXED BY ll_runs_undispatched",
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
+    param: '?',
 };
 
 record_for!(SqliteRow);
@@ -51,12 +52,18 @@ record_for!(SqliteRow);
 /// A job's state as `job_states` aggregates it: job, paused, reason, paused at, last tick.
 type JobStateRow = (String, i64, Option<String>, Option<i64>, Option<i64>);
 
+/// No `$n` placeholder in `sql` (for the debug checks above each statement).
+fn numbered_as_sqlite(sql: &str) -> bool {
+    !sql.as_bytes().windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit())
+}
+
 /// A JSON array of texts, as `json_each` reads a list.
 fn json_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
 }
 
-/// `q` with `args` bound.
+/// `q` with `args` bound. Its text numbers placeholders `?n`: a `$n` here would be looked up by
+/// name (see [`Spelling::param`]), which the tests refuse.
 fn bound<'q>(
     mut q: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
     args: Vec<Arg<'_>>,
@@ -171,14 +178,17 @@ impl Dialect for SqliteStore {
     }
 
     async fn execute(c: &mut SqliteConnection, q: Stmt<'_>) -> Result<u64, StoreError> {
+        debug_assert!(numbered_as_sqlite(q.sql.as_str()), "{}", q.sql.as_str());
         Ok(bound(sqlx::query(q.sql), q.args).execute(c).await.ctx(q.what)?.rows_affected())
     }
 
     async fn fetch_all(c: &mut SqliteConnection, q: Stmt<'_>) -> Result<Vec<SqliteRow>, StoreError> {
+        debug_assert!(numbered_as_sqlite(q.sql.as_str()), "{}", q.sql.as_str());
         bound(sqlx::query(q.sql), q.args).fetch_all(c).await.ctx(q.what)
     }
 
     async fn fetch_optional(c: &mut SqliteConnection, q: Stmt<'_>) -> Result<Option<SqliteRow>, StoreError> {
+        debug_assert!(numbered_as_sqlite(q.sql.as_str()), "{}", q.sql.as_str());
         bound(sqlx::query(q.sql), q.args).fetch_optional(c).await.ctx(q.what)
     }
 
