@@ -19,6 +19,7 @@
 //!   (`agent:[<conversation>/]tool-<n>`); a rejection resumes the run and the model is told the call
 //!   was refused. `deny` tells the model at once.
 
+mod budget;
 mod mcp;
 mod model;
 mod replay;
@@ -43,6 +44,7 @@ use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
 
+use budget::{BudgetCheck, over_budget};
 use model::{CallFailed, Endpoint, Limiter, Reply, ToolCall, ToolSpec};
 use replay::{Next, Replay, replay, reply_of, unique_call_ids};
 use tools::{Delegation, Source, Toolbox};
@@ -327,7 +329,7 @@ impl Session {
                     false,
                 );
             }
-            if let Some(end) = self.over_budget(agent, BudgetCheck::ModelCall).await {
+            if let Some(end) = self.check_budget(agent, BudgetCheck::ModelCall).await {
                 return end;
             }
             if cancel.is_cancelled() {
@@ -450,7 +452,7 @@ impl Session {
                 }
                 (Some(_), Err(e), None) => Err(ToolErr::Model(format!("the arguments are not valid JSON ({e}); send a JSON object"))),
                 (Some(t), Ok(args), None) => {
-                    if let Some(end) = self.over_budget(agent, BudgetCheck::ToolCall).await {
+                    if let Some(end) = self.check_budget(agent, BudgetCheck::ToolCall).await {
                         return Err(end);
                     }
                     match agent.tool_approval.mode_for(&t.name) {
@@ -709,7 +711,7 @@ impl Session {
     }
 
     /// `None` while the run is within its budget (raised by the asks approved so far).
-    async fn over_budget(&self, agent: &Agent, check: BudgetCheck) -> Option<AgentEnd> {
+    async fn check_budget(&self, agent: &Agent, check: BudgetCheck) -> Option<AgentEnd> {
         let budget = self.ctx.job().budget.unwrap_or_default().over(&agent.budget);
         if budget == Budget::default() {
             return None;
@@ -728,36 +730,8 @@ impl Session {
             }
             (approved, open)
         };
-        let factor = u64::from(approved) + 1;
         let usage = self.usage();
-        let elapsed = usage.busy;
-        let mut over = None;
-        if let Some(max) = budget.max_tokens_total
-            && usage.tokens() >= max.saturating_mul(factor)
-        {
-            over = Some(format!("{} tokens used, max_tokens_total is {}", usage.tokens(), max.saturating_mul(factor)));
-        }
-        if let Some(max) = budget.max_tool_calls
-            && check == BudgetCheck::ToolCall
-            && usage.tool_calls >= u64::from(max).saturating_mul(factor)
-        {
-            over = Some(format!("{} tool calls made, max_tool_calls is {}", usage.tool_calls, u64::from(max).saturating_mul(factor)));
-        }
-        if let Some(max) = budget.max_cost
-            && let cost = usage.cost.unwrap_or(0.0)
-            && cost >= max * factor as f64
-        {
-            over = Some(format!("cost {:.6} reached, max_cost is {:.6}", cost, max * factor as f64));
-        }
-        if let Some(max) = budget.max_duration
-            && elapsed >= max.saturating_mul(u32::try_from(factor).unwrap_or(u32::MAX))
-        {
-            over = Some(format!(
-                "running for {}, max_duration is {}",
-                humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
-                humantime::format_duration(max.saturating_mul(u32::try_from(factor).unwrap_or(u32::MAX)))
-            ));
-        }
+        let over = over_budget(&budget, &usage, approved, check);
         let why = over?;
         if budget.on_budget != Some(OnBudget::Ask) {
             return Some(AgentEnd::failed(format!("budget exceeded: {why}"), false));
@@ -785,12 +759,6 @@ impl Session {
 enum ToolErr {
     Model(String),
     Stop(AgentEnd),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BudgetCheck {
-    ModelCall,
-    ToolCall,
 }
 
 enum Asked {
