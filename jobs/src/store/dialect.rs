@@ -1,5 +1,5 @@
 //! What differs between the backends, as one small interface ([`Dialect`]), and what the
-//! transaction scripts of [`super::scripts`] need to speak to any backend through it: values
+//! transaction scripts of `scripts.rs` need to speak to any backend through it: values
 //! to bind ([`Arg`], [`Stmt`]), rows to read ([`Record`] and the row readers), and SQL written
 //! once, with `$n` placeholders (both drivers take them) and the few words the dialects spell
 //! differently ([`Spelling`], rendered by [`sql!`]).
@@ -193,17 +193,9 @@ pub(crate) struct Spelling {
     pub(crate) param: char,
 }
 
-/// How `kind` spells what the dialects spell differently.
-pub(crate) fn spelling(kind: StorageKind) -> &'static Spelling {
-    match kind {
-        StorageKind::Sqlite => &super::sqlite::SPELLING,
-        StorageKind::Postgres => &super::postgres::SPELLING,
-    }
-}
-
-/// `sql` with its `$n` placeholders as `kind` numbers them.
-pub(crate) fn numbered(sql: &str, kind: StorageKind) -> String {
-    let param = spelling(kind).param;
+/// `sql` with its `$n` placeholders as `s` numbers them.
+pub(crate) fn numbered(sql: &str, s: &Spelling) -> String {
+    let param = s.param;
     if param == '$' {
         return sql.to_owned();
     }
@@ -219,10 +211,9 @@ pub(crate) fn numbered(sql: &str, kind: StorageKind) -> String {
     out
 }
 
-/// `text` for `kind`: statuses filled in ([`super::fill_statuses`]), the spelled words
-/// replaced.
-pub(crate) fn render(text: &str, kind: StorageKind) -> String {
-    let s = spelling(kind);
+/// `text` as `s` spells it: statuses filled in ([`super::fill_statuses`]), the spelled words
+/// replaced, placeholders numbered.
+pub(crate) fn render(text: &str, s: &Spelling) -> String {
     let mut out =
         super::fill_statuses(text).replace("{greatest}", s.greatest).replace("{lock}", s.lock).replace("{undispatched}", s.undispatched);
     while let Some(start) = out.find("{in $") {
@@ -230,23 +221,19 @@ pub(crate) fn render(text: &str, kind: StorageKind) -> String {
         let list = (s.in_list)(&out[start + 4..start + len]);
         out.replace_range(start..=start + len, &list);
     }
-    numbered(&out, kind)
+    numbered(&out, s)
 }
 
-/// A statement's text for one dialect, rendered once per call site: `sql!(D, "… {in $1}")`
-/// where `D: Dialect` (both renderings are made together; the call picks its own). Without a
-/// dialect, `sql!("… {Queued}")` only fills the statuses in (a backend's own statements).
-/// `$text` is evaluated once, so it may be a `format!` of other fixed parts.
+/// A statement's text for one dialect, rendered once per call site and dialect:
+/// `sql!(D, "… {in $1}")` where `D: Dialect`. Without a dialect, `sql!("… {Queued}")` only
+/// fills the statuses in (a backend's own statements). `$text` is evaluated once per dialect,
+/// so it may be a `format!` of other fixed parts.
 macro_rules! sql {
     ($d:ty, $text:expr) => {{
-        static TEXTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-            let text: &str = &$text;
-            [
-                $crate::store::dialect::render(text, $crate::store::StorageKind::Sqlite),
-                $crate::store::dialect::render(text, $crate::store::StorageKind::Postgres),
-            ]
-        });
-        let text: &'static str = TEXTS[<$d as $crate::store::dialect::Dialect>::KIND as usize].as_str();
+        static TEXTS: [std::sync::OnceLock<String>; 2] = [const { std::sync::OnceLock::new() }; 2];
+        let text: &'static str = TEXTS[<$d as $crate::store::dialect::Dialect>::KIND as usize]
+            .get_or_init(|| $crate::store::dialect::render(&$text, &<$d as $crate::store::dialect::Dialect>::SPELLING))
+            .as_str();
         text
     }};
     ($text:expr) => {{
@@ -272,6 +259,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     type Pooled: DerefMut<Target = Self::Conn> + Send;
 
     const KIND: StorageKind;
+    /// How it spells what the dialects spell differently.
+    const SPELLING: Spelling;
 
     // Connections.
     /// Starts a transaction that will write.
@@ -468,8 +457,8 @@ pub(crate) fn leases_with_runs(leases: &[impl Record], running: &[impl Record]) 
 /// binds nothing. SQLite gets anonymous `?`s: for a numbered one its driver asks SQLite the
 /// placeholder's name, which SQLite finds by scanning a list of all of them (a 1,000-run
 /// insert, 19,000 placeholders, took 350 ms); anonymous ones are bound in order.
-pub(crate) fn values(kind: StorageKind, table_and_cols: &str, cols: usize, rows: usize, tail: &str) -> String {
-    let numbered = spelling(kind).param == '$';
+pub(crate) fn values(s: &Spelling, table_and_cols: &str, cols: usize, rows: usize, tail: &str) -> String {
+    let numbered = s.param == '$';
     let mut sql = String::with_capacity(table_and_cols.len() + tail.len() + rows * cols * 8);
     sql.push_str("INSERT INTO ");
     sql.push_str(table_and_cols);
@@ -509,32 +498,33 @@ pub(crate) fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<Strin
 mod tests {
     use super::*;
 
+    /// A dialect as both backends' words would not spell it, to show every word is replaced.
+    const ODD: Spelling =
+        Spelling { greatest: "GREATEST", lock: "LOCKED", undispatched: "UNDISPATCHED", in_list: |p| format!("IN LIST({p})"), param: '?' };
+    const PLAIN: Spelling = Spelling { param: '$', ..ODD };
+
     #[test]
-    fn each_dialect_spells_its_words() {
+    fn the_spelled_words_are_replaced() {
         let text = "SELECT id FROM ll_runs {undispatched} WHERE status = {Queued} AND job {in $1} AND n = {greatest}(a, $2) {lock}";
         assert_eq!(
-            render(text, StorageKind::Sqlite),
-            "SELECT id FROM ll_runs INDEXED BY ll_runs_undispatched WHERE status = 'queued' AND job IN (SELECT value FROM json_each(?1)) AND n = max(a, ?2) "
+            render(text, &ODD),
+            "SELECT id FROM ll_runs UNDISPATCHED WHERE status = 'queued' AND job IN LIST(?1) AND n = GREATEST(a, ?2) LOCKED"
         );
-        assert_eq!(
-            render(text, StorageKind::Postgres),
-            "SELECT id FROM ll_runs  WHERE status = 'queued' AND job = ANY($1) AND n = greatest(a, $2) FOR UPDATE"
-        );
+        assert_eq!(render("a = $1", &PLAIN), "a = $1");
     }
 
     #[test]
-    fn batches_number_their_values_in_row_order() {
+    fn batches_bind_in_row_order() {
         assert_eq!(
-            values(StorageKind::Postgres, "t (a, b)", 2, 2, "ON CONFLICT DO NOTHING"),
+            values(&PLAIN, "t (a, b)", 2, 2, "ON CONFLICT DO NOTHING"),
             "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
         );
-        assert_eq!(values(StorageKind::Sqlite, "t (a, b)", 2, 2, ""), "INSERT INTO t (a, b) VALUES (?, ?), (?, ?) ");
+        assert_eq!(values(&ODD, "t (a, b)", 2, 2, ""), "INSERT INTO t (a, b) VALUES (?, ?), (?, ?) ");
     }
 
-    /// SQLite reads `$n` as a name, looked up in a list per placeholder; `?n` is a number.
     #[test]
-    fn sqlite_gets_numbered_placeholders() {
-        assert_eq!(numbered("a = $12 AND b = '$.x' AND c = $3", StorageKind::Sqlite), "a = ?12 AND b = '$.x' AND c = ?3");
-        assert_eq!(numbered("a = $1", StorageKind::Postgres), "a = $1");
+    fn placeholders_are_numbered_as_the_dialect_numbers_them() {
+        assert_eq!(numbered("a = $12 AND b = '$.x' AND c = $3", &ODD), "a = ?12 AND b = '$.x' AND c = ?3");
+        assert_eq!(numbered("a = $1", &PLAIN), "a = $1");
     }
 }

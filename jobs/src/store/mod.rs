@@ -434,15 +434,15 @@ impl RunFilter {
     }
 
     /// The whole query: the set filters, newest first, the limit as the last placeholder.
-    fn sql(&self, kind: StorageKind) -> String {
+    fn sql(&self, spelling: &dialect::Spelling) -> String {
         let (clause, n) = self.where_clause();
-        dialect::numbered(&format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1), kind)
+        dialect::numbered(&format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1), spelling)
     }
 
-    /// The query for `kind`, with its values bound in the order [`Self::where_clause`] numbers
+    /// The query as `spelling` spells it, with its values bound in the order [`Self::where_clause`] numbers
     /// them.
-    pub(crate) fn query(&self, kind: StorageKind) -> dialect::Stmt<'_> {
-        let mut q = dialect::Stmt::built(self.sql(kind), "listing runs");
+    pub(crate) fn query(&self, spelling: &dialect::Spelling) -> dialect::Stmt<'_> {
+        let mut q = dialect::Stmt::built(self.sql(spelling), "listing runs");
         if let Some(job) = &self.job {
             q = q.bind(job);
         }
@@ -760,6 +760,21 @@ mod sql_text {
             }
         }
         assert!(found.is_empty(), "{}", found.join("\n"));
+    }
+
+    /// Each backend's words, and SQLite's numbered placeholders (it takes `$n` for a name).
+    #[test]
+    fn each_backend_spells_its_words() {
+        use dialect::render;
+        let text = "SELECT id FROM ll_runs {undispatched} WHERE status = {Queued} AND job {in $1} AND n = {greatest}(a, $2) {lock}";
+        assert_eq!(
+            render(text, &sqlite::SPELLING),
+            "SELECT id FROM ll_runs INDEXED BY ll_runs_undispatched WHERE status = 'queued' AND job IN (SELECT value FROM json_each(?1)) AND n = max(a, ?2) "
+        );
+        assert_eq!(
+            render(text, &postgres::SPELLING),
+            "SELECT id FROM ll_runs  WHERE status = 'queued' AND job = ANY($1) AND n = greatest(a, $2) FOR UPDATE"
+        );
     }
 
     #[test]

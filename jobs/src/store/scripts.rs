@@ -38,7 +38,7 @@ const RUN_INSERT_COLS: usize = 19;
 async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispatch<'_>)], now: DateTime<Utc>) -> Result<(), StoreError> {
     let now = ms(now);
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let mut q = Stmt::built(values(D::KIND, RUN_INSERT, RUN_INSERT_COLS, chunk.len(), ""), "inserting runs");
+        let mut q = Stmt::built(values(&D::SPELLING, RUN_INSERT, RUN_INSERT_COLS, chunk.len(), ""), "inserting runs");
         for (id, r, dispatch) in chunk {
             let (status, worker) = match dispatch {
                 Dispatch::Claimed(worker) => (RunStatus::Running, Some(*worker)),
@@ -214,15 +214,9 @@ impl<D: Dialect> RunStore for D {
         // In job order (a BTreeMap), as the jobs were locked.
         let last: Vec<(&String, &i64)> = last_ticks.iter().collect();
         for chunk in last.chunks(ROWS_PER_STATEMENT) {
-            static TAIL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-                let tail =
-                    "ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), excluded.last_tick)";
-                [super::dialect::render(tail, super::StorageKind::Sqlite), super::dialect::render(tail, super::StorageKind::Postgres)]
-            });
-            let mut q = Stmt::built(
-                values(D::KIND, "ll_job_state (job, last_tick)", 2, chunk.len(), &TAIL[D::KIND as usize]),
-                "saving the last ticks",
-            );
+            let tail =
+                sql!(D, "ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), excluded.last_tick)");
+            let mut q = Stmt::built(values(&D::SPELLING, "ll_job_state (job, last_tick)", 2, chunk.len(), tail), "saving the last ticks");
             for (job, at) in chunk {
                 q = q.bind(job.as_str()).bind(**at);
             }
@@ -364,7 +358,7 @@ impl<D: Dialect> RunStore for D {
                 "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5 WHERE id = $1 AND status IN {}",
                 status_list(RunStatus::sources(status))
             ),
-            D::KIND,
+            &D::SPELLING,
         );
         let mut tx = self.begin().await?;
         let q = Stmt::built(sql, "finishing a run")
@@ -419,7 +413,7 @@ impl<D: Dialect> RunStore for D {
             return Ok(());
         }
         let sql = values(
-            D::KIND,
+            &D::SPELLING,
             "ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error, resumes_on_reject)",
             10,
             steps.len(),
@@ -599,7 +593,7 @@ impl<D: Dialect> RunStore for D {
 
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
-        Ok(D::fetch_all(&mut *self.reader().await?, f.query(D::KIND)).await?.iter().map(run_from_row).collect())
+        Ok(D::fetch_all(&mut *self.reader().await?, f.query(&D::SPELLING)).await?.iter().map(run_from_row).collect())
     }
 
     async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError> {

@@ -122,6 +122,7 @@ impl Dialect for PgStore {
     type Pooled = PoolConnection<Postgres>;
 
     const KIND: StorageKind = StorageKind::Postgres;
+    const SPELLING: Spelling = SPELLING;
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.pool.begin().await.ctx("starting a transaction")

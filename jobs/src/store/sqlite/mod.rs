@@ -156,6 +156,7 @@ impl Dialect for SqliteStore {
     type Pooled = PoolConnection<Sqlite>;
 
     const KIND: StorageKind = StorageKind::Sqlite;
+    const SPELLING: Spelling = SPELLING;
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.write.begin().await.ctx("starting a transaction")
