@@ -30,7 +30,7 @@ pub use compile::{
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig, Timing};
-pub use schedule::{Schedule, ScheduleError, ScheduleSpec};
+pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
 pub use workflow::{Decision, Step, StepKind, StepType, Workflow};

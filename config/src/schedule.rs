@@ -224,6 +224,92 @@ fn at(spec: &str) -> Result<DateTime<Utc>, ScheduleError> {
 }
 
 /// The one place a zone name is parsed.
+/// A schedule given on its own, not in a config (an assistant checking its translation of "every
+/// weekday at 7:30 Berlin time"). An error names the field it is about: `cron`, `every`, `at`
+/// or `timezone` (the zone is read for cron only, as in a job).
+pub fn parse_alone(spec: ScheduleSpec, tz: &str) -> Result<Schedule, (&'static str, ScheduleError)> {
+    let field = spec.field();
+    let zone = match &spec {
+        ScheduleSpec::Cron(_) => Some(parse_tz(tz).map_err(|e| ("timezone", e))?),
+        ScheduleSpec::Every(_) | ScheduleSpec::At(_) => None,
+    };
+    Schedule::build(spec, &Ok(zone.unwrap_or(Tz::UTC))).map_err(|e| (field, e))
+}
+
+/// What a schedule does from an instant on, for a person to check before saving it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preview {
+    /// The next fire instants.
+    pub fires: Vec<DateTime<Utc>>,
+    /// Where those cross a daylight-saving change in the schedule's zone.
+    pub notes: Vec<String>,
+    /// What looks like a mistake: a schedule that fires very often, or never.
+    pub warnings: Vec<String>,
+}
+
+/// Past this many fires in a day, a preview warns (hourly is 24; `* 7 * * *`, often meant as
+/// "at 7", is 60).
+const OFTEN: usize = 24;
+/// Fires counted in a day at most (an every-second schedule is 86,400).
+const COUNTED: usize = 10_000;
+
+impl Schedule {
+    /// The next `count` fires after `now`, with the daylight-saving changes they cross and a
+    /// warning when the schedule fires more than [`OFTEN`] times in the day after its first
+    /// fire, or never.
+    pub fn preview(&self, now: DateTime<Utc>, count: usize) -> Preview {
+        let fires = self.upcoming(now, count);
+        let tz = self.tz;
+        let offset = |t: &DateTime<Utc>| tz.offset_from_utc_datetime(&t.naive_utc()).fix();
+        let mut notes = Vec::new();
+        let mut before = offset(&now);
+        for f in &fires {
+            let after = offset(f);
+            if after != before {
+                let local = f.with_timezone(&tz).format("%Y-%m-%d %H:%M");
+                notes.push(format!("the fire at {local} ({tz}) comes after a daylight-saving change: UTC{before} becomes UTC{after}"));
+                before = after;
+            }
+        }
+        let mut warnings = Vec::new();
+        match fires.first() {
+            None => warnings.push("this schedule never fires after now".to_string()),
+            Some(first) => {
+                let day = *first + chrono::Duration::days(1);
+                let mut n = 1;
+                let mut cur = *first;
+                while n <= COUNTED {
+                    match self.next_after(cur) {
+                        Some(t) if t < day => {
+                            n += 1;
+                            cur = t;
+                        }
+                        _ => break,
+                    }
+                }
+                if n > OFTEN {
+                    let times = if n > COUNTED { format!("more than {}", thousands(COUNTED)) } else { thousands(n) };
+                    warnings.push(format!("this fires {times} times a day"));
+                }
+            }
+        }
+        Preview { fires, notes, warnings }
+    }
+}
+
+/// `n` with a comma every three digits.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 pub(crate) fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
     Tz::from_str(tz).map_err(|_| ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")")))
 }
@@ -393,6 +479,48 @@ fn next_cron(s: &cron::Schedule, rule: DstRule, tz: Tz, t: DateTime<Utc>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at_utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_schedule_alone_names_the_field_it_is_wrong_in() {
+        let field = |spec, tz| parse_alone(spec, tz).err().map(|(f, _)| f);
+        assert_eq!(field(ScheduleSpec::Cron("0 7 * * 1-5".into()), "Europe/Berlin"), None);
+        assert_eq!(field(ScheduleSpec::Cron("0 7 * *".into()), "Europe/Berlin"), Some("cron"));
+        assert_eq!(field(ScheduleSpec::Cron("0 7 * * *".into()), "Europe/Bärlin"), Some("timezone"));
+        assert_eq!(field(ScheduleSpec::Every("soon".into()), "Nowhere/At All"), Some("every"), "every ignores the zone");
+        assert_eq!(field(ScheduleSpec::At("tomorrow".into()), "UTC"), Some("at"));
+        let (_, e) = parse_alone(ScheduleSpec::Cron("0 7 * * *".into()), "Berlin").unwrap_err();
+        assert!(e.to_string().contains("IANA zone"), "{e}");
+    }
+
+    #[test]
+    fn a_preview_shows_fires_dst_changes_and_warnings() {
+        // Weekdays at 7:30 in Berlin, from the Friday before the spring change (2026-03-29).
+        let s = parse_alone(ScheduleSpec::Cron("30 7 * * 1-5".into()), "Europe/Berlin").unwrap();
+        let p = s.preview(at_utc("2026-03-27T00:00:00Z"), 3);
+        let fires: Vec<String> = p.fires.iter().map(|t| t.to_rfc3339()).collect();
+        assert_eq!(fires, ["2026-03-27T06:30:00+00:00", "2026-03-30T05:30:00+00:00", "2026-03-31T05:30:00+00:00"]);
+        assert_eq!(
+            p.notes,
+            ["the fire at 2026-03-30 07:30 (Europe/Berlin) comes after a daylight-saving change: UTC+01:00 becomes UTC+02:00"]
+        );
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+
+        let every_minute_at_7 = parse_alone(ScheduleSpec::Cron("* 7 * * *".into()), "UTC").unwrap();
+        assert_eq!(every_minute_at_7.preview(at_utc("2026-03-27T00:00:00Z"), 2).warnings, ["this fires 60 times a day"]);
+        let minutely = parse_alone(ScheduleSpec::Every("1m".into()), "UTC").unwrap();
+        assert_eq!(minutely.preview(at_utc("2026-03-27T00:00:00Z"), 1).warnings, ["this fires 1,440 times a day"]);
+        let secondly = parse_alone(ScheduleSpec::Every("1s".into()), "UTC").unwrap();
+        assert_eq!(secondly.preview(at_utc("2026-03-27T00:00:00Z"), 1).warnings, ["this fires more than 10,000 times a day"]);
+        let hourly = parse_alone(ScheduleSpec::Cron("0 * * * *".into()), "UTC").unwrap();
+        assert!(hourly.preview(at_utc("2026-03-27T00:00:00Z"), 1).warnings.is_empty(), "hourly is 24 a day");
+        let past = parse_alone(ScheduleSpec::At("2020-01-01T00:00:00Z".into()), "UTC").unwrap();
+        let p = past.preview(at_utc("2026-03-27T00:00:00Z"), 5);
+        assert_eq!((p.fires.len(), p.warnings.as_slice()), (0, ["this schedule never fires after now".to_string()].as_slice()));
+    }
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{
-    ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, StartArgs, ToolsCommand,
-    WorkflowsCommand,
+    ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, ScheduleCommand, StartArgs,
+    ToolsCommand, WorkflowsCommand,
 };
 use crate::client::Client;
 use crate::error::{CtlError, Failure};
@@ -79,6 +79,7 @@ enum View {
     Jobs,
     Job,
     NextFires { job: String },
+    SchedulePreview,
     Paused,
     Resumed,
     Triggered { job: String, idempotency_key: Option<String> },
@@ -134,6 +135,11 @@ fn plan(command: Command) -> Action {
                 start("trigger_job", trigger.name.clone(), trigger.name, trigger.start, parameters)
             }
         },
+        Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, count } } => call(
+            "preview_schedule",
+            none().maybe("cron", cron).maybe("every", every).maybe("at", at).maybe("timezone", timezone).with("count", count),
+            View::SchedulePreview,
+        ),
         Command::Runs { command } => match command {
             RunsCommand::List { job, status, limit, cursor } => call(
                 "list_runs",
@@ -278,6 +284,7 @@ fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<St
         View::Jobs => render::jobs(&answer::<JobList>(tool, value)?.jobs, now),
         View::Job => render::job(&answer(tool, value)?, now),
         View::NextFires { job } => render::next_fires(&answer(tool, value)?, job, now),
+        View::SchedulePreview => render::schedule_preview(&answer(tool, value)?, now),
         View::Paused => render::paused(&answer(tool, value)?),
         View::Resumed => render::resumed(&answer(tool, value)?, now),
         View::Triggered { job, idempotency_key } => render::triggered(&answer(tool, value)?, job, idempotency_key.as_deref()),

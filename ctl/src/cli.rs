@@ -55,6 +55,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// Check a schedule before a job uses it: next fire times, daylight-saving changes, warnings
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
     /// List, inspect and cancel runs
     Runs {
         #[command(subcommand)]
@@ -141,6 +146,29 @@ pub(crate) enum JobsCommand {
     },
     /// Run a job now
     Trigger(TriggerArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Show the next fire times of a cron expression, a period or an instant, in its zone and yours
+    #[command(group(clap::ArgGroup::new("schedule").required(true).args(["cron", "every", "at"])))]
+    Preview {
+        /// A cron expression, as in a job's `cron:` (e.g. "30 7 * * 1-5")
+        #[arg(long, value_name = "EXPR")]
+        cron: Option<String>,
+        /// A period, as in a job's `every:` (e.g. 15m)
+        #[arg(long, value_name = "PERIOD")]
+        every: Option<String>,
+        /// One instant, as in a job's `at:` (RFC 3339)
+        #[arg(long, value_name = "INSTANT")]
+        at: Option<String>,
+        /// The IANA zone a cron expression fires in (default: the worker's scheduling.timezone)
+        #[arg(long, value_name = "ZONE")]
+        timezone: Option<String>,
+        /// How many fire times to show
+        #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+        count: u32,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
     AgentList, AgentUsage, ApprovalList, CallKind, Decision, FireTime, JobDetail, JobSummary, PluginList, ReloadSummary, Run, RunBrief,
-    RunDetail, RunPage, RunStatus, StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+    RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -367,6 +367,23 @@ pub(crate) fn next_fires(detail: &JobDetail, job: &str, now: DateTime<Utc>) -> S
         return format!("job \"{job}\" has no upcoming fire times ({})\n", job_state(&detail.summary));
     }
     fires_table(&detail.next_fires, now)
+}
+
+/// `schedule preview`.
+pub(crate) fn schedule_preview(p: &SchedulePreview, now: DateTime<Utc>) -> String {
+    let mut out = format!("{} ({})\n", p.schedule, p.timezone);
+    if p.next_fires.is_empty() {
+        out.push_str("no upcoming fire times\n");
+    } else {
+        out.push_str(&fires_table(&p.next_fires, now));
+    }
+    for note in &p.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    for warning in &p.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
 }
 
 fn brief_runs_table(runs: &[RunBrief], now: DateTime<Utc>) -> String {

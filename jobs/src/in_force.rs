@@ -32,6 +32,8 @@ pub(crate) struct JobsConfig {
     pub(crate) agents: Arc<Catalog>,
     /// What the catalog listings show.
     pub(crate) listing: Arc<Listing>,
+    /// The zone of a schedule that names none (`scheduling.timezone`).
+    pub(crate) default_timezone: String,
 }
 
 impl JobsConfig {
@@ -53,6 +55,7 @@ impl JobsConfig {
             data_dir: config.data_dir.clone(),
             agents: Arc::new(Catalog::of(config)),
             listing: Arc::new(Listing::of(config, registry)),
+            default_timezone: config.default_timezone.clone(),
         }
     }
 

@@ -27,12 +27,12 @@ pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use context::{RunContext, Targets};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
-pub use lamplighter_config::{Schedule, ScheduleError};
+pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
     AgentInfo, Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, PluginView, RunBrief,
-    RunDetail, RunFollower, RunPage, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus, WorkflowInfo,
+    RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};

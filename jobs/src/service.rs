@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, Step, StepKind, Workflow};
+use lamplighter_config::{JobConfig, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::engine::Engine;
 use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
 pub use lamplighter_contract::{
-    AgentInfo, Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage, StepView, Triggered,
-    WorkerStatus, WorkflowInfo,
+    AgentInfo, Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage, SchedulePreview,
+    StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -197,6 +197,25 @@ impl Engine {
         };
         let tz = s.timezone();
         s.upcoming(now, n).into_iter().map(|t| FireTime { utc: t, local: t.with_timezone(&tz).to_rfc3339() }).collect()
+    }
+
+    /// What a schedule would do, before any job uses it: its next `count` fire times (in its
+    /// zone and UTC), the daylight-saving changes they cross, and warnings (it fires very
+    /// often, or never). `timezone` defaults to `scheduling.timezone`. An error names the field.
+    pub fn preview_schedule(&self, spec: ScheduleSpec, timezone: Option<&str>, count: usize) -> Result<SchedulePreview, ServiceError> {
+        let default = self.shared.snapshot().default_timezone.clone();
+        let tz = timezone.unwrap_or(&default);
+        let schedule =
+            lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| ServiceError::InvalidArgument(format!("{field}: {e}")))?;
+        let preview = schedule.preview(self.shared.clock().now(), count.clamp(1, 1000));
+        let zone = schedule.timezone();
+        Ok(SchedulePreview {
+            schedule: schedule.spec().to_string(),
+            timezone: zone.name().to_string(),
+            next_fires: preview.fires.iter().map(|t| FireTime { utc: *t, local: t.with_timezone(&zone).to_rfc3339() }).collect(),
+            notes: preview.notes,
+            warnings: preview.warnings,
+        })
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.

@@ -35,14 +35,14 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
-    self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, RunArgs, RunWorkflowArgs,
-    SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, seed_job_name, wait_timeout,
+    self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, PreviewScheduleArgs, RunArgs,
+    RunWorkflowArgs, ScheduleArg, SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, seed_job_name, wait_timeout,
 };
 use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
-    Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus, ServiceError,
-    TriggerRequest, WorkerStatus,
+    Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus, SchedulePreview,
+    ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
 use crate::summary::summary;
@@ -61,7 +61,7 @@ pub(crate) enum Read {
 }
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 23] = args::TOOLS;
+const TOOL_ORDER: [&str; 24] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
      cancel runs; run workflows and approve or reject their steps that wait for a person; list workflows, agents and plugins; \
@@ -273,6 +273,18 @@ impl Control {
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn get_job(&self, Parameters(a): Parameters<GetJobArgs>) -> Result<Json<JobDetail>, Failure> {
         Ok(Json(self.job_detail(&a.name, a.next).await?))
+    }
+
+    /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn preview_schedule(&self, Parameters(a): Parameters<PreviewScheduleArgs>) -> Result<Json<SchedulePreview>, Failure> {
+        let (schedule, count) = a.schedule()?;
+        let spec = match schedule {
+            ScheduleArg::Cron(s) => ScheduleSpec::Cron(s),
+            ScheduleArg::Every(s) => ScheduleSpec::Every(s),
+            ScheduleArg::At(s) => ScheduleSpec::At(s),
+        };
+        Ok(Json(self.engine.preview_schedule(spec, a.timezone.as_deref(), count)?))
     }
 
     /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.

@@ -119,6 +119,48 @@ pub fn next_fires(next: Option<u32>) -> Result<usize, ArgError> {
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
+pub struct PreviewScheduleArgs {
+    /// A cron expression (5 or 6 fields, or a macro such as `@daily`), as in a job's `cron:`.
+    pub cron: Option<String>,
+    /// A period such as `90s` or `15m`, as in a job's `every:`.
+    pub every: Option<String>,
+    /// One RFC 3339 instant, as in a job's `at:`.
+    pub at: Option<String>,
+    /// The IANA zone a cron expression fires in (default: the worker's `scheduling.timezone`).
+    pub timezone: Option<String>,
+    /// How many fire times to show (1–100, default 10).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
+    pub count: Option<u32>,
+}
+
+/// A schedule to preview: exactly one of `cron`, `every` and `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleArg {
+    Cron(String),
+    Every(String),
+    At(String),
+}
+
+impl PreviewScheduleArgs {
+    /// The schedule given, and how many fire times to show.
+    pub fn schedule(&self) -> Result<(ScheduleArg, usize), ArgError> {
+        let given: Vec<ScheduleArg> =
+            [self.cron.clone().map(ScheduleArg::Cron), self.every.clone().map(ScheduleArg::Every), self.at.clone().map(ScheduleArg::At)]
+                .into_iter()
+                .flatten()
+                .collect();
+        let count = in_range("count", self.count.map_or(10, u64::from), 100)? as usize;
+        match <[ScheduleArg; 1]>::try_from(given) {
+            Ok([one]) => Ok((one, count)),
+            Err(given) if given.is_empty() => Err(ArgError::new("give one of `cron`, `every` or `at`")),
+            Err(_) => Err(ArgError::new("give only one of `cron`, `every` and `at`")),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
 pub struct PauseArgs {
     /// The job's name, as in `list_jobs`.
     pub name: String,
@@ -321,10 +363,11 @@ pub struct Checked {
 }
 
 /// Every tool the worker serves, in the order `tools/list` gives them.
-pub const TOOLS: [&str; 23] = [
+pub const TOOLS: [&str; 24] = [
     "worker_status",
     "list_jobs",
     "get_job",
+    "preview_schedule",
     "pause_job",
     "resume_job",
     "trigger_job",
@@ -367,6 +410,12 @@ pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgEr
         "get_job" => {
             let a: GetJobArgs = from_arguments(tool, arguments)?;
             Ok(Checked { count: Some(next_fires(a.next)?), subject: a.name, timeout: None })
+        }
+        "preview_schedule" => {
+            let a: PreviewScheduleArgs = from_arguments(tool, arguments)?;
+            let (schedule, count) = a.schedule()?;
+            let (ScheduleArg::Cron(s) | ScheduleArg::Every(s) | ScheduleArg::At(s)) = schedule;
+            Ok(Checked { subject: s, count: Some(count), timeout: None })
         }
         "pause_job" => from_arguments::<PauseArgs>(tool, arguments).map(|a| plain(a.name)),
         "resume_job" => from_arguments::<JobArgs>(tool, arguments).map(|a| plain(a.name)),
@@ -413,6 +462,18 @@ mod tests {
 
     fn args(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_preview_takes_exactly_one_schedule() {
+        let ok = check("preview_schedule", args(json!({"cron": "30 7 * * 1-5", "timezone": "Europe/Berlin"}))).expect("ok");
+        assert_eq!((ok.subject.as_str(), ok.count), ("30 7 * * 1-5", Some(10)));
+        let none = check("preview_schedule", args(json!({"timezone": "UTC"}))).unwrap_err();
+        assert_eq!(none.message, "give one of `cron`, `every` or `at`");
+        let two = check("preview_schedule", args(json!({"cron": "* * * * *", "every": "1m"}))).unwrap_err();
+        assert_eq!(two.message, "give only one of `cron`, `every` and `at`");
+        let many = check("preview_schedule", args(json!({"every": "1m", "count": 101}))).unwrap_err();
+        assert!(many.message.contains("count"), "{}", many.message);
     }
 
     #[test]

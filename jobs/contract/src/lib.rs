@@ -25,6 +25,6 @@ pub use tools::{
     WorkflowInfo, WorkflowList,
 };
 pub use views::{
-    Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, StepView, Triggered, WorkerLease,
-    WorkerStatus,
+    Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered,
+    WorkerLease, WorkerStatus,
 };

@@ -60,6 +60,24 @@ pub struct FireTime {
     pub local: String,
 }
 
+/// What a schedule does, before any job uses it (`preview_schedule`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SchedulePreview {
+    /// The schedule as given: `cron: 30 7 * * 1-5`.
+    pub schedule: String,
+    /// The zone its fire times are read in (UTC for `every` and `at`).
+    pub timezone: String,
+    /// The next fire times, in UTC and in the zone.
+    pub next_fires: Vec<FireTime>,
+    /// Daylight-saving changes those fire times cross.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// What looks like a mistake: it fires very often, or never.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct JobDetail {

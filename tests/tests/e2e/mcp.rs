@@ -50,6 +50,43 @@ fn jobs_list_and_show_with_next_fire_times() {
     assert!(ok(&w, &["jobs", "show", "report"]).contains("report"));
 }
 
+/// An assistant checks its translation of "weekdays at 7:30 Berlin time" before saving a job:
+/// the fire times come back in the zone and in UTC, a daylight-saving change in between is
+/// named, a schedule that fires far more often than meant is warned about, and a mistake
+/// names its field.
+#[test]
+fn a_schedule_is_previewed_before_any_job_uses_it() {
+    let w = worker();
+    // A hundred weekdays from any day of the year reach a daylight-saving change in Berlin.
+    let p = json(&ok(&w, &["-o", "json", "schedule", "preview", "--cron", "30 7 * * 1-5", "--timezone", "Europe/Berlin", "-n", "100"]));
+    assert_eq!((p["schedule"].as_str(), p["timezone"].as_str()), (Some("cron: 30 7 * * 1-5"), Some("Europe/Berlin")));
+    let fires = p["next_fires"].as_array().expect("next_fires");
+    assert_eq!(fires.len(), 100);
+    for f in fires {
+        let local = f["local"].as_str().expect("local");
+        assert!(local.contains("T07:30:00+01:00") || local.contains("T07:30:00+02:00"), "{local}");
+    }
+    let notes = p["notes"].as_array().expect("a daylight-saving change is named");
+    assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.contains("daylight-saving change"))), "{notes:?}");
+    assert!(p.get("warnings").is_none(), "{p}");
+
+    let table = ok(&w, &["schedule", "preview", "--cron", "* 7 * * *", "--timezone", "UTC", "-n", "3"]);
+    assert!(table.contains("warning: this fires 60 times a day"), "{table}");
+    assert_eq!(table.lines().filter(|l| l.contains(" 07:0")).count(), 3, "three fire times at 07:00–07:02 UTC:\n{table}");
+
+    for (args, field) in [
+        (vec!["--cron", "30 7 * *"], "cron: "),
+        (vec!["--cron", "30 7 * * *", "--timezone", "Berlin"], "timezone: "),
+        (vec!["--every", "soon"], "every: "),
+    ] {
+        let (code, _, err) = w.ctl(&[&["schedule", "preview"][..], &args].concat());
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(field), "{args:?} names {field}: {err}");
+    }
+    let (code, _, err) = w.ctl(&["schedule", "preview", "--timezone", "UTC"]);
+    assert_eq!(code, 2, "no schedule given is a usage error: {err}");
+}
+
 #[test]
 fn unknown_job_exits_1_and_names_the_known_jobs() {
     let w = worker();
@@ -309,7 +346,7 @@ fn mcp_over_stdio_serves_the_same_tools() {
         cmd.args(["run", "--mcp-stdio", "--config"]).arg(w.config_path()).current_dir(w.dir.path()).env("RUST_LOG", "warn");
         let client = ().serve(TokioChildProcess::new(cmd).expect("spawn")).await.expect("connect over stdio");
         let tools = client.list_all_tools().await.expect("tools/list");
-        assert_eq!(tools.len(), 23, "{:?}", tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
+        assert_eq!(tools.len(), 24, "{:?}", tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
         let res = client
             .call_tool(rmcp::model::CallToolRequestParams::new("list_jobs").with_arguments(serde_json::Map::new()))
             .await
