@@ -24,8 +24,8 @@ pub use ai::{
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, name_matches,
 };
 pub use compile::{
-    Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, McpAuth,
-    McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
+    Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, McpAuth,
+    McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};

@@ -228,10 +228,21 @@ impl<'a> Compiler<'a> {
             }
         };
         if !ok {
+            // A definition given alone (not in the files) answers with every error it has at
+            // once, its schedule's too.
+            if self.fields
+                && let Some(spec) = schedules.into_iter().next()
+            {
+                let field = spec.field();
+                // A bad zone is reported already: the expression is checked on its own.
+                if let Err(e) = Schedule::build(spec, &Ok(tz.clone().unwrap_or(Tz::UTC))) {
+                    self.err(&p(field), format!("job \"{name}\": {e}"));
+                }
+            }
             return None;
         }
-        // Parsed only once the job is otherwise valid, as before: a job with other errors
-        // reports those. A job whose only error is its schedule is still returned, without a
+        // In the files, parsed only once the job is otherwise valid, as before: a job with
+        // other errors reports those. A job whose only error is its schedule is still returned, without a
         // schedule, so the checks after compiling (plugin actions) report theirs too.
         let schedule = schedules.into_iter().next().and_then(|spec| {
             let field = spec.field();

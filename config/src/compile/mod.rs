@@ -31,6 +31,9 @@ struct Compiler<'a> {
     loaded: &'a Loaded,
     diags: Vec<Diagnostic>,
     disabled: BTreeMap<Disabled, String>,
+    /// Name the field in each message (a definition given as JSON has no file to point into):
+    /// `cron: …` for an error at `scheduling.jobs.<name>.cron`.
+    fields: bool,
 }
 
 /// Consumes the loaded tree: the merged YAML and source map move into the result (a large
@@ -46,7 +49,7 @@ pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Di
 }
 
 fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Config, Vec<Diagnostic>) {
-    let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new() };
+    let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: false };
     let raw = &loaded.raw;
     let fw = raw.framework.clone().unwrap_or_default();
     let data_dir = cwd.join(fw.data_dir.as_deref().unwrap_or("./data"));
@@ -105,14 +108,67 @@ fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("\"{s}\" is not a duration ({e}); write e.g. \"90s\", \"15m\", \"24h\""))
 }
 
+/// A job defined at runtime (an MCP client's, say), checked as it is written.
+#[derive(Debug, Clone)]
+pub struct CompiledJob {
+    pub job: JobConfig,
+    /// What compiles but looks wrong, each naming its field.
+    pub warnings: Vec<String>,
+}
+
+/// A job definition given as JSON — the same object as the job's entry in YAML — compiled by
+/// the same compiler as the files' jobs, against the config in force: the workflows and agents
+/// it names must be defined there, its zone defaults to `scheduling.timezone`, a relative
+/// `working_directory` is read from the config's folder. Every error is returned at once, each
+/// naming its field (`cron: …`, `workflow: …`; `definition: …` for one that is not a job
+/// entry at all).
+pub fn compile_job(config: &Config, name: &str, definition: &serde_json::Value) -> Result<CompiledJob, Vec<String>> {
+    if name.starts_with("workflow:") {
+        return Err(vec![format!(
+            "name: job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it)"
+        )]);
+    }
+    let mut job: raw::Job = serde_json::from_value(definition.clone()).map_err(|e| vec![format!("definition: {e}")])?;
+    // The compiler checks references against the raw tree; the names are all it reads there.
+    let raw = raw::RawConfig {
+        workflows: Some(config.workflows.keys().map(|k| (k.clone(), raw::Workflow::default())).collect()),
+        agents: Some(config.agents.keys().map(|k| (k.clone(), raw::Agent::default())).collect()),
+        ..Default::default()
+    };
+    let loaded =
+        Loaded { raw, merged: serde_yaml::Value::Null, sources: SourceMap::default(), unset_vars: Vec::new(), root: config.root.clone() };
+    let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true };
+    let default_tz = schedule::parse_tz(&config.default_timezone);
+    let cwd = config.root.parent().unwrap_or(Path::new("."));
+    let compiled = c.job(name, &mut job, (&config.default_timezone, &default_tz), cwd);
+    let (errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
+        c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
+    match compiled {
+        Some(job) if errors.is_empty() => Ok(CompiledJob { job, warnings: warnings.into_iter().map(|d| d.message).collect() }),
+        _ => Err(errors.into_iter().map(|d| d.message).collect()),
+    }
+}
+
 impl Compiler<'_> {
     fn err(&mut self, path: &[&str], msg: String) {
         let loc = self.loaded.sources.locate(&keys(path));
+        let msg = self.named(path, msg);
         self.diags.push(Diagnostic::error(loc, msg));
     }
 
     fn warn(&mut self, path: &[&str], msg: String) {
         let loc = self.loaded.sources.locate(&keys(path));
+        let msg = self.named(path, msg);
         self.diags.push(Diagnostic::warning(loc, msg));
+    }
+
+    /// `msg`, with its field first when the compiler names fields: the path below the job
+    /// (`scheduling.jobs.<name>.retries.max` → `retries.max: …`).
+    fn named(&self, path: &[&str], msg: String) -> String {
+        match (self.fields, path) {
+            (true, ["scheduling", "jobs", _, rest @ ..]) if !rest.is_empty() => format!("{}: {msg}", rest.join(".")),
+            (true, _) => format!("definition: {msg}"),
+            (false, _) => msg,
+        }
     }
 }

@@ -1,0 +1,66 @@
+//! A job defined at runtime (as JSON, the same object as a job entry in YAML) goes through the
+//! files' compiler against the config in force: errors all at once, each naming its field.
+
+use std::path::Path;
+
+use lamplighter_config::{Config, LoadOptions, Target, compile_job, load_with_env};
+use serde_json::json;
+
+const CONFIG: &str = r#"
+scheduling:
+  timezone: Europe/Berlin
+  jobs:
+    from-a-file: {cron: "0 3 * * *", type: plugin, plugin: file-save, action: save}
+workflows:
+  news-digest:
+    steps:
+      - {id: fetch, type: plugin, plugin: file-read, action: read, parameters: {path: x}}
+"#;
+
+fn config(dir: &Path) -> Config {
+    std::fs::write(dir.join("lamplighter.yaml"), CONFIG).unwrap();
+    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()) };
+    load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config
+}
+
+#[test]
+fn a_good_definition_compiles_against_the_config_in_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path());
+    let compiled = compile_job(&c, "digest", &json!({"cron": "30 7 * * 1-5", "type": "workflow", "workflow": "news-digest"})).unwrap();
+    assert_eq!(compiled.job.target, Target::Workflow("news-digest".into()));
+    assert_eq!(compiled.job.timezone, "Europe/Berlin", "the zone defaults to scheduling.timezone");
+    assert!(compiled.job.schedule.is_some());
+    assert!(compiled.warnings.is_empty(), "{:?}", compiled.warnings);
+    // The type is inferred from the one target given, as in YAML.
+    let plugin = compile_job(&c, "save", &json!({"every": "15m", "plugin": "file-save", "action": "save"})).unwrap();
+    assert_eq!(plugin.job.target, Target::Plugin { plugin: "file-save".into(), action: "save".into() });
+}
+
+#[test]
+fn every_error_is_returned_at_once_naming_its_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path());
+    let cases: Vec<(serde_json::Value, Vec<&str>)> = vec![
+        (json!({"cron": "30 7 * *", "workflow": "news-digest"}), vec!["cron: "]),
+        (json!({"cron": "30 7 * * *", "timezone": "Berlin", "workflow": "news-digest"}), vec!["timezone: "]),
+        (json!({"cron": "30 7 * * *", "workflow": "news-digst"}), vec!["workflow: "]),
+        (json!({"cron": "30 7 * * *", "agent": "ghost"}), vec!["agent: "]),
+        (json!({"cron": "nope", "workflow": "nope", "overlap": "sometimes"}), vec!["workflow: ", "cron: ", "overlap: "]),
+        (json!({"crn": "30 7 * * *", "workflow": "news-digest"}), vec!["definition: unknown field `crn`"]),
+        (json!("30 7 * * *"), vec!["definition: invalid type"]),
+        (json!({"cron": "30 7 * * *"}), vec!["definition: job \"j\" needs \"type\""]),
+        (json!({"every": "1m", "retries": {"max": 3, "backoff": "sometimes"}, "workflow": "news-digest"}), vec!["retries.backoff: "]),
+    ];
+    for (definition, fields) in cases {
+        let errors = compile_job(&c, "j", &definition).err().unwrap_or_else(|| panic!("{definition} compiled"));
+        assert_eq!(errors.len(), fields.len(), "{definition}: {errors:#?}");
+        for field in fields {
+            assert!(errors.iter().any(|e| e.starts_with(field)), "{definition}: no error starts with {field:?}: {errors:#?}");
+        }
+    }
+    let named = compile_job(&c, "workflow:x", &json!({"every": "1m", "workflow": "news-digest"})).unwrap_err();
+    assert!(named[0].starts_with("name: "), "{named:?}");
+    let unknown = compile_job(&c, "j", &json!({"cron": "30 7 * * *", "workflow": "news-digst"})).unwrap_err();
+    assert!(unknown[0].contains("did you mean \"news-digest\""), "{unknown:?}");
+}
