@@ -150,10 +150,24 @@ where
     // Subscribed before the first read: a change between the read and the wait is not lost.
     let mut changes = engine.changes();
     let mut seen: HashMap<Uri, Option<String>> = HashMap::new();
+    // Resources already final here are announced at once. The subscription was acknowledged
+    // before this watch began, so the client may have read the resource before these reads; a
+    // run that ended in between would change no more, and its follower would wait for ever
+    // (seen: `lampctl jobs trigger --wait` on a run of a few milliseconds, once in ~25).
+    let mut final_now = Vec::new();
     for uri in &uris {
-        seen.insert(uri.clone(), contents(engine, uri).await.ok().map(|(text, _)| text));
+        let read = contents(engine, uri).await.ok();
+        if read.as_ref().is_some_and(|(_, finished)| *finished) {
+            final_now.push(uri.text());
+        }
+        seen.insert(uri.clone(), read.map(|(text, _)| text));
     }
     let mut names = if list_changed { job_names(engine).await } else { None };
+    for uri in final_now {
+        if !send(Change::Updated(uri)).await {
+            return;
+        }
+    }
     tokio::pin!(until);
     loop {
         tokio::select! {

@@ -129,6 +129,33 @@ fn a_current_client_reads_resources_and_hears_a_run_a_pause_and_a_reload() {
     });
 }
 
+/// A subscription acknowledged before the worker's watch has read the run could miss the
+/// run's end (it changes no more after it), and a follower would wait for ever: a run already
+/// finished when the watch begins is announced at once. Here the run finished long before.
+#[test]
+fn a_run_already_finished_when_followed_is_announced_at_once() {
+    let w = worker();
+    let (code, out, err) = w.ctl(&["-o", "json", "jobs", "trigger", "report", "--wait"]);
+    assert_eq!(code, 0, "{err}");
+    let run = serde_json::from_str::<Value>(&out).expect("JSON")["run_id"].as_str().expect("run_id").to_owned();
+    let rt = runtime();
+    rt.block_on(async {
+        let client = current(&w).await;
+        let run_uri = format!("lamplighter://runs/{run}");
+        let filter = SubscriptionFilter::builder().resource_subscriptions([run_uri.as_str(), "lamplighter://jobs/report"]).build();
+        let mut sub = client.peer().listen(filter).await.expect("subscriptions/listen");
+        let first = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("announced within 10 s").expect("open");
+        assert!(matches!(&first, Some(ServerNotification::ResourceUpdatedNotification(n)) if n.params.uri == run_uri), "{first:?}");
+        let (detail, _) = read(&client, &run_uri).await;
+        assert_eq!(detail["status"], "succeeded");
+        // Only what is final: a job that may still change is not announced without a change.
+        let quiet = tokio::time::timeout(Duration::from_millis(1500), sub.next()).await;
+        assert!(quiet.is_err(), "nothing else changed: {quiet:?}");
+        let _ = sub.cancel().await;
+        let _ = client.cancel().await;
+    });
+}
+
 /// The triage prompt, and job names completed for it and for `lamplighter://jobs/{name}`.
 #[test]
 fn the_triage_prompt_names_the_job_and_job_names_complete() {
