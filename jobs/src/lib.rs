@@ -31,8 +31,9 @@ pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    AgentInfo, Approval, Decision, DecisionRequest, FireTime, JobDetail, JobPage, JobSummary, ListingVersion, PluginView, RunBrief,
-    RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus, WorkflowInfo,
+    AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobPage, JobSummary, ListingVersion, PluginView,
+    RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus,
+    WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};

@@ -279,7 +279,8 @@ impl Engine {
 
     /// Waits until a run reaches a final status (or `timeout` passes) and returns it.
     pub async fn wait_run(&self, id: &str, timeout: Option<Duration>) -> Result<Run, ServiceError> {
-        let mut follow = self.follow(id);
+        // The run alone: its steps and calls are not what a wait for its end needs.
+        let mut follow = self.follow::<Run>(id);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut last = None;
         loop {
@@ -291,8 +292,8 @@ impl Engine {
                 None => follow.next().await,
             };
             match next {
-                Some(detail) => {
-                    let run = detail?.run;
+                Some(run) => {
+                    let run = run?;
                     if run.status.is_final() {
                         return Ok(run);
                     }
@@ -323,9 +324,18 @@ impl Engine {
         self.shared.snapshot().listing.plugins.clone()
     }
 
-    /// Follows a run: see [`RunFollower`]. Tools, tasks and resources follow runs through it.
-    pub fn follow(&self, id: &str) -> RunFollower {
-        RunFollower { engine: self.clone(), id: id.to_owned(), signals: self.shared.subscribe(), last: None, stale: true, done: false }
+    /// Follows a run, reading `T` of it (see [`RunFollower`]). Tool waits, tasks and
+    /// `wait_run` follow runs through it.
+    pub fn follow<T: Followed>(&self, id: &str) -> RunFollower<T> {
+        RunFollower {
+            engine: self.clone(),
+            id: id.to_owned(),
+            signals: self.shared.subscribe(),
+            last: None,
+            stale: true,
+            done: false,
+            reads: std::marker::PhantomData,
+        }
     }
 
     pub async fn list_runs(&self, filter: RunFilter) -> Result<RunPage, ServiceError> {
@@ -619,11 +629,42 @@ fn summary_in(
     }
 }
 
-/// A run as it goes: [`RunFollower::next`] gives its detail now, then again each time it reads
-/// differently, until it is final (the last detail given). A read follows the signals that may
-/// change the run (its progress or end, runs started or resumed; from other workers too on
+/// What a [`RunFollower`] reads of its run: the run alone ([`Run`], for a wait on its end) or
+/// the run with its steps, agent calls and waits ([`RunDetail`], for whoever shows progress).
+pub trait Followed: serde::Serialize + Send + Sized + 'static {
+    /// A run's progress (a step or a call recorded) changes what is read; the run row alone
+    /// does not change with it.
+    const PROGRESS: bool;
+    fn read(engine: &Engine, id: &str) -> impl std::future::Future<Output = Result<Self, ServiceError>> + Send;
+    fn run(&self) -> &Run;
+}
+
+impl Followed for Run {
+    const PROGRESS: bool = false;
+    async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
+        engine.get_run(id).await
+    }
+    fn run(&self) -> &Run {
+        self
+    }
+}
+
+impl Followed for RunDetail {
+    const PROGRESS: bool = true;
+    async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
+        engine.get_run_detail(id).await
+    }
+    fn run(&self) -> &Run {
+        &self.run
+    }
+}
+
+/// A run as it goes: [`RunFollower::next`] gives what it reads of the run now (`T`: see
+/// [`Followed`]), then again each time that reads differently, until the run is final (the
+/// last reading given). A read follows the signals that may change what it reads (the run's
+/// end, runs started or resumed, and for a detail its progress; from other workers too on
 /// PostgreSQL; anything after a lag); a burst of them is one read.
-pub struct RunFollower {
+pub struct RunFollower<T> {
     engine: Engine,
     id: String,
     signals: crate::signals::Receiver,
@@ -632,13 +673,14 @@ pub struct RunFollower {
     /// A signal came (or nothing was read yet) and no read has answered it.
     stale: bool,
     done: bool,
+    reads: std::marker::PhantomData<fn() -> T>,
 }
 
-impl RunFollower {
-    /// The run's detail when it reads differently from the last one given; `None` after the
-    /// final one, or after an error (given once). Cancel-safe: a signal taken by a call that is
-    /// dropped is answered by the next call.
-    pub async fn next(&mut self) -> Option<Result<RunDetail, ServiceError>> {
+impl<T: Followed> RunFollower<T> {
+    /// The run's reading when it differs from the last one given; `None` after the final one,
+    /// or after an error (given once). Cancel-safe: a signal taken by a call that is dropped is
+    /// answered by the next call.
+    pub async fn next(&mut self) -> Option<Result<T, ServiceError>> {
         if self.done {
             return None;
         }
@@ -655,27 +697,28 @@ impl RunFollower {
                 self.stale = true;
             }
             self.signals.drain();
-            let detail = match self.engine.get_run_detail(&self.id).await {
-                Ok(d) => d,
+            let reading = match T::read(&self.engine, &self.id).await {
+                Ok(r) => r,
                 Err(e) => {
                     self.done = true;
                     return Some(Err(e));
                 }
             };
             self.stale = false;
-            let text = serde_json::to_string(&detail).ok();
+            let text = serde_json::to_string(&reading).ok();
             if text.is_some() && text == self.last {
                 continue;
             }
             self.last = text;
-            self.done = detail.run.status.is_final();
-            return Some(Ok(detail));
+            self.done = reading.run().status.is_final();
+            return Some(Ok(reading));
         }
     }
 
     fn concerns(&self, s: &Signal) -> bool {
         match s {
-            Signal::RunFinished(id) | Signal::RunProgress(id) | Signal::CancelRequested { run: id, .. } => *id == self.id,
+            Signal::RunFinished(id) | Signal::CancelRequested { run: id, .. } => *id == self.id,
+            Signal::RunProgress(id) => T::PROGRESS && *id == self.id,
             Signal::RunsChanged | Signal::Wake | Signal::Lagged => true,
             Signal::JobChanged | Signal::TasksPushed => false,
         }

@@ -593,7 +593,8 @@ impl Control {
         if let Some(token) = &progress_token {
             self.report(ctx, token, &mut reports, run_id, "queued").await;
         }
-        let mut follow = self.engine.follow(run_id);
+        // The run alone: the progress reported is its status.
+        let mut follow = self.engine.follow::<Run>(run_id);
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         let mut run: Option<Run> = None;
         loop {
@@ -610,12 +611,12 @@ impl Control {
                     return Ok((run, Some(note)));
                 }
                 next = follow.next() => match next {
-                    Some(detail) => {
-                        let detail = detail?;
-                        if detail.run.status.is_final() {
-                            return Ok((detail.run, None));
+                    Some(now) => {
+                        let now = now?;
+                        if now.status.is_final() {
+                            return Ok((now, None));
                         }
-                        run = Some(detail.run);
+                        run = Some(now);
                     }
                     None => return self.run_now(run_id, "the run can no longer be followed").await,
                 },

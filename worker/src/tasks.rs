@@ -125,7 +125,7 @@ struct Waiting {
 async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, follow: Follow) -> Result<CallToolResult, TaskExit> {
     let Follow { run_id, created, timeout, decided_by } = follow;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut follow = engine.follow(&run_id);
+    let mut follow = engine.follow::<RunDetail>(&run_id);
     // Step → the key of the elicitation that asks about it.
     let mut asked: HashMap<String, String> = HashMap::new();
     // Steps whose elicitation the person dismissed: not asked again (other ways stay open).
