@@ -1,6 +1,6 @@
 //! Compiles `scheduling.jobs`, one job at a time.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,22 +9,37 @@ use chrono_tz::Tz;
 
 use super::{Backoff, CatchUp, Compiler, JobConfig, Overlap, Retention, RetryPolicy, Target, duration};
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
-use crate::load::{Loaded, keys};
+use crate::load::keys;
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
 
-impl<'a> Compiler<'a> {
+/// The workflows and agents a job may run, by name.
+pub(super) struct Runnable<'n> {
+    pub(super) workflows: BTreeSet<&'n str>,
+    pub(super) agents: BTreeSet<&'n str>,
+}
+
+impl<'n> Runnable<'n> {
+    pub(super) fn of<W, A>(workflows: impl IntoIterator<Item = &'n W>, agents: impl IntoIterator<Item = &'n A>) -> Self
+    where
+        W: AsRef<str> + ?Sized + 'n,
+        A: AsRef<str> + ?Sized + 'n,
+    {
+        Self { workflows: workflows.into_iter().map(AsRef::as_ref).collect(), agents: agents.into_iter().map(AsRef::as_ref).collect() }
+    }
+}
+
+impl Compiler<'_> {
     pub(super) fn job(
         &mut self,
         name: &str,
         j: &mut raw::Job,
+        runnable: &Runnable<'_>,
         default_tz: (&String, &Result<Tz, ScheduleError>),
         cwd: &Path,
     ) -> Option<JobConfig> {
         let p = |k: &'static str| ["scheduling", "jobs", name, k];
         let mut ok = true;
-        // Borrowed from the loaded config, not from `self`, so errors can still be recorded.
-        let loaded: &'a Loaded = self.loaded;
         if name.starts_with("workflow:") {
             let loc = self.loaded.sources.locate(&keys(&["scheduling", "jobs", name]));
             self.diags.push(Diagnostic::error(
@@ -33,10 +48,7 @@ impl<'a> Compiler<'a> {
             ));
             ok = false;
         }
-        let empty_workflows = BTreeMap::new();
-        let empty_agents = BTreeMap::new();
-        let workflows = loaded.raw.workflows.as_ref().unwrap_or(&empty_workflows);
-        let agents = loaded.raw.agents.as_ref().unwrap_or(&empty_agents);
+        let (workflows, agents) = (&runnable.workflows, &runnable.agents);
         let kind = j.kind.clone().or_else(|| {
             // Infer the type from the one target field given.
             match (&j.workflow, &j.agent, &j.plugin) {
@@ -48,14 +60,14 @@ impl<'a> Compiler<'a> {
         });
         let target = match kind.as_deref() {
             Some("workflow") => match &j.workflow {
-                Some(w) if workflows.contains_key(w) => Some(Target::Workflow(w.clone())),
+                Some(w) if workflows.contains(w.as_str()) => Some(Target::Workflow(w.clone())),
                 Some(w) => {
-                    let hint = did_you_mean(w, workflows.keys().map(String::as_str));
+                    let hint = did_you_mean(w, workflows.iter().copied());
                     self.err(
                         &p("workflow"),
                         format!(
                             "job \"{name}\" runs workflow \"{w}\", which is not defined{hint} (defined workflows: {})",
-                            quoted_list(workflows.keys().map(String::as_str))
+                            quoted_list(workflows.iter().copied())
                         ),
                     );
                     None
@@ -66,14 +78,14 @@ impl<'a> Compiler<'a> {
                 }
             },
             Some("agent") => match &j.agent {
-                Some(a) if agents.contains_key(a) => Some(Target::Agent(a.clone())),
+                Some(a) if agents.contains(a.as_str()) => Some(Target::Agent(a.clone())),
                 Some(a) => {
-                    let hint = did_you_mean(a, agents.keys().map(String::as_str));
+                    let hint = did_you_mean(a, agents.iter().copied());
                     self.err(
                         &p("agent"),
                         format!(
                             "job \"{name}\" runs agent \"{a}\", which is not defined{hint} (defined agents: {})",
-                            quoted_list(agents.keys().map(String::as_str))
+                            quoted_list(agents.iter().copied())
                         ),
                     );
                     None
@@ -227,26 +239,15 @@ impl<'a> Compiler<'a> {
                 Retention { max_runs: r.max_runs, max_age }
             }
         };
-        if !ok {
-            // A definition given alone (not in the files) answers with every error it has at
-            // once, its schedule's too.
-            if self.fields
-                && let Some(spec) = schedules.into_iter().next()
-            {
-                let field = spec.field();
-                // A bad zone is reported already: the expression is checked on its own.
-                if let Err(e) = Schedule::build(spec, &Ok(tz.clone().unwrap_or(Tz::UTC))) {
-                    self.err(&p(field), format!("job \"{name}\": {e}"));
-                }
-            }
-            return None;
-        }
-        // In the files, parsed only once the job is otherwise valid, as before: a job with
-        // other errors reports those. A job whose only error is its schedule is still returned, without a
-        // schedule, so the checks after compiling (plugin actions) report theirs too.
-        let schedule = schedules.into_iter().next().and_then(|spec| {
+        // In the files the schedule is parsed only once the job is otherwise valid, as before:
+        // a job with other errors reports those. A definition given alone answers with every
+        // error at once, its schedule's too, read in UTC when its own zone is wrong (that error
+        // is reported already). A job whose only error is its schedule is still returned,
+        // without a schedule, so the checks after compiling (plugin actions) report theirs too.
+        let zone = if ok { tz.clone() } else { Ok(tz.clone().unwrap_or(Tz::UTC)) };
+        let schedule = schedules.into_iter().next().filter(|_| ok || self.fields).and_then(|spec| {
             let field = spec.field();
-            match Schedule::build(spec, &tz) {
+            match Schedule::build(spec, &zone) {
                 Ok(s) => Some(Arc::new(s)),
                 Err(e) => {
                     self.err(&p(field), format!("job \"{name}\": {e}"));
@@ -254,6 +255,9 @@ impl<'a> Compiler<'a> {
                 }
             }
         });
+        if !ok {
+            return None;
+        }
         let budget = self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref());
         Some(JobConfig {
             name: name.to_string(),

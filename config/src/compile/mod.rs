@@ -68,8 +68,9 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
     let workflows = c.workflows();
     let pipelines = c.pipelines();
     let mut jobs = BTreeMap::new();
+    let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()));
     for (name, mut job) in sched.jobs.into_iter().flatten() {
-        if let Some(j) = c.job(&name, &mut job, (&default_timezone, &default_tz), cwd) {
+        if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
             jobs.insert(name.clone(), j);
         }
     }
@@ -129,18 +130,19 @@ pub fn compile_job(config: &Config, name: &str, definition: &serde_json::Value) 
         )]);
     }
     let mut job: raw::Job = serde_json::from_value(definition.clone()).map_err(|e| vec![format!("definition: {e}")])?;
-    // The compiler checks references against the raw tree; the names are all it reads there.
-    let raw = raw::RawConfig {
-        workflows: Some(config.workflows.keys().map(|k| (k.clone(), raw::Workflow::default())).collect()),
-        agents: Some(config.agents.keys().map(|k| (k.clone(), raw::Agent::default())).collect()),
-        ..Default::default()
+    // Nothing to locate: the definition is not in a file.
+    let loaded = Loaded {
+        raw: raw::RawConfig::default(),
+        merged: serde_yaml::Value::Null,
+        sources: SourceMap::default(),
+        unset_vars: Vec::new(),
+        root: config.root.clone(),
     };
-    let loaded =
-        Loaded { raw, merged: serde_yaml::Value::Null, sources: SourceMap::default(), unset_vars: Vec::new(), root: config.root.clone() };
     let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true };
     let default_tz = schedule::parse_tz(&config.default_timezone);
     let cwd = config.root.parent().unwrap_or(Path::new("."));
-    let compiled = c.job(name, &mut job, (&config.default_timezone, &default_tz), cwd);
+    let runnable = jobs::Runnable::of(config.workflows.keys(), config.agents.keys());
+    let compiled = c.job(name, &mut job, &runnable, (&config.default_timezone, &default_tz), cwd);
     let (errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
         c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
     match compiled {
