@@ -129,6 +129,8 @@ pub(crate) trait Record: Send + Sync {
     /// A flag the statement may not have selected.
     fn try_flag(&self, col: &str) -> Option<bool>;
     fn text(&self, col: &str) -> String;
+    /// A text column, borrowed from the row (for a value that is parsed, not kept).
+    fn str(&self, col: &str) -> &str;
     fn opt_text(&self, col: &str) -> Option<String>;
     /// A JSON text column, parsed; a damaged value reads as none.
     fn json<T: serde::de::DeserializeOwned>(&self, col: &str) -> Option<T> {
@@ -156,6 +158,9 @@ macro_rules! record_for {
                 sqlx::Row::try_get(self, col).ok()
             }
             fn text(&self, col: &str) -> String {
+                sqlx::Row::get(self, col)
+            }
+            fn str(&self, col: &str) -> &str {
                 sqlx::Row::get(self, col)
             }
             fn opt_text(&self, col: &str) -> Option<String> {
@@ -355,8 +360,8 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
         id: r.text("id"),
         job: r.text("job"),
         // Rows from a newer or damaged database read as the most cautious value, not a crash.
-        trigger: Trigger::from_str(&r.text("trigger")).unwrap_or(Trigger::Api),
-        status: RunStatus::from_str(&r.text("status")).unwrap_or(RunStatus::Failed),
+        trigger: Trigger::from_str(r.str("trigger")).unwrap_or(Trigger::Api),
+        status: RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed),
         scheduled_at: opt_t("scheduled_at"),
         due_at: from_ms(r.int("due_at")),
         enqueued_at: from_ms(r.int("enqueued_at")),
@@ -391,7 +396,7 @@ pub(crate) fn step_from_row(r: &impl Record) -> StepRecord {
     StepRecord {
         step: r.text("step"),
         // A damaged or newer row reads as a step to run again, not a crash.
-        status: StepStatus::from_str(&r.text("status")).unwrap_or(StepStatus::Interrupted),
+        status: StepStatus::from_str(r.str("status")).unwrap_or(StepStatus::Interrupted),
         attempt: r.int("attempt").max(1) as u32,
         run_id: r.text("run_id"),
         started_at: opt_t("started_at"),
@@ -404,7 +409,7 @@ pub(crate) fn step_from_row(r: &impl Record) -> StepRecord {
 
 /// A damaged row (an unknown kind) is left out rather than misread.
 pub(crate) fn call_from_row(r: &impl Record) -> Option<CallRecord> {
-    let kind = match r.text("kind").as_str() {
+    let kind = match r.str("kind") {
         "model" => CallKind::Model,
         "tool" => CallKind::Tool,
         _ => return None,

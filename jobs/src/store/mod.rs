@@ -142,6 +142,40 @@ pub(crate) struct RunTask {
     pub(crate) run_id: String,
 }
 
+impl RunTask {
+    /// The payload of run `id`'s task.
+    pub(crate) fn encode(id: &str) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(&RunTask { run_id: id.to_owned() })
+            .map_err(|e| StoreError::new("encoding a queue task", sqlx::Error::Protocol(e.to_string())))
+    }
+
+    /// The run ids of taken tasks' payloads. A payload that does not decode cannot name its
+    /// run: it is dropped (logged), and the run, still queued and handed over, is handed over
+    /// again by recovery.
+    pub(crate) fn run_ids<'p>(payloads: impl Iterator<Item = &'p [u8]>) -> Vec<String> {
+        payloads
+            .filter_map(|p| match serde_json::from_slice::<RunTask>(p) {
+                Ok(task) => Some(task.run_id),
+                Err(e) => {
+                    tracing::error!(error = %e, "a queue task does not decode; dropped");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// A storage error's context: `result.ctx("reading job state")`.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for Result<T, sqlx::Error> {
+    fn ctx(self, what: &str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::new(what, source))
+    }
+}
+
 /// SQL text with its status values filled in from the enums: `{Queued}` (a [`RunStatus`], by
 /// variant name) and `{step:Running}` (a [`StepStatus`]) become the quoted names the store
 /// writes, so no status is spelled in SQL, and every statement keeps the literal its partial

@@ -451,7 +451,7 @@ impl<D: Dialect> RunStore for D {
             D::rollback(tx).await?;
             return Ok(Decided::NoSuchRun);
         };
-        let status: RunStatus = run.text("status").parse().unwrap_or(RunStatus::Failed);
+        let status: RunStatus = run.str("status").parse().unwrap_or(RunStatus::Failed);
         if status != RunStatus::WaitingApproval {
             D::rollback(tx).await?;
             return Ok(Decided::NotWaiting(status));

@@ -28,20 +28,10 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{Arg, Dialect, Locked, Record, Spelling, Stmt, job_state_from_row, record_for, run_cols, sql};
-use super::{Backend, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief, ms};
+use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief, ms};
 use crate::run::{RunStatus, StepStatus};
 
 record_for!(PgRow);
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, StoreError>;
-}
-
-impl<T> Ctx<T> for Result<T, sqlx::Error> {
-    fn ctx(self, what: &str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::new(what, source))
-    }
-}
 
 /// How PostgreSQL spells what the dialects spell differently.
 pub(super) const SPELLING: Spelling =

@@ -21,10 +21,12 @@ pub(crate) async fn push(c: &mut sqlx::PgConnection, ids: &[String]) -> Result<(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs().saturating_sub(1)).unwrap_or_default();
     let mut tasks: Vec<apalis_postgres::PgTask> = Vec::with_capacity(ids.len());
     for id in ids {
-        let args = serde_json::to_vec(&RunTask { run_id: id.clone() })
-            .map_err(|e| StoreError::new("encoding a queue task", sqlx::Error::Protocol(e.to_string())))?;
         tasks.push(
-            TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).run_at_timestamp(run_at).build(),
+            TaskBuilder::new(RunTask::encode(id)?)
+                .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+                .max_attempts(1)
+                .run_at_timestamp(run_at)
+                .build(),
         );
     }
     apalis_postgres::queries::push_tasks(&mut *c, QUEUE, tasks).await.map_err(|e| {
@@ -55,18 +57,7 @@ pub(crate) async fn take(c: &mut sqlx::PgConnection, n: usize) -> Result<(usize,
     .fetch_all(&mut *c)
     .await
     .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
-    // A task that does not decode cannot name its run; it is consumed, and the run (still
-    // queued and dispatched) is handed over again by recovery.
-    let ids = payloads
-        .iter()
-        .filter_map(|p| match serde_json::from_slice::<RunTask>(p) {
-            Ok(task) => Some(task.run_id),
-            Err(e) => {
-                tracing::error!(error = %e, "a queue task does not decode; dropped");
-                None
-            }
-        })
-        .collect();
+    let ids = RunTask::run_ids(payloads.iter().map(Vec::as_slice));
     Ok((payloads.len(), ids))
 }
 

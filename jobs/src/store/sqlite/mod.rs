@@ -19,19 +19,11 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use super::dialect::{Arg, Dialect, Locked, Spelling, Stmt, parse_aggregate, record_for, run_cols, sql};
-use super::{Backend, BriefRow, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms};
+use super::{
+    Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
+};
 use crate::run::{RunStatus, StepStatus};
 use crate::signals::Local;
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, StoreError>;
-}
-
-impl<T> Ctx<T> for Result<T, sqlx::Error> {
-    fn ctx(self, what: &str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::new(what, source))
-    }
-}
 
 /// How SQLite spells what the dialects spell differently.
 pub(super) const SPELLING: Spelling = Spelling {

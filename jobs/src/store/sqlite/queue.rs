@@ -24,9 +24,7 @@ pub(crate) async fn push(c: &mut sqlx::SqliteConnection, ids: &[String]) -> Resu
     }
     let mut tasks: Vec<apalis_sqlite::SqliteTask> = Vec::with_capacity(ids.len());
     for id in ids {
-        let args = serde_json::to_vec(&RunTask { run_id: id.clone() })
-            .map_err(|e| StoreError::new("encoding a queue task", sqlx::Error::Protocol(e.to_string())))?;
-        tasks.push(TaskBuilder::new(args).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build());
+        tasks.push(TaskBuilder::new(RunTask::encode(id)?).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build());
     }
     apalis_sqlite::queries::push_tasks(&mut *c, QUEUE, &tasks).await.map_err(|e| queue_error("pushing to the queue", e))
 }
@@ -47,18 +45,7 @@ pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize, worker: &str)
         .execute(&mut *c)
         .await
         .map_err(|e| StoreError::new("consuming queue tasks", e))?;
-    // A task that does not decode cannot name its run; it is consumed and the run, still
-    // queued and dispatched, is handed over again at the next start.
-    let ids = tasks
-        .iter()
-        .filter_map(|t| match serde_json::from_slice::<RunTask>(&t.args) {
-            Ok(task) => Some(task.run_id),
-            Err(e) => {
-                tracing::error!(error = %e, "a queue task does not decode; dropped");
-                None
-            }
-        })
-        .collect();
+    let ids = RunTask::run_ids(tasks.iter().map(|t| t.args.as_slice()));
     Ok((tasks.len(), ids))
 }
 
