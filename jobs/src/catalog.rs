@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use lamplighter_config::{Agent, Config, Disabled, McpServer, Pipeline, Provider};
+use lamplighter_config::{Agent, Config, McpServer, Pipeline, Provider};
 
 /// The agents part of the config, swapped whole on reload.
 #[derive(Debug, Default)]
@@ -18,14 +18,7 @@ pub(crate) struct Catalog {
 
 impl Catalog {
     pub(crate) fn of(config: &Config) -> Self {
-        let disabled = config
-            .disabled
-            .iter()
-            .filter_map(|(what, why)| match what {
-                Disabled::Agent(name) => Some((name.clone(), why.clone())),
-                _ => None,
-            })
-            .collect();
+        let disabled = config.disabled.iter().filter_map(|(what, why)| Some((what.agent()?.to_owned(), why.clone()))).collect();
         Self {
             agents: config.agents.clone(),
             providers: config.providers.clone(),

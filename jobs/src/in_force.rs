@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use lamplighter_config::{Config, Disabled, JobConfig, RetryPolicy, Workflow};
+use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
 
 use lamplighter_plugins::Registry;
 
@@ -42,10 +42,7 @@ impl JobsConfig {
         let unavailable = config
             .disabled
             .iter()
-            .filter_map(|(what, why)| match what {
-                Disabled::Job(name) => Some((name.clone(), why.clone())),
-                _ => None,
-            })
+            .filter_map(|(what, why)| Some((what.job()?.to_owned(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
         Self {

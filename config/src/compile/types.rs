@@ -254,6 +254,24 @@ pub enum Disabled {
     Workflow(String),
 }
 
+impl Disabled {
+    /// The agent's name, for an agent.
+    pub fn agent(&self) -> Option<&str> {
+        match self {
+            Disabled::Agent(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The job's name, for a job.
+    pub fn job(&self) -> Option<&str> {
+        match self {
+            Disabled::Job(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Disabled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
