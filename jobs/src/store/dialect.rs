@@ -490,15 +490,6 @@ pub(crate) fn values(s: &Spelling, table_and_cols: &str, cols: usize, rows: usiz
     sql
 }
 
-/// Parses a JSON aggregate read as one text, for the SQLite reads that ask for many rows as
-/// one; `None` (no rows) is an empty list.
-pub(crate) fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context: &str) -> Result<Vec<T>, StoreError> {
-    match text {
-        None => Ok(Vec::new()),
-        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::new(context, sqlx::Error::Decode(Box::new(e)))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
-use super::dialect::{Arg, Dialect, Locked, Spelling, Stmt, parse_aggregate, record_for, run_cols, sql};
+use super::dialect::{Arg, Dialect, Locked, Spelling, Stmt, record_for, run_cols, sql};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -47,6 +47,18 @@ type JobStateRow = (String, i64, Option<String>, Option<i64>, Option<i64>);
 /// No `$n` placeholder in `sql` (for the debug checks above each statement).
 fn numbered_as_sqlite(sql: &str) -> bool {
     !sql.as_bytes().windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit())
+}
+
+/// Many rows read as one: sqlx hands each SQLite row from its connection's thread to the
+/// async side on its own (a channel send and, often, a thread wake-up per row), which for the
+/// 1,000 rows of a listing cost more than the query. Listings that read a row per job ask
+/// SQLite for one row holding them all (`json_group_array` of `json_array`s), parsed here
+/// into tuples. `None` (no rows) is an empty list.
+fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context: &str) -> Result<Vec<T>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::new(context, sqlx::Error::Decode(Box::new(e)))),
+    }
 }
 
 /// A JSON array of texts, as `json_each` reads a list.
