@@ -109,6 +109,16 @@ pub async fn waiting(engine: &Engine, id: &str) -> Run {
     until_run(engine, id, "the run to wait for approval", |r| r.status == lamplighter_jobs::RunStatus::WaitingApproval).await
 }
 
+/// Waits (up to 20 s of real time) until no run holds an executor slot. A run's task gives its
+/// slot back just after its last write, so a reader that saw the write may still count it.
+pub async fn slots_free(engine: &Engine, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while engine.running_count() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what} ({} slots held)", engine.running_count());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub async fn detail(engine: &Engine, id: &str) -> lamplighter_jobs::RunDetail {
     engine.get_run_detail(id).await.expect("run detail")
 }
