@@ -370,6 +370,31 @@ pub(crate) struct WorkerMcp {
     pub(crate) host: Option<String>,
     pub(crate) port: Option<u16>,
     pub(crate) auth: Option<Auth>,
+    /// Jobs created, changed and deleted at runtime over MCP (off by default).
+    pub(crate) manage_jobs: Option<ManageJobs>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ManageJobs {
+    /// Whether MCP clients may create, change, delete and backfill jobs (default false).
+    pub(crate) enabled: Option<bool>,
+    /// What a runtime job may run: patterns such as `workflow:*`, `agent:news-*`,
+    /// `plugin:file-save.*` (default: every workflow and agent, every plugin action but
+    /// `shell-exec`'s).
+    pub(crate) targets: Option<Vec<String>>,
+    /// The most runtime jobs there may be (default 1000).
+    pub(crate) max_jobs: Option<u32>,
+    /// The largest definition, in bytes of JSON (default 65536).
+    pub(crate) max_definition_bytes: Option<u32>,
+    /// The most runs one backfill may create (default 100).
+    pub(crate) max_backfill: Option<u32>,
+    /// The commands a runtime job may allow (`allowed_commands`); a runtime job allows at most
+    /// these, and these when it names none (default none: any command `shell-exec` may run,
+    /// when a target pattern allows `shell-exec` at all).
+    pub(crate) allowed_commands: Option<Vec<String>>,
+    /// Folders a runtime job's `working_directory` may be in (default: the data directory).
+    pub(crate) working_directories: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

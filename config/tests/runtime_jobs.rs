@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use lamplighter_config::{Config, LoadOptions, Target, compile_job, load_with_env};
+use lamplighter_config::{Config, JobScope, LoadOptions, Target, compile_job, load_with_env};
 use serde_json::json;
 
 const CONFIG: &str = r#"
@@ -27,13 +27,14 @@ fn config(dir: &Path) -> Config {
 fn a_good_definition_compiles_against_the_config_in_force() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config(tmp.path());
-    let compiled = compile_job(&c, "digest", &json!({"cron": "30 7 * * 1-5", "type": "workflow", "workflow": "news-digest"})).unwrap();
+    let compiled =
+        compile_job(&JobScope::of(&c), "digest", &json!({"cron": "30 7 * * 1-5", "type": "workflow", "workflow": "news-digest"})).unwrap();
     assert_eq!(compiled.job.target, Target::Workflow("news-digest".into()));
     assert_eq!(compiled.job.timezone, "Europe/Berlin", "the zone defaults to scheduling.timezone");
     assert!(compiled.job.schedule.is_some());
     assert!(compiled.warnings.is_empty(), "{:?}", compiled.warnings);
     // The type is inferred from the one target given, as in YAML.
-    let plugin = compile_job(&c, "save", &json!({"every": "15m", "plugin": "file-save", "action": "save"})).unwrap();
+    let plugin = compile_job(&JobScope::of(&c), "save", &json!({"every": "15m", "plugin": "file-save", "action": "save"})).unwrap();
     assert_eq!(plugin.job.target, Target::Plugin { plugin: "file-save".into(), action: "save".into() });
 }
 
@@ -53,14 +54,14 @@ fn every_error_is_returned_at_once_naming_its_field() {
         (json!({"every": "1m", "retries": {"max": 3, "backoff": "sometimes"}, "workflow": "news-digest"}), vec!["retries.backoff: "]),
     ];
     for (definition, fields) in cases {
-        let errors = compile_job(&c, "j", &definition).err().unwrap_or_else(|| panic!("{definition} compiled"));
+        let errors = compile_job(&JobScope::of(&c), "j", &definition).err().unwrap_or_else(|| panic!("{definition} compiled"));
         assert_eq!(errors.len(), fields.len(), "{definition}: {errors:#?}");
         for field in fields {
             assert!(errors.iter().any(|e| e.starts_with(field)), "{definition}: no error starts with {field:?}: {errors:#?}");
         }
     }
-    let named = compile_job(&c, "workflow:x", &json!({"every": "1m", "workflow": "news-digest"})).unwrap_err();
+    let named = compile_job(&JobScope::of(&c), "workflow:x", &json!({"every": "1m", "workflow": "news-digest"})).unwrap_err();
     assert!(named[0].starts_with("name: "), "{named:?}");
-    let unknown = compile_job(&c, "j", &json!({"cron": "30 7 * * *", "workflow": "news-digst"})).unwrap_err();
+    let unknown = compile_job(&JobScope::of(&c), "j", &json!({"cron": "30 7 * * *", "workflow": "news-digst"})).unwrap_err();
     assert!(unknown[0].contains("did you mean \"news-digest\""), "{unknown:?}");
 }

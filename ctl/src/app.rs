@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Write};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_contract::{JobList, JobSummary, Run, RunDetail, RunStatus, TriggerOutcome};
+use lamplighter_contract::{JobDetail, JobList, JobOrigin, JobSummary, Run, RunDetail, RunStatus, TriggerOutcome};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -24,7 +24,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CtlError> {
     let Cli { url, token, output, command } = cli;
     // An empty $LAMPLIGHTER_TOKEN means no token, not an empty one.
     let token = token.filter(|token| !token.trim().is_empty());
-    let action = match plan(command) {
+    let action = match plan(command)? {
         Action::Local(local) => return local.run(),
         action => action,
     };
@@ -45,6 +45,16 @@ enum Action {
     ListTools,
     Follow {
         id: String,
+    },
+    /// `jobs edit` without a file: read the job, edit it in $EDITOR, save it.
+    Edit {
+        name: String,
+        expected_version: Option<u64>,
+        dry_run: bool,
+    },
+    /// `jobs export`: read every runtime job (or those named), print them as YAML.
+    Export {
+        names: Vec<String>,
     },
     /// Answered without the worker.
     Local(Local),
@@ -93,6 +103,10 @@ enum View {
     Agents,
     Plugins,
     Reloaded,
+    Saved,
+    Deleted,
+    Backfill,
+    History,
     Raw,
 }
 
@@ -118,9 +132,20 @@ fn call(tool: &str, arguments: Arguments, view: View) -> Action {
     Action::Call { tool: tool.to_owned(), arguments: arguments.0, view }
 }
 
-fn plan(command: Command) -> Action {
+/// A definition from a file (`-`: stdin): a JSON object as it is, anything else as YAML text
+/// for the worker to parse (lampctl carries no YAML parser).
+fn definition_from(file: &std::path::Path) -> Result<Value, CtlError> {
+    let text = if file == std::path::Path::new("-") { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(file) }
+        .map_err(|error| CtlError::new(Failure::Usage, format!("cannot read {}: {error}", file.display())))?;
+    Ok(match serde_json::from_str::<Value>(&text) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => Value::String(text),
+    })
+}
+
+fn plan(command: Command) -> Result<Action, CtlError> {
     let none = Arguments::default;
-    match command {
+    Ok(match command {
         Command::Status => call("worker_status", none(), View::Status),
         Command::Jobs { command } => match command {
             JobsCommand::List => call("list_jobs", none(), View::Jobs),
@@ -134,6 +159,31 @@ fn plan(command: Command) -> Action {
                 let parameters: Option<Map<String, Value>> = (!trigger.params.is_empty()).then(|| trigger.params.into_iter().collect());
                 start("trigger_job", trigger.name.clone(), trigger.name, trigger.start, parameters)
             }
+            JobsCommand::Create { name, file, dry_run } => call(
+                "create_job",
+                none().with("name", name).with("definition", definition_from(&file)?).with("dry_run", dry_run),
+                View::Saved,
+            ),
+            JobsCommand::Edit { name, file: Some(file), expected_version, dry_run } => call(
+                "update_job",
+                none()
+                    .with("name", name)
+                    .with("definition", definition_from(&file)?)
+                    .maybe("expected_version", expected_version)
+                    .with("dry_run", dry_run),
+                View::Saved,
+            ),
+            JobsCommand::Edit { name, file: None, expected_version, dry_run } => Action::Edit { name, expected_version, dry_run },
+            JobsCommand::Delete { name, expected_version, cancel_runs } => call(
+                "delete_job",
+                none().with("name", name).maybe("expected_version", expected_version).with("cancel_runs", cancel_runs),
+                View::Deleted,
+            ),
+            JobsCommand::Backfill { name, from, to, dry_run } => {
+                call("backfill_job", none().with("name", name).with("from", from).with("to", to).with("dry_run", dry_run), View::Backfill)
+            }
+            JobsCommand::Export { names } => Action::Export { names },
+            JobsCommand::History { name, count } => call("get_job", none().with("name", name).with("history", count), View::History),
         },
         Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, count } } => call(
             "preview_schedule",
@@ -169,7 +219,7 @@ fn plan(command: Command) -> Action {
         },
         Command::Completions { shell } => Action::Local(Local::Completions(shell)),
         Command::Man { dir } => Action::Local(Local::Man(dir)),
-    }
+    })
 }
 
 /// `jobs trigger` and `workflows run`: `name` is the tool's argument, `job` what runs are listed under.
@@ -207,6 +257,8 @@ async fn execute(url: &str, token: Option<&str>, output: Output, action: Action)
     let outcome = match action {
         Action::ListTools => list_tools(&client, output).await,
         Action::Follow { id } => follow_interruptibly(&client, output, &id).await,
+        Action::Edit { name, expected_version, dry_run } => edit(&client, output, &name, expected_version, dry_run).await,
+        Action::Export { names } => export(&client, names).await,
         Action::Call { tool, arguments, view } => perform(&client, output, &tool, arguments, &view).await,
         Action::Local(local) => local.run(),
     };
@@ -305,8 +357,95 @@ fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<St
         View::Agents => render::agents(&answer(tool, value)?),
         View::Plugins => render::plugins(&answer(tool, value)?),
         View::Reloaded => render::reloaded(&answer(tool, value)?),
+        View::Saved => render::saved(&answer(tool, value)?, now),
+        View::Deleted => render::deleted(&answer(tool, value)?),
+        View::Backfill => render::backfill(&answer(tool, value)?, now),
+        View::History => render::history(&answer(tool, value)?, now),
         View::Raw => render::raw(value),
     })
+}
+
+/// `jobs edit NAME` without a file: the job's definition, as the files write it, in $EDITOR
+/// (or $VISUAL, else `vi`); saved if it changed, against the version opened.
+#[allow(clippy::disallowed_methods, reason = "the user's editor, in the foreground; the rule is about the worker's processes")]
+async fn edit(client: &Client, output: Output, name: &str, expected: Option<u64>, dry_run: bool) -> Result<(), CtlError> {
+    let mut arguments = Map::new();
+    arguments.insert("name".into(), Value::from(name));
+    let detail: JobDetail = answer("get_job", &client.call("get_job", arguments).await?)?;
+    let (Some(definition), JobOrigin::Runtime { version, .. }) = (&detail.definition, &detail.summary.origin) else {
+        return Err(CtlError::new(
+            Failure::Usage,
+            format!("job \"{name}\" is defined in the config files; edit it there and reload (lampctl config reload)"),
+        ));
+    };
+    let text = render::export(&[(String::new(), definition.clone())]);
+    // Only the definition's own lines, unindented: what `jobs create -f` takes.
+    let body: String = text.lines().skip(4).map(|l| l.strip_prefix("      ").unwrap_or(l)).collect::<Vec<_>>().join("\n") + "\n";
+    let path = std::env::temp_dir().join(format!("lampctl-{name}-{}.yaml", std::process::id()));
+    let local = |error: std::io::Error| CtlError::new(Failure::Local, format!("cannot edit {}: {error}", path.display()));
+    std::fs::write(&path, &body).map_err(local)?;
+    let editor = std::env::var("VISUAL").or_else(|_| std::env::var("EDITOR")).unwrap_or_else(|_| "vi".to_owned());
+    let status = std::process::Command::new("sh").arg("-c").arg(format!("{editor} \"$1\"")).arg("sh").arg(&path).status().map_err(local)?;
+    let edited = std::fs::read_to_string(&path).map_err(local);
+    let _ = std::fs::remove_file(&path);
+    let edited = edited?;
+    if !status.success() {
+        return Err(CtlError::new(Failure::Usage, format!("the editor ({editor}) failed; nothing was saved")));
+    }
+    if edited == body {
+        eprintln!("lampctl: no change; nothing was saved");
+        return Ok(());
+    }
+    let mut arguments = Map::new();
+    arguments.insert("name".into(), Value::from(name));
+    arguments.insert("definition".into(), Value::String(edited));
+    arguments.insert("expected_version".into(), Value::from(expected.unwrap_or(*version)));
+    arguments.insert("dry_run".into(), Value::from(dry_run));
+    perform(client, output, "update_job", arguments, &View::Saved).await
+}
+
+/// `jobs export`: every runtime job (or those named) as YAML under `scheduling.jobs`.
+async fn export(client: &Client, names: Vec<String>) -> Result<(), CtlError> {
+    let names = if names.is_empty() {
+        #[derive(Deserialize)]
+        struct Page {
+            jobs: Vec<JobSummary>,
+            next_cursor: Option<String>,
+        }
+        let mut names = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut arguments = Map::new();
+            arguments.insert("limit".into(), Value::from(1000));
+            if let Some(c) = &cursor {
+                arguments.insert("cursor".into(), Value::from(c.as_str()));
+            }
+            let page: Page = answer("list_jobs", &client.call("list_jobs", arguments).await?)?;
+            names.extend(page.jobs.into_iter().filter(|j| matches!(j.origin, JobOrigin::Runtime { .. })).map(|j| j.name));
+            cursor = page.next_cursor;
+            if cursor.is_none() {
+                break names;
+            }
+        }
+    } else {
+        names
+    };
+    let mut jobs = Vec::with_capacity(names.len());
+    for name in names {
+        let mut arguments = Map::new();
+        arguments.insert("name".into(), Value::from(name.as_str()));
+        let detail: JobDetail = answer("get_job", &client.call("get_job", arguments).await?)?;
+        match detail.definition {
+            Some(d) => jobs.push((name, d)),
+            None => {
+                return Err(CtlError::new(
+                    Failure::Usage,
+                    format!("job \"{name}\" is defined in the config files already; nothing to export"),
+                ));
+            }
+        }
+    }
+    emit(&render::export(&jobs))
 }
 
 /// A tool's answer as the contract type lampctl shows.
@@ -465,10 +604,12 @@ mod tests {
 
     fn planned(argv: &[&str]) -> (String, Value) {
         let cli = Cli::try_parse_from(std::iter::once("lampctl").chain(argv.iter().copied())).unwrap();
-        match plan(cli.command) {
+        match plan(cli.command).unwrap_or_else(|e| panic!("{argv:?}: {e}")) {
             Action::Call { tool, arguments, .. } => (tool, Value::Object(arguments)),
             Action::ListTools => ("tools/list".to_owned(), Value::Null),
             Action::Follow { id } => ("subscriptions/listen".to_owned(), Value::from(id)),
+            Action::Edit { name, .. } => ("edit".to_owned(), Value::from(name)),
+            Action::Export { names } => ("export".to_owned(), Value::from(names)),
             Action::Local(_) => ("local".to_owned(), Value::Null),
         }
     }

@@ -146,6 +146,69 @@ pub(crate) enum JobsCommand {
     },
     /// Run a job now
     Trigger(TriggerArgs),
+    /// Create a job at runtime from a definition file (a job's entry as in YAML, or JSON)
+    Create {
+        /// The new job's name
+        name: String,
+        /// The definition (`-` for stdin), e.g. a file holding `cron: "30 7 * * 1-5"` and `workflow: digest`
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: std::path::PathBuf,
+        /// Check and show what would be saved (next fire times included); save nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Change a runtime job: from a file, or in $EDITOR when no file is given
+    Edit {
+        /// The runtime job's name
+        name: String,
+        /// The whole new definition (`-` for stdin); without it, the current one opens in $EDITOR
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: Option<std::path::PathBuf>,
+        /// Refuse the change if the job is no longer at this version (with $EDITOR: the version opened)
+        #[arg(long, value_name = "N")]
+        expected_version: Option<u64>,
+        /// Check and show what would be saved; save nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete a runtime job: it stops firing; its runs and history stay
+    Delete {
+        /// The runtime job's name
+        name: String,
+        /// Refuse if the job is no longer at this version
+        #[arg(long, value_name = "N")]
+        expected_version: Option<u64>,
+        /// Also stop its queued and running runs (by default they finish)
+        #[arg(long)]
+        cancel_runs: bool,
+    },
+    /// Run a job's past ticks in a window that have no run yet, once each, in order
+    Backfill {
+        /// The job's name
+        name: String,
+        /// The window's start (RFC 3339, e.g. 2026-11-20T00:00:00Z)
+        #[arg(long, value_name = "INSTANT")]
+        from: String,
+        /// The window's end (RFC 3339)
+        #[arg(long, value_name = "INSTANT")]
+        to: String,
+        /// List the ticks that would run; create nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print runtime jobs as YAML that `lamplighter config validate` accepts (to move them into the files)
+    Export {
+        /// Only these jobs (default: every runtime job)
+        names: Vec<String>,
+    },
+    /// Show a runtime job's changes: who, when, what
+    History {
+        /// The job's name
+        name: String,
+        /// How many changes, newest first
+        #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]

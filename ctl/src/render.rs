@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
-    AgentList, AgentUsage, ApprovalList, CallKind, Decision, FireTime, JobDetail, JobSummary, PluginList, ReloadSummary, Run, RunBrief,
-    RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+    AgentList, AgentUsage, ApprovalList, Backfill, CallKind, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobSaved,
+    JobSummary, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline, StepStatus,
+    StepView, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -296,6 +297,162 @@ fn last_run(run: Option<&RunBrief>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// Where a job is defined, in a line.
+fn origin(origin: &JobOrigin, now: DateTime<Utc>) -> String {
+    match origin {
+        JobOrigin::File { location: Some(at) } => format!("in the config files, {at}"),
+        JobOrigin::File { location: None } => "in the config files".to_owned(),
+        JobOrigin::Runtime { version, created_by, created_at, updated_by, updated_at } => {
+            let mut text = format!("at runtime, version {version}: created by {created_by} {}", relative(*created_at, now));
+            if *version > 1 {
+                text.push_str(&format!(", changed by {updated_by} {}", relative(*updated_at, now)));
+            }
+            text
+        }
+    }
+}
+
+/// `jobs create` and `jobs edit`.
+pub(crate) fn saved(s: &JobSaved, now: DateTime<Utc>) -> String {
+    let mut out = if s.saved {
+        format!("job \"{}\" saved, version {}; every worker schedules it now\n", s.name, s.version)
+    } else {
+        format!("dry run: job \"{}\" is valid and would be saved as version {} (nothing was saved)\n", s.name, s.version)
+    };
+    let mut pairs = Pairs::default();
+    pairs.add("target", s.job.target.clone());
+    pairs.add("schedule", format!("{} ({})", schedule(&s.job), s.job.timezone));
+    pairs.add("state", job_state_detail(&s.job, now));
+    out.push_str(&pairs.render());
+    for w in &s.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    if let Some(p) = &s.preview {
+        out.push_str("\nnext fires:\n");
+        out.push_str(&indent(&fires_table(&p.next_fires, now)));
+        for note in &p.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        for warning in &p.warnings {
+            out.push_str(&format!("warning: {warning}\n"));
+        }
+    }
+    out
+}
+
+/// `jobs delete`.
+pub(crate) fn deleted(d: &JobDeleted) -> String {
+    let mut out = format!("job \"{}\" deleted (version {}); it no longer fires; its runs and history stay\n", d.name, d.version);
+    if !d.cancelled_runs.is_empty() {
+        out.push_str(&format!("asked {} runs to stop: {}\n", d.cancelled_runs.len(), d.cancelled_runs.join(", ")));
+    }
+    out
+}
+
+/// `jobs backfill`.
+pub(crate) fn backfill(b: &Backfill, now: DateTime<Utc>) -> String {
+    let mut table = Table::new(&["TICK", "WHEN", "RUN"]);
+    for t in &b.ticks {
+        let run = match (&t.run_id, t.existing) {
+            (Some(id), _) => id.clone(),
+            (None, true) => "already ran".to_owned(),
+            (None, false) if b.dry_run => "would run".to_owned(),
+            (None, false) => NONE.to_owned(),
+        };
+        table.push(vec![t.scheduled_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(), relative(t.scheduled_at, now), run]);
+    }
+    let existing = b.ticks.iter().filter(|t| t.existing).count();
+    let head = if b.dry_run {
+        format!("dry run: {} ticks of job \"{}\" would run, {existing} already ran (nothing was created)\n", b.created, b.name)
+    } else {
+        format!("{} runs of job \"{}\" queued, one at a time in tick order; {existing} ticks already ran\n", b.created, b.name)
+    };
+    if b.ticks.is_empty() { format!("job \"{}\" has no tick in that window\n", b.name) } else { format!("{head}{}", table.render()) }
+}
+
+/// `jobs history`.
+pub(crate) fn history(detail: &JobDetail, now: DateTime<Utc>) -> String {
+    if detail.history.is_empty() {
+        return format!("job \"{}\" is defined in the config files; its changes are in their history, not here\n", detail.summary.name);
+    }
+    let mut table = Table::new(&["VERSION", "ACTION", "BY", "WHEN", "CHANGED"]);
+    for h in &detail.history {
+        table.push(vec![h.version.to_string(), h.action.clone(), h.actor.clone(), when_short(h.at, now), changed_keys(h)]);
+    }
+    table.render()
+}
+
+/// The top-level keys a change added, removed or changed.
+fn changed_keys(h: &JobChange) -> String {
+    let empty = serde_json::Map::new();
+    let before = h.before.as_ref().and_then(Value::as_object).unwrap_or(&empty);
+    let after = h.after.as_ref().and_then(Value::as_object).unwrap_or(&empty);
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let changed: Vec<&str> = keys.into_iter().filter(|k| before.get(*k) != after.get(*k)).map(String::as_str).collect();
+    if changed.is_empty() { NONE.to_owned() } else { changed.join(", ") }
+}
+
+/// Runtime jobs as the files write them: `scheduling.jobs`, in block YAML. Strings are written
+/// as JSON strings (valid YAML double-quoted scalars), so nothing needs YAML's quoting rules.
+pub(crate) fn export(jobs: &[(String, Value)]) -> String {
+    let mut out = String::from(
+        "# Runtime jobs, exported by lampctl. Move them into the config files, then delete them at runtime.\nscheduling:\n  jobs:\n",
+    );
+    if jobs.is_empty() {
+        return "# No runtime jobs.\nscheduling:\n  jobs: {}\n".to_owned();
+    }
+    for (name, definition) in jobs {
+        out.push_str(&format!("    {}:", yaml_key(name)));
+        yaml_block(&mut out, definition, 6);
+    }
+    out
+}
+
+fn yaml_key(k: &str) -> String {
+    let plain = !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if plain { k.to_owned() } else { Value::from(k).to_string() }
+}
+
+/// Writes `v` after a key (`key:` already written), indented by `indent` on its own lines.
+fn yaml_block(out: &mut String, v: &Value, indent: usize) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(o) if !o.is_empty() => {
+            out.push('\n');
+            for (k, v) in o {
+                out.push_str(&format!("{pad}{}:", yaml_key(k)));
+                yaml_block(out, v, indent + 2);
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            out.push('\n');
+            for v in a {
+                out.push_str(&format!("{pad}-"));
+                match v {
+                    Value::Object(o) if !o.is_empty() => {
+                        // The first key on the dash's line, the rest under it.
+                        let mut first = true;
+                        for (k, v) in o {
+                            if first {
+                                out.push_str(&format!(" {}:", yaml_key(k)));
+                                first = false;
+                            } else {
+                                out.push_str(&format!("{pad}  {}:", yaml_key(k)));
+                            }
+                            yaml_block(out, v, indent + 4);
+                        }
+                    }
+                    _ => yaml_block(out, v, indent + 2),
+                }
+            }
+        }
+        // Scalars, `{}` and `[]`: JSON is YAML.
+        scalar => out.push_str(&format!(" {scalar}\n")),
+    }
+}
+
 /// `jobs show`.
 pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     let job = &detail.summary;
@@ -304,6 +461,7 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     pairs.add_some("description", job.description.clone());
     pairs.add("target", job.target.clone());
     pairs.add("schedule", format!("{} ({})", schedule(job), job.timezone));
+    pairs.add("defined", origin(&job.origin, now));
     pairs.add("state", job_state_detail(job, now));
     pairs.add("next fire", time_full(job.next_fire, now));
     pairs.add("catch-up", detail.catch_up.clone());
@@ -901,6 +1059,7 @@ mod tests {
             paused_at: None,
             next_fire: Some(at(3 * 3_600)),
             last_run: None,
+            origin: JobOrigin::File { location: Some("lamplighter.yaml:12:5".into()) },
         }
     }
 
@@ -976,6 +1135,8 @@ mod tests {
             overlap: "skip".into(),
             timeout_seconds: Some(5_400),
             max_retries: 0,
+            definition: None,
+            history: Vec::new(),
         };
         let text = job(&detail, now());
         assert!(text.contains("schedule:     cron: 0 2 * * * (Europe/Berlin)\n"), "{text}");

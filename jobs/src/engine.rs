@@ -101,9 +101,39 @@ impl Shared {
         self.config.workflow(name)
     }
 
-    fn set_config(&self, config: JobsConfig) {
-        self.config.set(config);
+    /// Swaps in the files' new config; refused when one of its jobs takes a runtime job's name.
+    fn set_config(&self, config: JobsConfig) -> Result<(), String> {
+        self.config.reload(config)?;
         self.signals.publish(Signal::JobChanged);
+        Ok(())
+    }
+
+    /// Reads a runtime job again (it was saved or deleted, here or by another worker) and
+    /// swaps in the config with it; the scheduler replans.
+    pub(crate) async fn refresh_job(&self, name: &str) -> Result<(), StoreError> {
+        let stored = self.store.runtime_job(name).await?;
+        self.config.set_runtime_job(name, stored);
+        self.signals.publish(Signal::JobChanged);
+        Ok(())
+    }
+
+    /// Reads every runtime job again (a signal may have been missed).
+    async fn refresh_jobs(&self) -> Result<(), StoreError> {
+        let jobs = self.store.runtime_jobs().await?;
+        self.config.set_runtime(jobs);
+        self.signals.publish(Signal::JobChanged);
+        Ok(())
+    }
+
+    /// Puts a runtime job saved (or deleted) here in force at once, and tells every worker.
+    pub(crate) fn apply_runtime_job(&self, name: &str, stored: Option<crate::definitions::StoredJob>) {
+        self.config.set_runtime_job(name, stored);
+        self.signals.publish(Signal::JobChanged);
+        self.signals.publish(Signal::DefinitionChanged(name.to_owned()));
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     // Signals.
@@ -119,6 +149,11 @@ impl Shared {
     /// A job changed (paused, resumed): the scheduler rebuilds its plan.
     pub(crate) fn job_changed(&self) {
         self.signals.publish(Signal::JobChanged);
+    }
+
+    /// Tasks were pushed to the queue: the queue worker takes them.
+    pub(crate) fn tasks_pushed(&self) {
+        self.signals.publish(Signal::TasksPushed);
     }
 
     /// Runs were created, started or deleted.
@@ -250,7 +285,9 @@ impl Engine {
         let Backend { store, signals, lock, kind: storage } = crate::store::open(&config.storage, &opts.worker_name, &stop_runs).await?;
         let now = opts.clock.now();
         opts.observer.configure(config);
-        let in_force = Arc::new(InForce::new(JobsConfig::of(config, &opts.registry)));
+        let in_force = Arc::new(InForce::new(JobsConfig::of(config, &opts.registry), opts.registry.clone()));
+        // The runtime jobs before the first pass: they are scheduled like the files' jobs.
+        in_force.set_runtime(store.runtime_jobs().await?);
         let retention = Arc::new(PruneQueue::default());
         let (executor, recorder_rx) = Executor::new(
             config.worker.concurrency,
@@ -297,6 +334,7 @@ impl Engine {
         let queue_signals = shared.subscribe();
         let cancel_signals = shared.subscribe();
         let scheduler_signals = shared.subscribe();
+        let definition_signals = shared.subscribe();
         let runs = vec![
             tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
@@ -306,6 +344,7 @@ impl Engine {
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
+        tokio::spawn(follow_definitions(shared.clone(), definition_signals, stop_scheduler.clone()));
         Ok(Engine {
             shared,
             tasks: Arc::new(Mutex::new(Some(Tasks { stop_scheduler, stop_runs, scheduler, housekeeper, runs }))),
@@ -313,10 +352,12 @@ impl Engine {
         })
     }
 
-    /// Swaps in a new set of jobs; the scheduler replans at once.
-    pub fn reload(&self, config: &Config) {
+    /// Swaps in a new config; the scheduler replans at once. Refused, changing nothing, when
+    /// one of its jobs takes the name of a job created at runtime (the reason says which).
+    pub fn reload(&self, config: &Config) -> Result<(), String> {
+        self.shared.set_config(JobsConfig::of(config, &self.shared.registry))?;
         self.shared.observer.configure(config);
-        self.shared.set_config(JobsConfig::of(config, &self.shared.registry));
+        Ok(())
     }
 
     /// Waits for the scheduler's first pass (recovery done, due ticks fired, the plan built):
@@ -433,6 +474,27 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 /// Applies retention off the run path: woken when runs finish, then waits [`PRUNE_EVERY`] so
 /// one pass covers every run that finished meanwhile. No timer while nothing finishes.
+/// Keeps the runtime jobs in force as the store has them: one job read again when a worker
+/// says it changed, all of them when signals may have been missed.
+async fn follow_definitions(shared: Arc<Shared>, mut signals: crate::signals::Receiver, stop: CancellationToken) {
+    loop {
+        let signal = tokio::select! {
+            () = stop.cancelled() => return,
+            s = signals.recv() => s,
+        };
+        let result = match signal {
+            None => return,
+            Some(Signal::DefinitionChanged(name)) => shared.refresh_job(&name).await,
+            Some(Signal::Lagged) => shared.refresh_jobs().await,
+            Some(_) => continue,
+        };
+        if let Err(e) = result {
+            // The next signal, or the next missed one, reads again.
+            tracing::warn!(error = %e, "could not read the runtime jobs again");
+        }
+    }
+}
+
 async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         tokio::select! {

@@ -1,18 +1,21 @@
-//! The config in force: the part of the config the run core needs ([`JobsConfig`]), swapped
-//! whole on reload ([`InForce`]). A reader takes one snapshot and works from it, so one pass or
-//! one run never sees two configs.
+//! The config in force: the part of the config the run core needs ([`JobsConfig`]), made of
+//! the files' config and the jobs defined at runtime, and swapped whole when either changes
+//! ([`InForce`]). A reader takes one snapshot and works from it, so one pass or one run never
+//! sees two configs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
-use lamplighter_config::{Config, JobConfig, RetryPolicy, Workflow};
+use lamplighter_config::{Config, JobConfig, JobScope, ManageJobs, RetryPolicy, Workflow};
 
 use lamplighter_plugins::Registry;
 
 use crate::catalog::Catalog;
+use crate::definitions::{StoredJob, bounded, runtime_problems};
 use crate::listing::Listing;
 use crate::snapshot::JobSnapshot;
+use crate::{Checked, Health, JobProblem};
 
 /// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
 /// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
@@ -34,6 +37,16 @@ pub(crate) struct JobsConfig {
     pub(crate) listing: Arc<Listing>,
     /// The zone of a schedule that names none (`scheduling.timezone`).
     pub(crate) default_timezone: String,
+    /// Where each job of the files is defined (`file:line:col`).
+    pub(crate) locations: Arc<HashMap<String, Option<String>>>,
+    /// The jobs defined at runtime, as stored (those that no longer compile included).
+    pub(crate) runtime: Arc<BTreeMap<String, StoredJob>>,
+    /// What a runtime job is compiled against.
+    pub(crate) scope: Arc<JobScope>,
+    /// `worker.mcp.manage_jobs`.
+    pub(crate) manage: Arc<ManageJobs>,
+    /// What cannot run here, for runtime jobs' checks.
+    pub(crate) health: Arc<Health>,
 }
 
 impl JobsConfig {
@@ -45,7 +58,14 @@ impl JobsConfig {
             .filter_map(|(what, why)| Some((what.job()?.to_owned(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
+        let locations =
+            config.jobs.keys().map(|name| (name.clone(), config.locate(&["scheduling", "jobs", name]).map(|l| l.to_string()))).collect();
         Self {
+            locations: Arc::new(locations),
+            runtime: Arc::default(),
+            scope: Arc::new(JobScope::of(config)),
+            manage: Arc::new(config.worker.manage_jobs.clone()),
+            health: Arc::new(crate::health(config, registry, &mut Checked::default())),
             jobs: Arc::new(config.jobs.clone()),
             workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
             unavailable: Arc::new(unavailable),
@@ -75,23 +95,159 @@ impl JobsConfig {
     }
 }
 
-/// The config in force, swapped whole on reload. The lock guards a pointer swap only and is
-/// never held across `.await`.
+/// What the config in force is made of: the files' part, and the runtime jobs with what each
+/// compiled to.
 #[derive(Debug)]
-pub(crate) struct InForce(RwLock<Arc<JobsConfig>>);
+struct Sources {
+    files: Arc<JobsConfig>,
+    runtime: BTreeMap<String, Compiled>,
+}
+
+/// A runtime job, compiled against the files' config in force.
+#[derive(Debug, Clone)]
+struct Compiled {
+    stored: StoredJob,
+    /// The job, or why it cannot run here (it is then shown, inert, with the reason).
+    job: Result<JobConfig, (JobConfig, String)>,
+}
+
+impl Compiled {
+    fn of(stored: StoredJob, files: &JobsConfig, registry: &Registry) -> Self {
+        let job = match lamplighter_config::compile_job(&files.scope, &stored.name, &stored.definition) {
+            Ok(c) => {
+                let mut problems = runtime_problems(&c.job, registry, &files.manage, false);
+                if let Some((_, JobProblem::Unavailable { reason, .. })) = files.health.job_problem(&c.job, registry) {
+                    problems.push(reason);
+                }
+                if problems.is_empty() { Ok(bounded(c.job, &files.manage)) } else { Err((c.job, problems.join("; "))) }
+            }
+            Err(errors) => Err((
+                lamplighter_config::inert_job(&stored.name, &stored.definition, &files.default_timezone),
+                format!("its definition does not compile against the config in force: {}", errors.join("; ")),
+            )),
+        };
+        Self { stored, job }
+    }
+}
+
+/// The config in force, swapped whole when the files are reloaded or a runtime job changes.
+/// The lock of the snapshot guards a pointer swap only and is never held across `.await`; the
+/// sources' lock orders rebuilds.
+#[derive(Debug)]
+pub(crate) struct InForce {
+    current: RwLock<Arc<JobsConfig>>,
+    sources: Mutex<Sources>,
+    registry: Arc<Registry>,
+}
 
 impl InForce {
-    pub(crate) fn new(config: JobsConfig) -> Self {
-        Self(RwLock::new(Arc::new(config)))
+    pub(crate) fn new(config: JobsConfig, registry: Arc<Registry>) -> Self {
+        let files = Arc::new(config);
+        Self { current: RwLock::new(files.clone()), sources: Mutex::new(Sources { files, runtime: BTreeMap::new() }), registry }
     }
 
     /// The config in force now, whole.
     pub(crate) fn get(&self) -> Arc<JobsConfig> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub(crate) fn set(&self, config: JobsConfig) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    /// Swaps in the files' new config; the runtime jobs are compiled against it. Refused,
+    /// changing nothing, when a job of the files takes a runtime job's name.
+    pub(crate) fn reload(&self, files: JobsConfig) -> Result<(), String> {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let taken: Vec<String> = sources
+            .runtime
+            .values()
+            .filter(|c| files.jobs.contains_key(&c.stored.name))
+            .map(|c| {
+                let at = files.locations.get(&c.stored.name).cloned().flatten().map(|l| format!(" ({l})")).unwrap_or_default();
+                format!(
+                    "job \"{}\"{at} takes the name of a runtime job (created by {} at {}, version {}); rename it, or delete the runtime job first (lampctl jobs delete {})",
+                    c.stored.name, c.stored.created_by, c.stored.created_at.to_rfc3339(), c.stored.version, c.stored.name
+                )
+            })
+            .collect();
+        if !taken.is_empty() {
+            return Err(taken.join("\n"));
+        }
+        let files = Arc::new(files);
+        let registry = &self.registry;
+        sources.runtime = std::mem::take(&mut sources.runtime)
+            .into_values()
+            .map(|c| (c.stored.name.clone(), Compiled::of(c.stored, &files, registry)))
+            .collect();
+        sources.files = files;
+        self.publish(&sources);
+        Ok(())
+    }
+
+    /// Replaces every runtime job with `jobs` (as read from the store).
+    pub(crate) fn set_runtime(&self, jobs: Vec<StoredJob>) {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = std::mem::take(&mut sources.runtime);
+        for stored in jobs {
+            // A version already compiled against these files is kept, not compiled again.
+            let compiled = match old.remove(&stored.name) {
+                Some(c) if c.stored == stored => c,
+                _ => Compiled::of(stored, &sources.files, &self.registry),
+            };
+            sources.runtime.insert(compiled.stored.name.clone(), compiled);
+        }
+        self.publish(&sources);
+    }
+
+    /// One runtime job as stored now: saved (`Some`), or deleted. An older version than the
+    /// one in force is ignored (two changes heard out of order).
+    pub(crate) fn set_runtime_job(&self, name: &str, stored: Option<StoredJob>) {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        match stored {
+            Some(s) => {
+                if sources.runtime.get(name).is_some_and(|c| c.stored.version >= s.version) {
+                    return;
+                }
+                let compiled = Compiled::of(s, &sources.files, &self.registry);
+                sources.runtime.insert(name.to_owned(), compiled);
+            }
+            None => {
+                if sources.runtime.remove(name).is_none() {
+                    return;
+                }
+            }
+        }
+        self.publish(&sources);
+    }
+
+    /// Builds the snapshot from the sources and swaps it in.
+    fn publish(&self, sources: &Sources) {
+        let files = &sources.files;
+        let mut config = JobsConfig::clone(files);
+        if !sources.runtime.is_empty() {
+            let mut jobs = BTreeMap::clone(&files.jobs);
+            let mut unavailable = HashMap::clone(&files.unavailable);
+            let mut runtime = BTreeMap::new();
+            for (name, c) in &sources.runtime {
+                if files.jobs.contains_key(name) {
+                    // Only a restart with files that took the name gets here (a reload that
+                    // does is refused): the files' job runs, and this one is not scheduled.
+                    tracing::error!(job = %name, "a job of the config files takes the name of a runtime job; the runtime job is not scheduled until one of them is renamed or deleted");
+                    continue;
+                }
+                match &c.job {
+                    Ok(job) => {
+                        jobs.insert(name.clone(), job.clone());
+                    }
+                    Err((inert, why)) => {
+                        jobs.insert(name.clone(), inert.clone());
+                        unavailable.insert(name.clone(), why.clone());
+                    }
+                }
+                runtime.insert(name.clone(), c.stored.clone());
+            }
+            config.jobs = Arc::new(jobs);
+            config.unavailable = Arc::new(unavailable);
+            config.runtime = Arc::new(runtime);
+        }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 
     pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {

@@ -6,12 +6,14 @@ mod catalog;
 mod clock;
 mod context;
 mod decide;
+mod definitions;
 mod engine;
 pub mod events;
 mod executor;
 mod gate;
 mod in_force;
 mod listing;
+mod manage;
 mod retention;
 mod run;
 mod schedule;
@@ -28,12 +30,13 @@ pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use context::{RunContext, Targets};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
+pub use manage::{Backfill, BackfillTick, JobChange, JobDeleted, JobRequest, JobSaved};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobPage, JobSummary, ListingVersion, PluginView,
-    RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered, WorkerStatus,
-    WorkflowInfo,
+    AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobSummary, ListingVersion,
+    PluginView, RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered,
+    WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{RunFilter, StoreError, WorkerLease};
@@ -105,12 +108,71 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             Some(_) => {}
         }
     }
+    let health = health(config, registry, &mut out);
+    for (name, job) in &config.jobs {
+        let at = |key: &str| config.locate(&["scheduling", "jobs", name, key]);
+        match health.job_problem(job, registry) {
+            None => {}
+            Some((key, JobProblem::Unavailable { message, reason })) => {
+                let at = if key == "action" { at("action").or_else(|| at("plugin")) } else { at(key) };
+                out.unavailable.push(Unavailable { job: name.clone(), diagnostic: Diagnostic::error(at, message), reason });
+            }
+            Some((_, JobProblem::Unknown(message))) => {
+                out.errors.push(Diagnostic::error(at("action").or_else(|| at("plugin")), message));
+            }
+        }
+    }
+    out
+}
+
+/// What cannot run here, found once per config: agents (a plugin that did not load, a disabled
+/// provider or MCP server) and workflows (a step that needs one of those), each with the reason.
+/// The files' jobs and the runtime jobs are checked against it.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Health {
+    agents_down: std::collections::HashMap<String, String>,
+    broken: std::collections::HashMap<String, String>,
+}
+
+/// Why a job cannot run here.
+pub(crate) enum JobProblem {
+    /// The environment breaks it: it is disabled with the reason.
+    Unavailable { message: String, reason: String },
+    /// It names an action no plugin has: a config error.
+    Unknown(String),
+}
+
+impl Health {
+    /// What keeps `job` from running here, with the field to blame.
+    pub(crate) fn job_problem(&self, job: &lamplighter_config::JobConfig, registry: &Registry) -> Option<(&'static str, JobProblem)> {
+        let name = &job.name;
+        let unavailable =
+            |reason: &String| JobProblem::Unavailable { message: format!("job \"{name}\" runs {reason}"), reason: reason.clone() };
+        match &job.target {
+            Target::Workflow(w) => self.broken.get(w.as_str()).map(|r| ("workflow", unavailable(r))),
+            Target::Agent(a) => self.agents_down.get(a.as_str()).map(|r| ("agent", unavailable(r))),
+            Target::Plugin { plugin, action } => {
+                let what = format!("job \"{name}\" runs plugin action \"{plugin}.{action}\"");
+                match find_action(registry, plugin, action) {
+                    Ok(_) => None,
+                    Err(Missing::Unloaded(reason)) => {
+                        Some(("action", JobProblem::Unavailable { message: format!("{what}, but {reason}"), reason }))
+                    }
+                    Err(Missing::Unknown(which)) => Some(("action", JobProblem::Unknown(format!("{what}, {which}")))),
+                }
+            }
+        }
+    }
+}
+
+/// Finds what cannot run here; hook, agent and workflow errors go to `out`.
+pub(crate) fn health(config: &Config, registry: &Registry, out: &mut Checked) -> Health {
     // Agents that cannot run here (a plugin that did not load, a disabled provider or MCP
     // server), with the reason: what runs them is disabled.
-    let mut agents_down: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let mut agents_down: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (name, agent) in &config.agents {
         if let Some(why) = config.disabled.get(&Disabled::Agent(name.clone())) {
-            agents_down.insert(name, format!("agent \"{name}\", which is disabled: {why}"));
+            agents_down.insert(name.clone(), format!("agent \"{name}\", which is disabled: {why}"));
         }
         for (i, plugin) in agent.plugins.iter().enumerate() {
             match registry.plugins().iter().find(|p| &p.name == plugin) {
@@ -126,7 +188,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
                 Some(p) => {
                     if let Some(why) = &p.error {
                         agents_down
-                            .entry(name)
+                            .entry(name.clone())
                             .or_insert_with(|| format!("agent \"{name}\", whose plugin \"{plugin}\" could not be loaded: {why}"));
                     }
                 }
@@ -134,7 +196,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
         }
     }
     // Workflows whose steps cannot run here, with the reason (their jobs are disabled).
-    let mut broken: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let mut broken: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (wname, workflow) in &config.workflows {
         for step in workflow.all_steps() {
             let agents: Vec<&String> = match &step.kind {
@@ -144,7 +206,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             };
             for a in agents {
                 if let Some(reason) = agents_down.get(a.as_str()) {
-                    broken.entry(wname.as_str()).or_insert_with(|| format!("workflow \"{wname}\": step \"{}\" needs {reason}", step.id));
+                    broken.entry(wname.clone()).or_insert_with(|| format!("workflow \"{wname}\": step \"{}\" needs {reason}", step.id));
                 }
             }
         }
@@ -165,43 +227,13 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
                     }
                 }
                 Err(Missing::Unloaded(reason)) => {
-                    broken.entry(wname.as_str()).or_insert_with(|| format!("{what}, but {reason}"));
+                    broken.entry(wname.clone()).or_insert_with(|| format!("{what}, but {reason}"));
                 }
                 Err(Missing::Unknown(which)) => out.errors.push(Diagnostic::error(at, format!("{what}, {which}"))),
             }
         }
     }
-    for (name, job) in &config.jobs {
-        let at = |key: &str| config.locate(&["scheduling", "jobs", name, key]);
-        let mut disable = |at, message: String, reason: String| {
-            out.unavailable.push(Unavailable { job: name.clone(), diagnostic: Diagnostic::error(at, message), reason });
-        };
-        match &job.target {
-            Target::Workflow(w) => {
-                if let Some(reason) = broken.get(w.as_str()) {
-                    disable(at("workflow"), format!("job \"{name}\" runs {reason}"), reason.clone());
-                }
-            }
-            Target::Plugin { plugin, action } => {
-                let what = format!("job \"{name}\" runs plugin action \"{plugin}.{action}\"");
-                match find_action(registry, plugin, action) {
-                    Ok(_) => {}
-                    Err(Missing::Unloaded(reason)) => {
-                        disable(at("action").or_else(|| at("plugin")), format!("{what}, but {reason}"), reason)
-                    }
-                    Err(Missing::Unknown(which)) => {
-                        out.errors.push(Diagnostic::error(at("action").or_else(|| at("plugin")), format!("{what}, {which}")));
-                    }
-                }
-            }
-            Target::Agent(a) => {
-                if let Some(reason) = agents_down.get(a.as_str()) {
-                    disable(at("agent"), format!("job \"{name}\" runs {reason}"), reason.clone());
-                }
-            }
-        }
-    }
-    out
+    Health { agents_down, broken }
 }
 
 /// Why a plugin action cannot run here.

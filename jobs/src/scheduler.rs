@@ -168,7 +168,12 @@ fn for_scheduler(s: &Signal) -> Option<bool> {
     match s {
         Signal::JobChanged | Signal::Lagged => Some(true),
         Signal::Wake | Signal::RunFinished(_) => Some(false),
-        Signal::TasksPushed | Signal::RunsChanged | Signal::RunProgress(_) | Signal::CancelRequested { .. } => None,
+        // A changed runtime job is read again first; `JobChanged` follows.
+        Signal::TasksPushed
+        | Signal::RunsChanged
+        | Signal::RunProgress(_)
+        | Signal::CancelRequested { .. }
+        | Signal::DefinitionChanged(_) => None,
     }
 }
 
@@ -365,8 +370,9 @@ impl Scheduler {
         let jobs = self.env.config.jobs();
         let mut held: Vec<String> = Vec::new();
         let mut ready: Vec<String> = Vec::with_capacity(due.len());
-        for (id, job) in due {
-            let queue_policy = jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
+        for (id, job, trigger) in due {
+            // A backfill's runs go one at a time, in tick order, whatever the job's overlap.
+            let queue_policy = trigger == Trigger::Backfill || jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
             if queue_policy {
                 if held.contains(&job) || self.env.store.has_dispatched_active(&job).await.unwrap_or(false) {
                     held.push(job);

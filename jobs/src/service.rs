@@ -11,8 +11,8 @@ use lamplighter_config::{JobConfig, ScheduleSpec, Step, StepKind, Workflow};
 use crate::engine::Engine;
 use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
 pub use lamplighter_contract::{
-    AgentInfo, Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage, SchedulePreview,
-    StepView, Triggered, WorkerStatus, WorkflowInfo,
+    AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
+    SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
 
 use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -38,6 +38,22 @@ pub enum ServiceError {
     NotWaiting(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// A runtime job that was deleted.
+    #[error("job \"{name}\" was deleted by {by} at {} (version {version}); its runs stay readable with list_runs", at.to_rfc3339())]
+    Deleted { name: String, by: String, at: DateTime<Utc>, version: u64 },
+    /// `worker.mcp.manage_jobs.enabled` is off.
+    #[error("managing jobs at runtime is off on this worker; its operator can turn it on with worker.mcp.manage_jobs.enabled: true")]
+    ManagementOff,
+    /// A change to a job of the config files.
+    #[error("job \"{name}\" is defined in the config files{}; jobs from the files are read-only here (pause, resume and trigger work): change it there and reload", location.as_ref().map(|l| format!(" ({l})")).unwrap_or_default())]
+    ReadOnly { name: String, location: Option<String> },
+    /// A definition that does not compile or is not allowed here: every problem, each naming
+    /// its field.
+    #[error("job \"{name}\" was not saved:\n- {}", errors.join("\n- "))]
+    InvalidDefinition { name: String, errors: Vec<String> },
+    /// A change refused because of what is stored: a stale version, a name taken, a limit.
+    #[error("{0}")]
+    Conflict(String),
     #[error(transparent)]
     Storage(#[from] StoreError),
 }
@@ -110,7 +126,7 @@ fn step_views(steps: &[Step], records: &std::collections::HashMap<String, StepRe
 }
 
 impl Engine {
-    fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
+    pub(crate) fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
         self.shared.job(name).ok_or_else(|| ServiceError::JobNotFound {
             name: name.to_string(),
             known: {
@@ -167,7 +183,20 @@ impl Engine {
 
     /// One job with its next `n` fire times, run counts by status and recent runs.
     pub async fn get_job(&self, name: &str, n: usize) -> Result<JobDetail, ServiceError> {
-        let job = self.job_or_err(name)?;
+        self.get_job_with_history(name, n, 20).await
+    }
+
+    /// [`Engine::get_job`], with up to `history` of a runtime job's changes.
+    pub async fn get_job_with_history(&self, name: &str, n: usize, history: usize) -> Result<JobDetail, ServiceError> {
+        let job = match self.job_or_err(name) {
+            Ok(job) => job,
+            Err(e) => return Err(self.deleted_or(name, e).await),
+        };
+        let runtime = self.shared.snapshot().runtime.get(name).cloned();
+        let history = match &runtime {
+            Some(_) => self.job_history(name, history.clamp(1, 1000)).await?,
+            None => Vec::new(),
+        };
         let JobOverview { state, recent, counts } = self.shared.store().job_overview(name, 10).await?;
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
@@ -182,7 +211,23 @@ impl Engine {
             overlap: format!("{:?}", job.overlap).to_lowercase(),
             timeout_seconds: job.timeout.map(|t| t.as_secs()),
             max_retries: job.retries.max,
+            definition: runtime.map(|r| r.definition),
+            history,
         })
+    }
+
+    /// A job not found that was a runtime job: says who deleted it and when (its runs and
+    /// history stay readable).
+    async fn deleted_or(&self, name: &str, not_found: ServiceError) -> ServiceError {
+        match self.shared.store().job_history(name, 1).await {
+            Ok(h) => match h.first() {
+                Some(last) if last.action == "delete" => {
+                    ServiceError::Deleted { name: name.to_owned(), by: last.actor.clone(), at: last.at, version: last.version }
+                }
+                _ => not_found,
+            },
+            Err(e) => e.into(),
+        }
     }
 
     /// The next `n` fire times of a job (whether or not it is paused).
@@ -207,15 +252,7 @@ impl Engine {
         let tz = timezone.unwrap_or(&default);
         let schedule =
             lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| ServiceError::InvalidArgument(format!("{field}: {e}")))?;
-        let preview = schedule.preview(self.shared.clock().now(), count.clamp(1, 1000));
-        let zone = schedule.timezone();
-        Ok(SchedulePreview {
-            schedule: schedule.spec().to_string(),
-            timezone: zone.name().to_string(),
-            next_fires: preview.fires.iter().map(|t| FireTime { utc: *t, local: t.with_timezone(&zone).to_rfc3339() }).collect(),
-            notes: preview.notes,
-            warnings: preview.warnings,
-        })
+        Ok(crate::manage::preview_of(&schedule, self.shared.clock().now(), count.clamp(1, 1000)))
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.
@@ -602,7 +639,7 @@ impl PartialEq for ListingVersion {
 }
 
 /// A job as listed, from the config `snapshot` it belongs to (read once per listing, not per job).
-fn summary_in(
+pub(crate) fn summary_in(
     snapshot: &JobsConfig,
     job: &JobConfig,
     state: Option<&crate::store::JobState>,
@@ -626,6 +663,21 @@ fn summary_in(
         paused_at: state.and_then(|s| s.paused_at),
         next_fire,
         last_run: last,
+        origin: origin_of(snapshot, &job.name),
+    }
+}
+
+/// Where a job is defined: a runtime job's stored facts, else its place in the files.
+fn origin_of(snapshot: &JobsConfig, name: &str) -> JobOrigin {
+    match snapshot.runtime.get(name) {
+        Some(r) => JobOrigin::Runtime {
+            version: r.version,
+            created_by: r.created_by.clone(),
+            created_at: r.created_at,
+            updated_by: r.updated_by.clone(),
+            updated_at: r.updated_at,
+        },
+        None => JobOrigin::File { location: snapshot.locations.get(name).cloned().flatten() },
     }
 }
 
@@ -720,7 +772,7 @@ impl<T: Followed> RunFollower<T> {
             Signal::RunFinished(id) | Signal::CancelRequested { run: id, .. } => *id == self.id,
             Signal::RunProgress(id) => T::PROGRESS && *id == self.id,
             Signal::RunsChanged | Signal::Wake | Signal::Lagged => true,
-            Signal::JobChanged | Signal::TasksPushed => false,
+            Signal::JobChanged | Signal::TasksPushed | Signal::DefinitionChanged(_) => false,
         }
     }
 }

@@ -23,6 +23,8 @@ pub(crate) enum Signal {
     Wake,
     /// A job's definition or state changed (reload, pause, resume): plans are rebuilt.
     JobChanged,
+    /// A runtime job was created, changed or deleted: every worker reads it again.
+    DefinitionChanged(String),
     /// Tasks were pushed to the queue.
     TasksPushed,
     /// A run's end is recorded.

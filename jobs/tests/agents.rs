@@ -280,7 +280,7 @@ async fn tool_approval_ask_waits_for_a_person_and_deny_refuses() {
 
     // deny: refused at once, no wait.
     let config = agents(dir.path(), &llm, "", "a:\n  plugins: [file-save]\n  tool_approval: deny", "");
-    engine.reload(&config);
+    engine.reload(&config).expect("reload");
     let run = ended(&engine, &trigger(&engine, "save").await).await;
     assert_eq!(run.status, RunStatus::Succeeded);
     let out = run.output.and_then(|o| o.as_str().map(str::to_string)).unwrap_or_default();

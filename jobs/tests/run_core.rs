@@ -211,7 +211,7 @@ async fn a_reload_does_not_change_the_job_a_run_was_created_with() {
         dir.path(),
         "type: plugin\nplugin: test\naction: describe\ntimeout: 9m\nworking_directory: elsewhere\nretries: {max: 1, backoff: fixed, initial: 30s}",
     );
-    engine.reload(&new);
+    engine.reload(&new).expect("reload");
     clock.set(t0() + chrono::Duration::seconds(31));
     let r = until(&engine, "the retry to run", |r| r.len() == 2 && finished(r)).await;
     let out = r.iter().find(|x| x.attempt == 2).and_then(|x| x.output.clone()).expect("retry output");

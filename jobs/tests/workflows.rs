@@ -416,7 +416,7 @@ async fn a_run_keeps_the_workflow_definition_it_started_with_across_a_reload() {
     waiting(&engine, &id).await;
     // The workflow changes while the run waits: another publish command, and a step more.
     let changed = format!("{}{}", GATED.replace("printf published >> log", "printf changed >> log"), sh("extra", "printf extra >> log"));
-    engine.reload(&workflow(dir.path(), &changed, ""));
+    engine.reload(&workflow(dir.path(), &changed, "")).expect("reload");
     engine.decide(decision(&id, true, "ana", None)).await.expect("approve");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");

@@ -35,14 +35,15 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
-    self, ArgError, DecisionArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs, PreviewScheduleArgs, RunArgs,
-    RunWorkflowArgs, ScheduleArg, SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, seed_job_name, wait_timeout,
+    self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs,
+    PauseArgs, PreviewScheduleArgs, RunArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs,
+    TriggerArgs, UpdateJobArgs, seed_job_name, wait_timeout,
 };
 use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
-    Decision, DecisionRequest, Engine, JobDetail, JobPage, JobSummary, Run, RunDetail, RunFilter, RunPage, RunStatus, SchedulePreview,
-    ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
+    Backfill, Decision, DecisionRequest, Engine, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobSummary, Run, RunDetail,
+    RunFilter, RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
 use crate::summary::summary;
@@ -61,7 +62,7 @@ pub(crate) enum Read {
 }
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 24] = args::TOOLS;
+const TOOL_ORDER: [&str; 28] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
      cancel runs; run workflows and approve or reject their steps that wait for a person; list workflows, agents and plugins; \
@@ -118,6 +119,12 @@ impl Control {
 
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The tools served now: the job-changing ones only while `worker.mcp.manage_jobs` is on.
+    fn served(&self) -> impl Iterator<Item = &Tool> {
+        let manage = self.engine.manages_jobs();
+        self.listed.iter().filter(move |t| manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref()))
     }
 
     /// Counts a call `direct.rs` answered from what it kept.
@@ -269,10 +276,10 @@ impl Control {
         Ok(Json(self.jobs_page(a).await?))
     }
 
-    /// One job in detail: its next fire times (UTC and the job's zone), run counts by status, recent runs, and its catch-up, overlap, timeout and retry policy.
+    /// One job in detail: its next fire times (UTC and the job's zone), run counts by status, recent runs, its catch-up, overlap, timeout and retry policy, and where it is defined (`origin`: a file and line, or created at runtime by whom, when, at which version). A runtime job also shows its definition and its changes (`history`: who, when, before and after).
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn get_job(&self, Parameters(a): Parameters<GetJobArgs>) -> Result<Json<JobDetail>, Failure> {
-        Ok(Json(self.job_detail(&a.name, a.next).await?))
+        Ok(Json(self.job_detail(&a).await?))
     }
 
     /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
@@ -285,6 +292,52 @@ impl Control {
             ScheduleArg::At(s) => ScheduleSpec::At(s),
         };
         Ok(Json(self.engine.preview_schedule(spec, a.timezone.as_deref(), count)?))
+    }
+
+    /// Creates a job at runtime, stored in the worker's database and scheduled by every worker from the moment it is saved, with no reload. `definition` is the job exactly as its entry under `scheduling.jobs` in YAML (as JSON, or as YAML text): a schedule (`cron` with `timezone`, `every` or `at`), a target (`workflow`, `agent`, or `plugin` with `action`), and optional `input`, `parameters`, `catch_up`, `overlap`, `retries`, `timeout`. Every error is returned at once, naming its field. Answers the compiled job, its next 10 fire times in its zone and UTC (with daylight-saving notes and warnings) and its version. With `dry_run`, nothing is saved: check a definition first.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false))]
+    async fn create_job(
+        &self,
+        Parameters(a): Parameters<CreateJobArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<JobSaved>, Failure> {
+        let request =
+            JobRequest { name: a.name, definition: a.definition, expected_version: None, dry_run: a.dry_run, actor: client_name(&ctx) };
+        Ok(Json(self.engine.create_job(request).await?))
+    }
+
+    /// Replaces a runtime job's definition, whole (as `create_job` takes it); every worker reschedules it at once. Pass the `version` you read (`origin.version` in `get_job`) as `expected_version`: a job changed since is refused, naming its current version. Jobs of the config files are read-only. With `dry_run`, nothing is saved.
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    async fn update_job(
+        &self,
+        Parameters(a): Parameters<UpdateJobArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<JobSaved>, Failure> {
+        let request = JobRequest {
+            name: a.name,
+            definition: a.definition,
+            expected_version: a.expected_version,
+            dry_run: a.dry_run,
+            actor: client_name(&ctx),
+        };
+        Ok(Json(self.engine.update_job(request).await?))
+    }
+
+    /// Deletes a runtime job: it stops firing on every worker; its runs and its history stay readable. Runs in flight finish unless `cancel_runs`. Jobs of the config files are read-only.
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
+    async fn delete_job(
+        &self,
+        Parameters(a): Parameters<DeleteJobArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<JobDeleted>, Failure> {
+        Ok(Json(self.engine.delete_job(&a.name, a.expected_version, a.cancel_runs, &client_name(&ctx)).await?))
+    }
+
+    /// Runs a job's past ticks in a window (`from`, `to`: RFC 3339) that have no run yet, once each and in order, one at a time; ticks that already ran are listed, not run again. With `dry_run`, only lists them.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true))]
+    async fn backfill_job(&self, Parameters(a): Parameters<BackfillJobArgs>) -> Result<Json<Backfill>, Failure> {
+        let (from, to) = a.window()?;
+        Ok(Json(self.engine.backfill_job(&a.name, from, to, a.dry_run).await?))
     }
 
     /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.
@@ -435,7 +488,7 @@ impl Control {
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn scheduler_job_status(&self, Parameters(a): Parameters<SeedStatusArgs>) -> Result<Json<JobDetail>, Failure> {
         let name = seed_job_name(a.name, a.job_name)?;
-        Ok(Json(self.job_detail(&name, a.next).await?))
+        Ok(Json(self.job_detail(&GetJobArgs { name, next: a.next, history: None }).await?))
     }
 
     /// Seed-compatible name of `list_plugins`.
@@ -484,10 +537,7 @@ impl Control {
             Ok(started) => started,
             Err(e) => return Some(Failure::from(e).into_call_tool_result()),
         };
-        let decided_by = match context.client_info().or_else(|| context.peer.peer_info().map(|i| i.client_info.clone())) {
-            Some(info) => format!("mcp client {} (task)", info.name),
-            None => "mcp client (task)".to_string(),
-        };
+        let decided_by = format!("{} (task)", client_name(context));
         let follow = Follow { run_id: started.run_id, created: started.created, timeout, decided_by };
         let task = self.tasks.start(self.engine.clone(), follow, context);
         Some(Ok(CallToolResponse::Task(CreateTaskResult::new(task))))
@@ -497,9 +547,9 @@ impl Control {
         Ok(Json(JobList { jobs: self.engine.list_jobs().await? }))
     }
 
-    async fn job_detail(&self, name: &str, next: Option<u32>) -> Result<JobDetail, Failure> {
-        let next = args::next_fires(next)?;
-        Ok(self.engine.get_job(name, next).await?)
+    async fn job_detail(&self, a: &GetJobArgs) -> Result<JobDetail, Failure> {
+        let next = args::next_fires(a.next)?;
+        Ok(self.engine.get_job_with_history(&a.name, next, a.history()?).await?)
     }
 
     async fn jobs_page(&self, a: ListJobsArgs) -> Result<JobPage, Failure> {
@@ -521,7 +571,7 @@ impl Control {
                 "list_jobs" => self.jobs_page(args::from_arguments(tool, arguments).ok()?).await.ok().map(Read::Jobs),
                 "get_job" => {
                     let a: GetJobArgs = args::from_arguments(tool, arguments).ok()?;
-                    self.job_detail(&a.name, a.next).await.ok().map(Read::Job)
+                    self.job_detail(&a).await.ok().map(Read::Job)
                 }
                 "list_runs" => self.runs_page(args::from_arguments(tool, arguments).ok()?).await.ok().map(Read::Runs),
                 "get_run" => {
@@ -542,13 +592,7 @@ impl Control {
 
     /// Records a decision; `decided_by` defaults to the MCP client's name.
     async fn decide(&self, a: DecisionArgs, approve: bool, ctx: &RequestContext<RoleServer>) -> Result<Json<Decision>, Failure> {
-        let decided_by = match a.decided_by {
-            Some(by) => by,
-            None => match ctx.peer.peer_info() {
-                Some(info) => format!("mcp client {}", info.client_info.name),
-                None => "mcp client".to_string(),
-            },
-        };
+        let decided_by = a.decided_by.unwrap_or_else(|| client_name(ctx));
         let request = DecisionRequest { run_id: a.run_id, step: a.step, approve, comment: a.comment, decided_by };
         Ok(Json(self.engine.decide(request).await?))
     }
@@ -649,6 +693,16 @@ impl Control {
         let run = self.engine.get_run(run_id).await?;
         let note = (!run.status.is_final()).then(|| note.to_string());
         Ok((run, note))
+    }
+}
+
+/// Who a call comes from, as records name it: the MCP client's name.
+/// The request's own client info first (clients at 2026-07-28 send it with each request),
+/// else the session's.
+fn client_name(ctx: &RequestContext<RoleServer>) -> String {
+    match ctx.client_info().or_else(|| ctx.peer.peer_info().map(|i| i.client_info.clone())) {
+        Some(info) => format!("mcp client {}", info.name),
+        None => "mcp client".to_string(),
     }
 }
 
@@ -769,7 +823,7 @@ impl ServerHandler for Control {
         let cache_hints = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         Ok(ListToolsResult {
             result_type: Some(ResultType::COMPLETE),
-            tools: self.listed.to_vec(),
+            tools: self.served().cloned().collect(),
             meta: None,
             next_cursor: None,
             ttl_ms: cache_hints.then_some(0),
@@ -778,7 +832,7 @@ impl ServerHandler for Control {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.listed.iter().find(|t| t.name == name).cloned()
+        self.served().find(|t| t.name == name).cloned()
     }
 
     // rmcp's defaults answer these with empty lists even though the capability is not declared.

@@ -288,7 +288,11 @@ impl Reloader {
                     tracing::warn!("{w}");
                 }
                 let config = &loaded.config;
-                self.engine.reload(config);
+                if let Err(why) = self.engine.reload(config) {
+                    tracing::error!("reload refused: {why}");
+                    self.observer.config_reloaded(Err("a job takes a runtime job's name"));
+                    return Err(why.lines().map(|l| format!("error: {l}")).collect());
+                }
                 self.grace = config.worker.shutdown_grace;
                 let w = &config.worker;
                 let l = &self.listening;

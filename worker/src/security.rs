@@ -238,6 +238,7 @@ mod tests {
             port: 5100,
             transport: lamplighter_config::McpTransport::Http,
             auth,
+            manage_jobs: lamplighter_config::ManageJobs::off(std::path::Path::new("data")),
         }
     }
 

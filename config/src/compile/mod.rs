@@ -23,7 +23,7 @@ use crate::raw;
 use crate::schedule;
 
 pub use types::{
-    Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, McpAuth,
+    Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, ManageJobs, McpAuth,
     McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 
@@ -74,7 +74,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
             jobs.insert(name.clone(), j);
         }
     }
-    let worker = c.worker(raw.worker.as_ref());
+    let worker = c.worker(raw.worker.as_ref(), &data_dir);
     let telemetry = c.telemetry(raw.telemetry.as_ref());
     let hooks = c.hooks(raw.hooks.as_ref());
     let wasm = c.wasm(raw.plugins.as_ref().and_then(|p| p.wasm.as_ref()));
@@ -113,6 +113,8 @@ fn duration(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone)]
 pub struct CompiledJob {
     pub job: JobConfig,
+    /// The definition as JSON (a definition given as YAML text, parsed).
+    pub definition: serde_json::Value,
     /// What compiles but looks wrong, each naming its field.
     pub warnings: Vec<String>,
 }
@@ -123,12 +125,13 @@ pub struct CompiledJob {
 /// `working_directory` is read from the config's folder. Every error is returned at once, each
 /// naming its field (`cron: …`, `workflow: …`; `definition: …` for one that is not a job
 /// entry at all).
-pub fn compile_job(config: &Config, name: &str, definition: &serde_json::Value) -> Result<CompiledJob, Vec<String>> {
+pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value) -> Result<CompiledJob, Vec<String>> {
     if name.starts_with("workflow:") {
         return Err(vec![format!(
             "name: job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it)"
         )]);
     }
+    let definition = definition_json(definition).map_err(|e| vec![e])?;
     let mut job: raw::Job = serde_json::from_value(definition.clone()).map_err(|e| vec![format!("definition: {e}")])?;
     // Nothing to locate: the definition is not in a file.
     let loaded = Loaded {
@@ -136,18 +139,102 @@ pub fn compile_job(config: &Config, name: &str, definition: &serde_json::Value) 
         merged: serde_yaml::Value::Null,
         sources: SourceMap::default(),
         unset_vars: Vec::new(),
-        root: config.root.clone(),
+        root: scope.root.clone(),
     };
     let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true };
-    let default_tz = schedule::parse_tz(&config.default_timezone);
-    let cwd = config.root.parent().unwrap_or(Path::new("."));
-    let runnable = jobs::Runnable::of(config.workflows.keys(), config.agents.keys());
-    let compiled = c.job(name, &mut job, &runnable, (&config.default_timezone, &default_tz), cwd);
+    let default_tz = schedule::parse_tz(&scope.default_timezone);
+    let cwd = scope.root.parent().unwrap_or(Path::new("."));
+    let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter());
+    let compiled = c.job(name, &mut job, &runnable, (&scope.default_timezone, &default_tz), cwd);
     let (errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
         c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
     match compiled {
-        Some(job) if errors.is_empty() => Ok(CompiledJob { job, warnings: warnings.into_iter().map(|d| d.message).collect() }),
+        Some(job) if errors.is_empty() => Ok(CompiledJob { job, definition, warnings: warnings.into_iter().map(|d| d.message).collect() }),
         _ => Err(errors.into_iter().map(|d| d.message).collect()),
+    }
+}
+
+/// What a job defined at runtime is compiled against: the names it may run and the defaults it
+/// takes from the config in force (a small part of it, kept while the rest is dropped).
+#[derive(Debug, Clone, Default)]
+pub struct JobScope {
+    /// The root config file: relative working directories are read from its folder.
+    pub root: PathBuf,
+    pub default_timezone: String,
+    pub workflows: std::collections::BTreeSet<String>,
+    pub agents: std::collections::BTreeSet<String>,
+}
+
+impl JobScope {
+    pub fn of(config: &Config) -> Self {
+        Self {
+            root: config.root.clone(),
+            default_timezone: config.default_timezone.clone(),
+            workflows: config.workflows.keys().cloned().collect(),
+            agents: config.agents.keys().cloned().collect(),
+        }
+    }
+}
+
+/// A job that cannot run: what a stored definition that no longer compiles (its workflow was
+/// removed from the files, say) is shown as, with its target as far as it can be read. It has
+/// no schedule and is not enabled.
+pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &str) -> JobConfig {
+    let field = |k: &str| definition.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let target = match (field("workflow"), field("agent"), field("plugin")) {
+        (Some(w), _, _) => Target::Workflow(w),
+        (None, Some(a), _) => Target::Agent(a),
+        (None, None, p) => Target::Plugin { plugin: p.unwrap_or_default(), action: field("action").unwrap_or_default() },
+    };
+    JobConfig {
+        name: name.to_owned(),
+        description: field("description"),
+        target,
+        input: None,
+        parameters: None,
+        schedule: None,
+        timezone: field("timezone").unwrap_or_else(|| default_timezone.to_owned()),
+        enabled: false,
+        catch_up: CatchUp::default(),
+        catch_up_window: Duration::ZERO,
+        overlap: Overlap::default(),
+        retries: RetryPolicy::default(),
+        timeout: None,
+        jitter: None,
+        retention: Retention::default(),
+        working_directory: None,
+        allowed_commands: Vec::new(),
+        budget: Default::default(),
+    }
+}
+
+/// A definition as JSON: an object as it is, or YAML text (a job's entry as the files write
+/// it) parsed.
+fn definition_json(definition: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let parsed = match definition {
+        serde_json::Value::String(text) => serde_yaml::from_str::<serde_json::Value>(text).map_err(|e| {
+            let at = e.location().map(|l| format!(" at line {}, column {}", l.line(), l.column())).unwrap_or_default();
+            format!("definition: the YAML text does not parse{at}: {e}")
+        })?,
+        other => other.clone(),
+    };
+    if !parsed.is_object() {
+        return Err(format!(
+            "definition: must be a job's entry (an object such as {{\"cron\": \"0 7 * * *\", \"workflow\": \"digest\"}}), not {}",
+            kind_of(&parsed)
+        ));
+    }
+    Ok(parsed)
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 

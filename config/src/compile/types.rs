@@ -29,6 +29,16 @@ impl Target {
         }
     }
 
+    /// `workflow:x`, `agent:x`, `plugin:p.a`: what `worker.mcp.manage_jobs.targets` patterns
+    /// match.
+    pub fn pattern_name(&self) -> String {
+        match self {
+            Target::Workflow(w) => format!("workflow:{w}"),
+            Target::Agent(a) => format!("agent:{a}"),
+            Target::Plugin { plugin, action } => format!("plugin:{plugin}.{action}"),
+        }
+    }
+
     /// `workflow "x"`, `plugin action "p.a"` — for messages and listings.
     pub fn describe(&self) -> String {
         match self {
@@ -172,6 +182,85 @@ pub struct WorkerConfig {
     pub port: u16,
     pub transport: McpTransport,
     pub auth: McpAuth,
+    /// `worker.mcp.manage_jobs`: what MCP clients may do to jobs at runtime.
+    pub manage_jobs: ManageJobs,
+}
+
+/// `worker.mcp.manage_jobs`: whether MCP clients may create, change, delete and backfill jobs,
+/// and within what bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManageJobs {
+    pub enabled: bool,
+    /// Patterns over `workflow:NAME`, `agent:NAME` and `plugin:PLUGIN.ACTION` (`*` matches any
+    /// run of characters); `None`: the default (every workflow, agent and plugin action but
+    /// `shell-exec`'s).
+    pub targets: Option<Vec<String>>,
+    pub max_jobs: u32,
+    pub max_definition_bytes: usize,
+    pub max_backfill: u32,
+    /// The most a runtime job may allow `shell-exec` to run; empty: no bound.
+    pub allowed_commands: Vec<String>,
+    /// Folders a runtime job's working directory may be in (absolute).
+    pub working_directories: Vec<PathBuf>,
+}
+
+impl ManageJobs {
+    pub const DEFAULT_MAX_JOBS: u32 = 1000;
+    pub const DEFAULT_MAX_DEFINITION_BYTES: usize = 65536;
+    pub const DEFAULT_MAX_BACKFILL: u32 = 100;
+    /// The patterns in force when none are configured, as a message shows them.
+    pub const DEFAULT_TARGETS: &str = "workflow:*, agent:*, and plugin:* but shell-exec";
+
+    /// Off, with the defaults, working directories in `data_dir`.
+    pub fn off(data_dir: &std::path::Path) -> Self {
+        Self {
+            enabled: false,
+            targets: None,
+            max_jobs: Self::DEFAULT_MAX_JOBS,
+            max_definition_bytes: Self::DEFAULT_MAX_DEFINITION_BYTES,
+            max_backfill: Self::DEFAULT_MAX_BACKFILL,
+            allowed_commands: Vec::new(),
+            working_directories: vec![data_dir.to_path_buf()],
+        }
+    }
+
+    /// Whether a runtime job may run `target`.
+    pub fn allows(&self, target: &Target) -> bool {
+        let name = target.pattern_name();
+        match &self.targets {
+            Some(patterns) => patterns.iter().any(|p| glob(p, &name)),
+            None => !matches!(target, Target::Plugin { plugin, .. } if plugin == "shell-exec"),
+        }
+    }
+
+    /// The allowlist as a message shows it.
+    pub fn targets_text(&self) -> String {
+        match &self.targets {
+            Some(p) if p.is_empty() => "none".into(),
+            Some(p) => p.join(", "),
+            None => Self::DEFAULT_TARGETS.into(),
+        }
+    }
+}
+
+/// `*` matches any run of characters (none included); everything else matches itself.
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || !text[first.len()..].ends_with(last) || text.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Limits and grants for WASM plugins (`plugins.wasm`).

@@ -1,13 +1,14 @@
 //! Compiles `worker` (its MCP server included).
 
 use std::net::IpAddr;
+use std::path::Path;
 use std::time::Duration;
 
-use super::{Compiler, DEFAULT_LEASE, McpAuth, McpTransport, WorkerConfig, duration};
+use super::{Compiler, DEFAULT_LEASE, ManageJobs, McpAuth, McpTransport, WorkerConfig, duration};
 use crate::raw;
 
 impl Compiler<'_> {
-    pub(super) fn worker(&mut self, w: Option<&raw::Worker>) -> WorkerConfig {
+    pub(super) fn worker(&mut self, w: Option<&raw::Worker>, data_dir: &Path) -> WorkerConfig {
         let w = w.cloned().unwrap_or_default();
         let mcp = w.mcp.clone().unwrap_or_default();
         let shutdown_grace = match &w.shutdown_grace {
@@ -80,6 +81,46 @@ impl Compiler<'_> {
             port: mcp.port.unwrap_or(5100),
             transport,
             auth,
+            manage_jobs: self.manage_jobs(mcp.manage_jobs.as_ref(), data_dir),
         }
+    }
+
+    fn manage_jobs(&mut self, m: Option<&raw::ManageJobs>, data_dir: &Path) -> ManageJobs {
+        let mut out = ManageJobs::off(data_dir);
+        let Some(m) = m else { return out };
+        let at = |k: &'static str| ["worker", "mcp", "manage_jobs", k];
+        out.enabled = m.enabled.unwrap_or(false);
+        if let Some(targets) = &m.targets {
+            for t in targets {
+                let kind = t.split_once(':').map(|(k, _)| k);
+                if !matches!(kind, Some("workflow" | "agent" | "plugin")) {
+                    self.err(
+                        &at("targets"),
+                        format!(
+                            "worker.mcp.manage_jobs.targets: \"{t}\" does not start with workflow:, agent: or plugin: (e.g. workflow:*, agent:news-*, plugin:file-save.*)"
+                        ),
+                    );
+                }
+            }
+            out.targets = Some(targets.clone());
+        }
+        let positive = |c: &mut Self, key: &'static str, v: Option<u32>, default: u32| match v {
+            Some(0) => {
+                c.err(&at(key), format!("worker.mcp.manage_jobs.{key} must be at least 1"));
+                default
+            }
+            Some(n) => n,
+            None => default,
+        };
+        out.max_jobs = positive(self, "max_jobs", m.max_jobs, ManageJobs::DEFAULT_MAX_JOBS);
+        out.max_backfill = positive(self, "max_backfill", m.max_backfill, ManageJobs::DEFAULT_MAX_BACKFILL);
+        out.max_definition_bytes =
+            positive(self, "max_definition_bytes", m.max_definition_bytes, ManageJobs::DEFAULT_MAX_DEFINITION_BYTES as u32) as usize;
+        out.allowed_commands = m.allowed_commands.clone().unwrap_or_default();
+        if let Some(dirs) = &m.working_directories {
+            let cwd = self.loaded.root.parent().unwrap_or(Path::new(".")).to_path_buf();
+            out.working_directories = dirs.iter().map(|d| cwd.join(d)).collect();
+        }
+        out
     }
 }

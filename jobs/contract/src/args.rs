@@ -109,6 +109,16 @@ pub struct GetJobArgs {
     /// How many upcoming fire times to show (1–100, default 5).
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
     pub next: Option<u32>,
+    /// How many of a runtime job's changes to show, newest first (1–1000, default 20).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1000)))]
+    pub history: Option<u32>,
+}
+
+impl GetJobArgs {
+    /// How many changes of a runtime job to show: 1–1000, default 20.
+    pub fn history(&self) -> Result<usize, ArgError> {
+        Ok(in_range("history", self.history.map_or(20, u64::from), 1000)? as usize)
+    }
 }
 
 /// How many upcoming fire times `get_job` shows: 1–100, default 5.
@@ -155,6 +165,86 @@ impl PreviewScheduleArgs {
             Err(given) if given.is_empty() => Err(ArgError::new("give one of `cron`, `every` or `at`")),
             Err(_) => Err(ArgError::new("give only one of `cron`, `every` and `at`")),
         }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateJobArgs {
+    /// The new job's name (letters, digits, `-`, `_` and `.`; not a name the config files use).
+    pub name: String,
+    /// The job, exactly as its entry under `scheduling.jobs` in YAML: an object (`{"cron": "30 7 * * 1-5", "timezone": "Europe/Berlin", "workflow": "digest"}`) or that entry as YAML text.
+    pub definition: Value,
+    /// Check and preview only: nothing is saved, and the answer is what would be.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UpdateJobArgs {
+    /// The runtime job's name.
+    pub name: String,
+    /// The whole new definition (as for `create_job`): fields left out take their defaults.
+    pub definition: Value,
+    /// The version this change was made from (`origin.version` in `get_job`); a job changed since is refused.
+    pub expected_version: Option<u64>,
+    /// Check and preview only: nothing is saved.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DeleteJobArgs {
+    /// The runtime job's name.
+    pub name: String,
+    /// The version being deleted (`origin.version` in `get_job`); a job changed since is refused.
+    pub expected_version: Option<u64>,
+    /// Also stop the job's queued and running runs (by default they finish).
+    #[serde(default)]
+    pub cancel_runs: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BackfillJobArgs {
+    /// The job's name (from the files or created at runtime).
+    pub name: String,
+    /// The window's start (RFC 3339, inclusive).
+    pub from: String,
+    /// The window's end (RFC 3339, inclusive); not after now.
+    pub to: String,
+    /// List the ticks that would run, and create nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// An RFC 3339 instant given as `field`.
+pub fn instant(field: &str, value: &str) -> Result<chrono::DateTime<chrono::Utc>, ArgError> {
+    chrono::DateTime::parse_from_rfc3339(value.trim()).map(|t| t.with_timezone(&chrono::Utc)).map_err(|e| ArgError {
+        message: format!(
+            "invalid arguments: field `{field}`: \"{value}\" is not an RFC 3339 instant ({e}); write e.g. 2026-11-20T00:00:00Z"
+        ),
+        field: Some(field.to_owned()),
+    })
+}
+
+impl BackfillJobArgs {
+    /// The window, checked: both instants valid, `from` not after `to`.
+    pub fn window(&self) -> Result<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>), ArgError> {
+        let (from, to) = (instant("from", &self.from)?, instant("to", &self.to)?);
+        if from > to {
+            return Err(ArgError {
+                message: format!("invalid arguments: `from` ({from}) is after `to` ({to})"),
+                field: Some("from".into()),
+            });
+        }
+        Ok((from, to))
     }
 }
 
@@ -363,11 +453,15 @@ pub struct Checked {
 }
 
 /// Every tool the worker serves, in the order `tools/list` gives them.
-pub const TOOLS: [&str; 24] = [
+pub const TOOLS: [&str; 28] = [
     "worker_status",
     "list_jobs",
     "get_job",
     "preview_schedule",
+    "create_job",
+    "update_job",
+    "delete_job",
+    "backfill_job",
     "pause_job",
     "resume_job",
     "trigger_job",
@@ -390,6 +484,9 @@ pub const TOOLS: [&str; 24] = [
     "worker_plugin_list",
 ];
 
+/// The tools that change jobs, served only when `worker.mcp.manage_jobs.enabled` is on.
+pub const MANAGE_TOOLS: [&str; 4] = ["create_job", "update_job", "delete_job", "backfill_job"];
+
 /// Runs `tool`'s argument handling as the worker does before it calls the engine: the
 /// arguments are read as the tool's type and checked. An unknown tool is an error too.
 pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgError> {
@@ -409,7 +506,16 @@ pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgEr
         }
         "get_job" => {
             let a: GetJobArgs = from_arguments(tool, arguments)?;
+            a.history()?;
             Ok(Checked { count: Some(next_fires(a.next)?), subject: a.name, timeout: None })
+        }
+        "create_job" => from_arguments::<CreateJobArgs>(tool, arguments).map(|a| plain(a.name)),
+        "update_job" => from_arguments::<UpdateJobArgs>(tool, arguments).map(|a| plain(a.name)),
+        "delete_job" => from_arguments::<DeleteJobArgs>(tool, arguments).map(|a| plain(a.name)),
+        "backfill_job" => {
+            let a: BackfillJobArgs = from_arguments(tool, arguments)?;
+            a.window()?;
+            Ok(plain(a.name))
         }
         "preview_schedule" => {
             let a: PreviewScheduleArgs = from_arguments(tool, arguments)?;
@@ -512,6 +618,19 @@ mod tests {
         assert_eq!(check("scheduler_pause_job", args(json!({"job_name": "b"}))).unwrap().subject, "b");
         assert_eq!(check("scheduler_pause_job", args(json!({"name": "b", "job_name": "b"}))).unwrap().subject, "b");
         assert!(check("scheduler_resume_job", Map::new()).is_err());
+    }
+
+    #[test]
+    fn a_backfill_window_is_two_instants_in_order() {
+        let ok = check("backfill_job", args(json!({"name": "a", "from": "2026-11-20T00:00:00Z", "to": "2026-11-21T00:00:00+01:00"})));
+        assert_eq!(ok.expect("ok").subject, "a");
+        let bad = check("backfill_job", args(json!({"name": "a", "from": "yesterday", "to": "2026-11-21T00:00:00Z"}))).unwrap_err();
+        assert_eq!(bad.field.as_deref(), Some("from"));
+        assert!(bad.message.contains("\"yesterday\" is not an RFC 3339 instant"), "{bad}");
+        let reversed = check("backfill_job", args(json!({"name": "a", "from": "2026-11-22T00:00:00Z", "to": "2026-11-21T00:00:00Z"})));
+        assert!(reversed.unwrap_err().message.contains("is after `to`"));
+        let no_def = check("create_job", args(json!({"name": "a"}))).unwrap_err();
+        assert_eq!(no_def.message, "invalid arguments for tool \"create_job\": missing field `definition`");
     }
 
     #[test]

@@ -25,6 +25,6 @@ pub use tools::{
     WorkflowInfo, WorkflowList,
 };
 pub use views::{
-    Approval, Decision, FireTime, JobDetail, JobPage, JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered,
-    WorkerLease, WorkerStatus,
+    Approval, Backfill, BackfillTick, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage, JobSaved, JobSummary,
+    RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, WorkerLease, WorkerStatus,
 };

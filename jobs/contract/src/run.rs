@@ -79,6 +79,8 @@ pub enum Trigger {
     CatchUp,
     Retry,
     Api,
+    /// A past tick run by `backfill_job`.
+    Backfill,
 }
 
 impl Trigger {
@@ -89,6 +91,7 @@ impl Trigger {
             Self::CatchUp => "catch_up",
             Self::Retry => "retry",
             Self::Api => "api",
+            Self::Backfill => "backfill",
         }
     }
 }
@@ -96,7 +99,7 @@ impl Trigger {
 impl std::str::FromStr for Trigger {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [Self::Cron, Self::Manual, Self::CatchUp, Self::Retry, Self::Api]
+        [Self::Cron, Self::Manual, Self::CatchUp, Self::Retry, Self::Api, Self::Backfill]
             .into_iter()
             .find(|x| x.as_str() == s)
             .ok_or_else(|| format!("unknown trigger \"{s}\""))

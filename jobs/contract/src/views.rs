@@ -33,6 +33,98 @@ pub struct JobSummary {
     pub paused_at: Option<DateTime<Utc>>,
     pub next_fire: Option<DateTime<Utc>>,
     pub last_run: Option<RunBrief>,
+    /// Where the job is defined: a config file, or at runtime by an MCP client.
+    pub origin: JobOrigin,
+}
+
+/// Where a job is defined.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobOrigin {
+    /// In the config files (read-only over MCP): `file:line:col` when known.
+    File { location: Option<String> },
+    /// Created at runtime (`create_job`): stored in the database, changed by `update_job`.
+    Runtime {
+        /// Counts every change of the name (pass it as `expected_version`).
+        version: u64,
+        created_by: String,
+        created_at: DateTime<Utc>,
+        updated_by: String,
+        updated_at: DateTime<Utc>,
+    },
+}
+
+/// One change of a runtime job, as its history keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct JobChange {
+    /// The version this change made.
+    pub version: u64,
+    /// `create`, `update` or `delete`.
+    pub action: String,
+    pub actor: String,
+    pub at: DateTime<Utc>,
+    /// The definition before the change (none for a create).
+    pub before: Option<serde_json::Value>,
+    /// The definition after the change (none for a delete).
+    pub after: Option<serde_json::Value>,
+}
+
+/// What `create_job` and `update_job` answer: the job as it is (or, with `dry_run`, would be)
+/// saved, and what its schedule does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct JobSaved {
+    pub name: String,
+    /// False for a dry run: nothing was saved.
+    pub saved: bool,
+    /// The version saved (with `dry_run`: the version it would get).
+    pub version: u64,
+    /// The definition as stored (JSON; YAML text given is parsed).
+    pub definition: serde_json::Value,
+    /// The job as the worker compiled it.
+    pub job: JobSummary,
+    /// Its next fire times in its zone and UTC, the daylight-saving changes they cross, and
+    /// warnings about the schedule; none for a job without one.
+    pub preview: Option<SchedulePreview>,
+    /// What compiles but looks wrong, each naming its field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// What `delete_job` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct JobDeleted {
+    pub name: String,
+    /// The version the delete made (the history's last entry).
+    pub version: u64,
+    /// Runs of the job asked to stop (`cancel_runs`); others in flight finish.
+    pub cancelled_runs: Vec<String>,
+}
+
+/// One tick of a backfill.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct BackfillTick {
+    pub scheduled_at: DateTime<Utc>,
+    /// The run created for it (none on a dry run, or when it already had one).
+    pub run_id: Option<String>,
+    /// The tick already had a run (it is not run again).
+    pub existing: bool,
+}
+
+/// What `backfill_job` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Backfill {
+    pub name: String,
+    pub dry_run: bool,
+    /// Every tick of the window, in order.
+    pub ticks: Vec<BackfillTick>,
+    /// Runs created (would be, on a dry run).
+    pub created: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,6 +182,12 @@ pub struct JobDetail {
     pub overlap: String,
     pub timeout_seconds: Option<u64>,
     pub max_retries: u32,
+    /// A runtime job's definition, as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<serde_json::Value>,
+    /// A runtime job's changes, newest first (the last 20; `lampctl jobs history` shows all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<JobChange>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -160,7 +160,7 @@ async fn due_runs_are_handed_over_once(s: &dyn RunStore) {
     let later = s.insert_run(manual("m", t + secs(30)), t).await.expect("insert").0;
     assert_eq!(s.next_due().await.expect("next due"), Some(t));
     let now = t + secs(1);
-    let due: Vec<String> = s.due_undispatched(now).await.expect("due").into_iter().map(|(id, _)| id).collect();
+    let due: Vec<String> = s.due_undispatched(now).await.expect("due").into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(due, ids, "due ones only, oldest first");
     let claimed = s.dispatch(&due[..2], &due[2..], ME, now).await.expect("dispatch");
     assert_eq!(claimed.iter().map(|h| h.run.id.clone()).collect::<Vec<_>>(), due[..2].to_vec());
@@ -282,7 +282,7 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     // The queued run is taken once more: through its task where the queue outlives workers
     // (PostgreSQL), or handed over again where recovery drops the queue (SQLite).
     let taken: Vec<String> = s.claim_queued(5, "worker-b", later).await.expect("claim").runs.into_iter().map(|h| h.run.id).collect();
-    let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _)| id).collect();
+    let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _, _)| id).collect();
     assert_eq!([taken, due].concat(), vec![ids[1].clone()], "the queued run is handed over exactly once");
     let waiting: Vec<String> = s.interrupted_without_follow_up().await.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(waiting, vec![ids[0].clone()]);

@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::Overlap;
 
 use crate::decide::{TickDecision, TickFacts, decide_tick};
+pub(crate) use crate::definitions::{ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob};
 pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
@@ -630,7 +631,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     // Handing runs over.
     /// Queued runs that are due and not handed over yet (id, job), oldest first, at most
     /// [`DUE_BATCH`].
-    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError>;
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String, Trigger)>, StoreError>;
     /// The earliest due instant of a queued run not handed over, or of a waiting run's
     /// `wait_until`.
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
@@ -730,6 +731,20 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
     /// Interrupted runs nobody has followed up yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
+
+    // Runtime jobs.
+    /// Every runtime job, by name.
+    async fn runtime_jobs(&self) -> Result<Vec<StoredJob>, StoreError>;
+    /// One runtime job.
+    async fn runtime_job(&self, name: &str) -> Result<Option<StoredJob>, StoreError>;
+    /// Creates, updates or deletes a runtime job, in one transaction with its history entry,
+    /// one change at a time across writers. A create starts the job's state afresh (no pause,
+    /// no last tick of an earlier job of the name); a delete drops it.
+    async fn change_job(&self, req: &ChangeRequest<'_>, now: DateTime<Utc>) -> Result<Result<Changed, Refused>, StoreError>;
+    /// A job's changes, newest first.
+    async fn job_history(&self, name: &str, limit: usize) -> Result<Vec<JobChangeRecord>, StoreError>;
+    /// The ticks in `from..=to` of `job` that have a run (of any attempt or trigger).
+    async fn ticks_with_runs(&self, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<HashSet<i64>, StoreError>;
 
     // Housekeeping.
     /// Deletes finished runs of a job beyond its retention (count and age), and its tick keys

@@ -18,11 +18,13 @@ use super::dialect::{
     step_from_row, values,
 };
 use super::{
-    ACTIVE, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobOverview, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision,
-    StoreError, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
+    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobOverview, JobState, NewRun, Refused,
+    RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease,
+    from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
-use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions};
+use crate::definitions::Change;
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
 /// Rows per multi-row statement: 19 columns × 1000 stays under both drivers' bound on
@@ -33,6 +35,23 @@ const ROWS_PER_STATEMENT: usize = 1000;
 const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
                           parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at)";
 const RUN_INSERT_COLS: usize = 19;
+
+/// The columns of a runtime job, for [`stored_job_from_row`].
+const DEFINITION_COLS: &str = "name, definition, version, created_by, created_at, updated_by, updated_at";
+
+/// A damaged definition reads as `null`: the job is then shown as one that does not compile,
+/// and can be updated or deleted, rather than vanishing.
+fn stored_job_from_row(r: &impl Record) -> StoredJob {
+    StoredJob {
+        name: r.text("name"),
+        definition: r.json("definition").unwrap_or(serde_json::Value::Null),
+        version: r.int("version").max(0) as u64,
+        created_by: r.text("created_by"),
+        created_at: from_ms(r.int("created_at")),
+        updated_by: r.text("updated_by"),
+        updated_at: from_ms(r.int("updated_at")),
+    }
+}
 
 /// Inserts runs, one multi-row statement per [`ROWS_PER_STATEMENT`].
 async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispatch<'_>)], now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -108,7 +127,7 @@ pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
 fn due_undispatched_sql<D: Dialect>() -> &'static str {
     sql!(
         D,
-        "SELECT id, job FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
+        "SELECT id, job, trigger FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
          ORDER BY due_at, enqueued_at LIMIT $2"
     )
 }
@@ -286,9 +305,13 @@ impl<D: Dialect> RunStore for D {
         Ok(())
     }
 
-    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String)>, StoreError> {
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String, Trigger)>, StoreError> {
         let q = Stmt::new(due_undispatched_sql::<D>(), "reading due runs").bind(ms(now)).bind(DUE_BATCH as i64);
-        Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(|r| (r.text("id"), r.text("job"))).collect())
+        Ok(D::fetch_all(&mut *self.reader().await?, q)
+            .await?
+            .iter()
+            .map(|r| (r.text("id"), r.text("job"), r.str("trigger").parse().unwrap_or(Trigger::Api)))
+            .collect())
     }
 
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -656,6 +679,143 @@ impl<D: Dialect> RunStore for D {
             "reading interrupted runs",
         );
         Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(run_from_row).collect())
+    }
+
+    async fn runtime_jobs(&self) -> Result<Vec<StoredJob>, StoreError> {
+        let q = Stmt::new(sql!(D, format!("SELECT {DEFINITION_COLS} FROM ll_job_definitions ORDER BY name")), "reading runtime jobs");
+        Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(stored_job_from_row).collect())
+    }
+
+    async fn runtime_job(&self, name: &str) -> Result<Option<StoredJob>, StoreError> {
+        let q = Stmt::new(sql!(D, format!("SELECT {DEFINITION_COLS} FROM ll_job_definitions WHERE name = $1")), "reading a runtime job");
+        Ok(D::fetch_optional(&mut *self.reader().await?, q.bind(name)).await?.as_ref().map(stored_job_from_row))
+    }
+
+    async fn change_job(&self, req: &ChangeRequest<'_>, now: DateTime<Utc>) -> Result<Result<Changed, Refused>, StoreError> {
+        let at = ms(now);
+        let mut tx = self.begin().await?;
+        // "" is no job's name: it stands for the table, so that changes (and the count a create
+        // checks) go one at a time across writers; the name itself orders them with its ticks.
+        D::lock_jobs(&mut tx, &["", req.name]).await?;
+        let q = Stmt::new(sql!(D, format!("SELECT {DEFINITION_COLS} FROM ll_job_definitions WHERE name = $1")), "reading a runtime job");
+        let current = D::fetch_optional(&mut tx, q.bind(req.name)).await?.as_ref().map(stored_job_from_row);
+        let q = Stmt::new(sql!(D, "SELECT coalesce(max(version), 0) AS v FROM ll_job_history WHERE job = $1"), "reading a job's history");
+        let last = D::fetch_optional(&mut tx, q.bind(req.name)).await?.map_or(0, |r| r.int("v"));
+        let version = last.max(current.as_ref().map_or(0, |c| c.version as i64)) + 1;
+        let refused = match (&req.change, &current) {
+            (Change::Create { .. }, Some(c)) => Some(Refused::Exists { version: c.version }),
+            (Change::Update { .. } | Change::Delete { .. }, None) => Some(Refused::Missing),
+            (Change::Update { expected: Some(e), .. } | Change::Delete { expected: Some(e) }, Some(c)) if *e != c.version => {
+                Some(Refused::Stale { expected: *e, current: c.version })
+            }
+            (Change::Create { max_jobs, .. }, None) => {
+                let q = Stmt::new(sql!(D, "SELECT count(*) AS n FROM ll_job_definitions"), "counting runtime jobs");
+                let n = D::fetch_optional(&mut tx, q).await?.map_or(0, |r| r.int("n"));
+                (n >= i64::from(*max_jobs)).then_some(Refused::Full { max: *max_jobs })
+            }
+            _ => None,
+        };
+        if let Some(refused) = refused {
+            D::rollback(tx).await?;
+            return Ok(Err(refused));
+        }
+        let before = current.as_ref().map(|c| c.definition.to_string());
+        let (after, changed) = match req.change {
+            Change::Create { definition, .. } => {
+                let text = definition.to_string();
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        "INSERT INTO ll_job_definitions (name, definition, version, created_by, created_at, updated_by, updated_at)
+                         VALUES ($1, $2, $3, $4, $5, $4, $5)"
+                    ),
+                    "saving a runtime job",
+                );
+                D::execute(&mut tx, q.bind(req.name).bind(text.as_str()).bind(version).bind(req.actor).bind(at)).await?;
+                // A name deleted and created again starts afresh: no pause, no ticks to catch up.
+                let q = Stmt::new(sql!(D, "DELETE FROM ll_job_state WHERE job = $1"), "clearing a job's state");
+                D::execute(&mut tx, q.bind(req.name)).await?;
+                let job = StoredJob {
+                    name: req.name.to_owned(),
+                    definition: definition.clone(),
+                    version: version as u64,
+                    created_by: req.actor.to_owned(),
+                    created_at: from_ms(at),
+                    updated_by: req.actor.to_owned(),
+                    updated_at: from_ms(at),
+                };
+                (Some(text), Changed::Saved(job))
+            }
+            Change::Update { definition, .. } => {
+                let text = definition.to_string();
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        "UPDATE ll_job_definitions SET definition = $2, version = $3, updated_by = $4, updated_at = $5 WHERE name = $1"
+                    ),
+                    "saving a runtime job",
+                );
+                D::execute(&mut tx, q.bind(req.name).bind(text.as_str()).bind(version).bind(req.actor).bind(at)).await?;
+                let mut job = current.clone().expect("checked above");
+                job.definition = definition.clone();
+                job.version = version as u64;
+                job.updated_by = req.actor.to_owned();
+                job.updated_at = from_ms(at);
+                (Some(text), Changed::Saved(job))
+            }
+            Change::Delete { .. } => {
+                let q = Stmt::new(sql!(D, "DELETE FROM ll_job_definitions WHERE name = $1"), "deleting a runtime job");
+                D::execute(&mut tx, q.bind(req.name)).await?;
+                let q = Stmt::new(sql!(D, "DELETE FROM ll_job_state WHERE job = $1"), "clearing a job's state");
+                D::execute(&mut tx, q.bind(req.name)).await?;
+                (None, Changed::Deleted { version: version as u64 })
+            }
+        };
+        let q = Stmt::new(
+            sql!(D, "INSERT INTO ll_job_history (job, version, action, before, after, actor, at) VALUES ($1, $2, $3, $4, $5, $6, $7)"),
+            "recording a job's change",
+        );
+        D::execute(&mut tx, q.bind(req.name).bind(version).bind(req.change.action()).bind(before).bind(after).bind(req.actor).bind(at))
+            .await?;
+        D::commit(tx).await?;
+        Ok(Ok(changed))
+    }
+
+    async fn job_history(&self, name: &str, limit: usize) -> Result<Vec<JobChangeRecord>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT version, action, before, after, actor, at FROM ll_job_history WHERE job = $1 ORDER BY version DESC LIMIT $2"),
+            "reading a job's history",
+        );
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(name).bind(limit.min(100_000) as i64)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| JobChangeRecord {
+                version: r.int("version").max(0) as u64,
+                action: r.text("action"),
+                before: r.json("before"),
+                after: r.json("after"),
+                actor: r.text("actor"),
+                at: from_ms(r.int("at")),
+            })
+            .collect())
+    }
+
+    async fn ticks_with_runs(&self, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<HashSet<i64>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT DISTINCT scheduled_at FROM ll_runs WHERE job = $1 AND scheduled_at >= $2 AND scheduled_at <= $3"),
+            "reading a job's ticks",
+        );
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(job).bind(ms(from)).bind(ms(to))).await?;
+        let mut out: HashSet<i64> = rows.iter().filter_map(|r| r.opt_int("scheduled_at")).collect();
+        // Tick keys are kept for an hour after their runs may be pruned.
+        let q = Stmt::new(
+            sql!(D, "SELECT scheduled_at FROM ll_ticks WHERE job = $1 AND scheduled_at >= $2 AND scheduled_at <= $3"),
+            "reading a job's tick keys",
+        );
+        out.extend(
+            D::fetch_all(&mut *self.reader().await?, q.bind(job).bind(ms(from)).bind(ms(to))).await?.iter().map(|r| r.int("scheduled_at")),
+        );
+        Ok(out)
     }
 
     async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError> {
