@@ -49,7 +49,8 @@ fn every_error_is_returned_at_once_naming_its_field() {
         (json!({"cron": "30 7 * * *", "agent": "ghost"}), vec!["agent: "]),
         (json!({"cron": "nope", "workflow": "nope", "overlap": "sometimes"}), vec!["workflow: ", "cron: ", "overlap: "]),
         (json!({"crn": "30 7 * * *", "workflow": "news-digest"}), vec!["definition: unknown field `crn`"]),
-        (json!("30 7 * * *"), vec!["definition: invalid type"]),
+        (json!("30 7 * * *"), vec!["definition: must be a job's entry"]),
+        (json!(42), vec!["definition: must be a job's entry"]),
         (json!({"cron": "30 7 * * *"}), vec!["definition: job \"j\" needs \"type\""]),
         (json!({"every": "1m", "retries": {"max": 3, "backoff": "sometimes"}, "workflow": "news-digest"}), vec!["retries.backoff: "]),
     ];
@@ -64,4 +65,36 @@ fn every_error_is_returned_at_once_naming_its_field() {
     assert!(named[0].starts_with("name: "), "{named:?}");
     let unknown = compile_job(&JobScope::of(&c), "j", &json!({"cron": "30 7 * * *", "workflow": "news-digst"})).unwrap_err();
     assert!(unknown[0].contains("did you mean \"news-digest\""), "{unknown:?}");
+}
+
+#[test]
+fn a_definition_may_be_yaml_text_and_must_be_an_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scope = JobScope::of(&config(tmp.path()));
+    let yaml = "cron: \"30 7 * * 1-5\"\nworkflow: news-digest\n";
+    let compiled = compile_job(&scope, "digest", &json!(yaml)).unwrap();
+    assert_eq!(compiled.definition, json!({"cron": "30 7 * * 1-5", "workflow": "news-digest"}));
+    assert_eq!(compiled.job.timezone, "Europe/Berlin");
+    let list = compile_job(&scope, "digest", &json!([1, 2])).unwrap_err();
+    assert_eq!(list.len(), 1);
+    assert!(list[0].starts_with("definition: must be a job's entry (an object"), "{list:?}");
+    assert!(list[0].ends_with("not an array"), "{list:?}");
+}
+
+#[test]
+fn manage_jobs_is_off_by_default_and_checked_when_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path());
+    let m = &c.worker.manage_jobs;
+    assert!(!m.enabled);
+    assert_eq!((m.max_jobs, m.max_backfill, m.max_definition_bytes), (1000, 100, 65536));
+    assert_eq!(m.working_directories, vec![c.data_dir.clone()]);
+    let text = format!(
+        "{CONFIG}worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n      targets: [\"workflow:*\", \"shell:x\"]\n      max_jobs: 0\n      working_directories: [jobs]\n"
+    );
+    std::fs::write(tmp.path().join("lamplighter.yaml"), text).unwrap();
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let err = load_with_env(&opts, |_| None).err().expect("refused").to_string();
+    assert!(err.contains("worker.mcp.manage_jobs.targets: \"shell:x\" does not start with workflow:, agent: or plugin:"), "{err}");
+    assert!(err.contains("worker.mcp.manage_jobs.max_jobs must be at least 1"), "{err}");
 }

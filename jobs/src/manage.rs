@@ -271,13 +271,10 @@ impl Engine {
                 self.shared.store().set_last_tick(name, now).await?;
             }
             let snapshot = config.snapshot_of(&job);
-            let batch: Vec<(NewRun, Overlap)> = new
-                .iter()
-                .enumerate()
-                .map(|(i, tick)| {
-                    (self.backfill_run(&job, &snapshot, *tick, now + chrono::Duration::milliseconds(i as i64)), Overlap::Queue)
-                })
-                .collect();
+            // Due now, all of them: they go in id order (ids sort by creation, and are made in
+            // tick order), each held until the one before it ends.
+            let batch: Vec<(NewRun, Overlap)> =
+                new.iter().map(|tick| (self.backfill_run(&job, &snapshot, *tick, now), Overlap::Queue)).collect();
             let outcomes = self.shared.store().fire_ticks(batch, Claim { worker: self.shared.worker_name(), slots: 0 }, now).await?;
             let mut pushed = false;
             for (tick, outcome) in new.iter().zip(outcomes) {

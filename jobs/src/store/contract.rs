@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
+use super::{ChangeRequest, Changed, Refused};
 use super::{Claim, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
+use crate::definitions::Change;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::snapshot::{JobSnapshot, TargetRef};
 
@@ -579,6 +581,66 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     assert_eq!(s.steps(&c).await.expect("steps").iter().map(|r| r.status).collect::<Vec<_>>(), [StepStatus::Cancelled]);
 }
 
+async fn change(s: &dyn RunStore, name: &str, change: Change<'_>, actor: &str, at: DateTime<Utc>) -> Result<Changed, Refused> {
+    s.change_job(&ChangeRequest { name, change, actor }, at).await.expect("change")
+}
+
+async fn runtime_jobs_keep_versions_history_and_refuse_stale_changes(s: &dyn RunStore) {
+    let t = t0();
+    let v1 = serde_json::json!({"cron": "30 7 * * 1-5", "workflow": "digest"});
+    let v2 = serde_json::json!({"cron": "0 8 * * 1-5", "workflow": "digest"});
+    let create = |d| Change::Create { definition: d, max_jobs: 2 };
+    let Ok(Changed::Saved(a)) = change(s, "a", create(&v1), "ana", t).await else { panic!("created") };
+    assert_eq!((a.version, a.created_by.as_str(), a.created_at, a.definition.clone()), (1, "ana", t, v1.clone()));
+    assert_eq!(change(s, "a", create(&v2), "bo", t).await, Err(Refused::Exists { version: 1 }));
+    // Stale and missing changes change nothing.
+    let stale = change(s, "a", Change::Update { definition: &v2, expected: Some(7) }, "bo", t).await;
+    assert_eq!(stale, Err(Refused::Stale { expected: 7, current: 1 }));
+    assert_eq!(change(s, "nope", Change::Delete { expected: None }, "bo", t).await, Err(Refused::Missing));
+    let Ok(Changed::Saved(b)) = change(s, "a", Change::Update { definition: &v2, expected: Some(1) }, "bo", t + secs(5)).await else {
+        panic!("updated")
+    };
+    assert_eq!((b.version, b.created_by.as_str(), b.updated_by.as_str(), b.updated_at), (2, "ana", "bo", t + secs(5)));
+    assert_eq!(s.runtime_job("a").await.expect("read"), Some(b.clone()));
+    // The limit counts the jobs there are.
+    assert!(change(s, "b", create(&v1), "ana", t).await.is_ok());
+    assert_eq!(change(s, "c", create(&v1), "ana", t).await, Err(Refused::Full { max: 2 }));
+    assert_eq!(s.runtime_jobs().await.expect("all").iter().map(|j| j.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    // A pause and a last tick of the job are dropped with it: a name created again starts afresh,
+    // and continues the version count.
+    s.set_paused("a", true, Some("x"), t).await.expect("pause");
+    s.set_last_tick("a", t).await.expect("tick");
+    assert_eq!(change(s, "a", Change::Delete { expected: Some(2) }, "cy", t + secs(9)).await, Ok(Changed::Deleted { version: 3 }));
+    assert_eq!(s.runtime_job("a").await.expect("read"), None);
+    let Ok(Changed::Saved(again)) = change(s, "a", create(&v1), "dee", t + secs(10)).await else { panic!("created again") };
+    assert_eq!(again.version, 4);
+    assert_eq!(s.job_state("a").await.expect("state"), JobState::default());
+    let history = s.job_history("a", 10).await.expect("history");
+    let summary: Vec<(u64, &str, &str, bool, bool)> =
+        history.iter().map(|h| (h.version, h.action.as_str(), h.actor.as_str(), h.before.is_some(), h.after.is_some())).collect();
+    assert_eq!(
+        summary,
+        [
+            (4, "create", "dee", false, true),
+            (3, "delete", "cy", true, false),
+            (2, "update", "bo", true, true),
+            (1, "create", "ana", false, true)
+        ]
+    );
+    assert_eq!((history[2].before.as_ref(), history[2].after.as_ref()), (Some(&v1), Some(&v2)));
+    assert_eq!(s.job_history("a", 1).await.expect("history").len(), 1);
+}
+
+async fn a_window_knows_which_ticks_have_runs(s: &dyn RunStore) {
+    let t = t0();
+    s.fire_ticks(vec![(tick("j", t), Overlap::Allow), (tick("j", t + secs(60)), Overlap::Allow)], none(0), t).await.expect("fire");
+    s.insert_run(manual("j", t + secs(90)), t).await.expect("manual");
+    let found = s.ticks_with_runs("j", t, t + secs(120)).await.expect("ticks");
+    assert_eq!(found, [t.timestamp_millis(), (t + secs(60)).timestamp_millis()].into_iter().collect());
+    assert!(s.ticks_with_runs("j", t + secs(1), t + secs(59)).await.expect("ticks").is_empty());
+    assert!(s.ticks_with_runs("other", t, t + secs(120)).await.expect("ticks").is_empty());
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -601,6 +663,8 @@ macro_rules! contract {
                 waits_decisions_and_step_records,
                 agent_calls_and_resuming_rejections,
                 listing_changes_move_with_what_a_listing_shows,
+                runtime_jobs_keep_versions_history_and_refuse_stale_changes,
+                a_window_knows_which_ticks_have_runs,
             );
         }
     };

@@ -128,7 +128,7 @@ fn due_undispatched_sql<D: Dialect>() -> &'static str {
     sql!(
         D,
         "SELECT id, job, trigger FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
-         ORDER BY due_at, enqueued_at LIMIT $2"
+         ORDER BY due_at, enqueued_at, id LIMIT $2"
     )
 }
 
