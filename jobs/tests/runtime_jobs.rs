@@ -57,7 +57,8 @@ fn at(m: i64) -> DateTime<Utc> {
 #[tokio::test]
 async fn a_runtime_job_fires_once_per_tick_across_a_restart_and_stops_when_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config_with(dir.path(), MANAGED, "every: 1h\ntype: plugin\nplugin: file-save\naction: save\nparameters: {path: j.txt, content: j}");
+    let cfg =
+        config_with(dir.path(), MANAGED, "every: 1h\ntype: plugin\nplugin: file-save\naction: save\nparameters: {path: j.txt, content: j}");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
     assert!(engine.manages_jobs());
@@ -166,7 +167,9 @@ async fn a_bad_definition_is_answered_with_every_field_named_and_nothing_saved()
     assert!(e.iter().any(|m| m.starts_with("cron: ")), "{e:#?}");
     assert!(e.iter().any(|m| m.starts_with("timezone: ")), "{e:#?}");
     assert!(e.iter().any(|m| m.starts_with("workflow: ")), "{e:#?}");
-    let e = errors(engine.create_job(request("r", json!({"every": "1m", "plugin": "file-save", "action": "shred"}))).await.expect_err("action"));
+    let e = errors(
+        engine.create_job(request("r", json!({"every": "1m", "plugin": "file-save", "action": "shred"}))).await.expect_err("action"),
+    );
     assert!(e[0].starts_with("action: plugin action \"file-save.shred\" does not exist; known actions: "), "{e:#?}");
     // shell-exec is not a runtime job's target unless the operator says so.
     let shell = json!({"every": "1m", "plugin": "shell-exec", "action": "run", "parameters": {"command": "rm -rf /"}});

@@ -103,3 +103,90 @@ async fn a_database_from_before_run_identity_keeps_its_runs_pauses_and_history()
     assert_eq!(listed.last_run.as_ref().map(|r| (r.id.as_str(), r.status)), Some((queued.id.as_str(), RunStatus::Succeeded)));
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Our migrations whose file names sort at or before `upto`, applied as the release that had
+/// only those left them (apalis's tables come with today's start).
+async fn migrate_up_to<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, backend: &str, upto: &str)
+where
+    <DB as sqlx::Database>::Connection: sqlx::migrate::Migrate,
+{
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations").join(backend);
+    let old = tempfile::tempdir().expect("tempdir");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&src).expect("migrations") {
+        let name = entry.expect("entry").file_name().into_string().expect("utf-8");
+        if name.ends_with(".sql") && name.as_str() <= upto {
+            std::fs::copy(src.join(&name), old.path().join(&name)).expect("copy");
+            n += 1;
+        }
+    }
+    assert!(n > 0, "no migrations up to {upto}");
+    let mut ours = sqlx::migrate::Migrator::new(old.path()).await.expect("migrator");
+    ours.set_ignore_missing(true);
+    ours.run(pool).await.expect("the previous release's migrations");
+}
+
+/// A run and a pause as the previous release wrote them.
+const OLD_RUN: &str = "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, output, worker)
+                       VALUES ('0190a000-0000-7000-8000-00000000000a', 'j', 'cron', 'succeeded', $1, $1, $1, $1, $1, 1, '{\"saved\":true}', 'old-worker')";
+const OLD_PAUSE: &str = "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at, last_tick) VALUES ('j', true, 'kept', $1, $1)";
+
+/// What the previous release's database must still show, and that runtime jobs work on it.
+async fn the_previous_release_is_kept(cfg: &lamplighter_config::Config) {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(cfg, &clock).await;
+    let old = engine.get_run("0190a000-0000-7000-8000-00000000000a").await.expect("the old run is kept");
+    assert_eq!((old.status, old.output.clone()), (RunStatus::Succeeded, Some(serde_json::json!({"saved": true}))));
+    let job = engine.get_job("j", 1).await.expect("job");
+    assert_eq!((job.summary.paused, job.summary.pause_reason.as_deref()), (true, Some("kept")));
+    assert!(job.history.is_empty() && job.definition.is_none(), "a file job has no runtime history");
+    let request = lamplighter_jobs::JobRequest {
+        name: "added".into(),
+        definition: serde_json::json!({"every": "1h", "plugin": "file-save", "action": "save"}),
+        expected_version: None,
+        dry_run: false,
+        actor: "upgrade test".into(),
+    };
+    assert_eq!(engine.create_job(request).await.expect("runtime jobs work on the upgraded database").version, 1);
+    assert_eq!(engine.get_job("added", 1).await.expect("added").history.len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+const MANAGED: &str = "worker:\n  mcp:\n    manage_jobs: {enabled: true}\n";
+
+#[tokio::test]
+async fn a_sqlite_database_of_the_previous_release_keeps_its_history_and_takes_runtime_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = support::config_with(dir.path(), MANAGED, &format!("cron: \"0 * * * *\"\n{QUICK}"));
+    let lamplighter_config::StorageConfig::Sqlite { path } = &cfg.storage else { panic!("sqlite by default") };
+    std::fs::create_dir_all(path.parent().expect("data dir")).expect("mkdir");
+    let opts = SqliteConnectOptions::new().filename(path).create_if_missing(true);
+    let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts).await.expect("open");
+    migrate_up_to(&pool, "sqlite", "0010_listing_changes.sql").await;
+    let t = ms(t0() - chrono::Duration::hours(1));
+    sqlx::query(OLD_RUN).bind(t).execute(&pool).await.expect("old run");
+    sqlx::query(OLD_PAUSE).bind(t).execute(&pool).await.expect("old pause");
+    pool.close().await;
+    the_previous_release_is_kept(&cfg).await;
+}
+
+#[tokio::test]
+async fn a_postgres_database_of_the_previous_release_keeps_its_history_and_takes_runtime_jobs() {
+    let cluster = lamplighter_tests::pg::Cluster::start();
+    let pool = sqlx::PgPool::connect(&cluster.url()).await.expect("connect");
+    migrate_up_to(&pool, "postgres", "0003_runs_by_job_and_id.sql").await;
+    let t = ms(t0() - chrono::Duration::hours(1));
+    sqlx::query(OLD_RUN).bind(t).execute(&pool).await.expect("old run");
+    sqlx::query(OLD_PAUSE).bind(t).execute(&pool).await.expect("old pause");
+    pool.close().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "framework:\n  data_dir: {}\n{MANAGED}scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{}\"\n  jobs:\n    j:\n      cron: \"0 * * * *\"\n      type: plugin\n      plugin: file-save\n      action: save\n",
+        dir.path().join("data").display(),
+        cluster.url()
+    );
+    std::fs::write(dir.path().join("lamplighter.yaml"), text).expect("write");
+    let opts = lamplighter_config::LoadOptions { path: Some(dir.path().join("lamplighter.yaml")), cwd: Some(dir.path().to_path_buf()) };
+    let cfg = lamplighter_config::load(&opts).unwrap_or_else(|e| panic!("{e}")).config;
+    the_previous_release_is_kept(&cfg).await;
+}

@@ -36,3 +36,17 @@ pub fn debian_packages(packages: &[&str], why: &str, present: impl Fn() -> bool)
     }
     assert!(present(), "{why}: installed {}, but still not found", packages.join(" "));
 }
+
+/// The python of a venv with the official Python MCP SDK (`.ci/python-mcp.sh`, once per
+/// machine and test process).
+pub fn python_mcp() -> std::path::PathBuf {
+    static PYTHON: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/python-mcp.sh");
+            let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+            assert!(out.status.success(), ".ci/python-mcp.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}

@@ -13,6 +13,7 @@ mod conformance;
 mod contract;
 mod deploy;
 mod lifecycle;
+mod manage_jobs;
 mod mcp;
 mod packaging;
 mod postgres;

@@ -374,3 +374,59 @@ fn a_database_restart_under_load_loses_nothing() {
     }
     assert!(ticks.values().all(|n| *n == 1), "no tick doubled across the restart: {ticks:?}");
 }
+
+/// A job created at runtime through one worker is heard of by the others (NOTIFY) and fires
+/// once per tick across the three; a delete through another stops it everywhere.
+#[test]
+fn a_runtime_job_created_through_one_worker_fires_once_per_tick_and_a_delete_through_another_stops_it() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "managed");
+    let url = cluster.url_of("managed");
+    let managed = |name: &str| {
+        let w = Worker::new("");
+        let text = format!(
+            "framework:\n  data_dir: {data}\nworker:\n  name: {name}\n  lease: 3s\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n    manage_jobs: {{enabled: true}}\n\
+             scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 4\n  jobs: {{}}\n",
+            data = w.dir.path().join("data").display(),
+            port = w.port,
+        );
+        std::fs::write(w.config_path(), text).unwrap();
+        w
+    };
+    let (mut a, mut b, mut c) = (managed("m-a"), managed("m-b"), managed("m-c"));
+    a.start();
+    b.start();
+    c.start();
+    let file = a.dir.path().join("pulse.yaml");
+    std::fs::write(&file, "cron: \"* * * * * *\"\nplugin: file-save\naction: save\nparameters: {path: p.txt, content: p}\n").unwrap();
+    let (code, out, err) = a.ctl(&["jobs", "create", "pulse", "-f", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    // The others have it, without a reload.
+    for w in [&b, &c] {
+        poll(
+            "the other workers to hear of the job",
+            Duration::from_secs(10),
+            || w.ctl(&["jobs", "show", "pulse"]).1.contains("defined:      at runtime, version 1").then_some(()),
+            || w.log(),
+        );
+    }
+    let runs = db.wait_for("ten ticks of the runtime job", Duration::from_secs(30), &[&a, &b, &c], |r| {
+        r.iter().filter(|r| r.job == "pulse" && r.status == "succeeded").count() >= 10
+    });
+    let mut ticks: Vec<i64> = runs.iter().filter(|r| r.job == "pulse").filter_map(|r| r.scheduled_at).collect();
+    let all = ticks.len();
+    ticks.sort();
+    ticks.dedup();
+    assert_eq!(ticks.len(), all, "a tick fired twice: {runs:#?}");
+
+    let (code, out, err) = b.ctl(&["jobs", "delete", "pulse", "--expected-version", "1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let deleted_at = now_ms();
+    std::thread::sleep(Duration::from_secs(4));
+    let late: Vec<Run> =
+        db.runs().into_iter().filter(|r| r.job == "pulse" && r.scheduled_at.is_some_and(|t| t > deleted_at + 1_000)).collect();
+    assert!(late.is_empty(), "ticks after the delete: {late:#?}");
+    let (code, _, err) = c.ctl(&["jobs", "show", "pulse"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("was deleted by mcp client lampctl"), "{err}");
+}

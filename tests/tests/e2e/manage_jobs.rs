@@ -1,0 +1,204 @@
+//! An assistant manages schedules over MCP, with the official Python SDK as its client: it
+//! previews a schedule, creates a job and sees it fire, changes it with the right and a stale
+//! version, finds it again after a restart, deletes it and backfills another; every bad input
+//! is answered naming its field. `lampctl jobs export` gives YAML the files accept, and a
+//! worker that does not allow management does not list the tools.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Worker, repo_root, run_cli};
+
+/// The runtime jobs' target: a plugin action a runtime job may run by default.
+const SAVE: &str = r#""plugin": "file-save", "action": "save", "parameters": {"path": "out.txt", "content": "x"}"#;
+
+fn managed_worker(extra: &str) -> Worker {
+    let w = Worker::new("");
+    let jobs =
+        "hourly:\n  type: plugin\n  plugin: file-save\n  action: save\n  cron: \"0 * * * *\"\n  parameters: {path: h.txt, content: h}";
+    w.write_config(jobs, &format!("manage_jobs:\n  enabled: true\n{extra}"));
+    w
+}
+
+/// The tools' answers to `calls`, through the official Python SDK: `[{"tools": …}, answer…]`.
+fn sdk(w: &Worker, calls: Value) -> Vec<Value> {
+    let python = lamplighter_tests::setup::python_mcp();
+    let script = repo_root().join("tests/clients/mcp_calls.py");
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .arg(w.url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), calls.to_string().as_bytes()).expect("write calls");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("python runs");
+    assert!(out.status.success(), "the SDK client failed:\n{}\nworker log:\n{}", String::from_utf8_lossy(&out.stderr), w.log());
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    v.as_array().expect("an array").clone()
+}
+
+fn ok(answer: &Value) -> &Value {
+    assert_eq!(answer["is_error"], json!(false), "{answer:#}");
+    &answer["structured"]
+}
+
+fn refused(answer: &Value) -> &str {
+    assert_eq!(answer["is_error"], json!(true), "{answer:#}");
+    answer["text"].as_str().expect("text")
+}
+
+fn def(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn an_mcp_client_previews_creates_changes_deletes_and_backfills_jobs() {
+    let mut w = managed_worker("");
+    w.start();
+    let every_second = def(&format!(r#"{{"every": "1s", {SAVE}}}"#));
+    let answers = sdk(
+        &w,
+        json!([
+            ["preview_schedule", {"cron": "30 7 * * 1-5", "timezone": "Europe/Berlin", "count": 100}],
+            ["create_job", {"name": "tick", "definition": every_second, "dry_run": true}],
+            ["create_job", {"name": "tick", "definition": every_second}],
+            ["create_job", {"name": "bad", "definition": {"cron": "61 * * * *", "timezone": "Mars/Olympus", "workflow": "nope"}}],
+            ["create_job", {"name": "bad", "definition": def(r#"{"every": "1m", "plugin": "file-save", "action": "shred"}"#)}],
+            ["create_job", {"name": "bad", "definition": def(r#"{"every": "1m", "plugin": "shell-exec", "action": "run", "parameters": {"command": "id"}}"#)}],
+            ["create_job", {"name": "hourly", "definition": every_second}],
+            ["create_job", {"name": "bad", "definition": {"every": "1m", "plugin": "file-save", "action": "save", "parameters": {"content": "x".repeat(70_000)}}}],
+            ["create_job", {"name": "bad"}],
+        ]),
+    );
+    let tools: Vec<&str> = answers[0]["tools"].as_array().expect("tools").iter().filter_map(Value::as_str).collect();
+    for t in ["create_job", "update_job", "delete_job", "backfill_job", "preview_schedule"] {
+        assert!(tools.contains(&t), "{t} listed: {tools:?}");
+    }
+    let preview = ok(&answers[1]);
+    assert!(preview["notes"].as_array().expect("notes").iter().any(|n| n.as_str().unwrap_or("").contains("daylight-saving")), "{preview}");
+    let dry = ok(&answers[2]);
+    assert_eq!((dry["saved"].as_bool(), dry["version"].as_u64()), (Some(false), Some(1)));
+    assert_eq!(dry["preview"]["next_fires"].as_array().expect("fires").len(), 10);
+    let created = ok(&answers[3]);
+    assert_eq!((created["saved"].as_bool(), created["version"].as_u64()), (Some(true), Some(1)));
+    let bad = refused(&answers[4]);
+    for field in ["\n- cron: ", "\n- timezone: ", "\n- workflow: "] {
+        assert!(bad.contains(field), "{field}: {bad}");
+    }
+    assert!(refused(&answers[5]).contains("- action: plugin action \"file-save.shred\" does not exist"), "{}", answers[5]);
+    assert!(refused(&answers[6]).contains("- action: runtime jobs may not run plugin shell-exec.run"), "{}", answers[6]);
+    let taken = refused(&answers[7]);
+    assert!(taken.contains("job \"hourly\" is defined in the config files (") && taken.contains("lamplighter.yaml:"), "{taken}");
+    assert!(refused(&answers[8]).contains("- definition: is 700"), "{}", answers[8]);
+    assert!(answers[9]["protocol_error"].as_str().is_some_and(|e| e.contains("definition")), "{}", answers[9]);
+
+    // It fires, every second, from now on.
+    let runs = w.wait_for("the runtime job to fire", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.job == "tick" && r.status == "succeeded").count() >= 2
+    });
+    let ticks: Vec<i64> = runs.iter().filter(|r| r.job == "tick").filter_map(|r| r.scheduled_at).collect();
+    let mut unique = ticks.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ticks.len(), "once per tick: {runs:#?}");
+
+    let hourly = def(&format!(r#"{{"cron": "0 3 * * *", "timezone": "Europe/Berlin", {SAVE}}}"#));
+    let answers = sdk(
+        &w,
+        json!([
+            ["update_job", {"name": "tick", "definition": hourly, "expected_version": 7}],
+            ["update_job", {"name": "tick", "definition": hourly, "expected_version": 1}],
+        ]),
+    );
+    assert!(refused(&answers[1]).contains("is at version 1, not 7"), "{}", answers[1]);
+    assert_eq!(ok(&answers[2])["version"].as_u64(), Some(2));
+    let fired = w.runs().iter().filter(|r| r.job == "tick").count();
+
+    // After a restart it is still there, at its version, and no longer fires every second.
+    w.signal("TERM");
+    w.wait_exit(Duration::from_secs(10));
+    w.start();
+    std::thread::sleep(Duration::from_secs(2));
+    let answers = sdk(
+        &w,
+        json!([["get_job", {"name": "tick"}], ["delete_job", {"name": "tick", "expected_version": 2}], ["get_job", {"name": "tick"}]]),
+    );
+    let job = ok(&answers[1]);
+    assert_eq!(job["origin"]["kind"], "runtime", "{job}");
+    assert_eq!(job["origin"]["version"], 2, "{job}");
+    assert!(job["origin"]["created_by"].as_str().is_some_and(|b| b.starts_with("mcp client ")), "{job}");
+    assert_eq!(job["schedule"], "cron: 0 3 * * *");
+    let history: Vec<&str> = job["history"].as_array().expect("history").iter().filter_map(|h| h["action"].as_str()).collect();
+    assert_eq!(history, ["update", "create"]);
+    assert_eq!(w.runs().iter().filter(|r| r.job == "tick").count(), fired, "not every second any more");
+    assert_eq!(ok(&answers[2])["version"].as_u64(), Some(3));
+    assert!(refused(&answers[3]).contains("job \"tick\" was deleted by mcp client "), "{}", answers[3]);
+
+    // Backfill the file job's last three hours: once without runs, once with.
+    let now = chrono::Utc::now();
+    let (from, to) = ((now - chrono::Duration::hours(3)).to_rfc3339(), (now - chrono::Duration::seconds(1)).to_rfc3339());
+    let answers = sdk(
+        &w,
+        json!([
+            ["backfill_job", {"name": "hourly", "from": from, "to": to, "dry_run": true}],
+            ["backfill_job", {"name": "hourly", "from": from, "to": to}],
+        ]),
+    );
+    let dry = ok(&answers[1]);
+    assert_eq!((dry["created"].as_u64(), dry["ticks"].as_array().expect("ticks").len()), (Some(3), 3), "{dry}");
+    assert_eq!(ok(&answers[2])["created"].as_u64(), Some(3));
+    let runs = w.wait_for("the backfill to run", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.job == "hourly" && r.trigger == "backfill" && r.status == "succeeded").count() == 3
+    });
+    let ticks: Vec<i64> = runs.iter().filter(|r| r.trigger == "backfill").filter_map(|r| r.scheduled_at).collect();
+    assert!(ticks.iter().all(|t| t % 3_600_000 == 0), "on the hour: {ticks:?}");
+    let again = sdk(&w, json!([["backfill_job", {"name": "hourly", "from": from, "to": to}]]));
+    let again = ok(&again[1]);
+    assert_eq!(again["created"].as_u64(), Some(0), "{again}");
+    assert!(again["ticks"].as_array().expect("ticks").iter().all(|t| t["existing"] == json!(true)), "{again}");
+}
+
+#[test]
+fn runtime_jobs_export_as_yaml_the_files_accept() {
+    let mut w = managed_worker("");
+    w.start();
+    let file = w.dir.path().join("digest.yaml");
+    std::fs::write(&file, "description: \"Weekday: digest\"\ncron: \"30 7 * * 1-5\"\ntimezone: Europe/Berlin\nplugin: file-save\naction: save\nparameters:\n  path: d.txt\n  content: \"a: b\"\nretries: {max: 2, backoff: fixed, initial: 30s}\n").expect("write");
+    let (code, out, err) = w.ctl(&["jobs", "create", "digest", "-f", file.to_str().expect("path")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("job \"digest\" saved, version 1"), "{out}");
+    let (code, yaml, err) = w.ctl(&["jobs", "export"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(yaml.contains("    digest:\n"), "{yaml}");
+    // The exported jobs, alone in a config of their own, validate.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("lamplighter.yaml"), &yaml).expect("write");
+    let (code, out, err) = run_cli(&["config", "validate", "--config", "lamplighter.yaml"], dir.path());
+    assert_eq!(code, 0, "exported YAML validates:\n{yaml}\n{out}{err}");
+    assert!(out.contains("1 jobs"), "{out}");
+    let (code, history, _) = w.ctl(&["jobs", "history", "digest"]);
+    assert_eq!(code, 0);
+    assert!(history.contains("create") && history.contains("mcp client lampctl"), "{history}");
+    let (code, _, err) = w.ctl(&["jobs", "delete", "digest", "--expected-version", "9"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is at version 1, not 9"), "{err}");
+}
+
+#[test]
+fn a_worker_that_does_not_allow_management_does_not_list_the_tools() {
+    let mut w = Worker::new("hourly:\n  type: plugin\n  plugin: file-save\n  action: save\n  cron: \"0 * * * *\"");
+    w.start();
+    let answers = sdk(&w, json!([["create_job", {"name": "x", "definition": {"every": "1m", "workflow": "w"}}]]));
+    let tools: Vec<&str> = answers[0]["tools"].as_array().expect("tools").iter().filter_map(Value::as_str).collect();
+    assert!(
+        tools.contains(&"list_jobs")
+            && !tools.iter().any(|t| t.ends_with("_job") && ["create", "update", "delete", "backfill"].iter().any(|p| t.starts_with(p))),
+        "{tools:?}"
+    );
+    assert!(refused(&answers[1]).contains("worker.mcp.manage_jobs.enabled: true"), "{}", answers[1]);
+}
