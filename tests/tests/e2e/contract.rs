@@ -255,13 +255,15 @@ fn lampctl_prints_what_the_snapshots_say_for_the_real_workers_answers() {
     s.snaps.assert_all();
 }
 
-/// Every tool's name, description, annotations, input schema and output schema, as served.
+/// Every tool's name, description, annotations, input schema and output schema, as served by a
+/// worker that lets clients manage jobs (so the job-changing tools are listed too).
 #[test]
 fn every_tool_schema_is_the_one_in_the_snapshot() {
     use rmcp::ServiceExt;
     use rmcp::transport::StreamableHttpClientTransport;
 
     let mut w = Worker::new("");
+    w.write_config("", "manage_jobs: {enabled: true}");
     w.start();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let tools = rt.block_on(async {
