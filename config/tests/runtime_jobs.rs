@@ -94,7 +94,8 @@ fn manage_jobs_is_off_by_default_and_checked_when_given() {
     );
     std::fs::write(tmp.path().join("lamplighter.yaml"), text).unwrap();
     let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
-    let err = load_with_env(&opts, |_| None).err().expect("refused").to_string();
+    let Err(err) = load_with_env(&opts, |_| None) else { panic!("a bad manage_jobs is refused") };
+    let err = err.to_string();
     assert!(err.contains("worker.mcp.manage_jobs.targets: \"shell:x\" does not start with workflow:, agent: or plugin:"), "{err}");
     assert!(err.contains("worker.mcp.manage_jobs.max_jobs must be at least 1"), "{err}");
 }
