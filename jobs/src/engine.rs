@@ -112,8 +112,10 @@ impl Shared {
     /// swaps in the config with it; the scheduler replans.
     pub(crate) async fn refresh_job(&self, name: &str) -> Result<(), StoreError> {
         let stored = self.store.runtime_job(name).await?;
-        self.config.set_runtime_job(name, stored);
-        self.signals.publish(Signal::JobChanged);
+        // Already in force (this worker saved it): nothing to replan.
+        if self.config.set_runtime_job(name, stored) {
+            self.signals.publish(Signal::JobChanged);
+        }
         Ok(())
     }
 
@@ -127,8 +129,9 @@ impl Shared {
 
     /// Puts a runtime job saved (or deleted) here in force at once, and tells every worker.
     pub(crate) fn apply_runtime_job(&self, name: &str, stored: Option<crate::definitions::StoredJob>) {
-        self.config.set_runtime_job(name, stored);
-        self.signals.publish(Signal::JobChanged);
+        if self.config.set_runtime_job(name, stored) {
+            self.signals.publish(Signal::JobChanged);
+        }
         self.signals.publish(Signal::DefinitionChanged(name.to_owned()));
     }
 

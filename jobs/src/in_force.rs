@@ -197,24 +197,25 @@ impl InForce {
     }
 
     /// One runtime job as stored now: saved (`Some`), or deleted. An older version than the
-    /// one in force is ignored (two changes heard out of order).
-    pub(crate) fn set_runtime_job(&self, name: &str, stored: Option<StoredJob>) {
+    /// one in force is ignored (two changes heard out of order). Whether anything changed.
+    pub(crate) fn set_runtime_job(&self, name: &str, stored: Option<StoredJob>) -> bool {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         match stored {
             Some(s) => {
                 if sources.runtime.get(name).is_some_and(|c| c.stored.version >= s.version) {
-                    return;
+                    return false;
                 }
                 let compiled = Compiled::of(s, &sources.files, &self.registry);
                 sources.runtime.insert(name.to_owned(), compiled);
             }
             None => {
                 if sources.runtime.remove(name).is_none() {
-                    return;
+                    return false;
                 }
             }
         }
         self.publish(&sources);
+        true
     }
 
     /// Builds the snapshot from the sources and swaps it in.
