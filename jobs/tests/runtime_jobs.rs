@@ -238,6 +238,36 @@ async fn a_runtime_job_whose_workflow_leaves_the_files_is_shown_disabled() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+#[tokio::test]
+async fn a_delete_lets_runs_in_flight_finish_unless_asked_to_cancel_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let allow_shell = "worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n      targets: [\"plugin:shell-exec.*\"]\n      allowed_commands: [\"sleep *\"]\n";
+    let cfg = config_with(dir.path(), allow_shell, "every: 1h\ntype: plugin\nplugin: file-save\naction: save");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    let sleeper = json!({"every": "1h", "plugin": "shell-exec", "action": "run", "parameters": {"command": "sleep 30"}});
+    let saved = engine.create_job(request("s", sleeper.clone())).await.expect("create");
+    let e = engine.create_job(request("t", json!({"every": "1h", "plugin": "shell-exec", "action": "run", "allowed_commands": ["rm *"]})));
+    let e = e.await.expect_err("a wider command list");
+    assert!(e.to_string().contains("allowed_commands: \"rm *\" is not among the commands"), "{e}");
+    assert_eq!(saved.version, 1);
+    let run = engine.trigger_job("s", Default::default()).await.expect("trigger").run_id;
+    support::until_run(&engine, &run, "the run to start", |r| r.status == RunStatus::Running).await;
+    let deleted = engine.delete_job("s", Some(1), true, "mcp client ana").await.expect("delete");
+    assert_eq!(deleted.cancelled_runs, vec![run.clone()]);
+    let ended = support::ended(&engine, &run).await;
+    assert_eq!(ended.status, RunStatus::Cancelled, "{ended:#?}");
+    assert!(ended.error.as_deref().is_some_and(|e| e.contains("its job \"s\" was deleted by mcp client ana")), "{ended:#?}");
+    // Without `cancel_runs`, a run in flight finishes as it would have.
+    let short = json!({"every": "1h", "plugin": "shell-exec", "action": "run", "parameters": {"command": "sleep 1"}});
+    engine.create_job(request("short", short)).await.expect("create");
+    let run = engine.trigger_job("short", Default::default()).await.expect("trigger").run_id;
+    support::until_run(&engine, &run, "the run to start", |r| r.status == RunStatus::Running).await;
+    assert!(engine.delete_job("short", None, false, "mcp client ana").await.expect("delete").cancelled_runs.is_empty());
+    assert_eq!(support::ended(&engine, &run).await.status, RunStatus::Succeeded);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// Records the ticks it runs, and how many ran at once.
 #[derive(Default)]
 struct Recording {

@@ -181,12 +181,22 @@ fn runtime_jobs_export_as_yaml_the_files_accept() {
     let (code, out, err) = run_cli(&["config", "validate", "--config", "lamplighter.yaml"], dir.path());
     assert_eq!(code, 0, "exported YAML validates:\n{yaml}\n{out}{err}");
     assert!(out.contains("1 jobs"), "{out}");
+    // Edited in $VISUAL (here a sed that changes the zone), saved against the version opened.
+    let out = std::process::Command::new(crate::support::ctl_bin())
+        .args(["--url", &w.url(), "jobs", "edit", "digest"])
+        .env("VISUAL", "sed -i s#Europe/Berlin#America/New_York#")
+        .output()
+        .expect("lampctl");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.starts_with("job \"digest\" saved, version 2") && stdout.contains("(America/New_York)"), "{stdout}");
     let (code, history, _) = w.ctl(&["jobs", "history", "digest"]);
     assert_eq!(code, 0);
     assert!(history.contains("create") && history.contains("mcp client lampctl"), "{history}");
+    assert!(history.lines().nth(1).is_some_and(|l| l.contains("update") && l.ends_with("timezone")), "{history}");
     let (code, _, err) = w.ctl(&["jobs", "delete", "digest", "--expected-version", "9"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("is at version 1, not 9"), "{err}");
+    assert!(err.contains("is at version 2, not 9"), "{err}");
 }
 
 #[test]
