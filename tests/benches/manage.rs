@@ -17,7 +17,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{SAVE, Worker, jobs_yaml, read_rows, summary};
+use common::{SAVE, Worker, burst_spreads, jobs_yaml, read_rows, summary};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -83,16 +83,7 @@ fn burst(label: &str, mut w: Worker, seconds: u64) {
         (r.get("scheduled_at"), r.get("due_at"), r.get("started_at"))
     });
     summary(&format!("{label}: start lateness ms"), rows.iter().filter_map(|x| Some(x.2? - x.1)).collect());
-    let mut by_tick: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
-    for x in &rows {
-        if let (Some(t), Some(s)) = (x.0, x.2) {
-            let e = by_tick.entry(t).or_insert((i64::MAX, i64::MIN, 0));
-            e.0 = e.0.min(s);
-            e.1 = e.1.max(s);
-            e.2 += 1;
-        }
-    }
-    let spreads: Vec<i64> = by_tick.values().filter(|v| v.2 >= 900).map(|v| v.1 - v.0).collect();
-    println!("{label}: bursts {} (runs per burst: {:?})", spreads.len(), by_tick.values().map(|v| v.2).collect::<Vec<_>>());
+    let (spreads, per_tick) = burst_spreads(rows.iter().map(|x| (x.0, x.2)), 900);
+    println!("{label}: bursts {} (runs per burst: {per_tick:?})", spreads.len());
     summary(&format!("{label}: burst spread ms"), spreads);
 }

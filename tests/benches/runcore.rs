@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{SAVE, Worker, bin, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
+use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -71,17 +71,8 @@ fn burst(seconds: u64) {
     let exit = w.stop();
     let r = runs(&w.db());
     summary("start lateness ms", r.iter().filter_map(|x| Some(x.2? - x.1)).collect());
-    let mut by_tick: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
-    for x in &r {
-        if let (Some(t), Some(s)) = (x.0, x.2) {
-            let e = by_tick.entry(t).or_insert((i64::MAX, i64::MIN, 0));
-            e.0 = e.0.min(s);
-            e.1 = e.1.max(s);
-            e.2 += 1;
-        }
-    }
-    let spreads: Vec<i64> = by_tick.values().filter(|v| v.2 >= 900).map(|v| v.1 - v.0).collect();
-    println!("bursts: {} (runs per burst: {:?})", spreads.len(), by_tick.values().map(|v| v.2).collect::<Vec<_>>());
+    let (spreads, per_tick) = burst_spreads(r.iter().map(|x| (x.0, x.2)), 900);
+    println!("bursts: {} (runs per burst: {per_tick:?})", spreads.len());
     summary("burst spread ms (last start − first start)", spreads);
     // Independent of what the worker records: when each action really wrote its file.
     let mut real: Vec<i64> = Vec::new();

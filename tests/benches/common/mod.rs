@@ -218,3 +218,20 @@ pub(crate) fn summary(label: &str, mut v: Vec<i64>) {
     }
     println!("{label}: n {} p50 {} p99 {} max {}", v.len(), pct_up(&v, 0.5), pct_up(&v, 0.99), v[v.len() - 1]);
 }
+
+/// Per tick of a burst: the spread of its starts (last − first, ms) for ticks that started at
+/// least `min_runs` runs, and the number of runs of every tick, in tick order. `runs` are
+/// `(scheduled_at, started_at)`.
+pub(crate) fn burst_spreads(runs: impl Iterator<Item = (Option<i64>, Option<i64>)>, min_runs: usize) -> (Vec<i64>, Vec<usize>) {
+    let mut by_tick: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
+    for (tick, started) in runs {
+        if let (Some(t), Some(s)) = (tick, started) {
+            let e = by_tick.entry(t).or_insert((i64::MAX, i64::MIN, 0));
+            e.0 = e.0.min(s);
+            e.1 = e.1.max(s);
+            e.2 += 1;
+        }
+    }
+    let spreads = by_tick.values().filter(|v| v.2 >= min_runs).map(|v| v.1 - v.0).collect();
+    (spreads, by_tick.values().map(|v| v.2).collect())
+}
