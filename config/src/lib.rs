@@ -24,9 +24,9 @@ pub use ai::{
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, name_matches,
 };
 pub use compile::{
-    Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig,
-    JobScope, ManageJobs, McpAuth, McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig,
-    WorkerConfig, compile_job, inert_job,
+    ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
+    JobConfig, JobScope, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target,
+    WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};

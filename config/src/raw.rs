@@ -370,6 +370,12 @@ pub(crate) struct WorkerMcp {
     pub(crate) host: Option<String>,
     pub(crate) port: Option<u16>,
     pub(crate) auth: Option<Auth>,
+    /// Host names the worker may be reached by, beyond loopback and `host` (e.g. the name a
+    /// remote `lampctl` uses); also `$LAMPLIGHTER_ALLOWED_HOSTS`, comma-separated.
+    pub(crate) allowed_hosts: Option<Vec<String>>,
+    /// TLS on the worker's listener (`cert_file`, `key_file`, optional `client_ca_file` for
+    /// mutual TLS), or `terminated_by_proxy: true` for a TLS-terminating proxy in front.
+    pub(crate) tls: Option<Tls>,
     /// Jobs created, changed and deleted at runtime over MCP (off by default).
     pub(crate) manage_jobs: Option<ManageJobs>,
 }
@@ -403,7 +409,33 @@ pub(crate) struct Auth {
     /// `none` or `bearer`.
     #[serde(rename = "type")]
     pub(crate) kind: Option<String>,
+    /// One token with every right (the `manage` role).
     pub(crate) token: Option<String>,
+    /// Named tokens, each with a role: `read`, `operate` or `manage`.
+    pub(crate) tokens: Option<Vec<Token>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Token {
+    /// Who holds it: recorded as the actor of what it does.
+    pub(crate) name: Option<String>,
+    pub(crate) token: Option<String>,
+    /// `read` (lists, gets, follow, resources), `operate` (+ pause, resume, trigger, cancel,
+    /// approve, reject, run workflows) or `manage` (+ create, change, delete and backfill
+    /// jobs; reload).
+    pub(crate) role: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Tls {
+    pub(crate) cert_file: Option<String>,
+    pub(crate) key_file: Option<String>,
+    /// Clients must present a certificate signed by this CA (mutual TLS).
+    pub(crate) client_ca_file: Option<String>,
+    /// TLS ends at a proxy in front of the worker, which listens in plain HTTP behind it.
+    pub(crate) terminated_by_proxy: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -14,25 +14,42 @@ use crate::cli::{
     ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, ScheduleCommand, StartArgs,
     ToolsCommand, WorkflowsCommand,
 };
-use crate::client::Client;
+use crate::client::{Client, Connection};
 use crate::error::{CtlError, Failure};
 use crate::render;
 
 /// Runs one command to completion on a single-threaded runtime (lampctl does one thing at a
 /// time; starting worker threads would only cost start-up time).
 pub(crate) fn run(cli: Cli) -> Result<(), CtlError> {
-    let Cli { url, token, output, command } = cli;
-    // An empty $LAMPLIGHTER_TOKEN means no token, not an empty one.
-    let token = token.filter(|token| !token.trim().is_empty());
+    let Cli { url, token, ca_cert, client_cert, client_key, context, output, command } = cli;
+    // The contexts are lampctl's own: no worker is asked.
+    match &command {
+        Command::Config { command: ConfigCommand::UseContext { name } } => return emit(&crate::contexts::use_context(name)?),
+        Command::Config { command: ConfigCommand::GetContexts } => return emit(&crate::contexts::get_contexts()?),
+        Command::Config { command: ConfigCommand::SetContext { name, token_command } } => {
+            let set = crate::contexts::Context {
+                url,
+                token: token.filter(|t| !t.trim().is_empty()),
+                token_command: token_command.clone(),
+                ca_cert,
+                client_cert,
+                client_key,
+            };
+            return emit(&crate::contexts::set_context(name, set)?);
+        }
+        _ => {}
+    }
     let action = match plan(command)? {
         Action::Local(local) => return local.run(),
         action => action,
     };
+    let given = Connection { url: url.unwrap_or_default(), token, ca_cert, client_cert, client_key };
+    let conn = crate::contexts::resolve(given, context.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|error| CtlError::new(Failure::Local, format!("cannot start the I/O runtime: {error}")))?;
-    runtime.block_on(execute(&url, token.as_deref(), output, action))
+    runtime.block_on(execute(&conn, output, action))
 }
 
 /// One request to the worker.
@@ -213,6 +230,9 @@ fn plan(command: Command) -> Result<Action, CtlError> {
         Command::Agents { command: ListCommand::List } => call("list_agents", none(), View::Agents),
         Command::Plugins { command: ListCommand::List } => call("list_plugins", none(), View::Plugins),
         Command::Config { command: ConfigCommand::Reload } => call("reload_config", none(), View::Reloaded),
+        Command::Config { command: ConfigCommand::UseContext { .. } | ConfigCommand::GetContexts | ConfigCommand::SetContext { .. } } => {
+            unreachable!("answered in `run` without a worker")
+        }
         Command::Tools { command } => match command {
             ToolsCommand::List => Action::ListTools,
             ToolsCommand::Call { name, json } => Action::Call { tool: name, arguments: json.unwrap_or_default(), view: View::Raw },
@@ -252,8 +272,8 @@ fn decide(tool: &str, decision: DecisionArgs) -> Action {
     call(tool, arguments, View::Decision)
 }
 
-async fn execute(url: &str, token: Option<&str>, output: Output, action: Action) -> Result<(), CtlError> {
-    let client = Client::connect(url, token).await?;
+async fn execute(conn: &Connection, output: Output, action: Action) -> Result<(), CtlError> {
+    let client = Client::connect(conn).await?;
     let outcome = match action {
         Action::ListTools => list_tools(&client, output).await,
         Action::Follow { id } => follow_interruptibly(&client, output, &id).await,

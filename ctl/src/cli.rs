@@ -24,13 +24,30 @@ const RUN_STATUSES: [&str; RunStatus::ALL.len()] = {
 #[derive(Debug, Parser)]
 #[command(name = "lampctl", version = lamplighter_contract::VERSION, about = "Control a lamplighter worker over MCP", propagate_version = true)]
 pub(crate) struct Cli {
-    /// The worker's MCP endpoint
-    #[arg(long, global = true, env = "LAMPLIGHTER_URL", default_value = DEFAULT_URL, value_name = "URL")]
-    pub(crate) url: String,
+    /// The worker's MCP endpoint [default: the context's, else http://127.0.0.1:5100/mcp]
+    #[arg(long, global = true, env = "LAMPLIGHTER_URL", value_name = "URL")]
+    pub(crate) url: Option<String>,
 
     /// Bearer token for the worker (without the "Bearer " prefix)
     #[arg(long, global = true, env = "LAMPLIGHTER_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub(crate) token: Option<String>,
+
+    /// The CA certificate (PEM) the worker's certificate must chain to, for a private CA
+    #[arg(long, global = true, env = "LAMPLIGHTER_CA_CERT", value_name = "FILE")]
+    pub(crate) ca_cert: Option<std::path::PathBuf>,
+
+    /// A client certificate (PEM), for a worker that asks for one (mutual TLS)
+    #[arg(long, global = true, env = "LAMPLIGHTER_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    pub(crate) client_cert: Option<std::path::PathBuf>,
+
+    /// The client certificate's private key (PEM)
+    #[arg(long, global = true, env = "LAMPLIGHTER_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    pub(crate) client_key: Option<std::path::PathBuf>,
+
+    /// A context from lampctl's config file (default: its current context); flags and
+    /// environment variables win over what it says
+    #[arg(long, global = true, env = "LAMPLIGHTER_CONTEXT", value_name = "NAME")]
+    pub(crate) context: Option<String>,
 
     /// Output: tables for people, or the tool's structured content as JSON for scripts
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
@@ -351,6 +368,23 @@ pub(crate) struct DecisionArgs {
 pub(crate) enum ConfigCommand {
     /// Reload the worker's configuration (an invalid one is refused and the old one kept)
     Reload,
+    /// Make a context the current one (lampctl's config file)
+    UseContext {
+        /// The context's name
+        name: String,
+    },
+    /// List the contexts in lampctl's config file
+    GetContexts,
+    /// Create a context, or change it: it keeps the --url, --token, --ca-cert and
+    /// --client-cert/--client-key given with this command (or their environment variables)
+    SetContext {
+        /// The context's name
+        name: String,
+        /// A command that prints the token, run each time the context is used (instead of
+        /// storing the token)
+        #[arg(long, value_name = "COMMAND")]
+        token_command: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -507,7 +541,7 @@ mod tests {
     #[test]
     fn global_flags_are_accepted_after_the_subcommand() {
         let cli = Cli::try_parse_from(["lampctl", "jobs", "list", "--url", "http://h:1/mcp", "--token", "t", "-o", "json"]).unwrap();
-        assert_eq!(cli.url, "http://h:1/mcp");
+        assert_eq!(cli.url.as_deref(), Some("http://h:1/mcp"));
         assert_eq!(cli.token.as_deref(), Some("t"));
         assert_eq!(cli.output, Output::Json);
     }

@@ -48,12 +48,25 @@ pub(crate) struct Client {
     token: Option<String>,
 }
 
+/// Where and how to reach a worker: from flags, the environment, or a context.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Connection {
+    pub(crate) url: String,
+    pub(crate) token: Option<String>,
+    /// The CA (PEM) the worker's certificate must chain to, instead of the system's roots.
+    pub(crate) ca_cert: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for a worker that asks for one (mutual TLS).
+    pub(crate) client_cert: Option<std::path::PathBuf>,
+    pub(crate) client_key: Option<std::path::PathBuf>,
+}
+
 impl Client {
     /// Connects and completes the MCP handshake: `server/discover` for a current worker (one
     /// round trip, no session), falling back to `initialize` for an older one.
-    pub(crate) async fn connect(url: &str, token: Option<&str>) -> Result<Self, CtlError> {
-        let target = Target { url: url.to_owned(), token_given: token.is_some() };
-        let http = http_client(url)?;
+    pub(crate) async fn connect(conn: &Connection) -> Result<Self, CtlError> {
+        let (url, token) = (conn.url.as_str(), conn.token.as_deref());
+        let target = Target { url: url.to_owned(), token_given: token.is_some(), ca: conn.ca_cert.clone() };
+        let http = http_client(conn)?;
         let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
         if let Some(token) = token {
             config = config.auth_header(token.to_owned());
@@ -226,7 +239,8 @@ impl ClientHandler for Handler {
 /// The HTTP client under the MCP transport. Built here rather than by rmcp so that a plain
 /// `http://` URL does not load (or fail on a missing) system CA store, a dead address fails
 /// within [`CONNECT_TIMEOUT`], and a loopback worker is not sent through `$HTTP_PROXY`.
-fn http_client(url: &str) -> Result<reqwest::Client, CtlError> {
+fn http_client(conn: &Connection) -> Result<reqwest::Client, CtlError> {
+    let url = conn.url.as_str();
     let parsed = reqwest::Url::parse(url)
         .map_err(|error| CtlError::new(Failure::Usage, format!("--url \"{url}\" is not a URL ({error}); the default is {DEFAULT_URL}")))?;
     let mut builder = reqwest::Client::builder()
@@ -236,9 +250,39 @@ fn http_client(url: &str) -> Result<reqwest::Client, CtlError> {
         .pool_max_idle_per_host(0)
         // A redirect would resend the token somewhere else; report it instead.
         .redirect(reqwest::redirect::Policy::none());
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|error| CtlError::new(Failure::Usage, format!("cannot read the {what} {}: {error}", path.display())))
+    };
     match parsed.scheme() {
         "http" => builder = builder.tls_certs_only(std::iter::empty::<reqwest::Certificate>()),
-        "https" => {}
+        "https" => {
+            if let Some(ca) = &conn.ca_cert {
+                let pem = read("CA certificate (--ca-cert)", ca)?;
+                let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
+                    CtlError::new(
+                        Failure::Usage,
+                        format!("--ca-cert {}: not PEM certificates: {}", ca.display(), one_line(&chain(&error), MAX_DETAIL)),
+                    )
+                })?;
+                builder = builder.tls_certs_only(certs);
+            }
+            match (&conn.client_cert, &conn.client_key) {
+                (Some(cert), Some(key)) => {
+                    let mut pem = read("client certificate (--client-cert)", cert)?;
+                    pem.push(b'\n');
+                    pem.extend(read("client key (--client-key)", key)?);
+                    let identity = reqwest::Identity::from_pem(&pem).map_err(|error| {
+                        CtlError::new(
+                            Failure::Usage,
+                            format!("--client-cert/--client-key: not a PEM certificate and key: {}", one_line(&chain(&error), MAX_DETAIL)),
+                        )
+                    })?;
+                    builder = builder.identity(identity);
+                }
+                (None, None) => {}
+                _ => return Err(CtlError::new(Failure::Usage, "--client-cert and --client-key go together".to_owned())),
+            }
+        }
         other => {
             return Err(CtlError::new(
                 Failure::Usage,
@@ -364,6 +408,8 @@ enum Problem {
     NotMcp(String),
     /// The connection ended before the answer arrived.
     Lost,
+    /// The worker's TLS certificate is not trusted (the detail says why).
+    Untrusted(String),
     /// Anything else, in rmcp's words.
     Other(String),
 }
@@ -373,6 +419,8 @@ enum Problem {
 struct Target {
     url: String,
     token_given: bool,
+    /// `--ca-cert`, if given (else the system's roots were used).
+    ca: Option<std::path::PathBuf>,
 }
 
 impl Target {
@@ -409,6 +457,16 @@ impl Target {
                 format!("lost the connection to the worker at {url} before it answered; check that it is still running, then retry")
             }
             Problem::Other(detail) => format!("cannot talk to the worker at {url}: {}", one_line(&detail, MAX_DETAIL)),
+            Problem::Untrusted(detail) => {
+                let checked = match &self.ca {
+                    Some(ca) => format!("the CA in {} (--ca-cert)", ca.display()),
+                    None => "the system's trusted CAs".to_owned(),
+                };
+                format!(
+                    "the worker at {url} presented a TLS certificate lampctl does not trust ({}), checked against {checked}; if a private CA signed it, pass that CA with --ca-cert FILE (or ca_cert in the context)",
+                    one_line(&detail, MAX_DETAIL)
+                )
+            }
         };
         CtlError::new(Failure::Unreachable, message)
     }
@@ -472,13 +530,31 @@ fn status_in(text: &str) -> Option<u16> {
 }
 
 fn reqwest_problem(error: &reqwest::Error) -> Problem {
-    if error.is_timeout() {
+    if let Some(detail) = untrusted(error) {
+        Problem::Untrusted(detail)
+    } else if error.is_timeout() {
         Problem::TimedOut
     } else if error.is_connect() {
         Problem::Unreachable(connect_detail(error))
     } else {
         Problem::Other(chain(error))
     }
+}
+
+/// The certificate error in `error`'s chain, if the worker's certificate was refused (rustls
+/// reports it inside an I/O error).
+fn untrusted(error: &(dyn StdError + 'static)) -> Option<String> {
+    let mut current = Some(error);
+    while let Some(cause) = current {
+        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
+            cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(e @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)) = tls {
+            return Some(e.to_string());
+        }
+        current = cause.source();
+    }
+    None
 }
 
 /// "connection refused" when that is what happened, else the innermost cause (for an
@@ -530,8 +606,12 @@ mod tests {
 
     const URL: &str = "http://127.0.0.1:5100/mcp";
 
+    fn at(url: &str, token: Option<&str>) -> Connection {
+        Connection { url: url.to_owned(), token: token.map(str::to_owned), ..Default::default() }
+    }
+
     fn target(token_given: bool) -> Target {
-        Target { url: URL.to_owned(), token_given }
+        Target { url: URL.to_owned(), token_given, ca: None }
     }
 
     fn transport_error(error: HttpError) -> ClientInitializeError {
@@ -661,7 +741,7 @@ mod tests {
     #[test]
     fn bad_urls_are_usage_errors() {
         for url in ["127.0.0.1:5100/mcp", "ftp://host/mcp", "not a url"] {
-            let error = http_client(url).unwrap_err();
+            let error = http_client(&Connection { url: url.to_owned(), ..Default::default() }).unwrap_err();
             assert_eq!(error.exit_code(), 2, "{url}: {error}");
         }
         assert!(is_loopback(&reqwest::Url::parse("http://[::1]:5100/mcp").unwrap()));
@@ -712,7 +792,7 @@ mod tests {
     async fn a_closed_port_is_unreachable_with_connection_refused() {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let url = format!("http://127.0.0.1:{port}/mcp");
-        let error = Client::connect(&url, None).await.err().expect("nothing listens there");
+        let error = Client::connect(&at(&url, None)).await.err().expect("nothing listens there");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(
             error.to_string(),
@@ -723,7 +803,7 @@ mod tests {
     #[tokio::test]
     async fn a_401_with_a_challenge_is_a_refused_token() {
         let url = canned_server("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        let error = Client::connect(&url, Some("wrong")).await.err().expect("401");
+        let error = Client::connect(&at(&url, Some("wrong"))).await.err().expect("401");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(error.to_string(), "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN");
     }
@@ -731,7 +811,7 @@ mod tests {
     #[tokio::test]
     async fn a_401_without_a_challenge_asks_for_a_token() {
         let url = canned_server("HTTP/1.1 401 Unauthorized\r\nContent-Length: 12\r\nConnection: close\r\n\r\nunauthorized");
-        let error = Client::connect(&url, None).await.err().expect("401");
+        let error = Client::connect(&at(&url, None)).await.err().expect("401");
         assert_eq!(error.exit_code(), 3);
         assert_eq!(error.to_string(), "the worker requires a token (401); set --token or $LAMPLIGHTER_TOKEN");
     }
@@ -739,7 +819,7 @@ mod tests {
     #[tokio::test]
     async fn a_403_names_the_token_and_the_host() {
         let url = canned_server("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        let error = Client::connect(&url, Some("t")).await.err().expect("403");
+        let error = Client::connect(&at(&url, Some("t"))).await.err().expect("403");
         assert_eq!(error.exit_code(), 3);
         assert!(error.to_string().starts_with("the worker refused the request (403)"), "{error}");
     }
@@ -747,7 +827,7 @@ mod tests {
     #[tokio::test]
     async fn a_404_is_a_wrong_url() {
         let url = canned_server("HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found");
-        let error = Client::connect(&url, None).await.err().expect("404");
+        let error = Client::connect(&at(&url, None)).await.err().expect("404");
         assert_eq!(error.exit_code(), 3);
         assert!(error.to_string().starts_with(&format!("nothing serves MCP at {url} (HTTP 404)")), "{error}");
     }

@@ -6,6 +6,7 @@
 mod app;
 mod cli;
 mod client;
+mod contexts;
 mod error;
 #[cfg(test)]
 mod footprint;

@@ -8,6 +8,7 @@
 pub mod llm;
 pub mod otlp;
 pub mod pg;
+pub mod pki;
 pub mod proc;
 pub mod setup;
 pub mod snapshot;

@@ -67,6 +67,9 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
                 }
             }
         }
+        if let Err(why) = crate::tls::check(&c.worker.tls) {
+            diags.push(Diagnostic::error(c.locate(&["worker", "mcp", "tls"]), why));
+        }
         if let Some(why) = crate::telemetry::check(&c.telemetry, |n| std::env::var(n).ok()) {
             match purpose {
                 Purpose::Check => diags.push(Diagnostic::error(c.locate(&["telemetry"]), format!("telemetry: {why}"))),

@@ -18,6 +18,7 @@ mod summary;
 mod systemd;
 mod tasks;
 mod telemetry;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

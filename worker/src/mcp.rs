@@ -33,6 +33,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use lamplighter_config::Role;
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
     self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs,
@@ -46,6 +47,7 @@ use lamplighter_jobs::{
     RunFilter, RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
+use crate::security::Caller;
 use crate::summary::summary;
 use crate::tasks::{Follow, Tasks};
 use crate::{prompts, resources};
@@ -59,6 +61,31 @@ pub(crate) enum Read {
     Job(JobDetail),
     Runs(RunPage),
     Run(RunDetail),
+}
+
+/// The role each tool needs (`worker.mcp.auth.tokens`): reads, then what operates runs, then
+/// what changes jobs or the config.
+pub(crate) fn tool_role(tool: &str) -> Role {
+    match tool {
+        "pause_job"
+        | "resume_job"
+        | "trigger_job"
+        | "cancel_run"
+        | "approve_step"
+        | "reject_step"
+        | "run_workflow"
+        | "scheduler_trigger_job"
+        | "scheduler_pause_job"
+        | "scheduler_resume_job" => Role::Operate,
+        "create_job" | "update_job" | "delete_job" | "backfill_job" | "reload_config" => Role::Manage,
+        _ => Role::Read,
+    }
+}
+
+/// Who calls: the caller the HTTP guard admitted, or (stdio, where the client launched the
+/// worker itself) a trusted one.
+pub(crate) fn caller_of(extensions: &rmcp::model::Extensions) -> Caller {
+    extensions.get::<axum::http::request::Parts>().and_then(|parts| parts.extensions.get::<Caller>()).cloned().unwrap_or(Caller::TRUSTED)
 }
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
@@ -121,10 +148,11 @@ impl Control {
         &self.engine
     }
 
-    /// The tools served now: the job-changing ones only while `worker.mcp.manage_jobs` is on.
-    fn served(&self) -> impl Iterator<Item = &Tool> {
+    /// The tools served now to a caller of `role`: those its role allows, and the job-changing
+    /// ones only while `worker.mcp.manage_jobs` is on.
+    fn served(&self, role: Role) -> impl Iterator<Item = &Tool> {
         let manage = self.engine.manages_jobs();
-        self.listed.iter().filter(move |t| manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref()))
+        self.listed.iter().filter(move |t| (manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref())) && tool_role(&t.name) <= role)
     }
 
     /// Counts a call `direct.rs` answered from what it kept.
@@ -592,7 +620,13 @@ impl Control {
 
     /// Records a decision; `decided_by` defaults to the MCP client's name.
     async fn decide(&self, a: DecisionArgs, approve: bool, ctx: &RequestContext<RoleServer>) -> Result<Json<Decision>, Failure> {
-        let decided_by = a.decided_by.unwrap_or_else(|| client_name(ctx));
+        // A named token is always on the record: what a client says about who decided is kept
+        // beside it, never instead of it.
+        let decided_by = match (a.decided_by, caller_of(&ctx.extensions).token) {
+            (Some(by), Some(token)) => format!("{by} (token {token})"),
+            (Some(by), None) => by,
+            (None, _) => client_name(ctx),
+        };
         let request = DecisionRequest { run_id: a.run_id, step: a.step, approve, comment: a.comment, decided_by };
         Ok(Json(self.engine.decide(request).await?))
     }
@@ -697,9 +731,13 @@ impl Control {
 }
 
 /// Who a call comes from, as records name it: the MCP client's name.
-/// The request's own client info first (clients at 2026-07-28 send it with each request),
-/// else the session's.
+/// Who a call comes from, as records name it: the token's name when tokens have names, else
+/// the MCP client's (the request's own client info first: clients at 2026-07-28 send it with
+/// each request; else the session's).
 fn client_name(ctx: &RequestContext<RoleServer>) -> String {
+    if let Some(token) = caller_of(&ctx.extensions).token {
+        return format!("token {token}");
+    }
     match ctx.client_info().or_else(|| ctx.peer.peer_info().map(|i| i.client_info.clone())) {
         Some(info) => format!("mcp client {}", info.name),
         None => "mcp client".to_string(),
@@ -785,6 +823,18 @@ impl ServerHandler for Control {
         if self.tools.get(&name).is_none() {
             return Err(ErrorData::invalid_params(format!("unknown tool \"{name}\"; known tools: {}", TOOL_ORDER.join(", ")), None));
         }
+        let caller = caller_of(&context.extensions);
+        let needs = tool_role(&name);
+        if needs > caller.role {
+            self.observer.mcp_request(&name, false);
+            let who = caller.token.as_deref().map(|t| format!("token \"{t}\"")).unwrap_or_else(|| "this caller".into());
+            return Ok(tool_error(format!(
+                "tool \"{name}\" needs the {} role; {who} has the {} role (worker.mcp.auth.tokens)",
+                needs.as_str(),
+                caller.role.as_str()
+            ))
+            .into());
+        }
         if let Some(response) = self.as_task(&request, &context).await {
             self.observer.mcp_request(&name, response.is_ok());
             return response;
@@ -823,7 +873,7 @@ impl ServerHandler for Control {
         let cache_hints = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         Ok(ListToolsResult {
             result_type: Some(ResultType::COMPLETE),
-            tools: self.served().cloned().collect(),
+            tools: self.served(caller_of(&context.extensions).role).cloned().collect(),
             meta: None,
             next_cursor: None,
             ttl_ms: cache_hints.then_some(0),
@@ -832,7 +882,7 @@ impl ServerHandler for Control {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.served().find(|t| t.name == name).cloned()
+        self.served(Role::Manage).find(|t| t.name == name).cloned()
     }
 
     // rmcp's defaults answer these with empty lists even though the capability is not declared.

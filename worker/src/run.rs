@@ -13,7 +13,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, Disabled, McpAuth, McpTransport, TelemetryConfig, WorkerConfig};
+use lamplighter_config::{Config, Disabled, McpAuth, McpTls, McpTransport, TelemetryConfig, WorkerConfig};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
@@ -83,10 +83,17 @@ async fn serve(
     metrics: Arc<PullReader>,
 ) -> ExitCode {
     let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-    if !host.is_loopback() && config.worker.auth == McpAuth::None {
-        eprintln!("error: refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1");
+    if let Some(why) = exposed_without_protection(host, &config.worker) {
+        eprintln!("error: {why}");
         return ExitCode::from(2);
     }
+    let tls = match crate::tls::Tls::load(&config.worker.tls) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // Storage first: its lock says whether this worker may run at all, before it takes a port.
     let targets = Arc::new(BuiltinTargets::new(registry.clone()));
     let options = EngineOptions {
@@ -113,13 +120,6 @@ async fn serve(
         }
     };
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    // Answers are small and written in more than one piece: without TCP_NODELAY, Nagle's
-    // algorithm holds the last piece until the client's delayed ACK (~40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
-        }
-    });
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
     // Handlers before anything says "ready": a SIGHUP (`systemctl reload`) or SIGTERM that
     // follows READY=1 at once must reload or drain, not find the default action (exit).
@@ -159,6 +159,7 @@ async fn serve(
         registry: registry.clone(),
         observer: observer.clone(),
         listening: config.worker.clone(),
+        tls: tls.clone(),
         telemetry: config.telemetry.clone(),
         grace: config.worker.shutdown_grace,
     };
@@ -173,7 +174,29 @@ async fn serve(
     let control = Control::new(engine.clone(), reload_requests, http_stop.clone(), observer);
     let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)), metrics);
     let stop = http_stop.clone();
-    let http = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await });
+    let http = match tls {
+        Some(tls) => {
+            let listener = match crate::tls::TlsListener::new(listener, tls) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!("cannot serve TLS on {local}: {e}");
+                    engine.shutdown(reloader.grace).await;
+                    return ExitCode::FAILURE;
+                }
+            };
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
+        }
+        None => {
+            // Answers are small and written in more than one piece: without TCP_NODELAY,
+            // Nagle's algorithm holds the last piece until the client's delayed ACK (~40 ms).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
+                }
+            });
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await })
+        }
+    };
     // Pings end when the drain starts: systemd stops expecting them at STOPPING=1.
     let watchdog_stop = CancellationToken::new();
     if let Some(n) = &notifier {
@@ -247,6 +270,28 @@ async fn serve(
     ExitCode::SUCCESS
 }
 
+/// Why a listener on `host` would expose the worker unprotected: off loopback it needs auth, and
+/// TLS in the worker or a TLS-terminating proxy stated in front.
+pub(crate) fn exposed_without_protection(host: std::net::IpAddr, worker: &WorkerConfig) -> Option<String> {
+    if host.is_loopback() {
+        return None;
+    }
+    let no_auth = worker.auth == McpAuth::None;
+    let no_tls = worker.tls == McpTls::Off;
+    match (no_auth, no_tls) {
+        (false, false) => None,
+        (true, true) => Some(format!(
+            "refusing to listen on {host} without auth and without TLS; set worker.mcp.auth (type: bearer) and worker.mcp.tls (cert_file and key_file, or terminated_by_proxy: true behind a TLS-terminating proxy), or listen on 127.0.0.1"
+        )),
+        (true, false) => {
+            Some(format!("refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1"))
+        }
+        (false, true) => Some(format!(
+            "refusing to listen on {host} without TLS: the bearer token would cross the network in clear text; set worker.mcp.tls (cert_file and key_file), or worker.mcp.tls.terminated_by_proxy: true when a TLS-terminating proxy is in front, or listen on 127.0.0.1 (and reach it through an SSH tunnel)"
+        )),
+    }
+}
+
 /// The one reload path after start: SIGHUP and the `reload_config` tool both call
 /// [`Reloader::reload`]. A config that does not load is rejected whole; the running one stays.
 struct Reloader {
@@ -259,6 +304,8 @@ struct Reloader {
     observer: Arc<Observer>,
     /// `worker.mcp` as the listener was started with; changes there need a restart.
     listening: WorkerConfig,
+    /// The TLS settings served, when the worker serves TLS itself: re-read on reload.
+    tls: Option<Arc<crate::tls::Tls>>,
     /// `telemetry` as exporters were set up with; changes there need a restart.
     telemetry: TelemetryConfig,
     /// `worker.shutdown_grace` of the config in force.
@@ -294,6 +341,12 @@ impl Reloader {
                     return Err(why.lines().map(|l| format!("error: {l}")).collect());
                 }
                 self.grace = config.worker.shutdown_grace;
+                if let Some(tls) = &self.tls {
+                    match tls.reload(&config.worker.tls) {
+                        Ok(()) => tracing::info!("TLS certificates read again"),
+                        Err(e) => tracing::warn!("{e}; the certificates in use stay"),
+                    }
+                }
                 let w = &config.worker;
                 let l = &self.listening;
                 if (&w.host, w.port, &w.auth, w.transport) != (&l.host, l.port, &l.auth, l.transport) {

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use lamplighter_config::{McpAuth, WorkerConfig};
+use lamplighter_config::{McpAuth, Role, WorkerConfig};
 
 /// The largest request body `/mcp` accepts; larger ones get 413.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -22,11 +22,25 @@ pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// `worker.mcp.host`: e.g. `worker.example.com` when it listens on `0.0.0.0` behind that name.
 pub(crate) const EXTRA_HOSTS_VAR: &str = "LAMPLIGHTER_ALLOWED_HOSTS";
 
+/// Who a request comes from, as the guard admitted it: put in the request's extensions, read by
+/// the MCP handler (what the caller may call, and the actor it records).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// The token's name; none without auth (loopback, or stdio).
+    pub(crate) token: Option<String>,
+    pub(crate) role: Role,
+}
+
+impl Caller {
+    /// Without auth: whoever reaches the worker may do everything (loopback only, or stdio).
+    pub(crate) const TRUSTED: Caller = Caller { token: None, role: Role::Manage };
+}
+
 /// Who may talk to `/mcp`. Immutable after start; shared behind an `Arc`. (No `Debug`: it
-/// holds the token.)
+/// holds the tokens.)
 pub(crate) struct Guard {
-    /// The bearer token, when auth is on.
-    token: Option<String>,
+    /// The bearer tokens (name, token, role), when auth is on.
+    tokens: Option<Vec<(String, String, Role)>>,
     /// Allowed host names, normalized: lowercase, IPv6 without brackets.
     hosts: Vec<String>,
 }
@@ -42,19 +56,22 @@ impl Guard {
                 hosts.push(h);
             }
         }
-        let token = match &worker.auth {
+        let tokens = match &worker.auth {
             // A token read from a file often ends in a newline; what clients send is trimmed too.
-            McpAuth::Bearer { token } => Some(token.trim().to_string()),
+            McpAuth::Bearer { tokens } => Some(tokens.iter().map(|t| (t.name.clone(), t.token.trim().to_string(), t.role)).collect()),
             McpAuth::None => None,
         };
-        Self { token, hosts }
+        Self { tokens, hosts }
     }
 
-    /// [`Guard::new`] with the extra names from `$LAMPLIGHTER_ALLOWED_HOSTS`.
+    /// [`Guard::new`] with `worker.mcp.allowed_hosts` and the names in `$LAMPLIGHTER_ALLOWED_HOSTS`.
     pub(crate) fn from_env(worker: &WorkerConfig) -> Self {
-        let extra: Vec<String> = std::env::var(EXTRA_HOSTS_VAR)
-            .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
-            .unwrap_or_default();
+        let mut extra: Vec<String> = worker.allowed_hosts.clone();
+        extra.extend(
+            std::env::var(EXTRA_HOSTS_VAR)
+                .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
         Self::new(worker, &extra)
     }
 
@@ -115,45 +132,54 @@ impl Guard {
         web && uri.authority().is_some_and(|a| self.host_allowed(a.host()))
     }
 
-    /// `Authorization: Bearer <token>`, compared in constant time, when auth is on.
-    fn check_auth(&self, headers: &HeaderMap) -> Result<(), Refusal> {
-        let Some(expected) = &self.token else {
-            return Ok(());
+    /// `Authorization: Bearer <token>`, when auth is on: the caller it names. Every token is
+    /// compared, each in constant time, so the time taken tells neither which token nor how much
+    /// of one a guess got right.
+    fn check_auth(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
+        let Some(tokens) = &self.tokens else {
+            return Ok(Caller::TRUSTED);
         };
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
             let (scheme, token) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
         });
-        match given {
-            None => Err(Refusal::NoToken),
-            Some(token) if tokens_match(token.as_bytes(), expected.as_bytes()) => Ok(()),
-            Some(_) => {
-                tracing::warn!("refused an MCP request with a wrong bearer token");
-                Err(Refusal::WrongToken)
+        let Some(given) = given else { return Err(Refusal::NoToken) };
+        let mut found = None;
+        for (name, token, role) in tokens {
+            if tokens_match(given.as_bytes(), token.as_bytes()) {
+                found = Some(Caller { token: Some(name.clone()), role: *role });
             }
         }
+        found.ok_or_else(|| {
+            tracing::warn!("refused an MCP request with a wrong bearer token");
+            Refusal::WrongToken
+        })
     }
 
-    fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Refusal> {
+    fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<Caller, Refusal> {
         self.check_host(headers, uri)?;
         self.check_origin(headers)?;
         self.check_auth(headers)
     }
 }
 
-/// The middleware: refuses what [`Guard`] does not admit, passes the rest on.
-pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+/// The middleware: refuses what [`Guard`] does not admit, passes the rest on with its
+/// [`Caller`].
+pub(crate) async fn check(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
     let verdict = guard.admit(request.headers(), request.uri());
     match verdict {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
         Err(refusal) => refusal.into_response(),
     }
 }
 
-/// The middleware for `/metrics`: the bearer token only, when auth is on.
+/// The middleware for `/metrics`: a bearer token (any role), when auth is on.
 pub(crate) async fn check_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     match guard.check_auth(request.headers()) {
-        Ok(()) => next.run(request).await,
+        Ok(_) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -175,7 +201,9 @@ impl IntoResponse for Refusal {
             Refusal::ForeignHost { host } => (
                 StatusCode::FORBIDDEN,
                 // The allowed names go to the operator's log, not to an unauthenticated caller.
-                format!("forbidden: Host \"{host}\" is not allowed; to reach the worker by another name, add it to ${EXTRA_HOSTS_VAR}\n"),
+                format!(
+                    "forbidden: Host \"{host}\" is not allowed; to reach the worker by this name, add it to worker.mcp.allowed_hosts in its config (or to ${EXTRA_HOSTS_VAR})\n"
+                ),
             )
                 .into_response(),
             Refusal::ForeignOrigin(origin) => {
@@ -187,7 +215,7 @@ impl IntoResponse for Refusal {
             ),
             Refusal::WrongToken => unauthorized(
                 "Bearer realm=\"lamplighter\", error=\"invalid_token\"",
-                "unauthorized: the bearer token is wrong; use the token in worker.mcp.auth\n",
+                "unauthorized: the bearer token is not one of worker.mcp.auth's tokens\n",
             ),
         }
     }
@@ -238,8 +266,14 @@ mod tests {
             port: 5100,
             transport: lamplighter_config::McpTransport::Http,
             auth,
+            tls: lamplighter_config::McpTls::Off,
+            allowed_hosts: Vec::new(),
             manage_jobs: lamplighter_config::ManageJobs::off(std::path::Path::new("data")),
         }
+    }
+
+    fn token(name: &str, token: &str, role: Role) -> lamplighter_config::ApiToken {
+        lamplighter_config::ApiToken { name: name.into(), token: token.into(), role }
     }
 
     fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
@@ -250,7 +284,7 @@ mod tests {
         h
     }
 
-    fn status(r: Result<(), Refusal>) -> Option<StatusCode> {
+    fn status<T>(r: Result<T, Refusal>) -> Option<StatusCode> {
         r.err().map(|r| r.into_response().status())
     }
 
@@ -287,14 +321,24 @@ mod tests {
 
     #[test]
     fn bearer_token_is_required_when_configured() {
-        let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { token: "t0k".into() }), &[]);
+        let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { tokens: vec![token("token", "t0k", Role::Manage)] }), &[]);
         assert_eq!(status(g.check_auth(&headers(&[]))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer nope")]))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Basic dDBr")]))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer t0k")]))), None);
         assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "bearer t0k")]))), None);
         let open = Guard::new(&worker("127.0.0.1", McpAuth::None), &[]);
-        assert_eq!(status(open.check_auth(&headers(&[]))), None);
+        assert_eq!(open.check_auth(&headers(&[])).ok(), Some(Caller::TRUSTED));
+    }
+
+    #[test]
+    fn each_token_names_its_caller_and_role() {
+        let tokens = vec![token("dashboard", "r34d", Role::Read), token("ops", "0per8", Role::Operate)];
+        let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { tokens }), &[]);
+        let caller = |t: &str| g.check_auth(&headers(&[(header::AUTHORIZATION, &format!("Bearer {t}"))])).ok();
+        assert_eq!(caller("r34d"), Some(Caller { token: Some("dashboard".into()), role: Role::Read }));
+        assert_eq!(caller("0per8"), Some(Caller { token: Some("ops".into()), role: Role::Operate }));
+        assert_eq!(caller("r34"), None);
     }
 
     #[test]

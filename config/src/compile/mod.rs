@@ -23,8 +23,9 @@ use crate::raw;
 use crate::schedule;
 
 pub use types::{
-    Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, ManageJobs, McpAuth,
-    McpTransport, Overlap, Retention, RetryPolicy, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
+    ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, ManageJobs,
+    McpAuth, McpTls, McpTransport, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig,
+    WorkerConfig,
 };
 
 struct Compiler<'a> {

@@ -162,7 +162,62 @@ pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum McpAuth {
     None,
-    Bearer { token: String },
+    Bearer { tokens: Vec<ApiToken> },
+}
+
+/// What a token may do over MCP, each role including the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Lists, gets, follow, resources.
+    Read,
+    /// + pause, resume, trigger, cancel, approve, reject, run workflows.
+    Operate,
+    /// + create, change, delete and backfill jobs; reload.
+    Manage,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Read, Role::Operate, Role::Manage];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Operate => "operate",
+            Role::Manage => "manage",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| format!("\"{s}\" is not a role; roles: read, operate, manage"))
+    }
+}
+
+/// A bearer token with its holder's name and role. `Debug` does not show the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    pub name: String,
+    pub token: String,
+    pub role: Role,
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiToken").field("name", &self.name).field("token", &"<redacted>").field("role", &self.role).finish()
+    }
+}
+
+/// TLS on the worker's listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpTls {
+    /// Plain HTTP: loopback only, unless a proxy in front ends TLS.
+    Off,
+    /// The worker serves TLS with these files (PEM), re-read on reload.
+    Files { cert_file: PathBuf, key_file: PathBuf, client_ca_file: Option<PathBuf> },
+    /// `terminated_by_proxy: true`: a proxy in front ends TLS; the worker speaks plain HTTP.
+    Proxy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +237,9 @@ pub struct WorkerConfig {
     pub port: u16,
     pub transport: McpTransport,
     pub auth: McpAuth,
+    pub tls: McpTls,
+    /// `worker.mcp.allowed_hosts`: names the worker may be reached by beyond loopback and `host`.
+    pub allowed_hosts: Vec<String>,
     /// `worker.mcp.manage_jobs`: what MCP clients may do to jobs at runtime.
     pub manage_jobs: ManageJobs,
 }

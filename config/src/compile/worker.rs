@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{Compiler, DEFAULT_LEASE, ManageJobs, McpAuth, McpTransport, WorkerConfig, duration};
+use super::{ApiToken, Compiler, DEFAULT_LEASE, ManageJobs, McpAuth, McpTls, McpTransport, Role, WorkerConfig, duration};
 use crate::raw;
 
 impl Compiler<'_> {
@@ -38,23 +38,17 @@ impl Compiler<'_> {
                 McpTransport::Http
             }
         };
-        let auth = match mcp.auth.as_ref().and_then(|a| a.kind.clone()).as_deref() {
-            None | Some("none") => McpAuth::None,
-            Some("bearer") => match mcp.auth.as_ref().and_then(|a| a.token.clone()) {
-                Some(t) if !t.is_empty() && !t.contains("${") => McpAuth::Bearer { token: t },
-                _ => {
-                    self.err(
-                        &["worker", "mcp", "auth"],
-                        "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN})".into(),
-                    );
-                    McpAuth::None
-                }
-            },
-            Some(o) => {
-                self.err(&["worker", "mcp", "auth", "type"], format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"));
-                McpAuth::None
+        let auth = self.auth(mcp.auth.as_ref());
+        let tls = self.tls(mcp.tls.as_ref());
+        let allowed_hosts = mcp.allowed_hosts.clone().unwrap_or_default();
+        for h in &allowed_hosts {
+            if h.trim().is_empty() || h.contains(['/', ' ', '@']) {
+                self.err(
+                    &["worker", "mcp", "allowed_hosts"],
+                    format!("worker.mcp.allowed_hosts: \"{h}\" is not a host name (write e.g. lamplighter.example.com)"),
+                );
             }
-        };
+        }
         let host = mcp.host.clone().unwrap_or_else(|| "127.0.0.1".into());
         let host = if host == "localhost" { "127.0.0.1".to_string() } else { host };
         if host.parse::<IpAddr>().is_err() {
@@ -81,7 +75,121 @@ impl Compiler<'_> {
             port: mcp.port.unwrap_or(5100),
             transport,
             auth,
+            tls,
+            allowed_hosts,
             manage_jobs: self.manage_jobs(mcp.manage_jobs.as_ref(), data_dir),
+        }
+    }
+
+    fn auth(&mut self, auth: Option<&raw::Auth>) -> McpAuth {
+        let at: &[&str] = &["worker", "mcp", "auth"];
+        let Some(a) = auth else { return McpAuth::None };
+        match a.kind.as_deref() {
+            None | Some("none") => {
+                if a.token.is_some() || a.tokens.is_some() {
+                    self.err(at, "worker.mcp.auth has tokens but no type: add type: bearer".into());
+                }
+                McpAuth::None
+            }
+            Some("bearer") => {
+                let usable = |t: &str| !t.trim().is_empty() && !t.contains("${");
+                let mut tokens = Vec::new();
+                match (&a.token, &a.tokens) {
+                    (Some(_), Some(_)) => self.err(at, "worker.mcp.auth: give either \"token\" or \"tokens\", not both".into()),
+                    (Some(t), None) if usable(t) => tokens.push(ApiToken { name: "token".into(), token: t.trim().to_owned(), role: Role::Manage }),
+                    (None, Some(list)) if !list.is_empty() => {
+                        for (i, t) in list.iter().enumerate() {
+                            let which = t.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
+                            let name = t.name.clone().filter(|n| !n.trim().is_empty());
+                            let token = t.token.clone().filter(|t| usable(t));
+                            let role = match t.role.as_deref().map(str::parse::<Role>) {
+                                Some(Ok(r)) => Some(r),
+                                Some(Err(e)) => {
+                                    self.err(at, format!("worker.mcp.auth.tokens: token {which}: role {e}"));
+                                    None
+                                }
+                                None => {
+                                    self.err(at, format!("worker.mcp.auth.tokens: token {which} needs a role (read, operate or manage)"));
+                                    None
+                                }
+                            };
+                            if name.is_none() {
+                                self.err(at, format!("worker.mcp.auth.tokens: token {which} needs a name (recorded as who did what)"));
+                            }
+                            if token.is_none() {
+                                self.err(
+                                    at,
+                                    format!("worker.mcp.auth.tokens: token {which} needs a non-empty \"token\" (e.g. token: ${{LAMPLIGHTER_TOKEN}})"),
+                                );
+                            }
+                            if let (Some(name), Some(token), Some(role)) = (name, token, role) {
+                                if tokens.iter().any(|o: &ApiToken| o.name == name) {
+                                    self.err(at, format!("worker.mcp.auth.tokens: the name \"{name}\" is given twice"));
+                                } else if tokens.iter().any(|o: &ApiToken| o.token == token.trim()) {
+                                    self.err(at, format!("worker.mcp.auth.tokens: token \"{name}\" has the same token as another; each needs its own"));
+                                } else {
+                                    tokens.push(ApiToken { name, token: token.trim().to_owned(), role });
+                                }
+                            }
+                        }
+                    }
+                    _ => self.err(
+                        at,
+                        "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN}) or a list of \"tokens\" with name, token and role".into(),
+                    ),
+                }
+                if tokens.is_empty() { McpAuth::None } else { McpAuth::Bearer { tokens } }
+            }
+            Some(o) => {
+                self.err(&["worker", "mcp", "auth", "type"], format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"));
+                McpAuth::None
+            }
+        }
+    }
+
+    fn tls(&mut self, tls: Option<&raw::Tls>) -> McpTls {
+        let at: &[&str] = &["worker", "mcp", "tls"];
+        let Some(t) = tls else { return McpTls::Off };
+        let cwd = self.loaded.root.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let proxy = t.terminated_by_proxy.unwrap_or(false);
+        match (&t.cert_file, &t.key_file, proxy) {
+            (None, None, true) => {
+                if t.client_ca_file.is_some() {
+                    self.err(at, "worker.mcp.tls: client_ca_file needs the worker to serve TLS itself, not a proxy".into());
+                }
+                McpTls::Proxy
+            }
+            (Some(_), Some(_), true) => {
+                self.err(at, "worker.mcp.tls: give cert_file and key_file, or terminated_by_proxy: true, not both".into());
+                McpTls::Off
+            }
+            (Some(cert), Some(key), false) => {
+                let files = McpTls::Files {
+                    cert_file: cwd.join(cert),
+                    key_file: cwd.join(key),
+                    client_ca_file: t.client_ca_file.as_ref().map(|c| cwd.join(c)),
+                };
+                if let McpTls::Files { cert_file, key_file, client_ca_file } = &files {
+                    for (key, path) in
+                        [("cert_file", Some(cert_file)), ("key_file", Some(key_file)), ("client_ca_file", client_ca_file.as_ref())]
+                    {
+                        if let Some(p) = path
+                            && let Err(e) = std::fs::metadata(p)
+                        {
+                            self.err(&["worker", "mcp", "tls", key], format!("worker.mcp.tls.{key}: cannot read {}: {e}", p.display()));
+                        }
+                    }
+                }
+                files
+            }
+            (None, None, false) => {
+                self.err(at, "worker.mcp.tls needs cert_file and key_file (PEM), or terminated_by_proxy: true".into());
+                McpTls::Off
+            }
+            _ => {
+                self.err(at, "worker.mcp.tls needs both cert_file and key_file".into());
+                McpTls::Off
+            }
         }
     }
 
