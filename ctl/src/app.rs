@@ -279,7 +279,10 @@ async fn execute(conn: &Connection, output: Output, action: Action) -> Result<()
         Action::Follow { id } => follow_interruptibly(&client, output, &id).await,
         Action::Edit { name, expected_version, dry_run } => edit(&client, output, &name, expected_version, dry_run).await,
         Action::Export { names } => export(&client, names).await,
-        Action::Call { tool, arguments, view } => perform(&client, output, &tool, arguments, &view).await,
+        Action::Call { tool, mut arguments, view } => match with_version(&client, &tool, &mut arguments).await {
+            Ok(()) => perform(&client, output, &tool, arguments, &view).await,
+            Err(e) => Err(e),
+        },
         Action::Local(local) => local.run(),
     };
     client.close().await;
@@ -385,6 +388,24 @@ fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<St
     })
 }
 
+/// `update_job` and `delete_job` take the version the change was made from. Given none, lampctl
+/// reads it first: the change is then refused if another lands between the read and the change.
+async fn with_version(client: &Client, tool: &str, arguments: &mut Map<String, Value>) -> Result<(), CtlError> {
+    if !matches!(tool, "update_job" | "delete_job") || arguments.contains_key("expected_version") {
+        return Ok(());
+    }
+    let mut get = Map::new();
+    get.insert("name".into(), arguments.get("name").cloned().unwrap_or_default());
+    let detail: JobDetail = answer("get_job", &client.call("get_job", get).await?)?;
+    // A job of the files has no version: the worker refuses the change, saying where it is.
+    let version = match detail.summary.origin {
+        JobOrigin::Runtime { version, .. } => version,
+        _ => 0,
+    };
+    arguments.insert("expected_version".into(), Value::from(version));
+    Ok(())
+}
+
 /// `jobs edit NAME` without a file: the job's definition, as the files write it, in $EDITOR
 /// (or $VISUAL, else `vi`); saved if it changed, against the version opened.
 #[allow(clippy::disallowed_methods, reason = "the user's editor, in the foreground; the rule is about the worker's processes")]
@@ -401,9 +422,17 @@ async fn edit(client: &Client, output: Output, name: &str, expected: Option<u64>
     let text = render::export(&[(String::new(), definition.clone())]);
     // Only the definition's own lines, unindented: what `jobs create -f` takes.
     let body: String = text.lines().skip(4).map(|l| l.strip_prefix("      ").unwrap_or(l)).collect::<Vec<_>>().join("\n") + "\n";
-    let path = std::env::temp_dir().join(format!("lampctl-{name}-{}.yaml", std::process::id()));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!("lampctl-{}-{nanos}.yaml", std::process::id()));
     let local = |error: std::io::Error| CtlError::new(Failure::Local, format!("cannot edit {}: {error}", path.display()));
-    std::fs::write(&path, &body).map_err(local)?;
+    // A new file only this user can read: never one planted there, nor a link to another.
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&path).map_err(local)?;
+    file.write_all(body.as_bytes()).map_err(local)?;
+    drop(file);
     let editor = std::env::var("VISUAL").or_else(|_| std::env::var("EDITOR")).unwrap_or_else(|_| "vi".to_owned());
     let status = std::process::Command::new("sh").arg("-c").arg(format!("{editor} \"$1\"")).arg("sh").arg(&path).status().map_err(local)?;
     let edited = std::fs::read_to_string(&path).map_err(local);

@@ -309,6 +309,9 @@ fn origin(origin: &JobOrigin, now: DateTime<Utc>) -> String {
             }
             text
         }
+        JobOrigin::Deleted { version, deleted_by, deleted_at } => {
+            format!("at runtime, deleted by {deleted_by} {} (version {version})", relative(*deleted_at, now))
+        }
     }
 }
 
@@ -410,9 +413,28 @@ pub(crate) fn export(jobs: &[(String, Value)]) -> String {
     out
 }
 
+/// A key as written: plain when YAML reads it back as the same string (a word that is not a
+/// number, a boolean or a null), else double-quoted.
 fn yaml_key(k: &str) -> String {
-    let plain = !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if plain { k.to_owned() } else { Value::from(k).to_string() }
+    let word = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let keyword = ["true", "false", "null", "yes", "no", "on", "off", "y", "n"].iter().any(|w| k.eq_ignore_ascii_case(w));
+    if word && !keyword { k.to_owned() } else { yaml_string(k) }
+}
+
+/// A string as a YAML double-quoted scalar: JSON's escapes, plus those of the characters YAML
+/// refuses or folds (DEL, the C1 controls, NEL and the Unicode line and paragraph separators).
+fn yaml_string(s: &str) -> String {
+    let json = Value::from(s).to_string();
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || c == '\u{2028}' || c == '\u{2029}' {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Writes `v` after a key (`key:` already written), indented by `indent` on its own lines.
@@ -448,7 +470,8 @@ fn yaml_block(out: &mut String, v: &Value, indent: usize) {
                 }
             }
         }
-        // Scalars, `{}` and `[]`: JSON is YAML.
+        Value::String(text) => out.push_str(&format!(" {}\n", yaml_string(text))),
+        // Other scalars, `{}` and `[]`: JSON is YAML.
         scalar => out.push_str(&format!(" {scalar}\n")),
     }
 }
@@ -1242,5 +1265,26 @@ mod tests {
         };
         let text = workflows(&WorkflowList { workflows: vec![w] });
         assert!(text.contains("publish  fetch → [a | [c]] → done  -"), "{text}");
+    }
+
+    #[test]
+    fn exported_yaml_reads_back_as_the_same_definitions() {
+        let tricky = serde_json::json!({
+            "cron": "30 7 * * 1-5",
+            "description": "a: b # not a comment\n\ttab \u{7f} \u{85} \u{2028} \"quoted\" 'single' \\",
+            "parameters": {"123": 1, "true": false, "null": null, "yes": "no", "": "empty key", "list": [{"a": 1, "b": [1, "x"]}, "s", []], "obj": {}},
+            "input": [[1, 2], {"k": "v"}],
+        });
+        let jobs = vec![
+            ("news-digest".to_owned(), tricky.clone()),
+            ("123".to_owned(), serde_json::json!({"every": "1h"})),
+            ("true".to_owned(), serde_json::json!({"at": "2026-12-01T00:00:00Z"})),
+        ];
+        let yaml = export(&jobs);
+        let back: Value = serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{e}:\n{yaml}"));
+        let read = &back["scheduling"]["jobs"];
+        assert_eq!(read["news-digest"], tricky, "{yaml}");
+        assert_eq!(read["123"], serde_json::json!({"every": "1h"}), "{yaml}");
+        assert_eq!(read["true"], serde_json::json!({"at": "2026-12-01T00:00:00Z"}), "{yaml}");
     }
 }

@@ -123,7 +123,15 @@ pub(crate) fn check_definition(
         }
     };
     if let Some(c) = &compiled {
-        errors.extend(runtime_problems(&c.job, registry, policy, true));
+        errors.extend(runtime_problems(&c.job, registry, policy));
+        // YAML aliases can make a small text a large definition.
+        let size = serde_json::to_string(&c.definition).map_or(usize::MAX, |s| s.len());
+        if size > policy.max_definition_bytes {
+            errors.push(format!(
+                "definition: is {size} bytes of JSON once parsed, more than the {} bytes worker.mcp.manage_jobs.max_definition_bytes allows",
+                policy.max_definition_bytes
+            ));
+        }
     }
     match compiled {
         Some(c) if errors.is_empty() => Ok(c),
@@ -132,10 +140,10 @@ pub(crate) fn check_definition(
 }
 
 /// What keeps a compiled runtime job from running here: an action no plugin has or whose plugin
-/// did not load, a target or a bound the operator does not allow. `creating`: the operator's
-/// bounds apply (a stored job keeps running when they are tightened, as a file job would; it is
-/// refused only when changed).
-pub(crate) fn runtime_problems(job: &JobConfig, registry: &Registry, policy: &ManageJobs, creating: bool) -> Vec<String> {
+/// did not load, a target or a bound the operator does not allow. Checked when a job is saved
+/// and whenever it is compiled again (a reload that tightens the bounds disables the jobs
+/// outside them, visibly).
+pub(crate) fn runtime_problems(job: &JobConfig, registry: &Registry, policy: &ManageJobs) -> Vec<String> {
     let mut out = Vec::new();
     if let Target::Plugin { plugin, action } = &job.target
         && registry.action_parameters(plugin, action).is_none()
@@ -148,9 +156,6 @@ pub(crate) fn runtime_problems(job: &JobConfig, registry: &Registry, policy: &Ma
                 registry.action_names().join(", ")
             )),
         }
-    }
-    if !creating {
-        return out;
     }
     if !policy.allows(&job.target) {
         let field = match &job.target {
@@ -188,11 +193,15 @@ pub(crate) fn runtime_problems(job: &JobConfig, registry: &Registry, policy: &Ma
     out
 }
 
-/// A compiled runtime job as it runs: with the operator's commands when it names none (a
-/// runtime job never runs with fewer bounds than the operator set).
-pub(crate) fn bounded(mut job: JobConfig, policy: &ManageJobs) -> JobConfig {
+/// A compiled runtime job as it runs: with the operator's commands when it names none, and in
+/// the first allowed folder when it names none and the data directory (where runs work by
+/// default) is not allowed. A runtime job never runs with fewer bounds than the operator set.
+pub(crate) fn bounded(mut job: JobConfig, policy: &ManageJobs, data_dir: &Path) -> JobConfig {
     if job.allowed_commands.is_empty() {
         job.allowed_commands = policy.allowed_commands.clone();
+    }
+    if job.working_directory.is_none() && !policy.working_directories.iter().any(|d| data_dir.starts_with(d)) {
+        job.working_directory = policy.working_directories.first().cloned();
     }
     job
 }
@@ -231,5 +240,18 @@ mod tests {
         assert!(p.allows(&shell) && !p.allows(&Target::Workflow("w".into())));
         p.targets = Some(Vec::new());
         assert!(!p.allows(&save));
+    }
+
+    #[test]
+    fn a_runtime_job_runs_within_the_operators_bounds_when_it_names_none() {
+        let job = lamplighter_config::inert_job("j", &serde_json::json!({"plugin": "file-save", "action": "save"}), "UTC");
+        let mut p = ManageJobs::off(Path::new("/var/lib/ll/data"));
+        let kept = bounded(job.clone(), &p, Path::new("/var/lib/ll/data"));
+        assert_eq!((kept.working_directory, kept.allowed_commands.len()), (None, 0), "the data directory is allowed");
+        p.working_directories = vec!["/srv/sandbox".into()];
+        p.allowed_commands = vec!["date".into()];
+        let moved = bounded(job, &p, Path::new("/var/lib/ll/data"));
+        assert_eq!(moved.working_directory, Some("/srv/sandbox".into()), "not the data directory, which is not allowed");
+        assert_eq!(moved.allowed_commands, ["date"]);
     }
 }

@@ -122,8 +122,9 @@ impl Shared {
     /// Reads every runtime job again (a signal may have been missed).
     async fn refresh_jobs(&self) -> Result<(), StoreError> {
         let jobs = self.store.runtime_jobs().await?;
-        self.config.set_runtime(jobs);
-        self.signals.publish(Signal::JobChanged);
+        if self.config.set_runtime(jobs) {
+            self.signals.publish(Signal::JobChanged);
+        }
         Ok(())
     }
 
@@ -289,8 +290,11 @@ impl Engine {
         let now = opts.clock.now();
         opts.observer.configure(config);
         let in_force = Arc::new(InForce::new(JobsConfig::of(config, &opts.registry), opts.registry.clone()));
+        // Subscribed before the runtime jobs are read: a change committed elsewhere from here on
+        // is heard of, and read again.
+        let definition_signals = signals.subscribe();
         // The runtime jobs before the first pass: they are scheduled like the files' jobs.
-        in_force.set_runtime(store.runtime_jobs().await?);
+        let _ = in_force.set_runtime(store.runtime_jobs().await?);
         let retention = Arc::new(PruneQueue::default());
         let (executor, recorder_rx) = Executor::new(
             config.worker.concurrency,
@@ -337,7 +341,6 @@ impl Engine {
         let queue_signals = shared.subscribe();
         let cancel_signals = shared.subscribe();
         let scheduler_signals = shared.subscribe();
-        let definition_signals = shared.subscribe();
         let runs = vec![
             tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
@@ -480,21 +483,36 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 /// Keeps the runtime jobs in force as the store has them: one job read again when a worker
 /// says it changed, all of them when signals may have been missed.
 async fn follow_definitions(shared: Arc<Shared>, mut signals: crate::signals::Receiver, stop: CancellationToken) {
+    // After a failed read, everything is read again (a second later, and again until it works):
+    // a change must not stay unheard because the database was briefly away.
+    let mut behind = false;
     loop {
-        let signal = tokio::select! {
-            () = stop.cancelled() => return,
-            s = signals.recv() => s,
+        let signal = if behind {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => Some(Signal::Lagged),
+                s = signals.recv() => s,
+            }
+        } else {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                s = signals.recv() => s,
+            }
         };
         let result = match signal {
             None => return,
+            Some(Signal::DefinitionChanged(_) | Signal::Lagged) if behind => shared.refresh_jobs().await,
             Some(Signal::DefinitionChanged(name)) => shared.refresh_job(&name).await,
             Some(Signal::Lagged) => shared.refresh_jobs().await,
             Some(_) => continue,
         };
-        if let Err(e) = result {
-            // The next signal, or the next missed one, reads again.
-            tracing::warn!(error = %e, "could not read the runtime jobs again");
-        }
+        behind = match result {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the runtime jobs again; retrying");
+                true
+            }
+        };
     }
 }
 

@@ -115,11 +115,11 @@ impl Compiled {
     fn of(stored: StoredJob, files: &JobsConfig, registry: &Registry) -> Self {
         let job = match lamplighter_config::compile_job(&files.scope, &stored.name, &stored.definition) {
             Ok(c) => {
-                let mut problems = runtime_problems(&c.job, registry, &files.manage, false);
+                let mut problems = runtime_problems(&c.job, registry, &files.manage);
                 if let Some((_, JobProblem::Unavailable { reason, .. })) = files.health.job_problem(&c.job, registry) {
                     problems.push(reason);
                 }
-                if problems.is_empty() { Ok(bounded(c.job, &files.manage)) } else { Err((c.job, problems.join("; "))) }
+                if problems.is_empty() { Ok(bounded(c.job, &files.manage, &files.data_dir)) } else { Err((c.job, problems.join("; "))) }
             }
             Err(errors) => Err((
                 lamplighter_config::inert_job(&stored.name, &stored.definition, &files.default_timezone),
@@ -181,19 +181,27 @@ impl InForce {
         Ok(())
     }
 
-    /// Replaces every runtime job with `jobs` (as read from the store).
-    pub(crate) fn set_runtime(&self, jobs: Vec<StoredJob>) {
+    /// Replaces every runtime job with `jobs` (as read from the store). Whether anything changed.
+    pub(crate) fn set_runtime(&self, jobs: Vec<StoredJob>) -> bool {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         let mut old = std::mem::take(&mut sources.runtime);
+        let mut changed = false;
         for stored in jobs {
             // A version already compiled against these files is kept, not compiled again.
             let compiled = match old.remove(&stored.name) {
                 Some(c) if c.stored == stored => c,
-                _ => Compiled::of(stored, &sources.files, &self.registry),
+                _ => {
+                    changed = true;
+                    Compiled::of(stored, &sources.files, &self.registry)
+                }
             };
             sources.runtime.insert(compiled.stored.name.clone(), compiled);
         }
-        self.publish(&sources);
+        changed |= !old.is_empty();
+        if changed {
+            self.publish(&sources);
+        }
+        changed
     }
 
     /// One runtime job as stored now: saved (`Some`), or deleted. An older version than the

@@ -139,7 +139,7 @@ impl Engine {
                 Err(r) => return Err(self.refused(&req.name, r)),
             }
         };
-        let job = crate::definitions::bounded(compiled.job, &config.manage);
+        let job = crate::definitions::bounded(compiled.job, &config.manage, &config.data_dir);
         let mut view_config = JobsConfig::clone(&config);
         view_config.runtime = std::sync::Arc::new([(req.name.clone(), stored.clone())].into_iter().collect());
         let state = self.shared.store().job_state(&req.name).await?;
@@ -188,7 +188,11 @@ impl Engine {
         actor: &str,
     ) -> Result<JobDeleted, ServiceError> {
         let config = self.managing()?;
-        Self::not_from_files(&config, name)?;
+        // A runtime job the files took the name of (at a restart, or a reload on another
+        // worker) is shadowed by the files' job; it can still be deleted.
+        if config.locations.contains_key(name) && self.shared.store().runtime_job(name).await?.is_none() {
+            Self::not_from_files(&config, name)?;
+        }
         let now = self.shared.clock().now();
         let request = ChangeRequest { name, change: Change::Delete { expected: expected_version }, actor };
         let version = match self.shared.store().change_job(&request, now).await? {
@@ -239,6 +243,21 @@ impl Engine {
         if to > now {
             return Err(ServiceError::InvalidArgument(format!(
                 "to ({to}) is in the future; a backfill runs past ticks only (now is {now})"
+            )));
+        }
+        if self.shared.store().job_state(name).await?.paused {
+            return Err(ServiceError::Conflict(format!(
+                "job \"{name}\" is paused: its backfilled ticks would be recorded as skipped; resume it first (lampctl jobs resume {name})"
+            )));
+        }
+        // Older than what retention keeps, a tick's run may have been deleted: whether it ran
+        // cannot be told, and it must not run twice.
+        if let Some(horizon) = self.retention_horizon(&job, now).await?
+            && from < horizon
+        {
+            return Err(ServiceError::InvalidArgument(format!(
+                "the window starts before what job \"{name}\"'s retention keeps (runs older than {} may have been deleted, so whether their ticks ran cannot be told); start it at or after that",
+                horizon.to_rfc3339()
             )));
         }
         let mut ticks = Vec::new();
@@ -304,6 +323,20 @@ impl Engine {
             .collect();
         let created = if dry_run { new.len() } else { ticks.iter().filter(|t| t.run_id.is_some()).count() };
         Ok(Backfill { name: name.to_owned(), dry_run, ticks, created })
+    }
+
+    /// The oldest instant a job's runs are all still kept from, when retention may have deleted
+    /// older ones: `max_age` ago, or the oldest run kept once `max_runs` are there.
+    async fn retention_horizon(&self, job: &JobConfig, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, ServiceError> {
+        let by_age = job.retention.max_age.and_then(|a| chrono::Duration::from_std(a).ok()).map(|a| now - a);
+        let by_count = match job.retention.max_runs {
+            Some(max) => match self.shared.store().run_span(&job.name).await? {
+                (n, Some(oldest)) if n >= u64::from(max) => Some(oldest),
+                _ => None,
+            },
+            None => None,
+        };
+        Ok(by_age.into_iter().chain(by_count).max())
     }
 
     fn backfill_run(&self, job: &JobConfig, snapshot: &crate::snapshot::JobSnapshot, tick: DateTime<Utc>, due: DateTime<Utc>) -> NewRun {

@@ -38,9 +38,6 @@ pub enum ServiceError {
     NotWaiting(String),
     #[error("{0}")]
     InvalidArgument(String),
-    /// A runtime job that was deleted.
-    #[error("job \"{name}\" was deleted by {by} at {} (version {version}); its runs stay readable with list_runs", at.to_rfc3339())]
-    Deleted { name: String, by: String, at: DateTime<Utc>, version: u64 },
     /// `worker.mcp.manage_jobs.enabled` is off.
     #[error("managing jobs at runtime is off on this worker; its operator can turn it on with worker.mcp.manage_jobs.enabled: true")]
     ManagementOff,
@@ -186,22 +183,40 @@ impl Engine {
         self.get_job_with_history(name, n, 20).await
     }
 
-    /// [`Engine::get_job`], with up to `history` of a runtime job's changes.
+    /// [`Engine::get_job`], with up to `history` of a runtime job's changes. A runtime job that
+    /// was deleted is shown too, as deleted: its definition before the delete, its history and
+    /// its runs.
     pub async fn get_job_with_history(&self, name: &str, n: usize, history: usize) -> Result<JobDetail, ServiceError> {
-        let job = match self.job_or_err(name) {
-            Ok(job) => job,
-            Err(e) => return Err(self.deleted_or(name, e).await),
+        let snapshot = self.shared.snapshot();
+        let (job, origin, definition) = match self.job_or_err(name) {
+            Ok(job) => {
+                let runtime = snapshot.runtime.get(name).cloned();
+                (job, None, runtime.map(|r| r.definition))
+            }
+            Err(not_found) => match self.shared.store().job_history(name, 1).await?.into_iter().next() {
+                Some(last) if last.action == "delete" => {
+                    let before = last.before.clone().unwrap_or(serde_json::Value::Null);
+                    let job = lamplighter_config::inert_job(name, &before, &snapshot.default_timezone);
+                    let origin = JobOrigin::Deleted { version: last.version, deleted_by: last.actor, deleted_at: last.at };
+                    (job, Some(origin), last.before)
+                }
+                _ => return Err(not_found),
+            },
         };
-        let runtime = self.shared.snapshot().runtime.get(name).cloned();
-        let history = match &runtime {
-            Some(_) => self.job_history(name, history.clamp(1, 1000)).await?,
-            None => Vec::new(),
-        };
+        let history = if definition.is_some() { self.job_history(name, history.clamp(1, 1000)).await? } else { Vec::new() };
         let JobOverview { state, recent, counts } = self.shared.store().job_overview(name, 10).await?;
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.shared.clock().now();
-        let next_fires = self.next_fires(&job, now, n.clamp(1, 100));
-        let summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
+        let next_fires = if origin.is_some() { Vec::new() } else { self.next_fires(&job, now, n.clamp(1, 100)) };
+        let mut summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
+        if let Some(JobOrigin::Deleted { version, deleted_by, deleted_at }) = &origin {
+            summary.disabled =
+                Some(format!("deleted by {deleted_by} at {} (version {version}); it no longer fires", deleted_at.to_rfc3339()));
+            summary.next_fire = None;
+        }
+        if let Some(o) = origin {
+            summary.origin = o;
+        }
         Ok(JobDetail {
             summary,
             next_fires,
@@ -211,23 +226,9 @@ impl Engine {
             overlap: format!("{:?}", job.overlap).to_lowercase(),
             timeout_seconds: job.timeout.map(|t| t.as_secs()),
             max_retries: job.retries.max,
-            definition: runtime.map(|r| r.definition),
+            definition,
             history,
         })
-    }
-
-    /// A job not found that was a runtime job: says who deleted it and when (its runs and
-    /// history stay readable).
-    async fn deleted_or(&self, name: &str, not_found: ServiceError) -> ServiceError {
-        match self.shared.store().job_history(name, 1).await {
-            Ok(h) => match h.first() {
-                Some(last) if last.action == "delete" => {
-                    ServiceError::Deleted { name: name.to_owned(), by: last.actor.clone(), at: last.at, version: last.version }
-                }
-                _ => not_found,
-            },
-            Err(e) => e.into(),
-        }
     }
 
     /// The next `n` fire times of a job (whether or not it is paused).

@@ -116,8 +116,13 @@ async fn a_runtime_job_fires_once_per_tick_across_a_restart_and_stops_when_delet
     clock.set(at(20));
     engine.scheduled_through_now().await;
     assert_eq!(runs_of(&engine, "r").await.len(), 3, "a deleted job does not fire");
-    let gone = engine.get_job("r", 1).await.expect_err("deleted");
-    assert!(gone.to_string().starts_with("job \"r\" was deleted by mcp client cy at "), "{gone}");
+    // Still shown, as deleted: its last definition, its history and its runs.
+    let gone = engine.get_job("r", 1).await.expect("a deleted job is shown");
+    assert!(matches!(&gone.summary.origin, JobOrigin::Deleted { version: 3, deleted_by, .. } if deleted_by == "mcp client cy"), "{gone:?}");
+    assert!(gone.summary.disabled.as_deref().is_some_and(|d| d.starts_with("deleted by mcp client cy at ")), "{gone:?}");
+    assert_eq!((gone.history.len(), gone.summary.next_fire, gone.definition.clone()), (3, None, Some(save_every("5m"))));
+    assert_eq!(gone.counts.values().sum::<u64>(), 3, "its runs stay");
+    assert!(engine.trigger_job("r", Default::default()).await.is_err(), "a deleted job cannot be triggered");
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -327,5 +332,76 @@ async fn a_backfill_runs_each_missing_tick_once_in_order_one_at_a_time() {
     // Within the bound.
     let wide = engine.backfill_job("j", at(-60 * 24 * 3), at(30), true).await.expect_err("too many");
     assert!(wide.to_string().contains("more than the 100 worker.mcp.manage_jobs.max_backfill allows"), "{wide}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Holds every backfill run until released; live runs pass at once.
+struct Gate(Arc<tokio::sync::Semaphore>);
+
+impl Targets for Gate {
+    fn run(&self, ctx: RunContext) -> BoxFuture<'static, Outcome> {
+        let gate = self.0.clone();
+        let backfill = ctx.run().trigger == Trigger::Backfill;
+        Box::pin(async move {
+            if backfill {
+                let _permit = gate.acquire().await.expect("gate");
+            }
+            Outcome::Succeeded { output: json!({}) }
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_backfill_leaves_live_ticks_alone_and_stops_where_retention_or_a_pause_would_lose_ticks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg =
+        config_with(dir.path(), MANAGED, "cron: \"*/10 * * * *\"\ntype: plugin\nplugin: test\naction: gate\nretention: {max_runs: 6}");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let engine = start_with(&cfg, &clock, Arc::new(Gate(gate.clone()))).await;
+    // A paused job's backfilled ticks would be recorded skipped, and then count as ran.
+    engine.pause_job("j", None).await.expect("pause");
+    let paused = engine.backfill_job("j", at(-30), at(-1), false).await.expect_err("paused");
+    assert!(paused.to_string().contains("is paused"), "{paused}");
+    engine.resume_job("j").await.expect("resume");
+
+    let done = engine.backfill_job("j", at(-30), at(-1), false).await.expect("backfill");
+    assert_eq!(done.created, 3);
+    until_runs(&engine, "j", "the first backfill run to hold", |r| r.iter().any(|r| r.status == RunStatus::Running)).await;
+    // The live tick fires while the backfill holds (overlap: forbid counts only live runs).
+    clock.set(at(10));
+    let runs = until_runs(&engine, "j", "the live tick", |r| r.iter().any(|r| r.trigger == Trigger::Cron && r.status.is_final())).await;
+    let live = runs.iter().find(|r| r.trigger == Trigger::Cron).expect("live run");
+    assert_eq!(live.status, RunStatus::Succeeded, "not skipped for the backfill: {runs:#?}");
+    gate.add_permits(10);
+    until_runs(&engine, "j", "the backfill to finish", |r| {
+        r.iter().filter(|r| r.trigger == Trigger::Backfill && r.status == RunStatus::Succeeded).count() == 3
+    })
+    .await;
+    // Six runs reach `max_runs: 6`: older than the oldest kept, a tick's run may be gone.
+    clock.set(at(20));
+    until_runs(&engine, "j", "another tick", |r| r.len() >= 5 && r.iter().all(|r| r.status.is_final())).await;
+    clock.set(at(30));
+    until_runs(&engine, "j", "a sixth run", |r| r.len() >= 6 && r.iter().all(|r| r.status.is_final())).await;
+    let wide = engine.backfill_job("j", at(-120), at(-31), true).await.expect_err("before retention");
+    assert!(wide.to_string().contains("retention keeps"), "{wide}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn bounds_tightened_by_a_reload_disable_the_runtime_jobs_outside_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = "every: 1h\ntype: plugin\nplugin: file-save\naction: save";
+    let cfg = config_with(dir.path(), MANAGED, job);
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    engine.create_job(request("r", save_every("1m"))).await.expect("create");
+    let tight = config_with(dir.path(), "worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n      targets: [\"workflow:*\"]\n", job);
+    engine.reload(&tight).expect("reload");
+    let why = engine.get_job("r", 1).await.expect("listed").summary.disabled.expect("disabled");
+    assert!(why.contains("runtime jobs may not run plugin file-save.save"), "{why}");
+    clock.set(at(2));
+    engine.scheduled_through_now().await;
+    assert!(runs_of(&engine, "r").await.is_empty(), "outside the bounds, it does not fire");
     engine.shutdown(Duration::from_secs(5)).await;
 }

@@ -335,7 +335,7 @@ impl Control {
     }
 
     /// Replaces a runtime job's definition, whole (as `create_job` takes it); every worker reschedules it at once. Pass the `version` you read (`origin.version` in `get_job`) as `expected_version`: a job changed since is refused, naming its current version. Jobs of the config files are read-only. With `dry_run`, nothing is saved.
-    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
     async fn update_job(
         &self,
         Parameters(a): Parameters<UpdateJobArgs>,
@@ -344,7 +344,7 @@ impl Control {
         let request = JobRequest {
             name: a.name,
             definition: a.definition,
-            expected_version: a.expected_version,
+            expected_version: Some(a.expected_version),
             dry_run: a.dry_run,
             actor: client_name(&ctx),
         };
@@ -358,7 +358,7 @@ impl Control {
         Parameters(a): Parameters<DeleteJobArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<JobDeleted>, Failure> {
-        Ok(Json(self.engine.delete_job(&a.name, a.expected_version, a.cancel_runs, &client_name(&ctx)).await?))
+        Ok(Json(self.engine.delete_job(&a.name, Some(a.expected_version), a.cancel_runs, &client_name(&ctx)).await?))
     }
 
     /// Runs a job's past ticks in a window (`from`, `to`: RFC 3339) that have no run yet, once each and in order, one at a time; ticks that already ran are listed, not run again. With `dry_run`, only lists them.

@@ -75,13 +75,14 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
             jobs.insert(name.clone(), j);
         }
     }
-    let worker = c.worker(raw.worker.as_ref(), &data_dir);
+    let worker = c.worker(raw.worker.as_ref(), &data_dir, cwd);
     let telemetry = c.telemetry(raw.telemetry.as_ref());
     let hooks = c.hooks(raw.hooks.as_ref());
     let wasm = c.wasm(raw.plugins.as_ref().and_then(|p| p.wasm.as_ref()));
     let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
     let config = Config {
         root: PathBuf::new(),
+        base_dir: cwd.to_path_buf(),
         name: fw.name.unwrap_or_else(|| "lamplighter".to_string()),
         data_dir,
         log_level,
@@ -144,7 +145,7 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     };
     let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true };
     let default_tz = schedule::parse_tz(&scope.default_timezone);
-    let cwd = scope.root.parent().unwrap_or(Path::new("."));
+    let cwd = scope.base_dir.as_path();
     let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter());
     let compiled = c.job(name, &mut job, &runnable, (&scope.default_timezone, &default_tz), cwd);
     let (errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
@@ -159,8 +160,10 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
 /// takes from the config in force (a small part of it, kept while the rest is dropped).
 #[derive(Debug, Clone, Default)]
 pub struct JobScope {
-    /// The root config file: relative working directories are read from its folder.
+    /// The root config file.
     pub root: PathBuf,
+    /// What relative paths are read from, as for the files' jobs.
+    pub base_dir: PathBuf,
     pub default_timezone: String,
     pub workflows: std::collections::BTreeSet<String>,
     pub agents: std::collections::BTreeSet<String>,
@@ -170,6 +173,7 @@ impl JobScope {
     pub fn of(config: &Config) -> Self {
         Self {
             root: config.root.clone(),
+            base_dir: config.base_dir.clone(),
             default_timezone: config.default_timezone.clone(),
             workflows: config.workflows.keys().cloned().collect(),
             agents: config.agents.keys().cloned().collect(),

@@ -338,6 +338,8 @@ pub const WASM_CAPABILITIES: &[&str] = &["config-read", "fs-read", "fs-write", "
 #[derive(Debug, Clone)]
 pub struct Config {
     pub root: PathBuf,
+    /// What the config's relative paths are read from (the working directory it was loaded in).
+    pub base_dir: PathBuf,
     pub name: String,
     pub data_dir: PathBuf,
     /// A `tracing` filter directive (`info`, `debug`, …).

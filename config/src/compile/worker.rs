@@ -8,7 +8,7 @@ use super::{ApiToken, Compiler, DEFAULT_LEASE, ManageJobs, McpAuth, McpTls, McpT
 use crate::raw;
 
 impl Compiler<'_> {
-    pub(super) fn worker(&mut self, w: Option<&raw::Worker>, data_dir: &Path) -> WorkerConfig {
+    pub(super) fn worker(&mut self, w: Option<&raw::Worker>, data_dir: &Path, cwd: &Path) -> WorkerConfig {
         let w = w.cloned().unwrap_or_default();
         let mcp = w.mcp.clone().unwrap_or_default();
         let shutdown_grace = match &w.shutdown_grace {
@@ -39,7 +39,7 @@ impl Compiler<'_> {
             }
         };
         let auth = self.auth(mcp.auth.as_ref());
-        let tls = self.tls(mcp.tls.as_ref());
+        let tls = self.tls(mcp.tls.as_ref(), cwd);
         let allowed_hosts = mcp.allowed_hosts.clone().unwrap_or_default();
         for h in &allowed_hosts {
             if h.trim().is_empty() || h.contains(['/', ' ', '@']) {
@@ -77,7 +77,7 @@ impl Compiler<'_> {
             auth,
             tls,
             allowed_hosts,
-            manage_jobs: self.manage_jobs(mcp.manage_jobs.as_ref(), data_dir),
+            manage_jobs: self.manage_jobs(mcp.manage_jobs.as_ref(), data_dir, cwd),
         }
     }
 
@@ -147,10 +147,9 @@ impl Compiler<'_> {
         }
     }
 
-    fn tls(&mut self, tls: Option<&raw::Tls>) -> McpTls {
+    fn tls(&mut self, tls: Option<&raw::Tls>, cwd: &Path) -> McpTls {
         let at: &[&str] = &["worker", "mcp", "tls"];
         let Some(t) = tls else { return McpTls::Off };
-        let cwd = self.loaded.root.parent().unwrap_or(Path::new(".")).to_path_buf();
         let proxy = t.terminated_by_proxy.unwrap_or(false);
         match (&t.cert_file, &t.key_file, proxy) {
             (None, None, true) => {
@@ -193,7 +192,7 @@ impl Compiler<'_> {
         }
     }
 
-    fn manage_jobs(&mut self, m: Option<&raw::ManageJobs>, data_dir: &Path) -> ManageJobs {
+    fn manage_jobs(&mut self, m: Option<&raw::ManageJobs>, data_dir: &Path, cwd: &Path) -> ManageJobs {
         let mut out = ManageJobs::off(data_dir);
         let Some(m) = m else { return out };
         let at = |k: &'static str| ["worker", "mcp", "manage_jobs", k];
@@ -226,7 +225,6 @@ impl Compiler<'_> {
             positive(self, "max_definition_bytes", m.max_definition_bytes, ManageJobs::DEFAULT_MAX_DEFINITION_BYTES as u32) as usize;
         out.allowed_commands = m.allowed_commands.clone().unwrap_or_default();
         if let Some(dirs) = &m.working_directories {
-            let cwd = self.loaded.root.parent().unwrap_or(Path::new(".")).to_path_buf();
             out.working_directories = dirs.iter().map(|d| cwd.join(d)).collect();
         }
         out

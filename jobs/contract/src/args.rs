@@ -190,7 +190,7 @@ pub struct UpdateJobArgs {
     /// The whole new definition (as for `create_job`): fields left out take their defaults.
     pub definition: Value,
     /// The version this change was made from (`origin.version` in `get_job`); a job changed since is refused.
-    pub expected_version: Option<u64>,
+    pub expected_version: u64,
     /// Check and preview only: nothing is saved.
     #[serde(default)]
     pub dry_run: bool,
@@ -203,7 +203,7 @@ pub struct DeleteJobArgs {
     /// The runtime job's name.
     pub name: String,
     /// The version being deleted (`origin.version` in `get_job`); a job changed since is refused.
-    pub expected_version: Option<u64>,
+    pub expected_version: u64,
     /// Also stop the job's queued and running runs (by default they finish).
     #[serde(default)]
     pub cancel_runs: bool,

@@ -53,6 +53,8 @@ pub enum JobOrigin {
         updated_by: String,
         updated_at: DateTime<Utc>,
     },
+    /// Created at runtime and since deleted: it no longer fires; its runs and history stay.
+    Deleted { version: u64, deleted_by: String, deleted_at: DateTime<Utc> },
 }
 
 /// One change of a runtime job, as its history keeps it.

@@ -743,6 +743,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn change_job(&self, req: &ChangeRequest<'_>, now: DateTime<Utc>) -> Result<Result<Changed, Refused>, StoreError>;
     /// A job's changes, newest first.
     async fn job_history(&self, name: &str, limit: usize) -> Result<Vec<JobChangeRecord>, StoreError>;
+    /// How many runs `job` has, and the instant of its oldest (its tick, or when it was queued).
+    async fn run_span(&self, job: &str) -> Result<(u64, Option<DateTime<Utc>>), StoreError>;
     /// The ticks in `from..=to` of `job` that have a run (of any attempt or trigger).
     async fn ticks_with_runs(&self, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<HashSet<i64>, StoreError>;
 

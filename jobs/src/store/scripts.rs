@@ -220,12 +220,22 @@ impl<D: Dialect> RunStore for D {
         let q = Stmt::new(sql!(D, "SELECT job FROM ll_job_state WHERE paused AND job {in $1}"), "reading pause state");
         let paused: HashSet<String> =
             D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await?.iter().map(|r| r.text("job")).collect();
+        // A backfill's runs are a stream of their own: they hold each other back (a backfill
+        // batch sees them), but never count against a live tick's overlap policy, which would
+        // otherwise skip live ticks while a backfill drains, or cancel it (`replace`).
+        let backfill = ticks.iter().any(|(r, _)| r.trigger == Trigger::Backfill);
         let q = Stmt::new(
-            sql!(D, format!("SELECT job, id FROM ll_runs WHERE job {{in $1}} AND status IN {} ORDER BY enqueued_at, id", *ACTIVE)),
+            sql!(
+                D,
+                format!(
+                    "SELECT job, id FROM ll_runs WHERE job {{in $1}} AND status IN {} AND (trigger != $2 OR $3) ORDER BY enqueued_at, id",
+                    *ACTIVE
+                )
+            ),
             "reading active runs",
         );
         let mut active: HashMap<String, Vec<String>> = HashMap::new();
-        for row in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
+        for row in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied()).bind(Trigger::Backfill.as_str()).bind(backfill)).await? {
             active.entry(row.text("job")).or_default().push(row.text("id"));
         }
         let TickPlan { out, rows, pushed, last_ticks } = plan_ticks(ticks, ids, &fresh, &paused, active, claim, now);
@@ -798,6 +808,15 @@ impl<D: Dialect> RunStore for D {
                 at: from_ms(r.int("at")),
             })
             .collect())
+    }
+
+    async fn run_span(&self, job: &str) -> Result<(u64, Option<DateTime<Utc>>), StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT count(*) AS n, min(coalesce(scheduled_at, enqueued_at)) AS oldest FROM ll_runs WHERE job = $1"),
+            "reading a job's runs",
+        );
+        let row = D::fetch_optional(&mut *self.reader().await?, q.bind(job)).await?;
+        Ok(row.map_or((0, None), |r| (r.int("n").max(0) as u64, r.opt_int("oldest").map(from_ms))))
     }
 
     async fn ticks_with_runs(&self, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<HashSet<i64>, StoreError> {

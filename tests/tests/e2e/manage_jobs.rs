@@ -137,7 +137,10 @@ fn an_mcp_client_previews_creates_changes_deletes_and_backfills_jobs() {
     assert_eq!(history, ["update", "create"]);
     assert_eq!(w.runs().iter().filter(|r| r.job == "tick").count(), fired, "not every second any more");
     assert_eq!(ok(&answers[2])["version"].as_u64(), Some(3));
-    assert!(refused(&answers[3]).contains("job \"tick\" was deleted by mcp client "), "{}", answers[3]);
+    let gone = ok(&answers[3]);
+    assert_eq!(gone["origin"]["kind"], "deleted", "{gone}");
+    assert!(gone["disabled"].as_str().is_some_and(|d| d.starts_with("deleted by mcp client ")), "{gone}");
+    assert_eq!(gone["history"].as_array().map(Vec::len), Some(3), "its history stays readable: {gone}");
 
     // Backfill the file job's last three hours: once without runs, once with.
     let now = chrono::Utc::now();
