@@ -541,16 +541,24 @@ fn reqwest_problem(error: &reqwest::Error) -> Problem {
     }
 }
 
-/// The certificate error in `error`'s chain, if the worker's certificate was refused (rustls
-/// reports it inside an I/O error).
+/// The certificate error in `error`'s chain, if the worker's certificate was refused. rustls
+/// reports it inside an I/O error; where the error arrives as rustls's own type it is told by
+/// type, and otherwise by rustls's wording of a refused certificate ("invalid peer
+/// certificate"), the second documented exception to telling failures apart by type (reqwest
+/// hands over the I/O error's inner error as a type lampctl cannot name).
 fn untrusted(error: &(dyn StdError + 'static)) -> Option<String> {
     let mut current = Some(error);
     while let Some(cause) = current {
-        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
-            cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(e @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)) = tls {
+        if let Some(e @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)) =
+            cause.downcast_ref::<rustls::Error>()
+        {
             return Some(e.to_string());
+        }
+        if let Some(inner) = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            let text = inner.to_string();
+            if text.starts_with("invalid peer certificate") {
+                return Some(text);
+            }
         }
         current = cause.source();
     }

@@ -3,44 +3,148 @@
 //! overrides the path), one of them current. The file holds tokens, so lampctl refuses to read
 //! it while others may, and writes it with mode 0600. Flags win over environment variables,
 //! which win over the context.
+//!
+//! The file is YAML of one shape (`current_context: NAME`, then `contexts:` with a map of
+//! settings per name), read by the small reader below rather than a YAML library: lampctl stays
+//! small (SPEC §12), and anything outside that shape is refused naming its line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-use serde::{Deserialize, Serialize};
 
 use crate::cli::DEFAULT_URL;
 use crate::client::Connection;
 use crate::error::{CtlError, Failure};
 
 /// The file.
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct File {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     current_context: Option<String>,
-    #[serde(default)]
     contexts: BTreeMap<String, Context>,
 }
 
 /// One worker.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Context {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) token: Option<String>,
     /// A shell command whose output is the token (e.g. `pass show lamplighter/prod`), run when
     /// the context is used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) token_command: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ca_cert: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) client_cert: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) client_key: Option<PathBuf>,
+}
+
+/// The settings of a context, as the file names them.
+const SETTINGS: [&str; 6] = ["url", "token", "token_command", "ca_cert", "client_cert", "client_key"];
+
+impl Context {
+    fn set(&mut self, key: &str, value: String) -> bool {
+        match key {
+            "url" => self.url = Some(value),
+            "token" => self.token = Some(value),
+            "token_command" => self.token_command = Some(value),
+            "ca_cert" => self.ca_cert = Some(value.into()),
+            "client_cert" => self.client_cert = Some(value.into()),
+            "client_key" => self.client_key = Some(value.into()),
+            _ => return false,
+        }
+        true
+    }
+
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let values = [
+            self.url.clone(),
+            self.token.clone(),
+            self.token_command.clone(),
+            path(&self.ca_cert),
+            path(&self.client_cert),
+            path(&self.client_key),
+        ];
+        SETTINGS.into_iter().zip(values).filter_map(|(k, v)| Some((k, v?))).collect()
+    }
+}
+
+/// Reads the file's one shape: `current_context: NAME`, and `contexts:` with, indented, each
+/// name and, indented again, its settings as `key: value` (values plain, or quoted as YAML
+/// quotes them). Comments and blank lines are skipped.
+fn parse(text: &str) -> Result<File, String> {
+    let mut file = File::default();
+    let mut in_contexts = false;
+    let mut current: Option<String> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim_end();
+        let content = line.trim_start();
+        if content.is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - content.len();
+        let (key, value) = content.split_once(':').ok_or_else(|| format!("line {n}: expected `key: value`"))?;
+        let key = scalar(key.trim()).map_err(|e| format!("line {n}: {e}"))?;
+        let value = value.trim();
+        match (indent, in_contexts, current.is_some()) {
+            (0, _, _) => {
+                current = None;
+                match key.as_str() {
+                    "current_context" => {
+                        file.current_context = Some(scalar(value).map_err(|e| format!("line {n}: {e}"))?).filter(|v| !v.is_empty());
+                        in_contexts = false;
+                    }
+                    "contexts" if value.is_empty() || value == "{}" => in_contexts = true,
+                    other => return Err(format!("line {n}: unknown key \"{other}\"; the file has current_context and contexts")),
+                }
+            }
+            (_, true, _) if value.is_empty() || value == "{}" => {
+                file.contexts.entry(key.clone()).or_default();
+                current = Some(key);
+            }
+            (_, true, true) => {
+                let name = current.as_ref().expect("checked");
+                let v = scalar(value).map_err(|e| format!("line {n}: {e}"))?;
+                if !file.contexts.entry(name.clone()).or_default().set(&key, v) {
+                    return Err(format!("line {n}: unknown setting \"{key}\"; a context has {}", SETTINGS.join(", ")));
+                }
+            }
+            _ => return Err(format!("line {n}: expected a context's name under `contexts:`, or its settings under that")),
+        }
+    }
+    Ok(file)
+}
+
+/// A scalar as YAML writes one: plain, `'single'` (with `''` for a quote) or `"double"` (JSON's
+/// escapes).
+fn scalar(v: &str) -> Result<String, String> {
+    if let Some(inner) = v.strip_prefix('\'').and_then(|r| r.strip_suffix('\'')) {
+        return Ok(inner.replace("''", "'"));
+    }
+    if v.starts_with('"') {
+        return serde_json::from_str::<String>(v).map_err(|e| format!("a quoted value that does not read: {e}"));
+    }
+    // A plain scalar ends where a comment starts.
+    let plain = match v.find(" #") {
+        Some(i) => v[..i].trim_end(),
+        None => v,
+    };
+    Ok(plain.to_owned())
+}
+
+/// The file as YAML that [`parse`] (and any YAML reader) reads back; every value double-quoted.
+fn render(file: &File) -> String {
+    let q = |s: &str| serde_json::Value::from(s).to_string();
+    let mut out = String::from("# lampctl contexts (lampctl config set-context / use-context); mode 0600: it holds tokens.\n");
+    if let Some(c) = &file.current_context {
+        out.push_str(&format!("current_context: {}\n", q(c)));
+    }
+    out.push_str("contexts:\n");
+    for (name, ctx) in &file.contexts {
+        out.push_str(&format!("  {}:\n", q(name)));
+        for (k, v) in ctx.settings() {
+            out.push_str(&format!("    {k}: {}\n", q(&v)));
+        }
+    }
+    out
 }
 
 fn usage(message: String) -> CtlError {
@@ -79,10 +183,7 @@ fn load(path: &Path) -> Result<Option<File>, CtlError> {
             )));
         }
     }
-    if text.trim().is_empty() {
-        return Ok(Some(File::default()));
-    }
-    serde_yaml::from_str(&text).map(Some).map_err(|e| usage(format!("{}: {e}", path.display())))
+    parse(&text).map(Some).map_err(|e| usage(format!("{}: {e}", path.display())))
 }
 
 /// Writes the file whole, mode 0600, through a temporary file beside it.
@@ -91,7 +192,7 @@ fn save(path: &Path, file: &File) -> Result<(), CtlError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(local)?;
     }
-    let text = serde_yaml::to_string(file).map_err(|e| CtlError::new(Failure::Local, format!("cannot write the contexts: {e}")))?;
+    let text = render(file);
     let tmp = path.with_extension("yaml.tmp");
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -245,4 +346,36 @@ pub(crate) fn set_context(name: &str, set: Context) -> Result<String, CtlError> 
     }
     save(&path, &file)?;
     Ok(format!("context \"{name}\" saved in {}\n", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_reads_back_what_it_writes_and_hand_written_yaml() {
+        let mut file = File { current_context: Some("prod".into()), contexts: BTreeMap::new() };
+        file.contexts.insert(
+            "prod".into(),
+            Context {
+                url: Some("https://w.example:5100/mcp".into()),
+                token: Some("t: 'x\" #".into()),
+                ca_cert: Some("/etc/ca.pem".into()),
+                ..Default::default()
+            },
+        );
+        file.contexts.insert("dev".into(), Context { token_command: Some("pass show ll/dev".into()), ..Default::default() });
+        assert_eq!(parse(&render(&file)), Ok(file));
+        let hand = "# mine\ncurrent_context: dev\ncontexts:\n  dev:\n    url: http://127.0.0.1:5100/mcp  # local\n    token: 'it''s'\n  empty: {}\n";
+        let read = parse(hand).expect("reads");
+        assert_eq!(read.current_context.as_deref(), Some("dev"));
+        assert_eq!(read.contexts["dev"].url.as_deref(), Some("http://127.0.0.1:5100/mcp"));
+        assert_eq!(read.contexts["dev"].token.as_deref(), Some("it's"));
+        assert!(read.contexts.contains_key("empty"));
+        assert_eq!(
+            parse("contexts:\n  a:\n    passwd: x\n").unwrap_err(),
+            "line 3: unknown setting \"passwd\"; a context has url, token, token_command, ca_cert, client_cert, client_key"
+        );
+        assert!(parse("users: []\n").unwrap_err().starts_with("line 1: unknown key \"users\""));
+    }
 }

@@ -24,7 +24,7 @@ impl Pki {
     /// A new CA `name` (its files `NAME-ca.pem`, `NAME-ca.key`) in `dir`.
     pub fn new(dir: &Path, name: &str) -> Pki {
         let (cert, key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
-        openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &key]);
+        openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key]);
         openssl(
             dir,
             &["req", "-x509", "-new", "-key", &key, "-sha256", "-days", "2", "-subj", &format!("/CN={name} test CA"), "-out", &cert],
@@ -49,9 +49,8 @@ impl Pki {
     fn sign(&self, file: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
         let (cert, key, csr, extfile) = (format!("{file}.pem"), format!("{file}.key"), format!("{file}.csr"), format!("{file}.ext"));
         std::fs::write(self.dir.join(&extfile), format!("{ext}\n")).expect("write ext");
-        openssl(&self.dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &key]);
-        // PKCS#8, the form every TLS library reads.
-        openssl(&self.dir, &["pkcs8", "-topk8", "-nocrypt", "-in", &key, "-out", &key]);
+        // PKCS#8 (what `genpkey` writes), the form every TLS library reads.
+        openssl(&self.dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key]);
         openssl(&self.dir, &["req", "-new", "-key", &key, "-subj", subject, "-out", &csr]);
         let (ca, ca_key) = (format!("{}-ca.pem", self.name), format!("{}-ca.key", self.name));
         openssl(

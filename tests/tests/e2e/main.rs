@@ -18,6 +18,7 @@ mod mcp;
 mod packaging;
 mod postgres;
 mod real_llm;
+mod remote;
 mod resources;
 mod systemd;
 mod tasks;

@@ -190,6 +190,16 @@ impl Worker {
         ctl_at(&self.url(), None, args)
     }
 
+    /// Starts a worker that serves TLS and returns once it says it is ready (its `/readyz` is
+    /// on the TLS listener; the test reads it with its CA).
+    pub(crate) fn start_tls(&mut self) {
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
+        let child =
+            spawn_until(&mut cmd, &self.log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
+        self.child = Some(child);
+    }
+
     /// Starts the worker and returns once it says it is ready (and `/readyz` agrees).
     pub(crate) fn start(&mut self) {
         let mut cmd = Command::new(bin());

@@ -1,0 +1,248 @@
+//! A worker reached from elsewhere: TLS in the worker with a CA made for the test (lampctl with
+//! `--ca-cert` and through a context; without the CA, exit 3 naming it; mutual TLS; a renewed
+//! certificate served after a reload without a restart), roles per token, and a non-loopback
+//! listener that refuses to start unprotected.
+
+use std::process::Command;
+use std::time::Duration;
+
+use lamplighter_tests::pki::Pki;
+use serde_json::Value;
+
+use crate::support::{Worker, ctl_bin, free_port, run_cli};
+
+const JOB: &str =
+    "report:\n  type: plugin\n  plugin: file-save\n  action: save\n  cron: \"0 3 * * *\"\n  parameters: {path: r.txt, content: r}";
+
+const TOKENS: &str = "auth:\n  type: bearer\n  tokens:\n    - {name: dashboard, token: r34d-0nly-t0ken, role: read}\n    - {name: ops, token: 0per8-t0ken, role: operate}\n    - {name: admin, token: m4n4ge-t0ken, role: manage}\nmanage_jobs: {enabled: true}";
+
+/// lampctl with `args` and `env`: (exit code, stdout, stderr).
+fn lampctl(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(ctl_bin());
+    cmd.env_remove("LAMPLIGHTER_URL").env_remove("LAMPLIGHTER_TOKEN").env("LAMPCTL_CONFIG", "/nonexistent/lampctl.yaml");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.args(args).output().expect("lampctl runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn https(w: &Worker) -> String {
+    format!("https://localhost:{}/mcp", w.port)
+}
+
+/// A worker serving TLS with a certificate of `pki`, plus `extra` under `worker.mcp.tls`.
+fn tls_worker(pki: &Pki, extra: &str) -> Worker {
+    let w = Worker::new("");
+    let (cert, key) = pki.server("server");
+    let tls = format!("tls:\n  cert_file: {}\n  key_file: {}\n{extra}{TOKENS}", cert.display(), key.display());
+    w.write_config(JOB, &tls);
+    w
+}
+
+#[test]
+fn lampctl_reaches_a_tls_worker_with_its_ca_and_through_a_context() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "one");
+    let mut w = tls_worker(&pki, "");
+    w.start_tls();
+    let url = https(&w);
+    let ca = pki.ca();
+    let ca = ca.to_str().expect("path");
+
+    let (code, out, err) = lampctl(&["--url", &url, "--ca-cert", ca, "--token", "0per8-t0ken", "jobs", "list"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("report"), "{out}");
+    // Without the CA: the system's roots do not know it.
+    let (code, _, err) = lampctl(&["--url", &url, "--token", "0per8-t0ken", "jobs", "list"], &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("does not trust") && err.contains("the system's trusted CAs") && err.contains("--ca-cert"), "{err}");
+    // Another CA: named in the message.
+    let other = Pki::new(dir.path(), "other");
+    let (code, _, err) = lampctl(&["--url", &url, "--ca-cert", other.ca().to_str().expect("path"), "status"], &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("other-ca.pem (--ca-cert)"), "{err}");
+    // Plain HTTP to a TLS listener does not get an answer it could take for the worker's.
+    let (code, _, _) = lampctl(&["--url", &format!("http://localhost:{}/mcp", w.port), "status"], &[]);
+    assert_eq!(code, 3);
+
+    // A context keeps it all; flags still win.
+    let config = dir.path().join("lampctl.yaml");
+    let env = [("LAMPCTL_CONFIG", config.to_str().expect("path"))];
+    let (code, out, err) =
+        lampctl(&["config", "set-context", "prod", "--url", &url, "--ca-cert", ca, "--token-command", "printf 0per8-t0ken"], &env);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = lampctl(&["jobs", "pause", "report"], &env);
+    assert_eq!(code, 0, "through the current context: {out}{err}");
+    let (code, out, _) = lampctl(&["config", "get-contexts"], &env);
+    assert_eq!(code, 0);
+    assert!(out.contains("*") && out.contains("prod") && out.contains("from `printf 0per8-t0ken`"), "{out}");
+    let (code, _, err) = lampctl(&["--token", "r34d-0nly-t0ken", "jobs", "resume", "report"], &env);
+    assert_eq!(code, 1, "the flag's read token wins over the context's: {err}");
+    assert!(err.contains("needs the operate role; token \"dashboard\" has the read role"), "{err}");
+    let (code, _, err) = lampctl(&["--context", "staging", "status"], &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no context \"staging\"") && err.contains("contexts: prod"), "{err}");
+    // A contexts file others may read is refused: it holds tokens.
+    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
+    let (code, _, err) = lampctl(&["status"], &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+
+    // /healthz, /readyz and /metrics are on the same TLS listener.
+    let client = reqwest::blocking::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&std::fs::read(pki.ca()).expect("ca")).expect("pem")])
+        .build()
+        .expect("client");
+    let health = client.get(format!("https://localhost:{}/readyz", w.port)).send().expect("readyz over TLS");
+    assert_eq!(health.status(), 200);
+    let metrics = client.get(format!("https://localhost:{}/metrics", w.port)).bearer_auth("r34d-0nly-t0ken").send().expect("metrics");
+    assert_eq!(metrics.status(), 200);
+
+    // A renewed certificate (here from another CA) is served after a reload, same process.
+    let pid = w.pid();
+    let (cert, key) = other.server("renewed");
+    std::fs::copy(&cert, pki_file(&pki, "server.pem")).expect("replace cert");
+    std::fs::copy(&key, pki_file(&pki, "server.key")).expect("replace key");
+    let (code, out, err) = lampctl(&["--url", &url, "--ca-cert", ca, "--token", "m4n4ge-t0ken", "config", "reload"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) =
+        lampctl(&["--url", &url, "--ca-cert", other.ca().to_str().expect("path"), "--token", "0per8-t0ken", "status"], &[]);
+    assert_eq!(code, 0, "the renewed certificate is served: {err}");
+    assert_eq!(w.pid(), pid);
+    // A broken file on the next reload keeps the certificate in use.
+    std::fs::write(pki_file(&pki, "server.pem"), "not a certificate").expect("break cert");
+    let (code, _, _) =
+        lampctl(&["--url", &url, "--ca-cert", other.ca().to_str().expect("path"), "--token", "m4n4ge-t0ken", "config", "reload"], &[]);
+    assert_eq!(code, 1, "the reload is refused: the config names a file that does not hold a certificate");
+    let (code, _, err) =
+        lampctl(&["--url", &url, "--ca-cert", other.ca().to_str().expect("path"), "--token", "0per8-t0ken", "status"], &[]);
+    assert_eq!(code, 0, "still served: {err}");
+}
+
+fn pki_file(pki: &Pki, name: &str) -> std::path::PathBuf {
+    pki.ca().parent().expect("dir").join(name)
+}
+
+#[test]
+fn mutual_tls_refuses_a_client_without_a_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "mtls");
+    let mut w = tls_worker(&pki, &format!("  client_ca_file: {}\n", pki.ca().display()));
+    w.start_tls();
+    let (url, ca) = (https(&w), pki.ca());
+    let ca = ca.to_str().expect("path");
+    let (code, _, err) = lampctl(&["--url", &url, "--ca-cert", ca, "--token", "r34d-0nly-t0ken", "status"], &[]);
+    assert_eq!(code, 3, "no client certificate: {err}");
+    let (cert, key) = pki.client("laptop", "laptop");
+    let (code, out, err) = lampctl(
+        &[
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--client-cert",
+            cert.to_str().expect("path"),
+            "--client-key",
+            key.to_str().expect("path"),
+            "--token",
+            "r34d-0nly-t0ken",
+            "status",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = lampctl(&["--url", &url, "--client-cert", cert.to_str().expect("path"), "status"], &[]);
+    assert_eq!(code, 2, "a certificate needs its key: {err}");
+}
+
+#[test]
+fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
+    let mut w = Worker::new("");
+    w.write_config(JOB, TOKENS);
+    w.start();
+    let url = w.url();
+    let run = |token: &str, args: &[&str]| lampctl(&[&["--url", url.as_str(), "--token", token][..], args].concat(), &[]);
+    let tools = |token: &str| -> Vec<String> {
+        let (code, out, err) = run(token, &["-o", "json", "tools", "list"]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        v["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str().map(str::to_owned)).collect()
+    };
+    let read = tools("r34d-0nly-t0ken");
+    assert!(read.contains(&"list_jobs".to_owned()) && read.contains(&"get_run".to_owned()), "{read:?}");
+    for write in ["pause_job", "trigger_job", "cancel_run", "approve_step", "create_job", "reload_config", "scheduler_trigger_job"] {
+        assert!(!read.contains(&write.to_owned()), "a read token lists {write}: {read:?}");
+    }
+    let operate = tools("0per8-t0ken");
+    assert!(operate.contains(&"pause_job".to_owned()) && !operate.contains(&"create_job".to_owned()), "{operate:?}");
+    assert!(tools("m4n4ge-t0ken").contains(&"create_job".to_owned()));
+
+    let (code, _, err) = run("r34d-0nly-t0ken", &["jobs", "pause", "report"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("tool \"pause_job\" needs the operate role; token \"dashboard\" has the read role"), "{err}");
+    let file = w.dir.path().join("def.yaml");
+    std::fs::write(&file, "every: 1h\nplugin: file-save\naction: save\n").expect("write");
+    let (code, _, err) = run("0per8-t0ken", &["jobs", "create", "extra", "-f", file.to_str().expect("path")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("needs the manage role; token \"ops\" has the operate role"), "{err}");
+    let (code, out, err) = run("m4n4ge-t0ken", &["jobs", "create", "extra", "-f", file.to_str().expect("path")]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, history, _) = run("r34d-0nly-t0ken", &["jobs", "history", "extra"]);
+    assert_eq!(code, 0);
+    assert!(history.contains("token admin"), "the token's name is the actor: {history}");
+    let (code, _, err) = run("wrong", &["status"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(!w.log().contains("m4n4ge-t0ken") && !w.log().contains("r34d-0nly-t0ken"), "tokens never reach the log");
+}
+
+#[test]
+fn a_non_loopback_listener_needs_auth_and_tls_or_a_stated_proxy() {
+    let w = Worker::new("");
+    let port = free_port();
+    let write = |mcp: &str| {
+        let text = format!(
+            "framework:\n  data_dir: {}\nworker:\n  mcp:\n    host: 0.0.0.0\n    port: {port}\n{mcp}scheduling:\n  jobs: {{}}\n",
+            w.dir.path().join("data").display()
+        );
+        std::fs::write(w.config_path(), text).expect("write");
+    };
+    write("    auth: {type: bearer, token: s3cret-t0ken}\n");
+    let (code, _, err) = run_with_timeout(&w);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("without TLS") && err.contains("worker.mcp.tls") && err.contains("terminated_by_proxy: true"), "{err}");
+    write("");
+    let (code, _, err) = run_with_timeout(&w);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("without auth and without TLS") && err.contains("worker.mcp.auth") && err.contains("worker.mcp.tls"), "{err}");
+    // Behind a TLS-terminating proxy, stated: it starts, and names must be allowed.
+    write(
+        "    auth: {type: bearer, token: s3cret-t0ken}\n    tls: {terminated_by_proxy: true}\n    allowed_hosts: [lamplighter.example]\n",
+    );
+    let (code, out, err) = run_cli(&["config", "validate", "--config", w.config_path().to_str().expect("path")], w.dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// `lamplighter run` that is expected to refuse to start: its exit code and output.
+fn run_with_timeout(w: &Worker) -> (i32, String, String) {
+    let mut child = Command::new(crate::support::bin())
+        .args(["run", "--config"])
+        .arg(w.config_path())
+        .current_dir(w.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let out = child.wait_with_output().expect("output");
+            return (status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into());
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the worker did not refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
