@@ -644,6 +644,7 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
     pairs.add_some("workflow", detail.workflow.clone());
     pairs.add("status", run.status.to_string());
     pairs.add("trigger", run.trigger.as_str().to_owned());
+    pairs.add_some("requested by", run.requested_by.clone());
     pairs.add("attempt", run.attempt.to_string());
     pairs.add_some("retry of", run.retry_of.clone());
     pairs.add_some("retried as", run.next_run_id.clone());
@@ -1121,6 +1122,7 @@ mod tests {
             tokens_out: None,
             cost: None,
             trace_id: None,
+            requested_by: None,
         }
     }
 

@@ -354,6 +354,7 @@ impl Engine {
             retry_of: None,
             root_id: None,
             snapshot: Some(snapshot.clone()),
+            requested_by: None,
         }
     }
 }

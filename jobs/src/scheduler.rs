@@ -281,6 +281,7 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
         retry_of: None,
         root_id: None,
         snapshot: Some(jobs.snapshot_of(cfg)),
+        requested_by: None,
     }
 }
 

@@ -61,6 +61,8 @@ pub struct TriggerRequest {
     pub input: Option<serde_json::Value>,
     pub parameters: Option<serde_json::Value>,
     pub idempotency_key: Option<String>,
+    /// Who asks (recorded on the run).
+    pub requested_by: Option<String>,
 }
 
 /// A decision to record with [`Engine::decide`].
@@ -311,6 +313,7 @@ impl Engine {
             retry_of: None,
             root_id: None,
             snapshot: Some(snapshot),
+            requested_by: req.requested_by,
         };
         self.insert_and_dispatch(run, now).await
     }
@@ -439,6 +442,7 @@ impl Engine {
         name: &str,
         input: Option<serde_json::Value>,
         idempotency_key: Option<String>,
+        requested_by: Option<String>,
     ) -> Result<Triggered, ServiceError> {
         let Some(definition) = self.shared.workflow(name) else {
             let known = self.shared.snapshot().workflows.keys().cloned().collect::<Vec<_>>();
@@ -468,6 +472,7 @@ impl Engine {
             retry_of: None,
             root_id: None,
             snapshot: Some(snapshot),
+            requested_by,
         };
         self.insert_and_dispatch(run, now).await
     }

@@ -354,8 +354,8 @@ async fn a_workflow_runs_by_hand_and_an_unreachable_provider_fails_its_agent_ste
     );
     let config = config_with(dir.path(), &top, "type: plugin\nplugin: file-save\naction: save\nparameters: {path: x, content: y}");
     let engine = start(&config, &clock).await;
-    let started = engine.run_workflow("w", Some(json!("hello")), Some("k1".into())).await.expect("run workflow");
-    let again = engine.run_workflow("w", Some(json!("hello")), Some("k1".into())).await.expect("same key");
+    let started = engine.run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("run workflow");
+    let again = engine.run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("same key");
     assert_eq!((again.run_id.as_str(), again.created), (started.run_id.as_str(), false));
     let run = ended(&engine, &started.run_id).await;
     assert_eq!(run.job, "workflow:w");
@@ -368,7 +368,7 @@ async fn a_workflow_runs_by_hand_and_an_unreachable_provider_fails_its_agent_ste
         "{error}"
     );
     assert_eq!(data(dir.path(), "got"), "hello");
-    let missing = engine.run_workflow("nope", None, None).await.expect_err("unknown workflow");
+    let missing = engine.run_workflow("nope", None, None, None).await.expect_err("unknown workflow");
     assert_eq!(missing.to_string(), "workflow \"nope\" not found; known workflows: w");
     engine.shutdown(Duration::from_secs(5)).await;
 }

@@ -388,7 +388,12 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
-        let request = TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+        let request = TriggerRequest {
+            input: a.input,
+            parameters: a.parameters.map(Value::Object),
+            idempotency_key: a.idempotency_key,
+            requested_by: Some(client_name(&ctx)),
+        };
         let triggered = self.engine.trigger_job(&a.name, request).await?;
         self.outcome(triggered, a.wait, timeout, &ctx).await
     }
@@ -445,7 +450,7 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
-        let started = self.engine.run_workflow(&a.name, a.input, a.idempotency_key).await?;
+        let started = self.engine.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
@@ -491,9 +496,18 @@ impl Control {
 
     /// Seed-compatible name of `trigger_job` (without waiting): starts a run of the job (`job_name` or `name`) now and returns its id.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
-    async fn scheduler_trigger_job(&self, Parameters(a): Parameters<SeedTriggerArgs>) -> Result<Json<TriggerOutcome>, Failure> {
+    async fn scheduler_trigger_job(
+        &self,
+        Parameters(a): Parameters<SeedTriggerArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
         let name = seed_job_name(a.name, a.job_name)?;
-        let request = TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+        let request = TriggerRequest {
+            input: a.input,
+            parameters: a.parameters.map(Value::Object),
+            idempotency_key: a.idempotency_key,
+            requested_by: Some(client_name(&ctx)),
+        };
         let triggered = self.engine.trigger_job(&name, request).await?;
         Ok(Json(TriggerOutcome { run_id: triggered.run_id, created: triggered.created, run: None, finished: false, note: None }))
     }
@@ -547,8 +561,12 @@ impl Control {
                 if !a.wait {
                     return None;
                 }
-                let trigger =
-                    TriggerRequest { input: a.input, parameters: a.parameters.map(Value::Object), idempotency_key: a.idempotency_key };
+                let trigger = TriggerRequest {
+                    input: a.input,
+                    parameters: a.parameters.map(Value::Object),
+                    idempotency_key: a.idempotency_key,
+                    requested_by: Some(client_name(context)),
+                };
                 (self.engine.trigger_job(&a.name, trigger).await, timeout)
             }
             "run_workflow" => {
@@ -557,7 +575,7 @@ impl Control {
                 if !a.wait {
                     return None;
                 }
-                (self.engine.run_workflow(&a.name, a.input, a.idempotency_key).await, timeout)
+                (self.engine.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
             }
             _ => return None,
         };

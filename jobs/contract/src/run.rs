@@ -138,6 +138,9 @@ pub struct Run {
     pub cost: Option<f64>,
     /// The trace of the latest execution (32 hex digits), when spans were exported.
     pub trace_id: Option<String>,
+    /// Who started it by hand: the token's name, or the MCP client's (none for scheduled runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
 }
 
 impl Run {

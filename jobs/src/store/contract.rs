@@ -50,6 +50,7 @@ pub(super) fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
         retry_of: None,
         root_id: None,
         snapshot: Some(snapshot("a")),
+        requested_by: None,
     }
 }
 

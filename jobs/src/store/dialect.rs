@@ -340,7 +340,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 /// The columns of a run, for [`run_from_row`] (a first attempt stores no root: it is its own).
 macro_rules! run_cols {
     () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, coalesce(root_id, id) AS root_id"
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, requested_by, coalesce(root_id, id) AS root_id"
     };
 }
 pub(crate) use run_cols;
@@ -381,6 +381,7 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
         tokens_out: r.opt_int("tokens_out"),
         cost: r.opt_real("cost"),
         trace_id: r.opt_text("trace_id"),
+        requested_by: r.opt_text("requested_by"),
     }
 }
 

@@ -279,6 +279,8 @@ pub(crate) struct NewRun {
     /// The run identity it continues (`None`: a new one, its own id).
     pub(crate) root_id: Option<String>,
     pub(crate) snapshot: Option<JobSnapshot>,
+    /// Who asked for it (a run started by hand).
+    pub(crate) requested_by: Option<String>,
 }
 
 impl NewRun {
@@ -308,6 +310,7 @@ impl NewRun {
             tokens_out: None,
             cost: None,
             trace_id: None,
+            requested_by: self.requested_by.clone(),
         }
     }
 
@@ -328,6 +331,7 @@ impl NewRun {
             retry_of: Some(run.id.clone()),
             root_id: Some(run.root_id.clone()),
             snapshot: None,
+            requested_by: run.requested_by.clone(),
         }
     }
 }

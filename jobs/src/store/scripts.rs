@@ -27,14 +27,14 @@ use crate::definitions::Change;
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
-/// Rows per multi-row statement: 19 columns × 1000 stays under both drivers' bound on
+/// Rows per multi-row statement: 20 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them.
 const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
-                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at)";
-const RUN_INSERT_COLS: usize = 19;
+                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by)";
+const RUN_INSERT_COLS: usize = 20;
 
 /// The columns of a runtime job, for [`stored_job_from_row`].
 const DEFINITION_COLS: &str = "name, definition, version, created_by, created_at, updated_by, updated_at";
@@ -83,7 +83,8 @@ async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispa
                 .bind(r.root_id.as_deref().filter(|root| *root != id.as_str()))
                 .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
                 .bind(worker)
-                .bind(worker.map(|_| now));
+                .bind(worker.map(|_| now))
+                .bind(r.requested_by.as_deref());
         }
         D::execute(c, q).await?;
     }

@@ -191,6 +191,14 @@ fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
     let (code, history, _) = run("r34d-0nly-t0ken", &["jobs", "history", "extra"]);
     assert_eq!(code, 0);
     assert!(history.contains("token admin"), "the token's name is the actor: {history}");
+    // A run started by hand names who asked.
+    let (code, out, err) = run("0per8-t0ken", &["-o", "json", "jobs", "trigger", "report", "--wait"]);
+    assert_eq!(code, 0, "{err}");
+    let started: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(started["run"]["requested_by"], "token ops", "{out}");
+    let (code, out, _) = run("r34d-0nly-t0ken", &["runs", "show", started["run_id"].as_str().expect("run id")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("requested by:  token ops") || out.contains("requested by: token ops"), "{out}");
     let (code, _, err) = run("wrong", &["status"]);
     assert_eq!(code, 3, "{err}");
     assert!(!w.log().contains("m4n4ge-t0ken") && !w.log().contains("r34d-0nly-t0ken"), "tokens never reach the log");
