@@ -254,3 +254,168 @@ fn run_with_timeout(w: &Worker) -> (i32, String, String) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// nginx, from Debian's package (installed on first use), as README "Control a remote worker"
+/// configures it: TLS ends at nginx, which streams `/mcp` to a worker on loopback.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its workers (SIGKILL would leave them running).
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nginx {
+    fn start(dir: &std::path::Path, cert: &std::path::Path, key: &std::path::Path, upstream: u16) -> Nginx {
+        lamplighter_tests::setup::debian_packages(&["nginx"], "the reverse-proxy test", || {
+            std::path::Path::new("/usr/sbin/nginx").exists()
+        });
+        let port = free_port();
+        let conf = dir.join("nginx.conf");
+        // The `location /mcp` block is the README's, word for word.
+        let text = format!(
+            "user root;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {cert};\n    ssl_certificate_key {key};\n{block}  }}\n}}\n",
+            d = dir.display(),
+            cert = cert.display(),
+            key = key.display(),
+            block = README_NGINX.replace("127.0.0.1:5100", &format!("127.0.0.1:{upstream}")),
+        );
+        std::fs::write(&conf, text).expect("write nginx.conf");
+        let child = Command::new("/usr/sbin/nginx")
+            .args(["-c", conf.to_str().expect("path"), "-p", dir.to_str().expect("path"), "-g", "daemon off;"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx starts");
+        let n = Nginx { child, port };
+        crate::support::poll(
+            "nginx to listen",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ()),
+            || std::fs::read_to_string(dir.join("error.log")).unwrap_or_default(),
+        );
+        n
+    }
+}
+
+/// The `location` block README.md gives for nginx (a test reads it from there).
+const README_NGINX: &str = include_str!("../../../deploy/nginx/lamplighter.conf");
+
+#[test]
+fn through_nginx_a_wait_and_a_follow_stream_to_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "proxy");
+    let (cert, key) = pki.server("nginx");
+    let mut w = Worker::new("");
+    let slow = format!(
+        "{JOB}\nslow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  every: 24h\n  parameters: {{command: \"sleep 2; echo done\"}}"
+    );
+    w.write_config(&slow, "tls: {terminated_by_proxy: true}\nauth: {type: bearer, token: pr0xy-t0ken}");
+    w.start();
+    let nginx = Nginx::start(dir.path(), &cert, &key, w.port);
+    let url = format!("https://localhost:{}/mcp", nginx.port);
+    let ca = pki.ca();
+    let base = ["--url", url.as_str(), "--ca-cert", ca.to_str().expect("path"), "--token", "pr0xy-t0ken"];
+    let (code, out, err) = lampctl(&[&base[..], &["-o", "json", "jobs", "trigger", "slow", "--wait"]].concat(), &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["run"]["status"], "succeeded", "{out}");
+    let (code, out, err) = lampctl(&[&base[..], &["-o", "json", "jobs", "trigger", "slow"]].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    let id = serde_json::from_str::<Value>(&out).expect("json")["run_id"].as_str().expect("run id").to_owned();
+    let (code, out, err) = lampctl(&[&base[..], &["runs", "follow", &id]].concat(), &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(": running") && out.contains("succeeded after"), "follows the run to its end:\nstdout: {out}\nstderr: {err}");
+}
+
+/// A process killed (SIGTERM) and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        let _ = self.0.wait();
+    }
+}
+
+/// The third shape: the worker stays on loopback, plain HTTP, and lampctl reaches it through an
+/// SSH tunnel (a real sshd from Debian's package, on loopback, with keys made for the test).
+#[test]
+fn through_an_ssh_tunnel_a_loopback_worker_is_reached_as_if_local() {
+    lamplighter_tests::setup::debian_packages(&["openssh-server", "openssh-client"], "the SSH tunnel test", || {
+        std::path::Path::new("/usr/sbin/sshd").exists() && std::path::Path::new("/usr/bin/ssh").exists()
+    });
+    assert!(lamplighter_tests::setup::is_root(), "the SSH tunnel test runs sshd as root (as CI does)");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let keygen = |file: &str| {
+        let out = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(d.join(file)).output().expect("ssh-keygen");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    keygen("host_key");
+    keygen("client_key");
+    std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).expect("authorized_keys");
+    std::fs::create_dir_all("/run/sshd").expect("sshd's privilege separation folder");
+    let ssh_port = free_port();
+    let config = format!(
+        "Port {ssh_port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\nStrictModes no\nAllowTcpForwarding local\nPidFile {d}/sshd.pid\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("sshd_config"), config).expect("sshd_config");
+    let _sshd = Reaped(
+        Command::new("/usr/sbin/sshd")
+            .args(["-D", "-e", "-f"])
+            .arg(d.join("sshd_config"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sshd"),
+    );
+    crate::support::poll(
+        "sshd to listen",
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", ssh_port)).ok().map(|_| ()),
+        String::new,
+    );
+
+    let mut w = Worker::new("");
+    w.write_config(JOB, "auth: {type: bearer, token: tunn3l-t0ken}");
+    w.start();
+    let local = free_port();
+    let _tunnel = Reaped(
+        Command::new("ssh")
+            .args([
+                "-N",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ExitOnForwardFailure=yes",
+                "-i",
+            ])
+            .arg(d.join("client_key"))
+            .args(["-p", &ssh_port.to_string(), "-L", &format!("127.0.0.1:{local}:127.0.0.1:{}", w.port), "root@127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("ssh"),
+    );
+    crate::support::poll(
+        "the tunnel to open",
+        Duration::from_secs(15),
+        || std::net::TcpStream::connect(("127.0.0.1", local)).ok().map(|_| ()),
+        String::new,
+    );
+    let url = format!("http://127.0.0.1:{local}/mcp");
+    let (code, out, err) = lampctl(&["--url", &url, "--token", "tunn3l-t0ken", "-o", "json", "jobs", "trigger", "report", "--wait"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).expect("json")["run"]["status"], "succeeded", "{out}");
+}
