@@ -113,6 +113,26 @@ impl Worker {
         Worker { dir, child: None, port }
     }
 
+    /// Starts a worker that serves TLS: returns once it says it is ready.
+    pub(crate) fn start_tls(&mut self) -> Duration {
+        let started = Instant::now();
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"])
+            .arg(self.dir.path().join("lamplighter.yaml"))
+            .current_dir(self.dir.path())
+            .env("RUST_LOG", "warn,lamplighter_worker::run=info")
+            .stdout(Stdio::null());
+        let log = self.dir.path().join("worker.log");
+        let child = lamplighter_tests::proc::spawn_until(&mut cmd, &log, lamplighter_tests::proc::READY_LINE, Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("worker not ready: {e}"));
+        self.child = Some(child);
+        started.elapsed()
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Starts the worker; returns the time to `/readyz` 200.
     pub(crate) fn start(&mut self) -> Duration {
         let started = Instant::now();
