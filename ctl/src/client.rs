@@ -439,7 +439,7 @@ impl Target {
             }
             Problem::Unauthorized { status: 401 } => "the worker refused the token (401); set --token or $LAMPLIGHTER_TOKEN".to_owned(),
             Problem::Unauthorized { status } => format!(
-                "the worker refused the request ({status}); check --token or $LAMPLIGHTER_TOKEN, and that the worker accepts the host name in {url}"
+                "the worker refused the request ({status}); check --token or $LAMPLIGHTER_TOKEN, and that the host name in {url} is in the worker's worker.mcp.allowed_hosts (or $LAMPLIGHTER_ALLOWED_HOSTS)"
             ),
             Problem::NoEndpoint => {
                 format!(
@@ -830,6 +830,7 @@ mod tests {
         let error = Client::connect(&at(&url, Some("t"))).await.err().expect("403");
         assert_eq!(error.exit_code(), 3);
         assert!(error.to_string().starts_with("the worker refused the request (403)"), "{error}");
+        assert!(error.to_string().contains("worker.mcp.allowed_hosts"), "names the setting to change: {error}");
     }
 
     #[tokio::test]
