@@ -258,7 +258,10 @@ pub(crate) struct Job {
     /// `at:` are instants and are unaffected.
     pub(crate) timezone: Option<String>,
     pub(crate) enabled: Option<bool>,
-    /// `skip`, `latest` (default) or `all`.
+    /// What fires when several ticks are due at once (after downtime, a suspend or a clock
+    /// step): `latest` (default) exactly one run, for the newest due tick; `all` every due tick
+    /// once, in order; `skip` none that is more than a minute late. Ticks older than
+    /// `catch_up_window` (default 1 day) never fire.
     pub(crate) catch_up: Option<String>,
     pub(crate) catch_up_window: Option<String>,
     /// `forbid` (default), `allow`, `replace` or `queue`.

@@ -90,22 +90,33 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
     DueTicks { fire, missed, last, skipped_last, next, overlap }
 }
 
-/// Which of the due ticks `(tick, fire at)` fire: on-time ones always; missed ones as the
-/// catch-up policy and window say.
+/// Which of the due ticks `(tick, fire at)` fire. Several ticks due at once mean the worker was
+/// away (down, suspended, its clock stepped) or behind, and the catch-up policy decides for all
+/// of them together; a tick inside its grace ([`ON_TIME`]) is one of them, not a run apart:
+/// - `latest`: exactly one run, for the newest due tick (as `cron` when it is inside its grace,
+///   as `catch_up` when later but inside `catch_up_window`);
+/// - `all`: every due tick once (the late ones inside the window);
+/// - `skip`: no late tick; the newest, when it is inside its grace, fires as the schedule's.
 fn choose(
     p: &TickPolicy<'_>,
     ticks: &[(DateTime<Utc>, DateTime<Utc>)],
     now: DateTime<Utc>,
 ) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
-    let (missed, on_time): (Vec<_>, Vec<_>) = ticks.iter().partition(|(_, at)| now - *at > ON_TIME);
+    let on_time = |at: &DateTime<Utc>| now - *at <= ON_TIME;
     let window_start = now - chrono::Duration::from_std(p.catch_up_window).unwrap_or(chrono::Duration::days(1));
-    let in_window: Vec<_> = missed.into_iter().filter(|(t, _)| *t >= window_start).collect();
-    let caught: Vec<_> = match p.catch_up {
-        CatchUp::Skip => Vec::new(),
-        CatchUp::Latest => in_window.last().copied().into_iter().collect(),
-        CatchUp::All => in_window,
-    };
-    caught.into_iter().map(|(t, at)| (t, at, Trigger::CatchUp)).chain(on_time.into_iter().map(|(t, at)| (t, at, Trigger::Cron))).collect()
+    match p.catch_up {
+        CatchUp::Skip => ticks.last().filter(|(_, at)| on_time(at)).map(|(t, at)| (*t, *at, Trigger::Cron)).into_iter().collect(),
+        CatchUp::Latest => match ticks.last() {
+            Some((t, at)) if on_time(at) => vec![(*t, *at, Trigger::Cron)],
+            Some((t, at)) if *t >= window_start => vec![(*t, *at, Trigger::CatchUp)],
+            _ => Vec::new(),
+        },
+        CatchUp::All => ticks
+            .iter()
+            .filter(|(t, at)| on_time(at) || *t >= window_start)
+            .map(|(t, at)| (*t, *at, if on_time(at) { Trigger::Cron } else { Trigger::CatchUp }))
+            .collect(),
+    }
 }
 
 /// A delay in `[0, max)` that depends only on the job and the tick, so a tick keeps its jitter
@@ -166,21 +177,32 @@ mod tests {
             (&m, Latest, day, Overlap::Forbid, "10:00:00", "10:00:05", vec![("10:00", Cron)], 0, "10:01", None, Overlap::Forbid),
             // 59 s late is still on time.
             (&m, Skip, day, Overlap::Forbid, "10:00:00", "10:00:59", vec![("10:00", Cron)], 0, "10:01", None, Overlap::Forbid),
-            // Five minutes down: the latest missed tick is caught up, then the on-time one, queued behind it.
+            // Five minutes down: `latest` is exactly one run, the newest due tick (here inside its
+            // grace, so as the schedule's).
+            (&m, Latest, day, Overlap::Forbid, "10:00:00", "10:05:10", vec![("10:05", Cron)], 5, "10:06", None, Overlap::Forbid),
+            // Restarted 41 s after the 23:04 tick, the 23:03 tick missed: one run, not two in one
+            // second (issue 33).
+            (&m, Latest, day, Overlap::Forbid, "23:03:00", "23:04:41", vec![("23:04", Cron)], 1, "23:05", None, Overlap::Forbid),
+            (&m, Skip, day, Overlap::Forbid, "23:03:00", "23:04:41", vec![("23:04", Cron)], 1, "23:05", None, Overlap::Forbid),
             (
                 &m,
-                Latest,
+                All,
                 day,
                 Overlap::Forbid,
-                "10:00:00",
-                "10:05:10",
-                vec![("10:04", Caught), ("10:05", Cron)],
-                5,
-                "10:06",
+                "23:03:00",
+                "23:04:41",
+                vec![("23:03", Caught), ("23:04", Cron)],
+                1,
+                "23:05",
                 None,
                 Overlap::Queue,
             ),
-            // `skip` fires only the on-time tick.
+            // The grace's edge: 60 s late is inside it, 61 s is not.
+            (&m, Skip, day, Overlap::Forbid, "10:00:00", "10:01:00", vec![("10:01", Cron)], 0, "10:02", None, Overlap::Forbid),
+            (&h, Skip, day, Overlap::Forbid, "10:00:00", "10:01:00", vec![("10:00", Cron)], 0, "11:00", None, Overlap::Forbid),
+            (&h, Skip, day, Overlap::Forbid, "10:00:00", "10:01:01", vec![], 1, "11:00", Some("10:00"), Overlap::Forbid),
+            (&h, Latest, day, Overlap::Forbid, "10:00:00", "10:01:01", vec![("10:00", Caught)], 1, "11:00", None, Overlap::Queue),
+            // `skip` fires only the newest tick, inside its grace.
             (&m, Skip, day, Overlap::Forbid, "10:00:00", "10:05:10", vec![("10:05", Cron)], 5, "10:06", None, Overlap::Forbid),
             // `all` within a 3-minute window.
             (

@@ -29,7 +29,8 @@ async fn downtime(job_yaml: &str) -> Vec<Run> {
 
     clock.set(t0() + minutes(10) + chrono::Duration::seconds(30));
     let engine = start(&cfg, &clock).await;
-    // The on-time tick of minute 10 fires in every policy; catch-up runs are queued before it.
+    // The tick of minute 10 (30 s ago, inside its grace) is the newest due: `latest` and `skip`
+    // fire it alone; `all` queues the missed ones before it.
     let r = until(&engine, "the tick of minute 10", |r| r.iter().any(|r| r.scheduled_at == Some(t0() + minutes(10))) && finished(r)).await;
     engine.shutdown(Duration::from_secs(5)).await;
     r
@@ -47,10 +48,32 @@ async fn catch_up_skip_fires_nothing_missed() {
 }
 
 #[tokio::test]
-async fn catch_up_latest_fires_the_last_missed_tick_once() {
+async fn catch_up_latest_fires_one_run_for_the_newest_due_tick() {
     let r = downtime(&format!("cron: \"* * * * *\"\ncatch_up: latest\n{QUICK}")).await;
-    assert_eq!(ticks(&r, Trigger::CatchUp), [9]);
+    // Exactly one run after the downtime: the newest due tick, not also the last missed one.
+    assert_eq!(ticks(&r, Trigger::CatchUp), Vec::<i64>::new());
     assert_eq!(ticks(&r, Trigger::Cron), [1, 10]);
+}
+
+/// Down past the grace of the newest tick too: `latest` catches that one up, alone.
+#[tokio::test]
+async fn catch_up_latest_catches_up_the_newest_tick_when_even_it_is_late() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), &format!("cron: \"*/10 * * * *\"\ncatch_up: latest\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    clock.set(t0() + minutes(10));
+    until(&engine, "the first tick", |r| r.len() == 1 && finished(r)).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(engine);
+    // Down through 10:20, 10:30 and 10:40; back at 10:45.
+    clock.set(t0() + minutes(45));
+    let engine = start(&cfg, &clock).await;
+    let r = until(&engine, "the catch-up", |r| r.len() == 2 && finished(r)).await;
+    assert_eq!(ticks(&r, Trigger::CatchUp), [40]);
+    engine.scheduled_through_now().await;
+    assert_eq!(runs(&engine).await.len(), 2, "one run for three missed ticks");
+    engine.shutdown(Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
