@@ -261,6 +261,11 @@ pub struct EngineOptions {
 
 /// Applies migrations without starting anything (`lamplighter migrate`); returns where (the
 /// SQLite file, or the PostgreSQL URL without its password).
+/// Copies the live SQLite database to `to` (see `lamplighter backup`); the copy's size in bytes.
+pub async fn backup(config: &Config, to: &std::path::Path) -> Result<u64, crate::store::BackupError> {
+    crate::store::backup(&config.storage, to).await
+}
+
 pub async fn migrate(config: &Config) -> Result<String, EngineError> {
     Ok(crate::store::migrate(&config.storage).await?)
 }

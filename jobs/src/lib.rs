@@ -28,7 +28,7 @@ mod workflow;
 pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use context::{RunContext, Targets};
-pub use engine::{Changes, Engine, EngineError, EngineOptions, migrate};
+pub use engine::{Changes, Engine, EngineError, EngineOptions, backup, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
 pub use manage::{Backfill, BackfillTick, JobChange, JobDeleted, JobRequest, JobSaved};
 pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -39,7 +39,7 @@ pub use service::{
     WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
-pub use store::{RunFilter, StoreError, WorkerLease};
+pub use store::{BackupError, RunFilter, StoreError, WorkerLease};
 pub use target::BuiltinTargets;
 
 use lamplighter_config::{Config, Diagnostic, Disabled, Target};

@@ -152,6 +152,37 @@ pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
     }
 }
 
+pub(crate) fn backup(path: Option<PathBuf>, to: &std::path::Path) -> ExitCode {
+    let loaded = match load_checked(path, Purpose::Run) {
+        Ok((l, _)) => l,
+        Err(diags) => {
+            print_diags(&diags);
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(lamplighter_jobs::backup(&loaded.config, to)) {
+        Ok(bytes) => {
+            println!("backed up to {} ({bytes} bytes)", to.display());
+            ExitCode::SUCCESS
+        }
+        Err(lamplighter_jobs::BackupError::Refused(why)) => {
+            eprintln!("error: {why}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: backup failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 pub(crate) fn migrate(path: Option<PathBuf>, format: LogFormat) -> ExitCode {
     let loaded = match load_checked(path, Purpose::Run) {
         Ok((l, _)) => l,

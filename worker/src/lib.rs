@@ -61,6 +61,12 @@ pub enum Command {
     Config(ConfigCommand),
     /// Apply database migrations and exit.
     Migrate,
+    /// Copy the live SQLite database to FILE, consistently, while the worker runs (README "Back
+    /// up and restore" says how to restore it).
+    Backup {
+        /// The copy: a new file.
+        file: PathBuf,
+    },
     /// Exit 0 when the worker's `/healthz` answers 200 within 5 s, else 1: a container's
     /// HEALTHCHECK without curl in the image.
     Healthcheck {
@@ -102,6 +108,7 @@ pub fn main(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
+        Command::Backup { file } => commands::backup(cli.config, &file),
         Command::Run { mcp_stdio } => run::run(cli.config, cli.log_format, mcp_stdio),
         Command::Healthcheck { url } => commands::healthcheck(&url),
         Command::Completions { shell } => commands::completions(<Cli as clap::CommandFactory>::command(), shell),

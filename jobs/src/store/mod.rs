@@ -111,6 +111,38 @@ pub(crate) async fn migrate(config: &lamplighter_config::StorageConfig) -> Resul
     Ok(place)
 }
 
+/// A consistent copy of a live SQLite database at `to` (a new file), taken while the worker
+/// runs: one read transaction (`VACUUM INTO`), so it holds every commit before it and none
+/// after. PostgreSQL has its own tools for this; the error says which.
+pub(crate) async fn backup(config: &lamplighter_config::StorageConfig, to: &std::path::Path) -> Result<u64, BackupError> {
+    use lamplighter_config::StorageConfig;
+    match config {
+        StorageConfig::Sqlite { path } => {
+            if !path.exists() {
+                return Err(BackupError::Refused(format!("there is no database at {} to back up", path.display())));
+            }
+            if to.exists() {
+                return Err(BackupError::Refused(format!("{} exists; back up into a new file", to.display())));
+            }
+            Ok(sqlite::backup(path, to).await?)
+        }
+        StorageConfig::Postgres { .. } => Err(BackupError::Refused(
+            "the database is PostgreSQL: back it up with its own tools (pg_dump for a logical copy, pg_basebackup or your \
+             provider's snapshots for a physical one); see README \"Back up and restore\""
+                .into(),
+        )),
+    }
+}
+
+/// Why a backup was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// Storage failures. The message says what was being done.
 #[derive(Debug, thiserror::Error)]
 #[error("storage: {context}: {source}")]

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::support::{Worker, http_get};
+use crate::support::{Worker, http_get, poll, query_runs, run_cli};
 
 const EVERY_SECOND: &str =
     "tick:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"* * * * * *\"\n  parameters: {command: \"echo tick\"}\n";
@@ -208,4 +208,51 @@ fn rfc3339(ms: i64) -> String {
     let secs = ms / 1000;
     let out = std::process::Command::new("date").args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// `lamplighter backup FILE` copies the live database while runs are being recorded; a new
+/// worker started on the copy opens it, keeps its history, and fires no tick twice.
+#[test]
+fn a_backup_taken_during_runs_restores_into_a_worker_that_keeps_its_history() {
+    let mut w = Worker::new(
+        "tick:\n  type: plugin\n  plugin: file-save\n  action: save\n  cron: \"* * * * * *\"\n  parameters: {path: t.txt, content: t}",
+    );
+    w.start();
+    w.wait_for("a few ticks", Duration::from_secs(15), |r| r.iter().filter(|r| r.status == "succeeded").count() >= 3);
+    let copy = w.dir.path().join("backup.db");
+    let (code, out, err) = run_cli(&["backup", copy.to_str().unwrap(), "--config", w.config_path().to_str().unwrap()], w.dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with(&format!("backed up to {}", copy.display())), "{out}");
+    let (code, _, err) = run_cli(&["backup", copy.to_str().unwrap(), "--config", w.config_path().to_str().unwrap()], w.dir.path());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exists; back up into a new file"), "{err}");
+    let backed_up = query_runs(&copy).expect("the copy reads");
+    assert!(backed_up.len() >= 3, "{backed_up:#?}");
+    w.signal("TERM");
+    w.wait_exit(Duration::from_secs(10));
+
+    // Restored: a new worker on the copy.
+    let mut restored = Worker::new("");
+    let text = format!(
+        "framework:\n  data_dir: {}\nworker:\n  mcp:\n    port: {}\nscheduling:\n  storage:\n    provider: sqlite\n    connection_string: {}\n  jobs:\n    tick:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"* * * * * *\"\n      parameters: {{path: t.txt, content: t}}\n",
+        restored.dir.path().join("data").display(),
+        restored.port,
+        copy.display()
+    );
+    std::fs::write(restored.config_path(), text).unwrap();
+    restored.start();
+    let runs = poll(
+        "the restored worker to fire",
+        Duration::from_secs(15),
+        || query_runs(&copy).ok().filter(|r| r.len() >= backed_up.len() + 2),
+        || restored.log(),
+    );
+    for old in &backed_up {
+        assert!(runs.iter().any(|r| r.id == old.id), "run {} kept", old.id);
+    }
+    let mut ticks: Vec<i64> = runs.iter().filter(|r| r.retry_of.is_none()).filter_map(|r| r.scheduled_at).collect();
+    let all = ticks.len();
+    ticks.sort_unstable();
+    ticks.dedup();
+    assert_eq!(ticks.len(), all, "no tick twice: {runs:#?}");
 }

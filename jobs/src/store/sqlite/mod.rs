@@ -153,6 +153,18 @@ impl SqliteStore {
     }
 }
 
+/// `VACUUM INTO` a new file from a connection of its own: it reads one snapshot while the worker
+/// goes on writing (WAL), and the copy is compact. Returns the copy's size in bytes.
+pub(crate) async fn backup(from: &Path, to: &Path) -> Result<u64, StoreError> {
+    let opts = SqliteConnectOptions::new().filename(from).busy_timeout(Duration::from_secs(10));
+    let mut conn = sqlx::ConnectOptions::connect(&opts).await.ctx("opening the database to back it up")?;
+    let target =
+        to.to_str().ok_or_else(|| StoreError::new("backing up", sqlx::Error::Protocol(format!("{} is not UTF-8", to.display()))))?;
+    sqlx::query("VACUUM INTO ?1").bind(target).execute(&mut conn).await.ctx("copying the database")?;
+    let _ = sqlx::Connection::close(conn).await;
+    Ok(std::fs::metadata(to).map(|m| m.len()).unwrap_or(0))
+}
+
 impl Dialect for SqliteStore {
     type Conn = SqliteConnection;
     type Row = SqliteRow;
