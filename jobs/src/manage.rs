@@ -5,14 +5,14 @@
 //! ([`crate::definitions::check_definition`]).
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, Overlap, Schedule};
+use lamplighter_config::{JobConfig, Overlap};
 pub use lamplighter_contract::{Backfill, BackfillTick, JobChange, JobDeleted, JobSaved};
 
 use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition};
 use crate::engine::Engine;
 use crate::in_force::JobsConfig;
 use crate::run::{RunStatus, Trigger};
-use crate::service::{FireTime, SchedulePreview, ServiceError, summary_in};
+use crate::service::{ServiceError, preview_of, summary_in};
 use crate::store::{Claim, NewRun, RunFilter};
 
 /// A definition to save with [`Engine::create_job`] or [`Engine::update_job`].
@@ -38,19 +38,6 @@ const BACKFILL_SCAN: usize = 100_000;
 
 fn history_view(r: JobChangeRecord) -> JobChange {
     JobChange { version: r.version, action: r.action, actor: r.actor, at: r.at, before: r.before, after: r.after }
-}
-
-/// What a schedule does next, as `preview_schedule` and a saved job show it.
-pub(crate) fn preview_of(schedule: &Schedule, now: DateTime<Utc>, count: usize) -> SchedulePreview {
-    let preview = schedule.preview(now, count);
-    let zone = schedule.timezone();
-    SchedulePreview {
-        schedule: schedule.spec().to_string(),
-        timezone: zone.name().to_string(),
-        next_fires: preview.fires.iter().map(|t| FireTime { utc: *t, local: t.with_timezone(&zone).to_rfc3339() }).collect(),
-        notes: preview.notes,
-        warnings: preview.warnings,
-    }
 }
 
 impl Engine {

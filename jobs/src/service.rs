@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, ScheduleSpec, Step, StepKind, Workflow};
+use lamplighter_config::{JobConfig, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::engine::Engine;
 use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
@@ -255,7 +255,7 @@ impl Engine {
         let tz = timezone.unwrap_or(&default);
         let schedule =
             lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| ServiceError::InvalidArgument(format!("{field}: {e}")))?;
-        Ok(crate::manage::preview_of(&schedule, self.shared.clock().now(), count.clamp(1, 1000)))
+        Ok(preview_of(&schedule, self.shared.clock().now(), count.clamp(1, 1000)))
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.
@@ -645,6 +645,19 @@ impl PartialEq for ListingVersion {
 }
 
 /// A job as listed, from the config `snapshot` it belongs to (read once per listing, not per job).
+/// What a schedule does next, as `preview_schedule` and a saved job show it.
+pub(crate) fn preview_of(schedule: &Schedule, now: DateTime<Utc>, count: usize) -> SchedulePreview {
+    let preview = schedule.preview(now, count);
+    let zone = schedule.timezone();
+    SchedulePreview {
+        schedule: schedule.spec().to_string(),
+        timezone: zone.name().to_string(),
+        next_fires: preview.fires.iter().map(|t| FireTime { utc: *t, local: t.with_timezone(&zone).to_rfc3339() }).collect(),
+        notes: preview.notes,
+        warnings: preview.warnings,
+    }
+}
+
 pub(crate) fn summary_in(
     snapshot: &JobsConfig,
     job: &JobConfig,
