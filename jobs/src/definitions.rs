@@ -63,6 +63,23 @@ pub(crate) enum Refused {
     Full { max: u32 },
 }
 
+/// The version `change` makes to a job stored as `current` (none: no runtime job of the name),
+/// whose history's last version is `last` and when `jobs` runtime jobs are stored; or why it is
+/// refused. Decided from the facts the store read, in its transaction (or, for a dry run, as
+/// they are now).
+pub(crate) fn decide_change(change: &Change<'_>, current: Option<&StoredJob>, last: u64, jobs: u64) -> Result<u64, Refused> {
+    match (change, current) {
+        (Change::Create { .. }, Some(c)) => return Err(Refused::Exists { version: c.version }),
+        (Change::Update { .. } | Change::Delete { .. }, None) => return Err(Refused::Missing),
+        (Change::Update { expected: Some(e), .. } | Change::Delete { expected: Some(e) }, Some(c)) if *e != c.version => {
+            return Err(Refused::Stale { expected: *e, current: c.version });
+        }
+        (Change::Create { max_jobs, .. }, None) if jobs >= u64::from(*max_jobs) => return Err(Refused::Full { max: *max_jobs }),
+        _ => {}
+    }
+    Ok(last.max(current.map_or(0, |c| c.version)) + 1)
+}
+
 /// What a change left: the job as saved, or (a delete) the version the delete made.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Changed {
@@ -253,5 +270,38 @@ mod tests {
         let moved = bounded(job, &p, Path::new("/var/lib/ll/data"));
         assert_eq!(moved.working_directory, Some("/srv/sandbox".into()), "not the data directory, which is not allowed");
         assert_eq!(moved.allowed_commands, ["date"]);
+    }
+
+    #[test]
+    fn a_change_is_decided_from_the_stored_facts() {
+        let def = serde_json::json!({"every": "1h"});
+        let at = DateTime::<Utc>::MIN_UTC;
+        let stored = StoredJob {
+            name: "j".into(),
+            definition: def.clone(),
+            version: 3,
+            created_by: "a".into(),
+            created_at: at,
+            updated_by: "a".into(),
+            updated_at: at,
+        };
+        let create = Change::Create { definition: &def, max_jobs: 2 };
+        let update = |expected| Change::Update { definition: &def, expected };
+        let cases: Vec<(Change<'_>, Option<&StoredJob>, u64, u64, Result<u64, Refused>)> = vec![
+            (create, None, 0, 0, Ok(1)),
+            // A name deleted at version 5 continues its count.
+            (create, None, 5, 1, Ok(6)),
+            (create, None, 0, 2, Err(Refused::Full { max: 2 })),
+            (create, Some(&stored), 3, 1, Err(Refused::Exists { version: 3 })),
+            (update(Some(3)), Some(&stored), 3, 0, Ok(4)),
+            (update(None), Some(&stored), 3, 0, Ok(4)),
+            (update(Some(2)), Some(&stored), 3, 0, Err(Refused::Stale { expected: 2, current: 3 })),
+            (update(Some(1)), None, 0, 0, Err(Refused::Missing)),
+            (Change::Delete { expected: Some(3) }, Some(&stored), 3, 0, Ok(4)),
+            (Change::Delete { expected: None }, None, 4, 0, Err(Refused::Missing)),
+        ];
+        for (i, (change, current, last, jobs, want)) in cases.into_iter().enumerate() {
+            assert_eq!(decide_change(&change, current, last, jobs), want, "case {i}");
+        }
     }
 }

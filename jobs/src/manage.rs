@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, Overlap};
 pub use lamplighter_contract::{Backfill, BackfillTick, JobChange, JobDeleted, JobSaved};
 
-use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition};
+use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition, decide_change};
 use crate::engine::Engine;
 use crate::in_force::JobsConfig;
 use crate::run::{RunStatus, Trigger};
@@ -86,19 +86,17 @@ impl Engine {
         });
         let compiled = compiled.map_err(|errors| ServiceError::InvalidDefinition { name: req.name.clone(), errors })?;
         let now = self.shared.clock().now();
+        let change = if create {
+            Change::Create { definition: &compiled.definition, max_jobs: config.manage.max_jobs }
+        } else {
+            Change::Update { definition: &compiled.definition, expected: req.expected_version }
+        };
         let (saved, stored) = if req.dry_run {
+            // What the save would decide, from the facts as they are now.
             let current = self.shared.store().runtime_job(&req.name).await?;
             let last = self.shared.store().job_history(&req.name, 1).await?.first().map_or(0, |h| h.version);
-            let refused = match (&current, create, req.expected_version) {
-                (Some(c), true, _) => Some(Refused::Exists { version: c.version }),
-                (None, false, _) => Some(Refused::Missing),
-                (Some(c), false, Some(e)) if e != c.version => Some(Refused::Stale { expected: e, current: c.version }),
-                _ => None,
-            };
-            if let Some(r) = refused {
-                return Err(self.refused(&req.name, r));
-            }
-            let version = last.max(current.as_ref().map_or(0, |c| c.version)) + 1;
+            let version =
+                decide_change(&change, current.as_ref(), last, config.runtime.len() as u64).map_err(|r| self.refused(&req.name, r))?;
             let stored = StoredJob {
                 name: req.name.clone(),
                 definition: compiled.definition.clone(),
@@ -110,11 +108,6 @@ impl Engine {
             };
             (false, stored)
         } else {
-            let change = if create {
-                Change::Create { definition: &compiled.definition, max_jobs: config.manage.max_jobs }
-            } else {
-                Change::Update { definition: &compiled.definition, expected: req.expected_version }
-            };
             let request = ChangeRequest { name: &req.name, change, actor: &req.actor };
             match self.shared.store().change_job(&request, now).await? {
                 Ok(Changed::Saved(stored)) => {

@@ -23,7 +23,7 @@ use super::{
     from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
-use crate::definitions::Change;
+use crate::definitions::{Change, decide_change};
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
@@ -711,25 +711,21 @@ impl<D: Dialect> RunStore for D {
         let q = Stmt::new(sql!(D, format!("SELECT {DEFINITION_COLS} FROM ll_job_definitions WHERE name = $1")), "reading a runtime job");
         let current = D::fetch_optional(&mut tx, q.bind(req.name)).await?.as_ref().map(stored_job_from_row);
         let q = Stmt::new(sql!(D, "SELECT coalesce(max(version), 0) AS v FROM ll_job_history WHERE job = $1"), "reading a job's history");
-        let last = D::fetch_optional(&mut tx, q.bind(req.name)).await?.map_or(0, |r| r.int("v"));
-        let version = last.max(current.as_ref().map_or(0, |c| c.version as i64)) + 1;
-        let refused = match (&req.change, &current) {
-            (Change::Create { .. }, Some(c)) => Some(Refused::Exists { version: c.version }),
-            (Change::Update { .. } | Change::Delete { .. }, None) => Some(Refused::Missing),
-            (Change::Update { expected: Some(e), .. } | Change::Delete { expected: Some(e) }, Some(c)) if *e != c.version => {
-                Some(Refused::Stale { expected: *e, current: c.version })
-            }
-            (Change::Create { max_jobs, .. }, None) => {
-                let q = Stmt::new(sql!(D, "SELECT count(*) AS n FROM ll_job_definitions"), "counting runtime jobs");
-                let n = D::fetch_optional(&mut tx, q).await?.map_or(0, |r| r.int("n"));
-                (n >= i64::from(*max_jobs)).then_some(Refused::Full { max: *max_jobs })
-            }
-            _ => None,
+        let last = D::fetch_optional(&mut tx, q.bind(req.name)).await?.map_or(0, |r| r.int("v").max(0) as u64);
+        // Only a create of a new name is bounded by the count: only then is it read.
+        let jobs = if matches!(req.change, Change::Create { .. }) && current.is_none() {
+            let q = Stmt::new(sql!(D, "SELECT count(*) AS n FROM ll_job_definitions"), "counting runtime jobs");
+            D::fetch_optional(&mut tx, q).await?.map_or(0, |r| r.int("n").max(0) as u64)
+        } else {
+            0
         };
-        if let Some(refused) = refused {
-            D::rollback(tx).await?;
-            return Ok(Err(refused));
-        }
+        let version = match decide_change(&req.change, current.as_ref(), last, jobs) {
+            Ok(v) => v as i64,
+            Err(refused) => {
+                D::rollback(tx).await?;
+                return Ok(Err(refused));
+            }
+        };
         let before = current.as_ref().map(|c| c.definition.to_string());
         let (after, changed) = match req.change {
             Change::Create { definition, .. } => {
