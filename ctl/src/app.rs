@@ -297,37 +297,40 @@ async fn list_tools(client: &Client, output: Output) -> Result<(), CtlError> {
     })
 }
 
-/// `list_jobs` pages; `jobs list` shows every job, so it follows the cursor to the end and
-/// prints one table, or one `{"jobs": […]}` with each job as sent (fields this lampctl does
-/// not know included). Each page is read straight into what is shown: the contract's types
-/// for the table, JSON values for `-o json`.
-async fn list_all_jobs(client: &Client, output: Output, arguments: Map<String, Value>) -> Result<(), CtlError> {
+/// Every job, following `list_jobs`'s cursor to the end, each page read straight into `T` (the
+/// contract's type for a table, a JSON value for `-o json`).
+async fn job_pages<T: serde::de::DeserializeOwned>(client: &Client, arguments: Map<String, Value>) -> Result<Vec<T>, CtlError> {
     #[derive(Deserialize)]
     struct Page<T> {
         jobs: Vec<T>,
         next_cursor: Option<String>,
     }
-    async fn pages<T: serde::de::DeserializeOwned>(client: &Client, arguments: Map<String, Value>) -> Result<Vec<T>, CtlError> {
-        let mut jobs = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut page_args = arguments.clone();
-            page_args.insert("limit".to_owned(), Value::from(1000));
-            if let Some(c) = &cursor {
-                page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
-            }
-            let raw = client.read_listing("list_jobs", page_args).await?;
-            let page: Page<T> = serde_json::from_str(raw.get()).map_err(|error| unreadable("list_jobs", error))?;
-            jobs.extend(page.jobs);
-            cursor = page.next_cursor;
-            if cursor.is_none() {
-                return Ok(jobs);
-            }
+    let mut jobs = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut page_args = arguments.clone();
+        page_args.insert("limit".to_owned(), Value::from(1000));
+        if let Some(c) = &cursor {
+            page_args.insert("cursor".to_owned(), Value::from(c.as_str()));
+        }
+        let raw = client.read_listing("list_jobs", page_args).await?;
+        let page: Page<T> = serde_json::from_str(raw.get()).map_err(|error| unreadable("list_jobs", error))?;
+        jobs.extend(page.jobs);
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(jobs);
         }
     }
+}
+
+/// `list_jobs` pages; `jobs list` shows every job, so it follows the cursor to the end and
+/// prints one table, or one `{"jobs": […]}` with each job as sent (fields this lampctl does
+/// not know included). Each page is read straight into what is shown: the contract's types
+/// for the table, JSON values for `-o json`.
+async fn list_all_jobs(client: &Client, output: Output, arguments: Map<String, Value>) -> Result<(), CtlError> {
     emit(&match output {
-        Output::Json => render::json(&serde_json::json!({ "jobs": pages::<Value>(client, arguments).await? })),
-        Output::Table => render::jobs(&pages::<JobSummary>(client, arguments).await?, Utc::now()),
+        Output::Json => render::json(&serde_json::json!({ "jobs": job_pages::<Value>(client, arguments).await? })),
+        Output::Table => render::jobs(&job_pages::<JobSummary>(client, arguments).await?, Utc::now()),
     })
 }
 
@@ -456,26 +459,8 @@ async fn edit(client: &Client, output: Output, name: &str, expected: Option<u64>
 /// `jobs export`: every runtime job (or those named) as YAML under `scheduling.jobs`.
 async fn export(client: &Client, names: Vec<String>) -> Result<(), CtlError> {
     let names = if names.is_empty() {
-        #[derive(Deserialize)]
-        struct Page {
-            jobs: Vec<JobSummary>,
-            next_cursor: Option<String>,
-        }
-        let mut names = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut arguments = Map::new();
-            arguments.insert("limit".into(), Value::from(1000));
-            if let Some(c) = &cursor {
-                arguments.insert("cursor".into(), Value::from(c.as_str()));
-            }
-            let page: Page = answer("list_jobs", &client.call("list_jobs", arguments).await?)?;
-            names.extend(page.jobs.into_iter().filter(|j| matches!(j.origin, JobOrigin::Runtime { .. })).map(|j| j.name));
-            cursor = page.next_cursor;
-            if cursor.is_none() {
-                break names;
-            }
-        }
+        let all: Vec<JobSummary> = job_pages(client, Map::new()).await?;
+        all.into_iter().filter(|j| matches!(j.origin, JobOrigin::Runtime { .. })).map(|j| j.name).collect()
     } else {
         names
     };

@@ -287,7 +287,9 @@ mod tests {
         };
         let create = Change::Create { definition: &def, max_jobs: 2 };
         let update = |expected| Change::Update { definition: &def, expected };
-        let cases: Vec<(Change<'_>, Option<&StoredJob>, u64, u64, Result<u64, Refused>)> = vec![
+        // (change, stored job, history's last version, runtime jobs) => version or refusal
+        type Case<'a> = (Change<'a>, Option<&'a StoredJob>, u64, u64, Result<u64, Refused>);
+        let cases: Vec<Case<'_>> = vec![
             (create, None, 0, 0, Ok(1)),
             // A name deleted at version 5 continues its count.
             (create, None, 5, 1, Ok(6)),

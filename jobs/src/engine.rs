@@ -415,6 +415,11 @@ impl Engine {
         &self.shared.worker.name
     }
 
+    /// Waits until no run executes in this process (a waiting run holds none).
+    pub async fn idle(&self) {
+        self.shared.executor.idle().await;
+    }
+
     /// Number of runs executing in this process.
     pub fn running_count(&self) -> usize {
         self.shared.executor.running_count()

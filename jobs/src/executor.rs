@@ -97,6 +97,8 @@ pub(crate) struct Executor {
     finished: mpsc::UnboundedSender<Finished>,
     /// Runs executing in this process, by id.
     running: Mutex<HashMap<String, Arc<Running>>>,
+    /// How many runs execute here, as it changes (for whoever waits for none).
+    count: tokio::sync::watch::Sender<usize>,
 }
 
 /// The recorder's end of the executor's channel, taken by [`recorder`].
@@ -106,7 +108,17 @@ impl Executor {
     pub(crate) fn new(concurrency: usize, env: ExecutorEnv) -> (Arc<Self>, RecorderRx) {
         let (finished, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(concurrency.max(1)));
-        (Arc::new(Self { env, slots, gate: Arc::new(Gate::new()), finished, running: Mutex::default() }), RecorderRx(rx))
+        (
+            Arc::new(Self {
+                env,
+                slots,
+                gate: Arc::new(Gate::new()),
+                finished,
+                running: Mutex::default(),
+                count: tokio::sync::watch::Sender::new(0),
+            }),
+            RecorderRx(rx),
+        )
     }
 
     /// Every run passes it before its claim and holds its pass until its end is recorded.
@@ -157,13 +169,22 @@ impl Executor {
     /// Registers a run that starts executing here.
     fn track(&self, id: &str) -> Arc<Running> {
         let entry = Arc::new(Running::default());
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), entry.clone());
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.insert(id.to_string(), entry.clone());
+        self.count.send_replace(running.len());
         entry
     }
 
     /// Forgets a run whose end is recorded (or given up on).
     fn untrack(&self, id: &str) {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.remove(id);
+        self.count.send_replace(running.len());
+    }
+
+    /// Waits until no run executes here.
+    pub(crate) async fn idle(&self) {
+        let _ = self.count.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// Stops a run if it executes here.

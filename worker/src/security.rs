@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use lamplighter_config::{McpAuth, Role, WorkerConfig};
+use lamplighter_config::{ApiToken, McpAuth, Role, WorkerConfig};
 
 /// The largest request body `/mcp` accepts; larger ones get 413.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -39,8 +39,8 @@ impl Caller {
 /// Who may talk to `/mcp`. Immutable after start; shared behind an `Arc`. (No `Debug`: it
 /// holds the tokens.)
 pub(crate) struct Guard {
-    /// The bearer tokens (name, token, role), when auth is on.
-    tokens: Option<Vec<(String, String, Role)>>,
+    /// The bearer tokens, when auth is on (the config trims them).
+    tokens: Option<Vec<ApiToken>>,
     /// Allowed host names, normalized: lowercase, IPv6 without brackets.
     hosts: Vec<String>,
 }
@@ -58,7 +58,7 @@ impl Guard {
         }
         let tokens = match &worker.auth {
             // A token read from a file often ends in a newline; what clients send is trimmed too.
-            McpAuth::Bearer { tokens } => Some(tokens.iter().map(|t| (t.name.clone(), t.token.trim().to_string(), t.role)).collect()),
+            McpAuth::Bearer { tokens } => Some(tokens.clone()),
             McpAuth::None => None,
         };
         Self { tokens, hosts }
@@ -145,9 +145,9 @@ impl Guard {
         });
         let Some(given) = given else { return Err(Refusal::NoToken) };
         let mut found = None;
-        for (name, token, role) in tokens {
-            if tokens_match(given.as_bytes(), token.as_bytes()) {
-                found = Some(Caller { token: Some(name.clone()), role: *role });
+        for t in tokens {
+            if tokens_match(given.as_bytes(), t.token.as_bytes()) {
+                found = Some(Caller { token: Some(t.name.clone()), role: t.role });
             }
         }
         found.ok_or_else(|| {

@@ -112,10 +112,8 @@ pub async fn waiting(engine: &Engine, id: &str) -> Run {
 /// Waits (up to 20 s of real time) until no run holds an executor slot. A run's task gives its
 /// slot back just after its last write, so a reader that saw the write may still count it.
 pub async fn slots_free(engine: &Engine, what: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while engine.running_count() != 0 {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what} ({} slots held)", engine.running_count());
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    if tokio::time::timeout(Duration::from_secs(20), engine.idle()).await.is_err() {
+        panic!("timed out: {what} ({} slots held)", engine.running_count());
     }
 }
 

@@ -123,7 +123,6 @@ fn an_mcp_client_previews_creates_changes_deletes_and_backfills_jobs() {
     w.signal("TERM");
     w.wait_exit(Duration::from_secs(10));
     w.start();
-    std::thread::sleep(Duration::from_secs(2));
     let answers = sdk(
         &w,
         json!([["get_job", {"name": "tick"}], ["delete_job", {"name": "tick", "expected_version": 2}], ["get_job", {"name": "tick"}]]),
@@ -133,6 +132,9 @@ fn an_mcp_client_previews_creates_changes_deletes_and_backfills_jobs() {
     assert_eq!(job["origin"]["version"], 2, "{job}");
     assert!(job["origin"]["created_by"].as_str().is_some_and(|b| b.starts_with("mcp client ")), "{job}");
     assert_eq!(job["schedule"], "cron: 0 3 * * *");
+    // Planned as changed: its next fire is 03:00 in Berlin, not a second from now.
+    let next = job["next_fires"][0]["local"].as_str().expect("a next fire");
+    assert!(next.contains("T03:00:00+01:00") || next.contains("T03:00:00+02:00"), "{job}");
     let history: Vec<&str> = job["history"].as_array().expect("history").iter().filter_map(|h| h["action"].as_str()).collect();
     assert_eq!(history, ["update", "create"]);
     assert_eq!(w.runs().iter().filter(|r| r.job == "tick").count(), fired, "not every second any more");

@@ -386,7 +386,7 @@ fn a_runtime_job_created_through_one_worker_fires_once_per_tick_and_a_delete_thr
         let w = Worker::new("");
         let text = format!(
             "framework:\n  data_dir: {data}\nworker:\n  name: {name}\n  lease: 3s\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n    manage_jobs: {{enabled: true}}\n\
-             scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 4\n  jobs: {{}}\n",
+             scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 4\n  jobs:\n    beat: {{cron: \"* * * * * *\", type: plugin, plugin: file-save, action: save, parameters: {{path: b.txt, content: b}}}}\n",
             data = w.dir.path().join("data").display(),
             port = w.port,
         );
@@ -422,7 +422,11 @@ fn a_runtime_job_created_through_one_worker_fires_once_per_tick_and_a_delete_thr
     let (code, out, err) = b.ctl(&["jobs", "delete", "pulse", "--expected-version", "1"]);
     assert_eq!(code, 0, "{out}{err}");
     let deleted_at = now_ms();
-    std::thread::sleep(Duration::from_secs(4));
+    // The file job `beat` ticks every second on every worker: three of its ticks after the
+    // delete show the schedulers went on, without the deleted job.
+    db.wait_for("three beats after the delete", Duration::from_secs(30), &[&a, &b, &c], |r| {
+        r.iter().filter(|r| r.job == "beat" && r.scheduled_at.is_some_and(|t| t > deleted_at + 2_000)).count() >= 3
+    });
     let late: Vec<Run> =
         db.runs().into_iter().filter(|r| r.job == "pulse" && r.scheduled_at.is_some_and(|t| t > deleted_at + 1_000)).collect();
     assert!(late.is_empty(), "ticks after the delete: {late:#?}");

@@ -233,7 +233,7 @@ fn a_non_loopback_listener_needs_auth_and_tls_or_a_stated_proxy() {
 
 /// `lamplighter run` that is expected to refuse to start: its exit code and output.
 fn run_with_timeout(w: &Worker) -> (i32, String, String) {
-    let mut child = Command::new(crate::support::bin())
+    let child = Command::new(crate::support::bin())
         .args(["run", "--config"])
         .arg(w.config_path())
         .current_dir(w.dir.path())
@@ -241,33 +241,29 @@ fn run_with_timeout(w: &Worker) -> (i32, String, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let out = child.wait_with_output().expect("output");
-            return (status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into());
+    let pid = child.id();
+    // Its exit is the event: waited for on a thread, for at most 20 s.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(out) => {
+            let out = out.expect("output");
+            (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
         }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
             panic!("the worker did not refuse to start");
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// nginx, from Debian's package (installed on first use), as README "Control a remote worker"
 /// configures it: TLS ends at nginx, which streams `/mcp` to a worker on loopback.
 struct Nginx {
-    child: std::process::Child,
+    _master: Reaped,
     port: u16,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SIGTERM: the master stops its workers (SIGKILL would leave them running).
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let _ = self.child.wait();
-    }
 }
 
 impl Nginx {
@@ -292,7 +288,7 @@ impl Nginx {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("nginx starts");
-        let n = Nginx { child, port };
+        let n = Nginx { _master: Reaped(child), port };
         crate::support::poll(
             "nginx to listen",
             Duration::from_secs(10),
@@ -333,7 +329,8 @@ fn through_nginx_a_wait_and_a_follow_stream_to_the_end() {
     assert!(out.contains(": running") && out.contains("succeeded after"), "follows the run to its end:\nstdout: {out}\nstderr: {err}");
 }
 
-/// A process killed (SIGTERM) and reaped when dropped.
+/// A process stopped (SIGTERM) and reaped when dropped: SIGTERM lets nginx's master stop its
+/// workers, which SIGKILL would leave running.
 struct Reaped(std::process::Child);
 
 impl Drop for Reaped {
