@@ -51,6 +51,38 @@ pub(crate) enum StopReason {
     Shutdown,
     /// The job's `timeout`.
     TimedOut(std::time::Duration),
+    /// The worker could not renew its lease for this long and fenced itself.
+    Fenced(std::time::Duration),
+}
+
+/// The times of a lease on a shared database, as fractions of `worker.lease` (L).
+///
+/// A worker renews every `renew_every` (L/4), and a failed renewal is tried again every
+/// `retry_every`. If no renewal has gone through for `fence_after` (2L/3, counted on the worker's
+/// own monotonic clock from when the last successful renewal was *sent*, which is no later than
+/// the moment the server measured the lease from), it stops every run it holds. Others take the
+/// runs over only once the server's clock passes the lease's end plus `margin` (L/3). So the
+/// fenced worker's runs have stopped before anyone else starts them as long as
+/// `2L/3 + stop time < 4L/3 × (1 − drift)`: with a clock rate drift of up to 1 %, stopping may
+/// take up to 0.65 L (19 s at the default 30 s; a killed process group takes milliseconds). The
+/// fence does not rest on timing alone: every write for a run is refused by the database once
+/// the lease it was claimed under ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fencing {
+    pub(crate) renew_every: std::time::Duration,
+    pub(crate) fence_after: std::time::Duration,
+    pub(crate) margin: std::time::Duration,
+    /// How soon a failed renewal is tried again.
+    pub(crate) retry_every: std::time::Duration,
+}
+
+pub(crate) fn fencing(lease: std::time::Duration) -> Fencing {
+    Fencing {
+        renew_every: lease / 4,
+        fence_after: lease * 2 / 3,
+        margin: lease / 3,
+        retry_every: (lease / 10).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1)),
+    }
 }
 
 /// A run's end, ready to record.
@@ -74,6 +106,15 @@ pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Sett
             // Retried at the next start (recovery follows interrupted runs up).
             ended(RunStatus::Interrupted, "the worker shut down before the run finished".into(), false)
         }
+        (Some(StopReason::Fenced(after)), _) => ended(
+            RunStatus::Interrupted,
+            format!(
+                "the worker could not renew its lease for {} and stopped the run, so that no other worker runs it at the same time",
+                humantime::format_duration(after)
+            ),
+            // Followed up by recovery, here or by the worker that takes it over.
+            false,
+        ),
         (Some(StopReason::Cancelled(why)), _) => ended(RunStatus::Cancelled, why, false),
         (Some(StopReason::TimedOut(t)), _) => {
             ended(RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), true)
@@ -208,6 +249,27 @@ mod tests {
         let w = settle(Some(Outcome::Waiting { until }), None);
         assert_eq!((w.status, w.wait_until, w.retry), (RunStatus::WaitingApproval, until, false));
         assert_eq!(settle(Some(Outcome::Waiting { until }), Some(StopReason::Shutdown)).status, RunStatus::Interrupted, "a stop wins");
+        let fenced = settle(ok(), Some(StopReason::Fenced(Duration::from_secs(15))));
+        assert_eq!((fenced.status, fenced.retry), (RunStatus::Interrupted, false), "recovery follows a fenced run up, once");
+        assert!(fenced.error.as_deref().is_some_and(|e| e.contains("could not renew its lease for 15s")), "{fenced:?}");
+    }
+
+    /// The guarantee `Fencing` states, checked at the default lease and at the bounds a user
+    /// may set: the runs are stopped, with room for the stop and a 1 % clock rate drift, before
+    /// the server's clock lets anyone else take them.
+    #[test]
+    fn a_fenced_worker_stops_before_anyone_may_take_over() {
+        for lease in [Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(3600)] {
+            let f = fencing(lease);
+            assert!(f.renew_every < f.fence_after, "{lease:?}: a single late renewal does not fence");
+            assert!(f.retry_every < f.fence_after - f.renew_every, "{lease:?}: a failed renewal is retried before the fence");
+            // The fenced worker's last moment, on its own clock, against the takeover's on the
+            // server's, running 1 % slower.
+            let stop_budget = lease * 6 / 10;
+            let fenced_by = f.fence_after + stop_budget;
+            let takeover = (lease + f.margin).mul_f64(0.99);
+            assert!(fenced_by < takeover, "{lease:?}: stopped by {fenced_by:?}, taken over from {takeover:?}");
+        }
     }
 
     #[test]

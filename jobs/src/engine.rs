@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     retention: Arc<PruneQueue>,
     started_at: DateTime<Utc>,
     registry: Arc<Registry>,
+    /// Faults that make the worker not ready until they heal.
+    health: Arc<crate::health::Health>,
 }
 
 impl Shared {
@@ -301,6 +303,7 @@ impl Engine {
         // The runtime jobs before the first pass: they are scheduled like the files' jobs.
         let _ = in_force.set_runtime(store.runtime_jobs().await?);
         let retention = Arc::new(PruneQueue::default());
+        let health = Arc::new(crate::health::Health::default());
         let (executor, recorder_rx) = Executor::new(
             config.worker.concurrency,
             ExecutorEnv {
@@ -312,6 +315,7 @@ impl Engine {
                 config: in_force.clone(),
                 retention: retention.clone(),
                 worker: opts.worker_name.clone(),
+                health: health.clone(),
             },
         );
         let scheduler = Scheduler::new(SchedulerEnv {
@@ -338,8 +342,10 @@ impl Engine {
             retention,
             started_at: now,
             registry: opts.registry,
+            health,
         });
         // The lease first: from here on no other worker takes this one's runs.
+        let renewed = std::time::Instant::now();
         shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
         recover(&shared, now, true).await?;
         // Subscribed before any task runs, so no signal sent from here on is missed.
@@ -350,7 +356,7 @@ impl Engine {
             tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.executor.clone(), cancel_signals, stop_runs.clone())),
-            tokio::spawn(keep_lease(shared.clone(), stop_runs.clone())),
+            tokio::spawn(keep_lease(shared.clone(), renewed, stop_runs.clone())),
             tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
@@ -406,9 +412,22 @@ impl Engine {
         Changes(self.shared.subscribe())
     }
 
-    /// Storage reachable, migrations applied, scheduler running.
+    /// Storage reachable and taking writes, migrations applied, scheduler running, lease
+    /// held.
     pub async fn ready(&self) -> bool {
-        self.shared.scheduler.alive() && self.shared.store.ping().await
+        self.readiness().await.is_ok()
+    }
+
+    /// [`Engine::ready`], or why not (every reason, one per line).
+    pub async fn readiness(&self) -> Result<(), String> {
+        let mut problems = self.shared.health.problems();
+        if !self.shared.scheduler.alive() {
+            problems.push("the scheduler has not completed its first pass".into());
+        }
+        if let Err(e) = self.shared.store.check().await {
+            problems.push(e);
+        }
+        if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
     }
 
     pub fn worker_name(&self) -> &str {
@@ -558,6 +577,9 @@ async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<
         let due = crate::decide::next_attempt(r.attempt, shared.config.get().retries_for(&r.job).as_ref(), now).map(|_| now);
         if let Some(id) = shared.executor.follow_up(&r, due, now).await? {
             tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
+            // Due now: the scheduler hands it over (on a shared database, a takeover happens
+            // while the scheduler may be asleep until its next tick).
+            shared.wake_scheduler();
         }
     }
     Ok(())
@@ -580,32 +602,82 @@ async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Renews this worker's lease every third of it. On a shared database it also takes over the
-/// runs of workers whose lease ran out (interrupted, then followed up per policy), as every
-/// worker does at start.
-async fn keep_lease(shared: Arc<Shared>, stop: CancellationToken) {
-    let every = shared.lease / 3;
+/// Renews this worker's lease every quarter of it (sooner after a failure), reporting storage
+/// faults the write meets. On a shared database it also fences: when no renewal has gone
+/// through for [`Fencing::fence_after`](crate::decide::Fencing), it stops every run it holds
+/// and takes no work (not ready) until a renewal goes through; and it takes over the runs of
+/// workers whose lease ran out (interrupted, then followed up per policy), as every worker does
+/// at start. `renewed`: when the last renewal that went through was sent.
+async fn keep_lease(shared: Arc<Shared>, mut renewed: std::time::Instant, stop: CancellationToken) {
+    let fencing = crate::decide::fencing(shared.lease);
+    let fences = shared.storage.takes_over_from_others();
     let mut lost = false;
+    let mut failing = false;
+    let mut fenced = false;
     loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = stop.cancelled() => return,
-        }
-        let now = shared.clock.now();
-        match shared.store.heartbeat(&shared.worker, shared.lease, false, now).await {
-            Ok(true) => lost = false,
-            Ok(false) if !lost => {
-                lost = true;
-                tracing::error!(
-                    worker = %shared.worker.name,
-                    "another process started under this worker's name and took its lease; worker names must be unique \
-                     (worker.name)"
+        let wait = if failing { fencing.retry_every } else { fencing.renew_every };
+        let fence_at = tokio::time::Instant::from_std(renewed + fencing.fence_after);
+        // A renewal may hang (a cut connection): the fence's deadline runs beside it.
+        let renew = async {
+            tokio::time::sleep(wait).await;
+            let sent = std::time::Instant::now();
+            let now = shared.clock.now();
+            let result = tokio::time::timeout(fencing.renew_every, shared.store.heartbeat(&shared.worker, shared.lease, false, now)).await;
+            (sent, now, result)
+        };
+        let (sent, now, result) = tokio::select! {
+            r = renew => r,
+            () = tokio::time::sleep_until(fence_at), if fences && !fenced => {
+                fenced = true;
+                let why = format!(
+                    "fenced: the worker could not renew its lease for {}; its runs were stopped so that no other worker runs them \
+                     at the same time, and it takes no work until the database takes a renewal",
+                    humantime::format_duration(fencing.fence_after)
                 );
+                let stopped = shared.executor.fence(fencing.fence_after);
+                tracing::error!(runs = stopped, "{why}");
+                shared.observer.fenced(stopped);
+                shared.health.set_fenced(Some(why));
+                continue;
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot renew the worker's lease"),
+            () = stop.cancelled() => return,
+        };
+        match result {
+            Ok(Ok(Some(_epoch))) => {
+                renewed = sent;
+                lost = false;
+                failing = false;
+                shared.health.storage_ok();
+                if fenced {
+                    fenced = false;
+                    shared.health.set_fenced(None);
+                    shared.executor.unfence();
+                    tracing::info!("the lease is renewed; the worker takes work again");
+                }
+            }
+            Ok(Ok(None)) => {
+                failing = false;
+                if !lost {
+                    lost = true;
+                    tracing::error!(
+                        worker = %shared.worker.name,
+                        "another process started under this worker's name and took its lease; worker names must be unique \
+                         (worker.name)"
+                    );
+                }
+            }
+            Ok(Err(e)) => {
+                failing = true;
+                shared.health.storage_failed(&e);
+                tracing::warn!(error = %e, "cannot renew the worker's lease");
+            }
+            Err(_) => {
+                failing = true;
+                tracing::warn!("cannot renew the worker's lease: the database did not answer within {:?}", fencing.renew_every);
+            }
         }
         if shared.storage.takes_over_from_others()
+            && !failing
             && let Err(e) = recover(&shared, now, false).await
         {
             tracing::warn!(error = %e, "cannot check for runs of workers that are gone");

@@ -79,6 +79,8 @@ pub mod metric {
     pub const HOOKS: &str = "lamplighter.hook.executions";
     /// Config reloads, by `outcome` (`applied`, `rejected`).
     pub const CONFIG_RELOADS: &str = "lamplighter.config.reloads";
+    /// Times this worker fenced itself (its lease could not be renewed in time).
+    pub const WORKER_FENCES: &str = "lamplighter.worker.fences";
 }
 
 /// The instruments, created once from the meter.
@@ -103,6 +105,7 @@ struct Instruments {
     approvals: Counter<u64>,
     hooks: Counter<u64>,
     reloads: Counter<u64>,
+    fences: Counter<u64>,
 }
 
 /// Buckets for durations and lateness, in seconds: 1 ms to an hour.
@@ -151,6 +154,7 @@ impl Instruments {
             approvals: c(metric::APPROVALS, "Approvals requested and decided"),
             hooks: c(metric::HOOKS, "Hook calls"),
             reloads: c(metric::CONFIG_RELOADS, "Config reloads"),
+            fences: c(metric::WORKER_FENCES, "Times the worker fenced itself, its lease not renewed in time"),
         }
     }
 }
@@ -576,6 +580,12 @@ impl Observer {
     }
 
     // Point events.
+
+    /// The worker fenced itself, stopping `runs` runs.
+    pub(crate) fn fenced(&self, runs: usize) {
+        self.m.fences.add(1, &[]);
+        tracing::debug!(runs, "fenced");
+    }
 
     /// A run was created outside a tick (a trigger, a retry, a recovery); ticks count as
     /// [`Self::tick_fired`].

@@ -84,6 +84,8 @@ pub(crate) struct ExecutorEnv {
     pub(crate) retention: Arc<PruneQueue>,
     /// This worker's name, which its claims record.
     pub(crate) worker: String,
+    /// Where storage faults seen while recording ends are reported.
+    pub(crate) health: Arc<crate::health::Health>,
 }
 
 /// The executor owns what runs take on their way: the `worker.concurrency` slots, the drain
@@ -197,6 +199,18 @@ impl Executor {
             }
             None => false,
         }
+    }
+
+    /// Stops every run executing here and takes none until [`Executor::unfence`]: the worker
+    /// could not renew its lease for `after`. Returns how many runs were stopped.
+    pub(crate) fn fence(&self, after: Duration) -> usize {
+        self.gate.hold(true);
+        self.stop_all(&StopReason::Fenced(after))
+    }
+
+    /// Takes work again (the lease was renewed).
+    pub(crate) fn unfence(&self) {
+        self.gate.hold(false);
     }
 
     /// Stops every run executing here (the drain's grace is over); returns how many.
@@ -375,7 +389,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // Until the database takes them (a server restarting, a failover): the runs keep
         // their slots meanwhile, so nothing new starts on a worker that cannot record. Only a
         // stop gives up (the runs are then recovered as interrupted).
-        let mut recorded = false;
+        let mut recorded = std::collections::HashSet::new();
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
@@ -383,14 +397,19 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             let res = exec.env.store.finish_many(&ends, now).await;
             tracing::debug!(runs = ends.len(), finish_us = began.elapsed().as_micros() as u64, "ends recorded");
             match res {
-                Ok(_) => {
+                Ok(done) => {
+                    exec.env.health.storage_ok();
                     if attempt > 1 {
                         tracing::info!(runs = ends.len(), attempt, "the end of runs is recorded");
                     }
-                    recorded = true;
+                    if done.len() < ends.len() {
+                        tracing::debug!(runs = ends.len() - done.len(), "ends not recorded: the runs were no longer running here");
+                    }
+                    recorded = done.into_iter().collect();
                     break;
                 }
                 Err(e) => {
+                    exec.env.health.storage_failed(&e);
                     if attempt == 1 || attempt.is_multiple_of(10) {
                         tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs; retrying");
                     }
@@ -411,7 +430,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
             }
             exec.env.observer.run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
-            if recorded && f.end.retry {
+            // Only this end's own record decides a retry: a run fenced or cancelled meanwhile is
+            // followed up by whoever recorded its end.
+            if recorded.contains(&f.run.id) && f.end.retry {
                 schedule_retry(&exec, &f.run, now).await;
             }
             exec.env.retention.prune_soon(&f.run.job, now);
@@ -473,10 +494,19 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
             t = exec.tickets_when_free(CLAIM_BATCH) => t,
             () = stop.cancelled() => return,
         };
-        // The gate is closed: nothing more is claimed; queued runs stay for the next start.
         if tickets.is_empty() {
-            stop.cancelled().await;
-            return;
+            // The gate is closed: nothing more is claimed; queued runs stay for the next start.
+            if exec.gate.is_closed() {
+                stop.cancelled().await;
+                return;
+            }
+            // Held (the worker fenced itself): claim again once it admits.
+            tokio::select! {
+                () = exec.gate.admitting() => {}
+                () = stop.cancelled() => return,
+            }
+            more = true;
+            continue;
         }
         let asked = tickets.len();
         let now = exec.env.clock.now();

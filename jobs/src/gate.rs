@@ -7,6 +7,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, Default)]
 struct State {
     closed: bool,
+    /// Admits nobody for now (the worker fenced itself), until released.
+    held: bool,
     passes: usize,
 }
 
@@ -33,7 +35,7 @@ impl Gate {
     pub(crate) fn enter(self: &std::sync::Arc<Self>) -> Option<Pass> {
         self.state
             .send_if_modified(|s| {
-                if s.closed {
+                if s.closed || s.held {
                     false
                 } else {
                     s.passes += 1;
@@ -48,6 +50,21 @@ impl Gate {
     }
 
     /// Resolves once the gate is closed.
+    /// Holds the gate (admits nobody) or releases it; a closed gate stays closed.
+    pub(crate) fn hold(&self, held: bool) {
+        self.state.send_if_modified(|s| std::mem::replace(&mut s.held, held) != held);
+    }
+
+    /// Waits until the gate admits again, or is closed for good.
+    pub(crate) async fn admitting(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| s.closed || !s.held).await;
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.borrow().closed
+    }
+
     pub(crate) async fn closed(&self) {
         let mut rx = self.state.subscribe();
         let _ = rx.wait_for(|s| s.closed).await;

@@ -11,6 +11,7 @@ mod engine;
 pub mod events;
 mod executor;
 mod gate;
+mod health;
 mod in_force;
 mod listing;
 mod manage;

@@ -181,6 +181,17 @@ async fn shell_cancel_kills_the_whole_process_group() {
     assert_gone(&dir.path().join("sleep.pid")).await;
 }
 
+/// A call whose future is dropped (the engine stopped the run: a fence, a drain) leaves
+/// nothing of its command running.
+#[tokio::test]
+async fn a_dropped_call_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = ctx(dir.path(), &[]);
+    let call = call("shell-exec", "run", json!({"command": "sleep 30 & echo $! > sleep.pid; wait"}), &c);
+    assert!(tokio::time::timeout(Duration::from_millis(500), call).await.is_err(), "still running when dropped");
+    assert_gone(&dir.path().join("sleep.pid")).await;
+}
+
 /// Test setup runs `git` directly; the plugin itself goes through its process module.
 fn git_setup(dir: &Path, args: &[&str]) {
     let status = std::process::Command::new("git")

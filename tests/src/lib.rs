@@ -10,5 +10,6 @@ pub mod otlp;
 pub mod pg;
 pub mod pki;
 pub mod proc;
+pub mod proxy;
 pub mod setup;
 pub mod snapshot;

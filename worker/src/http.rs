@@ -47,8 +47,12 @@ fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
     Router::new().route("/metrics", get(serve)).route_layer(axum::middleware::from_fn_with_state(guard, security::check_token))
 }
 
-async fn readyz(State(engine): State<Engine>) -> (StatusCode, &'static str) {
-    if engine.ready().await { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
+/// 200 `ready`, or 503 with every reason, one a line (`not ready: …`).
+async fn readyz(State(engine): State<Engine>) -> (StatusCode, String) {
+    match engine.readiness().await {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.lines().map(|l| format!("not ready: {l}\n")).collect()),
+    }
 }
 
 /// `/mcp`, guarded: Host/Origin checks and auth (outermost), then the body limit, then the

@@ -58,6 +58,22 @@ fn manual(job: &str, at: DateTime<Utc>) -> NewRun {
     NewRun { trigger: Trigger::Manual, scheduled_at: None, ..tick(job, at) }
 }
 
+/// The worker the checks claim runs as; each check starts with its lease taken.
+fn me() -> WorkerId {
+    WorkerId { name: ME.into(), instance: "contract".into(), host: "h".into(), pid: 1 }
+}
+
+/// Claims need a live lease (they record its epoch, the fence of the runs' writes).
+async fn take_lease(s: &dyn RunStore) {
+    assert!(s.heartbeat(&me(), Duration::from_secs(60), true, t0()).await.expect("lease").is_some());
+}
+
+/// A run of `job` claimed by [`ME`], as a target sees it.
+async fn running_run(s: &dyn RunStore, job: &str) -> Run {
+    let (id, _) = s.insert_run(manual(job, t0()), t0()).await.expect("insert");
+    s.dispatch(std::slice::from_ref(&id), &[], ME, t0()).await.expect("claim").pop().expect("claimed").run
+}
+
 fn none(slots: usize) -> Claim<'static> {
     Claim { worker: ME, slots }
 }
@@ -274,8 +290,9 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     let t = t0();
     let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(1), t).await.expect("fire");
     let ids: Vec<String> = out.into_iter().map(|o| o.expect("fresh").run_id).collect();
-    // The process dies (it held no lease): "a" was running, "b" was in the queue. Another
+    // The process dies and its lease goes: "a" was running, "b" was in the queue. Another
     // process recovers.
+    s.release(&me()).await.expect("release");
     let later = t + secs(5);
     let orphans = s.recover(Some("worker-b"), later).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![ids[0].clone()]);
@@ -284,6 +301,8 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     assert!(a.error.is_some_and(|e| e.contains(ME)), "the error names the worker");
     // The queued run is taken once more: through its task where the queue outlives workers
     // (PostgreSQL), or handed over again where recovery drops the queue (SQLite).
+    let b = WorkerId { name: "worker-b".into(), ..me() };
+    assert!(s.heartbeat(&b, Duration::from_secs(60), true, later).await.expect("lease").is_some());
     let taken: Vec<String> = s.claim_queued(5, "worker-b", later).await.expect("claim").runs.into_iter().map(|h| h.run.id).collect();
     let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _, _)| id).collect();
     assert_eq!([taken, due].concat(), vec![ids[1].clone()], "the queued run is handed over exactly once");
@@ -298,18 +317,22 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
 async fn a_restart_under_the_same_name_takes_the_lease_over(s: &dyn RunStore) {
     let t = t0();
     let old = WorkerId { name: ME.into(), instance: "one".into(), host: "h".into(), pid: 1 };
-    assert!(s.heartbeat(&old, Duration::from_secs(60), true, t).await.expect("lease"));
+    assert!(s.heartbeat(&old, Duration::from_secs(60), true, t).await.expect("lease").is_some());
     let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow)], none(1), t).await.expect("fire");
     let id = out[0].as_ref().expect("fresh").run_id.clone();
     let listed = s.workers(t).await.expect("workers");
     assert_eq!(listed.iter().map(|w| (w.name.as_str(), w.running.clone())).collect::<Vec<_>>(), [(ME, vec![id.clone()])]);
     // The new process under the same name.
     let new = WorkerId { instance: "two".into(), pid: 2, ..old.clone() };
-    assert!(s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over"));
+    let before = s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew").expect("held");
+    let after = s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over").expect("taken");
+    assert!(after > before, "a new process under the name starts a new epoch: {before} then {after}");
+    // The old process's late end is refused: the run is no longer its epoch's.
+    assert!(s.finish_many(&[end(&id, RunStatus::Succeeded)], t).await.expect("finish").is_empty(), "fenced");
     let orphans = s.recover(Some(ME), t + secs(1)).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![id]);
-    assert!(!s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew"), "the old process lost its name");
-    assert!(s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew"));
+    assert!(s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew").is_none(), "the old process lost its name");
+    assert_eq!(s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew"), Some(after), "a renewal keeps the epoch");
     assert_eq!(s.workers(t).await.expect("workers")[0].pid, 2);
     s.release(&new).await.expect("release");
     assert!(s.workers(t).await.expect("workers").is_empty(), "a released lease is not listed");
@@ -410,7 +433,7 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
     assert_eq!(all["k"], JobState { paused: true, pause_reason: Some(reason.into()), paused_at: Some(t), last_tick: None });
     assert_eq!(all["k"], s.job_state("k").await.expect("one state"), "the listing reads what the single read does");
     assert_eq!(s.job_overview("k", 1).await.expect("overview").state, all["k"], "and so does a job's overview");
-    assert!(s.ping().await);
+    assert_eq!(s.check().await, Ok(()));
 }
 
 fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> CallRecord {
@@ -462,39 +485,53 @@ async fn listing_changes_move_with_what_a_listing_shows(s: &dyn RunStore) {
 
 async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     let t = t0();
+    let r1 = running_run(s, "agent").await;
+    let root = r1.root_id.as_str();
+    let mine = |conversation: &str, seq, kind| CallRecord { run_id: r1.id.clone(), ..call(conversation, seq, kind, t) };
     // Calls come back by conversation and order, whatever order they were written in; a
     // record at the same place replaces the earlier one.
-    s.record_call("root", &call("", 1, CallKind::Tool, t)).await.expect("record");
-    s.record_call("root", &call("", 0, CallKind::Model, t)).await.expect("record");
-    s.record_call("root", &call("b", 0, CallKind::Model, t)).await.expect("record");
-    let again = CallRecord { name: "tool.x".into(), ..call("", 1, CallKind::Tool, t) };
-    s.record_call("root", &again).await.expect("replace");
-    let calls = s.calls("root").await.expect("calls");
+    s.record_call(root, &mine("", 1, CallKind::Tool)).await.expect("record");
+    s.record_call(root, &mine("", 0, CallKind::Model)).await.expect("record");
+    s.record_call(root, &mine("b", 0, CallKind::Model)).await.expect("record");
+    let again = CallRecord { name: "tool.x".into(), ..mine("", 1, CallKind::Tool) };
+    s.record_call(root, &again).await.expect("replace");
+    let calls = s.calls(root).await.expect("calls");
     let places: Vec<(&str, u32, CallKind)> = calls.iter().map(|c| (c.conversation.as_str(), c.seq, c.kind)).collect();
     assert_eq!(places, [("", 0, CallKind::Model), ("", 1, CallKind::Tool), ("b", 0, CallKind::Model)]);
     assert_eq!(calls[1], again, "a record reads back as written");
     assert!(s.calls("other").await.expect("calls").is_empty());
 
-    // An attempt that lost its run (its worker's lease ran out while it went on) does not
-    // overwrite what the next attempt recorded, for calls and for steps.
-    let later = CallRecord { attempt: 2, run_id: "r2".into(), name: "later".into(), ..call("", 0, CallKind::Model, t) };
-    s.record_call("root", &later).await.expect("record");
-    let stale = CallRecord { attempt: 1, name: "stale".into(), ..call("", 0, CallKind::Model, t) };
-    s.record_call("root", &stale).await.expect("a stale record is no error");
-    assert_eq!(s.calls("root").await.expect("calls")[0], later);
-    let done = StepRecord { attempt: 2, finished_at: Some(t), ..step("draft", "r2", StepStatus::Succeeded, t) };
-    s.record_steps("root", std::slice::from_ref(&done)).await.expect("record");
-    let cut = StepRecord { error: Some("interrupted".into()), ..step("draft", "r1", StepStatus::Failed, t) };
-    s.record_steps("root", &[cut]).await.expect("a stale record is no error");
-    assert_eq!(s.steps("root").await.expect("steps"), [done]);
+    // An attempt that lost its run (its worker's lease ran out while it went on) cannot
+    // write any more, for calls, steps and checkpoints: the next attempt's records stand.
+    let done = |run: &Run, status| StepRecord { attempt: run.attempt, ..step("draft", &run.id, status, t) };
+    s.record_steps(root, &[done(&r1, StepStatus::Running)]).await.expect("record");
+    s.release(&me()).await.expect("the lease goes");
+    assert_eq!(s.recover(None, t).await.expect("recover").len(), 1, "taken over");
+    take_lease(s).await;
+    let r2_id = s.follow_up(&r1, t, t).await.expect("follow up").expect("created");
+    let r2 = s.dispatch(std::slice::from_ref(&r2_id), &[], ME, t).await.expect("claim").pop().expect("claimed").run;
+    let later = CallRecord { attempt: 2, run_id: r2.id.clone(), name: "later".into(), ..call("", 0, CallKind::Model, t) };
+    s.record_call(root, &later).await.expect("record");
+    s.record_steps(root, &[done(&r2, StepStatus::Succeeded)]).await.expect("record");
+    let stale = CallRecord { name: "stale".into(), ..mine("", 0, CallKind::Model) };
+    let refused = s.record_call(root, &stale).await.expect_err("the old attempt is fenced");
+    assert!(refused.is_fenced(), "{refused}");
+    let cut = StepRecord { error: Some("interrupted".into()), ..done(&r1, StepStatus::Failed) };
+    assert!(s.record_steps(root, &[cut]).await.expect_err("fenced").is_fenced());
+    let value = serde_json::json!("stale");
+    assert!(s.record_checkpoint(root, "draft", &r1.id, &value, t).await.expect_err("fenced").is_fenced());
+    assert_eq!(s.calls(root).await.expect("calls")[0], later);
+    assert_eq!(s.steps(root).await.expect("steps"), [done(&r2, StepStatus::Succeeded)]);
+    assert_eq!(s.checkpoint(root, "draft").await.expect("read"), None);
 
     // A wait marked to resume on rejection: rejecting it records the rejection on the step
     // and queues the run again, for the run to act on.
-    let a = waiting_run(s, &[], None).await;
+    let a = running_run(s, "w").await.id;
     let mut ask = step("tool-1", &a, StepStatus::WaitingApproval, t);
     ask.output = Some(serde_json::json!({ "tool": "shell.run" }));
     ask.resumes_on_reject = true;
     s.record_steps(&a, &[ask]).await.expect("record");
+    assert_eq!(s.finish_many(&[end(&a, RunStatus::WaitingApproval)], t).await.expect("wait"), std::slice::from_ref(&a));
     let d = StepDecision { run_id: &a, step: None, approve: false, comment: Some("no"), decided_by: "ana" };
     match s.record_decision(&d, t).await.expect("decide") {
         Decided::Recorded { step, run } => {
@@ -577,6 +614,7 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     assert_eq!(s.wake_waiting(t + secs(60)).await.expect("wake"), std::slice::from_ref(&c));
     assert_eq!(status(s, &c).await, RunStatus::Queued);
     // A run that ends cancelled closes its open steps; records replace earlier ones.
+    assert_eq!(s.dispatch(std::slice::from_ref(&c), &[], ME, t).await.expect("claim").len(), 1);
     s.record_steps(&c, &[step("gate", &c, StepStatus::Running, t)]).await.expect("record");
     assert!(s.finish(&c, RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
     assert_eq!(s.steps(&c).await.expect("steps").iter().map(|r| r.status).collect::<Vec<_>>(), [StepStatus::Cancelled]);
@@ -674,6 +712,7 @@ macro_rules! contract {
             #[tokio::test]
             async fn $name() {
                 let (_guard, store) = $make.await;
+                take_lease(&*store).await;
                 super::$name(&*store).await;
             }
         )*

@@ -193,6 +193,10 @@ pub(crate) struct Spelling {
     pub(crate) undispatched: &'static str,
     /// `{in $n}`: membership in the list bound at `$n` ([`Arg::Texts`]).
     pub(crate) in_list: fn(&str) -> String,
+    /// `{lease_live}`, inside a condition on `ll_workers w`: `w`'s lease has not run out, on
+    /// the clock leases are measured by. Empty where a backend serves one worker (a file lock
+    /// keeps every other process out, so its lease cannot be taken over).
+    pub(crate) lease_live: &'static str,
     /// What starts a numbered placeholder: statements are written with `$n`; SQLite's own is
     /// `?n` (it takes `$n` for a name).
     pub(crate) param: char,
@@ -219,8 +223,12 @@ pub(crate) fn numbered(sql: &str, s: &Spelling) -> String {
 /// `text` as `s` spells it: statuses filled in ([`super::fill_statuses`]), the spelled words
 /// replaced, placeholders numbered.
 pub(crate) fn render(text: &str, s: &Spelling) -> String {
-    let mut out =
-        super::fill_statuses(text).replace("{greatest}", s.greatest).replace("{lock}", s.lock).replace("{undispatched}", s.undispatched);
+    let mut out = super::fill_statuses(text)
+        .replace("{held}", HELD)
+        .replace("{lease_live}", s.lease_live)
+        .replace("{greatest}", s.greatest)
+        .replace("{lock}", s.lock)
+        .replace("{undispatched}", s.undispatched);
     while let Some(start) = out.find("{in $") {
         let Some(len) = out[start..].find('}') else { break };
         let list = (s.in_list)(&out[start + 4..start + len]);
@@ -228,6 +236,12 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
     }
     numbered(&out, s)
 }
+
+/// `{held}`: the run (`ll_runs`) is its worker's under a live lease of the epoch it was
+/// claimed with — the fence every write a worker makes for a run passes. A run claimed before
+/// epochs were recorded matches any epoch.
+const HELD: &str =
+    "EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker AND w.epoch = coalesce(ll_runs.epoch, w.epoch) {lease_live})";
 
 /// A statement's text for one dialect, rendered once per call site and dialect:
 /// `sql!(D, "… {in $1}")` where `D: Dialect`. Without a dialect, `sql!("… {Queued}")` only
@@ -313,7 +327,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     // Leases and recovery.
     /// Takes or renews `me`'s lease (see [`super::RunStore::heartbeat`]).
-    fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<bool>;
+    /// Returns the lease's epoch, or `None` when another process holds the name.
+    fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<Option<i64>>;
     /// The rows of `ll_workers` whose lease has not run out, by name.
     fn live_leases(c: &mut Self::Conn, now: i64) -> impl Fut<Vec<Self::Row>>;
     /// Marks the runs left `running` by workers that are gone `interrupted` (see
@@ -332,7 +347,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     // Upkeep.
     fn migrate(&self) -> impl Fut<()>;
     fn close(&self) -> impl Future<Output = ()> + Send;
-    fn ping(&self) -> impl Future<Output = bool> + Send;
+    fn check(&self) -> impl Future<Output = Result<(), String>> + Send;
     /// What pruning single jobs leaves behind, and the backend's own upkeep.
     fn housekeeping(&self) -> impl Fut<()>;
 }
@@ -496,8 +511,14 @@ mod tests {
     use super::*;
 
     /// A dialect as both backends' words would not spell it, to show every word is replaced.
-    const ODD: Spelling =
-        Spelling { greatest: "GREATEST", lock: "LOCKED", undispatched: "UNDISPATCHED", in_list: |p| format!("IN LIST({p})"), param: '?' };
+    const ODD: Spelling = Spelling {
+        greatest: "GREATEST",
+        lock: "LOCKED",
+        undispatched: "UNDISPATCHED",
+        in_list: |p| format!("IN LIST({p})"),
+        lease_live: "LIVE",
+        param: '?',
+    };
     const PLAIN: Spelling = Spelling { param: '$', ..ODD };
 
     #[test]

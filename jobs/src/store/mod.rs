@@ -161,7 +161,49 @@ impl StoreError {
     pub(crate) fn is_unique_violation(&self) -> bool {
         self.source.as_database_error().is_some_and(|e| e.is_unique_violation())
     }
+
+    /// A write for run `run` that the fence refused: this worker no longer holds the run (its
+    /// lease ran out, or another worker took the run over).
+    pub(crate) fn fenced(run: &str) -> Self {
+        Self::new(
+            format!("recording for run {run}"),
+            sqlx::Error::Protocol(format!("{FENCED}: its lease ran out or another worker took the run over; the write is refused")),
+        )
+    }
+
+    /// The fence refused the write ([`StoreError::fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(&self.source, sqlx::Error::Protocol(m) if m.starts_with(FENCED))
+    }
+
+    /// What is wrong with the storage itself, when the error says so: the disk full, the
+    /// database read-only or gone. Such a fault heals from outside (space freed, permissions
+    /// restored); the worker reports it as its reason for not being ready.
+    pub fn fault(&self) -> Option<&'static str> {
+        let db = self.source.as_database_error()?;
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_none() {
+            // PostgreSQL's SQLSTATE.
+            return match db.code()?.as_ref() {
+                "53100" => Some("the database server's disk is full"),
+                "25006" => Some("the database server is read-only"),
+                _ => None,
+            };
+        }
+        // SQLite's result codes: the primary code is the low byte of an extended one.
+        let code: i64 = db.code()?.parse().ok()?;
+        match code & 0xff {
+            13 => Some("the disk is full (SQLITE_FULL)"),
+            8 => Some("the database is read-only (SQLITE_READONLY)"),
+            10 => Some("the database cannot be read or written (SQLITE_IOERR)"),
+            14 => Some("the database file cannot be opened (SQLITE_CANTOPEN)"),
+            11 => Some("the database file is damaged (SQLITE_CORRUPT)"),
+            _ => None,
+        }
+    }
 }
+
+/// How a fence refusal begins ([`StoreError::fenced`]).
+const FENCED: &str = "this worker no longer holds the run";
 
 /// The apalis queue name (otherwise it would be the Rust type path). Runs that cannot start at
 /// once wait in the queue as tasks that carry only the run id; the `ll_runs` row stays the
@@ -626,7 +668,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Closes every connection; later calls fail with a storage error.
     async fn close(&self);
-    async fn ping(&self) -> bool;
+    /// The storage answers and is the one this worker opened; else what is wrong, for
+    /// `/readyz`.
+    async fn check(&self) -> Result<(), String>;
     /// A count that moves whenever what a job listing shows may have changed (a run's brief, a
     /// job's pause), by any writer, and stays while it has not; `None` when the backend cannot
     /// tell cheaply (PostgreSQL). A kept listing depends on it (`Engine::listing_version`).
@@ -684,7 +728,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     // Ending runs.
     /// Records the end of runs this worker claimed, in one statement (a run that waits for
     /// approval is not finished: it keeps no `finished_at` and gets its `wait_until`). Returns
-    /// the ids that were still running (a run cancelled meanwhile keeps its first end). Steps
+    /// the ids that were still running and this worker's (a run cancelled meanwhile keeps its
+    /// first end; a run whose worker's lease ran out, or that was claimed under an earlier
+    /// epoch of the lease, is fenced and left to whoever takes it over). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     /// Records one end, if the run's status allows it ([`Transitions::can_become`]). False when
@@ -700,6 +746,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
 
     // Checkpoints, per run identity.
     async fn checkpoint(&self, root_id: &str, step: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    /// Records `run_id`'s value for `step`, fenced as steps are.
     async fn record_checkpoint(
         &self,
         root_id: &str,
@@ -712,10 +759,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     // Workflow steps, per run identity.
     /// Every step recorded for the run identity `root_id`.
     async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError>;
-    /// Records steps (replacing an earlier record of the same step), in one transaction. A
-    /// record never replaces one written by a later attempt: an attempt that lost its run to
-    /// another worker (its lease ran out while it went on) cannot overwrite what the attempt
-    /// after it recorded.
+    /// Records steps (replacing an earlier record of the same step), in one transaction. The
+    /// steps are one attempt's (their `run_id`), and only written while that run is running
+    /// and its worker holds a live lease of the epoch it was claimed under: otherwise the
+    /// write is refused ([`StoreError::is_fenced`]). So an attempt that lost its run (its
+    /// lease ran out while it went on) cannot overwrite what the attempt after it recorded.
     async fn record_steps(&self, root_id: &str, steps: &[StepRecord]) -> Result<(), StoreError>;
     /// Records a decision on a waiting approval step, in one transaction with what it does to
     /// the run: an approval resumes it (`queued`, unless other steps still wait), a rejection
@@ -728,8 +776,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Every model and tool call recorded for the run identity `root_id`, by conversation and
     /// order.
     async fn calls(&self, root_id: &str) -> Result<Vec<CallRecord>, StoreError>;
-    /// Records a call (replacing an earlier record at the same place, unless a later attempt
-    /// wrote it, as for steps); durable when this returns.
+    /// Records a call (replacing an earlier record at the same place), fenced as steps are;
+    /// durable when this returns.
     async fn record_call(&self, root_id: &str, call: &CallRecord) -> Result<(), StoreError>;
     /// The job snapshot a run was created with.
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError>;
@@ -750,9 +798,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     // Workers.
     /// Takes or renews `me`'s lease until `lease` from now (the database server's clock where
     /// it has one, else `now`). With `take_over`, a row under the same name left by an earlier
-    /// process is taken over (a restart under a configured name); without, false means another
-    /// process holds the name now.
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<bool, StoreError>;
+    /// process is taken over (a restart under a configured name); without, `None` means another
+    /// process holds the name now. Returns the lease's epoch: a new one whenever the lease is
+    /// taken afresh (a new process, or on a shared database a lease that had run out). Others
+    /// may take its runs over from the lease's end plus [`crate::decide::Fencing::margin`].
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<i64>, StoreError>;
     /// Gives the lease up (a clean stop).
     async fn release(&self, me: &WorkerId) -> Result<(), StoreError>;
     /// Workers whose lease has not run out, with their running runs, by name.

@@ -27,14 +27,14 @@ use crate::definitions::{Change, decide_change};
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
-/// Rows per multi-row statement: 20 columns × 1000 stays under both drivers' bound on
+/// Rows per multi-row statement: 21 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them.
 const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
-                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by)";
-const RUN_INSERT_COLS: usize = 20;
+                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch)";
+const RUN_INSERT_COLS: usize = 21;
 
 /// The columns of a runtime job, for [`stored_job_from_row`].
 const DEFINITION_COLS: &str = "name, definition, version, created_by, created_at, updated_by, updated_at";
@@ -53,8 +53,14 @@ fn stored_job_from_row(r: &impl Record) -> StoredJob {
     }
 }
 
-/// Inserts runs, one multi-row statement per [`ROWS_PER_STATEMENT`].
-async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispatch<'_>)], now: DateTime<Utc>) -> Result<(), StoreError> {
+/// Inserts runs, one multi-row statement per [`ROWS_PER_STATEMENT`]. Claimed runs record
+/// `epoch`, their worker's lease epoch.
+async fn insert_runs<D: Dialect>(
+    c: &mut D::Conn,
+    rows: &[(String, NewRun, Dispatch<'_>)],
+    epoch: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
     let now = ms(now);
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
         let mut q = Stmt::built(values(&D::SPELLING, RUN_INSERT, RUN_INSERT_COLS, chunk.len(), ""), "inserting runs");
@@ -84,7 +90,8 @@ async fn insert_runs<D: Dialect>(c: &mut D::Conn, rows: &[(String, NewRun, Dispa
                 .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
                 .bind(worker)
                 .bind(worker.map(|_| now))
-                .bind(r.requested_by.as_deref());
+                .bind(r.requested_by.as_deref())
+                .bind(worker.and(epoch));
         }
         D::execute(c, q).await?;
     }
@@ -119,6 +126,21 @@ async fn claim<D: Dialect>(
     Ok(D::claim(c, ids, worker, ms(now), locked).await?.iter().map(handed_from_row).collect())
 }
 
+/// The fence of a run's own writes (its steps, calls and checkpoints), in the transaction that
+/// makes them: the run is running and its worker holds a live lease of the epoch it was claimed
+/// under. The run's row is locked (PostgreSQL): a takeover that would interrupt it waits for
+/// this write to commit, or this write finds the run gone.
+async fn fence<D: Dialect>(c: &mut D::Conn, run: &str) -> Result<(), StoreError> {
+    let q = Stmt::new(
+        sql!(D, "SELECT 1 AS held FROM ll_runs WHERE id = $1 AND status = {Running} AND {held} {lock}"),
+        "checking that the run is still this worker's",
+    );
+    match D::fetch_optional(c, q.bind(run)).await? {
+        Some(_) => Ok(()),
+        None => Err(StoreError::fenced(run)),
+    }
+}
+
 /// The reads the scheduler makes on every pass, for the SQLite backend's plan tests.
 #[cfg(test)]
 pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
@@ -151,8 +173,8 @@ impl<D: Dialect> RunStore for D {
         Dialect::close(self).await
     }
 
-    async fn ping(&self) -> bool {
-        Dialect::ping(self).await
+    async fn check(&self) -> Result<(), String> {
+        Dialect::check(self).await
     }
 
     async fn listing_changes(&self) -> Option<u64> {
@@ -239,8 +261,19 @@ impl<D: Dialect> RunStore for D {
         for row in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied()).bind(Trigger::Backfill.as_str()).bind(backfill)).await? {
             active.entry(row.text("job")).or_default().push(row.text("id"));
         }
+        // Claims need a live lease: they record its epoch, the fence of the runs' writes. A
+        // worker without one leaves its runs to the queue, for a worker that has.
+        let mut claim = claim;
+        let mut epoch = None;
+        if claim.slots > 0 {
+            let q = Stmt::new(sql!(D, "SELECT epoch FROM ll_workers w WHERE w.name = $1 {lease_live}"), "reading the worker's lease");
+            epoch = D::fetch_optional(&mut tx, q.bind(claim.worker)).await?.map(|r| r.int("epoch"));
+            if epoch.is_none() {
+                claim.slots = 0;
+            }
+        }
         let TickPlan { out, rows, pushed, last_ticks } = plan_ticks(ticks, ids, &fresh, &paused, active, claim, now);
-        insert_runs::<D>(&mut tx, &rows, now).await?;
+        insert_runs::<D>(&mut tx, &rows, epoch, now).await?;
         // In job order (a BTreeMap), as the jobs were locked.
         let last: Vec<(&String, &i64)> = last_ticks.iter().collect();
         for chunk in last.chunks(ROWS_PER_STATEMENT) {
@@ -272,7 +305,7 @@ impl<D: Dialect> RunStore for D {
         }
         let id = new_id();
         let (job, key) = (run.job.clone(), run.idempotency_key.clone());
-        match insert_runs::<D>(&mut tx, &[(id.clone(), run, Dispatch::No)], now).await {
+        match insert_runs::<D>(&mut tx, &[(id.clone(), run, Dispatch::No)], None, now).await {
             Ok(()) => {}
             // Two callers with the same new key (several writers): the unique (job, key) made
             // this one wait for the other and fail; the other's run is the answer.
@@ -304,7 +337,7 @@ impl<D: Dialect> RunStore for D {
         };
         let mut next = NewRun::follow_up(run, due_at);
         next.snapshot = linked.json("job_snapshot");
-        insert_runs::<D>(&mut tx, &[(id.clone(), next, Dispatch::No)], now).await?;
+        insert_runs::<D>(&mut tx, &[(id.clone(), next, Dispatch::No)], None, now).await?;
         D::commit(tx).await?;
         Ok(Some(id))
     }
@@ -430,8 +463,10 @@ impl<D: Dialect> RunStore for D {
             ),
             "recording a checkpoint",
         );
-        D::execute(&mut *self.writer().await?, q.bind(root_id).bind(step).bind(run_id).bind(value.to_string()).bind(ms(now))).await?;
-        Ok(())
+        let mut tx = self.begin().await?;
+        fence::<D>(&mut tx, run_id).await?;
+        D::execute(&mut tx, q.bind(root_id).bind(step).bind(run_id).bind(value.to_string()).bind(ms(now))).await?;
+        D::commit(tx).await
     }
 
     async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -470,8 +505,13 @@ impl<D: Dialect> RunStore for D {
                 .bind(st.error.as_deref())
                 .bind(st.resumes_on_reject);
         }
-        D::execute(&mut *self.writer().await?, q).await?;
-        Ok(())
+        // One attempt writes its own steps.
+        let run = steps[0].run_id.as_str();
+        debug_assert!(steps.iter().all(|st| st.run_id == run));
+        let mut tx = self.begin().await?;
+        fence::<D>(&mut tx, run).await?;
+        D::execute(&mut tx, q).await?;
+        D::commit(tx).await
     }
 
     async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
@@ -611,8 +651,10 @@ impl<D: Dialect> RunStore for D {
         .bind(i64::from(c.attempt))
         .bind(ms(c.started_at))
         .bind(ms(c.finished_at));
-        D::execute(&mut *self.writer().await?, q).await?;
-        Ok(())
+        let mut tx = self.begin().await?;
+        fence::<D>(&mut tx, &c.run_id).await?;
+        D::execute(&mut tx, q).await?;
+        D::commit(tx).await
     }
 
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError> {
@@ -643,7 +685,7 @@ impl<D: Dialect> RunStore for D {
         Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.map_or(0, |r| r.int("n")) as u64)
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<bool, StoreError> {
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<i64>, StoreError> {
         Dialect::heartbeat(self, me, lease, take_over, ms(now)).await
     }
 

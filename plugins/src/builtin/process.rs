@@ -60,7 +60,9 @@ pub(crate) async fn run(
         command.env(key, value);
     }
     let mut child = command.spawn().map_err(RunError::Spawn)?;
-    let pgid = child.id();
+    // Kills the group however this call ends, a dropped future included (the run was stopped
+    // from outside: a fence, a drain, a timeout on the engine's clock).
+    let group = child.id().map(GroupKill);
     let stdout = child.stdout.take().map(|s| tokio::spawn(read_capped(s)));
     let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s)));
 
@@ -71,9 +73,7 @@ pub(crate) async fn run(
     };
     // Kill the group on every path: after a timeout or cancel to stop the work, after a normal
     // exit to stop background processes the command left behind, so no action outlives its call.
-    if let Some(pgid) = pgid {
-        kill_group(pgid).await;
-    }
+    drop(group);
     if outcome.is_err() {
         let _ = child.start_kill();
         let _ = child.wait().await;
@@ -85,17 +85,23 @@ pub(crate) async fn run(
     Ok(Output { exit_code: status.code(), stdout, stderr, truncated: stdout_truncated || stderr_truncated })
 }
 
-/// Sends SIGKILL to the process group through `kill(1)`, since the crate forbids `unsafe`.
-async fn kill_group(pgid: u32) {
-    let result = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pgid}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await;
-    if let Err(e) = result {
-        tracing::warn!(pgid, error = %e, "could not run \"kill\" to stop a process group");
+/// A process group, sent SIGKILL (through `kill(1)`, since the crate forbids `unsafe`) when
+/// dropped.
+struct GroupKill(u32);
+
+impl Drop for GroupKill {
+    // This is the module that starts processes; `kill` must run to the end inside `drop`.
+    #[allow(clippy::disallowed_methods)]
+    fn drop(&mut self) {
+        let result = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if let Err(e) = result {
+            tracing::warn!(pgid = self.0, error = %e, "could not run \"kill\" to stop a process group");
+        }
     }
 }
 

@@ -154,10 +154,15 @@ workflows:
 
 /// A worker named `name` on database `url`.
 fn worker(name: &str, url: &str, concurrency: u32) -> Worker {
+    worker_with(name, url, concurrency, "3s", JOBS)
+}
+
+/// A worker named `name` on database `url`, with its lease and jobs.
+fn worker_with(name: &str, url: &str, concurrency: u32, lease: &str, jobs: &str) -> Worker {
     let w = Worker::new("");
     let text = format!(
-        "framework:\n  data_dir: {data}\nworker:\n  name: {name}\n  concurrency: {concurrency}\n  lease: 3s\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n\
-         scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n  jobs:{JOBS}",
+        "framework:\n  data_dir: {data}\nworker:\n  name: {name}\n  concurrency: {concurrency}\n  lease: {lease}\n  shutdown_grace: 3s\n  mcp:\n    port: {port}\n\
+         scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n  jobs:{jobs}",
         data = w.dir.path().join("data").display(),
         port = w.port,
     );
@@ -433,4 +438,142 @@ fn a_runtime_job_created_through_one_worker_fires_once_per_tick_and_a_delete_thr
     let (code, out, err) = c.ctl(&["jobs", "show", "pulse"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("deleted by mcp client lampctl"), "{out}");
+}
+
+/// Each execution of the side-effect job writes `<its shell's pid> <ms>` every 100 ms; the
+/// executions, as (pid, first, last, lines), in the order they began.
+fn executions(log: &std::path::Path) -> Vec<(String, i64, i64, usize)> {
+    let text = match std::fs::read_to_string(log) {
+        Ok(text) => text,
+        // Not written yet: the first execution has not begun.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("cannot read the side-effect log: {e}"),
+    };
+    let mut by_pid: BTreeMap<String, (i64, i64, usize)> = BTreeMap::new();
+    for line in text.lines() {
+        let (pid, at) = line.split_once(' ').unwrap_or_else(|| panic!("not a side-effect line: {line:?}"));
+        let at: i64 = at.trim().parse().unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        let e = by_pid.entry(pid.to_owned()).or_insert((at, at, 0));
+        e.0 = e.0.min(at);
+        e.1 = e.1.max(at);
+        e.2 += 1;
+    }
+    let mut out: Vec<(String, i64, i64, usize)> = by_pid.into_iter().map(|(pid, (a, b, n))| (pid, a, b, n)).collect();
+    out.sort_by_key(|e| e.1);
+    out
+}
+
+/// Three workers, each behind a proxy; the one running a long shell run is cut off from the
+/// database for twice its lease. It stops the command before its lease can run out (fenced,
+/// not ready, saying why), another worker retries the run only after that, and the two
+/// executions' side effects never overlap in time. Healed, the cut-off worker renews (a new
+/// epoch), says it is ready and takes work again.
+#[test]
+fn a_worker_cut_off_from_the_database_stops_its_runs_before_another_takes_them_over() {
+    use lamplighter_tests::proxy::Proxy;
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "fence");
+    let effects_dir = tempfile::tempdir().unwrap();
+    let effects = effects_dir.path().join("effects.log");
+    let jobs = format!(
+        r#"
+    effect:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      retries: {{max: 3, initial: 1s}}
+      parameters: {{command: "for i in $(seq 120); do echo \"$$ $(date +%s%3N)\" >> {log}; sleep 0.1; done", timeout_seconds: 60}}
+    quick:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      parameters: {{command: "echo quick"}}
+"#,
+        log = effects.display()
+    );
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let proxies = [Proxy::start(target), Proxy::start(target), Proxy::start(target)];
+    let names = ["f-a", "f-b", "f-c"];
+    let lease_ms = 4000;
+    let mut workers: Vec<Worker> = names
+        .iter()
+        .zip(&proxies)
+        .map(|(name, p)| worker_with(name, &format!("postgres://postgres@127.0.0.1:{}/fence", p.port()), 2, "4s", &jobs))
+        .collect();
+    for w in &mut workers {
+        w.start();
+    }
+    let id = trigger(&workers[0], "effect");
+    let runs = db.wait_for("the side-effect run to start", Duration::from_secs(10), &[&workers[0]], |r| {
+        r.iter().any(|r| r.id == id && r.status == "running")
+    });
+    let runner = runs.iter().find(|r| r.id == id).unwrap().worker.clone().unwrap();
+    let v = names.iter().position(|n| *n == runner).unwrap();
+    poll(
+        "side effects",
+        Duration::from_secs(10),
+        || (executions(&effects).first().map(|e| e.3).unwrap_or(0) >= 5).then_some(()),
+        || workers[v].log(),
+    );
+
+    proxies[v].cut();
+    let cut_at = now_ms();
+    // Fenced within 2/3 of its lease: not ready, and it says why.
+    let (_, body) = poll(
+        "the cut-off worker to fence itself",
+        Duration::from_secs(6),
+        || http_get(workers[v].port, "/readyz").filter(|(code, body)| *code == 503 && body.contains("fenced")),
+        || workers[v].log(),
+    );
+    assert!(body.contains("could not renew its lease"), "{body}");
+    // Another worker takes the run over once the lease and its margin have passed, and retries it.
+    let others: Vec<&Worker> = workers.iter().enumerate().filter(|(i, _)| *i != v).map(|(_, w)| w).collect();
+    let runs = db.wait_for("another worker to run the retry", Duration::from_secs(20), &others, |r| {
+        r.iter().any(|r| r.retry_of.as_deref() == Some(&id) && r.status == "running")
+    });
+    let retry = runs.iter().find(|r| r.retry_of.as_deref() == Some(&id)).unwrap().clone();
+    assert_ne!(retry.worker.as_deref(), Some(runner.as_str()), "the retry runs elsewhere");
+    // The link stays cut for twice the lease: the retry's side effects go on meanwhile.
+    poll(
+        "twice the lease to pass with the retry's side effects going",
+        Duration::from_secs(20),
+        || (now_ms() >= cut_at + 2 * lease_ms && executions(&effects).len() >= 2).then_some(()),
+        || workers[v].log(),
+    );
+    assert_eq!(proxies[v].cuts(), 1, "the partition happened");
+    proxies[v].heal();
+    wait_ready(&[&workers[v]], true, Duration::from_secs(15));
+    assert!(workers[v].log().contains("takes work again"), "{}", workers[v].log());
+    db.wait_for("the retry to finish", Duration::from_secs(30), &others, |r| r.iter().any(|r| r.id == retry.id && r.status == "succeeded"));
+
+    let runs = db.runs();
+    let first = runs.iter().find(|r| r.id == id).unwrap();
+    assert_eq!(first.status, "interrupted", "{first:?}");
+    let ran = executions(&effects);
+    assert_eq!(ran.len(), 2, "one execution cut short, one retry: {ran:?}");
+    let (killed, retried) = (&ran[0], &ran[1]);
+    assert!(killed.3 < 120, "the first execution was stopped: {killed:?}");
+    assert!(killed.2 < cut_at + lease_ms, "stopped before its lease could run out: last effect {} ms after the cut", killed.2 - cut_at);
+    assert!(killed.2 < retried.1, "no overlap: the first ended at {}, the retry began at {}", killed.2, retried.1);
+    assert_eq!(retried.3, 120, "the retry ran to its end");
+
+    // The cut-off worker takes work again: alone, it runs what it is asked to.
+    for (i, w) in workers.iter().enumerate() {
+        if i != v {
+            w.signal("TERM");
+        }
+    }
+    for (i, w) in workers.iter_mut().enumerate() {
+        if i != v {
+            assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+        }
+    }
+    let (code, out, err) = workers[v].ctl(&["jobs", "trigger", "quick", "--wait", "--timeout", "30", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let quick = json_of(&out)["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(db.run(&quick).unwrap().worker.as_deref(), Some(runner.as_str()));
+    workers[v].signal("TERM");
+    assert_eq!(workers[v].wait_exit(Duration::from_secs(20)), Some(0));
 }

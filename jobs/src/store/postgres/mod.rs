@@ -34,8 +34,14 @@ use crate::run::{RunStatus, StepStatus};
 record_for!(PgRow);
 
 /// How PostgreSQL spells what the dialects spell differently.
-pub(super) const SPELLING: Spelling =
-    Spelling { greatest: "greatest", lock: "FOR UPDATE", undispatched: "", in_list: |param| format!("= ANY({param})"), param: '$' };
+pub(super) const SPELLING: Spelling = Spelling {
+    greatest: "greatest",
+    lock: "FOR UPDATE",
+    undispatched: "",
+    in_list: |param| format!("= ANY({param})"),
+    lease_live: "AND w.lease_until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    param: '$',
+};
 
 /// The server's clock, in Unix milliseconds (leases are measured on it).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -166,13 +172,14 @@ impl Dialect for PgStore {
 
     async fn finish_runs(c: &mut PgConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar(sql!(
+            PgStore,
             "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
                                 finished_at = CASE WHEN j.finished THEN $8 END, wait_until = j.wait_until,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
                                 trace_id = coalesce(j.trace_id, ll_runs.trace_id)
              FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[])
                   AS j(id, started_at, status, output, error, finished, wait_until, trace_id)
-             WHERE ll_runs.id = j.id AND ll_runs.status = {Running} RETURNING ll_runs.id"
+             WHERE ll_runs.id = j.id AND ll_runs.status = {Running} AND {held} RETURNING ll_runs.id"
         ))
         .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
         .bind(ends.iter().map(|e| e.started_at.map(ms)).collect::<Vec<_>>())
@@ -218,14 +225,16 @@ impl Dialect for PgStore {
     async fn claim(c: &mut PgConnection, ids: &[String], worker: &str, now: i64, locked: Locked) -> Result<Vec<PgRow>, StoreError> {
         macro_rules! claim_sql {
             ($skip:literal) => {
-                sql!(format!(
+                sql!(PgStore, format!(
                     concat!(
                         "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND status = {{Queued}} ORDER BY id FOR UPDATE",
                         $skip,
                         ")
                          UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $3), worker = $2,
-                             dispatched_at = coalesce(dispatched_at, $3)
-                         FROM picked WHERE ll_runs.id = picked.pick RETURNING job_snapshot, started_at < $3 AS resumed, {}"
+                             dispatched_at = coalesce(dispatched_at, $3), epoch = (SELECT w.epoch FROM ll_workers w WHERE w.name = $2)
+                         FROM picked WHERE ll_runs.id = picked.pick
+                             AND EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = $2 {{lease_live}})
+                         RETURNING job_snapshot, started_at < $3 AS resumed, {}"
                     ),
                     run_cols!()
                 ))
@@ -261,14 +270,20 @@ impl Dialect for PgStore {
         queue::forget_all(c).await
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<bool, StoreError> {
-        let n = sqlx::query(sql!(format!(
-            "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until)
-             VALUES ($1, $2, $3, $4, {now}, {now}, {now} + $5)
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<Option<i64>, StoreError> {
+        // A renewal keeps the epoch only while the lease is live and the same process holds
+        // it: a lease that ran out, or a new process under the name, starts a new epoch, and
+        // whatever was claimed under the old one can no longer be written.
+        sqlx::query_scalar(sql!(format!(
+            "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until, takeover_at, epoch)
+             VALUES ($1, $2, $3, $4, {now}, {now}, {now} + $5, {now} + $5 + $7, 1)
              ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
                  started_at = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.started_at ELSE excluded.started_at END,
-                 heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until
-             WHERE $6 OR ll_workers.instance = excluded.instance",
+                 heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, takeover_at = excluded.takeover_at,
+                 epoch = CASE WHEN ll_workers.instance = excluded.instance AND ll_workers.lease_until > {now}
+                              THEN ll_workers.epoch ELSE ll_workers.epoch + 1 END
+             WHERE $6 OR ll_workers.instance = excluded.instance
+             RETURNING epoch",
             now = DB_NOW_MS
         )))
         .bind(&me.name)
@@ -277,11 +292,10 @@ impl Dialect for PgStore {
         .bind(i64::from(me.pid))
         .bind(lease.as_millis() as i64)
         .bind(take_over)
-        .execute(&self.pool)
+        .bind(crate::decide::fencing(lease).margin.as_millis() as i64)
+        .fetch_optional(&self.pool)
         .await
-        .ctx("renewing the worker's lease")?
-        .rows_affected();
-        Ok(n == 1)
+        .ctx("renewing the worker's lease")
     }
 
     async fn live_leases(c: &mut PgConnection, _now: i64) -> Result<Vec<PgRow>, StoreError> {
@@ -291,14 +305,18 @@ impl Dialect for PgStore {
             .ctx("reading worker leases")
     }
 
-    /// Runs left `running` by `starting` (an earlier process under its name) or by a worker
-    /// whose lease ran out. A live worker's runs are never touched.
+    /// Runs left `running` by `starting` (an earlier process under its name), by a worker
+    /// whose lease ran out more than its margin ago (`takeover_at`: by then it has stopped
+    /// them itself), or claimed under an epoch their worker no longer holds. A live worker's
+    /// runs are never touched.
     async fn interrupt_orphans(c: &mut PgConnection, starting: Option<&str>, now: i64) -> Result<Vec<PgRow>, StoreError> {
         sqlx::query(sql!(format!(
             "UPDATE ll_runs SET status = {{Interrupted}}, finished_at = $2,
-                     error = 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going'
+                     error = 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going (or lost its lease)'
                  WHERE status = {{Running}} AND (worker IS NULL OR worker = $1
-                       OR worker NOT IN (SELECT name FROM ll_workers WHERE lease_until > {DB_NOW_MS}))
+                       OR NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker
+                                          AND w.epoch = coalesce(ll_runs.epoch, w.epoch)
+                                          AND coalesce(w.takeover_at, w.lease_until) > {DB_NOW_MS}))
                  RETURNING {}",
             run_cols!()
         )))
@@ -374,8 +392,12 @@ impl Dialect for PgStore {
         self.pool.close().await;
     }
 
-    async fn ping(&self) -> bool {
-        tokio::time::timeout(Duration::from_secs(2), sqlx::query("SELECT 1").execute(&self.pool)).await.is_ok_and(|r| r.is_ok())
+    async fn check(&self) -> Result<(), String> {
+        match tokio::time::timeout(Duration::from_secs(2), sqlx::query("SELECT 1").execute(&self.pool)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("the database does not answer: {e}")),
+            Err(_) => Err("the database does not answer within 2s".into()),
+        }
     }
 
     async fn housekeeping(&self) -> Result<(), StoreError> {
@@ -419,6 +441,9 @@ mod tests {
         let ticks: Vec<(String, DateTime<Utc>)> =
             (0..20).flat_map(|j| (0..10).map(move |s| (format!("job-{j}"), t0 + chrono::Duration::seconds(s)))).collect();
         let names = ["a", "b", "c"];
+        for name in names {
+            assert!(RunStore::heartbeat(&stores[0], &worker(name), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        }
         let fired = futures::future::join_all(stores.iter().zip(names).enumerate().map(|(i, (s, name))| {
             let mut batch: Vec<(NewRun, Overlap)> = ticks.iter().map(|(j, at)| (tick(j, *at), Overlap::Allow)).collect();
             if i == 1 {
@@ -465,19 +490,44 @@ mod tests {
         let s = store(&cluster).await;
         let now = Utc::now();
         let (live, dead) = (worker("live"), worker("dead"));
-        assert!(RunStore::heartbeat(&s, &live, Duration::from_secs(60), true, now).await.expect("lease"));
-        assert!(RunStore::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease"));
+        assert!(RunStore::heartbeat(&s, &live, Duration::from_secs(60), true, now).await.expect("lease").is_some());
+        let epoch = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease").expect("taken");
         let a = s.fire_ticks(vec![(tick("a", now), Overlap::Allow)], Claim { worker: "live", slots: 1 }, now).await.expect("fire");
         let b = s.fire_ticks(vec![(tick("b", now), Overlap::Allow)], Claim { worker: "dead", slots: 1 }, now).await.expect("fire");
         let (a, b) = (a[0].as_ref().expect("fresh").run_id.clone(), b[0].as_ref().expect("fresh").run_id.clone());
         assert!(s.recover(None, now).await.expect("recover").is_empty(), "both leases are live");
-        // The dead worker's last heartbeat gave it no time left.
-        assert!(RunStore::heartbeat(&s, &dead, Duration::ZERO, false, now).await.expect("renew"));
+        // The dead worker's lease runs out, on the server's clock; the margin its runs need to
+        // stop has not passed yet: nobody takes them, and it can no longer write for them.
+        let expire = |column: &'static str| {
+            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE ll_workers SET {column} = {DB_NOW_MS} - 1 WHERE name = 'dead'")))
+                .execute(&s.pool)
+        };
+        expire("lease_until").await.expect("lease runs out");
+        assert!(s.recover(None, now).await.expect("recover").is_empty(), "within the margin, nobody takes over");
+        let end =
+            RunEnd { id: &b, started_at: None, status: RunStatus::Succeeded, output: None, error: None, wait_until: None, trace_id: None };
+        assert!(s.finish_many(&[end], now).await.expect("finish").is_empty(), "a lapsed lease's write is refused");
+        let step = crate::run::StepRecord {
+            step: "s".into(),
+            status: crate::run::StepStatus::Running,
+            attempt: 1,
+            run_id: b.clone(),
+            started_at: Some(now),
+            finished_at: None,
+            output: None,
+            error: None,
+            resumes_on_reject: false,
+        };
+        assert!(s.record_steps(&b, &[step]).await.expect_err("fenced").is_fenced());
+        expire("takeover_at").await.expect("margin passes");
         let taken: Vec<String> = s.recover(None, now).await.expect("recover").into_iter().map(|r| r.id).collect();
         assert_eq!(taken, vec![b.clone()]);
         let live_run = s.get_run(&a).await.expect("get").expect("run");
         assert_eq!(live_run.status, RunStatus::Running, "a live worker's run is never touched");
         let workers: Vec<String> = s.workers(now).await.expect("workers").into_iter().map(|w| w.name).collect();
         assert_eq!(workers, ["live"], "only live leases are listed");
+        // Renewing a lease that ran out starts a new epoch.
+        let again = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
+        assert_eq!(again, epoch + 1);
     }
 }

@@ -36,6 +36,8 @@ pub(super) const SPELLING: Spelling = Spelling {
     // lie inside it.
     undispatched: "INDEXED BY ll_runs_undispatched",
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
+    // The file lock keeps every other worker out: nobody can take this one's runs over.
+    lease_live: "",
     param: '?',
 };
 
@@ -94,6 +96,15 @@ pub(crate) struct SqliteStore {
     write: SqlitePool,
     /// Worker names registered with the queue by this process.
     registered: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The database file, and which file it was when opened (device, inode).
+    path: std::path::PathBuf,
+    identity: (u64, u64),
+}
+
+fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 /// The SQLite backend for one worker: the file lock first (one worker per database, so every
@@ -149,7 +160,8 @@ impl SqliteStore {
             .foreign_keys(true);
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await.ctx("opening the database")?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
-        Ok(Self { pool, write, registered: Default::default() })
+        let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
+        Ok(Self { pool, write, registered: Default::default(), path: path.to_path_buf(), identity })
     }
 }
 
@@ -243,6 +255,8 @@ impl Dialect for SqliteStore {
     /// from the batch and find each run by id (driven from the status index, the batch was
     /// scanned once per running run: seconds for a thousand ends).
     async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<String>, StoreError> {
+        // `{held}` is only the epoch here (one worker per file): a run claimed by an earlier
+        // process is never finished by this one.
         let payload: Vec<serde_json::Value> = ends
             .iter()
             .map(|e| {
@@ -254,6 +268,7 @@ impl Dialect for SqliteStore {
             })
             .collect();
         sqlx::query_scalar(sql!(
+            SqliteStore,
             "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
                                 finished_at = CASE WHEN j.finished THEN ?2 END, wait_until = j.wait_until,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
@@ -261,7 +276,7 @@ impl Dialect for SqliteStore {
              FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
                           value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
                           value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id FROM json_each(?1)) AS j
-             WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} RETURNING ll_runs.id"
+             WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held} RETURNING ll_runs.id"
         ))
         .bind(serde_json::Value::from(payload).to_string())
         .bind(now)
@@ -331,20 +346,20 @@ impl Dialect for SqliteStore {
         queue::forget_all(c).await
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> Result<bool, StoreError> {
-        let n = sqlx::query(HEARTBEAT)
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> Result<Option<i64>, StoreError> {
+        let lease_until = now + lease.as_millis() as i64;
+        sqlx::query_scalar(HEARTBEAT)
             .bind(&me.name)
             .bind(&me.instance)
             .bind(&me.host)
             .bind(i64::from(me.pid))
             .bind(now)
-            .bind(now + lease.as_millis() as i64)
+            .bind(lease_until)
             .bind(take_over)
-            .execute(&self.write)
+            .bind(lease_until + crate::decide::fencing(lease).margin.as_millis() as i64)
+            .fetch_optional(&self.write)
             .await
-            .ctx("renewing the worker's lease")?
-            .rows_affected();
-        Ok(n == 1)
+            .ctx("renewing the worker's lease")
     }
 
     async fn live_leases(c: &mut SqliteConnection, now: i64) -> Result<Vec<SqliteRow>, StoreError> {
@@ -463,8 +478,22 @@ impl Dialect for SqliteStore {
         self.pool.close().await;
     }
 
-    async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    async fn check(&self) -> Result<(), String> {
+        sqlx::query("SELECT 1").execute(&self.pool).await.map_err(|e| format!("the database does not answer: {e}"))?;
+        // An open file that was removed or replaced still answers, but what is written to it
+        // is lost with the process.
+        match file_identity(&self.path) {
+            Ok(now) if now == self.identity => Ok(()),
+            Ok(_) => Err(format!(
+                "{} was replaced underneath the worker; what it writes goes to the file it opened, which is no longer there: \
+                 put the file back, or restart the worker to use the new one",
+                self.path.display()
+            )),
+            Err(e) => Err(format!(
+                "{} is gone ({e}); what the worker writes is lost when it stops: put the file back, or restart it",
+                self.path.display()
+            )),
+        }
     }
 
     /// Checkpoints, steps and calls of deleted runs, consumed queue tasks, and a WAL
@@ -492,13 +521,17 @@ const LISTED_STATE_COLUMNS: [&str; 4] = ["job", "paused", "pause_reason", "pause
 const LISTED_RUN_COLUMNS: [&str; 5] = ["id", "status", "trigger", "enqueued_at", "finished_at"];
 
 /// Takes or renews a lease: ?1 name, ?2 instance, ?3 host, ?4 pid, ?5 now, ?6 lease end,
-/// ?7 take over a row another instance left.
-const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
+/// ?7 take over a row another instance left, ?8 takeover time. Returns the epoch. A new
+/// process under the name starts a new epoch; a lease that ran out does not (the file lock
+/// keeps every other process out, and the engine's clock may jump in tests and in life).
+const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until, takeover_at, epoch)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?8, 1)
      ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
          started_at = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.started_at ELSE excluded.started_at END,
-         heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until
-     WHERE ?7 OR ll_workers.instance = excluded.instance";
+         heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, takeover_at = excluded.takeover_at,
+         epoch = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.epoch ELSE ll_workers.epoch + 1 END
+     WHERE ?7 OR ll_workers.instance = excluded.instance
+     RETURNING epoch";
 
 /// Rows per multi-row statement: 3 columns × 1000 stays well under SQLite's 32,766 bound
 /// parameters.
@@ -509,7 +542,8 @@ const ROWS_PER_STATEMENT: usize = 1000;
 /// per claim with 50,000 queued). A run no longer queued (cancelled, or already taken) is
 /// left out.
 const CLAIM: &str = concat!(
-    "UPDATE ll_runs SET status = {Running}, started_at = coalesce(started_at, ?3), worker = ?2, dispatched_at = coalesce(dispatched_at, ?3) \
+    "UPDATE ll_runs SET status = {Running}, started_at = coalesce(started_at, ?3), worker = ?2, dispatched_at = coalesce(dispatched_at, ?3), \
+         epoch = (SELECT epoch FROM ll_workers WHERE name = ?2) \
      WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} RETURNING job_snapshot, started_at < ?3 AS resumed, ",
     run_cols!()
 );
