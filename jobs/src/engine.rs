@@ -570,7 +570,7 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
 async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<(), StoreError> {
     let orphans = shared.store.recover(starting.then_some(shared.worker.name.as_str()), now).await?;
     for r in &orphans {
-        tracing::warn!(run = %r.id, job = %r.job, "run was left running by a worker that stopped; marked interrupted");
+        tracing::warn!(run = %r.id, job = %r.job, status = r.status.as_str(), "run was left running by a worker that stopped or lost its lease");
     }
     for r in shared.store.interrupted_without_follow_up().await? {
         // Picked up at once, if the policy gives it another attempt at all.

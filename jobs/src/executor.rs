@@ -222,25 +222,42 @@ impl Executor {
         left.len()
     }
 
-    /// Stops a run: a queued one is marked cancelled; a running one is told to stop and
-    /// records the reason itself (here, or through the signals on whichever worker runs it).
+    /// Stops a run: a running one is told to stop and records the reason itself (here, or on
+    /// whichever worker runs it: its work must stop, not only its row); a queued or waiting one
+    /// is marked cancelled.
     pub(crate) async fn stop_run(&self, id: &str, why: String, now: chrono::DateTime<chrono::Utc>) -> bool {
-        if self.stop_here(id, why.clone()) {
-            return true;
-        }
-        let done = self.env.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await.unwrap_or(false);
-        if done {
-            self.env.signals.publish(Signal::RunFinished(id.to_string()));
-            return true;
-        }
-        // Running, but not here: whichever worker runs it stops it.
-        match self.env.store.get_run(id).await {
-            Ok(Some(run)) if run.status == RunStatus::Running => {
-                self.env.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
-                true
+        // Twice at most: a queued run may be claimed between the two writes.
+        for _ in 0..2 {
+            if self.stop_here(id, why.clone()) {
+                return true;
             }
-            _ => false,
+            // Running elsewhere: the request is kept with the run first, so a worker that misses
+            // the signal (its listener reconnecting) finds it when it reads what it missed, and
+            // a takeover of a gone worker's run cancels it rather than retrying it.
+            match self.env.store.request_cancel(id, &why).await {
+                Ok(true) => {
+                    self.env.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(run = id, error = %e, "cannot keep the cancel request");
+                    return false;
+                }
+            }
+            match self.env.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await {
+                Ok(true) => {
+                    self.env.signals.publish(Signal::RunFinished(id.to_string()));
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(run = id, error = %e, "cannot cancel the run");
+                    return false;
+                }
+            }
         }
+        false
     }
 
     /// Creates the next attempt of a failed or interrupted run, due at `due_at` (as decided by
@@ -454,15 +471,44 @@ async fn schedule_retry(exec: &Executor, run: &Run, now: chrono::DateTime<chrono
 }
 
 /// Stops runs executing here when a stop is asked for through the signals (by another
-/// process, or for a run that was being claimed when it was asked).
+/// process, or for a run that was being claimed when it was asked). A receiver that may have
+/// missed some (`Lagged`: it fell behind, or the listener reconnected) reads the requests kept
+/// with this worker's runs instead, until a read goes through.
 pub(crate) async fn canceller(exec: Arc<Executor>, mut signals: Receiver, stop: CancellationToken) {
+    let mut behind = false;
     loop {
-        let signal = tokio::select! {
-            s = signals.recv() => match s { Some(s) => s, None => return },
-            () = stop.cancelled() => return,
+        let signal = if behind {
+            tokio::select! {
+                s = signals.recv() => s,
+                () = tokio::time::sleep(Duration::from_secs(1)) => Some(Signal::Lagged),
+                () = stop.cancelled() => return,
+            }
+        } else {
+            tokio::select! {
+                s = signals.recv() => s,
+                () = stop.cancelled() => return,
+            }
         };
-        if let Signal::CancelRequested { run, why } = signal {
-            exec.stop_here(&run, why);
+        match signal {
+            None => return,
+            Some(Signal::CancelRequested { run, why }) => {
+                exec.stop_here(&run, why);
+            }
+            Some(Signal::Lagged) => match exec.env.store.cancels_requested(&exec.env.worker).await {
+                Ok(asked) => {
+                    behind = false;
+                    for (run, why) in asked {
+                        if exec.stop_here(&run, why) {
+                            tracing::info!(run, "a cancel missed while the signals were behind is applied");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the cancels asked for; retrying");
+                    behind = true;
+                }
+            },
+            Some(_) => {}
         }
     }
 }

@@ -213,8 +213,9 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
     let t = t0();
     let out = s.fire_ticks(vec![(tick("a", t), Overlap::Allow), (tick("b", t), Overlap::Allow)], none(2), t).await.expect("fire");
     let ids: Vec<String> = out.into_iter().map(|o| o.expect("fresh").run_id).collect();
-    // One is cancelled first (a stop recorded by someone else); its first end stays.
-    assert!(s.finish(&ids[1], RunStatus::Cancelled, None, Some("stop"), t).await.expect("cancel"));
+    // One is cancelled first (its stop recorded); its first end stays.
+    assert!(!s.finish(&ids[1], RunStatus::Cancelled, None, Some("stop"), t).await.expect("cancel"), "a running run is its worker's to end");
+    assert_eq!(s.finish_many(&[end(&ids[1], RunStatus::Cancelled)], t).await.expect("cancel"), std::slice::from_ref(&ids[1]));
     let output = serde_json::json!({"ok": true});
     let ends = vec![
         RunEnd {
@@ -616,8 +617,33 @@ async fn waits_decisions_and_step_records(s: &dyn RunStore) {
     // A run that ends cancelled closes its open steps; records replace earlier ones.
     assert_eq!(s.dispatch(std::slice::from_ref(&c), &[], ME, t).await.expect("claim").len(), 1);
     s.record_steps(&c, &[step("gate", &c, StepStatus::Running, t)]).await.expect("record");
-    assert!(s.finish(&c, RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
+    assert_eq!(s.finish_many(&[end(&c, RunStatus::Cancelled)], t).await.expect("cancel"), std::slice::from_ref(&c));
     assert_eq!(s.steps(&c).await.expect("steps").iter().map(|r| r.status).collect::<Vec<_>>(), [StepStatus::Cancelled]);
+}
+
+/// A cancel asked for a run running elsewhere is kept with it until it ends, for its worker to
+/// find if it missed the signal.
+async fn a_cancel_request_is_kept_with_its_running_run(s: &dyn RunStore) {
+    let t = t0();
+    let run = running_run(s, "c").await;
+    let (queued, _) = s.insert_run(manual("c", t), t).await.expect("insert");
+    assert!(!s.request_cancel(&queued, "no").await.expect("ask"), "only a running run keeps a request");
+    assert!(s.cancels_requested(ME).await.expect("read").is_empty());
+    assert!(s.request_cancel(&run.id, "asked by ana").await.expect("ask"));
+    assert_eq!(s.cancels_requested(ME).await.expect("read"), [(run.id.clone(), "asked by ana".to_owned())]);
+    assert!(s.cancels_requested("worker-b").await.expect("read").is_empty(), "each worker reads its own");
+    let ended = RunEnd { error: Some("asked by ana"), ..end(&run.id, RunStatus::Cancelled) };
+    assert_eq!(s.finish_many(&[ended], t).await.expect("end"), std::slice::from_ref(&run.id));
+    assert!(s.cancels_requested(ME).await.expect("read").is_empty(), "an ended run is no longer asked to stop");
+    // A run whose worker is gone before it heard of the cancel is cancelled by the takeover,
+    // not retried.
+    let gone = running_run(s, "c").await;
+    assert!(s.request_cancel(&gone.id, "asked by bo").await.expect("ask"));
+    s.release(&me()).await.expect("the worker goes");
+    let taken = s.recover(None, t).await.expect("recover");
+    assert_eq!(taken.iter().map(|r| (r.id.as_str(), r.status)).collect::<Vec<_>>(), [(gone.id.as_str(), RunStatus::Cancelled)]);
+    assert_eq!(s.get_run(&gone.id).await.expect("get").expect("run").error.as_deref(), Some("asked by bo"));
+    assert!(s.interrupted_without_follow_up().await.expect("read").is_empty(), "nothing to retry");
 }
 
 async fn change(s: &dyn RunStore, name: &str, change: Change<'_>, actor: &str, at: DateTime<Utc>) -> Result<Changed, Refused> {
@@ -704,6 +730,7 @@ macro_rules! contract {
                 listing_changes_move_with_what_a_listing_shows,
                 runtime_jobs_keep_versions_history_and_refuse_stale_changes,
                 a_window_knows_which_ticks_have_runs,
+                a_cancel_request_is_kept_with_its_running_run,
             );
         }
     };

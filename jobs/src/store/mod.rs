@@ -733,8 +733,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// epoch of the lease, is fenced and left to whoever takes it over). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
-    /// Records one end, if the run's status allows it ([`Transitions::can_become`]). False when
-    /// it did not. Steps of the run still open are closed (cancelled).
+    /// Ends a run that is not running (queued, or waiting for approval), if its status allows
+    /// it ([`Transitions::can_become`]). False when it did not: a running run's end is its
+    /// worker's to record ([`RunStore::finish_many`], fenced), after it has stopped the work;
+    /// others ask for it ([`RunStore::request_cancel`]). Steps of the run still open are
+    /// closed (cancelled).
     async fn finish(
         &self,
         id: &str,
@@ -770,6 +773,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// fails it naming the step and cancels its other waiting steps. Of two decisions on the
     /// same step, the second finds it decided.
     async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError>;
+    /// Keeps a cancel asked for a running run (`why`), for the worker running it to find if it
+    /// misses the signal; false when the run is not running.
+    async fn request_cancel(&self, id: &str, why: &str) -> Result<bool, StoreError>;
+    /// The runs `worker` runs whose cancel was asked for: (id, why).
+    async fn cancels_requested(&self, worker: &str) -> Result<Vec<(String, String)>, StoreError>;
     /// Waiting runs whose wait ended (`wait_until` passed) are queued again; returns them.
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     // Agent conversations, per run identity.

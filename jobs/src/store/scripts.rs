@@ -423,7 +423,7 @@ impl<D: Dialect> RunStore for D {
         let sql = super::dialect::numbered(
             &format!(
                 "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5 WHERE id = $1 AND status IN {}",
-                status_list(RunStatus::sources(status))
+                status_list(RunStatus::sources(status).filter(|s| *s != RunStatus::Running))
             ),
             &D::SPELLING,
         );
@@ -602,6 +602,24 @@ impl<D: Dialect> RunStore for D {
         Ok(Decided::Recorded { step: record, run: run_status })
     }
 
+    async fn request_cancel(&self, id: &str, why: &str) -> Result<bool, StoreError> {
+        let q =
+            Stmt::new(sql!(D, "UPDATE ll_runs SET cancel_requested = $2 WHERE id = $1 AND status = {Running}"), "keeping a cancel request");
+        Ok(D::execute(&mut *self.writer().await?, q.bind(id).bind(why)).await? == 1)
+    }
+
+    async fn cancels_requested(&self, worker: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT id, cancel_requested FROM ll_runs WHERE worker = $1 AND status = {Running} AND cancel_requested IS NOT NULL"),
+            "reading cancel requests",
+        );
+        Ok(D::fetch_all(&mut *self.reader().await?, q.bind(worker))
+            .await?
+            .iter()
+            .map(|r| (r.text("id"), r.text("cancel_requested")))
+            .collect())
+    }
+
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
         let q = Stmt::new(
             sql!(
@@ -713,7 +731,8 @@ impl<D: Dialect> RunStore for D {
     async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError> {
         let mut tx = self.begin().await?;
         let runs: Vec<Run> = D::interrupt_orphans(&mut tx, starting, ms(now)).await?.iter().map(run_from_row).collect();
-        let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), RunStatus::Interrupted)).collect();
+        // Interrupted, or cancelled when a cancel had been asked for.
+        let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), r.status)).collect();
         close_steps::<D>(&mut tx, &interrupted, now).await?;
         D::commit(tx).await?;
         if !D::KIND.takes_over_from_others() {

@@ -577,3 +577,43 @@ fn a_worker_cut_off_from_the_database_stops_its_runs_before_another_takes_them_o
     workers[v].signal("TERM");
     assert_eq!(workers[v].wait_exit(Duration::from_secs(20)), Some(0));
 }
+
+/// A cancel asked through one worker while the runner's notification connection is cut (the
+/// NOTIFY is lost with it) takes effect once the runner reconnects: it reads the requests
+/// kept with its runs.
+#[test]
+fn a_cancel_sent_while_the_runners_listener_is_cut_off_takes_effect_on_reconnect() {
+    use lamplighter_tests::proxy::Proxy;
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "reconnect");
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let proxy = Proxy::start(target);
+    // A long lease: the cut is far too short to fence the runner.
+    let mut runner = worker_with("x", &format!("postgres://postgres@127.0.0.1:{}/reconnect", proxy.port()), 2, "60s", JOBS);
+    runner.start();
+    let hold = trigger(&runner, "hold");
+    db.wait_for("the run to start on x", Duration::from_secs(10), &[&runner], |r| {
+        r.iter().any(|r| r.id == hold && r.status == "running" && r.worker.as_deref() == Some("x"))
+    });
+    let mut other = worker_with("y", &cluster.url_of("reconnect"), 2, "60s", JOBS);
+    other.start();
+
+    proxy.cut();
+    let (code, out, err) = other.ctl(&["runs", "cancel", &hold]);
+    assert_eq!(code, 0, "the cancel is accepted: {out}{err}");
+    assert_eq!(db.run(&hold).unwrap().status, "running", "x has not heard of it");
+    proxy.heal();
+    let runs = db.wait_for("the cancel to take effect on x", Duration::from_secs(15), &[&runner, &other], |r| {
+        r.iter().any(|r| r.id == hold && r.status == "cancelled")
+    });
+    assert_eq!(runs.iter().find(|r| r.id == hold).unwrap().worker.as_deref(), Some("x"));
+    assert_eq!(proxy.cuts(), 1, "the partition happened");
+    let log = runner.log();
+    assert!(log.contains("lost the notification connection"), "the listener reconnected: {log}");
+    assert!(log.contains("a cancel missed while the signals were behind is applied"), "{log}");
+    for w in [&runner, &other] {
+        w.signal("TERM");
+    }
+    assert_eq!(runner.wait_exit(Duration::from_secs(20)), Some(0));
+    assert_eq!(other.wait_exit(Duration::from_secs(20)), Some(0));
+}

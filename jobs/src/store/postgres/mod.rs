@@ -311,8 +311,8 @@ impl Dialect for PgStore {
     /// runs are never touched.
     async fn interrupt_orphans(c: &mut PgConnection, starting: Option<&str>, now: i64) -> Result<Vec<PgRow>, StoreError> {
         sqlx::query(sql!(format!(
-            "UPDATE ll_runs SET status = {{Interrupted}}, finished_at = $2,
-                     error = 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going (or lost its lease)'
+            "UPDATE ll_runs SET status = CASE WHEN cancel_requested IS NULL THEN {{Interrupted}} ELSE {{Cancelled}} END, finished_at = $2,
+                     error = coalesce(cancel_requested, 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going (or lost its lease)')
                  WHERE status = {{Running}} AND (worker IS NULL OR worker = $1
                        OR NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker
                                           AND w.epoch = coalesce(ll_runs.epoch, w.epoch)

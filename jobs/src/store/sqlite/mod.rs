@@ -375,8 +375,8 @@ impl Dialect for SqliteStore {
     /// configured `worker.name` has the same name).
     async fn interrupt_orphans(c: &mut SqliteConnection, _: Option<&str>, now: i64) -> Result<Vec<SqliteRow>, StoreError> {
         sqlx::query(sql!(concat!(
-            "UPDATE ll_runs SET status = {Interrupted}, finished_at = ?1,
-                 error = 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going'
+            "UPDATE ll_runs SET status = CASE WHEN cancel_requested IS NULL THEN {Interrupted} ELSE {Cancelled} END, finished_at = ?1,
+                 error = coalesce(cancel_requested, 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going')
              WHERE status = {Running} RETURNING ",
             run_cols!()
         )))
