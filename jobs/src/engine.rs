@@ -327,6 +327,7 @@ impl Engine {
             executor: executor.clone(),
             retention: retention.clone(),
             worker: opts.worker_name.clone(),
+            health: health.clone(),
         });
         let shared = Arc::new(Shared {
             store,

@@ -71,6 +71,8 @@ pub(crate) struct SchedulerEnv {
     pub(crate) retention: Arc<PruneQueue>,
     /// This worker's name, which its claims record.
     pub(crate) worker: String,
+    /// Where storage faults met while firing ticks are reported.
+    pub(crate) health: Arc<crate::health::Health>,
 }
 
 /// The scheduler: its handles, and what it tells of its passes (readiness, the watchdog,
@@ -295,8 +297,12 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     let outcomes = s.env.store.fire_ticks(batch, claim, now).await;
     tracing::debug!(tx_us = began.elapsed().as_micros() as u64, "tick transaction");
     let outcomes = match outcomes {
-        Ok(o) => o,
+        Ok(o) => {
+            s.env.health.storage_ok();
+            o
+        }
         Err(e) => {
+            s.env.health.storage_failed(&e);
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
             // ticks are fired again (or caught up) once the database answers.
             tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");

@@ -12,6 +12,7 @@ mod config_cli;
 mod conformance;
 mod contract;
 mod deploy;
+mod faults;
 mod lifecycle;
 mod manage_jobs;
 mod mcp;

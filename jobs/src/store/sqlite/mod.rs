@@ -562,6 +562,25 @@ mod tests {
         (dir, store)
     }
 
+    /// A database that refuses writes (here `query_only`, as a read-only file or mount would)
+    /// is a storage fault, named for `/readyz`; a write that goes through again clears it.
+    #[tokio::test]
+    async fn a_read_only_database_is_a_named_fault_that_clears_when_writes_go_through() {
+        let (_dir, store) = migrated().await;
+        let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
+        let health = crate::health::Health::default();
+        sqlx::query("PRAGMA query_only = ON").execute(&store.write).await.expect("pragma");
+        let e =
+            crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect_err("refused");
+        assert_eq!(e.fault(), Some("the database is read-only (SQLITE_READONLY)"), "{e}");
+        assert!(health.storage_failed(&e));
+        assert!(health.problems()[0].starts_with("the database is read-only"), "{:?}", health.problems());
+        sqlx::query("PRAGMA query_only = OFF").execute(&store.write).await.expect("pragma");
+        crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("writes again");
+        health.storage_ok();
+        assert!(health.problems().is_empty());
+    }
+
     /// The count of listing changes moves with another process's pause too (a second
     /// connection stands in for it), and not with a heartbeat or a tick.
     #[tokio::test]
