@@ -78,6 +78,17 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
         ticks.push((t, fire_at));
         cur = p.schedule.next_after(t);
     }
+    // Past MAX_MISSED, `latest` and `skip` need only the newest due tick, however far on (a
+    // per-second job away for an hour has 3,600): it is found looking back from now. `all`
+    // fires the oldest it looked at, and the rest on the passes after.
+    if ticks.len() >= MAX_MISSED
+        && p.catch_up != CatchUp::All
+        && cur.is_some_and(|t| p.fire_at(t) <= now)
+        && let Some(newest) = newest_due(p, ticks.last().map(|(t, _)| *t), now)
+    {
+        ticks.push(newest);
+        cur = p.schedule.next_after(newest.0);
+    }
     let fire = choose(p, &ticks, now);
     let missed = ticks.iter().filter(|(_, at)| now - *at > ON_TIME).count();
     let due_last = ticks.last().map(|(t, _)| *t);
@@ -88,6 +99,31 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
     // `cur` is the first tick after the last one taken: the job's next tick.
     let next = if ticks.is_empty() { p.schedule.next_after(last.unwrap_or(now)) } else { cur };
     DueTicks { fire, missed, last, skipped_last, next, overlap }
+}
+
+/// The newest tick after `after` that is due at `now` (its fire time, jitter included, not
+/// after `now`): looking back from `now` over a span that doubles until one is found, so a
+/// frequent schedule is walked over seconds, not over the whole time away.
+fn newest_due(p: &TickPolicy<'_>, after: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let jitter = chrono::Duration::from_std(p.jitter.unwrap_or_default()).unwrap_or_default();
+    let floor = after.unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let mut back = chrono::Duration::seconds(1);
+    loop {
+        let from = now.checked_sub_signed(back + jitter).unwrap_or(floor).max(floor);
+        let mut newest = None;
+        let mut cur = p.schedule.next_after(from);
+        while let Some(t) = cur.filter(|t| *t <= now) {
+            let at = p.fire_at(t);
+            if at <= now {
+                newest = Some((t, at));
+            }
+            cur = p.schedule.next_after(t);
+        }
+        if newest.is_some() || from <= floor {
+            return newest;
+        }
+        back = back.checked_mul(2)?;
+    }
 }
 
 /// Which of the due ticks `(tick, fire at)` fire. Several ticks due at once mean the worker was
@@ -263,6 +299,30 @@ mod tests {
         assert_eq!((d.fire.len(), d.missed), (MAX_MISSED, MAX_MISSED));
         assert_eq!(d.next, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64)));
         assert_eq!(d.last, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64 - 1)));
+    }
+
+    /// An hour away (the clock stepped, the machine suspended) is 3,600 ticks of a per-second
+    /// job: `latest` and `skip` still give exactly one run, the newest due tick; `all` the
+    /// oldest [`MAX_MISSED`], the rest on later passes.
+    #[test]
+    fn an_hour_of_per_second_ticks_is_one_run_for_latest_and_skip() {
+        let every_second = Schedule::cron("* * * * * *", "UTC").unwrap();
+        let planned = utc("2026-03-01T10:00:00Z");
+        let now = planned + chrono::Duration::hours(1);
+        for catch_up in [CatchUp::Latest, CatchUp::Skip] {
+            let p = policy(&every_second, catch_up, 24 * 60, Overlap::Forbid);
+            let d = due_ticks(&p, Some(planned), None, now);
+            assert_eq!(d.fire, vec![(now, now, Trigger::Cron)], "{catch_up:?}");
+            assert_eq!((d.last, d.next), (Some(now), Some(now + chrono::Duration::seconds(1))), "{catch_up:?}");
+        }
+        let p = policy(&every_second, CatchUp::All, 24 * 60, Overlap::Forbid);
+        let d = due_ticks(&p, Some(planned), None, now);
+        assert_eq!((d.fire.len(), d.fire[0].0), (MAX_MISSED, planned));
+        // With jitter, the newest tick whose jittered time has come.
+        let p = TickPolicy { jitter: Some(Duration::from_millis(900)), ..policy(&every_second, CatchUp::Latest, 24 * 60, Overlap::Forbid) };
+        let d = due_ticks(&p, Some(planned), None, now);
+        assert_eq!(d.fire.len(), 1);
+        assert!(d.fire[0].1 <= now && d.fire[0].0 >= now - chrono::Duration::seconds(1), "{:?}", d.fire);
     }
 
     /// A tick fires at its jitter, not before.

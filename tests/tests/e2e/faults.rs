@@ -110,3 +110,100 @@ fn a_full_disk_or_a_vanished_database_makes_the_worker_not_ready_and_it_heals_by
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
 }
+
+/// libfaketime (Debian's `faketime`), installed on first use.
+fn libfaketime() -> &'static str {
+    const LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    lamplighter_tests::setup::debian_packages(&["faketime"], "the clock-step test", || Path::new(LIB).exists());
+    LIB
+}
+
+/// A worker whose wall clock is this test's: it reads its offset from `offset` on every call
+/// (libfaketime), while its monotonic clock is the machine's, as when NTP or a VM resume steps
+/// the system clock.
+fn faked(jobs: &str, offset: &Path) -> Worker {
+    let mut w = Worker::new(jobs);
+    w.env = vec![
+        ("LD_PRELOAD".into(), libfaketime().into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), offset.display().to_string()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    w
+}
+
+/// The system clock stepped forward an hour, then back. Forward: a worker that sleeps until its
+/// next hourly tick wakes at once (not at the old wall time), and a per-second job behaves as
+/// after an hour's downtime — one run for the newest tick (`catch_up: latest`), no burst.
+/// Back: no tick fires twice, and the worker goes on answering.
+#[test]
+fn the_system_clock_stepped_forward_and_back_an_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let offset = dir.path().join("offset");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let hourly =
+        "hourly:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"0 * * * *\"\n  parameters: {command: \"echo hour\"}\n";
+    let sec = "sec:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  cron: \"* * * * * *\"\n  retention: {max_runs: 10000}\n  parameters: {command: \"echo sec\"}\n";
+    // `h` has only the hourly job: its scheduler sleeps until the next hour.
+    let (mut h, mut s) = (faked(hourly, &offset), faked(&format!("{sec}{hourly}"), &offset));
+    h.start();
+    s.start();
+    let before = s.wait_for("per-second ticks", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.job == "sec" && r.status == "succeeded").count() >= 3
+    });
+    assert!(!before.is_empty());
+    let hourly_before = h.runs().len();
+    // Read just before the step: ticks between this read and the step are a second or two.
+    let last_before = s.runs().iter().filter(|r| r.job == "sec").filter_map(|r| r.scheduled_at).max().unwrap();
+    std::fs::write(&offset, "+1h\n").unwrap();
+    let stepped = now_ms() + 3_600_000;
+    let hr = h.wait_for("the hourly tick passed by the step to fire", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.job == "hourly").count() > hourly_before
+    });
+    assert_eq!(hr.iter().filter(|r| r.job == "hourly").count(), hourly_before + 1, "one run for the hour: {hr:?}");
+    assert!(h.log().contains("the system clock jumped"), "{}", h.log());
+    let runs = s.wait_for("per-second ticks after the step", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.job == "sec" && r.scheduled_at.is_some_and(|t| t >= stepped)).count() >= 3
+    });
+    // The hour skipped over is one run at most (latest), not 3,600.
+    let skipped: Vec<_> =
+        runs.iter().filter(|r| r.job == "sec" && r.scheduled_at.is_some_and(|t| t > last_before + 3000 && t < stepped - 3000)).collect();
+    assert!(skipped.is_empty(), "no burst for the hour stepped over (last before {last_before}, stepped {stepped}): {skipped:?}");
+    assert_eq!(runs.iter().filter(|r| r.job == "hourly").count(), 1, "one hourly run on s too");
+    let last_forward = runs.iter().filter(|r| r.job == "sec").filter_map(|r| r.scheduled_at).max().unwrap();
+
+    std::fs::write(&offset, "+0\n").unwrap();
+    poll(
+        "the worker to see the step back",
+        Duration::from_secs(10),
+        || (s.log().matches("the system clock jumped").count() >= 2).then_some(()),
+        || s.log(),
+    );
+    // The loop goes on (a run asked for now runs), and no tick is fired again.
+    let (code, out, err) = s.ctl(&["jobs", "trigger", "sec", "--wait", "--timeout", "20"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let after = s.runs();
+    let refired: Vec<_> = after
+        .iter()
+        .filter(|r| {
+            r.job == "sec"
+                && r.trigger != "manual"
+                && r.scheduled_at.is_some_and(|t| t <= last_forward)
+                && !runs.iter().any(|o| o.id == r.id)
+        })
+        .collect();
+    assert!(refired.is_empty(), "ticks fired again after the step back: {refired:?}");
+    let mut keys = std::collections::HashSet::new();
+    for r in after.iter().filter(|r| r.trigger != "manual") {
+        assert!(keys.insert((r.job.clone(), r.scheduled_at)), "a tick ran twice: {r:?}");
+    }
+    for w in [&h, &s] {
+        w.signal("TERM");
+    }
+    assert_eq!(h.wait_exit(Duration::from_secs(20)), Some(0));
+    assert_eq!(s.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
