@@ -89,7 +89,9 @@ impl Cluster {
         run(Command::new("kill").arg(format!("-{sig}")).arg(&postmaster), &format!("kill -{sig} the postmaster"));
         let children = run(Command::new("ps").args(["-o", "pid=", "--ppid", &postmaster]), "list the server's processes");
         let pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_owned).collect();
-        run(Command::new("kill").arg(format!("-{sig}")).args(&pids), &format!("kill -{sig} the server's processes"));
+        // A backend may end between the listing and the signal (its client went away while it
+        // was frozen, and the postmaster resumed first): only the postmaster must get it.
+        let _ = Command::new("kill").arg(format!("-{sig}")).args(&pids).output();
     }
 
     fn data(&self) -> PathBuf {

@@ -94,7 +94,19 @@ async fn serve(
             return ExitCode::from(2);
         }
     };
+    // Handlers before anything else: a SIGTERM while storage does not answer (a database that
+    // accepts connections and says nothing) stops the start instead of killing the process;
+    // and a SIGHUP (`systemctl reload`) or SIGTERM that follows READY=1 at once must reload or
+    // drain, not find the default action (exit).
+    let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     // Storage first: its lock says whether this worker may run at all, before it takes a port.
+    tracing::info!(worker = %name, "opening storage");
     let targets = Arc::new(BuiltinTargets::new(registry.clone()));
     let options = EngineOptions {
         worker_name: name.clone(),
@@ -103,11 +115,29 @@ async fn serve(
         observer: observer.clone(),
         registry: registry.clone(),
     };
-    let engine = match Engine::start(&config, options).await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            return ExitCode::FAILURE;
+    let mut early_reload = false;
+    let engine = {
+        let start = Engine::start(&config, options);
+        tokio::pin!(start);
+        loop {
+            tokio::select! {
+                started = &mut start => match started {
+                    Ok(e) => break e,
+                    Err(e) => {
+                        tracing::error!("cannot start: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                sig = signals.next() => match sig {
+                    Some(SIGHUP) => early_reload = true,
+                    _ => {
+                        // Nothing has run yet: whatever the start did is one transaction at a time,
+                        // and the lease (if taken) runs out by itself.
+                        tracing::info!("stopped while starting (storage not ready)");
+                        return ExitCode::SUCCESS;
+                    }
+                },
+            }
         }
     };
     let addr = std::net::SocketAddr::new(host, config.worker.port);
@@ -121,20 +151,9 @@ async fn serve(
     };
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let stdio = mcp_stdio || config.worker.transport == McpTransport::Stdio;
-    // Handlers before anything says "ready": a SIGHUP (`systemctl reload`) or SIGTERM that
-    // follows READY=1 at once must reload or drain, not find the default action (exit).
-    let mut signals = match signal_hook_tokio::Signals::new([SIGHUP, SIGTERM, SIGINT]) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot install signal handlers: {e}");
-            engine.shutdown(config.worker.shutdown_grace).await;
-            return ExitCode::FAILURE;
-        }
-    };
     // "Ready" means what `/readyz` means: the scheduler has made its first pass. A stop asked
     // for while that pass hangs (a database that does not answer) is honoured at once; a
     // reload asked for then waits for the loop below.
-    let mut early_reload = false;
     let first_pass = engine.first_pass();
     tokio::pin!(first_pass);
     loop {

@@ -617,3 +617,37 @@ fn a_cancel_sent_while_the_runners_listener_is_cut_off_takes_effect_on_reconnect
     assert_eq!(runner.wait_exit(Duration::from_secs(20)), Some(0));
     assert_eq!(other.wait_exit(Duration::from_secs(20)), Some(0));
 }
+
+/// A database that accepts connections and never answers (its server frozen): SIGTERM while
+/// the worker is starting (storage open, recovery, the first scheduler pass) ends it cleanly
+/// within its grace, and so does SIGTERM while it runs with the database hung.
+#[test]
+fn sigterm_while_the_database_hangs_exits_within_the_grace() {
+    let cluster = Cluster::start();
+    let _db = Db::new(&cluster, "hung");
+    let url = cluster.url_of("hung");
+    cluster.freeze();
+    let mut starting = worker("h-a", &url, 2);
+    starting.start_until("opening storage");
+    let asked = std::time::Instant::now();
+    starting.signal("TERM");
+    assert_eq!(starting.wait_exit(Duration::from_secs(5)), Some(0), "a clean exit");
+    assert!(asked.elapsed() < Duration::from_secs(3), "within the grace (3s): {:?}", asked.elapsed());
+    assert!(starting.log().contains("stopped while starting"), "{}", starting.log());
+    assert!(!starting.log().contains("lamplighter ready"), "it never was ready: {}", starting.log());
+    cluster.thaw();
+
+    let mut running = worker("h-b", &url, 2);
+    running.start();
+    trigger(&running, "hold");
+    cluster.freeze();
+    let asked = std::time::Instant::now();
+    running.signal("TERM");
+    // The grace (3s), then 10s for the interrupted run to record its end (given up on: it is
+    // recovered later), 2s for each of the tasks and the pool to stop: bounded, whatever the
+    // database does.
+    assert_eq!(running.wait_exit(Duration::from_secs(30)), Some(0), "a clean exit");
+    assert!(asked.elapsed() < Duration::from_secs(3 + 10 + 2 + 2 + 2), "bounded: {:?}", asked.elapsed());
+    assert!(running.log().contains("runs did not record their end"), "{}", running.log());
+    cluster.thaw();
+}

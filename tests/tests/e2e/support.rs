@@ -200,6 +200,16 @@ impl Worker {
         self.child = Some(child);
     }
 
+    /// Starts the worker and returns once its log has a line containing `marker`.
+    pub(crate) fn start_until(&mut self, marker: &str) {
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child =
+            spawn_until(&mut cmd, &self.log, marker, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker did not start: {e}"));
+        self.child = Some(child);
+    }
+
     /// Starts the worker and returns once it says it is ready (and `/readyz` agrees).
     pub(crate) fn start(&mut self) {
         let mut cmd = Command::new(bin());
