@@ -327,6 +327,14 @@ fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
     let missed: Vec<i64> = (0..=(last - first) / 1000).map(|i| first + i * 1000).filter(|t| !ticks.contains_key(t)).collect();
     assert!(missed.is_empty(), "ticks missed: {missed:?}");
     assert!(ticks.len() >= 120, "two minutes of per-second ticks: {}", ticks.len());
+    // Each tick's run succeeded, but one the killed worker was running when it died (then
+    // interrupted, as the takeover says).
+    let not_ok: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.job == "tick" && r.status != "succeeded")
+        .filter(|r| !(r.status == "interrupted" && r.worker.as_deref() == Some(victim.as_str())))
+        .collect();
+    assert!(not_ok.is_empty(), "every tick's run succeeded: {not_ok:#?}");
     // Ticks went on after the kill, on the workers still alive. (Which live worker runs a tick is
     // not promised: a worker with a free slot that fires a tick may well run it itself.)
     let after_kill: Vec<&Run> = runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t > killed_at + 1000)).collect();
@@ -347,6 +355,7 @@ fn a_database_restart_under_load_loses_nothing() {
     let slow = trigger(&a, "slow");
     db.wait_for("the slow run to start", Duration::from_secs(10), &[&a], |r| r.iter().any(|r| r.id == slow && r.status == "running"));
 
+    let stopped_at = now_ms();
     cluster.stop();
     wait_ready(&[&a, &b], false, Duration::from_secs(10));
     // The slow run ends while the server is down: its end waits to be recorded (the log says so).
@@ -378,6 +387,19 @@ fn a_database_restart_under_load_loses_nothing() {
         *ticks.entry(r.scheduled_at.unwrap()).or_default() += 1;
     }
     assert!(ticks.values().all(|n| *n == 1), "no tick doubled across the restart: {ticks:?}");
+    // None lost either: every second before the outage and after it has its tick; the outage
+    // itself is one catch-up run at most (`catch_up: latest`).
+    let (first, last) = (*ticks.keys().next().unwrap(), *ticks.keys().last().unwrap());
+    let missed: Vec<i64> = (0..=(last - first) / 1000)
+        .map(|i| first + i * 1000)
+        .filter(|t| !ticks.contains_key(t) && (*t < stopped_at - 1000 || *t > back + 1000))
+        .collect();
+    assert!(missed.is_empty(), "ticks lost outside the outage ({stopped_at}..{back}): {missed:?}");
+    let caught: Vec<&Run> =
+        runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t >= stopped_at - 1000 && t <= back + 1000)).collect();
+    assert!(caught.len() <= 3, "the outage is one catch-up run (and the ticks at its edges): {caught:#?}");
+    let failed: Vec<&Run> = runs.iter().filter(|r| r.job == "tick" && r.status != "succeeded").collect();
+    assert!(failed.is_empty(), "every tick's run succeeded: {failed:#?}");
 }
 
 /// A job created at runtime through one worker is heard of by the others (NOTIFY) and fires
@@ -650,4 +672,40 @@ fn sigterm_while_the_database_hangs_exits_within_the_grace() {
     assert!(asked.elapsed() < Duration::from_secs(3 + 10 + 2 + 2 + 2), "bounded: {:?}", asked.elapsed());
     assert!(running.log().contains("runs did not record their end"), "{}", running.log());
     cluster.thaw();
+}
+
+/// Three workers started at the same instant against an empty database: each migration is
+/// applied once (PostgreSQL's advisory lock orders them) and all three start.
+#[test]
+fn workers_started_together_on_an_empty_database_apply_each_migration_once() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "fresh");
+    let url = cluster.url_of("fresh");
+    let mut workers = [worker("m-a", &url, 1), worker("m-b", &url, 1), worker("m-c", &url, 1)];
+    std::thread::scope(|s| {
+        for w in &mut workers {
+            s.spawn(move || w.start());
+        }
+    });
+    let count = |sql: &str| -> Vec<(i64, i64)> {
+        let rows =
+            db.rt.block_on(sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(&db.pool)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.iter().map(|r| (r.get::<i64, _>(0), r.get::<i64, _>(1))).collect()
+    };
+    let ours = count("SELECT version, count(*) FROM public._sqlx_migrations GROUP BY version ORDER BY version");
+    let files = std::fs::read_dir(crate::support::repo_root().join("migrations/postgres"))
+        .unwrap()
+        .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql")))
+        .count();
+    assert_eq!(ours.len(), files, "every migration applied: {ours:?}");
+    assert!(ours.iter().all(|(_, n)| *n == 1), "each once: {ours:?}");
+    let queue = count("SELECT version, count(*) FROM apalis._sqlx_migrations GROUP BY version ORDER BY version");
+    assert!(!queue.is_empty() && queue.iter().all(|(_, n)| *n == 1), "the queue's, each once: {queue:?}");
+    for w in &workers {
+        assert!(!w.log().contains("cannot start"), "{}", w.log());
+        w.signal("TERM");
+    }
+    for w in &mut workers {
+        assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    }
 }
