@@ -1,12 +1,14 @@
 //! When a job fires: cron (5/6 fields, macros), `every:`, one-shot `at:`, in the job's time
-//! zone, with the DST rules of SPEC §4, which are cronie's:
+//! zone, with the DST rules of SPEC §4 (one per kind of job; the README says where cron(8)
+//! differs):
 //!
 //! - a *frequent* cron job (its seconds, minute or hour field starts with `*`) follows real
 //!   time: it fires at every instant whose local wall-clock time matches, so it runs in both
 //!   passes of a repeated autumn hour and simply continues across the spring gap;
 //! - any other cron job follows RFC 5545 §3.3.5: a local time in a gap is read with the offset
-//!   before the gap; a repeated local time means its first occurrence; two entries landing on
-//!   one instant fire once.
+//!   before the gap (02:30 → 03:30; cron(8) would run it at 03:00, right after the jump); a
+//!   repeated local time means its first occurrence; two entries landing on one instant fire
+//!   once.
 //!
 //! Cron fields are matched on *local wall-clock time* with the `cron` crate evaluated on naive
 //! times; the mapping to instants is ours, because that is where the DST rules live.

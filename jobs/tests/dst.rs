@@ -2,7 +2,8 @@
 //! written by `fixtures/dst/oracle.py` (Python's `zoneinfo` over the system tz database, and a
 //! matcher of its own), not by the code under test. Each case lists every fire instant in a
 //! window around one 2026 offset change, spring and autumn, in four zones (one of them shifting
-//! by 30 minutes, one at +12:45).
+//! by 30 minutes, one at +12:45), with ranges and both day fields (the changes fall on
+//! Sundays).
 
 use chrono::{DateTime, Utc};
 use lamplighter_jobs::Schedule;
@@ -45,11 +46,11 @@ fn cases() -> Vec<Case> {
 #[test]
 fn fire_times_match_the_oracle_in_both_directions_and_four_zones() {
     let cases = cases();
-    // 6 expressions × 4 zones × 2 directions, as the fixture promises.
-    assert_eq!(cases.len(), 48);
+    // 9 expressions × 4 zones × 2 directions, as the fixture promises.
+    assert_eq!(cases.len(), 72);
     for zone in ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Pacific/Chatham"] {
         for dir in ["spring", "autumn"] {
-            assert_eq!(cases.iter().filter(|c| c.zone == zone && c.direction == dir).count(), 6, "{zone} {dir}");
+            assert_eq!(cases.iter().filter(|c| c.zone == zone && c.direction == dir).count(), 9, "{zone} {dir}");
         }
     }
     let mut failures = Vec::new();
