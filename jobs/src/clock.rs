@@ -14,6 +14,11 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
     /// Resolves at or after `t`.
     fn sleep_until(&self, t: DateTime<Utc>) -> Sleep;
+    /// The machine's own clock, which an engine on a shared database corrects to the server's
+    /// ([`ServerClock`]); a test's clock is left as it is.
+    fn is_system(&self) -> bool {
+        false
+    }
 }
 
 /// Wall-clock time. A sleep until a wall-clock instant is a tokio timer (monotonic) for the
@@ -39,6 +44,67 @@ impl Clock for SystemClock {
                 tokio::select! {
                     () = tokio::time::sleep(left) => {}
                     _ = steps.changed() => {}
+                }
+            }
+        })
+    }
+
+    fn is_system(&self) -> bool {
+        true
+    }
+}
+
+/// The system clock corrected to the database server's: on a shared database every worker
+/// schedules, times out and records on the server's clock, so a worker whose own clock is
+/// minutes off fires nothing early or late. The offset is measured at each lease renewal
+/// (the server's time against the middle of the round trip); a sleep measures again when it
+/// changes, as when the wall clock jumps.
+#[derive(Debug)]
+pub(crate) struct ServerClock {
+    offset_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    changed: watch::Sender<i64>,
+}
+
+impl ServerClock {
+    pub(crate) fn new() -> Self {
+        Self { offset_ms: Default::default(), changed: watch::Sender::new(0) }
+    }
+
+    /// The server's clock minus this machine's.
+    pub(crate) fn offset(&self) -> chrono::TimeDelta {
+        chrono::TimeDelta::milliseconds(self.offset_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Takes a new measure: the server said `server` between `sent` and `back` on this clock
+    /// (uncorrected). Returns the offset when it moved by more than the round trip's noise.
+    pub(crate) fn measure(&self, sent: DateTime<Utc>, back: DateTime<Utc>, server: DateTime<Utc>) -> Option<chrono::TimeDelta> {
+        let middle = sent + (back - sent) / 2;
+        let offset = server - middle;
+        let noise = ((back - sent) / 2).max(chrono::TimeDelta::milliseconds(50));
+        if (offset - self.offset()).abs() <= noise {
+            return None;
+        }
+        let ms = offset.num_milliseconds();
+        self.offset_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        self.changed.send_replace(ms);
+        Some(offset)
+    }
+}
+
+impl Clock for ServerClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.offset()
+    }
+
+    fn sleep_until(&self, t: DateTime<Utc>) -> Sleep {
+        let mut changed = self.changed.subscribe();
+        let offset = self.offset_ms.clone();
+        Box::pin(async move {
+            loop {
+                let off = chrono::TimeDelta::milliseconds(offset.load(std::sync::atomic::Ordering::Relaxed));
+                tokio::select! {
+                    () = SystemClock.sleep_until(t - off) => return,
+                    r = changed.changed() => if r.is_err() { return },
                 }
             }
         })
@@ -125,6 +191,19 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_server_clock_takes_the_servers_time_from_the_middle_of_the_round_trip() {
+        let c = ServerClock::new();
+        let sent = Utc::now();
+        let ms = chrono::TimeDelta::milliseconds;
+        // This machine three minutes ahead: the server said 3 min less, mid-way through 40 ms.
+        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(20) - chrono::TimeDelta::minutes(3)), Some(-chrono::TimeDelta::minutes(3)));
+        assert!((c.now() - (Utc::now() - chrono::TimeDelta::minutes(3))).abs() < ms(100), "{}", c.now());
+        // Noise within the round trip (or 50 ms) is not a change.
+        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(60) - chrono::TimeDelta::minutes(3)), None);
+        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(20)), Some(ms(0)), "back in step");
+    }
 
     #[test]
     fn a_jump_is_the_wall_clock_moving_apart_from_monotonic_time() {

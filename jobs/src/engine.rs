@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Config, JobConfig, Workflow};
 use lamplighter_plugins::Registry;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, ServerClock};
 use crate::context::Targets;
 use crate::decide::StopReason;
 use crate::events::Observer;
@@ -294,7 +294,22 @@ impl Engine {
         let stop_scheduler = CancellationToken::new();
         let stop_runs = CancellationToken::new();
         let Backend { store, signals, lock, kind: storage } = crate::store::open(&config.storage, &opts.worker_name, &stop_runs).await?;
-        let now = opts.clock.now();
+        // On a shared database the worker keeps the server's time (leases are measured on it,
+        // and every worker must agree when a tick is due).
+        let server_clock = (storage.takes_over_from_others() && opts.clock.is_system()).then(|| Arc::new(ServerClock::new()));
+        let clock: Arc<dyn Clock> = match &server_clock {
+            Some(c) => c.clone(),
+            None => opts.clock.clone(),
+        };
+        let worker = worker_id(opts.worker_name.clone());
+        // The lease first: from here on no other worker takes this one's runs.
+        let renewed = std::time::Instant::now();
+        let sent = Utc::now();
+        let lease = store.heartbeat(&worker, config.worker.lease, true, clock.now()).await?;
+        if let (Some(c), Some(lease)) = (&server_clock, lease) {
+            server_time(c, sent, lease.server_now, &worker.name);
+        }
+        let now = clock.now();
         opts.observer.configure(config);
         let in_force = Arc::new(InForce::new(JobsConfig::of(config, &opts.registry), opts.registry.clone()));
         // Subscribed before the runtime jobs are read: a change committed elsewhere from here on
@@ -308,7 +323,7 @@ impl Engine {
             config.worker.concurrency,
             ExecutorEnv {
                 store: store.clone(),
-                clock: opts.clock.clone(),
+                clock: clock.clone(),
                 targets: opts.targets,
                 observer: opts.observer.clone(),
                 signals: signals.clone(),
@@ -320,7 +335,7 @@ impl Engine {
         );
         let scheduler = Scheduler::new(SchedulerEnv {
             store: store.clone(),
-            clock: opts.clock.clone(),
+            clock: clock.clone(),
             observer: opts.observer.clone(),
             signals: signals.clone(),
             config: in_force.clone(),
@@ -331,10 +346,10 @@ impl Engine {
         });
         let shared = Arc::new(Shared {
             store,
-            clock: opts.clock,
+            clock,
             signals,
             observer: opts.observer,
-            worker: worker_id(opts.worker_name),
+            worker,
             storage,
             lease: config.worker.lease,
             config: in_force,
@@ -346,8 +361,6 @@ impl Engine {
             health,
         });
         // The lease first: from here on no other worker takes this one's runs.
-        let renewed = std::time::Instant::now();
-        shared.store.heartbeat(&shared.worker, shared.lease, true, now).await?;
         recover(&shared, now, true).await?;
         // Subscribed before any task runs, so no signal sent from here on is missed.
         let queue_signals = shared.subscribe();
@@ -357,7 +370,7 @@ impl Engine {
             tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.executor.clone(), cancel_signals, stop_runs.clone())),
-            tokio::spawn(keep_lease(shared.clone(), renewed, stop_runs.clone())),
+            tokio::spawn(keep_lease(shared.clone(), server_clock, renewed, stop_runs.clone())),
             tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
@@ -496,6 +509,21 @@ impl Engine {
     }
 }
 
+/// Measures this machine's clock against the server's from a renewal sent at `sent` (this
+/// machine's time, uncorrected), and says so when they are more than a second apart.
+fn server_time(clock: &ServerClock, sent: DateTime<Utc>, server: DateTime<Utc>, worker: &str) {
+    if let Some(offset) = clock.measure(sent, Utc::now(), server)
+        && offset.abs() > chrono::TimeDelta::seconds(1)
+    {
+        tracing::warn!(
+            worker,
+            offset_ms = offset.num_milliseconds(),
+            "this machine's clock is {}s off the database server's; the worker keeps the server's time (fix the machine's clock: NTP)",
+            -offset.num_milliseconds() as f64 / 1000.0
+        );
+    }
+}
+
 /// How long a background task may take to notice that it must stop.
 const STOP_TASK: Duration = Duration::from_secs(2);
 
@@ -609,7 +637,7 @@ async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
 /// and takes no work (not ready) until a renewal goes through; and it takes over the runs of
 /// workers whose lease ran out (interrupted, then followed up per policy), as every worker does
 /// at start. `renewed`: when the last renewal that went through was sent.
-async fn keep_lease(shared: Arc<Shared>, mut renewed: std::time::Instant, stop: CancellationToken) {
+async fn keep_lease(shared: Arc<Shared>, server_clock: Option<Arc<ServerClock>>, mut renewed: std::time::Instant, stop: CancellationToken) {
     let fencing = crate::decide::fencing(shared.lease);
     let fences = shared.storage.takes_over_from_others();
     let mut lost = false;
@@ -622,8 +650,12 @@ async fn keep_lease(shared: Arc<Shared>, mut renewed: std::time::Instant, stop: 
         let renew = async {
             tokio::time::sleep(wait).await;
             let sent = std::time::Instant::now();
+            let sent_at = Utc::now();
             let now = shared.clock.now();
             let result = tokio::time::timeout(fencing.renew_every, shared.store.heartbeat(&shared.worker, shared.lease, false, now)).await;
+            if let (Some(c), Ok(Ok(Some(lease)))) = (&server_clock, &result) {
+                server_time(c, sent_at, lease.server_now, &shared.worker.name);
+            }
             (sent, now, result)
         };
         let (sent, now, result) = tokio::select! {

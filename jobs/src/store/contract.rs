@@ -325,15 +325,16 @@ async fn a_restart_under_the_same_name_takes_the_lease_over(s: &dyn RunStore) {
     assert_eq!(listed.iter().map(|w| (w.name.as_str(), w.running.clone())).collect::<Vec<_>>(), [(ME, vec![id.clone()])]);
     // The new process under the same name.
     let new = WorkerId { instance: "two".into(), pid: 2, ..old.clone() };
-    let before = s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew").expect("held");
-    let after = s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over").expect("taken");
+    let before = s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew").expect("held").epoch;
+    let after = s.heartbeat(&new, Duration::from_secs(60), true, t).await.expect("take over").expect("taken").epoch;
     assert!(after > before, "a new process under the name starts a new epoch: {before} then {after}");
     // The old process's late end is refused: the run is no longer its epoch's.
     assert!(s.finish_many(&[end(&id, RunStatus::Succeeded)], t).await.expect("finish").is_empty(), "fenced");
     let orphans = s.recover(Some(ME), t + secs(1)).await.expect("recover");
     assert_eq!(orphans.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![id]);
     assert!(s.heartbeat(&old, Duration::from_secs(60), false, t).await.expect("renew").is_none(), "the old process lost its name");
-    assert_eq!(s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew"), Some(after), "a renewal keeps the epoch");
+    let renewed = s.heartbeat(&new, Duration::from_secs(60), false, t).await.expect("renew").expect("held");
+    assert_eq!(renewed.epoch, after, "a renewal keeps the epoch");
     assert_eq!(s.workers(t).await.expect("workers")[0].pid, 2);
     s.release(&new).await.expect("release");
     assert!(s.workers(t).await.expect("workers").is_empty(), "a released lease is not listed");

@@ -327,8 +327,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     // Leases and recovery.
     /// Takes or renews `me`'s lease (see [`super::RunStore::heartbeat`]).
-    /// Returns the lease's epoch, or `None` when another process holds the name.
-    fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<Option<i64>>;
+    /// Returns the lease's epoch and the time it was written at on the clock leases are
+    /// measured by (ms), or `None` when another process holds the name.
+    fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<Option<(i64, i64)>>;
     /// The rows of `ll_workers` whose lease has not run out, by name.
     fn live_leases(c: &mut Self::Conn, now: i64) -> impl Fut<Vec<Self::Row>>;
     /// Marks the runs left `running` by workers that are gone `interrupted` (see

@@ -569,6 +569,16 @@ impl RunFilter {
     }
 }
 
+/// A lease taken or renewed ([`RunStore::heartbeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    /// Raised whenever the lease is taken afresh; the fence of the runs claimed under it.
+    pub(crate) epoch: i64,
+    /// The time on the clock leases are measured by (the database server's; on SQLite the
+    /// caller's `now`), when the renewal was written.
+    pub(crate) server_now: DateTime<Utc>,
+}
+
 /// The end of one claimed run, for [`RunStore::finish_many`].
 #[derive(Debug, Clone)]
 pub(crate) struct RunEnd<'a> {
@@ -810,7 +820,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// process holds the name now. Returns the lease's epoch: a new one whenever the lease is
     /// taken afresh (a new process, or on a shared database a lease that had run out). Others
     /// may take its runs over from the lease's end plus [`crate::decide::Fencing::margin`].
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<i64>, StoreError>;
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<Lease>, StoreError>;
     /// Gives the lease up (a clean stop).
     async fn release(&self, me: &WorkerId) -> Result<(), StoreError>;
     /// Workers whose lease has not run out, with their running runs, by name.

@@ -18,9 +18,9 @@ use super::dialect::{
     step_from_row, values,
 };
 use super::{
-    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobOverview, JobState, NewRun, Refused,
-    RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId, WorkerLease,
-    from_ms, ms, new_id, plan_ticks, status_list,
+    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobOverview, JobState, Lease, NewRun,
+    Refused, RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId,
+    WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
 use crate::definitions::{Change, decide_change};
@@ -703,8 +703,9 @@ impl<D: Dialect> RunStore for D {
         Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.map_or(0, |r| r.int("n")) as u64)
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<i64>, StoreError> {
-        Dialect::heartbeat(self, me, lease, take_over, ms(now)).await
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<Lease>, StoreError> {
+        let row = Dialect::heartbeat(self, me, lease, take_over, ms(now)).await?;
+        Ok(row.map(|(epoch, server_now)| Lease { epoch, server_now: from_ms(server_now) }))
     }
 
     async fn release(&self, me: &WorkerId) -> Result<(), StoreError> {

@@ -111,20 +111,13 @@ fn a_full_disk_or_a_vanished_database_makes_the_worker_not_ready_and_it_heals_by
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
 }
 
-/// libfaketime (Debian's `faketime`), installed on first use.
-fn libfaketime() -> &'static str {
-    const LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-    lamplighter_tests::setup::debian_packages(&["faketime"], "the clock-step test", || Path::new(LIB).exists());
-    LIB
-}
-
 /// A worker whose wall clock is this test's: it reads its offset from `offset` on every call
 /// (libfaketime), while its monotonic clock is the machine's, as when NTP or a VM resume steps
 /// the system clock.
 fn faked(jobs: &str, offset: &Path) -> Worker {
     let mut w = Worker::new(jobs);
     w.env = vec![
-        ("LD_PRELOAD".into(), libfaketime().into()),
+        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
         ("FAKETIME_TIMESTAMP_FILE".into(), offset.display().to_string()),
         ("FAKETIME_NO_CACHE".into(), "1".into()),
         ("DONT_FAKE_MONOTONIC".into(), "1".into()),

@@ -709,3 +709,59 @@ fn workers_started_together_on_an_empty_database_apply_each_migration_once() {
         assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
     }
 }
+
+/// One worker's clock three minutes ahead of the others' and the database's (libfaketime): it
+/// keeps the server's time, so over half a minute of per-second ticks no run is ever for a tick
+/// still in the server's future, and no tick is doubled or lost.
+#[test]
+fn a_worker_whose_clock_is_minutes_ahead_keeps_the_servers_time() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "skew");
+    let url = cluster.url_of("skew");
+    let (mut a, mut b, mut ahead) = (worker("s-a", &url, 2), worker("s-b", &url, 2), worker("s-ahead", &url, 2));
+    ahead.env = vec![
+        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
+        ("FAKETIME".into(), "+3m".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    ahead.start();
+    a.start();
+    b.start();
+    assert!(ahead.log().contains("off the database server's"), "the skew is seen and said: {}", ahead.log());
+    let started = now_ms();
+    let server_now = || -> i64 {
+        db.rt
+            .block_on(sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetch_one(&db.pool))
+            .unwrap_or_else(|e| panic!("cannot read the server's clock: {e}"))
+    };
+    let mut looks = 0;
+    poll(
+        "half a minute of ticks, none early",
+        Duration::from_secs(60),
+        || {
+            let runs = db.runs();
+            let now = server_now();
+            looks += 1;
+            let early: Vec<&Run> = runs.iter().filter(|r| r.scheduled_at.is_some_and(|t| t > now + 1000)).collect();
+            assert!(early.is_empty(), "runs for ticks still in the server's future (now {now}): {early:#?}");
+            (runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t > started)).count() >= 30).then_some(())
+        },
+        || ahead.log(),
+    );
+    assert!(looks > 5, "looked while it ran: {looks}");
+    for w in [&a, &b, &ahead] {
+        w.signal("TERM");
+    }
+    for w in [&mut a, &mut b, &mut ahead] {
+        assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    }
+    let runs = db.runs();
+    let mut ticks: BTreeMap<i64, usize> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t > started)) {
+        *ticks.entry(r.scheduled_at.unwrap()).or_default() += 1;
+    }
+    assert!(ticks.values().all(|n| *n == 1), "no tick doubled: {ticks:?}");
+    let (first, last) = (*ticks.keys().next().unwrap(), *ticks.keys().last().unwrap());
+    let missed: Vec<i64> = (0..=(last - first) / 1000).map(|i| first + i * 1000).filter(|t| !ticks.contains_key(t)).collect();
+    assert!(missed.is_empty(), "no tick lost: {missed:?}");
+}

@@ -128,6 +128,14 @@ pub(crate) fn poll<T>(what: &str, within: Duration, mut check: impl FnMut() -> O
     }
 }
 
+/// libfaketime (Debian's `faketime`, installed on first use): a worker started with it in
+/// `LD_PRELOAD` reads a wall clock the test sets.
+pub(crate) fn libfaketime() -> &'static str {
+    const LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    lamplighter_tests::setup::debian_packages(&["faketime"], "the clock tests", || Path::new(LIB).exists());
+    LIB
+}
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

@@ -270,11 +270,11 @@ impl Dialect for PgStore {
         queue::forget_all(c).await
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<Option<i64>, StoreError> {
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<Option<(i64, i64)>, StoreError> {
         // A renewal keeps the epoch only while the lease is live and the same process holds
         // it: a lease that ran out, or a new process under the name, starts a new epoch, and
         // whatever was claimed under the old one can no longer be written.
-        sqlx::query_scalar(sql!(format!(
+        sqlx::query_as(sql!(format!(
             "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until, takeover_at, epoch)
              VALUES ($1, $2, $3, $4, {now}, {now}, {now} + $5, {now} + $5 + $7, 1)
              ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
@@ -283,7 +283,7 @@ impl Dialect for PgStore {
                  epoch = CASE WHEN ll_workers.instance = excluded.instance AND ll_workers.lease_until > {now}
                               THEN ll_workers.epoch ELSE ll_workers.epoch + 1 END
              WHERE $6 OR ll_workers.instance = excluded.instance
-             RETURNING epoch",
+             RETURNING epoch, {now} AS server_now",
             now = DB_NOW_MS
         )))
         .bind(&me.name)
@@ -491,7 +491,7 @@ mod tests {
         let now = Utc::now();
         let (live, dead) = (worker("live"), worker("dead"));
         assert!(RunStore::heartbeat(&s, &live, Duration::from_secs(60), true, now).await.expect("lease").is_some());
-        let epoch = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease").expect("taken");
+        let epoch = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease").expect("taken").epoch;
         let a = s.fire_ticks(vec![(tick("a", now), Overlap::Allow)], Claim { worker: "live", slots: 1 }, now).await.expect("fire");
         let b = s.fire_ticks(vec![(tick("b", now), Overlap::Allow)], Claim { worker: "dead", slots: 1 }, now).await.expect("fire");
         let (a, b) = (a[0].as_ref().expect("fresh").run_id.clone(), b[0].as_ref().expect("fresh").run_id.clone());
@@ -528,6 +528,10 @@ mod tests {
         assert_eq!(workers, ["live"], "only live leases are listed");
         // Renewing a lease that ran out starts a new epoch.
         let again = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
-        assert_eq!(again, epoch + 1);
+        assert_eq!(again.epoch, epoch + 1);
+        // The lease says the server's time, whatever the caller's clock said (`now` is ignored).
+        let skewed = now + chrono::Duration::hours(3);
+        let lease = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, skewed).await.expect("renew").expect("held");
+        assert!((lease.server_now - Utc::now()).num_seconds().abs() < 5, "{:?}", lease.server_now);
     }
 }

@@ -346,9 +346,9 @@ impl Dialect for SqliteStore {
         queue::forget_all(c).await
     }
 
-    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> Result<Option<i64>, StoreError> {
+    async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> Result<Option<(i64, i64)>, StoreError> {
         let lease_until = now + lease.as_millis() as i64;
-        sqlx::query_scalar(HEARTBEAT)
+        let epoch: Option<i64> = sqlx::query_scalar(HEARTBEAT)
             .bind(&me.name)
             .bind(&me.instance)
             .bind(&me.host)
@@ -359,7 +359,8 @@ impl Dialect for SqliteStore {
             .bind(lease_until + crate::decide::fencing(lease).margin.as_millis() as i64)
             .fetch_optional(&self.write)
             .await
-            .ctx("renewing the worker's lease")
+            .ctx("renewing the worker's lease")?;
+        Ok(epoch.map(|e| (e, now)))
     }
 
     async fn live_leases(c: &mut SqliteConnection, now: i64) -> Result<Vec<SqliteRow>, StoreError> {
