@@ -185,8 +185,12 @@ const RETRIES: u32 = 50;
 /// the worker's name (PostgreSQL).
 fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, name: Option<&str>) {
     let log = shared.join("steps.log");
+    let effects = shared.join("effects.log");
     let step = |id: &str| {
-        let command = format!("sleep 0.2; echo \"${{run.id}} {id} ${{run.attempt}}\" >> {}", log.display());
+        // The side effect, stamped with the machine's uptime (not the wall clock, which
+        // libfaketime moves) as it begins and ends, then the step's line.
+        let stamp = format!("read up _ < /proc/uptime; echo \"${{run.id}} ${{run.attempt}} $up\" >> {}", effects.display());
+        let command = format!("{stamp}; sleep 0.2; {stamp}; echo \"${{run.id}} {id} ${{run.attempt}}\" >> {}", log.display());
         format!(
             "      - id: {id}\n        type: plugin\n        plugin: shell-exec\n        action: run\n        parameters: {{command: {}}}\n",
             serde_json::to_string(&command).unwrap()
@@ -213,6 +217,37 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
         done = step("done"),
     );
     std::fs::write(w.config_path(), text).unwrap();
+}
+
+/// Run identities whose side effects were executed by two attempts at once, from
+/// `effects.log` (`ROOT ATTEMPT UPTIME`, as each workflow step begins and ends): an attempt
+/// spans its first line to its last.
+fn overlaps(log: &str) -> Vec<String> {
+    let mut spans: BTreeMap<(&str, &str), (f64, f64)> = BTreeMap::new();
+    for line in log.lines() {
+        let mut f = line.split(' ');
+        let (Some(root), Some(attempt), Some(Ok(up))) = (f.next(), f.next(), f.next().map(str::parse::<f64>)) else { continue };
+        let e = spans.entry((root, attempt)).or_insert((up, up));
+        e.0 = e.0.min(up);
+        e.1 = e.1.max(up);
+    }
+    let mut by_root: BTreeMap<&str, Vec<(f64, f64, &str)>> = BTreeMap::new();
+    for ((root, attempt), (a, b)) in &spans {
+        by_root.entry(root).or_default().push((*a, *b, attempt));
+    }
+    let mut bad = Vec::new();
+    for (root, mut ex) in by_root {
+        ex.sort_by(|x, y| x.0.total_cmp(&y.0));
+        for w in ex.windows(2) {
+            if w[0].1 >= w[1].0 {
+                bad.push(format!(
+                    "run identity {root}: attempts {} ({}..{}) and {} ({}..{}) executed at once",
+                    w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+                ));
+            }
+        }
+    }
+    bad
 }
 
 /// What the scripted provider was asked: (the conversation's tag, how many tool results it
@@ -422,6 +457,22 @@ struct Chaos<'a> {
     takeovers: Vec<(String, Vec<String>)>,
     /// Problems the harness saw as it went (a takeover that did not come).
     problems: Vec<String>,
+    /// The faults other than kills, and how often each was dealt.
+    faults: Faults,
+    partitions: usize,
+    fills: usize,
+    clock_steps: usize,
+}
+
+/// What else the harness can do to the workers: cut one off from PostgreSQL (a proxy per
+/// worker), fill the SQLite worker's small filesystem, step its wall clock (libfaketime).
+#[derive(Default)]
+struct Faults {
+    proxies: Vec<lamplighter_tests::proxy::Proxy>,
+    /// The data directory, on a small tmpfs.
+    disk: Option<PathBuf>,
+    /// The file libfaketime reads the wall clock's offset from.
+    clock: Option<PathBuf>,
 }
 
 impl Chaos<'_> {
@@ -554,10 +605,71 @@ impl Chaos<'_> {
         self.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect()
     }
 
+    /// A worker cut off from PostgreSQL for up to twice its lease (the first time, one holding
+    /// a run, for twice the lease: it must fence itself before the others take its runs over).
+    fn partition(&mut self) {
+        let first = self.partitions == 0;
+        let v = if first { self.holding_a_run() } else { self.live() };
+        let Some(v) = v else { return };
+        let down = if first { Duration::from_secs(6) } else { self.rng.ms(500, 6000) };
+        self.faults.proxies[v].cut();
+        self.partitions += 1;
+        self.note(format!("cut [{v}] off the database for {} ms", down.as_millis()));
+        self.act_for(down);
+        self.faults.proxies[v].heal();
+        self.note(format!("healed [{v}]"));
+    }
+
+    /// The data directory's filesystem filled up for a moment, then freed.
+    fn fill(&mut self) {
+        let Some(dir) = self.faults.disk.clone() else { return };
+        let filler = dir.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("creating the filler");
+        let chunk = vec![0u8; 1 << 20];
+        while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+        drop(f);
+        let down = self.rng.ms(500, 3000);
+        self.fills += 1;
+        self.note(format!("filled the disk for {} ms", down.as_millis()));
+        self.act_for(down);
+        std::fs::remove_file(&filler).expect("freeing the disk");
+        self.note("freed the disk".into());
+    }
+
+    /// The wall clock stepped forward by up to 30 s, then back to the machine's.
+    fn step_clock(&mut self) {
+        let Some(file) = self.faults.clock.clone() else { return };
+        let by = 5 + self.rng.next() % 26;
+        std::fs::write(&file, format!("+{by}s\n")).expect("stepping the clock");
+        self.clock_steps += 1;
+        self.note(format!("clock stepped forward {by} s"));
+        let held = self.rng.ms(1000, 4000);
+        self.act_for(held);
+        std::fs::write(&file, "+0\n").expect("stepping the clock back");
+        self.clock_steps += 1;
+        self.note("clock stepped back".into());
+    }
+
     fn run(&mut self, seconds: u64) {
         while self.t0.elapsed() < Duration::from_secs(seconds) {
             let n = self.workers.len();
             let up = self.rng.ms(300, 4000);
+            // Now and then (and once early on) a fault that is not a kill.
+            if !self.faults.proxies.is_empty() && !self.takeovers.is_empty() && (self.partitions == 0 || self.rng.chance(0.15)) {
+                self.act_for(up);
+                self.partition();
+                continue;
+            }
+            if self.faults.disk.is_some() && (self.fills == 0 || self.rng.chance(0.08)) {
+                self.act_for(up);
+                self.fill();
+                continue;
+            }
+            if self.faults.clock.is_some() && (self.clock_steps == 0 || self.rng.chance(0.08)) {
+                self.act_for(up);
+                self.step_clock();
+                continue;
+            }
             // On PostgreSQL, until one has happened, a worker holding a running run is killed
             // and left down until the others have taken its runs over (past its lease).
             if n > 1 && self.takeovers.is_empty() {
@@ -738,8 +850,14 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
             }
         }
     }
-    assert_eq!(roots("bee").len(), triggered.len(), "one agent run per trigger: {triggered:?}");
+    if roots("bee").len() != triggered.len() {
+        bad.push(format!("{} agent runs for {} triggers: {triggered:?}", roots("bee").len(), triggered.len()));
+    }
     assert!(!roots("gated").is_empty(), "no workflow ran");
+
+    // No run's side effects executed by two attempts at the same time.
+    let effects = std::fs::read_to_string(shared.join("effects.log")).expect("reading the side-effect log");
+    bad.extend(overlaps(&effects));
 
     // No step repeated after its end was recorded; the record kept is the first one.
     let log = std::fs::read_to_string(shared.join("steps.log")).expect("reading the step log");
@@ -819,7 +937,14 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
 
 /// Starts the chaos on `workers` (configured, not started; named `names` on PostgreSQL) and
 /// checks the invariants, and that each was exercised.
-fn chaos(workers: Vec<Worker>, names: &[&str], db: &Db, shared: &Path, provider: (&Calls, Receiver<Asked>, watch::Sender<bool>)) {
+fn chaos(
+    workers: Vec<Worker>,
+    names: &[&str],
+    db: &Db,
+    shared: &Path,
+    provider: (&Calls, Receiver<Asked>, watch::Sender<bool>),
+    faults: Faults,
+) {
     let (calls, requests, hold) = provider;
     let pg = workers.len() > 1;
     let seconds = env_u64("CHAOS_SECONDS").unwrap_or(25);
@@ -842,6 +967,10 @@ fn chaos(workers: Vec<Worker>, names: &[&str], db: &Db, shared: &Path, provider:
         cut: Vec::new(),
         takeovers: Vec::new(),
         problems: Vec::new(),
+        faults,
+        partitions: 0,
+        fills: 0,
+        clock_steps: 0,
     };
     for w in &mut c.workers {
         w.start();
@@ -895,6 +1024,14 @@ fn chaos(workers: Vec<Worker>, names: &[&str], db: &Db, shared: &Path, provider:
         }
     }
     let count = |f: &dyn Fn(&Run) -> bool| rs.iter().filter(|r| f(r)).count();
+    let logs = c.logs();
+    let fenced = logs.matches("fenced: the worker could not renew its lease").count();
+    let full = logs.matches("the storage refuses writes").count();
+    let jumped = logs.matches("the system clock jumped").count();
+    eprintln!(
+        "chaos: faults: {} partitions ({fenced} fences), {} disk fills ({full} seen), {} clock steps ({jumped} seen)",
+        c.partitions, c.fills, c.clock_steps
+    );
     eprintln!(
         "chaos: {} kills in {seconds} s ({} outages past a minute, {} during a model call, {} takeovers); {} runs ({} ticks of which {} caught up, {} interrupted of which {resumed} followed up, {} retries), {} workflow steps and {} model calls watched, {} agent runs",
         c.kills,
@@ -919,6 +1056,15 @@ fn chaos(workers: Vec<Worker>, names: &[&str], db: &Db, shared: &Path, provider:
     assert!(resumed >= 1, "no interrupted run was followed up: the follow-up invariant was not exercised");
     assert!(!c.cut.is_empty(), "no kill landed during a model call");
     assert!(!pg || !c.takeovers.is_empty(), "no worker's runs were taken over by the others");
+    if !c.faults.proxies.is_empty() {
+        assert!(c.partitions >= 1 && fenced >= 1, "no partition made a worker fence itself ({} partitions)", c.partitions);
+    }
+    if c.faults.disk.is_some() {
+        assert!(c.fills >= 1 && full >= 1, "no disk fill was met by a write ({} fills)", c.fills);
+    }
+    if c.faults.clock.is_some() {
+        assert!(c.clock_steps >= 2 && jumped >= 1, "no clock step was seen ({} steps)", c.clock_steps);
+    }
 }
 
 #[test]
@@ -926,10 +1072,23 @@ fn chaos_on_sqlite_loses_and_doubles_nothing() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let shared = tempfile::tempdir().unwrap();
     let (llm, calls, requests, hold) = provider(&rt, shared.path());
-    let w = Worker::new("");
+    let mut w = Worker::new("");
     write_config(&w, &llm, shared.path(), "", None);
+    // The data directory on a small filesystem the harness fills now and then, and a wall clock
+    // it steps.
+    let data = w.dir.path().join("data");
+    let _disk = crate::faults::Tmpfs::mount(&data, "64m");
+    let clock = shared.path().join("clock-offset");
+    std::fs::write(&clock, "+0\n").unwrap();
+    w.env = vec![
+        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
     let db = Db::sqlite(&w.db());
-    chaos(vec![w], &[], &db, shared.path(), (&calls, requests, hold));
+    let faults = Faults { disk: Some(data), clock: Some(clock), ..Default::default() };
+    chaos(vec![w], &[], &db, shared.path(), (&calls, requests, hold), faults);
     drop(llm);
 }
 
@@ -941,17 +1100,22 @@ fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
     let cluster = Cluster::start();
     Db::pg(&cluster.url()).rows("CREATE DATABASE chaos").expect("creating the database");
     let url = cluster.url_of("chaos");
-    let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n    pool_size: 6\n");
     let names = ["w-a", "w-b", "w-c"];
+    // Each worker reaches the database through a proxy the harness can cut.
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
+    let proxies: Vec<lamplighter_tests::proxy::Proxy> = names.iter().map(|_| lamplighter_tests::proxy::Proxy::start(target)).collect();
     let workers: Vec<Worker> = names
         .into_iter()
-        .map(|name| {
+        .zip(&proxies)
+        .map(|(name, proxy)| {
+            let via = format!("postgres://postgres@127.0.0.1:{}/chaos", proxy.port());
+            let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{via}\"\n    pool_size: 6\n");
             let w = Worker::new("");
             write_config(&w, &llm, shared.path(), &storage, Some(name));
             w
         })
         .collect();
     let db = Db::pg(&url);
-    chaos(workers, &names, &db, shared.path(), (&calls, requests, hold));
+    chaos(workers, &names, &db, shared.path(), (&calls, requests, hold), Faults { proxies, ..Default::default() });
     drop(llm);
 }

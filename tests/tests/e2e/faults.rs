@@ -10,10 +10,10 @@ use std::time::Duration;
 use crate::support::{Worker, http_get, poll};
 
 /// A tmpfs of `size` mounted on `at` for the test's life (needs root, as CI has).
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
+    pub(crate) fn mount(at: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(at).unwrap();
         let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(at).output().unwrap();
         assert!(out.status.success(), "cannot mount a {size} tmpfs on {}: {}", at.display(), String::from_utf8_lossy(&out.stderr));

@@ -12,11 +12,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::Sqlite;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
 
 use super::dialect::{Arg, Dialect, Locked, Spelling, Stmt, record_for, run_cols, sql};
 use super::{
@@ -107,6 +107,49 @@ fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
     Ok((m.dev(), m.ino()))
 }
 
+/// A transaction on the writing connection, begun and ended by hand. SQLite may roll a
+/// transaction back by itself when its COMMIT fails (the disk full, an I/O error); sqlx's own
+/// `Transaction` then tries a ROLLBACK that fails and goes on counting the transaction as open,
+/// and the writing connection's later transactions never reach the disk. Here an end that
+/// fails, or a transaction dropped without one (an error on the way), closes the connection
+/// instead: the transaction goes with it, and the pool opens a fresh one.
+pub(crate) struct WriteTx(Option<PoolConnection<Sqlite>>);
+
+impl WriteTx {
+    async fn end(mut self, sql: &'static str, what: &'static str) -> Result<(), StoreError> {
+        let Some(mut c) = self.0.take() else { return Ok(()) };
+        match sqlx::query(sql).execute(&mut *c).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *c).await;
+                c.close_on_drop();
+                Err(StoreError::new(what, e))
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        self.0.as_deref().expect("a transaction not yet ended")
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.0.as_deref_mut().expect("a transaction not yet ended")
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            c.close_on_drop();
+        }
+    }
+}
+
 /// The SQLite backend for one worker: the file lock first (one worker per database, so every
 /// run left `running` is an orphan at start), then the store, migrated, and in-process signals.
 pub(super) async fn backend(path: &Path) -> Result<Backend, OpenError> {
@@ -180,22 +223,24 @@ pub(crate) async fn backup(from: &Path, to: &Path) -> Result<u64, StoreError> {
 impl Dialect for SqliteStore {
     type Conn = SqliteConnection;
     type Row = SqliteRow;
-    type Tx = Transaction<'static, Sqlite>;
+    type Tx = WriteTx;
     type Pooled = PoolConnection<Sqlite>;
 
     const KIND: StorageKind = StorageKind::Sqlite;
     const SPELLING: Spelling = SPELLING;
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        self.write.begin().await.ctx("starting a transaction")
+        let mut c = self.write.acquire().await.ctx("connecting to the database")?;
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await.ctx("starting a transaction")?;
+        Ok(WriteTx(Some(c)))
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
-        tx.commit().await.ctx("committing")
+        tx.end("COMMIT", "committing").await
     }
 
     async fn rollback(tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await.ctx("ending a transaction")
+        tx.end("ROLLBACK", "ending a transaction").await
     }
 
     async fn reader(&self) -> Result<Self::Pooled, StoreError> {
