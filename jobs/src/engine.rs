@@ -644,7 +644,7 @@ async fn keep_lease(shared: Arc<Shared>, server_clock: Option<Arc<ServerClock>>,
     let mut failing = false;
     let mut fenced = false;
     loop {
-        let wait = if failing { fencing.retry_every } else { fencing.renew_every };
+        let wait = if failing || fenced { fencing.retry_every } else { fencing.renew_every };
         let fence_at = tokio::time::Instant::from_std(renewed + fencing.fence_after);
         // A renewal may hang (a cut connection): the fence's deadline runs beside it.
         let renew = async {
@@ -676,12 +676,15 @@ async fn keep_lease(shared: Arc<Shared>, server_clock: Option<Arc<ServerClock>>,
             () = stop.cancelled() => return,
         };
         match result {
-            Ok(Ok(Some(_epoch))) => {
+            Ok(Ok(Some(_lease))) => {
                 renewed = sent;
                 lost = false;
                 failing = false;
                 shared.health.storage_ok();
-                if fenced {
+                // Work again once the runs the fence stopped have left (their ends recorded or
+                // refused): a run of the old epoch must not be taken over, here or elsewhere,
+                // while its attempt still runs.
+                if fenced && shared.executor.running_count() == 0 {
                     fenced = false;
                     shared.health.set_fenced(None);
                     shared.executor.unfence();
@@ -709,11 +712,13 @@ async fn keep_lease(shared: Arc<Shared>, server_clock: Option<Arc<ServerClock>>,
                 tracing::warn!("cannot renew the worker's lease: the database did not answer within {:?}", fencing.renew_every);
             }
         }
-        if shared.storage.takes_over_from_others()
-            && !failing
-            && let Err(e) = recover(&shared, now, false).await
-        {
-            tracing::warn!(error = %e, "cannot check for runs of workers that are gone");
+        // Bounded: a connection cut mid-way must not keep this loop from watching the fence.
+        if shared.storage.takes_over_from_others() && !failing && !fenced {
+            match tokio::time::timeout(fencing.renew_every, recover(&shared, now, false)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot check for runs of workers that are gone"),
+                Err(_) => tracing::warn!("checking for runs of workers that are gone took too long; trying again later"),
+            }
         }
     }
 }

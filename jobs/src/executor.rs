@@ -97,10 +97,19 @@ pub(crate) struct Executor {
     slots: Arc<Semaphore>,
     gate: Arc<Gate>,
     finished: mpsc::UnboundedSender<Finished>,
-    /// Runs executing in this process, by id.
-    running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Runs executing in this process, by id, and whether the worker is fenced.
+    running: Mutex<Tracked>,
     /// How many runs execute here, as it changes (for whoever waits for none).
     count: tokio::sync::watch::Sender<usize>,
+}
+
+/// The runs executing here and the fence, under one lock: a run claimed just before the
+/// worker fenced itself (its claim in flight) is stopped as it starts.
+#[derive(Debug, Default)]
+struct Tracked {
+    runs: HashMap<String, Arc<Running>>,
+    /// Set while the worker is fenced: how long it went without a renewal.
+    fenced: Option<Duration>,
 }
 
 /// The recorder's end of the executor's channel, taken by [`recorder`].
@@ -165,23 +174,26 @@ impl Executor {
 
     /// Number of runs executing here.
     pub(crate) fn running_count(&self) -> usize {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).runs.len()
     }
 
-    /// Registers a run that starts executing here.
+    /// Registers a run that starts executing here; stopped at once while the worker is fenced.
     fn track(&self, id: &str) -> Arc<Running> {
         let entry = Arc::new(Running::default());
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        running.insert(id.to_string(), entry.clone());
-        self.count.send_replace(running.len());
+        if let Some(after) = running.fenced {
+            entry.stop(StopReason::Fenced(after));
+        }
+        running.runs.insert(id.to_string(), entry.clone());
+        self.count.send_replace(running.runs.len());
         entry
     }
 
     /// Forgets a run whose end is recorded (or given up on).
     fn untrack(&self, id: &str) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        running.remove(id);
-        self.count.send_replace(running.len());
+        running.runs.remove(id);
+        self.count.send_replace(running.runs.len());
     }
 
     /// Waits until no run executes here.
@@ -191,7 +203,7 @@ impl Executor {
 
     /// Stops a run if it executes here.
     pub(crate) fn stop_here(&self, id: &str, why: String) -> bool {
-        let entry = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+        let entry = self.running.lock().unwrap_or_else(|e| e.into_inner()).runs.get(id).cloned();
         match entry {
             Some(r) => {
                 r.stop(StopReason::Cancelled(why));
@@ -205,17 +217,23 @@ impl Executor {
     /// could not renew its lease for `after`. Returns how many runs were stopped.
     pub(crate) fn fence(&self, after: Duration) -> usize {
         self.gate.hold(true);
-        self.stop_all(&StopReason::Fenced(after))
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.fenced = Some(after);
+        for r in running.runs.values() {
+            r.stop(StopReason::Fenced(after));
+        }
+        running.runs.len()
     }
 
-    /// Takes work again (the lease was renewed).
+    /// Takes work again (the lease was renewed, and the runs stopped by the fence are gone).
     pub(crate) fn unfence(&self) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).fenced = None;
         self.gate.hold(false);
     }
 
     /// Stops every run executing here (the drain's grace is over); returns how many.
     pub(crate) fn stop_all(&self, why: &StopReason) -> usize {
-        let left: Vec<Arc<Running>> = self.running.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let left: Vec<Arc<Running>> = self.running.lock().unwrap_or_else(|e| e.into_inner()).runs.values().cloned().collect();
         for r in &left {
             r.stop(why.clone());
         }
@@ -337,6 +355,8 @@ async fn execute(
         *definition = config.workflows.get(workflow).cloned();
     }
     let outcome = match snapshot {
+        // Stopped before it began (claimed as the worker fenced itself): nothing is started.
+        _ if entry.token.is_cancelled() => None,
         None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
         Some(job) => {
             let job = Arc::new(job);

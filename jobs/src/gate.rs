@@ -49,7 +49,6 @@ impl Gate {
         self.state.send_modify(|s| s.closed = true);
     }
 
-    /// Resolves once the gate is closed.
     /// Holds the gate (admits nobody) or releases it; a closed gate stays closed.
     pub(crate) fn hold(&self, held: bool) {
         self.state.send_if_modified(|s| std::mem::replace(&mut s.held, held) != held);
@@ -65,6 +64,7 @@ impl Gate {
         self.state.borrow().closed
     }
 
+    /// Resolves once the gate is closed.
     pub(crate) async fn closed(&self) {
         let mut rx = self.state.subscribe();
         let _ = rx.wait_for(|s| s.closed).await;

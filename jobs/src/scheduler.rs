@@ -131,7 +131,8 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         }
         let now = s.env.clock.now();
         fire_due(&s, &mut plan, now).await;
-        if due_seen.is_some_and(|t| t <= now) {
+        let resumed = due_seen.is_some_and(|t| t <= now);
+        if resumed {
             resume_waits_over(&s, now).await;
         }
         // A backlog larger than one batch: hand over the next batch at once.
@@ -139,10 +140,14 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         s.alive.store(true, Ordering::SeqCst);
         let next_tick = plan.order.first().map(|(t, _)| *t);
         due_seen = s.env.store.next_due().await.ok().flatten();
-        let next_due = due_seen.filter(|t| *t > now);
+        // Something came due while this pass ran (a wait recorded with its end already past):
+        // another pass at once; if this one tried and it is still due (the write failed), a
+        // second later.
+        let overdue = due_seen.is_some_and(|t| t <= now);
+        let next_due = if overdue { resumed.then(|| now + chrono::Duration::seconds(1)) } else { due_seen };
         let wake_at = [next_tick, next_due].into_iter().flatten().min();
         s.pass_done(now, wake_at);
-        if more {
+        if more || (overdue && !resumed) {
             continue;
         }
         let sleep = match wake_at {

@@ -503,13 +503,17 @@ async fn agent_calls_and_resuming_rejections(s: &dyn RunStore) {
     assert_eq!(calls[1], again, "a record reads back as written");
     assert!(s.calls("other").await.expect("calls").is_empty());
 
-    // An attempt that lost its run (its worker's lease ran out while it went on) cannot
-    // write any more, for calls, steps and checkpoints: the next attempt's records stand.
+    // An attempt that lost its run (its worker's lease went to a new process under its name)
+    // cannot write any more, for calls, steps and checkpoints — refused for its epoch alone,
+    // while its row still says `running`; the next attempt's records stand.
     let done = |run: &Run, status| StepRecord { attempt: run.attempt, ..step("draft", &run.id, status, t) };
     s.record_steps(root, &[done(&r1, StepStatus::Running)]).await.expect("record");
-    s.release(&me()).await.expect("the lease goes");
-    assert_eq!(s.recover(None, t).await.expect("recover").len(), 1, "taken over");
-    take_lease(s).await;
+    let next = WorkerId { instance: "next".into(), ..me() };
+    assert!(s.heartbeat(&next, Duration::from_secs(60), true, t).await.expect("take over").is_some());
+    assert_eq!(status(s, &r1.id).await, RunStatus::Running);
+    let early = CallRecord { name: "early".into(), ..mine("", 0, CallKind::Model) };
+    assert!(s.record_call(root, &early).await.expect_err("the old epoch is fenced").is_fenced());
+    assert_eq!(s.recover(Some(ME), t).await.expect("recover").len(), 1, "taken over");
     let r2_id = s.follow_up(&r1, t, t).await.expect("follow up").expect("created");
     let r2 = s.dispatch(std::slice::from_ref(&r2_id), &[], ME, t).await.expect("claim").pop().expect("claimed").run;
     let later = CallRecord { attempt: 2, run_id: r2.id.clone(), name: "later".into(), ..call("", 0, CallKind::Model, t) };
@@ -636,6 +640,18 @@ async fn a_cancel_request_is_kept_with_its_running_run(s: &dyn RunStore) {
     let ended = RunEnd { error: Some("asked by ana"), ..end(&run.id, RunStatus::Cancelled) };
     assert_eq!(s.finish_many(&[ended], t).await.expect("end"), std::slice::from_ref(&run.id));
     assert!(s.cancels_requested(ME).await.expect("read").is_empty(), "an ended run is no longer asked to stop");
+    // A run whose cancel is asked for as it settles ends cancelled, not waiting (nor failed to
+    // be retried); one that succeeded keeps its success.
+    let waits = running_run(s, "c").await;
+    let done = running_run(s, "c").await;
+    for r in [&waits, &done] {
+        assert!(s.request_cancel(&r.id, "asked late").await.expect("ask"));
+    }
+    let ends = [end(&waits.id, RunStatus::WaitingApproval), end(&done.id, RunStatus::Succeeded)];
+    assert_eq!(s.finish_many(&ends, t).await.expect("end"), std::slice::from_ref(&done.id), "only the success is recorded as asked");
+    let w = s.get_run(&waits.id).await.expect("get").expect("run");
+    assert_eq!((w.status, w.error.as_deref(), w.finished_at.is_some()), (RunStatus::Cancelled, Some("asked late"), true));
+    assert_eq!(status(s, &done.id).await, RunStatus::Succeeded);
     // A run whose worker is gone before it heard of the cancel is cancelled by the takeover,
     // not retried.
     let gone = running_run(s, "c").await;

@@ -303,7 +303,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// new. Of two writers recording one key, the second finds it taken.
     fn record_ticks(c: &mut Self::Conn, keys: Vec<(&str, i64, &str)>) -> impl Fut<HashSet<String>>;
     /// Records the ends of runs still `running`; returns their ids.
-    fn finish_runs(c: &mut Self::Conn, ends: &[RunEnd<'_>], now: i64) -> impl Fut<Vec<String>>;
+    /// Returns each run it ended with the status it took: the one asked for, or `cancelled`
+    /// when a cancel was asked for meanwhile and the run had not succeeded.
+    fn finish_runs(c: &mut Self::Conn, ends: &[RunEnd<'_>], now: i64) -> impl Fut<Vec<(String, RunStatus)>>;
     /// Closes the open (running or waiting) steps of runs: `(run id, the status they take)`.
     fn close_steps(c: &mut Self::Conn, ends: &[(&str, StepStatus)], now: i64) -> impl Fut<()>;
 

@@ -737,10 +737,11 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
 
     // Ending runs.
     /// Records the end of runs this worker claimed, in one statement (a run that waits for
-    /// approval is not finished: it keeps no `finished_at` and gets its `wait_until`). Returns
-    /// the ids that were still running and this worker's (a run cancelled meanwhile keeps its
-    /// first end; a run whose worker's lease ran out, or that was claimed under an earlier
-    /// epoch of the lease, is fenced and left to whoever takes it over). Steps
+    /// approval is not finished: it keeps no `finished_at` and gets its `wait_until`). A run
+    /// whose cancel was asked for meanwhile ends `cancelled` unless it succeeded. Returns the
+    /// ids recorded as asked: still running, this worker's, and not cancelled instead (a run
+    /// whose worker's lease ran out, or that was claimed under an earlier epoch of the lease, is
+    /// fenced and left to whoever takes it over). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
     /// Ends a run that is not running (queued, or waiting for approval), if its status allows

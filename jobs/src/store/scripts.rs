@@ -126,6 +126,12 @@ async fn claim<D: Dialect>(
     Ok(D::claim(c, ids, worker, ms(now), locked).await?.iter().map(handed_from_row).collect())
 }
 
+/// The epoch of `worker`'s lease, if it is live.
+async fn live_epoch<D: Dialect>(c: &mut D::Conn, worker: &str) -> Result<Option<i64>, StoreError> {
+    let q = Stmt::new(sql!(D, "SELECT epoch FROM ll_workers w WHERE w.name = $1 {lease_live}"), "reading the worker's lease");
+    Ok(D::fetch_optional(c, q.bind(worker)).await?.map(|r| r.int("epoch")))
+}
+
 /// The fence of a run's own writes (its steps, calls and checkpoints), in the transaction that
 /// makes them: the run is running and its worker holds a live lease of the epoch it was claimed
 /// under. The run's row is locked (PostgreSQL): a takeover that would interrupt it waits for
@@ -266,8 +272,7 @@ impl<D: Dialect> RunStore for D {
         let mut claim = claim;
         let mut epoch = None;
         if claim.slots > 0 {
-            let q = Stmt::new(sql!(D, "SELECT epoch FROM ll_workers w WHERE w.name = $1 {lease_live}"), "reading the worker's lease");
-            epoch = D::fetch_optional(&mut tx, q.bind(claim.worker)).await?.map(|r| r.int("epoch"));
+            epoch = live_epoch::<D>(&mut tx, claim.worker).await?;
             if epoch.is_none() {
                 claim.slots = 0;
             }
@@ -392,6 +397,12 @@ impl<D: Dialect> RunStore for D {
     /// but a concurrent cancel: the claim waits for it and then leaves the run out.
     async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError> {
         let mut tx = self.begin().await?;
+        // Taking a task consumes it: a worker without a live lease (whose claims would take
+        // nothing) leaves the queue alone.
+        if live_epoch::<D>(&mut tx, worker).await?.is_none() {
+            D::rollback(tx).await?;
+            return Ok(Taken { tasks: 0, runs: Vec::new() });
+        }
         let (tasks, ids) = self.take(&mut tx, n, worker).await?;
         let runs = claim::<D>(&mut tx, &ids, worker, now, Locked::Wait).await?;
         D::commit(tx).await?;
@@ -400,16 +411,27 @@ impl<D: Dialect> RunStore for D {
 
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
         debug_assert!(ends.iter().all(|e| RunStatus::Running.can_become(e.status)));
-        // Only a batch with steps to close needs a transaction around both statements.
+        let asked: HashMap<&str, RunStatus> = ends.iter().map(|e| (e.id, e.status)).collect();
+        let as_asked = |done: &[(String, RunStatus)]| -> Vec<String> {
+            done.iter().filter(|(id, s)| asked.get(id.as_str()) == Some(s)).map(|(id, _)| id.clone()).collect()
+        };
+        // Only a batch with steps to close needs a transaction around both statements (a run
+        // ended `cancelled` instead, its cancel asked for meanwhile, has its steps closed after).
         if !ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded) {
-            return D::finish_runs(&mut *self.writer().await?, ends, ms(now)).await;
+            let done = D::finish_runs(&mut *self.writer().await?, ends, ms(now)).await?;
+            let cancelled: Vec<(&str, RunStatus)> =
+                done.iter().filter(|(_, s)| *s == RunStatus::Cancelled).map(|(id, s)| (id.as_str(), *s)).collect();
+            if !cancelled.is_empty() {
+                close_steps::<D>(&mut *self.writer().await?, &cancelled, now).await?;
+            }
+            return Ok(as_asked(&done));
         }
         let mut tx = self.begin().await?;
         let done = D::finish_runs(&mut tx, ends, ms(now)).await?;
-        let ended: Vec<(&str, RunStatus)> = ends.iter().map(|e| (e.id, e.status)).collect();
+        let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         D::commit(tx).await?;
-        Ok(done)
+        Ok(as_asked(&done))
     }
 
     async fn finish(
@@ -420,10 +442,14 @@ impl<D: Dialect> RunStore for D {
         error: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let sources: Vec<RunStatus> = RunStatus::sources(status).filter(|s| *s != RunStatus::Running).collect();
+        if sources.is_empty() {
+            return Ok(false);
+        }
         let sql = super::dialect::numbered(
             &format!(
                 "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5 WHERE id = $1 AND status IN {}",
-                status_list(RunStatus::sources(status).filter(|s| *s != RunStatus::Running))
+                status_list(sources.into_iter())
             ),
             &D::SPELLING,
         );

@@ -93,14 +93,25 @@ impl Drop for GroupKill {
     // This is the module that starts processes; `kill` must run to the end inside `drop`.
     #[allow(clippy::disallowed_methods)]
     fn drop(&mut self) {
-        let result = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.0)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if let Err(e) = result {
-            tracing::warn!(pgid = self.0, error = %e, "could not run \"kill\" to stop a process group");
+        let pgid = self.0;
+        let kill = move || {
+            let result = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pgid}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if let Err(e) = result {
+                tracing::warn!(pgid, error = %e, "could not run \"kill\" to stop a process group");
+            }
+        };
+        // Off the async threads: a fence stops many runs at once. Inline if no thread starts.
+        if let Err(e) = std::thread::Builder::new().name("kill-group".into()).spawn(kill) {
+            tracing::warn!(pgid, error = %e, "cannot start a thread to stop a process group; stopping it here");
+            let result = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
+            if let Err(e) = result {
+                tracing::warn!(pgid, error = %e, "could not run \"kill\" to stop a process group");
+            }
         }
     }
 }

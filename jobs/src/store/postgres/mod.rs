@@ -170,16 +170,19 @@ impl Dialect for PgStore {
         Ok(fresh.into_iter().collect())
     }
 
-    async fn finish_runs(c: &mut PgConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar(sql!(
+    async fn finish_runs(c: &mut PgConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(sql!(
             PgStore,
-            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
-                                finished_at = CASE WHEN j.finished THEN $8 END, wait_until = j.wait_until,
+            "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
+                                output = j.output,
+                                error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
+                                finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN $8 END,
+                                wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
                                 trace_id = coalesce(j.trace_id, ll_runs.trace_id)
              FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[])
                   AS j(id, started_at, status, output, error, finished, wait_until, trace_id)
-             WHERE ll_runs.id = j.id AND ll_runs.status = {Running} AND {held} RETURNING ll_runs.id"
+             WHERE ll_runs.id = j.id AND ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status"
         ))
         .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
         .bind(ends.iter().map(|e| e.started_at.map(ms)).collect::<Vec<_>>())
@@ -192,7 +195,8 @@ impl Dialect for PgStore {
         .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
         .fetch_all(c)
         .await
-        .ctx("finishing runs")
+        .ctx("finishing runs")?;
+        Ok(rows.into_iter().map(|(id, status)| (id, RunStatus::from_str(&status).unwrap_or(RunStatus::Failed))).collect())
     }
 
     async fn close_steps(c: &mut PgConnection, ends: &[(&str, StepStatus)], now: i64) -> Result<(), StoreError> {
@@ -281,7 +285,9 @@ impl Dialect for PgStore {
                  started_at = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.started_at ELSE excluded.started_at END,
                  heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, takeover_at = excluded.takeover_at,
                  epoch = CASE WHEN ll_workers.instance = excluded.instance AND ll_workers.lease_until > {now}
-                              THEN ll_workers.epoch ELSE ll_workers.epoch + 1 END
+                              THEN ll_workers.epoch ELSE ll_workers.epoch + 1 END,
+                 fenced_until = CASE WHEN ll_workers.instance = excluded.instance AND ll_workers.lease_until > {now}
+                                     THEN ll_workers.fenced_until ELSE ll_workers.takeover_at END
              WHERE $6 OR ll_workers.instance = excluded.instance
              RETURNING epoch, {now} AS server_now",
             now = DB_NOW_MS
@@ -307,16 +313,19 @@ impl Dialect for PgStore {
 
     /// Runs left `running` by `starting` (an earlier process under its name), by a worker
     /// whose lease ran out more than its margin ago (`takeover_at`: by then it has stopped
-    /// them itself), or claimed under an epoch their worker no longer holds. A live worker's
-    /// runs are never touched.
+    /// them itself), or claimed under an epoch their worker no longer holds — once the old
+    /// lease's takeover time has passed (`fenced_until`), however soon the worker renewed. A
+    /// live worker's runs are never touched.
     async fn interrupt_orphans(c: &mut PgConnection, starting: Option<&str>, now: i64) -> Result<Vec<PgRow>, StoreError> {
         sqlx::query(sql!(format!(
             "UPDATE ll_runs SET status = CASE WHEN cancel_requested IS NULL THEN {{Interrupted}} ELSE {{Cancelled}} END, finished_at = $2,
                      error = coalesce(cancel_requested, 'worker \"' || coalesce(worker, '?') || '\" stopped while the run was going (or lost its lease)')
                  WHERE status = {{Running}} AND (worker IS NULL OR worker = $1
-                       OR NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker
-                                          AND w.epoch = coalesce(ll_runs.epoch, w.epoch)
-                                          AND coalesce(w.takeover_at, w.lease_until) > {DB_NOW_MS}))
+                       OR (NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker
+                                           AND w.epoch = coalesce(ll_runs.epoch, w.epoch)
+                                           AND greatest(w.takeover_at, w.lease_until) > {DB_NOW_MS})
+                           AND NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_runs.worker
+                                           AND w.fenced_until > {DB_NOW_MS})))
                  RETURNING {}",
             run_cols!()
         )))
@@ -519,16 +528,18 @@ mod tests {
             resumes_on_reject: false,
         };
         assert!(s.record_steps(&b, &[step]).await.expect_err("fenced").is_fenced());
-        expire("takeover_at").await.expect("margin passes");
+        let workers: Vec<String> = s.workers(now).await.expect("workers").into_iter().map(|w| w.name).collect();
+        assert_eq!(workers, ["live"], "only live leases are listed");
+        // The worker comes back and renews: a new epoch, whose runs are its own; the old
+        // epoch's runs keep their margin to stop (the old lease's takeover time), then go.
+        let again = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
+        assert_eq!(again.epoch, epoch + 1, "renewing a lease that ran out starts a new epoch");
+        assert!(s.recover(None, now).await.expect("recover").is_empty(), "the old epoch's runs keep their margin");
+        expire("fenced_until").await.expect("margin passes");
         let taken: Vec<String> = s.recover(None, now).await.expect("recover").into_iter().map(|r| r.id).collect();
         assert_eq!(taken, vec![b.clone()]);
         let live_run = s.get_run(&a).await.expect("get").expect("run");
         assert_eq!(live_run.status, RunStatus::Running, "a live worker's run is never touched");
-        let workers: Vec<String> = s.workers(now).await.expect("workers").into_iter().map(|w| w.name).collect();
-        assert_eq!(workers, ["live"], "only live leases are listed");
-        // Renewing a lease that ran out starts a new epoch.
-        let again = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
-        assert_eq!(again.epoch, epoch + 1);
         // The lease says the server's time, whatever the caller's clock said (`now` is ignored).
         let skewed = now + chrono::Duration::hours(3);
         let lease = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, skewed).await.expect("renew").expect("held");

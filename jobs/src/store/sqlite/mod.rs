@@ -201,9 +201,32 @@ impl SqliteStore {
             // touches ~1,000 scattered pages of the history.
             .pragma("mmap_size", "268435456")
             .foreign_keys(true);
-        let write = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await.ctx("opening the database")?;
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
+        // Created here if missing; from then on every connection (the writer is opened again
+        // after a failed transaction) must find the very file opened now, not a new empty one
+        // where it was moved away, nor one put in its place.
+        let first = sqlx::ConnectOptions::connect(&opts).await.ctx("opening the database")?;
+        sqlx::Connection::close(first).await.ctx("opening the database")?;
         let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
+        let opts = opts.create_if_missing(false);
+        let file = path.to_path_buf();
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .after_connect(move |_, _| {
+                let file = file.clone();
+                Box::pin(async move {
+                    match file_identity(&file) {
+                        Ok(now) if now == identity => Ok(()),
+                        _ => Err(sqlx::Error::Protocol(format!(
+                            "{} is not the file the worker opened (moved or replaced); put it back, or restart the worker",
+                            file.display()
+                        ))),
+                    }
+                })
+            })
+            .connect_with(opts.clone())
+            .await
+            .ctx("opening the database")?;
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
         Ok(Self { pool, write, registered: Default::default(), path: path.to_path_buf(), identity })
     }
 }
@@ -299,7 +322,7 @@ impl Dialect for SqliteStore {
     /// `+ll_runs.status` keeps the planner off the status index: it must drive the update
     /// from the batch and find each run by id (driven from the status index, the batch was
     /// scanned once per running run: seconds for a thousand ends).
-    async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<String>, StoreError> {
+    async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
         // `{held}` is only the epoch here (one worker per file): a run claimed by an earlier
         // process is never finished by this one.
         let payload: Vec<serde_json::Value> = ends
@@ -312,22 +335,26 @@ impl Dialect for SqliteStore {
                 })
             })
             .collect();
-        sqlx::query_scalar(sql!(
+        let rows: Vec<(String, String)> = sqlx::query_as(sql!(
             SqliteStore,
-            "UPDATE ll_runs SET status = j.status, output = j.output, error = j.error,
-                                finished_at = CASE WHEN j.finished THEN ?2 END, wait_until = j.wait_until,
+            "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
+                                output = j.output,
+                                error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
+                                finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN ?2 END,
+                                wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
                                 trace_id = coalesce(j.trace_id, ll_runs.trace_id)
              FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
                           value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
                           value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id FROM json_each(?1)) AS j
-             WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held} RETURNING ll_runs.id"
+             WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status"
         ))
         .bind(serde_json::Value::from(payload).to_string())
         .bind(now)
         .fetch_all(c)
         .await
-        .ctx("finishing runs")
+        .ctx("finishing runs")?;
+        Ok(rows.into_iter().map(|(id, status)| (id, RunStatus::from_str(&status).unwrap_or(RunStatus::Failed))).collect())
     }
 
     async fn close_steps(c: &mut SqliteConnection, ends: &[(&str, StepStatus)], now: i64) -> Result<(), StoreError> {
