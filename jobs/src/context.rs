@@ -110,7 +110,18 @@ impl RunContext {
     /// Records `value` under `step` for this run and every later attempt of it (replacing an
     /// earlier value). Durable when this returns.
     pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
-        self.env.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now()).await
+        self.durably("a checkpoint", || {
+            self.env.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now())
+        })
+        .await
+    }
+
+    async fn durably<F, W>(&self, what: &str, write: W) -> Result<(), StoreError>
+    where
+        W: FnMut() -> F,
+        F: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        durably(&self.run.id, &self.cancel, what, write).await
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
@@ -124,7 +135,7 @@ impl RunContext {
 
     /// Records workflow steps for this run identity; durable when this returns.
     pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
-        self.env.store.record_steps(&self.run.root_id, steps).await?;
+        self.durably("workflow steps", || self.env.store.record_steps(&self.run.root_id, steps)).await?;
         self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
         Ok(())
     }
@@ -136,11 +147,74 @@ impl RunContext {
 
     /// Records an agent call for this run identity; durable when this returns.
     pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
-        self.env.store.record_call(&self.run.root_id, call).await
+        self.durably("an agent call", || self.env.store.record_call(&self.run.root_id, call)).await
     }
 
     /// The agents of the config in force when the run started.
     pub(crate) fn agents(&self) -> &Arc<Catalog> {
         &self.env.agents
+    }
+}
+
+/// Runs a record's write until it goes through. A storage fault or an unreachable database (a
+/// full disk, a server restarting) is waited out, as a run's end is: the run keeps what it has
+/// done meanwhile. A fence's refusal, any other error, or the run being stopped (`cancel`)
+/// ends the wait with the error.
+async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, mut write: W) -> Result<(), StoreError>
+where
+    W: FnMut() -> F,
+    F: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let mut attempt: u32 = 0;
+    loop {
+        let e = match write().await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_fenced() || !e.is_transient() => return Err(e),
+            Err(e) => e,
+        };
+        attempt += 1;
+        if attempt == 1 || attempt.is_multiple_of(10) {
+            tracing::warn!(run, attempt, error = %e, "cannot record {what}; retrying");
+        }
+        let backoff = std::time::Duration::from_millis(100 * u64::from(attempt.min(50)));
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = cancel.cancelled() => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> StoreError {
+        StoreError::new("recording", sqlx::Error::Io(std::io::Error::other("connection reset")))
+    }
+
+    /// A record waits out an unreachable database, but never a fence's refusal, an error that
+    /// will not heal, or a stop.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_waits_out_a_fault_that_heals_and_nothing_else() {
+        let cancel = CancellationToken::new();
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let flaky = || async { if tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 3 { Err(io()) } else { Ok(()) } };
+        durably("r", &cancel, "a step", flaky).await.expect("recorded once the database answers");
+        assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 4);
+
+        for (e, why) in [(StoreError::fenced("r"), "fenced"), (StoreError::new("x", sqlx::Error::RowNotFound), "not transient")] {
+            let once = std::sync::atomic::AtomicU32::new(0);
+            let err = std::sync::Mutex::new(Some(e));
+            let write = || async {
+                once.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Err(err.lock().unwrap().take().expect("called once"))
+            };
+            assert!(durably("r", &cancel, "a step", write).await.is_err(), "{why}");
+            assert_eq!(once.load(std::sync::atomic::Ordering::SeqCst), 1, "{why}: not retried");
+        }
+
+        cancel.cancel();
+        let failing = || async { Err(io()) };
+        assert!(durably("r", &cancel, "a step", failing).await.is_err(), "a stopped run stops waiting");
     }
 }

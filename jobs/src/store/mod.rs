@@ -171,6 +171,19 @@ impl StoreError {
         )
     }
 
+    /// A fault that may heal by itself: the storage refusing writes ([`StoreError::fault`]),
+    /// or the database unreachable for now (a connection lost, a server restarting).
+    pub fn is_transient(&self) -> bool {
+        if self.fault().is_some() {
+            return true;
+        }
+        match &self.source {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
+            _ => false,
+        }
+    }
+
     /// The fence refused the write ([`StoreError::fenced`]).
     pub fn is_fenced(&self) -> bool {
         matches!(&self.source, sqlx::Error::Protocol(m) if m.starts_with(FENCED))
