@@ -39,11 +39,22 @@ impl Cluster {
         if as_user.is_some() {
             run(Command::new("chown").args(["-R", USER]).arg(dir.path()), "chown the cluster directory");
         }
-        let port = free_port();
-        let c = Cluster { dir, bin, port, as_user };
+        let mut c = Cluster { dir, bin, port: free_port(), as_user };
         c.pg("initdb", &["-D", &c.data().display().to_string(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"]);
-        c.start_server();
-        c
+        // The free port may be taken again before the server binds it (by a client socket, or
+        // another test's cluster): then another port, a few times.
+        for _ in 0..5 {
+            match c.try_start_server() {
+                Ok(()) => return c,
+                Err(log) if log.contains("could not bind") || log.contains("could not create any TCP/IP sockets") => c.port = free_port(),
+                Err(log) => panic!("the PostgreSQL server did not start:\n{log}"),
+            }
+        }
+        panic!("the PostgreSQL server found no free port in 5 tries:\n{}", c.server_log());
+    }
+
+    fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
@@ -99,26 +110,47 @@ impl Cluster {
     }
 
     fn start_server(&self) {
+        if let Err(log) = self.try_start_server() {
+            panic!("the PostgreSQL server did not start again on port {}:\n{log}", self.port);
+        }
+    }
+
+    /// Starts the server on `self.port`; the server's log when it does not start.
+    fn try_start_server(&self) -> Result<(), String> {
         let opts = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
             self.port,
             self.dir.path().display()
         );
-        let log = self.dir.path().join("server.log").display().to_string();
-        self.pg("pg_ctl", &["-D", &self.data().display().to_string(), "-o", &opts, "-l", &log, "-w", "-t", "60", "start"]);
+        let log = self.dir.path().join("server.log");
+        let _ = std::fs::remove_file(&log);
+        let data = self.data().display().to_string();
+        let log_arg = log.display().to_string();
+        let args = ["-D", data.as_str(), "-o", opts.as_str(), "-l", log_arg.as_str(), "-w", "-t", "60", "start"];
+        let out = self.command("pg_ctl").args(args).current_dir(self.dir.path()).output().map_err(|e| format!("pg_ctl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{}{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), self.server_log()))
+        }
     }
 
-    /// Runs one of the server's programs, as the cluster's owner.
-    fn pg(&self, program: &str, args: &[&str]) -> Output {
+    /// One of the server's programs, to run as the cluster's owner.
+    fn command(&self, program: &str) -> Command {
         let exe = self.bin.join(program);
-        let mut cmd = match self.as_user {
+        match self.as_user {
             Some(user) => {
                 let mut c = Command::new("runuser");
                 c.args(["-u", user, "--"]).arg(&exe);
                 c
             }
             None => Command::new(&exe),
-        };
+        }
+    }
+
+    /// Runs one of the server's programs, as the cluster's owner.
+    fn pg(&self, program: &str, args: &[&str]) -> Output {
+        let mut cmd = self.command(program);
         cmd.args(args).current_dir(self.dir.path());
         run(&mut cmd, &format!("{program} {}", args.join(" ")))
     }
@@ -133,16 +165,7 @@ impl Drop for Cluster {
             let _ = Command::new("kill").args(["-CONT", &postmaster]).output();
         }
         let data = self.data().display().to_string();
-        let exe = self.bin.join("pg_ctl");
-        let mut cmd = match self.as_user {
-            Some(user) => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", user, "--"]).arg(&exe);
-                c
-            }
-            None => Command::new(&exe),
-        };
-        let _ = cmd.args(["-D", &data, "-m", "immediate", "-w", "stop"]).output();
+        let _ = self.command("pg_ctl").args(["-D", &data, "-m", "immediate", "-w", "stop"]).output();
     }
 }
 

@@ -213,19 +213,13 @@ impl Worker {
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        let child =
-            spawn_until(&mut cmd, &self.log, marker, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker did not start: {e}"));
+        let child = spawn_until(&mut cmd, &self.log, marker, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
         self.child = Some(child);
     }
 
     /// Starts the worker and returns once it says it is ready (and `/readyz` agrees).
     pub(crate) fn start(&mut self) {
-        let mut cmd = Command::new(bin());
-        cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        let child =
-            spawn_until(&mut cmd, &self.log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
-        self.child = Some(child);
+        self.start_until(READY_LINE);
         assert_eq!(http_get(self.port, "/readyz").map(|(code, _)| code), Some(200), "ready, but /readyz says otherwise:\n{}", self.log());
     }
 
