@@ -650,8 +650,22 @@ impl Chaos<'_> {
         self.note("clock stepped back".into());
     }
 
+    /// Every fault the checks at the end ask for has happened.
+    fn exercised(&self) -> bool {
+        let n = self.workers.len();
+        self.kills >= 3
+            && !self.cut.is_empty()
+            && (n == 1 || !self.takeovers.is_empty())
+            && (self.faults.proxies.is_empty() || self.partitions >= 1)
+            && (self.faults.disk.is_none() || self.fills >= 1)
+            && (self.faults.clock.is_none() || self.clock_steps >= 2)
+    }
+
+    /// Deals faults for `seconds`, and on (up to four times as long) until each kind the
+    /// checks ask for has happened: a short run on a slow machine still exercises them all.
     fn run(&mut self, seconds: u64) {
-        while self.t0.elapsed() < Duration::from_secs(seconds) {
+        let at_most = Duration::from_secs(seconds * 4);
+        while self.t0.elapsed() < Duration::from_secs(seconds) || (!self.exercised() && self.t0.elapsed() < at_most) {
             let n = self.workers.len();
             let up = self.rng.ms(300, 4000);
             // Now and then (and once early on) a fault that is not a kill.
