@@ -147,6 +147,14 @@ async fn fence<D: Dialect>(c: &mut D::Conn, run: &str) -> Result<(), StoreError>
     }
 }
 
+/// Writes `q` for run `run`, in one transaction behind its [`fence`].
+async fn write_fenced<D: Dialect>(store: &D, run: &str, q: Stmt<'_>) -> Result<(), StoreError> {
+    let mut tx = store.begin().await?;
+    fence::<D>(&mut tx, run).await?;
+    D::execute(&mut tx, q).await?;
+    D::commit(tx).await
+}
+
 /// The reads the scheduler makes on every pass, for the SQLite backend's plan tests.
 #[cfg(test)]
 pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
@@ -489,10 +497,7 @@ impl<D: Dialect> RunStore for D {
             ),
             "recording a checkpoint",
         );
-        let mut tx = self.begin().await?;
-        fence::<D>(&mut tx, run_id).await?;
-        D::execute(&mut tx, q.bind(root_id).bind(step).bind(run_id).bind(value.to_string()).bind(ms(now))).await?;
-        D::commit(tx).await
+        write_fenced(self, run_id, q.bind(root_id).bind(step).bind(run_id).bind(value.to_string()).bind(ms(now))).await
     }
 
     async fn steps(&self, root_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -534,10 +539,7 @@ impl<D: Dialect> RunStore for D {
         // One attempt writes its own steps.
         let run = steps[0].run_id.as_str();
         debug_assert!(steps.iter().all(|st| st.run_id == run));
-        let mut tx = self.begin().await?;
-        fence::<D>(&mut tx, run).await?;
-        D::execute(&mut tx, q).await?;
-        D::commit(tx).await
+        write_fenced(self, run, q).await
     }
 
     async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {
@@ -695,10 +697,7 @@ impl<D: Dialect> RunStore for D {
         .bind(i64::from(c.attempt))
         .bind(ms(c.started_at))
         .bind(ms(c.finished_at));
-        let mut tx = self.begin().await?;
-        fence::<D>(&mut tx, &c.run_id).await?;
-        D::execute(&mut tx, q).await?;
-        D::commit(tx).await
+        write_fenced(self, &c.run_id, q).await
     }
 
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError> {
