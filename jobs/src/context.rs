@@ -160,26 +160,47 @@ impl RunContext {
 /// full disk, a server restarting) is waited out, as a run's end is: the run keeps what it has
 /// done meanwhile. A fence's refusal, any other error, or the run being stopped (`cancel`)
 /// ends the wait with the error.
-async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, mut write: W) -> Result<(), StoreError>
+async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, write: W) -> Result<(), StoreError>
 where
     W: FnMut() -> F,
     F: std::future::Future<Output = Result<(), StoreError>>,
 {
+    let heals = |e: &StoreError, attempt: u32| {
+        let heals = !e.is_fenced() && e.is_transient();
+        if heals && (attempt == 1 || attempt.is_multiple_of(10)) {
+            tracing::warn!(run, attempt, error = %e, "cannot record {what}; retrying");
+        }
+        heals
+    };
+    retry_write(cancel, heals, write).await.map(|_| ())
+}
+
+/// Tries `write` until it goes through, waiting 100 ms longer after each failure (up to 5 s).
+/// `heals` is told of each error and its attempt (from 1), and says whether to try again; the
+/// last error is returned when it says no or `stop` fires. Returns the value and the attempts.
+pub(crate) async fn retry_write<T, F, W>(
+    stop: &CancellationToken,
+    mut heals: impl FnMut(&StoreError, u32) -> bool,
+    mut write: W,
+) -> Result<(T, u32), StoreError>
+where
+    W: FnMut() -> F,
+    F: std::future::Future<Output = Result<T, StoreError>>,
+{
     let mut attempt: u32 = 0;
     loop {
+        attempt += 1;
         let e = match write().await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_fenced() || !e.is_transient() => return Err(e),
+            Ok(v) => return Ok((v, attempt)),
             Err(e) => e,
         };
-        attempt += 1;
-        if attempt == 1 || attempt.is_multiple_of(10) {
-            tracing::warn!(run, attempt, error = %e, "cannot record {what}; retrying");
+        if !heals(&e, attempt) {
+            return Err(e);
         }
         let backoff = std::time::Duration::from_millis(100 * u64::from(attempt.min(50)));
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
-            () = cancel.cancelled() => return Err(e),
+            () = stop.cancelled() => return Err(e),
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use opentelemetry::context::FutureExt as _;
 
 use crate::clock::Clock;
-use crate::context::{RunContext, RunEnv, Targets};
+use crate::context::{RunContext, RunEnv, Targets, retry_write};
 use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::events::{Cancelled, Ended, Observer, Op, Owner};
 use crate::gate::{Gate, Pass};
@@ -426,38 +426,33 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // Until the database takes them (a server restarting, a failover): the runs keep
         // their slots meanwhile, so nothing new starts on a worker that cannot record. Only a
         // stop gives up (the runs are then recovered as interrupted).
-        let mut recorded = std::collections::HashSet::new();
-        let mut attempt: u32 = 0;
-        loop {
-            attempt += 1;
+        let finish = || async {
             let began = std::time::Instant::now();
             let res = exec.env.store.finish_many(&ends, now).await;
             tracing::debug!(runs = ends.len(), finish_us = began.elapsed().as_micros() as u64, "ends recorded");
-            match res {
-                Ok(done) => {
-                    exec.env.health.storage_ok();
-                    if attempt > 1 {
-                        tracing::info!(runs = ends.len(), attempt, "the end of runs is recorded");
-                    }
-                    if done.len() < ends.len() {
-                        tracing::debug!(runs = ends.len() - done.len(), "ends not recorded: the runs were no longer running here");
-                    }
-                    recorded = done.into_iter().collect();
-                    break;
-                }
-                Err(e) => {
-                    exec.env.health.storage_failed(&e);
-                    if attempt == 1 || attempt.is_multiple_of(10) {
-                        tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs; retrying");
-                    }
-                    let backoff = Duration::from_millis(100 * u64::from(attempt.min(50)));
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = stop.cancelled() => break,
-                    }
-                }
+            res
+        };
+        let failed = |e: &StoreError, attempt: u32| {
+            exec.env.health.storage_failed(e);
+            if attempt == 1 || attempt.is_multiple_of(10) {
+                tracing::error!(runs = ends.len(), attempt, error = %e, "cannot record the end of runs; retrying");
             }
-        }
+            true
+        };
+        let recorded: std::collections::HashSet<String> = match retry_write(&stop, failed, finish).await {
+            Ok((done, attempts)) => {
+                exec.env.health.storage_ok();
+                if attempts > 1 {
+                    tracing::info!(runs = ends.len(), attempts, "the end of runs is recorded");
+                }
+                if done.len() < ends.len() {
+                    tracing::debug!(runs = ends.len() - done.len(), "ends not recorded: the runs were no longer running here");
+                }
+                done.into_iter().collect()
+            }
+            // Stopped: the runs are recovered as interrupted at the next start.
+            Err(_) => Default::default(),
+        };
         drop(ends);
         for f in batch.drain(..) {
             // Only now, with the end recorded (or given up on: the run is recovered as
