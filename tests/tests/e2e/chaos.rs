@@ -48,7 +48,7 @@ use serde_json::json;
 use sqlx::Row;
 use tokio::sync::watch;
 
-use crate::support::{Worker, poll};
+use crate::support::{Worker, now_ms, poll};
 
 /// A seeded SplitMix64: the harness's choices, replayable from `CHAOS_SEED`.
 struct Rng(u64);
@@ -74,10 +74,6 @@ impl Rng {
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 /// The database the workers write, read from outside; every column as text.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{Worker, http_get, poll};
+use crate::support::{Worker, http_get, now_ms, poll};
 
 /// A tmpfs of `size` mounted on `at` for the test's life (needs root, as CI has).
 pub(crate) struct Tmpfs(PathBuf);
@@ -195,8 +195,4 @@ fn the_system_clock_stepped_forward_and_back_an_hour() {
     }
     assert_eq!(h.wait_exit(Duration::from_secs(20)), Some(0));
     assert_eq!(s.wait_exit(Duration::from_secs(20)), Some(0));
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }

@@ -10,7 +10,7 @@ use lamplighter_tests::pg::Cluster;
 use serde_json::Value;
 use sqlx::Row;
 
-use crate::support::{Worker, http_get, poll};
+use crate::support::{Worker, http_get, now_ms, poll};
 
 /// A blocking view of the shared database, for checks.
 struct Db {
@@ -100,10 +100,6 @@ fn wait_ready(workers: &[&Worker], ready: bool, within: Duration) {
         let what = if ready { "the worker to be ready" } else { "the worker to say it is not ready" };
         poll(what, within, || ((http_get(w.port, "/readyz").map(|(c, _)| c) == Some(200)) == ready).then_some(()), || w.log());
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 const JOBS: &str = r#"

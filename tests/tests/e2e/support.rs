@@ -136,6 +136,11 @@ pub(crate) fn libfaketime() -> &'static str {
     LIB
 }
 
+/// The wall clock, in Unix milliseconds (as runs record instants).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
