@@ -312,9 +312,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     // Locking.
     /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
     fn lock_jobs(c: &mut Self::Conn, jobs: &[&str]) -> impl Fut<()>;
-    /// Claims the runs of `ids` still queued for `worker`; rows: `job_snapshot`, `resumed`
-    /// and [`run_cols`]. The guard that makes a run execute at most once.
-    fn claim(c: &mut Self::Conn, ids: &[String], worker: &str, now: i64, locked: Locked) -> impl Fut<Vec<Self::Row>>;
+    /// Claims the runs of `ids` still queued for `worker`, under its lease's `epoch` (the
+    /// caller read it live in this transaction); rows: `job_snapshot`, `resumed` and
+    /// [`run_cols`]. The guard that makes a run execute at most once.
+    fn claim(c: &mut Self::Conn, ids: &[String], worker: &str, epoch: i64, now: i64, locked: Locked) -> impl Fut<Vec<Self::Row>>;
     /// Marks the runs of `ids` still queued and not handed over as handed to the queue;
     /// returns those it marked.
     fn mark_dispatched(c: &mut Self::Conn, ids: &[String], now: i64) -> impl Fut<Vec<String>>;

@@ -112,18 +112,19 @@ async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], no
     D::close_steps(c, &ends, ms(now)).await
 }
 
-/// Claims `ids` for `worker` (see [`Dialect::claim`]).
+/// Claims `ids` for `worker` under its lease's `epoch` (see [`Dialect::claim`]).
 async fn claim<D: Dialect>(
     c: &mut D::Conn,
     ids: &[String],
     worker: &str,
+    epoch: i64,
     now: DateTime<Utc>,
     locked: Locked,
 ) -> Result<Vec<Handed>, StoreError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(D::claim(c, ids, worker, ms(now), locked).await?.iter().map(handed_from_row).collect())
+    Ok(D::claim(c, ids, worker, epoch, ms(now), locked).await?.iter().map(handed_from_row).collect())
 }
 
 /// The epoch of `worker`'s lease, if it is live.
@@ -394,7 +395,12 @@ impl<D: Dialect> RunStore for D {
     /// skipped (it is handing them over), the rest taken.
     async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
         let mut tx = self.begin().await?;
-        let claimed = claim::<D>(&mut tx, handed, worker, now, Locked::Skip).await?;
+        // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
+        let epoch = if handed.is_empty() { None } else { live_epoch::<D>(&mut tx, worker).await? };
+        let claimed = match epoch {
+            Some(epoch) => claim::<D>(&mut tx, handed, worker, epoch, now, Locked::Skip).await?,
+            None => Vec::new(),
+        };
         let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(&mut tx, queued, ms(now)).await? };
         D::push(&mut tx, &to_push).await?;
         D::commit(tx).await?;
@@ -407,12 +413,12 @@ impl<D: Dialect> RunStore for D {
         let mut tx = self.begin().await?;
         // Taking a task consumes it: a worker without a live lease (whose claims would take
         // nothing) leaves the queue alone.
-        if live_epoch::<D>(&mut tx, worker).await?.is_none() {
+        let Some(epoch) = live_epoch::<D>(&mut tx, worker).await? else {
             D::rollback(tx).await?;
             return Ok(Taken { tasks: 0, runs: Vec::new() });
-        }
+        };
         let (tasks, ids) = self.take(&mut tx, n, worker).await?;
-        let runs = claim::<D>(&mut tx, &ids, worker, now, Locked::Wait).await?;
+        let runs = claim::<D>(&mut tx, &ids, worker, epoch, now, Locked::Wait).await?;
         D::commit(tx).await?;
         Ok(Taken { tasks, runs })
     }

@@ -226,7 +226,14 @@ impl Dialect for PgStore {
     }
 
     /// The rows to take are picked once (a materialized CTE: see `queue::take`), in id order.
-    async fn claim(c: &mut PgConnection, ids: &[String], worker: &str, now: i64, locked: Locked) -> Result<Vec<PgRow>, StoreError> {
+    async fn claim(
+        c: &mut PgConnection,
+        ids: &[String],
+        worker: &str,
+        epoch: i64,
+        now: i64,
+        locked: Locked,
+    ) -> Result<Vec<PgRow>, StoreError> {
         macro_rules! claim_sql {
             ($skip:literal) => {
                 sql!(PgStore, format!(
@@ -235,9 +242,8 @@ impl Dialect for PgStore {
                         $skip,
                         ")
                          UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $3), worker = $2,
-                             dispatched_at = coalesce(dispatched_at, $3), epoch = (SELECT w.epoch FROM ll_workers w WHERE w.name = $2)
+                             dispatched_at = coalesce(dispatched_at, $3), epoch = $4
                          FROM picked WHERE ll_runs.id = picked.pick
-                             AND EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = $2 {{lease_live}})
                          RETURNING job_snapshot, started_at < $3 AS resumed, {}"
                     ),
                     run_cols!()
@@ -245,7 +251,7 @@ impl Dialect for PgStore {
             };
         }
         let sql = if locked == Locked::Skip { claim_sql!(" SKIP LOCKED") } else { claim_sql!("") };
-        sqlx::query(sql).bind(ids).bind(worker).bind(now).fetch_all(c).await.ctx("claiming runs")
+        sqlx::query(sql).bind(ids).bind(worker).bind(now).bind(epoch).fetch_all(c).await.ctx("claiming runs")
     }
 
     async fn mark_dispatched(c: &mut PgConnection, ids: &[String], now: i64) -> Result<Vec<String>, StoreError> {

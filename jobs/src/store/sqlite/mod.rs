@@ -377,11 +377,19 @@ impl Dialect for SqliteStore {
         Ok(())
     }
 
-    async fn claim(c: &mut SqliteConnection, ids: &[String], worker: &str, now: i64, _: Locked) -> Result<Vec<SqliteRow>, StoreError> {
+    async fn claim(
+        c: &mut SqliteConnection,
+        ids: &[String],
+        worker: &str,
+        epoch: i64,
+        now: i64,
+        _: Locked,
+    ) -> Result<Vec<SqliteRow>, StoreError> {
         sqlx::query(sql!(CLAIM))
             .bind(json_list(ids.iter().map(String::as_str)))
             .bind(worker)
             .bind(now)
+            .bind(epoch)
             .fetch_all(c)
             .await
             .ctx("claiming runs")
@@ -616,7 +624,7 @@ const ROWS_PER_STATEMENT: usize = 1000;
 /// left out.
 const CLAIM: &str = concat!(
     "UPDATE ll_runs SET status = {Running}, started_at = coalesce(started_at, ?3), worker = ?2, dispatched_at = coalesce(dispatched_at, ?3), \
-         epoch = (SELECT epoch FROM ll_workers WHERE name = ?2) \
+         epoch = ?4 \
      WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} RETURNING job_snapshot, started_at < ?3 AS resumed, ",
     run_cols!()
 );
