@@ -696,7 +696,11 @@ async fn runtime_jobs_keep_versions_history_and_refuse_stale_changes(s: &dyn Run
     assert_eq!(s.runtime_job("a").await.expect("read"), None);
     let Ok(Changed::Saved(again)) = change(s, "a", create(&v1), "dee", t + secs(10)).await else { panic!("created again") };
     assert_eq!(again.version, 4);
-    assert_eq!(s.job_state("a").await.expect("state"), JobState::default());
+    assert_eq!(
+        s.job_state("a").await.expect("state"),
+        JobState { last_tick: Some(t + secs(10)), ..JobState::default() },
+        "no pause, and the schedule begins at its creation"
+    );
     let history = s.job_history("a", 10).await.expect("history");
     let summary: Vec<(u64, &str, &str, bool, bool)> =
         history.iter().map(|h| (h.version, h.action.as_str(), h.actor.as_str(), h.before.is_some(), h.after.is_some())).collect();

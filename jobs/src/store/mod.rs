@@ -857,7 +857,8 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn runtime_job(&self, name: &str) -> Result<Option<StoredJob>, StoreError>;
     /// Creates, updates or deletes a runtime job, in one transaction with its history entry,
     /// one change at a time across writers. A create starts the job's state afresh (no pause,
-    /// no last tick of an earlier job of the name); a delete drops it.
+    /// no last tick of an earlier job of the name: its schedule begins at its creation); a delete
+    /// drops it.
     async fn change_job(&self, req: &ChangeRequest<'_>, now: DateTime<Utc>) -> Result<Result<Changed, Refused>, StoreError>;
     /// A job's changes, newest first.
     async fn job_history(&self, name: &str, limit: usize) -> Result<Vec<JobChangeRecord>, StoreError>;

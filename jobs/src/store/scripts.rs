@@ -832,9 +832,19 @@ impl<D: Dialect> RunStore for D {
                     "saving a runtime job",
                 );
                 D::execute(&mut tx, q.bind(req.name).bind(text.as_str()).bind(version).bind(req.actor).bind(at)).await?;
-                // A name deleted and created again starts afresh: no pause, no ticks to catch up.
-                let q = Stmt::new(sql!(D, "DELETE FROM ll_job_state WHERE job = $1"), "clearing a job's state");
-                D::execute(&mut tx, q.bind(req.name)).await?;
+                // A new job's schedule begins at its creation, recorded with it: every worker plans
+                // from there, so one that hears of the job a little late (a signal, a replan after
+                // the clock moved) still fires its first tick. A name deleted and created again
+                // starts afresh: no pause, no ticks of before to catch up.
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at, last_tick) VALUES ($1, $2, NULL, NULL, $3)
+                         ON CONFLICT (job) DO UPDATE SET paused = $2, pause_reason = NULL, paused_at = NULL, last_tick = $3"
+                    ),
+                    "starting a job's state",
+                );
+                D::execute(&mut tx, q.bind(req.name).bind(false).bind(at)).await?;
                 let job = StoredJob {
                     name: req.name.to_owned(),
                     definition: definition.clone(),
