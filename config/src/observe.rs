@@ -64,6 +64,10 @@ pub struct TelemetryConfig {
     pub sample_ratio: Option<f64>,
     /// How often metrics are pushed (`metrics.export_interval_ms`).
     pub metrics_interval: Option<Duration>,
+    /// `metrics.per_job` (default true): the per-job gauges (last success, next fire,
+    /// consecutive failures, oldest running run), one series per job each. Off for very large
+    /// job counts: the other metrics keep their `job` label, these are left out.
+    pub metrics_per_job: bool,
 }
 
 impl Default for TelemetryConfig {
@@ -80,6 +84,7 @@ impl Default for TelemetryConfig {
             sensitive_data: false,
             sample_ratio: None,
             metrics_interval: None,
+            metrics_per_job: true,
         }
     }
 }

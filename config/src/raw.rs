@@ -212,6 +212,8 @@ pub(crate) struct Scheduling {
     /// `at:` are instants and are unaffected.
     pub(crate) timezone: Option<String>,
     pub(crate) jobs: Option<BTreeMap<String, Job>>,
+    /// Notifications for every job that sets no `notify` of its own.
+    pub(crate) notify: Option<Vec<Notify>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -274,6 +276,57 @@ pub(crate) struct Job {
     pub(crate) allowed_commands: Option<Vec<String>>,
     /// For agent jobs: limits on each run, over the agent's own `budget`.
     pub(crate) budget: Option<Budget>,
+    /// Who is told when runs fail, recover, succeed or wait for a person (replaces
+    /// `scheduling.notify` for this job; `[]` tells nobody).
+    pub(crate) notify: Option<Vec<Notify>>,
+}
+
+/// One notification rule.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Notify {
+    /// `failure` (a run's final outcome, after its retries, is failed, timed out or
+    /// interrupted), `success`, `recovery` (the first success after failures),
+    /// `approval_waiting` or `budget_asked`.
+    pub(crate) on: Option<String>,
+    /// `failure`: from the Nth failure in a row on (default 1). `recovery`: only after at least
+    /// N failures in a row.
+    pub(crate) after_consecutive: Option<u32>,
+    pub(crate) to: Option<NotifyTo>,
+}
+
+/// Where a notification goes: one of `webhook`, `workflow`, `agent`, `plugin` (with `action`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NotifyTo {
+    /// A URL, or `{url, headers, format: generic | slack}`.
+    pub(crate) webhook: Option<WebhookTo>,
+    /// A workflow run with the event as its input.
+    pub(crate) workflow: Option<String>,
+    /// An agent run with the event as its input.
+    pub(crate) agent: Option<String>,
+    /// A plugin action run with the event as its parameter `event` (`plugin: p`, `action: a`,
+    /// or `plugin: p.a`).
+    pub(crate) plugin: Option<String>,
+    pub(crate) action: Option<String>,
+}
+
+/// A webhook: its URL alone, or with headers and a body format.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum WebhookTo {
+    Url(String),
+    Full(WebhookFull),
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WebhookFull {
+    pub(crate) url: Option<String>,
+    /// Sent with each request (e.g. `Authorization: Bearer ${HOOK_TOKEN}`).
+    pub(crate) headers: Option<BTreeMap<String, String>>,
+    /// `generic` (default: the event as JSON) or `slack` (`{"text": …}`).
+    pub(crate) format: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -462,6 +515,10 @@ pub(crate) struct Signal {
     pub(crate) sampling: Option<Sampling>,
     pub(crate) export_interval_ms: Option<u64>,
     pub(crate) min_level: Option<String>,
+    /// Metrics only: export the per-job gauges (last success, next fire, consecutive failures,
+    /// oldest running run), one series per job each (default true). Turn off for very large job
+    /// counts.
+    pub(crate) per_job: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

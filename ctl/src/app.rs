@@ -15,7 +15,7 @@ use crate::cli::{
     ToolsCommand, WorkflowsCommand,
 };
 use crate::client::{Client, Connection};
-use crate::error::{CtlError, Failure};
+use crate::error::{CtlError, Failure, RunEnd};
 use crate::render;
 
 /// Runs one command to completion on a single-threaded runtime (lampctl does one thing at a
@@ -540,16 +540,12 @@ async fn start_and_follow(
     serde_json::to_value(outcome).map_err(|error| CtlError::new(Failure::Local, format!("cannot show the run: {error}")))
 }
 
-/// After `--wait`: exit 1 when the run ended without succeeding, so that scripts can rely on
-/// the exit code; a run still going (the wait timed out) is pointed at, not failed.
+/// After `--wait`: the run's end as the exit code ([`ended`]), so that scripts can rely on
+/// it; a run still going (the wait timed out) is pointed at, not failed.
 fn waited_outcome(outcome: &TriggerOutcome) -> Result<(), CtlError> {
     let id = &outcome.run_id;
     let Some(run) = &outcome.run else { return Ok(()) };
     match run.status {
-        RunStatus::WaitingApproval => {
-            eprintln!("lampctl: run {id} waits for approval; see it with: lampctl approvals list, then lampctl approvals approve {id}");
-            Ok(())
-        }
         status @ (RunStatus::Queued | RunStatus::Running) => {
             eprintln!("lampctl: stopped waiting while run {id} is {status}; follow it with: lampctl runs follow {id}");
             Ok(())
@@ -558,15 +554,26 @@ fn waited_outcome(outcome: &TriggerOutcome) -> Result<(), CtlError> {
     }
 }
 
-/// A finished run as an exit code: 0 when it succeeded, else 1 with its error.
+/// A followed run's end as an exit code (README "Exit codes"): 0 when it succeeded; else its
+/// own code, with its error or what to do next.
 fn ended(run: &Run) -> Result<(), CtlError> {
-    match run.status {
-        RunStatus::Succeeded => Ok(()),
+    let id = &run.id;
+    let reason = run.error.as_ref().map(|error| format!(": {error}")).unwrap_or_default();
+    let (end, message) = match run.status {
+        RunStatus::Succeeded => return Ok(()),
+        RunStatus::WaitingApproval => (
+            RunEnd::WaitingApproval,
+            format!("run {id} waits for approval; see it with: lampctl approvals list, then lampctl approvals approve {id}"),
+        ),
+        RunStatus::Failed => (RunEnd::Failed, format!("run {id} failed{reason}")),
+        RunStatus::TimedOut => (RunEnd::TimedOut, format!("run {id} timed out{reason}")),
+        RunStatus::Cancelled => (RunEnd::Cancelled, format!("run {id} was cancelled{reason}")),
         status => {
-            let reason = run.error.as_ref().map(|error| format!(": {error}")).unwrap_or_default();
-            Err(CtlError::new(Failure::WorkerSaidNo, format!("run {} {status}{reason}", run.id)))
+            let next = run.next_run_id.as_deref().filter(|n| !n.is_empty()).map(|n| format!("; its retry is run {n}")).unwrap_or_default();
+            (RunEnd::Other, format!("run {id} {status}{reason}{next}"))
         }
-    }
+    };
+    Err(CtlError::new(Failure::Run(end), message))
 }
 
 /// `runs follow`, unless Ctrl-C comes first (the run goes on).
@@ -591,7 +598,8 @@ async fn follow(client: &Client, output: Output, id: &str) -> Result<(), CtlErro
 }
 
 /// Subscribes to the run's resource, then reads the run, and again at each change the worker
-/// notifies, handing each reading (with the one before) to `show`, until the run ends.
+/// notifies, handing each reading (with the one before) to `show`, until the run ends or
+/// waits for a decision (a person has to act before it goes on).
 async fn follow_run(
     client: &Client,
     id: &str,
@@ -604,7 +612,7 @@ async fn follow_run(
         let value = client.call("get_run", Arguments::default().with("id", id).0).await?;
         let detail: RunDetail = answer("get_run", &value)?;
         show(shown.as_ref(), &detail, &value)?;
-        if detail.run.status.is_final() {
+        if detail.run.status.is_final() || detail.run.status == RunStatus::WaitingApproval {
             return Ok(detail);
         }
         shown = Some(detail);

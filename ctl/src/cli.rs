@@ -275,7 +275,9 @@ pub(crate) struct StartArgs {
     #[arg(long, value_name = "KEY")]
     pub(crate) idempotency_key: Option<String>,
 
-    /// Wait for the run to finish, then print it (exit 1 if it did not succeed)
+    /// Wait for the run to end (or to wait for approval), then print it; the exit code says how
+    /// it ended: 0 succeeded, 4 failed, 5 timed out, 6 cancelled, 7 waits for approval, 8
+    /// interrupted or skipped
     #[arg(long)]
     pub(crate) wait: bool,
 
@@ -326,8 +328,10 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         transcript: bool,
     },
-    /// Follow a run until it ends: its status and each step as they change (the worker notifies
-    /// lampctl; nothing polls). Exits like `jobs trigger --wait`: 0 when it succeeded
+    /// Follow a run until it ends or waits for approval: its status, each step and each line of
+    /// output as they come (the worker notifies lampctl; nothing polls). Exits like `jobs
+    /// trigger --wait`: 0 succeeded, 4 failed, 5 timed out, 6 cancelled, 7 waits for approval,
+    /// 8 interrupted or skipped
     Follow {
         /// The run's id
         id: String,

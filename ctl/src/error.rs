@@ -19,6 +19,24 @@ pub(crate) enum Failure {
     Interrupted,
     /// Something failed on this machine (stdout closed with an error, no runtime). Exit 1.
     Local,
+    /// A followed or waited-for run ended without succeeding, or stopped to wait for a
+    /// decision: its own code, so a script can tell how it ended ([`RunEnd`]).
+    Run(RunEnd),
+}
+
+/// How a followed run ended, when not with success (`runs follow`, `--wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// Exit 4.
+    Failed,
+    /// Exit 5.
+    TimedOut,
+    /// Exit 6.
+    Cancelled,
+    /// Waits for approval (or more budget): exit 7.
+    WaitingApproval,
+    /// Interrupted (a retry may follow) or skipped: exit 8.
+    Other,
 }
 
 impl Failure {
@@ -28,6 +46,11 @@ impl Failure {
             Self::Usage => 2,
             Self::Unreachable => 3,
             Self::Interrupted => 130,
+            Self::Run(RunEnd::Failed) => 4,
+            Self::Run(RunEnd::TimedOut) => 5,
+            Self::Run(RunEnd::Cancelled) => 6,
+            Self::Run(RunEnd::WaitingApproval) => 7,
+            Self::Run(RunEnd::Other) => 8,
         }
     }
 }
@@ -77,10 +100,21 @@ mod tests {
 
     #[test]
     fn each_failure_has_its_documented_exit_code() {
-        let codes: Vec<(Failure, u8)> = [Failure::WorkerSaidNo, Failure::Usage, Failure::Unreachable, Failure::Interrupted, Failure::Local]
-            .into_iter()
-            .map(|f| (f, CtlError::new(f, "x").exit_code()))
-            .collect();
+        let codes: Vec<(Failure, u8)> = [
+            Failure::WorkerSaidNo,
+            Failure::Usage,
+            Failure::Unreachable,
+            Failure::Interrupted,
+            Failure::Local,
+            Failure::Run(RunEnd::Failed),
+            Failure::Run(RunEnd::TimedOut),
+            Failure::Run(RunEnd::Cancelled),
+            Failure::Run(RunEnd::WaitingApproval),
+            Failure::Run(RunEnd::Other),
+        ]
+        .into_iter()
+        .map(|f| (f, CtlError::new(f, "x").exit_code()))
+        .collect();
         assert_eq!(
             codes,
             vec![
@@ -88,7 +122,12 @@ mod tests {
                 (Failure::Usage, 2),
                 (Failure::Unreachable, 3),
                 (Failure::Interrupted, 130),
-                (Failure::Local, 1)
+                (Failure::Local, 1),
+                (Failure::Run(RunEnd::Failed), 4),
+                (Failure::Run(RunEnd::TimedOut), 5),
+                (Failure::Run(RunEnd::Cancelled), 6),
+                (Failure::Run(RunEnd::WaitingApproval), 7),
+                (Failure::Run(RunEnd::Other), 8),
             ]
         );
     }

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
     AgentList, AgentUsage, ApprovalList, Backfill, CallKind, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobSaved,
-    JobSummary, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline, StepStatus,
-    StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+    JobSummary, NotificationStatus, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline,
+    StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -679,6 +679,20 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
         }
         out.push_str(&indent(&table.render()));
     }
+    if !detail.notifications.is_empty() {
+        out.push_str("\nnotifications:\n");
+        let mut table = Table::new(&["EVENT", "TO", "STATUS", "ATTEMPTS", "WHEN", "RESULT"]);
+        for n in &detail.notifications {
+            let when = match n.status {
+                NotificationStatus::Delivered => time_full(n.sent_at, now),
+                NotificationStatus::Pending => n.next_at.map(|at| format!("next try {}", when_full(at, now))).unwrap_or_default(),
+                _ => time_full(Some(n.created_at), now),
+            };
+            let result = n.delivered.clone().or_else(|| n.error.clone()).unwrap_or_else(|| NONE.to_owned());
+            table.push(vec![n.event.clone(), n.target.clone(), n.status.as_str().to_owned(), n.attempts.to_string(), when, result]);
+        }
+        out.push_str(&indent(&table.render()));
+    }
     if let Some(output) = &run.output {
         out.push_str("\noutput:\n");
         let text = match output {
@@ -692,7 +706,7 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 
 /// A run without the detail `get_run` adds, as `trigger_job … wait` returns it.
 pub(crate) fn bare(run: Run) -> RunDetail {
-    RunDetail { run, workflow: None, steps: Vec::new(), agent_waits: Vec::new(), calls: Vec::new(), usage: None }
+    RunDetail { run, workflow: None, steps: Vec::new(), agent_waits: Vec::new(), calls: Vec::new(), usage: None, notifications: Vec::new() }
 }
 
 /// `runs follow`: the run when first shown, then one line per change: the run's status, each

@@ -3,7 +3,7 @@
 //! attempt. No SQL, no tokio: the store and the executor record what these decide.
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{Overlap, RetryPolicy};
+use lamplighter_config::{NotifyOn, NotifyRule, Overlap, RetryPolicy};
 
 use crate::run::{Outcome, RunStatus};
 
@@ -202,11 +202,128 @@ pub(crate) fn after_decision(approve: bool, resumes_on_reject: bool, open_steps:
     }
 }
 
+/// How a run's final outcome counts for its job: the streak of failures notifications and
+/// alerts go by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutcomeKind {
+    Success,
+    /// Failed, timed out or interrupted, with no attempt to follow.
+    Failure,
+    /// Cancelled or skipped: a person's or the schedule's choice, which neither breaks nor
+    /// extends a streak.
+    Neutral,
+}
+
+/// How long a failed attempt may wait for its retry to be recorded before its failure is taken
+/// as final (the worker that would have scheduled the retry stopped in between).
+pub(crate) const RETRY_RECORDED_WITHIN: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// The outcome a run that ended stands for; `None` while an attempt may still follow (a
+/// failure whose retry is not recorded yet). `next_run_id`: `Some("")` when no attempt follows,
+/// the next attempt's id when one does.
+pub(crate) fn outcome_kind(
+    status: RunStatus,
+    next_run_id: Option<&str>,
+    finished_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<Option<OutcomeKind>> {
+    let kind = match status {
+        RunStatus::Succeeded => OutcomeKind::Success,
+        RunStatus::Cancelled | RunStatus::Skipped => OutcomeKind::Neutral,
+        RunStatus::Failed | RunStatus::TimedOut | RunStatus::Interrupted => OutcomeKind::Failure,
+        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingApproval => return None,
+    };
+    if kind != OutcomeKind::Failure {
+        return Some(Some(kind));
+    }
+    match next_run_id {
+        // An attempt follows: this one is not the run's outcome.
+        Some(next) if !next.is_empty() => Some(None),
+        Some(_) => Some(Some(kind)),
+        None if now - finished_at >= RETRY_RECORDED_WITHIN => Some(Some(kind)),
+        None => None,
+    }
+}
+
+/// What a final outcome does, given the job's failure streak before it and its `notify:` rules:
+/// the rules that fire (by index, with the event each stands for) and the streak after.
+/// `failure` fires from the Nth failure in a row on; `recovery` on the first success after at
+/// least N failures; `success` on every success.
+pub(crate) fn notify_on_outcome(kind: OutcomeKind, streak: u32, rules: &[NotifyRule]) -> (Vec<(usize, NotifyOn)>, u32) {
+    let after = match kind {
+        OutcomeKind::Success => 0,
+        OutcomeKind::Failure => streak.saturating_add(1),
+        OutcomeKind::Neutral => return (Vec::new(), streak),
+    };
+    let fire = rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| match (kind, r.on) {
+            (OutcomeKind::Failure, NotifyOn::Failure) => after >= r.after_consecutive,
+            (OutcomeKind::Success, NotifyOn::Success) => true,
+            (OutcomeKind::Success, NotifyOn::Recovery) => streak >= r.after_consecutive,
+            _ => false,
+        })
+        .map(|(i, r)| (i, r.on))
+        .collect();
+    (fire, after)
+}
+
+/// The rules a wait for a decision fires: `budget_asked` for an agent asking for more budget
+/// (its step is `agent:budget-N`), `approval_waiting` for any other.
+pub(crate) fn notify_on_wait(step: &str, rules: &[NotifyRule]) -> Vec<(usize, NotifyOn)> {
+    let last = step.rsplit('/').next().unwrap_or(step);
+    let on = if last.starts_with("agent:budget-") { NotifyOn::BudgetAsked } else { NotifyOn::ApprovalWaiting };
+    rules.iter().enumerate().filter(|(_, r)| r.on == on).map(|(i, _)| (i, on)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lamplighter_config::Backoff;
     use std::time::Duration;
+
+    fn rule(on: NotifyOn, after: u32) -> NotifyRule {
+        NotifyRule { on, after_consecutive: after, to: lamplighter_config::NotifyTarget::Workflow("w".into()) }
+    }
+
+    #[test]
+    fn notifications_by_the_table() {
+        use NotifyOn as N;
+        use OutcomeKind as K;
+        let rules = [rule(N::Failure, 2), rule(N::Recovery, 2), rule(N::Success, 1), rule(N::Failure, 1)];
+        // (outcome, streak before) → (rules fired, streak after)
+        let cases: Vec<(OutcomeKind, u32, Vec<usize>, u32)> = vec![
+            (K::Failure, 0, vec![3], 1),
+            (K::Failure, 1, vec![0, 3], 2),
+            (K::Failure, 5, vec![0, 3], 6),
+            (K::Success, 2, vec![1, 2], 0),
+            (K::Success, 1, vec![2], 0),
+            (K::Success, 0, vec![2], 0),
+            (K::Neutral, 3, vec![], 3),
+        ];
+        for (kind, streak, fired, after) in cases {
+            let (got, n) = notify_on_outcome(kind, streak, &rules);
+            assert_eq!((got.into_iter().map(|(i, _)| i).collect::<Vec<_>>(), n), (fired, after), "{kind:?} after {streak}");
+        }
+        let waits = [rule(N::ApprovalWaiting, 1), rule(N::BudgetAsked, 1)];
+        assert_eq!(notify_on_wait("review", &waits), vec![(0, N::ApprovalWaiting)]);
+        assert_eq!(notify_on_wait("agent:budget-2", &waits), vec![(1, N::BudgetAsked)]);
+        assert_eq!(notify_on_wait("draft/agent:budget-1", &waits), vec![(1, N::BudgetAsked)]);
+    }
+
+    #[test]
+    fn a_failure_is_an_outcome_once_no_attempt_follows() {
+        let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let soon = t + chrono::TimeDelta::seconds(5);
+        assert_eq!(outcome_kind(RunStatus::Failed, None, t, soon), None, "its retry may still be recorded");
+        assert_eq!(outcome_kind(RunStatus::Failed, Some("r2"), t, soon), Some(None), "the retry's outcome counts");
+        assert_eq!(outcome_kind(RunStatus::TimedOut, Some(""), t, soon), Some(Some(OutcomeKind::Failure)));
+        assert_eq!(outcome_kind(RunStatus::Failed, None, t, t + RETRY_RECORDED_WITHIN), Some(Some(OutcomeKind::Failure)));
+        assert_eq!(outcome_kind(RunStatus::Succeeded, None, t, soon), Some(Some(OutcomeKind::Success)));
+        assert_eq!(outcome_kind(RunStatus::Cancelled, None, t, soon), Some(Some(OutcomeKind::Neutral)));
+        assert_eq!(outcome_kind(RunStatus::WaitingApproval, None, t, soon), None);
+    }
 
     #[test]
     fn tick_decisions_by_the_table() {

@@ -2,7 +2,7 @@
 //! their handles, starts their tasks, and does what is the whole worker's — reload, drain,
 //! the lease and takeover, housekeeping. Nothing it composes imports it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -366,12 +366,22 @@ impl Engine {
         let queue_signals = shared.subscribe();
         let cancel_signals = shared.subscribe();
         let scheduler_signals = shared.subscribe();
+        let notifier = crate::notifier::NotifierEnv {
+            store: shared.store.clone(),
+            clock: shared.clock.clone(),
+            signals: shared.signals.clone(),
+            config: shared.config.clone(),
+            observer: shared.observer.clone(),
+            worker: shared.worker.name.clone(),
+        };
+        let notifier_signals = shared.subscribe();
         let runs = vec![
             tokio::spawn(executor::recorder(shared.executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.executor.clone(), cancel_signals, stop_runs.clone())),
             tokio::spawn(keep_lease(shared.clone(), server_clock, renewed, stop_runs.clone())),
             tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
+            tokio::spawn(crate::notifier::run(notifier, notifier_signals, stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(housekeeping(shared.clone(), stop_scheduler.clone()));
@@ -624,11 +634,46 @@ async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
             Ok(n) => shared.observer.set_queue_depth(n),
             Err(e) => tracing::debug!(error = %e, "cannot count queued runs"),
         }
+        if shared.observer.per_job() {
+            match shared.store.job_health().await {
+                Ok(health) => shared.observer.set_job_gauges(job_gauges(&shared.config.get(), health, shared.clock.now())),
+                Err(e) => tracing::debug!(error = %e, "cannot read the jobs' health"),
+            }
+        }
         tokio::select! {
             () = tokio::time::sleep(QUEUE_SAMPLE_EVERY) => {}
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// The per-job gauges of the jobs in force, from what the database says of them. The next fire
+/// time is the schedule's next after the last tick processed (after `now` for a job that has
+/// none yet); a paused or disabled job has none.
+fn job_gauges(
+    config: &JobsConfig,
+    mut health: HashMap<String, crate::store::JobHealth>,
+    now: DateTime<Utc>,
+) -> BTreeMap<String, crate::events::JobGauge> {
+    config
+        .jobs
+        .iter()
+        .map(|(name, job)| {
+            let h = health.remove(name).unwrap_or_default();
+            let next_fire = match &job.schedule {
+                Some(s) if job.enabled && !h.paused => s.next_after(h.last_tick.unwrap_or(now)),
+                _ => None,
+            };
+            let gauge = crate::events::JobGauge {
+                last_success: h.last_success,
+                next_fire,
+                consecutive_failures: h.consecutive_failures,
+                oldest_running: h.oldest_running,
+                oldest_approval: h.oldest_wait,
+            };
+            (name.clone(), gauge)
+        })
+        .collect()
 }
 
 /// Renews this worker's lease every quarter of it (sooner after a failure), reporting storage

@@ -81,6 +81,71 @@ pub mod metric {
     pub const CONFIG_RELOADS: &str = "lamplighter.config.reloads";
     /// Times this worker fenced itself (its lease could not be renewed in time).
     pub const WORKER_FENCES: &str = "lamplighter.worker.fences";
+    /// Notification sends, by `event` and `outcome` (`delivered`, `retried`, `abandoned`).
+    pub const NOTIFICATIONS: &str = "lamplighter.notifications";
+    /// Per job (`telemetry.metrics.per_job`), read from the database every few seconds: when
+    /// its last run succeeded (Unix seconds).
+    pub const JOB_LAST_SUCCESS: &str = "lamplighter.job.last_success.timestamp";
+    /// Per job: its next fire time after the last tick the scheduler processed (Unix seconds).
+    /// A scheduler that stopped leaves it in the past: what an outside alert looks for.
+    pub const JOB_NEXT_FIRE: &str = "lamplighter.job.next_fire.timestamp";
+    /// Per job: its final outcomes that failed in a row (0 after a success).
+    pub const JOB_CONSECUTIVE_FAILURES: &str = "lamplighter.job.consecutive_failures";
+    /// Per job: how long its oldest run still running has run (seconds; absent when none runs).
+    pub const JOB_OLDEST_RUNNING: &str = "lamplighter.job.oldest_running.age";
+    /// Per job: how long its oldest wait for a decision has waited (seconds; absent when none).
+    pub const JOB_OLDEST_APPROVAL: &str = "lamplighter.job.oldest_approval.age";
+}
+
+/// What the per-job gauges show, as last read (see [`metric::JOB_NEXT_FIRE`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobGauge {
+    pub(crate) last_success: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) next_fire: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) consecutive_failures: u32,
+    pub(crate) oldest_running: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) oldest_approval: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The per-job gauges' values, shared with their callbacks; `None` while they are switched off.
+type JobGauges = Arc<RwLock<Option<std::collections::BTreeMap<String, JobGauge>>>>;
+
+/// Registers the per-job gauges on `meter`, reading `values` at each collection.
+fn job_gauges(meter: &Meter, values: &JobGauges) {
+    type Pick = fn(&JobGauge, chrono::DateTime<chrono::Utc>) -> Option<f64>;
+    let gauges: [(&'static str, &'static str, Option<&'static str>, Pick); 5] = [
+        (metric::JOB_LAST_SUCCESS, "When the job's last run succeeded", Some("s"), |g, _| g.last_success.map(secs)),
+        (metric::JOB_NEXT_FIRE, "The job's next fire time after the last tick processed", Some("s"), |g, _| g.next_fire.map(secs)),
+        (metric::JOB_CONSECUTIVE_FAILURES, "The job's final outcomes that failed in a row", None, |g, _| {
+            Some(f64::from(g.consecutive_failures))
+        }),
+        (metric::JOB_OLDEST_RUNNING, "How long the job's oldest running run has run", Some("s"), |g, now| {
+            g.oldest_running.map(|t| (now - t).as_seconds_f64().max(0.0))
+        }),
+        (metric::JOB_OLDEST_APPROVAL, "How long the job's oldest wait for a decision has waited", Some("s"), |g, now| {
+            g.oldest_approval.map(|t| (now - t).as_seconds_f64().max(0.0))
+        }),
+    ];
+    for (name, desc, unit, pick) in gauges {
+        let values = values.clone();
+        let mut b = meter.f64_observable_gauge(name).with_description(desc).with_callback(move |o| {
+            let now = chrono::Utc::now();
+            let guard = values.read().unwrap_or_else(|e| e.into_inner());
+            for (job, g) in guard.iter().flatten() {
+                if let Some(v) = pick(g, now) {
+                    o.observe(v, &[KeyValue::new("job", job.clone())]);
+                }
+            }
+        });
+        if let Some(unit) = unit {
+            b = b.with_unit(unit);
+        }
+        b.build();
+    }
+}
+
+fn secs(t: chrono::DateTime<chrono::Utc>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
 }
 
 /// The instruments, created once from the meter.
@@ -106,6 +171,7 @@ struct Instruments {
     hooks: Counter<u64>,
     reloads: Counter<u64>,
     fences: Counter<u64>,
+    notifications: Counter<u64>,
 }
 
 /// Buckets for durations and lateness, in seconds: 1 ms to an hour.
@@ -155,6 +221,7 @@ impl Instruments {
             hooks: c(metric::HOOKS, "Hook calls"),
             reloads: c(metric::CONFIG_RELOADS, "Config reloads"),
             fences: c(metric::WORKER_FENCES, "Times the worker fenced itself, its lease not renewed in time"),
+            notifications: c(metric::NOTIFICATIONS, "Notification sends, by event and outcome"),
         }
     }
 }
@@ -450,6 +517,7 @@ pub struct Observer {
     registry: Option<Arc<Registry>>,
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
+    jobs: JobGauges,
 }
 
 impl std::fmt::Debug for Observer {
@@ -462,6 +530,8 @@ impl Observer {
     /// Records metrics on `meter` and spans with `tracer`; hooks call plugins of `registry`.
     pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
+        let jobs = JobGauges::default();
+        job_gauges(meter, &jobs);
         Arc::new(Self {
             m: Instruments::new(meter, queue_depth.clone()),
             tracer,
@@ -469,6 +539,7 @@ impl Observer {
             registry,
             sensitive: AtomicBool::new(false),
             queue_depth,
+            jobs,
         })
     }
 
@@ -482,6 +553,14 @@ impl Observer {
     /// and named in the log; `config validate` reports it.
     pub fn configure(&self, config: &Config) {
         self.sensitive.store(config.telemetry.sensitive_data, Ordering::Relaxed);
+        {
+            let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
+            match (config.telemetry.metrics_per_job, jobs.is_some()) {
+                (true, false) => *jobs = Some(Default::default()),
+                (false, _) => *jobs = None,
+                (true, true) => {}
+            }
+        }
         let mut bound = Vec::new();
         for b in &config.hooks {
             let label = b.label();
@@ -577,6 +656,24 @@ impl Observer {
     /// The queue depth the `lamplighter.queue.depth` gauge reports (sampled by the engine).
     pub(crate) fn set_queue_depth(&self, n: u64) {
         self.queue_depth.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    /// Whether the per-job gauges are on (`telemetry.metrics.per_job`).
+    pub(crate) fn per_job(&self) -> bool {
+        self.jobs.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The per-job gauges' values, read afresh (kept only while they are on).
+    pub(crate) fn set_job_gauges(&self, values: std::collections::BTreeMap<String, JobGauge>) {
+        let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
+        if jobs.is_some() {
+            *jobs = Some(values);
+        }
+    }
+
+    /// A notification send ended: `outcome` is `delivered`, `retried` or `abandoned`.
+    pub(crate) fn notification(&self, event: &str, outcome: &'static str) {
+        self.m.notifications.add(1, &[KeyValue::new("event", event.to_string()), KeyValue::new("outcome", outcome)]);
     }
 
     // Point events.

@@ -411,9 +411,18 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             () = stop.cancelled() => return,
         }
         let now = exec.env.clock.now();
+        // Each end's next attempt, decided before the end is written: an end no attempt
+        // follows is recorded as the run's outcome in the same statement.
+        let config = exec.env.config.get();
+        let retries: Vec<Option<chrono::DateTime<chrono::Utc>>> = batch
+            .iter()
+            .map(|f| f.end.retry.then(|| next_attempt(f.run.attempt, config.retries_for(&f.run.job).as_ref(), now)).flatten())
+            .collect();
+        drop(config);
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
-            .map(|f| RunEnd {
+            .zip(&retries)
+            .map(|(f, retry)| RunEnd {
                 id: &f.run.id,
                 started_at: f.started,
                 status: f.end.status,
@@ -421,6 +430,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 error: f.end.error.as_deref(),
                 wait_until: f.end.wait_until,
                 trace_id: f.trace_id.as_deref(),
+                last: f.end.status.is_final() && retry.is_none(),
             })
             .collect();
         // Until the database takes them (a server restarting, a failover): the runs keep
@@ -454,7 +464,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             Err(_) => Default::default(),
         };
         drop(ends);
-        for f in batch.drain(..) {
+        for (f, retry) in batch.drain(..).zip(retries) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
             exec.untrack(&f.run.id);
@@ -464,8 +474,10 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             exec.env.observer.run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
             // Only this end's own record decides a retry: a run fenced or cancelled meanwhile is
             // followed up by whoever recorded its end.
-            if recorded.contains(&f.run.id) && f.end.retry {
-                schedule_retry(&exec, &f.run, now).await;
+            if recorded.contains(&f.run.id)
+                && let Some(due) = retry
+            {
+                schedule_retry(&exec, &f.run, due, now).await;
             }
             exec.env.retention.prune_soon(&f.run.job, now);
             exec.env.signals.publish(Signal::RunFinished(f.run.id.clone()));
@@ -474,10 +486,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
     }
 }
 
-/// Schedules the next attempt of a failed run after the job's backoff, if its policy allows.
-async fn schedule_retry(exec: &Executor, run: &Run, now: chrono::DateTime<chrono::Utc>) {
-    let due = next_attempt(run.attempt, exec.env.config.get().retries_for(&run.job).as_ref(), now);
-    match exec.follow_up(run, due, now).await {
+/// Creates the next attempt of a failed run, due after the job's backoff.
+async fn schedule_retry(exec: &Executor, run: &Run, due: chrono::DateTime<chrono::Utc>, now: chrono::DateTime<chrono::Utc>) {
+    match exec.follow_up(run, Some(due), now).await {
         Ok(Some(id)) => tracing::info!(run = %run.id, retry = %id, due = ?due, "retry scheduled"),
         Ok(None) => {}
         Err(e) => tracing::error!(run = %run.id, error = %e, "cannot schedule a retry"),

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use lamplighter_config::{Config, JobConfig, JobScope, ManageJobs, RetryPolicy, Workflow};
+use lamplighter_config::{Config, JobConfig, JobScope, ManageJobs, NotifyOn, NotifyRule, RetryPolicy, Workflow};
 
 use lamplighter_plugins::Registry;
 
@@ -47,6 +47,8 @@ pub(crate) struct JobsConfig {
     pub(crate) manage: Arc<ManageJobs>,
     /// What cannot run here, for runtime jobs' checks.
     pub(crate) health: Arc<Health>,
+    /// `scheduling.notify`: the rules of jobs that set none.
+    pub(crate) notify: Arc<Vec<NotifyRule>>,
 }
 
 impl JobsConfig {
@@ -73,7 +75,21 @@ impl JobsConfig {
             agents: Arc::new(Catalog::of(config)),
             listing: Arc::new(Listing::of(config, registry)),
             default_timezone: config.default_timezone.clone(),
+            notify: Arc::new(config.notify.clone()),
         }
+    }
+
+    /// The `notify:` rules of runs recorded under `job`; `None` when it is no job's (a
+    /// workflow or agent run by hand, a run a notification started).
+    pub(crate) fn notify_rules(&self, job: &str) -> Option<Vec<NotifyRule>> {
+        let job = self.jobs.get(job)?;
+        Some(job.notify.clone().unwrap_or_else(|| self.notify.to_vec()))
+    }
+
+    /// Whether any rule is about waits for a decision (a notice pass then reads the waits).
+    pub(crate) fn notifies_waits(&self) -> bool {
+        let about_waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
+        about_waits(&self.notify) || self.jobs.values().any(|j| j.notify.as_deref().is_some_and(about_waits))
     }
 
     /// What a run of `job` executes, as it is now (its workflow's definition included).

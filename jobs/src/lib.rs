@@ -15,6 +15,8 @@ mod health;
 mod in_force;
 mod listing;
 mod manage;
+mod notifier;
+mod notify;
 mod retention;
 mod run;
 mod schedule;
@@ -120,6 +122,21 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
             }
             Some((_, JobProblem::Unknown(message))) => {
                 out.errors.push(Diagnostic::error(at("action").or_else(|| at("plugin")), message));
+            }
+        }
+    }
+    // Notifications that run a plugin action name one that exists (one whose plugin did not
+    // load fails its runs, visibly, like a job's).
+    let lists = std::iter::once((None, &config.notify)).chain(config.jobs.iter().filter_map(|(n, j)| Some((Some(n), j.notify.as_ref()?))));
+    for (job, rules) in lists {
+        for rule in rules {
+            let lamplighter_config::NotifyTarget::Plugin { plugin, action } = &rule.to else { continue };
+            if let Err(Missing::Unknown(which)) = find_action(registry, plugin, action) {
+                let (at, who) = match job {
+                    Some(n) => (config.locate(&["scheduling", "jobs", n, "notify"]), format!("job \"{n}\"")),
+                    None => (config.locate(&["scheduling", "notify"]), "scheduling.notify".to_owned()),
+                };
+                out.errors.push(Diagnostic::error(at, format!("{who} notifies plugin action \"{plugin}.{action}\", {which}")));
             }
         }
     }

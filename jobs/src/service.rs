@@ -415,7 +415,8 @@ impl Engine {
             }
         };
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
-        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage })
+        let notifications = self.shared.store().notifications(&run.root_id).await?;
+        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage, notifications })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).

@@ -259,6 +259,10 @@ impl Compiler<'_> {
             return None;
         }
         let budget = self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref());
+        let notify = match &j.notify {
+            None => None,
+            Some(rules) => Some(self.notify(&p("notify"), &format!("job \"{name}\""), rules, runnable)?),
+        };
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
@@ -278,6 +282,7 @@ impl Compiler<'_> {
             working_directory: j.working_directory.as_ref().map(|w| cwd.join(w)),
             allowed_commands: j.allowed_commands.clone().unwrap_or_default(),
             budget,
+            notify,
         })
     }
 }

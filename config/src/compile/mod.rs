@@ -6,6 +6,7 @@
 
 mod ai;
 mod jobs;
+mod notify;
 mod storage;
 mod telemetry;
 mod types;
@@ -75,6 +76,10 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
             jobs.insert(name.clone(), j);
         }
     }
+    let notify = match &sched.notify {
+        Some(rules) => c.notify(&["scheduling", "notify"], "scheduling.notify", rules, &runnable).unwrap_or_default(),
+        None => Vec::new(),
+    };
     let worker = c.worker(raw.worker.as_ref(), &data_dir, cwd);
     let telemetry = c.telemetry(raw.telemetry.as_ref());
     let hooks = c.hooks(raw.hooks.as_ref());
@@ -89,6 +94,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         default_timezone,
         storage,
         jobs,
+        notify,
         default_model: ai.default_model,
         providers,
         agents,
@@ -210,6 +216,7 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
         working_directory: None,
         allowed_commands: Vec::new(),
         budget: Default::default(),
+        notify: None,
     }
 }
 

@@ -63,6 +63,11 @@ impl Compiler<'_> {
             }
             Duration::from_millis(ms.max(100))
         });
+        for (name, s) in [("traces", &t.traces), ("logs", &t.logs)] {
+            if s.as_ref().is_some_and(|s| s.per_job.is_some()) {
+                self.err(&["telemetry", name, "per_job"], format!("telemetry.{name}.per_job belongs under telemetry.metrics"));
+            }
+        }
         for (name, s) in [("metrics", &t.metrics), ("logs", &t.logs)] {
             if s.as_ref().is_some_and(|s| s.enable_sensitive_data.is_some()) {
                 self.warn(
@@ -82,6 +87,7 @@ impl Compiler<'_> {
             sensitive_data: raw_traces.enable_sensitive_data.unwrap_or(false),
             sample_ratio,
             metrics_interval,
+            metrics_per_job: t.metrics.as_ref().and_then(|m| m.per_job).unwrap_or(true),
         }
     }
 

@@ -137,6 +137,8 @@ pub struct JobConfig {
     pub allowed_commands: Vec<String>,
     /// Limits on each run of an agent job, over the agent's own.
     pub budget: Budget,
+    /// Its own `notify:` rules; `None` takes `scheduling.notify` ([`Config::notify`]).
+    pub notify: Option<Vec<crate::NotifyRule>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -347,6 +349,8 @@ pub struct Config {
     pub default_timezone: String,
     pub storage: StorageConfig,
     pub jobs: BTreeMap<String, JobConfig>,
+    /// `scheduling.notify`: the rules of every job that sets none.
+    pub notify: Vec<crate::NotifyRule>,
     /// `ai.default_model`: the alias of agents that name none.
     pub default_model: Option<String>,
     pub providers: BTreeMap<String, Provider>,
@@ -368,6 +372,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The notification rules of `job` (its own, or the default).
+    pub fn notify_rules<'c>(&'c self, job: &'c JobConfig) -> &'c [crate::NotifyRule] {
+        job.notify.as_deref().unwrap_or(&self.notify)
+    }
+
     /// `file:line:col` of a path such as `["scheduling","jobs","x","cron"]`.
     pub fn locate(&self, path: &[&str]) -> Option<crate::Location> {
         self.sources.locate(&keys(path))

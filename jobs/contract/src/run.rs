@@ -317,6 +317,68 @@ impl CallKind {
     }
 }
 
+/// Where a notification is: waiting to be sent (again), being sent, sent, or given up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationStatus {
+    Pending,
+    Sending,
+    Delivered,
+    Abandoned,
+}
+
+impl NotificationStatus {
+    pub const ALL: [NotificationStatus; 4] = [Self::Pending, Self::Sending, Self::Delivered, Self::Abandoned];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sending => "sending",
+            Self::Delivered => "delivered",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+impl std::str::FromStr for NotificationStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s).ok_or_else(|| format!("unknown notification status \"{s}\""))
+    }
+}
+
+/// A notification about a run (its `notify:` rules), as recorded: one per event and rule,
+/// kept per run identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Notification {
+    /// The event's key: sent with it (`Idempotency-Key`), so a receiver can tell a repeat.
+    pub key: String,
+    /// `failure`, `success`, `recovery`, `approval_waiting` or `budget_asked`.
+    pub event: String,
+    /// Where it goes: `webhook https://host/…` (the URL's path is not shown), `workflow W`,
+    /// `agent A`, `plugin P.X`.
+    pub target: String,
+    pub status: NotificationStatus,
+    /// Sends tried so far.
+    pub attempts: u32,
+    /// The attempt of the run it reports.
+    pub run_id: String,
+    pub created_at: DateTime<Utc>,
+    /// When it is tried next (pending), or when the send under way gives up (sending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<DateTime<Utc>>,
+    /// What it became: the receiver's HTTP status, or the run it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<String>,
+    /// Why the last send failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

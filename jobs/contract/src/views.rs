@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::run::{AgentUsage, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{AgentUsage, CallRecord, Notification, Run, RunStatus, StepRecord, StepStatus, Trigger};
 
 /// A job as listings show it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -239,6 +239,9 @@ pub struct RunDetail {
     /// Totals over `calls`, when there are any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<AgentUsage>,
+    /// What the job's `notify:` rules sent about this run (every attempt's), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<Notification>,
 }
 
 /// One workflow step of a run.

@@ -79,7 +79,7 @@ fn none(slots: usize) -> Claim<'static> {
 }
 
 fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
-    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None, trace_id: None }
+    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None, trace_id: None, last: false }
 }
 
 async fn status(s: &dyn RunStore, id: &str) -> RunStatus {
@@ -226,6 +226,7 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
             error: None,
             wait_until: None,
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+            last: true,
         },
         end(&ids[1], RunStatus::Failed),
     ];
@@ -727,6 +728,90 @@ async fn a_window_knows_which_ticks_have_runs(s: &dyn RunStore) {
     assert!(s.ticks_with_runs("other", t, t + secs(120)).await.expect("ticks").is_empty());
 }
 
+/// The `notify:` rules of job `n` in [`outcomes_are_noticed_once_and_notifications_sent_once`].
+fn rules_of_n(job: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    let to = NotifyTarget::Workflow("page".into());
+    (job == "n").then(|| {
+        vec![
+            NotifyRule { on: NotifyOn::Failure, after_consecutive: 2, to: to.clone() },
+            NotifyRule { on: NotifyOn::Recovery, after_consecutive: 2, to: to.clone() },
+            NotifyRule { on: NotifyOn::ApprovalWaiting, after_consecutive: 1, to },
+        ]
+    })
+}
+
+async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore) {
+    use crate::notify::{NotificationStatus, Sent};
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let at = t + secs(60 * i);
+        let out = s.fire_ticks(vec![(tick("n", at), Overlap::Allow)], none(1), at).await.expect("fire");
+        ids.push(out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id);
+    }
+    // Failed (no retry), failed with a retry to come, succeeded; the fourth still runs.
+    let last = |id, status| RunEnd { last: true, ..end(id, status) };
+    s.finish_many(&[last(&ids[0], RunStatus::Failed)], t + secs(10)).await.expect("end");
+    s.finish_many(&[end(&ids[1], RunStatus::TimedOut)], t + secs(70)).await.expect("end");
+    let pass = |now| async move { s.notice(&rules_of_n, false, now).await.expect("notice") };
+    let noticed = pass(t + secs(71)).await;
+    assert_eq!((noticed.runs, noticed.recorded), (1, 0), "one failure so far; the second waits for its retry");
+    // Its retry fails too, as its last attempt: the second failure in a row.
+    let failed = s.get_run(&ids[1]).await.expect("get").expect("run");
+    let retry = s.follow_up(&failed, t + secs(80), t + secs(71)).await.expect("follow up").expect("retry");
+    let handed = s.dispatch(std::slice::from_ref(&retry), &[], ME, t + secs(80)).await.expect("claim");
+    assert_eq!(handed.len(), 1);
+    s.finish_many(&[last(&retry, RunStatus::Failed)], t + secs(90)).await.expect("end");
+    s.finish_many(&[last(&ids[2], RunStatus::Succeeded)], t + secs(130)).await.expect("end");
+    let noticed = pass(t + secs(131)).await;
+    assert_eq!((noticed.runs, noticed.recorded), (3, 2), "the retried attempt, its retry (failure 2 of 2) and the recovery");
+    assert_eq!(pass(t + secs(132)).await, super::Noticed::default(), "noticed once");
+    let health = s.job_health().await.expect("health");
+    let n = &health["n"];
+    assert_eq!((n.consecutive_failures, n.last_success, n.oldest_running), (0, Some(t + secs(130)), Some(t + secs(180))));
+
+    let failure = s.notifications(&ids[1]).await.expect("read");
+    assert_eq!(failure.len(), 1);
+    assert_eq!(
+        (failure[0].event.as_str(), failure[0].status, failure[0].run_id.as_str()),
+        ("failure", NotificationStatus::Pending, retry.as_str())
+    );
+    assert_eq!(failure[0].key, format!("{}/failure/0", ids[1]));
+    // Claimed once: a second claim finds nothing until the first one's hold runs out.
+    let now = t + secs(140);
+    let claimed = s.claim_notifications(ME, 10, Duration::from_secs(60), now).await.expect("claim");
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed[0].payload["consecutive_failures"], 2);
+    assert!(s.claim_notifications("worker-b", 10, Duration::from_secs(60), now).await.expect("claim").is_empty());
+    let (a, b) = (&claimed[0], &claimed[1]);
+    s.notification_sent(&a.key, ME, &Sent::Delivered("HTTP 204".into()), now).await.expect("sent");
+    // Only the worker holding it records it.
+    s.notification_sent(&b.key, "worker-b", &Sent::Delivered("HTTP 200".into()), now).await.expect("sent");
+    s.notification_sent(&b.key, ME, &Sent::Failed { error: "HTTP 503".into(), retry_at: Some(now + secs(1)) }, now).await.expect("failed");
+    assert_eq!(s.next_notification().await.expect("next"), Some(now + secs(1)));
+    let again = s.claim_notifications(ME, 10, Duration::from_secs(60), now + secs(2)).await.expect("claim");
+    assert_eq!((again.len(), again[0].key.as_str(), again[0].attempts), (1, b.key.as_str(), 2));
+    s.notification_sent(&b.key, ME, &Sent::Failed { error: "HTTP 404".into(), retry_at: None }, now + secs(2)).await.expect("given up");
+    assert_eq!(s.next_notification().await.expect("next"), None);
+    let mut statuses: Vec<(String, NotificationStatus, Option<String>)> = Vec::new();
+    for root in [&ids[1], &ids[2]] {
+        statuses.extend(s.notifications(root).await.expect("read").into_iter().map(|n| (n.event, n.status, n.delivered.or(n.error))));
+    }
+    let delivered = if a.event == "failure" { 0 } else { 1 };
+    let mut expected = vec![
+        ("failure".to_owned(), NotificationStatus::Delivered, Some("HTTP 204".to_owned())),
+        ("recovery".to_owned(), NotificationStatus::Abandoned, Some("HTTP 404".to_owned())),
+    ];
+    if delivered == 1 {
+        expected[0].1 = NotificationStatus::Abandoned;
+        expected[0].2 = Some("HTTP 404".into());
+        expected[1].1 = NotificationStatus::Delivered;
+        expected[1].2 = Some("HTTP 204".into());
+    }
+    assert_eq!(statuses, expected);
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -752,6 +837,7 @@ macro_rules! contract {
                 runtime_jobs_keep_versions_history_and_refuse_stale_changes,
                 a_window_knows_which_ticks_have_runs,
                 a_cancel_request_is_kept_with_its_running_run,
+                outcomes_are_noticed_once_and_notifications_sent_once,
             );
         }
     };

@@ -605,6 +605,38 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) wait_until: Option<DateTime<Utc>>,
     /// The execution's trace, when its spans were exported.
     pub(crate) trace_id: Option<&'a str>,
+    /// No attempt follows this one (its policy gives it no retry): its end is the run's
+    /// outcome, recorded as such (`next_run_id` = '') in the same statement.
+    pub(crate) last: bool,
+}
+
+/// The rules of the job named, as the config in force has them; `None` for runs that are no
+/// configured job's (workflows and agents run by hand, and the runs notifications start).
+pub(crate) type RulesOf<'a> = &'a (dyn Fn(&str) -> Option<Vec<lamplighter_config::NotifyRule>> + Send + Sync);
+
+/// What one pass over ended runs did ([`RunStore::notice`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Noticed {
+    /// Runs marked as noticed.
+    pub(crate) runs: usize,
+    /// Notifications recorded (new keys).
+    pub(crate) recorded: usize,
+    /// The pass took a full batch: more may be waiting.
+    pub(crate) more: bool,
+}
+
+/// What the per-job gauges show of a job, as the database has it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct JobHealth {
+    pub(crate) paused: bool,
+    pub(crate) consecutive_failures: u32,
+    pub(crate) last_success: Option<DateTime<Utc>>,
+    /// The last tick the scheduler processed: the next fire time is the schedule's next after it.
+    pub(crate) last_tick: Option<DateTime<Utc>>,
+    /// When its oldest run still running started.
+    pub(crate) oldest_running: Option<DateTime<Utc>>,
+    /// When its oldest wait for a decision began.
+    pub(crate) oldest_wait: Option<DateTime<Utc>>,
 }
 
 /// A run claimed for this worker (`running`, its worker and start recorded) with what it
@@ -866,6 +898,34 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn run_span(&self, job: &str) -> Result<(u64, Option<DateTime<Utc>>), StoreError>;
     /// The ticks in `from..=to` of `job` that have a run (of any attempt or trigger).
     async fn ticks_with_runs(&self, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<HashSet<i64>, StoreError>;
+
+    // Notifications, and what outside monitoring reads.
+    /// Notices the outcomes of runs that ended (at most a batch, oldest first), in one
+    /// transaction (one at a time across workers): each final outcome moves its job's failure
+    /// streak and last success, and records the notifications its job's rules fire
+    /// ([`crate::decide::notify_on_outcome`]); a failed attempt that a retry follows is noticed
+    /// as nothing. With `waits`, records the notifications of runs waiting for a decision too
+    /// ([`crate::decide::notify_on_wait`]). An event's notification is recorded once, whatever
+    /// happens to the pass: its key is the event's.
+    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
+    /// Claims up to `n` notifications due at `now` for `worker`, for `hold` (one left `sending`
+    /// by a worker that stopped is claimed again once its hold passed).
+    async fn claim_notifications(
+        &self,
+        worker: &str,
+        n: usize,
+        hold: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<crate::notify::Claimed>, StoreError>;
+    /// Records how the send of a claimed notification ended (only while `worker` holds it).
+    async fn notification_sent(&self, key: &str, worker: &str, sent: &crate::notify::Sent, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// When the next notification is due (or a claim on one runs out).
+    async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// The notifications about the run identity `root_id`, oldest first.
+    async fn notifications(&self, root_id: &str) -> Result<Vec<crate::notify::Notification>, StoreError>;
+    /// Every job's pause, streak, last success and last tick, and the starts of its oldest
+    /// running run and oldest wait for a decision.
+    async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError>;
 
     // Housekeeping.
     /// Deletes finished runs of a job beyond its retention (count and age), and its tick keys

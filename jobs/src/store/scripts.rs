@@ -4,7 +4,7 @@
 //! result in the same transaction; where the backends really differ (binding a batch, locking,
 //! leases, the queue) it calls the dialect.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,12 +18,15 @@ use super::dialect::{
     step_from_row, values,
 };
 use super::{
-    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobOverview, JobState, Lease, NewRun,
-    Refused, RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken, TickOutcome, TickPlan, WorkerId,
-    WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
+    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobHealth, JobOverview, JobState, Lease,
+    NewRun, Noticed, Refused, RulesOf, RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken,
+    TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
-use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
+use crate::decide::{
+    AfterDecision, OutcomeKind, StepChoice, after_decision, choose_step, decision_record, notify_on_outcome, notify_on_wait, outcome_kind,
+};
 use crate::definitions::{Change, decide_change};
+use crate::notify::{self, Claimed, NewNotification, Notification, NotificationStatus, Sent};
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
@@ -35,6 +38,13 @@ const ROWS_PER_STATEMENT: usize = 1000;
 const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
                           parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch)";
 const RUN_INSERT_COLS: usize = 21;
+
+/// Runs one notice pass reads ([`RunStore::notice`]).
+const NOTICE_BATCH: usize = 1000;
+
+/// What a notice pass locks (as a job's ticks are locked: no job has this name), so that one
+/// pass at a time moves the streaks across workers.
+const NOTICE_LOCK: &str = "\u{1}notice";
 
 /// The columns of a runtime job, for [`stored_job_from_row`].
 const DEFINITION_COLS: &str = "name, definition, version, created_by, created_at, updated_by, updated_at";
@@ -462,7 +472,8 @@ impl<D: Dialect> RunStore for D {
         }
         let sql = super::dialect::numbered(
             &format!(
-                "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5 WHERE id = $1 AND status IN {}",
+                "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5, next_run_id = coalesce(next_run_id, '')
+                 WHERE id = $1 AND status IN {}",
                 status_list(sources.into_iter())
             ),
             &D::SPELLING,
@@ -622,7 +633,8 @@ impl<D: Dialect> RunStore for D {
                 let q = Stmt::new(
                     sql!(
                         D,
-                        "UPDATE ll_runs SET status = {Failed}, error = $2, finished_at = $3, wait_until = NULL
+                        "UPDATE ll_runs SET status = {Failed}, error = $2, finished_at = $3, wait_until = NULL,
+                                            next_run_id = coalesce(next_run_id, '')
                          WHERE id = $1 AND status = {WaitingApproval}"
                     ),
                     "failing a rejected run",
@@ -966,7 +978,302 @@ impl<D: Dialect> RunStore for D {
         Ok(deleted)
     }
 
+    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError> {
+        let mut tx = self.begin().await?;
+        // One pass at a time across workers: a streak moves in order.
+        D::lock_jobs(&mut tx, &[NOTICE_LOCK]).await?;
+        let q = Stmt::new(
+            sql!(
+                D,
+                concat!(
+                    "SELECT ",
+                    run_cols!(),
+                    " FROM ll_runs WHERE outcome_seen IS NULL AND finished_at IS NOT NULL ORDER BY finished_at, id LIMIT $1"
+                )
+            ),
+            "reading ended runs to notice",
+        );
+        let runs: Vec<Run> = D::fetch_all(&mut tx, q.bind(NOTICE_BATCH as i64)).await?.iter().map(run_from_row).collect();
+        let more = runs.len() == NOTICE_BATCH;
+        let jobs: BTreeSet<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        let mut streaks: HashMap<String, u32> = HashMap::new();
+        if !jobs.is_empty() {
+            let q = Stmt::new(sql!(D, "SELECT job, consecutive_failures FROM ll_job_state WHERE job {in $1}"), "reading failure streaks");
+            for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
+                streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
+            }
+        }
+        let mut of_job: HashMap<&str, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
+        let mut seen: Vec<&str> = Vec::new();
+        let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
+        let mut new: Vec<NewNotification> = Vec::new();
+        for run in &runs {
+            let finished = run.finished_at.unwrap_or(now);
+            let Some(kind) = outcome_kind(run.status, run.next_run_id.as_deref(), finished, now) else { continue };
+            seen.push(run.id.as_str());
+            let (Some(kind), Some(rules)) = (kind, of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job))) else { continue };
+            let before = streaks.get(&run.job).copied().unwrap_or(0);
+            let (fire, after) = notify_on_outcome(kind, before, rules);
+            let shown = if kind == OutcomeKind::Failure { after } else { before };
+            new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
+            streaks.insert(run.job.clone(), after);
+            let success = (kind == OutcomeKind::Success).then(|| ms(finished));
+            let state = states.entry(run.job.as_str()).or_insert((after, None));
+            *state = (after, success.or(state.1));
+        }
+        if waits {
+            new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
+        }
+        let mut recorded = 0;
+        for n in &new {
+            let q = Stmt::new(
+                sql!(
+                    D,
+                    "INSERT INTO ll_notifications (key, job, run_id, root_id, event, target, target_id, payload, status, attempts, next_at, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9) ON CONFLICT (key) DO NOTHING"
+                ),
+                "recording a notification",
+            );
+            recorded += D::execute(
+                &mut tx,
+                q.bind(n.key.as_str())
+                    .bind(n.job.as_str())
+                    .bind(n.run_id.as_str())
+                    .bind(n.root_id.as_str())
+                    .bind(n.event.as_str())
+                    .bind(n.target.as_str())
+                    .bind(n.target_id.as_str())
+                    .bind(n.payload.to_string())
+                    .bind(ms(now)),
+            )
+            .await? as usize;
+        }
+        for (job, (streak, success)) in &states {
+            let q = Stmt::new(
+                sql!(
+                    D,
+                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) VALUES ($1, $2, $3)
+                     ON CONFLICT (job) DO UPDATE SET consecutive_failures = $2, last_success_at = coalesce($3, ll_job_state.last_success_at)"
+                ),
+                "recording a job's failure streak",
+            );
+            D::execute(&mut tx, q.bind(*job).bind(i64::from(*streak)).bind(*success)).await?;
+        }
+        if !seen.is_empty() {
+            let q = Stmt::new(sql!(D, "UPDATE ll_runs SET outcome_seen = 1 WHERE id {in $1}"), "marking runs noticed");
+            D::execute(&mut tx, q.bind_list(seen.iter().copied())).await?;
+        }
+        D::commit(tx).await?;
+        Ok(Noticed { runs: seen.len(), recorded, more })
+    }
+
+    async fn claim_notifications(&self, worker: &str, n: usize, hold: Duration, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "UPDATE ll_notifications SET status = 'sending', claimed_by = $1, attempts = attempts + 1, next_at = $2
+                 WHERE key IN (SELECT key FROM ll_notifications WHERE status IN ('pending', 'sending') AND next_at <= $3 ORDER BY next_at LIMIT $4)
+                   AND status IN ('pending', 'sending') AND next_at <= $3
+                 RETURNING key, job, event, target, target_id, payload, attempts, created_at"
+            ),
+            "claiming notifications",
+        );
+        let until = ms(now) + hold.as_millis() as i64;
+        let rows = D::fetch_all(&mut *self.writer().await?, q.bind(worker).bind(until).bind(ms(now)).bind(n as i64)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| Claimed {
+                key: r.text("key"),
+                job: r.text("job"),
+                event: r.text("event"),
+                target: r.text("target"),
+                target_id: r.text("target_id"),
+                payload: r.json("payload").unwrap_or(serde_json::Value::Null),
+                attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                created_at: from_ms(r.int("created_at")),
+            })
+            .collect())
+    }
+
+    async fn notification_sent(&self, key: &str, worker: &str, sent: &Sent, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = match sent {
+            Sent::Delivered(what) => Stmt::new(
+                sql!(
+                    D,
+                    "UPDATE ll_notifications SET status = 'delivered', delivered = $3, sent_at = $4, last_error = NULL
+                     WHERE key = $1 AND claimed_by = $2 AND status = 'sending'"
+                ),
+                "recording a notification sent",
+            )
+            .bind(key)
+            .bind(worker)
+            .bind(what.as_str())
+            .bind(ms(now)),
+            Sent::Failed { error, retry_at } => Stmt::new(
+                sql!(
+                    D,
+                    "UPDATE ll_notifications SET status = $3, last_error = $4, next_at = $5
+                     WHERE key = $1 AND claimed_by = $2 AND status = 'sending'"
+                ),
+                "recording a notification that was not taken",
+            )
+            .bind(key)
+            .bind(worker)
+            .bind(if retry_at.is_some() { NotificationStatus::Pending } else { NotificationStatus::Abandoned }.as_str())
+            .bind(error.as_str())
+            .bind(ms(retry_at.unwrap_or(now))),
+        };
+        D::execute(&mut *self.writer().await?, q).await?;
+        Ok(())
+    }
+
+    async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT min(next_at) AS at FROM ll_notifications WHERE status IN ('pending', 'sending')"),
+            "reading when the next notification is due",
+        );
+        Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.and_then(|r| r.opt_int("at")).map(from_ms))
+    }
+
+    async fn notifications(&self, root_id: &str) -> Result<Vec<Notification>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT key, event, target, status, attempts, run_id, created_at, next_at, sent_at, delivered, last_error
+                 FROM ll_notifications WHERE root_id = $1 ORDER BY created_at, key"
+            ),
+            "reading a run's notifications",
+        );
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(root_id)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let status: NotificationStatus = r.str("status").parse().unwrap_or(NotificationStatus::Pending);
+                let waiting = matches!(status, NotificationStatus::Pending | NotificationStatus::Sending);
+                Notification {
+                    key: r.text("key"),
+                    event: r.text("event"),
+                    target: r.text("target"),
+                    status,
+                    attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                    run_id: r.text("run_id"),
+                    created_at: from_ms(r.int("created_at")),
+                    next_at: waiting.then(|| from_ms(r.int("next_at"))),
+                    sent_at: r.opt_int("sent_at").map(from_ms),
+                    delivered: r.opt_text("delivered"),
+                    error: r.opt_text("last_error"),
+                }
+            })
+            .collect())
+    }
+
+    async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError> {
+        let mut c = self.reader().await?;
+        let q = Stmt::new(
+            sql!(D, "SELECT job, paused, consecutive_failures, last_success_at, last_tick FROM ll_job_state"),
+            "reading the jobs' health",
+        );
+        let mut out: HashMap<String, JobHealth> = D::fetch_all(&mut c, q)
+            .await?
+            .iter()
+            .map(|r| {
+                let health = JobHealth {
+                    paused: r.flag("paused"),
+                    consecutive_failures: r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32,
+                    last_success: r.opt_int("last_success_at").map(from_ms),
+                    last_tick: r.opt_int("last_tick").map(from_ms),
+                    oldest_running: None,
+                    oldest_wait: None,
+                };
+                (r.text("job"), health)
+            })
+            .collect();
+        let q = Stmt::new(
+            sql!(D, "SELECT job, min(started_at) AS oldest FROM ll_runs WHERE status = {Running} GROUP BY job"),
+            "reading the oldest running runs",
+        );
+        for r in D::fetch_all(&mut c, q).await? {
+            out.entry(r.text("job")).or_default().oldest_running = r.opt_int("oldest").map(from_ms);
+        }
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT r.job AS job, min(s.started_at) AS since FROM ll_steps s JOIN ll_runs r ON r.id = s.run_id
+                 WHERE s.status = {step:WaitingApproval} AND r.status = {WaitingApproval} GROUP BY r.job"
+            ),
+            "reading the oldest waits for a decision",
+        );
+        for r in D::fetch_all(&mut c, q).await? {
+            out.entry(r.text("job")).or_default().oldest_wait = r.opt_int("since").map(from_ms);
+        }
+        Ok(out)
+    }
+
     async fn housekeeping(&self) -> Result<(), StoreError> {
+        // Notifications about runs that are gone (pruned), once they are done with.
+        let q = Stmt::new(
+            sql!(
+                D,
+                "DELETE FROM ll_notifications WHERE status IN ('delivered', 'abandoned')
+                 AND NOT EXISTS (SELECT 1 FROM ll_runs WHERE ll_runs.id = ll_notifications.root_id)"
+            ),
+            "pruning notifications",
+        );
+        D::execute(&mut *self.writer().await?, q).await?;
         Dialect::housekeeping(self).await
+    }
+}
+
+/// The notifications of runs waiting for a decision: one per wait and rule, recorded once
+/// (the wait's key), read each pass (waiting runs are few).
+async fn waiting_notifications<D: Dialect>(c: &mut D::Conn, rules: RulesOf<'_>) -> Result<Vec<NewNotification>, StoreError> {
+    let q = Stmt::new(
+        sql!(D, "SELECT run_id, step FROM ll_steps WHERE status = {step:WaitingApproval}"),
+        "reading the steps waiting for a decision",
+    );
+    let waits: Vec<(String, String)> = D::fetch_all(c, q).await?.iter().map(|r| (r.text("run_id"), r.text("step"))).collect();
+    if waits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let q = Stmt::new(
+        sql!(D, concat!("SELECT ", run_cols!(), " FROM ll_runs WHERE id {in $1} AND status = {WaitingApproval}")),
+        "reading the runs that wait",
+    );
+    let runs: HashMap<String, Run> = D::fetch_all(c, q.bind_list(waits.iter().map(|(id, _)| id.as_str())))
+        .await?
+        .iter()
+        .map(|r| (r.text("id"), run_from_row(r)))
+        .collect();
+    let mut out = Vec::new();
+    let mut of_job: HashMap<String, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
+    for (id, step) in &waits {
+        let Some(run) = runs.get(id) else { continue };
+        let Some(rules) = of_job.entry(run.job.clone()).or_insert_with(|| rules(&run.job)) else { continue };
+        for (i, on) in notify_on_wait(step, rules) {
+            out.push(notification(run, on, Some(step), i, &rules[i].to, 0));
+        }
+    }
+    Ok(out)
+}
+
+/// The notification rule `rule` (to `to`) records for `run`'s event.
+fn notification(
+    run: &Run,
+    on: lamplighter_config::NotifyOn,
+    step: Option<&str>,
+    rule: usize,
+    to: &lamplighter_config::NotifyTarget,
+    streak: u32,
+) -> NewNotification {
+    let key = notify::key(&run.root_id, on, step, rule);
+    NewNotification {
+        payload: notify::payload(on, &key, run, streak, step),
+        key,
+        job: run.job.clone(),
+        run_id: run.id.clone(),
+        root_id: run.root_id.clone(),
+        event: on,
+        target: to.describe(),
+        target_id: notify::target_id(to),
     }
 }

@@ -179,9 +179,10 @@ impl Dialect for PgStore {
                                 finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN $8 END,
                                 wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
-                                trace_id = coalesce(j.trace_id, ll_runs.trace_id)
-             FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[])
-                  AS j(id, started_at, status, output, error, finished, wait_until, trace_id)
+                                trace_id = coalesce(j.trace_id, ll_runs.trace_id),
+                                next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
+             FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[], $10::bool[])
+                  AS j(id, started_at, status, output, error, finished, wait_until, trace_id, last)
              WHERE ll_runs.id = j.id AND ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status"
         ))
         .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
@@ -193,6 +194,7 @@ impl Dialect for PgStore {
         .bind(ends.iter().map(|e| e.wait_until.map(ms)).collect::<Vec<_>>())
         .bind(now)
         .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.last).collect::<Vec<_>>())
         .fetch_all(c)
         .await
         .ctx("finishing runs")?;
@@ -519,8 +521,16 @@ mod tests {
         };
         expire("lease_until").await.expect("lease runs out");
         assert!(s.recover(None, now).await.expect("recover").is_empty(), "within the margin, nobody takes over");
-        let end =
-            RunEnd { id: &b, started_at: None, status: RunStatus::Succeeded, output: None, error: None, wait_until: None, trace_id: None };
+        let end = RunEnd {
+            id: &b,
+            started_at: None,
+            status: RunStatus::Succeeded,
+            output: None,
+            error: None,
+            wait_until: None,
+            trace_id: None,
+            last: true,
+        };
         assert!(s.finish_many(&[end], now).await.expect("finish").is_empty(), "a lapsed lease's write is refused");
         let step = crate::run::StepRecord {
             step: "s".into(),

@@ -332,6 +332,7 @@ impl Dialect for SqliteStore {
                     "id": e.id, "started_at": e.started_at.map(super::ms), "status": e.status.as_str(),
                     "output": e.output.map(|o| o.to_string()), "error": e.error,
                     "finished": e.status.is_final(), "wait_until": e.wait_until.map(super::ms), "trace_id": e.trace_id,
+                    "last": e.last,
                 })
             })
             .collect();
@@ -343,10 +344,12 @@ impl Dialect for SqliteStore {
                                 finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN ?2 END,
                                 wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
                                 started_at = coalesce(j.started_at, ll_runs.started_at),
-                                trace_id = coalesce(j.trace_id, ll_runs.trace_id)
+                                trace_id = coalesce(j.trace_id, ll_runs.trace_id),
+                                next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
              FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
                           value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
-                          value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id FROM json_each(?1)) AS j
+                          value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id, value ->> 'last' AS last
+                   FROM json_each(?1)) AS j
              WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status"
         ))
         .bind(serde_json::Value::from(payload).to_string())

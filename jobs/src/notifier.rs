@@ -1,0 +1,254 @@
+//! The notifier: notices the outcomes of runs that ended (and the waits for a decision) and
+//! sends the notifications the jobs' `notify:` rules record for them. Both halves go through the
+//! database, so nothing is lost across a crash and nothing is recorded twice: a notice pass
+//! marks what it noticed in the transaction that records its notifications, and a notification
+//! is claimed before it is sent and marked after. A send cut short by a crash is sent again once
+//! its claim runs out, with the same key, which receivers get as `Idempotency-Key`.
+//!
+//! A broken receiver never touches the run it reports: the run's end is recorded before any of
+//! this starts, and failed sends are retried with backoff ([`crate::notify::retry_at`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_config::{NotifyTarget, Webhook, WebhookFormat};
+
+use crate::clock::Clock;
+use crate::events::Observer;
+use crate::in_force::{InForce, JobsConfig};
+use crate::notify::{self, Claimed, Sent};
+use crate::run::{RunStatus, Trigger};
+use crate::signals::{Receiver, Signal, Signals};
+use crate::snapshot::{JobSnapshot, TargetRef};
+use crate::store::{NewRun, RunStore, StoreError};
+
+/// Runs started by notifications are recorded under these job names (`workflow:` is shared
+/// with workflows run by hand).
+const AGENT_RUNS: &str = "agent:";
+const PLUGIN_RUNS: &str = "plugin:";
+
+/// Sends in flight at once.
+const PARALLEL: usize = 16;
+/// How long a claimed notification is this worker's to send: past it, another pass (this
+/// worker's after a restart, or another worker's) sends it again.
+const CLAIM: Duration = Duration::from_secs(60);
+/// How long a webhook may take to answer.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the notifier is handed.
+pub(crate) struct NotifierEnv {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) config: Arc<InForce>,
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) worker: String,
+}
+
+/// Notices and sends until `stop`: at start (what a crash left), whenever runs end or wait,
+/// and when the next retry is due.
+pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: CancellationToken) {
+    let http = reqwest::Client::builder()
+        .timeout(HTTP_TIMEOUT)
+        .user_agent(concat!("lamplighter/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .unwrap_or_default();
+    let mut failures = 0u32;
+    loop {
+        let next = match pass(&env, &http).await {
+            Ok(next) => {
+                failures = 0;
+                next
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(10) {
+                    tracing::warn!(error = %e, failures, "cannot notice or send notifications; trying again");
+                }
+                Some(env.clock.now() + chrono::TimeDelta::seconds(i64::from(failures.min(30))))
+            }
+        };
+        let sleep = async {
+            match next {
+                Some(at) => env.clock.sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = sleep => {}
+            () = woken(&mut signals) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Resolves at the next signal that may mean something to notice.
+async fn woken(signals: &mut Receiver) {
+    loop {
+        match signals.recv().await {
+            Some(Signal::RunFinished(_) | Signal::RunProgress(_) | Signal::Lagged | Signal::Wake) => return,
+            Some(_) => {}
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Notices what ended, then sends what is due; returns when the next send is due.
+async fn pass(env: &NotifierEnv, http: &reqwest::Client) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let config = env.config.get();
+    let rules = |job: &str| config.notify_rules(job);
+    let waits = config.notifies_waits();
+    loop {
+        let noticed = env.store.notice(&rules, waits, env.clock.now()).await?;
+        if noticed.recorded > 0 {
+            tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, "outcomes noticed");
+        }
+        if !noticed.more {
+            break;
+        }
+    }
+    loop {
+        let claimed = env.store.claim_notifications(&env.worker, PARALLEL, CLAIM, env.clock.now()).await?;
+        if claimed.is_empty() {
+            break;
+        }
+        let sends = claimed.into_iter().map(|c| {
+            let config = config.clone();
+            async move {
+                let sent = send(env, http, &config, &c).await;
+                (c, sent)
+            }
+        });
+        for (c, sent) in futures::future::join_all(sends).await {
+            let outcome = match &sent {
+                Sent::Delivered(what) => {
+                    tracing::info!(job = %c.job, event = %c.event, to = %c.target, key = %c.key, result = %what, "notification sent");
+                    "delivered"
+                }
+                Sent::Failed { error, retry_at: Some(at) } => {
+                    tracing::warn!(job = %c.job, event = %c.event, to = %c.target, key = %c.key, attempt = c.attempts, retry_at = %at, error = %error, "notification not taken; retrying");
+                    "retried"
+                }
+                Sent::Failed { error, retry_at: None } => {
+                    tracing::error!(job = %c.job, event = %c.event, to = %c.target, key = %c.key, attempts = c.attempts, error = %error, "notification given up");
+                    "abandoned"
+                }
+            };
+            env.observer.notification(&c.event, outcome);
+            env.store.notification_sent(&c.key, &env.worker, &sent, env.clock.now()).await?;
+        }
+    }
+    env.store.next_notification().await
+}
+
+/// Sends one notification, to its rule's target as the config in force has it.
+async fn send(env: &NotifierEnv, http: &reqwest::Client, config: &JobsConfig, c: &Claimed) -> Sent {
+    let now = env.clock.now();
+    let target =
+        config.notify_rules(&c.job).and_then(|rules| rules.into_iter().map(|r| r.to).find(|t| notify::target_id(t) == c.target_id));
+    let Some(target) = target else {
+        return Sent::Failed {
+            error: format!("no notify rule of job \"{}\" sends to {} any more (the config changed); not sent", c.job, c.target),
+            retry_at: None,
+        };
+    };
+    let failed =
+        |error: String, permanent: bool| Sent::Failed { error, retry_at: notify::retry_at(c.attempts, permanent, c.created_at, now) };
+    match target {
+        NotifyTarget::Webhook(w) => match post(http, &w, c).await {
+            Ok(status) => Sent::Delivered(format!("HTTP {status}")),
+            Err((error, permanent)) => failed(error, permanent),
+        },
+        other => match start_run(env, config, &other, c).await {
+            Ok(id) => Sent::Delivered(format!("run {id}")),
+            Err((error, permanent)) => failed(error, permanent),
+        },
+    }
+}
+
+/// POSTs the event; the status when taken (2xx), else why and whether trying again can help
+/// (a 4xx other than 408 and 429 cannot).
+async fn post(http: &reqwest::Client, w: &Webhook, c: &Claimed) -> Result<u16, (String, bool)> {
+    let body = match w.format {
+        WebhookFormat::Generic => c.payload.clone(),
+        WebhookFormat::Slack => json!({ "text": notify::text(&c.payload) }),
+    };
+    let mut req = http.post(&w.url).header("Idempotency-Key", &c.key).json(&body);
+    for (name, value) in &w.headers {
+        req = req.header(name.as_str(), value.expose());
+    }
+    let response = req.send().await.map_err(|e| (format!("cannot reach {}: {}", c.target, error_chain(&e)), false))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(status.as_u16());
+    }
+    let text = response.text().await.unwrap_or_default();
+    let text: String = text.chars().take(200).collect();
+    let permanent = status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429;
+    Err((format!("{} answered HTTP {}: {}", c.target, status.as_u16(), text.trim()), permanent))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Starts a run of the workflow, agent or plugin action with the event, keyed by the event (so
+/// a send repeated after a crash finds the run it started).
+async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget, c: &Claimed) -> Result<String, (String, bool)> {
+    let (job, target, input, parameters) = match target {
+        NotifyTarget::Workflow(w) => {
+            let Some(definition) = config.workflows.get(w) else {
+                return Err((format!("workflow \"{w}\" is no longer defined"), true));
+            };
+            let target = TargetRef::Workflow { workflow: w.clone(), definition: Some(definition.clone()) };
+            (format!("{}{w}", crate::in_force::WORKFLOW_RUNS), target, Some(c.payload.clone()), None)
+        }
+        NotifyTarget::Agent(a) => {
+            if !config.agents.agents.contains_key(a) {
+                return Err((format!("agent \"{a}\" is no longer defined"), true));
+            }
+            // An agent is given text: the event as JSON.
+            (format!("{AGENT_RUNS}{a}"), TargetRef::Agent { agent: a.clone() }, Some(Value::String(c.payload.to_string())), None)
+        }
+        NotifyTarget::Plugin { plugin, action } => (
+            format!("{PLUGIN_RUNS}{plugin}.{action}"),
+            TargetRef::Plugin { plugin: plugin.clone(), action: action.clone() },
+            None,
+            Some(c.payload.clone()),
+        ),
+        NotifyTarget::Webhook(_) => return Err(("a webhook is not a run".into(), true)),
+    };
+    let now = env.clock.now();
+    let run = NewRun {
+        job,
+        trigger: Trigger::Api,
+        status: RunStatus::Queued,
+        scheduled_at: None,
+        due_at: now,
+        attempt: 1,
+        input,
+        parameters,
+        error: None,
+        idempotency_key: Some(c.key.clone()),
+        retry_of: None,
+        root_id: None,
+        snapshot: Some(JobSnapshot { target, timeout_ms: None, working_directory: None, allowed_commands: Vec::new(), budget: None }),
+        requested_by: Some(format!("notification {}", c.key)),
+    };
+    let (id, created) = env.store.insert_run(run, now).await.map_err(|e| (e.to_string(), false))?;
+    if created {
+        env.signals.publish(Signal::Wake);
+    }
+    Ok(id)
+}
