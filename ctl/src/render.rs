@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
     AgentList, AgentUsage, ApprovalList, Backfill, CallKind, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobSaved,
-    JobSummary, NotificationStatus, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview, StepOutline,
-    StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+    JobSummary, NotificationStatus, OutputLine, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview,
+    StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -693,6 +693,20 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
         }
         out.push_str(&indent(&table.render()));
     }
+    if !detail.log.is_empty() {
+        const TAIL: usize = 20;
+        let skipped = detail.log.len().saturating_sub(TAIL);
+        let what = if skipped > 0 {
+            format!("log ({} lines, the last {TAIL}; -o json has them all):\n", detail.log.len())
+        } else {
+            "log:\n".into()
+        };
+        out.push('\n');
+        out.push_str(&what);
+        for line in &detail.log[skipped..] {
+            out.push_str(&log_line(line));
+        }
+    }
     if let Some(output) = &run.output {
         out.push_str("\noutput:\n");
         let text = match output {
@@ -706,7 +720,16 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 
 /// A run without the detail `get_run` adds, as `trigger_job … wait` returns it.
 pub(crate) fn bare(run: Run) -> RunDetail {
-    RunDetail { run, workflow: None, steps: Vec::new(), agent_waits: Vec::new(), calls: Vec::new(), usage: None, notifications: Vec::new() }
+    RunDetail {
+        run,
+        workflow: None,
+        steps: Vec::new(),
+        agent_waits: Vec::new(),
+        calls: Vec::new(),
+        usage: None,
+        notifications: Vec::new(),
+        log: Vec::new(),
+    }
 }
 
 /// `runs follow`: the run when first shown, then one line per change: the run's status, each
@@ -724,6 +747,10 @@ pub(crate) fn progress(before: Option<&RunDetail>, now_detail: &RunDetail, now: 
         if !was.iter().any(|(n, s, _)| *n == name && *s == status) {
             out.push_str(&line);
         }
+    }
+    let shown = before.and_then(|b| b.log.last()).map_or(0, |l| l.seq);
+    for line in now_detail.log.iter().filter(|l| l.seq > shown) {
+        out.push_str(&log_line(line));
     }
     if run.status == RunStatus::WaitingApproval && before.is_none_or(|b| b.run.status != run.status) {
         out.push_str(&format!("  approve it with: lampctl approvals approve {}\n", run.id));
@@ -757,7 +784,29 @@ fn moves(detail: &RunDetail) -> Vec<(String, String, String)> {
     for wait in &detail.agent_waits {
         out.push((format!("wait {}", wait.step), wait.status.to_string(), format!("  agent wait {}: {}\n", wait.step, wait.status)));
     }
+    for call in &detail.calls {
+        let at = if call.conversation.is_empty() { String::new() } else { format!(" ({})", call.conversation) };
+        let line = match (call.kind, &call.error) {
+            (CallKind::Model, None) => {
+                format!("  model call {}{at}: {} tokens in / {} out\n", call.name, call.input_tokens, call.output_tokens)
+            }
+            (CallKind::Tool, None) => format!("  tool call {}{at}: ok\n", call.name),
+            (_, Some(e)) => format!("  {} call {}{at}: {}\n", call.kind.as_str(), call.name, truncate(e, MAX_CELL)),
+        };
+        out.push((format!("call {}/{}", call.conversation, call.seq), call.run_id.clone(), line));
+    }
     out
+}
+
+/// A line of a run's live output as `runs follow` prints it: `  │ ` before what the command
+/// wrote to stdout, `  ! ` before stderr, `  … ` before the worker's own notes.
+fn log_line(line: &OutputLine) -> String {
+    let mark = match line.stream.as_str() {
+        "stdout" => "│",
+        "stderr" => "!",
+        _ => "…",
+    };
+    format!("  {mark} {}\n", line.text)
 }
 
 /// An agent run's usage: `2 model calls, 1 tool call, 20 tokens in / 10 out, cost 0.00004`.

@@ -33,6 +33,7 @@ pub struct RunContext {
     job: Arc<JobSnapshot>,
     cancel: CancellationToken,
     env: RunEnv,
+    output: Arc<crate::live::LiveOutput>,
 }
 
 /// What every run of an engine shares: the data directory, the store, the clock, the agent
@@ -56,7 +57,13 @@ impl std::fmt::Debug for RunContext {
 
 impl RunContext {
     pub(crate) fn new(run: Run, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
-        Self { run, job, cancel, env }
+        let output = crate::live::LiveOutput::new(&run.id, env.store.clone(), env.signals.clone(), cancel.clone());
+        Self { run, job, cancel, env, output }
+    }
+
+    /// The run's live output log: its plugin actions' commands print into it.
+    pub(crate) fn output(&self) -> &Arc<crate::live::LiveOutput> {
+        &self.output
     }
 
     /// Where this run's events go.
@@ -147,7 +154,10 @@ impl RunContext {
 
     /// Records an agent call for this run identity; durable when this returns.
     pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
-        self.durably("an agent call", || self.env.store.record_call(&self.run.root_id, call)).await
+        self.durably("an agent call", || self.env.store.record_call(&self.run.root_id, call)).await?;
+        // Followers show each model and tool call as it returns.
+        self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
+        Ok(())
     }
 
     /// The agents of the config in force when the run started.
@@ -160,7 +170,7 @@ impl RunContext {
 /// full disk, a server restarting) is waited out, as a run's end is: the run keeps what it has
 /// done meanwhile. A fence's refusal, any other error, or the run being stopped (`cancel`)
 /// ends the wait with the error.
-async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, write: W) -> Result<(), StoreError>
+pub(crate) async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, write: W) -> Result<(), StoreError>
 where
     W: FnMut() -> F,
     F: std::future::Future<Output = Result<(), StoreError>>,

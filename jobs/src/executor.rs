@@ -369,6 +369,7 @@ async fn execute(
                 signals: exec.env.signals.clone(),
             };
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
+            let live = ctx.output().clone();
             // The run's start, as recorded: the moment its target is called.
             let clock = exec.env.clock.clone();
             let now = clock.now();
@@ -384,7 +385,7 @@ async fn execute(
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            let outcome = tokio::select! {
                 o = work => Some(o),
                 () = limit => {
                     if let Some(t) = job.timeout() {
@@ -393,7 +394,10 @@ async fn execute(
                     None
                 }
                 () = entry.token.cancelled() => None,
-            }
+            };
+            // Every line printed is recorded before the end is.
+            live.finish().await;
+            outcome
         }
     };
     let stop = entry.reason.lock().unwrap_or_else(|e| e.into_inner()).clone();

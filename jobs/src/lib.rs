@@ -14,6 +14,7 @@ mod gate;
 mod health;
 mod in_force;
 mod listing;
+mod live;
 mod manage;
 mod notifier;
 mod notify;

@@ -57,6 +57,13 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
         .user_agent(concat!("lamplighter/", env!("CARGO_PKG_VERSION")))
         .build()
         .unwrap_or_default();
+    // What this worker's name left mid-send (a crash): sent again now rather than when the
+    // claim runs out. Its key lets the receiver tell a repeat.
+    match env.store.release_claims(&env.worker, env.clock.now()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(notifications = n, "notifications left mid-send by an earlier process are sent again"),
+        Err(e) => tracing::warn!(error = %e, "cannot hand back notifications left mid-send; they are sent once their claim runs out"),
+    }
     let mut failures = 0u32;
     loop {
         let next = match pass(&env, &http).await {

@@ -416,7 +416,8 @@ impl Engine {
         };
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
         let notifications = self.shared.store().notifications(&run.root_id).await?;
-        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage, notifications })
+        let log = self.shared.store().output(&run.id).await?;
+        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage, notifications, log })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).

@@ -48,6 +48,7 @@ impl Targets for BuiltinTargets {
                         allowed_commands: ctx.job().allowed_commands.clone(),
                         cancel: ctx.cancelled().clone(),
                         usage: Default::default(),
+                        output: Some(ctx.output().sink()),
                     };
                     let params = ctx.run().parameters.clone().unwrap_or_else(|| serde_json::json!({}));
                     match ctx.invoke(&registry, &plugin, &action, params, &actx).await {

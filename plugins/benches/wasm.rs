@@ -41,6 +41,7 @@ async fn run(n: usize) {
         allowed_commands: Vec::new(),
         cancel: CancellationToken::new(),
         usage: Default::default(),
+        output: None,
     };
     let wasm = measure(n, || registry.invoke("echo", "echo", json!({"message": "hello", "count": 3}), &ctx)).await;
     let builtin = measure(n, || registry.invoke("file-read", "read", json!({"path": "small.txt"}), &ctx)).await;

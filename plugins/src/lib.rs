@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 /// What bounds one action call: where files may be touched and which commands may run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ActionContext {
     /// Every file path resolves inside this directory.
     pub working_directory: PathBuf,
@@ -20,7 +20,30 @@ pub struct ActionContext {
     pub cancel: CancellationToken,
     /// What the call used, filled in by the host (the caller reports it as metrics).
     pub usage: Arc<Usage>,
+    /// Where a command's output goes line by line as it comes (`shell-exec`), besides the
+    /// action's result: the run's live log. `None`: only the result.
+    pub output: Option<OutputSink>,
 }
+
+impl std::fmt::Debug for ActionContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActionContext")
+            .field("working_directory", &self.working_directory)
+            .field("allowed_commands", &self.allowed_commands)
+            .field("output", &self.output.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which stream a line of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Takes each line of a command's output as it comes (without its line break).
+pub type OutputSink = Arc<dyn Fn(OutputStream, &str) + Send + Sync>;
 
 /// What plugin calls used: WASM fuel so far, added by the host at the end of each call
 /// (trapped ones included).

@@ -18,6 +18,7 @@ fn ctx(dir: &Path, allowed: &[&str]) -> ActionContext {
         allowed_commands: allowed.iter().map(|s| (*s).to_owned()).collect(),
         cancel: CancellationToken::new(),
         usage: Default::default(),
+        output: None,
     }
 }
 

@@ -51,6 +51,7 @@ fn ctx(dir: &Path) -> ActionContext {
         allowed_commands: Vec::new(),
         cancel: CancellationToken::new(),
         usage: Default::default(),
+        output: None,
     }
 }
 

@@ -191,7 +191,9 @@ impl Telemetry {
         // Spans are made by the events module with this tracer directly (not through `tracing`
         // spans and a layer): nothing per poll but a thread-local context swap.
         let spans = tracer.as_ref().map(|t| BoxedTracer::new(Box::new(t.tracer("lamplighter"))));
-        let observer = Observer::new(&meters.meter("lamplighter"), spans, Some(registry));
+        let meter = meters.meter("lamplighter");
+        export_failures(&meter);
+        let observer = Observer::new(&meter, spans, Some(registry));
         Telemetry { observer, metrics, meters, tracer, logger }
     }
 
@@ -288,6 +290,24 @@ struct Warned<E> {
     failures: AtomicU64,
 }
 
+/// The signals exported, and how many exports of each failed (dropped what they carried), for
+/// `lamplighter.telemetry.export.failures`: an outside alert sees telemetry being dropped.
+const SIGNALS: [&str; 3] = ["traces", "metrics", "logs"];
+static EXPORT_FAILURES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Registers the export failure counter on `meter` (every signal, 0 until one fails).
+fn export_failures(meter: &opentelemetry::metrics::Meter) {
+    meter
+        .u64_observable_counter("lamplighter.telemetry.export.failures")
+        .with_description("Telemetry exports that failed (what they carried was dropped), by signal")
+        .with_callback(|o| {
+            for (signal, n) in SIGNALS.iter().zip(&EXPORT_FAILURES) {
+                o.observe(n.load(Ordering::Relaxed), &[KeyValue::new("signal", *signal)]);
+            }
+        })
+        .build();
+}
+
 impl<E> Warned<E> {
     fn new(inner: E, signal: &'static str) -> Self {
         Self { inner, signal, last_warned: AtomicU64::new(0), failures: AtomicU64::new(0) }
@@ -295,6 +315,9 @@ impl<E> Warned<E> {
 
     fn report(&self, r: OTelSdkResult) -> OTelSdkResult {
         if let Err(e) = &r {
+            if let Some(i) = SIGNALS.iter().position(|s| *s == self.signal) {
+                EXPORT_FAILURES[i].fetch_add(1, Ordering::Relaxed);
+            }
             let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
             let last = self.last_warned.load(Ordering::Relaxed);

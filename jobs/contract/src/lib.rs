@@ -19,7 +19,9 @@ pub const REVISION: &str = env!("LAMPLIGHTER_REV");
 /// `0.1.0 (rev 1a2b3c4d5e6f)`.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (rev ", env!("LAMPLIGHTER_REV"), ")");
 
-pub use run::{AgentUsage, CallKind, CallRecord, Notification, NotificationStatus, Run, RunStatus, StepRecord, StepStatus, Trigger};
+pub use run::{
+    AgentUsage, CallKind, CallRecord, Notification, NotificationStatus, OutputLine, Run, RunStatus, StepRecord, StepStatus, Trigger,
+};
 pub use tools::{
     ActionView, AgentInfo, AgentList, ApprovalList, JobList, PluginList, PluginView, ReloadSummary, StepOutline, TriggerOutcome,
     WorkflowInfo, WorkflowList,

@@ -317,6 +317,18 @@ impl CallKind {
     }
 }
 
+/// One line of a run's live output (a command's stdout or stderr), recorded as it came.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct OutputLine {
+    /// Its place in the attempt's output, from 1.
+    pub seq: u64,
+    /// `stdout`, `stderr`, or `lamplighter` (a note of the worker's: what the cap dropped).
+    pub stream: String,
+    pub at: DateTime<Utc>,
+    pub text: String,
+}
+
 /// Where a notification is: waiting to be sent (again), being sent, sent, or given up on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

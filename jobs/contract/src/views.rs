@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::run::{AgentUsage, CallRecord, Notification, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{AgentUsage, CallRecord, Notification, OutputLine, Run, RunStatus, StepRecord, StepStatus, Trigger};
 
 /// A job as listings show it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -242,6 +242,10 @@ pub struct RunDetail {
     /// What the job's `notify:` rules sent about this run (every attempt's), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<Notification>,
+    /// This attempt's live output (what its commands printed), line by line as it came; the
+    /// first 1 MiB, then a line saying what was left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<OutputLine>,
 }
 
 /// One workflow step of a run.

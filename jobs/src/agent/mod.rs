@@ -538,7 +538,13 @@ impl Session {
                 } else {
                     agent.allowed_commands.clone()
                 };
-                let actx = ActionContext { working_directory: dir, allowed_commands, cancel: cancel.clone(), usage: Default::default() };
+                let actx = ActionContext {
+                    working_directory: dir,
+                    allowed_commands,
+                    cancel: cancel.clone(),
+                    usage: Default::default(),
+                    output: None,
+                };
                 match self.ctx.invoke(&self.registry, plugin, action, args, &actx).await {
                     Ok(Value::String(s)) => Ok(s),
                     Ok(v) => Ok(v.to_string()),

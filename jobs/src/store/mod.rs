@@ -919,6 +919,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<crate::notify::Claimed>, StoreError>;
     /// Records how the send of a claimed notification ended (only while `worker` holds it).
     async fn notification_sent(&self, key: &str, worker: &str, sent: &crate::notify::Sent, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Hands back the notifications a worker of this name left `sending` (it stopped mid-send:
+    /// this process starts under its name, so that one is gone); they are due at once.
+    async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError>;
     /// When the next notification is due (or a claim on one runs out).
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
     /// The notifications about the run identity `root_id`, oldest first.
@@ -926,6 +929,12 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Every job's pause, streak, last success and last tick, and the starts of its oldest
     /// running run and oldest wait for a decision.
     async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError>;
+
+    // Live output, per attempt.
+    /// Appends lines to run `run_id`'s output, fenced as its steps are.
+    async fn append_output(&self, run_id: &str, lines: &[lamplighter_contract::OutputLine]) -> Result<(), StoreError>;
+    /// Run `run_id`'s output, in order.
+    async fn output(&self, run_id: &str) -> Result<Vec<lamplighter_contract::OutputLine>, StoreError>;
 
     // Housekeeping.
     /// Deletes finished runs of a job beyond its retention (count and age), and its tick keys

@@ -1127,6 +1127,14 @@ impl<D: Dialect> RunStore for D {
         Ok(())
     }
 
+    async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "UPDATE ll_notifications SET status = 'pending', next_at = $2 WHERE status = 'sending' AND claimed_by = $1"),
+            "handing back notifications left mid-send",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(worker).bind(ms(now))).await
+    }
+
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let q = Stmt::new(
             sql!(D, "SELECT min(next_at) AS at FROM ll_notifications WHERE status IN ('pending', 'sending')"),
@@ -1209,7 +1217,43 @@ impl<D: Dialect> RunStore for D {
         Ok(out)
     }
 
+    async fn append_output(&self, run_id: &str, lines: &[lamplighter_contract::OutputLine]) -> Result<(), StoreError> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        for chunk in lines.chunks(ROWS_PER_STATEMENT) {
+            let mut q =
+                Stmt::built(values(&D::SPELLING, "ll_run_output (run_id, seq, stream, at, text)", 5, chunk.len(), ""), "recording output");
+            for l in chunk {
+                q = q.bind(run_id).bind(l.seq as i64).bind(l.stream.as_str()).bind(ms(l.at)).bind(l.text.as_str());
+            }
+            write_fenced(self, run_id, q).await?;
+        }
+        Ok(())
+    }
+
+    async fn output(&self, run_id: &str) -> Result<Vec<lamplighter_contract::OutputLine>, StoreError> {
+        let q =
+            Stmt::new(sql!(D, "SELECT seq, stream, at, text FROM ll_run_output WHERE run_id = $1 ORDER BY seq"), "reading a run's output");
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(run_id)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| lamplighter_contract::OutputLine {
+                seq: r.int("seq").max(0) as u64,
+                stream: r.text("stream"),
+                at: from_ms(r.int("at")),
+                text: r.text("text"),
+            })
+            .collect())
+    }
+
     async fn housekeeping(&self) -> Result<(), StoreError> {
+        // The output of runs that are gone (pruned).
+        let q = Stmt::new(
+            sql!(D, "DELETE FROM ll_run_output WHERE NOT EXISTS (SELECT 1 FROM ll_runs WHERE ll_runs.id = ll_run_output.run_id)"),
+            "pruning output",
+        );
+        D::execute(&mut *self.writer().await?, q).await?;
         // Notifications about runs that are gone (pruned), once they are done with.
         let q = Stmt::new(
             sql!(

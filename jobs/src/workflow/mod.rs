@@ -269,6 +269,7 @@ impl Interpreter {
             allowed_commands: self.ctx.job().allowed_commands.clone(),
             cancel: cancel.clone(),
             usage: Default::default(),
+            output: Some(self.ctx.output().sink()),
         };
         match self.ctx.invoke(&self.registry, plugin, action, params, &actx).await {
             Ok(output) => {

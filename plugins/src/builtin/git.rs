@@ -79,7 +79,7 @@ async fn git(params: &Params, ctx: &ActionContext, dir: &Path, args: &[&str]) ->
     let root = ctx.working_directory.canonicalize().unwrap_or_else(|_| ctx.working_directory.clone());
     let ceiling = root.parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     let env = [("GIT_TERMINAL_PROMPT", "0"), ("GIT_OPTIONAL_LOCKS", "0"), ("GIT_CEILING_DIRECTORIES", ceiling.as_str())];
-    match process::run("git", &full, dir, &env, GIT_TIMEOUT, &ctx.cancel).await {
+    match process::run("git", &full, dir, &env, GIT_TIMEOUT, &ctx.cancel, None).await {
         Ok(out) if out.exit_code == Some(0) => Ok(out.stdout),
         Ok(out) => {
             let code = out.exit_code.map_or_else(|| "a signal".to_owned(), |c| format!("code {c}"));

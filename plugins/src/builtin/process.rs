@@ -10,6 +10,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::{OutputSink, OutputStream};
+
 /// Most bytes kept of each of stdout and stderr.
 pub(crate) const OUTPUT_CAP: usize = 1024 * 1024;
 
@@ -43,6 +45,7 @@ pub(crate) async fn run(
     env: &[(&str, &str)],
     timeout: Duration,
     cancel: &CancellationToken,
+    lines: Option<&OutputSink>,
 ) -> Result<Output, RunError> {
     let mut command = Command::new(program);
     command
@@ -63,8 +66,9 @@ pub(crate) async fn run(
     // Kills the group however this call ends, a dropped future included (the run was stopped
     // from outside: a fence, a drain, a timeout on the engine's clock).
     let group = child.id().map(GroupKill);
-    let stdout = child.stdout.take().map(|s| tokio::spawn(read_capped(s)));
-    let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s)));
+    let tee = |stream| lines.map(|sink| Lines { sink: sink.clone(), stream, partial: Vec::new() });
+    let stdout = child.stdout.take().map(|s| tokio::spawn(read_capped(s, tee(OutputStream::Stdout))));
+    let stderr = child.stderr.take().map(|s| tokio::spawn(read_capped(s, tee(OutputStream::Stderr))));
 
     let outcome = tokio::select! {
         status = child.wait() => status.map_err(RunError::Wait),
@@ -132,8 +136,8 @@ async fn collect(task: Option<tokio::task::JoinHandle<(Vec<u8>, bool)>>) -> (Str
 }
 
 /// Reads to the end, keeping the first [`OUTPUT_CAP`] bytes and discarding the rest so the
-/// child never blocks on a full pipe.
-async fn read_capped(mut stream: impl AsyncRead + Unpin) -> (Vec<u8>, bool) {
+/// child never blocks on a full pipe; every line also goes to `lines` as it comes.
+async fn read_capped(mut stream: impl AsyncRead + Unpin, mut lines: Option<Lines>) -> (Vec<u8>, bool) {
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buf = vec![0u8; 64 * 1024];
@@ -141,6 +145,9 @@ async fn read_capped(mut stream: impl AsyncRead + Unpin) -> (Vec<u8>, bool) {
         match stream.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if let Some(lines) = &mut lines {
+                    lines.feed(&buf[..n]);
+                }
                 let room = OUTPUT_CAP.saturating_sub(kept.len());
                 if n > room {
                     truncated = true;
@@ -149,5 +156,71 @@ async fn read_capped(mut stream: impl AsyncRead + Unpin) -> (Vec<u8>, bool) {
             }
         }
     }
+    if let Some(lines) = &mut lines {
+        lines.end();
+    }
     (kept, truncated)
+}
+
+/// The longest line handed on whole; a longer one is handed on in pieces of this size.
+const LINE_MAX: usize = 16 * 1024;
+
+/// Cuts a stream into lines for an [`OutputSink`].
+struct Lines {
+    sink: OutputSink,
+    stream: OutputStream,
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    fn feed(&mut self, mut chunk: &[u8]) {
+        while let Some(at) = chunk.iter().position(|b| *b == b'\n') {
+            self.partial.extend_from_slice(&chunk[..at]);
+            self.emit();
+            chunk = &chunk[at + 1..];
+        }
+        self.partial.extend_from_slice(chunk);
+        while self.partial.len() >= LINE_MAX {
+            let rest = self.partial.split_off(LINE_MAX);
+            self.emit();
+            self.partial = rest;
+        }
+    }
+
+    fn emit(&mut self) {
+        let line = String::from_utf8_lossy(&self.partial);
+        (self.sink)(self.stream, line.strip_suffix('\r').unwrap_or(&line));
+        self.partial.clear();
+    }
+
+    /// The last line, if it had no line break.
+    fn end(&mut self) {
+        if !self.partial.is_empty() {
+            self.emit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn output_is_cut_into_lines_as_it_comes() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let seen = got.clone();
+        let sink: OutputSink = Arc::new(move |s, l: &str| seen.lock().unwrap().push((s, l.to_owned())));
+        let mut lines = Lines { sink, stream: OutputStream::Stderr, partial: Vec::new() };
+        lines.feed(b"one\r\ntw");
+        assert_eq!(got.lock().unwrap().len(), 1, "a line is handed on when its break comes");
+        lines.feed(b"o\n\nthree");
+        lines.end();
+        let texts: Vec<String> = got.lock().unwrap().iter().map(|(_, l)| l.clone()).collect();
+        assert_eq!(texts, ["one", "two", "", "three"]);
+        lines.feed(&vec![b'x'; LINE_MAX * 2 + 5]);
+        lines.end();
+        let sizes: Vec<usize> = got.lock().unwrap().iter().skip(4).map(|(_, l)| l.len()).collect();
+        assert_eq!(sizes, [LINE_MAX, LINE_MAX, 5], "a line without end is handed on in bounded pieces");
+    }
 }

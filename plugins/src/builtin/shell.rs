@@ -64,7 +64,8 @@ pub(crate) async fn run(params: &Params, ctx: &ActionContext) -> Result<Value, A
     let seconds = params.int_in("timeout_seconds", DEFAULT_TIMEOUT_SECONDS, 1, MAX_TIMEOUT_SECONDS)?;
     check_allowed(params.action(), command, &ctx.allowed_commands)?;
 
-    let output = match process::run("sh", &["-c", command], &ctx.working_directory, &[], Duration::from_secs(seconds), &ctx.cancel).await {
+    let timeout = Duration::from_secs(seconds);
+    let output = match process::run("sh", &["-c", command], &ctx.working_directory, &[], timeout, &ctx.cancel, ctx.output.as_ref()).await {
         Ok(output) => output,
         Err(RunError::Timeout) => {
             return Err(ActionError::Timeout { action: params.action().to_owned(), seconds });

@@ -7,6 +7,7 @@
 mod support;
 
 mod agents;
+mod alerts;
 mod chaos;
 mod config_cli;
 mod conformance;
@@ -16,6 +17,7 @@ mod faults;
 mod lifecycle;
 mod manage_jobs;
 mod mcp;
+mod notify;
 mod packaging;
 mod postgres;
 mod real_llm;

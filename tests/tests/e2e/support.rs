@@ -361,6 +361,22 @@ pub(crate) fn query_runs(db: &Path) -> Result<Vec<RunRow>, ReadError> {
     })
 }
 
+/// The first column of `sql` on the worker's SQLite database, as text, a row a line.
+pub(crate) fn sql_lines(db: &Path, sql: &str) -> Result<String, ReadError> {
+    if !db.exists() {
+        return Err(ReadError::NoDatabase(db.to_path_buf()));
+    }
+    let failed = |e: sqlx::Error| ReadError::Failed(db.to_path_buf(), e.to_string());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use sqlx::Row;
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true).busy_timeout(Duration::from_secs(5));
+        let mut conn = sqlx::ConnectOptions::connect(&opts).await.map_err(failed)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(&mut conn).await.map_err(failed)?;
+        rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<Vec<_>, _>>().map(|v| v.join("\n")).map_err(failed)
+    })
+}
+
 /// A minimal HTTP/1.1 GET, enough for the health endpoints.
 pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Write;

@@ -1,0 +1,143 @@
+//! A run's live output: the lines its commands print, recorded as they come (in small batches,
+//! a tenth of a second apart) so that `runs follow` and MCP clients following the run see them
+//! before the command ends, and kept with the run afterwards. Bounded: an attempt keeps the
+//! first [`LOG_CAP`] bytes, and a last line says how much was left out.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use lamplighter_contract::OutputLine;
+use lamplighter_plugins::{OutputSink, OutputStream};
+
+use crate::signals::{Signal, Signals};
+use crate::store::RunStore;
+
+/// The most bytes of output one attempt keeps.
+pub(crate) const LOG_CAP: usize = 1024 * 1024;
+/// How long lines gather before they are written together.
+const BATCH: Duration = Duration::from_millis(100);
+
+/// One attempt's output log. Lines come in through [`LiveOutput::sink`]; a writer task, started
+/// with the first line, records them; [`LiveOutput::finish`] writes the rest before the run's
+/// end is recorded.
+pub(crate) struct LiveOutput {
+    run_id: String,
+    store: Arc<dyn RunStore>,
+    signals: Arc<dyn Signals>,
+    /// The run's: a stopped run stops waiting for a write that does not go through.
+    cancel: CancellationToken,
+    state: Mutex<State>,
+    more: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<OutputLine>,
+    seq: u64,
+    kept: usize,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+    writer: Option<tokio::task::JoinHandle<()>>,
+    closed: bool,
+}
+
+impl LiveOutput {
+    pub(crate) fn new(run_id: &str, store: Arc<dyn RunStore>, signals: Arc<dyn Signals>, cancel: CancellationToken) -> Arc<Self> {
+        Arc::new(Self { run_id: run_id.to_owned(), store, signals, cancel, state: Mutex::new(State::default()), more: Notify::new() })
+    }
+
+    /// Where a plugin action's command sends its lines.
+    pub(crate) fn sink(self: &Arc<Self>) -> OutputSink {
+        let me = self.clone();
+        Arc::new(move |stream, text: &str| me.push(stream, text))
+    }
+
+    fn push(self: &Arc<Self>, stream: OutputStream, text: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.closed {
+            return;
+        }
+        if s.kept + text.len() > LOG_CAP {
+            s.dropped_lines += 1;
+            s.dropped_bytes += text.len() as u64;
+            return;
+        }
+        s.kept += text.len();
+        s.seq += 1;
+        let stream = match stream {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        };
+        let line = OutputLine { seq: s.seq, stream: stream.into(), at: Utc::now(), text: text.to_owned() };
+        s.pending.push(line);
+        if s.writer.is_none() {
+            let me = self.clone();
+            s.writer = Some(tokio::spawn(async move { me.write_loop().await }));
+        }
+        drop(s);
+        self.more.notify_one();
+    }
+
+    async fn write_loop(self: Arc<Self>) {
+        loop {
+            self.more.notified().await;
+            // Let a burst gather: one write (and one notice to followers) per batch.
+            if !self.state.lock().unwrap_or_else(|e| e.into_inner()).closed {
+                tokio::select! {
+                    () = tokio::time::sleep(BATCH) => {}
+                    () = self.cancel.cancelled() => {}
+                }
+            }
+            let (lines, closed) = {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                (std::mem::take(&mut s.pending), s.closed)
+            };
+            self.write(&lines).await;
+            if closed {
+                return;
+            }
+        }
+    }
+
+    async fn write(&self, lines: &[OutputLine]) {
+        if lines.is_empty() {
+            return;
+        }
+        let write = || self.store.append_output(&self.run_id, lines);
+        match crate::context::durably(&self.run_id, &self.cancel, "output", write).await {
+            Ok(()) => self.signals.publish(Signal::RunProgress(self.run_id.clone())),
+            Err(e) => tracing::warn!(run = %self.run_id, lines = lines.len(), error = %e, "output not recorded"),
+        }
+    }
+
+    /// Writes what is left (and a line saying what the cap dropped): call once the run's work
+    /// stopped, before its end is recorded, so a follower sees every line before the end.
+    pub(crate) async fn finish(&self) {
+        let (writer, lines) = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.closed = true;
+            if s.dropped_lines > 0 {
+                s.seq += 1;
+                let text = format!(
+                    "[… {} more lines ({} bytes) not recorded: a run's log keeps the first {} MiB of its output]",
+                    s.dropped_lines,
+                    s.dropped_bytes,
+                    LOG_CAP / (1024 * 1024)
+                );
+                let line = OutputLine { seq: s.seq, stream: "lamplighter".into(), at: Utc::now(), text };
+                s.pending.push(line);
+            }
+            (s.writer.take(), std::mem::take(&mut s.pending))
+        };
+        if let Some(writer) = writer {
+            // It writes what it took; what it had not taken is written here, after it.
+            self.more.notify_one();
+            let _ = writer.await;
+        }
+        self.write(&lines).await;
+    }
+}

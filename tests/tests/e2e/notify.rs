@@ -1,0 +1,299 @@
+//! Being told, on the real binaries: notifications reach a real HTTP receiver once per event
+//! (failure after N in a row, recovery) with the fields a receiver needs; a receiver that is
+//! down at first, and a worker killed with SIGKILL before it could send, still get it sent
+//! once; notifications that run a workflow and an agent (scripted provider); `runs follow`
+//! showing a command's output before the command ends; the exit codes of `follow` and `--wait`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lamplighter_tests::llm::{Reply, ScriptedLlm, messages};
+use serde_json::Value;
+
+use crate::support::{Worker, ctl_bin, free_port, poll};
+
+/// One request a [`Receiver`] took.
+#[derive(Debug, Clone)]
+pub(crate) struct Received {
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A webhook receiver: a real HTTP server on a port of its own, answering each request with
+/// the status set (200 unless told otherwise), recording what it took.
+pub(crate) struct Receiver {
+    pub(crate) port: u16,
+    got: Arc<Mutex<Vec<Received>>>,
+    status: Arc<AtomicU16>,
+}
+
+impl Receiver {
+    pub(crate) fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    pub(crate) fn start_on(port: u16) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind the receiver");
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let status = Arc::new(AtomicU16::new(200));
+        let (g, st) = (got.clone(), status.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (g, st) = (g.clone(), st.clone());
+                std::thread::spawn(move || serve(conn, &g, &st));
+            }
+        });
+        Self { port, got, status }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub(crate) fn got(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    pub(crate) fn answer(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
+    }
+}
+
+fn serve(conn: TcpStream, got: &Mutex<Vec<Received>>, status: &AtomicU16) {
+    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.trim_end().split_once(':') {
+            headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+    }
+    let len: usize = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")).and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let mut body = vec![0; len];
+    let _ = reader.read_exact(&mut body);
+    let code = status.load(Ordering::Relaxed);
+    if code == 200 {
+        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        got.lock().unwrap().push(Received { path, headers, body });
+    }
+    let mut conn = conn;
+    let _ = write!(conn, "HTTP/1.1 {code} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+}
+
+/// A shell job that fails its first `fails` runs, then succeeds (a counter in its working
+/// directory), with `notify` (YAML flow) as its rules and no retries.
+fn flaky(name: &str, fails: u32, notify: &str) -> String {
+    format!(
+        "{name}:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  retries: {{max: 0}}\n  parameters: {{command: \"echo x >> n-{name}; test $(wc -l < n-{name}) -gt {fails}\"}}\n  notify: {notify}\n"
+    )
+}
+
+/// (event, status, attempts) of every notification, oldest first.
+fn notifications(w: &Worker) -> Vec<(String, String, i64)> {
+    let sql = "SELECT event || '|' || status || '|' || attempts FROM ll_notifications ORDER BY created_at, key";
+    let rows = crate::support::sql_lines(&w.db(), sql).unwrap_or_else(|e| panic!("{e}\nlog:\n{}", w.log()));
+    rows.lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split('|').collect();
+            (p[0].to_owned(), p[1].to_owned(), p[2].parse().unwrap_or(-1))
+        })
+        .collect()
+}
+
+#[test]
+fn a_failure_streak_and_its_recovery_reach_a_webhook_once_each() {
+    let hook = Receiver::start();
+    let notify = format!(
+        "[{{on: failure, after_consecutive: 2, to: {{webhook: {{url: \"{}\", headers: {{Authorization: \"Bearer ${{HOOK_TOKEN}}\"}}}}}}}}, {{on: recovery, to: {{webhook: \"{}\"}}}}]",
+        hook.url("/hook"),
+        hook.url("/recovered")
+    );
+    let mut w = Worker::new(&flaky("flaky", 2, &notify));
+    w.env.push(("HOOK_TOKEN".into(), "s3cret".into()));
+    w.start();
+    // Two failures (exit 4: failed), then a success (exit 0).
+    for expected in [4, 4, 0] {
+        let (code, out, err) = w.ctl(&["jobs", "trigger", "flaky", "--wait"]);
+        assert_eq!(code, expected, "{out}{err}");
+    }
+    let got = poll("two notifications", Duration::from_secs(20), || Some(hook.got()).filter(|g| g.len() >= 2), || w.log());
+    let runs = w.runs();
+    let flaky: Vec<_> = runs.iter().filter(|r| r.job == "flaky").collect();
+    assert_eq!(flaky.len(), 3);
+    let (failure, recovery) = (&got[0], &got[1]);
+    assert_eq!(failure.path, "/hook");
+    assert_eq!(failure.header("authorization"), Some("Bearer s3cret"), "the header, its ${{ENV}} filled in");
+    let b = &failure.body;
+    assert_eq!((b["event"].as_str(), b["job"].as_str(), b["status"].as_str()), (Some("failure"), Some("flaky"), Some("failed")));
+    assert_eq!(b["consecutive_failures"], 2, "only the second failure in a row is told");
+    assert_eq!(b["attempt"], 1);
+    assert!(b["error"].as_str().is_some_and(|e| e.contains("exited with code 1")), "{b}");
+    assert!(b["duration_ms"].as_i64().is_some_and(|d| d >= 0), "{b}");
+    let run_id = b["run_id"].as_str().expect("run_id").to_owned();
+    assert_eq!(b["command"].as_str(), Some(format!("lampctl runs show {run_id}").as_str()));
+    assert_eq!(failure.header("idempotency-key"), b["key"].as_str(), "the event's key, for a receiver to tell a repeat");
+    assert_eq!(recovery.path, "/recovered");
+    assert_eq!((recovery.body["event"].as_str(), recovery.body["status"].as_str()), (Some("recovery"), Some("succeeded")));
+    // Recorded once each, delivered; and `runs show` says so.
+    let rows = poll(
+        "both delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n.iter().all(|(_, s, _)| s == "delivered")),
+        || w.log(),
+    );
+    assert_eq!(rows, [("failure".to_owned(), "delivered".to_owned(), 1), ("recovery".to_owned(), "delivered".to_owned(), 1)]);
+    let (code, shown, err) = w.ctl(&["runs", "show", &run_id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("notifications:") && shown.contains("webhook http://127.0.0.1:") && shown.contains("HTTP 200"), "{shown}");
+    assert!(!shown.contains("/hook"), "a webhook's path is not shown (it may be the secret): {shown}");
+    assert_eq!(hook.got().len(), 2, "nothing sent twice");
+}
+
+#[test]
+fn a_notification_outlives_a_receiver_that_is_down_and_a_worker_killed_before_sending() {
+    let port = free_port();
+    let notify = format!("[{{on: failure, to: {{webhook: \"http://127.0.0.1:{port}/hook\"}}}}]");
+    let mut w = Worker::new(&flaky("broken", 99, &notify));
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "broken", "--wait"]);
+    assert_eq!(code, 4, "{out}{err}");
+    // Nobody listens: the send fails and is tried again, with backoff.
+    poll(
+        "the notification retried",
+        Duration::from_secs(20),
+        || notifications(&w).first().filter(|(_, s, n)| s == "pending" && *n >= 2).cloned(),
+        || w.log(),
+    );
+    // The worker dies before the receiver comes back.
+    w.signal("KILL");
+    w.wait_exit(Duration::from_secs(10));
+    let hook = Receiver::start_on(port);
+    w.start();
+    let got = poll("the notification", Duration::from_secs(30), || Some(hook.got()).filter(|g| !g.is_empty()), || w.log());
+    assert_eq!(got[0].body["event"], "failure");
+    let rows = poll(
+        "delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n.first().is_some_and(|(_, s, _)| s == "delivered")),
+        || w.log(),
+    );
+    assert!(rows[0].2 >= 3, "it was tried before and after the kill: {rows:?}");
+    assert_eq!(hook.got().len(), 1, "sent once");
+    // A receiver that refuses for good (404) is given up on at once, visibly.
+    hook.answer(404);
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "broken", "--wait"]);
+    assert_eq!(code, 4);
+    let rows = poll(
+        "the second given up",
+        Duration::from_secs(20),
+        || Some(notifications(&w)).filter(|n| n.len() == 2 && n[1].1 == "abandoned"),
+        || w.log(),
+    );
+    assert_eq!(rows[1].2, 1, "a 404 is not tried again");
+    assert!(w.log().contains("notification given up"), "{}", w.log());
+}
+
+#[test]
+fn notifications_run_a_workflow_and_an_agent_with_the_event() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let llm = rt.block_on(ScriptedLlm::start((5, 3), |_| Reply::Text("paged the on-call".into())));
+    let top = format!(
+        "ai:\n  default_model: default\n  providers:\n    scripted:\n      base_url: {}\n      models:\n        default: {{id: scripted-model}}\nagents:\n  pager:\n    system_prompt: Page the on-call about the event you are given.\nworkflows:\n  page:\n    steps:\n      - id: note\n        type: plugin\n        plugin: file-save\n        action: save\n        parameters: {{path: paged.txt, content: \"${{input.job}} ${{input.event}} ${{input.status}}\"}}\n",
+        llm.base_url()
+    );
+    let w = {
+        let mut w = Worker::new("");
+        w.write_full(&top, &flaky("nightly", 99, "[{on: failure, to: {workflow: page}}, {on: failure, to: {agent: pager}}]"), "");
+        w.start();
+        w
+    };
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "nightly", "--wait"]);
+    assert_eq!(code, 4);
+    let runs = w.wait_for("the workflow and the agent ran", Duration::from_secs(30), |r| {
+        ["workflow:page", "agent:pager"].iter().all(|j| r.iter().any(|x| x.job == *j && x.status == "succeeded"))
+    });
+    assert_eq!(runs.len(), 3, "one run each, however often the event is noticed: {runs:#?}");
+    let paged = std::fs::read_to_string(w.dir.path().join("data/paged.txt")).unwrap_or_default();
+    assert_eq!(paged, "nightly failure failed");
+    let asked = llm.seen();
+    assert_eq!(asked.len(), 1);
+    let user =
+        messages(&asked[0].body).iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or_default().to_owned();
+    let event: Value = serde_json::from_str(&user).unwrap_or_else(|e| panic!("the agent is given the event as JSON ({e}): {user}"));
+    assert_eq!((event["event"].as_str(), event["job"].as_str()), (Some("failure"), Some("nightly")));
+    let rows = notifications(&w);
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|(_, s, _)| s == "delivered"), "{rows:?}");
+}
+
+#[test]
+fn runs_follow_shows_a_commands_output_before_it_ends_and_exits_by_how_the_run_ended() {
+    let job = "slow:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  retries: {max: 0}\n  parameters: {command: \"echo first-line; echo to-stderr >&2; while [ ! -f go ]; do sleep 0.05; done; echo last-line; test -f fail && exit 3; exit 0\", timeout_seconds: 60}\n";
+    let mut w = Worker::new(job);
+    w.start();
+    let (code, out, err) = w.ctl(&["-o", "json", "jobs", "trigger", "slow"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let id = serde_json::from_str::<Value>(&out).unwrap()["run_id"].as_str().unwrap().to_owned();
+    let mut follow = Command::new(ctl_bin())
+        .args(["--url", &w.url(), "runs", "follow", &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lampctl");
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("to-stderr")) {
+        let line = lines.next().expect("follow goes on").expect("a line");
+        seen.push(line);
+    }
+    // The command still runs (it waits for `go`), and its first lines are on the screen.
+    assert_eq!(w.runs().iter().find(|r| r.job == "slow").map(|r| r.status.clone()).as_deref(), Some("running"));
+    assert!(seen.iter().any(|l| l == "  │ first-line"), "{seen:?}");
+    assert!(seen.iter().any(|l| l == "  ! to-stderr"), "{seen:?}");
+    std::fs::write(w.dir.path().join("data/go"), "").unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l == "  │ last-line"), "{rest:?}");
+    assert_eq!(follow.wait().unwrap().code(), Some(0), "succeeded: 0");
+    // The log is kept with the run.
+    let (_, out, _) = w.ctl(&["-o", "json", "runs", "show", &id]);
+    let log: Vec<String> = serde_json::from_str::<Value>(&out).unwrap()["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(log, ["first-line", "to-stderr", "last-line"]);
+    // A failed run: `--wait` streams it too, and exits 4.
+    std::fs::write(w.dir.path().join("data/fail"), "").unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "slow", "--wait"]);
+    assert_eq!(code, 4, "failed: 4\n{out}{err}");
+    assert!(err.contains("  │ first-line") && err.contains("failed"), "{err}");
+    // A cancelled one exits 6 (the run is cancelled while `follow` waits).
+    std::fs::remove_file(w.dir.path().join("data/go")).unwrap();
+    let (_, out, _) = w.ctl(&["-o", "json", "jobs", "trigger", "slow"]);
+    let id = serde_json::from_str::<Value>(&out).unwrap()["run_id"].as_str().unwrap().to_owned();
+    let follow = Command::new(ctl_bin()).args(["--url", &w.url(), "runs", "follow", &id]).stdout(Stdio::piped()).spawn().expect("lampctl");
+    poll("the run to start", Duration::from_secs(10), || w.runs().iter().any(|r| r.status == "running").then_some(()), || w.log());
+    let (code, _, err) = w.ctl(&["runs", "cancel", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(follow.wait_with_output().unwrap().status.code(), Some(6), "cancelled: 6");
+}
