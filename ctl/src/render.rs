@@ -647,7 +647,7 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
     pairs.add_some("requested by", run.requested_by.clone());
     pairs.add("attempt", run.attempt.to_string());
     pairs.add_some("retry of", run.retry_of.clone());
-    pairs.add_some("retried as", run.next_run_id.clone());
+    pairs.add_some("retried as", run.next_run_id.clone().filter(|next| !next.is_empty()));
     pairs.add_some("scheduled", run.scheduled_at.map(|time| when_full(time, now)));
     pairs.add("due", when_full(run.due_at, now));
     pairs.add("enqueued", when_full(run.enqueued_at, now));

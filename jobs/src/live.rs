@@ -32,6 +32,9 @@ pub(crate) struct LiveOutput {
     cancel: CancellationToken,
     state: Mutex<State>,
     more: Notify,
+    /// The last line an earlier execution of the run recorded (a run resumed after an
+    /// approval keeps its id): this one's lines are numbered after it. Read at the first write.
+    base: tokio::sync::OnceCell<u64>,
 }
 
 #[derive(Default)]
@@ -47,7 +50,15 @@ struct State {
 
 impl LiveOutput {
     pub(crate) fn new(run_id: &str, store: Arc<dyn RunStore>, signals: Arc<dyn Signals>, cancel: CancellationToken) -> Arc<Self> {
-        Arc::new(Self { run_id: run_id.to_owned(), store, signals, cancel, state: Mutex::new(State::default()), more: Notify::new() })
+        Arc::new(Self {
+            run_id: run_id.to_owned(),
+            store,
+            signals,
+            cancel,
+            state: Mutex::new(State::default()),
+            more: Notify::new(),
+            base: Default::default(),
+        })
     }
 
     /// Where a plugin action's command sends its lines.
@@ -107,6 +118,17 @@ impl LiveOutput {
         if lines.is_empty() {
             return;
         }
+        let base = self
+            .base
+            .get_or_init(|| async { self.store.output(&self.run_id).await.ok().and_then(|l| l.last().map(|l| l.seq)).unwrap_or(0) })
+            .await;
+        let numbered: Vec<OutputLine>;
+        let lines = if *base == 0 {
+            lines
+        } else {
+            numbered = lines.iter().map(|l| OutputLine { seq: l.seq + base, ..l.clone() }).collect();
+            &numbered
+        };
         let write = || self.store.append_output(&self.run_id, lines);
         match crate::context::durably(&self.run_id, &self.cancel, "output", write).await {
             Ok(()) => self.signals.publish(Signal::RunProgress(self.run_id.clone())),

@@ -605,7 +605,7 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) wait_until: Option<DateTime<Utc>>,
     /// The execution's trace, when its spans were exported.
     pub(crate) trace_id: Option<&'a str>,
-    /// No attempt follows this one (its policy gives it no retry): its end is the run's
+    /// A failure no attempt follows (its policy gives it no retry): its end is the run's
     /// outcome, recorded as such (`next_run_id` = '') in the same statement.
     pub(crate) last: bool,
 }

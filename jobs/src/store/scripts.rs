@@ -472,7 +472,8 @@ impl<D: Dialect> RunStore for D {
         }
         let sql = super::dialect::numbered(
             &format!(
-                "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5, next_run_id = coalesce(next_run_id, '')
+                "UPDATE ll_runs SET status = $2, output = $3, error = $4, finished_at = $5,
+                                   next_run_id = CASE WHEN $6 THEN coalesce(next_run_id, '') ELSE next_run_id END
                  WHERE id = $1 AND status IN {}",
                 status_list(sources.into_iter())
             ),
@@ -484,7 +485,9 @@ impl<D: Dialect> RunStore for D {
             .bind(status.as_str())
             .bind(output.map(|o| o.to_string()))
             .bind(error)
-            .bind(ms(now));
+            .bind(ms(now))
+            // A failure ended here has no attempt to follow: it is the run's outcome.
+            .bind(matches!(status, RunStatus::Failed | RunStatus::TimedOut | RunStatus::Interrupted));
         let n = D::execute(&mut tx, q).await?;
         if n == 1 {
             close_steps::<D>(&mut tx, &[(id, status)], now).await?;

@@ -297,3 +297,26 @@ fn runs_follow_shows_a_commands_output_before_it_ends_and_exits_by_how_the_run_e
     assert_eq!(code, 0, "{err}");
     assert_eq!(follow.wait_with_output().unwrap().status.code(), Some(6), "cancelled: 6");
 }
+
+#[test]
+fn a_run_resumed_after_an_approval_keeps_one_log() {
+    let top = "workflows:\n  two:\n    steps:\n      - {id: a, type: plugin, plugin: shell-exec, action: run, parameters: {command: \"echo before\"}}\n      - {id: gate, type: approval}\n      - {id: b, type: plugin, plugin: shell-exec, action: run, parameters: {command: \"echo after\"}}\n";
+    let mut w = Worker::new("");
+    w.write_full(top, "both:\n  workflow: two\n", "");
+    w.start();
+    let (code, out, err) = w.ctl(&["-o", "json", "jobs", "trigger", "both", "--wait"]);
+    assert_eq!(code, 7, "waits for approval: 7\n{out}{err}");
+    let id = serde_json::from_str::<Value>(&out).unwrap()["run_id"].as_str().unwrap().to_owned();
+    let (code, _, err) = w.ctl(&["approvals", "approve", &id]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = w.ctl(&["runs", "follow", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = w.ctl(&["-o", "json", "runs", "show", &id]);
+    let log: Vec<(u64, String)> = serde_json::from_str::<Value>(&out).unwrap()["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["seq"].as_u64().unwrap(), l["text"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(log, [(1, "before".to_owned()), (2, "after".to_owned())]);
+}
