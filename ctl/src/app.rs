@@ -511,7 +511,7 @@ async fn start_and_follow(
 ) -> Result<Value, CtlError> {
     let started: TriggerOutcome = answer(tool, &client.call(tool, arguments).await?)?;
     let id = started.run_id.as_str();
-    let followed = follow_run(client, id, |before, detail, _| {
+    let followed = follow_run(client, id, Until::EndsOrWaits, |before, detail, _| {
         if output == Output::Table {
             eprint!("{}", render::progress(before, detail, Utc::now()));
         }
@@ -587,7 +587,7 @@ async fn follow_interruptibly(client: &Client, output: Output, id: &str) -> Resu
 /// `runs follow`: the run, then what changes, on stdout; `-o json` prints the run, one JSON
 /// line per change.
 async fn follow(client: &Client, output: Output, id: &str) -> Result<(), CtlError> {
-    let detail = follow_run(client, id, |before, detail, value| {
+    let detail = follow_run(client, id, Until::Ends, |before, detail, value| {
         emit(&match output {
             Output::Json => format!("{}\n", serde_json::to_string(value).unwrap_or_default()),
             Output::Table => render::progress(before, detail, Utc::now()),
@@ -597,12 +597,22 @@ async fn follow(client: &Client, output: Output, id: &str) -> Result<(), CtlErro
     ended(&detail.run)
 }
 
+/// How long a follow lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Until the run ends: `runs follow`, which a person watches through an approval.
+    Ends,
+    /// Until it ends or waits for a decision: `--wait`, so that a script is not held until a
+    /// person acts.
+    EndsOrWaits,
+}
+
 /// Subscribes to the run's resource, then reads the run, and again at each change the worker
-/// notifies, handing each reading (with the one before) to `show`, until the run ends or
-/// waits for a decision (a person has to act before it goes on).
+/// notifies, handing each reading (with the one before) to `show`, `until` it ends (or waits).
 async fn follow_run(
     client: &Client,
     id: &str,
+    until: Until,
     mut show: impl FnMut(Option<&RunDetail>, &RunDetail, &Value) -> Result<(), CtlError>,
 ) -> Result<RunDetail, CtlError> {
     // Subscribed before the first read: nothing that happens in between is missed.
@@ -612,7 +622,7 @@ async fn follow_run(
         let value = client.call("get_run", Arguments::default().with("id", id).0).await?;
         let detail: RunDetail = answer("get_run", &value)?;
         show(shown.as_ref(), &detail, &value)?;
-        if detail.run.status.is_final() || detail.run.status == RunStatus::WaitingApproval {
+        if detail.run.status.is_final() || (until == Until::EndsOrWaits && detail.run.status == RunStatus::WaitingApproval) {
             return Ok(detail);
         }
         shown = Some(detail);
@@ -728,13 +738,18 @@ mod tests {
     }
 
     #[test]
-    fn a_waited_run_that_did_not_succeed_exits_1() {
+    fn a_waited_run_exits_with_how_it_ended() {
         assert!(waited_outcome(&waited("succeeded", None)).is_ok());
-        assert!(waited_outcome(&waited("running", None)).is_ok());
+        assert!(waited_outcome(&waited("running", None)).is_ok(), "still going: pointed at, not failed");
         let failed = waited_outcome(&waited("failed", Some("exit status 2"))).unwrap_err();
-        assert_eq!(failed.exit_code(), 1);
-        assert_eq!(failed.to_string(), "run r1 failed: exit status 2");
-        assert_eq!(waited_outcome(&waited("timed_out", None)).unwrap_err().to_string(), "run r1 timed_out");
+        assert_eq!((failed.exit_code(), failed.to_string().as_str()), (4, "run r1 failed: exit status 2"));
+        let ended = |status| waited_outcome(&waited(status, None)).unwrap_err();
+        assert_eq!((ended("timed_out").exit_code(), ended("timed_out").to_string().as_str()), (5, "run r1 timed out"));
+        assert_eq!(ended("cancelled").exit_code(), 6);
+        let waiting = ended("waiting_approval");
+        assert_eq!(waiting.exit_code(), 7);
+        assert!(waiting.to_string().contains("lampctl approvals approve r1"), "{waiting}");
+        assert_eq!(ended("interrupted").exit_code(), 8);
     }
 
     #[test]

@@ -328,10 +328,10 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         transcript: bool,
     },
-    /// Follow a run until it ends or waits for approval: its status, each step and each line of
-    /// output as they come (the worker notifies lampctl; nothing polls). Exits like `jobs
-    /// trigger --wait`: 0 succeeded, 4 failed, 5 timed out, 6 cancelled, 7 waits for approval,
-    /// 8 interrupted or skipped
+    /// Follow a run until it ends, through its approvals: its status, each step, model and tool
+    /// call and each line of output as they come (the worker notifies lampctl; nothing polls).
+    /// Exits with how it ended: 0 succeeded, 4 failed, 5 timed out, 6 cancelled, 8 interrupted
+    /// or skipped
     Follow {
         /// The run's id
         id: String,

@@ -170,7 +170,7 @@ impl RunContext {
 /// full disk, a server restarting) is waited out, as a run's end is: the run keeps what it has
 /// done meanwhile. A fence's refusal, any other error, or the run being stopped (`cancel`)
 /// ends the wait with the error.
-pub(crate) async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, write: W) -> Result<(), StoreError>
+async fn durably<F, W>(run: &str, cancel: &CancellationToken, what: &str, write: W) -> Result<(), StoreError>
 where
     W: FnMut() -> F,
     F: std::future::Future<Output = Result<(), StoreError>>,

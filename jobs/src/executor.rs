@@ -434,8 +434,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 error: f.end.error.as_deref(),
                 wait_until: f.end.wait_until,
                 trace_id: f.trace_id.as_deref(),
-                // Only a failure's finality depends on it (a success or a cancel is final).
-                last: matches!(f.end.status, RunStatus::Failed | RunStatus::TimedOut | RunStatus::Interrupted) && retry.is_none(),
+                // Only a failure's finality depends on it (a success or a cancel is final); an
+                // interrupted run's follow-up is recovery's to decide.
+                last: matches!(f.end.status, RunStatus::Failed | RunStatus::TimedOut) && retry.is_none(),
             })
             .collect();
         // Until the database takes them (a server restarting, a failover): the runs keep

@@ -32,6 +32,8 @@ pub(crate) struct LiveOutput {
     cancel: CancellationToken,
     state: Mutex<State>,
     more: Notify,
+    /// The run's work stopped: the writer hands over to `finish`.
+    closing: Notify,
     /// The last line an earlier execution of the run recorded (a run resumed after an
     /// approval keeps its id): this one's lines are numbered after it. Read at the first write.
     base: tokio::sync::OnceCell<u64>,
@@ -57,6 +59,7 @@ impl LiveOutput {
             cancel,
             state: Mutex::new(State::default()),
             more: Notify::new(),
+            closing: Notify::new(),
             base: Default::default(),
         })
     }
@@ -96,43 +99,66 @@ impl LiveOutput {
     async fn write_loop(self: Arc<Self>) {
         loop {
             self.more.notified().await;
-            // Let a burst gather: one write (and one notice to followers) per batch.
-            if !self.state.lock().unwrap_or_else(|e| e.into_inner()).closed {
-                tokio::select! {
-                    () = tokio::time::sleep(BATCH) => {}
-                    () = self.cancel.cancelled() => {}
-                }
+            // Let a burst gather: one write (and one notice to followers) per batch. The end of
+            // the run cuts the wait short.
+            tokio::select! {
+                () = tokio::time::sleep(BATCH) => {}
+                () = self.closing.notified() => {}
+                () = self.cancel.cancelled() => {}
             }
             let (lines, closed) = {
                 let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 (std::mem::take(&mut s.pending), s.closed)
             };
-            self.write(&lines).await;
             if closed {
+                // What it took goes back, for `finish` to write after what came before.
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).pending.splice(0..0, lines);
                 return;
+            }
+            if !self.write(&lines).await {
+                // Kept for the next batch (the database is down for now; nothing is held up).
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).pending.splice(0..0, lines);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => self.more.notify_one(),
+                    () = self.closing.notified() => return,
+                    () = self.cancel.cancelled() => return,
+                }
             }
         }
     }
 
-    async fn write(&self, lines: &[OutputLine]) {
+    /// One attempt: the log must never hold up a run or its end (a database that is down is
+    /// the recorder's to wait out, with the run's end). True when recorded.
+    async fn write(&self, lines: &[OutputLine]) -> bool {
         if lines.is_empty() {
-            return;
+            return true;
         }
-        let base = self
-            .base
-            .get_or_init(|| async { self.store.output(&self.run_id).await.ok().and_then(|l| l.last().map(|l| l.seq)).unwrap_or(0) })
-            .await;
+        let base = match self.base.get() {
+            Some(b) => *b,
+            None => match self.store.output(&self.run_id).await {
+                Ok(earlier) => *self.base.get_or_init(|| async { earlier.last().map_or(0, |l| l.seq) }).await,
+                Err(e) => {
+                    tracing::debug!(run = %self.run_id, error = %e, "cannot read the run's earlier output");
+                    return false;
+                }
+            },
+        };
         let numbered: Vec<OutputLine>;
-        let lines = if *base == 0 {
+        let lines = if base == 0 {
             lines
         } else {
             numbered = lines.iter().map(|l| OutputLine { seq: l.seq + base, ..l.clone() }).collect();
             &numbered
         };
-        let write = || self.store.append_output(&self.run_id, lines);
-        match crate::context::durably(&self.run_id, &self.cancel, "output", write).await {
-            Ok(()) => self.signals.publish(Signal::RunProgress(self.run_id.clone())),
-            Err(e) => tracing::warn!(run = %self.run_id, lines = lines.len(), error = %e, "output not recorded"),
+        match self.store.append_output(&self.run_id, lines).await {
+            Ok(()) => {
+                self.signals.publish(Signal::RunProgress(self.run_id.clone()));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(run = %self.run_id, lines = lines.len(), error = %e, "output not recorded yet");
+                false
+            }
         }
     }
 
@@ -156,10 +182,19 @@ impl LiveOutput {
             (s.writer.take(), std::mem::take(&mut s.pending))
         };
         if let Some(writer) = writer {
-            // It writes what it took; what it had not taken is written here, after it.
+            // It stops at once, handing back what it had taken; all is written here, in order.
+            self.closing.notify_one();
             self.more.notify_one();
             let _ = writer.await;
         }
-        self.write(&lines).await;
+        let lines = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = std::mem::take(&mut s.pending);
+            all.extend(lines);
+            all
+        };
+        if !self.write(&lines).await {
+            tracing::warn!(run = %self.run_id, lines = lines.len(), "the run's last output lines are not recorded: the database refused them");
+        }
     }
 }

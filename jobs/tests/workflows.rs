@@ -308,7 +308,7 @@ async fn a_timeout_applies_on_timeout_when_nobody_decides() {
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.error.as_deref(), Some("step \"gate\" was rejected: no decision within 1h (on_timeout: reject)"));
     engine.scheduled_through_now().await;
-    assert_eq!(engine.get_run(&id).await.expect("run").next_run_id, None, "a rejection is not retried");
+    assert_eq!(engine.get_run(&id).await.expect("run").next_run_id.as_deref(), Some(""), "a rejection is not retried: no attempt follows");
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

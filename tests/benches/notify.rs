@@ -19,7 +19,7 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Worker, cpu_ms, summary};
 
@@ -37,7 +37,9 @@ fn main() {
 fn output(runs: usize) {
     println!("\n== output: a command printing 10 MB in 100-byte lines, {runs} runs each ==");
     let job = |name: &str, command: &str| {
-        format!("    {name}:\n      type: plugin\n      plugin: shell-exec\n      action: run\n      parameters: {{command: \"{command}\", timeout_seconds: 600}}\n")
+        format!(
+            "    {name}:\n      type: plugin\n      plugin: shell-exec\n      action: run\n      parameters: {{command: \"{command}\", timeout_seconds: 600}}\n"
+        )
     };
     let jobs = job("discarded", &format!("{TEN_MB} > /dev/null")) + &job("recorded", TEN_MB);
     let mut w = Worker::new(&jobs, 4);
@@ -63,10 +65,11 @@ fn notifications() {
     let port = listener.local_addr().expect("addr").port();
     // (arrival, the run's end as the event says), Unix ms.
     let got: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let (arrived_tx, arrived) = std::sync::mpsc::channel::<()>();
     let g = got.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let g = g.clone();
+            let (g, arrived_tx) = (g.clone(), arrived_tx.clone());
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().expect("clone"));
                 let mut len = 0;
@@ -83,8 +86,10 @@ fn notifications() {
                 let _ = reader.read_exact(&mut body);
                 let arrived = now_ms();
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                let ended = v["finished_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.timestamp_millis());
+                let ended =
+                    v["finished_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.timestamp_millis());
                 g.lock().unwrap().push((arrived, ended.unwrap_or(arrived)));
+                let _ = arrived_tx.send(());
                 let mut conn = conn;
                 let _ = write!(conn, "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n");
             });
@@ -99,10 +104,10 @@ fn notifications() {
     let mut w = Worker::new(&jobs, JOBS);
     w.start();
     let cpu_before = cpu_ms(w.pid());
-    let started = Instant::now();
-    while got.lock().unwrap().len() < JOBS {
-        assert!(started.elapsed() < Duration::from_secs(120), "only {} notifications arrived:\n{}", got.lock().unwrap().len(), w.log());
-        std::thread::sleep(Duration::from_millis(50));
+    for n in 0..JOBS {
+        if arrived.recv_timeout(Duration::from_secs(120)).is_err() {
+            panic!("only {n} notifications arrived:\n{}", w.log());
+        }
     }
     let cpu = cpu_ms(w.pid()) - cpu_before;
     w.stop();
