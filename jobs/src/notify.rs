@@ -164,36 +164,15 @@ fn shorten(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::{RunStatus, Trigger};
 
     fn run() -> Run {
-        let t = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        Run {
-            id: "r2".into(),
-            job: "nightly".into(),
-            trigger: Trigger::Cron,
-            status: RunStatus::Failed,
-            scheduled_at: Some(t),
-            due_at: t,
-            enqueued_at: t,
-            started_at: Some(t),
-            finished_at: Some(t + TimeDelta::milliseconds(2500)),
-            attempt: 2,
-            input: None,
-            parameters: None,
-            output: None,
-            error: Some("exit 3".into()),
-            worker: Some("w1".into()),
-            idempotency_key: None,
-            root_id: "r1".into(),
-            retry_of: Some("r1".into()),
-            next_run_id: Some(String::new()),
-            tokens_in: None,
-            tokens_out: None,
-            cost: None,
-            trace_id: None,
-            requested_by: None,
-        }
+        let (t, end) = ("2027-01-15T08:00:00Z", "2027-01-15T08:00:02.500Z");
+        serde_json::from_value(json!({
+            "id": "r2", "job": "nightly", "trigger": "cron", "status": "failed", "scheduled_at": t, "due_at": t,
+            "enqueued_at": t, "started_at": t, "finished_at": end, "attempt": 2, "error": "exit 3", "worker": "w1",
+            "root_id": "r1", "retry_of": "r1", "next_run_id": "",
+        }))
+        .expect("a run")
     }
 
     #[test]

@@ -326,23 +326,26 @@ impl std::fmt::Display for ReadError {
     }
 }
 
-/// Every run in the worker's SQLite database, oldest first.
-pub(crate) fn query_runs(db: &Path) -> Result<Vec<RunRow>, ReadError> {
+/// `read` on a read-only connection to the worker's SQLite database.
+fn read_db<T>(db: &Path, read: impl AsyncFnOnce(&mut sqlx::SqliteConnection) -> Result<T, sqlx::Error>) -> Result<T, ReadError> {
     if !db.exists() {
         return Err(ReadError::NoDatabase(db.to_path_buf()));
     }
     let failed = |e: sqlx::Error| ReadError::Failed(db.to_path_buf(), e.to_string());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        use sqlx::Row;
         let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true).busy_timeout(Duration::from_secs(5));
         let mut conn = sqlx::ConnectOptions::connect(&opts).await.map_err(failed)?;
-        let rows = sqlx::query(
-            "SELECT id, job, trigger, status, scheduled_at, error, started_at - due_at AS late, retry_of FROM ll_runs ORDER BY id",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .map_err(failed)?;
+        read(&mut conn).await.map_err(failed)
+    })
+}
+
+/// Every run in the worker's SQLite database, oldest first.
+pub(crate) fn query_runs(db: &Path) -> Result<Vec<RunRow>, ReadError> {
+    read_db(db, async |conn| {
+        use sqlx::Row;
+        let sql = "SELECT id, job, trigger, status, scheduled_at, error, started_at - due_at AS late, retry_of FROM ll_runs ORDER BY id";
+        let rows = sqlx::query(sql).fetch_all(conn).await?;
         rows.iter()
             .map(|r| {
                 Ok(RunRow {
@@ -356,24 +359,16 @@ pub(crate) fn query_runs(db: &Path) -> Result<Vec<RunRow>, ReadError> {
                     retry_of: r.try_get("retry_of")?,
                 })
             })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(failed)
+            .collect()
     })
 }
 
 /// The first column of `sql` on the worker's SQLite database, as text, a row a line.
 pub(crate) fn sql_lines(db: &Path, sql: &str) -> Result<String, ReadError> {
-    if !db.exists() {
-        return Err(ReadError::NoDatabase(db.to_path_buf()));
-    }
-    let failed = |e: sqlx::Error| ReadError::Failed(db.to_path_buf(), e.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
+    read_db(db, async |conn| {
         use sqlx::Row;
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).read_only(true).busy_timeout(Duration::from_secs(5));
-        let mut conn = sqlx::ConnectOptions::connect(&opts).await.map_err(failed)?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(&mut conn).await.map_err(failed)?;
-        rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<Vec<_>, _>>().map(|v| v.join("\n")).map_err(failed)
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(conn).await?;
+        rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<Vec<_>, _>>().map(|v| v.join("\n"))
     })
 }
 
