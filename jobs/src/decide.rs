@@ -220,11 +220,13 @@ pub(crate) const RETRY_RECORDED_WITHIN: chrono::TimeDelta = chrono::TimeDelta::h
 
 /// The outcome a run that ended stands for; `None` while an attempt may still follow (a
 /// failure whose retry is not recorded yet). `next_run_id`: `Some("")` when no attempt follows,
-/// the next attempt's id when one does.
+/// the next attempt's id when one does. A failure that ended before the job's last success
+/// (noticed late: its retry was waited for) is superseded: it counts for nothing.
 pub(crate) fn outcome_kind(
     status: RunStatus,
     next_run_id: Option<&str>,
     finished_at: DateTime<Utc>,
+    last_success: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Option<Option<OutcomeKind>> {
     let kind = match status {
@@ -236,6 +238,8 @@ pub(crate) fn outcome_kind(
     if kind != OutcomeKind::Failure {
         return Some(Some(kind));
     }
+    let superseded = last_success.is_some_and(|s| s >= finished_at);
+    let kind = if superseded { OutcomeKind::Neutral } else { kind };
     match next_run_id {
         // An attempt follows: this one is not the run's outcome.
         Some(next) if !next.is_empty() => Some(None),
@@ -316,13 +320,19 @@ mod tests {
     fn a_failure_is_an_outcome_once_no_attempt_follows() {
         let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let soon = t + chrono::TimeDelta::seconds(5);
-        assert_eq!(outcome_kind(RunStatus::Failed, None, t, soon), None, "its retry may still be recorded");
-        assert_eq!(outcome_kind(RunStatus::Failed, Some("r2"), t, soon), Some(None), "the retry's outcome counts");
-        assert_eq!(outcome_kind(RunStatus::TimedOut, Some(""), t, soon), Some(Some(OutcomeKind::Failure)));
-        assert_eq!(outcome_kind(RunStatus::Failed, None, t, t + RETRY_RECORDED_WITHIN), Some(Some(OutcomeKind::Failure)));
-        assert_eq!(outcome_kind(RunStatus::Succeeded, None, t, soon), Some(Some(OutcomeKind::Success)));
-        assert_eq!(outcome_kind(RunStatus::Cancelled, None, t, soon), Some(Some(OutcomeKind::Neutral)));
-        assert_eq!(outcome_kind(RunStatus::WaitingApproval, None, t, soon), None);
+        assert_eq!(outcome_kind(RunStatus::Failed, None, t, None, soon), None, "its retry may still be recorded");
+        assert_eq!(outcome_kind(RunStatus::Failed, Some("r2"), t, None, soon), Some(None), "the retry's outcome counts");
+        assert_eq!(outcome_kind(RunStatus::TimedOut, Some(""), t, None, soon), Some(Some(OutcomeKind::Failure)));
+        let late = t + RETRY_RECORDED_WITHIN;
+        assert_eq!(outcome_kind(RunStatus::Failed, None, t, None, late), Some(Some(OutcomeKind::Failure)));
+        assert_eq!(
+            outcome_kind(RunStatus::Failed, None, t, Some(soon), late),
+            Some(Some(OutcomeKind::Neutral)),
+            "a failure noticed after a later success is superseded"
+        );
+        assert_eq!(outcome_kind(RunStatus::Succeeded, None, t, None, soon), Some(Some(OutcomeKind::Success)));
+        assert_eq!(outcome_kind(RunStatus::Cancelled, None, t, None, soon), Some(Some(OutcomeKind::Neutral)));
+        assert_eq!(outcome_kind(RunStatus::WaitingApproval, None, t, None, soon), None);
     }
 
     #[test]

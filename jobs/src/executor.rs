@@ -39,6 +39,9 @@ use crate::store::{Handed, RunEnd, RunStore, StoreError};
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
 
+/// The longest a run's end waits for its last output lines to be recorded.
+const LOG_FINISH_WITHIN: Duration = Duration::from_secs(5);
+
 /// One run in progress in this process.
 #[derive(Debug, Default)]
 pub(crate) struct Running {
@@ -368,8 +371,10 @@ async fn execute(
                 observer: exec.env.observer.clone(),
                 signals: exec.env.signals.clone(),
             };
+            let run_id = run.id.clone();
             let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
             let live = ctx.output().clone();
+            let _writer = live.guard();
             // The run's start, as recorded: the moment its target is called.
             let clock = exec.env.clock.clone();
             let now = clock.now();
@@ -395,8 +400,11 @@ async fn execute(
                 }
                 () = entry.token.cancelled() => None,
             };
-            // Every line printed is recorded before the end is.
-            live.finish().await;
+            // Every line printed is recorded before the end is, unless the database takes too
+            // long: the log never holds up the end.
+            if tokio::time::timeout(LOG_FINISH_WITHIN, live.finish()).await.is_err() {
+                tracing::warn!(run = %run_id, "the run's last output lines are not recorded: the database is slow; its end is recorded without them");
+            }
             outcome
         }
     };

@@ -64,6 +64,12 @@ impl LiveOutput {
         })
     }
 
+    /// Stops the writer when dropped, unless [`LiveOutput::finish`] ran: the run's work ended
+    /// some other way (a panic) and nobody will finish the log.
+    pub(crate) fn guard(self: &Arc<Self>) -> WriterGuard {
+        WriterGuard(self.clone())
+    }
+
     /// Where a plugin action's command sends its lines.
     pub(crate) fn sink(self: &Arc<Self>) -> OutputSink {
         let me = self.clone();
@@ -195,6 +201,17 @@ impl LiveOutput {
         };
         if !self.write(&lines).await {
             tracing::warn!(run = %self.run_id, lines = lines.len(), "the run's last output lines are not recorded: the database refused them");
+        }
+    }
+}
+
+/// See [`LiveOutput::guard`].
+pub(crate) struct WriterGuard(Arc<LiveOutput>);
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        if let Some(writer) = self.0.state.lock().unwrap_or_else(|e| e.into_inner()).writer.take() {
+            writer.abort();
         }
     }
 }

@@ -66,7 +66,7 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
     }
     let mut failures = 0u32;
     loop {
-        let next = match pass(&env, &http).await {
+        let next = match pass(&env, &http, &stop).await {
             Ok(next) => {
                 failures = 0;
                 next
@@ -87,38 +87,43 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
         };
         tokio::select! {
             () = sleep => {}
-            () = woken(&mut signals) => {}
+            () = woken(&mut signals) => {
+                // One pass serves every signal that came meanwhile.
+                signals.drain();
+            }
             () = stop.cancelled() => return,
         }
     }
 }
 
-/// Resolves at the next signal that may mean something to notice.
+/// Resolves at the next signal that may mean something to notice: a run's end (a run waits for
+/// a decision through its end too), or signals missed.
 async fn woken(signals: &mut Receiver) {
     loop {
         match signals.recv().await {
-            Some(Signal::RunFinished(_) | Signal::RunProgress(_) | Signal::Lagged | Signal::Wake) => return,
+            Some(Signal::RunFinished(_) | Signal::Lagged | Signal::Wake) => return,
             Some(_) => {}
             None => std::future::pending().await,
         }
     }
 }
 
-/// Notices what ended, then sends what is due; returns when the next send is due.
-async fn pass(env: &NotifierEnv, http: &reqwest::Client) -> Result<Option<DateTime<Utc>>, StoreError> {
+/// Notices what ended, then sends what is due (until `stop`); returns when to look again: the
+/// next send due, or a failure whose retry may still be recorded.
+async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToken) -> Result<Option<DateTime<Utc>>, StoreError> {
     let config = env.config.get();
     let rules = |job: &str| config.notify_rules(job);
     let waits = config.notifies_waits();
-    loop {
+    let recheck_at = loop {
         let noticed = env.store.notice(&rules, waits, env.clock.now()).await?;
         if noticed.recorded > 0 {
             tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, "outcomes noticed");
         }
         if !noticed.more {
-            break;
+            break noticed.recheck_at;
         }
-    }
-    loop {
+    };
+    while !stop.is_cancelled() {
         let claimed = env.store.claim_notifications(&env.worker, PARALLEL, CLAIM, env.clock.now()).await?;
         if claimed.is_empty() {
             break;
@@ -146,10 +151,15 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client) -> Result<Option<DateTi
                 }
             };
             env.observer.notification(&c.event, outcome);
-            env.store.notification_sent(&c.key, &env.worker, &sent, env.clock.now()).await?;
+            // The others' results are recorded all the same; this one is sent again once its
+            // claim runs out (with its key).
+            if let Err(e) = env.store.notification_sent(&c.key, &env.worker, &sent, env.clock.now()).await {
+                tracing::warn!(key = %c.key, error = %e, "cannot record how a notification's send ended; it is sent again later");
+            }
         }
     }
-    env.store.next_notification().await
+    let next = env.store.next_notification().await?;
+    Ok([next, recheck_at].into_iter().flatten().min())
 }
 
 /// Sends one notification, to its rule's target as the config in force has it.
@@ -188,7 +198,8 @@ async fn post(http: &reqwest::Client, w: &Webhook, c: &Claimed) -> Result<u16, (
     for (name, value) in &w.headers {
         req = req.header(name.as_str(), value.expose());
     }
-    let response = req.send().await.map_err(|e| (format!("cannot reach {}: {}", c.target, error_chain(&e)), false))?;
+    // Without its URL: a webhook's path may be the secret, and the error is stored and shown.
+    let response = req.send().await.map_err(|e| (format!("cannot reach {}: {}", c.target, error_chain(&e.without_url())), false))?;
     let status = response.status();
     if status.is_success() {
         return Ok(status.as_u16());

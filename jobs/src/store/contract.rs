@@ -353,6 +353,10 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     for id in &ids[..3] {
         s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(200)).await.expect("finish");
     }
+    // An outcome not yet noticed (its notifications not yet recorded) is kept.
+    assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 0);
+    let no_rules = |_: &str| None;
+    assert_eq!(s.notice(&no_rules, false, t + secs(300)).await.expect("notice").runs, 3);
     assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 2);
     let left: Vec<String> =
         s.list_runs(&RunFilter { job: Some("r".into()), ..Default::default() }).await.expect("list").into_iter().map(|r| r.id).collect();
@@ -757,6 +761,9 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
     let pass = |now| async move { s.notice(&rules_of_n, false, now).await.expect("notice") };
     let noticed = pass(t + secs(71)).await;
     assert_eq!((noticed.runs, noticed.recorded), (1, 0), "one failure so far; the second waits for its retry");
+    assert_eq!(noticed.recheck_at, Some(t + secs(70) + crate::decide::RETRY_RECORDED_WITHIN), "looked at again when its retry is overdue");
+    // A worker that restarts under its name hands back what its predecessor left mid-send.
+    assert_eq!(s.release_claims(ME, t).await.expect("release"), 0);
     // Its retry fails too, as its last attempt: the second failure in a row.
     let failed = s.get_run(&ids[1]).await.expect("get").expect("run");
     let retry = s.follow_up(&failed, t + secs(80), t + secs(71)).await.expect("follow up").expect("retry");
@@ -784,6 +791,7 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
     assert_eq!(claimed.len(), 2);
     assert_eq!(claimed[0].payload["consecutive_failures"], 2);
     assert!(s.claim_notifications("worker-b", 10, Duration::from_secs(60), now).await.expect("claim").is_empty());
+    assert_eq!(s.release_claims("worker-b", now).await.expect("release"), 0, "only the claimer's own");
     let (a, b) = (&claimed[0], &claimed[1]);
     s.notification_sent(&a.key, ME, &Sent::Delivered("HTTP 204".into()), now).await.expect("sent");
     // Only the worker holding it records it.

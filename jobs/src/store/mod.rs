@@ -621,8 +621,10 @@ pub(crate) struct Noticed {
     pub(crate) runs: usize,
     /// Notifications recorded (new keys).
     pub(crate) recorded: usize,
-    /// The pass took a full batch: more may be waiting.
+    /// The pass took a full batch and noticed some of it: more may be waiting.
     pub(crate) more: bool,
+    /// When a failure left unnoticed (its retry may still be recorded) is to be looked at again.
+    pub(crate) recheck_at: Option<DateTime<Utc>>,
 }
 
 /// What the per-job gauges show of a job, as the database has it.

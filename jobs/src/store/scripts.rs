@@ -23,7 +23,8 @@ use super::{
     TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{
-    AfterDecision, OutcomeKind, StepChoice, after_decision, choose_step, decision_record, notify_on_outcome, notify_on_wait, outcome_kind,
+    AfterDecision, OutcomeKind, RETRY_RECORDED_WITHIN, StepChoice, after_decision, choose_step, decision_record, notify_on_outcome,
+    notify_on_wait, outcome_kind,
 };
 use crate::definitions::{Change, decide_change};
 use crate::notify::{self, Claimed, NewNotification, Notification, NotificationStatus, Sent};
@@ -960,7 +961,7 @@ impl<D: Dialect> RunStore for D {
                 sql!(
                     D,
                     format!(
-                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {a} AND id NOT IN
+                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {a} AND outcome_seen IS NOT NULL AND id NOT IN
                          (SELECT id FROM ll_runs WHERE job = $1 AND status NOT IN {a} ORDER BY id DESC LIMIT $2)",
                         a = *ACTIVE
                     )
@@ -971,7 +972,13 @@ impl<D: Dialect> RunStore for D {
         }
         if let Some(age) = max_age {
             let q = Stmt::new(
-                sql!(D, format!("DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {} AND finished_at < $2", *ACTIVE)),
+                sql!(
+                    D,
+                    format!(
+                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {} AND outcome_seen IS NOT NULL AND finished_at < $2",
+                        *ACTIVE
+                    )
+                ),
                 "pruning runs by age",
             );
             deleted += D::execute(&mut c, q.bind(job).bind(ms(now) - age.as_millis() as i64)).await?;
@@ -1000,10 +1007,18 @@ impl<D: Dialect> RunStore for D {
         let more = runs.len() == NOTICE_BATCH;
         let jobs: BTreeSet<&str> = runs.iter().map(|r| r.job.as_str()).collect();
         let mut streaks: HashMap<String, u32> = HashMap::new();
+        let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
+        let mut recheck_at: Option<DateTime<Utc>> = None;
         if !jobs.is_empty() {
-            let q = Stmt::new(sql!(D, "SELECT job, consecutive_failures FROM ll_job_state WHERE job {in $1}"), "reading failure streaks");
+            let q = Stmt::new(
+                sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1}"),
+                "reading failure streaks",
+            );
             for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
                 streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
+                if let Some(at) = r.opt_int("last_success_at") {
+                    last_success.insert(r.text("job"), from_ms(at));
+                }
             }
         }
         let mut of_job: HashMap<&str, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
@@ -1012,7 +1027,13 @@ impl<D: Dialect> RunStore for D {
         let mut new: Vec<NewNotification> = Vec::new();
         for run in &runs {
             let finished = run.finished_at.unwrap_or(now);
-            let Some(kind) = outcome_kind(run.status, run.next_run_id.as_deref(), finished, now) else { continue };
+            let Some(kind) = outcome_kind(run.status, run.next_run_id.as_deref(), finished, last_success.get(&run.job).copied(), now)
+            else {
+                // Its retry may still be recorded: looked at again then, at the latest.
+                let at = finished + RETRY_RECORDED_WITHIN;
+                recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
+                continue;
+            };
             seen.push(run.id.as_str());
             let (Some(kind), Some(rules)) = (kind, of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job))) else { continue };
             let before = streaks.get(&run.job).copied().unwrap_or(0);
@@ -1021,6 +1042,9 @@ impl<D: Dialect> RunStore for D {
             new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
             streaks.insert(run.job.clone(), after);
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
+            if kind == OutcomeKind::Success {
+                last_success.insert(run.job.clone(), finished);
+            }
             let state = states.entry(run.job.as_str()).or_insert((after, None));
             *state = (after, success.or(state.1));
         }
@@ -1067,7 +1091,9 @@ impl<D: Dialect> RunStore for D {
             D::execute(&mut tx, q.bind_list(seen.iter().copied())).await?;
         }
         D::commit(tx).await?;
-        Ok(Noticed { runs: seen.len(), recorded, more })
+        // A full batch with nothing in it to notice (failures waiting for their retries) is not
+        // "more": the pass would only read it again.
+        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at })
     }
 
     async fn claim_notifications(&self, worker: &str, n: usize, hold: Duration, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
@@ -1224,15 +1250,25 @@ impl<D: Dialect> RunStore for D {
         if lines.is_empty() {
             return Ok(());
         }
+        // One transaction for the whole batch, and a line written before is left as it is: a
+        // batch tried again after an answer was lost writes what it had not.
+        let mut tx = self.begin().await?;
+        fence::<D>(&mut tx, run_id).await?;
         for chunk in lines.chunks(ROWS_PER_STATEMENT) {
-            let mut q =
-                Stmt::built(values(&D::SPELLING, "ll_run_output (run_id, seq, stream, at, text)", 5, chunk.len(), ""), "recording output");
+            let text = values(
+                &D::SPELLING,
+                "ll_run_output (run_id, seq, stream, at, text)",
+                5,
+                chunk.len(),
+                " ON CONFLICT (run_id, seq) DO NOTHING",
+            );
+            let mut q = Stmt::built(text, "recording output");
             for l in chunk {
                 q = q.bind(run_id).bind(l.seq as i64).bind(l.stream.as_str()).bind(ms(l.at)).bind(l.text.as_str());
             }
-            write_fenced(self, run_id, q).await?;
+            D::execute(&mut tx, q).await?;
         }
-        Ok(())
+        D::commit(tx).await
     }
 
     async fn output(&self, run_id: &str) -> Result<Vec<lamplighter_contract::OutputLine>, StoreError> {
