@@ -38,6 +38,8 @@ const PARALLEL: usize = 16;
 const CLAIM: Duration = Duration::from_secs(60);
 /// How long a webhook may take to answer.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest the notifier sleeps with nothing due: a wake-up it missed costs at most this.
+const IDLE_LOOK_AGAIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// What the notifier is handed.
 pub(crate) struct NotifierEnv {
@@ -79,12 +81,8 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
                 Some(env.clock.now() + chrono::TimeDelta::seconds(i64::from(failures.min(30))))
             }
         };
-        let sleep = async {
-            match next {
-                Some(at) => env.clock.sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let at = next.unwrap_or(DateTime::<Utc>::MAX_UTC).min(env.clock.now() + IDLE_LOOK_AGAIN);
+        let sleep = env.clock.sleep_until(at);
         tokio::select! {
             () = sleep => {}
             () = woken(&mut signals) => {
@@ -116,9 +114,7 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
     let waits = config.notifies_waits();
     let recheck_at = loop {
         let noticed = env.store.notice(&rules, waits, env.clock.now()).await?;
-        if noticed.recorded > 0 {
-            tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, "outcomes noticed");
-        }
+        tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, more = noticed.more, "outcomes noticed");
         if !noticed.more {
             break noticed.recheck_at;
         }

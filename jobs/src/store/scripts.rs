@@ -31,14 +31,15 @@ use crate::notify::{self, Claimed, NewNotification, Notification, NotificationSt
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
-/// Rows per multi-row statement: 21 columns × 1000 stays under both drivers' bound on
+/// Rows per multi-row statement: 22 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them.
 const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
-                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch)";
-const RUN_INSERT_COLS: usize = 21;
+                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch, \
+                          outcome_seen)";
+const RUN_INSERT_COLS: usize = 22;
 
 /// Runs one notice pass reads ([`RunStore::notice`]).
 const NOTICE_BATCH: usize = 1000;
@@ -102,7 +103,10 @@ async fn insert_runs<D: Dialect>(
                 .bind(worker)
                 .bind(worker.map(|_| now))
                 .bind(r.requested_by.as_deref())
-                .bind(worker.and(epoch));
+                .bind(worker.and(epoch))
+                // A run that ends as it is made (a skipped tick) has nothing to notice: no event,
+                // no streak moved; marked so that retention can prune it at once.
+                .bind(status.is_final().then_some(1i64));
         }
         D::execute(c, q).await?;
     }

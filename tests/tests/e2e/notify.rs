@@ -204,7 +204,7 @@ fn a_notification_outlives_a_receiver_that_is_down_and_a_worker_killed_before_se
     assert_eq!(code, 4);
     let rows = poll(
         "the second given up",
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         || Some(notifications(&w)).filter(|n| n.len() == 2 && n[1].1 == "abandoned"),
         || w.log(),
     );
