@@ -820,6 +820,29 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
     assert_eq!(statuses, expected);
 }
 
+async fn waits_are_notified_once_each(s: &dyn RunStore) {
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    let to = NotifyTarget::Agent("triage".into());
+    let rule = |on| NotifyRule { on, after_consecutive: 1, to: to.clone() };
+    let rules = |job: &str| (job == "w").then(|| vec![rule(NotifyOn::ApprovalWaiting), rule(NotifyOn::BudgetAsked)]);
+    let id = waiting_run(s, &["gate", "agent:budget-1"], None).await;
+    let t = t0();
+    assert_eq!(s.notice(&rules, false, t).await.expect("notice").recorded, 0, "waits are read only when a rule is about them");
+    assert_eq!(s.notice(&rules, true, t).await.expect("notice").recorded, 2);
+    assert_eq!(s.notice(&rules, true, t + secs(1)).await.expect("again").recorded, 0, "a wait is told once");
+    let mut told: Vec<(String, String)> = s.notifications(&id).await.expect("read").into_iter().map(|n| (n.event, n.key)).collect();
+    told.sort();
+    assert_eq!(
+        told,
+        [
+            ("approval_waiting".to_owned(), format!("{id}/approval_waiting/gate/0")),
+            ("budget_asked".to_owned(), format!("{id}/budget_asked/agent:budget-1/1"))
+        ]
+    );
+    let claimed = s.claim_notifications(ME, 10, Duration::from_secs(60), t + secs(2)).await.expect("claim");
+    assert!(claimed.iter().all(|c| c.payload["command"].as_str().is_some_and(|cmd| cmd.starts_with("lampctl approvals approve"))));
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -846,6 +869,7 @@ macro_rules! contract {
                 a_window_knows_which_ticks_have_runs,
                 a_cancel_request_is_kept_with_its_running_run,
                 outcomes_are_noticed_once_and_notifications_sent_once,
+                waits_are_notified_once_each,
             );
         }
     };
