@@ -162,7 +162,7 @@ pub fn mcp_args(input: &[u8]) {
             let max = match tool {
                 "list_jobs" => Some(1000),
                 "list_runs" => Some(200),
-                "get_job" | "scheduler_job_status" => Some(100),
+                "get_job" | "scheduler_job_status" | "preview_schedule" => Some(100),
                 _ => None,
             };
             assert_eq!(checked.count.is_some(), max.is_some(), "{tool}: {checked:?}");
