@@ -17,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 use lamplighter_config::{NotifyTarget, Webhook, WebhookFormat};
 
+use crate::agent::connection_error;
 use crate::clock::Clock;
 use crate::events::Observer;
 use crate::in_force::{InForce, JobsConfig};
 use crate::notify::{self, Claimed, Sent};
-use crate::run::{RunStatus, Trigger};
+use crate::run::Trigger;
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{NewRun, RunStore, StoreError};
@@ -195,7 +196,7 @@ async fn post(http: &reqwest::Client, w: &Webhook, c: &Claimed) -> Result<u16, (
         req = req.header(name.as_str(), value.expose());
     }
     // Without its URL: a webhook's path may be the secret, and the error is stored and shown.
-    let response = req.send().await.map_err(|e| (format!("cannot reach {}: {}", c.target, error_chain(&e.without_url())), false))?;
+    let response = req.send().await.map_err(|e| (format!("cannot reach {}: {}", c.target, connection_error(&e.without_url())), false))?;
     let status = response.status();
     if status.is_success() {
         return Ok(status.as_u16());
@@ -204,17 +205,6 @@ async fn post(http: &reqwest::Client, w: &Webhook, c: &Claimed) -> Result<u16, (
     let text: String = text.chars().take(200).collect();
     let permanent = status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429;
     Err((format!("{} answered HTTP {}: {}", c.target, status.as_u16(), text.trim()), permanent))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Starts a run of the workflow, agent or plugin action with the event, keyed by the event (so
@@ -245,23 +235,17 @@ async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget
     };
     let now = env.clock.now();
     let run = NewRun {
-        job,
-        trigger: Trigger::Api,
-        status: RunStatus::Queued,
-        scheduled_at: None,
-        due_at: now,
-        attempt: 1,
         input,
         parameters,
-        error: None,
         idempotency_key: Some(c.key.clone()),
-        retry_of: None,
-        root_id: None,
-        snapshot: Some(JobSnapshot { target, timeout_ms: None, working_directory: None, allowed_commands: Vec::new(), budget: None }),
         requested_by: Some(format!("notification {}", c.key)),
+        ..NewRun::asked(job, Trigger::Api, JobSnapshot::of_target(target), now)
     };
+    let (job, trigger) = (run.job.clone(), run.trigger);
     let (id, created) = env.store.insert_run(run, now).await.map_err(|e| (e.to_string(), false))?;
     if created {
+        // As a run started by hand: counted, and handed over by the scheduler's next look.
+        env.observer.run_created(&job, trigger, &id);
         env.signals.publish(Signal::Wake);
     }
     Ok(id)

@@ -10,7 +10,7 @@
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
 
-use lamplighter_config::{NotifyOn, NotifyTarget};
+use lamplighter_config::{Backoff, NotifyOn, NotifyTarget, RetryPolicy};
 
 use crate::run::Run;
 pub(crate) use lamplighter_contract::{Notification, NotificationStatus};
@@ -62,8 +62,11 @@ pub(crate) fn retry_at(attempts: u32, permanent: bool, created_at: DateTime<Utc>
     if permanent {
         return None;
     }
-    let secs = 1i64 << attempts.saturating_sub(1).min(9);
-    let at = now + TimeDelta::seconds(secs.min(300));
+    let backoff = RetryPolicy {
+        max: u32::MAX,
+        backoff: Backoff::Exponential { initial: std::time::Duration::from_secs(1), max_delay: std::time::Duration::from_secs(300) },
+    };
+    let at = now + TimeDelta::from_std(backoff.delay(attempts)).unwrap_or(TimeDelta::seconds(300));
     (at - created_at <= GIVE_UP_AFTER).then_some(at)
 }
 

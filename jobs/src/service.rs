@@ -300,20 +300,11 @@ impl Engine {
         let now = self.shared.clock().now();
         let snapshot = self.shared.snapshot().snapshot_of(&job);
         let run = NewRun {
-            job: name.to_string(),
-            trigger: Trigger::Manual,
-            status: RunStatus::Queued,
-            scheduled_at: None,
-            due_at: now,
-            attempt: 1,
             input: req.input.or(job.input),
             parameters: merge_parameters(job.parameters, req.parameters),
-            error: None,
             idempotency_key: req.idempotency_key,
-            retry_of: None,
-            root_id: None,
-            snapshot: Some(snapshot),
             requested_by: req.requested_by,
+            ..NewRun::asked(name.to_string(), Trigger::Manual, snapshot, now)
         };
         self.insert_and_dispatch(run, now).await
     }
@@ -453,28 +444,12 @@ impl Engine {
         };
         check_idempotency_key(idempotency_key.as_deref())?;
         let now = self.shared.clock().now();
-        let snapshot = JobSnapshot {
-            target: TargetRef::Workflow { workflow: name.to_string(), definition: Some(definition) },
-            timeout_ms: None,
-            working_directory: None,
-            allowed_commands: Vec::new(),
-            budget: None,
-        };
+        let snapshot = JobSnapshot::of_target(TargetRef::Workflow { workflow: name.to_string(), definition: Some(definition) });
         let run = NewRun {
-            job: format!("{WORKFLOW_RUNS}{name}"),
-            trigger: Trigger::Manual,
-            status: RunStatus::Queued,
-            scheduled_at: None,
-            due_at: now,
-            attempt: 1,
             input,
-            parameters: None,
-            error: None,
             idempotency_key,
-            retry_of: None,
-            root_id: None,
-            snapshot: Some(snapshot),
             requested_by,
+            ..NewRun::asked(format!("{WORKFLOW_RUNS}{name}"), Trigger::Manual, snapshot, now)
         };
         self.insert_and_dispatch(run, now).await
     }

@@ -63,6 +63,12 @@ impl JobSnapshot {
         }
     }
 
+    /// What a run without a job executes (a workflow run by hand, a run a notification starts):
+    /// its target with a job's defaults.
+    pub fn of_target(target: TargetRef) -> Self {
+        Self { target, timeout_ms: None, working_directory: None, allowed_commands: Vec::new(), budget: None }
+    }
+
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.timeout_ms.map(std::time::Duration::from_millis)
     }

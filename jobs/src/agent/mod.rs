@@ -22,6 +22,7 @@
 mod budget;
 mod mcp;
 mod model;
+pub(crate) use model::connection_error;
 mod replay;
 mod tools;
 

@@ -404,8 +404,9 @@ fn parse_retry_after(v: &str) -> Option<Duration> {
     Some(d.min(Duration::from_secs(600)))
 }
 
-fn connection_error(e: &reqwest::Error) -> String {
-    // reqwest's Display names the URL, which carries no secret; its source says why.
+/// A request that got no answer, with every cause (reqwest's Display names the URL: a caller
+/// whose URL may hold a secret passes the error `without_url`).
+pub(crate) fn connection_error(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {

@@ -371,6 +371,28 @@ pub(crate) struct NewRun {
 }
 
 impl NewRun {
+    /// A first attempt of `job` asked for at `now` (by hand, through the API, by a
+    /// notification), due at once, running `snapshot`; input, parameters, key and asker are
+    /// the caller's to set.
+    pub(crate) fn asked(job: String, trigger: Trigger, snapshot: JobSnapshot, now: DateTime<Utc>) -> Self {
+        NewRun {
+            job,
+            trigger,
+            status: RunStatus::Queued,
+            scheduled_at: None,
+            due_at: now,
+            attempt: 1,
+            input: None,
+            parameters: None,
+            error: None,
+            idempotency_key: None,
+            retry_of: None,
+            root_id: None,
+            snapshot: Some(snapshot),
+            requested_by: None,
+        }
+    }
+
     /// The run as it is stored once inserted under `id` at `now` (not yet claimed).
     pub(crate) fn to_run(&self, id: &str, now: DateTime<Utc>) -> Run {
         Run {
