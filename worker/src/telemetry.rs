@@ -122,7 +122,7 @@ impl Telemetry {
             }
             match b.build() {
                 Ok(e) => {
-                    let mut r = PeriodicReader::builder(Warned::new(e, "metrics"));
+                    let mut r = PeriodicReader::builder(Warned::new(e, Exported::Metrics));
                     if let Some(i) = t.metrics_interval {
                         r = r.with_interval(i);
                     }
@@ -150,7 +150,7 @@ impl Telemetry {
                         }
                         match e.build() {
                             Ok(e) => Some(b.with_span_processor(
-                                BatchSpanProcessor::builder(Warned::new(e, "traces")).with_batch_config(batch_config(&env)).build(),
+                                BatchSpanProcessor::builder(Warned::new(e, Exported::Traces)).with_batch_config(batch_config(&env)).build(),
                             )),
                             Err(e) => {
                                 problems.push(format!("cannot export traces: {e}"));
@@ -170,7 +170,9 @@ impl Telemetry {
                     e = e.with_endpoint(url);
                 }
                 match e.build() {
-                    Ok(e) => Some(SdkLoggerProvider::builder().with_resource(resource).with_batch_exporter(Warned::new(e, "logs")).build()),
+                    Ok(e) => Some(
+                        SdkLoggerProvider::builder().with_resource(resource).with_batch_exporter(Warned::new(e, Exported::Logs)).build(),
+                    ),
                     Err(e) => {
                         problems.push(format!("cannot export logs: {e}"));
                         None
@@ -285,15 +287,33 @@ type Layered = tracing_subscriber::layer::Layered<EnvFilter, Subscriber>;
 #[derive(Debug)]
 struct Warned<E> {
     inner: E,
-    signal: &'static str,
+    signal: Exported,
     last_warned: AtomicU64,
-    failures: AtomicU64,
 }
 
-/// The signals exported, and how many exports of each failed (dropped what they carried), for
-/// `lamplighter.telemetry.export.failures`: an outside alert sees telemetry being dropped.
-const SIGNALS: [&str; 3] = ["traces", "metrics", "logs"];
-static EXPORT_FAILURES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+/// A signal exported over OTLP.
+#[derive(Debug, Clone, Copy)]
+enum Exported {
+    Traces = 0,
+    Metrics = 1,
+    Logs = 2,
+}
+
+impl Exported {
+    const ALL: [Exported; 3] = [Self::Traces, Self::Metrics, Self::Logs];
+
+    fn as_str(self) -> &'static str {
+        ["traces", "metrics", "logs"][self as usize]
+    }
+
+    /// How many of its exports failed (dropped what they carried), since the process began:
+    /// what the warnings count, and `lamplighter.telemetry.export.failures`, for an outside
+    /// alert to see telemetry being dropped.
+    fn failures(self) -> &'static AtomicU64 {
+        static FAILURES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+        &FAILURES[self as usize]
+    }
+}
 
 /// Registers the export failure counter on `meter` (every signal, 0 until one fails).
 fn export_failures(meter: &opentelemetry::metrics::Meter) {
@@ -301,28 +321,25 @@ fn export_failures(meter: &opentelemetry::metrics::Meter) {
         .u64_observable_counter("lamplighter.telemetry.export.failures")
         .with_description("Telemetry exports that failed (what they carried was dropped), by signal")
         .with_callback(|o| {
-            for (signal, n) in SIGNALS.iter().zip(&EXPORT_FAILURES) {
-                o.observe(n.load(Ordering::Relaxed), &[KeyValue::new("signal", *signal)]);
+            for signal in Exported::ALL {
+                o.observe(signal.failures().load(Ordering::Relaxed), &[KeyValue::new("signal", signal.as_str())]);
             }
         })
         .build();
 }
 
 impl<E> Warned<E> {
-    fn new(inner: E, signal: &'static str) -> Self {
-        Self { inner, signal, last_warned: AtomicU64::new(0), failures: AtomicU64::new(0) }
+    fn new(inner: E, signal: Exported) -> Self {
+        Self { inner, signal, last_warned: AtomicU64::new(0) }
     }
 
     fn report(&self, r: OTelSdkResult) -> OTelSdkResult {
         if let Err(e) = &r {
-            if let Some(i) = SIGNALS.iter().position(|s| *s == self.signal) {
-                EXPORT_FAILURES[i].fetch_add(1, Ordering::Relaxed);
-            }
-            let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+            let failures = self.signal.failures().fetch_add(1, Ordering::Relaxed) + 1;
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
             let last = self.last_warned.load(Ordering::Relaxed);
             if now >= last + 60 && self.last_warned.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-                tracing::warn!(target: "lamplighter::telemetry", signal = self.signal, failures, error = %e, "cannot export telemetry; dropping it (next warning in a minute at the earliest)");
+                tracing::warn!(target: "lamplighter::telemetry", signal = self.signal.as_str(), failures, error = %e, "cannot export telemetry; dropping it (next warning in a minute at the earliest)");
             }
         }
         r
