@@ -56,8 +56,9 @@ impl std::fmt::Debug for RunContext {
 }
 
 impl RunContext {
-    pub(crate) fn new(run: Run, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
-        let output = crate::live::LiveOutput::new(&run.id, env.store.clone(), env.signals.clone(), cancel.clone());
+    /// `resumed`: the run executed before (it waited for a decision, and goes on).
+    pub(crate) fn new(run: Run, resumed: bool, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
+        let output = crate::live::LiveOutput::new(&run.id, resumed, env.store.clone(), env.signals.clone(), cancel.clone());
         Self { run, job, cancel, env, output }
     }
 

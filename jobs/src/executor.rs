@@ -372,7 +372,9 @@ async fn execute(
                 signals: exec.env.signals.clone(),
             };
             let run_id = run.id.clone();
-            let ctx = RunContext::new(run, job.clone(), entry.token.clone(), env);
+            // A resumed run keeps its first start: none is recorded for this execution.
+            let resumed = started.is_none();
+            let ctx = RunContext::new(run, resumed, job.clone(), entry.token.clone(), env);
             let live = ctx.output().clone();
             let _writer = live.guard();
             // The run's start, as recorded: the moment its target is called.

@@ -35,7 +35,8 @@ pub(crate) struct LiveOutput {
     /// The run's work stopped: the writer hands over to `finish`.
     closing: Notify,
     /// The last line an earlier execution of the run recorded (a run resumed after an
-    /// approval keeps its id): this one's lines are numbered after it. Read at the first write.
+    /// approval keeps its id): this one's lines are numbered after it. Known (0) for a run that
+    /// starts afresh; read at the first write of a resumed one.
     base: tokio::sync::OnceCell<u64>,
 }
 
@@ -51,7 +52,15 @@ struct State {
 }
 
 impl LiveOutput {
-    pub(crate) fn new(run_id: &str, store: Arc<dyn RunStore>, signals: Arc<dyn Signals>, cancel: CancellationToken) -> Arc<Self> {
+    /// The log of run `run_id`'s execution; `resumed`: an earlier execution of it (before a wait
+    /// for a decision) may have printed already.
+    pub(crate) fn new(
+        run_id: &str,
+        resumed: bool,
+        store: Arc<dyn RunStore>,
+        signals: Arc<dyn Signals>,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
         Arc::new(Self {
             run_id: run_id.to_owned(),
             store,
@@ -60,7 +69,7 @@ impl LiveOutput {
             state: Mutex::new(State::default()),
             more: Notify::new(),
             closing: Notify::new(),
-            base: Default::default(),
+            base: if resumed { tokio::sync::OnceCell::new() } else { tokio::sync::OnceCell::new_with(Some(0)) },
         })
     }
 
