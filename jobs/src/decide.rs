@@ -218,34 +218,43 @@ pub(crate) enum OutcomeKind {
 /// as final (the worker that would have scheduled the retry stopped in between).
 pub(crate) const RETRY_RECORDED_WITHIN: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 
-/// The outcome a run that ended stands for; `None` while an attempt may still follow (a
-/// failure whose retry is not recorded yet). `next_run_id`: `Some("")` when no attempt follows,
-/// the next attempt's id when one does. A failure that ended before the job's last success
-/// (noticed late: its retry was waited for) is superseded: it counts for nothing.
-pub(crate) fn outcome_kind(
+/// What an ended run is, for the streak and the notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finality {
+    /// Not known yet: a failure whose retry may still be recorded (look again later).
+    Undecided,
+    /// An attempt follows: this one is not the run's outcome.
+    Retried,
+    /// The run's outcome.
+    Outcome(OutcomeKind),
+}
+
+/// What a run that ended is. `next_run_id`: `Some("")` when no attempt follows, the next
+/// attempt's id when one does. A failure that ended before the job's last success (noticed
+/// late: its retry was waited for) is superseded: it counts for nothing.
+pub(crate) fn finality(
     status: RunStatus,
     next_run_id: Option<&str>,
     finished_at: DateTime<Utc>,
     last_success: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
-) -> Option<Option<OutcomeKind>> {
+) -> Finality {
     let kind = match status {
         RunStatus::Succeeded => OutcomeKind::Success,
         RunStatus::Cancelled | RunStatus::Skipped => OutcomeKind::Neutral,
         RunStatus::Failed | RunStatus::TimedOut | RunStatus::Interrupted => OutcomeKind::Failure,
-        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingApproval => return None,
+        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingApproval => return Finality::Undecided,
     };
     if kind != OutcomeKind::Failure {
-        return Some(Some(kind));
+        return Finality::Outcome(kind);
     }
     let superseded = last_success.is_some_and(|s| s >= finished_at);
     let kind = if superseded { OutcomeKind::Neutral } else { kind };
     match next_run_id {
-        // An attempt follows: this one is not the run's outcome.
-        Some(next) if !next.is_empty() => Some(None),
-        Some(_) => Some(Some(kind)),
-        None if now - finished_at >= RETRY_RECORDED_WITHIN => Some(Some(kind)),
-        None => None,
+        Some(next) if !next.is_empty() => Finality::Retried,
+        Some(_) => Finality::Outcome(kind),
+        None if now - finished_at >= RETRY_RECORDED_WITHIN => Finality::Outcome(kind),
+        None => Finality::Undecided,
     }
 }
 
@@ -320,19 +329,20 @@ mod tests {
     fn a_failure_is_an_outcome_once_no_attempt_follows() {
         let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let soon = t + chrono::TimeDelta::seconds(5);
-        assert_eq!(outcome_kind(RunStatus::Failed, None, t, None, soon), None, "its retry may still be recorded");
-        assert_eq!(outcome_kind(RunStatus::Failed, Some("r2"), t, None, soon), Some(None), "the retry's outcome counts");
-        assert_eq!(outcome_kind(RunStatus::TimedOut, Some(""), t, None, soon), Some(Some(OutcomeKind::Failure)));
+        use Finality::*;
+        assert_eq!(finality(RunStatus::Failed, None, t, None, soon), Undecided, "its retry may still be recorded");
+        assert_eq!(finality(RunStatus::Failed, Some("r2"), t, None, soon), Retried, "the retry's outcome counts");
+        assert_eq!(finality(RunStatus::TimedOut, Some(""), t, None, soon), Outcome(OutcomeKind::Failure));
         let late = t + RETRY_RECORDED_WITHIN;
-        assert_eq!(outcome_kind(RunStatus::Failed, None, t, None, late), Some(Some(OutcomeKind::Failure)));
+        assert_eq!(finality(RunStatus::Failed, None, t, None, late), Outcome(OutcomeKind::Failure));
         assert_eq!(
-            outcome_kind(RunStatus::Failed, None, t, Some(soon), late),
-            Some(Some(OutcomeKind::Neutral)),
+            finality(RunStatus::Failed, None, t, Some(soon), late),
+            Outcome(OutcomeKind::Neutral),
             "a failure noticed after a later success is superseded"
         );
-        assert_eq!(outcome_kind(RunStatus::Succeeded, None, t, None, soon), Some(Some(OutcomeKind::Success)));
-        assert_eq!(outcome_kind(RunStatus::Cancelled, None, t, None, soon), Some(Some(OutcomeKind::Neutral)));
-        assert_eq!(outcome_kind(RunStatus::WaitingApproval, None, t, None, soon), None);
+        assert_eq!(finality(RunStatus::Succeeded, None, t, None, soon), Outcome(OutcomeKind::Success));
+        assert_eq!(finality(RunStatus::Cancelled, None, t, None, soon), Outcome(OutcomeKind::Neutral));
+        assert_eq!(finality(RunStatus::WaitingApproval, None, t, None, soon), Undecided);
     }
 
     #[test]

@@ -23,8 +23,8 @@ use super::{
     TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{
-    AfterDecision, OutcomeKind, RETRY_RECORDED_WITHIN, StepChoice, after_decision, choose_step, decision_record, notify_on_outcome,
-    notify_on_wait, outcome_kind,
+    AfterDecision, Finality, OutcomeKind, RETRY_RECORDED_WITHIN, StepChoice, after_decision, choose_step, decision_record, finality,
+    notify_on_outcome, notify_on_wait,
 };
 use crate::definitions::{Change, decide_change};
 use crate::notify::{self, Claimed, NewNotification, Notification, NotificationStatus, Sent};
@@ -1031,15 +1031,21 @@ impl<D: Dialect> RunStore for D {
         let mut new: Vec<NewNotification> = Vec::new();
         for run in &runs {
             let finished = run.finished_at.unwrap_or(now);
-            let Some(kind) = outcome_kind(run.status, run.next_run_id.as_deref(), finished, last_success.get(&run.job).copied(), now)
-            else {
-                // Its retry may still be recorded: looked at again then, at the latest.
-                let at = finished + RETRY_RECORDED_WITHIN;
-                recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
-                continue;
+            let kind = match finality(run.status, run.next_run_id.as_deref(), finished, last_success.get(&run.job).copied(), now) {
+                Finality::Undecided => {
+                    // Its retry may still be recorded: looked at again then, at the latest.
+                    let at = finished + RETRY_RECORDED_WITHIN;
+                    recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
+                    continue;
+                }
+                Finality::Retried => {
+                    seen.push(run.id.as_str());
+                    continue;
+                }
+                Finality::Outcome(kind) => kind,
             };
             seen.push(run.id.as_str());
-            let (Some(kind), Some(rules)) = (kind, of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job))) else { continue };
+            let Some(rules) = of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job)) else { continue };
             let before = streaks.get(&run.job).copied().unwrap_or(0);
             let (fire, after) = notify_on_outcome(kind, before, rules);
             let shown = if kind == OutcomeKind::Failure { after } else { before };
