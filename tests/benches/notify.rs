@@ -16,12 +16,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Worker, cpu_ms, summary};
+use lamplighter_tests::webhook::Receiver;
 
 const TEN_MB: &str = "head -c 10485760 /dev/zero | tr '\\\\0' x | fold -w 100";
 const JOBS: usize = 1000;
@@ -61,40 +59,8 @@ fn output(runs: usize) {
 
 fn notifications() {
     println!("\n== notifications: {JOBS} jobs failing on one tick, a failure notification each ==");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    // (arrival, the run's end as the event says), Unix ms.
-    let got: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
-    let (arrived_tx, arrived) = std::sync::mpsc::channel::<()>();
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let (g, arrived_tx) = (g.clone(), arrived_tx.clone());
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-                let mut len = 0;
-                loop {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-                        break;
-                    }
-                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; len];
-                let _ = reader.read_exact(&mut body);
-                let arrived = now_ms();
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                let ended =
-                    v["finished_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.timestamp_millis());
-                g.lock().unwrap().push((arrived, ended.unwrap_or(arrived)));
-                let _ = arrived_tx.send(());
-                let mut conn = conn;
-                let _ = write!(conn, "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n");
-            });
-        }
-    });
+    let hook = Receiver::start();
+    let port = hook.port;
     let mut jobs = String::new();
     for i in 0..JOBS {
         jobs.push_str(&format!(
@@ -104,20 +70,21 @@ fn notifications() {
     let mut w = Worker::new(&jobs, JOBS);
     w.start();
     let cpu_before = cpu_ms(w.pid());
-    for n in 0..JOBS {
-        if arrived.recv_timeout(Duration::from_secs(120)).is_err() {
-            panic!("only {n} notifications arrived:\n{}", w.log());
-        }
-    }
+    let got = hook
+        .wait_for(JOBS, Duration::from_secs(120))
+        .unwrap_or_else(|got| panic!("only {} notifications arrived:\n{}", got.len(), w.log()));
     let cpu = cpu_ms(w.pid()) - cpu_before;
     w.stop();
-    let got = got.lock().unwrap().clone();
+    // (arrival, the run's end as the event says), Unix ms.
+    let got: Vec<(i64, i64)> = got
+        .iter()
+        .map(|r| {
+            let ended = r.body["finished_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+            (r.arrived_ms, ended.map_or(r.arrived_ms, |t| t.timestamp_millis()))
+        })
+        .collect();
     let first_end = got.iter().map(|(_, e)| *e).min().unwrap_or(0);
     let last_arrival = got.iter().map(|(a, _)| *a).max().unwrap_or(0);
     summary("run end → notification arrived, ms", got.iter().map(|(a, e)| a - e).collect());
     println!("first run's end → last notification: {} ms; worker CPU meanwhile (runs included) {cpu} ms", last_arrival - first_end);
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
 }

@@ -1,7 +1,8 @@
 //! Fixtures the test suites share: a scripted OpenAI-compatible server ([`llm`]), a real OTLP
 //! receiver ([`otlp`]), a throwaway
 //! PostgreSQL cluster ([`pg`]), starting the worker until it says it is ready ([`proc`]), snapshot
-//! files ([`snapshot`]), what the machine must have ([`setup`]) and a stdio MCP server (the
+//! files ([`snapshot`]), what the machine must have ([`setup`]), a webhook receiver
+//! ([`webhook`]) and a stdio MCP server (the
 //! `mcp-fixture` binary). End-to-end
 //! tests live in `tests/e2e/`.
 
@@ -13,3 +14,4 @@ pub mod proc;
 pub mod proxy;
 pub mod setup;
 pub mod snapshot;
+pub mod webhook;

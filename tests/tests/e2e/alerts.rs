@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::notify::Receiver;
+use lamplighter_tests::webhook::Receiver;
+
 use crate::support::{Worker, http_get, now_ms, poll, repo_root};
 
 fn promtool() -> &'static str {

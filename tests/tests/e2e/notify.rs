@@ -4,100 +4,15 @@
 //! once; notifications that run a workflow and an agent (scripted provider); `runs follow`
 //! showing a command's output before the command ends; the exit codes of `follow` and `--wait`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lamplighter_tests::llm::{Reply, ScriptedLlm, messages};
+use lamplighter_tests::webhook::Receiver;
 use serde_json::Value;
 
 use crate::support::{Worker, ctl_bin, free_port, poll};
-
-/// One request a [`Receiver`] took.
-#[derive(Debug, Clone)]
-pub(crate) struct Received {
-    pub(crate) path: String,
-    pub(crate) headers: Vec<(String, String)>,
-    pub(crate) body: Value,
-}
-
-impl Received {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-/// A webhook receiver: a real HTTP server on a port of its own, answering each request with
-/// the status set (200 unless told otherwise), recording what it took.
-pub(crate) struct Receiver {
-    pub(crate) port: u16,
-    got: Arc<Mutex<Vec<Received>>>,
-    status: Arc<AtomicU16>,
-}
-
-impl Receiver {
-    pub(crate) fn start() -> Self {
-        Self::start_on(free_port())
-    }
-
-    pub(crate) fn start_on(port: u16) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind the receiver");
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let status = Arc::new(AtomicU16::new(200));
-        let (g, st) = (got.clone(), status.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let (g, st) = (g.clone(), st.clone());
-                std::thread::spawn(move || serve(conn, &g, &st));
-            }
-        });
-        Self { port, got, status }
-    }
-
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    pub(crate) fn got(&self) -> Vec<Received> {
-        self.got.lock().unwrap().clone()
-    }
-
-    pub(crate) fn answer(&self, status: u16) {
-        self.status.store(status, Ordering::Relaxed);
-    }
-}
-
-fn serve(conn: TcpStream, got: &Mutex<Vec<Received>>, status: &AtomicU16) {
-    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.trim_end().split_once(':') {
-            headers.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
-    }
-    let len: usize = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")).and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
-    let mut body = vec![0; len];
-    let _ = reader.read_exact(&mut body);
-    let code = status.load(Ordering::Relaxed);
-    if code == 200 {
-        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        got.lock().unwrap().push(Received { path, headers, body });
-    }
-    let mut conn = conn;
-    let _ = write!(conn, "HTTP/1.1 {code} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
-}
 
 /// A shell job that fails its first `fails` runs, then succeeds (a counter in its working
 /// directory), with `notify` (YAML flow) as its rules and no retries.
@@ -135,7 +50,7 @@ fn a_failure_streak_and_its_recovery_reach_a_webhook_once_each() {
         let (code, out, err) = w.ctl(&["jobs", "trigger", "flaky", "--wait"]);
         assert_eq!(code, expected, "{out}{err}");
     }
-    let got = poll("two notifications", Duration::from_secs(20), || Some(hook.got()).filter(|g| g.len() >= 2), || w.log());
+    let got = hook.wait_for(2, Duration::from_secs(20)).unwrap_or_else(|got| panic!("two notifications, got {got:?}\n{}", w.log()));
     let runs = w.runs();
     let flaky: Vec<_> = runs.iter().filter(|r| r.job == "flaky").collect();
     assert_eq!(flaky.len(), 3);
@@ -188,7 +103,7 @@ fn a_notification_outlives_a_receiver_that_is_down_and_a_worker_killed_before_se
     w.wait_exit(Duration::from_secs(10));
     let hook = Receiver::start_on(port);
     w.start();
-    let got = poll("the notification", Duration::from_secs(30), || Some(hook.got()).filter(|g| !g.is_empty()), || w.log());
+    let got = hook.wait_for(1, Duration::from_secs(30)).unwrap_or_else(|_| panic!("the notification did not come\n{}", w.log()));
     assert_eq!(got[0].body["event"], "failure");
     let rows = poll(
         "delivered",
