@@ -380,7 +380,7 @@ impl Engine {
             tokio::spawn(executor::intake(shared.executor.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(shared.executor.clone(), cancel_signals, stop_runs.clone())),
             tokio::spawn(keep_lease(shared.clone(), server_clock, renewed, stop_runs.clone())),
-            tokio::spawn(sample_queue(shared.clone(), stop_runs.clone())),
+            tokio::spawn(sample_gauges(shared.clone(), stop_runs.clone())),
             tokio::spawn(crate::notifier::run(notifier, notifier_signals, stop_runs.clone())),
         ];
         let scheduler = tokio::spawn(crate::scheduler::run(shared.scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
@@ -624,11 +624,12 @@ async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<
     Ok(())
 }
 
-/// How often the queue depth gauge is sampled.
-const QUEUE_SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// How often the gauges read from the database are sampled.
+const GAUGES_SAMPLED_EVERY: Duration = Duration::from_secs(5);
 
-/// Samples the number of queued runs (all workers) for the queue depth gauge.
-async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
+/// Samples what the gauges read from the database: the number of queued runs (all workers),
+/// and the per-job gauges while they are on.
+async fn sample_gauges(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         match shared.store.queue_depth().await {
             Ok(n) => shared.observer.set_queue_depth(n),
@@ -641,7 +642,7 @@ async fn sample_queue(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
         tokio::select! {
-            () = tokio::time::sleep(QUEUE_SAMPLE_EVERY) => {}
+            () = tokio::time::sleep(GAUGES_SAMPLED_EVERY) => {}
             () = stop.cancelled() => return,
         }
     }
