@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use lamplighter_config::{Disabled, LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
 
-fn reference() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml")
+/// A config directory in the seed's shape, of the project's own making (the seed's own is
+/// checked by `cargo test -p lamplighter-tests --test seed`).
+fn seed_shaped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/seed-shaped/gantri.yaml")
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -24,23 +26,23 @@ fn errors_of(dir: &Path) -> Vec<String> {
 }
 
 #[test]
-fn gantri_reference_loads_unchanged() {
+fn a_seed_shaped_config_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = LoadOptions { path: Some(reference()), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(seed_shaped()), cwd: Some(tmp.path().to_path_buf()) };
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let c = &loaded.config;
-    assert!(c.jobs.contains_key("daily-news-9pm"));
-    let nightly = c.jobs["daily-news-9pm"].schedule.as_ref().expect("a parsed schedule");
-    assert_eq!(nightly.spec(), &lamplighter_config::ScheduleSpec::Cron("0 21 * * *".into()));
-    assert_eq!(c.agents.len(), 12, "{:?}", c.agents.keys());
-    assert_eq!(c.workflows.len(), 6);
+    assert!(c.jobs.contains_key("morning-digest-7am"));
+    let morning = c.jobs["morning-digest-7am"].schedule.as_ref().expect("a parsed schedule");
+    assert_eq!(morning.spec(), &lamplighter_config::ScheduleSpec::Cron("0 7 * * *".into()));
+    assert_eq!(c.agents.len(), 7, "{:?}", c.agents.keys());
+    assert_eq!(c.workflows.len(), 3);
     // The unset key disables the provider and its agents, it does not stop the load.
     assert!(c.disabled[&Disabled::Provider("azure-openai".into())].contains("AZURE_OPENAI_API_KEY"));
-    assert!(c.disabled.contains_key(&Disabled::Agent("news-summarizer".into())));
+    assert!(c.disabled.contains_key(&Disabled::Agent("digest-writer".into())));
     assert!(loaded.warnings.iter().any(|w| w.message.contains("\"dataverse\"")));
     // `${input}` is a workflow template, not an environment variable.
-    let implement = &c.workflows["code-implement"].steps[0];
-    let StepKind::Agent { input: Some(Templated::Text(input)), .. } = &implement.kind else { panic!("{implement:?}") };
+    let plan = &c.workflows["plan-change"].steps[0];
+    let StepKind::Agent { input: Some(Templated::Text(input)), .. } = &plan.kind else { panic!("{plan:?}") };
     assert_eq!(input.as_single_var(), Some(&Var::Input(vec![])));
     // Aliases resolve through the provider registry, once, where validation checks them.
     let coder = c.agents.values().find(|a| a.model.as_deref() == Some("default-coding")).expect("a coding agent");
@@ -52,11 +54,11 @@ fn gantri_reference_loads_unchanged() {
     // The seed's telemetry section: on, everything over OTLP, no prompts on spans.
     let t = &c.telemetry;
     assert!(t.enabled && !t.sensitive_data);
-    assert_eq!(t.service_name.as_deref(), Some("gantri"));
+    assert_eq!(t.service_name.as_deref(), Some("newsroom"));
     let otlp = Some(lamplighter_config::Exporter::Otlp);
     assert_eq!((t.traces.exporter, t.metrics.exporter, t.logs.exporter), (otlp, otlp, otlp));
     let shown = lamplighter_config::show(c);
-    assert!(shown.contains("daily-news-9pm"));
+    assert!(shown.contains("morning-digest-7am"));
     assert!(!shown.contains("${AZURE_OPENAI_API_KEY}"), "secrets must be redacted:\n{shown}");
 }
 

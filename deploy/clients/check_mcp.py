@@ -1,22 +1,41 @@
-"""Drives a lamplighter worker with the official Python MCP SDK (a third-party client).
-Usage: python3 check.py http://127.0.0.1:5100/mcp    (Streamable HTTP)
-       python3 check.py stdio CONFIG                  (launches `lamplighter run --mcp-stdio`)"""
+"""Drives a lamplighter worker with the official Python MCP SDK (a third-party client): lists
+the tools and jobs, reads the first job, and triggers it, waiting for its end. Exits non-zero,
+saying why, when any of that fails.
+Usage: python3 check_mcp.py http://127.0.0.1:5100/mcp    (Streamable HTTP)
+       python3 check_mcp.py stdio CONFIG [LAMPLIGHTER]    (launches `lamplighter run --mcp-stdio`)"""
 import asyncio, sys
 from mcp import Client, StdioServerParameters
 
+
+def check(ok, what, answer):
+    if not ok:
+        sys.exit(f"check_mcp: {what}: {answer}")
+
+
 async def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
     if sys.argv[1] == "stdio":
         server = StdioServerParameters(command=sys.argv[3] if len(sys.argv) > 3 else "lamplighter",
                                        args=["run", "--mcp-stdio", "--config", sys.argv[2]])
     else:
         server = sys.argv[1]
     async with Client(server) as c:
-        tools = await c.list_tools()
-        print("tools:", len(tools.tools), [t.name for t in tools.tools][:5])
+        tools = [t.name for t in (await c.list_tools()).tools]
+        check("trigger_job" in tools and "list_jobs" in tools, "the job tools are not listed", tools)
+        print("tools:", len(tools), tools[:5])
         r = await c.call_tool("list_jobs", {})
-        print("list_jobs:", [j["name"] for j in r.structured_content["jobs"]], "is_error", r.is_error)
-        r = await c.call_tool("get_job", {"name": "nightly"})
-        print("get_job nightly: is_error", r.is_error, "-", r.content[0].text)
-        r = await c.call_tool("trigger_job", {"name": "report", "wait": True})
-        print("trigger_job wait:", r.structured_content["run"]["status"])
+        check(not r.is_error, "list_jobs failed", r.content)
+        jobs = [j["name"] for j in r.structured_content["jobs"]]
+        check(jobs, "the worker has no jobs to try", r.structured_content)
+        print("list_jobs:", jobs)
+        r = await c.call_tool("get_job", {"name": jobs[0]})
+        check(not r.is_error, f"get_job {jobs[0]} failed", r.content)
+        print(f"get_job {jobs[0]}:", r.content[0].text)
+        r = await c.call_tool("trigger_job", {"name": jobs[0], "wait": True})
+        check(not r.is_error, f"trigger_job {jobs[0]} failed", r.content)
+        status = r.structured_content["run"]["status"]
+        print(f"trigger_job {jobs[0]} wait:", status)
+        check(status == "succeeded", f"the run of {jobs[0]} did not succeed", r.structured_content["run"])
+
 asyncio.run(main())

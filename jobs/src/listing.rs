@@ -140,33 +140,34 @@ mod tests {
     use super::*;
 
     /// The catalog `list_agents`/`list_workflows` serve comes from the resolved config: the
-    /// default model fills in, disabled reasons show, steps are outlined.
+    /// default model fills in, disabled reasons show, steps are outlined. The config is in the
+    /// seed's shape (`tests/fixtures/seed-shaped`); the seed's own is checked by the `seed` test.
     #[test]
-    fn catalog_of_the_seed_config() {
-        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/gantri-config/gantri.yaml");
+    fn catalog_of_a_seed_shaped_config() {
+        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/seed-shaped/gantri.yaml");
         // Loading reads only; the working directory is where relative paths would point.
         let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()) };
         let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
         let c = Listing::of(&config, &Registry::builtin());
-        assert_eq!((c.agents.len(), c.workflows.len()), (12, 6));
-        let news = c.agents.iter().find(|a| a.name == "news-summarizer").expect("listed");
-        assert_eq!(news.model.as_deref(), Some("default"));
-        assert!(news.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{news:?}");
-        assert!(!news.enabled);
-        assert_eq!(news.tools, ["file-save.save", "brave.*"], "its plugin's actions and its MCP server");
-        assert_eq!((news.provider.as_deref(), news.model_id.as_deref()), (Some("azure-openai"), Some("gpt-5-mini")));
-        let review = c.workflows.iter().find(|w| w.name == "content-review").expect("listed");
+        assert_eq!((c.agents.len(), c.workflows.len()), (7, 3));
+        let digest = c.agents.iter().find(|a| a.name == "digest-writer").expect("listed");
+        assert_eq!(digest.model.as_deref(), Some("default"));
+        assert!(digest.disabled.as_deref().is_some_and(|d| d.contains("AZURE_OPENAI_API_KEY")), "{digest:?}");
+        assert!(!digest.enabled);
+        assert_eq!(digest.tools, ["file-save.save", "brave.*"], "its plugin's actions and its MCP server");
+        assert_eq!((digest.provider.as_deref(), digest.model_id.as_deref()), (Some("azure-openai"), Some("gpt-5-mini")));
+        let review = c.workflows.iter().find(|w| w.name == "article-review").expect("listed");
         let outline: Vec<(&str, &str, &str)> =
             review.steps.iter().map(|s| (s.id.as_str(), s.step_type.as_str(), s.does.as_str())).collect();
         assert_eq!(
             outline,
             [
-                ("draft", "agent", "content-writer"),
+                ("draft", "agent", "drafter"),
                 ("review", "parallel", "2 steps at once"),
-                ("final-edit", "agent", "editor"),
+                ("final-edit", "agent", "copy-editor"),
                 ("approval", "approval", "waits until decided")
             ]
         );
-        assert_eq!(review.steps[1].steps.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["grammar-check", "fact-check"]);
+        assert_eq!(review.steps[1].steps.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["copy-check", "claim-check"]);
     }
 }

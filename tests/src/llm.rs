@@ -224,3 +224,25 @@ pub fn system(body: &Value) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// The first user message of a chat request (what the agent was asked).
+pub fn user_input(body: &Value) -> String {
+    messages(body)
+        .iter()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+impl ScriptedLlm {
+    /// An `ai:` section with one provider, `scripted`, at this server, and the model alias
+    /// `default` every agent resolves to.
+    pub fn ai_section(&self) -> String {
+        format!(
+            "ai:\n  default_model: default\n  providers:\n    scripted:\n      base_url: {}\n      models:\n        default: {{id: scripted-model}}\n",
+            self.base_url()
+        )
+    }
+}

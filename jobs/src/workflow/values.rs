@@ -39,7 +39,9 @@ impl Scope<'_> {
         }
     }
 
-    /// A template as text: strings as they are, other JSON as JSON text, null as nothing.
+    /// A template as text: strings as they are less their trailing newlines (as a shell's
+    /// `$(…)` does: `${steps.count.output.stdout}` in a sentence is `5`, not `5\n`), other
+    /// JSON as JSON text, null as nothing.
     pub(crate) fn text(&self, t: &Template) -> String {
         t.render(|v| self.lookup(v).map(|v| as_text(&v)))
     }
@@ -78,7 +80,7 @@ fn walk(v: &Value, path: &[String]) -> Option<Value> {
 
 fn as_text(v: &Value) -> String {
     match v {
-        Value::String(s) => s.clone(),
+        Value::String(s) => s.trim_end_matches(['\n', '\r']).to_owned(),
         Value::Null => String::new(),
         other => other.to_string(),
     }
@@ -139,6 +141,7 @@ mod tests {
             done("fetch", json!({"status": 200, "content": "hello"})),
             done("agent", json!("{\"severity\": \"high\"}")),
             done("skipped", Value::Null),
+            done("count", json!({"exit_code": 0, "stdout": "5\n"})),
         ]
         .into_iter()
         .collect();
@@ -155,6 +158,9 @@ mod tests {
         assert_eq!(t("${steps.later.output}"), "${steps.later.output}", "a step that has not finished stays as written");
         assert_eq!(t("${steps.nope.output} ${input.missing} ${other}"), "${steps.nope.output} ${input.missing} ${other}");
         assert_eq!(t("${run.id}#${run.attempt}"), "root-1#2");
+        assert_eq!(t("Publish ${steps.count.output.stdout} commits?"), "Publish 5 commits?", "trailing newlines go, as in $(…)");
+        let whole = scope.value(&Templated::parse(&json!("${steps.count.output.stdout}")));
+        assert_eq!(whole, json!("5\n"), "a value that is one reference is passed as it is");
         let v = scope.value(&Templated::parse(&json!({"n": "${input.n}", "s": "n=${input.n}", "l": ["${steps.fetch.output.status}"]})));
         assert_eq!(v, json!({"n": 3, "s": "n=3", "l": [200]}));
     }

@@ -4,14 +4,15 @@
 use crate::support::{repo_root, run_cli};
 
 #[test]
-fn gantri_reference_config_validates() {
+fn a_seed_shaped_config_validates() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = repo_root().join("../shared/reference/gantri-config/gantri.yaml");
+    // The seed's own directory is checked by the `seed` test target (an explicit CI step).
+    let reference = repo_root().join("tests/fixtures/seed-shaped/gantri.yaml");
     // Without its keys, what needs them is an error (a worker would run with it disabled).
     let (code, out, err) = run_cli(&["config", "validate", "--config", reference.to_str().unwrap()], tmp.path());
     assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
     assert!(
-        err.contains("error: job \"daily-news-9pm\" runs workflow \"daily-news\": step \"fetch-and-summarize\" needs agent \"news-summarizer\", which is disabled: its provider \"azure-openai\" is disabled: ${AZURE_OPENAI_API_KEY} is not set"),
+        err.contains("error: job \"morning-digest-7am\" runs workflow \"morning-digest\": step \"gather-and-write\" needs agent \"digest-writer\", which is disabled: its provider \"azure-openai\" is disabled: ${AZURE_OPENAI_API_KEY} is not set"),
         "{err}"
     );
     // With them set, it validates.
@@ -24,11 +25,11 @@ fn gantri_reference_config_validates() {
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
-    assert!(stdout.contains("1 jobs, 12 agents, 6 workflows"), "{stdout}");
+    assert!(stdout.contains("1 jobs, 7 agents, 3 workflows"), "{stdout}");
     assert!(stderr.contains("section \"dataverse\""), "{stderr}");
     let (code, out, _) = run_cli(&["config", "show", "--config", reference.to_str().unwrap()], tmp.path());
     assert_eq!(code, 0);
-    assert!(out.contains("daily-news-9pm:"));
+    assert!(out.contains("morning-digest-7am:"));
 }
 
 #[test]

@@ -86,6 +86,19 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
 
+    // "Any MCP client works": the README's check with the official Python SDK, as written.
+    let check = commands_under(&readme, "Control it", "python3 deploy/clients/check_mcp.py http");
+    assert_eq!(check.len(), 1, "{check:?}");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let out = Command::new(lamplighter_tests::setup::python_mcp())
+        .arg(repo_root().join("deploy/clients/check_mcp.py"))
+        .arg(&url)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "check_mcp.py failed:\n{stdout}{stderr}\nworker log:\n{}", logs());
+    assert!(stdout.contains("trigger_job repo-report wait: succeeded"), "{stdout}");
+
     let tour = commands_under(&readme, "Control it", "cargo run -p lamplighter-ctl -- ");
     assert!(tour.len() >= 8, "the tour lost its commands: {tour:?}");
     let mut run_id: Option<String> = None;
@@ -130,6 +143,8 @@ fn the_readme_quickstart_and_tour_work_as_written() {
         // What each step of the tour is there to show.
         if args.ends_with(&["approvals".into(), "list".into()]) {
             assert!(stdout.contains("publish-report"), "the waiting workflow is not listed:\n{stdout}");
+            // The question shows the count the step printed, not its whole output as JSON.
+            assert!(stdout.contains("Publish the report of 1 commits?"), "the approval's question:\n{stdout}");
         }
         if args.first().map(String::as_str) == Some("runs") && args.get(1).map(String::as_str) == Some("follow") {
             assert!(stdout.contains("succeeded"), "`{line}` did not end in success:\n{stdout}");
