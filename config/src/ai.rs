@@ -167,6 +167,8 @@ pub struct Agent {
     pub max_iters: u32,
     pub system_prompt: Option<SystemPrompt>,
     pub skills: Vec<String>,
+    /// Its plugins: its own, then `plugins.per_agent`'s additions, then `plugins.global`, each
+    /// once, less `plugins.per_agent`'s `-name` removals.
     pub plugins: Vec<String>,
     pub mcp_servers: Vec<String>,
     pub allowed_actions: Vec<String>,
@@ -275,6 +277,18 @@ pub const DEFAULT_MAX_ITERS: u32 = 10;
 pub struct Pipeline {
     pub description: Option<String>,
     pub agents: Vec<String>,
+}
+
+/// A skill (`skills.dirs`): a folder with a `SKILL.md` whose front matter names and describes
+/// it and whose body holds the instructions; its other files are read when the instructions
+/// call for them. Agents list the skills they name and load one with a tool when a task needs
+/// it (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skill {
+    pub name: String,
+    pub description: String,
+    /// The skill's folder (its `SKILL.md` and files).
+    pub dir: PathBuf,
 }
 
 /// An MCP server agents can use (`mcp.servers.<name>`). `Debug` shows the names of its `env`

@@ -562,7 +562,7 @@ fn merge_raw(into: &mut RawConfig, part: RawConfig) {
     macro_rules! take {
         ($($f:ident),*) => { $( if part.$f.is_some() { into.$f = part.$f; } )* };
     }
-    take!(framework, ai, rate_limits, agents, pipelines, workflows, scheduling, plugins, hooks, mcp, worker, telemetry);
+    take!(framework, ai, rate_limits, agents, pipelines, workflows, scheduling, plugins, hooks, mcp, worker, telemetry, skills);
 }
 
 /// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the

@@ -24,6 +24,10 @@ impl Exporter {
             "console" | "stdout" if signal != "metrics" => Ok(Self::Console),
             "console" | "stdout" => Err("\"console\" is not supported for metrics: use otlp, or scrape GET /metrics".to_string()),
             "none" => Ok(Self::None),
+            seed @ ("zipkin" | "jaeger") => Err(format!(
+                "\"{seed}\" is not built in: Jaeger and Zipkin both take OTLP (Jaeger natively, Zipkin through an OpenTelemetry \
+                 collector); write otlp and point the endpoint at them"
+            )),
             other => Err(format!("\"{other}\" is not one of otlp, console, none")),
         }
     }
@@ -68,6 +72,10 @@ pub struct TelemetryConfig {
     /// consecutive failures, oldest running run), one series per job each. Off for very large
     /// job counts: the other metrics keep their `job` label, these are left out.
     pub metrics_per_job: bool,
+    /// `logs.min_level`: the lowest level of the log records exported over OTLP (tracing's
+    /// names: `trace` … `error`, `off`). With the console exporter it is the log output's level
+    /// where `framework.log_level` is not set.
+    pub logs_min_level: Option<String>,
 }
 
 impl Default for TelemetryConfig {
@@ -85,6 +93,7 @@ impl Default for TelemetryConfig {
             sample_ratio: None,
             metrics_interval: None,
             metrics_per_job: true,
+            logs_min_level: None,
         }
     }
 }

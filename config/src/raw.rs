@@ -29,6 +29,16 @@ pub(crate) struct RawConfig {
     pub(crate) mcp: Option<Mcp>,
     pub(crate) worker: Option<Worker>,
     pub(crate) telemetry: Option<Telemetry>,
+    /// Skill folders agents name in their `skills` (SPEC §6).
+    pub(crate) skills: Option<Skills>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Skills {
+    /// Folders holding one folder per skill, each with a `SKILL.md` (front matter `name`,
+    /// `description`; the instructions below it) and any files it refers to.
+    pub(crate) dirs: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -1,9 +1,9 @@
-//! The agents part of the config in force — agents, providers, pipelines, MCP servers, and the
+//! The agents part of the config in force — agents, providers, pipelines, MCP servers, skills, and the
 //! agents that cannot run — swapped whole on reload; a run keeps the one it started with.
 
 use std::collections::BTreeMap;
 
-use lamplighter_config::{Agent, Config, McpServer, Pipeline, Provider};
+use lamplighter_config::{Agent, Config, McpServer, Pipeline, Provider, Skill};
 
 /// The agents part of the config, swapped whole on reload.
 #[derive(Debug, Default)]
@@ -12,6 +12,7 @@ pub(crate) struct Catalog {
     pub(crate) providers: BTreeMap<String, Provider>,
     pub(crate) pipelines: BTreeMap<String, Pipeline>,
     pub(crate) mcp_servers: BTreeMap<String, McpServer>,
+    pub(crate) skills: BTreeMap<String, Skill>,
     /// Agents that cannot run (their key is unset, …), with why.
     pub(crate) disabled: BTreeMap<String, String>,
 }
@@ -24,6 +25,7 @@ impl Catalog {
             providers: config.providers.clone(),
             pipelines: config.pipelines.clone(),
             mcp_servers: config.mcp_servers.clone(),
+            skills: config.skills.clone(),
             disabled,
         }
     }

@@ -184,24 +184,52 @@ impl Health {
     }
 }
 
+/// Where an agent's plugin was named: its own `plugins`, `plugins.per_agent.<agent>` or
+/// `plugins.global` (the path of the item, and which of the three).
+fn plugin_written_at(config: &Config, agent: &str, plugin: &str) -> Option<(Vec<lamplighter_config::Seg>, &'static str)> {
+    use lamplighter_config::{Seg, keys};
+    let index_in = |path: &[&str]| {
+        let mut v = &config.merged;
+        for k in path {
+            v = v.get(k)?;
+        }
+        v.as_sequence()?.iter().position(|n| n.as_str() == Some(plugin))
+    };
+    [
+        (vec!["agents", agent, "plugins"], "agent"),
+        (vec!["plugins", "per_agent", agent], "plugins.per_agent"),
+        (vec!["plugins", "global"], "plugins.global"),
+    ]
+    .into_iter()
+    .find_map(|(path, whose)| index_in(&path).map(|i| ([keys(&path), vec![Seg::Index(i)]].concat(), whose)))
+}
+
 /// Finds what cannot run here; hook, agent and workflow errors go to `out`.
 pub(crate) fn health(config: &Config, registry: &Registry, out: &mut Checked) -> Health {
     // Agents that cannot run here (a plugin that did not load, a disabled provider or MCP
     // server), with the reason: what runs them is disabled.
     let mut agents_down: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut global_reported = std::collections::HashSet::new();
     for (name, agent) in &config.agents {
         if let Some(why) = config.disabled.get(&Disabled::Agent(name.clone())) {
             agents_down.insert(name.clone(), format!("agent \"{name}\", which is disabled: {why}"));
         }
-        for (i, plugin) in agent.plugins.iter().enumerate() {
+        for plugin in &agent.plugins {
             match registry.plugins().iter().find(|p| &p.name == plugin) {
                 None => {
                     let known: Vec<&str> = registry.plugins().iter().map(|p| p.name.as_str()).collect();
-                    let path = [lamplighter_config::keys(&["agents", name, "plugins"]), vec![lamplighter_config::Seg::Index(i)]].concat();
+                    // Where the name was written: the agent's own list, `plugins.per_agent`, or
+                    // `plugins.global` (said once, not for every agent).
+                    let (path, whose) =
+                        plugin_written_at(config, name, plugin).unwrap_or_else(|| (lamplighter_config::keys(&["agents", name]), "agent"));
+                    if whose == "plugins.global" && !global_reported.insert(plugin.clone()) {
+                        continue;
+                    }
                     let at = config.sources.locate(&path);
+                    let who = if whose == "plugins.global" { "plugins.global names".to_string() } else { format!("agent \"{name}\" uses") };
                     out.errors.push(Diagnostic::error(
                         at.or_else(|| config.locate(&["agents", name])),
-                        format!("agent \"{name}\" uses plugin \"{plugin}\", which does not exist; known plugins: {}", known.join(", ")),
+                        format!("{who} plugin \"{plugin}\", which does not exist; known plugins: {}", known.join(", ")),
                     ));
                 }
                 Some(p) => {

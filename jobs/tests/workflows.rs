@@ -187,8 +187,8 @@ async fn a_retry_resumes_at_the_failed_step_with_earlier_outputs_kept() {
     let run = ended(&engine, &retry).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!((run.attempt, run.root_id.as_str()), (2, id.as_str()));
-    // `first` ran once; `last` saw its output from the first attempt.
-    assert_eq!(data(dir.path(), "log"), format!("123({})", first_output.as_str().expect("stdout")));
+    // `first` ran once; `last` saw its output from the first attempt (less its newline, as `$(…)`).
+    assert_eq!(data(dir.path(), "log"), format!("123({})", first_output.as_str().expect("stdout").trim_end()));
     let d = detail(&engine, &retry).await;
     assert_eq!((step(&d, "first").attempt, step(&d, "flaky").attempt, step(&d, "last").attempt), (Some(1), Some(2), Some(2)));
     engine.shutdown(Duration::from_secs(5)).await;

@@ -119,8 +119,14 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
                 eprintln!("note: {what} is disabled: {why}");
             }
             let c = &l.config;
+            // `framework.name` and `framework.version` say which config this is.
+            let named = match &c.version {
+                Some(v) => format!("{} {v}, ", c.name),
+                None if c.name != "lamplighter" => format!("{}, ", c.name),
+                None => String::new(),
+            };
             println!(
-                "config ok: {} ({} jobs, {} agents, {} workflows, {} warnings)",
+                "config ok: {} ({named}{} jobs, {} agents, {} workflows, {} warnings)",
                 c.root.display(),
                 c.jobs.len(),
                 c.agents.len(),

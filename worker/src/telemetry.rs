@@ -183,7 +183,8 @@ impl Telemetry {
             _ => None,
         };
 
-        init_subscriber(format, level, logger.as_ref());
+        let export_from = t.logs_min_level.as_deref().and_then(|l| l.parse::<LevelFilter>().ok()).unwrap_or(LevelFilter::TRACE);
+        init_subscriber(format, level, logger.as_ref().map(|l| (l, export_from)));
         if let Some(why) = broken {
             tracing::warn!("telemetry export is disabled: {why}");
         }
@@ -252,7 +253,8 @@ pub(crate) fn init_logging(format: LogFormat, level: Option<&str>) {
     init_subscriber(format, level, None);
 }
 
-fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<&SdkLoggerProvider>) {
+/// `logger`: the OTLP log pipeline and the lowest level it exports (`telemetry.logs.min_level`).
+fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<(&SdkLoggerProvider, LevelFilter)>) {
     // Colours only for a person at a terminal, not for journald, a container log or a file.
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt: Box<dyn Layer<Layered> + Send + Sync> = match format {
@@ -264,9 +266,9 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<&SdkLo
     // one, for the whole subscriber: with an `EnvFilter` per layer, an event could vanish from
     // the log on standard error while the OTLP bridge handled it ("lamplighter ready" did, on
     // PostgreSQL with OTLP logs on; `tests/e2e/deploy.rs` runs that shape).
-    let logs = logger.map(|l| {
+    let logs = logger.map(|(l, from)| {
         let exporters_own = Targets::new()
-            .with_default(LevelFilter::TRACE)
+            .with_default(from)
             .with_target("opentelemetry", LevelFilter::OFF)
             .with_target("opentelemetry_sdk", LevelFilter::OFF)
             .with_target("opentelemetry_otlp", LevelFilter::OFF)

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::{Compiler, Disabled, duration};
 use crate::ai::{
     Agent, ApprovalMode, Budget, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_ITERS, DEFAULT_MAX_RETRIES, McpServer, Model, ModelApi, OnBudget,
-    Pricing, Provider, ProviderApi, RateLimit, Secret, SystemPrompt, ToolApproval, resolve_model,
+    Pricing, Provider, ProviderApi, RateLimit, Secret, Skill, SystemPrompt, ToolApproval, resolve_model,
 };
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
@@ -160,14 +160,17 @@ impl Compiler<'_> {
         &mut self,
         providers: &BTreeMap<String, Provider>,
         default_model: Option<&str>,
+        skills: &BTreeMap<String, Skill>,
         cwd: &Path,
     ) -> BTreeMap<String, Agent> {
         let servers: Vec<String> =
             self.loaded.raw.mcp.as_ref().and_then(|m| m.servers.as_ref()).map(|s| s.keys().cloned().collect()).unwrap_or_default();
         let agents = self.loaded.raw.agents.clone().unwrap_or_default();
         let agent_names: Vec<String> = agents.keys().cloned().collect();
+        let (global, per_agent) = self.plugin_grants(&agent_names);
         let mut out = BTreeMap::new();
         for (name, a) in agents {
+            self.name_matches_key("agents", &name, a.name.as_deref());
             let model = a.model.clone().or_else(|| default_model.map(str::to_string));
             let provider = match (&a.provider, &model) {
                 (Some(p), _) => {
@@ -266,8 +269,8 @@ impl Compiler<'_> {
                 max_tokens: a.max_tokens,
                 max_iters: a.max_iters.unwrap_or(DEFAULT_MAX_ITERS),
                 system_prompt,
-                skills: a.skills.unwrap_or_default(),
-                plugins: a.plugins.unwrap_or_default(),
+                skills: self.agent_skills(&name, a.skills.unwrap_or_default(), skills),
+                plugins: self.agent_plugins(&name, a.plugins.unwrap_or_default(), &global, per_agent.get(&name)),
                 mcp_servers: a.mcp_servers.unwrap_or_default(),
                 allowed_actions: a.allowed_actions.unwrap_or_default(),
                 allowed_commands: a.allowed_commands.unwrap_or_default(),
@@ -277,6 +280,96 @@ impl Compiler<'_> {
                 tool_approval,
             };
             out.insert(name, agent);
+        }
+        out
+    }
+
+    /// An agent's `skills`, each a skill of `skills.dirs`.
+    fn agent_skills(&mut self, agent: &str, named: Vec<String>, skills: &BTreeMap<String, Skill>) -> Vec<String> {
+        for (i, n) in named.iter().enumerate() {
+            if !skills.contains_key(n) {
+                let hint = did_you_mean(n, skills.keys().map(String::as_str));
+                let known = if !hint.is_empty() {
+                    String::new()
+                } else if skills.is_empty() {
+                    " (no skills are defined: put skill folders in a folder listed in skills.dirs)".to_string()
+                } else {
+                    format!(" (skills: {})", quoted_list(skills.keys().map(String::as_str)))
+                };
+                let loc = self.loaded.sources.locate(&[keys(&["agents", agent, "skills"]), vec![Seg::Index(i)]].concat());
+                self.diags
+                    .push(Diagnostic::error(loc, format!("agent \"{agent}\" names skill \"{n}\", which is not defined{hint}{known}")));
+            }
+        }
+        named
+    }
+
+    /// The seed's `name:` repeats the key; a different one is said, not dropped in silence.
+    pub(super) fn name_matches_key(&mut self, section: &str, key: &str, name: Option<&str>) {
+        if let Some(n) = name
+            && n != key
+        {
+            self.warn(
+                &[section, key, "name"],
+                format!(
+                    "{section}.{key} has name: \"{n}\"; the key is its name, so this one is not used (write the same, or leave it out)"
+                ),
+            );
+        }
+    }
+
+    /// `plugins.global` (plugins every agent gets) and `plugins.per_agent` (an agent's
+    /// additions, and `-name` removals), checked; `plugins.native_trust_dirs` said to do nothing.
+    fn plugin_grants(&mut self, agents: &[String]) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
+        let Some(p) = self.loaded.raw.plugins.clone() else { return Default::default() };
+        if p.native_trust_dirs.as_ref().is_some_and(|d| !d.is_empty()) {
+            self.warn(
+                &["plugins", "native_trust_dirs"],
+                "plugins.native_trust_dirs would load native (.NET) plugins from these folders unchecked; native plugins are not \
+                 loaded here at all (only WASM ones, sandboxed): build the plugin for WASM (see plugins/examples); the key has no effect"
+                    .into(),
+            );
+        }
+        let per_agent = p.per_agent.unwrap_or_default();
+        for (agent, names) in &per_agent {
+            if !agents.contains(agent) {
+                let hint = did_you_mean(agent, agents.iter().map(String::as_str));
+                self.err(
+                    &["plugins", "per_agent", agent],
+                    format!("plugins.per_agent names agent \"{agent}\", which is not defined{hint}"),
+                );
+            }
+            for (i, n) in names.iter().enumerate() {
+                if n.trim_start_matches('-').trim().is_empty() {
+                    let loc = self.loaded.sources.locate(&[keys(&["plugins", "per_agent", agent]), vec![Seg::Index(i)]].concat());
+                    self.diags.push(Diagnostic::error(loc, format!("plugins.per_agent.{agent} has an empty plugin name")));
+                }
+            }
+        }
+        (p.global.unwrap_or_default(), per_agent)
+    }
+
+    /// An agent's plugins: its own, then `plugins.per_agent`'s additions, then `plugins.global`,
+    /// each once, less the `-name` removals of `plugins.per_agent`.
+    fn agent_plugins(&mut self, agent: &str, own: Vec<String>, global: &[String], per_agent: Option<&Vec<String>>) -> Vec<String> {
+        let per_agent = per_agent.map(Vec::as_slice).unwrap_or_default();
+        let (removed, added): (Vec<&String>, Vec<&String>) = per_agent.iter().partition(|n| n.starts_with('-'));
+        let removed: Vec<&str> = removed.iter().map(|n| n.trim_start_matches('-').trim()).collect();
+        let mut out: Vec<String> = Vec::new();
+        for n in own.iter().chain(added).chain(global) {
+            if !out.contains(n) && !removed.contains(&n.as_str()) {
+                out.push(n.clone());
+            }
+        }
+        for (i, r) in per_agent.iter().enumerate().filter(|(_, n)| n.starts_with('-')) {
+            let name = r.trim_start_matches('-').trim();
+            if !name.is_empty() && !own.iter().chain(global).any(|n| n == name) {
+                let loc = self.loaded.sources.locate(&[keys(&["plugins", "per_agent", agent]), vec![Seg::Index(i)]].concat());
+                self.diags.push(Diagnostic::warning(
+                    loc,
+                    format!("plugins.per_agent.{agent} removes plugin \"{name}\", which the agent does not have (not its own, not in plugins.global)"),
+                ));
+            }
         }
         out
     }

@@ -7,6 +7,7 @@
 mod ai;
 mod jobs;
 mod notify;
+mod skills;
 mod storage;
 mod telemetry;
 mod types;
@@ -55,7 +56,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
     let raw = &loaded.raw;
     let fw = raw.framework.clone().unwrap_or_default();
     let data_dir = cwd.join(fw.data_dir.as_deref().unwrap_or("./data"));
-    let log_level = fw.log_level.as_deref().and_then(|l| c.log_level(l));
+    let log_level = fw.log_level.as_deref().and_then(|l| c.level(&["framework", "log_level"], l));
     let default_timezone = sched.timezone.clone().unwrap_or_else(|| "UTC".to_string());
     let default_tz = schedule::parse_tz(&default_timezone);
     if let Err(e) = &default_tz {
@@ -66,7 +67,8 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
     let ai = raw.ai.clone().unwrap_or_default();
     let providers = c.providers();
     let mcp_servers = c.mcp_servers();
-    let agents = c.agents(&providers, ai.default_model.as_deref(), cwd);
+    let skills = c.skills(cwd);
+    let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
     let workflows = c.workflows();
     let pipelines = c.pipelines();
     let mut jobs = BTreeMap::new();
@@ -82,6 +84,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
     };
     let worker = c.worker(raw.worker.as_ref(), &data_dir, cwd);
     let telemetry = c.telemetry(raw.telemetry.as_ref());
+    let log_level = c.log_levels(log_level, &telemetry);
     let hooks = c.hooks(raw.hooks.as_ref());
     let wasm = c.wasm(raw.plugins.as_ref().and_then(|p| p.wasm.as_ref()));
     let plugin_dirs = raw.plugins.as_ref().and_then(|p| p.dirs.clone()).unwrap_or_default().iter().map(|d| cwd.join(d)).collect();
@@ -89,6 +92,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         root: PathBuf::new(),
         base_dir: cwd.to_path_buf(),
         name: fw.name.unwrap_or_else(|| "lamplighter".to_string()),
+        version: fw.version,
         data_dir,
         log_level,
         default_timezone,
@@ -100,6 +104,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         agents,
         pipelines,
         workflows,
+        skills,
         mcp_servers,
         plugin_dirs,
         wasm,

@@ -15,6 +15,17 @@ impl Compiler<'_> {
         let signal = |c: &mut Self, name: &str, s: Option<&raw::Signal>| {
             let s = s.cloned().unwrap_or_default();
             let exporter = s.exporter.as_deref().and_then(|e| {
+                if name == "metrics" && matches!(e.trim().to_ascii_lowercase().as_str(), "console" | "stdout") {
+                    // The seed's own reference writes it; a warning, not an error, so that it loads.
+                    c.warn(
+                        &["telemetry", name, "exporter"],
+                        format!(
+                            "telemetry.metrics.exporter \"{e}\" would print metrics on the console, which is not built in: metrics are not \
+                             pushed; scrape GET /metrics, or write exporter: otlp to push them"
+                        ),
+                    );
+                    return Some(Exporter::None);
+                }
                 Exporter::parse(e, name).map_err(|e| c.err(&["telemetry", name, "exporter"], format!("telemetry.{name}.exporter {e}"))).ok()
             });
             if let Some(url) = &s.endpoint
@@ -34,10 +45,12 @@ impl Compiler<'_> {
         let logs = signal(self, "logs", t.logs.as_ref());
         let raw_traces = t.traces.clone().unwrap_or_default();
         let sample_ratio = raw_traces.sampling.as_ref().and_then(|s| match (s.strategy.as_deref(), s.ratio) {
-            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), Some(r)) if (0.0..=1.0).contains(&r) => {
+            (None | Some("ratio" | "trace_id_ratio" | "traceidratio" | "parentbased_traceidratio"), Some(r))
+                if (0.0..=1.0).contains(&r) =>
+            {
                 Some(r)
             }
-            (None | Some("ratio") | Some("traceidratio") | Some("parentbased_traceidratio"), r) => {
+            (None | Some("ratio" | "trace_id_ratio" | "traceidratio" | "parentbased_traceidratio"), r) => {
                 self.err(
                     &["telemetry", "traces", "sampling", "ratio"],
                     format!("telemetry.traces.sampling.ratio must be between 0 and 1, not {r:?}"),
@@ -49,7 +62,7 @@ impl Compiler<'_> {
             (Some(o), _) => {
                 self.err(
                     &["telemetry", "traces", "sampling", "strategy"],
-                    format!("telemetry.traces.sampling.strategy \"{o}\" is not one of always_on, always_off, ratio"),
+                    format!("telemetry.traces.sampling.strategy \"{o}\" is not one of always_on, always_off, trace_id_ratio"),
                 );
                 None
             }
@@ -68,14 +81,26 @@ impl Compiler<'_> {
                 self.err(&["telemetry", name, "per_job"], format!("telemetry.{name}.per_job belongs under telemetry.metrics"));
             }
         }
-        for (name, s) in [("metrics", &t.metrics), ("logs", &t.logs)] {
-            if s.as_ref().is_some_and(|s| s.enable_sensitive_data.is_some()) {
-                self.warn(
-                    &["telemetry", name, "enable_sensitive_data"],
-                    format!("telemetry.{name}.enable_sensitive_data has no effect; it belongs under telemetry.traces"),
-                );
+        // Keys of one signal written under another: said, not dropped in silence.
+        type IsSet = fn(&raw::Signal) -> bool;
+        let misplaced: [(&str, &str, IsSet); 4] = [
+            ("enable_sensitive_data", "traces", |s| s.enable_sensitive_data.is_some()),
+            ("sampling", "traces", |s| s.sampling.is_some()),
+            ("export_interval_ms", "metrics", |s| s.export_interval_ms.is_some()),
+            ("min_level", "logs", |s| s.min_level.is_some()),
+        ];
+        for (key, home, set) in misplaced {
+            for (name, s) in [("traces", &t.traces), ("metrics", &t.metrics), ("logs", &t.logs)] {
+                if name != home && s.as_ref().is_some_and(set) {
+                    self.warn(
+                        &["telemetry", name, key],
+                        format!("telemetry.{name}.{key} has no effect; it belongs under telemetry.{home}"),
+                    );
+                }
             }
         }
+        let logs_min_level =
+            t.logs.as_ref().and_then(|l| l.min_level.as_deref()).and_then(|l| self.level(&["telemetry", "logs", "min_level"], l));
         TelemetryConfig {
             enabled: t.enabled.unwrap_or(false),
             service_name: t.service_name.clone(),
@@ -88,6 +113,7 @@ impl Compiler<'_> {
             sample_ratio,
             metrics_interval,
             metrics_per_job: t.metrics.as_ref().and_then(|m| m.per_job).unwrap_or(true),
+            logs_min_level,
         }
     }
 
@@ -120,7 +146,30 @@ impl Compiler<'_> {
         out
     }
 
-    pub(super) fn log_level(&mut self, l: &str) -> Option<String> {
+    /// The log output's level: `framework.log_level`; else, when logs are not exported over
+    /// OTLP, `telemetry.logs.min_level` (the seed's console logs at that level). A minimum for
+    /// OTLP below the output's level is said: records below it are not made at all.
+    pub(super) fn log_levels(&mut self, log_level: Option<String>, t: &TelemetryConfig) -> Option<String> {
+        let Some(min) = t.logs_min_level.clone() else { return log_level };
+        if t.logs.exporter != Some(Exporter::Otlp) {
+            return log_level.or(Some(min));
+        }
+        let rank = |l: &str| ["trace", "debug", "info", "warn", "error", "off"].iter().position(|x| *x == l);
+        let output = log_level.clone().unwrap_or_else(|| "info".into());
+        if rank(&min) < rank(&output) {
+            self.warn(
+                &["telemetry", "logs", "min_level"],
+                format!(
+                    "telemetry.logs.min_level \"{min}\" is below the log level \"{output}\" (framework.log_level): records below \
+                     {output} are not made, so not exported either; lower framework.log_level too"
+                ),
+            );
+        }
+        log_level
+    }
+
+    /// A log level at `path`: tracing's names, or the seed's (.NET) ones.
+    pub(super) fn level(&mut self, path: &[&str], l: &str) -> Option<String> {
         let v = match l.to_ascii_lowercase().as_str() {
             "trace" => "trace",
             "debug" => "debug",
@@ -129,7 +178,7 @@ impl Compiler<'_> {
             "error" | "critical" => "error",
             "none" | "off" => "off",
             _ => {
-                self.err(&["framework", "log_level"], format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"));
+                self.err(path, format!("log level \"{l}\" is not one of trace, debug, info, warn, error, off"));
                 return None;
             }
         };

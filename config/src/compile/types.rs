@@ -342,7 +342,9 @@ pub struct Config {
     pub root: PathBuf,
     /// What the config's relative paths are read from (the working directory it was loaded in).
     pub base_dir: PathBuf,
+    /// `framework.name` and `framework.version`: which config this is (`config validate` says).
     pub name: String,
+    pub version: Option<String>,
     pub data_dir: PathBuf,
     /// A `tracing` filter directive (`info`, `debug`, …).
     pub log_level: Option<String>,
@@ -358,6 +360,8 @@ pub struct Config {
     pub pipelines: BTreeMap<String, Pipeline>,
     pub workflows: BTreeMap<String, Workflow>,
     pub mcp_servers: BTreeMap<String, McpServer>,
+    /// The skills of `skills.dirs`, by name.
+    pub skills: BTreeMap<String, crate::ai::Skill>,
     pub plugin_dirs: Vec<PathBuf>,
     pub wasm: WasmConfig,
     pub worker: WorkerConfig,

@@ -19,6 +19,7 @@ impl Compiler<'_> {
         let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
         let mut out = BTreeMap::new();
         for (wname, wf) in workflows {
+            self.name_matches_key("workflows", &wname, wf.name.as_deref());
             let errors_before = self.diags.len();
             let mut ids: Vec<String> = Vec::new();
             let base = keys(&["workflows", &wname, "steps"]);

@@ -24,6 +24,7 @@ mod mcp;
 mod model;
 pub(crate) use model::connection_error;
 mod replay;
+mod skills;
 mod tools;
 
 use std::collections::HashMap;
@@ -283,18 +284,29 @@ impl Session {
             }
         }
         if !agent.delegates.is_empty() && depth < MAX_DELEGATION_DEPTH {
-            let pipelines: Vec<String> = self.catalog.pipelines.keys().cloned().collect();
-            for (n, d, p, s) in tools::delegation_tools(&agent.delegates, &pipelines) {
+            for (n, d, p, s) in tools::delegation_tools(&agent.delegates, &self.catalog.pipelines) {
                 toolbox.add(n, d, p, s, &[]);
             }
         }
-        let system = match &agent.system_prompt {
+        let skills = self.skills_of(agent)?;
+        if !skills.is_empty() {
+            let (description, schema) = skills::tool(&skills);
+            toolbox.add(skills::TOOL.into(), description, schema, Source::Skill, &[]);
+        }
+        let mut system = match &agent.system_prompt {
             None => None,
             Some(SystemPrompt::Inline(s)) => Some(s.clone()),
             Some(SystemPrompt::File(path)) => Some(std::fs::read_to_string(path).map_err(|e| {
                 AgentEnd::failed(format!("agent \"{name}\": cannot read system_prompt_file {}: {e}", path.display()), false)
             })?),
         };
+        if !skills.is_empty() {
+            let listed = skills::prompt(&skills);
+            system = Some(match system {
+                Some(s) => format!("{}\n\n{listed}", s.trim_end()),
+                None => listed,
+            });
+        }
         let limiter = self.runtime.limiter(provider);
         let specs = toolbox
             .tools()
@@ -302,6 +314,20 @@ impl Session {
             .map(|t| ToolSpec { wire: t.wire.clone(), description: t.description.clone(), parameters: t.parameters.clone() })
             .collect();
         Ok(Setup { endpoint, limiter, toolbox, specs, system, pricing: resolved.model.pricing })
+    }
+
+    /// The skills `agent` names (each checked at load; one gone since is a failed run).
+    fn skills_of<'c>(&'c self, agent: &Agent) -> Result<Vec<&'c lamplighter_config::Skill>, AgentEnd> {
+        agent
+            .skills
+            .iter()
+            .map(|n| {
+                self.catalog
+                    .skills
+                    .get(n)
+                    .ok_or_else(|| AgentEnd::failed(format!("agent \"{}\" names skill \"{n}\", which is not defined", agent.name), false))
+            })
+            .collect()
     }
 
     async fn tool_loop(&self, agent: &Agent, s: &Setup, input: String, conv: String, depth: u32, cancel: &CancellationToken) -> AgentEnd {
@@ -570,6 +596,10 @@ impl Session {
                 r.map_err(model)
             }
             Source::Delegate(kind) => self.delegate(agent, *kind, &args, conv, seq, depth, cancel).await,
+            Source::Skill => {
+                let skills = self.skills_of(agent).map_err(ToolErr::Stop)?;
+                skills::load(&skills, &args).map_err(model)
+            }
         }
     }
 

@@ -7,18 +7,26 @@
 //! made unique with a short hash when that was not enough. The mapping back is this module's
 //! business only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use lamplighter_config::name_matches;
+use lamplighter_config::{Pipeline, name_matches};
 
 /// Where a tool's calls go.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Source {
-    Plugin { plugin: String, action: String },
-    Mcp { server: String, tool: String },
+    Plugin {
+        plugin: String,
+        action: String,
+    },
+    Mcp {
+        server: String,
+        tool: String,
+    },
     Delegate(Delegation),
+    /// `load_skill`: a skill's instructions or files (`skills.rs`).
+    Skill,
 }
 
 /// The tools an agent with `delegates` gets.
@@ -57,9 +65,9 @@ const MAX_WIRE: usize = 64;
 
 impl Toolbox {
     /// Adds a tool unless `allowed` (an agent's `allowed_actions`; empty = everything) rules it
-    /// out; delegation tools are not subject to it.
+    /// out; delegation and skill tools are not subject to it.
     pub(crate) fn add(&mut self, name: String, description: String, parameters: Value, source: Source, allowed: &[String]) {
-        let filtered = !matches!(source, Source::Delegate(_));
+        let filtered = !matches!(source, Source::Delegate(_) | Source::Skill);
         if filtered && !allowed.is_empty() && !allowed.iter().any(|p| name_matches(p, &name)) {
             return;
         }
@@ -143,8 +151,8 @@ fn object_schema(v: Value) -> Value {
 }
 
 /// The delegation tools of an agent whose `delegates` are `agents` (and the pipelines there
-/// are).
-pub(crate) fn delegation_tools(agents: &[String], pipelines: &[String]) -> Vec<(String, String, Value, Source)> {
+/// are, each with its description, which the model reads to choose one).
+pub(crate) fn delegation_tools(agents: &[String], pipelines: &BTreeMap<String, Pipeline>) -> Vec<(String, String, Value, Source)> {
     let agent_enum = json!(agents);
     let mut out = vec![
         (
@@ -185,11 +193,19 @@ pub(crate) fn delegation_tools(agents: &[String], pipelines: &[String]) -> Vec<(
         ),
     ];
     if !pipelines.is_empty() {
+        let listed: Vec<String> = pipelines
+            .iter()
+            .map(|(name, p)| match &p.description {
+                Some(d) => format!("{name} ({})", d.trim()),
+                None => name.clone(),
+            })
+            .collect();
+        let pipelines: Vec<&String> = pipelines.keys().collect();
         out.push((
             "run_pipeline".to_string(),
             format!(
                 "Run a named pipeline of agents: each gets the previous one's answer; the last answer comes back. Pipelines: {}.",
-                pipelines.join(", ")
+                listed.join(", ")
             ),
             json!({
                 "type": "object",
@@ -244,7 +260,7 @@ mod tests {
         for name in ["file-save.save", "file-save.append", "brave.search", "brave.news", "shell-exec.run"] {
             b.add(name.into(), String::new(), json!({}), plugin(name), &allowed);
         }
-        for (name, d, p, s) in delegation_tools(&["a".into()], &[]) {
+        for (name, d, p, s) in delegation_tools(&["a".into()], &BTreeMap::new()) {
             b.add(name, d, p, s, &allowed);
         }
         let names: Vec<&str> = b.tools().iter().map(|t| t.name.as_str()).collect();

@@ -194,6 +194,77 @@ fn a_tool_call_waits_for_lampctl_and_the_transcript_shows_it() {
     drop(rt);
 }
 
+/// The names of the tools a chat request offers.
+fn offered(req: &Value) -> Vec<String> {
+    req["tools"].as_array().into_iter().flatten().filter_map(|t| t["function"]["name"].as_str()).map(str::to_owned).collect()
+}
+
+#[test]
+fn an_agent_gets_the_global_plugins_and_loads_a_skill_when_it_needs_it() {
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((7, 3), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("load_skill".into(), r#"{"skill": "release-notes"}"#.into())]),
+        1 => Reply::Tools(vec![("load_skill".into(), r#"{"skill": "release-notes", "file": "templates/notes.md"}"#.into())]),
+        _ => Reply::Text(format!("notes written with: {}", last_text(req))),
+    }));
+    let mut w = Worker::new("");
+    let skills = w.dir.path().join("skills");
+    std::fs::create_dir_all(skills.join("release-notes/templates")).unwrap();
+    std::fs::write(
+        skills.join("release-notes/SKILL.md"),
+        "---\nname: release-notes\ndescription: Write release notes from a range of commits.\n---\n\nGroup the commits by area; use templates/notes.md.\n",
+    )
+    .unwrap();
+    std::fs::write(skills.join("release-notes/templates/notes.md"), "## Changes\n").unwrap();
+    let top = format!(
+        "{}skills:\n  dirs: [{}]\nplugins:\n  global: [file-read]\n  per_agent:\n    writer: [-file-read, file-glob]\n\
+         agents:\n  notes:\n    system_prompt: You write release notes.\n    plugins: [file-save]\n    skills: [release-notes]\n  writer: {{}}\n",
+        ai(&llm),
+        skills.display()
+    );
+    w.write_full(&top, "notes:\n  type: agent\n  agent: notes\n", "");
+    w.start();
+    let (code, out, _) = w.ctl(&["agents", "list", "-o", "json"]);
+    assert_eq!(code, 0);
+    let agents = json_of(&out);
+    let tools_of = |name: &str| agents["agents"].as_array().unwrap().iter().find(|a| a["name"] == name).unwrap()["tools"].clone();
+    assert_eq!(tools_of("notes"), json!(["file-read.read", "file-save.save"]), "its own plugin and plugins.global's");
+    assert_eq!(tools_of("writer"), json!(["file-glob.search"]), "plugins.per_agent adds one and removes the global one");
+
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "notes", "--wait", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let seen = llm.seen();
+    assert_eq!(seen.len(), 3, "two skill loads, then the answer");
+    assert_eq!(
+        offered(&seen[0].body),
+        ["file-save__save", "file-read__read", "load_skill"],
+        "the model sees the global plugin and the skill tool"
+    );
+    let prompt = system(&seen[0].body);
+    assert!(
+        prompt.starts_with("You write release notes.") && prompt.contains("- release-notes: Write release notes from a range of commits."),
+        "the system prompt lists the skill: {prompt}"
+    );
+    let instructions = last_text(&seen[1].body);
+    assert!(
+        instructions.contains("Group the commits by area")
+            && instructions.contains("- templates/notes.md")
+            && !instructions.contains("description:"),
+        "{instructions}"
+    );
+    assert_eq!(last_text(&seen[2].body), "## Changes\n");
+
+    // Loading a skill is a tool call like any other: recorded, in the transcript.
+    let run = w.runs()[0].id.clone();
+    let (code, out, _) = w.ctl(&["runs", "show", &run, "--transcript"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("→ load_skill {\"skill\": \"release-notes\"}"), "{out}");
+    assert_eq!(out.matches("→ load_skill {").count(), 2, "{out}");
+    assert!(out.contains("\"file\": \"templates/notes.md\""), "{out}");
+    assert!(out.contains("2 tool calls"), "{out}");
+    drop(rt);
+}
+
 #[test]
 fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that_never_starts_fails_only_its_runs() {
     let rt = runtime();
