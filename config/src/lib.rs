@@ -26,8 +26,8 @@ pub use ai::{
 };
 pub use compile::{
     ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
-    JobConfig, JobScope, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target,
-    WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job,
+    JobConfig, JobScope, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role,
+    StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};

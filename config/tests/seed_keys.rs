@@ -331,3 +331,25 @@ fn a_name_that_differs_from_its_key_is_said() {
     let (_, w) = load(&format!("{TWO_AGENTS}  other: {{name: another}}\n")).unwrap_or_else(|e| panic!("{e:#?}"));
     assert!(w.len() == 1 && w[0].contains("agents.other has name: \"another\"; the key is its name"), "{w:#?}");
 }
+
+#[test]
+fn job_names_cannot_take_the_names_runs_without_a_job_are_listed_under() {
+    let jobs: String = ["workflow:w", "agent:a", "pipeline:p", "group-chat:a,b", "plugin:x"]
+        .iter()
+        .map(|n| format!("    \"{n}\": {{type: plugin, plugin: file-save, action: save, cron: \"0 * * * *\"}}\n"))
+        .collect();
+    let errors = load(&format!("scheduling:\n  jobs:\n{jobs}")).unwrap_err();
+    for (line, name, whose) in [
+        (3, "workflow:w", "runs of workflows started by hand"),
+        (4, "agent:a", "runs of agents started by hand or by notifications"),
+        (5, "pipeline:p", "runs of pipelines started by hand"),
+        (6, "group-chat:a,b", "group chats started by hand"),
+        (7, "plugin:x", "runs of plugin actions started by notifications"),
+    ] {
+        let prefix = name.split_inclusive(':').next().unwrap_or_default();
+        let want = format!(
+            "lamplighter.yaml:{line}:5: error: job \"{name}\": job names cannot start with \"{prefix}\" ({whose} are listed under it)"
+        );
+        assert!(errors.iter().any(|e| e.starts_with(&want)), "missing {want} in {errors:#?}");
+    }
+}

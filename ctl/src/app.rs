@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{
-    ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand, ScheduleCommand, StartArgs,
-    ToolsCommand, WorkflowsCommand,
+    AgentsCommand, ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand,
+    ScheduleCommand, StartArgs, ToolsCommand, WorkflowsCommand,
 };
 use crate::client::{Client, Connection};
 use crate::error::{CtlError, Failure, RunEnd};
@@ -174,7 +174,12 @@ fn plan(command: Command) -> Result<Action, CtlError> {
             JobsCommand::Resume { name } => call("resume_job", none().with("name", name), View::Resumed),
             JobsCommand::Trigger(trigger) => {
                 let parameters: Option<Map<String, Value>> = (!trigger.params.is_empty()).then(|| trigger.params.into_iter().collect());
-                start("trigger_job", trigger.name.clone(), trigger.name, trigger.start, parameters)
+                start(
+                    "trigger_job",
+                    Arguments::default().with("name", trigger.name.clone()).maybe("parameters", parameters),
+                    trigger.name,
+                    trigger.start,
+                )
             }
             JobsCommand::Create { name, file, dry_run } => call(
                 "create_job",
@@ -225,9 +230,22 @@ fn plan(command: Command) -> Result<Action, CtlError> {
         Command::Workflows { command: WorkflowsCommand::List } => call("list_workflows", none(), View::Workflows),
         // Runs of a workflow started by hand are listed under the job `workflow:<name>`.
         Command::Workflows { command: WorkflowsCommand::Run(run) } => {
-            start("run_workflow", run.name.clone(), format!("workflow:{}", run.name), run.start, None)
+            start("run_workflow", Arguments::default().with("name", run.name.clone()), format!("workflow:{}", run.name), run.start)
         }
-        Command::Agents { command: ListCommand::List } => call("list_agents", none(), View::Agents),
+        Command::Agents { command: AgentsCommand::List } => call("list_agents", none(), View::Agents),
+        // Runs of agents, pipelines and group chats started by hand are listed under
+        // `agent:<name>`, `pipeline:<name>` and `group-chat:<a>,<b>,…`.
+        Command::Agents { command: AgentsCommand::Run(run) } => {
+            start("run_agent", Arguments::default().with("name", run.name.clone()), format!("agent:{}", run.name), run.start)
+        }
+        Command::Agents { command: AgentsCommand::Pipeline(run) } => {
+            start("run_pipeline", Arguments::default().with("name", run.name.clone()), format!("pipeline:{}", run.name), run.start)
+        }
+        Command::Agents { command: AgentsCommand::Chat(chat) } => {
+            let job = format!("group-chat:{}", chat.agents.join(","));
+            let arguments = Arguments::default().with("agents", chat.agents).maybe("max_iterations", chat.max_iterations);
+            start("run_group_chat", arguments, job, chat.start)
+        }
         Command::Plugins { command: ListCommand::List } => call("list_plugins", none(), View::Plugins),
         Command::Config { command: ConfigCommand::Reload } => call("reload_config", none(), View::Reloaded),
         Command::Config { command: ConfigCommand::UseContext { .. } | ConfigCommand::GetContexts | ConfigCommand::SetContext { .. } } => {
@@ -242,13 +260,10 @@ fn plan(command: Command) -> Result<Action, CtlError> {
     })
 }
 
-/// `jobs trigger` and `workflows run`: `name` is the tool's argument, `job` what runs are listed under.
-fn start(tool: &str, name: String, job: String, start: StartArgs, parameters: Option<Map<String, Value>>) -> Action {
-    let arguments = Arguments::default()
-        .with("name", name)
-        .maybe("input", start.input)
-        .maybe("parameters", parameters)
-        .maybe("idempotency_key", start.idempotency_key.clone());
+/// `jobs trigger`, `workflows run` and `agents run|pipeline|chat`: `arguments` say what to
+/// start (`name`, …), `job` what its runs are listed under.
+fn start(tool: &str, arguments: Arguments, job: String, start: StartArgs) -> Action {
+    let arguments = arguments.maybe("input", start.input).maybe("idempotency_key", start.idempotency_key.clone());
     // `--wait` starts the run, then follows it (see `start_and_follow`), rather than asking the
     // tool to wait: lampctl then shows each step as the worker notifies it.
     let view = if start.wait {
@@ -719,6 +734,13 @@ mod tests {
                 json!({"name": "publish", "input": {"url": "u"}, "idempotency_key": "k"}),
             ),
             (&["agents", "list"], "list_agents", json!({})),
+            (&["agents", "run", "scout", "--input", "find news", "--wait"], "run_agent", json!({"name": "scout", "input": "find news"})),
+            (&["agents", "pipeline", "review", "--input", "draft"], "run_pipeline", json!({"name": "review", "input": "draft"})),
+            (
+                &["agents", "chat", "writer,checker,editor", "--input", "AI agents", "--max-iterations", "2", "--idempotency-key", "k"],
+                "run_group_chat",
+                json!({"agents": ["writer", "checker", "editor"], "input": "AI agents", "max_iterations": 2, "idempotency_key": "k"}),
+            ),
             (&["plugins", "list"], "list_plugins", json!({})),
             (&["config", "reload"], "reload_config", json!({})),
             (&["tools", "call", "get_job", "--json", "{\"name\":\"x\"}"], "get_job", json!({"name": "x"})),

@@ -92,10 +92,10 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: WorkflowsCommand,
     },
-    /// The configured agents
+    /// The configured agents; run one, a pipeline or a group chat by hand
     Agents {
         #[command(subcommand)]
-        command: ListCommand,
+        command: AgentsCommand,
     },
     /// The loaded plugins and their actions
     Plugins {
@@ -292,6 +292,41 @@ pub(crate) enum WorkflowsCommand {
     List,
     /// Run a workflow now, without a job
     Run(RunWorkflowArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentsCommand {
+    /// List them, with their model and tools
+    List,
+    /// Run an agent now on a task (--input), without a job; listed under the job agent:NAME
+    Run(RunAgentArgs),
+    /// Run a named pipeline now: its agents in order, each given the previous one's answer
+    Pipeline(RunAgentArgs),
+    /// Run a group chat now: the agents speak in turn, each given the previous one's answer
+    Chat(ChatArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunAgentArgs {
+    /// The agent's (or pipeline's) name
+    pub(crate) name: String,
+
+    #[command(flatten)]
+    pub(crate) start: StartArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    /// The agents, in the order they speak, separated by commas (a,b,c)
+    #[arg(value_delimiter = ',', required = true)]
+    pub(crate) agents: Vec<String>,
+
+    /// How many times the agents go round (1-20; default 1)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub(crate) max_iterations: Option<u32>,
+
+    #[command(flatten)]
+    pub(crate) start: StartArgs,
 }
 
 #[derive(Debug, Args)]

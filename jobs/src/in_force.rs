@@ -21,6 +21,12 @@ use crate::{Checked, Health, JobProblem};
 /// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
 /// policies: the default retry policy, no retention limit.
 pub(crate) const WORKFLOW_RUNS: &str = "workflow:";
+/// The same for agents (`run_agent`, and notifications that start an agent), pipelines and group
+/// chats run by hand, and plugin actions notifications start: policies as above.
+pub(crate) const AGENT_RUNS: &str = "agent:";
+pub(crate) const PIPELINE_RUNS: &str = "pipeline:";
+pub(crate) const GROUP_CHAT_RUNS: &str = "group-chat:";
+pub(crate) const PLUGIN_RUNS: &str = "plugin:";
 
 /// The part of the config the engine needs.
 #[derive(Debug, Clone)]
@@ -285,5 +291,21 @@ impl InForce {
 
     pub(crate) fn workflow(&self, name: &str) -> Option<Arc<Workflow>> {
         self.get().workflows.get(name).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job of the files or a runtime job cannot take the name runs without a job are listed
+    /// under.
+    #[test]
+    fn the_job_names_of_runs_without_a_job_are_refused_as_job_names() {
+        for prefix in [WORKFLOW_RUNS, AGENT_RUNS, PIPELINE_RUNS, GROUP_CHAT_RUNS, PLUGIN_RUNS] {
+            let (reserved, _) =
+                lamplighter_config::reserved_prefix(&format!("{prefix}x")).unwrap_or_else(|| panic!("{prefix} is not reserved"));
+            assert_eq!(reserved, prefix);
+        }
     }
 }

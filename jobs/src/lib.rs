@@ -162,6 +162,11 @@ pub(crate) enum JobProblem {
 }
 
 impl Health {
+    /// Why agent `name` cannot run here, if it cannot.
+    pub(crate) fn agent_down(&self, name: &str) -> Option<&str> {
+        self.agents_down.get(name).map(String::as_str)
+    }
+
     /// What keeps `job` from running here, with the field to blame.
     pub(crate) fn job_problem(&self, job: &lamplighter_config::JobConfig, registry: &Registry) -> Option<(&'static str, JobProblem)> {
         let name = &job.name;

@@ -20,17 +20,12 @@ use lamplighter_config::{NotifyTarget, Webhook, WebhookFormat};
 use crate::agent::connection_error;
 use crate::clock::Clock;
 use crate::events::Observer;
-use crate::in_force::{InForce, JobsConfig};
+use crate::in_force::{AGENT_RUNS, InForce, JobsConfig, PLUGIN_RUNS, WORKFLOW_RUNS};
 use crate::notify::{self, Claimed, Sent};
 use crate::run::Trigger;
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{NewRun, RunStore, StoreError};
-
-/// Runs started by notifications are recorded under these job names (`workflow:` is shared
-/// with workflows run by hand).
-const AGENT_RUNS: &str = "agent:";
-const PLUGIN_RUNS: &str = "plugin:";
 
 /// Sends in flight at once.
 const PARALLEL: usize = 16;
@@ -216,7 +211,7 @@ async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget
                 return Err((format!("workflow \"{w}\" is no longer defined"), true));
             };
             let target = TargetRef::Workflow { workflow: w.clone(), definition: Some(definition.clone()) };
-            (format!("{}{w}", crate::in_force::WORKFLOW_RUNS), target, Some(c.payload.clone()), None)
+            (format!("{WORKFLOW_RUNS}{w}"), target, Some(c.payload.clone()), None)
         }
         NotifyTarget::Agent(a) => {
             if !config.agents.agents.contains_key(a) {

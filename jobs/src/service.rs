@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::engine::Engine;
-use crate::in_force::{JobsConfig, WORKFLOW_RUNS};
+use crate::in_force::{AGENT_RUNS, GROUP_CHAT_RUNS, JobsConfig, PIPELINE_RUNS, WORKFLOW_RUNS};
+use lamplighter_contract::args::{MAX_CHAT_AGENTS, MAX_CHAT_ROUNDS};
 pub use lamplighter_contract::{
     AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
     SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
@@ -33,6 +34,13 @@ pub enum ServiceError {
     JobDisabled { name: String, reason: String },
     #[error("workflow \"{name}\" not found; known workflows: {known}")]
     WorkflowNotFound { name: String, known: String },
+    #[error("agent \"{name}\" not found; known agents: {known}")]
+    AgentNotFound { name: String, known: String },
+    #[error("pipeline \"{name}\" not found; known pipelines: {known}")]
+    PipelineNotFound { name: String, known: String },
+    /// An agent the environment keeps from running here (its key unset, its plugin not loaded).
+    #[error("agent \"{name}\" cannot run here: {reason}")]
+    AgentDisabled { name: String, reason: String },
     /// A decision on a run or step that does not wait for one.
     #[error("{0}")]
     NotWaiting(String),
@@ -451,6 +459,93 @@ impl Engine {
             requested_by,
             ..NewRun::asked(format!("{WORKFLOW_RUNS}{name}"), Trigger::Manual, snapshot, now)
         };
+        self.insert_and_dispatch(run, now).await
+    }
+
+    /// Starts a run of an agent by hand, the input its task (recorded under the job name
+    /// `agent:<name>`, with a job's default policies). Returns at once with the run id.
+    pub async fn run_agent(
+        &self,
+        name: &str,
+        input: Option<serde_json::Value>,
+        idempotency_key: Option<String>,
+        requested_by: Option<String>,
+    ) -> Result<Triggered, ServiceError> {
+        self.agents_can_run(&[name.to_string()])?;
+        let target = TargetRef::Agent { agent: name.to_string() };
+        self.start_agents(format!("{AGENT_RUNS}{name}"), target, input, idempotency_key, requested_by).await
+    }
+
+    /// Starts a named pipeline by hand: its agents in order, each given the previous answer
+    /// (recorded under `pipeline:<name>`).
+    pub async fn run_pipeline(
+        &self,
+        name: &str,
+        input: Option<serde_json::Value>,
+        idempotency_key: Option<String>,
+        requested_by: Option<String>,
+    ) -> Result<Triggered, ServiceError> {
+        let config = self.shared.snapshot();
+        let Some(pipeline) = config.agents.pipelines.get(name) else {
+            let known = config.agents.pipelines.keys().cloned().collect::<Vec<_>>();
+            let known = if known.is_empty() { "none".into() } else { known.join(", ") };
+            return Err(ServiceError::PipelineNotFound { name: name.to_string(), known });
+        };
+        self.agents_can_run(&pipeline.agents)?;
+        let target = TargetRef::Pipeline { pipeline: name.to_string(), agents: pipeline.agents.clone() };
+        self.start_agents(format!("{PIPELINE_RUNS}{name}"), target, input, idempotency_key, requested_by).await
+    }
+
+    /// Starts a group chat by hand: `agents` in turn, `rounds` times (default 1), each given
+    /// the previous answer (recorded under `group-chat:<a>,<b>,…`).
+    pub async fn run_group_chat(
+        &self,
+        agents: &[String],
+        rounds: Option<u32>,
+        input: Option<serde_json::Value>,
+        idempotency_key: Option<String>,
+        requested_by: Option<String>,
+    ) -> Result<Triggered, ServiceError> {
+        let rounds = rounds.unwrap_or(1);
+        if agents.is_empty() || agents.len() > MAX_CHAT_AGENTS {
+            return Err(ServiceError::InvalidArgument(format!("agents: name 1 to {MAX_CHAT_AGENTS} agents, not {}", agents.len())));
+        }
+        if !(1..=MAX_CHAT_ROUNDS).contains(&rounds) {
+            return Err(ServiceError::InvalidArgument(format!("max_iterations: 1 to {MAX_CHAT_ROUNDS}, not {rounds}")));
+        }
+        self.agents_can_run(agents)?;
+        let target = TargetRef::GroupChat { agents: agents.to_vec(), rounds };
+        self.start_agents(format!("{GROUP_CHAT_RUNS}{}", agents.join(",")), target, input, idempotency_key, requested_by).await
+    }
+
+    /// Each of `agents` is defined and can run here.
+    fn agents_can_run(&self, agents: &[String]) -> Result<(), ServiceError> {
+        let config = self.shared.snapshot();
+        for name in agents {
+            if !config.agents.agents.contains_key(name) {
+                let known = config.agents.agents.keys().cloned().collect::<Vec<_>>();
+                let known = if known.is_empty() { "none".into() } else { known.join(", ") };
+                return Err(ServiceError::AgentNotFound { name: name.clone(), known });
+            }
+            if let Some(reason) = config.health.agent_down(name) {
+                return Err(ServiceError::AgentDisabled { name: name.clone(), reason: reason.to_string() });
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_agents(
+        &self,
+        job: String,
+        target: TargetRef,
+        input: Option<serde_json::Value>,
+        idempotency_key: Option<String>,
+        requested_by: Option<String>,
+    ) -> Result<Triggered, ServiceError> {
+        check_idempotency_key(idempotency_key.as_deref())?;
+        let now = self.shared.clock().now();
+        let run =
+            NewRun { input, idempotency_key, requested_by, ..NewRun::asked(job, Trigger::Manual, JobSnapshot::of_target(target), now) };
         self.insert_and_dispatch(run, now).await
     }
 

@@ -45,6 +45,17 @@ pub enum TargetRef {
     Agent {
         agent: String,
     },
+    /// A named pipeline run by hand: its agents as they were, each given the previous answer.
+    Pipeline {
+        pipeline: String,
+        agents: Vec<String>,
+    },
+    /// A group chat run by hand: the agents in turn, `rounds` times, each given the previous
+    /// answer (the seed's `orchestrate group-chat`).
+    GroupChat {
+        agents: Vec<String>,
+        rounds: u32,
+    },
 }
 
 impl JobSnapshot {

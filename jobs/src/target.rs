@@ -8,8 +8,9 @@ use futures::future::BoxFuture;
 
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
-use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
+use crate::agent::{AgentRuntime, Session, Stopped, input_text};
 use crate::context::{RunContext, Targets};
+use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::Outcome;
 use crate::snapshot::TargetRef;
 
@@ -61,20 +62,70 @@ impl Targets for BuiltinTargets {
                     Some(definition) => crate::workflow::run(ctx, definition, registry, agents).await,
                     None => Outcome::permanent(format!("workflow \"{workflow}\" is no longer defined")),
                 },
-                TargetRef::Agent { agent } => {
-                    let input = input_text(ctx.run().input.as_ref());
-                    let cancel = ctx.cancelled().clone();
-                    let session = match Session::open(ctx, agents, registry).await {
-                        Ok(s) => s,
-                        Err(e) => return Outcome::failed(e),
-                    };
-                    match session.converse(&agent, input, String::new(), 0, &cancel).await {
-                        AgentEnd::Answer(a) => Outcome::Succeeded { output: serde_json::Value::String(a) },
-                        AgentEnd::Waiting => Outcome::Waiting { until: None },
-                        AgentEnd::Failed { error, retry } => Outcome::Failed { error, retry },
-                    }
-                }
+                TargetRef::Agent { agent } => relay(ctx, agents, registry, Relay::Agent(agent)).await,
+                TargetRef::Pipeline { pipeline, agents: steps } => relay(ctx, agents, registry, Relay::Pipeline { pipeline, steps }).await,
+                TargetRef::GroupChat { agents: members, rounds } => relay(ctx, agents, registry, Relay::Chat { members, rounds }).await,
             }
         })
     }
+}
+
+/// What a run of agents is: one agent, a pipeline, or a group chat.
+enum Relay {
+    Agent(String),
+    Pipeline { pipeline: String, steps: Vec<String> },
+    Chat { members: Vec<String>, rounds: u32 },
+}
+
+/// Runs agents on the run's input, each turn a conversation of its own (an agent alone is the
+/// conversation `""`; a pipeline's steps `step-N:agent`; a chat's turns `round-R.N:agent`), each
+/// given the previous answer. A group chat is the `orchestration:group-chat` operation (hooks).
+async fn relay(ctx: RunContext, runtime: Arc<AgentRuntime>, registry: Arc<Registry>, what: Relay) -> Outcome {
+    let input = input_text(ctx.run().input.as_ref());
+    let cancel = ctx.cancelled().clone();
+    let obs = ctx.observer().clone();
+    let owner = Owner::from(ctx.run());
+    let turns: Vec<(String, String)> = match &what {
+        Relay::Agent(a) => vec![(a.clone(), String::new())],
+        Relay::Pipeline { steps, .. } => steps.iter().enumerate().map(|(i, a)| (a.clone(), format!("step-{}:{a}", i + 1))).collect(),
+        Relay::Chat { members, rounds } => (1..=(*rounds).max(1))
+            .flat_map(|r| members.iter().enumerate().map(move |(i, a)| (a.clone(), format!("round-{r}.{}:{a}", i + 1))))
+            .collect(),
+    };
+    let chat = match &what {
+        Relay::Chat { members, .. } => match obs.begin(Op::GroupChat { step: String::new(), agents: members.clone() }, owner, None).await {
+            Ok(c) => Some(c),
+            Err(Cancelled(why)) => return Outcome::permanent(format!("the group chat was not started: {why}")),
+        },
+        _ => None,
+    };
+    let session = match Session::open(ctx, runtime, registry).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::failed(e),
+    };
+    let borrowed: Vec<(&str, String)> = turns.iter().map(|(a, c)| (a.as_str(), c.clone())).collect();
+    let end = session.relay(&borrowed, input, 0, &cancel).await;
+    let outcome = match end {
+        Ok(answer) => Outcome::Succeeded { output: serde_json::Value::String(answer) },
+        Err(Stopped::Waiting) => Outcome::Waiting { until: None },
+        Err(Stopped::Failed { turn, error, retry }) => {
+            let error = match &what {
+                Relay::Agent(_) => error,
+                Relay::Pipeline { pipeline, .. } => {
+                    format!("pipeline \"{pipeline}\" stopped at step {} (agent \"{}\"): {error}", turn + 1, turns[turn].0)
+                }
+                Relay::Chat { .. } => format!("the group chat stopped at turn {} (agent \"{}\"): {error}", turn + 1, turns[turn].0),
+            };
+            Outcome::Failed { error, retry }
+        }
+    };
+    if let Some(chat) = chat {
+        let ended = match &outcome {
+            Outcome::Failed { error, .. } => Ended::failed(error),
+            Outcome::Waiting { .. } => Ended { status: Some(crate::run::RunStatus::WaitingApproval), ..Ended::ok() },
+            _ => Ended::ok(),
+        };
+        chat.end(&obs, ended).await;
+    }
+    outcome
 }

@@ -476,3 +476,71 @@ async fn delegation_stops_at_the_depth_bound() {
     let conversations: std::collections::BTreeSet<&str> = d.calls.iter().map(|c| c.conversation.as_str()).collect();
     assert_eq!(conversations.len(), depth + 1, "{conversations:?}");
 }
+
+#[tokio::test]
+async fn agents_pipelines_and_group_chats_run_by_hand_as_durable_runs_under_their_own_job_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| {
+        let input = lamplighter_tests::llm::user_input(req);
+        match system(req).as_str() {
+            "broken" => Reply::Status { code: 400, retry_after: None },
+            who => Reply::Text(format!("{who}({input})")),
+        }
+    })
+    .await;
+    let top = format!(
+        "ai:\n  providers:\n    p:\n      base_url: {}\n      models:\n        m: {{id: m}}\n  default_model: m\n\
+         agents:\n  a: {{system_prompt: a}}\n  b: {{system_prompt: b}}\n  broken: {{system_prompt: broken}}\n  keyless: {{model: k}}\n\
+         pipelines:\n  chain: {{steps: [a, b]}}\n  halts: {{steps: [a, broken, b]}}\n",
+        llm.base_url()
+    );
+    let top = top.replace("      models:\n        m: {id: m}\n", "      models:\n        m: {id: m}\n    off:\n      base_url: http://127.0.0.1:9/v1\n      api_key: ${UNSET_KEY_FOR_THIS_TEST}\n      models:\n        k: {id: k}\n");
+    let config = config_with(dir.path(), &top, "type: agent\nagent: a");
+    let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
+
+    // An agent: its answer is the run's output; the same key gives the same run.
+    let first = engine.run_agent("a", Some(json!("hello")), Some("k1".into()), Some("ana".into())).await.expect("run_agent");
+    let again = engine.run_agent("a", Some(json!("hello")), Some("k1".into()), None).await.expect("run_agent again");
+    assert_eq!((again.run_id.as_str(), again.created), (first.run_id.as_str(), false));
+    let run = ended(&engine, &first.run_id).await;
+    assert_eq!((run.job.as_str(), run.status, run.output.clone()), ("agent:a", RunStatus::Succeeded, Some(json!("a(hello)"))));
+    assert_eq!(run.requested_by.as_deref(), Some("ana"));
+
+    // A pipeline: each step given the previous answer, one conversation a step.
+    let started = engine.run_pipeline("chain", Some(json!("x")), None, None).await.expect("run_pipeline");
+    let run = ended(&engine, &started.run_id).await;
+    assert_eq!((run.job.as_str(), run.output.clone()), ("pipeline:chain", Some(json!("b(a(x))"))));
+    let convs: Vec<String> = detail(&engine, &run.id).await.calls.iter().map(|c| c.conversation.clone()).collect();
+    assert_eq!(convs, ["step-1:a", "step-2:b"]);
+    // A step that fails stops it, naming the step.
+    let run = ended(&engine, &engine.run_pipeline("halts", Some(json!("x")), None, None).await.expect("run").run_id).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().is_some_and(|e| e.starts_with("pipeline \"halts\" stopped at step 2 (agent \"broken\"): ")), "{run:?}");
+
+    // A group chat: the agents in turn, for its rounds.
+    let started = engine.run_group_chat(&["a".into(), "b".into()], Some(2), Some(json!("t")), None, None).await.expect("chat");
+    let run = ended(&engine, &started.run_id).await;
+    assert_eq!((run.job.as_str(), run.output.clone()), ("group-chat:a,b", Some(json!("b(a(b(a(t))))"))));
+    let convs: Vec<String> = detail(&engine, &run.id).await.calls.iter().map(|c| c.conversation.clone()).collect();
+    assert_eq!(convs, ["round-1.1:a", "round-1.2:b", "round-2.1:a", "round-2.2:b"]);
+
+    // What cannot run is refused before a run is made, saying why.
+    let refused = |r: Result<lamplighter_jobs::Triggered, lamplighter_jobs::ServiceError>| r.expect_err("refused").to_string();
+    assert!(
+        refused(engine.run_agent("nobody", None, None, None).await)
+            .starts_with("agent \"nobody\" not found; known agents: a, b, broken, keyless")
+    );
+    let why = refused(engine.run_agent("keyless", None, None, None).await);
+    assert!(why.starts_with("agent \"keyless\" cannot run here: ") && why.contains("UNSET_KEY_FOR_THIS_TEST"), "{why}");
+    assert!(
+        refused(engine.run_pipeline("nope", None, None, None).await)
+            .starts_with("pipeline \"nope\" not found; known pipelines: chain, halts")
+    );
+    assert!(refused(engine.run_group_chat(&[], None, None, None, None).await).contains("agents: name 1 to 20 agents, not 0"));
+    assert!(refused(engine.run_group_chat(&["a".into()], Some(21), None, None, None).await).contains("max_iterations: 1 to 20, not 21"));
+    assert!(
+        refused(engine.run_group_chat(&["a".into(), "ghost".into()], None, None, None, None).await)
+            .starts_with("agent \"ghost\" not found")
+    );
+    assert!(refused(engine.run_agent("a", None, Some(String::new()), None).await).contains("idempotency key must be 1–200 characters"));
+}

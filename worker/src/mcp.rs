@@ -37,8 +37,8 @@ use lamplighter_config::Role;
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
     self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs,
-    PauseArgs, PreviewScheduleArgs, RunArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs, SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs,
-    TriggerArgs, UpdateJobArgs, seed_job_name, wait_timeout,
+    PauseArgs, PreviewScheduleArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
+    SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, seed_job_name, wait_timeout,
 };
 use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
@@ -74,6 +74,9 @@ pub(crate) fn tool_role(tool: &str) -> Role {
         | "approve_step"
         | "reject_step"
         | "run_workflow"
+        | "run_agent"
+        | "run_pipeline"
+        | "run_group_chat"
         | "scheduler_trigger_job"
         | "scheduler_pause_job"
         | "scheduler_resume_job" => Role::Operate,
@@ -89,10 +92,11 @@ pub(crate) fn caller_of(extensions: &rmcp::model::Extensions) -> Caller {
 }
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 28] = args::TOOLS;
+const TOOL_ORDER: [&str; 31] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
-     cancel runs; run workflows and approve or reject their steps that wait for a person; list workflows, agents and plugins; \
+     cancel runs; run workflows, agents, pipelines and group chats, and approve or reject what waits for a person; list \
+     workflows, agents and plugins; \
      reload the config. Job and run errors come back as tool results with \
      isError set and a message that says what to do.";
 
@@ -454,6 +458,43 @@ impl Control {
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
+    /// Runs an agent by hand on a task (its input), as a durable run with its transcript, listed under the job `agent:NAME` (as `lampctl agents run`). Returns the run id at once; with `wait`, waits for the run to finish (sending progress notifications) and returns it.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn run_agent(
+        &self,
+        Parameters(a): Parameters<RunAgentArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
+        let started = self.engine.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        self.outcome(started, a.wait, timeout, &ctx).await
+    }
+
+    /// Runs a named pipeline by hand: its agents in order, each given the previous one's answer, as one durable run listed under the job `pipeline:NAME`. Returns the run id at once; with `wait`, waits for it to finish and returns it.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn run_pipeline(
+        &self,
+        Parameters(a): Parameters<RunPipelineArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
+        let started = self.engine.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        self.outcome(started, a.wait, timeout, &ctx).await
+    }
+
+    /// Runs a group chat by hand (as `lampctl agents chat a,b,c`): the agents speak in turn, each given the previous one's answer, `max_iterations` rounds; one durable run listed under the job `group-chat:A,B,C`. Returns the run id at once; with `wait`, waits for it to finish and returns it.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    async fn run_group_chat(
+        &self,
+        Parameters(a): Parameters<RunGroupChatArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TriggerOutcome>, Failure> {
+        let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
+        a.checked()?;
+        let started = self.engine.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        self.outcome(started, a.wait, timeout, &ctx).await
+    }
+
     /// The configured workflows: description, trigger, number of steps, and why one is disabled.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_workflows(&self, _: Parameters<NoArgs>) -> Result<Json<WorkflowList>, Failure> {
@@ -576,6 +617,31 @@ impl Control {
                     return None;
                 }
                 (self.engine.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+            }
+            "run_agent" => {
+                let a: RunAgentArgs = serde_json::from_value(args).ok()?;
+                let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                if !a.wait {
+                    return None;
+                }
+                (self.engine.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+            }
+            "run_pipeline" => {
+                let a: RunPipelineArgs = serde_json::from_value(args).ok()?;
+                let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                if !a.wait {
+                    return None;
+                }
+                (self.engine.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+            }
+            "run_group_chat" => {
+                let a: RunGroupChatArgs = serde_json::from_value(args).ok()?;
+                let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                if !a.wait || a.checked().is_err() {
+                    return None;
+                }
+                let by = Some(client_name(context));
+                (self.engine.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, by).await, timeout)
             }
             _ => return None,
         };

@@ -29,6 +29,21 @@ impl<'n> Runnable<'n> {
     }
 }
 
+/// Job names runs without a job are listed under (`workflow:NAME` for a workflow run by hand,
+/// …), with whose runs they are: refused as the start of a job's name.
+pub const RESERVED_JOB_PREFIXES: &[(&str, &str)] = &[
+    ("workflow:", "runs of workflows started by hand"),
+    ("agent:", "runs of agents started by hand or by notifications"),
+    ("pipeline:", "runs of pipelines started by hand"),
+    ("group-chat:", "group chats started by hand"),
+    ("plugin:", "runs of plugin actions started by notifications"),
+];
+
+/// The reserved prefix `name` starts with, and whose runs it lists.
+pub fn reserved_prefix(name: &str) -> Option<(&'static str, &'static str)> {
+    RESERVED_JOB_PREFIXES.iter().copied().find(|(p, _)| name.starts_with(p))
+}
+
 impl Compiler<'_> {
     pub(super) fn job(
         &mut self,
@@ -40,11 +55,11 @@ impl Compiler<'_> {
     ) -> Option<JobConfig> {
         let p = |k: &'static str| ["scheduling", "jobs", name, k];
         let mut ok = true;
-        if name.starts_with("workflow:") {
+        if let Some((prefix, whose)) = reserved_prefix(name) {
             let loc = self.loaded.sources.locate(&keys(&["scheduling", "jobs", name]));
             self.diags.push(Diagnostic::error(
                 loc,
-                format!("job \"{name}\": job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it); rename the job"),
+                format!("job \"{name}\": job names cannot start with \"{prefix}\" ({whose} are listed under it); rename the job"),
             ));
             ok = false;
         }

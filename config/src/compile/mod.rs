@@ -24,6 +24,7 @@ use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
 use crate::schedule;
 
+pub use jobs::{RESERVED_JOB_PREFIXES, reserved_prefix};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, ManageJobs,
     McpAuth, McpTls, McpTransport, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig,
@@ -139,10 +140,8 @@ pub struct CompiledJob {
 /// naming its field (`cron: …`, `workflow: …`; `definition: …` for one that is not a job
 /// entry at all).
 pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value) -> Result<CompiledJob, Vec<String>> {
-    if name.starts_with("workflow:") {
-        return Err(vec![format!(
-            "name: job names cannot start with \"workflow:\" (runs of workflows started by hand are listed under it)"
-        )]);
+    if let Some((prefix, whose)) = jobs::reserved_prefix(name) {
+        return Err(vec![format!("name: job names cannot start with \"{prefix}\" ({whose} are listed under it)")]);
     }
     let definition = definition_json(definition).map_err(|e| vec![e])?;
     let mut job: raw::Job = serde_json::from_value(definition.clone()).map_err(|e| vec![format!("definition: {e}")])?;

@@ -278,6 +278,84 @@ pub struct TriggerArgs {
     pub timeout_seconds: Option<u64>,
 }
 
+/// The most agents a group chat names, and the most rounds it goes.
+pub const MAX_CHAT_AGENTS: usize = 20;
+pub const MAX_CHAT_ROUNDS: u32 = 20;
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RunAgentArgs {
+    /// The agent's name, as in `list_agents`.
+    pub name: String,
+    /// The agent's task: a string as it is, other JSON as its text (default: the task its instructions describe).
+    pub input: Option<Value>,
+    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it (a tool call waiting for approval keeps the wait going). While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    pub wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86400)))]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RunPipelineArgs {
+    /// The pipeline's name (config `pipelines`): its agents run in order, each given the previous one's answer.
+    pub name: String,
+    /// The first agent's input: a string as it is, other JSON as its text.
+    pub input: Option<Value>,
+    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it. While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    pub wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86400)))]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RunGroupChatArgs {
+    /// The agents, in the order they speak (1–20, as in `list_agents`): each is given the previous one's answer.
+    pub agents: Vec<String>,
+    /// The first agent's input: a string as it is, other JSON as its text.
+    pub input: Option<Value>,
+    /// How many times the agents go round (1–20; default 1).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 20)))]
+    pub max_iterations: Option<u32>,
+    /// Makes the call safe to retry: a second call with the same key returns the first run (1–200 characters).
+    pub idempotency_key: Option<String>,
+    /// Wait for the run to finish and return it. While waiting, progress notifications are sent if the request has a progress token.
+    #[serde(default)]
+    pub wait: bool,
+    /// With `wait`: stop waiting after this many seconds and return the run as it is (1–86400; default: until it finishes).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 86400)))]
+    pub timeout_seconds: Option<u64>,
+}
+
+impl RunGroupChatArgs {
+    /// The agents and rounds, checked.
+    pub fn checked(&self) -> Result<(), ArgError> {
+        in_range("agents", self.agents.len() as u64, MAX_CHAT_AGENTS as u64)?;
+        if let Some(r) = self.max_iterations {
+            in_range("max_iterations", u64::from(r), u64::from(MAX_CHAT_ROUNDS))?;
+        }
+        if let Some(blank) = self.agents.iter().find(|a| a.trim().is_empty()) {
+            return Err(ArgError {
+                message: format!("invalid arguments: field `agents` holds a blank name ({blank:?})"),
+                field: Some("agents".into()),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -453,7 +531,7 @@ pub struct Checked {
 }
 
 /// Every tool the worker serves, in the order `tools/list` gives them.
-pub const TOOLS: [&str; 28] = [
+pub const TOOLS: [&str; 31] = [
     "worker_status",
     "list_jobs",
     "get_job",
@@ -472,6 +550,9 @@ pub const TOOLS: [&str; 28] = [
     "approve_step",
     "reject_step",
     "run_workflow",
+    "run_agent",
+    "run_pipeline",
+    "run_group_chat",
     "list_workflows",
     "list_agents",
     "list_plugins",
@@ -539,6 +620,19 @@ pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgEr
             let a: RunWorkflowArgs = from_arguments(tool, arguments)?;
             Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
         }
+        "run_agent" => {
+            let a: RunAgentArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
+        }
+        "run_pipeline" => {
+            let a: RunPipelineArgs = from_arguments(tool, arguments)?;
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
+        }
+        "run_group_chat" => {
+            let a: RunGroupChatArgs = from_arguments(tool, arguments)?;
+            a.checked()?;
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.agents.join(","), count: None })
+        }
         "scheduler_trigger_job" => {
             let a: SeedTriggerArgs = from_arguments(tool, arguments)?;
             seed_job_name(a.name, a.job_name).map(plain)
@@ -589,6 +683,24 @@ mod tests {
             assert!(err.message.contains("unknown field `surely_not_a_field`"), "{tool}: {err}");
         }
         assert_eq!(check("nope", Map::new()).unwrap_err().message, "unknown tool \"nope\"");
+    }
+
+    #[test]
+    fn a_group_chat_names_1_to_20_agents_and_goes_1_to_20_rounds() {
+        let ok = check("run_group_chat", args(json!({"agents": ["a", "b"], "max_iterations": 3, "wait": true, "timeout_seconds": 5})));
+        assert_eq!(ok.map(|c| c.subject), Ok("a,b".to_string()));
+        for (bad, field) in [
+            (json!({"agents": []}), "agents"),
+            (json!({"agents": vec!["a"; 21]}), "agents"),
+            (json!({"agents": ["a", " "]}), "agents"),
+            (json!({"agents": ["a"], "max_iterations": 0}), "max_iterations"),
+            (json!({"agents": ["a"], "max_iterations": 21}), "max_iterations"),
+            (json!({"agents": ["a"], "timeout_seconds": 5}), "timeout_seconds"),
+            (json!({"agents": "a,b"}), "agents"),
+        ] {
+            let err = check("run_group_chat", args(bad.clone())).expect_err(&bad.to_string());
+            assert_eq!(err.field.as_deref(), Some(field), "{bad}: {err}");
+        }
     }
 
     #[test]

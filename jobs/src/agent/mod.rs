@@ -116,6 +116,14 @@ impl AgentEnd {
     }
 }
 
+/// Why a relay of conversations stopped before its last answer.
+pub(crate) enum Stopped {
+    /// A turn waits for a decision.
+    Waiting,
+    /// Turn `turn` (from 0) failed.
+    Failed { turn: usize, error: String, retry: bool },
+}
+
 /// The agent side of one run: its recorded calls and approval steps, and what it needs to make
 /// more. Shared by every conversation of the run (a workflow's agent steps, delegations).
 pub(crate) struct Session {
@@ -205,6 +213,26 @@ impl Session {
 
     fn step(&self, id: &str) -> Option<StepRecord> {
         self.steps.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    /// Conversations in turn (`(agent, conversation)`), each given the previous one's answer
+    /// (pipelines and group chats, the seed's relay): the last answer, or where it stopped.
+    pub(crate) async fn relay(
+        &self,
+        turns: &[(&str, String)],
+        input: String,
+        depth: u32,
+        cancel: &CancellationToken,
+    ) -> Result<String, Stopped> {
+        let mut text = input;
+        for (turn, (agent, conv)) in turns.iter().enumerate() {
+            match self.converse(agent, text, conv.clone(), depth, cancel).await {
+                AgentEnd::Answer(a) => text = a,
+                AgentEnd::Waiting => return Err(Stopped::Waiting),
+                AgentEnd::Failed { error, retry } => return Err(Stopped::Failed { turn, error, retry }),
+            }
+        }
+        Ok(text)
     }
 
     /// Runs agent `name` on `input` as conversation `conv` (continuing what is recorded under
@@ -690,28 +718,21 @@ impl Session {
             }
             Delegation::Pipeline => {
                 let name = str_arg(args, "pipeline")?;
-                let mut text = str_arg(args, "input")?;
+                let text = str_arg(args, "input")?;
                 let Some(p) = self.catalog.pipelines.get(&name) else {
                     let known: Vec<&str> = self.catalog.pipelines.keys().map(String::as_str).collect();
                     return Err(ToolErr::Model(format!("there is no pipeline \"{name}\" (pipelines: {})", known.join(", "))));
                 };
-                for (i, who) in p.agents.iter().enumerate() {
-                    match self.converse(who, text, sub(Some(i), who), depth + 1, cancel).await {
-                        AgentEnd::Answer(a) => text = a,
-                        AgentEnd::Waiting => return Err(waiting()),
-                        AgentEnd::Failed { error, retry: true } => {
-                            let error = format!("pipeline \"{name}\" stopped at step {} (agent \"{who}\"): {error}", i + 1);
-                            return Err(ToolErr::Stop(AgentEnd::failed(error, true)));
-                        }
-                        AgentEnd::Failed { error, .. } => {
-                            return Err(ToolErr::Model(format!(
-                                "pipeline \"{name}\" stopped at step {} (agent \"{who}\"): {error}",
-                                i + 1
-                            )));
-                        }
+                let turns: Vec<(&str, String)> = p.agents.iter().enumerate().map(|(i, who)| (who.as_str(), sub(Some(i), who))).collect();
+                match self.relay(&turns, text, depth + 1, cancel).await {
+                    Ok(answer) => Ok(answer),
+                    Err(Stopped::Waiting) => Err(waiting()),
+                    Err(Stopped::Failed { turn, error, retry }) => {
+                        let error = format!("pipeline \"{name}\" stopped at step {} (agent \"{}\"): {error}", turn + 1, turns[turn].0);
+                        // Retryable: the run fails and is tried again; otherwise the model is told.
+                        Err(if retry { ToolErr::Stop(AgentEnd::failed(error, true)) } else { ToolErr::Model(error) })
                     }
                 }
-                Ok(text)
             }
         }
     }

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Decision, Step, StepKind, Template, Templated, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
-use crate::agent::{AgentEnd, AgentRuntime, Session, input_text};
+use crate::agent::{AgentRuntime, Session, Stopped, input_text};
 use opentelemetry::context::FutureExt as _;
 
 use crate::context::RunContext;
@@ -486,18 +486,17 @@ impl Interpreter {
             Ok(s) => s,
             Err(e) => return Ok(End::failed(format!("step \"{id}\" failed: {e}"), true)),
         };
-        let mut text = input;
-        for (agent, suffix) in turns {
-            match session.converse(agent, text, format!("{id}{suffix}"), 0, cancel).await {
-                AgentEnd::Answer(a) => text = a,
-                AgentEnd::Waiting => return Ok(End::Waiting(None)),
-                AgentEnd::Failed { error, retry } => {
-                    self.end(id, Some(started), StepStatus::Failed, None, Some(error.clone())).await?;
-                    return Ok(End::failed(format!("step \"{id}\" failed: {error}"), retry));
-                }
+        let turns: Vec<(&str, String)> = turns.iter().map(|(agent, suffix)| (*agent, format!("{id}{suffix}"))).collect();
+        match session.relay(&turns, input, 0, cancel).await {
+            Ok(text) => {
+                self.end(id, Some(started), StepStatus::Succeeded, Some(cap(Value::String(text))), None).await?;
+                Ok(End::Done)
             }
+            Err(Stopped::Failed { error, retry, .. }) => {
+                self.end(id, Some(started), StepStatus::Failed, None, Some(error.clone())).await?;
+                Ok(End::failed(format!("step \"{id}\" failed: {error}"), retry))
+            }
+            Err(Stopped::Waiting) => Ok(End::Waiting(None)),
         }
-        self.end(id, Some(started), StepStatus::Succeeded, Some(cap(Value::String(text))), None).await?;
-        Ok(End::Done)
     }
 }

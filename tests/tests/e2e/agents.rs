@@ -266,6 +266,68 @@ fn an_agent_gets_the_global_plugins_and_loads_a_skill_when_it_needs_it() {
 }
 
 #[test]
+fn lampctl_runs_an_agent_a_pipeline_and_a_group_chat_by_hand() {
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((3, 2), |req| match system(req).as_str() {
+        "broken" => Reply::Status { code: 400, retry_after: None },
+        who => Reply::Text(format!("{who}({})", user_input(req))),
+    }));
+    let top = format!(
+        "{}pipelines:\n  review: {{steps: [checker, editor]}}\nagents:\n  writer: {{system_prompt: writer}}\n  checker: {{system_prompt: checker}}\n  \
+         editor: {{system_prompt: editor}}\n  broken: {{system_prompt: broken}}\n",
+        ai(&llm)
+    );
+    let mut w = Worker::new("");
+    w.write_full(&top, "", "");
+    w.start();
+
+    // An agent on a task, waited for: its answer, listed under agent:NAME.
+    let (code, out, err) = w.ctl(&["-o", "json", "agents", "run", "writer", "--input", "tides", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let run = &json_of(&out)["run"];
+    assert_eq!(
+        (run["job"].as_str(), run["status"].as_str(), run["output"].as_str()),
+        (Some("agent:writer"), Some("succeeded"), Some("writer(tides)"))
+    );
+    // Started again with the same key: the same run.
+    let key = |input: &str| w.ctl(&["-o", "json", "agents", "run", "writer", "--input", input, "--idempotency-key", "nightly-1"]);
+    let (first, again) = (json_of(&key("a").1), json_of(&key("b").1));
+    assert_eq!(first["run_id"], again["run_id"]);
+    assert_eq!((first["created"].as_bool(), again["created"].as_bool()), (Some(true), Some(false)));
+
+    // A pipeline and a group chat, each given the previous answer.
+    let (code, out, err) = w.ctl(&["-o", "json", "agents", "pipeline", "review", "--input", "draft", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_of(&out)["run"]["output"], "editor(checker(draft))");
+    let (code, out, err) = w.ctl(&["agents", "chat", "writer,checker,editor", "--input", "AI agents", "--max-iterations", "2", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("succeeded"), "{out}");
+    let chat = w.runs().into_iter().find(|r| r.job == "group-chat:writer,checker,editor").expect("the chat's run");
+    let (code, out, _) = w.ctl(&["runs", "show", &chat.id, "-o", "json"]);
+    assert_eq!(code, 0);
+    let detail = json_of(&out);
+    assert_eq!(detail["output"], "editor(checker(writer(editor(checker(writer(AI agents))))))");
+    let convs: Vec<&str> = detail["calls"].as_array().unwrap().iter().filter_map(|c| c["conversation"].as_str()).collect();
+    assert_eq!(
+        convs,
+        ["round-1.1:writer", "round-1.2:checker", "round-1.3:editor", "round-2.1:writer", "round-2.2:checker", "round-2.3:editor"]
+    );
+    let (code, out, _) = w.ctl(&["runs", "show", &chat.id, "--transcript"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("round-2.3:editor"), "the transcript names each turn: {out}");
+
+    // A failing agent ends the wait with the failed code; unknown names are refused up front.
+    let (code, _, err) = w.ctl(&["agents", "run", "broken", "--wait"]);
+    assert_eq!(code, 4, "{err}");
+    let (code, _, err) = w.ctl(&["agents", "chat", "writer,ghost"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("agent \"ghost\" not found; known agents: broken, checker, editor, writer"), "{err}");
+    let (code, _, err) = w.ctl(&["agents", "chat", "writer", "--max-iterations", "50"]);
+    assert_eq!(code, 2, "a usage error: {err}");
+    drop(rt);
+}
+
+#[test]
 fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that_never_starts_fails_only_its_runs() {
     let rt = runtime();
     let calls = Arc::new(Mutex::new(0usize));

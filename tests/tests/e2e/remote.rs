@@ -171,7 +171,18 @@ fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
     };
     let read = tools("r34d-0nly-t0ken");
     assert!(read.contains(&"list_jobs".to_owned()) && read.contains(&"get_run".to_owned()), "{read:?}");
-    for write in ["pause_job", "trigger_job", "cancel_run", "approve_step", "create_job", "reload_config", "scheduler_trigger_job"] {
+    for write in [
+        "pause_job",
+        "trigger_job",
+        "cancel_run",
+        "approve_step",
+        "create_job",
+        "reload_config",
+        "scheduler_trigger_job",
+        "run_agent",
+        "run_pipeline",
+        "run_group_chat",
+    ] {
         assert!(!read.contains(&write.to_owned()), "a read token lists {write}: {read:?}");
     }
     let operate = tools("0per8-t0ken");

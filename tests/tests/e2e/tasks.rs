@@ -181,3 +181,30 @@ fn tasks_cancel_cancels_the_run() {
         let _ = client.cancel().await;
     });
 }
+
+#[test]
+fn run_agent_with_wait_is_a_task_whose_tool_approval_is_asked_and_answered() {
+    use lamplighter_tests::llm::{Reply, ScriptedLlm, last_text, tool_results};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let llm = rt.block_on(ScriptedLlm::start((3, 2), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("file-save__save".into(), r#"{"path": "note.md", "content": "checked"}"#.into())]),
+        _ => Reply::Text(format!("saved: {}", last_text(req))),
+    }));
+    let top = format!("{}agents:\n  careful:\n    plugins: [file-save]\n    tool_approval: ask\n", llm.ai_section());
+    let mut w = Worker::new("");
+    w.write_full(&top, "", "");
+    w.start();
+    rt.block_on(async {
+        let client = connect(&w).await;
+        let id = task_of(&client, "run_agent", json!({"name": "careful", "input": "save a note", "wait": true})).await;
+        let payload = until(&client, &id, TaskStatus::InputRequired).await;
+        let (key, message) = question(&payload);
+        assert!(message.contains("file-save.save") && message.contains("note.md"), "{message}");
+        client.update_task(answer(&id, &key, "approve", "fine")).await.expect("tasks/update");
+        let TaskPayload::Completed { result } = until(&client, &id, TaskStatus::Completed).await else { unreachable!() };
+        let run = &result["structuredContent"]["run"];
+        assert_eq!((run["job"].as_str(), run["status"].as_str()), (Some("agent:careful"), Some("succeeded")), "{result:?}");
+        assert_eq!(std::fs::read_to_string(w.dir.path().join("data/note.md")).unwrap_or_default(), "checked");
+        let _ = client.cancel().await;
+    });
+}
