@@ -107,7 +107,8 @@ pub enum Timing {
     After,
     /// After it failed.
     OnError,
-    /// Both sides: called before (may cancel) and after, whatever the outcome.
+    /// Wraps the operation: called before it (with `phase: before`; may cancel it, or replace
+    /// its input with `{"input": …}`) and after it, whatever the outcome (`phase: after`).
     Around,
 }
 
@@ -156,13 +157,14 @@ impl EventPattern {
         Ok(Self { segments })
     }
 
-    /// Whether the event `domain:component:action` at `timing` matches. An `around` binding
-    /// sees both sides of its operation.
+    /// Whether the event `domain:component:action` at `timing` matches. `around` is called
+    /// only for bindings that name it (on both sides of the operation); a pattern of three
+    /// segments or `*` matches `before`, `after` and `onerror`.
     pub fn matches(&self, event: [&str; 3], timing: Timing) -> bool {
         let seg = |i: usize, v: &str| self.segments[i] == "*" || self.segments[i] == v;
         let timing_ok = match self.segments.get(3).map(String::as_str) {
-            None | Some("*") => true,
-            Some(t) => Timing::parse(t).is_some_and(|t| t == timing || t == Timing::Around),
+            None | Some("*") => timing != Timing::Around,
+            Some(t) => Timing::parse(t) == Some(timing),
         };
         timing_ok && (0..3).all(|i| seg(i, event[i]))
     }
@@ -213,9 +215,12 @@ mod tests {
             ("plugin:file-read:action:onerror", ["plugin", "file-save", "action"], Timing::OnError, false),
             ("orchestration:group-chat:start", ["orchestration", "group-chat", "start"], Timing::Before, true),
             ("orchestration:group-chat:end", ["orchestration", "group-chat", "start"], Timing::After, false),
-            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::Before, true),
-            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::After, true),
-            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::OnError, true),
+            // `around` is called as itself, on both sides, only for bindings that name it.
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::Around, true),
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::Before, false),
+            ("scheduler:nightly:job-execute:around", ["scheduler", "nightly", "job-execute"], Timing::After, false),
+            ("scheduler:nightly:job-execute:*", ["scheduler", "nightly", "job-execute"], Timing::Around, false),
+            ("scheduler:nightly:job-execute", ["scheduler", "nightly", "job-execute"], Timing::Around, false),
             // No partial-segment globbing: `*` is a whole segment.
             ("agent:writ*:model-call:before", ["agent", "writer", "model-call"], Timing::Before, false),
         ];

@@ -73,7 +73,8 @@ impl RunContext {
     }
 
     /// Calls a plugin action for this run, as an operation: its span, its metrics (fuel
-    /// included) and its hooks; a `before` hook that cancels refuses the call.
+    /// included) and its hooks; a `before` or `around` hook that cancels refuses the call, and
+    /// an `around` hook may replace its parameters.
     pub(crate) async fn invoke(
         &self,
         registry: &Registry,
@@ -83,7 +84,7 @@ impl RunContext {
         actx: &ActionContext,
     ) -> Result<serde_json::Value, ActionError> {
         let op = Op::PluginAction { plugin: plugin.to_string(), action: action.to_string() };
-        let started = match self.env.observer.begin(op, Owner::from(&self.run), None).await {
+        let (started, params) = match self.env.observer.begin_with(op, Owner::from(&self.run), None, params).await {
             Ok(s) => s,
             Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
         };

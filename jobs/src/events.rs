@@ -17,8 +17,10 @@
 //! polled (`opentelemetry::context::FutureExt::with_context`, a thread-local swap), so that
 //! operations begun inside it are its children. Without a tracer or meter everything here
 //! still works and costs little. Telemetry never fails or blocks an operation: a hook that
-//! fails or times out is logged and counted, and only a `before` hook that answers
-//! `{"cancel": …}` changes what happens.
+//! fails or times out is logged and counted. Only two answers change what happens: a `before`
+//! or `around` hook's `{"cancel": …}`, and an `around` hook's `{"input": …}`, which replaces the
+//! input of the operations that have one ([`Observer::begin_with`]: tool uses, plugin actions,
+//! MCP calls, session starts).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -243,11 +245,15 @@ pub enum Op {
     McpCall { server: String, tool: String },
     /// A group chat: hooks `orchestration:group-chat:start` (before) and `…:end` (after).
     GroupChat { step: String, agents: Vec<String> },
+    /// A new agent conversation (not one resumed from its records): hooks
+    /// `agent:<name>:session-start:*`, whose input is the conversation's first message.
+    SessionStart { agent: String, conversation: String, depth: u32 },
 }
 
 impl Op {
-    /// `domain:component:action` of its hook events; a group chat ends as `…:end`.
-    fn hook_event(&self, timing: Timing) -> [&str; 3] {
+    /// `domain:component:action` of its hook events on one side (`before`: the start); a group
+    /// chat ends as `…:end`.
+    fn hook_event(&self, before: bool) -> [&str; 3] {
         match self {
             Op::Run { job, .. } => ["scheduler", job, "job-execute"],
             Op::Step { workflow, .. } => ["workflow", workflow, "step"],
@@ -255,8 +261,9 @@ impl Op {
             Op::ToolUse { agent, .. } => ["agent", agent, "tool-use"],
             Op::PluginAction { plugin, .. } => ["plugin", plugin, "action"],
             Op::McpCall { server, .. } => ["mcp", server, "tool-call"],
-            Op::GroupChat { .. } if timing == Timing::Before => ["orchestration", "group-chat", "start"],
+            Op::GroupChat { .. } if before => ["orchestration", "group-chat", "start"],
             Op::GroupChat { .. } => ["orchestration", "group-chat", "end"],
+            Op::SessionStart { agent, .. } => ["agent", agent, "session-start"],
         }
     }
 
@@ -271,6 +278,7 @@ impl Op {
             Op::PluginAction { plugin, action } => (format!("plugin {plugin}.{action}"), SpanKind::Internal),
             Op::McpCall { server, tool } => (format!("mcp {server}.{tool}"), SpanKind::Client),
             Op::GroupChat { step, .. } => (format!("group_chat {step}"), SpanKind::Internal),
+            Op::SessionStart { agent, .. } => (format!("session {agent}"), SpanKind::Internal),
         };
         let mut attributes = self.attributes();
         if let Op::Run { .. } = self {
@@ -305,6 +313,7 @@ impl Op {
             Op::PluginAction { plugin, action } => vec![s("lamplighter.plugin", plugin), s("lamplighter.action", action)],
             Op::McpCall { server, tool } => vec![s("mcp.server", server), s("gen_ai.tool.name", tool)],
             Op::GroupChat { step, agents } => vec![s("lamplighter.step", step), s("lamplighter.agents", &agents.join(","))],
+            Op::SessionStart { agent, conversation, .. } => vec![s("gen_ai.agent.name", agent), s("gen_ai.conversation.id", conversation)],
         }
     }
 
@@ -318,6 +327,7 @@ impl Op {
             Op::PluginAction { plugin, action } => json!({"plugin": plugin, "action": action}),
             Op::McpCall { server, tool } => json!({"server": server, "tool": tool}),
             Op::GroupChat { step, agents } => json!({"step": step, "agents": agents}),
+            Op::SessionStart { agent, conversation, depth } => json!({"agent": agent, "conversation": conversation, "depth": depth}),
         }
     }
 }
@@ -470,7 +480,7 @@ impl Started {
                 }
             }
             Op::McpCall { server, tool } => m.mcp_calls.add(1, &[kv("server", server), kv("tool", tool), outcome]),
-            Op::GroupChat { .. } => {}
+            Op::GroupChat { .. } | Op::SessionStart { .. } => {}
         }
         if let Some(e) = ended.error {
             span.set_status(Status::error(e.to_string()));
@@ -488,15 +498,19 @@ impl Started {
         }
         let timing = if ended.error.is_some() { Timing::OnError } else { Timing::After };
         let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
-        let _ = obs
-            .run_hooks(&self.op, timing, owner, |payload| {
-                payload["outcome"] = json!(ended.outcome());
-                payload["duration_ms"] = json!(ms);
-                if let Some(e) = ended.error {
-                    payload["error"] = json!(e);
-                }
-            })
-            .await;
+        let fill = |payload: &mut Value| {
+            payload["outcome"] = json!(ended.outcome());
+            payload["duration_ms"] = json!(ms);
+            if let Some(e) = ended.error {
+                payload["error"] = json!(e);
+            }
+        };
+        let _ = obs.run_hooks(&self.op, timing, false, owner, None, fill).await;
+        let around = |payload: &mut Value| {
+            fill(payload);
+            payload["phase"] = json!("after");
+        };
+        let _ = obs.run_hooks(&self.op, Timing::Around, false, owner, None, around).await;
     }
 }
 
@@ -575,8 +589,27 @@ impl Observer {
     }
 
     /// Begins an operation: opens its span (a child of the current span, or of `parent`),
-    /// then runs its `before` hooks. A hook that cancels ends the span and returns why.
+    /// then runs its `before` and `around` hooks. A hook that cancels ends the span and returns
+    /// why.
     pub async fn begin(&self, op: Op, owner: Owner<'_>, parent: Option<&Context>) -> Result<Started, Cancelled> {
+        self.open(op, owner, parent, None).await
+    }
+
+    /// [`Observer::begin`] for an operation with an input: hooks see it (`input` in their
+    /// event), and an `around` hook may answer `{"input": …}` to replace it for the hooks after
+    /// it and for the operation, which gets the input as the hooks left it.
+    pub async fn begin_with(
+        &self,
+        op: Op,
+        owner: Owner<'_>,
+        parent: Option<&Context>,
+        mut input: Value,
+    ) -> Result<(Started, Value), Cancelled> {
+        let started = self.open(op, owner, parent, Some(&mut input)).await?;
+        Ok((started, input))
+    }
+
+    async fn open(&self, op: Op, owner: Owner<'_>, parent: Option<&Context>, mut input: Option<&mut Value>) -> Result<Started, Cancelled> {
         let cx = match (&self.tracer, &op) {
             (None, _) => Context::new(),
             // A run is the root of its trace.
@@ -588,7 +621,11 @@ impl Observer {
         }
         let started =
             Started { op, cx, began: Instant::now(), run_id: owner.run_id.to_string(), job: owner.job.to_string(), attempt: owner.attempt };
-        if let Err(c) = self.run_hooks(&started.op, Timing::Before, owner, |_| {}).await {
+        let mut hooks = self.run_hooks(&started.op, Timing::Before, true, owner, input.as_deref_mut(), |_| {}).await;
+        if hooks.is_ok() {
+            hooks = self.run_hooks(&started.op, Timing::Around, true, owner, input, |p| p["phase"] = json!("before")).await;
+        }
+        if let Err(c) = hooks {
             started.cx.span().set_status(Status::error(c.0.clone()));
             started.cx.span().end();
             return Err(c);
@@ -596,8 +633,8 @@ impl Observer {
         Ok(started)
     }
 
-    fn payload(op: &Op, timing: Timing, owner: Owner<'_>) -> Value {
-        let [d, c, a] = op.hook_event(timing);
+    fn payload(op: &Op, timing: Timing, before: bool, owner: Owner<'_>) -> Value {
+        let [d, c, a] = op.hook_event(before);
         json!({
             "event": format!("{d}:{c}:{a}:{}", timing.as_str()),
             "domain": d, "component": c, "action": a, "timing": timing.as_str(),
@@ -606,13 +643,23 @@ impl Observer {
         })
     }
 
-    /// Runs the hooks bound to `op` at `timing`, in priority order. Before: the first hook
-    /// that answers `{"cancel": true, "reason": …}` (or `{"cancel": "<reason>"}`) stops the
-    /// rest and cancels the operation. A failing hook is logged and counted, nothing more.
-    /// The event's JSON (`Self::payload`, then `fill`) is built only when a binding matches.
-    async fn run_hooks(&self, op: &Op, timing: Timing, owner: Owner<'_>, fill: impl FnOnce(&mut Value)) -> Result<(), Cancelled> {
+    /// Runs the hooks bound to `op` at `timing` on one side of it (`before`: `around` bindings
+    /// are called on both), in priority order. Before the operation the first hook that
+    /// answers `{"cancel": true, "reason": …}` (or `{"cancel": "<reason>"}`) stops the rest and
+    /// cancels it; there, an `around` hook's `{"input": …}` replaces `input` (when the operation
+    /// has one). A failing hook is logged and counted, nothing more. The event's JSON
+    /// (`Self::payload`, `input`, then `fill`) is built only when a binding matches.
+    async fn run_hooks(
+        &self,
+        op: &Op,
+        timing: Timing,
+        before: bool,
+        owner: Owner<'_>,
+        mut input: Option<&mut Value>,
+        fill: impl FnOnce(&mut Value),
+    ) -> Result<(), Cancelled> {
         let Some(registry) = &self.registry else { return Ok(()) };
-        let event = op.hook_event(timing);
+        let event = op.hook_event(before);
         let hooks: Vec<Bound> = {
             let all = self.hooks.read().unwrap_or_else(|e| e.into_inner());
             all.iter().filter(|b| b.binding.event.matches(event, timing)).cloned().collect()
@@ -620,35 +667,50 @@ impl Observer {
         if hooks.is_empty() {
             return Ok(());
         }
-        let mut payload = Self::payload(op, timing, owner);
+        let mut payload = Self::payload(op, timing, before, owner);
+        if let Some(i) = input.as_deref() {
+            payload["input"] = i.clone();
+        }
         fill(&mut payload);
         for b in &hooks {
             let reply = registry.invoke_hook(&b.binding.plugin, &b.binding.hook, payload.clone()).await;
             let kv = |o: &str| {
                 [KeyValue::new("hook", b.label.clone()), KeyValue::new("timing", timing.as_str()), KeyValue::new("outcome", o.to_string())]
             };
-            match reply {
-                Ok(reply) => match cancel_reason(&reply) {
-                    Some(why) if timing == Timing::Before => {
-                        self.m.hooks.add(1, &kv("cancelled"));
-                        let why = format!("cancelled by hook {}: {why}", b.label);
-                        tracing::info!(hook = %b.label, event = %payload["event"], "{why}");
-                        return Err(Cancelled(why));
-                    }
-                    Some(_) => {
-                        self.m.hooks.add(1, &kv("ok"));
-                        tracing::warn!(hook = %b.label, event = %payload["event"], "hook asked to cancel after the fact; only before hooks can cancel");
-                    }
-                    None => {
-                        self.m.hooks.add(1, &kv("ok"));
-                        tracing::debug!(hook = %b.label, event = %payload["event"], reply = %reply, "hook called");
-                    }
-                },
+            let reply = match reply {
+                Ok(reply) => reply,
                 Err(e) => {
                     self.m.hooks.add(1, &kv("failed"));
                     tracing::warn!(hook = %b.label, event = %payload["event"], error = %e, "hook failed; the operation goes on");
+                    continue;
+                }
+            };
+            if let Some(why) = cancel_reason(&reply) {
+                if before {
+                    self.m.hooks.add(1, &kv("cancelled"));
+                    let why = format!("cancelled by hook {}: {why}", b.label);
+                    tracing::info!(hook = %b.label, event = %payload["event"], "{why}");
+                    return Err(Cancelled(why));
+                }
+                tracing::warn!(hook = %b.label, event = %payload["event"], "hook asked to cancel after the fact; only before and around hooks can, before the operation");
+            }
+            if let Some(new) = reply.get("input") {
+                match (&mut input, timing == Timing::Around && before) {
+                    (Some(i), true) => {
+                        tracing::info!(hook = %b.label, event = %payload["event"], "hook replaced the operation's input");
+                        **i = new.clone();
+                        payload["input"] = new.clone();
+                    }
+                    (None, true) => {
+                        tracing::warn!(hook = %b.label, event = %payload["event"], "hook answered an input, but this operation's input cannot be replaced; ignored")
+                    }
+                    (_, false) => {
+                        tracing::warn!(hook = %b.label, event = %payload["event"], "hook answered an input; only around hooks, before the operation, replace it; ignored")
+                    }
                 }
             }
+            self.m.hooks.add(1, &kv("ok"));
+            tracing::debug!(hook = %b.label, event = %payload["event"], reply = %reply, "hook called");
         }
         Ok(())
     }
@@ -783,7 +845,7 @@ mod tests {
 
     #[test]
     fn hook_events_are_named_by_the_spec() {
-        let name = |op: &Op, t: Timing| op.hook_event(t).join(":");
+        let name = |op: &Op, t: Timing| op.hook_event(t == Timing::Before).join(":");
         let s = String::from;
         assert_eq!(name(&Op::Run { job: s("nightly"), trigger: "schedule", attempt: 1 }, Timing::Before), "scheduler:nightly:job-execute");
         assert_eq!(name(&Op::Step { workflow: s("w"), step: s("a"), kind: "plugin" }, Timing::After), "workflow:w:step");

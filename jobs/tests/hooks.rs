@@ -122,3 +122,64 @@ async fn a_hook_that_fails_is_logged_and_the_run_goes_on() {
     assert_eq!(std::fs::read_to_string(dir.path().join("data/out.txt")).ok().as_deref(), Some("x"));
     engine.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn an_around_hook_wraps_a_plugin_action_and_may_replace_its_parameters_which_a_before_hook_may_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bindings = "\
+- {event: \"plugin:file-save:action:before\", plugin: gate, hook: record, priority: 10}
+- {event: \"plugin:file-save:action:around\", plugin: gate, hook: wrap-save, priority: 20}
+- {event: \"plugin:file-save:action:*\", plugin: gate, hook: record-step, priority: 30}";
+    let engine = start(dir.path(), &config(dir.path(), bindings, SAVE)).await;
+    let run = run_once(&engine).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{:?}", run.error);
+    assert_eq!(std::fs::read_to_string(dir.path().join("data/hooked.txt")).ok().as_deref(), Some("from the hook"));
+    assert!(!dir.path().join("data/out.txt").exists(), "the action ran with the around hook's parameters");
+    let before = recorded(dir.path(), "record").expect("the before hook ran");
+    assert_eq!((before["timing"].as_str(), &before["input"]), (Some("before"), &serde_json::json!({"path": "out.txt", "content": "x"})));
+    // The around hook is called again after the action, with its outcome.
+    let after = recorded(dir.path(), "wrap-save").expect("the around hook ran");
+    assert_eq!(after["event"], "plugin:file-save:action:around");
+    assert_eq!((after["phase"].as_str(), after["outcome"].as_str()), (Some("after"), Some("succeeded")));
+    // A `*` binding is not called as `around`: its last call is the `after` side.
+    assert_eq!(recorded(dir.path(), "record-step").expect("called")["timing"], "after");
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+
+    // The same hook bound `before` replaces nothing.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bindings = "- {event: \"plugin:file-save:action:before\", plugin: gate, hook: wrap-save}";
+    let engine = start(dir.path(), &config(dir.path(), bindings, SAVE)).await;
+    assert_eq!(run_once(&engine).await.status, RunStatus::Succeeded);
+    assert!(dir.path().join("data/out.txt").exists() && !dir.path().join("data/hooked.txt").exists());
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn an_around_hook_on_session_start_gives_an_agent_its_first_message_and_may_stop_it() {
+    use lamplighter_tests::llm::{Reply, ScriptedLlm, user_input};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| Reply::Text(format!("did: {}", user_input(req)))).await;
+    let top = format!(
+        "ai:\n  default_model: m\n  providers:\n    p:\n      base_url: {}\n      models:\n        m: {{id: m}}\nagents:\n  a: {{}}\n  b: {{}}\n\
+         hooks:\n  bindings:\n    - {{event: \"agent:a:session-start:around\", plugin: gate, hook: swap-task}}\n    \
+         - {{event: \"agent:b:session-start:around\", plugin: gate, hook: veto}}\n    - {{event: \"agent:*:session-start:before\", plugin: gate, hook: record}}\n",
+        llm.base_url()
+    );
+    let config = config_with(dir.path(), &top, "type: agent\nagent: a\ninput: the task as scheduled");
+    let engine = start(dir.path(), &config).await;
+    let run = run_once(&engine).await;
+    assert_eq!((run.status, run.output.clone()), (RunStatus::Succeeded, Some(serde_json::json!("did: the task the hook gave"))));
+    let event = recorded(dir.path(), "record").expect("the session-start event");
+    assert_eq!(event["event"], "agent:a:session-start:before");
+    assert_eq!((event["input"].as_str(), event["data"]["depth"].as_u64()), (Some("the task as scheduled"), Some(0)));
+    // The replaced message is the recorded one (a resumed conversation reads it back).
+    let detail = engine.get_run_detail(&run.id).await.expect("detail");
+    assert_eq!(detail.calls[0].request.as_ref().map(|r| r["input"].clone()), Some(serde_json::json!("the task the hook gave")));
+
+    let stopped = engine.run_agent("b", None, None, None).await.expect("run_agent").run_id;
+    let run = ended(&engine, &stopped).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error.as_deref(), Some("agent \"b\": the conversation was not started: cancelled by hook gate.veto: change freeze"));
+    assert_eq!(llm.seen().len(), 1, "the stopped conversation called no model");
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+}

@@ -267,8 +267,35 @@ impl Session {
                 Ok(s) => s,
                 Err(e) => return e,
             };
+            let records = self.conversation(&conv);
+            let input = match recorded_input(&records) {
+                // Resumed: its first message as recorded (a hook may have replaced it).
+                Some(recorded) => recorded,
+                // New: its session-start hooks may stop it or replace its first message.
+                None if records.is_empty() => match self.session_start(agent, &conv, depth, input).await {
+                    Ok(input) => input,
+                    Err(e) => return e,
+                },
+                None => input,
+            };
             self.tool_loop(agent, &setup, input, conv, depth, cancel).await
         })
+    }
+
+    /// A new conversation's `agent:<name>:session-start` operation: its hooks see the first
+    /// message (`input`); an `around` hook may replace it, and a cancel stops the conversation.
+    async fn session_start(&self, agent: &Agent, conv: &str, depth: u32, input: String) -> Result<String, AgentEnd> {
+        let obs = self.ctx.observer();
+        let op = Op::SessionStart { agent: agent.name.clone(), conversation: conv.to_string(), depth };
+        match obs.begin_with(op, Owner::from(self.ctx.run()), None, Value::String(input)).await {
+            Ok((started, input)) => {
+                started.end(obs, Ended::ok()).await;
+                Ok(input_text(Some(&input)))
+            }
+            Err(Cancelled(why)) => {
+                Err(AgentEnd::failed(format!("agent \"{}\": the conversation was not started: {why}", agent.name), false))
+            }
+        }
     }
 
     /// The endpoint, limiter, tools and system prompt of `agent`.
@@ -490,12 +517,20 @@ impl Session {
         let started = self.now();
         let tool = s.toolbox.by_wire(&call.name);
         let shown = tool.map_or(call.name.clone(), |t| t.name.clone());
-        let args: Result<Value, String> =
+        let mut args: Result<Value, String> =
             if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments).map_err(|e| e.to_string()) };
         let obs = self.ctx.observer();
         let op = Op::ToolUse { agent: agent.name.clone(), tool: shown.clone() };
-        let (op, refused) = match obs.begin(op, Owner::from(self.ctx.run()), parent).await {
-            Ok(op) => (Some(op), None),
+        // Hooks see the arguments; an `around` hook may replace them (what is asked, called and
+        // recorded is then its version).
+        let given = args.as_ref().map_or(Value::Null, Clone::clone);
+        let (op, refused) = match obs.begin_with(op, Owner::from(self.ctx.run()), parent, given).await {
+            Ok((op, replaced)) => {
+                if args.as_ref().is_ok_and(|a| *a != replaced) {
+                    args = Ok(replaced);
+                }
+                (Some(op), None)
+            }
             Err(Cancelled(why)) => (None, Some(why)),
         };
         let work = async {
@@ -612,8 +647,10 @@ impl Session {
                 };
                 let obs = self.ctx.observer();
                 let op = Op::McpCall { server: server.clone(), tool: t.clone() };
-                let call =
-                    obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
+                let (call, args) = obs
+                    .begin_with(op, Owner::from(self.ctx.run()), None, args)
+                    .await
+                    .map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
                 let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).with_context(call.context()).await;
                 let r = match r {
                     Ok(r) if r.is_error => Err(r.text),
@@ -844,6 +881,11 @@ fn cap_text(s: String) -> String {
 
 /// The text an agent is given from a run's or a step's input: a string as it is, anything
 /// else as JSON; no input asks it to do what its instructions say.
+/// The first message of a conversation, as its first model call recorded it.
+fn recorded_input(records: &[CallRecord]) -> Option<String> {
+    records.iter().find(|r| r.kind == CallKind::Model && r.seq == 0)?.request.as_ref()?.get("input")?.as_str().map(str::to_owned)
+}
+
 pub(crate) fn input_text(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "Do the task your instructions describe.".into(),
