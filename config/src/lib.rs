@@ -32,7 +32,7 @@ pub use compile::{
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
-pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig, Timing};
+pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};
 pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// Where one signal goes (`telemetry.<signal>.exporter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exporter {
-    /// OTLP over HTTP (protobuf) to the signal's endpoint.
+    /// OTLP to the signal's endpoint, over HTTP (protobuf) or gRPC ([`OtlpProtocol`]).
     Otlp,
     /// One line per span on standard error (traces); the log output itself (logs).
     Console,
@@ -41,12 +41,42 @@ impl Exporter {
     }
 }
 
+/// OTLP's wire (`telemetry.<signal>.protocol`, `OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// `http/protobuf`: `POST <endpoint>/v1/<signal>`, port 4318 by convention.
+    HttpProtobuf,
+    /// `grpc`: the collector services on one endpoint, port 4317 by convention.
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// A protocol name as OpenTelemetry spells it; the error says what is allowed.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "http/protobuf" => Ok(Self::HttpProtobuf),
+            "grpc" => Ok(Self::Grpc),
+            "http/json" => Err("\"http/json\" is not built in: use http/protobuf (port 4318) or grpc (port 4317)".into()),
+            other => Err(format!("\"{other}\" is not one of http/protobuf, grpc")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpProtobuf => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
 /// One signal's settings. `exporter: None` in the YAML leaves the choice to `OTEL_*_EXPORTER`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SignalConfig {
     pub exporter: Option<Exporter>,
-    /// A full URL (`http://host:4318/v1/traces`); unset: `OTEL_EXPORTER_OTLP_*_ENDPOINT`, then
-    /// `http://localhost:4318`.
+    /// `None`: the `OTEL_EXPORTER_OTLP_*PROTOCOL` variables, then http/protobuf.
+    pub protocol: Option<OtlpProtocol>,
+    /// A URL (`http://host:4318/v1/traces`, or `http://host:4318`, which gets the signal's path;
+    /// over gRPC `http://host:4317`); unset: `OTEL_EXPORTER_OTLP_*_ENDPOINT`, then localhost.
     pub endpoint: Option<String>,
 }
 
@@ -80,7 +110,7 @@ pub struct TelemetryConfig {
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
-        let off = SignalConfig { exporter: None, endpoint: None };
+        let off = SignalConfig { exporter: None, protocol: None, endpoint: None };
         Self {
             enabled: false,
             service_name: None,

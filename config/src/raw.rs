@@ -521,6 +521,9 @@ pub(crate) struct Telemetry {
 pub(crate) struct Signal {
     pub(crate) exporter: Option<String>,
     pub(crate) endpoint: Option<String>,
+    /// OTLP's wire: `grpc` (port 4317) or `http/protobuf` (port 4318; the default). Unset:
+    /// `OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`, then `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub(crate) protocol: Option<String>,
     pub(crate) enable_sensitive_data: Option<bool>,
     pub(crate) sampling: Option<Sampling>,
     pub(crate) export_interval_ms: Option<u64>,

@@ -1,7 +1,8 @@
-//! A real OTLP/HTTP receiver: `POST /v1/traces`, `/v1/metrics` and `/v1/logs` with protobuf
-//! bodies, decoded with the official OpenTelemetry proto definitions (`opentelemetry-proto`),
-//! kept for tests to look at. It answers as a collector does (200 with an empty export
-//! response), so the exporter under test sees a healthy collector.
+//! A real OTLP receiver, over HTTP (`POST /v1/traces`, `/v1/metrics` and `/v1/logs` with
+//! protobuf bodies) or over gRPC (the collector's three services, served by tonic), decoded with
+//! the official OpenTelemetry proto definitions (`opentelemetry-proto`) and kept for tests to
+//! look at. It answers as a collector does (an empty export response), so the exporter under
+//! test sees a healthy collector.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,9 +12,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{MetricsService, MetricsServiceServer};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message;
@@ -49,7 +53,10 @@ struct Seen {
     spans: Vec<Span>,
     /// The points of the latest export that carried each metric.
     points: BTreeMap<String, Vec<Point>>,
-    logs: Vec<String>,
+    /// Each log record's severity number (OTLP: 9 info, 13 warn, 17 error) and body.
+    logs: Vec<(i32, String)>,
+    /// How many export requests came, over either wire.
+    requests: usize,
 }
 
 /// The receiver; stops when dropped.
@@ -76,7 +83,25 @@ impl Receiver {
         Self { port, seen, task }
     }
 
-    /// `http://127.0.0.1:PORT`, the base an exporter appends `/v1/<signal>` to.
+    /// The same receiver speaking OTLP over gRPC: the exporter's endpoint is [`Self::base_url`].
+    pub async fn start_grpc() -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let services = Grpc(seen.clone());
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(services.clone()))
+                .add_service(MetricsServiceServer::new(services.clone()))
+                .add_service(LogsServiceServer::new(services))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await;
+        });
+        Self { port, seen, task }
+    }
+
+    /// `http://127.0.0.1:PORT`: over HTTP the base an exporter appends `/v1/<signal>` to; over
+    /// gRPC the endpoint.
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -96,7 +121,54 @@ impl Receiver {
 
     /// Log record bodies.
     pub fn logs(&self) -> Vec<String> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).logs.iter().map(|(_, b)| b.clone()).collect()
+    }
+
+    /// Log records' severity numbers (9 info, 13 warn, 17 error) and bodies.
+    pub fn log_records(&self) -> Vec<(i32, String)> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).logs.clone()
+    }
+
+    /// How many export requests arrived.
+    pub fn requests(&self) -> usize {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).requests
+    }
+}
+
+/// The collector's gRPC services, recording what they are sent as the HTTP handlers do.
+#[derive(Clone)]
+struct Grpc(Arc<Mutex<Seen>>);
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        record_traces(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        record_metrics(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        record_logs(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
     }
 }
 
@@ -127,7 +199,13 @@ fn hex(b: &[u8]) -> String {
 
 async fn traces(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCode, Vec<u8>) {
     let Ok(req) = ExportTraceServiceRequest::decode(body) else { return (StatusCode::BAD_REQUEST, Vec::new()) };
+    record_traces(&seen, req);
+    (StatusCode::OK, Vec::new())
+}
+
+fn record_traces(seen: &Mutex<Seen>, req: ExportTraceServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    seen.requests += 1;
     for rs in req.resource_spans {
         let service = rs.resource.as_ref().map(|r| attrs(&r.attributes)).and_then(|a| a.get("service.name").cloned()).unwrap_or_default();
         for ss in rs.scope_spans {
@@ -146,12 +224,17 @@ async fn traces(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCod
             }
         }
     }
-    (StatusCode::OK, Vec::new())
 }
 
 async fn metrics(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCode, Vec<u8>) {
     let Ok(req) = ExportMetricsServiceRequest::decode(body) else { return (StatusCode::BAD_REQUEST, Vec::new()) };
+    record_metrics(&seen, req);
+    (StatusCode::OK, Vec::new())
+}
+
+fn record_metrics(seen: &Mutex<Seen>, req: ExportMetricsServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    seen.requests += 1;
     for rm in req.resource_metrics {
         for sm in rm.scope_metrics {
             for m in sm.metrics {
@@ -183,18 +266,22 @@ async fn metrics(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCo
             }
         }
     }
-    (StatusCode::OK, Vec::new())
 }
 
 async fn logs(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCode, Vec<u8>) {
     let Ok(req) = ExportLogsServiceRequest::decode(body) else { return (StatusCode::BAD_REQUEST, Vec::new()) };
+    record_logs(&seen, req);
+    (StatusCode::OK, Vec::new())
+}
+
+fn record_logs(seen: &Mutex<Seen>, req: ExportLogsServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    seen.requests += 1;
     for rl in req.resource_logs {
         for sl in rl.scope_logs {
             for r in sl.log_records {
-                seen.logs.push(text(&r.body));
+                seen.logs.push((r.severity_number, text(&r.body)));
             }
         }
     }
-    (StatusCode::OK, Vec::new())
 }

@@ -36,13 +36,6 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
     let config = &loaded.config;
     let name = worker_name(config.worker.name.as_deref());
     let broken = config.disabled.get(&Disabled::TelemetryExport).map(String::as_str);
-    let telemetry = Telemetry::init(&config.telemetry, format, config.log_level.as_deref(), &name, registry.clone(), broken);
-    for w in &loaded.warnings {
-        tracing::warn!("{w}");
-    }
-    for (what, why) in disabled_notes(&loaded.config) {
-        tracing::warn!("{what} is disabled: {why}");
-    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -50,13 +43,20 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
             return ExitCode::FAILURE;
         }
     };
+    let telemetry = Telemetry::init(&config.telemetry, format, config.log_level.as_deref(), &name, registry.clone(), broken, rt.handle());
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    for (what, why) in disabled_notes(&loaded.config) {
+        tracing::warn!("{what} is disabled: {why}");
+    }
     let observer = telemetry.observer.clone();
     let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio, name, observer, telemetry.metrics.clone()));
+    // What the drain produced is flushed while the runtime, which gRPC exporters send on, runs.
+    telemetry.shutdown();
     // A blocking read of stdin (MCP over stdio from a terminal or a file) cannot be cancelled;
     // do not let it hold the exit.
     rt.shutdown_timeout(Duration::from_secs(1));
-    // Last: what the drain produced is flushed.
-    telemetry.shutdown();
     code
 }
 

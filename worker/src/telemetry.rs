@@ -1,6 +1,7 @@
 //! Telemetry (SPEC §10): the `tracing` subscriber (logs on standard error, human or JSON),
 //! and OpenTelemetry — logs through `tracing`, spans and metrics through the tracer and meter
-//! the job engine's [`Observer`] records on — exported over OTLP/HTTP (protobuf) as the
+//! the job engine's [`Observer`] records on — exported over OTLP, over HTTP (protobuf, from the
+//! SDK's threads with a blocking client) or gRPC (tonic, on the worker's runtime), as the
 //! `telemetry` section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
 //! /metrics` whether or not they are pushed.
 //!
@@ -13,14 +14,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lamplighter_config::{Exporter, SignalConfig, TelemetryConfig};
+use lamplighter_config::{Exporter, OtlpProtocol, SignalConfig, TelemetryConfig};
 use lamplighter_jobs::events::Observer;
 use lamplighter_plugins::Registry;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_otlp::tonic_types::transport::ClientTlsConfig;
+use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::logs::SdkLoggerProvider;
@@ -52,16 +54,9 @@ pub(crate) fn check(t: &TelemetryConfig, env: impl Fn(&str) -> Option<String>) -
     if !t.enabled {
         return None;
     }
-    for var in [
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
-    ] {
-        if let Some(p) = env(var).filter(|p| !p.trim().is_empty() && p.trim() != "http/protobuf") {
-            return Some(format!(
-                "{var}={p} is not supported: Lamplighter exports OTLP over HTTP with protobuf (http/protobuf, port 4318)"
-            ));
+    for (signal, s) in [("traces", &t.traces), ("metrics", &t.metrics), ("logs", &t.logs)] {
+        if let Err(e) = wire(s, signal, &env) {
+            return Some(e);
         }
     }
     for (signal, var) in [("traces", "OTEL_TRACES_EXPORTER"), ("metrics", "OTEL_METRICS_EXPORTER"), ("logs", "OTEL_LOGS_EXPORTER")] {
@@ -86,7 +81,49 @@ fn exporter(t: &TelemetryConfig, s: &SignalConfig, signal: &str, env: &impl Fn(&
         .unwrap_or(Exporter::Otlp)
 }
 
-/// The configured endpoint of a signal; a bare `http://host:port` gets the signal's path.
+/// A signal's OTLP wire: the config's `protocol`, else `OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`,
+/// else `OTEL_EXPORTER_OTLP_PROTOCOL`, else http/protobuf.
+fn wire(s: &SignalConfig, signal: &str, env: &impl Fn(&str) -> Option<String>) -> Result<OtlpProtocol, String> {
+    if let Some(p) = s.protocol {
+        return Ok(p);
+    }
+    let specific = format!("OTEL_EXPORTER_OTLP_{}_PROTOCOL", signal.to_ascii_uppercase());
+    for var in [specific.as_str(), "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+        if let Some(p) = env(var).filter(|p| !p.trim().is_empty()) {
+            return OtlpProtocol::parse(&p).map_err(|e| format!("{var}: {e}"));
+        }
+    }
+    Ok(OtlpProtocol::HttpProtobuf)
+}
+
+/// Builds a signal's OTLP exporter (`$builder`: `SpanExporter`, `MetricExporter` or
+/// `LogExporter`) for its wire. Over gRPC the channel's task is spawned on `rt` (the worker's
+/// runtime, which outlives every export); an `https` endpoint trusts the system's roots.
+macro_rules! otlp_exporter {
+    ($builder:ident, $signal:literal, $s:expr, $wire:expr, $rt:expr) => {
+        match $wire {
+            OtlpProtocol::HttpProtobuf => {
+                let mut e = opentelemetry_otlp::$builder::builder().with_http().with_protocol(Protocol::HttpBinary);
+                if let Some(url) = endpoint($s, $signal) {
+                    e = e.with_endpoint(url);
+                }
+                e.build()
+            }
+            OtlpProtocol::Grpc => {
+                let _on_the_runtime = $rt.enter();
+                let mut e =
+                    opentelemetry_otlp::$builder::builder().with_tonic().with_tls_config(ClientTlsConfig::new().with_native_roots());
+                if let Some(url) = &$s.endpoint {
+                    e = e.with_endpoint(url.trim_end_matches('/'));
+                }
+                e.build()
+            }
+        }
+    };
+}
+
+/// The configured endpoint of a signal over HTTP; a bare `http://host:port` gets the signal's
+/// path.
 fn endpoint(s: &SignalConfig, signal: &str) -> Option<String> {
     let url = s.endpoint.as_ref()?.trim_end_matches('/');
     let path_start = url.find("://").map(|i| i + 3).and_then(|i| url[i..].find('/').map(|j| i + j));
@@ -98,8 +135,10 @@ fn endpoint(s: &SignalConfig, signal: &str) -> Option<String> {
 
 impl Telemetry {
     /// Sets up logging and OpenTelemetry for `lamplighter run`. Call outside the async runtime
-    /// (the OTLP client is a blocking one, driven from the SDK's threads). An exporter that
+    /// (the OTLP/HTTP client is a blocking one, driven from the SDK's threads); `rt` is the
+    /// worker's runtime, which gRPC exporters run on: shut this down before it. An exporter that
     /// cannot be built is reported and left out; nothing here stops the worker.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn init(
         t: &TelemetryConfig,
         format: LogFormat,
@@ -107,20 +146,19 @@ impl Telemetry {
         worker: &str,
         registry: Arc<Registry>,
         broken: Option<&str>,
+        rt: &tokio::runtime::Handle,
     ) -> Telemetry {
         let env = |n: &str| std::env::var(n).ok();
         let resource = resource(t, worker, &env);
         let mut problems = Vec::new();
         let on = |signal: &str, s: &SignalConfig| if broken.is_some() { Exporter::None } else { exporter(t, s, signal, &env) };
+        // `check` refused an unknown protocol (export is then off): http/protobuf is not used.
+        let wire_of = |signal: &str, s: &SignalConfig| wire(s, signal, &env).unwrap_or(OtlpProtocol::HttpProtobuf);
 
         let metrics = Arc::new(PullReader::default());
         let mut meters = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(SharedReader(metrics.clone()));
         if on("metrics", &t.metrics) == Exporter::Otlp {
-            let mut b = opentelemetry_otlp::MetricExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
-            if let Some(url) = endpoint(&t.metrics, "metrics") {
-                b = b.with_endpoint(url);
-            }
-            match b.build() {
+            match otlp_exporter!(MetricExporter, "metrics", &t.metrics, wire_of("metrics", &t.metrics), rt) {
                 Ok(e) => {
                     let mut r = PeriodicReader::builder(Warned::new(e, Exported::Metrics));
                     if let Some(i) = t.metrics_interval {
@@ -143,42 +181,30 @@ impl Telemetry {
                 let b = SdkTracerProvider::builder().with_resource(resource.clone()).with_sampler(sampler);
                 let b = match kind {
                     Exporter::Console => Some(b.with_simple_exporter(ConsoleSpans)),
-                    _ => {
-                        let mut e = opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
-                        if let Some(url) = endpoint(&t.traces, "traces") {
-                            e = e.with_endpoint(url);
+                    _ => match otlp_exporter!(SpanExporter, "traces", &t.traces, wire_of("traces", &t.traces), rt) {
+                        Ok(e) => Some(b.with_span_processor(
+                            BatchSpanProcessor::builder(Warned::new(e, Exported::Traces)).with_batch_config(batch_config(&env)).build(),
+                        )),
+                        Err(e) => {
+                            problems.push(format!("cannot export traces: {e}"));
+                            None
                         }
-                        match e.build() {
-                            Ok(e) => Some(b.with_span_processor(
-                                BatchSpanProcessor::builder(Warned::new(e, Exported::Traces)).with_batch_config(batch_config(&env)).build(),
-                            )),
-                            Err(e) => {
-                                problems.push(format!("cannot export traces: {e}"));
-                                None
-                            }
-                        }
-                    }
+                    },
                 };
                 b.map(|b| b.build())
             }
         };
 
         let logger = match on("logs", &t.logs) {
-            Exporter::Otlp => {
-                let mut e = opentelemetry_otlp::LogExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
-                if let Some(url) = endpoint(&t.logs, "logs") {
-                    e = e.with_endpoint(url);
+            Exporter::Otlp => match otlp_exporter!(LogExporter, "logs", &t.logs, wire_of("logs", &t.logs), rt) {
+                Ok(e) => {
+                    Some(SdkLoggerProvider::builder().with_resource(resource).with_batch_exporter(Warned::new(e, Exported::Logs)).build())
                 }
-                match e.build() {
-                    Ok(e) => Some(
-                        SdkLoggerProvider::builder().with_resource(resource).with_batch_exporter(Warned::new(e, Exported::Logs)).build(),
-                    ),
-                    Err(e) => {
-                        problems.push(format!("cannot export logs: {e}"));
-                        None
-                    }
+                Err(e) => {
+                    problems.push(format!("cannot export logs: {e}"));
+                    None
                 }
-            }
+            },
             // `console`: the log output itself.
             _ => None,
         };
@@ -579,7 +605,7 @@ mod tests {
 
     #[test]
     fn endpoints_get_the_signal_path_only_when_they_have_none() {
-        let s = |e: &str| SignalConfig { exporter: None, endpoint: Some(e.into()) };
+        let s = |e: &str| SignalConfig { exporter: None, protocol: None, endpoint: Some(e.into()) };
         assert_eq!(endpoint(&s("http://collector:4318"), "traces").as_deref(), Some("http://collector:4318/v1/traces"));
         assert_eq!(endpoint(&s("http://collector:4318/"), "metrics").as_deref(), Some("http://collector:4318/v1/metrics"));
         assert_eq!(endpoint(&s("https://x.example/otlp/v1/traces"), "traces").as_deref(), Some("https://x.example/otlp/v1/traces"));
@@ -589,15 +615,24 @@ mod tests {
     fn the_environment_can_break_export_but_only_when_it_is_on() {
         let on = TelemetryConfig { enabled: true, ..TelemetryConfig::default() };
         let env = |k: &'static str, v: &'static str| move |n: &str| (n == k).then(|| v.to_string());
-        let grpc = check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")).expect("grpc refused");
-        assert!(grpc.contains("http/protobuf"), "{grpc}");
+        let json = check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")).expect("http/json refused");
+        assert_eq!(json, "OTEL_EXPORTER_OTLP_PROTOCOL: \"http/json\" is not built in: use http/protobuf (port 4318) or grpc (port 4317)");
+        let odd = check(&on, env("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "carrier-pigeon")).expect("refused");
+        assert!(odd.starts_with("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL: \"carrier-pigeon\" is not one of"), "{odd}");
         assert_eq!(check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")), None);
+        assert_eq!(check(&on, env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")), None);
         assert!(check(&on, env("OTEL_METRICS_EXPORTER", "console")).is_some());
-        assert_eq!(check(&TelemetryConfig::default(), env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")), None);
+        assert_eq!(check(&TelemetryConfig::default(), env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")), None);
+        // The wire: the config's, else the signal's variable, else the general one.
+        let grpc = SignalConfig { exporter: None, protocol: Some(OtlpProtocol::Grpc), endpoint: None };
+        assert_eq!(wire(&grpc, "traces", &env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")), Ok(OtlpProtocol::Grpc));
+        assert_eq!(wire(&on.traces, "traces", &env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")), Ok(OtlpProtocol::Grpc));
+        assert_eq!(wire(&on.metrics, "metrics", &env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")), Ok(OtlpProtocol::HttpProtobuf));
+        assert_eq!(wire(&on.logs, "logs", &env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")), Ok(OtlpProtocol::Grpc));
         // The config's choice wins over the variable; the variable fills in.
         let t = TelemetryConfig { enabled: true, ..TelemetryConfig::default() };
         assert_eq!(exporter(&t, &t.traces, "traces", &env("OTEL_TRACES_EXPORTER", "none")), Exporter::None);
-        let set = SignalConfig { exporter: Some(Exporter::Otlp), endpoint: None };
+        let set = SignalConfig { exporter: Some(Exporter::Otlp), protocol: None, endpoint: None };
         assert_eq!(exporter(&t, &set, "traces", &env("OTEL_TRACES_EXPORTER", "none")), Exporter::Otlp);
         assert_eq!(exporter(&t, &set, "traces", &env("OTEL_SDK_DISABLED", "true")), Exporter::None);
     }

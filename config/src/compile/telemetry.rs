@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Compiler;
 use crate::diag::Diagnostic;
 use crate::load::keys;
-use crate::observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, SignalConfig, TelemetryConfig};
+use crate::observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig};
 use crate::raw;
 use crate::yaml::Seg;
 
@@ -34,11 +34,14 @@ impl Compiler<'_> {
                 c.err(
                     &["telemetry", name, "endpoint"],
                     format!(
-                        "telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (OTLP over HTTP, e.g. http://localhost:4318/v1/{name})"
+                        "telemetry.{name}.endpoint \"{url}\" is not an http(s) URL (e.g. http://localhost:4318/v1/{name}, or http://localhost:4317 over grpc)"
                     ),
                 );
             }
-            SignalConfig { exporter, endpoint: s.endpoint }
+            let protocol = s.protocol.as_deref().and_then(|p| {
+                OtlpProtocol::parse(p).map_err(|e| c.err(&["telemetry", name, "protocol"], format!("telemetry.{name}.protocol {e}"))).ok()
+            });
+            SignalConfig { exporter, protocol, endpoint: s.endpoint }
         };
         let traces = signal(self, "traces", t.traces.as_ref());
         let metrics = signal(self, "metrics", t.metrics.as_ref());

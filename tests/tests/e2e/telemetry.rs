@@ -231,7 +231,7 @@ fn validate_refuses_unknown_hook_plugins_and_an_otlp_protocol_it_cannot_speak_an
         let out = std::process::Command::new(crate::support::bin())
             .args(["config", "validate", "--config"])
             .arg(w.config_path())
-            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
             .output()
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -239,17 +239,70 @@ fn validate_refuses_unknown_hook_plugins_and_an_otlp_protocol_it_cannot_speak_an
     let (code, err) = validate(&w);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("hook binding \"agent:*:model-call:before\" names plugin \"nope\", which does not exist"), "{err}");
-    assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported"), "{err}");
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_PROTOCOL: \"http/json\" is not built in: use http/protobuf (port 4318) or grpc (port 4317)"),
+        "{err}"
+    );
 
     // Without the bad binding, validate still refuses the protocol; a worker started with it
     // exports nothing, says why, and runs its jobs.
     w.write_full(telemetry, job, "");
     let (code, err) = validate(&w);
     assert_eq!(code, Some(2), "{err}");
-    w.env.push(("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()));
+    w.env.push(("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()));
     w.start();
-    assert!(w.log().contains("telemetry export is disabled: OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported"), "{}", w.log());
+    assert!(w.log().contains("telemetry export is disabled: OTEL_EXPORTER_OTLP_PROTOCOL: \"http/json\" is not built in"), "{}", w.log());
     let (code, out, err) = w.ctl(&["jobs", "trigger", "j", "--wait"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read_to_string(w.dir.path().join("data/a.txt")).ok().as_deref(), Some("b"));
+}
+
+#[test]
+fn traces_metrics_and_logs_go_over_grpc_to_a_real_receiver_and_logs_keep_their_minimum_level() {
+    let rt = runtime();
+    let otlp = rt.block_on(Receiver::start_grpc());
+    let mut w = Worker::new("");
+    let url = otlp.base_url();
+    // Traces choose gRPC in the config; metrics and logs by the standard variable. The
+    // misplaced `min_level` is a warning, logged at start: the one record at `warn` or above.
+    let telemetry = format!(
+        "telemetry:\n  enabled: true\n  service_name: over-grpc\n\
+         \x20 traces: {{exporter: otlp, protocol: grpc, endpoint: \"{url}\", min_level: Debug}}\n\
+         \x20 metrics: {{exporter: otlp, endpoint: \"{url}\", export_interval_ms: 300}}\n\
+         \x20 logs: {{exporter: otlp, endpoint: \"{url}\", min_level: Warning}}\n"
+    );
+    w.write_full(&telemetry, "j:\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {path: a.txt, content: b}\n", "");
+    w.env.push(("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()));
+    w.env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+    w.env.push(("OTEL_BLRP_SCHEDULE_DELAY".into(), "100".into()));
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "j", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    let spans = poll(
+        "the run's span over gRPC",
+        Duration::from_secs(20),
+        || Some(otlp.spans()).filter(|s| s.iter().any(|s| s.name == "run j")),
+        || format!("spans: {:#?}\nlog:\n{}", otlp.spans(), w.log()),
+    );
+    assert!(spans.iter().all(|s| s.service_name == "over-grpc"), "{spans:#?}");
+    poll(
+        "the runs metric over gRPC",
+        Duration::from_secs(20),
+        || otlp.points("lamplighter.runs").into_iter().find(|p| p.attributes.get("status").map(String::as_str) == Some("succeeded")),
+        || format!("metrics: {:?}\nlog:\n{}", otlp.metric_names(), w.log()),
+    );
+    poll(
+        "the start-up warning over gRPC",
+        Duration::from_secs(20),
+        || otlp.log_records().into_iter().find(|(_, body)| body.contains("telemetry.traces.min_level has no effect")),
+        || format!("logs: {:?}\nlog:\n{}", otlp.log_records(), w.log()),
+    );
+    // The worker flushes at exit, over gRPC, before its runtime stops: still nothing below warn.
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0), "{}", w.log());
+    assert!(w.log().contains("run finished"), "the info record is in the worker's own log: {}", w.log());
+    let records = otlp.log_records();
+    assert!(records.iter().all(|(severity, _)| *severity >= 13), "only warn and above are exported: {records:?}");
+    drop(rt);
 }
