@@ -133,7 +133,7 @@ pub struct ModelRef {
 
 /// Resolves `alias`: under `provider` when given (its `models` must hold the alias, unless it
 /// lists none), otherwise under the first provider, by name, that defines it.
-pub(crate) fn resolve_model(providers: &BTreeMap<String, Provider>, provider: Option<&str>, alias: &str) -> Option<ModelRef> {
+pub fn resolve_model(providers: &BTreeMap<String, Provider>, provider: Option<&str>, alias: &str) -> Option<ModelRef> {
     let (name, p) = match provider {
         Some(name) => (name, providers.get(name)?),
         None => providers.iter().find(|(_, p)| p.models.contains_key(alias)).map(|(n, p)| (n.as_str(), p))?,

@@ -382,6 +382,41 @@ pub(crate) struct WasmPlugins {
     pub(crate) capabilities: Option<Vec<String>>,
     /// What `config_get` answers, per plugin name.
     pub(crate) config: Option<BTreeMap<String, serde_json::Value>>,
+    /// What `http_request` may reach (with the `http-request` capability).
+    pub(crate) http: Option<WasmHttp>,
+    /// Which models `ai_complete` may use (with the `ai` capability).
+    pub(crate) ai: Option<WasmAi>,
+    /// Which MCP tools `mcp_call` may call (with the `mcp` capability).
+    pub(crate) mcp: Option<WasmMcp>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WasmHttp {
+    /// Hosts requests and redirects may go to: `api.example.com`, or `*.example.com` for its
+    /// subdomains (default none: every request is refused).
+    pub(crate) allowed_hosts: Option<Vec<String>>,
+    /// The whole exchange, e.g. "10s" (default 10s; the call's own timeout still applies).
+    pub(crate) timeout: Option<String>,
+    /// The most of a response body a plugin gets, in KiB (default 1024); the rest is cut.
+    pub(crate) max_response_kb: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WasmAi {
+    /// Model aliases a plugin may ask for (default: only `ai.default_model`, asked for by
+    /// leaving `model` out).
+    pub(crate) models: Option<Vec<String>>,
+    /// The most tokens one completion may produce (default 1024).
+    pub(crate) max_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WasmMcp {
+    /// MCP tools a plugin may call: `server.tool`, or `server.*` (default none).
+    pub(crate) tools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

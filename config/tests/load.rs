@@ -427,3 +427,40 @@ fn hook_and_telemetry_mistakes_are_located_errors() {
     }
     assert_eq!(errors.len(), want.len(), "{errors:#?}");
 }
+
+#[test]
+fn what_wasm_plugins_may_reach_is_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        "plugins:\n  wasm:\n    capabilities: [http-request, mcp]\n    http:\n      allowed_hosts: [api.example.com, \"https://x.example\", \"*.\"]\n      \
+         timeout: soon\n      max_response_kb: 0\n    ai: {max_tokens: 0}\n    mcp: {tools: [github, \"docs.*\"]}\n",
+    );
+    let errors = errors_of(tmp.path());
+    let want = [
+        "lamplighter.yaml:5:40: error: plugins.wasm.http.allowed_hosts: \"https://x.example\" is not a host name",
+        "lamplighter.yaml:5:61: error: plugins.wasm.http.allowed_hosts: \"*.\" is not a host name",
+        "lamplighter.yaml:6:7: error: \"soon\" is not a duration",
+        "lamplighter.yaml:7:7: error: plugins.wasm.http.max_response_kb must be between 1 and 1048576, not 0",
+        "lamplighter.yaml:8:10: error: plugins.wasm.ai.max_tokens must be more than zero",
+        "lamplighter.yaml:9:19: error: plugins.wasm.mcp.tools: \"github\" is not server.tool or server.*",
+    ];
+    for w in want {
+        assert!(errors.iter().any(|e| e.starts_with(w)), "missing {w}\nin {errors:#?}");
+    }
+    assert_eq!(errors.iter().filter(|e| e.contains(": error: ")).count(), want.len(), "{errors:#?}");
+
+    // Granted with nothing listed: loads, saying every call will be refused.
+    write(tmp.path(), "lamplighter.yaml", "plugins:\n  wasm:\n    capabilities: [http-request, mcp, ai]\n");
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
+    let warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("plugins.wasm.http.allowed_hosts is empty: every request will be refused")),
+        "{warnings:#?}"
+    );
+    assert!(warnings.iter().any(|w| w.contains("plugins.wasm.mcp.tools is empty: every MCP call will be refused")), "{warnings:#?}");
+    let w = &loaded.config.wasm;
+    assert_eq!((w.http_timeout.as_secs(), w.http_max_response_bytes, w.ai_max_tokens), (10, 1024 * 1024, 1024), "the defaults");
+}

@@ -13,6 +13,8 @@ pub(crate) struct Catalog {
     pub(crate) pipelines: BTreeMap<String, Pipeline>,
     pub(crate) mcp_servers: BTreeMap<String, McpServer>,
     pub(crate) skills: BTreeMap<String, Skill>,
+    /// `ai.default_model`: what a plugin's `ai_complete` gets when it names no model.
+    pub(crate) default_model: Option<String>,
     /// Agents that cannot run (their key is unset, …), with why.
     pub(crate) disabled: BTreeMap<String, String>,
 }
@@ -26,6 +28,7 @@ impl Catalog {
             pipelines: config.pipelines.clone(),
             mcp_servers: config.mcp_servers.clone(),
             skills: config.skills.clone(),
+            default_model: config.default_model.clone(),
             disabled,
         }
     }

@@ -69,6 +69,9 @@ pub mod metric {
     pub const TOOL_CALLS: &str = "lamplighter.agent.tool_calls";
     /// Plugin actions, by `plugin`, `action` and `outcome`.
     pub const PLUGIN_ACTIONS: &str = "lamplighter.plugin.actions";
+    /// WASM plugins' calls out of their sandbox (`http_request`, `ai_complete`, `mcp_call`), by
+    /// `plugin`, `function` and `outcome`.
+    pub const PLUGIN_HOST_CALLS: &str = "lamplighter.plugin.host_calls";
     /// WASM fuel used, by `plugin`.
     pub const WASM_FUEL: &str = "lamplighter.wasm.fuel";
     /// Calls to external MCP servers, by `server`, `tool` and `outcome`.
@@ -166,6 +169,7 @@ struct Instruments {
     cost: Counter<f64>,
     tool_calls: Counter<u64>,
     plugin_actions: Counter<u64>,
+    host_calls: Counter<u64>,
     wasm_fuel: Counter<u64>,
     mcp_calls: Counter<u64>,
     mcp_requests: Counter<u64>,
@@ -216,6 +220,7 @@ impl Instruments {
             cost: meter.f64_counter(metric::COST).with_description("Cost of model calls").build(),
             tool_calls: c(metric::TOOL_CALLS, "Agent tool calls"),
             plugin_actions: c(metric::PLUGIN_ACTIONS, "Plugin actions"),
+            host_calls: c(metric::PLUGIN_HOST_CALLS, "WASM plugins' calls out of their sandbox"),
             wasm_fuel: c(metric::WASM_FUEL, "WASM fuel used"),
             mcp_calls: c(metric::MCP_CALLS, "Calls to external MCP servers"),
             mcp_requests: c(metric::MCP_REQUESTS, "Requests to the worker's MCP server"),
@@ -248,6 +253,10 @@ pub enum Op {
     /// A new agent conversation (not one resumed from its records): hooks
     /// `agent:<name>:session-start:*`, whose input is the conversation's first message.
     SessionStart { agent: String, conversation: String, depth: u32 },
+    /// A WASM plugin's call out of its sandbox (`function`: `http_request`, `ai_complete`,
+    /// `mcp_call`; `target`: the host, model or `server.tool`): hooks
+    /// `plugin:<name>:http-request:*` (`ai-complete`, `mcp-call`).
+    HostCall { plugin: String, function: &'static str, target: String },
 }
 
 impl Op {
@@ -264,6 +273,7 @@ impl Op {
             Op::GroupChat { .. } if before => ["orchestration", "group-chat", "start"],
             Op::GroupChat { .. } => ["orchestration", "group-chat", "end"],
             Op::SessionStart { agent, .. } => ["agent", agent, "session-start"],
+            Op::HostCall { plugin, function, .. } => ["plugin", plugin, hook_action(function)],
         }
     }
 
@@ -279,6 +289,7 @@ impl Op {
             Op::McpCall { server, tool } => (format!("mcp {server}.{tool}"), SpanKind::Client),
             Op::GroupChat { step, .. } => (format!("group_chat {step}"), SpanKind::Internal),
             Op::SessionStart { agent, .. } => (format!("session {agent}"), SpanKind::Internal),
+            Op::HostCall { function, target, .. } => (format!("{function} {target}"), SpanKind::Client),
         };
         let mut attributes = self.attributes();
         if let Op::Run { .. } = self {
@@ -314,6 +325,9 @@ impl Op {
             Op::McpCall { server, tool } => vec![s("mcp.server", server), s("gen_ai.tool.name", tool)],
             Op::GroupChat { step, agents } => vec![s("lamplighter.step", step), s("lamplighter.agents", &agents.join(","))],
             Op::SessionStart { agent, conversation, .. } => vec![s("gen_ai.agent.name", agent), s("gen_ai.conversation.id", conversation)],
+            Op::HostCall { plugin, function, target } => {
+                vec![s("lamplighter.plugin", plugin), s("lamplighter.host_function", function), s("lamplighter.host_target", target)]
+            }
         }
     }
 
@@ -328,7 +342,18 @@ impl Op {
             Op::McpCall { server, tool } => json!({"server": server, "tool": tool}),
             Op::GroupChat { step, agents } => json!({"step": step, "agents": agents}),
             Op::SessionStart { agent, conversation, depth } => json!({"agent": agent, "conversation": conversation, "depth": depth}),
+            Op::HostCall { plugin, function, target } => json!({"plugin": plugin, "function": function, "target": target}),
         }
+    }
+}
+
+/// A host function's name as the action of its hook events (`http_request` → `http-request`).
+fn hook_action(function: &str) -> &'static str {
+    match function {
+        "http_request" => "http-request",
+        "ai_complete" => "ai-complete",
+        "mcp_call" => "mcp-call",
+        _ => "host-call",
     }
 }
 
@@ -480,6 +505,7 @@ impl Started {
                 }
             }
             Op::McpCall { server, tool } => m.mcp_calls.add(1, &[kv("server", server), kv("tool", tool), outcome]),
+            Op::HostCall { plugin, function, .. } => m.host_calls.add(1, &[kv("plugin", plugin), kv("function", function), outcome]),
             Op::GroupChat { .. } | Op::SessionStart { .. } => {}
         }
         if let Some(e) = ended.error {

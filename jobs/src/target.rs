@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
-use crate::agent::{AgentRuntime, Session, Stopped, input_text};
+use crate::agent::{AgentRuntime, RunHost, Session, Stopped, input_text};
 use crate::context::{RunContext, Targets};
 use crate::events::{Cancelled, Ended, Op, Owner};
 use crate::run::Outcome;
@@ -50,6 +50,7 @@ impl Targets for BuiltinTargets {
                         cancel: ctx.cancelled().clone(),
                         usage: Default::default(),
                         output: Some(ctx.output().sink()),
+                        host: Some(RunHost::for_run(&ctx, &agents)),
                     };
                     let params = ctx.run().parameters.clone().unwrap_or_else(|| serde_json::json!({}));
                     match ctx.invoke(&registry, &plugin, &action, params, &actx).await {

@@ -42,6 +42,7 @@ async fn run(n: usize) {
         cancel: CancellationToken::new(),
         usage: Default::default(),
         output: None,
+        host: None,
     };
     let wasm = measure(n, || registry.invoke("echo", "echo", json!({"message": "hello", "count": 3}), &ctx)).await;
     let builtin = measure(n, || registry.invoke("file-read", "read", json!({"path": "small.txt"}), &ctx)).await;

@@ -23,6 +23,9 @@ pub struct ActionContext {
     /// Where a command's output goes line by line as it comes (`shell-exec`), besides the
     /// action's result: the run's live log. `None`: only the result.
     pub output: Option<OutputSink>,
+    /// What a WASM plugin's `ai_complete` and `mcp_call` reach, and what records its outgoing
+    /// calls (the run's). `None`: they answer unavailable, and `http_request` is not recorded.
+    pub host: Option<Arc<dyn HostServices>>,
 }
 
 impl std::fmt::Debug for ActionContext {
@@ -132,9 +135,11 @@ pub const WORKER_ONLY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCH
 
 mod builtin;
 mod discovery;
+mod host;
 mod wasm;
 mod wasm_output;
 
+pub use host::{HostError, HostFuture, HostPolicy, HostServices};
 pub use wasm::WasmOptions;
 
 /// Finds and calls actions by `plugin.action`. Cheap to share behind an `Arc`; immutable once
@@ -201,7 +206,7 @@ impl Registry {
         // One check against the manifest's schema, for built-ins and WASM plugins alike.
         let params = builtin::Params::validate(&full, &info.parameters, params)?;
         match self.wasm.get(plugin) {
-            Some(module) => module.invoke_action(action, params.into_value(), &ctx.cancel, &ctx.usage).await,
+            Some(module) => module.invoke_action(action, params.into_value(), &ctx.cancel, &ctx.usage, ctx.host.clone()).await,
             None => builtin::invoke(plugin, action, &params, ctx).await,
         }
     }

@@ -39,6 +39,7 @@ use wasmtime::{
 };
 
 use crate::builtin::confine;
+use crate::host::{HostError, HostFuture, HostPolicy, HostServices, HttpRequest};
 use crate::wasm_output::bytes;
 use crate::{ActionError, Usage};
 
@@ -59,6 +60,8 @@ pub struct WasmOptions {
     pub data_dir: PathBuf,
     /// What `config_get` answers, per plugin name: a JSON object of key → value.
     pub plugin_config: BTreeMap<String, Value>,
+    /// What `http_request`, `ai_complete` and `mcp_call` may reach.
+    pub host: HostPolicy,
 }
 
 impl Default for WasmOptions {
@@ -70,6 +73,7 @@ impl Default for WasmOptions {
             allowed_capabilities: Vec::new(),
             data_dir: PathBuf::from("data"),
             plugin_config: BTreeMap::new(),
+            host: HostPolicy::default(),
         }
     }
 }
@@ -86,6 +90,8 @@ const MAX_WRITTEN_PER_CALL: usize = 64 * 1024 * 1024;
 const MAX_WRITES_PER_CALL: u32 = 1000;
 /// Longest path, config key or request a host function accepts.
 const MAX_NAME_BYTES: usize = 4096;
+/// Largest request `http_request`, `ai_complete` or `mcp_call` takes (a body, a prompt).
+const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// Most elements a table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
@@ -193,6 +199,9 @@ pub(crate) struct WasmPlugin {
     wall_time: Duration,
     sandbox: Arc<PathBuf>,
     config: Option<Arc<Map<String, Value>>>,
+    policy: Arc<HostPolicy>,
+    /// `http_request`'s client, when the plugin was granted it.
+    http: Option<reqwest::Client>,
 }
 
 impl fmt::Debug for WasmPlugin {
@@ -260,6 +269,10 @@ pub(crate) fn compile(engine: &Engine, spec: Spec<'_>, bytes: &[u8], opts: &Wasm
         Some(Value::Object(map)) => Some(Arc::new(map.clone())),
         Some(_) => return Err(cannot("its configuration (for config_get) must be an object of key → value".to_owned())),
     };
+    let http = match grant(Capability::HttpRequest) {
+        Grant::Granted => Some(opts.host.client().map_err(|e| cannot(format!("cannot build its HTTP client: {e}")))?),
+        Grant::Denied | Grant::NotListed => None,
+    };
     Ok(WasmPlugin {
         name: Arc::from(name),
         engine: engine.clone(),
@@ -269,6 +282,8 @@ pub(crate) fn compile(engine: &Engine, spec: Spec<'_>, bytes: &[u8], opts: &Wasm
         wall_time: opts.wall_time,
         sandbox: Arc::new(opts.data_dir.join("plugins").join(name)),
         config,
+        policy: Arc::new(opts.host.clone()),
+        http,
     })
 }
 
@@ -431,6 +446,17 @@ struct HostState {
     /// Bytes and files `fs_write` wrote so far in this call.
     written: usize,
     writes: u32,
+    /// The run's models and MCP servers (none in hooks).
+    services: Option<Arc<dyn HostServices>>,
+    policy: Arc<HostPolicy>,
+    http: Option<reqwest::Client>,
+    /// Cancelled when the call is stopped: an outgoing host call in flight stops with it.
+    host_stop: CancellationToken,
+    /// Why the call was stopped (the epoch flag).
+    stop_flag: Arc<AtomicU8>,
+    /// An outgoing call's answer that did not fit the guest's buffer (function, request,
+    /// answer): asked again with a bigger one, it is given without a second request.
+    unread: Option<(&'static str, Vec<u8>, Vec<u8>)>,
 }
 
 /// Caps memory (with an error naming the limit, rather than `memory.grow` quietly returning
@@ -468,6 +494,7 @@ impl ResourceLimiter for Limiter {
 /// end of its fuel.
 struct StopOnDrop {
     stop: Arc<AtomicU8>,
+    host_stop: CancellationToken,
     engine: Engine,
     finished: bool,
 }
@@ -475,6 +502,7 @@ struct StopOnDrop {
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
         if !self.finished && self.stop.compare_exchange(RUNNING, CANCELLED, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.host_stop.cancel();
             self.engine.increment_epoch();
         }
     }
@@ -487,13 +515,17 @@ impl WasmPlugin {
         params: Value,
         cancel: &CancellationToken,
         usage: &Arc<Usage>,
+        services: Option<Arc<dyn HostServices>>,
     ) -> Result<Value, ActionError> {
-        self.call(format!("{}.{action}", self.name), action.to_owned(), params, cancel, usage.clone()).await
+        self.call(format!("{}.{action}", self.name), action.to_owned(), params, cancel, usage.clone(), services).await
     }
 
+    /// A hook: without the run's services (`ai_complete` and `mcp_call` answer unavailable;
+    /// a model-call hook cannot call a model).
     pub(crate) async fn invoke_hook(self: &Arc<Self>, hook: &str, event: Value, usage: &Arc<Usage>) -> Result<Value, ActionError> {
         // Hooks have no cancellation of their own; the wall-time limit bounds them.
-        self.call(format!("{}.hook:{hook}", self.name), format!("hook:{hook}"), event, &CancellationToken::new(), usage.clone()).await
+        let (label, name) = (format!("{}.hook:{hook}", self.name), format!("hook:{hook}"));
+        self.call(label, name, event, &CancellationToken::new(), usage.clone(), None).await
     }
 
     /// Runs one call on the blocking pool, stopping it when its wall time runs out or `cancel`
@@ -505,6 +537,7 @@ impl WasmPlugin {
         input: Value,
         cancel: &CancellationToken,
         usage: Arc<Usage>,
+        services: Option<Arc<dyn HostServices>>,
     ) -> Result<Value, ActionError> {
         if cancel.is_cancelled() {
             return Err(ActionError::Cancelled { action: label });
@@ -512,10 +545,13 @@ impl WasmPlugin {
         let input = serde_json::to_vec(&input)
             .map_err(|e| ActionError::Failed { action: label.clone(), message: format!("cannot encode the input as JSON: {e}") })?;
         let stop = Arc::new(AtomicU8::new(RUNNING));
-        let mut guard = StopOnDrop { stop: Arc::clone(&stop), engine: self.engine.clone(), finished: false };
+        let host_stop = CancellationToken::new();
+        let mut guard = StopOnDrop { stop: Arc::clone(&stop), host_stop: host_stop.clone(), engine: self.engine.clone(), finished: false };
         let plugin = Arc::clone(self);
-        let (task_label, task_stop) = (label.clone(), Arc::clone(&stop));
-        let mut task = tokio::task::spawn_blocking(move || plugin.run(&task_label, &export_name, &input, &task_stop, &usage));
+        let (task_label, task_stop, task_host_stop) = (label.clone(), Arc::clone(&stop), host_stop.clone());
+        let mut task = tokio::task::spawn_blocking(move || {
+            plugin.run(&task_label, &export_name, &input, &task_stop, &usage, services, task_host_stop)
+        });
 
         let wall = tokio::time::sleep(self.wall_time);
         tokio::pin!(wall);
@@ -531,6 +567,7 @@ impl WasmPlugin {
         // function entry, reads the flag and traps. Tick again while it has not finished, in
         // case the tick came before its deadline was set or it was inside a host function.
         let _ = stop.compare_exchange(RUNNING, reason, Ordering::SeqCst, Ordering::SeqCst);
+        host_stop.cancel();
         let joined = loop {
             self.engine.increment_epoch();
             if let Ok(joined) = tokio::time::timeout(Duration::from_millis(50), &mut task).await {
@@ -549,7 +586,17 @@ impl WasmPlugin {
 
     /// One call, start to end, on a blocking thread: new store, instantiate, write the action
     /// name and input, `execute`, read the output.
-    fn run(&self, label: &str, export_name: &str, input: &[u8], stop: &Arc<AtomicU8>, usage: &Usage) -> Result<Value, ActionError> {
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        label: &str,
+        export_name: &str,
+        input: &[u8],
+        stop: &Arc<AtomicU8>,
+        usage: &Usage,
+        services: Option<Arc<dyn HostServices>>,
+        host_stop: CancellationToken,
+    ) -> Result<Value, ActionError> {
         let failed = |message: String| ActionError::Failed { action: label.to_owned(), message };
         let trap = |e: wasmtime::Error| self.error(label, stop, &e);
         let state = HostState {
@@ -560,6 +607,12 @@ impl WasmPlugin {
             log_lines: 0,
             written: 0,
             writes: 0,
+            services,
+            policy: Arc::clone(&self.policy),
+            http: self.http.clone(),
+            host_stop,
+            stop_flag: Arc::clone(stop),
+            unread: None,
         };
         let mut store = Store::try_new(&self.engine, state).map_err(trap)?;
         store.limiter(|state| &mut state.limiter);
@@ -835,27 +888,169 @@ fn host_fs_write(mut caller: Caller<'_, HostState>, path_ptr: i32, path_len: i32
     }
 }
 
-/// Capabilities whose host side Lamplighter does not have yet: granting them links a function
-/// that returns `ERR_UNAVAILABLE`, so a plugin can tell "not granted" (`ERR_DENIED`) from "not
-/// available in this version" and degrade, and no data is ever faked.
-fn unavailable(caller: &Caller<'_, HostState>, func: &str) -> i32 {
-    tracing::warn!(plugin = %caller.data().plugin, "env.{func} is not available in this version of Lamplighter");
-    ERR_UNAVAILABLE
+/// A host call that leaves the sandbox (`http_request`, `ai_complete`, `mcp_call`): reads the
+/// request (at most [`MAX_REQUEST_BYTES`] of JSON), has `start` check it and give the work (or
+/// a code), blocks this call's thread on it until it ends or the call is stopped (its timeout,
+/// its run cancelled), and writes the answer. An answer that did not fit the guest's buffer is
+/// kept, so the guest's second call with a bigger one does not send the request again.
+fn outgoing(
+    caller: &mut Caller<'_, HostState>,
+    (req_ptr, req_len, out_ptr, out_cap): (i32, i32, i32, i32),
+    func: &'static str,
+    start: impl FnOnce(&HostState, Value) -> Result<HostFuture<'static, Result<Value, HostError>>, HostError>,
+) -> wasmtime::Result<i32> {
+    let memory = guest_memory(caller, func)?;
+    guest_range(memory.data_size(&*caller), out_ptr, out_cap, func)?;
+    if (req_len as u32 as usize) > MAX_REQUEST_BYTES {
+        guest_range(memory.data_size(&*caller), req_ptr, req_len, func)?;
+        return Ok(ERR_TOO_LARGE);
+    }
+    let request = read_guest(caller, memory, req_ptr, req_len, MAX_REQUEST_BYTES, func)?;
+    if let Some((f, r, a)) = caller.data_mut().unread.take()
+        && f == func
+        && r == request
+    {
+        return answer_kept(caller, memory, out_ptr, out_cap, func, request, a);
+    }
+    let plugin = Arc::clone(&caller.data().plugin);
+    let refused = |e: HostError| match e {
+        HostError::Denied(why) => {
+            tracing::warn!(plugin = %plugin, "env.{func} refused: {why}");
+            ERR_DENIED
+        }
+        HostError::Invalid(why) | HostError::Failed(why) => {
+            tracing::warn!(plugin = %plugin, "env.{func}: a request it cannot make: {why}");
+            ERR_INVALID
+        }
+    };
+    let Ok(parsed) = serde_json::from_slice::<Value>(&request) else {
+        return Ok(refused(HostError::Invalid("the request is not JSON".into())));
+    };
+    let work = match start(caller.data(), parsed) {
+        Ok(work) => work,
+        Err(e) => return Ok(refused(e)),
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(plugin = %plugin, "env.{func} was called outside the worker's runtime");
+        return Ok(ERR_UNAVAILABLE);
+    };
+    let stop = caller.data().host_stop.clone();
+    let outcome = handle.block_on(async move {
+        tokio::select! {
+            r = work => Some(r),
+            () = stop.cancelled() => None,
+        }
+    });
+    let value = match outcome {
+        None => {
+            let abort = if caller.data().stop_flag.load(Ordering::SeqCst) == TIMED_OUT { Abort::TimedOut } else { Abort::Cancelled };
+            return Err(wasmtime::Error::new(abort));
+        }
+        Some(Ok(v)) => v,
+        Some(Err(HostError::Failed(why))) => serde_json::json!({"error": why}),
+        Some(Err(e)) => return Ok(refused(e)),
+    };
+    let bytes = serde_json::to_vec(&value).unwrap_or_default();
+    answer_kept(caller, memory, out_ptr, out_cap, func, request, bytes)
 }
 
-/// `http_request(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
-fn host_http_request(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
-    unavailable(&caller, "http_request")
+/// [`answer`], keeping an answer that did not fit for the guest's retry.
+fn answer_kept(
+    caller: &mut Caller<'_, HostState>,
+    memory: Memory,
+    out_ptr: i32,
+    out_cap: i32,
+    func: &'static str,
+    request: Vec<u8>,
+    value: Vec<u8>,
+) -> wasmtime::Result<i32> {
+    let written = answer(caller, memory, out_ptr, out_cap, &value, func)?;
+    if written >= 0 && written as u32 as usize > out_cap as u32 as usize {
+        caller.data_mut().unread = Some((func, request, value));
+    }
+    Ok(written)
 }
 
-/// `ai_complete(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
-fn host_ai_complete(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
-    unavailable(&caller, "ai_complete")
+/// `http_request(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*`: `{"method"?, "url",
+/// "headers"?, "body"?}` to an allowed host; `{"status", "headers", "body", "truncated"}`.
+fn host_http_request(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d: i32) -> wasmtime::Result<i32> {
+    outgoing(&mut caller, (a, b, c, d), "http_request", |state, request| {
+        let req = HttpRequest::parse(&request, &state.policy)?;
+        let client = state.http.clone().ok_or_else(|| HostError::Denied("no HTTP client for this plugin".into()))?;
+        let (max, target) = (state.policy.max_response_bytes, req.host());
+        let send: HostFuture<'static, _> = Box::pin(async move { req.send(&client, max).await });
+        Ok(match state.services.clone() {
+            // A hook has no run: its requests are not operations of one.
+            None => send,
+            Some(services) => {
+                let plugin = Arc::clone(&state.plugin);
+                Box::pin(async move { services.observed(&plugin, "http_request", target, send).await })
+            }
+        })
+    })
 }
 
-/// `mcp_call(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*` — not available yet.
-fn host_mcp_call(caller: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32) -> i32 {
-    unavailable(&caller, "mcp_call")
+/// The run's services, or why there are none (a hook).
+fn services_of(state: &HostState, func: &str) -> Result<Arc<dyn HostServices>, HostError> {
+    state.services.clone().ok_or_else(|| HostError::Denied(format!("env.{func} is available to actions, not to hooks")))
+}
+
+/// `ai_complete(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*`: a completion through the
+/// run's providers (`{"model"?, "system"?, "prompt" | "messages", "max_tokens"?, "temperature"?}`).
+fn host_ai_complete(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d: i32) -> wasmtime::Result<i32> {
+    if caller.data().services.is_none() {
+        return Ok(ERR_UNAVAILABLE);
+    }
+    outgoing(&mut caller, (a, b, c, d), "ai_complete", |state, mut request| {
+        let services = services_of(state, "ai_complete")?;
+        let Value::Object(fields) = &mut request else { return Err(HostError::Invalid("the request must be a JSON object".into())) };
+        let model = match fields.get("model") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(m)) => Some(m.clone()),
+            Some(_) => return Err(HostError::Invalid("model must be a model alias".into())),
+        };
+        if !state.policy.model_allowed(model.as_deref()) {
+            let m = model.unwrap_or_default();
+            return Err(HostError::Denied(format!("model \"{m}\" is not in plugins.wasm.ai.models")));
+        }
+        let ceiling = state.policy.ai_max_tokens;
+        let asked = fields.get("max_tokens").and_then(Value::as_u64).unwrap_or(u64::from(ceiling));
+        fields.insert("max_tokens".into(), Value::from(asked.min(u64::from(ceiling))));
+        let plugin = Arc::clone(&state.plugin);
+        let target = model.unwrap_or_else(|| "default".into());
+        Ok(Box::pin(async move {
+            let call = services.complete(&plugin, request);
+            services.observed(&plugin, "ai_complete", target, call).await
+        }))
+    })
+}
+
+/// `mcp_call(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*`: `{"server", "tool",
+/// "arguments"?}` of an allowed tool; `{"text", "is_error"}`.
+fn host_mcp_call(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d: i32) -> wasmtime::Result<i32> {
+    if caller.data().services.is_none() {
+        return Ok(ERR_UNAVAILABLE);
+    }
+    outgoing(&mut caller, (a, b, c, d), "mcp_call", |state, request| {
+        let services = services_of(state, "mcp_call")?;
+        let text = |k: &str| request.get(k).and_then(Value::as_str).map(str::to_owned);
+        let (Some(server), Some(tool)) = (text("server"), text("tool")) else {
+            return Err(HostError::Invalid("the request needs \"server\" and \"tool\"".into()));
+        };
+        let arguments = match request.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(v @ Value::Object(_)) => v.clone(),
+            Some(_) => return Err(HostError::Invalid("arguments must be an object".into())),
+        };
+        if !state.policy.tool_allowed(&server, &tool) {
+            return Err(HostError::Denied(format!("{server}.{tool} is not in plugins.wasm.mcp.tools")));
+        }
+        let plugin = Arc::clone(&state.plugin);
+        Ok(Box::pin(async move {
+            let call = services.mcp_call(&plugin, &server, &tool, arguments);
+            services.observed(&plugin, "mcp_call", format!("{server}.{tool}"), call).await
+        }))
+    })
 }
 
 #[cfg(test)]

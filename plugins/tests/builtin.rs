@@ -19,6 +19,7 @@ fn ctx(dir: &Path, allowed: &[&str]) -> ActionContext {
         cancel: CancellationToken::new(),
         usage: Default::default(),
         output: None,
+        host: None,
     }
 }
 

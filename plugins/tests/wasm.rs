@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lamplighter_plugins::{ActionContext, ActionError, Registry, WasmOptions};
+use lamplighter_plugins::{ActionContext, ActionError, HostError, HostFuture, HostPolicy, HostServices, Registry, WasmOptions};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,7 @@ fn options(data_dir: &Path) -> WasmOptions {
         allowed_capabilities: vec!["fs-read".into(), "fs-write".into(), "config-read".into()],
         data_dir: data_dir.to_path_buf(),
         plugin_config: BTreeMap::from([("files".to_owned(), json!({"greeting": "hello"}))]),
+        host: HostPolicy::default(),
     }
 }
 
@@ -52,6 +53,7 @@ fn ctx(dir: &Path) -> ActionContext {
         cancel: CancellationToken::new(),
         usage: Default::default(),
         output: None,
+        host: None,
     }
 }
 
@@ -293,9 +295,196 @@ async fn granted_host_functions_work_inside_the_sandbox() {
 }
 
 #[tokio::test]
-async fn host_functions_without_a_host_side_answer_unavailable() {
+async fn a_granted_http_request_with_no_allowed_host_is_refused() {
     let l = load_with(|o| o.allowed_capabilities.push("http-request".into()));
-    assert_eq!(l.registry.invoke("files", "http", json!({}), &ctx(l.data.path())).await, Ok(json!("unavailable")));
+    assert_eq!(l.registry.invoke("files", "http", json!({}), &ctx(l.data.path())).await, Ok(json!("denied")));
+}
+
+/// A small HTTP server on 127.0.0.1: `/small` answers "ok", `/big` 5,000 bytes, `/away`
+/// redirects to `localhost` (a host the tests do not allow), `/hang` never answers. Counts the
+/// requests to each path.
+struct Web {
+    port: u16,
+    hits: Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
+}
+
+impl Web {
+    async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let hits: Arc<std::sync::Mutex<BTreeMap<String, usize>>> = Arc::default();
+        let counted = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    *counted.lock().unwrap_or_else(|e| e.into_inner()).entry(path.clone()).or_default() += 1;
+                    let reply = match path.as_str() {
+                        "/small" => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-test: yes\r\nconnection: close\r\n\r\nok".to_owned(),
+                        "/big" => format!("HTTP/1.1 200 OK\r\ncontent-length: 5000\r\nconnection: close\r\n\r\n{}", "x".repeat(5000)),
+                        "/away" => format!(
+                            "HTTP/1.1 302 Found\r\nlocation: http://localhost:{port}/small\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        ),
+                        "/hang" => {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            return;
+                        }
+                        _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
+                    };
+                    let _ = socket.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Self { port, hits }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn hits(&self, path: &str) -> usize {
+        self.hits.lock().unwrap_or_else(|e| e.into_inner()).get(path).copied().unwrap_or(0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_request_reaches_only_allowed_hosts_within_its_limits() {
+    let web = Web::start().await;
+    let l = load_with(|o| {
+        o.allowed_capabilities.extend(["http-request".into(), "ai".into(), "mcp".into()]);
+        o.host.allowed_hosts = vec!["127.0.0.1".into()];
+        o.host.max_response_bytes = 1000;
+    });
+    let c = ctx(l.data.path());
+    let http = |params: Value| l.registry.invoke("outbound", "http", params, &c);
+
+    // Allowed: the answer (longer than the guest's first buffer) comes from one request.
+    let out = http(json!({"url": web.url("/small"), "headers": {"accept": "text/plain"}})).await.expect("answered");
+    assert_eq!((out["status"].as_u64(), out["body"].as_str(), out["truncated"].as_bool()), (Some(200), Some("ok"), Some(false)), "{out}");
+    assert_eq!(out["headers"]["x-test"], "yes");
+    assert_eq!(web.hits("/small"), 1, "the guest's retry with a bigger buffer did not send the request again");
+    // Too large: cut at the limit, and said.
+    let out = http(json!({"url": web.url("/big")})).await.expect("answered");
+    assert_eq!((out["body"].as_str().map(str::len), out["truncated"].as_bool()), (Some(1000), Some(true)));
+    // A redirect to a host not in the list is not followed: the plugin gets the redirect.
+    let out = http(json!({"url": web.url("/away")})).await.expect("answered");
+    assert_eq!(out["status"], 302);
+    assert_eq!(web.hits("/small"), 1, "localhost is not in the list");
+    // Refused before anything is sent: a host not in the list, a request that is not one.
+    assert_eq!(http(json!({"url": format!("http://localhost:{}/small", web.port)})).await, Ok(json!({"code": -2})));
+    assert_eq!(http(json!({"url": "https://example.com/"})).await, Ok(json!({"code": -2})));
+    assert_eq!(http(json!({"url": "not a url"})).await, Ok(json!({"code": -5})));
+    assert_eq!(http(json!({"url": web.url("/small"), "method": "BREW"})).await, Ok(json!({"code": -5})));
+    assert_eq!(http(json!({"url": web.url("/small"), "body": "x".repeat(2 * 1024 * 1024)})).await, Ok(json!({"code": -3})));
+    // Without the run's services (here: none given), models and MCP tools are unavailable.
+    assert_eq!(l.registry.invoke("outbound", "ai", json!({"prompt": "hi"}), &c).await, Ok(json!({"code": -6})));
+    assert_eq!(l.registry.invoke("outbound", "mcp", json!({"server": "s", "tool": "t"}), &c).await, Ok(json!({"code": -6})));
+    // A request that outlives the call's wall time is stopped with it.
+    let started = Instant::now();
+    let err = http(json!({"url": web.url("/hang")})).await.expect_err("timed out");
+    assert!(matches!(err, ActionError::Timeout { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "stopped at its wall time: {:?}", started.elapsed());
+    echo_still_works(&l).await;
+
+    // Not granted by the operator: the stub refuses, whatever the request.
+    let denied = load_with(|o| o.host.allowed_hosts = vec!["127.0.0.1".into()]);
+    let out = denied.registry.invoke("outbound", "http", json!({"url": web.url("/small")}), &ctx(denied.data.path())).await;
+    assert_eq!(out, Ok(json!({"code": -2})));
+    assert_eq!(web.hits("/small"), 1);
+}
+
+/// Host services that answer from memory and remember what they were asked.
+#[derive(Default)]
+struct Fake {
+    seen: std::sync::Mutex<Vec<Value>>,
+    refuse: bool,
+}
+
+impl HostServices for Fake {
+    fn observed<'a>(
+        &'a self,
+        plugin: &'a str,
+        function: &'static str,
+        target: String,
+        call: HostFuture<'a, Result<Value, HostError>>,
+    ) -> HostFuture<'a, Result<Value, HostError>> {
+        Box::pin(async move {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(json!({"observed": [plugin, function, target]}));
+            if self.refuse {
+                return Err(HostError::Denied("cancelled by hook gate.veto: change freeze".into()));
+            }
+            call.await
+        })
+    }
+
+    fn complete<'a>(&'a self, _plugin: &'a str, request: Value) -> HostFuture<'a, Result<Value, HostError>> {
+        Box::pin(async move {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(request.clone());
+            Ok(json!({"content": format!("echo: {}", request["prompt"].as_str().unwrap_or_default()), "input_tokens": 3}))
+        })
+    }
+
+    fn mcp_call<'a>(
+        &'a self,
+        _plugin: &'a str,
+        server: &'a str,
+        tool: &'a str,
+        arguments: Value,
+    ) -> HostFuture<'a, Result<Value, HostError>> {
+        Box::pin(async move {
+            if tool == "broken" {
+                return Err(HostError::Failed("the server closed the connection".into()));
+            }
+            Ok(json!({"text": format!("{server}.{tool} {arguments}"), "is_error": false}))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_complete_and_mcp_call_go_through_the_runs_services_within_the_operators_lists() {
+    let l = load_with(|o| {
+        o.allowed_capabilities.extend(["ai".into(), "mcp".into()]);
+        o.host.ai_models = vec!["small".into()];
+        o.host.ai_max_tokens = 100;
+        o.host.mcp_tools = vec!["docs.*".into(), "github.search".into()];
+    });
+    let fake = Arc::new(Fake::default());
+    let mut c = ctx(l.data.path());
+    c.host = Some(fake.clone());
+    let call = |action: &'static str, params: Value| l.registry.invoke("outbound", action, params, &c);
+
+    assert_eq!(call("ai", json!({"prompt": "hi"})).await, Ok(json!({"content": "echo: hi", "input_tokens": 3})));
+    assert_eq!(
+        call("ai", json!({"model": "small", "prompt": "more", "max_tokens": 5000})).await.map(|v| v["content"].clone()),
+        Ok(json!("echo: more"))
+    );
+    assert_eq!(call("ai", json!({"model": "large", "prompt": "no"})).await, Ok(json!({"code": -2})));
+    assert_eq!(call("ai", json!({"model": 7, "prompt": "no"})).await, Ok(json!({"code": -5})));
+    let seen = fake.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert_eq!(seen[0], json!({"observed": ["outbound", "ai_complete", "default"]}), "every call is an operation of the run");
+    assert_eq!((seen[1]["prompt"].as_str(), seen[1]["max_tokens"].as_u64()), (Some("hi"), Some(100)), "the operator's ceiling applies");
+    assert_eq!(seen[3]["max_tokens"], 100, "a larger max_tokens is lowered");
+    assert_eq!(seen.len(), 4, "refused requests reach no service: {seen:?}");
+
+    let out = call("mcp", json!({"server": "docs", "tool": "read", "arguments": {"page": 2}})).await;
+    assert_eq!(out, Ok(json!({"text": "docs.read {\"page\":2}", "is_error": false})));
+    assert_eq!(call("mcp", json!({"server": "github", "tool": "search"})).await.map(|v| v["is_error"].clone()), Ok(json!(false)));
+    assert_eq!(call("mcp", json!({"server": "github", "tool": "delete_repo"})).await, Ok(json!({"code": -2})));
+    assert_eq!(call("mcp", json!({"tool": "read"})).await, Ok(json!({"code": -5})));
+    // A failure the service met is an answer the plugin can read.
+    assert_eq!(call("mcp", json!({"server": "docs", "tool": "broken"})).await, Ok(json!({"error": "the server closed the connection"})));
+
+    // A hook that refuses the operation: not attempted.
+    let refusing = Arc::new(Fake { refuse: true, ..Fake::default() });
+    let mut c = ctx(l.data.path());
+    c.host = Some(refusing.clone());
+    assert_eq!(l.registry.invoke("outbound", "ai", json!({"prompt": "hi"}), &c).await, Ok(json!({"code": -2})));
+    assert_eq!(refusing.seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 1, "observed, not completed");
 }
 
 #[tokio::test]
@@ -395,7 +584,7 @@ fn ensure_wasm_target() {
 /// The Rust example in `plugins/examples/hello-wasm`, built for `wasm32-unknown-unknown` with
 /// the toolchain running this test (the target added where missing), loaded from a plugins
 /// directory as an operator would install it, then called as an action and as a hook.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_example_plugin_builds_loads_and_answers() {
     ensure_wasm_target();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/hello-wasm");
@@ -415,7 +604,10 @@ async fn the_rust_example_plugin_builds_loads_and_answers() {
     fs::copy(example.join("manifest.json"), folder.join("manifest.json")).expect("manifest");
     fs::copy(build.path().join("wasm32-unknown-unknown/release/hello_wasm.wasm"), folder.join("hello_wasm.wasm")).expect("module");
     let data = tempfile::tempdir().expect("tempdir");
-    let registry = Registry::load(&[plugins.path().to_path_buf()], options(data.path()));
+    let mut opts = options(data.path());
+    opts.allowed_capabilities.push("http-request".into());
+    opts.host.allowed_hosts = vec!["127.0.0.1".into()];
+    let registry = Registry::load(&[plugins.path().to_path_buf()], opts);
     let info = registry.plugins().iter().find(|p| p.name == "hello-wasm").expect("listed");
     assert_eq!((info.kind.as_str(), info.error.as_deref()), ("wasm", None));
 
@@ -426,6 +618,13 @@ async fn the_rust_example_plugin_builds_loads_and_answers() {
     let err = registry.invoke("hello-wasm", "greet", json!({"name": 7}), &ctx(data.path())).await.expect_err("checked by the schema");
     assert!(err.to_string().contains("parameter \"name\" must be a string"), "{err}");
     registry.invoke_hook("hello-wasm", "audit", json!({"event": "run.finished"})).await.expect("hook");
+
+    // Its `fetch` goes through the host's http_request, to a host the operator allows only.
+    let web = Web::start().await;
+    let out = registry.invoke("hello-wasm", "fetch", json!({"url": web.url("/small")}), &ctx(data.path())).await.expect("fetch");
+    assert_eq!((out["status"].as_u64(), out["body"].as_str()), (Some(200), Some("ok")), "{out}");
+    let err = registry.invoke("hello-wasm", "fetch", json!({"url": "https://example.com/"}), &ctx(data.path())).await.expect_err("refused");
+    assert!(err.to_string().contains("http_request refused the request (code -2)"), "{err}");
 }
 
 /// The seed's `plugins.dirs` points at its built-ins, shipped as .NET plugins under the

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lamplighter_config::{Config, Diagnostic, Disabled, LoadOptions, Loaded};
-use lamplighter_plugins::{Registry, WasmOptions};
+use lamplighter_plugins::{HostPolicy, Registry, WasmOptions};
 
 use crate::LogFormat;
 
@@ -93,6 +93,14 @@ fn registry_for(config: &Config) -> Registry {
         allowed_capabilities: w.capabilities.clone(),
         data_dir: config.data_dir.clone(),
         plugin_config: w.plugin_config.clone(),
+        host: HostPolicy {
+            allowed_hosts: w.http_allowed_hosts.clone(),
+            http_timeout: w.http_timeout,
+            max_response_bytes: w.http_max_response_bytes,
+            ai_models: w.ai_models.clone(),
+            ai_max_tokens: w.ai_max_tokens,
+            mcp_tools: w.mcp_tools.clone(),
+        },
     };
     Registry::load(&config.plugin_dirs, opts)
 }

@@ -331,6 +331,15 @@ pub struct WasmConfig {
     pub timeout: Duration,
     pub capabilities: Vec<String>,
     pub plugin_config: BTreeMap<String, serde_json::Value>,
+    /// `http.allowed_hosts`: `host` or `*.suffix`.
+    pub http_allowed_hosts: Vec<String>,
+    pub http_timeout: Duration,
+    pub http_max_response_bytes: usize,
+    /// `ai.models`: aliases `ai_complete` may ask for (empty: the default model only).
+    pub ai_models: Vec<String>,
+    pub ai_max_tokens: u32,
+    /// `mcp.tools`: `server.tool` or `server.*` patterns `mcp_call` may call.
+    pub mcp_tools: Vec<String>,
 }
 
 /// Capabilities a WASM plugin can be granted (`plugins.wasm.capabilities`).

@@ -20,6 +20,7 @@
 //!   was refused. `deny` tells the model at once.
 
 mod budget;
+mod host;
 mod mcp;
 mod model;
 pub(crate) use model::connection_error;
@@ -50,6 +51,8 @@ use budget::{BudgetCheck, over_budget};
 use model::{CallFailed, Endpoint, Limiter, Reply, ToolCall, ToolSpec};
 use replay::{Next, Replay, replay, reply_of, unique_call_ids};
 use tools::{Delegation, Source, Toolbox};
+
+pub(crate) use host::RunHost;
 
 /// Agent waits are steps of the run named `agent:…` (`agent:budget-N`, `agent:[conv/]tool-N`);
 /// workflow step ids may not contain `:`, so the two never meet.
@@ -634,6 +637,7 @@ impl Session {
                     cancel: cancel.clone(),
                     usage: Default::default(),
                     output: None,
+                    host: Some(RunHost::for_run(&self.ctx, &self.runtime)),
                 };
                 match self.ctx.invoke(&self.registry, plugin, action, args, &actx).await {
                     Ok(Value::String(s)) => Ok(s),

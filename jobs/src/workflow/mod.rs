@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{Decision, Step, StepKind, Template, Templated, Workflow};
 use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
-use crate::agent::{AgentRuntime, Session, Stopped, input_text};
+use crate::agent::{AgentRuntime, RunHost, Session, Stopped, input_text};
 use opentelemetry::context::FutureExt as _;
 
 use crate::context::RunContext;
@@ -270,6 +270,7 @@ impl Interpreter {
             cancel: cancel.clone(),
             usage: Default::default(),
             output: Some(self.ctx.output().sink()),
+            host: Some(RunHost::for_run(&self.ctx, &self.agents)),
         };
         match self.ctx.invoke(&self.registry, plugin, action, params, &actx).await {
             Ok(output) => {

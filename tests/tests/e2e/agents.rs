@@ -328,6 +328,76 @@ fn lampctl_runs_an_agent_a_pipeline_and_a_group_chat_by_hand() {
 }
 
 #[test]
+fn a_wasm_plugin_calls_a_model_and_an_mcp_tool_as_the_runs_own_calls() {
+    let rt = runtime();
+    let llm = rt.block_on(ScriptedLlm::start((3, 2), |req| Reply::Text(format!("model says: {}", user_input(req)))));
+    let mut w = Worker::new("");
+    // The fixture plugin (plugins/tests/fixtures/wasm/outbound) passes its parameters to
+    // ai_complete or mcp_call and returns the answer, or {"code": N}.
+    let plugin = w.dir.path().join("plugins/outbound");
+    std::fs::create_dir_all(&plugin).unwrap();
+    for f in ["manifest.json", "plugin.wat"] {
+        std::fs::copy(repo_root().join("plugins/tests/fixtures/wasm/outbound").join(f), plugin.join(f)).unwrap();
+    }
+    let fixture = env!("CARGO_BIN_EXE_mcp-fixture");
+    let top = format!(
+        "{}mcp:\n  servers:\n    fx: {{command: {fixture}}}\nplugins:\n  dirs: [{}]\n  wasm:\n    timeout: 30s\n    capabilities: [ai, mcp]\n    \
+         mcp: {{tools: [fx.echo]}}\nworkflows:\n  twice:\n    steps:\n      \
+         - {{id: first, type: plugin, plugin: outbound, action: ai, parameters: {{prompt: one}}}}\n      \
+         - {{id: second, type: plugin, plugin: outbound, action: ai, parameters: {{prompt: two}}}}\n",
+        ai(&llm),
+        w.dir.path().join("plugins").display()
+    );
+    let jobs = "ask:\n  type: plugin\n  plugin: outbound\n  action: ai\n  parameters: {prompt: summarize, system: be brief}\n\
+                tool:\n  type: plugin\n  plugin: outbound\n  action: mcp\n  parameters: {server: fx, tool: echo, arguments: {text: hi}}\n\
+                other-tool:\n  type: plugin\n  plugin: outbound\n  action: mcp\n  parameters: {server: fx, tool: note, arguments: {text: x}}\n\
+                tight:\n  type: workflow\n  workflow: twice\n  budget: {max_tokens_total: 1}\n";
+    w.write_full(&top, jobs, "");
+    w.start();
+
+    let waited = |job: &str| {
+        let (code, out, err) = w.ctl(&["-o", "json", "jobs", "trigger", job, "--wait"]);
+        assert_eq!(code, 0, "{job}: {out}{err}\n{}", w.log());
+        json_of(&out)["run"].clone()
+    };
+    // A completion through the run's provider, counted as the run's own model call.
+    let run = waited("ask");
+    assert_eq!(
+        (run["output"]["content"].as_str(), run["output"]["input_tokens"].as_u64()),
+        (Some("model says: summarize"), Some(3)),
+        "{run}"
+    );
+    assert_eq!(system(&llm.seen()[0].body), "be brief");
+    let (code, out, _) = w.ctl(&["runs", "show", run["id"].as_str().unwrap(), "-o", "json"]);
+    assert_eq!(code, 0);
+    let detail = json_of(&out);
+    assert_eq!((detail["usage"]["model_calls"].as_u64(), detail["usage"]["input_tokens"].as_u64()), (Some(1), Some(3)), "{detail}");
+    assert!(detail["calls"][0]["conversation"].as_str().is_some_and(|c| c.starts_with("plugin:outbound/")), "{detail}");
+    // An MCP tool the operator allows; one it does not is refused (-2) and never called.
+    assert_eq!(waited("tool")["output"], json!({"text": "echo: hi", "is_error": false}));
+    assert_eq!(waited("other-tool")["output"], json!({"code": -2}));
+    // The job's budget counts its plugins' completions: the second one is refused.
+    let run = waited("tight");
+    let (code, out, _) = w.ctl(&["runs", "show", run["id"].as_str().unwrap(), "-o", "json"]);
+    assert_eq!(code, 0);
+    let steps = json_of(&out)["steps"].clone();
+    assert_eq!(steps[0]["output"]["content"], "model says: one", "{steps}");
+    assert_eq!(steps[1]["output"], json!({"code": -2}), "{steps}");
+    assert_eq!(llm.seen().len(), 2, "the refused completion reached no model");
+    // Each call out of the sandbox is counted like a tool call.
+    let (_, page) = crate::support::http_get(w.port, "/metrics").expect("metrics");
+    for line in [
+        "lamplighter_plugin_host_calls_total{function=\"ai_complete\",outcome=\"succeeded\",plugin=\"outbound\"} 2",
+        "lamplighter_plugin_host_calls_total{function=\"mcp_call\",outcome=\"succeeded\",plugin=\"outbound\"} 1",
+        // The refused one: over the budget.
+        "lamplighter_plugin_host_calls_total{function=\"ai_complete\",outcome=\"failed\",plugin=\"outbound\"} 1",
+    ] {
+        assert!(page.contains(line), "{line} not in:\n{page}");
+    }
+    drop(rt);
+}
+
+#[test]
 fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that_never_starts_fails_only_its_runs() {
     let rt = runtime();
     let calls = Arc::new(Mutex::new(0usize));

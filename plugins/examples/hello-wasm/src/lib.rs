@@ -1,6 +1,8 @@
 //! hello-wasm: an example Lamplighter plugin in Rust for `wasm32-unknown-unknown`, with no
 //! dependencies. Action `greet` takes `{"name": "Ada"}` and returns
-//! `{"greeting": "Hello, Ada!"}`; hook `audit` logs the event it is given.
+//! `{"greeting": "Hello, Ada!"}`; action `fetch` takes `{"url": "https://…"}` and returns what
+//! the host's `http_request` answered (`{"status", "headers", "body", "truncated"}`); hook
+//! `audit` logs the event it is given.
 //!
 //! It implements the ABI described in `../README.md`: the host calls `allocate` twice (for the
 //! action name and the input JSON), writes into those buffers, calls `execute`, then reads the
@@ -19,6 +21,12 @@ use std::cell::RefCell;
 unsafe extern "C" {
     /// Writes one line of UTF-8 text to the worker's log, tagged with the plugin's name.
     fn log(ptr: *const u8, len: usize);
+    /// Makes an HTTP request (JSON at `req`) to a host the operator allows, and writes the
+    /// answer (JSON) at `out` when it fits in `out_cap` bytes. Returns the answer's length (when
+    /// it is more than `out_cap`, nothing was written: call again with a buffer that large; the
+    /// request is not sent twice), or a negative code: -2 not allowed, -3 too large, -5 not a
+    /// request. Needs the `http-request` capability.
+    fn http_request(req: *const u8, req_len: usize, out: *mut u8, out_cap: usize) -> i32;
 }
 
 thread_local! {
@@ -71,6 +79,10 @@ fn run(action: &[u8], input: &[u8]) -> Result<String, String> {
             log_line(&format!("greeting {name}"));
             Ok(format!("{{\"greeting\":{}}}", json_string(&format!("Hello, {name}!"))))
         }
+        b"fetch" => {
+            let url = string_parameter(input, "url")?.ok_or_else(|| "\"url\" is required".to_owned())?;
+            fetch(&format!("{{\"url\":{}}}", json_string(&url)))
+        }
         // Hooks arrive through `execute` as "hook:<name>", with the event as input.
         b"hook:audit" => {
             log_line(&format!("audit: {input}"));
@@ -78,6 +90,26 @@ fn run(action: &[u8], input: &[u8]) -> Result<String, String> {
         }
         other => Err(format!("unknown action \"{}\"", String::from_utf8_lossy(other))),
     }
+}
+
+/// `http_request` with `request`: the answer as JSON text, asking again with a buffer of the
+/// size the host names when the first one is too small.
+fn fetch(request: &str) -> Result<String, String> {
+    let mut buffer = vec![0u8; 4096];
+    for _ in 0..2 {
+        // SAFETY: the host reads `request.len()` bytes of `request` and writes at most
+        // `buffer.len()` bytes into `buffer`, both of which live for the whole call.
+        let n = unsafe { http_request(request.as_ptr(), request.len(), buffer.as_mut_ptr(), buffer.len()) };
+        match usize::try_from(n) {
+            Err(_) => return Err(format!("http_request refused the request (code {n})")),
+            Ok(len) if len <= buffer.len() => {
+                buffer.truncate(len);
+                return String::from_utf8(buffer).map_err(|_| "the answer is not UTF-8".to_owned());
+            }
+            Ok(len) => buffer = vec![0u8; len],
+        }
+    }
+    Err("the answer did not fit twice".to_owned())
 }
 
 fn log_line(text: &str) {
@@ -88,9 +120,14 @@ fn log_line(text: &str) {
 /// The host checks the input against the manifest's schema before the call and sends compact
 /// JSON, so for `greet` it is `{}` or `{"name":"<string>"}`.
 fn name_parameter(input: &str) -> Result<Option<String>, String> {
-    match input.strip_prefix("{\"name\":") {
+    string_parameter(input, "name")
+}
+
+/// The string parameter `key` of an input that has only that one (`{"key":"…"}`), or none.
+fn string_parameter(input: &str, key: &str) -> Result<Option<String>, String> {
+    match input.strip_prefix(&format!("{{\"{key}\":")) {
         None => Ok(None),
-        Some(rest) => parse_string(rest).map(Some).ok_or_else(|| format!("cannot read \"name\" from {input}")),
+        Some(rest) => parse_string(rest).map(Some).ok_or_else(|| format!("cannot read \"{key}\" from {input}")),
     }
 }
 
