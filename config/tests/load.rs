@@ -439,8 +439,8 @@ fn what_wasm_plugins_may_reach_is_checked() {
     );
     let errors = errors_of(tmp.path());
     let want = [
-        "lamplighter.yaml:5:40: error: plugins.wasm.http.allowed_hosts: \"https://x.example\" is not a host name",
-        "lamplighter.yaml:5:61: error: plugins.wasm.http.allowed_hosts: \"*.\" is not a host name",
+        "lamplighter.yaml:5:40: error: plugins.wasm.http.allowed_hosts: \"https://x.example\" is not a host (write",
+        "lamplighter.yaml:5:61: error: plugins.wasm.http.allowed_hosts: \"*.\" is not a host (write",
         "lamplighter.yaml:6:7: error: \"soon\" is not a duration",
         "lamplighter.yaml:7:7: error: plugins.wasm.http.max_response_kb must be between 1 and 1048576, not 0",
         "lamplighter.yaml:8:10: error: plugins.wasm.ai.max_tokens must be more than zero",
@@ -462,5 +462,5 @@ fn what_wasm_plugins_may_reach_is_checked() {
     );
     assert!(warnings.iter().any(|w| w.contains("plugins.wasm.mcp.tools is empty: every MCP call will be refused")), "{warnings:#?}");
     let w = &loaded.config.wasm;
-    assert_eq!((w.http_timeout.as_secs(), w.http_max_response_bytes, w.ai_max_tokens), (10, 1024 * 1024, 1024), "the defaults");
+    assert_eq!((w.http_timeout.as_secs(), w.http_max_response_bytes, w.ai_max_tokens), (5, 1024 * 1024, 1024), "the defaults");
 }

@@ -1,8 +1,8 @@
 """Drives a lamplighter worker with the official Python MCP SDK (a third-party client): lists
-the tools and jobs, reads the first job, and triggers it, waiting for its end. Exits non-zero,
-saying why, when any of that fails.
-Usage: python3 check_mcp.py http://127.0.0.1:5100/mcp    (Streamable HTTP)
-       python3 check_mcp.py stdio CONFIG [LAMPLIGHTER]    (launches `lamplighter run --mcp-stdio`)"""
+the tools and jobs and reads the first job; given a JOB, triggers it and waits for its end.
+Exits non-zero, saying why, when any of that fails.
+Usage: python3 check_mcp.py http://127.0.0.1:5100/mcp [JOB]           (Streamable HTTP)
+       python3 check_mcp.py stdio CONFIG [LAMPLIGHTER [JOB]]           (launches `lamplighter run --mcp-stdio`)"""
 import asyncio, sys
 from mcp import Client, StdioServerParameters
 
@@ -18,8 +18,10 @@ async def main():
     if sys.argv[1] == "stdio":
         server = StdioServerParameters(command=sys.argv[3] if len(sys.argv) > 3 else "lamplighter",
                                        args=["run", "--mcp-stdio", "--config", sys.argv[2]])
+        job = sys.argv[4] if len(sys.argv) > 4 else None
     else:
         server = sys.argv[1]
+        job = sys.argv[2] if len(sys.argv) > 2 else None
     async with Client(server) as c:
         tools = [t.name for t in (await c.list_tools()).tools]
         check("trigger_job" in tools and "list_jobs" in tools, "the job tools are not listed", tools)
@@ -32,10 +34,12 @@ async def main():
         r = await c.call_tool("get_job", {"name": jobs[0]})
         check(not r.is_error, f"get_job {jobs[0]} failed", r.content)
         print(f"get_job {jobs[0]}:", r.content[0].text)
-        r = await c.call_tool("trigger_job", {"name": jobs[0], "wait": True})
-        check(not r.is_error, f"trigger_job {jobs[0]} failed", r.content)
+        if job is None:
+            return
+        r = await c.call_tool("trigger_job", {"name": job, "wait": True})
+        check(not r.is_error, f"trigger_job {job} failed", r.content)
         status = r.structured_content["run"]["status"]
-        print(f"trigger_job {jobs[0]} wait:", status)
-        check(status == "succeeded", f"the run of {jobs[0]} did not succeed", r.structured_content["run"])
+        print(f"trigger_job {job} wait:", status)
+        check(status == "succeeded", f"the run of {job} did not succeed", r.structured_content["run"])
 
 asyncio.run(main())

@@ -107,13 +107,27 @@ impl JobsConfig {
         JobSnapshot::of(job, workflow)
     }
 
-    /// The retry policy of runs recorded under `job`: the job's, the default for workflows run
-    /// by hand, none for a job that is no longer defined (its runs are not retried).
+    /// The retry policy of runs recorded under `job`: the job's; the default for runs without a
+    /// job (a workflow, agent, pipeline or group chat run by hand, a run a notification started)
+    /// while what they run is defined; none for a job that is no longer defined (its runs are
+    /// not retried). Recovery after a crash goes by it too.
     pub(crate) fn retries_for(&self, job: &str) -> Option<RetryPolicy> {
-        match self.jobs.get(job) {
-            Some(j) => Some(j.retries.clone()),
-            None => job.strip_prefix(WORKFLOW_RUNS).and_then(|w| self.workflows.get(w)).map(|_| RetryPolicy::default()),
+        if let Some(j) = self.jobs.get(job) {
+            return Some(j.retries.clone());
         }
+        let agent = |a: &str| self.agents.agents.contains_key(a);
+        let defined = if let Some(w) = job.strip_prefix(WORKFLOW_RUNS) {
+            self.workflows.contains_key(w)
+        } else if let Some(a) = job.strip_prefix(AGENT_RUNS) {
+            agent(a)
+        } else if let Some(p) = job.strip_prefix(PIPELINE_RUNS) {
+            self.agents.pipelines.contains_key(p)
+        } else if let Some(members) = job.strip_prefix(GROUP_CHAT_RUNS) {
+            members.split(',').all(agent)
+        } else {
+            job.starts_with(PLUGIN_RUNS)
+        };
+        defined.then(RetryPolicy::default)
     }
 }
 

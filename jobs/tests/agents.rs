@@ -544,3 +544,27 @@ async fn agents_pipelines_and_group_chats_run_by_hand_as_durable_runs_under_thei
     );
     assert!(refused(engine.run_agent("a", None, Some(String::new()), None).await).contains("idempotency key must be 1–200 characters"));
 }
+
+#[tokio::test]
+async fn an_agent_run_by_hand_is_retried_like_a_workflow_run_by_hand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let llm = ScriptedLlm::start((1, 1), move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::Status { code: 503, retry_after: Some("0".into()) },
+        _ => Reply::Text("done on the second attempt".into()),
+    })
+    .await;
+    let config = agents(dir.path(), &llm, "max_retries: 0", "a: {}", "");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&config, &clock).await;
+    let first = engine.run_agent("a", Some(json!("go")), None, None).await.expect("run_agent").run_id;
+    let failed = ended(&engine, &first).await;
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
+    let retry = support::until_run(&engine, &first, "its retry", |r| r.next_run_id.is_some()).await.next_run_id.expect("a retry follows");
+    // The default retry policy: the next attempt a minute later.
+    clock.advance(chrono::Duration::seconds(61));
+    let run = ended(&engine, &retry).await;
+    assert_eq!((run.status, run.attempt, run.job.as_str()), (RunStatus::Succeeded, 2, "agent:a"), "{run:?}");
+    assert_eq!(run.output, Some(json!("done on the second attempt")));
+}

@@ -183,3 +183,39 @@ async fn an_around_hook_on_session_start_gives_an_agent_its_first_message_and_ma
     assert_eq!(llm.seen().len(), 1, "the stopped conversation called no model");
     engine.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn a_replaced_first_message_survives_a_resume_and_a_tool_call_is_asked_as_the_model_wrote_it() {
+    use lamplighter_tests::llm::{Reply, ScriptedLlm, tool_results, user_input};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let llm = ScriptedLlm::start((1, 1), |req| match tool_results(req) {
+        0 => Reply::Tools(vec![("file-save__save".into(), r#"{"path": "asked.txt", "content": "as asked"}"#.into())]),
+        _ => Reply::Text(format!("task was: {}", user_input(req))),
+    })
+    .await;
+    let top = format!(
+        "ai:\n  default_model: m\n  providers:\n    p:\n      base_url: {}\n      models:\n        m: {{id: m}}\n\
+         agents:\n  a: {{plugins: [file-save], tool_approval: ask}}\n\
+         hooks:\n  bindings:\n    - {{event: \"agent:a:session-start:around\", plugin: gate, hook: swap-task}}\n    \
+         - {{event: \"plugin:file-save:action:around\", plugin: gate, hook: wrap-save}}\n",
+        llm.base_url()
+    );
+    let config = config_with(dir.path(), &top, "type: agent\nagent: a\ninput: the task as scheduled");
+    let engine = start(dir.path(), &config).await;
+    let id = engine.trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
+    support::waiting(&engine, &id).await;
+    // Asked as the model wrote it; nothing ran, no action hook was called, while it waited.
+    let approvals = engine.list_approvals().await.expect("approvals");
+    assert!(approvals[0].question.as_ref().is_some_and(|q| q.to_string().contains("asked.txt")), "{approvals:?}");
+    assert_eq!(recorded(dir.path(), "wrap-save"), None);
+    let decision =
+        lamplighter_jobs::DecisionRequest { run_id: id.clone(), step: None, approve: true, comment: None, decided_by: "ana".into() };
+    engine.decide(decision).await.expect("approve");
+    let run = ended(&engine, &id).await;
+    // Resumed: the conversation's first message is the one the hook gave, read back from its
+    // records; the approved action ran with its around hook's parameters.
+    assert_eq!((run.status, run.output.clone()), (RunStatus::Succeeded, Some(serde_json::json!("task was: the task the hook gave"))));
+    assert_eq!(llm.seen().iter().map(|s| user_input(&s.body)).collect::<Vec<_>>(), ["the task the hook gave", "the task the hook gave"]);
+    assert_eq!(std::fs::read_to_string(dir.path().join("data/hooked.txt")).ok().as_deref(), Some("from the hook"));
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+}

@@ -9,8 +9,9 @@
 //! `{"error": "…"}` when it tried and the network, provider or server failed.
 
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -61,8 +62,10 @@ pub trait HostServices: Send + Sync {
 /// `.mcp`).
 #[derive(Debug, Clone)]
 pub struct HostPolicy {
-    /// Hosts `http_request` may reach, redirects included: `api.example.com`, or
-    /// `*.example.com` for its subdomains. Empty: none.
+    /// Hosts `http_request` may reach, redirects included: `api.example.com` (on its scheme's
+    /// port), `api.example.com:8443`, or `*.example.com` for its subdomains; an IP address as
+    /// written (`127.0.0.1:9000`). A name must resolve to public addresses only (loopback,
+    /// private and link-local ones are refused: list the IP to reach one). Empty: none.
     pub allowed_hosts: Vec<String>,
     /// The whole HTTP exchange.
     pub http_timeout: Duration,
@@ -93,10 +96,14 @@ impl Default for HostPolicy {
 /// At most this many redirects are followed, each to an allowed host.
 const MAX_REDIRECTS: usize = 5;
 
+/// Headers a plugin may not set: where the request goes and how it is framed are the host's.
+const HOST_SET_HEADERS: [&str; 9] =
+    ["host", "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "content-length", "expect"];
+
 impl HostPolicy {
-    /// Whether `host` is one `http_request` may reach.
-    pub fn host_allowed(&self, host: &str) -> bool {
-        host_in(&self.allowed_hosts, host)
+    /// Whether `http_request` may reach `port` of `host` (a URL's host, as `url` gives it).
+    pub fn host_allowed(&self, host: &str, port: u16, default_port: u16) -> bool {
+        host_in(&self.allowed_hosts, host, port, default_port)
     }
 
     /// Whether `ai_complete` may use `model` (`None`: the default model).
@@ -121,25 +128,88 @@ impl HostPolicy {
         let policy = reqwest::redirect::Policy::custom(move |attempt| {
             let url = attempt.url();
             let secure = url.scheme() == "https" || (url.scheme() == "http" && is_loopback(url));
-            if attempt.previous().len() >= MAX_REDIRECTS || !secure || !url.host_str().is_some_and(|h| host_in(&hosts, h)) {
-                attempt.stop()
-            } else {
-                attempt.follow()
-            }
+            let listed = url.host_str().is_some_and(|h| {
+                host_in(&hosts, h, url.port_or_known_default().unwrap_or(0), if url.scheme() == "https" { 443 } else { 80 })
+            });
+            if attempt.previous().len() >= MAX_REDIRECTS || !secure || !listed { attempt.stop() } else { attempt.follow() }
         });
-        reqwest::Client::builder().redirect(policy).timeout(self.http_timeout).build().map_err(|e| e.to_string())
+        reqwest::Client::builder()
+            .redirect(policy)
+            .timeout(self.http_timeout)
+            .dns_resolver(Arc::new(PublicOnly))
+            .no_proxy()
+            .build()
+            .map_err(|e| e.to_string())
     }
 }
 
-fn host_in(allowed: &[String], host: &str) -> bool {
+/// An `allowed_hosts` entry: its host (lowercase, `*.` kept) and its port, if it names one.
+fn entry(e: &str) -> (String, Option<u16>) {
+    let e = e.trim().to_ascii_lowercase();
+    if let Some(rest) = e.strip_prefix('[') {
+        // [v6] or [v6]:port
+        let (host, after) = rest.split_once(']').unwrap_or((rest, ""));
+        return (format!("[{host}]"), after.strip_prefix(':').and_then(|p| p.parse().ok()));
+    }
+    match e.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse() {
+            Ok(p) => (host.trim_end_matches('.').to_owned(), Some(p)),
+            Err(_) => (e.clone(), None),
+        },
+        _ => (e.trim_end_matches('.').to_owned(), None),
+    }
+}
+
+/// Whether `host:port` is listed; an entry without a port allows the scheme's own.
+fn host_in(allowed: &[String], host: &str, port: u16, default_port: u16) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     allowed.iter().any(|a| {
-        let a = a.to_ascii_lowercase();
-        match a.strip_prefix("*.") {
+        let (pattern, listed_port) = entry(a);
+        let host_ok = match pattern.strip_prefix("*.") {
             Some(suffix) => host.len() > suffix.len() && host.ends_with(suffix) && host[..host.len() - suffix.len()].ends_with('.'),
-            None => host == a,
-        }
+            None => host == pattern,
+        };
+        host_ok && port == listed_port.unwrap_or(default_port)
     })
+}
+
+/// Resolves names to public addresses only: a listed name must not lead to this machine or
+/// a private network (an IP address the operator lists is connected to as written, without
+/// resolving).
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let name = name.as_str().to_owned();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let public: Vec<SocketAddr> = found.iter().copied().filter(|a| is_public(a.ip())).collect();
+            if public.is_empty() {
+                let why = format!("{name} resolves to no public address ({} found): list the IP address to reach it", found.len());
+                return Err(why.into());
+            }
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            !(v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80)
+                && v6.to_ipv4_mapped().is_none_or(|v4| is_public(IpAddr::V4(v4)))
+        }
+    }
 }
 
 fn is_loopback(url: &reqwest::Url) -> bool {
@@ -181,8 +251,10 @@ impl HttpRequest {
             "http" => return Err(HostError::Denied(format!("plain http to {host} is refused: use https"))),
             other => return Err(HostError::Invalid(format!("url must be http(s), not {other}:"))),
         }
-        if !policy.host_allowed(&host) {
-            return Err(HostError::Denied(format!("host {host} is not in plugins.wasm.http.allowed_hosts")));
+        let default_port = if url.scheme() == "https" { 443 } else { 80 };
+        let port = url.port_or_known_default().unwrap_or(default_port);
+        if !policy.host_allowed(&host, port, default_port) {
+            return Err(HostError::Denied(format!("{host}:{port} is not in plugins.wasm.http.allowed_hosts")));
         }
         let mut headers = Vec::new();
         match r.get("headers") {
@@ -193,6 +265,10 @@ impl HttpRequest {
                     if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() || reqwest::header::HeaderValue::from_str(v).is_err()
                     {
                         return Err(HostError::Invalid(format!("header \"{k}\" is not a valid HTTP header")));
+                    }
+                    let lower = k.to_ascii_lowercase();
+                    if HOST_SET_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
+                        return Err(HostError::Invalid(format!("header \"{k}\" is the host's to set")));
                     }
                     headers.push((k.clone(), v.to_owned()));
                 }
@@ -284,7 +360,7 @@ mod tests {
 
     fn policy() -> HostPolicy {
         HostPolicy {
-            allowed_hosts: vec!["api.example.com".into(), "*.corp.example".into(), "127.0.0.1".into()],
+            allowed_hosts: vec!["api.example.com".into(), "*.corp.example".into(), "127.0.0.1:9".into(), "API.other.example.:8443".into()],
             mcp_tools: vec!["github.search".into(), "docs.*".into()],
             ai_models: vec!["small".into()],
             ..HostPolicy::default()
@@ -294,21 +370,39 @@ mod tests {
     #[test]
     fn hosts_models_and_tools_are_allowed_by_the_lists() {
         let p = policy();
-        for (host, ok) in [
-            ("api.example.com", true),
-            ("API.example.com.", true),
-            ("evil.api.example.com", false),
-            ("wiki.corp.example", true),
-            ("a.b.corp.example", true),
-            ("corp.example", false),
-            ("notcorp.example", false),
-            ("example.com", false),
+        for (host, port, ok) in [
+            ("api.example.com", 443, true),
+            ("API.example.com.", 443, true),
+            ("api.example.com", 8443, false),
+            ("evil.api.example.com", 443, false),
+            ("wiki.corp.example", 443, true),
+            ("a.b.corp.example", 443, true),
+            ("corp.example", 443, false),
+            ("notcorp.example", 443, false),
+            ("example.com", 443, false),
+            ("127.0.0.1", 9, true),
+            ("127.0.0.1", 8080, false),
+            ("api.other.example", 8443, true),
+            ("api.other.example", 443, false),
         ] {
-            assert_eq!(p.host_allowed(host), ok, "{host}");
+            assert_eq!(p.host_allowed(host, port, 443), ok, "{host}:{port}");
         }
         assert!(p.model_allowed(None) && p.model_allowed(Some("small")) && !p.model_allowed(Some("large")));
         assert!(p.tool_allowed("github", "search") && !p.tool_allowed("github", "delete_repo") && p.tool_allowed("docs", "read"));
-        assert!(!HostPolicy::default().host_allowed("api.example.com"), "nothing is allowed by default");
+        assert!(!HostPolicy::default().host_allowed("api.example.com", 443, 443), "nothing is allowed by default");
+        for (ip, public) in [
+            ("8.8.8.8", true),
+            ("127.0.0.1", false),
+            ("10.1.2.3", false),
+            ("169.254.169.254", false),
+            ("100.64.0.1", false),
+            ("::1", false),
+            ("fd00::1", false),
+            ("::ffff:127.0.0.1", false),
+            ("2001:4860::8888", true),
+        ] {
+            assert_eq!(is_public(ip.parse().expect("ip")), public, "{ip}");
+        }
     }
 
     #[test]
@@ -318,6 +412,13 @@ mod tests {
         assert_eq!(parse(json!({"url": "https://api.example.com/x"})), Ok(("GET".into(), "api.example.com".into())));
         assert_eq!(parse(json!({"method": "post", "url": "http://127.0.0.1:9/x", "body": {"a": 1}})).map(|r| r.0), Ok("POST".into()));
         let err = |v: Value| parse(v).expect_err("refused");
+        assert!(matches!(err(json!({"url": "http://127.0.0.1:5100/mcp"})), HostError::Denied(_)), "another port of an allowed IP");
+        assert!(matches!(err(json!({"url": "https://api.example.com@evil.example/"})), HostError::Denied(_)));
+        for header in ["Host", "Transfer-Encoding", "Proxy-Authorization", "connection"] {
+            let headers: Map<String, Value> = [(header.to_owned(), json!("x"))].into_iter().collect();
+            let refused = err(json!({"url": "https://api.example.com/", "headers": headers}));
+            assert!(matches!(&refused, HostError::Invalid(m) if m.contains("the host's to set")), "{header}: {refused:?}");
+        }
         assert!(
             matches!(err(json!({"url": "https://other.example/"})), HostError::Denied(m) if m.contains("not in plugins.wasm.http.allowed_hosts"))
         );

@@ -357,7 +357,7 @@ async fn http_request_reaches_only_allowed_hosts_within_its_limits() {
     let web = Web::start().await;
     let l = load_with(|o| {
         o.allowed_capabilities.extend(["http-request".into(), "ai".into(), "mcp".into()]);
-        o.host.allowed_hosts = vec!["127.0.0.1".into()];
+        o.host.allowed_hosts = vec![format!("127.0.0.1:{}", web.port)];
         o.host.max_response_bytes = 1000;
     });
     let c = ctx(l.data.path());
@@ -378,6 +378,7 @@ async fn http_request_reaches_only_allowed_hosts_within_its_limits() {
     // Refused before anything is sent: a host not in the list, a request that is not one.
     assert_eq!(http(json!({"url": format!("http://localhost:{}/small", web.port)})).await, Ok(json!({"code": -2})));
     assert_eq!(http(json!({"url": "https://example.com/"})).await, Ok(json!({"code": -2})));
+    assert_eq!(http(json!({"url": "http://127.0.0.1:9/small"})).await, Ok(json!({"code": -2})), "another port of the listed IP");
     assert_eq!(http(json!({"url": "not a url"})).await, Ok(json!({"code": -5})));
     assert_eq!(http(json!({"url": web.url("/small"), "method": "BREW"})).await, Ok(json!({"code": -5})));
     assert_eq!(http(json!({"url": web.url("/small"), "body": "x".repeat(2 * 1024 * 1024)})).await, Ok(json!({"code": -3})));
@@ -392,7 +393,7 @@ async fn http_request_reaches_only_allowed_hosts_within_its_limits() {
     echo_still_works(&l).await;
 
     // Not granted by the operator: the stub refuses, whatever the request.
-    let denied = load_with(|o| o.host.allowed_hosts = vec!["127.0.0.1".into()]);
+    let denied = load_with(|o| o.host.allowed_hosts = vec![format!("127.0.0.1:{}", web.port)]);
     let out = denied.registry.invoke("outbound", "http", json!({"url": web.url("/small")}), &ctx(denied.data.path())).await;
     assert_eq!(out, Ok(json!({"code": -2})));
     assert_eq!(web.hits("/small"), 1);
@@ -604,9 +605,10 @@ async fn the_rust_example_plugin_builds_loads_and_answers() {
     fs::copy(example.join("manifest.json"), folder.join("manifest.json")).expect("manifest");
     fs::copy(build.path().join("wasm32-unknown-unknown/release/hello_wasm.wasm"), folder.join("hello_wasm.wasm")).expect("module");
     let data = tempfile::tempdir().expect("tempdir");
+    let web = Web::start().await;
     let mut opts = options(data.path());
     opts.allowed_capabilities.push("http-request".into());
-    opts.host.allowed_hosts = vec!["127.0.0.1".into()];
+    opts.host.allowed_hosts = vec![format!("127.0.0.1:{}", web.port)];
     let registry = Registry::load(&[plugins.path().to_path_buf()], opts);
     let info = registry.plugins().iter().find(|p| p.name == "hello-wasm").expect("listed");
     assert_eq!((info.kind.as_str(), info.error.as_deref()), ("wasm", None));
@@ -620,7 +622,6 @@ async fn the_rust_example_plugin_builds_loads_and_answers() {
     registry.invoke_hook("hello-wasm", "audit", json!({"event": "run.finished"})).await.expect("hook");
 
     // Its `fetch` goes through the host's http_request, to a host the operator allows only.
-    let web = Web::start().await;
     let out = registry.invoke("hello-wasm", "fetch", json!({"url": web.url("/small")}), &ctx(data.path())).await.expect("fetch");
     assert_eq!((out["status"].as_u64(), out["body"].as_str()), (Some(200), Some("ok")), "{out}");
     let err = registry.invoke("hello-wasm", "fetch", json!({"url": "https://example.com/"}), &ctx(data.path())).await.expect_err("refused");

@@ -55,8 +55,6 @@ struct Seen {
     points: BTreeMap<String, Vec<Point>>,
     /// Each log record's severity number (OTLP: 9 info, 13 warn, 17 error) and body.
     logs: Vec<(i32, String)>,
-    /// How many export requests came, over either wire.
-    requests: usize,
 }
 
 /// The receiver; stops when dropped.
@@ -127,11 +125,6 @@ impl Receiver {
     /// Log records' severity numbers (9 info, 13 warn, 17 error) and bodies.
     pub fn log_records(&self) -> Vec<(i32, String)> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).logs.clone()
-    }
-
-    /// How many export requests arrived.
-    pub fn requests(&self) -> usize {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).requests
     }
 }
 
@@ -205,7 +198,6 @@ async fn traces(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCod
 
 fn record_traces(seen: &Mutex<Seen>, req: ExportTraceServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-    seen.requests += 1;
     for rs in req.resource_spans {
         let service = rs.resource.as_ref().map(|r| attrs(&r.attributes)).and_then(|a| a.get("service.name").cloned()).unwrap_or_default();
         for ss in rs.scope_spans {
@@ -234,7 +226,6 @@ async fn metrics(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCo
 
 fn record_metrics(seen: &Mutex<Seen>, req: ExportMetricsServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-    seen.requests += 1;
     for rm in req.resource_metrics {
         for sm in rm.scope_metrics {
             for m in sm.metrics {
@@ -276,7 +267,6 @@ async fn logs(State(seen): State<Arc<Mutex<Seen>>>, body: Bytes) -> (StatusCode,
 
 fn record_logs(seen: &Mutex<Seen>, req: ExportLogsServiceRequest) {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-    seen.requests += 1;
     for rl in req.resource_logs {
         for sl in rl.scope_logs {
             for r in sl.log_records {

@@ -149,13 +149,16 @@ impl Compiler<'_> {
         out
     }
 
-    /// The log output's level: `framework.log_level`; else, when logs are not exported over
-    /// OTLP, `telemetry.logs.min_level` (the seed's console logs at that level). A minimum for
-    /// OTLP below the output's level is said: records below it are not made at all.
+    /// The log output's level: `framework.log_level`; else, with the console exporter (the log
+    /// output itself), `telemetry.logs.min_level` (the seed's console logs at that level). A
+    /// minimum for OTLP (the exporter named, or left to the default) below the output's level
+    /// is said: records below it are not made at all.
     pub(super) fn log_levels(&mut self, log_level: Option<String>, t: &TelemetryConfig) -> Option<String> {
         let Some(min) = t.logs_min_level.clone() else { return log_level };
-        if t.logs.exporter != Some(Exporter::Otlp) {
-            return log_level.or(Some(min));
+        match t.logs.exporter {
+            Some(Exporter::Console) => return log_level.or(Some(min)),
+            Some(Exporter::None) => return log_level,
+            Some(Exporter::Otlp) | None => {}
         }
         let rank = |l: &str| ["trace", "debug", "info", "warn", "error", "off"].iter().position(|x| *x == l);
         let output = log_level.clone().unwrap_or_else(|| "info".into());

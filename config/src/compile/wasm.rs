@@ -39,8 +39,9 @@ impl Compiler<'_> {
             }
         }
         let http = w.http.unwrap_or_default();
+        // Unset: the call's own wall time, which bounds it anyway.
         let http_timeout = match http.timeout.as_deref().map(duration) {
-            None => Duration::from_secs(10),
+            None => timeout,
             Some(Ok(d)) if !d.is_zero() => d,
             Some(Ok(_)) => {
                 self.err(&["plugins", "wasm", "http", "timeout"], "plugins.wasm.http.timeout must be more than zero".to_string());
@@ -60,16 +61,38 @@ impl Compiler<'_> {
         }
         let allowed_hosts = http.allowed_hosts.unwrap_or_default();
         for (i, h) in allowed_hosts.iter().enumerate() {
-            let bare = h.strip_prefix("*.").unwrap_or(h);
-            if bare.is_empty() || bare.contains(['/', ':', '*', ' ']) {
+            if !host_entry_ok(h) {
                 let loc = self.loaded.sources.locate(&[keys(&["plugins", "wasm", "http", "allowed_hosts"]), vec![Seg::Index(i)]].concat());
                 self.diags.push(Diagnostic::error(
                     loc,
-                    format!("plugins.wasm.http.allowed_hosts: \"{h}\" is not a host name (write api.example.com, or *.example.com for its subdomains)"),
+                    format!(
+                        "plugins.wasm.http.allowed_hosts: \"{h}\" is not a host (write api.example.com, api.example.com:8443, *.example.com \
+                         for its subdomains, or an IP address such as 127.0.0.1:9000)"
+                    ),
                 ));
             }
         }
         let granted = |c: &str| capabilities.iter().any(|x| x == c);
+        if http.timeout.is_some() && http_timeout > timeout {
+            self.warn(
+                &["plugins", "wasm", "http", "timeout"],
+                format!(
+                    "plugins.wasm.http.timeout ({}) is longer than plugins.wasm.timeout ({}), which stops the whole call first",
+                    humantime::format_duration(http_timeout),
+                    humantime::format_duration(timeout)
+                ),
+            );
+        }
+        if (granted("ai") || granted("mcp")) && timeout < Duration::from_secs(30) {
+            self.warn(
+                &path("timeout"),
+                format!(
+                    "plugins.wasm.timeout ({}) bounds ai_complete and mcp_call too, and a model or tool call often takes longer: raise it \
+                     (e.g. 2m) for plugins that call them",
+                    humantime::format_duration(timeout)
+                ),
+            );
+        }
         if granted("http-request") && allowed_hosts.is_empty() {
             self.warn(
                 &path("capabilities"),
@@ -105,6 +128,75 @@ impl Compiler<'_> {
             ai_models: ai.models.unwrap_or_default(),
             ai_max_tokens: ai.max_tokens.filter(|t| *t > 0).unwrap_or(1024),
             mcp_tools,
+        }
+    }
+}
+
+/// An `allowed_hosts` entry: a host name, `*.` and a name of two labels or more, an IPv4
+/// address, or `[IPv6]`, each with an optional `:port`.
+fn host_entry_ok(e: &str) -> bool {
+    let e = e.trim();
+    let (host, port) = match e.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) => return v6.parse::<std::net::Ipv6Addr>().is_ok() && (after.is_empty() || port_ok(after.strip_prefix(':'))),
+            None => return false,
+        },
+        None => match e.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (e, None),
+        },
+    };
+    if port.is_some() && !port_ok(port) {
+        return false;
+    }
+    let host = host.trim_end_matches('.');
+    let label_ok = |l: &str| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    match host.strip_prefix("*.") {
+        // A wildcard over a name, not over addresses or a whole top-level domain.
+        Some(suffix) => {
+            let labels: Vec<&str> = suffix.split('.').collect();
+            labels.len() >= 2 && labels.iter().all(|l| label_ok(l)) && labels.last().is_some_and(|l| !l.chars().all(|c| c.is_ascii_digit()))
+        }
+        None => host.parse::<std::net::Ipv4Addr>().is_ok() || (!host.is_empty() && host.split('.').all(label_ok)),
+    }
+}
+
+fn port_ok(p: Option<&str>) -> bool {
+    p.is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn allowed_host_entries() {
+        for ok in [
+            "api.example.com",
+            "api.example.com:8443",
+            "*.example.com",
+            "127.0.0.1:9000",
+            "[::1]:8080",
+            "[2001:db8::1]",
+            "localhost",
+            "API.Example.com.",
+        ] {
+            assert!(super::host_entry_ok(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "*",
+            "*.com",
+            "*.0.0.1",
+            "https://x.example",
+            "x.example/path",
+            "a b",
+            "x.example:0",
+            "x.example:99999",
+            "[::1",
+            "user@x.example",
+            "*.",
+            "x.*.example",
+        ] {
+            assert!(!super::host_entry_ok(bad), "{bad}");
         }
     }
 }

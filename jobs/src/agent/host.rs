@@ -16,7 +16,7 @@ use super::model::{Endpoint, Msg};
 use super::{AgentRuntime, MCP_CALL_TIMEOUT};
 use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, Owner};
-use crate::run::{AgentUsage, CallKind, CallRecord};
+use crate::run::{AgentUsage, CallKind, CallRecord, StepStatus};
 
 /// One run's host services, handed to the plugin actions it calls.
 pub(crate) struct RunHost {
@@ -108,10 +108,16 @@ impl HostServices for RunHost {
             let model = resolve_model(&catalog.providers, None, &alias)
                 .ok_or_else(|| HostError::Denied(format!("model \"{alias}\" is not defined under ai.providers")))?;
             let provider = &catalog.providers[&model.provider];
-            // The job's budget counts what its plugins spend, as it counts its agents'.
+            // The job's budget counts what its plugins spend, as it counts its agents' (raised by
+            // the budget asks a person approved).
             if let Some(budget) = &self.ctx.job().budget {
-                let calls = self.ctx.calls().await.map_err(|e| HostError::Failed(format!("cannot read the run's usage: {e}")))?;
-                if let Some(why) = over_budget(budget, &AgentUsage::of(&calls), 0, BudgetCheck::ModelCall) {
+                let read = |e: crate::store::StoreError| HostError::Failed(format!("cannot read the run's usage: {e}"));
+                let calls = self.ctx.calls().await.map_err(read)?;
+                let steps = self.ctx.steps().await.map_err(read)?;
+                let raised = steps.iter().filter(|s| s.step.starts_with(super::BUDGET_WAIT) && s.status == StepStatus::Succeeded).count();
+                if let Some(why) =
+                    over_budget(budget, &AgentUsage::of(&calls), u32::try_from(raised).unwrap_or(u32::MAX), BudgetCheck::ModelCall)
+                {
                     return Err(HostError::Denied(format!("the run's budget is spent: {why}")));
                 }
             }

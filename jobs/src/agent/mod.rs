@@ -522,9 +522,21 @@ impl Session {
         let shown = tool.map_or(call.name.clone(), |t| t.name.clone());
         let mut args: Result<Value, String> =
             if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments).map_err(|e| e.to_string()) };
+        // A call that needs a person's approval is asked first, as the model wrote it; once
+        // decided, the call (and its hooks) goes on. Nothing runs, and no hook is called, while
+        // it waits.
+        let approval = match (tool, &args) {
+            (Some(t), Ok(a)) if agent.tool_approval.mode_for(&t.name) == ApprovalMode::Ask => {
+                match self.ask(agent, &t.name, a, conv, seq).await? {
+                    Asked::Waiting => return Err(AgentEnd::Waiting),
+                    decided => Some(decided),
+                }
+            }
+            _ => None,
+        };
         let obs = self.ctx.observer();
         let op = Op::ToolUse { agent: agent.name.clone(), tool: shown.clone() };
-        // Hooks see the arguments; an `around` hook may replace them (what is asked, called and
+        // Hooks see the arguments; an `around` hook may replace them (what is called and
         // recorded is then its version).
         let given = args.as_ref().map_or(Value::Null, Clone::clone);
         let (op, refused) = match obs.begin_with(op, Owner::from(self.ctx.run()), parent, given).await {
@@ -553,10 +565,10 @@ impl Session {
                         ApprovalMode::Deny => {
                             Err(ToolErr::Model(format!("refused: agent \"{}\" may not call {} (tool_approval: deny)", agent.name, t.name)))
                         }
-                        ApprovalMode::Ask => match self.ask(agent, &t.name, args, conv, seq).await? {
-                            Asked::Approved => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
-                            Asked::Refused(why) => Err(ToolErr::Model(why)),
-                            Asked::Waiting => return Err(AgentEnd::Waiting),
+                        ApprovalMode::Ask => match approval {
+                            Some(Asked::Approved) => self.invoke(agent, t, args.clone(), conv, seq, depth, cancel).await,
+                            Some(Asked::Refused(why)) => Err(ToolErr::Model(why)),
+                            Some(Asked::Waiting) | None => return Err(AgentEnd::Waiting),
                         },
                     }
                 }
@@ -883,13 +895,13 @@ fn cap_text(s: String) -> String {
     format!("{}\n[… {} more bytes not shown]", &s[..cut], s.len() - cut)
 }
 
-/// The text an agent is given from a run's or a step's input: a string as it is, anything
-/// else as JSON; no input asks it to do what its instructions say.
 /// The first message of a conversation, as its first model call recorded it.
 fn recorded_input(records: &[CallRecord]) -> Option<String> {
     records.iter().find(|r| r.kind == CallKind::Model && r.seq == 0)?.request.as_ref()?.get("input")?.as_str().map(str::to_owned)
 }
 
+/// The text an agent is given from a run's or a step's input: a string as it is, anything
+/// else as JSON; no input asks it to do what its instructions say.
 pub(crate) fn input_text(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "Do the task your instructions describe.".into(),

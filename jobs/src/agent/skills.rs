@@ -11,8 +11,9 @@ use lamplighter_config::Skill;
 /// The tool's name.
 pub(crate) const TOOL: &str = "load_skill";
 
-/// The most of a skill file a call returns; more is refused (the agent can ask for another).
-const MAX_FILE: u64 = 256 * 1024;
+/// The most of a skill file a call returns (under the 100 KB a tool result keeps); more is
+/// refused, saying so.
+const MAX_FILE: u64 = 96 * 1024;
 
 /// The files listed with a skill's instructions, at most.
 const MAX_LISTED: usize = 200;
@@ -86,7 +87,8 @@ fn instructions(skill: &Skill) -> Result<String, String> {
     Ok(out)
 }
 
-/// The skill's files other than `SKILL.md`, relative to its folder (hidden ones left out).
+/// The skill's files other than `SKILL.md`, relative to its folder (hidden ones left out; a
+/// linked folder is not followed, so the list stays inside the folder and ends).
 fn list(root: &Path, dir: &Path, out: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.filter_map(Result::ok) {
@@ -94,7 +96,7 @@ fn list(root: &Path, dir: &Path, out: &mut Vec<String>) {
         if e.file_name().to_string_lossy().starts_with('.') || out.len() > MAX_LISTED {
             continue;
         }
-        if p.is_dir() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
             list(root, &p, out);
         } else if let Ok(rel) = p.strip_prefix(root)
             && rel != Path::new("SKILL.md")
@@ -173,7 +175,14 @@ mod tests {
             std::os::unix::fs::symlink(tmp.path().join("secret.txt"), dir.join("link.txt")).unwrap();
             let e = load(&skills, &json!({"skill": "release-notes", "file": "link.txt"})).unwrap_err();
             assert!(e.contains("leads outside"), "{e}");
+            // A linked folder (here: to the folder above, a loop) is not listed into.
+            std::os::unix::fs::symlink(tmp.path(), dir.join("up")).unwrap();
+            let text = load(&skills, &json!({"skill": "release-notes"})).unwrap();
+            assert!(!text.contains("secret.txt") && !text.contains("up/"), "{text}");
         }
+        std::fs::write(dir.join("huge.md"), "x".repeat(97 * 1024)).unwrap();
+        let e = load(&skills, &json!({"skill": "release-notes", "file": "huge.md"})).unwrap_err();
+        assert!(e.contains("files of at most 98304 bytes are read"), "{e}");
     }
 
     #[test]

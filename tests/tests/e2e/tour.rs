@@ -90,9 +90,12 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     let check = commands_under(&readme, "Control it", "python3 deploy/clients/check_mcp.py http");
     assert_eq!(check.len(), 1, "{check:?}");
     let url = format!("http://127.0.0.1:{port}/mcp");
+    let check_args = words(&check[0]);
+    assert_eq!(check_args[2], "http://127.0.0.1:5100/mcp", "{check:?}");
     let out = Command::new(lamplighter_tests::setup::python_mcp())
-        .arg(repo_root().join("deploy/clients/check_mcp.py"))
+        .arg(repo_root().join(&check_args[1]))
         .arg(&url)
+        .args(&check_args[3..])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
