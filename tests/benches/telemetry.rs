@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker
-//! TMPDIR=/dev/shm cargo bench -p lamplighter-tests --bench telemetry -- [--bursts 3] [--rounds 3]
+//! TMPDIR=/dev/shm cargo bench -p lamplighter-tests --bench telemetry -- [--bursts 3] [--rounds 3] [--grpc]
 //! ```
+//!
+//! `--grpc`: "on" exports over OTLP/gRPC (`protocol: grpc`) to the receiver's gRPC services.
 //!
 //! (`TMPDIR=/dev/shm`: the workers' data dirs on tmpfs, where file-save's file creation costs
 //! the same in every round; on disk it varies by tens of percent and hides the difference.)
@@ -33,8 +35,11 @@ fn main() {
     let bursts: i64 = arg("--bursts").map(|s| s.parse().expect("--bursts N")).unwrap_or(3);
     let rounds: usize = arg("--rounds").map(|s| s.parse().expect("--rounds N")).unwrap_or(3);
     println!("binary: {}", bin().display());
+    let grpc = args.iter().any(|a| a == "--grpc");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let otlp = rt.block_on(Receiver::start());
+    let otlp = if grpc { rt.block_on(Receiver::start_grpc()) } else { rt.block_on(Receiver::start()) };
+    let protocol = if grpc { "grpc" } else { "http/protobuf" };
+    println!("telemetry on: OTLP over {protocol}");
     let mut off = Totals::default();
     let mut on = Totals::default();
     // Per round: CPU per run on / off, and p99 on − off (ms).
@@ -42,9 +47,9 @@ fn main() {
     for round in 1..=rounds {
         let (a, b) = if round % 2 == 1 {
             let a = burst(None, bursts, round);
-            (a, burst(Some(&otlp), bursts, round))
+            (a, burst(Some((&otlp, protocol)), bursts, round))
         } else {
-            let b = burst(Some(&otlp), bursts, round);
+            let b = burst(Some((&otlp, protocol)), bursts, round);
             (burst(None, bursts, round), b)
         };
         let per = |r: &(usize, u64, Vec<i64>)| r.1 as f64 / r.0.max(1) as f64;
@@ -104,12 +109,13 @@ fn sleep_until(ms: i64) {
 
 /// One burst scenario: 1,000 jobs every 10 s, concurrency 1000, `file-save`; measured over
 /// `bursts` whole bursts.
-fn burst(otlp: Option<&Receiver>, bursts: i64, round: usize) -> (usize, u64, Vec<i64>) {
+fn burst(on: Option<(&Receiver, &str)>, bursts: i64, round: usize) -> (usize, u64, Vec<i64>) {
     const PERIOD: i64 = 10_000;
-    let telemetry = match otlp {
+    let otlp = on.map(|(r, _)| r);
+    let telemetry = match on {
         None => String::new(),
-        Some(r) => format!(
-            "telemetry:\n  enabled: true\n  traces: {{exporter: otlp, endpoint: \"{u}\"}}\n  metrics: {{exporter: otlp, endpoint: \"{u}\"}}\n  logs: {{exporter: otlp, endpoint: \"{u}\"}}\n",
+        Some((r, p)) => format!(
+            "telemetry:\n  enabled: true\n  traces: {{exporter: otlp, protocol: {p}, endpoint: \"{u}\"}}\n  metrics: {{exporter: otlp, protocol: {p}, endpoint: \"{u}\"}}\n  logs: {{exporter: otlp, protocol: {p}, endpoint: \"{u}\"}}\n",
             u = r.base_url()
         ),
     };
