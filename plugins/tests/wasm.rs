@@ -331,7 +331,8 @@ impl Web {
                             "HTTP/1.1 302 Found\r\nlocation: http://localhost:{port}/small\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                         ),
                         "/hang" => {
-                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            // Holds the connection open and never answers.
+                            std::future::pending::<()>().await;
                             return;
                         }
                         _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
