@@ -17,11 +17,21 @@ pub(crate) struct Catalog {
     pub(crate) default_model: Option<String>,
     /// Agents that cannot run (their key is unset, …), with why.
     pub(crate) disabled: BTreeMap<String, String>,
+    /// Providers that cannot be called (their key is unset), with why.
+    pub(crate) providers_down: BTreeMap<String, String>,
 }
 
 impl Catalog {
     pub(crate) fn of(config: &Config) -> Self {
         let disabled = config.disabled.iter().filter_map(|(what, why)| Some((what.agent()?.to_owned(), why.clone()))).collect();
+        let providers_down = config
+            .disabled
+            .iter()
+            .filter_map(|(what, why)| match what {
+                lamplighter_config::Disabled::Provider(name) => Some((name.clone(), why.clone())),
+                _ => None,
+            })
+            .collect();
         Self {
             agents: config.agents.clone(),
             providers: config.providers.clone(),
@@ -30,6 +40,7 @@ impl Catalog {
             skills: config.skills.clone(),
             default_model: config.default_model.clone(),
             disabled,
+            providers_down,
         }
     }
 }

@@ -85,7 +85,8 @@ async fn relay(ctx: RunContext, runtime: Arc<AgentRuntime>, registry: Arc<Regist
     let input = input_text(ctx.run().input.as_ref());
     let cancel = ctx.cancelled().clone();
     let obs = ctx.observer().clone();
-    let owner = Owner::from(ctx.run());
+    let run = ctx.run().clone();
+    let owner = Owner::from(&run);
     let turns: Vec<(String, String)> = match &what {
         Relay::Agent(a) => vec![(a.clone(), String::new())],
         Relay::Pipeline { steps, .. } => steps.iter().enumerate().map(|(i, a)| (a.clone(), format!("step-{}:{a}", i + 1))).collect(),
@@ -93,16 +94,16 @@ async fn relay(ctx: RunContext, runtime: Arc<AgentRuntime>, registry: Arc<Regist
             .flat_map(|r| members.iter().enumerate().map(move |(i, a)| (a.clone(), format!("round-{r}.{}:{a}", i + 1))))
             .collect(),
     };
+    let session = match Session::open(ctx, runtime, registry).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::failed(e),
+    };
     let chat = match &what {
         Relay::Chat { members, .. } => match obs.begin(Op::GroupChat { step: String::new(), agents: members.clone() }, owner, None).await {
             Ok(c) => Some(c),
             Err(Cancelled(why)) => return Outcome::permanent(format!("the group chat was not started: {why}")),
         },
         _ => None,
-    };
-    let session = match Session::open(ctx, runtime, registry).await {
-        Ok(s) => s,
-        Err(e) => return Outcome::failed(e),
     };
     let borrowed: Vec<(&str, String)> = turns.iter().map(|(a, c)| (a.as_str(), c.clone())).collect();
     let end = session.relay(&borrowed, input, 0, &cancel).await;

@@ -107,7 +107,13 @@ impl HostServices for RunHost {
                 .ok_or_else(|| HostError::Denied("no model named, and no ai.default_model".into()))?;
             let model = resolve_model(&catalog.providers, None, &alias)
                 .ok_or_else(|| HostError::Denied(format!("model \"{alias}\" is not defined under ai.providers")))?;
-            let provider = &catalog.providers[&model.provider];
+            if let Some(why) = catalog.providers_down.get(&model.provider) {
+                return Err(HostError::Denied(format!("model \"{alias}\": provider \"{}\" is disabled: {why}", model.provider)));
+            }
+            let provider = catalog
+                .providers
+                .get(&model.provider)
+                .ok_or_else(|| HostError::Denied(format!("model \"{alias}\": provider \"{}\" is not defined", model.provider)))?;
             // The job's budget counts what its plugins spend, as it counts its agents' (raised by
             // the budget asks a person approved).
             if let Some(budget) = &self.ctx.job().budget {

@@ -340,15 +340,19 @@ fn a_wasm_plugin_calls_a_model_and_an_mcp_tool_as_the_runs_own_calls() {
         std::fs::copy(repo_root().join("plugins/tests/fixtures/wasm/outbound").join(f), plugin.join(f)).unwrap();
     }
     let fixture = env!("CARGO_BIN_EXE_mcp-fixture");
+    let ai_section = ai(&llm).replace(
+        "  providers:\n",
+        "  providers:\n    keyless:\n      base_url: http://127.0.0.1:9/v1\n      api_key: ${UNSET_KEY_FOR_THIS_TEST}\n      models:\n        k: {id: k}\n",
+    );
     let top = format!(
-        "{}mcp:\n  servers:\n    fx: {{command: {fixture}}}\nplugins:\n  dirs: [{}]\n  wasm:\n    timeout: 30s\n    capabilities: [ai, mcp]\n    \
-         mcp: {{tools: [fx.echo]}}\nworkflows:\n  twice:\n    steps:\n      \
+        "{ai_section}mcp:\n  servers:\n    fx: {{command: {fixture}}}\nplugins:\n  dirs: [{}]\n  wasm:\n    timeout: 30s\n    capabilities: [ai, mcp]\n    \
+         ai: {{models: [k]}}\n    mcp: {{tools: [fx.echo]}}\nworkflows:\n  twice:\n    steps:\n      \
          - {{id: first, type: plugin, plugin: outbound, action: ai, parameters: {{prompt: one}}}}\n      \
          - {{id: second, type: plugin, plugin: outbound, action: ai, parameters: {{prompt: two}}}}\n",
-        ai(&llm),
         w.dir.path().join("plugins").display()
     );
-    let jobs = "ask:\n  type: plugin\n  plugin: outbound\n  action: ai\n  parameters: {prompt: summarize, system: be brief}\n\
+    let jobs = "keyless:\n  type: plugin\n  plugin: outbound\n  action: ai\n  parameters: {model: k, prompt: x}\n\
+                ask:\n  type: plugin\n  plugin: outbound\n  action: ai\n  parameters: {prompt: summarize, system: be brief}\n\
                 tool:\n  type: plugin\n  plugin: outbound\n  action: mcp\n  parameters: {server: fx, tool: echo, arguments: {text: hi}}\n\
                 other-tool:\n  type: plugin\n  plugin: outbound\n  action: mcp\n  parameters: {server: fx, tool: note, arguments: {text: x}}\n\
                 tight:\n  type: workflow\n  workflow: twice\n  budget: {max_tokens_total: 1}\n";
@@ -373,6 +377,8 @@ fn a_wasm_plugin_calls_a_model_and_an_mcp_tool_as_the_runs_own_calls() {
     let detail = json_of(&out);
     assert_eq!((detail["usage"]["model_calls"].as_u64(), detail["usage"]["input_tokens"].as_u64()), (Some(1), Some(3)), "{detail}");
     assert!(detail["calls"][0]["conversation"].as_str().is_some_and(|c| c.starts_with("plugin:outbound/")), "{detail}");
+    // A model whose provider is disabled (its key unset) is refused, not called without a key.
+    assert_eq!(waited("keyless")["output"], json!({"code": -2}));
     // An MCP tool the operator allows; one it does not is refused (-2) and never called.
     assert_eq!(waited("tool")["output"], json!({"text": "echo: hi", "is_error": false}));
     assert_eq!(waited("other-tool")["output"], json!({"code": -2}));
@@ -389,8 +395,8 @@ fn a_wasm_plugin_calls_a_model_and_an_mcp_tool_as_the_runs_own_calls() {
     for line in [
         "lamplighter_plugin_host_calls_total{function=\"ai_complete\",outcome=\"succeeded\",plugin=\"outbound\"} 2",
         "lamplighter_plugin_host_calls_total{function=\"mcp_call\",outcome=\"succeeded\",plugin=\"outbound\"} 1",
-        // The refused one: over the budget.
-        "lamplighter_plugin_host_calls_total{function=\"ai_complete\",outcome=\"failed\",plugin=\"outbound\"} 1",
+        // The refused ones: the disabled provider's, and the one over the budget.
+        "lamplighter_plugin_host_calls_total{function=\"ai_complete\",outcome=\"failed\",plugin=\"outbound\"} 2",
     ] {
         assert!(page.contains(line), "{line} not in:\n{page}");
     }
