@@ -37,7 +37,7 @@ pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
 pub use workflow::{Decision, Step, StepKind, StepType, Workflow};
-pub use yaml::{Seg, YamlPath};
+pub use yaml::{Seg, YamlPath, split_front_matter};
 
 /// How to find and read the config.
 #[derive(Debug, Clone, Default)]

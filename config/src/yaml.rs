@@ -203,7 +203,7 @@ impl MarkedEventReceiver for Recorder {
 }
 
 /// Splits Markdown with YAML front matter into (front matter, body).
-pub(crate) fn split_front_matter(text: &str) -> Option<(&str, &str)> {
+pub fn split_front_matter(text: &str) -> Option<(&str, &str)> {
     let rest = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n"))?;
     let end = rest.find("\n---")?;
     let front = &rest[..end + 1];

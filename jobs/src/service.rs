@@ -104,6 +104,12 @@ fn check_idempotency_key(key: Option<&str>) -> Result<(), ServiceError> {
     }
 }
 
+/// Names for a "not found" message: comma-separated, or `none`.
+fn known_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let names: Vec<&str> = names.map(String::as_str).collect();
+    if names.is_empty() { "none".into() } else { names.join(", ") }
+}
+
 fn quoted(names: &[String]) -> String {
     if names.is_empty() { "no step".into() } else { names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ") }
 }
@@ -446,8 +452,7 @@ impl Engine {
         requested_by: Option<String>,
     ) -> Result<Triggered, ServiceError> {
         let Some(definition) = self.shared.workflow(name) else {
-            let known = self.shared.snapshot().workflows.keys().cloned().collect::<Vec<_>>();
-            let known = if known.is_empty() { "none".into() } else { known.join(", ") };
+            let known = known_names(self.shared.snapshot().workflows.keys());
             return Err(ServiceError::WorkflowNotFound { name: name.to_string(), known });
         };
         check_idempotency_key(idempotency_key.as_deref())?;
@@ -487,9 +492,7 @@ impl Engine {
     ) -> Result<Triggered, ServiceError> {
         let config = self.shared.snapshot();
         let Some(pipeline) = config.agents.pipelines.get(name) else {
-            let known = config.agents.pipelines.keys().cloned().collect::<Vec<_>>();
-            let known = if known.is_empty() { "none".into() } else { known.join(", ") };
-            return Err(ServiceError::PipelineNotFound { name: name.to_string(), known });
+            return Err(ServiceError::PipelineNotFound { name: name.to_string(), known: known_names(config.agents.pipelines.keys()) });
         };
         self.agents_can_run(&pipeline.agents)?;
         let target = TargetRef::Pipeline { pipeline: name.to_string(), agents: pipeline.agents.clone() };
@@ -523,9 +526,7 @@ impl Engine {
         let config = self.shared.snapshot();
         for name in agents {
             if !config.agents.agents.contains_key(name) {
-                let known = config.agents.agents.keys().cloned().collect::<Vec<_>>();
-                let known = if known.is_empty() { "none".into() } else { known.join(", ") };
-                return Err(ServiceError::AgentNotFound { name: name.clone(), known });
+                return Err(ServiceError::AgentNotFound { name: name.clone(), known: known_names(config.agents.agents.keys()) });
             }
             if let Some(reason) = config.health.agent_down(name) {
                 return Err(ServiceError::AgentDisabled { name: name.clone(), reason: reason.to_string() });

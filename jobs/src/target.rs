@@ -50,7 +50,7 @@ impl Targets for BuiltinTargets {
                         cancel: ctx.cancelled().clone(),
                         usage: Default::default(),
                         output: Some(ctx.output().sink()),
-                        host: Some(RunHost::for_run(&ctx, &agents)),
+                        host: registry.is_wasm(&plugin).then(|| RunHost::for_run(&ctx, &agents)),
                     };
                     let params = ctx.run().parameters.clone().unwrap_or_else(|| serde_json::json!({}));
                     match ctx.invoke(&registry, &plugin, &action, params, &actx).await {

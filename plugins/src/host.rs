@@ -28,6 +28,8 @@ pub enum HostError {
     Invalid(String),
     /// Tried, and it failed: the guest gets `{"error": …}`.
     Failed(String),
+    /// Not available where it was called (`ai_complete` and `mcp_call` in a hook).
+    Unavailable(String),
 }
 
 /// The run's side of the host functions that reach models and MCP servers, and the operation

@@ -25,6 +25,7 @@ pub struct ActionContext {
     pub output: Option<OutputSink>,
     /// What a WASM plugin's `ai_complete` and `mcp_call` reach, and what records its outgoing
     /// calls (the run's). `None`: they answer unavailable, and `http_request` is not recorded.
+    /// Built-ins never use it: callers give it only to WASM plugins ([`Registry::is_wasm`]).
     pub host: Option<Arc<dyn HostServices>>,
 }
 
@@ -156,6 +157,11 @@ impl Registry {
     /// The built-in plugins only. [`Registry::load`] adds the plugins found on disk.
     pub fn builtin() -> Self {
         Self { plugins: builtin::infos(), wasm: HashMap::new() }
+    }
+
+    /// Whether `plugin` is a loaded WASM plugin (the only kind that uses an action's `host`).
+    pub fn is_wasm(&self, plugin: &str) -> bool {
+        self.wasm.contains_key(plugin)
     }
 
     pub fn plugins(&self) -> &[PluginInfo] {

@@ -922,6 +922,10 @@ fn outgoing(
             tracing::warn!(plugin = %plugin, "env.{func}: a request it cannot make: {why}");
             ERR_INVALID
         }
+        HostError::Unavailable(why) => {
+            tracing::debug!(plugin = %plugin, "env.{func}: {why}");
+            ERR_UNAVAILABLE
+        }
     };
     let Ok(parsed) = serde_json::from_slice::<Value>(&request) else {
         return Ok(refused(HostError::Invalid("the request is not JSON".into())));
@@ -992,15 +996,12 @@ fn host_http_request(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, 
 
 /// The run's services, or why there are none (a hook).
 fn services_of(state: &HostState, func: &str) -> Result<Arc<dyn HostServices>, HostError> {
-    state.services.clone().ok_or_else(|| HostError::Denied(format!("env.{func} is available to actions, not to hooks")))
+    state.services.clone().ok_or_else(|| HostError::Unavailable(format!("env.{func} is available to actions, not to hooks")))
 }
 
 /// `ai_complete(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*`: a completion through the
 /// run's providers (`{"model"?, "system"?, "prompt" | "messages", "max_tokens"?, "temperature"?}`).
 fn host_ai_complete(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d: i32) -> wasmtime::Result<i32> {
-    if caller.data().services.is_none() {
-        return Ok(ERR_UNAVAILABLE);
-    }
     outgoing(&mut caller, (a, b, c, d), "ai_complete", |state, mut request| {
         let services = services_of(state, "ai_complete")?;
         let Value::Object(fields) = &mut request else { return Err(HostError::Invalid("the request must be a JSON object".into())) };
@@ -1028,9 +1029,6 @@ fn host_ai_complete(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d
 /// `mcp_call(req_ptr, req_len, out_ptr, out_cap) -> len | ERR_*`: `{"server", "tool",
 /// "arguments"?}` of an allowed tool; `{"text", "is_error"}`.
 fn host_mcp_call(mut caller: Caller<'_, HostState>, a: i32, b: i32, c: i32, d: i32) -> wasmtime::Result<i32> {
-    if caller.data().services.is_none() {
-        return Ok(ERR_UNAVAILABLE);
-    }
     outgoing(&mut caller, (a, b, c, d), "mcp_call", |state, request| {
         let services = services_of(state, "mcp_call")?;
         let text = |k: &str| request.get(k).and_then(Value::as_str).map(str::to_owned);

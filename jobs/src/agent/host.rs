@@ -87,7 +87,7 @@ impl HostServices for RunHost {
             let ended = match &result {
                 Ok(answer) if answer.get("is_error") == Some(&Value::Bool(true)) => Ended::failed("the tool answered an error"),
                 Ok(_) => Ended::ok(),
-                Err(HostError::Denied(e) | HostError::Invalid(e) | HostError::Failed(e)) => Ended::failed(e),
+                Err(HostError::Denied(e) | HostError::Invalid(e) | HostError::Failed(e) | HostError::Unavailable(e)) => Ended::failed(e),
             };
             started.end(obs, ended).await;
             result

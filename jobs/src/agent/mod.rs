@@ -649,7 +649,7 @@ impl Session {
                     cancel: cancel.clone(),
                     usage: Default::default(),
                     output: None,
-                    host: Some(RunHost::for_run(&self.ctx, &self.runtime)),
+                    host: self.registry.is_wasm(plugin).then(|| RunHost::for_run(&self.ctx, &self.runtime)),
                 };
                 match self.ctx.invoke(&self.registry, plugin, action, args, &actx).await {
                     Ok(Value::String(s)) => Ok(s),

@@ -65,10 +65,7 @@ pub(crate) fn load(skills: &[&Skill], args: &Value) -> Result<String, String> {
 
 fn instructions(skill: &Skill) -> Result<String, String> {
     let text = std::fs::read_to_string(skill.dir.join("SKILL.md")).map_err(|e| format!("cannot read skill \"{}\": {e}", skill.name))?;
-    let body = text
-        .strip_prefix("---")
-        .and_then(|rest| rest.find("\n---").map(|end| &rest[end + 4..]))
-        .map_or(text.as_str(), |b| b.trim_start_matches(['\r', '\n']));
+    let body = lamplighter_config::split_front_matter(&text).map_or(text.as_str(), |(_, body)| body.trim_start_matches(['\r', '\n']));
     let mut files = Vec::new();
     list(&skill.dir, &skill.dir, &mut files);
     files.sort();

@@ -270,7 +270,7 @@ impl Interpreter {
             cancel: cancel.clone(),
             usage: Default::default(),
             output: Some(self.ctx.output().sink()),
-            host: Some(RunHost::for_run(&self.ctx, &self.agents)),
+            host: self.registry.is_wasm(plugin).then(|| RunHost::for_run(&self.ctx, &self.agents)),
         };
         match self.ctx.invoke(&self.registry, plugin, action, params, &actx).await {
             Ok(output) => {
