@@ -136,7 +136,7 @@ async fn a_panicking_run_fails_alone_and_frees_its_slot() {
     let r = until(&engine, "both runs to end", |r| r.len() == 2 && finished(r)).await;
     for run in &r {
         assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
-        assert!(run.error.as_deref().unwrap_or_default().contains("the run panicked"), "{run:#?}");
+        assert_eq!(run.error.as_deref(), Some("the run panicked: scripted panic"), "{run:#?}");
     }
     // With one slot the second run could only run because the first freed it.
     // Nothing is left to drain: the shutdown does not wait out its grace.

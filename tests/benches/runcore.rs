@@ -20,6 +20,8 @@
 #![allow(clippy::disallowed_methods)]
 
 mod common;
+#[path = "peer/apalis_cron.rs"]
+mod apalis_cron;
 
 use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
 
@@ -62,9 +64,12 @@ fn runs(db: &Path) -> Vec<Row> {
     })
 }
 
+/// The worker's log filter for the stage lines the bursts report ([`stages`]).
+const STAGES_LOG: &str = "warn,lamplighter_jobs::scheduler=debug,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug";
+
 fn burst(seconds: u64) {
     let mut w = Worker::new(&jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
-    let ready = w.start();
+    let ready = w.start_logging(STAGES_LOG);
     println!("\n== burst: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
     println!("start to ready: {} ms", ready.as_millis());
     std::thread::sleep(Duration::from_secs(seconds));
@@ -85,6 +90,72 @@ fn burst(seconds: u64) {
     }
     summary("last burst, file written ms after the tick (mtime)", real);
     println!("SIGTERM to exit: {} ms", exit.as_millis());
+    stages(&w.log(), &r);
+    peer(1000, "*/10 * * * * *", seconds);
+}
+
+/// The same load on apalis-cron, in this process, in memory.
+fn peer(n: usize, cron: &str, seconds: u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    println!("\n-- peer: apalis-cron 1.0, in memory (nothing persisted), same jobs, same {seconds} s --");
+    let starts = apalis_cron::run(n, cron, seconds, dir.path());
+    summary("start lateness ms", starts.iter().map(|s| s.1).collect());
+    let (spreads, per_tick) = burst_spreads(starts.iter().map(|s| (Some(s.0), Some(s.0 + s.1))), n * 9 / 10);
+    println!("bursts: {} (runs per burst: {per_tick:?})", spreads.len());
+    summary("burst spread ms (last start − first start)", spreads);
+}
+
+/// Where the milliseconds of each burst go, from the worker's stage lines and the runs' recorded
+/// starts, each in ms after the tick's instant: the scheduler's pass (`tick burst`, one line per
+/// tick transaction), each transaction's statements (`tick transaction`) and each batch of ends
+/// recorded (`ends recorded`).
+fn stages(log: &str, runs: &[Row]) {
+    let field = |line: &str, name: &str| -> Option<i64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(|c: char| !c.is_ascii_digit() && c != '-').next()?.parse().ok()
+    };
+    let ms = |us: Option<i64>| us.map_or("?".to_string(), |v| format!("{:.1}", v as f64 / 1000.0));
+    let mut ends: Vec<(i64, i64)> = Vec::new();
+    for line in log.lines().filter(|l| l.contains("ends recorded")) {
+        if let (Some(at), Some(n)) = (field(line, "at_ms"), field(line, "runs")) {
+            ends.push((at, n));
+        }
+    }
+    // One (pass line, transaction line) per transaction, grouped by tick.
+    let passes: Vec<&str> = log.lines().filter(|l| l.contains("tick burst")).collect();
+    let txs: Vec<&str> = log.lines().filter(|l| l.contains("tick transaction") && l.contains("keys_us")).collect();
+    let mut ticks: Vec<i64> = passes.iter().filter_map(|l| field(l, "tick_ms")).collect();
+    ticks.dedup();
+    println!("stages of each burst, ms after the tick:");
+    for tick in ticks {
+        let mine: Vec<(usize, &&str)> = passes.iter().enumerate().filter(|(_, l)| field(l, "tick_ms") == Some(tick)).collect();
+        let Some((_, first)) = mine.first() else { continue };
+        let n: i64 = mine.iter().filter_map(|(_, l)| field(l, "ticks")).sum();
+        let mut starts: Vec<i64> = runs.iter().filter(|r| r.0 == Some(tick)).filter_map(|r| Some(r.2? - tick)).collect();
+        starts.sort_unstable();
+        let start = |p: f64| starts.get(((starts.len() as f64 - 1.0) * p).round() as usize).map_or("?".into(), i64::to_string);
+        let burst_ends: Vec<&(i64, i64)> = ends.iter().filter(|e| e.0 >= tick && e.0 < tick + 10_000).collect();
+        println!(
+            "  {n} ticks: woke {} → planned {} → {} transaction(s) committed at {} → launched {} → runs started first {} / p50 {} / last {} → last end recorded {} ({} batches)",
+            ms(field(first, "woke_us")),
+            ms(field(first, "planned_us")),
+            mine.len(),
+            mine.iter().map(|(_, l)| ms(field(l, "committed_us"))).collect::<Vec<_>>().join(", "),
+            ms(mine.last().and_then(|(_, l)| field(l, "launched_us"))),
+            start(0.0),
+            start(0.5),
+            start(1.0),
+            burst_ends.iter().map(|e| e.0 - tick).max().map_or("?".into(), |e| e.to_string()),
+            burst_ends.len(),
+        );
+        for (i, _) in &mine {
+            if let Some(tx) = txs.get(*i) {
+                let parts: Vec<String> =
+                    ["begin", "keys", "reads", "runs", "state", "commit"].iter().map(|p| format!("{p} {}", ms(field(tx, &format!("{p}_us"))))).collect();
+                println!("    transaction of {} ticks (ms): {}", field(tx, "ticks").unwrap_or(0), parts.join(", "));
+            }
+        }
+    }
 }
 
 fn sustained(seconds: u64) {
@@ -111,6 +182,7 @@ fn sustained(seconds: u64) {
     let never = r.iter().filter(|x| x.4 == "queued").count();
     println!("runs: {} (skipped {skipped}, still queued at exit {never}); RSS under load {:.1} MB", r.len(), rss as f64 / 1024.0);
     println!("SIGTERM to exit: {} ms (shutdown_grace 30 s)", exit.as_millis());
+    peer(1000, "* * * * * *", seconds);
 }
 
 fn queue(n: usize) {

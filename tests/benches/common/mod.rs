@@ -135,6 +135,12 @@ impl Worker {
 
     /// Starts the worker; returns the time to `/readyz` 200.
     pub(crate) fn start(&mut self) -> Duration {
+        self.start_logging(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+    }
+
+    /// As [`Worker::start`], with `filter` as the worker's log filter (its log is
+    /// [`Worker::log`]).
+    pub(crate) fn start_logging(&mut self, filter: &str) -> Duration {
         let started = Instant::now();
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"])
@@ -142,7 +148,7 @@ impl Worker {
             .current_dir(self.dir.path())
             // BENCH_LOG=lamplighter_jobs=debug keeps more of the worker's log in worker.log; the
             // ready line is always kept, since it is what start waits for.
-            .env("RUST_LOG", format!("{},lamplighter_worker::run=info", std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into())))
+            .env("RUST_LOG", format!("{filter},lamplighter_worker::run=info"))
             .stdout(Stdio::null());
         let log = self.dir.path().join("worker.log");
         let child = lamplighter_tests::proc::spawn_until(&mut cmd, &log, lamplighter_tests::proc::READY_LINE, Duration::from_secs(120))
