@@ -74,7 +74,7 @@ impl JobsConfig {
             scope: Arc::new(JobScope::of(config)),
             manage: Arc::new(config.worker.manage_jobs.clone()),
             health: Arc::new(crate::health(config, registry, &mut Checked::default())),
-            jobs: Arc::new(config.jobs.clone()),
+            jobs: config.jobs.clone(),
             workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
             unavailable: Arc::new(unavailable),
             data_dir: config.data_dir.clone(),

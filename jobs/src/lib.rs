@@ -113,7 +113,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
         }
     }
     let health = health(config, registry, &mut out);
-    for (name, job) in &config.jobs {
+    for (name, job) in config.jobs.iter() {
         let at = |key: &str| config.locate(&["scheduling", "jobs", name, key]);
         match health.job_problem(job, registry) {
             None => {}

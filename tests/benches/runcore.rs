@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker
-//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60]
+//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60] [--jobs 10000,100000]
 //! ```
 //!
 //! - burst: 1,000 jobs due at the same instant every 10 s (`*/10 * * * * *`),
@@ -16,12 +16,13 @@
 //! - queue: 50,000 runs queued while the worker is stopped (as manual triggers leave them),
 //!   `worker.concurrency: 32`, a near no-op action (`file-read` of a 2-byte file); drain rate =
 //!   runs / (last finish − first start).
-//! - idle: 10,000 jobs defined, nothing due: start to `/readyz`, idle RSS.
+//! - idle: 10,000 jobs defined (`--jobs 10000,100000` for more sizes), each at one minute of
+//!   the day: start to `/readyz`, idle RSS, and the lateness of the next minute's runs.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
 #[path = "peer/apalis_cron.rs"]
 mod apalis_cron;
+mod common;
 
 use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
 
@@ -32,6 +33,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
+    // How many jobs `idle` defines, each size a run of its own.
+    let jobs: Vec<usize> =
+        arg("--jobs").unwrap_or_else(|| "10000".into()).split(',').map(|n| n.trim().parse().expect("--jobs N[,N]")).collect();
     let mut scenarios: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "queue", "idle"].contains(a)).collect();
     if scenarios.is_empty() {
@@ -43,7 +47,7 @@ fn main() {
             "burst" => burst(seconds),
             "sustained" => sustained(seconds),
             "queue" => queue(50_000),
-            "idle" => idle(10_000),
+            "idle" => jobs.iter().for_each(|n| idle(*n)),
             _ => unreachable!(),
         }
     }
@@ -150,8 +154,10 @@ fn stages(log: &str, runs: &[Row]) {
         );
         for (i, _) in &mine {
             if let Some(tx) = txs.get(*i) {
-                let parts: Vec<String> =
-                    ["begin", "keys", "reads", "runs", "state", "commit"].iter().map(|p| format!("{p} {}", ms(field(tx, &format!("{p}_us"))))).collect();
+                let parts: Vec<String> = ["begin", "keys", "reads", "runs", "state", "commit"]
+                    .iter()
+                    .map(|p| format!("{p} {}", ms(field(tx, &format!("{p}_us")))))
+                    .collect();
                 println!("    transaction of {} ticks (ms): {}", field(tx, "ticks").unwrap_or(0), parts.join(", "));
             }
         }
@@ -232,13 +238,35 @@ fn queue(n: usize) {
     println!("worker CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
 }
 
+/// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,
+/// idle RSS, then the lateness of the runs of the next whole minute (`n / 1440` of them).
 fn idle(n: usize) {
-    let mut w = Worker::new(&jobs_yaml(n, "0 0 1 1 *", SAVE), 32);
+    let mut yaml = String::with_capacity(n * 160);
+    for i in 0..n {
+        let minute = i % 1440;
+        yaml.push_str(&format!(
+            "    job-{i:06}:\n      cron: \"0 {} {} * * *\"\n      type: plugin\n{}",
+            minute % 60,
+            minute / 60,
+            SAVE.replace("{i}", &i.to_string())
+        ));
+    }
+    let mut w = Worker::new(&yaml, 32);
     let ready = w.start();
     std::thread::sleep(Duration::from_secs(3));
-    println!("\n== idle: {n} jobs defined ==");
+    println!("\n== idle: {n} jobs defined, each at one minute of the day ==");
     println!("start to ready: {} ms; idle RSS {:.1} MB", ready.as_millis(), rss_kb(w.pid()) as f64 / 1024.0);
+    // The next minute's runs: wait for it to pass, and a little more for its runs to end.
+    let until = (chrono_ms() / 60_000 + 1) * 60_000;
+    std::thread::sleep(Duration::from_millis((until - chrono_ms()) as u64 + 3_000));
+    let rss = rss_kb(w.pid());
     w.stop();
+    let r = runs(&w.db());
+    summary(
+        &format!("start lateness ms, the minute from {}", until / 1000),
+        r.iter().filter(|x| x.1 == until).filter_map(|x| Some(x.2? - x.1)).collect(),
+    );
+    println!("RSS after the minute's runs: {:.1} MB", rss as f64 / 1024.0);
 }
 
 fn chrono_ms() -> i64 {

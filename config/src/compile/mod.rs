@@ -98,7 +98,7 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
         log_level,
         default_timezone,
         storage,
-        jobs,
+        jobs: std::sync::Arc::new(jobs),
         notify,
         default_model: ai.default_model,
         providers,

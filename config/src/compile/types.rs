@@ -359,7 +359,9 @@ pub struct Config {
     pub log_level: Option<String>,
     pub default_timezone: String,
     pub storage: StorageConfig,
-    pub jobs: BTreeMap<String, JobConfig>,
+    /// Shared, not copied, with what the engine keeps of the config in force: a config of many
+    /// jobs is resident once.
+    pub jobs: Arc<BTreeMap<String, JobConfig>>,
     /// `scheduling.notify`: the rules of every job that sets none.
     pub notify: Vec<crate::NotifyRule>,
     /// `ai.default_model`: the alias of agents that name none.
@@ -380,11 +382,18 @@ pub struct Config {
     /// Things that are defined but cannot work, e.g. `agent "x"` → why.
     pub disabled: BTreeMap<Disabled, String>,
     pub sources: SourceMap,
-    /// The merged YAML, for `config show`.
+    /// The merged YAML, for `config show` and for locating what validation finds; a running
+    /// worker drops it ([`Config::drop_merged`]).
     pub merged: serde_yaml::Value,
 }
 
 impl Config {
+    /// Drops the merged YAML (as large as the rest of the config together), once validation is
+    /// over: findings made without it are located at the item they are about.
+    pub fn drop_merged(&mut self) {
+        self.merged = serde_yaml::Value::Null;
+    }
+
     /// The notification rules of `job` (its own, or the default).
     pub fn notify_rules<'c>(&'c self, job: &'c JobConfig) -> &'c [crate::NotifyRule] {
         job.notify.as_deref().unwrap_or(&self.notify)
