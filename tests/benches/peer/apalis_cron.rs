@@ -50,6 +50,5 @@ pub(crate) fn run(n: usize, cron: &str, seconds: u64, dir: &Path) -> Vec<(i64, i
         tokio::time::sleep(Duration::from_secs(seconds)).await;
     });
     rt.shutdown_timeout(Duration::from_secs(1));
-    let v = starts.lock().expect("starts").clone();
-    v
+    starts.lock().expect("starts").clone()
 }
