@@ -12,7 +12,10 @@
 //!   concurrency 1000); lateness = `started_at − due_at` as the worker records it.
 //! - drain: 50,000 runs queued (as manual triggers leave them) while no worker runs, then 1 or
 //!   3 workers with `worker.concurrency: 32` each and a near no-op action (`file-read` of a
-//!   2-byte file); rate = runs / (first start → last finish).
+//!   2-byte file); rate = runs / (first start → last finish). Then the peer on the same
+//!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
+//!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
+//!   defaults and batched (`localQueue` 100, completions batched).
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -43,10 +46,18 @@ fn main() {
             "burst" => burst(&url, seconds),
             "sustained" => sustained(&url, seconds),
             "drain" => {
+                let fresh = |name: &str| {
+                    let db = format!("bench{i}{name}");
+                    query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
+                    cluster.url_of(&db)
+                };
                 drain(&url, 50_000, 1);
-                let db = format!("bench{i}b");
-                query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
-                drain(&cluster.url_of(&db), 50_000, 3);
+                drain(&fresh("b"), 50_000, 3);
+                // The peer, on the same cluster, side by side.
+                let peer = graphile_install();
+                for (processes, mode) in [(1, "default"), (3, "default"), (1, "batched"), (3, "batched")] {
+                    graphile(&peer, &fresh(&format!("g{processes}{mode}")), 50_000, processes, mode);
+                }
             }
             _ => unreachable!(),
         }
@@ -165,6 +176,45 @@ fn drain(url: &str, n: usize, workers: usize) {
     println!("succeeded {done}, other {}; first start → last finish {} ms", r.len() - done, last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("workers' CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
+}
+
+/// Installs the peer (once, into a cache folder) and returns the folder: its `node` and the
+/// driver `graphile_drain.mjs`.
+fn graphile_install() -> std::path::PathBuf {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/peer/graphile.sh");
+    let out = std::process::Command::new("bash").arg(script).output().expect("bash");
+    assert!(out.status.success(), "installing graphile-worker: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().into()
+}
+
+/// graphile-worker draining `n` no-op jobs with `processes` worker processes of concurrency 32
+/// each, in `mode` (`default`, or `batched`: its local queue and batched completions).
+fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode: &str) {
+    let node = |args: &[&str]| {
+        let mut c = std::process::Command::new(peer.join("node_modules/.bin/node"));
+        c.arg(peer.join("graphile_drain.mjs")).args(args);
+        c
+    };
+    let out = node(&["queue", url, &n.to_string()]).output().expect("node");
+    assert!(out.status.success(), "queueing graphile-worker jobs: {}", String::from_utf8_lossy(&out.stderr));
+    println!("\n-- peer: graphile-worker 0.18 ({mode}), {n} queued no-op jobs, {processes} process(es) of concurrency 32 --");
+    let children: Vec<std::process::Child> = (0..processes)
+        .map(|_| node(&["work", url, "32", mode]).stdout(std::process::Stdio::piped()).spawn().expect("node"))
+        .collect();
+    let (mut done, mut first, mut last) = (0i64, i64::MAX, 0i64);
+    for child in children {
+        let out = child.wait_with_output().expect("graphile-worker");
+        assert!(out.status.success(), "graphile-worker failed");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("its summary line");
+        let get = |k: &str| v[k].as_i64().unwrap_or(0);
+        done += get("done");
+        if get("done") > 0 {
+            first = first.min(get("first"));
+            last = last.max(get("last"));
+        }
+    }
+    println!("done {done}; first start → last end {} ms", last - first);
+    println!("drain rate: {:.0} jobs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
 }
 
 fn now_ms() -> i64 {
