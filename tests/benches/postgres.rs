@@ -198,14 +198,16 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
     let out = node(&["queue", url, &n.to_string()]).output().expect("node");
     assert!(out.status.success(), "queueing graphile-worker jobs: {}", String::from_utf8_lossy(&out.stderr));
     println!("\n-- peer: graphile-worker 0.18 ({mode}), {n} queued no-op jobs, {processes} process(es) of concurrency 32 --");
-    let children: Vec<std::process::Child> = (0..processes)
-        .map(|_| node(&["work", url, "32", mode]).stdout(std::process::Stdio::piped()).spawn().expect("node"))
-        .collect();
+    let children: Vec<std::process::Child> =
+        (0..processes).map(|_| node(&["work", url, "32", mode]).stdout(std::process::Stdio::piped()).spawn().expect("node")).collect();
     let (mut done, mut first, mut last) = (0i64, i64::MAX, 0i64);
     for child in children {
         let out = child.wait_with_output().expect("graphile-worker");
         assert!(out.status.success(), "graphile-worker failed");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("its summary line");
+        // Its last line (graphile-worker logs to stdout before it).
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no summary line in:\n{text}"));
+        let v: serde_json::Value = serde_json::from_str(line).expect("its summary line");
         let get = |k: &str| v[k].as_i64().unwrap_or(0);
         done += get("done");
         if get("done") > 0 {
