@@ -66,6 +66,26 @@ pub(crate) struct Ticket {
     _pass: Pass,
 }
 
+impl Ticket {
+    /// Gives back the slots of `tickets` at once: the intake, woken by the first, sees them
+    /// all and claims that many in one transaction (freed one by one, it claimed one run a
+    /// transaction as often as not: measured in `cargo bench … runcore -- queue`).
+    fn release_all(tickets: Vec<Ticket>) {
+        let mut slots: Option<OwnedSemaphorePermit> = None;
+        let mut passes = Vec::with_capacity(tickets.len());
+        for Ticket { _slot: slot, _pass: pass } in tickets {
+            match &mut slots {
+                Some(all) => all.merge(slot),
+                None => slots = Some(slot),
+            }
+            passes.push(pass);
+        }
+        // As a ticket drops: its slot, then its pass.
+        drop(slots);
+        drop(passes);
+    }
+}
+
 /// A run that ended, on its way to the recorder.
 struct Finished {
     run: Run,
@@ -98,6 +118,8 @@ pub(crate) struct ExecutorEnv {
 /// Locking rule: the `std` lock guards the running map only and is never held across `.await`.
 pub(crate) struct Executor {
     env: ExecutorEnv,
+    /// `worker.concurrency`: the number of slots.
+    concurrency: usize,
     slots: Arc<Semaphore>,
     gate: Arc<Gate>,
     finished: mpsc::UnboundedSender<Finished>,
@@ -141,6 +163,7 @@ impl Executor {
         (
             Arc::new(Self {
                 env,
+                concurrency: concurrency.max(1),
                 slots,
                 gate: Arc::new(Gate::new()),
                 finished,
@@ -181,7 +204,9 @@ impl Executor {
     }
 
     /// Waits for a free slot, then takes up to `max` tickets; none once the gate is closed.
-    async fn tickets_when_free(&self, max: usize) -> Vec<Ticket> {
+    /// Fewer than `enough` free: waits up to [`FULLER_CLAIM_WITHIN`] for more, so that a queue
+    /// drains in claims of many runs rather than of one each.
+    async fn tickets_when_free(&self, max: usize, enough: usize) -> Vec<Ticket> {
         let slot = tokio::select! {
             s = self.slots.clone().acquire_owned() => s.ok(),
             () = self.gate.closed() => None,
@@ -189,6 +214,16 @@ impl Executor {
         let (Some(slot), Some(pass)) = (slot, self.gate.enter()) else { return Vec::new() };
         let mut out = vec![Ticket { _slot: slot, _pass: pass }];
         out.extend(self.tickets(max.saturating_sub(1)));
+        let until = tokio::time::Instant::now() + FULLER_CLAIM_WITHIN;
+        while out.len() < enough.min(max) {
+            let more = tokio::select! {
+                s = self.slots.clone().acquire_owned() => s.ok(),
+                () = tokio::time::sleep_until(until) => None,
+            };
+            let (Some(slot), Some(pass)) = (more, self.gate.enter()) else { break };
+            out.push(Ticket { _slot: slot, _pass: pass });
+            out.extend(self.tickets(max.saturating_sub(out.len())));
+        }
         out
     }
 
@@ -454,6 +489,7 @@ async fn execute(
 pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: CancellationToken) {
     let mut rx = rx.0;
     let mut batch = Vec::with_capacity(BATCH);
+    let mut freed = Vec::with_capacity(BATCH);
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
@@ -546,8 +582,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
             exec.env.retention.prune_soon(&f.run.job, now);
             exec.env.signals.publish(Signal::RunFinished(f.run.id.clone()));
-            drop(f.ticket);
+            freed.push(f.ticket);
         }
+        Ticket::release_all(std::mem::take(&mut freed));
     }
 }
 
@@ -607,6 +644,11 @@ pub(crate) async fn canceller(exec: Arc<Executor>, mut signals: Receiver, stop: 
 /// Most tasks taken in one claim.
 const CLAIM_BATCH: usize = 1024;
 
+/// How long the intake waits for a fuller claim (a quarter of the slots) once one slot is free.
+/// Measured on 50,000 queued runs at concurrency 32 (`cargo bench … runcore -- queue`): with
+/// slots taken as they came free, a claim took one run as often as not, each a transaction.
+const FULLER_CLAIM_WITHIN: Duration = Duration::from_millis(2);
+
 /// Takes queued runs into free slots until `stop`: woken when tasks are pushed; while tasks
 /// remain it waits only for slots. No polling: a queue that came up short sleeps until the next
 /// push wakes it.
@@ -628,7 +670,7 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
             }
         }
         let tickets = tokio::select! {
-            t = exec.tickets_when_free(CLAIM_BATCH) => t,
+            t = exec.tickets_when_free(CLAIM_BATCH, exec.concurrency / 4) => t,
             () = stop.cancelled() => return,
         };
         if tickets.is_empty() {
