@@ -294,7 +294,9 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
                 plan.set_next_tick(job, cfg, next);
             }
         }
-        for (job, tick) in skipped_last {
+        // Only once the chunk's ticks are recorded: a failed chunk is planned again from the
+        // stored last ticks, and its caught-up tick must still be due then.
+        for (job, tick) in skipped_last.into_iter().filter(|_| fired) {
             if let Err(e) = s.env.store.set_last_tick(&job, tick).await {
                 tracing::error!(job = %job, error = %e, "cannot save the last tick");
             }

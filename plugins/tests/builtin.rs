@@ -74,6 +74,26 @@ async fn save_then_read_with_offset_and_limit() {
 }
 
 #[tokio::test]
+async fn a_line_longer_than_a_read_is_cut_and_the_next_keeps_its_number() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 3 MiB without a newline, then a short line: read a piece at a time, the long line's
+    // rest skipped, never held whole.
+    let long = "x".repeat(3 * 1024 * 1024);
+    std::fs::write(dir.path().join("long.txt"), format!("{long}\nafter\n")).expect("write");
+    let c = ctx(dir.path(), &[]);
+    let second = call("file-read", "read", json!({"path": "long.txt", "offset": 2}), &c).await.expect("read");
+    assert_eq!(second, json!("     2\tafter\n"), "the line after the long one is line 2");
+    let first = call("file-read", "read", json!({"path": "long.txt"}), &c).await.expect("read");
+    let text = first.as_str().expect("text");
+    assert!(text.starts_with("     1\txxx") && text.contains("(output cut at 1048576 bytes"), "{}", &text[text.len() - 200..]);
+    assert!(text.len() < 1024 * 1024 + 200, "one piece of the long line, not all of it: {} bytes", text.len());
+    // A stopped run's read stops.
+    c.cancel.cancel();
+    let err = call("file-read", "read", json!({"path": "long.txt"}), &c).await.expect_err("stopped");
+    assert!(matches!(err, ActionError::Cancelled { .. }), "{err}");
+}
+
+#[tokio::test]
 async fn file_actions_refuse_paths_outside() {
     let outer = tempfile::tempdir().expect("tempdir");
     let root = outer.path().join("root");

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 
 use super::confine;
 use super::params::Params;
@@ -15,13 +15,15 @@ const DEFAULT_LIMIT: u64 = 500;
 const MAX_LIMIT: u64 = 100_000;
 /// Most bytes of numbered text one read returns; the rest is cut with a note.
 const MAX_READ_BYTES: usize = 1024 * 1024;
+/// Most bytes of one line read at once ([`read`]): a longer line is cut there.
+const LINE_PIECE: u64 = MAX_READ_BYTES as u64 + 1;
 
 pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, ActionError> {
     let user_path = params.required_str("path")?.to_owned();
     let offset = params.int_in("offset", 1, 1, u64::from(u32::MAX))?;
     let limit = params.int_in("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)?;
     let (action, root, cancel) = (params.action().to_owned(), ctx.working_directory.clone(), ctx.cancel.clone());
-    on_blocking_pool(params, move || {
+    on_blocking_pool(params, &ctx.cancel, move || {
         let failed = |message: String| ActionError::Failed { action: action.clone(), message };
         let io_failed = |e: std::io::Error| failed(format!("cannot read \"{user_path}\": {e}"));
         let path = confine::resolve(&action, &root, &user_path)?;
@@ -37,8 +39,19 @@ pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, 
                 return Err(ActionError::Cancelled { action: action.clone() });
             }
             line.clear();
-            if reader.read_until(b'\n', &mut line).map_err(io_failed)? == 0 {
+            // A line is read a piece at a time, so that a file with no newline neither fills
+            // memory nor outlives its run's stop: what is past a piece is skipped.
+            let mut piece = (&mut reader).take(LINE_PIECE).read_until(b'\n', &mut line).map_err(io_failed)?;
+            if piece == 0 {
                 break;
+            }
+            let mut rest = Vec::new();
+            while piece as u64 == LINE_PIECE && !line.ends_with(b"\n") && !rest.ends_with(b"\n") {
+                if cancel.is_cancelled() {
+                    return Err(ActionError::Cancelled { action: action.clone() });
+                }
+                rest.clear();
+                piece = (&mut reader).take(LINE_PIECE).read_until(b'\n', &mut rest).map_err(io_failed)?;
             }
             number += 1;
             if number < offset {
@@ -63,7 +76,7 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
     let user_path = params.required_str("path")?.to_owned();
     let content = params.required_str("content")?.to_owned();
     let (action, root) = (params.action().to_owned(), ctx.working_directory.clone());
-    on_blocking_pool(params, move || {
+    on_blocking_pool(params, &ctx.cancel, move || {
         let failed = |message: String| ActionError::Failed { action: action.clone(), message };
         let io_failed = |e: std::io::Error| failed(format!("cannot write \"{user_path}\": {e}"));
         let path = confine::resolve(&action, &root, &user_path)?;
@@ -89,6 +102,7 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
 /// turn holds no thread.
 async fn on_blocking_pool<T: Send + 'static>(
     params: &Params,
+    cancel: &tokio_util::sync::CancellationToken,
     work: impl FnOnce() -> Result<T, ActionError> + Send + 'static,
 ) -> Result<T, ActionError> {
     static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
@@ -97,7 +111,11 @@ async fn on_blocking_pool<T: Send + 'static>(
         tokio::sync::Semaphore::new((4 * cores).max(8))
     });
     let stopped = |e: &dyn std::fmt::Display| params.failed(format!("the file work stopped: {e}"));
-    let _turn = turns.acquire().await.map_err(|e| stopped(&e))?;
+    // Shared by every run on the worker; a run stopped while it waits stops waiting.
+    let _turn = tokio::select! {
+        t = turns.acquire() => t.map_err(|e| stopped(&e))?,
+        () = cancel.cancelled() => return Err(ActionError::Cancelled { action: params.action().to_owned() }),
+    };
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(stopped(&e)))
 }
 
