@@ -1,6 +1,7 @@
-//! The one place that parses YAML. Values come from `serde_yaml`; source positions come from
-//! `yaml-rust2`'s event parser, because `serde_yaml::Value` keeps none. Switching to
-//! `serde_yaml_ng` is a change to this file only.
+//! The one place that parses YAML: one pass of `yaml-rust2`'s event parser builds the value
+//! (a `serde_yaml::Value`, resolved by `serde_yaml`'s own rules) and the position of every key
+//! together. `serde_yaml` itself would first buffer every event of the document (two and a
+//! half kilobytes a job) and keep no positions; parsing once keeps the loader's peak small.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -8,8 +9,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 pub(crate) use serde_yaml::Mapping;
 pub(crate) use serde_yaml::Value;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
-use yaml_rust2::scanner::Marker;
+use serde_yaml::value::{Tag, TaggedValue};
+use yaml_rust2::parser::{Event, Parser, Tag as YamlTag};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// One step into a YAML document.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,107 +101,391 @@ pub(crate) struct ParseError {
 
 /// Parses one document into a value and the positions of its keys.
 pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
-    let value: Value = match serde_yaml::from_str(text) {
-        Ok(v) => v,
-        Err(e) => {
-            let (line, col) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
-            return Err(ParseError { line, col, message: e.to_string() });
-        }
-    };
-    let mut rec = Recorder::default();
+    refuse_control_characters(text)?;
     let mut parser = Parser::new_from_str(text);
-    // serde_yaml accepted the text, so yaml-rust2 failing here would only cost positions.
-    let _ = parser.load(&mut rec, false);
-    Ok((value, PositionIndex { map: rec.map }))
+    let mut b = Builder::default();
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| ParseError::at(*e.marker(), e.info()))?;
+        if b.on_event(event, mark)? {
+            break;
+        }
+    }
+    let mut root = b.root.unwrap_or(Value::Null);
+    // A block scalar (`|`, `>`) that ends the file on a line without a line break has no final
+    // line break; yaml-rust2 adds one.
+    if b.last_was_block
+        && !text.ends_with(['\n', '\r'])
+        && let Some(Value::String(s)) = last_leaf(&mut root)
+        && s.ends_with('\n')
+    {
+        s.pop();
+    }
+    Ok((root, PositionIndex { map: b.map }))
 }
 
-/// Builds the position index from parser events.
+/// The node parsed last: the last item or value, all the way down.
+fn last_leaf(v: &mut Value) -> Option<&mut Value> {
+    match v {
+        Value::Mapping(m) => last_leaf(m.values_mut().last()?),
+        Value::Sequence(items) => last_leaf(items.last_mut()?),
+        Value::Tagged(t) => last_leaf(&mut t.value),
+        leaf => Some(leaf),
+    }
+}
+
+/// YAML's printable characters only (as libyaml, which `serde_yaml` wraps): tab, line breaks
+/// and the printable ranges of Unicode.
+fn refuse_control_characters(text: &str) -> Result<(), ParseError> {
+    let printable = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{7E}' | '\u{85}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..);
+    let Some((at, c)) = text.char_indices().find(|(_, c)| !printable(*c)) else {
+        return Ok(());
+    };
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before, |n| &before[n + 1..]).chars().count() + 1;
+    Err(ParseError { line, col, message: format!("control characters are not allowed (U+{:04X})", u32::from(c)) })
+}
+
+/// How deep collections may nest (as `serde_yaml`): deeper input is refused, not recursed into.
+const MAX_DEPTH: usize = 128;
+
+/// How many nodes aliases may copy, beyond a hundred per node of the text (as `serde_yaml`'s
+/// repetition limit): a "billion laughs" document is refused, not expanded.
+const ALIAS_ALLOWANCE: usize = 10_000;
+const ALIAS_NODES_PER_NODE: usize = 100;
+
+impl ParseError {
+    fn at(mark: Marker, message: impl Into<String>) -> Self {
+        ParseError { line: mark.line(), col: mark.col() + 1, message: message.into() }
+    }
+}
+
+/// Builds the value and the position index from parser events.
 #[derive(Default)]
-struct Recorder {
+struct Builder {
     map: HashMap<u64, (usize, usize)>,
-    stack: Vec<Frame>,
-    /// The hash of each path prefix, one per open node.
-    path: Vec<u64>,
+    open: Vec<Open>,
+    /// Anchored values and how many nodes each holds.
+    anchors: HashMap<usize, (Value, usize)>,
+    root: Option<Value>,
+    documents: usize,
+    /// Nodes parsed, and nodes copied by aliases.
+    nodes: usize,
+    copied: usize,
+    /// The last node was a block scalar (`|`, `>`).
+    last_was_block: bool,
 }
 
-impl Recorder {
-    fn top(&self) -> u64 {
-        self.path.last().copied().unwrap_or(ROOT)
-    }
+/// A collection being built, with the hash of its path.
+struct Open {
+    path: u64,
+    anchor: usize,
+    tag: Option<String>,
+    /// Nodes inside it so far (for an anchor's size).
+    nodes: usize,
+    kind: OpenKind,
 }
 
-enum Frame {
-    /// In a mapping; `Some(hash of the key's path)` once the key of the current pair was read.
-    Map {
-        key: Option<u64>,
-    },
-    Seq {
-        next: usize,
-    },
+enum OpenKind {
+    Seq(Vec<Value>),
+    /// A mapping, and the key read for the pair in progress: its value, its path, where it was.
+    Map(Mapping, Option<(Value, u64, Marker)>),
 }
 
-impl Recorder {
-    /// Called before a node (scalar or collection start) is consumed: decides what path the
-    /// node lives at. Returns false when the node is a mapping key.
-    fn enter_node(&mut self, mark: Marker, scalar: Option<&str>) -> bool {
-        let top = self.top();
-        match self.stack.last_mut() {
-            Some(Frame::Map { key }) => {
-                if key.is_none() {
-                    // This node is a key.
-                    let h = key_child(top, scalar.unwrap_or(""));
-                    self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
-                    *key = Some(h);
-                    return false;
+/// What a node is to its parent.
+enum Place {
+    Root,
+    /// A mapping key, with the path of the value it names.
+    Key(u64),
+    /// A value at this path.
+    At(u64),
+}
+
+impl Builder {
+    /// Handles one event; true once the stream ends.
+    fn on_event(&mut self, event: Event, mark: Marker) -> Result<bool, ParseError> {
+        match event {
+            Event::StreamEnd => return Ok(true),
+            Event::DocumentStart => {
+                self.documents += 1;
+                if self.documents > 1 {
+                    return Err(ParseError::at(mark, "a config file holds one YAML document; this is a second one (`---`)"));
                 }
-                let h = key.take().unwrap_or(ROOT);
-                self.path.push(h);
-                true
             }
-            Some(Frame::Seq { next }) => {
-                let i = *next;
-                *next += 1;
-                let h = index_child(top, i);
-                self.path.push(h);
-                self.map.entry(h).or_insert((mark.line(), mark.col() + 1));
-                true
+            Event::Scalar(text, style, anchor, tag) => {
+                self.last_was_block = matches!(style, TScalarStyle::Literal | TScalarStyle::Folded);
+                let place = self.enter(mark, Some(&text));
+                let value = scalar(text, style, tag.as_ref()).map_err(|m| ParseError::at(mark, m))?;
+                self.finish(value, anchor, 1, place, mark)?;
             }
-            None => true,
+            Event::Alias(id) => {
+                self.last_was_block = false;
+                let place = self.enter(mark, None);
+                let Some((value, nodes)) = self.anchors.get(&id) else {
+                    return Err(ParseError::at(mark, "an alias to an anchor that is not defined"));
+                };
+                let (value, nodes) = (value.clone(), *nodes);
+                self.copied += nodes;
+                if self.copied > ALIAS_ALLOWANCE + ALIAS_NODES_PER_NODE * self.nodes {
+                    return Err(ParseError::at(mark, "aliases expand too far (repetition limit exceeded)"));
+                }
+                self.finish(value, 0, nodes, place, mark)?;
+            }
+            Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {
+                if self.open.len() >= MAX_DEPTH {
+                    return Err(ParseError::at(
+                        mark,
+                        format!("collections nest deeper than {MAX_DEPTH} levels (recursion limit exceeded)"),
+                    ));
+                }
+                self.last_was_block = false;
+                let place = self.enter(mark, None);
+                let path = match place {
+                    Place::At(h) => h,
+                    // A complex key's own children have no path anyone looks up.
+                    Place::Root | Place::Key(_) => ROOT,
+                };
+                let kind =
+                    if matches!(event, Event::SequenceStart(..)) { OpenKind::Seq(Vec::new()) } else { OpenKind::Map(Mapping::new(), None) };
+                let tag = tag.as_ref().map(full_tag).filter(|t| t.starts_with('!'));
+                self.open.push(Open { path, anchor, tag, nodes: 1, kind });
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let Some(open) = self.open.pop() else {
+                    return Err(ParseError::at(mark, "a collection ends that never started"));
+                };
+                let value = match open.kind {
+                    OpenKind::Seq(items) => Value::Sequence(items),
+                    OpenKind::Map(map, _) => Value::Mapping(map),
+                };
+                let value = tagged(open.tag, value);
+                // The place was decided when the collection started: a key when the parent
+                // mapping holds no pending key now.
+                let place = match self.open.last() {
+                    None => Place::Root,
+                    Some(Open { kind: OpenKind::Map(_, None), path, .. }) => Place::Key(key_child(*path, "")),
+                    Some(_) => Place::At(open.path),
+                };
+                self.finish(value, open.anchor, open.nodes, place, mark)?;
+            }
+            Event::Nothing | Event::StreamStart | Event::DocumentEnd => {}
+        }
+        Ok(false)
+    }
+
+    /// A node starts: records its position and says where it goes.
+    fn enter(&mut self, mark: Marker, scalar: Option<&str>) -> Place {
+        self.nodes += 1;
+        let pos = (mark.line(), mark.col() + 1);
+        let Some(parent) = self.open.last_mut() else {
+            return Place::Root;
+        };
+        let parent_path = parent.path;
+        match &mut parent.kind {
+            OpenKind::Seq(items) => {
+                let h = index_child(parent_path, items.len());
+                self.map.entry(h).or_insert(pos);
+                Place::At(h)
+            }
+            OpenKind::Map(_, None) => {
+                let h = key_child(parent_path, scalar.unwrap_or(""));
+                self.map.entry(h).or_insert(pos);
+                Place::Key(h)
+            }
+            OpenKind::Map(_, Some((_, h, _))) => Place::At(*h),
         }
     }
 
-    fn leave_node(&mut self) {
-        if !self.stack.is_empty() {
-            self.path.pop();
+    /// A node is complete: keeps it under its anchor and puts it in its parent.
+    fn finish(&mut self, value: Value, anchor: usize, nodes: usize, place: Place, mark: Marker) -> Result<(), ParseError> {
+        if anchor != 0 {
+            self.anchors.insert(anchor, (value.clone(), nodes));
         }
+        let Some(parent) = self.open.last_mut() else {
+            self.root = Some(value);
+            return Ok(());
+        };
+        parent.nodes += nodes;
+        let parent_path = parent.path;
+        match (&mut parent.kind, place) {
+            (OpenKind::Seq(items), _) => items.push(value),
+            (OpenKind::Map(_, pending @ None), place) => {
+                let h = match place {
+                    Place::Key(h) => h,
+                    Place::Root | Place::At(_) => key_child(parent_path, ""),
+                };
+                *pending = Some((value, h, mark));
+            }
+            (OpenKind::Map(map, pending @ Some(_)), _) => {
+                let Some((key, _, key_mark)) = pending.take() else {
+                    return Ok(());
+                };
+                if map.contains_key(&key) {
+                    return Err(ParseError::at(key_mark, duplicate_key(&key)));
+                }
+                map.insert(key, value);
+            }
+        }
+        Ok(())
     }
 }
 
-impl MarkedEventReceiver for Recorder {
-    fn on_event(&mut self, ev: Event, mark: Marker) {
-        match ev {
-            Event::Scalar(ref s, ..) if self.enter_node(mark, Some(s)) => {
-                self.leave_node();
+/// `serde_yaml`'s words for a key written twice.
+fn duplicate_key(key: &Value) -> String {
+    match key {
+        Value::Null => "duplicate entry with null key".into(),
+        Value::Bool(b) => format!("duplicate entry with key `{b}`"),
+        Value::Number(n) => format!("duplicate entry with key {n}"),
+        Value::String(s) => format!("duplicate entry with key {s:?}"),
+        _ => "duplicate entry in YAML map".into(),
+    }
+}
+
+fn full_tag(tag: &YamlTag) -> String {
+    format!("{}{}", tag.handle, tag.suffix)
+}
+
+/// A value under a local tag (`!name`), as `serde_yaml` keeps it.
+fn tagged(tag: Option<String>, value: Value) -> Value {
+    match tag {
+        Some(t) => Value::Tagged(Box::new(TaggedValue { tag: Tag::new(t), value })),
+        None => value,
+    }
+}
+
+const CORE: &str = "tag:yaml.org,2002:";
+
+/// A scalar's value by `serde_yaml`'s rules: plain scalars are resolved (null, bool, int,
+/// float, else string), quoted and block scalars are strings, core tags force a type.
+fn scalar(text: String, style: TScalarStyle, tag: Option<&YamlTag>) -> Result<Value, String> {
+    let plain = style == TScalarStyle::Plain;
+    let Some(tag) = tag.map(full_tag) else {
+        return if plain { untagged(text) } else { Ok(Value::String(text)) };
+    };
+    let invalid = |what: &str| format!("invalid value: string {text:?}, expected {what}");
+    match tag.strip_prefix(CORE) {
+        Some("bool") => parse_bool(&text).map(Value::Bool).ok_or_else(|| invalid("a boolean")),
+        Some("int") => match int(&text) {
+            Some(v) => v,
+            None => Err(invalid("an integer")),
+        },
+        Some("float") => parse_f64(&text).map(|f| Value::Number(f.into())).ok_or_else(|| invalid("a float")),
+        Some("null") => match is_null(&text) {
+            true => Ok(Value::Null),
+            false => Err(invalid("null")),
+        },
+        Some(_) => Ok(Value::String(text)),
+        None if tag.starts_with('!') => {
+            let value = if plain { untagged(text)? } else { Value::String(text) };
+            Ok(tagged(Some(tag), value))
+        }
+        None => Ok(Value::String(text)),
+    }
+}
+
+// The scalar rules below follow serde_yaml 0.9.34 (`de.rs`, MIT or Apache-2.0), so that a
+// config means what it meant when serde_yaml parsed it.
+
+fn untagged(text: String) -> Result<Value, String> {
+    if text.is_empty() || is_null(&text) {
+        return Ok(Value::Null);
+    }
+    if let Some(b) = parse_bool(&text) {
+        return Ok(Value::Bool(b));
+    }
+    if let Some(v) = int(&text) {
+        return v;
+    }
+    if !digits_but_not_number(&text)
+        && let Some(f) = parse_f64(&text)
+    {
+        return Ok(Value::Number(f.into()));
+    }
+    Ok(Value::String(text))
+}
+
+fn is_null(s: &str) -> bool {
+    matches!(s, "null" | "Null" | "NULL" | "~")
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+/// An integer, an error for one too large for 64 bits, `None` for no integer.
+fn int(s: &str) -> Option<Result<Value, String>> {
+    if let Some(n) = parse_unsigned_int(s, u64::from_str_radix) {
+        return Some(Ok(Value::Number(n.into())));
+    }
+    if let Some(n) = parse_negative_int(s, i64::from_str_radix) {
+        return Some(Ok(Value::Number(n.into())));
+    }
+    if parse_unsigned_int(s, u128::from_str_radix).is_some() || parse_negative_int(s, i128::from_str_radix).is_some() {
+        return Some(Err(format!("the integer {s} does not fit in 64 bits")));
+    }
+    None
+}
+
+type Radix<T> = fn(&str, u32) -> Result<T, std::num::ParseIntError>;
+
+fn parse_unsigned_int<T>(s: &str, from_str_radix: Radix<T>) -> Option<T> {
+    let unpositive = s.strip_prefix('+').unwrap_or(s);
+    for (prefix, radix) in [("0x", 16), ("0o", 8), ("0b", 2)] {
+        if let Some(rest) = unpositive.strip_prefix(prefix) {
+            if rest.starts_with(['+', '-']) {
+                return None;
             }
-            Event::Alias(_) if self.enter_node(mark, None) => {
-                self.leave_node();
+            if let Ok(n) = from_str_radix(rest, radix) {
+                return Some(n);
             }
-            Event::MappingStart(..) => {
-                let pushed = self.enter_node(mark, None);
-                self.stack.push(Frame::Map { key: None });
-                let _ = pushed;
-            }
-            Event::SequenceStart(..) => {
-                self.enter_node(mark, None);
-                self.stack.push(Frame::Seq { next: 0 });
-            }
-            Event::MappingEnd | Event::SequenceEnd => {
-                self.stack.pop();
-                self.leave_node();
-            }
-            _ => {}
         }
     }
+    if unpositive.starts_with(['+', '-']) || digits_but_not_number(s) {
+        return None;
+    }
+    from_str_radix(unpositive, 10).ok()
+}
+
+fn parse_negative_int<T>(s: &str, from_str_radix: Radix<T>) -> Option<T> {
+    for (prefix, radix) in [("-0x", 16), ("-0o", 8), ("-0b", 2)] {
+        if let Some(rest) = s.strip_prefix(prefix)
+            && let Ok(n) = from_str_radix(&format!("-{rest}"), radix)
+        {
+            return Some(n);
+        }
+    }
+    if digits_but_not_number(s) {
+        return None;
+    }
+    from_str_radix(s, 10).ok()
+}
+
+fn parse_f64(s: &str) -> Option<f64> {
+    let unpositive = match s.strip_prefix('+') {
+        Some(rest) if rest.starts_with(['+', '-']) => return None,
+        Some(rest) => rest,
+        None => s,
+    };
+    if let ".inf" | ".Inf" | ".INF" = unpositive {
+        return Some(f64::INFINITY);
+    }
+    if let "-.inf" | "-.Inf" | "-.INF" = s {
+        return Some(f64::NEG_INFINITY);
+    }
+    if let ".nan" | ".NaN" | ".NAN" = s {
+        return Some(f64::NAN.copysign(1.0));
+    }
+    unpositive.parse::<f64>().ok().filter(|f| f.is_finite())
+}
+
+/// Leading zeros followed by digits is a string in YAML 1.2 (`0123`).
+fn digits_but_not_number(s: &str) -> bool {
+    let s = s.strip_prefix(['-', '+']).unwrap_or(s);
+    s.len() > 1 && s.starts_with('0') && s[1..].bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Splits Markdown with YAML front matter into (front matter, body).
@@ -246,5 +532,224 @@ mod tests {
         assert_eq!(fm, "name: x\n");
         assert_eq!(body, "You are x.\n");
         assert!(split_front_matter("no front matter").is_none());
+    }
+}
+
+/// The one parse against `serde_yaml`, which parsed configs before it: every YAML file and
+/// front matter of the repository, the fuzzing corpus, and the scalars whose type YAML decides.
+#[cfg(test)]
+mod same_as_serde_yaml {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    fn serde(text: &str) -> Result<Value, String> {
+        serde_yaml::from_str::<Value>(text).map_err(|e| e.to_string())
+    }
+
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The YAML of a file: all of it, or a Markdown file's front matter.
+    fn yaml_of(path: &Path) -> Option<String> {
+        let text = std::fs::read_to_string(path).ok()?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => Some(text),
+            Some("md") => split_front_matter(&text).map(|(front, _)| front.to_string()),
+            // The fuzzing corpus has no extensions.
+            None => Some(text),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn every_file_of_the_repository_reads_the_same() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut all = Vec::new();
+        for dir in ["tests/fixtures", "deploy", "tests/fuzz/corpus/config_load"] {
+            files(&root.join(dir), &mut all);
+        }
+        let (mut same, mut both_refuse, mut stricter) = (0, 0, 0);
+        let mut differ = Vec::new();
+        for path in &all {
+            let Some(text) = yaml_of(path) else { continue };
+            match (serde(&text), parse(&text)) {
+                (Ok(a), Ok((b, _))) if a == b => same += 1,
+                (Err(_), Err(_)) => both_refuse += 1,
+                // The one known difference: libyaml takes a quoted scalar whose next line is
+                // indented less than its key; YAML (and yaml-rust2) does not.
+                (Ok(_), Err(e)) if e.message == "invalid indentation in quoted scalar" => stricter += 1,
+                (a, b) => differ.push(format!("{}:\n  serde_yaml: {a:?}\n  here: {:?}", path.display(), b.map(|(v, _)| v))),
+            }
+        }
+        assert!(differ.is_empty(), "{} files read differently:\n{}", differ.len(), differ.join("\n"));
+        assert!(same >= 50, "only {same} files parsed (and {both_refuse} refused by both, {stricter} only here)");
+        assert!(stricter <= 5, "{stricter} quoted scalars refused only here");
+    }
+
+    #[test]
+    fn scalars_resolve_as_serde_yaml_resolves_them() {
+        let scalars = [
+            "",
+            "~",
+            "null",
+            "Null",
+            "NULL",
+            "nULL",
+            "true",
+            "True",
+            "TRUE",
+            "tRUE",
+            "false",
+            "yes",
+            "no",
+            "on",
+            "off",
+            "y",
+            "0",
+            "1",
+            "-1",
+            "+1",
+            "++1",
+            "+-1",
+            "0123",
+            "-0123",
+            "0x1F",
+            "0x-1",
+            "-0x1F",
+            "+0x1F",
+            "0o17",
+            "-0o17",
+            "0b101",
+            "-0b101",
+            "0b2",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "1.5",
+            "-1.5",
+            "+1.5",
+            "1e3",
+            "1E-3",
+            ".5",
+            "5.",
+            "1_000",
+            ".inf",
+            ".Inf",
+            "+.inf",
+            "-.inf",
+            "-.INF",
+            ".nan",
+            ".NaN",
+            "inf",
+            "nan",
+            "infinity",
+            "1e400",
+            "0.0",
+            "-0.0",
+            "007.5",
+            "12:30",
+            "2024-01-01",
+            "0 3 * * *",
+            "'quoted'",
+            "\"7\"",
+            "'true'",
+            "!!str 12",
+            "!!int \"12\"",
+            "!!float 1",
+            "!!bool yes",
+            "!!null ~",
+            "!!bool true",
+            "!Local plain",
+            "!Local '1'",
+            "!Local 1",
+            "|\n  block\n",
+            ">\n  folded\n  text\n",
+            "\"\"",
+            "''",
+        ];
+        let mut checked = 0;
+        for s in scalars {
+            let text = format!("v: {s}\n");
+            match (serde(&text), parse(&text)) {
+                (Ok(a), Ok((b, _))) => {
+                    let nan = |v: &Value| v.get("v").and_then(Value::as_f64).is_some_and(f64::is_nan);
+                    assert!(a == b || nan(&a) && nan(&b), "{s:?}: serde_yaml {a:?}, here {b:?}");
+                    checked += 1;
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{s:?}: serde_yaml {a:?}, here {b:?}"),
+            }
+        }
+        assert!(checked > 70, "{checked}");
+    }
+
+    #[test]
+    fn structures_resolve_as_serde_yaml_resolves_them() {
+        let docs = [
+            "a: &x {b: 1, c: [1, 2]}\nd: *x\ne: [*x, *x]\n",
+            "? [1, 2]\n: complex key\n1: one\ntrue: yes\n~: nothing\n",
+            "<<: {a: 1}\nb: 2\n",
+            "a: !Tag {b: 1}\nc: !Tag [1]\n",
+            "---\na: 1\n...\n",
+            "",
+            "# only a comment\n",
+            "- 1\n- - 2\n  - 3\n- {a: [b, {c: d}]}\n",
+            "a: \"line\\nbreak \\u00e9\"\nb: 'it''s'\nc: plain text # comment\n",
+            "a: |\n  no break at the end",
+            "a: >\n  folded, no break",
+            "a: |+\n  kept",
+            "a: |-\n  stripped\n",
+            "a:\n- x\n- |\n  y",
+            "a: |\n  x\nb: 1",
+        ];
+        for text in docs {
+            let a = serde(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            let (b, _) = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
+            assert_eq!(a, b, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn what_serde_yaml_refuses_is_refused_with_a_position() {
+        let bad = [
+            ("a: 1\na: 2\n", 2, "duplicate entry with key \"a\""),
+            ("a: 1\n---\nb: 2\n", 2, "one YAML document"),
+            ("a: *nowhere\n", 1, ""),
+            ("a: [1, 2\n", 2, ""),
+            ("v: !!int twelve\n", 1, "expected an integer"),
+            ("v: 99999999999999999999\n", 1, "does not fit in 64 bits"),
+            ("a: 1\nb: \u{7}bell\n", 2, "control characters"),
+        ];
+        for (text, line, words) in bad {
+            assert!(serde(text).is_err(), "serde_yaml took {text:?}");
+            let e = parse(text).expect_err(text);
+            assert_eq!(e.line, line, "{text:?}: {e:?}");
+            assert!(e.message.contains(words), "{text:?}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_and_alias_bombs_are_refused() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        assert!(parse(&deep).expect_err("200 levels").message.contains("recursion limit"));
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 0..8 {
+            let (prev, next) = (char::from(b'a' + i), char::from(b'b' + i));
+            bomb.push_str(&format!(
+                "{next}: &{next} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        assert!(parse(&bomb).expect_err("10^9 nodes").message.contains("repetition limit"));
     }
 }
