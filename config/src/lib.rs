@@ -26,10 +26,11 @@ pub use ai::{
 };
 pub use compile::{
     ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
-    JobConfig, JobScope, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role,
+    JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role,
     StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
+
 pub use load::{SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};
@@ -47,6 +48,19 @@ pub struct LoadOptions {
     /// The directory that relative paths (`data_dir`, `working_directory`) resolve against and
     /// where discovery looks; the process working directory by default.
     pub cwd: Option<PathBuf>,
+    /// Whether the merged YAML keeps the jobs (for `config show`).
+    pub merged: KeepMerged,
+}
+
+/// How much of the merged YAML a load keeps in [`Config::merged`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeepMerged {
+    /// All of it, for `config show`.
+    #[default]
+    Whole,
+    /// All but `scheduling.jobs`: each job's YAML is consumed as it is read, so that a config
+    /// of many jobs is not held twice while it loads (a worker runs this way).
+    WithoutJobs,
 }
 
 /// A loaded, validated config and the warnings found on the way.
@@ -79,7 +93,7 @@ pub fn load_partial(opts: &LoadOptions, env: impl Fn(&str) -> Option<String> + '
         Err(m) => return (None, vec![Diagnostic::error(None, m)]),
     };
     let root = if root.is_absolute() { root } else { cwd.join(root) };
-    let (loaded, mut diags) = load::load_with_env(&root, Box::new(env));
+    let (loaded, mut diags) = load::load_with_env(&root, opts.merged, Box::new(env));
     let config = loaded.and_then(|l| {
         let (config, more) = compile::compile(l, &cwd);
         diags.extend(more);

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
+use crate::KeepMerged;
 use crate::diag::{Diagnostic, Location, display_path};
 use crate::raw::{self, RawConfig};
 use crate::yaml::{self, Mapping, PositionIndex, Seg, Value, YamlPath, path_string};
@@ -112,6 +113,7 @@ pub(crate) struct Loaded {
 type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
 
 struct Loader {
+    keep: KeepMerged,
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
@@ -121,8 +123,9 @@ struct Loader {
 }
 
 /// Loads the root file and everything it pulls in. `env` looks up variables (tests pass a map).
-pub(crate) fn load_with_env(root: &Path, env: EnvLookup) -> (Option<Loaded>, Vec<Diagnostic>) {
+pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (Option<Loaded>, Vec<Diagnostic>) {
     let mut l = Loader {
+        keep,
         diags: Vec::new(),
         sources: SourceMap::default(),
         merged: Value::Mapping(Mapping::new()),
@@ -424,13 +427,14 @@ impl Loader {
     /// a large config would double the peak). Collections go item by item, so every bad item
     /// is reported; an item with unknown keys was already reported and is skipped.
     fn deserialize(&mut self, unknown: &[YamlPath]) -> Option<RawConfig> {
-        let doc = std::mem::take(&mut self.merged);
-        let agents = self.take_items::<raw::Agent>(&doc, &["agents"], unknown);
-        let workflows = self.take_items::<raw::Workflow>(&doc, &["workflows"], unknown);
-        let pipelines = self.take_items::<raw::Pipeline>(&doc, &["pipelines"], unknown);
-        let jobs = self.take_items::<raw::Job>(&doc, &["scheduling", "jobs"], unknown);
-        let providers = self.take_items::<raw::Provider>(&doc, &["ai", "providers"], unknown);
-        let servers = self.take_items::<raw::McpServer>(&doc, &["mcp", "servers"], unknown);
+        let mut doc = std::mem::take(&mut self.merged);
+        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown, false);
+        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown, false);
+        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown, false);
+        let consume_jobs = self.keep == KeepMerged::WithoutJobs;
+        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown, consume_jobs);
+        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown, false);
+        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown, false);
         let item_collections: [&[&str]; 6] =
             [&["agents"], &["workflows"], &["pipelines"], &["scheduling", "jobs"], &["ai", "providers"], &["mcp", "servers"]];
         let mut raw: RawConfig = RawConfig::default();
@@ -455,7 +459,7 @@ impl Loader {
                 for p in unknown.iter().filter(|p| p.first() == Some(&Seg::Key(section.to_string()))) {
                     remove_path(&mut one, p);
                 }
-                if let Some(part) = self.de::<RawConfig>(&one, &[]) {
+                if let Some(part) = self.de::<RawConfig, _>(&one, &[]) {
                     merge_raw(&mut raw, part);
                 }
             }
@@ -470,11 +474,19 @@ impl Loader {
         Some(raw)
     }
 
-    fn take_items<T: DeserializeOwned>(&mut self, doc: &Value, at: &[&str], unknown: &[YamlPath]) -> BTreeMap<String, T> {
+    /// Reads the items of the collection at `at`; `consume` takes their YAML out of `doc` and
+    /// frees each item's as it is read.
+    fn take_items<T: DeserializeOwned>(
+        &mut self,
+        doc: &mut Value,
+        at: &[&str],
+        unknown: &[YamlPath],
+        consume: bool,
+    ) -> BTreeMap<String, T> {
         let mut out = BTreeMap::new();
         let mut node = Some(doc);
         for k in at {
-            node = node.and_then(|p| p.get(*k));
+            node = node.and_then(|p| p.get_mut(*k));
         }
         let Some(taken) = node else {
             return out;
@@ -489,21 +501,33 @@ impl Loader {
                 return out;
             }
         };
-        for (k, v) in items {
+        let path_of = |k: &Value| {
             let name = k.as_str().unwrap_or_default().to_string();
             let mut path = base.clone();
             path.push(Seg::Key(name.clone()));
-            if unknown.iter().any(|u| u.starts_with(&path)) {
-                continue;
+            let known = !unknown.iter().any(|u| u.starts_with(&path));
+            (name, path, known)
+        };
+        if consume {
+            for (k, v) in std::mem::take(items) {
+                let (name, path, known) = path_of(&k);
+                if known && let Some(item) = self.de::<T, _>(v, &path) {
+                    out.insert(name, item);
+                }
             }
-            if let Some(item) = self.de::<T>(v, &path) {
-                out.insert(name, item);
+        } else {
+            for (k, v) in items.iter() {
+                let (name, path, known) = path_of(k);
+                if known && let Some(item) = self.de::<T, _>(v, &path) {
+                    out.insert(name, item);
+                }
             }
         }
         out
     }
 
-    fn de<T: DeserializeOwned>(&mut self, v: &Value, base: &[Seg]) -> Option<T> {
+    /// Reads one item from its YAML, borrowed or owned.
+    fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
         match serde_path_to_error::deserialize::<_, T>(v) {
             Ok(t) => Some(t),
             Err(e) => {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lamplighter_config::{Disabled, LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
+use lamplighter_config::{Disabled, KeepMerged, LoadOptions, ModelApi, StepKind, SystemPrompt, Templated, Var, load_with_env};
 
 /// A config directory in the seed's shape, of the project's own making (the seed's own is
 /// checked by `cargo test -p lamplighter-tests --test seed`).
@@ -18,17 +18,48 @@ fn write(dir: &Path, name: &str, text: &str) {
 }
 
 fn errors_of(dir: &Path) -> Vec<String> {
-    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()) };
+    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()), ..Default::default() };
     match load_with_env(&opts, |_| None) {
         Ok(l) => panic!("expected errors, got a config with warnings {:?}", l.warnings),
         Err(e) => e.0.iter().map(|d| d.to_string().replace(&format!("{}/", dir.display()), "")).collect(),
     }
 }
 
+/// A worker's load frees each job's YAML as it reads it: the same jobs, the same errors, and
+/// a merged YAML without the jobs (everything else, which the checks after loading still read,
+/// stays).
+#[test]
+fn a_load_without_the_jobs_yaml_reads_the_same_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let load = |merged| {
+        let opts = LoadOptions { path: Some(seed_shaped()), cwd: Some(tmp.path().to_path_buf()), merged };
+        load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (whole, lean) = (load(KeepMerged::Whole), load(KeepMerged::WithoutJobs));
+    assert!(!whole.config.jobs.is_empty());
+    assert_eq!(whole.config.jobs, lean.config.jobs);
+    assert_eq!(whole.warnings.len(), lean.warnings.len());
+    let jobs_yaml = |c: &lamplighter_config::Config| c.merged.get("scheduling").and_then(|s| s.get("jobs")).cloned();
+    assert!(jobs_yaml(&whole.config).is_some_and(|j| j.as_mapping().is_some_and(|m| m.len() == whole.config.jobs.len())));
+    assert!(jobs_yaml(&lean.config).is_some_and(|j| j.as_mapping().is_some_and(|m| m.is_empty())), "the jobs' YAML is consumed");
+    assert_eq!(whole.config.merged.get("agents"), lean.config.merged.get("agents"));
+    assert!(lamplighter_config::show(&whole.config).contains("morning-digest-7am"));
+
+    // A job that does not read reports the same error either way.
+    std::fs::write(tmp.path().join("lamplighter.yaml"), "scheduling:\n  jobs:\n    bad:\n      cron: [1]\n      type: plugin\n").unwrap();
+    let errors = |merged| {
+        let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), merged };
+        load_with_env(&opts, |_| None).expect_err("a bad job").0.iter().map(ToString::to_string).collect::<Vec<_>>()
+    };
+    let whole_errors = errors(KeepMerged::Whole);
+    assert!(whole_errors.iter().any(|e| e.contains("lamplighter.yaml:4:") && e.contains("cron")), "{whole_errors:?}");
+    assert_eq!(whole_errors, errors(KeepMerged::WithoutJobs));
+}
+
 #[test]
 fn a_seed_shaped_config_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = LoadOptions { path: Some(seed_shaped()), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(seed_shaped()), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let c = &loaded.config;
     assert!(c.jobs.contains_key("morning-digest-7am"));
@@ -66,7 +97,7 @@ fn a_seed_shaped_config_loads_unchanged() {
 fn secrets_are_redacted_in_show() {
     let tmp = tempfile::tempdir().unwrap();
     write(tmp.path(), "lamplighter.yaml", "ai:\n  providers:\n    p:\n      base_url: http://x/v1\n      api_key: ${KEY}\n");
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let l = load_with_env(&opts, |n| (n == "KEY").then(|| "sk-very-secret".to_string())).unwrap();
     let shown = lamplighter_config::show(&l.config);
     assert!(!shown.contains("sk-very-secret"), "{shown}");
@@ -146,7 +177,7 @@ fn markdown_and_folder_agents() {
     write(d, "agents/writer.md", "---\ndescription: writes\nplugins: [file-save]\n---\nYou write.\n");
     write(d, "agents/reviewer/agent.yaml", "description: reviews\n");
     write(d, "agents/reviewer/prompt.md", "You review.\n");
-    let opts = LoadOptions { path: Some(d.join("lamplighter.yaml")), cwd: Some(d.to_path_buf()) };
+    let opts = LoadOptions { path: Some(d.join("lamplighter.yaml")), cwd: Some(d.to_path_buf()), ..Default::default() };
     let l = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let agents = &l.config.agents;
     assert_eq!(agents["writer"].system_prompt, Some(SystemPrompt::Inline("You write.".into())));
@@ -286,7 +317,7 @@ fn workflows_compile_into_typed_steps() {
         when: "${env.PUBLISH}"
 "#,
     );
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let c = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
     let steps = &c.workflows["publish"].steps;
     let types: Vec<&str> = steps.iter().map(|s| s.kind.step_type().as_str()).collect();
@@ -341,7 +372,7 @@ fn postgres_storage_reads_its_url_pool_and_timeout_and_hides_the_password() {
         "lamplighter.yaml",
         "scheduling:\n  storage:\n    provider: postgres\n    connection_string: ${DATABASE_URL}\n    statement_timeout: 5s\n  jobs: {}\n",
     );
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let env = |n: &str| (n == "DATABASE_URL").then(|| "postgres://ll:hunter2@db.internal:5432/lamplighter".to_string());
     let config = load_with_env(&opts, env).unwrap_or_else(|e| panic!("{e}")).config;
     match &config.storage {
@@ -373,7 +404,7 @@ fn a_blank_connection_string_means_the_default() {
     let tmp = tempfile::tempdir().unwrap();
     let text = "framework:\n  data_dir: d\nscheduling:\n  storage:\n    provider: ${STORE:-sqlite}\n    connection_string: ${DATABASE_URL:-}\n  jobs: {}\n";
     write(tmp.path(), "lamplighter.yaml", text);
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
     match &config.storage {
         lamplighter_config::StorageConfig::Sqlite { path } => assert_eq!(path, &tmp.path().join("d/lamplighter.db")),
@@ -389,7 +420,7 @@ fn a_blank_connection_string_means_the_default() {
 fn the_worker_lease_has_a_default_and_refuses_nonsense() {
     let tmp = tempfile::tempdir().unwrap();
     write(tmp.path(), "lamplighter.yaml", "worker:\n  lease: 5s\nscheduling:\n  jobs: {}\n");
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
     assert_eq!(config.worker.lease, std::time::Duration::from_secs(5));
     write(tmp.path(), "lamplighter.yaml", "scheduling:\n  jobs: {}\n");
@@ -453,7 +484,7 @@ fn what_wasm_plugins_may_reach_is_checked() {
 
     // Granted with nothing listed: loads, saying every call will be refused.
     write(tmp.path(), "lamplighter.yaml", "plugins:\n  wasm:\n    capabilities: [http-request, mcp, ai]\n");
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
     assert!(

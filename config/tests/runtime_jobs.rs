@@ -19,7 +19,7 @@ workflows:
 
 fn config(dir: &Path) -> Config {
     std::fs::write(dir.join("lamplighter.yaml"), CONFIG).unwrap();
-    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()) };
+    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()), ..Default::default() };
     load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config
 }
 
@@ -93,7 +93,7 @@ fn manage_jobs_is_off_by_default_and_checked_when_given() {
         "{CONFIG}worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n      targets: [\"workflow:*\", \"shell:x\"]\n      max_jobs: 0\n      working_directories: [jobs]\n"
     );
     std::fs::write(tmp.path().join("lamplighter.yaml"), text).unwrap();
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let Err(err) = load_with_env(&opts, |_| None) else { panic!("a bad manage_jobs is refused") };
     let err = err.to_string();
     assert!(err.contains("worker.mcp.manage_jobs.targets: \"shell:x\" does not start with workflow:, agent: or plugin:"), "{err}");

@@ -230,7 +230,7 @@ fn every_key_of_the_seeds_full_reference_has_its_fate() {
     let text = text.replacen("agents:\n", "agents:\n  code-reviewer: {model: gpt-5-mini}\n  ticket-triager: {model: gpt-5-mini}\n", 1);
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("gantri.yaml"), text).unwrap();
-    let opts = LoadOptions { path: Some(tmp.path().join("gantri.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("gantri.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let env = |k: &str| (k == "AZURE_OPENAI_API_KEY").then(|| "k".to_string());
     let loaded = load_with_env(&opts, env).unwrap_or_else(|e| panic!("the seed's reference does not load: {e}"));
     let warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
@@ -251,7 +251,7 @@ fn every_key_of_the_seeds_full_reference_has_its_fate() {
 fn load(yaml: &str) -> Result<(Config, Vec<String>), Vec<String>> {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("lamplighter.yaml"), yaml).unwrap();
-    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let shown = |d: &lamplighter_config::Diagnostic| d.to_string().replace(&format!("{}/", tmp.path().display()), "");
     match load_with_env(&opts, |_| None) {
         Ok(l) => Ok((l.config, l.warnings.iter().map(shown).collect())),

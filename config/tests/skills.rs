@@ -13,7 +13,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 /// The config (and warnings) or the errors, as printed, the folder left out.
 fn load(dir: &Path) -> Result<(lamplighter_config::Config, Vec<String>), Vec<String>> {
-    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()) };
+    let opts = LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.to_path_buf()), ..Default::default() };
     let shown = |d: &lamplighter_config::Diagnostic| d.to_string().replace(&format!("{}/", dir.display()), "");
     match load_with_env(&opts, |_| None) {
         Ok(l) => Ok((l.config, l.warnings.iter().map(shown).collect())),

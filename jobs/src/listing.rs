@@ -146,7 +146,7 @@ mod tests {
     fn catalog_of_a_seed_shaped_config() {
         let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/seed-shaped/gantri.yaml");
         // Loading reads only; the working directory is where relative paths would point.
-        let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()) };
+        let opts = lamplighter_config::LoadOptions { path: Some(seed), cwd: Some(std::env::temp_dir()), ..Default::default() };
         let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
         let c = Listing::of(&config, &Registry::builtin());
         assert_eq!((c.agents.len(), c.workflows.len()), (7, 3));

@@ -5,7 +5,7 @@
 //! ([`crate::definitions::check_definition`]).
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, Overlap};
+use lamplighter_config::{JobConfig, JsonText, Overlap};
 pub use lamplighter_contract::{Backfill, BackfillTick, JobChange, JobDeleted, JobSaved};
 
 use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition, decide_change};
@@ -328,7 +328,7 @@ impl Engine {
             due_at: due,
             attempt: 1,
             input: job.input.clone(),
-            parameters: job.parameters.clone(),
+            parameters: job.parameters.as_ref().map(JsonText::value),
             error: None,
             idempotency_key: None,
             retry_of: None,

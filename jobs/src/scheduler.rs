@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{JobConfig, Overlap, Schedule};
+use lamplighter_config::{JobConfig, JsonText, Overlap, Schedule};
 
 use crate::clock::Clock;
 use crate::events::Observer;
@@ -318,7 +318,7 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
         due_at: due,
         attempt: 1,
         input: cfg.input.clone(),
-        parameters: cfg.parameters.clone(),
+        parameters: cfg.parameters.as_ref().map(JsonText::value),
         error: None,
         idempotency_key: None,
         retry_of: None,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, Schedule, ScheduleSpec, Step, StepKind, Workflow};
+use lamplighter_config::{JobConfig, JsonText, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::engine::Engine;
 use crate::in_force::{AGENT_RUNS, GROUP_CHAT_RUNS, JobsConfig, PIPELINE_RUNS, WORKFLOW_RUNS};
@@ -315,7 +315,7 @@ impl Engine {
         let snapshot = self.shared.snapshot().snapshot_of(&job);
         let run = NewRun {
             input: req.input.or(job.input),
-            parameters: merge_parameters(job.parameters, req.parameters),
+            parameters: merge_parameters(job.parameters.as_ref().map(JsonText::value), req.parameters),
             idempotency_key: req.idempotency_key,
             requested_by: req.requested_by,
             ..NewRun::asked(name.to_string(), Trigger::Manual, snapshot, now)

@@ -317,9 +317,13 @@ async fn delegation_runs_agents_concurrently_and_pipelines_in_order() {
     let path = dirp.join("lamplighter.yaml");
     let text = std::fs::read_to_string(&path).expect("read").replace("agents:\n", "pipelines:\n  chain:\n    steps: [x, y]\nagents:\n");
     std::fs::write(&path, text).expect("write");
-    let config = lamplighter_config::load(&lamplighter_config::LoadOptions { path: Some(path), cwd: Some(dirp.to_path_buf()) })
-        .map(|l| l.config)
-        .unwrap_or(config);
+    let config = lamplighter_config::load(&lamplighter_config::LoadOptions {
+        path: Some(path),
+        cwd: Some(dirp.to_path_buf()),
+        ..Default::default()
+    })
+    .map(|l| l.config)
+    .unwrap_or(config);
     let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
 
     let run = ended(&engine, &trigger(&engine, "fan out").await).await;
@@ -404,9 +408,13 @@ async fn an_agent_from_a_markdown_file_runs_with_its_body_as_the_system_prompt()
     let path = dir.path().join("lamplighter.yaml");
     let text = std::fs::read_to_string(&path).expect("read").replace("agent: a\n", "agent: scribe\n");
     std::fs::write(&path, text).expect("write");
-    let config = lamplighter_config::load(&lamplighter_config::LoadOptions { path: Some(path), cwd: Some(dir.path().to_path_buf()) })
-        .expect("config")
-        .config;
+    let config = lamplighter_config::load(&lamplighter_config::LoadOptions {
+        path: Some(path),
+        cwd: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    })
+    .expect("config")
+    .config;
     let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
     let run = ended(&engine, &trigger(&engine, "write").await).await;
     assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("prompt was: You are a scribe."))));

@@ -146,8 +146,12 @@ async fn the_files_jobs_stay_the_files_and_a_reload_may_not_take_a_runtime_name(
     let text = std::fs::read_to_string(dir.path().join("lamplighter.yaml")).expect("read");
     let taken = format!("{text}    r:\n      every: 1h\n      type: plugin\n      plugin: file-save\n      action: save\n");
     std::fs::write(dir.path().join("lamplighter.yaml"), taken).expect("write");
-    let loaded = lamplighter_config::load(&lamplighter_config::LoadOptions { path: Some(dir.path().join("lamplighter.yaml")), cwd: None })
-        .expect("loads");
+    let loaded = lamplighter_config::load(&lamplighter_config::LoadOptions {
+        path: Some(dir.path().join("lamplighter.yaml")),
+        cwd: None,
+        ..Default::default()
+    })
+    .expect("loads");
     let refused = engine.reload(&loaded.config).expect_err("refused");
     assert!(refused.contains("job \"r\"") && refused.contains("takes the name of a runtime job"), "{refused}");
     assert!(matches!(engine.get_job("r", 1).await.expect("still there").summary.origin, JobOrigin::Runtime { .. }));

@@ -186,7 +186,11 @@ async fn a_postgres_database_of_the_previous_release_keeps_its_history_and_takes
         cluster.url()
     );
     std::fs::write(dir.path().join("lamplighter.yaml"), text).expect("write");
-    let opts = lamplighter_config::LoadOptions { path: Some(dir.path().join("lamplighter.yaml")), cwd: Some(dir.path().to_path_buf()) };
+    let opts = lamplighter_config::LoadOptions {
+        path: Some(dir.path().join("lamplighter.yaml")),
+        cwd: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
     let cfg = lamplighter_config::load(&opts).unwrap_or_else(|e| panic!("{e}")).config;
     the_previous_release_is_kept(&cfg).await;
 }

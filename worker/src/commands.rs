@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lamplighter_config::{Config, Diagnostic, Disabled, LoadOptions, Loaded};
+use lamplighter_config::{Config, Diagnostic, Disabled, KeepMerged, LoadOptions, Loaded};
 use lamplighter_plugins::{HostPolicy, Registry, WasmOptions};
 
 use crate::LogFormat;
@@ -18,12 +18,25 @@ use crate::LogFormat;
 pub(crate) enum Purpose {
     Check,
     Run,
+    /// As `Run`, keeping the whole merged YAML to print it.
+    Show,
+}
+
+impl Purpose {
+    /// What of the merged YAML is kept: running needs none of the jobs' (a worker drops the
+    /// rest once the config is checked), so they are freed as they are read.
+    fn merged(self) -> KeepMerged {
+        match self {
+            Purpose::Run => KeepMerged::WithoutJobs,
+            Purpose::Check | Purpose::Show => KeepMerged::Whole,
+        }
+    }
 }
 
 /// Loads and fully validates the config (including what only the scheduler and plugins know),
 /// and loads the plugins it names.
 pub(crate) fn load_checked(path: Option<PathBuf>, purpose: Purpose) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
-    let (config, mut diags) = load(path);
+    let (config, mut diags) = load(path, purpose.merged());
     let registry = Arc::new(config.as_ref().map_or_else(Registry::builtin, registry_for));
     if config.is_some() {
         for p in registry.plugins() {
@@ -38,12 +51,12 @@ pub(crate) fn load_checked(path: Option<PathBuf>, purpose: Purpose) -> Result<(L
 /// As [`load_checked`], against the plugins already loaded (a reload keeps the worker's
 /// plugins; changing `plugins.dirs` needs a restart).
 pub(crate) fn reload_checked(path: Option<PathBuf>, registry: &Registry) -> Result<Loaded, Vec<Diagnostic>> {
-    let (config, diags) = load(path);
+    let (config, diags) = load(path, Purpose::Run.merged());
     check(config, diags, registry, Purpose::Run)
 }
 
-fn load(path: Option<PathBuf>) -> (Option<Config>, Vec<Diagnostic>) {
-    lamplighter_config::load_partial(&LoadOptions { path, cwd: None }, |n| std::env::var(n).ok())
+fn load(path: Option<PathBuf>, merged: KeepMerged) -> (Option<Config>, Vec<Diagnostic>) {
+    lamplighter_config::load_partial(&LoadOptions { path, cwd: None, merged }, |n| std::env::var(n).ok())
 }
 
 /// Adds what the scheduler and the plugins find wrong, then decides.
@@ -54,7 +67,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
         for u in checked.unavailable {
             match purpose {
                 Purpose::Check => diags.push(u.diagnostic),
-                Purpose::Run => {
+                Purpose::Run | Purpose::Show => {
                     c.disabled.insert(Disabled::Job(u.job), u.reason);
                 }
             }
@@ -62,7 +75,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
         for (what, why, diagnostic) in checked.disabled {
             match purpose {
                 Purpose::Check => diags.push(diagnostic),
-                Purpose::Run => {
+                Purpose::Run | Purpose::Show => {
                     c.disabled.insert(what, why);
                 }
             }
@@ -73,7 +86,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
         if let Some(why) = crate::telemetry::check(&c.telemetry, |n| std::env::var(n).ok()) {
             match purpose {
                 Purpose::Check => diags.push(Diagnostic::error(c.locate(&["telemetry"]), format!("telemetry: {why}"))),
-                Purpose::Run => {
+                Purpose::Run | Purpose::Show => {
                     c.disabled.insert(Disabled::TelemetryExport, why);
                 }
             }
@@ -154,7 +167,7 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
 /// The merged config as a worker would run it: what the environment breaks (an unset key, a
 /// plugin that did not load) is disabled, not an error; `validate` reports those.
 pub(crate) fn show(path: Option<PathBuf>) -> ExitCode {
-    match load_checked(path, Purpose::Run) {
+    match load_checked(path, Purpose::Show) {
         Ok((l, _)) => {
             print!("{}", lamplighter_config::show(&l.config));
             ExitCode::SUCCESS

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
-use super::{Backoff, CatchUp, Compiler, JobConfig, Overlap, Retention, RetryPolicy, Target, duration};
+use super::{Backoff, CatchUp, Compiler, JobConfig, JsonText, Overlap, Retention, RetryPolicy, Target, duration};
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
 use crate::raw;
@@ -283,7 +283,7 @@ impl Compiler<'_> {
             description: j.description.clone(),
             target: target?,
             input: j.input.take(),
-            parameters: j.parameters.take(),
+            parameters: j.parameters.take().map(|p| JsonText::new(&p)),
             schedule,
             timezone,
             enabled: j.enabled.unwrap_or(true),

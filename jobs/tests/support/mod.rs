@@ -32,7 +32,7 @@ pub fn config_with(dir: &Path, top_yaml: &str, job_yaml: &str) -> Config {
     let text = format!("framework:\n  data_dir: {}\n{top_yaml}scheduling:\n  jobs:\n    j:\n{body}", dir.join("data").display());
     let path = dir.join("lamplighter.yaml");
     std::fs::write(&path, text).expect("write config");
-    match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) }) {
+    match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()), ..Default::default() }) {
         Ok(l) => l.config,
         Err(e) => panic!("test config invalid: {e}"),
     }

@@ -18,7 +18,7 @@ pub fn config_load(dir: &Path, input: &[u8]) {
     let path = dir.join("lamplighter.yaml");
     std::fs::write(&path, root).expect("write the root file");
     std::fs::write(dir.join("other.yaml"), other).expect("write the imported file");
-    let opts = LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()) };
+    let opts = LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()), ..Default::default() };
     // A fixed environment: `${SET}` and `${SET_EMPTY}` resolve, anything else is unset.
     let env = |name: &str| match name {
         "SET" => Some("value".to_owned()),

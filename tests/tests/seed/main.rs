@@ -36,7 +36,7 @@ fn reference() -> PathBuf {
 #[test]
 fn the_seed_config_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = LoadOptions { path: Some(reference()), cwd: Some(tmp.path().to_path_buf()) };
+    let opts = LoadOptions { path: Some(reference()), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
     let loaded = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}"));
     let c = &loaded.config;
     let nightly = c.jobs["daily-news-9pm"].schedule.as_ref().expect("a parsed schedule");
