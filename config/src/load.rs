@@ -103,6 +103,10 @@ pub fn keys(parts: &[&str]) -> YamlPath {
 #[derive(Debug, Clone)]
 pub(crate) struct Loaded {
     pub(crate) raw: RawConfig,
+    /// With [`KeepMerged::WithoutJobs`], the jobs' YAML, not yet read (`raw` has none): each
+    /// is read and compiled in turn, so that the YAML, the raw and the compiled jobs are never
+    /// all held at once. Items with an unknown key are left out (already reported).
+    pub(crate) unread_jobs: Vec<(String, YamlPath, Value)>,
     pub(crate) merged: Value,
     pub(crate) sources: SourceMap,
     pub(crate) unset_vars: Vec<(YamlPath, String)>,
@@ -114,6 +118,7 @@ type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
 
 struct Loader {
     keep: KeepMerged,
+    unread_jobs: Vec<(String, YamlPath, Value)>,
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
@@ -126,6 +131,7 @@ struct Loader {
 pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (Option<Loaded>, Vec<Diagnostic>) {
     let mut l = Loader {
         keep,
+        unread_jobs: Vec::new(),
         diags: Vec::new(),
         sources: SourceMap::default(),
         merged: Value::Mapping(Mapping::new()),
@@ -148,8 +154,10 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     }
     let unknown: Vec<YamlPath> = unknown.into_iter().map(|u| u.0).collect();
     let raw = l.deserialize(&unknown);
+    let unread_jobs = std::mem::take(&mut l.unread_jobs);
     let loaded = raw.map(|raw| Loaded {
         raw,
+        unread_jobs,
         merged: std::mem::take(&mut l.merged),
         sources: std::mem::take(&mut l.sources),
         unset_vars: std::mem::take(&mut l.unset),
@@ -431,8 +439,13 @@ impl Loader {
         let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown, false);
         let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown, false);
         let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown, false);
-        let consume_jobs = self.keep == KeepMerged::WithoutJobs;
-        let jobs = self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown, consume_jobs);
+        let jobs = match self.keep {
+            KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown, false),
+            KeepMerged::WithoutJobs => {
+                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown);
+                BTreeMap::new()
+            }
+        };
         let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown, false);
         let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown, false);
         let item_collections: [&[&str]; 6] =
@@ -474,8 +487,7 @@ impl Loader {
         Some(raw)
     }
 
-    /// Reads the items of the collection at `at`; `consume` takes their YAML out of `doc` and
-    /// frees each item's as it is read.
+    /// Reads the items of the collection at `at`.
     fn take_items<T: DeserializeOwned>(
         &mut self,
         doc: &mut Value,
@@ -484,67 +496,103 @@ impl Loader {
         consume: bool,
     ) -> BTreeMap<String, T> {
         let mut out = BTreeMap::new();
-        let mut node = Some(doc);
-        for k in at {
-            node = node.and_then(|p| p.get_mut(*k));
+        if consume {
+            for (name, path, v) in self.take_unread(doc, at, unknown) {
+                if let Some(item) = self.de::<T, _>(v, &path) {
+                    out.insert(name, item);
+                }
+            }
+            return out;
         }
-        let Some(taken) = node else {
+        let Some(items) = self.items_at(doc, at) else {
             return out;
         };
         let base = keys(at);
-        let items = match taken {
-            Value::Mapping(m) => m,
-            Value::Null => return out,
-            _ => {
-                let loc = self.sources.locate(&base);
-                self.diags.push(Diagnostic::error(loc, format!("\"{}\" must be a mapping of names to definitions", path_string(&base))));
-                return out;
-            }
-        };
-        let path_of = |k: &Value| {
-            let name = k.as_str().unwrap_or_default().to_string();
-            let mut path = base.clone();
-            path.push(Seg::Key(name.clone()));
-            let known = !unknown.iter().any(|u| u.starts_with(&path));
-            (name, path, known)
-        };
-        if consume {
-            for (k, v) in std::mem::take(items) {
-                let (name, path, known) = path_of(&k);
-                if known && let Some(item) = self.de::<T, _>(v, &path) {
-                    out.insert(name, item);
-                }
-            }
-        } else {
-            for (k, v) in items.iter() {
-                let (name, path, known) = path_of(k);
-                if known && let Some(item) = self.de::<T, _>(v, &path) {
-                    out.insert(name, item);
-                }
+        for (k, v) in items.iter() {
+            let (name, path) = item_path(&base, k);
+            if !unknown.iter().any(|u| u.starts_with(&path))
+                && let Some(item) = self.de::<T, _>(v, &path)
+            {
+                out.insert(name, item);
             }
         }
         out
     }
 
-    /// Reads one item from its YAML, borrowed or owned.
-    fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
-        match serde_path_to_error::deserialize::<_, T>(v) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                let mut path = base.to_vec();
-                for seg in e.path().iter() {
-                    match seg {
-                        serde_path_to_error::Segment::Map { key } => path.push(Seg::Key(key.clone())),
-                        serde_path_to_error::Segment::Seq { index } => path.push(Seg::Index(*index)),
-                        _ => {}
-                    }
-                }
-                let loc = self.sources.locate(&path);
-                let inner = e.into_inner().to_string();
-                let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
-                self.diags.push(Diagnostic::error(loc, format!("\"{}\": {inner}", path_string(&path))));
+    /// Takes the YAML of the collection at `at` out of `doc`, item by item with its path,
+    /// leaving out items with an unknown key.
+    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> Vec<(String, YamlPath, Value)> {
+        let Some(items) = self.items_at(doc, at) else {
+            return Vec::new();
+        };
+        let base = keys(at);
+        let items = std::mem::take(items);
+        let mut out = Vec::with_capacity(items.len());
+        for (k, v) in items {
+            let (name, path) = item_path(&base, &k);
+            if !unknown.iter().any(|u| u.starts_with(&path)) {
+                out.push((name, path, v));
+            }
+        }
+        out
+    }
+
+    /// The mapping at `at`: `None` when absent, null, or not a mapping (reported).
+    fn items_at<'d>(&mut self, doc: &'d mut Value, at: &[&str]) -> Option<&'d mut Mapping> {
+        let mut node = Some(doc);
+        for k in at {
+            node = node.and_then(|p| p.get_mut(*k));
+        }
+        match node? {
+            Value::Mapping(m) => Some(m),
+            Value::Null => None,
+            _ => {
+                let base = keys(at);
+                let loc = self.sources.locate(&base);
+                self.diags.push(Diagnostic::error(loc, format!("\"{}\" must be a mapping of names to definitions", path_string(&base))));
                 None
             }
+        }
+    }
+
+    /// Reads one item from its YAML, borrowed or owned.
+    fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
+        read_item(&self.sources, &mut self.diags, v, base)
+    }
+}
+
+/// The name and path of an item of the collection at `base`.
+fn item_path(base: &[Seg], key: &Value) -> (String, YamlPath) {
+    let name = key.as_str().unwrap_or_default().to_string();
+    let mut path = base.to_vec();
+    path.push(Seg::Key(name.clone()));
+    (name, path)
+}
+
+/// Reads one item from its YAML, borrowed or owned; what does not read is reported at its
+/// position.
+pub(crate) fn read_item<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(
+    sources: &SourceMap,
+    diags: &mut Vec<Diagnostic>,
+    v: D,
+    base: &[Seg],
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let mut path = base.to_vec();
+            for seg in e.path().iter() {
+                match seg {
+                    serde_path_to_error::Segment::Map { key } => path.push(Seg::Key(key.clone())),
+                    serde_path_to_error::Segment::Seq { index } => path.push(Seg::Index(*index)),
+                    _ => {}
+                }
+            }
+            let loc = sources.locate(&path);
+            let inner = e.into_inner().to_string();
+            let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+            diags.push(Diagnostic::error(loc, format!("\"{}\": {inner}", path_string(&path))));
+            None
         }
     }
 }

@@ -24,7 +24,7 @@
 mod apalis_cron;
 mod common;
 
-use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, summary};
+use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, status_kb, summary};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -255,7 +255,14 @@ fn idle(n: usize) {
     let ready = w.start();
     std::thread::sleep(Duration::from_secs(3));
     println!("\n== idle: {n} jobs defined, each at one minute of the day ==");
-    println!("start to ready: {} ms; idle RSS {:.1} MB", ready.as_millis(), rss_kb(w.pid()) as f64 / 1024.0);
+    let mb = |field| status_kb(w.pid(), field) as f64 / 1024.0;
+    println!(
+        "start to ready: {} ms; idle RSS {:.1} MB: {:.1} MB the process's own (heap, stacks), {:.1} MB mapped from the binary and libraries",
+        ready.as_millis(),
+        mb("VmRSS"),
+        mb("RssAnon"),
+        mb("RssFile")
+    );
     // The next minute's runs: wait for it to pass, and a little more for its runs to end.
     let until = (chrono_ms() / 60_000 + 1) * 60_000;
     std::thread::sleep(Duration::from_millis((until - chrono_ms()) as u64 + 3_000));

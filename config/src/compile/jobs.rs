@@ -262,8 +262,18 @@ impl Compiler<'_> {
         let zone = if ok { tz.clone() } else { Ok(tz.clone().unwrap_or(Tz::UTC)) };
         let schedule = schedules.into_iter().next().filter(|_| ok || self.fields).and_then(|spec| {
             let field = spec.field();
+            let key = zone.as_ref().ok().map(|tz| (spec.clone(), *tz));
+            if let Some(shared) = key.as_ref().and_then(|k| self.schedules.get(k)) {
+                return Some(shared.clone());
+            }
             match Schedule::build(spec, &zone) {
-                Ok(s) => Some(Arc::new(s)),
+                Ok(s) => {
+                    let s = Arc::new(s);
+                    if let Some(k) = key {
+                        self.schedules.insert(k, s.clone());
+                    }
+                    Some(s)
+                }
                 Err(e) => {
                     self.err(&p(field), format!("job \"{name}\": {e}"));
                     None

@@ -23,6 +23,7 @@ use crate::diag::Diagnostic;
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
 use crate::schedule;
+use crate::yaml::YamlPath;
 
 pub use jobs::{RESERVED_JOB_PREFIXES, reserved_prefix};
 pub use types::{
@@ -38,6 +39,9 @@ struct Compiler<'a> {
     /// Name the field in each message (a definition given as JSON has no file to point into):
     /// `cron: …` for an error at `scheduling.jobs.<name>.cron`.
     fields: bool,
+    /// Each distinct schedule, built once and shared by the jobs that write it (a parsed cron
+    /// schedule takes half a kilobyte; nightly configs repeat a handful of times of day).
+    schedules: std::collections::HashMap<(schedule::ScheduleSpec, chrono_tz::Tz), std::sync::Arc<schedule::Schedule>>,
 }
 
 /// Consumes the loaded tree: the merged YAML and source map move into the result (a large
@@ -45,15 +49,21 @@ struct Compiler<'a> {
 pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Diagnostic>) {
     // The jobs are moved, not copied: with thousands of jobs a copy doubles the peak.
     let sched = loaded.raw.scheduling.take().unwrap_or_default();
-    let (mut config, diags) = compile_borrowed(&loaded, sched, cwd);
+    let unread = std::mem::take(&mut loaded.unread_jobs);
+    let (mut config, diags) = compile_borrowed(&loaded, sched, unread, cwd);
     config.sources = loaded.sources;
     config.merged = loaded.merged;
     config.root = loaded.root;
     (Some(config), diags)
 }
 
-fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Config, Vec<Diagnostic>) {
-    let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: false };
+fn compile_borrowed(
+    loaded: &Loaded,
+    sched: raw::Scheduling,
+    unread: Vec<(String, YamlPath, serde_yaml::Value)>,
+    cwd: &Path,
+) -> (Config, Vec<Diagnostic>) {
+    let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: false, schedules: Default::default() };
     let raw = &loaded.raw;
     let fw = raw.framework.clone().unwrap_or_default();
     let data_dir = cwd.join(fw.data_dir.as_deref().unwrap_or("./data"));
@@ -73,14 +83,23 @@ fn compile_borrowed(loaded: &Loaded, sched: raw::Scheduling, cwd: &Path) -> (Con
     let workflows = c.workflows();
     let pipelines = c.pipelines();
     let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()));
-    let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len));
+    let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());
     for (name, mut job) in sched.jobs.into_iter().flatten() {
         if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
             jobs.push((name, j));
         }
     }
-    // Built from the sorted list at once: a map built by inserting in order leaves its nodes
-    // half full (measured: 870 bytes a job against 470, for ten thousand jobs).
+    // Read one at a time, each job's YAML freed as it is read.
+    for (name, path, yaml) in unread {
+        let Some(mut job) = crate::load::read_item::<raw::Job, _>(&loaded.sources, &mut c.diags, yaml, &path) else {
+            continue;
+        };
+        if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
+            jobs.push((name, j));
+        }
+    }
+    // Built from the list at once (sorted first): a map built by inserting in order leaves its
+    // nodes half full (measured: 870 bytes a job against 470, for ten thousand jobs).
     let jobs: BTreeMap<String, JobConfig> = jobs.into_iter().collect();
     let notify = match &sched.notify {
         Some(rules) => c.notify(&["scheduling", "notify"], "scheduling.notify", rules, &runnable).unwrap_or_default(),
@@ -151,12 +170,13 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     // Nothing to locate: the definition is not in a file.
     let loaded = Loaded {
         raw: raw::RawConfig::default(),
+        unread_jobs: Vec::new(),
         merged: serde_yaml::Value::Null,
         sources: SourceMap::default(),
         unset_vars: Vec::new(),
         root: scope.root.clone(),
     };
-    let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true };
+    let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true, schedules: Default::default() };
     let default_tz = schedule::parse_tz(&scope.default_timezone);
     let cwd = scope.base_dir.as_path();
     let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter());

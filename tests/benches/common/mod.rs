@@ -47,8 +47,17 @@ pub(crate) fn read_rows<T>(db: &std::path::Path, sql: &str, row: impl Fn(&sqlx::
 }
 
 pub(crate) fn rss_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS")
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, `RssFile`), 0 when unreadable.
+pub(crate) fn status_kb(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// CPU time (user + system) the process has used so far, in ms (clock ticks of 10 ms).
