@@ -282,35 +282,16 @@ impl Loader {
             self.diags.push(Diagnostic::error(loc, "a config file must be a mapping of sections (e.g. `scheduling:`)"));
             return None;
         }
-        let mut p = prefix;
-        self.substitute(&mut value, &mut p);
+        self.substitute(&mut value, &prefix);
         Some(value)
     }
 
-    fn substitute(&mut self, v: &mut Value, path: &mut YamlPath) {
-        match v {
-            Value::String(s) if s.contains("${") => {
-                let (out, unset) = substitute_str(s, &*self.env);
-                for var in unset {
-                    self.unset.push((path.clone(), var));
-                }
-                *s = out;
-            }
-            Value::Mapping(m) => {
-                for (k, child) in m.iter_mut() {
-                    path.push(Seg::Key(k.as_str().unwrap_or_default().to_string()));
-                    self.substitute(child, path);
-                    path.pop();
-                }
-            }
-            Value::Sequence(items) => {
-                for (i, child) in items.iter_mut().enumerate() {
-                    path.push(Seg::Index(i));
-                    self.substitute(child, path);
-                    path.pop();
-                }
-            }
-            _ => {}
+    /// Substitutes `${VAR}` in every string under `v`, recording the unset variables' paths.
+    fn substitute(&mut self, v: &mut Value, prefix: &[Seg]) {
+        let mut found = Vec::new();
+        substitute_in(v, &*self.env, &mut Vec::new(), &mut found);
+        for (path, var) in found {
+            self.unset.push(([prefix, &path[..]].concat(), var));
         }
     }
 
@@ -639,6 +620,54 @@ fn merge_raw(into: &mut RawConfig, part: RawConfig) {
 
 /// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the
 /// names of variables that were unset without a default (those stay as written).
+/// One step of the path [`substitute_in`] is at, borrowed from the document.
+#[derive(Clone, Copy)]
+enum Step<'v> {
+    Key(&'v str),
+    Index(usize),
+}
+
+/// [`Loader::substitute`]'s walk: the path is made of borrowed steps, and made into a
+/// [`YamlPath`] only for a variable that is unset (most keys of a large config hold none).
+fn substitute_in<'v>(
+    v: &'v mut Value,
+    env: &dyn Fn(&str) -> Option<String>,
+    path: &mut Vec<Step<'v>>,
+    found: &mut Vec<(YamlPath, String)>,
+) {
+    match v {
+        Value::String(s) if s.contains("${") => {
+            let (out, unset) = substitute_str(s, env);
+            for var in unset {
+                let owned = path
+                    .iter()
+                    .map(|step| match step {
+                        Step::Key(k) => Seg::Key((*k).to_string()),
+                        Step::Index(i) => Seg::Index(*i),
+                    })
+                    .collect();
+                found.push((owned, var));
+            }
+            *s = out;
+        }
+        Value::Mapping(m) => {
+            for (k, child) in m.iter_mut() {
+                path.push(Step::Key(k.as_str().unwrap_or_default()));
+                substitute_in(child, env, path, found);
+                path.pop();
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, child) in items.iter_mut().enumerate() {
+                path.push(Step::Index(i));
+                substitute_in(child, env, path, found);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
 pub(crate) fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> (String, Vec<String>) {
     let mut out = String::with_capacity(s.len());
     let mut unset = Vec::new();

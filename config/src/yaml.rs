@@ -4,7 +4,7 @@
 //! half kilobytes a job) and keep no positions; parsing once keeps the loader's peak small.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
 pub(crate) use serde_yaml::Mapping;
 pub(crate) use serde_yaml::Value;
@@ -47,7 +47,36 @@ pub(crate) fn path_string(path: &[Seg]) -> String {
 /// about 10⁻¹⁰ for such a file) would only misplace an error's position.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PositionIndex {
-    map: HashMap<u64, (usize, usize)>,
+    map: Positions,
+}
+
+/// Path hash → (line, col). The keys are hashes already: the map does not hash them again.
+type Positions = HashMap<u64, (u32, u32), BuildHasherDefault<PathHash>>;
+
+/// The identity "hasher" of [`Positions`].
+#[derive(Default)]
+struct PathHash(u64);
+
+impl Hasher for PathHash {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are u64); anything else is folded in.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A position as stored: lines and columns past 4 billion are clamped.
+fn pos(line: usize, col: usize) -> (u32, u32) {
+    (u32::try_from(line).unwrap_or(u32::MAX), u32::try_from(col).unwrap_or(u32::MAX))
 }
 
 /// The hash of the empty path.
@@ -82,7 +111,7 @@ impl PositionIndex {
         for seg in path {
             prefixes.push(child(*prefixes.last().unwrap_or(&ROOT), seg));
         }
-        prefixes.iter().rev().find_map(|h| self.map.get(h).copied())
+        prefixes.iter().rev().find_map(|h| self.map.get(h)).map(|&(line, col)| (line as usize, col as usize))
     }
 
     #[cfg(test)]
@@ -163,7 +192,7 @@ impl ParseError {
 /// Builds the value and the position index from parser events.
 #[derive(Default)]
 struct Builder {
-    map: HashMap<u64, (usize, usize)>,
+    map: Positions,
     open: Vec<Open>,
     /// Anchored values and how many nodes each holds.
     anchors: HashMap<usize, (Value, usize)>,
@@ -276,7 +305,7 @@ impl Builder {
     /// A node starts: records its position and says where it goes.
     fn enter(&mut self, mark: Marker, scalar: Option<&str>) -> Place {
         self.nodes += 1;
-        let pos = (mark.line(), mark.col() + 1);
+        let pos = pos(mark.line(), mark.col() + 1);
         let Some(parent) = self.open.last_mut() else {
             return Place::Root;
         };
@@ -320,10 +349,12 @@ impl Builder {
                 let Some((key, _, key_mark)) = pending.take() else {
                     return Ok(());
                 };
-                if map.contains_key(&key) {
-                    return Err(ParseError::at(key_mark, duplicate_key(&key)));
+                match map.entry(key) {
+                    serde_yaml::mapping::Entry::Occupied(e) => return Err(ParseError::at(key_mark, duplicate_key(e.key()))),
+                    serde_yaml::mapping::Entry::Vacant(e) => {
+                        e.insert(value);
+                    }
                 }
-                map.insert(key, value);
             }
         }
         Ok(())
