@@ -417,18 +417,18 @@ impl Loader {
     /// is reported; an item with unknown keys was already reported and is skipped.
     fn deserialize(&mut self, unknown: &[YamlPath]) -> Option<RawConfig> {
         let mut doc = std::mem::take(&mut self.merged);
-        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown, false);
-        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown, false);
-        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown, false);
+        let agents = self.take_items::<raw::Agent>(&mut doc, &["agents"], unknown);
+        let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown);
+        let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown);
         let jobs = match self.keep {
-            KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown, false),
+            KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown),
             KeepMerged::WithoutJobs => {
                 self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown);
                 BTreeMap::new()
             }
         };
-        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown, false);
-        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown, false);
+        let providers = self.take_items::<raw::Provider>(&mut doc, &["ai", "providers"], unknown);
+        let servers = self.take_items::<raw::McpServer>(&mut doc, &["mcp", "servers"], unknown);
         let item_collections: [&[&str]; 6] =
             [&["agents"], &["workflows"], &["pipelines"], &["scheduling", "jobs"], &["ai", "providers"], &["mcp", "servers"]];
         let mut raw: RawConfig = RawConfig::default();
@@ -469,22 +469,8 @@ impl Loader {
     }
 
     /// Reads the items of the collection at `at`.
-    fn take_items<T: DeserializeOwned>(
-        &mut self,
-        doc: &mut Value,
-        at: &[&str],
-        unknown: &[YamlPath],
-        consume: bool,
-    ) -> BTreeMap<String, T> {
+    fn take_items<T: DeserializeOwned>(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> BTreeMap<String, T> {
         let mut out = BTreeMap::new();
-        if consume {
-            for (name, path, v) in self.take_unread(doc, at, unknown) {
-                if let Some(item) = self.de::<T, _>(v, &path) {
-                    out.insert(name, item);
-                }
-            }
-            return out;
-        }
         let Some(items) = self.items_at(doc, at) else {
             return out;
         };

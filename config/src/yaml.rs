@@ -130,6 +130,18 @@ pub(crate) struct ParseError {
 
 /// Parses one document into a value and the positions of its keys.
 pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
+    // yaml-rust2 asserts its own invariants; a failed one on some input is a bug of the
+    // parser, reported as this file's error rather than taking the worker down.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text))).unwrap_or_else(|panic| {
+        let why = panic.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {}", why.unwrap_or_default()) })
+    })
+}
+
+fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
+    // A byte order mark is not content (libyaml skips it; yaml-rust2 would read it into the
+    // first key).
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     refuse_control_characters(text)?;
     let mut parser = Parser::new_from_str(text);
     let mut b = Builder::default();
@@ -140,12 +152,14 @@ pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
         }
     }
     let mut root = b.root.unwrap_or(Value::Null);
-    // A block scalar (`|`, `>`) that ends the file on a line without a line break has no final
-    // line break; yaml-rust2 adds one.
+    // A block scalar (`|`, `>`) whose last line of content ends the file without a line break
+    // has no final line break; yaml-rust2 adds one. (A comment, a blank line or `...` after
+    // the scalar is not its content: there the line break is the scalar's.)
+    let last_line = text.rsplit(['\n', '\r']).next().unwrap_or(text).trim_start();
     if b.last_was_block
-        && !text.ends_with(['\n', '\r'])
+        && !last_line.is_empty()
         && let Some(Value::String(s)) = last_leaf(&mut root)
-        && s.ends_with('\n')
+        && s.strip_suffix('\n').is_some_and(|content| content.ends_with(last_line))
     {
         s.pop();
     }
@@ -178,10 +192,21 @@ fn refuse_control_characters(text: &str) -> Result<(), ParseError> {
 /// How deep collections may nest (as `serde_yaml`): deeper input is refused, not recursed into.
 const MAX_DEPTH: usize = 128;
 
-/// How many nodes aliases may copy, beyond a hundred per node of the text (as `serde_yaml`'s
-/// repetition limit): a "billion laughs" document is refused, not expanded.
+/// How many aliases may be followed, counting those inside what an alias copies, beyond a
+/// hundred per node read so far (as `serde_yaml`'s repetition limit, which counts a hundred
+/// per event of the document): a "billion laughs" document is refused, not expanded.
 const ALIAS_ALLOWANCE: usize = 10_000;
-const ALIAS_NODES_PER_NODE: usize = 100;
+const ALIASES_PER_NODE: usize = 100;
+/// And how many nodes aliases may copy in all, whatever the text's size.
+const MAX_COPIED: usize = 10_000_000;
+
+/// A node's size: its nodes, its height (0 for a scalar), and the aliases it followed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    nodes: usize,
+    height: usize,
+    aliases: usize,
+}
 
 impl ParseError {
     fn at(mark: Marker, message: impl Into<String>) -> Self {
@@ -194,12 +219,13 @@ impl ParseError {
 struct Builder {
     map: Positions,
     open: Vec<Open>,
-    /// Anchored values and how many nodes each holds.
-    anchors: HashMap<usize, (Value, usize)>,
+    /// Anchored values and their sizes.
+    anchors: HashMap<usize, (Value, Size)>,
     root: Option<Value>,
     documents: usize,
-    /// Nodes parsed, and nodes copied by aliases.
+    /// Nodes read, aliases followed (those inside what they copy included), nodes copied.
     nodes: usize,
+    aliases: usize,
     copied: usize,
     /// The last node was a block scalar (`|`, `>`).
     last_was_block: bool,
@@ -210,8 +236,8 @@ struct Open {
     path: u64,
     anchor: usize,
     tag: Option<String>,
-    /// Nodes inside it so far (for an anchor's size).
-    nodes: usize,
+    /// What is inside it so far: nodes (itself included), the greatest height, aliases.
+    inside: Size,
     kind: OpenKind,
 }
 
@@ -245,20 +271,28 @@ impl Builder {
                 self.last_was_block = matches!(style, TScalarStyle::Literal | TScalarStyle::Folded);
                 let place = self.enter(mark, Some(&text));
                 let value = scalar(text, style, tag.as_ref()).map_err(|m| ParseError::at(mark, m))?;
-                self.finish(value, anchor, 1, place, mark)?;
+                self.finish(value, anchor, Size { nodes: 1, ..Size::default() }, place, mark)?;
             }
             Event::Alias(id) => {
                 self.last_was_block = false;
                 let place = self.enter(mark, None);
-                let Some((value, nodes)) = self.anchors.get(&id) else {
+                let Some((_, size)) = self.anchors.get(&id) else {
                     return Err(ParseError::at(mark, "an alias to an anchor that is not defined"));
                 };
-                let (value, nodes) = (value.clone(), *nodes);
-                self.copied += nodes;
-                if self.copied > ALIAS_ALLOWANCE + ALIAS_NODES_PER_NODE * self.nodes {
+                let size = Size { aliases: size.aliases + 1, ..*size };
+                if self.open.len() + size.height > MAX_DEPTH {
+                    return Err(ParseError::at(
+                        mark,
+                        format!("this alias nests collections deeper than {MAX_DEPTH} levels (recursion limit exceeded)"),
+                    ));
+                }
+                self.aliases += size.aliases;
+                self.copied += size.nodes;
+                if self.aliases > ALIAS_ALLOWANCE + ALIASES_PER_NODE * self.nodes || self.copied > MAX_COPIED {
                     return Err(ParseError::at(mark, "aliases expand too far (repetition limit exceeded)"));
                 }
-                self.finish(value, 0, nodes, place, mark)?;
+                let value = self.anchors.get(&id).map(|(v, _)| v.clone()).unwrap_or_default();
+                self.finish(value, 0, size, place, mark)?;
             }
             Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {
                 if self.open.len() >= MAX_DEPTH {
@@ -270,14 +304,16 @@ impl Builder {
                 self.last_was_block = false;
                 let place = self.enter(mark, None);
                 let path = match place {
+                    Place::Root => ROOT,
                     Place::At(h) => h,
-                    // A complex key's own children have no path anyone looks up.
-                    Place::Root | Place::Key(_) => ROOT,
+                    // A complex key's children: under a path of their own, which no lookup
+                    // asks for and which cannot take a real key's position.
+                    Place::Key(h) => index_child(h, usize::MAX),
                 };
                 let kind =
                     if matches!(event, Event::SequenceStart(..)) { OpenKind::Seq(Vec::new()) } else { OpenKind::Map(Mapping::new(), None) };
                 let tag = tag.as_ref().map(full_tag).filter(|t| t.starts_with('!'));
-                self.open.push(Open { path, anchor, tag, nodes: 1, kind });
+                self.open.push(Open { path, anchor, tag, inside: Size { nodes: 1, ..Size::default() }, kind });
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(open) = self.open.pop() else {
@@ -295,7 +331,8 @@ impl Builder {
                     Some(Open { kind: OpenKind::Map(_, None), path, .. }) => Place::Key(key_child(*path, "")),
                     Some(_) => Place::At(open.path),
                 };
-                self.finish(value, open.anchor, open.nodes, place, mark)?;
+                let size = Size { height: open.inside.height + 1, ..open.inside };
+                self.finish(value, open.anchor, size, place, mark)?;
             }
             Event::Nothing | Event::StreamStart | Event::DocumentEnd => {}
         }
@@ -326,15 +363,17 @@ impl Builder {
     }
 
     /// A node is complete: keeps it under its anchor and puts it in its parent.
-    fn finish(&mut self, value: Value, anchor: usize, nodes: usize, place: Place, mark: Marker) -> Result<(), ParseError> {
+    fn finish(&mut self, value: Value, anchor: usize, size: Size, place: Place, mark: Marker) -> Result<(), ParseError> {
         if anchor != 0 {
-            self.anchors.insert(anchor, (value.clone(), nodes));
+            self.anchors.insert(anchor, (value.clone(), size));
         }
         let Some(parent) = self.open.last_mut() else {
             self.root = Some(value);
             return Ok(());
         };
-        parent.nodes += nodes;
+        parent.inside.nodes += size.nodes;
+        parent.inside.height = parent.inside.height.max(size.height);
+        parent.inside.aliases += size.aliases;
         let parent_path = parent.path;
         match (&mut parent.kind, place) {
             (OpenKind::Seq(items), _) => items.push(value),
@@ -743,6 +782,13 @@ mod same_as_serde_yaml {
             "a: |-\n  stripped\n",
             "a:\n- x\n- |\n  y",
             "a: |\n  x\nb: 1",
+            "a: |\n  x\n# end",
+            "a: |\n  x\n ",
+            "a: |\n  x\n...",
+            "a: |\n  one\n    two",
+            "\u{FEFF}a: 1\n",
+            "a:\n  ? {b: 1}\n  : complex\n  b: 2\n",
+            "base: &b {x: 1}\nuses:\n- *b\n- *b\n",
         ];
         for text in docs {
             let a = serde(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
@@ -782,5 +828,31 @@ mod same_as_serde_yaml {
             ));
         }
         assert!(parse(&bomb).expect_err("10^9 nodes").message.contains("repetition limit"));
+        // Depth through an alias counts as depth in the text.
+        let deep = format!("a: &a {}1{}\nb: {}*a{}\n", "[".repeat(100), "]".repeat(100), "[".repeat(100), "]".repeat(100));
+        assert!(serde(&deep).is_err(), "serde_yaml refuses 200 levels through an alias");
+        assert!(parse(&deep).expect_err("200 levels through an alias").message.contains("recursion limit"));
+    }
+
+    /// serde_yaml counts aliases followed, not nodes copied: a large anchor used by many jobs
+    /// reads.
+    #[test]
+    fn a_large_anchor_used_many_times_reads() {
+        let mut text = String::from("base: &base\n");
+        for i in 0..1_000 {
+            text.push_str(&format!("  k{i}: v\n"));
+        }
+        text.push_str("jobs:\n");
+        for i in 0..300 {
+            text.push_str(&format!("  j{i}: *base\n"));
+        }
+        let (a, (b, _)) = (serde(&text).expect("serde_yaml reads it"), parse(&text).expect("reads it"));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_position_of_a_key_is_not_taken_by_a_complex_key_before_it() {
+        let (_, idx) = parse("? {scheduling: 1}\n: x\nscheduling: {}\n").expect("reads");
+        assert_eq!(idx.find(&[Seg::Key("scheduling".into())]), Some((3, 1)));
     }
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{LoadOptions, Schedule, Template, Var};
+use lamplighter_config::{KeepMerged, LoadOptions, Schedule, Template, Var};
 
 /// Config loading: `input` split at the first `0xff` byte into the root file and a second
 /// file it may import (`other.yaml`). Loading never panics; a refusal has at least one
@@ -26,7 +26,8 @@ pub fn config_load(dir: &Path, input: &[u8]) {
         "DATABASE_URL" => Some("postgres://u:p@localhost:5432/db".to_owned()),
         _ => None,
     };
-    match lamplighter_config::load_with_env(&opts, env) {
+    let whole = lamplighter_config::load_with_env(&opts, env);
+    match &whole {
         Ok(loaded) => {
             // A loaded config can be shown (secrets redacted) without panicking.
             let _ = lamplighter_config::show(&loaded.config);
@@ -37,6 +38,16 @@ pub fn config_load(dir: &Path, input: &[u8]) {
                 assert!(!d.to_string().trim().is_empty(), "an empty diagnostic");
             }
         }
+    }
+    // A worker's load (each job read from its YAML and compiled in turn) finds the same.
+    let lean = lamplighter_config::load_with_env(&LoadOptions { merged: KeepMerged::WithoutJobs, ..opts }, env);
+    match (&whole, &lean) {
+        (Ok(a), Ok(b)) => assert_eq!(a.config.jobs, b.config.jobs, "the jobs differ between the two ways of loading"),
+        (Err(a), Err(b)) => {
+            let text = |e: &lamplighter_config::ConfigErrors| e.0.iter().map(ToString::to_string).collect::<Vec<_>>();
+            assert_eq!(text(a), text(b), "the errors differ between the two ways of loading");
+        }
+        _ => panic!("one way of loading refused what the other took: {:?} / {:?}", whole.is_ok(), lean.is_ok()),
     }
 }
 
