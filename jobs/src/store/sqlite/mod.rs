@@ -646,6 +646,25 @@ mod tests {
         (dir, store)
     }
 
+    /// A task is claimable as soon as it is pushed, whatever the wall clock does after: its
+    /// due time is not the clock at the push (a task pushed while the clock ran 25 s ahead,
+    /// then stepped back, stayed unclaimed).
+    #[tokio::test]
+    async fn a_pushed_task_is_due_whatever_the_clock_does() {
+        let (_dir, store) = migrated().await;
+        let mut c = store.write.acquire().await.expect("a connection");
+        queue::push(&mut c, &["run-1".to_string()]).await.expect("push");
+        let run_at: i64 = sqlx::query("SELECT run_at FROM Jobs").fetch_one(&mut *c).await.expect("the task").get(0);
+        assert_eq!(run_at, 0, "due at the epoch, not at the push's wall clock");
+        // The claim's condition (apalis's `run_at <= now`) holds even with the clock a day back.
+        let due: i64 = sqlx::query("SELECT count(*) FROM Jobs WHERE run_at <= CAST(strftime('%s', 'now') AS INTEGER) - 86400")
+            .fetch_one(&mut *c)
+            .await
+            .expect("a count")
+            .get(0);
+        assert_eq!(due, 1);
+    }
+
     /// A database that refuses writes (here `query_only`, as a read-only file or mount would)
     /// is a storage fault, named for `/readyz`; a write that goes through again clears it.
     #[tokio::test]

@@ -17,14 +17,24 @@ fn queue_error(what: &str, e: apalis_sqlite::Error) -> StoreError {
 }
 
 /// Pushes one task per run id (apalis's `push_tasks`). A new task id per hand-over, one
-/// attempt each: retries are Lamplighter's.
+/// attempt each: retries are Lamplighter's. A task is due at once: its run's due time was
+/// checked before the push. Its `run_at` is the epoch, not apalis's default of the wall clock
+/// at the push, which the claim compares with the wall clock again: a task pushed while the
+/// clock ran ahead and stepped back would stay unclaimable until the clock caught up, with
+/// nothing to wake the intake then (seen in the chaos test).
 pub(crate) async fn push(c: &mut sqlx::SqliteConnection, ids: &[String]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let mut tasks: Vec<apalis_sqlite::SqliteTask> = Vec::with_capacity(ids.len());
     for id in ids {
-        tasks.push(TaskBuilder::new(RunTask::encode(id)?).task_id(TaskId::from_ulid(ulid::Ulid::generate())).max_attempts(1).build());
+        tasks.push(
+            TaskBuilder::new(RunTask::encode(id)?)
+                .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+                .max_attempts(1)
+                .run_at_timestamp(0)
+                .build(),
+        );
     }
     apalis_sqlite::queries::push_tasks(&mut *c, QUEUE, &tasks).await.map_err(|e| queue_error("pushing to the queue", e))
 }
