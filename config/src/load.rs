@@ -604,8 +604,6 @@ fn merge_raw(into: &mut RawConfig, part: RawConfig) {
     take!(framework, ai, rate_limits, agents, pipelines, workflows, scheduling, plugins, hooks, mcp, worker, telemetry, skills);
 }
 
-/// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the
-/// names of variables that were unset without a default (those stay as written).
 /// One step of the path [`substitute_in`] is at, borrowed from the document.
 #[derive(Clone, Copy)]
 enum Step<'v> {
@@ -654,6 +652,8 @@ fn substitute_in<'v>(
     }
 }
 
+/// Substitutes `${VAR}` and `${VAR:-default}` in one string. Returns the new string and the
+/// names of variables that were unset without a default (those stay as written).
 pub(crate) fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> (String, Vec<String>) {
     let mut out = String::with_capacity(s.len());
     let mut unset = Vec::new();

@@ -293,10 +293,11 @@ impl Builder {
             Event::Alias(id) => {
                 self.last_was_block = false;
                 let place = self.enter(mark, None);
-                let Some((_, size)) = self.anchors.get(&id) else {
+                let Some((value, size)) = self.anchors.get(&id) else {
                     return Err(ParseError::at(mark, "an alias to an anchor that is not defined"));
                 };
                 let size = Size { aliases: size.aliases + 1, ..*size };
+                let value = value.clone();
                 if self.open.len() + size.height > MAX_DEPTH {
                     return Err(ParseError::at(
                         mark,
@@ -308,7 +309,6 @@ impl Builder {
                 if self.aliases > ALIAS_ALLOWANCE + ALIASES_PER_NODE * self.nodes || self.copied > MAX_COPIED {
                     return Err(ParseError::at(mark, "aliases expand too far (repetition limit exceeded)"));
                 }
-                let value = self.anchors.get(&id).map(|(v, _)| v.clone()).unwrap_or_default();
                 self.finish(value, 0, size, place, mark)?;
             }
             Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {

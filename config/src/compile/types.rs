@@ -128,10 +128,6 @@ impl JsonText {
     pub fn value(&self) -> serde_json::Value {
         serde_json::from_str(&self.0).unwrap_or_else(|e| serde_json::Value::String(format!("unreadable parameters ({e}): {}", self.0)))
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// A validated job definition.
