@@ -217,11 +217,15 @@ fn queue(n: usize) {
     });
     println!("\n== queue: {n} queued runs, concurrency 32, file-read of 2 bytes ==");
     let started = Instant::now();
-    w.start();
+    w.start_logging("warn,lamplighter_jobs::executor=debug");
     loop {
         std::thread::sleep(Duration::from_millis(250));
-        let r = runs(&w.db());
-        let left = r.iter().filter(|x| x.4 == "queued" || x.4 == "running").count();
+        // A count by the status index: reading every row each poll took CPU the worker needs.
+        let left: i64 =
+            read_rows(&w.db(), "SELECT count(*) AS n FROM ll_runs WHERE status IN ('queued', 'running')", |r| sqlx::Row::get(r, "n"))
+                .first()
+                .copied()
+                .expect("the count of runs left");
         if left == 0 || started.elapsed() > Duration::from_secs(300) {
             break;
         }
@@ -236,6 +240,32 @@ fn queue(n: usize) {
     println!("succeeded {done}, other {other}; first start → last finish {} ms", last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("worker CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
+    drain_stages(&w.log());
+}
+
+/// The drain's writes, from the executor's debug lines: how many, how many runs each, and how
+/// long each took (from the call to its return, waits for the writer included).
+fn drain_stages(log: &str) {
+    let field = |line: &str, name: &str| -> Option<f64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    for (what, marker, size, took) in
+        [("claims", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
+    {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(marker)).collect();
+        let runs: f64 = lines.iter().filter_map(|l| field(l, size)).sum();
+        let mut us: Vec<i64> = lines.iter().filter_map(|l| field(l, took)).map(|v| v as i64).collect();
+        us.sort_unstable();
+        let p = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+        println!(
+            "{what}: {} of {:.1} runs on average; each took p50 {} / p99 {} µs",
+            lines.len(),
+            runs / lines.len().max(1) as f64,
+            p(0.5),
+            p(0.99)
+        );
+    }
 }
 
 /// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,

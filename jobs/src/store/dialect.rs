@@ -323,8 +323,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     // The queue (apalis).
     /// Pushes a task per run.
     fn push(c: &mut Self::Conn, ids: &[String]) -> impl Fut<()>;
-    /// Takes and consumes up to `n` tasks for `worker`: how many, and their run ids.
-    fn take(&self, c: &mut Self::Conn, n: usize, worker: &str) -> impl Fut<(usize, Vec<String>)>;
+    /// Takes and consumes up to `n` tasks: how many, and their run ids.
+    fn take(c: &mut Self::Conn, n: usize) -> impl Fut<(usize, Vec<String>)>;
     /// Drops every task of our queue.
     fn forget_queue(c: &mut Self::Conn) -> impl Fut<()>;
 

@@ -455,7 +455,7 @@ impl<D: Dialect> RunStore for D {
             D::rollback(tx).await?;
             return Ok(Taken { tasks: 0, runs: Vec::new() });
         };
-        let (tasks, ids) = self.take(&mut tx, n, worker).await?;
+        let (tasks, ids) = D::take(&mut tx, n).await?;
         let runs = claim::<D>(&mut tx, &ids, worker, epoch, now, Locked::Wait).await?;
         D::commit(tx).await?;
         Ok(Taken { tasks, runs })

@@ -274,7 +274,7 @@ impl Dialect for PgStore {
         queue::push(c, ids).await
     }
 
-    async fn take(&self, c: &mut PgConnection, n: usize, _worker: &str) -> Result<(usize, Vec<String>), StoreError> {
+    async fn take(c: &mut PgConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
         queue::take(c, n).await
     }
 

@@ -94,8 +94,6 @@ pub(crate) struct SqliteStore {
     /// meeting at SQLite's lock, whose busy handler sleeps 10–25 ms per retry (measured: a
     /// claim and a batch of ends taking turns this way held the queue to ~900 runs/s).
     write: SqlitePool,
-    /// Worker names registered with the queue by this process.
-    registered: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The database file, and which file it was when opened (device, inode).
     path: std::path::PathBuf,
     identity: (u64, u64),
@@ -227,7 +225,7 @@ impl SqliteStore {
             .await
             .ctx("opening the database")?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
-        Ok(Self { pool, write, registered: Default::default(), path: path.to_path_buf(), identity })
+        Ok(Self { pool, write, path: path.to_path_buf(), identity })
     }
 }
 
@@ -411,18 +409,8 @@ impl Dialect for SqliteStore {
         queue::push(c, ids).await
     }
 
-    /// apalis-sqlite's fetch names its taker, so a worker is registered with the queue first
-    /// (once per process).
-    async fn take(&self, c: &mut SqliteConnection, n: usize, worker: &str) -> Result<(usize, Vec<String>), StoreError> {
-        let known = self.registered.lock().unwrap_or_else(|e| e.into_inner()).contains(worker);
-        if !known {
-            queue::register(c, worker).await?;
-        }
-        let taken = queue::take(c, n, worker).await?;
-        if !known {
-            self.registered.lock().unwrap_or_else(|e| e.into_inner()).insert(worker.to_string());
-        }
-        Ok(taken)
+    async fn take(c: &mut SqliteConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
+        queue::take(c, n).await
     }
 
     async fn forget_queue(c: &mut SqliteConnection) -> Result<(), StoreError> {
@@ -663,6 +651,38 @@ mod tests {
             .expect("a count")
             .get(0);
         assert_eq!(due, 1);
+    }
+
+    /// The batched push writes the row apalis's own `push_tasks` writes for the same task,
+    /// column for column; the take hands each run back once (in task id order, which within
+    /// one millisecond is not the push's).
+    #[tokio::test]
+    async fn a_batched_push_writes_apalis_rows_and_a_take_consumes_them_in_order() {
+        use apalis::prelude::{TaskBuilder, TaskId};
+        let (_dir, store) = migrated().await;
+        let mut c = store.write.acquire().await.expect("a connection");
+        let ours: Vec<String> = (1..=3).map(|i| format!("run-{i}")).collect();
+        queue::push(&mut c, &ours).await.expect("our push");
+        let theirs = TaskBuilder::new(crate::store::RunTask::encode("run-4").expect("encode"))
+            .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+            .max_attempts(1)
+            .run_at_timestamp(0)
+            .build();
+        apalis_sqlite::queries::push_tasks(&mut *c, crate::store::QUEUE, &[theirs]).await.expect("apalis's push");
+        let cols = "job_type, status, attempts, max_attempts, run_at, last_result, lock_at, lock_by, done_at, priority, \
+                    metadata, idempotency_key, typeof(job), typeof(run_at), typeof(priority), typeof(metadata)";
+        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT json_array({cols}) FROM Jobs ORDER BY id")))
+            .fetch_all(&mut *c)
+            .await
+            .expect("the rows");
+        assert_eq!(rows.len(), 4);
+        assert!(rows.iter().all(|r| *r == rows[3]), "ours {:?}, apalis's {}", &rows[..3], rows[3]);
+        let (n, mut ids) = queue::take(&mut c, 3).await.expect("take");
+        let (m, more) = queue::take(&mut c, 10).await.expect("take");
+        ids.extend(more);
+        ids.sort();
+        assert_eq!((n, m, ids), (3, 1, (1..=4).map(|i| format!("run-{i}")).collect::<Vec<_>>()));
+        assert_eq!(queue::take(&mut c, 10).await.expect("take").0, 0, "each task is taken once");
     }
 
     /// A database that refuses writes (here `query_only`, as a read-only file or mount would)

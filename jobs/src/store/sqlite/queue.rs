@@ -1,78 +1,86 @@
 //! apalis-sqlite, used inside the store's transactions.
 
-use apalis::prelude::{TaskBuilder, TaskId, WorkerContext};
+use apalis::prelude::{TaskBuilder, TaskId};
 use sqlx::SqlitePool;
 
 use crate::store::StoreError;
 use crate::store::{QUEUE, RunTask};
 
-fn queue_error(what: &str, e: apalis_sqlite::Error) -> StoreError {
-    StoreError::new(
-        what,
-        match e {
-            apalis_sqlite::Error::Database(e) => e,
-            other => sqlx::Error::Protocol(other.to_string()),
-        },
-    )
-}
-
-/// Pushes one task per run id (apalis's `push_tasks`). A new task id per hand-over, one
-/// attempt each: retries are Lamplighter's. A task is due at once: its run's due time was
-/// checked before the push. Its `run_at` is the epoch, not apalis's default of the wall clock
-/// at the push, which the claim compares with the wall clock again: a task pushed while the
-/// clock ran ahead and stepped back would stay unclaimable until the clock caught up, with
-/// nothing to wake the intake then (seen in the chaos test).
+/// Pushes one task per run id, as apalis's `push_tasks` writes them (its columns and
+/// defaults), in one statement: apalis inserts task by task, and a thousand runs handed over
+/// at once made a thousand round trips to the writer's thread (10 % of a drain's CPU,
+/// measured in `cargo bench … runcore -- queue`). A new task id per hand-over, one attempt
+/// each: retries are Lamplighter's.
+///
+/// A task is due at once: its run's due time was checked before the push. Its `run_at` is the
+/// epoch, not apalis's default of the wall clock at the push, which a claim would compare with
+/// the wall clock again: a task pushed while the clock ran ahead and stepped back would stay
+/// unclaimable until the clock caught up, with nothing to wake the intake then (seen in the
+/// chaos test).
 pub(crate) async fn push(c: &mut sqlx::SqliteConnection, ids: &[String]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    let mut tasks: Vec<apalis_sqlite::SqliteTask> = Vec::with_capacity(ids.len());
+    let mut rows: Vec<serde_json::Value> = Vec::with_capacity(ids.len());
     for id in ids {
-        tasks.push(
-            TaskBuilder::new(RunTask::encode(id)?)
-                .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
-                .max_attempts(1)
-                .run_at_timestamp(0)
-                .build(),
-        );
+        let task: apalis_sqlite::SqliteTask = TaskBuilder::new(RunTask::encode(id)?)
+            .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+            .max_attempts(1)
+            .run_at_timestamp(0)
+            .build();
+        rows.push(serde_json::json!([
+            hex(&task.args),
+            task.task_id().map(ToString::to_string),
+            task.max_attempts().unwrap_or(1),
+            task.run_at().unwrap_or(0),
+            task.priority().unwrap_or_default(),
+            serde_json::to_string(task.metadata()).unwrap_or_default(),
+            task.idempotency_key(),
+        ]));
     }
-    apalis_sqlite::queries::push_tasks(&mut *c, QUEUE, &tasks).await.map_err(|e| queue_error("pushing to the queue", e))
-}
-
-/// Takes up to `n` due tasks with apalis's fetch query (its order: priority, due time, id)
-/// and consumes them; returns how many it took and their run ids.
-pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize, worker: &str) -> Result<(usize, Vec<String>), StoreError> {
-    let config = apalis_sqlite::Config::default().queue(QUEUE).batch_size(n.max(1));
-    let tasks = apalis_sqlite::queries::fetch_next(&mut *c, &config, &WorkerContext::new(worker))
-        .await
-        .map_err(|e| queue_error("fetching from the queue", e))?;
-    if tasks.is_empty() {
-        return Ok((0, Vec::new()));
-    }
-    let task_ids: Vec<String> = tasks.iter().filter_map(|t| t.task_id().map(|id| id.to_string())).collect();
-    sqlx::query("DELETE FROM Jobs WHERE id IN (SELECT value FROM json_each(?1))")
-        .bind(serde_json::to_string(&task_ids).unwrap_or_default())
-        .execute(&mut *c)
-        .await
-        .map_err(|e| StoreError::new("consuming queue tasks", e))?;
-    let ids = RunTask::run_ids(tasks.iter().map(|t| t.args.as_slice()));
-    Ok((tasks.len(), ids))
-}
-
-/// Records `worker` in apalis's workers table (a task's lock names its taker). Idempotent;
-/// a restart under the same name takes its row over.
-pub(crate) async fn register(c: &mut sqlx::SqliteConnection, worker: &str) -> Result<(), StoreError> {
+    // `WHERE true`: SQLite's grammar needs it between a SELECT and an upsert clause.
     sqlx::query(
-        "INSERT INTO Workers (id, worker_type, storage_name, layers, last_seen, started_at)
-         VALUES (?1, ?2, 'SqliteStorage', 'lamplighter', strftime('%s', 'now'), strftime('%s', 'now'))
-         ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, started_at = excluded.started_at",
+        "INSERT INTO Jobs (job, id, job_type, status, attempts, max_attempts, run_at, last_result, lock_at, lock_by, done_at,
+                           priority, metadata, idempotency_key)
+         SELECT unhex(value ->> 0), value ->> 1, ?1, 'Pending', 0, value ->> 2, value ->> 3, NULL, NULL, NULL, NULL,
+                value ->> 4, value ->> 5, value ->> 6
+         FROM json_each(?2) WHERE true
+         ON CONFLICT (job_type, idempotency_key) DO NOTHING",
     )
-    .bind(worker)
     .bind(QUEUE)
+    .bind(serde_json::Value::from(rows).to_string())
     .execute(&mut *c)
     .await
-    .map_err(|e| StoreError::new("registering with the queue", e))?;
+    .map_err(|e| StoreError::new("pushing to the queue", e))?;
     Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Takes and consumes up to `n` pending tasks in apalis's order (priority, due time, id), in
+/// one statement (apalis's fetch marks them taken, and a second statement deleted them);
+/// returns how many it took and their run ids. One connection writes: no other taker can
+/// hold them.
+pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
+        "DELETE FROM Jobs WHERE ROWID IN (
+             SELECT ROWID FROM Jobs WHERE job_type = ?1 AND status = 'Pending' AND lock_by IS NULL
+             ORDER BY priority DESC, run_at ASC, id ASC LIMIT ?2)
+         RETURNING job",
+    )
+    .bind(QUEUE)
+    .bind(n.max(1) as i64)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
+    let ids = RunTask::run_ids(payloads.iter().map(Vec::as_slice));
+    Ok((payloads.len(), ids))
 }
 
 /// Drops every task of our queue (at start, when every queued run is handed over again).
