@@ -10,12 +10,16 @@
 //!   concurrency 32), while this needs one per batch.
 //! - **Run**: each claimed run gets its own task with a [`RunContext`], the job's timeout and
 //!   cancellation; a panic of its target is caught in that task and fails that run alone.
-//! - **Record**: the recorder writes the ends of whatever runs have finished in one statement,
-//!   then schedules retries, tells waiters and frees the batch's slots and passes at once.
+//! - **Record**: the recorder writes the ends of whatever runs have finished in one statement
+//!   and, while the queue may hold runs, claims as many in the same transaction: their slots
+//!   and passes go to those runs (the single writer alternated between small claims and small
+//!   batches of ends). It then schedules retries, tells waiters and frees the slots left over
+//!   at once.
 //!
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +39,7 @@ use crate::retention::PruneQueue;
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{Handed, RunEnd, RunStore, StoreError};
+use crate::store::{Handed, RunEnd, RunStore, StoreError, Taken};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -130,6 +134,11 @@ pub(crate) struct Executor {
     /// Set while the scheduler fires ticks: the ends of runs wait for the single writer until
     /// the burst's transactions are through ([`Executor::firing`]).
     firing: tokio::sync::watch::Sender<bool>,
+    /// Whether the queue may hold runs: set by a push the intake hears of and by a take that
+    /// came back full, cleared by one that came back short. Only a hint for the recorder
+    /// (whether to claim with the ends it writes); the intake, woken by every push, is what
+    /// guarantees that queued runs are taken.
+    queue_may_hold: std::sync::atomic::AtomicBool,
 }
 
 /// Held while the scheduler fires a pass's ticks (see [`Executor::firing`]).
@@ -170,6 +179,7 @@ impl Executor {
                 running: Mutex::default(),
                 count: tokio::sync::watch::Sender::new(0),
                 firing: tokio::sync::watch::Sender::new(false),
+                queue_may_hold: std::sync::atomic::AtomicBool::new(false),
             }),
             RecorderRx(rx),
         )
@@ -520,6 +530,10 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             .map(|f| f.end.retry.then(|| next_attempt(f.run.attempt, config.retries_for(&f.run.job).as_ref(), now)).flatten())
             .collect();
         drop(config);
+        // The slots these runs free are filled again in the same write while the queue may
+        // hold runs; after a failed attempt, the ends are written alone (the intake claims).
+        let refill = if exec.queue_may_hold.load(Relaxed) && exec.gate.admits() { batch.len() } else { 0 };
+        let claim_too = AtomicBool::new(refill > 0);
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
             .zip(&retries)
@@ -541,13 +555,18 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // stop gives up (the runs are then recovered as interrupted).
         let finish = || async {
             let began = std::time::Instant::now();
-            let res = exec.env.store.finish_many(&ends, now).await;
-            tracing::debug!(
-                runs = ends.len(),
-                finish_us = began.elapsed().as_micros() as u64,
-                at_ms = exec.env.clock.now().timestamp_millis(),
-                "ends recorded"
-            );
+            let n = if claim_too.load(Relaxed) { refill } else { 0 };
+            let res = exec.env.store.finish_and_claim(&ends, n, &exec.env.worker, now).await;
+            match &res {
+                Ok((_, taken)) => tracing::debug!(
+                    runs = ends.len(),
+                    claimed = taken.runs.len(),
+                    finish_us = began.elapsed().as_micros() as u64,
+                    at_ms = exec.env.clock.now().timestamp_millis(),
+                    "ends recorded"
+                ),
+                Err(_) => claim_too.store(false, Relaxed),
+            }
             res
         };
         let failed = |e: &StoreError, attempt: u32| {
@@ -557,8 +576,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
             true
         };
-        let recorded: std::collections::HashSet<String> = match retry_write(&stop, failed, finish).await {
-            Ok((done, attempts)) => {
+        let (recorded, taken): (std::collections::HashSet<String>, Taken) = match retry_write(&stop, failed, finish).await {
+            Ok(((done, taken), attempts)) => {
                 exec.env.health.storage_ok();
                 if attempts > 1 {
                     tracing::info!(runs = ends.len(), attempts, "the end of runs is recorded");
@@ -566,7 +585,10 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 if done.len() < ends.len() {
                     tracing::debug!(runs = ends.len() - done.len(), "ends not recorded: the runs were no longer running here");
                 }
-                done.into_iter().collect()
+                if claim_too.load(Relaxed) {
+                    exec.queue_may_hold.store(taken.tasks == refill, Relaxed);
+                }
+                (done.into_iter().collect(), taken)
             }
             // Stopped: the runs are recovered as interrupted at the next start.
             Err(_) => Default::default(),
@@ -593,7 +615,11 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         }
         // After the retries are written: a drain waits for the passes, and a retry not yet
         // written when the process stops would be lost (an end no attempt follows is final).
-        Ticket::release_all(std::mem::take(&mut freed));
+        // The runs claimed with the ends take their tickets over (each holds its pass until
+        // its own end is recorded, in a later batch).
+        let left = freed.split_off(taken.runs.len().min(freed.len()));
+        exec.launch(taken.runs, std::mem::take(&mut freed));
+        Ticket::release_all(left);
     }
 }
 
@@ -677,6 +703,7 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
             if !more {
                 continue;
             }
+            exec.queue_may_hold.store(true, Relaxed);
         }
         let tickets = tokio::select! {
             t = exec.tickets_when_free(CLAIM_BATCH, exec.concurrency / 4) => t,
@@ -710,6 +737,7 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
                 );
                 // A full batch: there may be more behind it.
                 more = taken.tasks == asked;
+                exec.queue_may_hold.store(more, Relaxed);
                 exec.launch(taken.runs, tickets);
             }
             Err(e) => {

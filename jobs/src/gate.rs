@@ -60,6 +60,12 @@ impl Gate {
         let _ = rx.wait_for(|s| s.closed || !s.held).await;
     }
 
+    /// Whether [`Gate::enter`] would give a pass now (neither closed nor held).
+    pub(crate) fn admits(&self) -> bool {
+        let s = self.state.borrow();
+        !s.closed && !s.held
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.state.borrow().closed
     }

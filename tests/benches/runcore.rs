@@ -217,7 +217,7 @@ fn queue(n: usize) {
     });
     println!("\n== queue: {n} queued runs, concurrency 32, file-read of 2 bytes ==");
     let started = Instant::now();
-    w.start_logging("warn,lamplighter_jobs::executor=debug");
+    w.start_logging("warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug");
     loop {
         std::thread::sleep(Duration::from_millis(250));
         // A count by the status index: reading every row each poll took CPU the worker needs.
@@ -251,7 +251,7 @@ fn drain_stages(log: &str) {
         line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
     };
     for (what, marker, size, took) in
-        [("claims", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
+        [("claims by the intake", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
     {
         let lines: Vec<&str> = log.lines().filter(|l| l.contains(marker)).collect();
         let runs: f64 = lines.iter().filter_map(|l| field(l, size)).sum();
@@ -266,6 +266,26 @@ fn drain_stages(log: &str) {
             p(0.99)
         );
     }
+    // The transaction of ends and claims, statement by statement.
+    let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
+    let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
+    println!(
+        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease {:.0}, take {:.0}, {:.1} claims {:.0}, commit {:.0}",
+        mean("begin_us"),
+        mean("ends"),
+        mean("ends_us"),
+        mean("lease_us"),
+        mean("take_us"),
+        mean("claimed"),
+        mean("claim_us"),
+        mean("commit_us")
+    );
+    let with_ends: Vec<f64> = log.lines().filter(|l| l.contains("ends recorded")).filter_map(|l| field(l, "claimed")).collect();
+    println!(
+        "runs claimed in the end writes: {:.0} ({:.1} a write)",
+        with_ends.iter().sum::<f64>(),
+        with_ends.iter().sum::<f64>() / with_ends.len().max(1) as f64
+    );
 }
 
 /// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,

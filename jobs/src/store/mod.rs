@@ -674,7 +674,7 @@ pub(crate) struct Handed {
     pub(crate) resumed: bool,
 }
 
-/// What [`RunStore::claim_queued`] took.
+/// What [`RunStore::claim_queued`] (or [`RunStore::finish_and_claim`]) took.
 #[derive(Debug, Default)]
 pub(crate) struct Taken {
     /// Tasks consumed (fewer than asked: the queue is empty for now).
@@ -813,6 +813,16 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// fenced and left to whoever takes it over). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    /// [`RunStore::finish_many`] and then [`RunStore::claim_queued`] of up to `n` runs, in one
+    /// transaction: the slots the ends free are filled again without a second write (the
+    /// single writer alternated between small claims and small batches of ends).
+    async fn finish_and_claim(
+        &self,
+        ends: &[RunEnd<'_>],
+        n: usize,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<String>, Taken), StoreError>;
     /// Ends a run that is not running (queued, or waiting for approval), if its status allows
     /// it ([`Transitions::can_become`]). False when it did not: a running run's end is its
     /// worker's to record ([`RunStore::finish_many`], fenced), after it has stopped the work;

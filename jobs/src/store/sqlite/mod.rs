@@ -481,7 +481,7 @@ impl Dialect for SqliteStore {
             "SELECT json_array(
                 json((SELECT json_array(paused, pause_reason, paused_at, last_tick) FROM ll_job_state WHERE job = ?1)),
                 json((SELECT json_group_array(json_array(id, status, trigger, enqueued_at, finished_at) ORDER BY id DESC)
-                      FROM (SELECT id, status, trigger, enqueued_at, finished_at FROM ll_runs WHERE job = ?1 ORDER BY id DESC LIMIT ?2))),
+                      FROM (SELECT id, status, trigger, enqueued_at, finished_at FROM ll_runs WHERE job = ?1 ORDER BY id DESC LIMIT +?2))),
                 json((SELECT json_group_array(json_array(status, n)) FROM (SELECT status, count(*) AS n FROM ll_runs WHERE job = ?1 GROUP BY status))))",
         )
         .bind(job)

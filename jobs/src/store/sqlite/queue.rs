@@ -66,12 +66,12 @@ fn hex(bytes: &[u8]) -> String {
 /// Takes and consumes up to `n` pending tasks in apalis's order (priority, due time, id), in
 /// one statement (apalis's fetch marks them taken, and a second statement deleted them);
 /// returns how many it took and their run ids. One connection writes: no other taker can
-/// hold them.
+/// hold them. (`LIMIT +?2`: see [`crate::store::dialect::numbered`].)
 pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
     let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
         "DELETE FROM Jobs WHERE ROWID IN (
              SELECT ROWID FROM Jobs WHERE job_type = ?1 AND status = 'Pending' AND lock_by IS NULL
-             ORDER BY priority DESC, run_at ASC, id ASC LIMIT ?2)
+             ORDER BY priority DESC, run_at ASC, id ASC LIMIT +?2)
          RETURNING job",
     )
     .bind(QUEUE)
