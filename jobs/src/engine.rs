@@ -171,11 +171,6 @@ impl Shared {
         self.signals.publish(Signal::RunFinished(id.to_string()));
     }
 
-    /// Asks the housekeeper to apply the job's retention soon (batched, off the run path).
-    pub(crate) fn prune_soon(&self, job: &str, at: DateTime<Utc>) {
-        self.retention.prune_soon(job, at);
-    }
-
     /// Background writes wait while a tick is about to fire (they would hold SQLite's write lock
     /// while the tick's runs are claimed).
     async fn clear_of_ticks(&self) {
@@ -328,7 +323,6 @@ impl Engine {
                 observer: opts.observer.clone(),
                 signals: signals.clone(),
                 config: in_force.clone(),
-                retention: retention.clone(),
                 worker: opts.worker_name.clone(),
                 health: health.clone(),
             },
@@ -372,6 +366,7 @@ impl Engine {
             signals: shared.signals.clone(),
             config: shared.config.clone(),
             observer: shared.observer.clone(),
+            retention: shared.retention.clone(),
             worker: shared.worker.name.clone(),
         };
         let notifier_signals = shared.subscribe();
@@ -546,8 +541,9 @@ const PRUNE_CLEARANCE_MS: i64 = 250;
 /// A busy worker prunes at most this often; an idle one not at all.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
-/// Applies retention off the run path: woken when runs finish, then waits [`PRUNE_EVERY`] so
-/// one pass covers every run that finished meanwhile. No timer while nothing finishes.
+/// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
+/// (only a noticed run may be pruned), then waits [`PRUNE_EVERY`] from the first of them's end
+/// so one pass covers every run that finished meanwhile. No timer while nothing finishes.
 /// Keeps the runtime jobs in force as the store has them: one job read again when a worker
 /// says it changed, all of them when signals may have been missed.
 async fn follow_definitions(shared: Arc<Shared>, mut signals: crate::signals::Receiver, stop: CancellationToken) {

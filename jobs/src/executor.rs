@@ -35,7 +35,6 @@ use crate::decide::{Settled, StopReason, next_attempt, settle};
 use crate::events::{Cancelled, Ended, Observer, Op, Owner};
 use crate::gate::{Gate, Pass};
 use crate::in_force::InForce;
-use crate::retention::PruneQueue;
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
@@ -109,7 +108,6 @@ pub(crate) struct ExecutorEnv {
     pub(crate) observer: Arc<Observer>,
     pub(crate) signals: Arc<dyn Signals>,
     pub(crate) config: Arc<InForce>,
-    pub(crate) retention: Arc<PruneQueue>,
     /// This worker's name, which its claims record.
     pub(crate) worker: String,
     /// Where storage faults seen while recording ends are reported.
@@ -609,7 +607,6 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             {
                 schedule_retry(&exec, &f.run, due, now).await;
             }
-            exec.env.retention.prune_soon(&f.run.job, now);
             exec.env.signals.publish(Signal::RunFinished(f.run.id.clone()));
             freed.push(f.ticket);
         }

@@ -50,6 +50,8 @@ pub(crate) struct NotifierEnv {
     pub(crate) signals: Arc<dyn Signals>,
     pub(crate) config: Arc<InForce>,
     pub(crate) observer: Arc<Observer>,
+    /// Asked to prune the jobs whose runs a pass noticed: a run is kept until it is noticed.
+    pub(crate) retention: Arc<crate::retention::PruneQueue>,
     pub(crate) worker: String,
 }
 
@@ -122,6 +124,9 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
     let recheck_at = loop {
         let noticed = env.store.notice(&rules, waits, env.clock.now()).await?;
         tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, more = noticed.more, "outcomes noticed");
+        for (job, ended) in &noticed.prunable {
+            env.retention.prune_soon(job, *ended);
+        }
         if !noticed.more {
             break noticed.recheck_at;
         }

@@ -633,12 +633,8 @@ impl Engine {
                             self.shared.wake_scheduler();
                         }
                     }
-                    RunStatus::Failed => {
-                        if let Some(r) = self.shared.store().get_run(id).await? {
-                            self.shared.prune_soon(&r.job, now);
-                        }
-                        self.shared.run_finished(id);
-                    }
+                    // Its retention is asked for once the notifier has noticed it.
+                    RunStatus::Failed => self.shared.run_finished(id),
                     _ => self.shared.runs_changed(),
                 }
                 Ok(Decision { run_id: id.clone(), step: step.step.clone(), approved: req.approve, record: step, run_status: run })

@@ -199,6 +199,37 @@ async fn due_runs_are_handed_over_once(s: &dyn RunStore) {
     assert_eq!(s.queue_depth().await.expect("depth"), 1);
 }
 
+/// Ends and the claims that fill their slots go in one write: the ends are recorded as
+/// `finish_many` records them, and up to `n` queued runs are claimed; a worker without a live
+/// lease records its ends and leaves the queue alone.
+async fn ends_and_the_claims_that_replace_them_go_together(s: &dyn RunStore) {
+    let t = t0();
+    let a = running_run(s, "m").await;
+    let b = running_run(s, "m").await;
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        queued.push(s.insert_run(manual("m", t), t).await.expect("insert").0);
+    }
+    s.dispatch(&[], &queued, ME, t).await.expect("dispatch");
+    let ends = [end(&a.id, RunStatus::Succeeded), end(&b.id, RunStatus::Failed)];
+    let (done, taken) = s.finish_and_claim(&ends, 2, ME, t + secs(1)).await.expect("finish and claim");
+    assert_eq!(done, [a.id.clone(), b.id.clone()]);
+    assert_eq!((status(s, &a.id).await, status(s, &b.id).await), (RunStatus::Succeeded, RunStatus::Failed));
+    assert_eq!((taken.tasks, taken.runs.len()), (2, 2), "as many claimed as asked");
+    for h in &taken.runs {
+        assert_eq!(status(s, &h.run.id).await, RunStatus::Running);
+        assert_eq!(h.snapshot, Some(snapshot("a")), "the snapshot comes with the run");
+    }
+    // With the worker's lease given up, its end is refused (fenced, as `finish_many` refuses
+    // it) and nothing is taken from the queue.
+    let c = taken.runs[0].run.id.clone();
+    s.release(&me()).await.expect("release the lease");
+    let (done, taken) = s.finish_and_claim(&[end(&c, RunStatus::Succeeded)], 1, ME, t + secs(2)).await.expect("finish alone");
+    assert!(done.is_empty(), "a lapsed lease's end is refused, as finish_many refuses it");
+    assert_eq!((taken.tasks, taken.runs.len()), (0, 0), "no lease: the queue is left alone");
+    assert_eq!(s.queue_depth().await.expect("depth"), 1, "the last task is still queued");
+}
+
 async fn a_run_cancelled_while_queued_is_not_claimed(s: &dyn RunStore) {
     let t = t0();
     let (id, _) = s.insert_run(manual("m", t), t).await.expect("insert");
@@ -853,6 +884,7 @@ macro_rules! contract {
                 the_tick_decision_follows_pause_and_overlap,
                 due_runs_are_handed_over_once,
                 a_run_cancelled_while_queued_is_not_claimed,
+                ends_and_the_claims_that_replace_them_go_together,
                 ends_follow_the_allowed_transitions,
                 an_idempotency_key_returns_the_first_run,
                 a_follow_up_keeps_identity_snapshot_and_checkpoints,

@@ -647,6 +647,9 @@ pub(crate) struct Noticed {
     pub(crate) more: bool,
     /// When a failure left unnoticed (its retry may still be recorded) is to be looked at again.
     pub(crate) recheck_at: Option<DateTime<Utc>>,
+    /// The jobs of the runs marked as noticed (which retention may now prune), each with the
+    /// earliest end among them.
+    pub(crate) prunable: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// What the per-job gauges show of a job, as the database has it.

@@ -1179,9 +1179,15 @@ impl<D: Dialect> RunStore for D {
             D::execute(&mut tx, q.bind_list(seen.iter().copied())).await?;
         }
         D::commit(tx).await?;
+        let seen_ids: HashSet<&str> = seen.iter().copied().collect();
+        let mut prunable: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+        for run in runs.iter().filter(|r| seen_ids.contains(r.id.as_str())) {
+            let ended = run.finished_at.unwrap_or(now);
+            prunable.entry(run.job.clone()).and_modify(|at| *at = (*at).min(ended)).or_insert(ended);
+        }
         // A full batch with nothing in it to notice (failures waiting for their retries) is not
         // "more": the pass would only read it again.
-        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at })
+        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at, prunable })
     }
 
     async fn claim_notifications(&self, worker: &str, n: usize, hold: Duration, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
