@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{SAVE, Worker, bin, cpu_ms, jobs_yaml, summary};
+use common::{DRAIN_LOG, SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, summary};
 
 use std::time::{Duration, Instant};
 
@@ -156,7 +156,7 @@ fn drain(url: &str, n: usize, workers: usize) {
     println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes ==");
     let started = Instant::now();
     for w in &mut ws {
-        w.start();
+        w.start_logging(DRAIN_LOG);
     }
     loop {
         std::thread::sleep(Duration::from_millis(250));
@@ -176,6 +176,8 @@ fn drain(url: &str, n: usize, workers: usize) {
     println!("succeeded {done}, other {}; first start → last finish {} ms", r.len() - done, last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("workers' CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
+    println!("the first worker's writes:");
+    drain_stages(&ws[0].log());
 }
 
 /// Installs the peer (once, into a cache folder) and returns the folder: its `node` and the

@@ -24,7 +24,7 @@
 mod apalis_cron;
 mod common;
 
-use common::{SAVE, Worker, bin, burst_spreads, cpu_ms, jobs_yaml, read_rows, rss_kb, status_kb, summary};
+use common::{DRAIN_LOG, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, read_rows, rss_kb, status_kb, summary};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -217,7 +217,7 @@ fn queue(n: usize) {
     });
     println!("\n== queue: {n} queued runs, concurrency 32, file-read of 2 bytes ==");
     let started = Instant::now();
-    w.start_logging("warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug");
+    w.start_logging(DRAIN_LOG);
     loop {
         std::thread::sleep(Duration::from_millis(250));
         // A count by the status index: reading every row each poll took CPU the worker needs.
@@ -241,51 +241,6 @@ fn queue(n: usize) {
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("worker CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
     drain_stages(&w.log());
-}
-
-/// The drain's writes, from the executor's debug lines: how many, how many runs each, and how
-/// long each took (from the call to its return, waits for the writer included).
-fn drain_stages(log: &str) {
-    let field = |line: &str, name: &str| -> Option<f64> {
-        let at = line.find(&format!(" {name}="))? + name.len() + 2;
-        line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-    };
-    for (what, marker, size, took) in
-        [("claims by the intake", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
-    {
-        let lines: Vec<&str> = log.lines().filter(|l| l.contains(marker)).collect();
-        let runs: f64 = lines.iter().filter_map(|l| field(l, size)).sum();
-        let mut us: Vec<i64> = lines.iter().filter_map(|l| field(l, took)).map(|v| v as i64).collect();
-        us.sort_unstable();
-        let p = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
-        println!(
-            "{what}: {} of {:.1} runs on average; each took p50 {} / p99 {} µs",
-            lines.len(),
-            runs / lines.len().max(1) as f64,
-            p(0.5),
-            p(0.99)
-        );
-    }
-    // The transaction of ends and claims, statement by statement.
-    let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
-    let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
-    println!(
-        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease {:.0}, take {:.0}, {:.1} claims {:.0}, commit {:.0}",
-        mean("begin_us"),
-        mean("ends"),
-        mean("ends_us"),
-        mean("lease_us"),
-        mean("take_us"),
-        mean("claimed"),
-        mean("claim_us"),
-        mean("commit_us")
-    );
-    let with_ends: Vec<f64> = log.lines().filter(|l| l.contains("ends recorded")).filter_map(|l| field(l, "claimed")).collect();
-    println!(
-        "runs claimed in the end writes: {:.0} ({:.1} a write)",
-        with_ends.iter().sum::<f64>(),
-        with_ends.iter().sum::<f64>() / with_ends.len().max(1) as f64
-    );
 }
 
 /// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,

@@ -270,3 +270,51 @@ pub(crate) fn burst_spreads(runs: impl Iterator<Item = (Option<i64>, Option<i64>
     let spreads = by_tick.values().filter(|v| v.2 >= min_runs).map(|v| v.1 - v.0).collect();
     (spreads, by_tick.values().map(|v| v.2).collect())
 }
+
+/// The worker's log filter for the lines [`drain_stages`] reads.
+pub(crate) const DRAIN_LOG: &str = "warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug";
+
+/// The drain's writes, from the executor's debug lines: how many, how many runs each, and how
+/// long each took (from the call to its return, waits for the writer included).
+pub(crate) fn drain_stages(log: &str) {
+    let field = |line: &str, name: &str| -> Option<f64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    for (what, marker, size, took) in
+        [("claims by the intake", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
+    {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(marker)).collect();
+        let runs: f64 = lines.iter().filter_map(|l| field(l, size)).sum();
+        let mut us: Vec<i64> = lines.iter().filter_map(|l| field(l, took)).map(|v| v as i64).collect();
+        us.sort_unstable();
+        let p = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+        println!(
+            "{what}: {} of {:.1} runs on average; each took p50 {} / p99 {} µs",
+            lines.len(),
+            runs / lines.len().max(1) as f64,
+            p(0.5),
+            p(0.99)
+        );
+    }
+    // The transaction of ends and claims, statement by statement.
+    let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
+    let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
+    println!(
+        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease {:.0}, take {:.0}, {:.1} claims {:.0}, commit {:.0}",
+        mean("begin_us"),
+        mean("ends"),
+        mean("ends_us"),
+        mean("lease_us"),
+        mean("take_us"),
+        mean("claimed"),
+        mean("claim_us"),
+        mean("commit_us")
+    );
+    let with_ends: Vec<f64> = log.lines().filter(|l| l.contains("ends recorded")).filter_map(|l| field(l, "claimed")).collect();
+    println!(
+        "runs claimed in the end writes: {:.0} ({:.1} a write)",
+        with_ends.iter().sum::<f64>(),
+        with_ends.iter().sum::<f64>() / with_ends.len().max(1) as f64
+    );
+}
