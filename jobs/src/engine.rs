@@ -541,9 +541,6 @@ const PRUNE_CLEARANCE_MS: i64 = 250;
 /// A busy worker prunes at most this often; an idle one not at all.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
-/// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
-/// (only a noticed run may be pruned), then waits [`PRUNE_EVERY`] from the first of them's end
-/// so one pass covers every run that finished meanwhile. No timer while nothing finishes.
 /// Keeps the runtime jobs in force as the store has them: one job read again when a worker
 /// says it changed, all of them when signals may have been missed.
 async fn follow_definitions(shared: Arc<Shared>, mut signals: crate::signals::Receiver, stop: CancellationToken) {
@@ -580,6 +577,9 @@ async fn follow_definitions(shared: Arc<Shared>, mut signals: crate::signals::Re
     }
 }
 
+/// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
+/// (only a noticed run may be pruned), then waits [`PRUNE_EVERY`] from the first of them's end
+/// so one pass covers every run that finished meanwhile. No timer while nothing finishes.
 async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         tokio::select! {

@@ -10,7 +10,7 @@
 //!   concurrency 32), while this needs one per batch.
 //! - **Run**: each claimed run gets its own task with a [`RunContext`], the job's timeout and
 //!   cancellation; a panic of its target is caught in that task and fails that run alone.
-//! - **Record**: the recorder writes the ends of whatever runs have finished in one statement
+//! - **Record**: the recorder writes the ends of whatever runs have finished in one transaction
 //!   and, while the queue may hold runs, claims as many in the same transaction: their slots
 //!   and passes go to those runs (the single writer alternated between small claims and small
 //!   batches of ends). It then schedules retries, tells waiters and frees the slots left over
@@ -495,12 +495,12 @@ async fn execute(
     settle(outcome, stop)
 }
 
-/// Writes the ends of whatever runs have finished (up to [`BATCH`]) in one statement, then
-/// frees their slots and passes.
+/// Writes the ends of whatever runs have finished (up to [`BATCH`]) in one transaction, with
+/// the claims of queued runs that take their slots while the queue may hold some; then starts
+/// those runs and frees the slots left over.
 pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: CancellationToken) {
     let mut rx = rx.0;
     let mut batch = Vec::with_capacity(BATCH);
-    let mut freed = Vec::with_capacity(BATCH);
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
@@ -592,30 +592,43 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             Err(_) => Default::default(),
         };
         drop(ends);
-        for (f, retry) in batch.drain(..).zip(retries) {
+        // A claim given up on may have left tasks behind that the intake, its own take short
+        // while this transaction held them (PostgreSQL skips locked tasks), will not look for
+        // until the next push: it is told now.
+        if refill > 0 && !claim_too.load(Relaxed) {
+            exec.queue_may_hold.store(true, Relaxed);
+            exec.env.signals.publish(Signal::TasksPushed);
+        }
+        // The runs claimed with the ends start at once, on the tickets of the first ends (each
+        // holds its pass until its own end is recorded, in a later batch); the other tickets
+        // are freed after the retries below are written.
+        let mut freed: Vec<Ticket> = Vec::with_capacity(batch.len());
+        let mut ended = Vec::with_capacity(batch.len());
+        for f in batch.drain(..) {
+            freed.push(f.ticket);
+            ended.push((f.run, f.end));
+        }
+        let left = freed.split_off(taken.runs.len().min(freed.len()));
+        exec.launch(taken.runs, freed);
+        for ((run, end), retry) in ended.into_iter().zip(retries) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
-            exec.untrack(&f.run.id);
-            if f.end.status == RunStatus::Failed && f.end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
-                tracing::error!(run = %f.run.id, job = %f.run.job, error = f.end.error.as_deref().unwrap_or(""), "run panicked");
+            exec.untrack(&run.id);
+            if end.status == RunStatus::Failed && end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
+                tracing::error!(run = %run.id, job = %run.job, error = end.error.as_deref().unwrap_or(""), "run panicked");
             }
-            exec.env.observer.run_finished(&f.run, f.end.status, f.end.error.as_deref(), f.end.wait_until);
+            exec.env.observer.run_finished(&run, end.status, end.error.as_deref(), end.wait_until);
             // Only this end's own record decides a retry: a run fenced or cancelled meanwhile is
             // followed up by whoever recorded its end.
-            if recorded.contains(&f.run.id)
+            if recorded.contains(&run.id)
                 && let Some(due) = retry
             {
-                schedule_retry(&exec, &f.run, due, now).await;
+                schedule_retry(&exec, &run, due, now).await;
             }
-            exec.env.signals.publish(Signal::RunFinished(f.run.id.clone()));
-            freed.push(f.ticket);
+            exec.env.signals.publish(Signal::RunFinished(run.id.clone()));
         }
         // After the retries are written: a drain waits for the passes, and a retry not yet
         // written when the process stops would be lost (an end no attempt follows is final).
-        // The runs claimed with the ends take their tickets over (each holds its pass until
-        // its own end is recorded, in a later batch).
-        let left = freed.split_off(taken.runs.len().min(freed.len()));
-        exec.launch(taken.runs, std::mem::take(&mut freed));
         Ticket::release_all(left);
     }
 }

@@ -1,5 +1,5 @@
-//! The drain gate: every run passes it before it is claimed and holds its pass until its end is
-//! recorded. Shutdown closes the gate (no new claims) and waits for the passes to come back, so
+//! The drain gate: every run passes it before it is claimed (or takes over the pass of the run
+//! whose end made room for it) and holds its pass until its end is recorded. Shutdown closes the gate (no new claims) and waits for the passes to come back, so
 //! "drained" means "recorded", never "left the running map".
 
 use tokio::sync::watch;

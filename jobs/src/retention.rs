@@ -1,5 +1,6 @@
-//! Which jobs' history may need pruning: asked for as runs finish and ticks are skipped,
-//! taken in batches by the housekeeper, off the run path.
+//! Which jobs' history may need pruning: asked for as the notifier notices runs' outcomes
+//! (only a noticed run may be pruned) and as ticks are skipped, taken in batches by the
+//! housekeeper, off the run path.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
