@@ -480,11 +480,12 @@ impl Engine {
         // Every scheduler write is one transaction, so a scheduler stopped mid-write loses
         // nothing (the transaction rolls back and the ticks fire again at the next start);
         // it is given a moment to finish, then aborted, so a slow database cannot hold the drain.
-        for task in [tasks.scheduler, tasks.housekeeper] {
-            let abort = task.abort_handle();
-            if tokio::time::timeout(STOP_TASK, task).await.is_err() {
-                abort.abort();
-            }
+        // One deadline for both (and for the run tasks below): a task stuck in a call to a hung
+        // database is given up on at the same moment as the others, not one after another.
+        let stopping = [tasks.scheduler, tasks.housekeeper];
+        let aborts: Vec<_> = stopping.iter().map(tokio::task::JoinHandle::abort_handle).collect();
+        if tokio::time::timeout(STOP_TASK, futures::future::join_all(stopping)).await.is_err() {
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         let gate = self.shared.executor.gate();
         if tokio::time::timeout(grace, gate.idle()).await.is_err() {
@@ -496,9 +497,7 @@ impl Engine {
             }
         }
         tasks.stop_runs.cancel();
-        for t in tasks.runs {
-            let _ = tokio::time::timeout(STOP_TASK, t).await;
-        }
+        let _ = tokio::time::timeout(STOP_TASK, futures::future::join_all(tasks.runs)).await;
         // Every run it claimed has its end recorded: nothing is left for others to take over.
         if gate.passes() == 0
             && let Err(e) = self.shared.store.release(&self.shared.worker).await
