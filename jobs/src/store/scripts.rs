@@ -495,28 +495,12 @@ impl<D: Dialect> RunStore for D {
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();
-        let Some(epoch) = live_epoch::<D>(&mut tx, worker).await? else {
-            D::commit(tx).await?;
-            return Ok((recorded_as_asked(ends, &done), Taken::default()));
-        };
-        let lease_us = split();
-        let (tasks, ids) = D::take(&mut tx, n).await?;
-        let take_us = split();
-        let runs = claim::<D>(&mut tx, &ids, worker, epoch, now, Locked::Wait).await?;
+        // The lease, the take and the claim, as `claim_queued` makes them.
+        let taken = take_and_claim::<D>(&mut tx, n, worker, now).await?;
         let claim_us = split();
         D::commit(tx).await?;
-        tracing::debug!(
-            ends = ends.len(),
-            claimed = runs.len(),
-            begin_us,
-            ends_us,
-            lease_us,
-            take_us,
-            claim_us,
-            commit_us = split(),
-            "ends and claims"
-        );
-        Ok((recorded_as_asked(ends, &done), Taken { tasks, runs }))
+        tracing::debug!(ends = ends.len(), claimed = taken.runs.len(), begin_us, ends_us, claim_us, commit_us = split(), "ends and claims");
+        Ok((recorded_as_asked(ends, &done), taken))
     }
 
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {

@@ -301,12 +301,10 @@ pub(crate) fn drain_stages(log: &str) {
     let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
     let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
     println!(
-        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease {:.0}, take {:.0}, {:.1} claims {:.0}, commit {:.0}",
+        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease, take and {:.1} claims {:.0}, commit {:.0}",
         mean("begin_us"),
         mean("ends"),
         mean("ends_us"),
-        mean("lease_us"),
-        mean("take_us"),
         mean("claimed"),
         mean("claim_us"),
         mean("commit_us")
