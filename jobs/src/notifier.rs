@@ -36,6 +36,13 @@ const CLAIM: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest the notifier sleeps with nothing due: a wake-up it missed costs at most this.
 const IDLE_LOOK_AGAIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+/// The least time between two passes woken by runs ending. A pass is two write transactions;
+/// woken by every batch of ends, the passes took the single writer as often as the recorder
+/// did. Measured on a draining queue (`cargo bench … runcore -- queue`): each write of ends
+/// waited 0.95 ms for the writer, 0.56 ms with this gap; the drain went from 7,900 to 9,500
+/// runs/s. The ends of that time are noticed in one pass, and a job's notifications are still
+/// sent in the order they were recorded.
+const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// What the notifier is handed.
 pub(crate) struct NotifierEnv {
@@ -66,6 +73,7 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
     }
     let mut failures = 0u32;
     loop {
+        let began = tokio::time::Instant::now();
         let next = match pass(&env, &http, &stop).await {
             Ok(next) => {
                 failures = 0;
@@ -84,6 +92,10 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
         tokio::select! {
             () = sleep => {}
             () = woken(&mut signals) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(began + PASS_GAP) => {}
+                    () = stop.cancelled() => return,
+                }
                 // One pass serves every signal that came meanwhile.
                 signals.drain();
             }
@@ -125,14 +137,27 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
         if claimed.is_empty() {
             break;
         }
-        let sends = claimed.into_iter().map(|c| {
+        // A job's notifications one after another, in the order they were recorded (a
+        // failure reaches its receiver before the recovery that follows it); jobs side by side.
+        let mut by_job: Vec<Vec<Claimed>> = Vec::new();
+        for c in claimed {
+            match by_job.iter_mut().find(|of_job| of_job[0].job == c.job) {
+                Some(of_job) => of_job.push(c),
+                None => by_job.push(vec![c]),
+            }
+        }
+        let sends = by_job.into_iter().map(|of_job| {
             let config = config.clone();
             async move {
-                let sent = send(env, http, &config, &c).await;
-                (c, sent)
+                let mut sent = Vec::with_capacity(of_job.len());
+                for c in of_job {
+                    let s = send(env, http, &config, &c).await;
+                    sent.push((c, s));
+                }
+                sent
             }
         });
-        for (c, sent) in futures::future::join_all(sends).await {
+        for (c, sent) in futures::future::join_all(sends).await.into_iter().flatten() {
             let outcome = match &sent {
                 Sent::Delivered(what) => {
                     tracing::info!(job = %c.job, event = %c.event, to = %c.target, key = %c.key, result = %what, "notification sent");

@@ -171,6 +171,10 @@ macro_rules! record_for {
 }
 pub(crate) use record_for;
 
+/// What [`Dialect::ends_and_claims_at_once`] wrote: each ended run with the status it took,
+/// the tasks taken, and the claimed runs' rows.
+pub(crate) type EndsAndClaims<R> = (Vec<(String, RunStatus)>, usize, Vec<R>);
+
 /// What a claim does with a run another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Locked {
@@ -181,7 +185,7 @@ pub(crate) enum Locked {
 }
 
 /// The words the dialects spell differently, for statements written once. In the text:
-/// `{greatest}`, `{lock}`, `{undispatched}`, `{in $n}` (and the statuses, `{Queued}`,
+/// `{greatest}`, `{lock}`, `{undispatched}`, `{notification_seq}`, `{in $n}` (and the statuses, `{Queued}`,
 /// `{step:Running}`).
 pub(crate) struct Spelling {
     /// `{greatest}(a, b)`: the larger of two values.
@@ -197,6 +201,9 @@ pub(crate) struct Spelling {
     /// the clock leases are measured by. Empty where a backend serves one worker (a file lock
     /// keeps every other process out, so its lease cannot be taken over).
     pub(crate) lease_live: &'static str,
+    /// `{notification_seq}`, in statements on `ll_notifications`: the order its rows were
+    /// recorded in (a later row has a larger one).
+    pub(crate) notification_seq: &'static str,
     /// What starts a numbered placeholder: statements are written with `$n`; SQLite's own is
     /// `?n` (it takes `$n` for a name).
     pub(crate) param: char,
@@ -236,7 +243,8 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
         .replace("{lease_live}", s.lease_live)
         .replace("{greatest}", s.greatest)
         .replace("{lock}", s.lock)
-        .replace("{undispatched}", s.undispatched);
+        .replace("{undispatched}", s.undispatched)
+        .replace("{notification_seq}", s.notification_seq);
     while let Some(start) = out.find("{in $") {
         let Some(len) = out[start..].find('}') else { break };
         let list = (s.in_list)(&out[start + 4..start + len]);
@@ -316,6 +324,20 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn finish_runs(c: &mut Self::Conn, ends: &[RunEnd<'_>], now: i64) -> impl Fut<Vec<(String, RunStatus)>>;
     /// Closes the open (running or waiting) steps of runs: `(run id, the status they take)`.
     fn close_steps(c: &mut Self::Conn, ends: &[(&str, StepStatus)], now: i64) -> impl Fut<()>;
+    /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
+    /// `ends`, then the lease check, take and claim of up to `n` runs for `worker` that
+    /// [`super::RunStore::claim_queued`] makes — each ended run with the status it took, the
+    /// tasks taken, and the claimed runs' rows (as [`Dialect::claim`]'s). `None`: the script
+    /// writes them as a transaction of those statements.
+    fn ends_and_claims_at_once(
+        &self,
+        _ends: &[RunEnd<'_>],
+        _n: usize,
+        _worker: &str,
+        _now: i64,
+    ) -> impl Future<Output = Option<Result<EndsAndClaims<Self::Row>, StoreError>>> + Send {
+        async { None }
+    }
 
     // Locking.
     /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
@@ -529,6 +551,7 @@ mod tests {
         undispatched: "UNDISPATCHED",
         in_list: |p| format!("IN LIST({p})"),
         lease_live: "LIVE",
+        notification_seq: "SEQ",
         param: '?',
     };
     const PLAIN: Spelling = Spelling { param: '$', ..ODD };
@@ -540,6 +563,7 @@ mod tests {
             render(text, &ODD),
             "SELECT id FROM ll_runs UNDISPATCHED WHERE status = 'queued' AND job IN LIST(?1) AND n = GREATEST(a, ?2) LOCKED"
         );
+        assert_eq!(render("ORDER BY {notification_seq}", &ODD), "ORDER BY SEQ");
         assert_eq!(render("a = $1", &PLAIN), "a = $1");
     }
 

@@ -297,18 +297,27 @@ pub(crate) fn drain_stages(log: &str) {
             p(0.99)
         );
     }
-    // The transaction of ends and claims, statement by statement.
+    // The write of ends and claims: a transaction, statement by statement, or one statement.
     let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
     let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
-    println!(
-        "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease, take and {:.1} claims {:.0}, commit {:.0}",
-        mean("begin_us"),
-        mean("ends"),
-        mean("ends_us"),
-        mean("claimed"),
-        mean("claim_us"),
-        mean("commit_us")
-    );
+    if txs.iter().any(|l| l.contains(" statement_us=")) {
+        println!(
+            "a write of ends and claims, one statement: {:.1} ends and {:.1} claims, mean {:.0} µs",
+            mean("ends"),
+            mean("claimed"),
+            mean("statement_us")
+        );
+    } else {
+        println!(
+            "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease, take and {:.1} claims {:.0}, commit {:.0}",
+            mean("begin_us"),
+            mean("ends"),
+            mean("ends_us"),
+            mean("claimed"),
+            mean("claim_us"),
+            mean("commit_us")
+        );
+    }
     let with_ends: Vec<f64> = log.lines().filter(|l| l.contains("ends recorded")).filter_map(|l| field(l, "claimed")).collect();
     println!(
         "runs claimed in the end writes: {:.0} ({:.1} a write)",

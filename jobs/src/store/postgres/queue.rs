@@ -43,23 +43,37 @@ pub(crate) async fn push(c: &mut sqlx::PgConnection, ids: &[String]) -> Result<(
 /// Takes and consumes up to `n` pending tasks in apalis's order (priority, then due time),
 /// skipping those another transaction holds; returns how many it took and their run ids.
 pub(crate) async fn take(c: &mut sqlx::PgConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
-    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
-        // The pick is a materialized CTE, run once: as a subquery joined to the DELETE,
-        // the planner may run it again per row, and each run skips what the last one
-        // locked, so more than `n` tasks were taken (seen with three workers).
-        "WITH picked AS MATERIALIZED (
-             SELECT id FROM apalis.jobs WHERE job_type = $1 AND status = 'Pending'
-             ORDER BY priority DESC, run_at ASC LIMIT $2 FOR UPDATE SKIP LOCKED)
-         DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING j.job",
-    )
-    .bind(QUEUE)
-    .bind(n.max(1) as i64)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
+    static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH picked AS MATERIALIZED ({}) DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING j.job",
+            pick("$1", "$2", "")
+        )
+    });
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(TAKE.as_str())
+        .bind(QUEUE)
+        .bind(n.max(1) as i64)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
     let ids = RunTask::run_ids(payloads.iter().map(Vec::as_slice));
     Ok((payloads.len(), ids))
 }
+
+/// The tasks a take consumes, to be a materialized CTE: run once (as a subquery joined to the
+/// `DELETE`, the planner may run it again per row, and each run skips what the last one locked,
+/// so more than `n` tasks were taken; seen with three workers). `queue` and `limit` are
+/// placeholders; `and` a further condition (`AND …`) or empty.
+pub(crate) fn pick(queue: &str, limit: &str, and: &str) -> String {
+    format!(
+        "SELECT id FROM apalis.jobs WHERE job_type = {queue} AND status = 'Pending' {and}
+         ORDER BY priority DESC, run_at ASC LIMIT {limit} FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// A taken task's run id in SQL, from its payload `j.job` (the JSON [`RunTask::encode`]
+/// writes: `{"run_id":"<uuid>"}`); NULL for any other payload, whose run is then handed over
+/// again by recovery, as [`RunTask::run_ids`] does for a payload that does not decode.
+pub(crate) const RUN_ID_OF_PAYLOAD: &str = r#"substring(encode(j.job, 'escape') FROM '^\{"run_id":"([^"\\]+)"\}$')"#;
 
 /// Drops every task of our queue.
 pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreError> {

@@ -38,6 +38,8 @@ pub(super) const SPELLING: Spelling = Spelling {
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
     // The file lock keeps every other worker out: nobody can take this one's runs over.
     lease_live: "",
+    // The table's own: a new row takes one larger than every row there.
+    notification_seq: "rowid",
     param: '?',
 };
 
