@@ -40,8 +40,8 @@ const IDLE_LOOK_AGAIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 /// woken by every batch of ends, the passes took the single writer as often as the recorder
 /// did. Measured on a draining queue (`cargo bench … runcore -- queue`): each write of ends
 /// waited 0.95 ms for the writer, 0.56 ms with this gap; the drain went from 7,900 to 9,500
-/// runs/s. The ends of that time are noticed in one pass, and a job's notifications are still
-/// sent in the order they were recorded.
+/// runs/s. The ends of that time are noticed in one pass; a job's notifications still reach
+/// each receiver in the order they were recorded (`RunStore::claim_notifications`).
 const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// What the notifier is handed.
@@ -137,27 +137,16 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
         if claimed.is_empty() {
             break;
         }
-        // A job's notifications one after another, in the order they were recorded (a
-        // failure reaches its receiver before the recovery that follows it); jobs side by side.
-        let mut by_job: Vec<Vec<Claimed>> = Vec::new();
-        for c in claimed {
-            match by_job.iter_mut().find(|of_job| of_job[0].job == c.job) {
-                Some(of_job) => of_job.push(c),
-                None => by_job.push(vec![c]),
-            }
-        }
-        let sends = by_job.into_iter().map(|of_job| {
+        // Side by side: a claim holds at most one notification per job and target
+        // (`claim_notifications` keeps each line in order).
+        let sends = claimed.into_iter().map(|c| {
             let config = config.clone();
             async move {
-                let mut sent = Vec::with_capacity(of_job.len());
-                for c in of_job {
-                    let s = send(env, http, &config, &c).await;
-                    sent.push((c, s));
-                }
-                sent
+                let sent = send(env, http, &config, &c).await;
+                (c, sent)
             }
         });
-        for (c, sent) in futures::future::join_all(sends).await.into_iter().flatten() {
+        for (c, sent) in futures::future::join_all(sends).await {
             let outcome = match &sent {
                 Sent::Delivered(what) => {
                     tracing::info!(job = %c.job, event = %c.event, to = %c.target, key = %c.key, result = %what, "notification sent");

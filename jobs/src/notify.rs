@@ -41,8 +41,6 @@ pub(crate) struct Claimed {
     /// This one included.
     pub(crate) attempts: u32,
     pub(crate) created_at: DateTime<Utc>,
-    /// Its place in the order notifications were recorded in: a job's are sent in it.
-    pub(crate) seq: i64,
 }
 
 /// How a send ended, as the store records it (`RunStore::notification_sent`).

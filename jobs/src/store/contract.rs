@@ -832,24 +832,28 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
         ("failure", NotificationStatus::Pending, retry.as_str())
     );
     assert_eq!(failure[0].key, format!("{}/failure/0", ids[1]));
-    // Claimed once: a second claim finds nothing until the first one's hold runs out.
+    // A job's notifications reach a receiver in the order recorded, one at a time: the
+    // recovery waits behind the failure (claimed once), its failed send and its retry.
     let now = t + secs(140);
-    let claimed = s.claim_notifications(ME, 10, Duration::from_secs(60), now).await.expect("claim");
-    let events: Vec<&str> = claimed.iter().map(|c| c.event.as_str()).collect();
-    assert_eq!(events, ["failure", "recovery"], "in the order recorded: a failure before the recovery that follows it");
-    assert!(claimed[0].seq < claimed[1].seq);
+    let hold = Duration::from_secs(60);
+    let events = |claimed: &[crate::notify::Claimed]| claimed.iter().map(|c| c.event.clone()).collect::<Vec<_>>();
+    let claimed = s.claim_notifications(ME, 10, hold, now).await.expect("claim");
+    assert_eq!(events(&claimed), ["failure"], "the first of the line only");
     assert_eq!(claimed[0].payload["consecutive_failures"], 2);
-    assert!(s.claim_notifications("worker-b", 10, Duration::from_secs(60), now).await.expect("claim").is_empty());
+    let a = &claimed[0];
+    assert!(s.claim_notifications("worker-b", 10, hold, now).await.expect("claim").is_empty(), "claimed once; the recovery waits");
     assert_eq!(s.release_claims("worker-b", now).await.expect("release"), 0, "only the claimer's own");
-    let (a, b) = (&claimed[0], &claimed[1]);
-    s.notification_sent(&a.key, ME, &Sent::Delivered("HTTP 204".into()), now).await.expect("sent");
     // Only the worker holding it records it.
-    s.notification_sent(&b.key, "worker-b", &Sent::Delivered("HTTP 200".into()), now).await.expect("sent");
-    s.notification_sent(&b.key, ME, &Sent::Failed { error: "HTTP 503".into(), retry_at: Some(now + secs(1)) }, now).await.expect("failed");
-    assert_eq!(s.next_notification().await.expect("next"), Some(now + secs(1)));
-    let again = s.claim_notifications(ME, 10, Duration::from_secs(60), now + secs(2)).await.expect("claim");
-    assert_eq!((again.len(), again[0].key.as_str(), again[0].attempts), (1, b.key.as_str(), 2));
-    s.notification_sent(&b.key, ME, &Sent::Failed { error: "HTTP 404".into(), retry_at: None }, now + secs(2)).await.expect("given up");
+    s.notification_sent(&a.key, "worker-b", &Sent::Delivered("HTTP 200".into()), now).await.expect("sent");
+    s.notification_sent(&a.key, ME, &Sent::Failed { error: "HTTP 503".into(), retry_at: Some(now + secs(1)) }, now).await.expect("failed");
+    assert!(s.claim_notifications(ME, 10, hold, now).await.expect("claim").is_empty(), "the recovery waits for the failure's retry");
+    assert_eq!(s.next_notification().await.expect("next"), Some(now + secs(1)), "the retry is next, not the recovery behind it");
+    let again = s.claim_notifications(ME, 10, hold, now + secs(2)).await.expect("claim");
+    assert_eq!((again.len(), again[0].key.as_str(), again[0].attempts), (1, a.key.as_str(), 2));
+    s.notification_sent(&a.key, ME, &Sent::Delivered("HTTP 204".into()), now + secs(2)).await.expect("sent");
+    let b = s.claim_notifications(ME, 10, hold, now + secs(2)).await.expect("claim");
+    assert_eq!(events(&b), ["recovery"], "the line moves on once the failure is delivered");
+    s.notification_sent(&b[0].key, ME, &Sent::Failed { error: "HTTP 404".into(), retry_at: None }, now + secs(2)).await.expect("given up");
     assert_eq!(s.next_notification().await.expect("next"), None);
     let mut statuses: Vec<(String, NotificationStatus, Option<String>)> = Vec::new();
     for root in [&ids[1], &ids[2]] {

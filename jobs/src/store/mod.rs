@@ -238,8 +238,8 @@ impl RunTask {
     }
 
     /// The run ids of taken tasks' payloads. A payload that does not decode cannot name its
-    /// run: it is dropped (logged), and the run, still queued and handed over, is handed over
-    /// again by recovery.
+    /// run: it is dropped (logged). Its run, still queued and handed over, is handed over again
+    /// by recovery on SQLite; on PostgreSQL it stays queued.
     pub(crate) fn run_ids<'p>(payloads: impl Iterator<Item = &'p [u8]>) -> Vec<String> {
         payloads
             .filter_map(|p| match serde_json::from_slice::<RunTask>(p) {
@@ -946,7 +946,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// happens to the pass: its key is the event's.
     async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
     /// Claims up to `n` notifications due at `now` for `worker`, for `hold` (one left `sending`
-    /// by a worker that stopped is claimed again once its hold passed).
+    /// by a worker that stopped is claimed again once its hold passed). Only the first unsent
+    /// notification of each job and target is claimed: each receiver gets a job's
+    /// notifications in the order they were recorded.
     async fn claim_notifications(
         &self,
         worker: &str,
@@ -959,7 +961,7 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// Hands back the notifications a worker of this name left `sending` (it stopped mid-send:
     /// this process starts under its name, so that one is gone); they are due at once.
     async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError>;
-    /// When the next notification is due (or a claim on one runs out).
+    /// When the next notification that may be claimed is due (or a claim on one runs out).
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
     /// The notifications about the run identity `root_id`, oldest first.
     async fn notifications(&self, root_id: &str) -> Result<Vec<crate::notify::Notification>, StoreError>;

@@ -196,6 +196,13 @@ pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
     [due_undispatched_sql::<D>(), next_due_sql::<D>()]
 }
 
+/// A notification (`ll_notifications n`) that no unsent notification of its job to its target
+/// precedes: a job's notifications reach each receiver in the order they were recorded (a
+/// failure, retried or not, before the recovery that follows it), one at a time, across
+/// workers. A line moves on once its first is delivered or given up.
+const FIRST_IN_LINE: &str = "NOT EXISTS (SELECT 1 FROM ll_notifications e WHERE e.job = n.job AND e.target_id = n.target_id
+                             AND e.status IN ('pending', 'sending') AND e.{notification_seq} < n.{notification_seq})";
+
 fn due_undispatched_sql<D: Dialect>() -> &'static str {
     sql!(
         D,
@@ -1185,17 +1192,19 @@ impl<D: Dialect> RunStore for D {
         let q = Stmt::new(
             sql!(
                 D,
-                "UPDATE ll_notifications SET status = 'sending', claimed_by = $1, attempts = attempts + 1, next_at = $2
-                 WHERE key IN (SELECT key FROM ll_notifications WHERE status IN ('pending', 'sending') AND next_at <= $3
-                               ORDER BY next_at, {notification_seq} LIMIT $4)
-                   AND status IN ('pending', 'sending') AND next_at <= $3
-                 RETURNING key, job, event, target, target_id, payload, attempts, created_at, {notification_seq} AS seq"
+                format!(
+                    "UPDATE ll_notifications SET status = 'sending', claimed_by = $1, attempts = attempts + 1, next_at = $2
+                     WHERE key IN (SELECT key FROM ll_notifications n WHERE status IN ('pending', 'sending') AND next_at <= $3 AND {FIRST_IN_LINE}
+                                   ORDER BY next_at LIMIT $4)
+                       AND status IN ('pending', 'sending') AND next_at <= $3
+                     RETURNING key, job, event, target, target_id, payload, attempts, created_at"
+                )
             ),
             "claiming notifications",
         );
         let until = ms(now) + hold.as_millis() as i64;
         let rows = D::fetch_all(&mut *self.writer().await?, q.bind(worker).bind(until).bind(ms(now)).bind(n as i64)).await?;
-        let mut claimed: Vec<Claimed> = rows
+        Ok(rows
             .iter()
             .map(|r| Claimed {
                 key: r.text("key"),
@@ -1206,12 +1215,8 @@ impl<D: Dialect> RunStore for D {
                 payload: r.json("payload").unwrap_or(serde_json::Value::Null),
                 attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
                 created_at: from_ms(r.int("created_at")),
-                seq: r.int("seq"),
             })
-            .collect();
-        // In the order they were recorded (the returned rows' own order is not promised).
-        claimed.sort_by_key(|c| c.seq);
-        Ok(claimed)
+            .collect())
     }
 
     async fn notification_sent(&self, key: &str, worker: &str, sent: &Sent, now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -1256,7 +1261,10 @@ impl<D: Dialect> RunStore for D {
 
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let q = Stmt::new(
-            sql!(D, "SELECT min(next_at) AS at FROM ll_notifications WHERE status IN ('pending', 'sending')"),
+            sql!(
+                D,
+                format!("SELECT min(next_at) AS at FROM ll_notifications n WHERE status IN ('pending', 'sending') AND {FIRST_IN_LINE}")
+            ),
             "reading when the next notification is due",
         );
         Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.and_then(|r| r.opt_int("at")).map(from_ms))

@@ -229,10 +229,11 @@ impl Dialect for PgStore {
     /// drain` the six statements of the script's transaction (`BEGIN`, ends, lease, take,
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
     /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`], the
-    /// steps closed as `close_steps` closes them, the lease read live, the take's pick
+    /// open steps of runs that did not succeed closed, the lease read live, the take's pick
     /// (`queue::pick`, only under a live lease) and the claim in id order. Data-modifying CTEs
     /// all run to completion, on one snapshot; the ended runs are running and the claimed ones
-    /// queued, so no row is written twice.
+    /// queued, so no row is written twice. The steps closed are those of the snapshot: a run's
+    /// own step writes are awaited before its end is handed to the recorder.
     async fn ends_and_claims_at_once(
         &self,
         ends: &[RunEnd<'_>],
@@ -287,10 +288,7 @@ impl Dialect for PgStore {
             let tasks = first.int("tasks_taken").max(0) as usize;
             let undecoded = first.int("tasks_undecoded");
             if undecoded > 0 {
-                tracing::error!(
-                    tasks = undecoded,
-                    "queue tasks that do not name a run were taken and dropped; their runs are handed over again by recovery"
-                );
+                tracing::error!(tasks = undecoded, "queue tasks that do not name a run were taken and dropped");
             }
             // Without claims, the one row has no run.
             let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
@@ -591,7 +589,7 @@ mod tests {
     /// Two workers drain the queue the recorder's way, each write ending its last batch and
     /// claiming the next (one statement on PostgreSQL): every run is claimed once and ended,
     /// nobody takes more than it asked for, and a task whose payload names no run is consumed
-    /// without failing the write (its run is left for recovery).
+    /// without failing the write (its run stays queued, as with the take alone).
     #[tokio::test]
     async fn ends_and_claims_in_one_statement_take_each_task_once() {
         let cluster = lamplighter_tests::pg::Cluster::start();

@@ -71,9 +71,11 @@ pub(crate) fn pick(queue: &str, limit: &str, and: &str) -> String {
 }
 
 /// A taken task's run id in SQL, from its payload `j.job` (the JSON [`RunTask::encode`]
-/// writes: `{"run_id":"<uuid>"}`); NULL for any other payload, whose run is then handed over
-/// again by recovery, as [`RunTask::run_ids`] does for a payload that does not decode.
-pub(crate) const RUN_ID_OF_PAYLOAD: &str = r#"substring(encode(j.job, 'escape') FROM '^\{"run_id":"([^"\\]+)"\}$')"#;
+/// writes: `{"run_id":"<uuid>"}`); NULL for any other payload. Such a task names no run: it is
+/// consumed and counted, as [`RunTask::run_ids`] drops a payload that does not decode. The
+/// pattern is an escape string (`E'…'`), so it reads the same whatever
+/// `standard_conforming_strings` says.
+pub(crate) const RUN_ID_OF_PAYLOAD: &str = r#"substring(encode(j.job, 'escape') FROM E'^\\{"run_id":"([^"\\\\]+)"\\}$')"#;
 
 /// Drops every task of our queue.
 pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreError> {
