@@ -40,8 +40,8 @@ const IDLE_LOOK_AGAIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 /// woken by every batch of ends, the passes took the single writer as often as the recorder
 /// did. Measured on a draining queue (`cargo bench … runcore -- queue`): each write of ends
 /// waited 0.95 ms for the writer, 0.56 ms with this gap; the drain went from 7,900 to 9,500
-/// runs/s. The ends of that time are noticed in one pass; a job's notifications still reach
-/// each receiver in the order they were recorded (`RunStore::claim_notifications`).
+/// runs/s. The ends of that time are noticed in one pass; a job's notifications still go out
+/// in the order they were recorded (`RunStore::claim_notifications`).
 const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// What the notifier is handed.
@@ -137,8 +137,8 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
         if claimed.is_empty() {
             break;
         }
-        // Side by side: a claim holds at most one notification per job and target
-        // (`claim_notifications` keeps each line in order).
+        // Side by side: a claim holds at most one notification per job
+        // (`claim_notifications` keeps a job's in order).
         let sends = claimed.into_iter().map(|c| {
             let config = config.clone();
             async move {

@@ -866,6 +866,41 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
     assert_eq!(statuses, expected);
 }
 
+/// A job's failure sent to one target goes before its recovery sent to another; once the
+/// failure was tried, a retry it waits for holds back only its own target.
+async fn a_jobs_notifications_go_out_in_order_across_targets(s: &dyn RunStore) {
+    use crate::notify::Sent;
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    let rules = |job: &str| {
+        (job == "x").then(|| {
+            vec![
+                NotifyRule { on: NotifyOn::Failure, after_consecutive: 1, to: NotifyTarget::Workflow("pager".into()) },
+                NotifyRule { on: NotifyOn::Recovery, after_consecutive: 1, to: NotifyTarget::Workflow("chat".into()) },
+            ]
+        })
+    };
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let at = t + secs(60 * i);
+        let out = s.fire_ticks(vec![(tick("x", at), Overlap::Allow)], none(1), at).await.expect("fire");
+        ids.push(out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id);
+    }
+    s.finish_many(&[RunEnd { last: true, ..end(&ids[0], RunStatus::Failed) }], t + secs(70)).await.expect("end");
+    s.finish_many(&[RunEnd { last: true, ..end(&ids[1], RunStatus::Succeeded) }], t + secs(80)).await.expect("end");
+    assert_eq!(s.notice(&rules, false, t + secs(81)).await.expect("notice").recorded, 2, "the failure and its recovery, in one pass");
+    let now = t + secs(82);
+    let hold = Duration::from_secs(60);
+    let first = s.claim_notifications(ME, 10, hold, now).await.expect("claim");
+    assert_eq!(first.iter().map(|c| c.event.as_str()).collect::<Vec<_>>(), ["failure"], "the recovery waits for the failure's send");
+    assert!(s.claim_notifications("worker-b", 10, hold, now).await.expect("claim").is_empty(), "nor does another worker take it");
+    s.notification_sent(&first[0].key, ME, &Sent::Failed { error: "HTTP 503".into(), retry_at: Some(now + secs(30)) }, now)
+        .await
+        .expect("failed");
+    let second = s.claim_notifications(ME, 10, hold, now).await.expect("claim");
+    assert_eq!(second.iter().map(|c| c.event.as_str()).collect::<Vec<_>>(), ["recovery"], "tried once: the other target's line moves on");
+}
+
 async fn waits_are_notified_once_each(s: &dyn RunStore) {
     use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
     let to = NotifyTarget::Agent("triage".into());
@@ -885,8 +920,10 @@ async fn waits_are_notified_once_each(s: &dyn RunStore) {
             ("budget_asked".to_owned(), format!("{id}/budget_asked/agent:budget-1/1"))
         ]
     );
+    // Both go to one agent: one at a time, in the order recorded.
     let claimed = s.claim_notifications(ME, 10, Duration::from_secs(60), t + secs(2)).await.expect("claim");
-    assert!(claimed.iter().all(|c| c.payload["command"].as_str().is_some_and(|cmd| cmd.starts_with("lampctl approvals approve"))));
+    assert_eq!(claimed.len(), 1, "a job's notifications one at a time");
+    assert!(claimed[0].payload["command"].as_str().is_some_and(|cmd| cmd.starts_with("lampctl approvals approve")));
 }
 
 macro_rules! contract {
@@ -917,6 +954,7 @@ macro_rules! contract {
                 a_cancel_request_is_kept_with_its_running_run,
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 waits_are_notified_once_each,
+                a_jobs_notifications_go_out_in_order_across_targets,
             );
         }
     };

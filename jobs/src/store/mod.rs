@@ -946,9 +946,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     /// happens to the pass: its key is the event's.
     async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
     /// Claims up to `n` notifications due at `now` for `worker`, for `hold` (one left `sending`
-    /// by a worker that stopped is claimed again once its hold passed). Only the first unsent
-    /// notification of each job and target is claimed: each receiver gets a job's
-    /// notifications in the order they were recorded.
+    /// by a worker that stopped is claimed again once its hold passed). A job's notifications
+    /// are claimed in the order they were recorded, one at a time: to one target, each after
+    /// the one before it is delivered or given up; to another, after it was tried once.
     async fn claim_notifications(
         &self,
         worker: &str,

@@ -196,12 +196,16 @@ pub(crate) fn scheduler_reads<D: Dialect>() -> [&'static str; 2] {
     [due_undispatched_sql::<D>(), next_due_sql::<D>()]
 }
 
-/// A notification (`ll_notifications n`) that no unsent notification of its job to its target
-/// precedes: a job's notifications reach each receiver in the order they were recorded (a
-/// failure, retried or not, before the recovery that follows it), one at a time, across
-/// workers. A line moves on once its first is delivered or given up.
-const FIRST_IN_LINE: &str = "NOT EXISTS (SELECT 1 FROM ll_notifications e WHERE e.job = n.job AND e.target_id = n.target_id
-                             AND e.status IN ('pending', 'sending') AND e.{notification_seq} < n.{notification_seq})";
+/// A notification (`ll_notifications n`) whose turn it is. A job's notifications go out in
+/// the order they were recorded, across workers:
+/// - to one target, one at a time: none before it is unsent (a failure, retried or not, reaches
+///   its receiver before the recovery that follows it);
+/// - to other targets, none before it is in flight or not yet tried (a failure sent to one
+///   webhook goes before the recovery sent to another); one whose send failed and waits for
+///   its retry holds back only its own target's line.
+const FIRST_IN_LINE: &str = "NOT EXISTS (SELECT 1 FROM ll_notifications e WHERE e.job = n.job AND e.status IN ('pending', 'sending')
+                             AND e.{notification_seq} < n.{notification_seq}
+                             AND (e.target_id = n.target_id OR e.status = 'sending' OR e.attempts = 0))";
 
 fn due_undispatched_sql<D: Dialect>() -> &'static str {
     sql!(
