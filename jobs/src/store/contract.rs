@@ -74,6 +74,17 @@ async fn running_run(s: &dyn RunStore, job: &str) -> Run {
     s.dispatch(std::slice::from_ref(&id), &[], ME, t0()).await.expect("claim").pop().expect("claimed").run
 }
 
+/// `n` runs of `job`, one tick a minute from [`t0`], each claimed by [`ME`] as it fires.
+async fn ticked_runs(s: &dyn RunStore, job: &str, n: i64) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let at = t0() + secs(60 * i);
+        let out = s.fire_ticks(vec![(tick(job, at), Overlap::Allow)], none(1), at).await.expect("fire");
+        ids.push(out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id);
+    }
+    ids
+}
+
 fn none(slots: usize) -> Claim<'static> {
     Claim { worker: ME, slots }
 }
@@ -795,12 +806,7 @@ fn rules_of_n(job: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
 async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore) {
     use crate::notify::{NotificationStatus, Sent};
     let t = t0();
-    let mut ids = Vec::new();
-    for i in 0..4 {
-        let at = t + secs(60 * i);
-        let out = s.fire_ticks(vec![(tick("n", at), Overlap::Allow)], none(1), at).await.expect("fire");
-        ids.push(out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id);
-    }
+    let ids = ticked_runs(s, "n", 4).await;
     // Failed (no retry), failed with a retry to come, succeeded; the fourth still runs.
     let last = |id, status| RunEnd { last: true, ..end(id, status) };
     s.finish_many(&[last(&ids[0], RunStatus::Failed)], t + secs(10)).await.expect("end");
@@ -880,12 +886,7 @@ async fn a_jobs_notifications_go_out_in_order_across_targets(s: &dyn RunStore) {
         })
     };
     let t = t0();
-    let mut ids = Vec::new();
-    for i in 0..2 {
-        let at = t + secs(60 * i);
-        let out = s.fire_ticks(vec![(tick("x", at), Overlap::Allow)], none(1), at).await.expect("fire");
-        ids.push(out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id);
-    }
+    let ids = ticked_runs(s, "x", 2).await;
     s.finish_many(&[RunEnd { last: true, ..end(&ids[0], RunStatus::Failed) }], t + secs(70)).await.expect("end");
     s.finish_many(&[RunEnd { last: true, ..end(&ids[1], RunStatus::Succeeded) }], t + secs(80)).await.expect("end");
     assert_eq!(s.notice(&rules, false, t + secs(81)).await.expect("notice").recorded, 2, "the failure and its recovery, in one pass");
