@@ -25,7 +25,7 @@ pub(crate) use crate::definitions::{ChangeRequest, Changed, JobChangeRecord, Ref
 pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
-use crate::run::{CallRecord, Run, RunStatus, StepRecord, Transitions, Trigger};
+use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
 #[cfg(test)]
@@ -283,6 +283,16 @@ pub(crate) fn fill_statuses(text: &str) -> String {
         }
     }
     out
+}
+
+/// What the open (running or waiting) steps of a run that ended `status` become: a run that
+/// did not succeed closes them, `interrupted` when it was, otherwise `cancelled`.
+pub(crate) fn steps_closed_by(status: RunStatus) -> Option<StepStatus> {
+    match status {
+        RunStatus::Interrupted => Some(StepStatus::Interrupted),
+        s if s.is_final() && s != RunStatus::Succeeded => Some(StepStatus::Cancelled),
+        _ => None,
+    }
 }
 
 /// The names of `statuses`, quoted and in parentheses, for a `status IN` guard.

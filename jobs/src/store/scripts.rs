@@ -113,14 +113,10 @@ async fn insert_runs<D: Dialect>(
     Ok(())
 }
 
-/// Closes the steps still open (running or waiting) of runs that ended without succeeding:
-/// `interrupted` when the run was, otherwise `cancelled`. `ends`: (run id, run status).
+/// Closes the steps still open (running or waiting) of runs that ended without succeeding
+/// ([`super::steps_closed_by`]). `ends`: (run id, run status).
 async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
-    let ends: Vec<(&str, StepStatus)> = ends
-        .iter()
-        .filter(|(_, s)| s.is_final() && *s != RunStatus::Succeeded)
-        .map(|(id, s)| (*id, if *s == RunStatus::Interrupted { StepStatus::Interrupted } else { StepStatus::Cancelled }))
-        .collect();
+    let ends: Vec<(&str, StepStatus)> = ends.iter().filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| (*id, step))).collect();
     if ends.is_empty() {
         return Ok(());
     }

@@ -81,6 +81,31 @@ fn bind_ends<'q>(
         .bind(ends.iter().map(|e| e.last).collect::<Vec<_>>())
 }
 
+/// The claim of [`Dialect::claim`], as text: the queued runs among those `which` selects
+/// (a condition on `id`) are locked in id order (`skip`: `SKIP LOCKED` or empty) and become
+/// `worker`'s, started at `now`, under `epoch` (each an expression); rows: `job_snapshot`,
+/// `resumed` and [`run_cols`]. The guard that makes a run execute at most once.
+fn claim_sql(which: &str, skip: &str, worker: &str, now: &str, epoch: &str) -> String {
+    format!(
+        "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE {which} AND (status = {{Queued}}) IS TRUE ORDER BY id FOR UPDATE {skip})
+         UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
+             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}
+         FROM picked WHERE ll_runs.id = picked.pick
+         RETURNING job_snapshot, started_at < {now} AS resumed, {cols}",
+        cols = run_cols!()
+    )
+}
+
+/// What the open steps of a run whose status is `status` (an expression) become, as
+/// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
+fn steps_closed_as(status: &str) -> String {
+    let cases: String = RunStatus::ALL
+        .into_iter()
+        .filter_map(|r| super::steps_closed_by(r).map(|s| format!(" WHEN '{}' THEN '{}'", r.as_str(), s.as_str())))
+        .collect();
+    format!("CASE {status}{cases} END")
+}
+
 /// How long a call waits for a connection before it fails (the server is down or every
 /// connection is busy); readiness answers within it.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -229,8 +254,8 @@ impl Dialect for PgStore {
     /// drain` the six statements of the script's transaction (`BEGIN`, ends, lease, take,
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
     /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`], the
-    /// open steps of runs that did not succeed closed, the lease read live, the take's pick
-    /// (`queue::pick`, only under a live lease) and the claim in id order. Data-modifying CTEs
+    /// open steps of runs that did not succeed closed ([`super::steps_closed_by`]), the lease
+    /// read live, the take's pick (`queue::pick`, only under a live lease) and [`claim_sql`]. Data-modifying CTEs
     /// all run to completion, on one snapshot; the ended runs are running and the claimed ones
     /// queued, so no row is written twice. The steps closed are those of the snapshot: a run's
     /// own step writes are awaited before its end is handed to the recorder.
@@ -245,29 +270,23 @@ impl Dialect for PgStore {
             PgStore,
             format!(
                 "WITH ended AS ({FINISH_RUNS}),
-                 closed AS (UPDATE ll_steps SET status = CASE WHEN e.status = {{Interrupted}} THEN {{step:Interrupted}} ELSE {{step:Cancelled}} END,
-                                               finished_at = $8
+                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $8
                             FROM ended e
-                            WHERE ll_steps.run_id = e.id AND e.status IN {unsuccessful} AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
+                            WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $11 {{lease_live}}),
                  picked AS MATERIALIZED ({pick}),
                  taken AS (DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING {run_id} AS run_id),
-                 runs AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id IN (SELECT run_id FROM taken) AND (status = {{Queued}}) IS TRUE
-                                       ORDER BY id FOR UPDATE),
-                 claimed AS (UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $8), worker = $11,
-                                 dispatched_at = coalesce(dispatched_at, $8), epoch = (SELECT epoch FROM lease)
-                             FROM runs WHERE ll_runs.id = runs.pick
-                             RETURNING job_snapshot, started_at < $8 AS resumed, {cols})
+                 claimed AS ({claim})
                  SELECT s.*, c.* FROM
                      (SELECT (SELECT count(*) FROM taken) AS tasks_taken,
                              (SELECT count(*) FROM taken WHERE run_id IS NULL) AS tasks_undecoded,
                              (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
                              (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
                      LEFT JOIN claimed c ON true",
-                unsuccessful = super::status_list(RunStatus::ALL.into_iter().filter(|s| s.is_final() && *s != RunStatus::Succeeded)),
+                closing = steps_closed_as("e.status"),
                 pick = queue::pick("$12", "$13", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
-                cols = run_cols!(),
+                claim = claim_sql("id IN (SELECT run_id FROM taken)", "", "$11", "$8", "(SELECT epoch FROM lease)"),
             )
         );
         let written = async {
@@ -321,23 +340,11 @@ impl Dialect for PgStore {
         now: i64,
         locked: Locked,
     ) -> Result<Vec<PgRow>, StoreError> {
-        macro_rules! claim_sql {
-            ($skip:literal) => {
-                sql!(PgStore, format!(
-                    concat!(
-                        "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE id = ANY($1) AND (status = {{Queued}}) IS TRUE ORDER BY id FOR UPDATE",
-                        $skip,
-                        ")
-                         UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, $3), worker = $2,
-                             dispatched_at = coalesce(dispatched_at, $3), epoch = $4
-                         FROM picked WHERE ll_runs.id = picked.pick
-                         RETURNING job_snapshot, started_at < $3 AS resumed, {}"
-                    ),
-                    run_cols!()
-                ))
-            };
-        }
-        let sql = if locked == Locked::Skip { claim_sql!(" SKIP LOCKED") } else { claim_sql!("") };
+        let sql = if locked == Locked::Skip {
+            sql!(PgStore, claim_sql("id = ANY($1)", "SKIP LOCKED", "$2", "$3", "$4"))
+        } else {
+            sql!(PgStore, claim_sql("id = ANY($1)", "", "$2", "$3", "$4"))
+        };
         sqlx::query(sql).bind(ids).bind(worker).bind(now).bind(epoch).fetch_all(c).await.ctx("claiming runs")
     }
 
