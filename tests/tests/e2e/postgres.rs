@@ -362,6 +362,8 @@ fn a_database_restart_under_load_loses_nothing() {
         || a.log(),
     );
     cluster.restart();
+    // The server is back from here; the workers notice it a moment later (`back`).
+    let restarted = now_ms();
     wait_ready(&[&a, &b], true, Duration::from_secs(20));
     let back = now_ms();
     db.wait_for("the slow run's end, recorded after the restart", Duration::from_secs(20), &[&a, &b], |r| {
@@ -391,11 +393,21 @@ fn a_database_restart_under_load_loses_nothing() {
         .filter(|t| !ticks.contains_key(t) && (*t < stopped_at - 1000 || *t > back + 1000))
         .collect();
     assert!(missed.is_empty(), "ticks lost outside the outage ({stopped_at}..{back}): {missed:?}");
-    let caught: Vec<&Run> =
-        runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t >= stopped_at - 1000 && t <= back + 1000)).collect();
-    assert!(caught.len() <= 3, "the outage is one catch-up run (and the ticks at its edges): {caught:#?}");
-    let failed: Vec<&Run> = runs.iter().filter(|r| r.job == "tick" && r.status != "succeeded").collect();
-    assert!(failed.is_empty(), "every tick's run succeeded: {failed:#?}");
+    // Ticks due while the server was down are one catch-up run: those due after it was back
+    // but before the workers saw it are ordinary ticks, not counted here.
+    let caught: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t >= stopped_at - 1000 && t <= restarted + 1000))
+        .collect();
+    assert!(caught.len() <= 3, "the outage ({stopped_at}..{restarted}) is one catch-up run (and the ticks at its edges): {caught:#?}");
+    // A tick due while an end waits for the database is skipped (the run it would overlap is
+    // still running as far as the database knows): the overlap policy, not a loss.
+    let failed: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.job == "tick" && r.status != "succeeded")
+        .filter(|r| !(r.status == "skipped" && r.scheduled_at.is_some_and(|t| t >= stopped_at - 1000 && t <= back + 1000)))
+        .collect();
+    assert!(failed.is_empty(), "every tick's run succeeded but those skipped around the outage ({stopped_at}..{back}): {failed:#?}");
 }
 
 /// A job created at runtime through one worker is heard of by the others (NOTIFY) and fires
