@@ -4,7 +4,7 @@
 //! half kilobytes a job) and keep no positions; parsing once keeps the loader's peak small.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 
 pub(crate) use serde_yaml::Mapping;
 pub(crate) use serde_yaml::Value;
@@ -91,16 +91,38 @@ fn child(parent: u64, seg: &Seg) -> u64 {
 }
 
 /// [`child`] for a key, without building a [`Seg`] (the parser sees every key of the file).
+///
+/// Not SipHash: these hashes are of the file's own text, kept in memory only, and a large
+/// config hashes every key of it on the loader's critical path. Eight bytes at a time, each
+/// step multiplied in, and a final mix so that the map's low bits depend on every byte.
 fn key_child(parent: u64, key: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    (parent, 0u8, key).hash(&mut h);
-    h.finish()
+    let mut h = step(parent, 0);
+    let mut chunks = key.as_bytes().chunks_exact(8);
+    for c in &mut chunks {
+        h = step(h, u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+    }
+    let mut last = [0u8; 8];
+    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = step(h, u64::from_le_bytes(last));
+    avalanche(step(h, key.len() as u64))
 }
 
 fn index_child(parent: u64, index: usize) -> u64 {
-    let mut h = DefaultHasher::new();
-    (parent, 1u8, index).hash(&mut h);
-    h.finish()
+    avalanche(step(step(parent, 1), index as u64))
+}
+
+/// One step of the path hash (FxHash's).
+fn step(h: u64, word: u64) -> u64 {
+    (h.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95)
+}
+
+/// MurmurHash3's 64-bit finalizer.
+fn avalanche(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 impl PositionIndex {
@@ -143,18 +165,38 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // first key).
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     refuse_control_characters(text)?;
-    let mut parser = Parser::new_from_str(text);
-    let mut b = Builder::default();
-    loop {
-        let (event, mark) = match parser.next_token() {
-            Ok(next) => next,
-            Err(e) if e.info() == LIBYAML_TAKES_THIS => return parse_as_before(text, e),
-            Err(e) => return Err(ParseError::at(*e.marker(), e.info())),
-        };
-        if b.on_event(event, mark)? {
-            break;
+    // The scanner and parser run on a thread of their own and hand their events over in
+    // batches, while this thread builds the value and the positions: the two halves of the
+    // work take about the same time, so a large config is read in about half of it. The
+    // channel is bounded: a builder that stops early (an error) stops the parser.
+    let b = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Parsed>(4);
+        s.spawn(move || parse_events(text, &tx));
+        let mut b = Builder::default();
+        for parsed in rx {
+            match parsed {
+                Parsed::Events(events) => {
+                    for (event, mark) in events {
+                        if b.on_event(event, mark)? {
+                            return Ok(b);
+                        }
+                    }
+                }
+                Parsed::Refused(e) if e.info() == LIBYAML_TAKES_THIS => return Err(Refusal::TakenBefore(e)),
+                Parsed::Refused(e) => return Err(ParseError::at(*e.marker(), e.info()).into()),
+                Parsed::Panicked(why) => {
+                    return Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into());
+                }
+            }
         }
-    }
+        // The parser ends every stream with `StreamEnd` or a refusal: this is not reached.
+        Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into())
+    });
+    let b = match b {
+        Ok(b) => b,
+        Err(Refusal::TakenBefore(e)) => return parse_as_before(text, e),
+        Err(Refusal::Error(e)) => return Err(e),
+    };
     let mut root = b.root.unwrap_or(Value::Null);
     // A block scalar (`|`, `>`) whose last line of content ends the file without a line break
     // has no final line break; yaml-rust2 adds one. (A comment, a blank line or `...` after
@@ -168,6 +210,65 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
         s.pop();
     }
     Ok((root, PositionIndex { map: b.map }))
+}
+
+/// What the parser thread hands over.
+enum Parsed {
+    /// The next events, in order.
+    Events(Vec<(Event, Marker)>),
+    /// The parser refused the text here (after the events before it).
+    Refused(yaml_rust2::ScanError),
+    /// yaml-rust2 failed one of its own assertions: a bug of the parser, this file's error.
+    Panicked(String),
+}
+
+/// How events go over: enough to make the hand-over's cost small, few enough to keep little
+/// of the document in flight.
+const EVENTS_PER_BATCH: usize = 4096;
+
+/// The parser thread: parses `text` and sends its events until the end, a refusal, or a
+/// builder that no longer listens.
+fn parse_events(text: &str, tx: &std::sync::mpsc::SyncSender<Parsed>) {
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut parser = Parser::new_from_str(text);
+        let mut batch = Vec::with_capacity(EVENTS_PER_BATCH);
+        loop {
+            match parser.next_token() {
+                Ok((event, mark)) => {
+                    let end = matches!(event, Event::StreamEnd);
+                    batch.push((event, mark));
+                    if (end || batch.len() == EVENTS_PER_BATCH)
+                        && (tx.send(Parsed::Events(std::mem::replace(&mut batch, Vec::with_capacity(EVENTS_PER_BATCH)))).is_err() || end)
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    if tx.send(Parsed::Events(batch)).is_ok() {
+                        let _ = tx.send(Parsed::Refused(e));
+                    }
+                    return;
+                }
+            }
+        }
+    }));
+    if let Err(panic) = parsed {
+        let why = panic.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        let _ = tx.send(Parsed::Panicked(why.unwrap_or_default()));
+    }
+}
+
+/// Why the builder stopped short.
+enum Refusal {
+    /// A refusal of yaml-rust2's that libyaml took: read the file as before.
+    TakenBefore(yaml_rust2::ScanError),
+    Error(ParseError),
+}
+
+impl From<ParseError> for Refusal {
+    fn from(e: ParseError) -> Self {
+        Refusal::Error(e)
+    }
 }
 
 /// The one input found that libyaml (serde_yaml's parser, which read configs before) takes
@@ -479,6 +580,11 @@ fn untagged(text: String) -> Result<Value, String> {
     }
     if let Some(b) = parse_bool(&text) {
         return Ok(Value::Bool(b));
+    }
+    // Most scalars of a config (every key) start with a letter: no integer does, and the only
+    // floats that do (`inf`, `nan`) are not finite, which YAML reads as strings.
+    if text.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Ok(Value::String(text));
     }
     if let Some(v) = int(&text) {
         return v;
