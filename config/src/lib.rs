@@ -30,7 +30,7 @@ pub use compile::{
     StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
-pub use load::{SourceMap, discover, keys};
+pub use load::{ItemLocations, SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};
 pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone};

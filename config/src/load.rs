@@ -58,6 +58,29 @@ pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf, String> 
     ))
 }
 
+/// Where the items of one collection are defined ([`SourceMap::item_locations`]).
+#[derive(Debug, Clone, Default)]
+pub struct ItemLocations {
+    files: Vec<PathBuf>,
+    /// Item name → (file number, line, column); `None` for an item no file defines.
+    items: HashMap<String, Option<(u32, u32, u32)>>,
+}
+
+impl ItemLocations {
+    /// Whether `name` is one of the items.
+    pub fn contains(&self, name: &str) -> bool {
+        self.items.contains_key(name)
+    }
+
+    /// `None` when `name` is not one of the items; else where it is defined, when known.
+    pub fn get(&self, name: &str) -> Option<Option<Location>> {
+        let at = self.items.get(name)?;
+        Some(at.and_then(|(file, line, col)| {
+            Some(Location { file: self.files.get(file as usize)?.clone(), line: line as usize, col: col as usize })
+        }))
+    }
+}
+
 /// One source file and how its positions map into the merged document.
 #[derive(Debug, Clone)]
 pub(crate) struct SourceFile {
@@ -80,11 +103,43 @@ pub struct SourceMap {
 impl SourceMap {
     /// The `file:line:col` of a path in the merged document.
     pub fn locate(&self, path: &[Seg]) -> Option<Location> {
-        let owner = (0..=path.len()).rev().find_map(|n| self.owners.get(&path[..n]).copied())?;
+        let owner = self.owner(path)?;
+        let (line, col) = self.position_in(owner, path);
+        Some(Location { file: self.files[owner].path.clone(), line, col })
+    }
+
+    /// Where each of `names`, items of the mapping at `at`, is defined: the files named once,
+    /// each item by the number of its file, its line and its column. For a collection of many
+    /// items, kept after the source map is dropped: a [`Location`] each would name the file
+    /// again for every item.
+    pub fn item_locations<'n>(&self, at: &[&str], names: impl Iterator<Item = &'n String>) -> ItemLocations {
+        let mut path = keys(at);
+        let items = names
+            .map(|name| {
+                path.push(Seg::Key(name.clone()));
+                let at = self.owner(&path).map(|owner| {
+                    let (line, col) = self.position_in(owner, &path);
+                    let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                    (clamp(owner), clamp(line), clamp(col))
+                });
+                path.pop();
+                (name.clone(), at)
+            })
+            .collect();
+        ItemLocations { files: self.files.iter().map(|f| f.path.clone()).collect(), items }
+    }
+
+    /// The file that defines `path`: the owner of its longest owned prefix.
+    fn owner(&self, path: &[Seg]) -> Option<usize> {
+        (0..=path.len()).rev().find_map(|n| self.owners.get(&path[..n]).copied())
+    }
+
+    /// The line and column of `path` in file `owner`.
+    fn position_in(&self, owner: usize, path: &[Seg]) -> (usize, usize) {
         let f = &self.files[owner];
         let rel = path.strip_prefix(f.prefix.as_slice()).unwrap_or(path);
         let (line, col) = f.index.find(rel).unwrap_or((1, 1));
-        Some(Location { file: f.path.clone(), line: line + f.line_offset, col })
+        (line + f.line_offset, col)
     }
 
     /// Every file that went into the config.

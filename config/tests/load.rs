@@ -56,6 +56,59 @@ fn a_load_without_the_jobs_yaml_reads_the_same_config() {
     assert_eq!(whole_errors, errors(KeepMerged::WithoutJobs));
 }
 
+/// Where each job is defined, for many jobs at once (what a worker keeps after dropping the
+/// source map): the right file, line and column, across an import, and nothing for a name that
+/// is no job of the files.
+#[test]
+fn each_job_is_located_in_its_own_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job =
+        "\n      every: 1h\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {path: a, content: b}\n";
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        &format!("framework:\n  imports: [more.yaml]\nscheduling:\n  jobs:\n    first:{job}    second:{job}"),
+    );
+    write(tmp.path(), "more.yaml", &format!("# imported\nscheduling:\n  jobs:\n    third:{job}"));
+    let opts = LoadOptions {
+        path: Some(tmp.path().join("lamplighter.yaml")),
+        cwd: Some(tmp.path().to_path_buf()),
+        merged: KeepMerged::WithoutJobs,
+    };
+    let config = load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    let locations = config.sources.item_locations(&["scheduling", "jobs"], config.jobs.keys());
+    let at = |name: &str| locations.get(name).flatten().map(|l| l.to_string().replace(&format!("{}/", tmp.path().display()), ""));
+    assert_eq!(at("first").as_deref(), Some("lamplighter.yaml:5:5"));
+    assert_eq!(at("second").as_deref(), Some("lamplighter.yaml:11:5"));
+    assert_eq!(at("third").as_deref(), Some("more.yaml:4:5"));
+    assert!(locations.contains("third") && !locations.contains("fourth"));
+    assert_eq!(locations.get("fourth"), None);
+}
+
+/// Jobs are read on a thread of their own while the ones read are compiled: with many jobs,
+/// every bad one is still reported, the good ones are all there, either way of loading.
+#[test]
+fn many_jobs_load_whole_and_every_bad_one_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut text = String::from("scheduling:\n  jobs:\n");
+    for i in 0..3000 {
+        let cron = if i % 1000 == 999 { "[1]".to_string() } else { format!("\"0 {} * * * *\"", i % 60) };
+        text.push_str(&format!("    job-{i:04}:\n      cron: {cron}\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {{path: a, content: b}}\n"));
+    }
+    write(tmp.path(), "lamplighter.yaml", &text);
+    for merged in [KeepMerged::Whole, KeepMerged::WithoutJobs] {
+        let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), merged };
+        let (config, diags) = lamplighter_config::load_partial(&opts, |_| None);
+        let errors: Vec<String> = diags.iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        // Job i starts on line 3 + 6i; its `cron` is the line after.
+        for (e, line) in errors.iter().zip([5998, 11998, 17998]) {
+            assert!(e.contains(&format!("lamplighter.yaml:{line}:")) && e.contains("cron"), "{e}");
+        }
+        assert_eq!(config.expect("a config despite the errors").jobs.len(), 2997);
+    }
+}
+
 #[test]
 fn a_seed_shaped_config_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use lamplighter_config::{Config, JobConfig, JobScope, ManageJobs, NotifyOn, NotifyRule, RetryPolicy, Workflow};
+use lamplighter_config::{Config, ItemLocations, JobConfig, JobScope, ManageJobs, NotifyOn, NotifyRule, RetryPolicy, Workflow};
 
 use lamplighter_plugins::Registry;
 
@@ -44,7 +44,7 @@ pub(crate) struct JobsConfig {
     /// The zone of a schedule that names none (`scheduling.timezone`).
     pub(crate) default_timezone: String,
     /// Where each job of the files is defined (`file:line:col`).
-    pub(crate) locations: Arc<HashMap<String, Option<String>>>,
+    pub(crate) locations: Arc<ItemLocations>,
     /// The jobs defined at runtime, as stored (those that no longer compile included).
     pub(crate) runtime: Arc<BTreeMap<String, StoredJob>>,
     /// What a runtime job is compiled against.
@@ -66,8 +66,7 @@ impl JobsConfig {
             .filter_map(|(what, why)| Some((what.job()?.to_owned(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
-        let locations =
-            config.jobs.keys().map(|name| (name.clone(), config.locate(&["scheduling", "jobs", name]).map(|l| l.to_string()))).collect();
+        let locations = config.sources.item_locations(&["scheduling", "jobs"], config.jobs.keys());
         Self {
             locations: Arc::new(locations),
             runtime: Arc::default(),
@@ -196,7 +195,7 @@ impl InForce {
             .values()
             .filter(|c| files.jobs.contains_key(&c.stored.name))
             .map(|c| {
-                let at = files.locations.get(&c.stored.name).cloned().flatten().map(|l| format!(" ({l})")).unwrap_or_default();
+                let at = files.locations.get(&c.stored.name).flatten().map(|l| format!(" ({l})")).unwrap_or_default();
                 format!(
                     "job \"{}\"{at} takes the name of a runtime job (created by {} at {}, version {}); rename it, or delete the runtime job first (lampctl jobs delete {})",
                     c.stored.name, c.stored.created_by, c.stored.created_at.to_rfc3339(), c.stored.version, c.stored.name

@@ -57,7 +57,7 @@ impl Engine {
     /// Refuses a change to a job of the config files, saying where it is defined.
     fn not_from_files(config: &JobsConfig, name: &str) -> Result<(), ServiceError> {
         match config.locations.get(name) {
-            Some(location) => Err(ServiceError::ReadOnly { name: name.to_owned(), location: location.clone() }),
+            Some(location) => Err(ServiceError::ReadOnly { name: name.to_owned(), location: location.map(|l| l.to_string()) }),
             None => Ok(()),
         }
     }
@@ -170,7 +170,7 @@ impl Engine {
         let config = self.managing()?;
         // A runtime job the files took the name of (at a restart, or a reload on another
         // worker) is shadowed by the files' job; it can still be deleted.
-        if config.locations.contains_key(name) && self.shared.store().runtime_job(name).await?.is_none() {
+        if config.locations.contains(name) && self.shared.store().runtime_job(name).await?.is_none() {
             Self::not_from_files(&config, name)?;
         }
         let now = self.shared.clock().now();

@@ -765,7 +765,7 @@ fn origin_of(snapshot: &JobsConfig, name: &str) -> JobOrigin {
             updated_by: r.updated_by.clone(),
             updated_at: r.updated_at,
         },
-        None => JobOrigin::File { location: snapshot.locations.get(name).cloned().flatten() },
+        None => JobOrigin::File { location: snapshot.locations.get(name).flatten().map(|l| l.to_string()) },
     }
 }
 
