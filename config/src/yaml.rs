@@ -96,7 +96,7 @@ fn child(parent: u64, seg: &Seg) -> u64 {
 /// config hashes every key of it on the loader's critical path. Eight bytes at a time, each
 /// step multiplied in, and a final mix so that the map's low bits depend on every byte.
 fn key_child(parent: u64, key: &str) -> u64 {
-    let mut h = step(parent, 0);
+    let mut h = step(parent, KEY);
     let mut chunks = key.as_bytes().chunks_exact(8);
     for c in &mut chunks {
         h = step(h, u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
@@ -108,8 +108,12 @@ fn key_child(parent: u64, key: &str) -> u64 {
 }
 
 fn index_child(parent: u64, index: usize) -> u64 {
-    avalanche(step(step(parent, 1), index as u64))
+    avalanche(step(step(parent, INDEX), index as u64))
 }
+
+/// What a step down is (nonzero: no child's hash is its parent's, the root's included).
+const KEY: u64 = 0x9e37_79b9_7f4a_7c15;
+const INDEX: u64 = 0xc2b2_ae3d_27d4_eb4f;
 
 /// One step of the path hash (FxHash's).
 fn step(h: u64, word: u64) -> u64 {
@@ -171,26 +175,21 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // channel is bounded: a builder that stops early (an error) stops the parser.
     let b = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Parsed>(4);
-        s.spawn(move || parse_events(text, &tx));
-        let mut b = Builder::default();
-        for parsed in rx {
-            match parsed {
-                Parsed::Events(events) => {
-                    for (event, mark) in events {
-                        if b.on_event(event, mark)? {
-                            return Ok(b);
-                        }
-                    }
-                }
-                Parsed::Refused(e) if e.info() == LIBYAML_TAKES_THIS => return Err(Refusal::TakenBefore(e)),
-                Parsed::Refused(e) => return Err(ParseError::at(*e.marker(), e.info()).into()),
-                Parsed::Panicked(why) => {
-                    return Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into());
-                }
+        let parser = std::thread::Builder::new().name("yaml-parser".into()).spawn_scoped(s, move || {
+            parse_events(text, &mut |parsed| tx.send(parsed).is_ok());
+        });
+        match parser {
+            Ok(_) => build(rx),
+            // No thread to be had: parse first, then build, here.
+            Err(_) => {
+                let mut all = Vec::new();
+                parse_events(text, &mut |parsed| {
+                    all.push(parsed);
+                    true
+                });
+                build(all)
             }
         }
-        // The parser ends every stream with `StreamEnd` or a refusal: this is not reached.
-        Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into())
     });
     let b = match b {
         Ok(b) => b,
@@ -226,35 +225,59 @@ enum Parsed {
 /// of the document in flight.
 const EVENTS_PER_BATCH: usize = 4096;
 
-/// The parser thread: parses `text` and sends its events until the end, a refusal, or a
-/// builder that no longer listens.
-fn parse_events(text: &str, tx: &std::sync::mpsc::SyncSender<Parsed>) {
+/// Builds the value and the positions from what the parser hands over, until the end of the
+/// stream or the first error.
+fn build(parsed: impl IntoIterator<Item = Parsed>) -> Result<Builder, Refusal> {
+    let mut b = Builder::default();
+    for parsed in parsed {
+        match parsed {
+            Parsed::Events(events) => {
+                for (event, mark) in events {
+                    if b.on_event(event, mark)? {
+                        return Ok(b);
+                    }
+                }
+            }
+            Parsed::Refused(e) if e.info() == LIBYAML_TAKES_THIS => return Err(Refusal::TakenBefore(e)),
+            Parsed::Refused(e) => return Err(ParseError::at(*e.marker(), e.info()).into()),
+            Parsed::Panicked(why) => {
+                return Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into());
+            }
+        }
+    }
+    // The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
+    Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into())
+}
+
+/// Parses `text` and hands its events to `send` in batches, then the refusal or the parser's
+/// failure if there is one; stops early when `send` says no one listens any more. The events
+/// parsed before a failure are handed over first: an error the builder finds in them is the
+/// file's error, as when nothing failed after it.
+fn parse_events(text: &str, send: &mut dyn FnMut(Parsed) -> bool) {
+    let mut batch = Vec::with_capacity(EVENTS_PER_BATCH);
+    let mut parser = Parser::new_from_str(text);
     let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut parser = Parser::new_from_str(text);
-        let mut batch = Vec::with_capacity(EVENTS_PER_BATCH);
         loop {
             match parser.next_token() {
                 Ok((event, mark)) => {
                     let end = matches!(event, Event::StreamEnd);
                     batch.push((event, mark));
-                    if (end || batch.len() == EVENTS_PER_BATCH)
-                        && (tx.send(Parsed::Events(std::mem::replace(&mut batch, Vec::with_capacity(EVENTS_PER_BATCH)))).is_err() || end)
+                    if end {
+                        return send(Parsed::Events(std::mem::take(&mut batch)));
+                    }
+                    if batch.len() == EVENTS_PER_BATCH
+                        && !send(Parsed::Events(std::mem::replace(&mut batch, Vec::with_capacity(EVENTS_PER_BATCH))))
                     {
-                        return;
+                        return false;
                     }
                 }
-                Err(e) => {
-                    if tx.send(Parsed::Events(batch)).is_ok() {
-                        let _ = tx.send(Parsed::Refused(e));
-                    }
-                    return;
-                }
+                Err(e) => return send(Parsed::Events(std::mem::take(&mut batch))) && send(Parsed::Refused(e)),
             }
         }
     }));
     if let Err(panic) = parsed {
         let why = panic.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-        let _ = tx.send(Parsed::Panicked(why.unwrap_or_default()));
+        let _ = send(Parsed::Events(batch)) && send(Parsed::Panicked(why.unwrap_or_default()));
     }
 }
 
@@ -711,6 +734,54 @@ mod tests {
         assert_eq!(idx.find(&p), Some((5, 7)));
         assert_eq!(idx.find(&key("d")), Some((8, 1)));
         assert!(!idx.contains(&key("a.c.folded")));
+    }
+
+    /// A document of many events, each key a line of its own: `n` keys, then `tail`.
+    fn long_document(n: usize, head: &str, tail: &str) -> String {
+        let mut text = String::from(head);
+        for i in 0..n {
+            text.push_str(&format!("k{i}: {i}\n"));
+        }
+        text.push_str(tail);
+        text
+    }
+
+    /// The builder stops at an error near the top while the parser thread is far ahead and
+    /// blocked on a full channel: the error is the file's, and nothing waits for ever.
+    #[test]
+    fn an_early_error_in_a_long_document_stops_the_parser() {
+        let text = long_document(50_000, "a: 1\na: 2\n", "");
+        let err = parse(&text).unwrap_err();
+        assert_eq!((err.line, err.col), (2, 1), "{err:?}");
+        assert!(err.message.contains("duplicate entry with key \"a\""), "{err:?}");
+    }
+
+    /// A refusal after many batches of events: the events before it are built (a duplicate
+    /// key among them wins, as it is found first), else the refusal is the error, at its line.
+    #[test]
+    fn a_late_refusal_is_reported_where_it_is() {
+        let err = parse(&long_document(20_000, "", "b: [1, 2\n")).unwrap_err();
+        assert!(err.line >= 20_001, "{err:?}");
+        let err = parse(&long_document(20_000, "k7: twice\n", "b: [1, 2\n")).unwrap_err();
+        assert_eq!(err.line, 9, "the duplicate before the refusal: {err:?}");
+    }
+
+    #[test]
+    fn a_long_document_reads_whole() {
+        let (value, idx) = parse(&long_document(20_000, "", "last: yes\n")).unwrap();
+        assert_eq!(value.as_mapping().map(Mapping::len), Some(20_001));
+        assert_eq!(value.get("k19999").and_then(Value::as_u64), Some(19_999));
+        assert_eq!(idx.find(&key("last")), Some((20_001, 1)));
+    }
+
+    /// No step down hashes to its parent: an empty key at the top is not the root.
+    #[test]
+    fn a_child_never_shares_its_parents_hash() {
+        assert_ne!(key_child(ROOT, ""), ROOT);
+        assert_ne!(index_child(ROOT, 0), ROOT);
+        assert_ne!(key_child(ROOT, "a"), index_child(ROOT, 0));
+        let (_, idx) = parse("\"\": 1\n").unwrap();
+        assert_eq!(idx.find(&key("elsewhere")), None, "only the empty key's path has a position");
     }
 
     #[test]
