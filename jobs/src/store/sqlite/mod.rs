@@ -209,8 +209,11 @@ impl SqliteStore {
         let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
         let opts = opts.create_if_missing(false);
         let file = path.to_path_buf();
+        // No ping before each use (sqlx's default): a file has no connection to lose, and the
+        // ping is a round trip to the connection's thread before every transaction.
         let write = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .after_connect(move |_, _| {
                 let file = file.clone();
                 Box::pin(async move {
@@ -226,7 +229,8 @@ impl SqliteStore {
             .connect_with(opts.clone())
             .await
             .ctx("opening the database")?;
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.ctx("opening the database")?;
+        let pool =
+            SqlitePoolOptions::new().max_connections(4).test_before_acquire(false).connect_with(opts).await.ctx("opening the database")?;
         Ok(Self { pool, write, path: path.to_path_buf(), identity })
     }
 }
