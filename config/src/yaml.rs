@@ -169,26 +169,35 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // first key).
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     refuse_control_characters(text)?;
-    // The scanner and parser run on a thread of their own and hand their events over in
-    // batches, while this thread builds the value and the positions: the two halves of the
-    // work take about the same time, so a large config is read in about half of it. The
-    // channel is bounded: a builder that stops early (an error) stops the parser.
+    // The scanner and parser of a large text run on a thread of their own and hand their
+    // events over in batches, while this thread builds the value and the positions: the two
+    // halves of the work take about the same time, so a large config is read in about half of
+    // it. The channel is bounded: a builder that stops early (an error) stops the parser. A
+    // small text (most files, every agent's front matter), or one without a thread to be had,
+    // is parsed and built here, batch by batch.
     let b = std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Parsed>(4);
-        let parser = std::thread::Builder::new().name("yaml-parser".into()).spawn_scoped(s, move || {
-            parse_events(text, &mut |parsed| tx.send(parsed).is_ok());
-        });
-        match parser {
-            Ok(_) => build(rx),
-            // No thread to be had: parse first, then build, here.
-            Err(_) => {
-                let mut all = Vec::new();
-                parse_events(text, &mut |parsed| {
-                    all.push(parsed);
-                    true
-                });
-                build(all)
+        if text.len() >= PARSE_ON_A_THREAD_FROM {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Parsed>(4);
+            let parser = std::thread::Builder::new().name("yaml-parser".into()).spawn_scoped(s, move || {
+                parse_events(text, &mut |parsed| tx.send(parsed).is_ok());
+            });
+            if parser.is_ok() {
+                return build(rx);
             }
+        }
+        let mut b = Builder::default();
+        let mut outcome = None;
+        parse_events(text, &mut |parsed| match feed(&mut b, parsed) {
+            Ok(false) => true,
+            ended => {
+                outcome = Some(ended.map(|_| ()));
+                false
+            }
+        });
+        match outcome {
+            Some(Ok(())) => Ok(b),
+            Some(Err(e)) => Err(e),
+            None => Err(unfinished()),
         }
     });
     let b = match b {
@@ -225,28 +234,41 @@ enum Parsed {
 /// of the document in flight.
 const EVENTS_PER_BATCH: usize = 4096;
 
+/// From this size on, a text is parsed on a thread of its own (see [`parse_unguarded`]).
+const PARSE_ON_A_THREAD_FROM: usize = 64 * 1024;
+
 /// Builds the value and the positions from what the parser hands over, until the end of the
 /// stream or the first error.
 fn build(parsed: impl IntoIterator<Item = Parsed>) -> Result<Builder, Refusal> {
     let mut b = Builder::default();
     for parsed in parsed {
-        match parsed {
-            Parsed::Events(events) => {
-                for (event, mark) in events {
-                    if b.on_event(event, mark)? {
-                        return Ok(b);
-                    }
-                }
-            }
-            Parsed::Refused(e) if e.info() == LIBYAML_TAKES_THIS => return Err(Refusal::TakenBefore(e)),
-            Parsed::Refused(e) => return Err(ParseError::at(*e.marker(), e.info()).into()),
-            Parsed::Panicked(why) => {
-                return Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into());
-            }
+        if feed(&mut b, parsed)? {
+            return Ok(b);
         }
     }
-    // The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
-    Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into())
+    Err(unfinished())
+}
+
+/// Builds on with one hand-over: true once the stream has ended.
+fn feed(b: &mut Builder, parsed: Parsed) -> Result<bool, Refusal> {
+    match parsed {
+        Parsed::Events(events) => {
+            for (event, mark) in events {
+                if b.on_event(event, mark)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        Parsed::Refused(e) if e.info() == LIBYAML_TAKES_THIS => Err(Refusal::TakenBefore(e)),
+        Parsed::Refused(e) => Err(ParseError::at(*e.marker(), e.info()).into()),
+        Parsed::Panicked(why) => Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into()),
+    }
+}
+
+/// The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
+fn unfinished() -> Refusal {
+    ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into()
 }
 
 /// Parses `text` and hands its events to `send` in batches, then the refusal or the parser's

@@ -63,8 +63,8 @@ const JOBS_PER_BATCH: usize = 256;
 /// Reads each unread job from its YAML, freeing the YAML as it goes, and hands the jobs read
 /// to `compile` in order; returns the errors of those that do not read. The reading runs on a
 /// thread of its own, a batch ahead of `compile` here: the two take about as long, and a
-/// worker has the cores for both while it starts. Without a thread to be had, one job is read
-/// and compiled after the other.
+/// worker has the cores for both while it starts. For a few jobs, or without a thread to be
+/// had, one job is read and compiled after the other.
 fn read_jobs(
     sources: &crate::SourceMap,
     unread: Vec<(String, YamlPath, serde_yaml::Value)>,
@@ -75,6 +75,19 @@ fn read_jobs(
     let read = |(name, path, yaml): (String, YamlPath, serde_yaml::Value), diags: &mut Vec<Diagnostic>| {
         crate::load::read_item::<raw::Job, _>(sources, diags, yaml, &path).map(|job| (name, job))
     };
+    let inline = |diags: &mut Vec<Diagnostic>, compile: &mut dyn FnMut(String, raw::Job)| {
+        for item in take() {
+            if let Some((name, job)) = read(item, diags) {
+                compile(name, job);
+            }
+        }
+    };
+    let mut diags = Vec::new();
+    // A few batches are not worth a thread (a file's few jobs, a reload's).
+    if unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_none_or(|u| u.len() < 4 * JOBS_PER_BATCH) {
+        inline(&mut diags, compile);
+        return diags;
+    }
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(String, raw::Job)>>(4);
         let reader = std::thread::Builder::new().name("job-reader".into()).spawn_scoped(s, move || {
@@ -97,12 +110,7 @@ fn read_jobs(
                 reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             }
             Err(_) => {
-                let mut diags = Vec::new();
-                for item in take() {
-                    if let Some((name, job)) = read(item, &mut diags) {
-                        compile(name, job);
-                    }
-                }
+                inline(&mut diags, compile);
                 diags
             }
         }
