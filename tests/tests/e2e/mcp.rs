@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use chrono::Timelike;
 use serde_json::Value;
 
 use crate::support::{Worker, ctl_at, free_port, mcp_exchange, mcp_post};
@@ -70,9 +71,16 @@ fn a_schedule_is_previewed_before_any_job_uses_it() {
     assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.contains("daylight-saving change"))), "{notes:?}");
     assert!(p.get("warnings").is_none(), "{p}");
 
-    let table = ok(&w, &["schedule", "preview", "--cron", "* 7 * * *", "--timezone", "UTC", "-n", "3"]);
+    // An hour that is at least an hour away, so that its first three minutes come next.
+    let hour = (chrono::Utc::now().hour() + 2) % 24;
+    let table = ok(&w, &["schedule", "preview", "--cron", &format!("* {hour} * * *"), "--timezone", "UTC", "-n", "3"]);
     assert!(table.contains("warning: this fires 60 times a day"), "{table}");
-    assert_eq!(table.lines().filter(|l| l.contains(" 07:0")).count(), 3, "three fire times at 07:00–07:02 UTC:\n{table}");
+    let first_minutes = format!(" {hour:02}:0");
+    assert_eq!(
+        table.lines().filter(|l| l.contains(&first_minutes)).count(),
+        3,
+        "three fire times at {hour:02}:00–{hour:02}:02 UTC:\n{table}"
+    );
 
     for (args, field) in [
         (vec!["--cron", "30 7 * *"], "cron: "),
