@@ -70,6 +70,8 @@ fn read_jobs(
     unread: Vec<(String, YamlPath, serde_yaml::Value)>,
     compile: &mut dyn FnMut(String, raw::Job),
 ) -> Vec<Diagnostic> {
+    // A few batches are not worth a thread (a file's few jobs, a reload's).
+    let few = unread.len() < 4 * JOBS_PER_BATCH;
     let unread = std::sync::Mutex::new(Some(unread));
     let take = || unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or_default();
     let read = |(name, path, yaml): (String, YamlPath, serde_yaml::Value), diags: &mut Vec<Diagnostic>| {
@@ -83,8 +85,7 @@ fn read_jobs(
         }
     };
     let mut diags = Vec::new();
-    // A few batches are not worth a thread (a file's few jobs, a reload's).
-    if unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_none_or(|u| u.len() < 4 * JOBS_PER_BATCH) {
+    if few {
         inline(&mut diags, compile);
         return diags;
     }
