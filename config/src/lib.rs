@@ -11,6 +11,7 @@ mod diag;
 mod load;
 mod notify;
 mod observe;
+mod pipeline;
 mod raw;
 mod schedule;
 mod schema;

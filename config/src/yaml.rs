@@ -159,8 +159,7 @@ pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // yaml-rust2 asserts its own invariants; a failed one on some input is a bug of the
     // parser, reported as this file's error rather than taking the worker down.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text))).unwrap_or_else(|panic| {
-        let why = panic.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-        Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {}", why.unwrap_or_default()) })
+        Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {}", panic_message(&*panic)) })
     })
 }
 
@@ -169,42 +168,30 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // first key).
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     refuse_control_characters(text)?;
-    // The scanner and parser of a large text run on a thread of their own and hand their
-    // events over in batches, while this thread builds the value and the positions: the two
-    // halves of the work take about the same time, so a large config is read in about half of
-    // it. The channel is bounded: a builder that stops early (an error) stops the parser. A
-    // small text (most files, every agent's front matter), or one without a thread to be had,
-    // is parsed and built here, batch by batch.
-    let b = std::thread::scope(|s| {
-        if text.len() >= PARSE_ON_A_THREAD_FROM {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Parsed>(4);
-            let parser = std::thread::Builder::new().name("yaml-parser".into()).spawn_scoped(s, move || {
-                parse_events(text, &mut |parsed| tx.send(parsed).is_ok());
-            });
-            if parser.is_ok() {
-                return build(rx);
-            }
-        }
-        let mut b = Builder::default();
-        let mut outcome = None;
-        parse_events(text, &mut |parsed| match feed(&mut b, parsed) {
+    // The scanner and parser of a large text (`pipeline`) run on a thread of their own and
+    // hand their events over in batches, while this thread builds the value and the
+    // positions: the two halves of the work take about the same time, so a large config is
+    // read in about half of it. A builder that stops early (an error) stops the parser.
+    let mut b = Builder::default();
+    let mut outcome = None;
+    crate::pipeline::pipelined(
+        text.len() >= PARSE_ON_A_THREAD_FROM,
+        |send| parse_events(text, send),
+        |parsed| match feed(&mut b, parsed) {
             Ok(false) => true,
             ended => {
-                outcome = Some(ended.map(|_| ()));
+                outcome = Some(ended);
                 false
             }
-        });
-        match outcome {
-            Some(Ok(())) => Ok(b),
-            Some(Err(e)) => Err(e),
-            None => Err(unfinished()),
-        }
-    });
-    let b = match b {
-        Ok(b) => b,
-        Err(Refusal::TakenBefore(e)) => return parse_as_before(text, e),
-        Err(Refusal::Error(e)) => return Err(e),
-    };
+        },
+    );
+    match outcome {
+        Some(Ok(_)) => {}
+        Some(Err(Refusal::TakenBefore(e))) => return parse_as_before(text, e),
+        Some(Err(Refusal::Error(e))) => return Err(e),
+        // The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
+        None => return Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }),
+    }
     let mut root = b.root.unwrap_or(Value::Null);
     // A block scalar (`|`, `>`) whose last line of content ends the file without a line break
     // has no final line break; yaml-rust2 adds one. (A comment, a blank line or `...` after
@@ -237,18 +224,6 @@ const EVENTS_PER_BATCH: usize = 4096;
 /// From this size on, a text is parsed on a thread of its own (see [`parse_unguarded`]).
 const PARSE_ON_A_THREAD_FROM: usize = 64 * 1024;
 
-/// Builds the value and the positions from what the parser hands over, until the end of the
-/// stream or the first error.
-fn build(parsed: impl IntoIterator<Item = Parsed>) -> Result<Builder, Refusal> {
-    let mut b = Builder::default();
-    for parsed in parsed {
-        if feed(&mut b, parsed)? {
-            return Ok(b);
-        }
-    }
-    Err(unfinished())
-}
-
 /// Builds on with one hand-over: true once the stream has ended.
 fn feed(b: &mut Builder, parsed: Parsed) -> Result<bool, Refusal> {
     match parsed {
@@ -264,11 +239,6 @@ fn feed(b: &mut Builder, parsed: Parsed) -> Result<bool, Refusal> {
         Parsed::Refused(e) => Err(ParseError::at(*e.marker(), e.info()).into()),
         Parsed::Panicked(why) => Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {why}") }.into()),
     }
-}
-
-/// The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
-fn unfinished() -> Refusal {
-    ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }.into()
 }
 
 /// Parses `text` and hands its events to `send` in batches, then the refusal or the parser's
@@ -298,9 +268,13 @@ fn parse_events(text: &str, send: &mut dyn FnMut(Parsed) -> bool) {
         }
     }));
     if let Err(panic) = parsed {
-        let why = panic.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-        let _ = send(Parsed::Events(batch)) && send(Parsed::Panicked(why.unwrap_or_default()));
+        let _ = send(Parsed::Events(batch)) && send(Parsed::Panicked(panic_message(&*panic).to_owned()));
     }
+}
+
+/// What a panic said, when it said it in text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str)).unwrap_or_default()
 }
 
 /// Why the builder stopped short.

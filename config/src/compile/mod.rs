@@ -61,61 +61,37 @@ pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Di
 const JOBS_PER_BATCH: usize = 256;
 
 /// Reads each unread job from its YAML, freeing the YAML as it goes, and hands the jobs read
-/// to `compile` in order; returns the errors of those that do not read. The reading runs on a
-/// thread of its own, a batch ahead of `compile` here: the two take about as long, and a
-/// worker has the cores for both while it starts. For a few jobs, or without a thread to be
-/// had, one job is read and compiled after the other.
+/// to `compile` in order, a batch at a time; returns the errors of those that do not read.
+/// With many jobs the reading runs on a thread of its own, a batch ahead of `compile` here:
+/// the two take about as long, and a worker has the cores for both while it starts.
 fn read_jobs(
     sources: &crate::SourceMap,
     unread: Vec<(String, YamlPath, serde_yaml::Value)>,
     compile: &mut dyn FnMut(String, raw::Job),
 ) -> Vec<Diagnostic> {
     // A few batches are not worth a thread (a file's few jobs, a reload's).
-    let few = unread.len() < 4 * JOBS_PER_BATCH;
-    let unread = std::sync::Mutex::new(Some(unread));
-    let take = || unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or_default();
-    let read = |(name, path, yaml): (String, YamlPath, serde_yaml::Value), diags: &mut Vec<Diagnostic>| {
-        crate::load::read_item::<raw::Job, _>(sources, diags, yaml, &path).map(|job| (name, job))
-    };
-    let inline = |diags: &mut Vec<Diagnostic>, compile: &mut dyn FnMut(String, raw::Job)| {
-        for item in take() {
-            if let Some((name, job)) = read(item, diags) {
-                compile(name, job);
-            }
-        }
-    };
-    let mut diags = Vec::new();
-    if few {
-        inline(&mut diags, compile);
-        return diags;
-    }
-    std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(String, raw::Job)>>(4);
-        let reader = std::thread::Builder::new().name("job-reader".into()).spawn_scoped(s, move || {
+    let on_a_thread = unread.len() >= 4 * JOBS_PER_BATCH;
+    crate::pipeline::pipelined(
+        on_a_thread,
+        move |send| {
             let mut diags = Vec::new();
             let mut batch = Vec::with_capacity(JOBS_PER_BATCH);
-            for item in take() {
-                batch.extend(read(item, &mut diags));
-                if batch.len() == JOBS_PER_BATCH && tx.send(std::mem::replace(&mut batch, Vec::with_capacity(JOBS_PER_BATCH))).is_err() {
+            for (name, path, yaml) in unread {
+                batch.extend(crate::load::read_item::<raw::Job, _>(sources, &mut diags, yaml, &path).map(|job| (name, job)));
+                if batch.len() == JOBS_PER_BATCH && !send(std::mem::replace(&mut batch, Vec::with_capacity(JOBS_PER_BATCH))) {
                     return diags;
                 }
             }
-            let _ = tx.send(batch);
+            send(batch);
             diags
-        });
-        match reader {
-            Ok(reader) => {
-                for (name, job) in rx.into_iter().flatten() {
-                    compile(name, job);
-                }
-                reader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        },
+        |batch: Vec<(String, raw::Job)>| {
+            for (name, job) in batch {
+                compile(name, job);
             }
-            Err(_) => {
-                inline(&mut diags, compile);
-                diags
-            }
-        }
-    })
+            true
+        },
+    )
 }
 
 fn compile_borrowed(
