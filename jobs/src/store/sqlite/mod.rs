@@ -95,10 +95,134 @@ pub(crate) struct SqliteStore {
     /// The one writing connection. Writes queue for it in the process, in order, instead of
     /// meeting at SQLite's lock, whose busy handler sleeps 10–25 ms per retry (measured: a
     /// claim and a batch of ends taking turns this way held the queue to ~900 runs/s).
-    write: SqlitePool,
+    write: Writer,
     /// The database file, and which file it was when opened (device, inode).
     path: std::path::PathBuf,
     identity: (u64, u64),
+}
+
+/// The longest a write waits for the writing connection before it fails (sqlx's pool default).
+const WRITER_WAIT: Duration = Duration::from_secs(30);
+
+/// The writing connection, held by the store rather than by a pool of one: sqlx pings a pooled
+/// connection whenever it goes back to its pool, a round trip to the connection's thread in a
+/// task of its own, and the next write waits for that ping. Every transaction paid it.
+#[derive(Debug)]
+struct Writer {
+    slot: Arc<tokio::sync::Mutex<Slot>>,
+    opts: SqliteConnectOptions,
+    path: std::path::PathBuf,
+    identity: (u64, u64),
+}
+
+#[derive(Debug)]
+enum Slot {
+    Open(SqliteConnection),
+    /// A transaction failed and took the connection with it: the next write opens the file
+    /// again, if it is still the file opened at start.
+    Reopen,
+    /// The store was closed: writes fail.
+    Closed,
+}
+
+impl Writer {
+    async fn acquire(&self) -> Result<Writing, StoreError> {
+        const WHAT: &str = "connecting to the database";
+        let mut held = tokio::time::timeout(WRITER_WAIT, self.slot.clone().lock_owned())
+            .await
+            .map_err(|_| StoreError::new(WHAT, sqlx::Error::PoolTimedOut))?;
+        match &*held {
+            Slot::Open(_) => {}
+            Slot::Closed => return Err(StoreError::new(WHAT, sqlx::Error::PoolClosed)),
+            Slot::Reopen => {
+                // Looked at before opening too: opening a file put in the database's place
+                // would touch the WAL and shared memory files the database's readers use.
+                let refused = || {
+                    StoreError::new(
+                        WHAT,
+                        sqlx::Error::Protocol(format!(
+                            "{} is not the file the worker opened (moved or replaced); put it back, or restart the worker",
+                            self.path.display()
+                        )),
+                    )
+                };
+                let same = || matches!(file_identity(&self.path), Ok(now) if now == self.identity);
+                if !same() {
+                    return Err(refused());
+                }
+                let c = sqlx::ConnectOptions::connect(&self.opts).await.ctx(WHAT)?;
+                if !same() {
+                    let _ = sqlx::Connection::close(c).await;
+                    return Err(refused());
+                }
+                *held = Slot::Open(c);
+            }
+        }
+        Ok(Writing(held))
+    }
+
+    /// Closes the connection (rolling back anything left open); later writes fail.
+    async fn close(&self) {
+        if let Slot::Open(c) = std::mem::replace(&mut *self.slot.lock().await, Slot::Closed) {
+            let _ = sqlx::Connection::close(c).await;
+        }
+    }
+}
+
+/// The writing connection, this caller's until dropped. Only made while the slot is open.
+#[derive(Debug)]
+pub(crate) struct Writing(tokio::sync::OwnedMutexGuard<Slot>);
+
+impl Writing {
+    /// Drops the connection, and whatever transaction it had open with it.
+    fn discard(&mut self) {
+        *self.0 = Slot::Reopen;
+    }
+}
+
+impl std::ops::Deref for Writing {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        match &*self.0 {
+            Slot::Open(c) => c,
+            _ => unreachable!("a Writing is only made, and kept, with its connection open"),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Writing {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match &mut *self.0 {
+            Slot::Open(c) => c,
+            _ => unreachable!("a Writing is only made, and kept, with its connection open"),
+        }
+    }
+}
+
+/// A connection of the store's: a reader from the pool, or the writing connection.
+#[derive(Debug)]
+pub(crate) enum Held {
+    Read(PoolConnection<Sqlite>),
+    Write(Writing),
+}
+
+impl std::ops::Deref for Held {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        match self {
+            Held::Read(c) => c,
+            Held::Write(c) => c,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match self {
+            Held::Read(c) => c,
+            Held::Write(c) => c,
+        }
+    }
 }
 
 fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
@@ -112,8 +236,9 @@ fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
 /// `Transaction` then tries a ROLLBACK that fails and goes on counting the transaction as open,
 /// and the writing connection's later transactions never reach the disk. Here an end that
 /// fails, or a transaction dropped without one (an error on the way), closes the connection
-/// instead: the transaction goes with it, and the pool opens a fresh one.
-pub(crate) struct WriteTx(Option<PoolConnection<Sqlite>>);
+/// instead: the transaction goes with it, and the next write opens a fresh one ([`Writer`]).
+#[derive(Debug)]
+pub(crate) struct WriteTx(Option<Writing>);
 
 impl WriteTx {
     async fn end(mut self, sql: &'static str, what: &'static str) -> Result<(), StoreError> {
@@ -122,7 +247,7 @@ impl WriteTx {
             Ok(_) => Ok(()),
             Err(e) => {
                 let _ = sqlx::query("ROLLBACK").execute(&mut *c).await;
-                c.close_on_drop();
+                c.discard();
                 Err(StoreError::new(what, e))
             }
         }
@@ -145,7 +270,7 @@ impl std::ops::DerefMut for WriteTx {
 impl Drop for WriteTx {
     fn drop(&mut self) {
         if let Some(c) = self.0.as_mut() {
-            c.close_on_drop();
+            c.discard();
         }
     }
 }
@@ -208,27 +333,11 @@ impl SqliteStore {
         sqlx::Connection::close(first).await.ctx("opening the database")?;
         let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
         let opts = opts.create_if_missing(false);
-        let file = path.to_path_buf();
+        let conn = sqlx::ConnectOptions::connect(&opts).await.ctx("opening the database")?;
+        let write =
+            Writer { slot: Arc::new(tokio::sync::Mutex::new(Slot::Open(conn))), opts: opts.clone(), path: path.to_path_buf(), identity };
         // No ping before each use (sqlx's default): a file has no connection to lose, and the
-        // ping is a round trip to the connection's thread before every transaction.
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .test_before_acquire(false)
-            .after_connect(move |_, _| {
-                let file = file.clone();
-                Box::pin(async move {
-                    match file_identity(&file) {
-                        Ok(now) if now == identity => Ok(()),
-                        _ => Err(sqlx::Error::Protocol(format!(
-                            "{} is not the file the worker opened (moved or replaced); put it back, or restart the worker",
-                            file.display()
-                        ))),
-                    }
-                })
-            })
-            .connect_with(opts.clone())
-            .await
-            .ctx("opening the database")?;
+        // ping is a round trip to the connection's thread before every read.
         let pool =
             SqlitePoolOptions::new().max_connections(4).test_before_acquire(false).connect_with(opts).await.ctx("opening the database")?;
         Ok(Self { pool, write, path: path.to_path_buf(), identity })
@@ -251,13 +360,13 @@ impl Dialect for SqliteStore {
     type Conn = SqliteConnection;
     type Row = SqliteRow;
     type Tx = WriteTx;
-    type Pooled = PoolConnection<Sqlite>;
+    type Pooled = Held;
 
     const KIND: StorageKind = StorageKind::Sqlite;
     const SPELLING: Spelling = SPELLING;
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        let mut c = self.write.acquire().await.ctx("connecting to the database")?;
+        let mut c = self.write.acquire().await?;
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await.ctx("starting a transaction")?;
         Ok(WriteTx(Some(c)))
     }
@@ -271,11 +380,11 @@ impl Dialect for SqliteStore {
     }
 
     async fn reader(&self) -> Result<Self::Pooled, StoreError> {
-        self.pool.acquire().await.ctx("connecting to the database")
+        Ok(Held::Read(self.pool.acquire().await.ctx("connecting to the database")?))
     }
 
     async fn writer(&self) -> Result<Self::Pooled, StoreError> {
-        self.write.acquire().await.ctx("connecting to the database")
+        Ok(Held::Write(self.write.acquire().await?))
     }
 
     async fn execute(c: &mut SqliteConnection, q: Stmt<'_>) -> Result<u64, StoreError> {
@@ -434,7 +543,7 @@ impl Dialect for SqliteStore {
             .bind(lease_until)
             .bind(take_over)
             .bind(lease_until + crate::decide::fencing(lease).margin.as_millis() as i64)
-            .fetch_optional(&self.write)
+            .fetch_optional(&mut *self.write.acquire().await?)
             .await
             .ctx("renewing the worker's lease")?;
         Ok(epoch.map(|e| (e, now)))
@@ -542,10 +651,12 @@ impl Dialect for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut apalis = apalis_sqlite::SqliteStorage::<()>::migrations();
         apalis.set_ignore_missing(true);
-        apalis.run(&self.write).await.map_err(|e| StoreError::new("applying queue migrations", e.into()))?;
+        // Through the readers' pool (sqlx's migrator takes something it can acquire from): at
+        // open nothing else writes yet, and the writing connection sees the new schema.
+        apalis.run(&self.pool).await.map_err(|e| StoreError::new("applying queue migrations", e.into()))?;
         let mut ours = sqlx::migrate!("../migrations/sqlite");
         ours.set_ignore_missing(true);
-        ours.run(&self.write).await.map_err(|e| StoreError::new("applying lamplighter migrations", e.into()))?;
+        ours.run(&self.pool).await.map_err(|e| StoreError::new("applying lamplighter migrations", e.into()))?;
         Ok(())
     }
 
@@ -583,10 +694,10 @@ impl Dialect for SqliteStore {
             [("ll_checkpoints", "pruning checkpoints"), ("ll_steps", "pruning workflow steps"), ("ll_agent_calls", "pruning agent calls")]
         {
             let sql = format!("DELETE FROM {table} WHERE root_id NOT IN (SELECT coalesce(root_id, id) FROM ll_runs)");
-            sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&self.write).await.ctx(what)?;
+            sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *self.write.acquire().await?).await.ctx(what)?;
         }
-        queue::prune(&self.write).await?;
-        sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&self.write).await.ctx("checkpointing the WAL")?;
+        queue::prune(&mut *self.write.acquire().await?).await?;
+        sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *self.write.acquire().await?).await.ctx("checkpointing the WAL")?;
         Ok(())
     }
 }
@@ -698,16 +809,90 @@ mod tests {
         let (_dir, store) = migrated().await;
         let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
         let health = crate::health::Health::default();
-        sqlx::query("PRAGMA query_only = ON").execute(&store.write).await.expect("pragma");
+        sqlx::query("PRAGMA query_only = ON").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
         let e =
             crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect_err("refused");
         assert_eq!(e.fault(), Some("the database is read-only (SQLITE_READONLY)"), "{e}");
         assert!(health.storage_failed(&e));
         assert!(health.problems()[0].starts_with("the database is read-only"), "{:?}", health.problems());
-        sqlx::query("PRAGMA query_only = OFF").execute(&store.write).await.expect("pragma");
+        sqlx::query("PRAGMA query_only = OFF").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
         crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("writes again");
         health.storage_ok();
         assert!(health.problems().is_empty());
+    }
+
+    /// A transaction dropped on the way (an error in one of its statements) takes the writing
+    /// connection, and what it wrote, with it; the next write opens the file again. A file put
+    /// in the database's place meanwhile is refused, not written to.
+    #[tokio::test]
+    async fn a_transaction_given_up_on_leaves_nothing_and_the_next_write_reopens_the_same_file() {
+        let (dir, store) = migrated().await;
+        let pause = "INSERT INTO ll_job_state (job, paused) VALUES (?1, 1)";
+        let paused = || async {
+            let rows: Vec<String> = sqlx::query_scalar("SELECT job FROM ll_job_state ORDER BY job")
+                .fetch_all(&mut *store.reader().await.expect("a reader"))
+                .await
+                .expect("read");
+            rows
+        };
+        let mut tx = store.begin().await.expect("begin");
+        sqlx::query(pause).bind("dropped").execute(&mut *tx).await.expect("write");
+        drop(tx);
+        assert!(matches!(*store.write.slot.lock().await, Slot::Reopen), "the connection went with the transaction");
+        let mut tx = store.begin().await.expect("a fresh connection");
+        sqlx::query(pause).bind("kept").execute(&mut *tx).await.expect("write");
+        SqliteStore::commit(tx).await.expect("commit");
+        assert_eq!(paused().await, ["kept"]);
+
+        // The file replaced while no connection writes to it.
+        drop(store.begin().await.expect("begin"));
+        let db = dir.path().join("plan.db");
+        std::fs::rename(&db, dir.path().join("moved.db")).expect("move the file away");
+        std::fs::write(&db, b"").expect("a file in its place");
+        let e = store.begin().await.expect_err("not the file opened");
+        assert!(e.to_string().contains("is not the file the worker opened"), "{e}");
+        std::fs::rename(dir.path().join("moved.db"), &db).expect("put the file back");
+        let mut tx = store.begin().await.expect("the file is back");
+        sqlx::query(pause).bind("after").execute(&mut *tx).await.expect("write");
+        SqliteStore::commit(tx).await.expect("commit");
+        assert_eq!(paused().await, ["after", "kept"]);
+    }
+
+    /// Writes queue for the one connection, each whole, in the order they asked; after the
+    /// store is closed they fail instead of opening it again.
+    #[tokio::test]
+    async fn writes_take_turns_on_the_one_connection_and_fail_once_it_is_closed() {
+        let (_dir, store) = migrated().await;
+        let store = Arc::new(store);
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut tx = store.begin().await.expect("begin");
+                    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_job_state").fetch_one(&mut *tx).await.expect("count");
+                    tokio::task::yield_now().await;
+                    sqlx::query("INSERT INTO ll_job_state (job, paused) VALUES (?1, 0)")
+                        .bind(format!("job-{n}-{i}"))
+                        .execute(&mut *tx)
+                        .await
+                        .expect("write");
+                    SqliteStore::commit(tx).await.expect("commit");
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.expect("a writer");
+        }
+        let jobs: Vec<String> = sqlx::query_scalar("SELECT job FROM ll_job_state")
+            .fetch_all(&mut *store.reader().await.expect("a reader"))
+            .await
+            .expect("read");
+        let mut counts: Vec<&str> = jobs.iter().map(|j| j.split('-').nth(1).expect("a count")).collect();
+        counts.sort_by_key(|c| c.parse::<u32>().expect("a number"));
+        assert_eq!(counts, ["0", "1", "2", "3", "4", "5", "6", "7"], "each transaction saw every one before it: {jobs:?}");
+        store.close().await;
+        let e = store.begin().await.expect_err("closed");
+        assert!(matches!(e.source, sqlx::Error::PoolClosed), "{e}");
     }
 
     /// The count of listing changes moves with another process's pause too (a second

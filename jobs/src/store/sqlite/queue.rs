@@ -1,7 +1,6 @@
 //! apalis-sqlite, used inside the store's transactions.
 
 use apalis::prelude::{TaskBuilder, TaskId};
-use sqlx::SqlitePool;
 
 use crate::store::StoreError;
 use crate::store::{QUEUE, RunTask};
@@ -94,10 +93,10 @@ pub(crate) async fn forget_all(c: &mut sqlx::SqliteConnection) -> Result<(), Sto
 }
 
 /// Deletes finished tasks (apalis keeps them forever; the runs table is the history).
-pub(crate) async fn prune(pool: &SqlitePool) -> Result<(), StoreError> {
+pub(crate) async fn prune(c: &mut sqlx::SqliteConnection) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND status IN ('Done','Killed','Failed')")
         .bind(QUEUE)
-        .execute(pool)
+        .execute(c)
         .await
         .map_err(|e| StoreError::new("pruning the queue", e))?;
     Ok(())
