@@ -505,8 +505,8 @@ impl Engine {
             tracing::warn!(error = %e, "cannot give up the worker's lease; it runs out by itself");
         }
         // A transaction abandoned mid-way (a fetch cut off by the stop) is rolled back only
-        // when its connection is used again; closing the pool rolls it back now, so no write
-        // lock outlives the engine.
+        // when its connection is used again; closing the store (its pool, its writing
+        // connection) rolls it back now, so no write lock outlives the engine.
         if tokio::time::timeout(STOP_TASK, self.shared.store.close()).await.is_err() {
             tracing::warn!("storage did not close in time");
         }

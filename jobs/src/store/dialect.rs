@@ -290,7 +290,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     type Row: Record;
     /// A transaction of the connection that writes.
     type Tx: DerefMut<Target = Self::Conn> + Send;
-    /// A connection of a pool.
+    /// A connection of the store's: one of its pool's, or the one that writes.
     type Pooled: DerefMut<Target = Self::Conn> + Send;
 
     const KIND: StorageKind;

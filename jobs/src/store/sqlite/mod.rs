@@ -118,9 +118,10 @@ struct Writer {
 #[derive(Debug)]
 enum Slot {
     Open(SqliteConnection),
-    /// A transaction failed and took the connection with it: the next write opens the file
-    /// again, if it is still the file opened at start.
-    Reopen,
+    /// A transaction failed and took the connection with it: the next write closes it (its
+    /// transaction rolls back, its lock goes) and opens the file again, if it is still the file
+    /// opened at start.
+    Reopen(Option<SqliteConnection>),
     /// The store was closed: writes fail.
     Closed,
 }
@@ -131,19 +132,25 @@ impl Writer {
         let mut held = tokio::time::timeout(WRITER_WAIT, self.slot.clone().lock_owned())
             .await
             .map_err(|_| StoreError::new(WHAT, sqlx::Error::PoolTimedOut))?;
-        match &*held {
+        match &mut *held {
             Slot::Open(_) => {}
             Slot::Closed => return Err(StoreError::new(WHAT, sqlx::Error::PoolClosed)),
-            Slot::Reopen => {
+            Slot::Reopen(old) => {
+                // After its statements still queued: the new connection's `BEGIN IMMEDIATE`
+                // would otherwise wait for the old one's lock.
+                if let Some(old) = old.take() {
+                    let _ = sqlx::Connection::close(old).await;
+                }
                 // Looked at before opening too: opening a file put in the database's place
-                // would touch the WAL and shared memory files the database's readers use.
+                // would touch the WAL and shared memory files the database's readers use. An
+                // I/O error: a fault from outside, retried until the file is back.
                 let refused = || {
                     StoreError::new(
                         WHAT,
-                        sqlx::Error::Protocol(format!(
-                            "{} is not the file the worker opened (moved or replaced); put it back, or restart the worker",
+                        sqlx::Error::Io(std::io::Error::other(format!(
+                            "{} is not the file the worker opened (moved, replaced or gone); put it back, or restart the worker",
                             self.path.display()
-                        )),
+                        ))),
                     )
                 };
                 let same = || matches!(file_identity(&self.path), Ok(now) if now == self.identity);
@@ -163,7 +170,7 @@ impl Writer {
 
     /// Closes the connection (rolling back anything left open); later writes fail.
     async fn close(&self) {
-        if let Slot::Open(c) = std::mem::replace(&mut *self.slot.lock().await, Slot::Closed) {
+        if let Slot::Open(c) | Slot::Reopen(Some(c)) = std::mem::replace(&mut *self.slot.lock().await, Slot::Closed) {
             let _ = sqlx::Connection::close(c).await;
         }
     }
@@ -174,9 +181,12 @@ impl Writer {
 pub(crate) struct Writing(tokio::sync::OwnedMutexGuard<Slot>);
 
 impl Writing {
-    /// Drops the connection, and whatever transaction it had open with it.
+    /// Gives the connection up, and whatever transaction it had open with it: the next write
+    /// closes it and opens another.
     fn discard(&mut self) {
-        *self.0 = Slot::Reopen;
+        if let Slot::Open(c) = std::mem::replace(&mut *self.0, Slot::Reopen(None)) {
+            *self.0 = Slot::Reopen(Some(c));
+        }
     }
 }
 
@@ -241,16 +251,14 @@ fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
 pub(crate) struct WriteTx(Option<Writing>);
 
 impl WriteTx {
+    /// `COMMIT` or `ROLLBACK`. The connection stays the transaction's until the statement has
+    /// gone through: if it fails, or the caller gives up meanwhile, the transaction is dropped
+    /// and takes the connection with it (closing it rolls back whatever is left).
     async fn end(mut self, sql: &'static str, what: &'static str) -> Result<(), StoreError> {
-        let Some(mut c) = self.0.take() else { return Ok(()) };
-        match sqlx::query(sql).execute(&mut *c).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let _ = sqlx::query("ROLLBACK").execute(&mut *c).await;
-                c.discard();
-                Err(StoreError::new(what, e))
-            }
-        }
+        let Some(c) = self.0.as_mut() else { return Ok(()) };
+        sqlx::query(sql).execute(&mut **c).await.map_err(|e| StoreError::new(what, e))?;
+        self.0 = None;
+        Ok(())
     }
 }
 
@@ -366,9 +374,12 @@ impl Dialect for SqliteStore {
     const SPELLING: Spelling = SPELLING;
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        let mut c = self.write.acquire().await?;
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await.ctx("starting a transaction")?;
-        Ok(WriteTx(Some(c)))
+        // The transaction holds the connection from before its `BEGIN`: dropped before it is
+        // handed out (`BEGIN` failed, or the caller gave up meanwhile), it takes the connection
+        // with it, and no later write finds a transaction already open.
+        let mut tx = WriteTx(Some(self.write.acquire().await?));
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx).await.ctx("starting a transaction")?;
+        Ok(tx)
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
@@ -651,8 +662,9 @@ impl Dialect for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut apalis = apalis_sqlite::SqliteStorage::<()>::migrations();
         apalis.set_ignore_missing(true);
-        // Through the readers' pool (sqlx's migrator takes something it can acquire from): at
-        // open nothing else writes yet, and the writing connection sees the new schema.
+        // Through the readers' pool: the migrator over the borrowed writing connection does not
+        // compile in this async fn (`Acquire` is "not general enough"). At open nothing else
+        // writes yet, and the writing connection sees the new schema.
         apalis.run(&self.pool).await.map_err(|e| StoreError::new("applying queue migrations", e.into()))?;
         let mut ours = sqlx::migrate!("../migrations/sqlite");
         ours.set_ignore_missing(true);
@@ -838,7 +850,7 @@ mod tests {
         let mut tx = store.begin().await.expect("begin");
         sqlx::query(pause).bind("dropped").execute(&mut *tx).await.expect("write");
         drop(tx);
-        assert!(matches!(*store.write.slot.lock().await, Slot::Reopen), "the connection went with the transaction");
+        assert!(matches!(*store.write.slot.lock().await, Slot::Reopen(Some(_))), "the connection went with the transaction");
         let mut tx = store.begin().await.expect("a fresh connection");
         sqlx::query(pause).bind("kept").execute(&mut *tx).await.expect("write");
         SqliteStore::commit(tx).await.expect("commit");
@@ -851,6 +863,8 @@ mod tests {
         std::fs::write(&db, b"").expect("a file in its place");
         let e = store.begin().await.expect_err("not the file opened");
         assert!(e.to_string().contains("is not the file the worker opened"), "{e}");
+        assert!(e.is_transient(), "retried until the file is back: {e}");
+        assert_eq!(std::fs::metadata(&db).expect("the stand-in").len(), 0, "the stand-in was not opened");
         std::fs::rename(dir.path().join("moved.db"), &db).expect("put the file back");
         let mut tx = store.begin().await.expect("the file is back");
         sqlx::query(pause).bind("after").execute(&mut *tx).await.expect("write");
@@ -858,8 +872,24 @@ mod tests {
         assert_eq!(paused().await, ["after", "kept"]);
     }
 
-    /// Writes queue for the one connection, each whole, in the order they asked; after the
-    /// store is closed they fail instead of opening it again.
+    /// A caller that gives up on `begin` after its `BEGIN` went out (a stop, a timeout) leaves no
+    /// transaction open on the writing connection for the next write to trip over.
+    #[tokio::test]
+    async fn a_begin_given_up_on_leaves_no_transaction_open() {
+        let (_dir, store) = migrated().await;
+        let mut abandoned = Box::pin(store.begin());
+        // Polled once (`BEGIN` goes to the connection's thread at the first poll), then
+        // dropped; a transaction already begun by then is dropped as well.
+        let _ = futures::poll!(abandoned.as_mut());
+        drop(abandoned);
+        let mut tx = store.begin().await.expect("a transaction of its own");
+        sqlx::query("INSERT INTO ll_job_state (job, paused) VALUES ('after', 1)").execute(&mut *tx).await.expect("write");
+        SqliteStore::commit(tx).await.expect("commit");
+    }
+
+    /// Writes queue for the one connection, each whole, in the order they asked (the test's
+    /// runtime polls the tasks in the order they were spawned); after the store is closed they
+    /// fail instead of opening it again.
     #[tokio::test]
     async fn writes_take_turns_on_the_one_connection_and_fail_once_it_is_closed() {
         let (_dir, store) = migrated().await;
@@ -887,9 +917,15 @@ mod tests {
             .fetch_all(&mut *store.reader().await.expect("a reader"))
             .await
             .expect("read");
-        let mut counts: Vec<&str> = jobs.iter().map(|j| j.split('-').nth(1).expect("a count")).collect();
-        counts.sort_by_key(|c| c.parse::<u32>().expect("a number"));
-        assert_eq!(counts, ["0", "1", "2", "3", "4", "5", "6", "7"], "each transaction saw every one before it: {jobs:?}");
+        let mut seen: Vec<(u32, u32)> = jobs
+            .iter()
+            .map(|j| {
+                let mut parts = j.split('-').skip(1).map(|p| p.parse::<u32>().expect("a number"));
+                (parts.next().expect("a count"), parts.next().expect("an index"))
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).map(|i| (i, i)).collect::<Vec<_>>(), "the i-th writer saw the i before it: {jobs:?}");
         store.close().await;
         let e = store.begin().await.expect_err("closed");
         assert!(matches!(e.source, sqlx::Error::PoolClosed), "{e}");
