@@ -47,27 +47,22 @@ mod tests {
     /// the producer (on a thread, within the channel's bound) instead of leaving it blocked.
     #[test]
     fn both_ways_hand_over_in_order_and_stop_early() {
+        // Up to `n` items offered, consumed until `last`: what was sent, and what was seen.
+        let run = |on_a_thread, n: u32, last: u32| {
+            let mut seen = Vec::new();
+            let sent = pipelined(
+                on_a_thread,
+                |send| (0..n).take_while(|i| send(*i)).count(),
+                |i| {
+                    seen.push(i);
+                    i < last
+                },
+            );
+            (sent, seen)
+        };
         for on_a_thread in [false, true] {
-            let mut seen = Vec::new();
-            let sent = pipelined(
-                on_a_thread,
-                |send| (0..1000).take_while(|i| send(*i)).count(),
-                |i| {
-                    seen.push(i);
-                    true
-                },
-            );
-            assert_eq!((sent, seen), (1000, (0..1000).collect::<Vec<_>>()));
-
-            let mut seen = Vec::new();
-            let sent = pipelined(
-                on_a_thread,
-                |send| (0..100_000).take_while(|i| send(*i)).count(),
-                |i| {
-                    seen.push(i);
-                    i < 9
-                },
-            );
+            assert_eq!(run(on_a_thread, 1000, u32::MAX), (1000, (0..1000).collect::<Vec<_>>()));
+            let (sent, seen) = run(on_a_thread, 100_000, 9);
             assert_eq!(seen, (0..10).collect::<Vec<_>>());
             assert!(sent <= 10 + super::IN_FLIGHT, "the producer stopped soon after: {sent}");
         }

@@ -96,9 +96,6 @@ pub(crate) struct SqliteStore {
     /// meeting at SQLite's lock, whose busy handler sleeps 10–25 ms per retry (measured: a
     /// claim and a batch of ends taking turns this way held the queue to ~900 runs/s).
     write: Writer,
-    /// The database file, and which file it was when opened (device, inode).
-    path: std::path::PathBuf,
-    identity: (u64, u64),
 }
 
 /// The longest a write waits for the writing connection before it fails (sqlx's pool default).
@@ -111,6 +108,7 @@ const WRITER_WAIT: Duration = Duration::from_secs(30);
 struct Writer {
     slot: Arc<tokio::sync::Mutex<Slot>>,
     opts: SqliteConnectOptions,
+    /// The database file, and which file it was when opened (device, inode).
     path: std::path::PathBuf,
     identity: (u64, u64),
 }
@@ -337,18 +335,17 @@ impl SqliteStore {
         // Created here if missing; from then on every connection (the writer is opened again
         // after a failed transaction) must find the very file opened now, not a new empty one
         // where it was moved away, nor one put in its place.
+        // The connection that creates it is the writing one.
         let first = sqlx::ConnectOptions::connect(&opts).await.ctx("opening the database")?;
-        sqlx::Connection::close(first).await.ctx("opening the database")?;
         let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
         let opts = opts.create_if_missing(false);
-        let conn = sqlx::ConnectOptions::connect(&opts).await.ctx("opening the database")?;
         let write =
-            Writer { slot: Arc::new(tokio::sync::Mutex::new(Slot::Open(conn))), opts: opts.clone(), path: path.to_path_buf(), identity };
+            Writer { slot: Arc::new(tokio::sync::Mutex::new(Slot::Open(first))), opts: opts.clone(), path: path.to_path_buf(), identity };
         // No ping before each use (sqlx's default): a file has no connection to lose, and the
         // ping is a round trip to the connection's thread before every read.
         let pool =
             SqlitePoolOptions::new().max_connections(4).test_before_acquire(false).connect_with(opts).await.ctx("opening the database")?;
-        Ok(Self { pool, write, path: path.to_path_buf(), identity })
+        Ok(Self { pool, write })
     }
 }
 
@@ -683,16 +680,17 @@ impl Dialect for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.pool).await.map_err(|e| format!("the database does not answer: {e}"))?;
         // An open file that was removed or replaced still answers, but what is written to it
         // is lost with the process.
-        match file_identity(&self.path) {
-            Ok(now) if now == self.identity => Ok(()),
+        let path = &self.write.path;
+        match file_identity(path) {
+            Ok(now) if now == self.write.identity => Ok(()),
             Ok(_) => Err(format!(
                 "{} was replaced underneath the worker; what it writes goes to the file it opened, which is no longer there: \
                  put the file back, or restart the worker to use the new one",
-                self.path.display()
+                path.display()
             )),
             Err(e) => Err(format!(
                 "{} is gone ({e}); what the worker writes is lost when it stops: put the file back, or restart it",
-                self.path.display()
+                path.display()
             )),
         }
     }
