@@ -162,7 +162,7 @@ fn fates() -> Vec<(&'static str, Fate)> {
         ("scheduling.jobs.nightly-review.enabled", Works(|c| c.jobs["nightly-review"].enabled)),
         (
             "scheduling.jobs.nightly-review.input",
-            Works(|c| c.jobs["nightly-review"].input == Some(serde_json::json!("Nightly code review"))),
+            Works(|c| c.jobs["nightly-review"].input.as_deref() == Some(&serde_json::json!("Nightly code review"))),
         ),
         ("scheduling.jobs.hourly-triage.type", Works(|c| c.jobs["hourly-triage"].target.kind() == "agent")),
         (

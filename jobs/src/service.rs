@@ -314,7 +314,7 @@ impl Engine {
         let now = self.shared.clock().now();
         let snapshot = self.shared.snapshot().snapshot_of(&job);
         let run = NewRun {
-            input: req.input.or(job.input),
+            input: req.input.or(job.input.map(|i| *i)),
             parameters: merge_parameters(job.parameters.as_ref().map(JsonText::value), req.parameters),
             idempotency_key: req.idempotency_key,
             requested_by: req.requested_by,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 
 use super::{Backoff, CatchUp, Compiler, JobConfig, JsonText, Overlap, Retention, RetryPolicy, Target, duration};
+use crate::ai::Budget;
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
 use crate::raw;
@@ -283,7 +284,8 @@ impl Compiler<'_> {
         if !ok {
             return None;
         }
-        let budget = self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref());
+        let budget =
+            Some(self.budget(&["scheduling", "jobs", name, "budget"], j.budget.as_ref())).filter(|b| *b != Budget::default()).map(Box::new);
         let notify = match &j.notify {
             None => None,
             Some(rules) => Some(self.notify(&p("notify"), &format!("job \"{name}\""), rules, runnable)?),
@@ -292,7 +294,7 @@ impl Compiler<'_> {
             name: name.to_string(),
             description: j.description.clone(),
             target: target?,
-            input: j.input.take(),
+            input: j.input.take().map(Box::new),
             parameters: j.parameters.take().map(|p| JsonText::new(&p)),
             schedule,
             timezone,

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use crate::ai::{Agent, Budget, McpServer, ModelRef, Pipeline, Provider, Secret, resolve_model};
@@ -74,8 +74,9 @@ pub enum Backoff {
         max_delay: Duration,
     },
     Fixed(Duration),
-    /// The seed's default: 60 s, 300 s, 900 s.
-    Steps(Vec<Duration>),
+    /// The seed's default: 60 s, 300 s, 900 s. Shared: every job without `retries:` holds the
+    /// same steps.
+    Steps(Arc<[Duration]>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +88,9 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { max: 3, backoff: Backoff::Steps(vec![Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(900)]) }
+        static SEED_STEPS: LazyLock<Arc<[Duration]>> =
+            LazyLock::new(|| Arc::from([Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(900)]));
+        Self { max: 3, backoff: Backoff::Steps(SEED_STEPS.clone()) }
     }
 }
 
@@ -136,7 +139,8 @@ pub struct JobConfig {
     pub name: String,
     pub description: Option<String>,
     pub target: Target,
-    pub input: Option<serde_json::Value>,
+    /// Boxed, as most jobs have none: the map of 10,000 jobs holds each one inline.
+    pub input: Option<Box<serde_json::Value>>,
     /// Kept as JSON text: a run takes its own copy as a value ([`JsonText::value`]).
     pub parameters: Option<JsonText>,
     /// Parsed once, here; `None` for a job that is only triggered by hand (or, in a config
@@ -154,11 +158,16 @@ pub struct JobConfig {
     pub retention: Retention,
     pub working_directory: Option<PathBuf>,
     pub allowed_commands: Vec<String>,
-    /// Limits on each run of an agent job, over the agent's own.
-    pub budget: Budget,
+    /// Limits on each run of an agent job, over the agent's own; `None` when it sets none (most
+    /// jobs: boxed, for the same reason as `input`).
+    pub budget: Option<Box<Budget>>,
     /// Its own `notify:` rules; `None` takes `scheduling.notify` ([`Config::notify`]).
     pub notify: Option<Vec<crate::NotifyRule>>,
 }
+
+// A config of 10,000 jobs holds 10,000 of these inline in its map's nodes: what most jobs leave
+// unset is boxed (`input`, `budget`), and this keeps it so.
+const _: () = assert!(std::mem::size_of::<JobConfig>() <= 360);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageConfig {
