@@ -55,6 +55,15 @@ pub(crate) struct JobsConfig {
     pub(crate) health: Arc<Health>,
     /// `scheduling.notify`: the rules of jobs that set none.
     pub(crate) notify: Arc<Vec<NotifyRule>>,
+    /// Whether any rule is about waits for a decision: known once the jobs are put together,
+    /// as the notifier asks on each pass (after runs end) and the answer walks every job.
+    notifies_waits: bool,
+}
+
+/// Whether any of these rules, the default ones or a job's own, is about waits for a decision.
+fn about_waits(default: &[NotifyRule], jobs: &BTreeMap<String, JobConfig>) -> bool {
+    let about_waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
+    about_waits(default) || jobs.values().any(|j| j.notify.as_deref().is_some_and(about_waits))
 }
 
 impl JobsConfig {
@@ -81,6 +90,7 @@ impl JobsConfig {
             listing: Arc::new(Listing::of(config, registry)),
             default_timezone: config.default_timezone.clone(),
             notify: Arc::new(config.notify.clone()),
+            notifies_waits: about_waits(&config.notify, &config.jobs),
         }
     }
 
@@ -93,8 +103,7 @@ impl JobsConfig {
 
     /// Whether any rule is about waits for a decision (a notice pass then reads the waits).
     pub(crate) fn notifies_waits(&self) -> bool {
-        let about_waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
-        about_waits(&self.notify) || self.jobs.values().any(|j| j.notify.as_deref().is_some_and(about_waits))
+        self.notifies_waits
     }
 
     /// What a run of `job` executes, as it is now (its workflow's definition included).
@@ -287,6 +296,7 @@ impl InForce {
                 }
                 runtime.insert(name.clone(), c.stored.clone());
             }
+            config.notifies_waits = about_waits(&config.notify, &jobs);
             config.jobs = Arc::new(jobs);
             config.unavailable = Arc::new(unavailable);
             config.runtime = Arc::new(runtime);
@@ -310,6 +320,50 @@ impl InForce {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn load(dir: &std::path::Path, yaml: &str) -> Config {
+        std::fs::write(dir.join("lamplighter.yaml"), yaml).expect("write");
+        let opts =
+            lamplighter_config::LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.into()), ..Default::default() };
+        lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config
+    }
+
+    /// Whether a pass reads the waits for a decision is known once the jobs are put together:
+    /// from the default rules, a job's own, and a runtime job's; and it goes when that job goes.
+    #[test]
+    fn whether_any_rule_is_about_waits_follows_the_jobs_in_force() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let job = "      every: 1h\n      type: plugin\n      plugin: file-save\n      action: save\n";
+        let hook = "{ webhook: \"http://127.0.0.1:9/hook\" }";
+        let managed = "worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n";
+        let cases = [
+            (format!("{managed}scheduling:\n  jobs:\n    a:\n{job}      notify: [{{ on: failure, to: {hook} }}]\n"), false),
+            (format!("scheduling:\n  jobs:\n    a:\n{job}      notify: [{{ on: approval_waiting, to: {hook} }}]\n"), true),
+            (format!("scheduling:\n  notify: [{{ on: budget_asked, to: {hook} }}]\n  jobs:\n    a:\n{job}"), true),
+        ];
+        for (yaml, waits) in &cases {
+            let config = load(dir.path(), yaml);
+            assert_eq!(JobsConfig::of(&config, &Registry::builtin()).notifies_waits(), *waits, "{yaml}");
+        }
+        let config = load(dir.path(), &cases[0].0);
+        let in_force = InForce::new(JobsConfig::of(&config, &Registry::builtin()), Arc::new(Registry::builtin()));
+        let at = chrono::DateTime::<chrono::Utc>::MIN_UTC;
+        let runtime = StoredJob {
+            name: "r".into(),
+            definition: serde_json::json!({"every": "1h", "plugin": "file-save", "action": "save",
+                "notify": [{"on": "approval_waiting", "to": {"webhook": "http://127.0.0.1:9/hook"}}]}),
+            version: 1,
+            created_by: "t".into(),
+            created_at: at,
+            updated_by: "t".into(),
+            updated_at: at,
+        };
+        assert!(in_force.set_runtime(vec![runtime]));
+        assert!(in_force.get().unavailable.get("r").is_none(), "{:?}", in_force.get().unavailable);
+        assert!(in_force.get().notifies_waits(), "the runtime job's rule");
+        assert!(in_force.set_runtime(Vec::new()));
+        assert!(!in_force.get().notifies_waits(), "gone with it");
+    }
 
     /// A job of the files or a runtime job cannot take the name runs without a job are listed
     /// under.
