@@ -257,8 +257,9 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
-            // A job gone from the config is not planned again (its next tick is taken).
+            // A job gone from the config is not planned again.
             let Some(cfg) = jobs.get(job.as_str()) else {
+                entry.next = None;
                 continue;
             };
             let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.take().map(|(t, _)| t), entry.last, now);
