@@ -60,8 +60,8 @@ pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf, String> 
 
 /// Where the items of one collection are defined ([`SourceMap::item_locations`]). Packed, as
 /// the engine keeps it for as long as the config is in force: the names one after the other in
-/// one string, and per item, in name order, where its name ends and where it is defined (24
-/// bytes an item and its name, where a map of names took 56 and an allocation each).
+/// one string, and per item, in name order, where its name is in it and where it is defined
+/// (32 bytes an item and its name, where a map of names took 56 and an allocation each).
 #[derive(Debug, Clone, Default)]
 pub struct ItemLocations {
     files: Vec<PathBuf>,
@@ -72,10 +72,10 @@ pub struct ItemLocations {
 /// (file number, line, column).
 type At = (u32, u32, u32);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Item {
-    /// Where the item's name ends in `names` (it starts where the one before ends).
-    end: usize,
+    /// Where the item's name is in `names`.
+    name: std::ops::Range<usize>,
     /// `None` for an item no file defines.
     at: Option<At>,
 }
@@ -88,29 +88,17 @@ impl ItemLocations {
         let items = items
             .into_iter()
             .map(|(name, at)| {
+                let start = names.len();
                 names.push_str(name);
-                Item { end: names.len(), at }
+                Item { name: start..names.len(), at }
             })
             .collect();
         ItemLocations { files, names, items }
     }
 
-    fn name(&self, i: usize) -> &str {
-        let start = i.checked_sub(1).map_or(0, |p| self.items[p].end);
-        &self.names[start..self.items[i].end]
-    }
-
     fn find(&self, name: &str) -> Option<&Item> {
-        let (mut lo, mut hi) = (0, self.items.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.name(mid).cmp(name) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(&self.items[mid]),
-            }
-        }
-        None
+        let i = self.items.binary_search_by(|it| self.names[it.name.clone()].cmp(name)).ok()?;
+        self.items.get(i)
     }
 
     /// Whether `name` is one of the items.

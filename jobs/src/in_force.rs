@@ -62,8 +62,8 @@ pub(crate) struct JobsConfig {
 
 /// Whether any of these rules, the default ones or a job's own, is about waits for a decision.
 fn about_waits(default: &[NotifyRule], jobs: &BTreeMap<String, JobConfig>) -> bool {
-    let about_waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
-    about_waits(default) || jobs.values().any(|j| j.notify.as_deref().is_some_and(about_waits))
+    let waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
+    waits(default) || jobs.values().any(|j| j.notify.as_deref().is_some_and(waits))
 }
 
 impl JobsConfig {

@@ -252,7 +252,7 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         // Jobs whose last processed tick was skipped (catch-up), so no run records it.
         let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
         // Each fired job's next tick, planned once the runs are handed over (off the hot path).
-        let mut next_ticks: Vec<(usize, Option<DateTime<Utc>>)> = Vec::new();
+        let mut next_ticks: Vec<(usize, &JobConfig, Option<DateTime<Utc>>)> = Vec::new();
         for &i in chunk {
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
@@ -274,7 +274,7 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
                 batch.push((new_tick_run(&config, cfg, t, at, trigger), due.overlap));
             }
             entry.last = due.last;
-            next_ticks.push((i, due.next));
+            next_ticks.push((i, cfg, due.next));
         }
         let mut fired = true;
         if !batch.is_empty() {
@@ -295,10 +295,8 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
                 "tick burst"
             );
         }
-        for (i, next) in next_ticks {
-            if let Some(cfg) = plan.entries.get(i).and_then(|(job, _)| jobs.get(job.as_str())) {
-                plan.set_next_tick(i, cfg, next);
-            }
+        for (i, cfg, next) in next_ticks {
+            plan.set_next_tick(i, cfg, next);
         }
         // Only once the chunk's ticks are recorded: a failed chunk is planned again from the
         // stored last ticks, and its caught-up tick must still be due then.

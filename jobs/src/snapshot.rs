@@ -70,7 +70,7 @@ impl JobSnapshot {
             timeout_ms: job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             working_directory: job.working_directory.clone(),
             allowed_commands: job.allowed_commands.clone(),
-            budget: job.budget.as_deref().copied().filter(|b| *b != Budget::default()),
+            budget: job.budget.as_deref().copied(),
         }
     }
 
