@@ -27,9 +27,11 @@ struct Entry {
     schedule: Arc<Schedule>,
     /// The last tick processed (fired, skipped or caught up).
     last: Option<DateTime<Utc>>,
-    /// The next tick and when it fires (tick + jitter).
-    next: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    next: Next,
 }
+
+/// A job's next tick and when it fires (tick + jitter).
+type Next = Option<(DateTime<Utc>, DateTime<Utc>)>;
 
 /// The scheduled jobs and when each fires next. Built whole from the config in force (and
 /// again when it changes), so a job is its place in `entries`: 10,000 jobs are planned in
@@ -43,6 +45,12 @@ struct Plan {
 }
 
 impl Plan {
+    /// The earliest instant a job fires at, and how many fire at it.
+    fn next_instant(&self) -> Option<(DateTime<Utc>, usize)> {
+        let &(at, _) = self.order.first()?;
+        Some((at, self.order.range((at, 0)..=(at, usize::MAX)).count()))
+    }
+
     fn set_next(&mut self, i: usize, cfg: &JobConfig, from: DateTime<Utc>) {
         let next = self.entries.get(i).and_then(|(_, e)| e.schedule.next_after(from));
         self.set_next_tick(i, cfg, next);
@@ -129,13 +137,22 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
     // The earliest due run or end of a wait seen by the last pass (at start: anything, since
     // waits may have ended while the worker was down).
     let mut due_seen = Some(DateTime::<Utc>::MIN_UTC);
+    let mut lead = Lead::default();
     loop {
         if replan {
             plan = build_plan(&s).await;
             replan = false;
         }
         let now = s.env.clock.now();
-        fire_due(&s, &mut plan, now).await;
+        // Nothing due yet, but the next instant is within its lead: its tick transaction is
+        // done now and committed at the instant.
+        let ahead = plan.next_instant().and_then(|(at, n)| {
+            let l = lead.of(at, n)?;
+            (at > now && at - now <= l).then_some(Ahead { at, lead: l, stop: &stop })
+        });
+        if let Some(took) = fire_due(&s, &mut plan, now, ahead.as_ref()).await {
+            lead.took(took);
+        }
         let resumed = due_seen.is_some_and(|t| t <= now);
         if resumed {
             resume_waits_over(&s, now).await;
@@ -143,7 +160,8 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         // A backlog larger than one batch: hand over the next batch at once.
         let more = s.dispatch_due(now).await;
         s.alive.store(true, Ordering::SeqCst);
-        let next_tick = plan.order.first().map(|(t, _)| *t);
+        let next_instant = plan.next_instant();
+        let next_tick = next_instant.map(|(t, _)| t);
         due_seen = s.env.store.next_due().await.ok().flatten();
         // Something came due while this pass ran (a wait recorded with its end already past):
         // another pass at once; if this one tried and it is still due (the write failed), a
@@ -155,7 +173,9 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         if more || (overdue && !resumed) {
             continue;
         }
-        let sleep = match wake_at {
+        // A tick's pass begins its lead before the instant.
+        let tick_wake = next_instant.map(|(t, n)| lead.of(t, n).map_or(t, |l| t - l));
+        let sleep = match [tick_wake, next_due].into_iter().flatten().min() {
             Some(t) => s.env.clock.sleep_until(t),
             None => Box::pin(std::future::pending()),
         };
@@ -233,10 +253,77 @@ async fn build_plan(s: &Scheduler) -> Plan {
 /// transactions need.
 const TICKS_PER_TRANSACTION: usize = 2000;
 
-async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
-    let began = std::time::Instant::now();
+/// A tick transaction done ahead of its instant, committed at it.
+struct Ahead<'a> {
+    at: DateTime<Utc>,
+    lead: chrono::TimeDelta,
+    stop: &'a CancellationToken,
+}
+
+/// How long before an instant the scheduler begins the tick transaction of the jobs due at it:
+/// twice what the last one of about as many ticks took to be ready to commit, so that at the
+/// instant only the commit is left. Measured by the burst's size (1, 10, 100, … ticks), since
+/// a few ticks cost mostly the wake-up and a thousand mostly their rows.
+#[derive(Default)]
+struct Lead {
+    /// By decade of the batch's size: (ticks, µs from the pass's start to ready to commit).
+    seen: [Option<(usize, u64)>; 7],
+    /// No lead for instants up to this one: a held transaction was let go before it (the
+    /// clock stood still or stepped back), so it is fired when it is due.
+    off_until: Option<DateTime<Utc>>,
+}
+
+/// The lead's bounds. Within it the single writer is held for the tick, idle once the
+/// statements are done: the upper bound is what other writes may wait.
+const LEAD_MIN: chrono::TimeDelta = chrono::TimeDelta::milliseconds(2);
+const LEAD_MAX: chrono::TimeDelta = chrono::TimeDelta::milliseconds(200);
+/// A held transaction is let go (rolled back, fired again when due) when the instant has not
+/// come this long after its lead (measured on the monotonic clock): the clock stepped back.
+const HOLD_SLACK: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Lead {
+    fn decade(n: usize) -> usize {
+        (n.max(1).ilog10() as usize).min(6)
+    }
+
+    /// The lead for `n` ticks due at `at`; `None`: none (fired when due).
+    fn of(&self, at: DateTime<Utc>, n: usize) -> Option<chrono::TimeDelta> {
+        if self.off_until.is_some_and(|t| at <= t) {
+            return None;
+        }
+        // Before any measure, what a process's first burst took on a slow hour of a 2-core
+        // VM (everything cold: a thousand ticks were ready in 73 ms): 10 ms and 100 µs a
+        // tick, so that only a burst of more than a thousand waits for its commit.
+        let us = match self.seen[Self::decade(n)] {
+            Some((m, took)) => took.saturating_mul(n as u64) / m.max(1) as u64,
+            None => 10_000 + 100 * n as u64,
+        };
+        Some(chrono::TimeDelta::microseconds(2 * us.min(i64::MAX as u64 / 4) as i64).clamp(LEAD_MIN, LEAD_MAX))
+    }
+
+    fn took(&mut self, took: Took) {
+        match took {
+            Took::Ready { ticks, us } => self.seen[Self::decade(ticks)] = Some((ticks, us)),
+            Took::LetGo(at) => self.off_until = Some(at),
+        }
+    }
+}
+
+/// What a pass that fired ticks tells the lead.
+enum Took {
+    /// `ticks` were ready to commit `us` after the pass began.
+    Ready { ticks: usize, us: u64 },
+    /// The transaction held for `at` was let go.
+    LetGo(DateTime<Utc>),
+}
+
+/// Fires the ticks due at `now`, or with `ahead`, those due at its instant (nothing is due
+/// now then): their transaction is done at once and committed at the instant.
+async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Option<&Ahead<'_>>) -> Option<Took> {
+    let (began, woke) = (std::time::Instant::now(), s.env.clock.now());
     let config = s.env.config.get();
     let jobs = &config.jobs;
+    let now = ahead.map_or(now, |a| a.at);
     let mut due: Vec<usize> = Vec::new();
     while let Some(&(at, i)) = plan.order.first() {
         if at > now {
@@ -246,17 +333,21 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         due.push(i);
     }
     let _firing = (!due.is_empty()).then(|| s.env.executor.firing());
-    for chunk in due.chunks(TICKS_PER_TRANSACTION) {
+    let mut took = None;
+    for (c, chunk) in due.chunks(TICKS_PER_TRANSACTION).enumerate() {
         // Every tick due now of these jobs goes to the database in one transaction.
         let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
         // Jobs whose last processed tick was skipped (catch-up), so no run records it.
         let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
         // Each fired job's next tick, planned once the runs are handed over (off the hot path).
         let mut next_ticks: Vec<(usize, &JobConfig, Option<DateTime<Utc>>)> = Vec::new();
+        // Each job's plan as it was, put back if a held transaction is let go.
+        let mut undo: Vec<(usize, Option<DateTime<Utc>>, Next)> = Vec::new();
         for &i in chunk {
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
+            undo.push((i, entry.last, entry.next));
             // A job gone from the config is not planned again.
             let Some(cfg) = jobs.get(job.as_str()) else {
                 entry.next = None;
@@ -278,22 +369,50 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         }
         let mut fired = true;
         if !batch.is_empty() {
-            // The stages of the pass, in µs after the earliest tick's instant (the bench reads them).
+            // The stages of the pass, in µs after the earliest tick's instant (the bench reads
+            // them; a pass ahead of its instant begins before it).
             let tick = batch.iter().map(|(r, _)| r.scheduled_at.unwrap_or(r.due_at)).min().unwrap_or(now);
-            let after_tick = |d: std::time::Duration| ((now - tick).num_microseconds().unwrap_or(0) + d.as_micros() as i64).max(0);
+            let after_tick = |d: std::time::Duration| (woke - tick).num_microseconds().unwrap_or(0) + d.as_micros() as i64;
             let planned = after_tick(began.elapsed());
             let n = batch.len();
-            let committed = fire_batch(s, batch, now).await;
-            fired = committed.is_some();
+            let fired_at = fire_batch(s, batch, now, ahead).await;
+            fired = matches!(fired_at, Fired::Committed { .. });
+            let (committed, ready) = match fired_at {
+                Fired::Committed { committed, ready } => (Some(committed), ready),
+                Fired::LetGo => {
+                    took = ahead.map(|a| Took::LetGo(a.at));
+                    (None, None)
+                }
+                Fired::Failed => (None, None),
+            };
+            if let Some(ready) = ready.filter(|_| took.is_none()) {
+                took = Some(Took::Ready { ticks: n, us: (ready - began).as_micros() as u64 });
+            }
             tracing::debug!(
                 ticks = n,
                 tick_ms = tick.timestamp_millis(),
                 woke_us = after_tick(std::time::Duration::ZERO),
                 planned_us = planned,
+                ready_us = ready.map(|d| after_tick(d - began)),
                 committed_us = committed.map(|d| after_tick(d - began)),
                 launched_us = after_tick(began.elapsed()),
                 "tick burst"
             );
+        }
+        if took.as_ref().is_some_and(|t| matches!(t, Took::LetGo(_))) {
+            // Nothing was recorded: the plan is as it was, this chunk's jobs and the rest
+            // due again at their instant, and fired then without a lead.
+            for (i, last, next) in undo {
+                if let Some((_, e)) = plan.entries.get_mut(i) {
+                    (e.last, e.next) = (last, next);
+                }
+            }
+            for &i in due.iter().skip(c * TICKS_PER_TRANSACTION) {
+                if let Some((_, Entry { next: Some((_, at)), .. })) = plan.entries.get(i) {
+                    plan.order.insert((*at, i));
+                }
+            }
+            return took;
         }
         for (i, cfg, next) in next_ticks {
             plan.set_next_tick(i, cfg, next);
@@ -308,9 +427,10 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>) {
         if !fired {
             // The database refused: the plan is rebuilt from the stored last ticks (the
             // failed batch asked for it), which covers the jobs not reached either.
-            return;
+            return took;
         }
     }
+    took
 }
 
 fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
@@ -332,23 +452,58 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
     }
 }
 
-/// Fires a batch of ticks in one transaction and starts the runs it claimed; returns when the
-/// transaction committed (none: it failed).
-async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>) -> Option<std::time::Instant> {
+/// How a batch's tick transaction ended.
+enum Fired {
+    /// Committed at `committed`; `ready`: when a held transaction was ready to commit.
+    Committed {
+        committed: std::time::Instant,
+        ready: Option<std::time::Instant>,
+    },
+    /// Held, and let go before its instant: nothing recorded.
+    LetGo,
+    Failed,
+}
+
+/// Fires a batch of ticks in one transaction and starts the runs it claimed. With `ahead`,
+/// the transaction is done now and committed at its instant: until then the single writer
+/// waits on it, and what it read (pause state, the jobs' active runs) is what decides the
+/// ticks. Let go if the worker stops first, or if the instant has not come [`HOLD_SLACK`]
+/// after the lead (the clock stepped back).
+async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>, ahead: Option<&Ahead<'_>>) -> Fired {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
     let tickets = s.env.executor.tickets(batch.len());
     let began = std::time::Instant::now();
     let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
-    let outcomes = s.env.store.fire_ticks(batch, claim, now).await;
+    let ready = std::sync::OnceLock::new();
+    let hold = ahead.map(|a| {
+        let (ready, at, stop) = (&ready, a.at, a.stop);
+        let instant = s.env.clock.sleep_until(at);
+        let slack = a.lead.to_std().unwrap_or_default() + HOLD_SLACK;
+        Box::pin(async move {
+            let _ = ready.set(std::time::Instant::now());
+            // The instant first: a worker stopping once it has come commits what it holds.
+            tokio::select! {
+                biased;
+                () = instant => true,
+                () = tokio::time::sleep(slack) => {
+                    tracing::warn!(%at, "the clock did not reach a held tick's instant in time; its ticks are fired when due");
+                    false
+                }
+                () = stop.cancelled() => false,
+            }
+        }) as crate::store::Hold<'_>
+    });
+    let outcomes = s.env.store.fire_ticks_held(batch, claim, now, hold).await;
     let committed = std::time::Instant::now();
     tracing::debug!(tx_us = (committed - began).as_micros() as u64, "tick transaction");
     let outcomes = match outcomes {
-        Ok(o) => {
+        Ok(Some(o)) => {
             s.env.health.storage_ok();
             o
         }
+        Ok(None) => return Fired::LetGo,
         Err(e) => {
             s.env.health.storage_failed(&e);
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
@@ -357,7 +512,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             drop(tickets);
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             s.env.signals.publish(Signal::JobChanged);
-            return None;
+            return Fired::Failed;
         }
     };
     let mut handed = Vec::new();
@@ -394,7 +549,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             s.env.executor.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
         }
     }
-    Some(committed)
+    Fired::Committed { committed, ready: ready.get().copied() }
 }
 
 /// Runs waiting for an approval whose timeout passed are queued again; the workflow applies the
@@ -453,5 +608,39 @@ impl Scheduler {
             Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),
         }
         more
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: i64) -> chrono::TimeDelta {
+        chrono::TimeDelta::milliseconds(n)
+    }
+
+    #[test]
+    fn the_lead_is_twice_what_as_many_ticks_took_within_its_bounds() {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("instant");
+        let mut lead = Lead::default();
+        // Nothing measured yet: 10 ms and 100 µs a tick, twice.
+        assert_eq!(lead.of(at, 500), Some(ms(120)));
+        assert_eq!(lead.of(at, 1), Some(chrono::TimeDelta::microseconds(20_200)));
+        // A thousand ticks were ready in 12 ms: twice that for a thousand, scaled within the
+        // decade, and the other sizes keep their own.
+        lead.took(Took::Ready { ticks: 1000, us: 12_000 });
+        assert_eq!(lead.of(at, 1000), Some(ms(24)));
+        assert_eq!(lead.of(at, 2000), Some(ms(48)));
+        assert_eq!(lead.of(at, 5), Some(chrono::TimeDelta::microseconds(21_000)));
+        // Bounded both ways: the writer is never held longer than the upper bound.
+        lead.took(Took::Ready { ticks: 100_000, us: 5_000_000 });
+        assert_eq!(lead.of(at, 100_000), Some(LEAD_MAX));
+        lead.took(Took::Ready { ticks: 1, us: 100 });
+        assert_eq!(lead.of(at, 1), Some(LEAD_MIN));
+        // A transaction let go: no lead up to its instant, the usual one after it.
+        lead.took(Took::LetGo(at));
+        assert_eq!(lead.of(at, 1000), None);
+        assert_eq!(lead.of(at - ms(1), 1000), None);
+        assert_eq!(lead.of(at + ms(1), 1000), Some(ms(24)));
     }
 }

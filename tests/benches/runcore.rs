@@ -110,9 +110,10 @@ fn peer(n: usize, cron: &str, seconds: u64) {
 }
 
 /// Where the milliseconds of each burst go, from the worker's stage lines and the runs' recorded
-/// starts, each in ms after the tick's instant: the scheduler's pass (`tick burst`, one line per
-/// tick transaction), each transaction's statements (`tick transaction`) and each batch of ends
-/// recorded (`ends recorded`).
+/// starts, each in ms after the tick's instant (negative: before it, as the scheduler does a
+/// tick's transaction ahead and holds it until the instant): the scheduler's pass (`tick
+/// burst`, one line per tick transaction), each transaction's statements (`tick transaction`)
+/// and each batch of ends recorded (`ends recorded`).
 fn stages(log: &str, runs: &[Row]) {
     let field = |line: &str, name: &str| -> Option<i64> {
         let at = line.find(&format!(" {name}="))? + name.len() + 2;
@@ -140,9 +141,10 @@ fn stages(log: &str, runs: &[Row]) {
         let start = |p: f64| starts.get(((starts.len() as f64 - 1.0) * p).round() as usize).map_or("?".into(), i64::to_string);
         let burst_ends: Vec<&(i64, i64)> = ends.iter().filter(|e| e.0 >= tick && e.0 < tick + 10_000).collect();
         println!(
-            "  {n} ticks: woke {} → planned {} → {} transaction(s) committed at {} → launched {} → runs started first {} / p50 {} / last {} → last end recorded {} ({} batches)",
+            "  {n} ticks: woke {} → planned {} → ready to commit {} → {} transaction(s) committed at {} → launched {} → runs started first {} / p50 {} / last {} → last end recorded {} ({} batches)",
             ms(field(first, "woke_us")),
             ms(field(first, "planned_us")),
+            ms(field(first, "ready_us")),
             mine.len(),
             mine.iter().map(|(_, l)| ms(field(l, "committed_us"))).collect::<Vec<_>>().join(", "),
             ms(mine.last().and_then(|(_, l)| field(l, "launched_us"))),
@@ -154,7 +156,7 @@ fn stages(log: &str, runs: &[Row]) {
         );
         for (i, _) in &mine {
             if let Some(tx) = txs.get(*i) {
-                let parts: Vec<String> = ["begin", "keys", "reads", "runs", "state", "commit"]
+                let parts: Vec<String> = ["begin", "keys", "reads", "runs", "state", "held", "commit"]
                     .iter()
                     .map(|p| format!("{p} {}", ms(field(tx, &format!("{p}_us")))))
                     .collect();

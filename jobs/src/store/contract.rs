@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::Overlap;
 
 use super::{ChangeRequest, Changed, Refused};
-use super::{Claim, Decided, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
+use super::{Claim, Decided, Hold, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
 use crate::definitions::Change;
 use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::snapshot::{JobSnapshot, TargetRef};
@@ -112,6 +112,40 @@ async fn a_tick_fires_once_even_when_a_batch_repeats_it(s: &dyn RunStore) {
     // No slot was offered: it went to the queue. Each job's last tick is its newest.
     assert!(again[1].as_ref().is_some_and(|o| o.pushed && o.handed.is_none()));
     assert_eq!(s.job_state("a").await.expect("state").last_tick, Some(t2));
+}
+
+async fn a_held_tick_transaction_is_seen_only_once_it_commits(s: &dyn RunStore) {
+    let t = t0();
+    let runs = || async { s.list_runs(&RunFilter { limit: Some(10), ..Default::default() }).await.expect("list").len() };
+    let (ready, held) = tokio::sync::oneshot::channel();
+    let (go, answer) = tokio::sync::oneshot::channel::<bool>();
+    let hold: Hold<'_> = Box::pin(async move {
+        ready.send(()).expect("the check waits");
+        answer.await.expect("an answer")
+    });
+    let fire = s.fire_ticks_held(vec![(tick("a", t), Overlap::Allow)], none(0), t, Some(hold));
+    let check = async {
+        held.await.expect("the transaction reached its hold");
+        // Every statement done, nothing committed: a reader sees neither the run nor the tick.
+        assert_eq!(runs().await, 0, "a held tick is not seen");
+        assert_eq!(s.job_state("a").await.expect("state").last_tick, None);
+        go.send(true).expect("the transaction waits");
+    };
+    let (out, ()) = tokio::join!(fire, check);
+    let out = out.expect("fire").expect("committed as asked");
+    assert!(out[0].as_ref().is_some_and(|o| o.pushed), "fired, and queued with no slot offered");
+    assert_eq!(runs().await, 1);
+    assert_eq!(s.job_state("a").await.expect("state").last_tick, Some(t));
+
+    // Let go: nothing is recorded, and the same tick fires afterwards, once.
+    let t2 = t + secs(60);
+    let let_go: Hold<'_> = Box::pin(async { false });
+    assert!(s.fire_ticks_held(vec![(tick("a", t2), Overlap::Allow)], none(0), t2, Some(let_go)).await.expect("fire").is_none());
+    assert_eq!(runs().await, 1, "a tick let go leaves no run");
+    assert_eq!(s.job_state("a").await.expect("state").last_tick, Some(t), "nor its last tick");
+    let again = s.fire_ticks(vec![(tick("a", t2), Overlap::Allow)], none(0), t2).await.expect("fire again");
+    assert!(again[0].is_some(), "its key was not kept either");
+    assert_eq!(runs().await, 2);
 }
 
 async fn ticks_with_slots_are_claimed_in_their_own_transaction(s: &dyn RunStore) {
@@ -933,6 +967,7 @@ macro_rules! contract {
             use super::*;
             contract!(@tests $make;
                 a_tick_fires_once_even_when_a_batch_repeats_it,
+                a_held_tick_transaction_is_seen_only_once_it_commits,
                 ticks_with_slots_are_claimed_in_their_own_transaction,
                 the_tick_decision_follows_pause_and_overlap,
                 due_runs_are_handed_over_once,

@@ -710,6 +710,9 @@ pub(crate) struct TickOutcome {
     pub(crate) pushed: bool,
 }
 
+/// What a held tick transaction waits for before it commits (true) or rolls back (false).
+pub(crate) type Hold<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+
 /// Runs a tick or a dispatch may claim for this worker in its own transaction: the caller holds
 /// a free slot (and a drain pass) for each.
 #[derive(Debug, Clone, Copy)]
@@ -790,7 +793,19 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
         ticks: Vec<(NewRun, Overlap)>,
         claim: Claim<'_>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<Option<TickOutcome>>, StoreError>;
+    ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
+        Ok(self.fire_ticks_held(ticks, claim, now, None).await?.unwrap_or_default())
+    }
+    /// [`RunStore::fire_ticks`] with its commit held until `hold` answers, every statement
+    /// done: true commits, false rolls back and answers `None` (nothing was recorded). The
+    /// scheduler does a tick's work just before its instant and commits at it.
+    async fn fire_ticks_held(
+        &self,
+        ticks: Vec<(NewRun, Overlap)>,
+        claim: Claim<'_>,
+        now: DateTime<Utc>,
+        hold: Option<Hold<'_>>,
+    ) -> Result<Option<Vec<Option<TickOutcome>>>, StoreError>;
     /// Inserts a run (manual trigger). With an idempotency key used before for the job,
     /// returns the existing run's id and `false`.
     async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError>;

@@ -18,8 +18,8 @@ use super::dialect::{
     step_from_row, values,
 };
 use super::{
-    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, JobChangeRecord, JobHealth, JobOverview, JobState, Lease,
-    NewRun, Noticed, Refused, RulesOf, RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken,
+    ACTIVE, ChangeRequest, Changed, Claim, DUE_BATCH, Decided, Dispatch, Handed, Hold, JobChangeRecord, JobHealth, JobOverview, JobState,
+    Lease, NewRun, Noticed, Refused, RulesOf, RunEnd, RunFilter, RunStore, StepDecision, StoreError, StoredJob, TICK_KEYS_KEPT, Taken,
     TickOutcome, TickPlan, WorkerId, WorkerLease, from_ms, ms, new_id, plan_ticks, status_list,
 };
 use crate::decide::{
@@ -276,12 +276,13 @@ impl<D: Dialect> RunStore for D {
         Ok(())
     }
 
-    async fn fire_ticks(
+    async fn fire_ticks_held(
         &self,
         ticks: Vec<(NewRun, Overlap)>,
         claim: Claim<'_>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
+        hold: Option<Hold<'_>>,
+    ) -> Result<Option<Vec<Option<TickOutcome>>>, StoreError> {
         // Where the transaction's time goes, for the bench's stage lines (`tick transaction`).
         let began = std::time::Instant::now();
         let mut lap = began;
@@ -353,6 +354,14 @@ impl<D: Dialect> RunStore for D {
         }
         D::push(&mut tx, &pushed).await?;
         let state_us = split();
+        if let Some(hold) = hold
+            && !hold.await
+        {
+            D::rollback(tx).await?;
+            tracing::debug!(ticks = rows.len(), "tick transaction rolled back as asked");
+            return Ok(None);
+        }
+        let held_us = split();
         D::commit(tx).await?;
         tracing::debug!(
             ticks = rows.len(),
@@ -361,11 +370,12 @@ impl<D: Dialect> RunStore for D {
             reads_us,
             runs_us,
             state_us,
+            held_us,
             commit_us = split(),
             total_us = began.elapsed().as_micros() as u64,
             "tick transaction"
         );
-        Ok(out)
+        Ok(Some(out))
     }
 
     async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError> {
