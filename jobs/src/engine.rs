@@ -414,6 +414,12 @@ impl Engine {
         let _ = rx.wait_for(|p| *p >= t).await;
     }
 
+    /// The instant whose tick transaction the scheduler has done ahead and holds until it
+    /// comes (every statement done, not committed), as it changes; `None` when none is held.
+    pub fn tick_held(&self) -> tokio::sync::watch::Receiver<Option<DateTime<Utc>>> {
+        self.shared.scheduler.held()
+    }
+
     /// Wakes the scheduler and waits until a pass completes after this call: whatever the wall
     /// clock does meanwhile (a step backwards must not make a live loop look stuck), this
     /// resolves only if the loop is turning. The systemd watchdog pings on it.

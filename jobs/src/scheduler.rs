@@ -97,6 +97,8 @@ pub(crate) struct Scheduler {
     next_wake_ms: AtomicI64,
     /// The clock instant of the last completed pass.
     passes: watch::Sender<DateTime<Utc>>,
+    /// The instant whose tick transaction is ready and held for it, if any.
+    held: watch::Sender<Option<DateTime<Utc>>>,
 }
 
 impl Scheduler {
@@ -106,6 +108,7 @@ impl Scheduler {
             alive: AtomicBool::new(false),
             next_wake_ms: AtomicI64::new(i64::MAX),
             passes: watch::Sender::new(DateTime::<Utc>::MIN_UTC),
+            held: watch::Sender::new(None),
         })
     }
 
@@ -122,6 +125,11 @@ impl Scheduler {
     /// The clock instant of each completed pass, as it happens.
     pub(crate) fn passes(&self) -> watch::Receiver<DateTime<Utc>> {
         self.passes.subscribe()
+    }
+
+    /// The instant whose tick transaction is ready and held for it, as it changes.
+    pub(crate) fn held(&self) -> watch::Receiver<Option<DateTime<Utc>>> {
+        self.held.subscribe()
     }
 
     /// A pass through `now` is complete; the loop wakes next at `next` (none: nothing planned).
@@ -161,21 +169,21 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         let more = s.dispatch_due(now).await;
         s.alive.store(true, Ordering::SeqCst);
         let next_instant = plan.next_instant();
-        let next_tick = next_instant.map(|(t, _)| t);
         due_seen = s.env.store.next_due().await.ok().flatten();
         // Something came due while this pass ran (a wait recorded with its end already past):
         // another pass at once; if this one tried and it is still due (the write failed), a
         // second later.
         let overdue = due_seen.is_some_and(|t| t <= now);
         let next_due = if overdue { resumed.then(|| now + chrono::Duration::seconds(1)) } else { due_seen };
-        let wake_at = [next_tick, next_due].into_iter().flatten().min();
+        // A tick's pass begins its lead before the instant: background writes keep clear of
+        // that (`Engine::clear_of_ticks`), not of the instant only.
+        let tick_wake = next_instant.map(|(t, n)| lead.of(t, n).map_or(t, |l| t - l));
+        let wake_at = [tick_wake, next_due].into_iter().flatten().min();
         s.pass_done(now, wake_at);
         if more || (overdue && !resumed) {
             continue;
         }
-        // A tick's pass begins its lead before the instant.
-        let tick_wake = next_instant.map(|(t, n)| lead.of(t, n).map_or(t, |l| t - l));
-        let sleep = match [tick_wake, next_due].into_iter().flatten().min() {
+        let sleep = match wake_at {
             Some(t) => s.env.clock.sleep_until(t),
             None => Box::pin(std::future::pending()),
         };
@@ -274,7 +282,8 @@ struct Lead {
 }
 
 /// The lead's bounds. Within it the single writer is held for the tick, idle once the
-/// statements are done: the upper bound is what other writes may wait.
+/// statements are done: the upper bound is what other writes wait for a tick. A clock that
+/// stands still or steps back holds them for the lead and [`HOLD_SLACK`] once.
 const LEAD_MIN: chrono::TimeDelta = chrono::TimeDelta::milliseconds(2);
 const LEAD_MAX: chrono::TimeDelta = chrono::TimeDelta::milliseconds(200);
 /// A held transaction is let go (rolled back, fired again when due) when the instant has not
@@ -286,11 +295,13 @@ impl Lead {
         (n.max(1).ilog10() as usize).min(6)
     }
 
-    /// The lead for `n` ticks due at `at`; `None`: none (fired when due).
+    /// The lead for `n` ticks due at `at`; `None`: none (fired when due). Only the first
+    /// transaction of a burst is held, so a burst counts up to [`TICKS_PER_TRANSACTION`].
     fn of(&self, at: DateTime<Utc>, n: usize) -> Option<chrono::TimeDelta> {
         if self.off_until.is_some_and(|t| at <= t) {
             return None;
         }
+        let n = n.min(TICKS_PER_TRANSACTION);
         // Before any measure, what a process's first burst took on a slow hour of a 2-core
         // VM (everything cold: a thousand ticks were ready in 73 ms): 10 ms and 100 µs a
         // tick, so that only a burst of more than a thousand waits for its commit.
@@ -478,13 +489,14 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
     let ready = std::sync::OnceLock::new();
     let hold = ahead.map(|a| {
-        let (ready, at, stop) = (&ready, a.at, a.stop);
+        let (ready, at, stop, held) = (&ready, a.at, a.stop, &s.held);
         let instant = s.env.clock.sleep_until(at);
         let slack = a.lead.to_std().unwrap_or_default() + HOLD_SLACK;
         Box::pin(async move {
             let _ = ready.set(std::time::Instant::now());
+            held.send_replace(Some(at));
             // The instant first: a worker stopping once it has come commits what it holds.
-            tokio::select! {
+            let commit = tokio::select! {
                 biased;
                 () = instant => true,
                 () = tokio::time::sleep(slack) => {
@@ -492,7 +504,9 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
                     false
                 }
                 () = stop.cancelled() => false,
-            }
+            };
+            held.send_replace(None);
+            commit
         }) as crate::store::Hold<'_>
     });
     let outcomes = s.env.store.fire_ticks_held(batch, claim, now, hold).await;
@@ -632,8 +646,12 @@ mod tests {
         assert_eq!(lead.of(at, 1000), Some(ms(24)));
         assert_eq!(lead.of(at, 2000), Some(ms(48)));
         assert_eq!(lead.of(at, 5), Some(chrono::TimeDelta::microseconds(21_000)));
+        // Only a burst's first transaction is held: a larger burst counts as one of
+        // `TICKS_PER_TRANSACTION`.
+        assert_eq!(lead.of(at, 100_000), lead.of(at, TICKS_PER_TRANSACTION));
+        assert_eq!(lead.of(at, 100_000), Some(ms(48)));
         // Bounded both ways: the writer is never held longer than the upper bound.
-        lead.took(Took::Ready { ticks: 100_000, us: 5_000_000 });
+        lead.took(Took::Ready { ticks: TICKS_PER_TRANSACTION, us: 500_000 });
         assert_eq!(lead.of(at, 100_000), Some(LEAD_MAX));
         lead.took(Took::Ready { ticks: 1, us: 100 });
         assert_eq!(lead.of(at, 1), Some(LEAD_MIN));
@@ -641,6 +659,6 @@ mod tests {
         lead.took(Took::LetGo(at));
         assert_eq!(lead.of(at, 1000), None);
         assert_eq!(lead.of(at - ms(1), 1000), None);
-        assert_eq!(lead.of(at + ms(1), 1000), Some(ms(24)));
+        assert_eq!(lead.of(at + ms(1), 1000), Some(LEAD_MAX));
     }
 }

@@ -216,6 +216,72 @@ async fn jitter_delays_each_tick_by_a_stable_amount_within_the_bound() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// Starts an engine on one job every minute and brings the clock within the lead of the first
+/// tick: the scheduler's pass does the tick's transaction and holds it for the instant.
+async fn held_tick(dir: &std::path::Path) -> (Engine, Arc<ManualClock>, lamplighter_config::Config, chrono::DateTime<Utc>) {
+    let cfg = config(dir, &format!("cron: \"* * * * *\"\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    let tick = t0() + minutes(1);
+    let mut held = engine.tick_held();
+    // The lead is at least 2 ms.
+    clock.set(tick - chrono::Duration::milliseconds(1));
+    tokio::time::timeout(Duration::from_secs(10), held.wait_for(|h| *h == Some(tick)))
+        .await
+        .expect("the tick's transaction held within 10 s")
+        .expect("the scheduler runs");
+    assert!(runs(&engine).await.is_empty(), "a held tick is not seen before its instant");
+    (engine, clock, cfg, tick)
+}
+
+#[tokio::test]
+async fn a_tick_done_ahead_is_committed_at_its_instant_and_not_before() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, clock, _, tick) = held_tick(dir.path()).await;
+    clock.set(tick);
+    let r = until(&engine, "the held tick's run", |r| r.len() == 1 && finished(r)).await;
+    assert_eq!(r[0].scheduled_at, Some(tick));
+    assert!(r[0].started_at.is_some_and(|s| s >= tick), "started at its instant or after: {:?}", r[0].started_at);
+    assert_eq!(*engine.tick_held().borrow(), None);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_held_tick_let_go_when_the_clock_steps_back_fires_once_when_due() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, clock, _, tick) = held_tick(dir.path()).await;
+    // Stepped back: the instant does not come within the lead and its slack (real time), so
+    // the transaction is rolled back.
+    clock.set(tick - minutes(10));
+    tokio::time::timeout(Duration::from_secs(10), engine.tick_held().wait_for(Option::is_none))
+        .await
+        .expect("let go within 10 s")
+        .expect("the scheduler runs");
+    engine.scheduled_through_now().await;
+    assert!(runs(&engine).await.is_empty(), "a tick let go leaves nothing");
+    clock.set(tick);
+    let r = until(&engine, "the tick, fired when due", |r| r.len() == 1 && finished(r)).await;
+    assert_eq!(r[0].scheduled_at, Some(tick));
+    clock.set(tick + chrono::Duration::seconds(30));
+    engine.scheduled_through_now().await;
+    assert_eq!(runs(&engine).await.len(), 1, "once");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_worker_stopped_while_a_tick_is_held_records_nothing_and_fires_it_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, clock, cfg, tick) = held_tick(dir.path()).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(engine);
+    let engine = start(&cfg, &clock).await;
+    assert!(runs(&engine).await.is_empty(), "the stop rolled the held tick back");
+    clock.set(tick);
+    let r = until(&engine, "the tick after the restart", |r| r.len() == 1 && finished(r)).await;
+    assert_eq!(r[0].scheduled_at, Some(tick));
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn skipped_ticks_are_pruned_while_a_long_run_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
