@@ -27,11 +27,9 @@ struct Entry {
     schedule: Arc<Schedule>,
     /// The last tick processed (fired, skipped or caught up).
     last: Option<DateTime<Utc>>,
-    next: Next,
+    /// The next tick and when it fires (tick + jitter).
+    next: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
-
-/// A job's next tick and when it fires (tick + jitter).
-type Next = Option<(DateTime<Utc>, DateTime<Utc>)>;
 
 /// The scheduled jobs and when each fires next. Built whole from the config in force (and
 /// again when it changes), so a job is its place in `entries`: 10,000 jobs are planned in
@@ -346,25 +344,25 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
     let _firing = (!due.is_empty()).then(|| s.env.executor.firing());
     let mut took = None;
     for (c, chunk) in due.chunks(TICKS_PER_TRANSACTION).enumerate() {
+        // Only the first transaction is done ahead; the instant has come when the next begin.
+        let ahead = ahead.filter(|_| c == 0);
         // Every tick due now of these jobs goes to the database in one transaction.
         let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
         // Jobs whose last processed tick was skipped (catch-up), so no run records it.
         let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
-        // Each fired job's next tick, planned once the runs are handed over (off the hot path).
-        let mut next_ticks: Vec<(usize, &JobConfig, Option<DateTime<Utc>>)> = Vec::new();
-        // Each job's plan as it was, put back if a held transaction is let go.
-        let mut undo: Vec<(usize, Option<DateTime<Utc>>, Next)> = Vec::new();
+        // Each fired job's last and next tick, planned once the runs are handed over (off the
+        // hot path). The plan is not touched before: a transaction let go leaves it as it was.
+        let mut planned: Vec<Planned<'_>> = Vec::new();
         for &i in chunk {
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
-            undo.push((i, entry.last, entry.next));
             // A job gone from the config is not planned again.
             let Some(cfg) = jobs.get(job.as_str()) else {
                 entry.next = None;
                 continue;
             };
-            let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.take().map(|(t, _)| t), entry.last, now);
+            let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.map(|(t, _)| t), entry.last, now);
             if due.missed > 0 {
                 let caught_up = due.fire.iter().filter(|(_, _, tr)| *tr == Trigger::CatchUp).count();
                 tracing::info!(job = %job, missed = due.missed, caught_up, policy = ?cfg.catch_up, "missed ticks");
@@ -375,73 +373,74 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             for (t, at, trigger) in due.fire {
                 batch.push((new_tick_run(&config, cfg, t, at, trigger), due.overlap));
             }
-            entry.last = due.last;
-            next_ticks.push((i, cfg, due.next));
+            planned.push(Planned { i, cfg, last: due.last, next: due.next });
         }
-        let mut fired = true;
+        let mut fired = Fired::Committed { committed: std::time::Instant::now(), ready: None };
         if !batch.is_empty() {
             // The stages of the pass, in µs after the earliest tick's instant (the bench reads
             // them; a pass ahead of its instant begins before it).
             let tick = batch.iter().map(|(r, _)| r.scheduled_at.unwrap_or(r.due_at)).min().unwrap_or(now);
             let after_tick = |d: std::time::Duration| (woke - tick).num_microseconds().unwrap_or(0) + d.as_micros() as i64;
-            let planned = after_tick(began.elapsed());
+            let planned_us = after_tick(began.elapsed());
             let n = batch.len();
-            let fired_at = fire_batch(s, batch, now, ahead).await;
-            fired = matches!(fired_at, Fired::Committed { .. });
-            let (committed, ready) = match fired_at {
-                Fired::Committed { committed, ready } => (Some(committed), ready),
-                Fired::LetGo => {
-                    took = ahead.map(|a| Took::LetGo(a.at));
-                    (None, None)
-                }
-                Fired::Failed => (None, None),
+            fired = fire_batch(s, batch, now, ahead).await;
+            let (committed, ready) = match &fired {
+                Fired::Committed { committed, ready } => (Some(*committed), *ready),
+                Fired::LetGo | Fired::Failed => (None, None),
             };
-            if let Some(ready) = ready.filter(|_| took.is_none()) {
+            if let Some(ready) = ready {
                 took = Some(Took::Ready { ticks: n, us: (ready - began).as_micros() as u64 });
             }
             tracing::debug!(
                 ticks = n,
                 tick_ms = tick.timestamp_millis(),
                 woke_us = after_tick(std::time::Duration::ZERO),
-                planned_us = planned,
+                planned_us,
                 ready_us = ready.map(|d| after_tick(d - began)),
                 committed_us = committed.map(|d| after_tick(d - began)),
                 launched_us = after_tick(began.elapsed()),
                 "tick burst"
             );
         }
-        if took.as_ref().is_some_and(|t| matches!(t, Took::LetGo(_))) {
-            // Nothing was recorded: the plan is as it was, this chunk's jobs and the rest
-            // due again at their instant, and fired then without a lead.
-            for (i, last, next) in undo {
-                if let Some((_, e)) = plan.entries.get_mut(i) {
-                    (e.last, e.next) = (last, next);
+        match fired {
+            Fired::Committed { .. } => {}
+            Fired::LetGo => {
+                // Nothing was recorded, and the plan is as it was: every job due is due again
+                // at its instant, and fired then without a lead.
+                for &i in &due {
+                    if let Some((_, Entry { next: Some((_, at)), .. })) = plan.entries.get(i) {
+                        plan.order.insert((*at, i));
+                    }
                 }
+                return ahead.map(|a| Took::LetGo(a.at));
             }
-            for &i in due.iter().skip(c * TICKS_PER_TRANSACTION) {
-                if let Some((_, Entry { next: Some((_, at)), .. })) = plan.entries.get(i) {
-                    plan.order.insert((*at, i));
-                }
-            }
-            return took;
+            // The database refused: the plan is rebuilt from the stored last ticks (the failed
+            // batch asked for it), which covers the jobs not reached either.
+            Fired::Failed => return took,
         }
-        for (i, cfg, next) in next_ticks {
-            plan.set_next_tick(i, cfg, next);
+        for p in planned {
+            if let Some((_, e)) = plan.entries.get_mut(p.i) {
+                e.last = p.last;
+            }
+            plan.set_next_tick(p.i, p.cfg, p.next);
         }
         // Only once the chunk's ticks are recorded: a failed chunk is planned again from the
         // stored last ticks, and its caught-up tick must still be due then.
-        for (job, tick) in skipped_last.into_iter().filter(|_| fired) {
+        for (job, tick) in skipped_last {
             if let Err(e) = s.env.store.set_last_tick(&job, tick).await {
                 tracing::error!(job = %job, error = %e, "cannot save the last tick");
             }
         }
-        if !fired {
-            // The database refused: the plan is rebuilt from the stored last ticks (the
-            // failed batch asked for it), which covers the jobs not reached either.
-            return took;
-        }
     }
     took
+}
+
+/// A fired job's last processed tick and its next one, for its plan entry (`i`).
+struct Planned<'a> {
+    i: usize,
+    cfg: &'a JobConfig,
+    last: Option<DateTime<Utc>>,
+    next: Option<DateTime<Utc>>,
 }
 
 fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
