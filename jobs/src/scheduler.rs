@@ -225,6 +225,12 @@ async fn next_for_scheduler(signals: &mut Receiver) -> Option<bool> {
     }
 }
 
+/// Whether the config in force schedules `job` (its pause state aside, which the tick's own
+/// transaction reads): enabled, and not disabled for want of something it needs.
+fn schedulable(config: &JobsConfig, job: &str, cfg: &JobConfig) -> bool {
+    cfg.enabled && !config.unavailable.contains_key(job)
+}
+
 async fn build_plan(s: &Scheduler) -> Plan {
     let snapshot = s.env.config.get();
     let jobs = &snapshot.jobs;
@@ -239,7 +245,7 @@ async fn build_plan(s: &Scheduler) -> Plan {
     let mut plan = Plan::default();
     for (name, cfg) in jobs.iter() {
         let paused = states.get(name).is_some_and(|s| s.paused);
-        if !cfg.enabled || paused || snapshot.unavailable.contains_key(name) {
+        if paused || !schedulable(&snapshot, name, cfg) {
             continue;
         }
         let Some(schedule) = cfg.schedule.clone() else { continue };
@@ -357,8 +363,9 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
-            // A job gone from the config is not planned again.
-            let Some(cfg) = jobs.get(job.as_str()) else {
+            // A job gone from the config, or no longer scheduled by it (a plan not yet rebuilt
+            // after a change), is not fired nor planned again.
+            let Some(cfg) = jobs.get(job.as_str()).filter(|cfg| schedulable(&config, job, cfg)) else {
                 entry.next = None;
                 continue;
             };
