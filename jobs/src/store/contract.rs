@@ -279,6 +279,37 @@ async fn ends_and_the_claims_that_replace_them_go_together(s: &dyn RunStore) {
         assert_eq!(h.snapshot, Some(snapshot("a")), "the snapshot comes with the run");
         assert!(!h.resumed);
     }
+    // A batch whose ends all succeeded (SQLite writes it as one script): a success stays one
+    // whatever cancel was asked for meanwhile; the tasks are taken in order, a run cancelled
+    // while queued left out.
+    let (first, second) = (taken.runs[1].run.id.clone(), taken.runs[2].run.id.clone());
+    assert!(s.request_cancel(&second, "asked too late").await.expect("ask"));
+    let mut more = Vec::new();
+    for i in 0..3 {
+        more.push(s.insert_run(manual("m", t + secs(i)), t).await.expect("insert").0);
+    }
+    s.dispatch(&[], &more, ME, t).await.expect("dispatch");
+    assert!(s.finish(&more[1], RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
+    let ends = [end(&first, RunStatus::Succeeded), end(&second, RunStatus::Succeeded)];
+    let (mut done, taken_too) = s.finish_and_claim(&ends, 2, ME, t + secs(2)).await.expect("successes and claims");
+    done.sort();
+    let mut expected = [first.clone(), second.clone()];
+    expected.sort();
+    assert_eq!(done, expected);
+    assert_eq!((status(s, &first).await, status(s, &second).await), (RunStatus::Succeeded, RunStatus::Succeeded));
+    assert_eq!(taken_too.tasks, 2, "two tasks of three taken");
+    assert_eq!(s.queue_depth().await.expect("depth"), 2 - taken_too.runs.len() as u64, "the third task's run waits, unless cancelled");
+    let (_, taken_last) =
+        s.finish_and_claim(&[end(&taken_too.runs[0].run.id, RunStatus::Succeeded)], 2, ME, t + secs(3)).await.expect("the rest");
+    assert_eq!(taken_last.tasks, 1);
+    let mut claimed: Vec<String> = taken_too.runs.iter().chain(&taken_last.runs).map(|h| h.run.id.clone()).collect();
+    claimed.sort();
+    let mut expected = [more[0].clone(), more[2].clone()];
+    expected.sort();
+    assert_eq!(claimed, expected, "each run claimed once; the run cancelled while queued left out");
+    assert!(taken_too.runs.iter().chain(&taken_last.runs).all(|h| h.snapshot == Some(snapshot("a")) && !h.resumed));
+    assert_eq!(status(s, &more[1]).await, RunStatus::Cancelled);
+    assert_eq!(status(s, &taken_too.runs[0].run.id).await, RunStatus::Succeeded);
     // With the worker's lease given up, its end is refused (fenced, as `finish_many` refuses
     // it) and nothing is taken from the queue.
     let c = taken.runs[0].run.id.clone();

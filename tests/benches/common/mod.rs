@@ -307,6 +307,11 @@ pub(crate) fn drain_stages(log: &str) {
             mean("claimed"),
             mean("statement_us")
         );
+        // SQLite's script: how much of it was the wait for the writing connection.
+        let scripts: Vec<f64> = log.lines().filter(|l| l.contains("ends-and-claims script")).filter_map(|l| field(l, "wait_us")).collect();
+        if !scripts.is_empty() {
+            println!("  of which the wait for the writer, mean {:.0} µs", scripts.iter().sum::<f64>() / scripts.len() as f64);
+        }
     } else {
         println!(
             "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease, take and {:.1} claims {:.0}, commit {:.0}",

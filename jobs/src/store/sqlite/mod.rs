@@ -18,7 +18,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 
-use super::dialect::{Arg, Dialect, Locked, Spelling, Stmt, record_for, run_cols, sql};
+use super::dialect::{Arg, Dialect, EndsAndClaims, Locked, Record, Spelling, Stmt, record_for, run_cols, sql};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -258,6 +258,12 @@ impl WriteTx {
         self.0 = None;
         Ok(())
     }
+
+    /// The statements run through the connection ended the transaction themselves
+    /// (`COMMIT`): the connection goes back to the writer as it is.
+    fn ended_by_its_script(mut self) {
+        self.0 = None;
+    }
 }
 
 impl std::ops::Deref for WriteTx {
@@ -444,40 +450,14 @@ impl Dialect for SqliteStore {
     /// from the batch and find each run by id (driven from the status index, the batch was
     /// scanned once per running run: seconds for a thousand ends).
     async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
-        // `{held}` is only the epoch here (one worker per file): a run claimed by an earlier
-        // process is never finished by this one.
-        let payload: Vec<serde_json::Value> = ends
-            .iter()
-            .map(|e| {
-                serde_json::json!({
-                    "id": e.id, "started_at": e.started_at.map(super::ms), "status": e.status.as_str(),
-                    "output": e.output.map(|o| o.to_string()), "error": e.error,
-                    "finished": e.status.is_final(), "wait_until": e.wait_until.map(super::ms), "trace_id": e.trace_id,
-                    "last": e.last,
-                })
-            })
-            .collect();
-        let rows: Vec<(String, String)> = sqlx::query_as(sql!(
-            SqliteStore,
-            "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
-                                output = j.output,
-                                error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
-                                finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN ?2 END,
-                                wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
-                                started_at = coalesce(j.started_at, ll_runs.started_at),
-                                trace_id = coalesce(j.trace_id, ll_runs.trace_id),
-                                next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
-             FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
-                          value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
-                          value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id, value ->> 'last' AS last
-                   FROM json_each(?1)) AS j
-             WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status"
-        ))
-        .bind(serde_json::Value::from(payload).to_string())
-        .bind(now)
-        .fetch_all(c)
-        .await
-        .ctx("finishing runs")?;
+        static FINISH: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status"));
+        let rows: Vec<(String, String)> = sqlx::query_as(sql!(SqliteStore, FINISH.as_str()))
+            .bind(ends_payload(ends))
+            .bind(now)
+            .fetch_all(c)
+            .await
+            .ctx("finishing runs")?;
         Ok(rows.into_iter().map(|(id, status)| (id, RunStatus::from_str(&status).unwrap_or(RunStatus::Failed))).collect())
     }
 
@@ -496,6 +476,64 @@ impl Dialect for SqliteStore {
         Ok(())
     }
 
+    /// A batch whose ends all succeeded (the rule: a drain's, a burst's) is one script
+    /// ([`ends_and_claims_script`]), one round trip to the connection's thread. The six of the
+    /// transaction it replaces (`BEGIN`, ends, lease, take, claim, `COMMIT`) were a third of a
+    /// write in `cargo bench … runcore -- queue`. Any other end may need its run's steps closed,
+    /// which the script does not do: that batch is written as the transaction of statements.
+    ///
+    /// The script is a prepared statement of several statements, which sqlx-sqlite runs in
+    /// order, each with the numbered parameters it names. sqlx has deprecated that (its issue
+    /// 3108) without a date; if a later sqlx drops it, the store contract's ends-and-claims
+    /// check fails.
+    async fn ends_and_claims_at_once(
+        &self,
+        ends: &[RunEnd<'_>],
+        n: usize,
+        worker: &str,
+        now: i64,
+    ) -> Option<Result<EndsAndClaims<SqliteRow>, StoreError>> {
+        if !ends.iter().all(|e| e.status == RunStatus::Succeeded) {
+            return None;
+        }
+        let written = async {
+            // The script's own transaction: the connection goes with it if it stops half way
+            // (an error, or the caller giving up), and the transaction left open with it.
+            let asked = std::time::Instant::now();
+            let mut tx = WriteTx(Some(self.write.acquire().await?));
+            // For the queue bench: what of the write was the wait for the writer.
+            tracing::debug!(wait_us = asked.elapsed().as_micros() as u64, "ends-and-claims script");
+            let rows = sqlx::query(sql!(SqliteStore, ends_and_claims_script()))
+                .bind(ends_payload(ends))
+                .bind(now)
+                .bind(worker)
+                .bind(super::QUEUE)
+                .bind(n.max(1) as i64)
+                .fetch_all(&mut *tx)
+                .await
+                .ctx("recording ends and claiming runs")?;
+            tx.ended_by_its_script();
+            let (mut done, mut payloads, mut claimed) = (Vec::new(), Vec::new(), Vec::new());
+            for row in rows {
+                match row.str("part") {
+                    "ended" => done.push((row.text("id"), RunStatus::from_str(row.str("status")).unwrap_or(RunStatus::Failed))),
+                    "taken" => payloads.push(sqlx::Row::try_get::<Vec<u8>, _>(&row, "job").ctx("reading a task taken")?),
+                    "claimed" => claimed.push(row),
+                    other => {
+                        return Err(StoreError::new(
+                            "recording ends and claiming runs",
+                            sqlx::Error::Protocol(format!("a row of part {other:?}")),
+                        ));
+                    }
+                }
+            }
+            // Only to log the tasks whose payload names no run (each was dropped with its take).
+            let _ = super::RunTask::run_ids(payloads.iter().map(Vec::as_slice));
+            Ok((done, payloads.len(), claimed))
+        };
+        Some(written.await)
+    }
+
     /// One connection writes: the transaction is the only one deciding.
     async fn lock_jobs(_: &mut SqliteConnection, _: &[&str]) -> Result<(), StoreError> {
         Ok(())
@@ -509,7 +547,7 @@ impl Dialect for SqliteStore {
         now: i64,
         _: Locked,
     ) -> Result<Vec<SqliteRow>, StoreError> {
-        sqlx::query(sql!(CLAIM))
+        sqlx::query(sql!(CLAIM.as_str()))
             .bind(json_list(ids.iter().map(String::as_str)))
             .bind(worker)
             .bind(now)
@@ -736,16 +774,95 @@ const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, star
 /// parameters.
 const ROWS_PER_STATEMENT: usize = 1000;
 
+/// Claims the runs `runs` (a condition on `ll_runs`) picks that are still queued, for `worker`
+/// under `epoch`, started at `now` unless a start is recorded (a resumed run keeps its first);
+/// returns each claimed run's snapshot, whether it resumes, and its columns.
+///
 /// Statements that find runs by a batch of ids also test their status; `+status` keeps the
 /// planner on the primary key (on the status index it walks every queued run: measured 7 ms
 /// per claim with 50,000 queued). A run no longer queued (cancelled, or already taken) is
 /// left out.
-const CLAIM: &str = concat!(
-    "UPDATE ll_runs SET status = {Running}, started_at = coalesce(started_at, ?3), worker = ?2, dispatched_at = coalesce(dispatched_at, ?3), \
-         epoch = ?4 \
-     WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} RETURNING job_snapshot, started_at < ?3 AS resumed, ",
-    run_cols!()
-);
+fn claim_sql(runs: &str, worker: &str, now: &str, epoch: &str) -> String {
+    format!(
+        "UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker}, \
+             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch} \
+         WHERE {runs} AND +status = {{Queued}} RETURNING job_snapshot, started_at < {now} AS resumed, {}",
+        run_cols!()
+    )
+}
+
+/// The claim of the runs of `?1`, a JSON list of ids.
+static CLAIM: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| claim_sql("id IN (SELECT value FROM json_each(?1))", "?2", "?3", "?4"));
+
+/// `ll_workers w` holds worker `?3`'s lease.
+const LEASED: &str = "EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ?3 {lease_live})";
+
+/// The claim of the runs the first `?5` tasks of queue `?4` name, for worker `?3` under its
+/// lease, at `?2` ([`ends_and_claims_script`]).
+fn claim_from_queue() -> String {
+    claim_sql(
+        &format!("{LEASED} AND id IN (SELECT {} FROM Jobs WHERE ROWID IN ({}))", queue::RUN_ID_OF_PAYLOAD, queue::pick("?4", "?5")),
+        "?3",
+        "?2",
+        "(SELECT epoch FROM ll_workers w WHERE w.name = ?3)",
+    )
+}
+
+/// Ends `?1` (a JSON array, [`ends_payload`]) of runs still `running` and this worker's, at
+/// `?2`: a cancel asked for meanwhile turns an end that is not a success into `cancelled`.
+/// `{held}` is only the epoch here (one worker per file): a run claimed by an earlier process
+/// is never finished by this one. (`+ll_runs.status`: see `finish_runs`.)
+const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
+                            output = j.output,
+                            error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
+                            finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN ?2 END,
+                            wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
+                            started_at = coalesce(j.started_at, ll_runs.started_at),
+                            trace_id = coalesce(j.trace_id, ll_runs.trace_id),
+                            next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
+         FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
+                      value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
+                      value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id, value ->> 'last' AS last
+               FROM json_each(?1)) AS j
+         WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held}";
+
+/// The ends as [`FINISH_RUNS`] reads them.
+fn ends_payload(ends: &[RunEnd<'_>]) -> String {
+    let payload: Vec<serde_json::Value> = ends
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "id": e.id, "started_at": e.started_at.map(super::ms), "status": e.status.as_str(),
+                "output": e.output.map(|o| o.to_string()), "error": e.error,
+                "finished": e.status.is_final(), "wait_until": e.wait_until.map(super::ms), "trace_id": e.trace_id,
+                "last": e.last,
+            })
+        })
+        .collect();
+    serde_json::Value::from(payload).to_string()
+}
+
+/// Ends that all succeeded and the claims that take their slots, as one script: `BEGIN`,
+/// [`FINISH_RUNS`], the claim of the runs the first `?5` tasks of queue `?4` name, the take of
+/// those tasks, `COMMIT`. Each part answers rows marked with its name (`part`). One round trip
+/// to the connection's thread where the transaction of statements took six; see
+/// [`SqliteStore::ends_and_claims_at_once`].
+///
+/// The claim reads the tasks before the take deletes them, by the same pick: nothing writes
+/// between the two (one connection writes), and the pick's order is total. Both need this
+/// worker's lease row (`?3`), as `take_and_claim` does.
+fn ends_and_claims_script() -> String {
+    format!(
+        "BEGIN IMMEDIATE;
+         {FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, 'ended' AS part;
+         {claim}, 'claimed' AS part;
+         DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING job, 'taken' AS part;
+         COMMIT",
+        claim = claim_from_queue(),
+        pick = queue::pick("?4", "?5"),
+    )
+}
 
 const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} AND dispatched_at IS NULL RETURNING id";
 
@@ -829,6 +946,43 @@ mod tests {
         crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("writes again");
         health.storage_ok();
         assert!(health.problems().is_empty());
+    }
+
+    /// The script of ends and claims stopped half way (here its take refused, by a trigger of
+    /// the writing connection's own) leaves nothing written and no transaction open: the end
+    /// and the claim both go through on the next try, on a fresh connection.
+    #[tokio::test]
+    async fn a_script_of_ends_and_claims_that_fails_half_way_leaves_nothing() {
+        use crate::store::RunStore;
+        let (_dir, store) = migrated().await;
+        let (t, me) = (chrono::Utc::now(), WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 });
+        RunStore::heartbeat(&store, &me, Duration::from_secs(60), true, t).await.expect("lease");
+        let manual =
+            || crate::store::NewRun { trigger: crate::run::Trigger::Manual, scheduled_at: None, ..crate::store::contract::tick("m", t) };
+        let (running, _) = store.insert_run(manual(), t).await.expect("insert");
+        store.dispatch(std::slice::from_ref(&running), &[], "w", t).await.expect("claim");
+        let (queued, _) = store.insert_run(manual(), t).await.expect("insert");
+        store.dispatch(&[], std::slice::from_ref(&queued), "w", t).await.expect("hand over");
+        sqlx::query("CREATE TEMP TRIGGER refuse BEFORE DELETE ON Jobs BEGIN SELECT RAISE(ABORT, 'refused'); END")
+            .execute(&mut *store.write.acquire().await.expect("the writer"))
+            .await
+            .expect("trigger");
+        let ends = [crate::store::contract::end(&running, RunStatus::Succeeded)];
+        let e = store.finish_and_claim(&ends, 1, "w", t).await.expect_err("the take is refused");
+        assert!(e.to_string().contains("refused"), "{e}");
+        let status = |id: String| {
+            let store = &store;
+            async move { store.get_run(&id).await.expect("read").expect("the run").status }
+        };
+        assert_eq!(
+            (status(running.clone()).await, status(queued.clone()).await),
+            (RunStatus::Running, RunStatus::Queued),
+            "nothing written"
+        );
+        let (done, taken) = store.finish_and_claim(&ends, 1, "w", t).await.expect("the next try");
+        assert_eq!((done, taken.tasks), (vec![running.clone()], 1));
+        assert_eq!(taken.runs.iter().map(|h| h.run.id.clone()).collect::<Vec<_>>(), std::slice::from_ref(&queued));
+        assert_eq!((status(running).await, status(queued).await), (RunStatus::Succeeded, RunStatus::Running));
     }
 
     /// A transaction dropped on the way (an error in one of its statements) takes the writing
@@ -1009,7 +1163,7 @@ mod tests {
     #[tokio::test]
     async fn batch_statements_find_runs_by_id() {
         let (_dir, store) = migrated().await;
-        for sql in [sql!(CLAIM), sql!(MARK_DISPATCHED)] {
+        for sql in [sql!(CLAIM.as_str()), sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
             let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("sqlite_autoindex_ll_runs_1 (id=?)")), "{sql}\n{plan:#?}");
         }

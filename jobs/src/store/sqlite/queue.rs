@@ -67,20 +67,31 @@ fn hex(bytes: &[u8]) -> String {
 /// returns how many it took and their run ids. One connection writes: no other taker can
 /// hold them. (`LIMIT +?2`: see [`crate::store::dialect::numbered`].)
 pub(crate) async fn take(c: &mut sqlx::SqliteConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
-    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
-        "DELETE FROM Jobs WHERE ROWID IN (
-             SELECT ROWID FROM Jobs WHERE job_type = ?1 AND status = 'Pending' AND lock_by IS NULL
-             ORDER BY priority DESC, run_at ASC, id ASC LIMIT +?2)
-         RETURNING job",
-    )
-    .bind(QUEUE)
-    .bind(n.max(1) as i64)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
+    static TAKE: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("DELETE FROM Jobs WHERE ROWID IN ({}) RETURNING job", pick("?1", "?2")));
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(TAKE.as_str())
+        .bind(QUEUE)
+        .bind(n.max(1) as i64)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
     let ids = RunTask::run_ids(payloads.iter().map(Vec::as_slice));
     Ok((payloads.len(), ids))
 }
+
+/// The rowids of the first `n` pending tasks of queue `queue` (both placeholders), in
+/// apalis's order: priority, due time, then the task id, which is unique, so the same
+/// selection twice in one transaction picks the same tasks.
+pub(crate) fn pick(queue: &str, n: &str) -> String {
+    format!(
+        "SELECT ROWID FROM Jobs WHERE job_type = {queue} AND status = 'Pending' AND lock_by IS NULL
+         ORDER BY priority DESC, run_at ASC, id ASC LIMIT +{n}"
+    )
+}
+
+/// The run id a task's payload (`job`, a `RunTask` as JSON bytes) names, in SQL; NULL for a
+/// payload that is not JSON.
+pub(crate) const RUN_ID_OF_PAYLOAD: &str = "CASE WHEN json_valid(CAST(job AS TEXT)) THEN CAST(job AS TEXT) ->> 'run_id' END";
 
 /// Drops every task of our queue (at start, when every queued run is handed over again).
 pub(crate) async fn forget_all(c: &mut sqlx::SqliteConnection) -> Result<(), StoreError> {
