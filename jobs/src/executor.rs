@@ -610,6 +610,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         }
         let left = freed.split_off(taken.runs.len().min(freed.len()));
         exec.launch(taken.runs, freed);
+        // A wait with an end is a new due time: the scheduler reads it (a run's end alone does
+        // not wake it unless runs are held back).
+        let waits_end = ended.iter().any(|(_, end)| end.wait_until.is_some());
         for ((run, end), retry) in ended.into_iter().zip(retries) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
@@ -626,6 +629,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 schedule_retry(&exec, &run, due, now).await;
             }
             exec.env.signals.publish(Signal::RunFinished(run.id.clone()));
+        }
+        if waits_end {
+            exec.env.signals.publish(Signal::Wake);
         }
         // After the retries are written: a drain waits for the passes, and a retry not yet
         // written when the process stops would be lost (an end no attempt follows is final).

@@ -51,12 +51,13 @@ fn main() {
                     query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
                     cluster.url_of(&db)
                 };
-                drain(&url, 50_000, 1);
-                drain(&fresh("b"), 50_000, 3);
+                let pm = postmaster(&cluster);
+                drain(&url, 50_000, 1, pm);
+                drain(&fresh("b"), 50_000, 3, pm);
                 // The peer, on the same cluster, side by side.
                 let peer = graphile_install();
                 for (processes, mode) in [(1, "default"), (3, "default"), (1, "batched"), (3, "batched")] {
-                    graphile(&peer, &fresh(&format!("g{processes}{mode}")), 50_000, processes, mode);
+                    graphile(&peer, &fresh(&format!("g{processes}{mode}")), 50_000, processes, mode, pm);
                 }
             }
             _ => unreachable!(),
@@ -130,7 +131,7 @@ fn sustained(url: &str, seconds: u64) {
     println!("SIGTERM to exit: {} ms", exit.as_millis());
 }
 
-fn drain(url: &str, n: usize, workers: usize) {
+fn drain(url: &str, n: usize, workers: usize, pm: u32) {
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let jobs = jobs_yaml(1, "0 0 1 1 *", action);
@@ -154,18 +155,29 @@ fn drain(url: &str, n: usize, workers: usize) {
         |_| (),
     );
     println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes ==");
+    // With `PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'`: where the
+    // server's time went, statement by statement.
+    let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));
+    if statements {
+        query(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", |_| ());
+        query(url, "SELECT pg_stat_statements_reset()", |_| ());
+    }
+    let server_before = server_cpu_ms(pm);
     let started = Instant::now();
     for w in &mut ws {
         w.start_logging(DRAIN_LOG);
     }
     loop {
         std::thread::sleep(Duration::from_millis(250));
-        let left = query(url, "SELECT count(*) FROM ll_runs WHERE status IN ('queued', 'running')", |r| sqlx::Row::get::<i64, _>(r, 0));
-        if left[0] == 0 || started.elapsed() > Duration::from_secs(600) {
+        // Whether any is left, stopping at the first: a count of them took 25 ms a poll.
+        let left =
+            query(url, "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE status IN ('queued', 'running'))", |r| sqlx::Row::get::<bool, _>(r, 0));
+        if !left[0] || started.elapsed() > Duration::from_secs(600) {
             break;
         }
     }
     let cpu: u64 = ws.iter().map(|w| cpu_ms(w.pid())).sum();
+    let server = server_cpu_ms(pm) - server_before;
     for w in &mut ws {
         w.stop();
     }
@@ -176,6 +188,22 @@ fn drain(url: &str, n: usize, workers: usize) {
     println!("succeeded {done}, other {}; first start → last finish {} ms", r.len() - done, last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("workers' CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
+    println!("the server's CPU over the drain: {server} ms, {:.0} µs per run", server as f64 * 1000.0 / done.max(1) as f64);
+    if statements {
+        let top = query(
+            url,
+            "SELECT calls, round(total_exec_time)::bigint, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
+             FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12",
+            |r| {
+                use sqlx::Row;
+                (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<String, _>(3))
+            },
+        );
+        println!("the server's statements by time (calls, ms, rows, statement):");
+        for (calls, ms, rows, q) in top {
+            println!("  {calls:>7} {ms:>6} {rows:>8}  {q}");
+        }
+    }
     println!("the first worker's writes:");
     drain_stages(&ws[0].log());
 }
@@ -191,7 +219,7 @@ fn graphile_install() -> std::path::PathBuf {
 
 /// graphile-worker draining `n` no-op jobs with `processes` worker processes of concurrency 32
 /// each, in `mode` (`default`, or `batched`: its local queue and batched completions).
-fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode: &str) {
+fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode: &str, pm: u32) {
     let node = |args: &[&str]| {
         let mut c = std::process::Command::new(peer.join("node_modules/.bin/node"));
         c.arg(peer.join("graphile_drain.mjs")).args(args);
@@ -200,6 +228,7 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
     let out = node(&["queue", url, &n.to_string()]).output().expect("node");
     assert!(out.status.success(), "queueing graphile-worker jobs: {}", String::from_utf8_lossy(&out.stderr));
     println!("\n-- peer: graphile-worker 0.18 ({mode}), {n} queued no-op jobs, {processes} process(es) of concurrency 32 --");
+    let server_before = server_cpu_ms(pm);
     let children: Vec<std::process::Child> =
         (0..processes).map(|_| node(&["work", url, "32", mode]).stdout(std::process::Stdio::piped()).spawn().expect("node")).collect();
     let (mut done, mut first, mut last) = (0i64, i64::MAX, 0i64);
@@ -217,8 +246,41 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
             last = last.max(get("last"));
         }
     }
+    let server = server_cpu_ms(pm) - server_before;
     println!("done {done}; first start → last end {} ms", last - first);
     println!("drain rate: {:.0} jobs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
+    println!(
+        "the server's CPU over the drain (with the processes' start and end): {server} ms, {:.0} µs per job",
+        server as f64 * 1000.0 / done.max(1) as f64
+    );
+}
+
+/// CPU time (user + system, ms) the PostgreSQL server of postmaster `pm` has used: the
+/// postmaster's, its live children's, and its children's that have exited (a backend whose
+/// client went).
+fn server_cpu_ms(pm: u32) -> u64 {
+    let fields = |pid: &str| -> Option<Vec<u64>> {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name: state, ppid, …; utime, stime, cutime, cstime are 12–15.
+        let rest: Vec<&str> = st.rsplit_once(')')?.1.split_whitespace().collect();
+        Some([1, 11, 12, 13, 14].iter().map(|&i| rest.get(i).and_then(|v| v.parse().ok()).unwrap_or(0)).collect())
+    };
+    let Some(own) = fields(&pm.to_string()) else { return 0 };
+    let mut ticks = own[1] + own[2] + own[3] + own[4];
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if let Some(f) = fields(&entry.file_name().to_string_lossy())
+            && f[0] == u64::from(pm)
+        {
+            ticks += f[1] + f[2];
+        }
+    }
+    ticks * 10
+}
+
+/// The postmaster's pid (the first line of `postmaster.pid`).
+fn postmaster(cluster: &Cluster) -> u32 {
+    let file = lamplighter_tests::pg::path_of(cluster).join("data/postmaster.pid");
+    std::fs::read_to_string(&file).ok().and_then(|t| t.lines().next()?.trim().parse().ok()).expect("postmaster.pid")
 }
 
 fn now_ms() -> i64 {

@@ -117,10 +117,13 @@ impl Cluster {
 
     /// Starts the server on `self.port`; the server's log when it does not start.
     fn try_start_server(&self) -> Result<(), String> {
+        // `PG_EXTRA_OPTS`: more server settings, for a bench looking into the server (e.g.
+        // `-c shared_preload_libraries=pg_stat_statements`).
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            std::env::var("PG_EXTRA_OPTS").unwrap_or_default()
         );
         let log = self.dir.path().join("server.log");
         let _ = std::fs::remove_file(&log);

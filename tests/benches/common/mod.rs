@@ -272,7 +272,8 @@ pub(crate) fn burst_spreads(runs: impl Iterator<Item = (Option<i64>, Option<i64>
 }
 
 /// The worker's log filter for the lines [`drain_stages`] reads.
-pub(crate) const DRAIN_LOG: &str = "warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug";
+pub(crate) const DRAIN_LOG: &str =
+    "warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug,lamplighter_jobs::store::sqlite=debug";
 
 /// The drain's writes, from the executor's debug lines: how many, how many runs each, and how
 /// long each took (from the call to its return, waits for the writer included).

@@ -116,7 +116,16 @@ const TICK_LOCKS: i32 = 0x4c4c_5449; // "LLTI"
 #[derive(Debug)]
 pub(crate) struct PgStore {
     pool: PgPool,
+    /// The recorder's: the write of ends and claims, one at a time, retried by its caller until
+    /// it goes through. Its connections are not pinged before each use, as the pool's are (a
+    /// round trip to the server before every statement): a connection lost while idle fails
+    /// that write, which is retried on the other. Two, so that one is ready while sqlx pings
+    /// the last one used on its way back.
+    recorder: PgPool,
 }
+
+/// The recorder's connections ([`PgStore::recorder`]).
+const RECORDER_CONNECTIONS: u32 = 2;
 
 /// `q` with `args` bound.
 fn bound<'q>(
@@ -164,10 +173,15 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(opts)
+            .connect_with(opts.clone())
             .await
             .ctx("connecting to the database")?;
-        Ok(Self { pool })
+        let recorder = PgPoolOptions::new()
+            .max_connections(RECORDER_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .connect_lazy_with(opts);
+        Ok(Self { pool, recorder })
     }
 }
 
@@ -294,7 +308,7 @@ impl Dialect for PgStore {
                 .bind(worker)
                 .bind(super::QUEUE)
                 .bind(n.max(1) as i64)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.recorder)
                 .await
                 .ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
@@ -500,6 +514,7 @@ impl Dialect for PgStore {
     }
 
     async fn close(&self) {
+        self.recorder.close().await;
         self.pool.close().await;
     }
 
