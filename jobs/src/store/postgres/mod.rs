@@ -117,15 +117,19 @@ const TICK_LOCKS: i32 = 0x4c4c_5449; // "LLTI"
 pub(crate) struct PgStore {
     pool: PgPool,
     /// The recorder's: the write of ends and claims, one at a time, retried by its caller until
-    /// it goes through. Its connections are not pinged before each use, as the pool's are (a
-    /// round trip to the server before every statement): a connection lost while idle fails
-    /// that write, which is retried on the other. Two, so that one is ready while sqlx pings
-    /// the last one used on its way back.
+    /// it goes through. Its connections are pinged before a use only after
+    /// [`RECORDER_PING_AFTER`] idle, where the pool's are pinged before every use (a round trip
+    /// to the server before every statement, which a drain makes every 2 ms): a connection lost
+    /// while idle is found within the acquire's timeout, not by a write sent into a dead
+    /// connection. Two, so that one is ready while sqlx pings the last one used on its way back.
     recorder: PgPool,
 }
 
 /// The recorder's connections ([`PgStore::recorder`]).
 const RECORDER_CONNECTIONS: u32 = 2;
+
+/// A recorder's connection idle this long is pinged before it is used.
+const RECORDER_PING_AFTER: Duration = Duration::from_secs(10);
 
 /// `q` with `args` bound.
 fn bound<'q>(
@@ -180,6 +184,14 @@ impl PgStore {
             .max_connections(RECORDER_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
+            .before_acquire(|c, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= RECORDER_PING_AFTER {
+                        sqlx::Connection::ping(c).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(opts);
         Ok(Self { pool, recorder })
     }
