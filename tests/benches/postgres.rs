@@ -192,16 +192,18 @@ fn drain(url: &str, n: usize, workers: usize, pm: u32) {
     if statements {
         let top = query(
             url,
-            "SELECT calls, round(total_exec_time)::bigint, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
-             FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12",
+            "SELECT calls, round(total_exec_time)::bigint, round(total_plan_time)::bigint, rows,
+                    left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+             FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 12",
             |r| {
                 use sqlx::Row;
-                (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<String, _>(3))
+                (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<i64, _>(3), r.get::<String, _>(4))
             },
         );
-        println!("the server's statements by time (calls, ms, rows, statement):");
-        for (calls, ms, rows, q) in top {
-            println!("  {calls:>7} {ms:>6} {rows:>8}  {q}");
+        // Planning is counted with `-c pg_stat_statements.track_planning=on` too.
+        println!("the server's statements by time (calls, ms executing, ms planning, rows, statement):");
+        for (calls, ms, plan, rows, q) in top {
+            println!("  {calls:>7} {ms:>6} {plan:>6} {rows:>8}  {q}");
         }
     }
     println!("the first worker's writes:");
