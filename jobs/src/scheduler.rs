@@ -643,11 +643,9 @@ impl Scheduler {
             ready.push(id);
         }
         let holding = held_back || more;
-        if holding && !self.holding.swap(true, Ordering::SeqCst) {
+        let was_holding = self.holding.swap(holding, Ordering::SeqCst);
+        if holding && !was_holding {
             self.env.signals.publish(Signal::Wake);
-        }
-        if !holding {
-            self.holding.store(false, Ordering::SeqCst);
         }
         if ready.is_empty() {
             return more;

@@ -450,9 +450,7 @@ impl Dialect for SqliteStore {
     /// from the batch and find each run by id (driven from the status index, the batch was
     /// scanned once per running run: seconds for a thousand ends).
     async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
-        static FINISH: std::sync::LazyLock<String> =
-            std::sync::LazyLock::new(|| format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status"));
-        let rows: Vec<(String, String)> = sqlx::query_as(sql!(SqliteStore, FINISH.as_str()))
+        let rows: Vec<(String, String)> = sqlx::query_as(sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status")))
             .bind(ends_payload(ends))
             .bind(now)
             .fetch_all(c)
@@ -515,20 +513,21 @@ impl Dialect for SqliteStore {
             tx.ended_by_its_script();
             // Committed: from here on nothing fails the write (its caller would write the ends
             // again, find them recorded, and leave the runs claimed here unstarted).
-            let (mut done, mut payloads, mut claimed, mut tasks) = (Vec::new(), Vec::new(), Vec::new(), 0);
+            let (mut done, mut claimed, mut tasks, mut undecoded) = (Vec::new(), Vec::new(), 0, 0);
             for row in rows {
                 match row.str("part") {
                     "ended" => done.push((row.text("id"), RunStatus::from_str(row.str("status")).unwrap_or(RunStatus::Failed))),
                     "taken" => {
                         tasks += 1;
-                        payloads.extend(sqlx::Row::try_get::<Vec<u8>, _>(&row, "job").ok());
+                        undecoded += usize::from(row.opt_text("run_id").is_none());
                     }
                     "claimed" => claimed.push(row),
                     other => tracing::error!(part = other, "a row the script of ends and claims does not make; ignored"),
                 }
             }
-            // Only to log the tasks whose payload names no run (each was dropped with its take).
-            let _ = super::RunTask::run_ids(payloads.iter().map(Vec::as_slice));
+            if undecoded > 0 {
+                tracing::error!(tasks = undecoded, "queue tasks that do not name a run were taken and dropped");
+            }
             Ok((done, tasks, claimed))
         };
         Some(written.await)
@@ -864,10 +863,11 @@ fn ends_and_claims_script() -> String {
         "BEGIN IMMEDIATE;
          {FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, 'ended' AS part;
          {claim}, 'claimed' AS part;
-         DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING job, 'taken' AS part;
+         DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING {run_id} AS run_id, 'taken' AS part;
          COMMIT",
         claim = claim_from_queue(),
         pick = queue::pick("?4", "?5"),
+        run_id = queue::RUN_ID_OF_PAYLOAD,
     )
 }
 
