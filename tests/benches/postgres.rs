@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{DRAIN_LOG, SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, summary};
+use common::{DRAIN_LOG, SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, stat_fields, summary};
 
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ fn main() {
                     query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
                     cluster.url_of(&db)
                 };
-                let pm = postmaster(&cluster);
+                let pm = cluster.postmaster_pid();
                 drain(&url, 50_000, 1, pm);
                 drain(&fresh("b"), 50_000, 3, pm);
                 // The peer, on the same cluster, side by side.
@@ -261,28 +261,17 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
 /// postmaster's, its live children's, and its children's that have exited (a backend whose
 /// client went).
 fn server_cpu_ms(pm: u32) -> u64 {
-    let fields = |pid: &str| -> Option<Vec<u64>> {
-        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // After the command name: state, ppid, …; utime, stime, cutime, cstime are 12–15.
-        let rest: Vec<&str> = st.rsplit_once(')')?.1.split_whitespace().collect();
-        Some([1, 11, 12, 13, 14].iter().map(|&i| rest.get(i).and_then(|v| v.parse().ok()).unwrap_or(0)).collect())
-    };
+    let fields = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().map(|st| stat_fields(&st));
     let Some(own) = fields(&pm.to_string()) else { return 0 };
-    let mut ticks = own[1] + own[2] + own[3] + own[4];
+    let mut ms = own.utime_ms + own.stime_ms + own.children_ms;
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         if let Some(f) = fields(&entry.file_name().to_string_lossy())
-            && f[0] == u64::from(pm)
+            && f.ppid == pm
         {
-            ticks += f[1] + f[2];
+            ms += f.utime_ms + f.stime_ms;
         }
     }
-    ticks * 10
-}
-
-/// The postmaster's pid (the first line of `postmaster.pid`).
-fn postmaster(cluster: &Cluster) -> u32 {
-    let file = lamplighter_tests::pg::path_of(cluster).join("data/postmaster.pid");
-    std::fs::read_to_string(&file).ok().and_then(|t| t.lines().next()?.trim().parse().ok()).expect("postmaster.pid")
+    ms
 }
 
 fn now_ms() -> i64 {

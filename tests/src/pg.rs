@@ -95,14 +95,19 @@ impl Cluster {
     /// Sends `sig` to the postmaster (first line of `postmaster.pid`), then to its children: a
     /// stopped postmaster forks no backend between the listing and the signal.
     fn signal_all(&self, sig: &str) {
-        let pidfile = std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
-        let postmaster = pidfile.lines().next().unwrap_or_default().trim().to_owned();
+        let postmaster = self.postmaster_pid().to_string();
         run(Command::new("kill").arg(format!("-{sig}")).arg(&postmaster), &format!("kill -{sig} the postmaster"));
         let children = run(Command::new("ps").args(["-o", "pid=", "--ppid", &postmaster]), "list the server's processes");
         let pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_owned).collect();
         // A backend may end between the listing and the signal (its client went away while it
         // was frozen, and the postmaster resumed first): only the postmaster must get it.
         let _ = Command::new("kill").arg(format!("-{sig}")).args(&pids).output();
+    }
+
+    /// The postmaster's pid: the first line of `postmaster.pid`.
+    pub fn postmaster_pid(&self) -> u32 {
+        let pidfile = std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
+        pidfile.lines().next().and_then(|l| l.trim().parse().ok()).expect("a pid on postmaster.pid's first line")
     }
 
     fn data(&self) -> PathBuf {

@@ -67,11 +67,26 @@ pub(crate) fn cpu_ms(pid: u32) -> u64 {
 
 /// utime + stime (ms) of a `/proc/.../stat` line.
 fn stat_cpu_ms(stat: &str) -> u64 {
+    let f = stat_fields(stat);
+    f.utime_ms + f.stime_ms
+}
+
+/// What the benches read of a `/proc/.../stat` line.
+pub(crate) struct StatFields {
+    pub(crate) ppid: u32,
+    pub(crate) utime_ms: u64,
+    pub(crate) stime_ms: u64,
+    /// CPU of the children the process has waited for (user + system).
+    pub(crate) children_ms: u64,
+}
+
+pub(crate) fn stat_fields(stat: &str) -> StatFields {
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
     let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    (ticks(11) + ticks(12)) * 10
+    // ppid is field 4 of the whole line, utime, stime, cutime and cstime 14–17: 2 and 12–15
+    // after the name (counted from 1). Ticks of 10 ms.
+    StatFields { ppid: ticks(1) as u32, utime_ms: ticks(11) * 10, stime_ms: ticks(12) * 10, children_ms: (ticks(13) + ticks(14)) * 10 }
 }
 
 /// CPU time (user + system, ms) of each thread of the process, summed by thread name (e.g.
