@@ -16,6 +16,9 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
+//! - drain `--schema-b 'SQL; …' [--workers N]`: a schema change tried on the same binary, the
+//!   drain alone three times as migrated (a) and with the statements applied after the
+//!   migrations (b), alternated.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -45,6 +48,20 @@ fn main() {
         match s {
             "burst" => burst(&url, seconds),
             "sustained" => sustained(&url, seconds),
+            // A schema change tried on the same binary: A as migrated, B with the statements
+            // applied after the migrations, alternated.
+            "drain" if arg("--schema-b").is_some() => {
+                let b = arg("--schema-b").unwrap_or_default();
+                let workers: usize = arg("--workers").map_or(1, |w| w.parse().expect("--workers N"));
+                for round in 0..3 {
+                    for (variant, sql) in [("a", ""), ("b", b.as_str())] {
+                        let db = format!("bench{i}{variant}{round}");
+                        query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
+                        println!("\n##### schema {variant}, round {round}");
+                        drain_with(&cluster.url_of(&db), 50_000, workers, cluster.postmaster_pid(), sql);
+                    }
+                }
+            }
             "drain" => {
                 let fresh = |name: &str| {
                     let db = format!("bench{i}{name}");
@@ -132,6 +149,11 @@ fn sustained(url: &str, seconds: u64) {
 }
 
 fn drain(url: &str, n: usize, workers: usize, pm: u32) {
+    drain_with(url, n, workers, pm, "")
+}
+
+/// [`drain`] with `extra`'s statements (`;`-separated) applied after the migrations.
+fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let jobs = jobs_yaml(1, "0 0 1 1 *", action);
@@ -139,6 +161,9 @@ fn drain(url: &str, n: usize, workers: usize, pm: u32) {
     // The first start applies the migrations.
     ws[0].start();
     ws[0].stop();
+    for stmt in extra.split(';').filter(|s| !s.trim().is_empty()) {
+        query(url, stmt, |_| ());
+    }
     for w in &ws {
         std::fs::create_dir_all(w.dir.path().join("data")).expect("data dir");
         std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
