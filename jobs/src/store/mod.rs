@@ -572,18 +572,28 @@ pub struct RunFilter {
 
 impl RunFilter {
     /// The `WHERE` clause of the filters that are set, with placeholders numbered from 1 in the
-    /// order job, status, before (bind them in that order, then the limit as the next one).
+    /// order job, before (bind them in that order, then the limit as the next one); the status
+    /// is written in, as PostgreSQL's partial index of active runs is used only for a status it
+    /// can see (a prepared statement's generic plan cannot).
     /// Only the set filters appear: `(? IS NULL OR job = ?)` would keep the planner from the
     /// `(job, id)` index and read the whole history for one job's ten latest runs.
     fn where_clause(&self) -> (String, usize) {
-        let conditions: Vec<&str> =
-            [(self.job.is_some(), "job = "), (self.status.is_some(), "status = "), (self.before.is_some(), "id < ")]
-                .into_iter()
-                .filter_map(|(set, column)| set.then_some(column))
-                .collect();
-        let clause = conditions.iter().enumerate().map(|(i, c)| format!("{c}${}", i + 1)).collect::<Vec<_>>().join(" AND ");
-        let n = conditions.len();
-        (if n == 0 { String::new() } else { format!(" WHERE {clause}") }, n)
+        let mut n = 0;
+        let mut placeholder = |compared: &str| {
+            n += 1;
+            format!("{compared} ${n}")
+        };
+        let mut conditions: Vec<String> = Vec::new();
+        if self.job.is_some() {
+            conditions.push(placeholder("job ="));
+        }
+        if let Some(status) = self.status {
+            conditions.push(format!("status = '{}'", status.as_str()));
+        }
+        if self.before.is_some() {
+            conditions.push(placeholder("id <"));
+        }
+        (if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) }, n)
     }
 
     /// The limit asked for, within 1..=1000 (50 when none).
@@ -603,9 +613,6 @@ impl RunFilter {
         let mut q = dialect::Stmt::built(self.sql(spelling), "listing runs");
         if let Some(job) = &self.job {
             q = q.bind(job);
-        }
-        if let Some(status) = self.status {
-            q = q.bind(status.as_str());
         }
         if let Some(before) = &self.before {
             q = q.bind(before);
