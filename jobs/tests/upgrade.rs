@@ -198,6 +198,11 @@ async fn a_postgres_database_of_the_previous_release_keeps_its_history_and_takes
     the_previous_release_is_kept(&cfg).await;
     // 0010 moved the idempotency keys to an index of the keyed runs only: a key recorded
     // before the upgrade still refuses a second run, and runs without one do not conflict.
+    let full: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_constraint WHERE conname = 'll_runs_job_idempotency_key_key'")
+        .fetch_one(&pool)
+        .await
+        .expect("constraints");
+    assert_eq!(full, 0, "the unique constraint of every run is gone");
     let again = sqlx::query(sqlx::AssertSqlSafe(OLD_KEYED_RUN.replace("0b'", "0c'"))).bind(t).execute(&pool).await;
     assert!(again.is_err_and(|e| e.as_database_error().is_some_and(|d| d.is_unique_violation())), "the old key still holds");
     let unkeyed = "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at) VALUES ($1, 'j', 'manual', 'skipped', 0, 0)";

@@ -572,9 +572,10 @@ pub struct RunFilter {
 
 impl RunFilter {
     /// The `WHERE` clause of the filters that are set, with placeholders numbered from 1 in the
-    /// order job, before (bind them in that order, then the limit as the next one); the status
-    /// is written in, as PostgreSQL's partial index of active runs is used only for a status it
-    /// can see (a prepared statement's generic plan cannot).
+    /// order job, before (bind them in that order, then the limit as the next one). The status
+    /// is written in: PostgreSQL's partial index of active runs serves an active status only
+    /// when the planner sees it (a prepared statement's generic plan does not); a final status
+    /// alone is read newest first from the primary key.
     /// Only the set filters appear: `(? IS NULL OR job = ?)` would keep the planner from the
     /// `(job, id)` index and read the whole history for one job's ten latest runs.
     fn where_clause(&self) -> (String, usize) {
