@@ -129,9 +129,9 @@ where
 /// A run and a pause as the previous release wrote them.
 const OLD_RUN: &str = "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, output, worker)
                        VALUES ('0190a000-0000-7000-8000-00000000000a', 'j', 'cron', 'succeeded', $1, $1, $1, $1, $1, 1, '{\"saved\":true}', 'old-worker')";
-/// A run its caller gave an idempotency key, as the previous release wrote it.
+/// A run (id `$2`) its caller gave an idempotency key, as the previous release wrote it.
 const OLD_KEYED_RUN: &str = "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, finished_at, idempotency_key)
-                             VALUES ('0190a000-0000-7000-8000-00000000000b', 'j', 'manual', 'skipped', $1, $1, $1, 'nightly-2026-11-27')";
+                             VALUES ($2, 'j', 'manual', 'skipped', $1, $1, $1, 'nightly-2026-11-27')";
 const OLD_PAUSE: &str = "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at, last_tick) VALUES ('j', true, 'kept', $1, $1)";
 
 /// What the previous release's database must still show, and that runtime jobs work on it.
@@ -181,7 +181,7 @@ async fn a_postgres_database_of_the_previous_release_keeps_its_history_and_takes
     let t = ms(t0() - chrono::Duration::hours(1));
     sqlx::query(OLD_RUN).bind(t).execute(&pool).await.expect("old run");
     sqlx::query(OLD_PAUSE).bind(t).execute(&pool).await.expect("old pause");
-    sqlx::query(OLD_KEYED_RUN).bind(t).execute(&pool).await.expect("old keyed run");
+    sqlx::query(OLD_KEYED_RUN).bind(t).bind("0190a000-0000-7000-8000-00000000000b").execute(&pool).await.expect("old keyed run");
     let dir = tempfile::tempdir().expect("tempdir");
     let text = format!(
         "framework:\n  data_dir: {}\n{MANAGED}scheduling:\n  storage:\n    provider: postgres\n    connection_string: \"{}\"\n  jobs:\n    j:\n      cron: \"0 * * * *\"\n      type: plugin\n      plugin: file-save\n      action: save\n",
@@ -203,7 +203,7 @@ async fn a_postgres_database_of_the_previous_release_keeps_its_history_and_takes
         .await
         .expect("constraints");
     assert_eq!(full, 0, "the unique constraint of every run is gone");
-    let again = sqlx::query(sqlx::AssertSqlSafe(OLD_KEYED_RUN.replace("0b'", "0c'"))).bind(t).execute(&pool).await;
+    let again = sqlx::query(OLD_KEYED_RUN).bind(t).bind("0190a000-0000-7000-8000-00000000000c").execute(&pool).await;
     assert!(again.is_err_and(|e| e.as_database_error().is_some_and(|d| d.is_unique_violation())), "the old key still holds");
     let unkeyed = "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at) VALUES ($1, 'j', 'manual', 'skipped', 0, 0)";
     for id in ["0190a000-0000-7000-8000-00000000000d", "0190a000-0000-7000-8000-00000000000e"] {

@@ -573,9 +573,10 @@ pub struct RunFilter {
 impl RunFilter {
     /// The `WHERE` clause of the filters that are set, with placeholders numbered from 1 in the
     /// order job, before (bind them in that order, then the limit as the next one). The status
-    /// is written in: PostgreSQL's partial index of active runs serves an active status only
-    /// when the planner sees it (a prepared statement's generic plan does not); a final status
-    /// alone is read newest first from the primary key.
+    /// is written in, as every statement's is ([`fill_statuses`]): PostgreSQL's partial index
+    /// of active runs serves an active status only when the planner sees it (a prepared
+    /// statement's generic plan does not); a final status alone is read newest first from the
+    /// primary key.
     /// Only the set filters appear: `(? IS NULL OR job = ?)` would keep the planner from the
     /// `(job, id)` index and read the whole history for one job's ten latest runs.
     fn where_clause(&self) -> (String, usize) {
@@ -589,7 +590,7 @@ impl RunFilter {
             conditions.push(placeholder("job ="));
         }
         if let Some(status) = self.status {
-            conditions.push(format!("status = '{}'", status.as_str()));
+            conditions.push(format!("status = {{{status:?}}}"));
         }
         if self.before.is_some() {
             conditions.push(placeholder("id <"));
@@ -605,7 +606,8 @@ impl RunFilter {
     /// The whole query: the set filters, newest first, the limit as the last placeholder.
     fn sql(&self, spelling: &dialect::Spelling) -> String {
         let (clause, n) = self.where_clause();
-        dialect::numbered(&format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1), spelling)
+        let text = format!("SELECT {} FROM ll_runs{clause} ORDER BY id DESC LIMIT ${}", dialect::run_cols!(), n + 1);
+        dialect::numbered(&fill_statuses(&text), spelling)
     }
 
     /// The query as `spelling` spells it, with its values bound in the order [`Self::where_clause`] numbers
