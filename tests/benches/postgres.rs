@@ -41,10 +41,17 @@ fn main() {
     let cluster = Cluster::start();
     let version = query(&cluster.url(), "SELECT version()", |r| sqlx::Row::get::<String, _>(r, 0));
     println!("server: {}", version[0]);
+    let pm = cluster.postmaster_pid();
     for (i, s) in scenarios.into_iter().enumerate() {
         let db = format!("bench{i}");
         query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
         let url = cluster.url_of(&db);
+        // Another database of this scenario's, for one more drain on the same cluster.
+        let fresh = |name: &str| {
+            let db = format!("bench{i}{name}");
+            query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
+            cluster.url_of(&db)
+        };
         match s {
             "burst" => burst(&url, seconds),
             "sustained" => sustained(&url, seconds),
@@ -55,22 +62,14 @@ fn main() {
                 let workers: usize = arg("--workers").map_or(1, |w| w.parse().expect("--workers N"));
                 for round in 0..3 {
                     for (variant, sql) in [("a", ""), ("b", b.as_str())] {
-                        let db = format!("bench{i}{variant}{round}");
-                        query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
                         println!("\n##### schema {variant}, round {round}");
-                        drain_with(&cluster.url_of(&db), 50_000, workers, cluster.postmaster_pid(), sql);
+                        drain(&fresh(&format!("{variant}{round}")), 50_000, workers, pm, sql);
                     }
                 }
             }
             "drain" => {
-                let fresh = |name: &str| {
-                    let db = format!("bench{i}{name}");
-                    query(&cluster.url(), &format!("CREATE DATABASE {db}"), |_| ());
-                    cluster.url_of(&db)
-                };
-                let pm = cluster.postmaster_pid();
-                drain(&url, 50_000, 1, pm);
-                drain(&fresh("b"), 50_000, 3, pm);
+                drain(&url, 50_000, 1, pm, "");
+                drain(&fresh("b"), 50_000, 3, pm, "");
                 // The peer, on the same cluster, side by side.
                 let peer = graphile_install();
                 for (processes, mode) in [(1, "default"), (3, "default"), (1, "batched"), (3, "batched")] {
@@ -148,12 +147,9 @@ fn sustained(url: &str, seconds: u64) {
     println!("SIGTERM to exit: {} ms", exit.as_millis());
 }
 
-fn drain(url: &str, n: usize, workers: usize, pm: u32) {
-    drain_with(url, n, workers, pm, "")
-}
-
-/// [`drain`] with `extra`'s statements (`;`-separated) applied after the migrations.
-fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
+/// `n` queued runs drained by `workers` workers; `extra`'s statements (`;`-separated, or none)
+/// are applied after the migrations.
+fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let jobs = jobs_yaml(1, "0 0 1 1 *", action);
