@@ -80,6 +80,9 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
                 }
             }
         }
+        if let Some(why) = crate::security::exposure(&c.worker) {
+            diags.push(Diagnostic::error(c.locate(&["worker", "mcp", "host"]), why));
+        }
         if let Err(why) = crate::tls::check(&c.worker.tls) {
             diags.push(Diagnostic::error(c.locate(&["worker", "mcp", "tls"]), why));
         }

@@ -13,7 +13,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use lamplighter_config::{Config, Disabled, McpAuth, McpTls, McpTransport, TelemetryConfig, WorkerConfig};
+use lamplighter_config::{Config, Disabled, McpTransport, TelemetryConfig, WorkerConfig};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, SystemClock};
 use lamplighter_plugins::Registry;
@@ -86,10 +86,7 @@ async fn serve(
     metrics: Arc<PullReader>,
 ) -> ExitCode {
     let host: std::net::IpAddr = config.worker.host.parse().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-    if let Some(why) = exposed_without_protection(host, &config.worker) {
-        eprintln!("error: {why}");
-        return ExitCode::from(2);
-    }
+    // Off loopback without protection was refused with the config (`security::exposure`).
     let tls = match crate::tls::Tls::load(&config.worker.tls) {
         Ok(t) => t,
         Err(e) => {
@@ -290,28 +287,6 @@ async fn serve(
     let _ = http.await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
-}
-
-/// Why a listener on `host` would expose the worker unprotected: off loopback it needs auth, and
-/// TLS in the worker or a TLS-terminating proxy stated in front.
-pub(crate) fn exposed_without_protection(host: std::net::IpAddr, worker: &WorkerConfig) -> Option<String> {
-    if host.is_loopback() {
-        return None;
-    }
-    let no_auth = worker.auth == McpAuth::None;
-    let no_tls = worker.tls == McpTls::Off;
-    match (no_auth, no_tls) {
-        (false, false) => None,
-        (true, true) => Some(format!(
-            "refusing to listen on {host} without auth and without TLS; set worker.mcp.auth (type: bearer) and worker.mcp.tls (cert_file and key_file, or terminated_by_proxy: true behind a TLS-terminating proxy), or listen on 127.0.0.1"
-        )),
-        (true, false) => {
-            Some(format!("refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1"))
-        }
-        (false, true) => Some(format!(
-            "refusing to listen on {host} without TLS: the bearer token would cross the network in clear text; set worker.mcp.tls (cert_file and key_file), or worker.mcp.tls.terminated_by_proxy: true when a TLS-terminating proxy is in front, or listen on 127.0.0.1 (and reach it through an SSH tunnel)"
-        )),
-    }
 }
 
 /// The one reload path after start: SIGHUP and the `reload_config` tool both call

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use lamplighter_config::{ApiToken, McpAuth, Role, WorkerConfig};
+use lamplighter_config::{ApiToken, McpAuth, McpTls, Role, WorkerConfig};
 
 /// The largest request body `/mcp` accepts; larger ones get 413.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -218,6 +218,31 @@ impl IntoResponse for Refusal {
                 "unauthorized: the bearer token is not one of worker.mcp.auth's tokens\n",
             ),
         }
+    }
+}
+
+/// Why the listener of `worker.mcp` would expose the worker unprotected: off loopback it needs auth, and
+/// TLS in the worker or a TLS-terminating proxy stated in front. A config with this is refused,
+/// by `run` and `config validate` alike.
+pub(crate) fn exposure(worker: &WorkerConfig) -> Option<String> {
+    // `worker.mcp.host` is an IP address, checked with the config.
+    let host: std::net::IpAddr = worker.host.parse().ok()?;
+    if host.is_loopback() {
+        return None;
+    }
+    let no_auth = worker.auth == McpAuth::None;
+    let no_tls = worker.tls == McpTls::Off;
+    match (no_auth, no_tls) {
+        (false, false) => None,
+        (true, true) => Some(format!(
+            "refusing to listen on {host} without auth and without TLS; set worker.mcp.auth (type: bearer) and worker.mcp.tls (cert_file and key_file, or terminated_by_proxy: true behind a TLS-terminating proxy), or listen on 127.0.0.1"
+        )),
+        (true, false) => {
+            Some(format!("refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1"))
+        }
+        (false, true) => Some(format!(
+            "refusing to listen on {host} without TLS: the bearer token would cross the network in clear text; set worker.mcp.tls (cert_file and key_file), or worker.mcp.tls.terminated_by_proxy: true when a TLS-terminating proxy is in front, or listen on 127.0.0.1 (and reach it through an SSH tunnel)"
+        )),
     }
 }
 

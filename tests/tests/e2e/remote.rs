@@ -152,6 +152,26 @@ fn mutual_tls_refuses_a_client_without_a_certificate() {
         &[],
     );
     assert_eq!(code, 0, "{out}{err}");
+    // A well-formed client certificate from a CA the worker does not name is no certificate.
+    let foreign = Pki::new(dir.path(), "foreign");
+    let (fcert, fkey) = foreign.client("intruder", "laptop");
+    let (code, out, err) = lampctl(
+        &[
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--client-cert",
+            fcert.to_str().expect("path"),
+            "--client-key",
+            fkey.to_str().expect("path"),
+            "--token",
+            "r34d-0nly-t0ken",
+            "status",
+        ],
+        &[],
+    );
+    assert_eq!(code, 3, "a certificate of a foreign CA: {out}{err}");
     let (code, _, err) = lampctl(&["--url", &url, "--client-cert", cert.to_str().expect("path"), "status"], &[]);
     assert_eq!(code, 2, "a certificate needs its key: {err}");
 }
@@ -215,30 +235,71 @@ fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
     assert!(!w.log().contains("m4n4ge-t0ken") && !w.log().contains("r34d-0nly-t0ken"), "tokens never reach the log");
 }
 
+/// `initialize` at an older revision: the smallest call that passes the guard in front of `/mcp`.
+const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+
 #[test]
-fn a_non_loopback_listener_needs_auth_and_tls_or_a_stated_proxy() {
-    let w = Worker::new("");
-    let port = free_port();
-    let write = |mcp: &str| {
-        let text = format!(
-            "framework:\n  data_dir: {}\nworker:\n  mcp:\n    host: 0.0.0.0\n    port: {port}\n{mcp}scheduling:\n  jobs: {{}}\n",
-            w.dir.path().join("data").display()
-        );
-        std::fs::write(w.config_path(), text).expect("write");
+fn off_loopback_the_worker_starts_only_with_auth_and_tls_and_names_each_missing_piece() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "edge");
+    let (cert, key) = pki.server("server");
+    let tls = format!("tls: {{cert_file: {}, key_file: {}}}\n", cert.display(), key.display());
+    let auth = "auth: {type: bearer, token: s3cret-t0ken}\n";
+    let mut w = Worker::new("");
+    let off_loopback = |w: &Worker, mcp: &str| w.write_config(JOB, &format!("host: 0.0.0.0\n{mcp}"));
+
+    // Each missing piece is refused by `run` itself, named with its fix, before storage opens.
+    let refused = [
+        ("", "refusing to listen on 0.0.0.0 without auth and without TLS", ["worker.mcp.auth", "worker.mcp.tls"]),
+        (auth, "refusing to listen on 0.0.0.0 without TLS", ["worker.mcp.tls (cert_file and key_file)", "terminated_by_proxy: true"]),
+        (tls.as_str(), "refusing to listen on 0.0.0.0 without auth;", ["worker.mcp.auth (type: bearer)", "listen on 127.0.0.1"]),
+    ];
+    for (mcp, why, fixes) in refused {
+        off_loopback(&w, mcp);
+        let (code, _, err) = run_with_timeout(&w);
+        assert_eq!(code, 2, "{mcp:?}: {err}");
+        assert!(err.contains(why) && fixes.iter().all(|f| err.contains(f)), "{mcp:?}: {err}");
+        assert!(!w.db().exists(), "{mcp:?}: a refused start opens no storage");
+        // `config validate` says the same, so a deploy is stopped before the restart.
+        let (code, out, verr) = run_cli(&["config", "validate", "--config", w.config_path().to_str().expect("path")], w.dir.path());
+        assert_eq!(code, 2, "{mcp:?}: {out}{verr}");
+        assert!(verr.contains(why), "{mcp:?}: {verr}");
+    }
+
+    // Auth and TLS in the worker: it starts on every interface and answers only the token.
+    off_loopback(&w, &format!("{tls}{auth}"));
+    w.start_tls();
+    assert!(w.log().contains(&format!("listen=0.0.0.0:{}", w.port)), "{}", w.log());
+    let ca = pki.ca();
+    let url = https(&w);
+    let with = |token: &[&str]| {
+        let mut args = vec!["--url", url.as_str(), "--ca-cert", ca.to_str().expect("path")];
+        args.extend_from_slice(token);
+        args.extend(["jobs", "list"]);
+        lampctl(&args, &[])
     };
-    write("    auth: {type: bearer, token: s3cret-t0ken}\n");
-    let (code, _, err) = run_with_timeout(&w);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("without TLS") && err.contains("worker.mcp.tls") && err.contains("terminated_by_proxy: true"), "{err}");
-    write("");
-    let (code, _, err) = run_with_timeout(&w);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("without auth and without TLS") && err.contains("worker.mcp.auth") && err.contains("worker.mcp.tls"), "{err}");
-    // Behind a TLS-terminating proxy, stated: it starts, and names must be allowed.
-    write(
-        "    auth: {type: bearer, token: s3cret-t0ken}\n    tls: {terminated_by_proxy: true}\n    allowed_hosts: [lamplighter.example]\n",
-    );
-    let (code, out, err) = run_cli(&["config", "validate", "--config", w.config_path().to_str().expect("path")], w.dir.path());
+    let (code, out, err) = with(&["--token", "s3cret-t0ken"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("report"), "{out}");
+    let (code, _, err) = with(&[]);
+    assert_eq!(code, 3, "no token: {err}");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+
+    // Auth behind a TLS-terminating proxy, stated: it starts on every interface, plain HTTP,
+    // and answers the proxy's host name with the token only.
+    off_loopback(&w, &format!("{auth}tls: {{terminated_by_proxy: true}}\nallowed_hosts: [lamplighter.example]\n"));
+    w.start();
+    assert!(w.log().contains(&format!("listen=0.0.0.0:{}", w.port)), "{}", w.log());
+    let proxied = [("Host", "lamplighter.example"), ("X-Forwarded-Proto", "https")];
+    assert_eq!(crate::support::mcp_post(w.port, &proxied, INIT).0, 401, "no token");
+    let mut with_token = proxied.to_vec();
+    with_token.push(("Authorization", "Bearer s3cret-t0ken"));
+    assert_eq!(crate::support::mcp_post(w.port, &with_token, INIT).0, 200, "the token, through the proxy's name");
+    let mut foreign = with_token.clone();
+    foreign[0] = ("Host", "elsewhere.example");
+    assert_eq!(crate::support::mcp_post(w.port, &foreign, INIT).0, 403, "a host name not allowed");
+    let (code, out, err) = crate::support::ctl_at(&w.url(), Some("s3cret-t0ken"), &["jobs", "list"]);
     assert_eq!(code, 0, "{out}{err}");
 }
 
