@@ -1,11 +1,14 @@
-//! Storage faults on a live SQLite worker: the disk filling up under it (a 20 MB tmpfs), and
-//! its database file moved away and replaced underneath. Each time the worker stays up,
+//! Storage faults on a live SQLite worker: the disk filling up under it (a 20 MB tmpfs), its
+//! database file moved away and replaced underneath, writes failing with EIO (a preloaded
+//! shim), and its file system turned read-only by the kernel (ext4 on a loop device). Each time the worker stays up,
 //! `/readyz` answers 503 saying what is wrong, nothing committed is lost, and it heals by itself
 //! once the fault is gone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+
+use lamplighter_tests::faultfs::{Ext4, FaultSwitch};
 
 use crate::support::{Worker, http_get, now_ms, poll};
 
@@ -107,6 +110,113 @@ fn a_full_disk_or_a_vanished_database_makes_the_worker_not_ready_and_it_heals_by
         r.iter().filter(|r| r.job == "tick" && r.status == "succeeded").count() > healed.iter().filter(|r| r.job == "tick").count() + 2
     });
     assert!(after.len() > healed.len());
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+const TICKS: &str = r#"
+    tick:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      cron: "* * * * * *"
+      parameters: {command: "echo tick"}
+"#;
+
+/// A worker with a per-second job and a 2 s lease (a renewal, a write, every few hundred
+/// milliseconds), and its data directory.
+fn ticking() -> (Worker, PathBuf) {
+    let w = Worker::new("");
+    let data = w.dir.path().join("data");
+    let config = format!(
+        "framework:\n  data_dir: {}\nworker:\n  lease: 2s\n  shutdown_grace: 3s\n  mcp:\n    port: {}\nscheduling:\n  jobs:{TICKS}",
+        data.display(),
+        w.port
+    );
+    std::fs::write(w.config_path(), config).unwrap();
+    (w, data)
+}
+
+fn succeeded_ticks(runs: &[crate::support::RunRow]) -> usize {
+    runs.iter().filter(|r| r.job == "tick" && r.status == "succeeded").count()
+}
+
+/// Each scheduled instant of the job has at most one run: no tick fired twice across the fault.
+fn assert_each_tick_once(runs: &[crate::support::RunRow]) {
+    let mut seen = std::collections::HashSet::new();
+    for r in runs.iter().filter(|r| matches!(r.trigger.as_str(), "cron" | "catch_up")) {
+        assert!(seen.insert((r.job.clone(), r.scheduled_at)), "a tick fired twice: {r:?}\n{runs:#?}");
+    }
+}
+
+/// Every run seen before the fault is there after it, as it was.
+fn assert_kept(before: &[crate::support::RunRow], after: &[crate::support::RunRow]) {
+    for old in before.iter().filter(|r| r.status == "succeeded") {
+        assert!(after.iter().any(|r| r.id == old.id && r.status == old.status && r.scheduled_at == old.scheduled_at), "lost: {old:?}");
+    }
+}
+
+/// The disk under the database stops taking writes (every write fails with EIO) and starts
+/// again: the worker stays up, `/readyz` names the fault, reads still answer, and once writes go
+/// through it is ready by itself, with every run it had and each tick fired once.
+#[test]
+fn an_io_error_under_the_database_makes_the_worker_not_ready_and_it_heals_when_writes_go_through() {
+    let (mut w, data) = ticking();
+    let fault = FaultSwitch::new(w.dir.path(), &data);
+    w.env = fault.env();
+    w.start();
+    let before = w.wait_for("a few ticks", Duration::from_secs(10), |r| succeeded_ticks(r) >= 3);
+
+    fault.on();
+    let body = wait_readyz(&w, 503, "SQLITE_IOERR", Duration::from_secs(20));
+    assert!(body.starts_with("not ready: ") && body.contains("disk I/O error"), "{body}");
+    assert!(!fault.failed_writes().is_empty(), "the fault happened: writes under {} failed", data.display());
+    assert_eq!(http_get(w.port, "/healthz").map(|(c, _)| c), Some(200), "the worker is up");
+    let (code, out, err) = w.ctl(&["runs", "list", "--job", "tick"]);
+    assert_eq!(code, 0, "reads still answer: {out}{err}");
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "tick"]);
+    assert_ne!(code, 0, "a trigger cannot be recorded: {out}{err}");
+    assert!(err.contains("disk I/O error"), "the refusal says why: {err}");
+
+    fault.off();
+    wait_readyz(&w, 200, "ready", Duration::from_secs(20));
+    let healed = w.wait_for("ticks after the disk healed", Duration::from_secs(20), |r| succeeded_ticks(r) >= succeeded_ticks(&before) + 3);
+    assert_kept(&before, &healed);
+    assert_each_tick_once(&healed);
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    // Every run that started has its end: results held while the disk failed were written after.
+    let last = w.runs();
+    assert!(last.iter().all(|r| r.status != "running" && r.status != "queued"), "{last:#?}");
+    assert_each_tick_once(&last);
+}
+
+/// The kernel finds an error in the file system holding the database and turns it read-only
+/// under the running worker (ext4's `errors=remount-ro`): `/readyz` names the fault and reads
+/// still answer. The operator stops the worker, repairs the file system and starts it again:
+/// every run it had is there, each tick fired once, and it goes on.
+#[test]
+fn a_file_system_turned_read_only_under_the_worker_loses_nothing_across_the_repair_and_restart() {
+    let (mut w, data) = ticking();
+    let fs = Ext4::mount(&w.dir.path().join("data.img"), &data, 64);
+    w.start();
+    let before = w.wait_for("a few ticks", Duration::from_secs(10), |r| succeeded_ticks(r) >= 3);
+
+    fs.fail();
+    // The first write to fail is an I/O error; SQLite then finds the file read-only.
+    let body = wait_readyz(&w, 503, "the database is read-only (SQLITE_READONLY)", Duration::from_secs(20));
+    assert!(body.starts_with("not ready: "), "{body}");
+    assert_eq!(http_get(w.port, "/healthz").map(|(c, _)| c), Some(200), "the worker is up");
+    let (code, out, err) = w.ctl(&["runs", "list", "--job", "tick"]);
+    assert_eq!(code, 0, "reads still answer: {out}{err}");
+
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0), "{}", w.log());
+    fs.repair();
+    w.start();
+    let healed = w.wait_for("ticks after the repair", Duration::from_secs(20), |r| succeeded_ticks(r) >= succeeded_ticks(&before) + 3);
+    assert_kept(&before, &healed);
+    assert_each_tick_once(&healed);
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
 }

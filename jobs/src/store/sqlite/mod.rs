@@ -319,8 +319,14 @@ fn lock(path: &Path) -> Result<std::fs::File, OpenError> {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database with the pragmas every connection needs:
-    /// WAL, `synchronous=NORMAL` (no lost commits on power loss in WAL mode, only the last
-    /// transactions), a busy timeout, foreign keys.
+    /// WAL, `synchronous=FULL`, a busy timeout, foreign keys.
+    ///
+    /// FULL syncs the WAL at each commit: a commit that returned is on the disk. NORMAL syncs
+    /// only at checkpoints, so a power loss, a kernel crash or a file system the kernel turns
+    /// read-only after an error drops every commit since the last one that reached the disk
+    /// (seconds of them: `faults.rs` lost the ticks since the start that way), and a tick whose
+    /// record is lost fires again. A commit costs ~0.4 ms more here (BENCHMARKS.md); the hot
+    /// paths commit in batches.
     pub(crate) async fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
@@ -329,7 +335,7 @@ impl SqliteStore {
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             // The housekeeper checkpoints after each pass; this is the safety net (~40 MB).
             .pragma("wal_autocheckpoint", "10000")
