@@ -1,6 +1,8 @@
 //! A webhook receiver: a real HTTP/1.1 server on a port of its own, answering each request with
 //! the status it is set to (200 unless told otherwise) and recording what it took, with when it
-//! arrived. Requests answered otherwise are not recorded (a refusal took nothing).
+//! arrived. Requests answered otherwise are not recorded (a refusal took nothing). Held
+//! ([`Receiver::hold`]), it records what it takes and never answers: the sender cannot know
+//! that it arrived.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -89,7 +91,16 @@ impl Receiver {
     pub fn answer(&self, status: u16) {
         self.status.store(status, Ordering::Relaxed);
     }
+
+    /// From now on (until [`Receiver::answer`]) it takes each request and never answers it:
+    /// the connection stays open until the sender closes it.
+    pub fn hold(&self) {
+        self.status.store(HOLD, Ordering::Relaxed);
+    }
 }
+
+/// The status that stands for "take it, answer nothing".
+const HOLD: u16 = 0;
 
 fn serve(conn: TcpStream, taken: &Taken, status: &AtomicU16) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone"));
@@ -113,10 +124,15 @@ fn serve(conn: TcpStream, taken: &Taken, status: &AtomicU16) {
     let _ = reader.read_exact(&mut body);
     let arrived_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let code = status.load(Ordering::Relaxed);
-    if code == 200 {
+    if code == 200 || code == HOLD {
         let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
         taken.got.lock().unwrap().push(Received { path, headers, body, arrived_ms });
         taken.more.notify_all();
+    }
+    if code == HOLD {
+        // Until the sender goes away.
+        let _ = reader.read(&mut [0u8; 1]);
+        return;
     }
     let mut conn = conn;
     let _ = write!(conn, "HTTP/1.1 {code} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");

@@ -992,6 +992,29 @@ async fn waits_are_notified_once_each(s: &dyn RunStore) {
     assert!(claimed[0].payload["command"].as_str().is_some_and(|cmd| cmd.starts_with("lampctl approvals approve")));
 }
 
+/// A notification claimed by a worker that is gone (killed mid-send) goes again at recovery,
+/// with its key, instead of when the claim would have run out; one claimed by a live worker
+/// (here this one) stays with it.
+async fn recovery_hands_back_the_notifications_of_workers_that_are_gone(s: &dyn RunStore) {
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    let rules = |job: &str| {
+        (job == "w").then(|| vec![NotifyRule { on: NotifyOn::ApprovalWaiting, after_consecutive: 1, to: NotifyTarget::Agent("t".into()) }])
+    };
+    let hold = Duration::from_secs(60);
+    let t = t0();
+    let gone = waiting_run(s, &["gate"], None).await;
+    assert_eq!(s.notice(&rules, true, t).await.expect("notice").recorded, 1);
+    let claimed = s.claim_notifications("worker-gone", 10, hold, t).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert!(s.claim_notifications(ME, 10, hold, t + secs(1)).await.expect("claim").is_empty(), "held by its claim");
+    s.recover(Some(ME), t + secs(2)).await.expect("recover");
+    let again = s.claim_notifications(ME, 10, hold, t + secs(2)).await.expect("claim");
+    assert_eq!((again.len(), again[0].key.as_str(), again[0].attempts), (1, claimed[0].key.as_str(), 2), "sent again at once");
+    assert_eq!(s.notifications(&gone).await.expect("read")[0].status, crate::notify::NotificationStatus::Sending);
+    s.recover(Some(ME), t + secs(3)).await.expect("recover");
+    assert!(s.claim_notifications("worker-b", 10, hold, t + secs(3)).await.expect("claim").is_empty(), "a live worker's claim stays");
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -1022,6 +1045,7 @@ macro_rules! contract {
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
+                recovery_hands_back_the_notifications_of_workers_that_are_gone,
             );
         }
     };

@@ -872,6 +872,22 @@ impl<D: Dialect> RunStore for D {
         // Interrupted, or cancelled when a cancel had been asked for.
         let interrupted: Vec<(&str, RunStatus)> = runs.iter().map(|r| (r.id.as_str(), r.status)).collect();
         close_steps::<D>(&mut tx, &interrupted, now).await?;
+        // A notification claimed by a worker that is gone was being sent when it stopped: it
+        // goes again now, with the same key, instead of when the claim would have run out. On
+        // SQLite the lock says the one before this process is gone; on PostgreSQL, a lease
+        // that is no longer live.
+        let gone = if D::KIND.takes_over_from_others() {
+            "NOT EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ll_notifications.claimed_by {lease_live})"
+        } else {
+            "claimed_by <> $2"
+        };
+        let q = Stmt::new(
+            sql!(D, format!("UPDATE ll_notifications SET status = 'pending', next_at = $1 WHERE status = 'sending' AND {gone}")),
+            "releasing the notifications of workers that are gone",
+        );
+        let q = q.bind(ms(now));
+        let q = if D::KIND.takes_over_from_others() { q } else { q.bind(starting.unwrap_or_default()) };
+        D::execute(&mut tx, q).await?;
         D::commit(tx).await?;
         if !D::KIND.takes_over_from_others() {
             let mut tx = self.begin().await?;

@@ -51,9 +51,12 @@ fn a_failure_streak_and_its_recovery_reach_a_webhook_once_each() {
         assert_eq!(code, expected, "{out}{err}");
     }
     let got = hook.wait_for(2, Duration::from_secs(20)).unwrap_or_else(|got| panic!("two notifications, got {got:?}\n{}", w.log()));
+    let got: Vec<_> = ["/hook", "/recovered"]
+        .iter()
+        .map(|p| got.iter().find(|r| r.path == *p).unwrap_or_else(|| panic!("nothing at {p}: {got:?}")).clone())
+        .collect();
     let runs = w.runs();
-    let flaky: Vec<_> = runs.iter().filter(|r| r.job == "flaky").collect();
-    assert_eq!(flaky.len(), 3);
+    assert_eq!(runs.iter().filter(|r| r.job == "flaky").count(), 3);
     let (failure, recovery) = (&got[0], &got[1]);
     assert_eq!(failure.path, "/hook");
     assert_eq!(failure.header("authorization"), Some("Bearer s3cret"), "the header, its ${{ENV}} filled in");
@@ -80,7 +83,29 @@ fn a_failure_streak_and_its_recovery_reach_a_webhook_once_each() {
     assert_eq!(code, 0, "{err}");
     assert!(shown.contains("notifications:") && shown.contains("webhook http://127.0.0.1:") && shown.contains("HTTP 200"), "{shown}");
     assert!(!shown.contains("/hook"), "a webhook's path is not shown (it may be the secret): {shown}");
-    assert_eq!(hook.got().len(), 2, "nothing sent twice");
+    // The worker goes on noticing: the next run's success (its own rule, added by a reload) is
+    // told after both; neither of them comes again.
+    let notify = format!(
+        "[{{on: failure, after_consecutive: 2, to: {{webhook: {{url: \"{}\", headers: {{Authorization: \"Bearer ${{HOOK_TOKEN}}\"}}}}}}}}, {{on: recovery, to: {{webhook: \"{}\"}}}}, {{on: success, to: {{webhook: \"{}\"}}}}]",
+        hook.url("/hook"),
+        hook.url("/recovered"),
+        hook.url("/ok")
+    );
+    w.write_jobs(&flaky("flaky", 2, &notify));
+    let (code, out, err) = w.ctl(&["config", "reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "flaky", "--wait"]);
+    assert_eq!(code, 0);
+    let got = hook.wait_for(3, Duration::from_secs(20)).unwrap_or_else(|got| panic!("{got:?}\n{}", w.log()));
+    poll(
+        "the third delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n.len() == 3 && n[2].1 == "delivered"),
+        || w.log(),
+    );
+    let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths.len(), 3, "nothing sent twice: {paths:?}");
+    assert_eq!(paths[2], "/ok", "{paths:?}");
 }
 
 #[test]
@@ -112,7 +137,6 @@ fn a_notification_outlives_a_receiver_that_is_down_and_a_worker_killed_before_se
         || w.log(),
     );
     assert!(rows[0].2 >= 3, "it was tried before and after the kill: {rows:?}");
-    assert_eq!(hook.got().len(), 1, "sent once");
     // A receiver that refuses for good (404) is given up on at once, visibly.
     hook.answer(404);
     let (code, _, _) = w.ctl(&["jobs", "trigger", "broken", "--wait"]);
@@ -124,7 +148,129 @@ fn a_notification_outlives_a_receiver_that_is_down_and_a_worker_killed_before_se
         || w.log(),
     );
     assert_eq!(rows[1].2, 1, "a 404 is not tried again");
+    // Taken once: the first delivered, after it the second refused, and nothing more.
+    assert_eq!(hook.got().len(), 1, "sent once");
     assert!(w.log().contains("notification given up"), "{}", w.log());
+}
+
+/// The risky window: the receiver took the POST, and the worker died before it could record
+/// the delivery. README: such a send goes again with the same key, so a receiver that keeps
+/// keys acts once — at least once, never recorded twice.
+#[test]
+fn a_worker_killed_after_the_receiver_took_a_notification_sends_it_again_with_the_same_key() {
+    let hook = Receiver::start();
+    hook.hold();
+    let notify = format!("[{{on: failure, to: {{webhook: \"{}\"}}}}]", hook.url("/hook"));
+    let mut w = Worker::new(&flaky("broken", 99, &notify));
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "broken", "--wait"]);
+    assert_eq!(code, 4, "{out}{err}");
+    let taken = hook.wait_for(1, Duration::from_secs(20)).unwrap_or_else(|_| panic!("the receiver took nothing\n{}", w.log()));
+    // Taken, never answered: the worker has claimed it and cannot know it arrived.
+    assert_eq!(notifications(&w), [("failure".to_owned(), "sending".to_owned(), 1)]);
+    w.signal("KILL");
+    w.wait_exit(Duration::from_secs(10));
+    hook.answer(200);
+    let restarted = crate::support::now_ms();
+    w.start();
+    let got = hook.wait_for(2, Duration::from_secs(90)).unwrap_or_else(|got| panic!("not sent again: {got:?}\n{}", w.log()));
+    // At the restart: the claim of a worker that is gone is void (not held for its 60 s).
+    assert!(got[1].arrived_ms - restarted < 20_000, "sent again {} ms after the restart", got[1].arrived_ms - restarted);
+    let key = |r: &lamplighter_tests::webhook::Received| r.header("idempotency-key").map(str::to_owned);
+    assert!(key(&taken[0]).is_some(), "{:?}", taken[0].headers);
+    assert_eq!(key(&got[1]), key(&taken[0]), "sent again with the same key");
+    assert_eq!(got[1].body["key"], taken[0].body["key"]);
+    poll(
+        "delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n == &[("failure".to_owned(), "delivered".to_owned(), 2)]),
+        || format!("{:?}\n{}", notifications(&w), w.log()),
+    );
+    // Later passes send it no more: the next failure's notice comes, alone, after it.
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "broken", "--wait"]);
+    assert_eq!(code, 4);
+    let got = hook.wait_for(3, Duration::from_secs(20)).unwrap_or_else(|got| panic!("{got:?}\n{}", w.log()));
+    poll(
+        "the second delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n.len() == 2 && n[1].1 == "delivered"),
+        || w.log(),
+    );
+    let keys: Vec<Option<String>> = got.iter().map(key).collect();
+    assert_eq!(got.len(), 3, "{keys:?}");
+    assert_ne!(keys[2], keys[0], "a new event, a new key");
+}
+
+/// `success`, `approval_waiting` and `budget_asked` each reach their receiver once, with what a
+/// receiver needs to act (the step waiting, the budget's question), and nothing is sent twice
+/// while the worker goes on noticing runs.
+#[test]
+fn success_approval_waiting_and_budget_asked_each_reach_a_webhook_once() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let llm = rt.block_on(ScriptedLlm::start((1, 1), |req| {
+        // A second tool call goes over `max_tool_calls: 1`: the agent asks.
+        if messages(req).iter().filter(|m| m["role"] == "tool").count() < 2 {
+            Reply::Tools(vec![("shell-exec__run".into(), r#"{"command": "echo spend"}"#.into())])
+        } else {
+            Reply::Text("spent".into())
+        }
+    }));
+    let hook = Receiver::start();
+    let to = |path: &str| format!("{{webhook: \"{}\"}}", hook.url(path));
+    let top = format!(
+        "ai:\n  default_model: m\n  providers:\n    p:\n      base_url: {}\n      models:\n        m: {{id: scripted-model}}\n\
+         agents:\n  spender:\n    system_prompt: Spend.\n    plugins: [shell-exec]\n    allowed_commands: ['echo*']\n    budget: {{max_tool_calls: 1, on_budget: ask}}\n\
+         workflows:\n  gated:\n    steps:\n      - {{id: gate, type: approval, input: \"Ship it?\"}}\n      - {{id: done, type: plugin, plugin: file-save, action: save, parameters: {{path: shipped.txt, content: yes}}}}\n",
+        llm.base_url()
+    );
+    let jobs = format!(
+        "ok:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: {{command: \"echo fine\"}}\n  notify: [{{on: success, to: {}}}]\n\
+         ship:\n  type: workflow\n  workflow: gated\n  notify: [{{on: approval_waiting, to: {}}}]\n\
+         spend:\n  type: agent\n  agent: spender\n  input: go\n  notify: [{{on: budget_asked, to: {}}}]\n",
+        to("/success"),
+        to("/approval"),
+        to("/budget")
+    );
+    let mut w = Worker::new("");
+    w.write_full(&top, &jobs, "");
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "ok", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    for job in ["ship", "spend"] {
+        let (code, out, err) = w.ctl(&["jobs", "trigger", job]);
+        assert_eq!(code, 0, "{job}: {out}{err}");
+    }
+    let got = hook
+        .wait_for(3, Duration::from_secs(30))
+        .unwrap_or_else(|got| panic!("three notifications, got {got:?}\n{:#?}\n{}", w.runs(), w.log()));
+    let by_path = |path: &str| got.iter().find(|r| r.path == path).unwrap_or_else(|| panic!("nothing at {path}: {got:?}")).body.clone();
+    let success = by_path("/success");
+    assert_eq!(
+        (success["event"].as_str(), success["job"].as_str(), success["status"].as_str()),
+        (Some("success"), Some("ok"), Some("succeeded")),
+        "{success}"
+    );
+    let approval = by_path("/approval");
+    assert_eq!((approval["event"].as_str(), approval["job"].as_str()), (Some("approval_waiting"), Some("ship")), "{approval}");
+    assert!(approval.to_string().contains("gate"), "the waiting step is named: {approval}");
+    let budget = by_path("/budget");
+    assert_eq!((budget["event"].as_str(), budget["job"].as_str()), (Some("budget_asked"), Some("spend")), "{budget}");
+    assert!(budget.to_string().contains("agent:budget-1"), "the budget's step is named: {budget}");
+    // The worker goes on noticing runs (another success is told) and sends none of these again.
+    let (code, _, _) = w.ctl(&["jobs", "trigger", "ok", "--wait"]);
+    assert_eq!(code, 0);
+    let got = hook.wait_for(4, Duration::from_secs(20)).unwrap_or_else(|got| panic!("{got:?}\n{}", w.log()));
+    let rows = poll(
+        "all four delivered",
+        Duration::from_secs(10),
+        || Some(notifications(&w)).filter(|n| n.len() == 4 && n.iter().all(|(_, s, _)| s == "delivered")),
+        || format!("{:?}\n{}", notifications(&w), w.log()),
+    );
+    let mut events: Vec<&str> = rows.iter().map(|(e, _, _)| e.as_str()).collect();
+    events.sort_unstable();
+    assert_eq!(events, ["approval_waiting", "budget_asked", "success", "success"]);
+    assert_eq!(got.len(), 4, "each sent once: {got:?}");
+    drop(rt);
 }
 
 #[test]
