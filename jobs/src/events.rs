@@ -86,6 +86,8 @@ pub mod metric {
     pub const CONFIG_RELOADS: &str = "lamplighter.config.reloads";
     /// Times this worker fenced itself (its lease could not be renewed in time).
     pub const WORKER_FENCES: &str = "lamplighter.worker.fences";
+    /// Ends of runs the fence refused: the worker no longer held them.
+    pub const WORKER_FENCED_WRITES: &str = "lamplighter.worker.fenced_writes";
     /// Notification sends, by `event` and `outcome` (`delivered`, `retried`, `abandoned`).
     pub const NOTIFICATIONS: &str = "lamplighter.notifications";
     /// Per job (`telemetry.metrics.per_job`), read from the database every few seconds: when
@@ -177,6 +179,7 @@ struct Instruments {
     hooks: Counter<u64>,
     reloads: Counter<u64>,
     fences: Counter<u64>,
+    fenced_writes: Counter<u64>,
     notifications: Counter<u64>,
 }
 
@@ -228,6 +231,7 @@ impl Instruments {
             hooks: c(metric::HOOKS, "Hook calls"),
             reloads: c(metric::CONFIG_RELOADS, "Config reloads"),
             fences: c(metric::WORKER_FENCES, "Times the worker fenced itself, its lease not renewed in time"),
+            fenced_writes: c(metric::WORKER_FENCED_WRITES, "Ends of runs the fence refused: the worker no longer held them"),
             notifications: c(metric::NOTIFICATIONS, "Notification sends, by event and outcome"),
         }
     }
@@ -770,6 +774,23 @@ impl Observer {
     pub(crate) fn fenced(&self, runs: usize) {
         self.m.fences.add(1, &[]);
         tracing::debug!(runs, "fenced");
+    }
+
+    /// `left` ends were not recorded; `refused` of them because the fence refused this
+    /// worker's write (the runs still `running`, under a lease it no longer holds); the others
+    /// were no longer running (cancelled or taken over meanwhile).
+    pub(crate) fn ends_refused(&self, left: usize, refused: &[String]) {
+        if left > refused.len() {
+            tracing::debug!(runs = left - refused.len(), "ends not recorded: the runs were no longer running here");
+        }
+        if !refused.is_empty() {
+            self.m.fenced_writes.add(refused.len() as u64, &[]);
+            tracing::warn!(
+                runs = ?refused,
+                "the fence refused the end of runs: this worker no longer holds them (its lease ran out or its epoch is gone); \
+                 they are recovered as interrupted and retried by their policy"
+            );
+        }
     }
 
     /// A run was created outside a tick (a trigger, a retry, a recovery); ticks count as

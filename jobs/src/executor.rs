@@ -581,7 +581,14 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                     tracing::info!(runs = ends.len(), attempts, "the end of runs is recorded");
                 }
                 if done.len() < ends.len() {
-                    tracing::debug!(runs = ends.len() - done.len(), "ends not recorded: the runs were no longer running here");
+                    // Not recorded: the run is no longer running (cancelled, taken over), or it
+                    // is and the fence refused this worker's write (its lease ran out or its
+                    // epoch is gone); the second is told.
+                    let left: Vec<&str> = ends.iter().map(|e| e.id).filter(|id| !done.iter().any(|d| d == id)).collect();
+                    match exec.env.store.still_running(&left).await {
+                        Ok(refused) => exec.env.observer.ends_refused(left.len(), &refused),
+                        Err(e) => tracing::debug!(error = %e, runs = left.len(), "ends not recorded; cannot tell why"),
+                    }
                 }
                 if claim_too.load(Relaxed) {
                     exec.queue_may_hold.store(taken.tasks == refill, Relaxed);

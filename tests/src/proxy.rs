@@ -3,7 +3,9 @@
 //! While cut, nothing crosses: bytes on open connections stay where they are (as packets lost
 //! on a dead link, not a reset), and new connections are accepted but go nowhere. Healing drops
 //! every connection from before the cut (as their peers' timeouts would have) and forwards
-//! again. `cuts` counts the cuts that took effect, so a test can show its fault happened.
+//! again. A stall is a cut the connections survive: on resume, what was sent meanwhile
+//! arrives, late (a link whose retransmits get through in the end). `cuts` counts the cuts and
+//! stalls that took effect, so a test can show its fault happened.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -89,6 +91,17 @@ impl Proxy {
         link.cut = false;
         drop(link);
         shut_down(&self.state, |g| g <= old);
+        self.state.changed.notify_all();
+    }
+
+    /// Nothing crosses from now on, as with [`Proxy::cut`], until [`Proxy::resume`].
+    pub fn stall(&self) {
+        self.cut();
+    }
+
+    /// Forwards again on the same connections: what was held is delivered now.
+    pub fn resume(&self) {
+        self.state.link().cut = false;
         self.state.changed.notify_all();
     }
 

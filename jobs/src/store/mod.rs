@@ -930,6 +930,9 @@ pub(crate) trait RunStore: Send + Sync + std::fmt::Debug {
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError>;
     /// Runs waiting to start.
     async fn queue_depth(&self) -> Result<u64, StoreError>;
+    /// Those of `ids` still `running`: an end for them that was not recorded was refused by
+    /// the fence, not by a change of status.
+    async fn still_running(&self, ids: &[&str]) -> Result<Vec<String>, StoreError>;
 
     // Workers.
     /// Takes or renews `me`'s lease until `lease` from now (the database server's clock where

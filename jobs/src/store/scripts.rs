@@ -840,6 +840,12 @@ impl<D: Dialect> RunStore for D {
         Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.map_or(0, |r| r.int("n")) as u64)
     }
 
+    async fn still_running(&self, ids: &[&str]) -> Result<Vec<String>, StoreError> {
+        let q =
+            Stmt::new(sql!(D, "SELECT id FROM ll_runs WHERE id {in $1} AND status = {Running} ORDER BY id"), "reading runs still running");
+        Ok(D::fetch_all(&mut *self.reader().await?, q.bind_list(ids.iter().copied())).await?.iter().map(|r| r.text("id")).collect())
+    }
+
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<Lease>, StoreError> {
         let row = Dialect::heartbeat(self, me, lease, take_over, ms(now)).await?;
         Ok(row.map(|(epoch, server_now)| Lease { epoch, server_now: from_ms(server_now) }))

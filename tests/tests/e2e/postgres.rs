@@ -608,6 +608,71 @@ fn a_worker_cut_off_from_the_database_stops_its_runs_before_another_takes_them_o
     assert_eq!(workers[v].wait_exit(Duration::from_secs(20)), Some(0));
 }
 
+/// The fence alone, end to end: a run ends while its worker's link to the database stalls for
+/// longer than the lease. Its end, sent in time, reaches the database late, while the row is
+/// still `running` (a guard on the status alone would record it), and is refused because the
+/// worker no longer holds a live lease of the run's epoch. The worker says so, the run is
+/// recovered as interrupted, and its retry runs.
+#[test]
+fn an_end_that_reaches_the_database_after_the_lease_ran_out_is_refused_by_the_fence() {
+    use lamplighter_tests::proxy::Proxy;
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "late");
+    let effects_dir = tempfile::tempdir().unwrap();
+    let effects = effects_dir.path().join("effects.log");
+    let jobs = format!(
+        r#"
+    late:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      retries: {{max: 1, initial: 1s}}
+      parameters: {{command: "sleep 1; echo $$ >> {log}"}}
+"#,
+        log = effects.display()
+    );
+    let lines = || std::fs::read_to_string(&effects).map(|t| t.lines().count()).unwrap_or(0);
+    let proxy = Proxy::start(format!("127.0.0.1:{}", cluster.port()).parse().unwrap());
+    let mut w = worker_with("late-a", &format!("postgres://postgres@127.0.0.1:{}/late", proxy.port()), 2, "3s", &jobs);
+    w.start();
+    let id = trigger(&w, "late");
+    db.wait_for("the run to start", Duration::from_secs(10), &[&w], |r| r.iter().any(|r| r.id == id && r.status == "running"));
+    proxy.stall();
+    // The command ends during the stall: its end goes into the stalled link.
+    poll("the command to end", Duration::from_secs(10), || (lines() == 1).then_some(()), || w.log());
+    // Held past the lease, as the database measures it (read directly, not through the proxy).
+    let lease_gone = || {
+        let sql = "SELECT lease_until < (extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM ll_workers WHERE name = 'late-a'";
+        db.rt.block_on(sqlx::query_scalar::<_, bool>(sql).fetch_one(&db.pool)).unwrap_or(false)
+    };
+    poll("the lease to run out", Duration::from_secs(15), || lease_gone().then_some(()), || w.log());
+    assert_eq!(db.run(&id).expect("the run").status, "running", "its end has not arrived: a status guard alone would take it");
+    assert_eq!(proxy.cuts(), 1, "the stall happened");
+    proxy.resume();
+
+    // The fence refuses it, and the worker says so.
+    poll(
+        "the worker to report the refused end",
+        Duration::from_secs(20),
+        || {
+            http_get(w.port, "/metrics")
+                .filter(|(_, page)| page.lines().any(|l| l.starts_with("lamplighter_worker_fenced_writes_total") && l.ends_with(" 1")))
+        },
+        || w.log(),
+    );
+    assert!(w.log().contains("the fence refused the end of runs"), "{}", w.log());
+    // Recovered as interrupted (the end was never recorded), then retried here.
+    let runs = db.wait_for("the retry to succeed", Duration::from_secs(30), &[&w], |r| {
+        r.iter().any(|r| r.retry_of.as_deref() == Some(id.as_str()) && r.status == "succeeded")
+    });
+    let first = runs.iter().find(|r| r.id == id).expect("the run");
+    assert_eq!(first.status, "interrupted", "{first:?}");
+    assert_eq!(lines(), 2, "the first execution and its retry");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
 /// A cancel asked through one worker while the runner's notification connection is cut (the
 /// NOTIFY is lost with it) takes effect once the runner reconnects: it reads the requests
 /// kept with its runs.
