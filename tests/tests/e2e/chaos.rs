@@ -20,9 +20,13 @@
 //! appeared while it read the database, so the count is exact. Two lines of one step in one
 //! attempt are a repeat too.
 //!
-//! Outages are up to 2 s (5 s now and then on PostgreSQL, past the 3 s lease); runs of 300 s or
-//! more also have outages of 70–90 s, longer than the minute in which a late tick still fires as
-//! scheduled, so `catch_up: all` fires what was missed.
+//! Outages are up to 2 s (5 s now and then on PostgreSQL, past the 3 s lease); one on SQLite,
+//! and now and then in runs of 300 s or more, lasts 70–90 s, longer than the minute in which a
+//! late tick still fires as scheduled, so `catch_up: all` fires what was missed (and every such
+//! tick must be a catch-up). Other faults: PostgreSQL links cut or stalled (landing on a worker
+//! running a workflow when one comes), the SQLite disk filled, and wall clocks stepped (SQLite's,
+//! and each PostgreSQL worker's); each must show in the database — a raised epoch, a tick held
+//! until the disk was freed, ticks fired late by the step or runs kept at the server's time.
 //!
 //! A check that holds over nothing proves nothing, so each run also asserts that its invariants
 //! were exercised: an interrupted run was followed up; a kill landed during a model call (until
@@ -148,10 +152,12 @@ struct Run {
     root: String,
     finished_at: Option<i64>,
     error: Option<String>,
+    started_at: Option<i64>,
+    worker: Option<String>,
 }
 
 const RUNS: &str = "SELECT id, job, trigger, status, CAST(scheduled_at AS TEXT), CAST(attempt AS TEXT), retry_of, next_run_id, \
-                    coalesce(root_id, id), CAST(finished_at AS TEXT), error FROM ll_runs ORDER BY id";
+                    coalesce(root_id, id), CAST(finished_at AS TEXT), error, CAST(started_at AS TEXT), worker FROM ll_runs ORDER BY id";
 
 fn runs(db: &Db) -> Result<Vec<Run>, String> {
     let int = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<i64>().ok());
@@ -170,6 +176,8 @@ fn runs(db: &Db) -> Result<Vec<Run>, String> {
             root: r[8].clone().unwrap_or_default(),
             finished_at: int(&r[9]),
             error: r[10].clone(),
+            started_at: int(&r[11]),
+            worker: r[12].clone(),
         })
         .collect())
 }
@@ -458,17 +466,44 @@ struct Chaos<'a> {
     partitions: usize,
     fills: usize,
     clock_steps: usize,
+    evidence: Evidence,
 }
 
-/// What else the harness can do to the workers: cut one off from PostgreSQL (a proxy per
-/// worker), fill the SQLite worker's small filesystem, step its wall clock (libfaketime).
+/// What else the harness can do to the workers: cut one off from PostgreSQL or stall its link
+/// (a proxy per worker), fill the SQLite worker's small filesystem, step a worker's wall clock
+/// (libfaketime).
 #[derive(Default)]
 struct Faults {
     proxies: Vec<lamplighter_tests::proxy::Proxy>,
     /// The data directory, on a small tmpfs.
     disk: Option<PathBuf>,
-    /// The file libfaketime reads the wall clock's offset from.
-    clock: Option<PathBuf>,
+    /// The files libfaketime reads each worker's wall-clock offset from, by worker.
+    clocks: Vec<PathBuf>,
+}
+
+/// What each fault left in the database, looked for as the chaos went: a fault whose effect
+/// is never seen there proves nothing.
+#[derive(Default)]
+struct Evidence {
+    /// Partitions of a lease or more after which the worker's epoch in `ll_workers` went up
+    /// (its old lease lapsed: whatever it claimed under it can no longer be written).
+    epochs_raised: usize,
+    /// Partitions that were stalls (the connections kept, what was sent arriving late).
+    stalls: usize,
+    /// Partitions that landed on a worker running a workflow (whose steps leave side effects).
+    on_side_effects: usize,
+    /// Disk fills (real ms from full to freed) and clock steps (real ms of the step, its size
+    /// in ms, the worker) as dealt, checked against the runs at the end.
+    fills: Vec<(i64, i64)>,
+    steps: Vec<(i64, i64, i64, usize)>,
+    /// Clock steps on PostgreSQL during which the stepped worker started runs, all at the
+    /// server's time.
+    server_time_kept: usize,
+    /// Outages past the catch-up grace: (the first tick no worker can have fired before it,
+    /// the restart), real ms.
+    long: Vec<(i64, i64)>,
+    /// How far ahead (real ms) a forward clock step let the ticks fire: not in an outage.
+    ahead_until: i64,
 }
 
 impl Chaos<'_> {
@@ -554,13 +589,19 @@ impl Chaos<'_> {
         caught
     }
 
-    /// The live worker that holds a running run, waited for up to 20 s (PostgreSQL).
-    fn holding_a_run(&mut self) -> Option<usize> {
+    /// The live worker that holds a running run (of `job`, if given), waited for up to 20 s
+    /// (PostgreSQL).
+    fn holding_a_run(&mut self, job: Option<&str>) -> Option<usize> {
         let until = Instant::now() + Duration::from_secs(20);
         while Instant::now() < until {
-            if let Ok(rows) = self.db.rows("SELECT DISTINCT worker FROM ll_runs WHERE status = 'running' AND worker IS NOT NULL") {
+            if let Ok(rows) = self.db.rows("SELECT DISTINCT worker, job FROM ll_runs WHERE status = 'running' AND worker IS NOT NULL") {
                 let holders: Vec<usize> = (0..self.workers.len())
-                    .filter(|&i| self.workers[i].is_running() && rows.iter().any(|r| r[0].as_deref() == Some(self.names[i].as_str())))
+                    .filter(|&i| {
+                        self.workers[i].is_running()
+                            && rows
+                                .iter()
+                                .any(|r| r[0].as_deref() == Some(self.names[i].as_str()) && job.is_none_or(|j| r[1].as_deref() == Some(j)))
+                    })
                     .collect();
                 if let Some(&i) = holders.first() {
                     return Some(i);
@@ -601,19 +642,66 @@ impl Chaos<'_> {
         self.workers.iter().map(|w| format!("--- worker on {}\n{}", w.port, w.log())).collect()
     }
 
-    /// A worker cut off from PostgreSQL for up to twice its lease (the first time, one holding
-    /// a run, for twice the lease: it must fence itself before the others take its runs over).
+    /// The workers' epochs in `ll_workers`, by name.
+    fn epochs(&self) -> HashMap<String, i64> {
+        let rows = self.db.rows("SELECT name, CAST(epoch AS TEXT) FROM ll_workers").unwrap_or_default();
+        rows.into_iter().filter_map(|r| Some((r[0].clone()?, r[1].as_deref()?.parse().ok()?))).collect()
+    }
+
+    /// A worker cut off from PostgreSQL, or its link stalled, for up to twice its lease. It
+    /// lands on a worker running a workflow (whose steps leave side effects) when one comes
+    /// within 20 s; the first is a cut of twice the lease (the worker must fence itself before
+    /// the others take its runs over), every other one a stall, whose writes sent meanwhile
+    /// arrive late and must be refused by the fence. After one of a lease or more, the
+    /// worker's epoch must go up.
     fn partition(&mut self) {
         let first = self.partitions == 0;
-        let v = if first { self.holding_a_run() } else { self.live() };
+        let on_workflow = self.holding_a_run(Some("gated"));
+        let v = match on_workflow {
+            Some(v) => Some(v),
+            None if first => self.holding_a_run(None),
+            None => self.live(),
+        };
         let Some(v) = v else { return };
+        self.evidence.on_side_effects += usize::from(on_workflow.is_some());
         let down = if first { Duration::from_secs(6) } else { self.rng.ms(500, 6000) };
-        self.faults.proxies[v].cut();
+        let stall = !first && self.partitions % 2 == 1;
+        let before = self.epochs().get(&self.names[v]).copied();
+        if stall {
+            self.faults.proxies[v].stall();
+            self.evidence.stalls += 1;
+        } else {
+            self.faults.proxies[v].cut();
+        }
         self.partitions += 1;
-        self.note(format!("cut [{v}] off the database for {} ms", down.as_millis()));
+        let what = if stall { "stalled [{v}]'s link" } else { "cut [{v}] off the database" }.replace("{v}", &v.to_string());
+        self.note(format!("{what} for {} ms{}", down.as_millis(), if on_workflow.is_some() { " (running a workflow)" } else { "" }));
         self.act_for(down);
-        self.faults.proxies[v].heal();
-        self.note(format!("healed [{v}]"));
+        if stall {
+            self.faults.proxies[v].resume();
+        } else {
+            self.faults.proxies[v].heal();
+        }
+        self.note(format!("link of [{v}] back"));
+        // Past the lease (3 s) and its margin: the renewal after it starts a new epoch.
+        if down >= Duration::from_millis(4500) {
+            let name = self.names[v].clone();
+            let until = Instant::now() + Duration::from_secs(20);
+            let raised = loop {
+                if self.epochs().get(&name).copied().zip(before).is_some_and(|(now, was)| now > was) {
+                    break true;
+                }
+                if Instant::now() > until {
+                    break false;
+                }
+                self.act_for(Duration::from_millis(100));
+            };
+            if raised {
+                self.evidence.epochs_raised += 1;
+            } else {
+                self.problems.push(format!("{name} was cut off for {} ms, past its lease, and its epoch did not go up", down.as_millis()));
+            }
+        }
     }
 
     /// The data directory's filesystem filled up for a moment, then freed.
@@ -624,26 +712,55 @@ impl Chaos<'_> {
         let chunk = vec![0u8; 1 << 20];
         while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
         drop(f);
-        let down = self.rng.ms(500, 3000);
+        let full_at = now_ms();
+        // The first long enough that a tick is surely due while it lasts.
+        let down = if self.fills == 0 { Duration::from_millis(2500) } else { self.rng.ms(500, 3000) };
         self.fills += 1;
         self.note(format!("filled the disk for {} ms", down.as_millis()));
         self.act_for(down);
         std::fs::remove_file(&filler).expect("freeing the disk");
+        self.evidence.fills.push((full_at, now_ms()));
         self.note("freed the disk".into());
     }
 
-    /// The wall clock stepped forward by up to 30 s, then back to the machine's.
+    /// A live worker's wall clock stepped forward by 5–30 s, then back to the machine's.
     fn step_clock(&mut self) {
-        let Some(file) = self.faults.clock.clone() else { return };
+        let Some(v) = self.live() else { return };
+        let Some(file) = self.faults.clocks.get(v).cloned() else { return };
         let by = 5 + self.rng.next() % 26;
+        let at = now_ms();
         std::fs::write(&file, format!("+{by}s\n")).expect("stepping the clock");
         self.clock_steps += 1;
-        self.note(format!("clock stepped forward {by} s"));
+        self.note(format!("clock of [{v}] stepped forward {by} s"));
         let held = self.rng.ms(1000, 4000);
         self.act_for(held);
+        if self.workers.len() > 1 {
+            // PostgreSQL: the engine keeps the server's time. Read before the step back: a run
+            // started meanwhile carries the real time; one on the stepped clock would carry a
+            // time ahead of now, which no run can have.
+            let now = now_ms();
+            let name = self.names[v].clone();
+            let started: Vec<i64> = runs(self.db)
+                .unwrap_or_default()
+                .iter()
+                .filter(|r| r.worker.as_deref() == Some(name.as_str()))
+                .filter_map(|r| r.started_at)
+                .collect();
+            if let Some(ahead) = started.iter().find(|&&st| st > now + 1000) {
+                self.problems.push(format!(
+                    "{name} started a run at {ahead}, {} ms ahead of the server's time, its clock stepped {by} s",
+                    ahead - now
+                ));
+            } else if started.iter().any(|&st| st >= at && st <= now + 1000) {
+                self.evidence.server_time_kept += 1;
+            }
+        }
         std::fs::write(&file, "+0\n").expect("stepping the clock back");
         self.clock_steps += 1;
-        self.note("clock stepped back".into());
+        let back = now_ms();
+        self.evidence.steps.push((at, back, by as i64 * 1000, v));
+        self.evidence.ahead_until = self.evidence.ahead_until.max(back + by as i64 * 1000);
+        self.note(format!("clock of [{v}] stepped back"));
     }
 
     /// Every fault the checks at the end ask for has happened.
@@ -654,7 +771,8 @@ impl Chaos<'_> {
             && (n == 1 || !self.takeovers.is_empty())
             && (self.faults.proxies.is_empty() || self.partitions >= 1)
             && (self.faults.disk.is_none() || self.fills >= 1)
-            && (self.faults.clock.is_none() || self.clock_steps >= 2)
+            && (self.faults.clocks.is_empty() || self.clock_steps >= 2)
+            && (n > 1 || !self.evidence.long.is_empty())
     }
 
     /// Deals faults for `seconds`, and on (up to four times as long) until each kind the
@@ -675,7 +793,7 @@ impl Chaos<'_> {
                 self.fill();
                 continue;
             }
-            if self.faults.clock.is_some() && (self.clock_steps == 0 || self.rng.chance(0.08)) {
+            if !self.faults.clocks.is_empty() && (self.clock_steps == 0 || self.rng.chance(0.08)) {
                 self.act_for(up);
                 self.step_clock();
                 continue;
@@ -684,7 +802,7 @@ impl Chaos<'_> {
             // and left down until the others have taken its runs over (past its lease).
             if n > 1 && self.takeovers.is_empty() {
                 self.act_for(up);
-                let Some(v) = self.holding_a_run() else { continue };
+                let Some(v) = self.holding_a_run(None) else { continue };
                 kill_hard(&mut self.workers[v]);
                 self.kills += 1;
                 let name = self.names[v].clone();
@@ -711,9 +829,10 @@ impl Chaos<'_> {
                 self.act_for(up);
                 None
             };
-            // In long runs, now and then an outage past the minute in which late ticks still
-            // fire as scheduled, so `catch_up: all` fires the rest.
-            let long = seconds >= 300 && self.rng.chance(0.03);
+            // An outage past the minute in which late ticks still fire as scheduled, so
+            // `catch_up: all` fires the rest: once in every run on SQLite (after a few kills),
+            // and now and then in long runs.
+            let long = (seconds >= 300 && self.rng.chance(0.03)) || (n == 1 && self.evidence.long.is_empty() && self.kills >= 3);
             let victims: BTreeSet<usize> = if n == 1 {
                 [0].into()
             } else {
@@ -732,6 +851,7 @@ impl Chaos<'_> {
                 }
                 v
             };
+            let killed_at = now_ms();
             for &v in &victims {
                 if self.workers[v].is_running() {
                     kill_hard(&mut self.workers[v]);
@@ -747,7 +867,9 @@ impl Chaos<'_> {
             // On PostgreSQL, sometimes long enough for the lease to run out (3 s, taken over
             // after 4 s): the others then recover the victims' runs.
             let down = if long {
-                self.rng.ms(70_000, 90_000)
+                // Past the ticks a clock step let fire early, so that some fall in the outage.
+                let ahead = (self.evidence.ahead_until - now_ms()).max(0) as u64;
+                self.rng.ms(70_000, 90_000) + Duration::from_millis(ahead)
             } else if n > 1 && self.rng.chance(0.15) {
                 Duration::from_millis(5000)
             } else {
@@ -756,6 +878,9 @@ impl Chaos<'_> {
             self.long_outages += usize::from(long);
             self.note(format!("killed {victims:?}, down for {} ms", down.as_millis()));
             self.act_for(down);
+            if long {
+                self.evidence.long.push((killed_at.max(self.evidence.ahead_until), now_ms()));
+            }
             for &v in &victims {
                 self.workers[v].start();
             }
@@ -981,6 +1106,7 @@ fn chaos(
         partitions: 0,
         fills: 0,
         clock_steps: 0,
+        evidence: Evidence::default(),
     };
     for w in &mut c.workers {
         w.start();
@@ -1068,13 +1194,76 @@ fn chaos(
     assert!(!pg || !c.takeovers.is_empty(), "no worker's runs were taken over by the others");
     if !c.faults.proxies.is_empty() {
         assert!(c.partitions >= 1 && fenced >= 1, "no partition made a worker fence itself ({} partitions)", c.partitions);
+        assert!(c.evidence.epochs_raised >= 1, "no partition past the lease raised its worker's epoch in the database");
+        assert!(c.evidence.on_side_effects >= 1, "no partition landed on a worker running a workflow");
     }
     if c.faults.disk.is_some() {
         assert!(c.fills >= 1 && full >= 1, "no disk fill was met by a write ({} fills)", c.fills);
+        // In the database: a tick due while the disk was full started only once it was freed.
+        let delayed = c.evidence.fills.iter().any(|&(full_at, freed_at)| {
+            rs.iter().any(|r| {
+                r.job == "tick"
+                    && r.scheduled_at.is_some_and(|at| at >= full_at + 200 && at <= freed_at - 200)
+                    && r.started_at.is_some_and(|s| s >= freed_at - 100)
+            })
+        });
+        assert!(delayed, "no tick due during a fill was held until the disk was freed: {:?}", c.evidence.fills);
     }
-    if c.faults.clock.is_some() {
+    if !c.faults.clocks.is_empty() {
         assert!(c.clock_steps >= 2 && jumped >= 1, "no clock step was seen ({} steps)", c.clock_steps);
+        if pg {
+            assert!(c.evidence.server_time_kept >= 1, "no worker started a run while its clock was stepped: {:?}", c.evidence.steps);
+        } else {
+            let seen = c.evidence.steps.iter().filter(|&&(at, _, by, _)| step_seen(&rs, at, by)).count();
+            assert!(seen >= 1, "no clock step left its mark in the runs: {:?}", c.evidence.steps);
+        }
     }
+    // Outages past the grace: every tick due more than a minute before the restart fired as a
+    // catch-up (`catch_up: all`), none lost.
+    let mut caught_up = 0;
+    for &(from, restarted) in &c.evidence.long {
+        for at in ((from / 1000 + 2) * 1000..=restarted - 62_000).step_by(1000) {
+            match rs.iter().find(|r| r.job == "tick" && r.scheduled_at == Some(at) && r.trigger != "retry") {
+                Some(r) if r.trigger == "catch_up" => caught_up += 1,
+                r => panic!(
+                    "tick {at}, {} s before the restart after the outage {from}..{restarted}, was not caught up: {r:?}\ntimeline:\n{}\n{}",
+                    (restarted - at) / 1000,
+                    c.timeline.join("\n"),
+                    c.logs()
+                ),
+            }
+        }
+    }
+    assert!(pg || caught_up >= 1, "no outage past the grace was caught up: {:?}", c.evidence.long);
+    eprintln!(
+        "chaos: evidence: {} epochs raised, {} stalls, {} partitions on a workflow, {caught_up} ticks caught up after {} long outages",
+        c.evidence.epochs_raised,
+        c.evidence.stalls,
+        c.evidence.on_side_effects,
+        c.evidence.long.len()
+    );
+}
+
+/// Whether a clock step on SQLite (from real ms `at`, of `by` ms) shows in the runs: the
+/// worker's clock is the wall clock, so the ticks it skipped ahead over fired at once, the
+/// first about `by` late.
+fn step_seen(rs: &[Run], at: i64, by: i64) -> bool {
+    rs.iter().any(|r| {
+        r.job == "tick"
+            && r.scheduled_at.is_some_and(|s| s >= at - 1000 && s <= at + by)
+            && r.started_at.zip(r.scheduled_at).is_some_and(|(st, sc)| st - sc >= by - 1500)
+    })
+}
+
+/// The environment of a worker whose wall clock is offset by what `clock` says (libfaketime),
+/// its monotonic clock the machine's.
+fn faked_clock(clock: &Path) -> Vec<(String, String)> {
+    vec![
+        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ]
 }
 
 #[test]
@@ -1090,14 +1279,9 @@ fn chaos_on_sqlite_loses_and_doubles_nothing() {
     let _disk = crate::faults::Tmpfs::mount(&data, "64m");
     let clock = shared.path().join("clock-offset");
     std::fs::write(&clock, "+0\n").unwrap();
-    w.env = vec![
-        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
-        ("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()),
-        ("FAKETIME_NO_CACHE".into(), "1".into()),
-        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
-    ];
+    w.env = faked_clock(&clock);
     let db = Db::sqlite(&w.db());
-    let faults = Faults { disk: Some(data), clock: Some(clock), ..Default::default() };
+    let faults = Faults { disk: Some(data), clocks: vec![clock], ..Default::default() };
     chaos(vec![w], &[], &db, shared.path(), (&calls, requests, hold), faults);
     drop(llm);
 }
@@ -1114,18 +1298,23 @@ fn chaos_on_three_postgres_workers_loses_and_doubles_nothing() {
     // Each worker reaches the database through a proxy the harness can cut.
     let target: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse().unwrap();
     let proxies: Vec<lamplighter_tests::proxy::Proxy> = names.iter().map(|_| lamplighter_tests::proxy::Proxy::start(target)).collect();
+    // Each worker's wall clock is one the harness steps (libfaketime).
+    let clocks: Vec<PathBuf> = names.iter().map(|n| shared.path().join(format!("clock-{n}"))).collect();
     let workers: Vec<Worker> = names
         .into_iter()
         .zip(&proxies)
-        .map(|(name, proxy)| {
+        .zip(&clocks)
+        .map(|((name, proxy), clock)| {
             let via = format!("postgres://postgres@127.0.0.1:{}/chaos", proxy.port());
             let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{via}\"\n    pool_size: 6\n");
-            let w = Worker::new("");
+            let mut w = Worker::new("");
             write_config(&w, &llm, shared.path(), &storage, Some(name));
+            std::fs::write(clock, "+0\n").unwrap();
+            w.env = faked_clock(clock);
             w
         })
         .collect();
     let db = Db::pg(&url);
-    chaos(workers, &names, &db, shared.path(), (&calls, requests, hold), Faults { proxies, ..Default::default() });
+    chaos(workers, &names, &db, shared.path(), (&calls, requests, hold), Faults { proxies, clocks, ..Default::default() });
     drop(llm);
 }
