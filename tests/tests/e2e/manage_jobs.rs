@@ -168,6 +168,38 @@ fn an_mcp_client_previews_creates_changes_deletes_and_backfills_jobs() {
     assert!(again["ticks"].as_array().expect("ticks").iter().all(|t| t["existing"] == json!(true)), "{again}");
 }
 
+/// `max_jobs` bounds the runtime jobs through MCP: the create past it is refused naming the
+/// limit and the way out, nothing is written, and after a delete the next create goes through.
+#[test]
+fn a_create_past_max_jobs_is_refused_through_mcp_and_a_delete_makes_room() {
+    let mut w = managed_worker("  max_jobs: 2\n");
+    w.start();
+    let job = def(&format!(r#"{{"cron": "0 3 * * *", {SAVE}}}"#));
+    let answers = sdk(
+        &w,
+        json!([
+            ["create_job", {"name": "one", "definition": job}],
+            ["create_job", {"name": "two", "definition": job}],
+            ["create_job", {"name": "three", "definition": job}],
+            ["get_job", {"name": "three"}],
+            ["delete_job", {"name": "one", "expected_version": 1}],
+            ["create_job", {"name": "three", "definition": job}],
+        ]),
+    );
+    assert_eq!(ok(&answers[1])["version"].as_u64(), Some(1));
+    assert_eq!(ok(&answers[2])["version"].as_u64(), Some(1));
+    let full = refused(&answers[3]);
+    assert!(
+        full.contains("there are already 2 runtime jobs")
+            && full.contains("worker.mcp.manage_jobs.max_jobs")
+            && full.contains("delete one"),
+        "{full}"
+    );
+    assert!(refused(&answers[4]).contains("three"), "nothing was written: {}", answers[4]);
+    ok(&answers[5]);
+    assert_eq!(ok(&answers[6])["version"].as_u64(), Some(1), "room again after the delete");
+}
+
 #[test]
 fn runtime_jobs_export_as_yaml_the_files_accept() {
     let mut w = managed_worker("");

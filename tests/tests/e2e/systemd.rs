@@ -60,6 +60,23 @@ impl Manager {
         }
     }
 
+    /// Waits for a message `until` accepts, asserting that none `pred` accepts comes before it
+    /// (one sender's datagrams arrive in order): a negative check bounded by the worker's own
+    /// progress, not by the test's clock.
+    fn none_before(&mut self, what: &str, pred: impl Fn(&str) -> bool, until: impl Fn(&str) -> bool, context: &dyn Fn() -> String) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(m) = self.next(left) else {
+                panic!("the marker after {what} never came; received {:?}\nlog:\n{}", self.seen, context())
+            };
+            assert!(!pred(&m), "{what}: {m:?} arrived; received {:?}\nlog:\n{}", self.seen, context());
+            if until(&m) {
+                return;
+            }
+        }
+    }
+
     /// Asserts that no message `pred` accepts arrives for `during`.
     fn none_for(&mut self, what: &str, during: Duration, pred: impl Fn(&str) -> bool, context: &dyn Fn() -> String) {
         let deadline = Instant::now() + during;
@@ -146,7 +163,11 @@ fn an_abstract_notify_socket_is_reached_and_a_watchdog_meant_for_another_process
     w.env.push(("WATCHDOG_PID".into(), "1".into()));
     w.start();
     systemd.expect("READY=1 on the abstract socket", Duration::from_secs(5), is("READY=1"), &|| w.log());
-    systemd.none_for("a watchdog ping meant for another process", Duration::from_millis(800), is("WATCHDOG=1"), &|| w.log());
+    // Three of its per-second ticks run (at 100 ms a ping, some thirty pings' worth), then a
+    // reload: no ping comes before the reload's RELOADING=1.
+    w.wait_for("three ticks", Duration::from_secs(10), |r| r.iter().filter(|r| r.status == "succeeded").count() >= 3);
+    w.signal("HUP");
+    systemd.none_before("a watchdog ping meant for another process", is("WATCHDOG=1"), is("RELOADING=1"), &|| w.log());
     w.signal("TERM");
     systemd.expect("STOPPING=1", Duration::from_secs(5), is("STOPPING=1"), &|| w.log());
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
@@ -174,12 +195,18 @@ fn watchdog_pings_stop_while_the_database_hangs_and_resume_after() {
     systemd.expect("a watchdog ping", Duration::from_secs(3), is("WATCHDOG=1"), &|| w.log());
 
     cluster.freeze();
-    // A ping already on its way may land; after that, silence while the database hangs.
-    systemd.none_for("pings before the freeze took hold", Duration::from_millis(600), |_| false, &|| w.log());
+    // From the moment the worker says its scheduler is stuck (its own decision, not a wait on
+    // the test's clock), silence: ten pings' worth while the database hangs.
+    crate::support::poll(
+        "the worker to see its scheduler stuck",
+        Duration::from_secs(10),
+        || w.log().contains("has not completed a pass").then_some(()),
+        || w.log(),
+    );
+    systemd.none_for("pings before the stall was seen", Duration::from_millis(50), |_| false, &|| w.log());
     systemd.none_for("a watchdog ping while the database hangs", Duration::from_secs(2), is("WATCHDOG=1"), &|| w.log());
     cluster.thaw();
     systemd.expect("pings again once the database answers", Duration::from_secs(20), is("WATCHDOG=1"), &|| w.log());
-    assert!(w.log().contains("has not completed a pass"), "the stall is not in the log:\n{}", w.log());
 
     w.signal("TERM");
     systemd.expect("STOPPING=1", Duration::from_secs(5), is("STOPPING=1"), &|| w.log());
