@@ -43,7 +43,7 @@ fn an_agent_runs_against_a_real_small_model_and_records_its_usage() {
     let mut w = Worker::new("");
     w.write_full(&top, "note:\n  type: agent\n  agent: noter\n  input: \"Save the text hello to the file note.txt.\"\n", "");
     w.start();
-    let (waited, out, err) = w.ctl(&["jobs", "trigger", "note", "--wait", "--timeout", "300", "-o", "json"]);
+    let (waited, wait_out, err) = w.ctl(&["jobs", "trigger", "note", "--wait", "--timeout", "300", "-o", "json"]);
     let runs = w.wait_for("the run to end", Duration::from_secs(300), |r| r.iter().any(|r| r.status != "running" && r.status != "queued"));
     let id = runs[0].id.clone();
     let (code, out, _) = w.ctl(&["runs", "show", &id, "-o", "json"]);
@@ -58,15 +58,15 @@ fn an_agent_runs_against_a_real_small_model_and_records_its_usage() {
     // max_iters; never a provider error (a request the server refused or a reply we misread).
     // `--wait` said how it ended, by the README's codes: 0 succeeded, 4 failed.
     match run["status"].as_str() {
-        Some("succeeded") => assert_eq!(waited, 0, "{out}{err}"),
+        Some("succeeded") => assert_eq!(waited, 0, "{wait_out}{err}"),
         Some("failed") => {
-            assert_eq!(waited, 4, "{out}{err}");
+            assert_eq!(waited, 4, "{wait_out}{err}");
             let error = run["error"].as_str().unwrap_or_default();
             assert!(error.contains("gave no answer within max_iters (3)"), "{error}\n{run:#}");
         }
         other => panic!("unexpected status {other:?}: {run:#}"),
     }
-    let waited_for: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("--wait -o json is JSON ({e}): {out}{err}"));
-    assert_eq!(waited_for["run_id"].as_str(), Some(id.as_str()), "{out}");
+    let waited_for: Value = serde_json::from_str(&wait_out).unwrap_or_else(|e| panic!("--wait -o json is JSON ({e}): {wait_out}{err}"));
+    assert_eq!(waited_for["run_id"].as_str(), Some(id.as_str()), "{wait_out}");
     assert!(run["usage"]["input_tokens"].as_u64().unwrap_or(0) > 0);
 }
