@@ -54,56 +54,76 @@ impl Clock for SystemClock {
     }
 }
 
-/// The system clock corrected to the database server's: on a shared database every worker
-/// schedules, times out and records on the server's clock, so a worker whose own clock is
-/// minutes off fires nothing early or late. The offset is measured at each lease renewal
-/// (the server's time against the middle of the round trip); a sleep measures again when it
-/// changes, as when the wall clock jumps.
+/// The database server's clock: on a shared database every worker schedules, times out and
+/// records on the server's time, so a worker whose own clock is minutes off, or steps while it
+/// runs, fires nothing early or late and records no time ahead. The server's time is measured
+/// at each lease renewal (against the middle of the round trip) and carried between renewals
+/// by the monotonic clock: a step of the wall clock (NTP, `date -s`, a VM resumed) does not
+/// move it at all. A sleep measures again when a renewal moves it.
 #[derive(Debug)]
 pub(crate) struct ServerClock {
-    offset_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    origin: std::time::Instant,
+    /// The server's time at `origin`, in Unix ms, as the last measure puts it (until the first,
+    /// this machine's).
+    at_origin_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The server's clock minus this machine's wall clock at the last measure, in ms.
+    machine_offset_ms: std::sync::atomic::AtomicI64,
     changed: watch::Sender<i64>,
 }
 
 impl ServerClock {
     pub(crate) fn new() -> Self {
-        Self { offset_ms: Default::default(), changed: watch::Sender::new(0) }
-    }
-
-    /// The server's clock minus this machine's.
-    pub(crate) fn offset(&self) -> chrono::TimeDelta {
-        chrono::TimeDelta::milliseconds(self.offset_ms.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// Takes a new measure: the server said `server` between `sent` and `back` on this clock
-    /// (uncorrected). Returns the offset when it moved by more than the round trip's noise.
-    pub(crate) fn measure(&self, sent: DateTime<Utc>, back: DateTime<Utc>, server: DateTime<Utc>) -> Option<chrono::TimeDelta> {
-        let middle = sent + (back - sent) / 2;
-        let offset = server - middle;
-        let noise = ((back - sent) / 2).max(chrono::TimeDelta::milliseconds(50));
-        if (offset - self.offset()).abs() <= noise {
-            return None;
+        let origin = std::time::Instant::now();
+        Self {
+            origin,
+            at_origin_ms: std::sync::Arc::new(Utc::now().timestamp_millis().into()),
+            machine_offset_ms: 0.into(),
+            changed: watch::Sender::new(0),
         }
-        let ms = offset.num_milliseconds();
-        self.offset_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
-        self.changed.send_replace(ms);
-        Some(offset)
+    }
+
+    /// Milliseconds of monotonic time from `origin` to `at`.
+    fn since_origin(&self, at: std::time::Instant) -> i64 {
+        at.saturating_duration_since(self.origin).as_millis() as i64
+    }
+
+    /// Takes a new measure: the server said `server` between `sent` and `back` (monotonic
+    /// instants). Returns the server's clock minus this machine's when that moved by more than
+    /// the round trip's noise (for the caller to tell).
+    pub(crate) fn measure(&self, sent: std::time::Instant, back: std::time::Instant, server: DateTime<Utc>) -> Option<chrono::TimeDelta> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let middle = (self.since_origin(sent) + self.since_origin(back)) / 2;
+        let noise = (back.saturating_duration_since(sent).as_millis() as i64 / 2).max(50);
+        let at_origin = server.timestamp_millis() - middle;
+        if (at_origin - self.at_origin_ms.load(Relaxed)).abs() > noise {
+            self.at_origin_ms.store(at_origin, Relaxed);
+            self.changed.send_replace(at_origin);
+        }
+        let machine = (self.now() - Utc::now()).num_milliseconds();
+        let before = self.machine_offset_ms.swap(machine, Relaxed);
+        ((machine - before).abs() > noise).then(|| chrono::TimeDelta::milliseconds(machine))
     }
 }
 
 impl Clock for ServerClock {
     fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.offset()
+        let ms = self.at_origin_ms.load(std::sync::atomic::Ordering::Relaxed) + self.since_origin(std::time::Instant::now());
+        DateTime::from_timestamp_millis(ms).unwrap_or_default()
     }
 
     fn sleep_until(&self, t: DateTime<Utc>) -> Sleep {
         let mut changed = self.changed.subscribe();
-        let offset = self.offset_ms.clone();
+        let (origin, at_origin) = (self.origin, self.at_origin_ms.clone());
         Box::pin(async move {
             loop {
-                let off = chrono::TimeDelta::milliseconds(offset.load(std::sync::atomic::Ordering::Relaxed));
+                let now = at_origin.load(std::sync::atomic::Ordering::Relaxed)
+                    + std::time::Instant::now().saturating_duration_since(origin).as_millis() as i64;
+                let left = t.timestamp_millis() - now;
+                if left <= 0 {
+                    return;
+                }
                 tokio::select! {
-                    () = SystemClock.sleep_until(t - off) => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(left as u64)) => {}
                     r = changed.changed() => if r.is_err() { return },
                 }
             }
@@ -195,14 +215,37 @@ mod tests {
     #[test]
     fn the_server_clock_takes_the_servers_time_from_the_middle_of_the_round_trip() {
         let c = ServerClock::new();
-        let sent = Utc::now();
+        let sent = std::time::Instant::now();
+        let back = sent + std::time::Duration::from_millis(40);
         let ms = chrono::TimeDelta::milliseconds;
-        // This machine three minutes ahead: the server said 3 min less, mid-way through 40 ms.
-        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(20) - chrono::TimeDelta::minutes(3)), Some(-chrono::TimeDelta::minutes(3)));
-        assert!((c.now() - (Utc::now() - chrono::TimeDelta::minutes(3))).abs() < ms(100), "{}", c.now());
+        let mins = chrono::TimeDelta::minutes;
+        // The server three minutes behind this machine, mid-way through 40 ms.
+        let told = c.measure(sent, back, Utc::now() - mins(3)).expect("a change");
+        assert!((told + mins(3)).abs() < ms(100), "{told}");
+        assert!((c.now() - (Utc::now() - mins(3))).abs() < ms(100), "{}", c.now());
         // Noise within the round trip (or 50 ms) is not a change.
-        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(60) - chrono::TimeDelta::minutes(3)), None);
-        assert_eq!(c.measure(sent, sent + ms(40), sent + ms(20)), Some(ms(0)), "back in step");
+        assert_eq!(c.measure(sent, back, Utc::now() - mins(3) + ms(30)), None);
+        let told = c.measure(sent, back, Utc::now()).expect("back in step");
+        assert!(told.abs() < ms(100), "{told}");
+    }
+
+    /// Between renewals the server's time moves with the monotonic clock only: what the wall
+    /// clock does (here, what it said when the measure was taken) does not move it.
+    #[tokio::test]
+    async fn the_server_clock_keeps_monotonic_time_between_measures() {
+        let c = ServerClock::new();
+        let sent = std::time::Instant::now();
+        let server = Utc::now() + chrono::TimeDelta::hours(1);
+        c.measure(sent, sent, server);
+        let before = c.now();
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let passed = c.now() - before;
+        assert!(passed >= chrono::TimeDelta::milliseconds(30) && passed < chrono::TimeDelta::milliseconds(500), "{passed}");
+        assert!((c.now() - server).num_milliseconds() < 1000);
+        // A sleep until a server instant 50 ms ahead ends after about 50 ms of monotonic time.
+        let started = std::time::Instant::now();
+        c.sleep_until(c.now() + chrono::TimeDelta::milliseconds(50)).await;
+        assert!(started.elapsed() >= std::time::Duration::from_millis(45), "{:?}", started.elapsed());
     }
 
     #[test]

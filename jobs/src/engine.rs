@@ -299,10 +299,9 @@ impl Engine {
         let worker = worker_id(opts.worker_name.clone());
         // The lease first: from here on no other worker takes this one's runs.
         let renewed = std::time::Instant::now();
-        let sent = Utc::now();
         let lease = store.heartbeat(&worker, config.worker.lease, true, clock.now()).await?;
         if let (Some(c), Some(lease)) = (&server_clock, lease) {
-            server_time(c, sent, lease.server_now, &worker.name);
+            server_time(c, renewed, lease.server_now, &worker.name);
         }
         let now = clock.now();
         opts.observer.configure(config);
@@ -519,10 +518,10 @@ impl Engine {
     }
 }
 
-/// Measures this machine's clock against the server's from a renewal sent at `sent` (this
-/// machine's time, uncorrected), and says so when they are more than a second apart.
-fn server_time(clock: &ServerClock, sent: DateTime<Utc>, server: DateTime<Utc>, worker: &str) {
-    if let Some(offset) = clock.measure(sent, Utc::now(), server)
+/// Measures the server's time from a renewal sent at `sent` (a monotonic instant), and says so
+/// when this machine's clock is more than a second off it.
+fn server_time(clock: &ServerClock, sent: std::time::Instant, server: DateTime<Utc>, worker: &str) {
+    if let Some(offset) = clock.measure(sent, std::time::Instant::now(), server)
         && offset.abs() > chrono::TimeDelta::seconds(1)
     {
         tracing::warn!(
@@ -697,11 +696,10 @@ async fn keep_lease(shared: Arc<Shared>, server_clock: Option<Arc<ServerClock>>,
         let renew = async {
             tokio::time::sleep(wait).await;
             let sent = std::time::Instant::now();
-            let sent_at = Utc::now();
             let now = shared.clock.now();
             let result = tokio::time::timeout(fencing.renew_every, shared.store.heartbeat(&shared.worker, shared.lease, false, now)).await;
             if let (Some(c), Ok(Ok(Some(lease)))) = (&server_clock, &result) {
-                server_time(c, sent_at, lease.server_now, &shared.worker.name);
+                server_time(c, sent, lease.server_now, &shared.worker.name);
             }
             (sent, now, result)
         };
