@@ -41,7 +41,7 @@ const IDLE_LOOK_AGAIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 /// did. Measured on a draining queue (`cargo bench … runcore -- queue`): each write of ends
 /// waited 0.95 ms for the writer, 0.56 ms with this gap; the drain went from 7,900 to 9,500
 /// runs/s. The ends of that time are noticed in one pass; a job's notifications still go out
-/// in the order they were recorded (`RunStore::claim_notifications`).
+/// in the order they were recorded (`Notices::claim_notifications`).
 const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// What the notifier is handed.

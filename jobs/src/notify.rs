@@ -43,7 +43,7 @@ pub(crate) struct Claimed {
     pub(crate) created_at: DateTime<Utc>,
 }
 
-/// How a send ended, as the store records it (`RunStore::notification_sent`).
+/// How a send ended, as the store records it (`Notices::notification_sent`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Sent {
     /// Taken: what it became (`HTTP 200`, `run <id>`).

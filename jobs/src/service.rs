@@ -159,7 +159,7 @@ impl Engine {
     }
 
     /// What a listing of jobs is read from, besides the clock: the config in force and the
-    /// store's [count of listing changes](crate::store::RunStore::listing_changes). Taken before
+    /// store's [count of listing changes](crate::store::Listings::listing_changes). Taken before
     /// a listing, it lets a caller keep the listing and serve it again while an equal version is
     /// taken, from the instant the listing was read until the first `next_fire` in it. `None`
     /// when the store cannot tell (PostgreSQL, where other workers write).

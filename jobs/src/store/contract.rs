@@ -1068,7 +1068,7 @@ macro_rules! contract {
 async fn sqlite() -> (tempfile::TempDir, Box<dyn RunStore>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = super::sqlite::SqliteStore::open(&dir.path().join("contract.db")).await.expect("open");
-    store.migrate().await.expect("migrate");
+    super::Upkeep::migrate(&store).await.expect("migrate");
     (dir, Box::new(store))
 }
 
@@ -1079,7 +1079,7 @@ contract!(sqlite_store, sqlite());
 async fn postgres() -> (lamplighter_tests::pg::Cluster, Box<dyn RunStore>) {
     let cluster = lamplighter_tests::pg::Cluster::start();
     let store = super::postgres::PgStore::connect(&cluster.url(), 4, Duration::from_secs(30)).await.expect("connect");
-    store.migrate().await.expect("migrate");
+    super::Upkeep::migrate(&store).await.expect("migrate");
     (cluster, Box::new(store))
 }
 

@@ -326,7 +326,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn close_steps(c: &mut Self::Conn, ends: &[(&str, StepStatus)], now: i64) -> impl Fut<()>;
     /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
     /// `ends`, then the lease check, take and claim of up to `n` runs for `worker` that
-    /// [`super::RunStore::claim_queued`] makes — each ended run with the status it took, the
+    /// [`super::Ends::claim_queued`] makes — each ended run with the status it took, the
     /// tasks taken, and the claimed runs' rows (as [`Dialect::claim`]'s). `None`: the script
     /// writes them as a transaction of those statements.
     fn ends_and_claims_at_once(
@@ -359,21 +359,21 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn forget_queue(c: &mut Self::Conn) -> impl Fut<()>;
 
     // Leases and recovery.
-    /// Takes or renews `me`'s lease (see [`super::RunStore::heartbeat`]).
+    /// Takes or renews `me`'s lease (see [`super::Leases::heartbeat`]).
     /// Returns the lease's epoch and the time it was written at on the clock leases are
     /// measured by (ms), or `None` when another process holds the name.
     fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> impl Fut<Option<(i64, i64)>>;
     /// The rows of `ll_workers` whose lease has not run out, by name.
     fn live_leases(c: &mut Self::Conn, now: i64) -> impl Fut<Vec<Self::Row>>;
     /// Marks the runs left `running` by workers that are gone `interrupted` (see
-    /// [`super::RunStore::recover`]) and returns them ([`run_cols`]).
+    /// [`super::Leases::recover`]) and returns them ([`run_cols`]).
     fn interrupt_orphans(c: &mut Self::Conn, starting: Option<&str>, now: i64) -> impl Fut<Vec<Self::Row>>;
 
     // Reads each backend answers its own way, for speed.
     fn job_states(&self) -> impl Fut<HashMap<String, JobState>>;
     fn job_overview(&self, job: &str, recent: u32) -> impl Fut<JobOverview>;
     fn last_runs(&self, jobs: &[&str]) -> impl Fut<HashMap<String, RunBrief>>;
-    /// See [`super::RunStore::listing_changes`].
+    /// See [`super::Listings::listing_changes`].
     fn listing_changes(&self) -> impl Future<Output = Option<u64>> + Send {
         async { None }
     }

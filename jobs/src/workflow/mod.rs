@@ -15,7 +15,7 @@
 //!   `skipped`; any step's `when` that renders false skips it.
 //! - `approval` records the step `waiting_approval` and the run gives its slot back
 //!   ([`Outcome::Waiting`]); the decision is recorded on the step by the job service
-//!   (`RunStore::record_decision`), which resumes the run. A timeout resumes it too, and the step then
+//!   (`Records::record_decision`), which resumes the run. A timeout resumes it too, and the step then
 //!   applies `on_timeout`.
 //! - `agent` steps run a conversation (see [`crate::agent`]) keyed by the step id, so a resumed
 //!   run continues it from its recorded calls; `group_chat` runs its agents in order, each

@@ -488,7 +488,7 @@ impl Dialect for PgStore {
             )
         };
         let (state, recent, counts) =
-            tokio::try_join!(super::RunStore::job_state(self, job), super::RunStore::list_runs(self, &filter), counts)?;
+            tokio::try_join!(super::JobStates::job_state(self, job), super::Listings::list_runs(self, &filter), counts)?;
         Ok(JobOverview { state, recent: recent.iter().map(RunBrief::from).collect(), counts })
     }
 
@@ -555,7 +555,7 @@ impl Dialect for PgStore {
 mod tests {
     use super::*;
     use crate::store::contract::tick;
-    use crate::store::{Claim, NewRun, RunStore};
+    use crate::store::{Claim, Ends, Leases, NewRun, Records, Ticks};
     use chrono::{DateTime, Utc};
     use lamplighter_config::Overlap;
 
@@ -580,7 +580,7 @@ mod tests {
             (0..20).flat_map(|j| (0..10).map(move |s| (format!("job-{j}"), t0 + chrono::Duration::seconds(s)))).collect();
         let names = ["a", "b", "c"];
         for name in names {
-            assert!(RunStore::heartbeat(&stores[0], &worker(name), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+            assert!(Leases::heartbeat(&stores[0], &worker(name), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
         }
         let fired = futures::future::join_all(stores.iter().zip(names).enumerate().map(|(i, (s, name))| {
             let mut batch: Vec<(NewRun, Overlap)> = ticks.iter().map(|(j, at)| (tick(j, *at), Overlap::Allow)).collect();
@@ -631,7 +631,7 @@ mod tests {
         let t0 = Utc::now();
         let names = ["a", "b"];
         for name in names {
-            assert!(RunStore::heartbeat(&stores[0], &worker(name), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+            assert!(Leases::heartbeat(&stores[0], &worker(name), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
         }
         let batch: Vec<(NewRun, Overlap)> =
             (0..40).map(|i| (tick(&format!("job-{i}"), t0 - chrono::Duration::seconds(1)), Overlap::Allow)).collect();
@@ -685,8 +685,8 @@ mod tests {
         let s = store(&cluster).await;
         let now = Utc::now();
         let (live, dead) = (worker("live"), worker("dead"));
-        assert!(RunStore::heartbeat(&s, &live, Duration::from_secs(60), true, now).await.expect("lease").is_some());
-        let epoch = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease").expect("taken").epoch;
+        assert!(Leases::heartbeat(&s, &live, Duration::from_secs(60), true, now).await.expect("lease").is_some());
+        let epoch = Leases::heartbeat(&s, &dead, Duration::from_secs(60), true, now).await.expect("lease").expect("taken").epoch;
         let a = s.fire_ticks(vec![(tick("a", now), Overlap::Allow)], Claim { worker: "live", slots: 1 }, now).await.expect("fire");
         let b = s.fire_ticks(vec![(tick("b", now), Overlap::Allow)], Claim { worker: "dead", slots: 1 }, now).await.expect("fire");
         let (a, b) = (a[0].as_ref().expect("fresh").run_id.clone(), b[0].as_ref().expect("fresh").run_id.clone());
@@ -726,7 +726,7 @@ mod tests {
         assert_eq!(workers, ["live"], "only live leases are listed");
         // The worker comes back and renews: a new epoch, whose runs are its own; the old
         // epoch's runs keep their margin to stop (the old lease's takeover time), then go.
-        let again = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
+        let again = Leases::heartbeat(&s, &dead, Duration::from_secs(60), false, now).await.expect("renew").expect("held");
         assert_eq!(again.epoch, epoch + 1, "renewing a lease that ran out starts a new epoch");
         assert!(s.recover(None, now).await.expect("recover").is_empty(), "the old epoch's runs keep their margin");
         expire("fenced_until").await.expect("margin passes");
@@ -736,7 +736,7 @@ mod tests {
         assert_eq!(live_run.status, RunStatus::Running, "a live worker's run is never touched");
         // The lease says the server's time, whatever the caller's clock said (`now` is ignored).
         let skewed = now + chrono::Duration::hours(3);
-        let lease = RunStore::heartbeat(&s, &dead, Duration::from_secs(60), false, skewed).await.expect("renew").expect("held");
+        let lease = Leases::heartbeat(&s, &dead, Duration::from_secs(60), false, skewed).await.expect("renew").expect("held");
         assert!((lease.server_now - Utc::now()).num_seconds().abs() < 5, "{:?}", lease.server_now);
     }
 }

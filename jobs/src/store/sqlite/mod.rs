@@ -882,12 +882,13 @@ const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2 WHERE id IN
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Ends, Handover, Leases, Records, Upkeep};
     use sqlx::Row;
 
     async fn migrated() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SqliteStore::open(&dir.path().join("plan.db")).await.expect("open");
-        store.migrate().await.expect("migrate");
+        Upkeep::migrate(&store).await.expect("migrate");
         (dir, store)
     }
 
@@ -950,13 +951,12 @@ mod tests {
         let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
         let health = crate::health::Health::default();
         sqlx::query("PRAGMA query_only = ON").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
-        let e =
-            crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect_err("refused");
+        let e = crate::store::Leases::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect_err("refused");
         assert_eq!(e.fault(), Some("the database is read-only (SQLITE_READONLY)"), "{e}");
         assert!(health.storage_failed(&e));
         assert!(health.problems()[0].starts_with("the database is read-only"), "{:?}", health.problems());
         sqlx::query("PRAGMA query_only = OFF").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
-        crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("writes again");
+        crate::store::Leases::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("writes again");
         health.storage_ok();
         assert!(health.problems().is_empty());
     }
@@ -966,10 +966,9 @@ mod tests {
     /// and the claim both go through on the next try, on a fresh connection.
     #[tokio::test]
     async fn a_script_of_ends_and_claims_that_fails_half_way_leaves_nothing() {
-        use crate::store::RunStore;
         let (_dir, store) = migrated().await;
         let (t, me) = (chrono::Utc::now(), WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 });
-        RunStore::heartbeat(&store, &me, Duration::from_secs(60), true, t).await.expect("lease");
+        Leases::heartbeat(&store, &me, Duration::from_secs(60), true, t).await.expect("lease");
         let manual =
             || crate::store::NewRun { trigger: crate::run::Trigger::Manual, scheduled_at: None, ..crate::store::contract::tick("m", t) };
         let (running, _) = store.insert_run(manual(), t).await.expect("insert");
@@ -1091,7 +1090,7 @@ mod tests {
             .collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..8).map(|i| (i, i)).collect::<Vec<_>>(), "the i-th writer saw the i before it: {jobs:?}");
-        store.close().await;
+        Upkeep::close(&*store).await;
         let e = store.begin().await.expect_err("closed");
         assert!(matches!(e.source, sqlx::Error::PoolClosed), "{e}");
     }
@@ -1109,7 +1108,7 @@ mod tests {
         assert_ne!(n1, n0);
         sqlx::query("UPDATE ll_job_state SET last_tick = 5 WHERE job = 'b'").execute(&mut other).await.expect("a tick");
         let me = WorkerId { name: "w".into(), instance: "i".into(), host: "h".into(), pid: 1 };
-        crate::store::RunStore::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("heartbeat");
+        crate::store::Leases::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect("heartbeat");
         assert_eq!(store.listing_changes().await, Some(n1), "neither a tick nor a heartbeat changes a listing");
     }
 
@@ -1122,8 +1121,8 @@ mod tests {
             sqlx::ConnectOptions::connect(&SqliteConnectOptions::new().filename(dir.path().join("plan.db"))).await.expect("open");
         let now = chrono::Utc::now();
         let run = crate::store::contract::tick("a", now);
-        let (id, _) = crate::store::RunStore::insert_run(&store, run, now).await.expect("insert");
-        crate::store::RunStore::set_paused(&store, "a", true, Some("why"), now).await.expect("pause");
+        let (id, _) = crate::store::Records::insert_run(&store, run, now).await.expect("insert");
+        crate::store::JobStates::set_paused(&store, "a", true, Some("why"), now).await.expect("pause");
         // Another value of the same type, whatever the column holds (NULL becomes a number).
         let change = |table: &str, col: &str, key: &str, value: &str| {
             format!(

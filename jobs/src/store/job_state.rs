@@ -1,0 +1,61 @@
+//! Each job's state: its pause (and why) and the last tick the scheduler processed.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::dialect::{Dialect, Stmt, job_state_from_row, sql};
+use super::{JobState, StoreError, ms};
+
+#[async_trait]
+pub(crate) trait JobStates: Send + Sync + std::fmt::Debug {
+    async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError>;
+    /// One job's state; the default (never paused, never ticked) when it has none yet.
+    async fn job_state(&self, job: &str) -> Result<JobState, StoreError>;
+    async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Moves the job's last processed tick forward (never back).
+    async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError>;
+}
+
+#[async_trait]
+impl<D: Dialect> JobStates for D {
+    async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
+        Dialect::job_states(self).await
+    }
+
+    async fn job_state(&self, job: &str) -> Result<JobState, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state WHERE job = $1"),
+            "reading job state",
+        );
+        let row = D::fetch_optional(&mut *self.reader().await?, q.bind(job)).await?;
+        Ok(row.as_ref().map(job_state_from_row).unwrap_or_default())
+    }
+
+    async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (job) DO UPDATE SET paused = $2, pause_reason = $3, paused_at = $4"
+            ),
+            "saving pause state",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(job).bind(paused).bind(reason).bind(paused.then(|| ms(now)))).await?;
+        Ok(())
+    }
+
+    async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_job_state (job, last_tick) VALUES ($1, $2)
+                 ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $2)"
+            ),
+            "saving the last tick",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(job).bind(ms(tick))).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,328 @@
+//! Outcomes noticed and notifications recorded, claimed and sent; the per-job health the gauges read.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::dialect::{Dialect, Record, Stmt, run_cols, run_from_row, sql};
+use super::scripts::*;
+use super::{JobHealth, Noticed, RulesOf, StoreError, from_ms, ms};
+use crate::decide::{Finality, OutcomeKind, RETRY_RECORDED_WITHIN, finality, notify_on_outcome};
+use crate::notify::{Claimed, NewNotification, Notification, NotificationStatus, Sent};
+use crate::run::Run;
+
+#[async_trait]
+pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
+    /// Notices the outcomes of runs that ended (at most a batch, oldest first), in one
+    /// transaction (one at a time across workers): each final outcome moves its job's failure
+    /// streak and last success, and records the notifications its job's rules fire
+    /// ([`crate::decide::notify_on_outcome`]); a failed attempt that a retry follows is noticed
+    /// as nothing. With `waits`, records the notifications of runs waiting for a decision too
+    /// ([`crate::decide::notify_on_wait`]). An event's notification is recorded once, whatever
+    /// happens to the pass: its key is the event's.
+    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
+    /// Claims up to `n` notifications due at `now` for `worker`, for `hold` (one left `sending`
+    /// by a worker that stopped is claimed again once its hold passed). A job's notifications
+    /// are claimed in the order they were recorded, one at a time: to one target, each after
+    /// the one before it is delivered or given up; to another, after it was tried once.
+    async fn claim_notifications(
+        &self,
+        worker: &str,
+        n: usize,
+        hold: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<crate::notify::Claimed>, StoreError>;
+    /// Records how the send of a claimed notification ended (only while `worker` holds it).
+    async fn notification_sent(&self, key: &str, worker: &str, sent: &crate::notify::Sent, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Hands back the notifications a worker of this name left `sending` (it stopped mid-send:
+    /// this process starts under its name, so that one is gone); they are due at once.
+    async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError>;
+    /// When the next notification that may be claimed is due (or a claim on one runs out).
+    async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// The notifications about the run identity `root_id`, oldest first.
+    async fn notifications(&self, root_id: &str) -> Result<Vec<crate::notify::Notification>, StoreError>;
+    /// Every job's pause, streak, last success and last tick, and the starts of its oldest
+    /// running run and oldest wait for a decision.
+    async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError>;
+}
+
+#[async_trait]
+impl<D: Dialect> Notices for D {
+    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError> {
+        let mut tx = self.begin().await?;
+        // One pass at a time across workers: a streak moves in order.
+        D::lock_jobs(&mut tx, &[NOTICE_LOCK]).await?;
+        let q = Stmt::new(
+            sql!(
+                D,
+                concat!(
+                    "SELECT ",
+                    run_cols!(),
+                    " FROM ll_runs WHERE outcome_seen IS NULL AND finished_at IS NOT NULL ORDER BY finished_at, id LIMIT $1"
+                )
+            ),
+            "reading ended runs to notice",
+        );
+        let runs: Vec<Run> = D::fetch_all(&mut tx, q.bind(NOTICE_BATCH as i64)).await?.iter().map(run_from_row).collect();
+        let more = runs.len() == NOTICE_BATCH;
+        let jobs: BTreeSet<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        let mut streaks: HashMap<String, u32> = HashMap::new();
+        let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
+        let mut recheck_at: Option<DateTime<Utc>> = None;
+        if !jobs.is_empty() {
+            let q = Stmt::new(
+                sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1}"),
+                "reading failure streaks",
+            );
+            for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
+                streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
+                if let Some(at) = r.opt_int("last_success_at") {
+                    last_success.insert(r.text("job"), from_ms(at));
+                }
+            }
+        }
+        let mut of_job: HashMap<&str, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
+        let mut seen: Vec<&str> = Vec::new();
+        let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
+        let mut new: Vec<NewNotification> = Vec::new();
+        for run in &runs {
+            let finished = run.finished_at.unwrap_or(now);
+            let kind = match finality(run.status, run.next_run_id.as_deref(), finished, last_success.get(&run.job).copied(), now) {
+                Finality::Undecided => {
+                    // Its retry may still be recorded: looked at again then, at the latest.
+                    let at = finished + RETRY_RECORDED_WITHIN;
+                    recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
+                    continue;
+                }
+                Finality::Retried => {
+                    seen.push(run.id.as_str());
+                    continue;
+                }
+                Finality::Outcome(kind) => kind,
+            };
+            seen.push(run.id.as_str());
+            let Some(rules) = of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job)) else { continue };
+            let before = streaks.get(&run.job).copied().unwrap_or(0);
+            let (fire, after) = notify_on_outcome(kind, before, rules);
+            let shown = if kind == OutcomeKind::Failure { after } else { before };
+            new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
+            streaks.insert(run.job.clone(), after);
+            let success = (kind == OutcomeKind::Success).then(|| ms(finished));
+            if kind == OutcomeKind::Success {
+                last_success.insert(run.job.clone(), finished);
+            }
+            let state = states.entry(run.job.as_str()).or_insert((after, None));
+            *state = (after, success.or(state.1));
+        }
+        if waits {
+            new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
+        }
+        let mut recorded = 0;
+        for n in &new {
+            let q = Stmt::new(
+                sql!(
+                    D,
+                    "INSERT INTO ll_notifications (key, job, run_id, root_id, event, target, target_id, payload, status, attempts, next_at, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9) ON CONFLICT (key) DO NOTHING"
+                ),
+                "recording a notification",
+            );
+            recorded += D::execute(
+                &mut tx,
+                q.bind(n.key.as_str())
+                    .bind(n.job.as_str())
+                    .bind(n.run_id.as_str())
+                    .bind(n.root_id.as_str())
+                    .bind(n.event.as_str())
+                    .bind(n.target.as_str())
+                    .bind(n.target_id.as_str())
+                    .bind(n.payload.to_string())
+                    .bind(ms(now)),
+            )
+            .await? as usize;
+        }
+        for (job, (streak, success)) in &states {
+            let q = Stmt::new(
+                sql!(
+                    D,
+                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) VALUES ($1, $2, $3)
+                     ON CONFLICT (job) DO UPDATE SET consecutive_failures = $2, last_success_at = coalesce($3, ll_job_state.last_success_at)"
+                ),
+                "recording a job's failure streak",
+            );
+            D::execute(&mut tx, q.bind(*job).bind(i64::from(*streak)).bind(*success)).await?;
+        }
+        if !seen.is_empty() {
+            let q = Stmt::new(sql!(D, "UPDATE ll_runs SET outcome_seen = 1 WHERE id {in $1}"), "marking runs noticed");
+            D::execute(&mut tx, q.bind_list(seen.iter().copied())).await?;
+        }
+        D::commit(tx).await?;
+        let seen_ids: HashSet<&str> = seen.iter().copied().collect();
+        let mut prunable: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+        for run in runs.iter().filter(|r| seen_ids.contains(r.id.as_str())) {
+            let ended = run.finished_at.unwrap_or(now);
+            prunable.entry(run.job.clone()).and_modify(|at| *at = (*at).min(ended)).or_insert(ended);
+        }
+        // A full batch with nothing in it to notice (failures waiting for their retries) is not
+        // "more": the pass would only read it again.
+        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at, prunable })
+    }
+
+    async fn claim_notifications(&self, worker: &str, n: usize, hold: Duration, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                format!(
+                    "UPDATE ll_notifications SET status = 'sending', claimed_by = $1, attempts = attempts + 1, next_at = $2
+                     WHERE key IN (SELECT key FROM ll_notifications n WHERE status IN ('pending', 'sending') AND next_at <= $3 AND {FIRST_IN_LINE}
+                                   ORDER BY next_at LIMIT $4)
+                       AND status IN ('pending', 'sending') AND next_at <= $3
+                     RETURNING key, job, event, target, target_id, payload, attempts, created_at"
+                )
+            ),
+            "claiming notifications",
+        );
+        let until = ms(now) + hold.as_millis() as i64;
+        let rows = D::fetch_all(&mut *self.writer().await?, q.bind(worker).bind(until).bind(ms(now)).bind(n as i64)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| Claimed {
+                key: r.text("key"),
+                job: r.text("job"),
+                event: r.text("event"),
+                target: r.text("target"),
+                target_id: r.text("target_id"),
+                payload: r.json("payload").unwrap_or(serde_json::Value::Null),
+                attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                created_at: from_ms(r.int("created_at")),
+            })
+            .collect())
+    }
+
+    async fn notification_sent(&self, key: &str, worker: &str, sent: &Sent, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let q = match sent {
+            Sent::Delivered(what) => Stmt::new(
+                sql!(
+                    D,
+                    "UPDATE ll_notifications SET status = 'delivered', delivered = $3, sent_at = $4, last_error = NULL
+                     WHERE key = $1 AND claimed_by = $2 AND status = 'sending'"
+                ),
+                "recording a notification sent",
+            )
+            .bind(key)
+            .bind(worker)
+            .bind(what.as_str())
+            .bind(ms(now)),
+            Sent::Failed { error, retry_at } => Stmt::new(
+                sql!(
+                    D,
+                    "UPDATE ll_notifications SET status = $3, last_error = $4, next_at = $5
+                     WHERE key = $1 AND claimed_by = $2 AND status = 'sending'"
+                ),
+                "recording a notification that was not taken",
+            )
+            .bind(key)
+            .bind(worker)
+            .bind(if retry_at.is_some() { NotificationStatus::Pending } else { NotificationStatus::Abandoned }.as_str())
+            .bind(error.as_str())
+            .bind(ms(retry_at.unwrap_or(now))),
+        };
+        D::execute(&mut *self.writer().await?, q).await?;
+        Ok(())
+    }
+
+    async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "UPDATE ll_notifications SET status = 'pending', next_at = $2 WHERE status = 'sending' AND claimed_by = $1"),
+            "handing back notifications left mid-send",
+        );
+        D::execute(&mut *self.writer().await?, q.bind(worker).bind(ms(now))).await
+    }
+
+    async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                format!("SELECT min(next_at) AS at FROM ll_notifications n WHERE status IN ('pending', 'sending') AND {FIRST_IN_LINE}")
+            ),
+            "reading when the next notification is due",
+        );
+        Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.and_then(|r| r.opt_int("at")).map(from_ms))
+    }
+
+    async fn notifications(&self, root_id: &str) -> Result<Vec<Notification>, StoreError> {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT key, event, target, status, attempts, run_id, created_at, next_at, sent_at, delivered, last_error
+                 FROM ll_notifications WHERE root_id = $1 ORDER BY created_at, key"
+            ),
+            "reading a run's notifications",
+        );
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(root_id)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let status: NotificationStatus = r.str("status").parse().unwrap_or(NotificationStatus::Pending);
+                let waiting = matches!(status, NotificationStatus::Pending | NotificationStatus::Sending);
+                Notification {
+                    key: r.text("key"),
+                    event: r.text("event"),
+                    target: r.text("target"),
+                    status,
+                    attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                    run_id: r.text("run_id"),
+                    created_at: from_ms(r.int("created_at")),
+                    next_at: waiting.then(|| from_ms(r.int("next_at"))),
+                    sent_at: r.opt_int("sent_at").map(from_ms),
+                    delivered: r.opt_text("delivered"),
+                    error: r.opt_text("last_error"),
+                }
+            })
+            .collect())
+    }
+
+    async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError> {
+        let mut c = self.reader().await?;
+        let q = Stmt::new(
+            sql!(D, "SELECT job, paused, consecutive_failures, last_success_at, last_tick FROM ll_job_state"),
+            "reading the jobs' health",
+        );
+        let mut out: HashMap<String, JobHealth> = D::fetch_all(&mut c, q)
+            .await?
+            .iter()
+            .map(|r| {
+                let health = JobHealth {
+                    paused: r.flag("paused"),
+                    consecutive_failures: r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32,
+                    last_success: r.opt_int("last_success_at").map(from_ms),
+                    last_tick: r.opt_int("last_tick").map(from_ms),
+                    oldest_running: None,
+                    oldest_wait: None,
+                };
+                (r.text("job"), health)
+            })
+            .collect();
+        let q = Stmt::new(
+            sql!(D, "SELECT job, min(started_at) AS oldest FROM ll_runs WHERE status = {Running} GROUP BY job"),
+            "reading the oldest running runs",
+        );
+        for r in D::fetch_all(&mut c, q).await? {
+            out.entry(r.text("job")).or_default().oldest_running = r.opt_int("oldest").map(from_ms);
+        }
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT r.job AS job, min(s.started_at) AS since FROM ll_steps s JOIN ll_runs r ON r.id = s.run_id
+                 WHERE s.status = {step:WaitingApproval} AND r.status = {WaitingApproval} GROUP BY r.job"
+            ),
+            "reading the oldest waits for a decision",
+        );
+        for r in D::fetch_all(&mut c, q).await? {
+            out.entry(r.text("job")).or_default().oldest_wait = r.opt_int("since").map(from_ms);
+        }
+        Ok(out)
+    }
+}
