@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::events::{Cancelled, Ended, Observer, Op, Owner};
 use crate::run::{CallRecord, Outcome, Run, StepRecord};
 use crate::snapshot::JobSnapshot;
-use crate::store::{RunStore, StoreError};
+use crate::store::{Records, StoreError};
 
 /// Runs targets. The engine calls it once per run, on its own task; a panic in it fails that
 /// run and nothing else.
@@ -41,7 +41,7 @@ pub struct RunContext {
 #[derive(Clone)]
 pub(crate) struct RunEnv {
     pub(crate) data_dir: PathBuf,
-    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) records: Arc<dyn Records>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) agents: Arc<Catalog>,
     pub(crate) observer: Arc<Observer>,
@@ -58,7 +58,7 @@ impl std::fmt::Debug for RunContext {
 impl RunContext {
     /// `resumed`: the run executed before (it waited for a decision, and goes on).
     pub(crate) fn new(run: Run, resumed: bool, job: Arc<JobSnapshot>, cancel: CancellationToken, env: RunEnv) -> Self {
-        let output = crate::live::LiveOutput::new(&run.id, resumed, env.store.clone(), env.signals.clone(), cancel.clone());
+        let output = crate::live::LiveOutput::new(&run.id, resumed, env.records.clone(), env.signals.clone(), cancel.clone());
         Self { run, job, cancel, env, output }
     }
 
@@ -113,14 +113,14 @@ impl RunContext {
 
     /// The value recorded under `step` by this attempt or an earlier one of the same run.
     pub async fn checkpoint(&self, step: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        self.env.store.checkpoint(&self.run.root_id, step).await
+        self.env.records.checkpoint(&self.run.root_id, step).await
     }
 
     /// Records `value` under `step` for this run and every later attempt of it (replacing an
     /// earlier value). Durable when this returns.
     pub async fn record_checkpoint(&self, step: &str, value: &serde_json::Value) -> Result<(), StoreError> {
         self.durably("a checkpoint", || {
-            self.env.store.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now())
+            self.env.records.record_checkpoint(&self.run.root_id, step, &self.run.id, value, self.env.clock.now())
         })
         .await
     }
@@ -139,24 +139,24 @@ impl RunContext {
 
     /// The workflow steps recorded by this attempt or an earlier one.
     pub(crate) async fn steps(&self) -> Result<Vec<StepRecord>, StoreError> {
-        self.env.store.steps(&self.run.root_id).await
+        self.env.records.steps(&self.run.root_id).await
     }
 
     /// Records workflow steps for this run identity; durable when this returns.
     pub(crate) async fn record_steps(&self, steps: &[StepRecord]) -> Result<(), StoreError> {
-        self.durably("workflow steps", || self.env.store.record_steps(&self.run.root_id, steps)).await?;
+        self.durably("workflow steps", || self.env.records.record_steps(&self.run.root_id, steps)).await?;
         self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
         Ok(())
     }
 
     /// The agent calls recorded by this attempt or an earlier one.
     pub(crate) async fn calls(&self) -> Result<Vec<CallRecord>, StoreError> {
-        self.env.store.calls(&self.run.root_id).await
+        self.env.records.calls(&self.run.root_id).await
     }
 
     /// Records an agent call for this run identity; durable when this returns.
     pub(crate) async fn record_call(&self, call: &CallRecord) -> Result<(), StoreError> {
-        self.durably("an agent call", || self.env.store.record_call(&self.run.root_id, call)).await?;
+        self.durably("an agent call", || self.env.records.record_call(&self.run.root_id, call)).await?;
         // Followers show each model and tool call as it returns.
         self.env.signals.publish(crate::signals::Signal::RunProgress(self.run.id.clone()));
         Ok(())

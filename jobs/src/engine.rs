@@ -316,7 +316,8 @@ impl Engine {
         let (executor, recorder_rx) = Executor::new(
             config.worker.concurrency,
             ExecutorEnv {
-                store: store.clone(),
+                ends: store.clone(),
+                records: store.clone(),
                 clock: clock.clone(),
                 targets: opts.targets,
                 observer: opts.observer.clone(),
@@ -327,7 +328,9 @@ impl Engine {
             },
         );
         let scheduler = Scheduler::new(SchedulerEnv {
-            store: store.clone(),
+            ticks: store.clone(),
+            states: store.clone(),
+            handover: store.clone(),
             clock: clock.clone(),
             observer: opts.observer.clone(),
             signals: signals.clone(),
@@ -360,7 +363,8 @@ impl Engine {
         let cancel_signals = shared.subscribe();
         let scheduler_signals = shared.subscribe();
         let notifier = crate::notifier::NotifierEnv {
-            store: shared.store.clone(),
+            notices: shared.store.clone(),
+            records: shared.store.clone(),
             clock: shared.clock.clone(),
             signals: shared.signals.clone(),
             config: shared.config.clone(),

@@ -38,7 +38,7 @@ use crate::in_force::InForce;
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{Handed, RunEnd, RunStore, StoreError, Taken};
+use crate::store::{Ends, Handed, Records, RunEnd, StoreError, Taken};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -102,7 +102,9 @@ struct Finished {
 
 /// What the executor is handed by the engine that composes it: narrow handles, no engine.
 pub(crate) struct ExecutorEnv {
-    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) ends: Arc<dyn Ends>,
+    /// What each run records as it goes (handed to its context).
+    pub(crate) records: Arc<dyn Records>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) targets: Arc<dyn Targets>,
     pub(crate) observer: Arc<Observer>,
@@ -329,7 +331,7 @@ impl Executor {
             // Running elsewhere: the request is kept with the run first, so a worker that misses
             // the signal (its listener reconnecting) finds it when it reads what it missed, and
             // a takeover of a gone worker's run cancels it rather than retrying it.
-            match self.env.store.request_cancel(id, &why).await {
+            match self.env.ends.request_cancel(id, &why).await {
                 Ok(true) => {
                     self.env.signals.publish(Signal::CancelRequested { run: id.to_string(), why });
                     return true;
@@ -340,7 +342,7 @@ impl Executor {
                     return false;
                 }
             }
-            match self.env.store.finish(id, RunStatus::Cancelled, None, Some(&why), now).await {
+            match self.env.ends.finish(id, RunStatus::Cancelled, None, Some(&why), now).await {
                 Ok(true) => {
                     self.env.signals.publish(Signal::RunFinished(id.to_string()));
                     return true;
@@ -366,14 +368,14 @@ impl Executor {
     ) -> Result<Option<String>, StoreError> {
         match due_at {
             Some(due) => {
-                let id = self.env.store.follow_up(run, due, now).await?;
+                let id = self.env.ends.follow_up(run, due, now).await?;
                 if let Some(id) = &id {
                     self.env.observer.run_created(&run.job, run.trigger, id);
                 }
                 Ok(id)
             }
             None => {
-                self.env.store.mark_no_follow_up(&run.id).await?;
+                self.env.ends.mark_no_follow_up(&run.id).await?;
                 Ok(None)
             }
         }
@@ -446,7 +448,7 @@ async fn execute(
             let job = Arc::new(job);
             let env = RunEnv {
                 data_dir: config.data_dir.clone(),
-                store: exec.env.store.clone(),
+                records: exec.env.records.clone(),
                 clock: exec.env.clock.clone(),
                 agents: config.agents.clone(),
                 observer: exec.env.observer.clone(),
@@ -554,7 +556,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let finish = || async {
             let began = std::time::Instant::now();
             let n = if claim_too.load(Relaxed) { refill } else { 0 };
-            let res = exec.env.store.finish_and_claim(&ends, n, &exec.env.worker, now).await;
+            let res = exec.env.ends.finish_and_claim(&ends, n, &exec.env.worker, now).await;
             match &res {
                 Ok((_, taken)) => tracing::debug!(
                     runs = ends.len(),
@@ -585,7 +587,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                     // is and the fence refused this worker's write (its lease ran out or its
                     // epoch is gone); the second is told.
                     let left: Vec<&str> = ends.iter().map(|e| e.id).filter(|id| !done.iter().any(|d| d == id)).collect();
-                    match exec.env.store.still_running(&left).await {
+                    match exec.env.ends.still_running(&left).await {
                         Ok(refused) => exec.env.observer.ends_refused(left.len(), &refused),
                         Err(e) => tracing::debug!(error = %e, runs = left.len(), "ends not recorded; cannot tell why"),
                     }
@@ -680,7 +682,7 @@ pub(crate) async fn canceller(exec: Arc<Executor>, mut signals: Receiver, stop: 
             Some(Signal::CancelRequested { run, why }) => {
                 exec.stop_here(&run, why);
             }
-            Some(Signal::Lagged) => match exec.env.store.cancels_requested(&exec.env.worker).await {
+            Some(Signal::Lagged) => match exec.env.ends.cancels_requested(&exec.env.worker).await {
                 Ok(asked) => {
                     behind = false;
                     for (run, why) in asked {
@@ -749,7 +751,7 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
         let asked = tickets.len();
         let now = exec.env.clock.now();
         let began = std::time::Instant::now();
-        match exec.env.store.claim_queued(asked, &exec.env.worker, now).await {
+        match exec.env.ends.claim_queued(asked, &exec.env.worker, now).await {
             Ok(taken) => {
                 tracing::debug!(
                     asked,

@@ -14,7 +14,7 @@ use lamplighter_contract::OutputLine;
 use lamplighter_plugins::{OutputSink, OutputStream};
 
 use crate::signals::{Signal, Signals};
-use crate::store::RunStore;
+use crate::store::Records;
 
 /// The most bytes of output one attempt keeps.
 pub(crate) const LOG_CAP: usize = 1024 * 1024;
@@ -26,7 +26,7 @@ const BATCH: Duration = Duration::from_millis(100);
 /// end is recorded.
 pub(crate) struct LiveOutput {
     run_id: String,
-    store: Arc<dyn RunStore>,
+    store: Arc<dyn Records>,
     signals: Arc<dyn Signals>,
     /// The run's: a stopped run stops waiting for a write that does not go through.
     cancel: CancellationToken,
@@ -57,7 +57,7 @@ impl LiveOutput {
     pub(crate) fn new(
         run_id: &str,
         resumed: bool,
-        store: Arc<dyn RunStore>,
+        store: Arc<dyn Records>,
         signals: Arc<dyn Signals>,
         cancel: CancellationToken,
     ) -> Arc<Self> {

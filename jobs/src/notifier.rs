@@ -25,7 +25,7 @@ use crate::notify::{self, Claimed, Sent};
 use crate::run::Trigger;
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{NewRun, RunStore, StoreError};
+use crate::store::{NewRun, Notices, Records, StoreError};
 
 /// Sends in flight at once.
 const PARALLEL: usize = 16;
@@ -46,7 +46,9 @@ const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// What the notifier is handed.
 pub(crate) struct NotifierEnv {
-    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) notices: Arc<dyn Notices>,
+    /// The runs that notifications start are inserted here.
+    pub(crate) records: Arc<dyn Records>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) signals: Arc<dyn Signals>,
     pub(crate) config: Arc<InForce>,
@@ -66,7 +68,7 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
         .unwrap_or_default();
     // What this worker's name left mid-send (a crash): sent again now rather than when the
     // claim runs out. Its key lets the receiver tell a repeat.
-    match env.store.release_claims(&env.worker, env.clock.now()).await {
+    match env.notices.release_claims(&env.worker, env.clock.now()).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(notifications = n, "notifications left mid-send by an earlier process are sent again"),
         Err(e) => tracing::warn!(error = %e, "cannot hand back notifications left mid-send; they are sent once their claim runs out"),
@@ -123,7 +125,7 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
     let rules = |job: &str| config.notify_rules(job);
     let waits = config.notifies_waits();
     let recheck_at = loop {
-        let noticed = env.store.notice(&rules, waits, env.clock.now()).await?;
+        let noticed = env.notices.notice(&rules, waits, env.clock.now()).await?;
         tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, more = noticed.more, "outcomes noticed");
         for (job, ended) in &noticed.prunable {
             env.retention.prune_soon(job, *ended);
@@ -133,7 +135,7 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
         }
     };
     while !stop.is_cancelled() {
-        let claimed = env.store.claim_notifications(&env.worker, PARALLEL, CLAIM, env.clock.now()).await?;
+        let claimed = env.notices.claim_notifications(&env.worker, PARALLEL, CLAIM, env.clock.now()).await?;
         if claimed.is_empty() {
             break;
         }
@@ -164,12 +166,12 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
             env.observer.notification(&c.event, outcome);
             // The others' results are recorded all the same; this one is sent again once its
             // claim runs out (with its key).
-            if let Err(e) = env.store.notification_sent(&c.key, &env.worker, &sent, env.clock.now()).await {
+            if let Err(e) = env.notices.notification_sent(&c.key, &env.worker, &sent, env.clock.now()).await {
                 tracing::warn!(key = %c.key, error = %e, "cannot record how a notification's send ended; it is sent again later");
             }
         }
     }
-    let next = env.store.next_notification().await?;
+    let next = env.notices.next_notification().await?;
     Ok([next, recheck_at].into_iter().flatten().min())
 }
 
@@ -256,7 +258,7 @@ async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget
         ..NewRun::asked(job, Trigger::Api, JobSnapshot::of_target(target), now)
     };
     let (job, trigger) = (run.job.clone(), run.trigger);
-    let (id, created) = env.store.insert_run(run, now).await.map_err(|e| (e.to_string(), false))?;
+    let (id, created) = env.records.insert_run(run, now).await.map_err(|e| (e.to_string(), false))?;
     if created {
         // As a run started by hand: counted, and handed over by the scheduler's next look.
         env.observer.run_created(&job, trigger, &id);

@@ -21,7 +21,7 @@ use crate::retention::PruneQueue;
 use crate::run::{RunStatus, Trigger};
 use crate::schedule::{TickPolicy, due_ticks};
 use crate::signals::{Receiver, Signal, Signals};
-use crate::store::{Claim, DUE_BATCH, NewRun, RunStore};
+use crate::store::{Claim, DUE_BATCH, Handover, JobStates, NewRun, Ticks};
 
 struct Entry {
     schedule: Arc<Schedule>,
@@ -72,7 +72,9 @@ impl Plan {
 
 /// What the scheduler is handed by the engine that composes it: narrow handles, no engine.
 pub(crate) struct SchedulerEnv {
-    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) ticks: Arc<dyn Ticks>,
+    pub(crate) states: Arc<dyn JobStates>,
+    pub(crate) handover: Arc<dyn Handover>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) observer: Arc<Observer>,
     pub(crate) signals: Arc<dyn Signals>,
@@ -177,7 +179,7 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         let more = s.dispatch_due(now).await;
         s.alive.store(true, Ordering::SeqCst);
         let next_instant = plan.next_instant();
-        due_seen = s.env.store.next_due().await.ok().flatten();
+        due_seen = s.env.handover.next_due().await.ok().flatten();
         // Something came due while this pass ran (a wait recorded with its end already past):
         // another pass at once; if this one tried and it is still due (the write failed), a
         // second later.
@@ -255,7 +257,7 @@ fn schedulable(config: &JobsConfig, job: &str, cfg: &JobConfig) -> bool {
 async fn build_plan(s: &Scheduler) -> Plan {
     let snapshot = s.env.config.get();
     let jobs = &snapshot.jobs;
-    let states = match s.env.store.job_states().await {
+    let states = match s.env.states.job_states().await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot read job state; scheduling from now");
@@ -455,7 +457,7 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
         // Only once the chunk's ticks are recorded: a failed chunk is planned again from the
         // stored last ticks, and its caught-up tick must still be due then.
         for (job, tick) in skipped_last {
-            if let Err(e) = s.env.store.set_last_tick(&job, tick).await {
+            if let Err(e) = s.env.states.set_last_tick(&job, tick).await {
                 tracing::error!(job = %job, error = %e, "cannot save the last tick");
             }
         }
@@ -536,7 +538,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             commit
         }) as crate::store::Hold<'_>
     });
-    let outcomes = s.env.store.fire_ticks_held(batch, claim, now, hold).await;
+    let outcomes = s.env.ticks.fire_ticks_held(batch, claim, now, hold).await;
     let committed = std::time::Instant::now();
     tracing::debug!(tx_us = (committed - began).as_micros() as u64, "tick transaction");
     let outcomes = match outcomes {
@@ -596,7 +598,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
 /// Runs waiting for an approval whose timeout passed are queued again; the workflow applies the
 /// step's `on_timeout` when it resumes.
 async fn resume_waits_over(s: &Scheduler, now: DateTime<Utc>) {
-    match s.env.store.wake_waiting(now).await {
+    match s.env.handover.wake_waiting(now).await {
         Ok(ids) => {
             for id in &ids {
                 tracing::info!(run = %id, "approval wait is over; the run resumes to apply on_timeout");
@@ -615,7 +617,7 @@ impl Scheduler {
     /// a pass: a run that ended between its read and then was not waited for.
     pub(crate) async fn dispatch_due(&self, now: DateTime<Utc>) -> bool {
         let _one = self.handing_over.lock().await;
-        let due = match self.env.store.due_undispatched(now).await {
+        let due = match self.env.handover.due_undispatched(now).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read due runs");
@@ -633,7 +635,7 @@ impl Scheduler {
             // A backfill's runs go one at a time, in tick order, whatever the job's overlap.
             let queue_policy = trigger == Trigger::Backfill || jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
             if queue_policy {
-                if one_at_a_time.contains(&job) || self.env.store.has_dispatched_active(&job).await.unwrap_or(false) {
+                if one_at_a_time.contains(&job) || self.env.handover.has_dispatched_active(&job).await.unwrap_or(false) {
                     one_at_a_time.push(job);
                     held_back = true;
                     continue;
@@ -652,7 +654,7 @@ impl Scheduler {
         }
         let tickets = self.env.executor.tickets(ready.len());
         let queued = ready.split_off(tickets.len());
-        match self.env.store.dispatch(&ready, &queued, &self.env.worker, now).await {
+        match self.env.handover.dispatch(&ready, &queued, &self.env.worker, now).await {
             Ok(claimed) => {
                 self.env.executor.launch(claimed, tickets);
                 if !queued.is_empty() {
