@@ -1,10 +1,11 @@
-//! What differs between the backends, as one small interface ([`Dialect`]), and what the
-//! transaction scripts of `scripts.rs` need to speak to any backend through it: values
+//! What differs between the backends, as small interfaces by concern ([`Dialect`] for
+//! connections, statements and locks; [`RunSql`], [`QueueSql`], [`LeaseSql`], [`ReadSql`],
+//! [`UpkeepSql`]), and what the transaction scripts need to speak to any backend through them: values
 //! to bind ([`Arg`], [`Stmt`]), rows to read ([`Record`] and the row readers), and SQL written
 //! once, with `$n` placeholders (both drivers take them) and the few words the dialects spell
 //! differently ([`Spelling`], rendered by [`sql!`]).
 //!
-//! A backend implements [`Dialect`] for its store: how it connects, how it binds a batch (a
+//! A backend implements these for its store: how it connects, how it binds a batch (a
 //! JSON array on SQLite, arrays on PostgreSQL), how it locks (one writer, or row locks and
 //! advisory locks), how it keeps leases (the application's clock, or the server's), its queue
 //! adapter, and the reads it answers its own way for speed. Everything else is written once.
@@ -171,7 +172,7 @@ macro_rules! record_for {
 }
 pub(crate) use record_for;
 
-/// What [`Dialect::ends_and_claims_at_once`] wrote: each ended run with the status it took,
+/// What [`RunSql::ends_and_claims_at_once`] wrote: each ended run with the status it took,
 /// the tasks taken, and the claimed runs' rows.
 pub(crate) type EndsAndClaims<R> = (Vec<(String, RunStatus)>, usize, Vec<R>);
 
@@ -283,8 +284,10 @@ pub(crate) use sql;
 pub(crate) trait Fut<T>: Future<Output = Result<T, StoreError>> + Send {}
 impl<T, F: Future<Output = Result<T, StoreError>> + Send> Fut<T> for F {}
 
-/// What a backend provides to the transaction scripts: its connections, the statements that
-/// really differ, and its own upkeep. A store that implements it is a [`super::RunStore`].
+/// What a backend provides to every transaction script: its connections and statements, how
+/// it spells what differs, and its locks. What differs by concern is in the traits below
+/// ([`RunSql`], [`QueueSql`], [`LeaseSql`], [`ReadSql`], [`UpkeepSql`]); a store that
+/// implements them all is a [`super::RunStore`].
 pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     type Conn: Send;
     type Row: Record;
@@ -297,7 +300,6 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// How it spells what the dialects spell differently.
     const SPELLING: Spelling;
 
-    // Connections.
     /// Starts a transaction that will write.
     fn begin(&self) -> impl Fut<Self::Tx>;
     fn commit(tx: Self::Tx) -> impl Fut<()>;
@@ -309,12 +311,16 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// A connection for a write outside a transaction (one statement).
     fn writer(&self) -> impl Fut<Self::Pooled>;
 
-    // Statements.
     fn execute(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<u64>;
     fn fetch_all(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<Vec<Self::Row>>;
     fn fetch_optional(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<Option<Self::Row>>;
 
-    // Batches, bound each backend's way.
+    /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
+    fn lock_jobs(c: &mut Self::Conn, jobs: &[&str]) -> impl Fut<()>;
+}
+
+/// The statements of runs that bind a batch or lock rows each backend's way: tick keys, ends, steps closed, claims.
+pub(crate) trait RunSql: Dialect {
     /// Records tick keys `(job, scheduled instant, run id)`; returns the run ids whose key was
     /// new. Of two writers recording one key, the second finds it taken.
     fn record_ticks(c: &mut Self::Conn, keys: Vec<(&str, i64, &str)>) -> impl Fut<HashSet<String>>;
@@ -327,7 +333,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
     /// `ends`, then the lease check, take and claim of up to `n` runs for `worker` that
     /// [`super::Ends::claim_queued`] makes — each ended run with the status it took, the
-    /// tasks taken, and the claimed runs' rows (as [`Dialect::claim`]'s). `None`: the script
+    /// tasks taken, and the claimed runs' rows (as [`RunSql::claim`]'s). `None`: the script
     /// writes them as a transaction of those statements.
     fn ends_and_claims_at_once(
         &self,
@@ -338,10 +344,6 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     ) -> impl Future<Output = Option<Result<EndsAndClaims<Self::Row>, StoreError>>> + Send {
         async { None }
     }
-
-    // Locking.
-    /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
-    fn lock_jobs(c: &mut Self::Conn, jobs: &[&str]) -> impl Fut<()>;
     /// Claims the runs of `ids` still queued for `worker`, under its lease's `epoch` (the
     /// caller read it live in this transaction); rows: `job_snapshot`, `resumed` and
     /// [`run_cols`]. The guard that makes a run execute at most once.
@@ -349,16 +351,20 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Marks the runs of `ids` still queued and not handed over as handed to the queue;
     /// returns those it marked.
     fn mark_dispatched(c: &mut Self::Conn, ids: &[String], now: i64) -> impl Fut<Vec<String>>;
+}
 
-    // The queue (apalis).
+/// The queue (apalis): tasks pushed, taken, forgotten.
+pub(crate) trait QueueSql: Dialect {
     /// Pushes a task per run.
     fn push(c: &mut Self::Conn, ids: &[String]) -> impl Fut<()>;
     /// Takes and consumes up to `n` tasks: how many, and their run ids.
     fn take(c: &mut Self::Conn, n: usize) -> impl Fut<(usize, Vec<String>)>;
     /// Drops every task of our queue.
     fn forget_queue(c: &mut Self::Conn) -> impl Fut<()>;
+}
 
-    // Leases and recovery.
+/// Leases on the clock they are measured by, and the runs of workers that are gone.
+pub(crate) trait LeaseSql: Dialect {
     /// Takes or renews `me`'s lease (see [`super::Leases::heartbeat`]).
     /// Returns the lease's epoch and the time it was written at on the clock leases are
     /// measured by (ms), or `None` when another process holds the name.
@@ -368,8 +374,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Marks the runs left `running` by workers that are gone `interrupted` (see
     /// [`super::Leases::recover`]) and returns them ([`run_cols`]).
     fn interrupt_orphans(c: &mut Self::Conn, starting: Option<&str>, now: i64) -> impl Fut<Vec<Self::Row>>;
+}
 
-    // Reads each backend answers its own way, for speed.
+/// Reads each backend answers its own way, for speed.
+pub(crate) trait ReadSql: Dialect {
     fn job_states(&self) -> impl Fut<HashMap<String, JobState>>;
     fn job_overview(&self, job: &str, recent: u32) -> impl Fut<JobOverview>;
     fn last_runs(&self, jobs: &[&str]) -> impl Fut<HashMap<String, RunBrief>>;
@@ -377,8 +385,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn listing_changes(&self) -> impl Future<Output = Option<u64>> + Send {
         async { None }
     }
+}
 
-    // Upkeep.
+/// The backend's own upkeep.
+pub(crate) trait UpkeepSql: Dialect {
     fn migrate(&self) -> impl Fut<()>;
     fn close(&self) -> impl Future<Output = ()> + Send;
     fn check(&self) -> impl Future<Output = Result<(), String>> + Send;

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Record, Stmt, handed_from_row, sql};
+use super::dialect::{QueueSql, Record, RunSql, Stmt, handed_from_row, sql};
 use super::scripts::*;
 use super::{Dispatch, NewRun, RunEnd, StoreError, Taken, ms, new_id, status_list};
 use crate::run::{Run, RunStatus, Transitions};
@@ -60,7 +60,7 @@ pub(crate) trait Ends: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Ends for D {
+impl<D: RunSql + QueueSql> Ends for D {
     /// The tasks taken are this transaction's alone, so their runs are locked by nobody else
     /// but a concurrent cancel: the claim waits for it and then leaves the run out.
     async fn claim_queued(&self, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError> {

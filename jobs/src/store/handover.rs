@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Locked, Record, Stmt, sql};
+use super::dialect::{Locked, QueueSql, Record, RunSql, Stmt, sql};
 use super::scripts::*;
 use super::{ACTIVE, DUE_BATCH, Handed, StoreError, from_ms, ms};
 use crate::run::Trigger;
@@ -27,7 +27,7 @@ pub(crate) trait Handover: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Handover for D {
+impl<D: RunSql + QueueSql> Handover for D {
     async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String, Trigger)>, StoreError> {
         let q = Stmt::new(due_undispatched_sql::<D>(), "reading due runs").bind(ms(now)).bind(DUE_BATCH as i64);
         Ok(D::fetch_all(&mut *self.reader().await?, q)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Stmt, job_state_from_row, sql};
+use super::dialect::{ReadSql, Stmt, job_state_from_row, sql};
 use super::{JobState, StoreError, ms};
 
 #[async_trait]
@@ -19,9 +19,9 @@ pub(crate) trait JobStates: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> JobStates for D {
+impl<D: ReadSql> JobStates for D {
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
-        Dialect::job_states(self).await
+        ReadSql::job_states(self).await
     }
 
     async fn job_state(&self, job: &str) -> Result<JobState, StoreError> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Stmt, leases_with_runs, run_cols, run_from_row, sql};
+use super::dialect::{LeaseSql, QueueSql, RunSql, Stmt, leases_with_runs, run_cols, run_from_row, sql};
 use super::scripts::*;
 use super::{Lease, StoreError, WorkerId, WorkerLease, from_ms, ms};
 use crate::run::{Run, RunStatus};
@@ -34,9 +34,9 @@ pub(crate) trait Leases: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Leases for D {
+impl<D: LeaseSql + RunSql + QueueSql> Leases for D {
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<Lease>, StoreError> {
-        let row = Dialect::heartbeat(self, me, lease, take_over, ms(now)).await?;
+        let row = LeaseSql::heartbeat(self, me, lease, take_over, ms(now)).await?;
         Ok(row.map(|(epoch, server_now)| Lease { epoch, server_now: from_ms(server_now) }))
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 
 use super::RunBrief;
-use super::dialect::{Dialect, Record, Stmt, run_from_row, sql};
+use super::dialect::{ReadSql, Record, Stmt, run_from_row, sql};
 use super::{JobOverview, RunFilter, StoreError};
 use crate::run::Run;
 
@@ -30,22 +30,22 @@ pub(crate) trait Listings: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Listings for D {
+impl<D: ReadSql> Listings for D {
     /// Runs, newest first, with paging by cursor.
     async fn list_runs(&self, f: &RunFilter) -> Result<Vec<Run>, StoreError> {
         Ok(D::fetch_all(&mut *self.reader().await?, f.query(&D::SPELLING)).await?.iter().map(run_from_row).collect())
     }
 
     async fn job_overview(&self, job: &str, recent: u32) -> Result<JobOverview, StoreError> {
-        Dialect::job_overview(self, job, recent).await
+        ReadSql::job_overview(self, job, recent).await
     }
 
     async fn last_runs(&self, jobs: &[&str]) -> Result<HashMap<String, RunBrief>, StoreError> {
-        Dialect::last_runs(self, jobs).await
+        ReadSql::last_runs(self, jobs).await
     }
 
     async fn listing_changes(&self) -> Option<u64> {
-        Dialect::listing_changes(self).await
+        ReadSql::listing_changes(self).await
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {

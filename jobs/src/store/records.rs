@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Record, Stmt, call_from_row, run_cols, run_from_row, sql, step_from_row, values};
+use super::dialect::{Record, RunSql, Stmt, call_from_row, run_cols, run_from_row, sql, step_from_row, values};
 use super::scripts::*;
 use super::{Decided, Dispatch, NewRun, StepDecision, StoreError, from_ms, ms, new_id};
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
@@ -54,7 +54,7 @@ pub(crate) trait Records: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Records for D {
+impl<D: RunSql> Records for D {
     async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError> {
         let existing = |job: &str, key: &str| {
             Stmt::new(sql!(D, "SELECT id FROM ll_runs WHERE job = $1 AND idempotency_key = $2"), "looking up an idempotency key")

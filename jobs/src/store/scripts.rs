@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Locked, Record, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
+use super::dialect::{Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
 use super::{Dispatch, Handed, NewRun, RulesOf, RunEnd, StoreError, StoredJob, Taken, from_ms, ms};
 use crate::decide::notify_on_wait;
 use crate::notify::{self, NewNotification};
@@ -99,7 +99,7 @@ pub(super) async fn insert_runs<D: Dialect>(
 
 /// Closes the steps still open (running or waiting) of runs that ended without succeeding
 /// ([`super::steps_closed_by`]). `ends`: (run id, run status).
-pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
+pub(super) async fn close_steps<D: RunSql>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
     let ends: Vec<(&str, StepStatus)> = ends.iter().filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| (*id, step))).collect();
     if ends.is_empty() {
         return Ok(());
@@ -107,8 +107,8 @@ pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunS
     D::close_steps(c, &ends, ms(now)).await
 }
 
-/// Claims `ids` for `worker` under its lease's `epoch` (see [`Dialect::claim`]).
-pub(super) async fn claim<D: Dialect>(
+/// Claims `ids` for `worker` under its lease's `epoch` (see [`RunSql::claim`]).
+pub(super) async fn claim<D: RunSql>(
     c: &mut D::Conn,
     ids: &[String],
     worker: &str,
@@ -125,7 +125,12 @@ pub(super) async fn claim<D: Dialect>(
 /// Takes up to `n` tasks and claims their runs for `worker`, in the caller's transaction.
 /// Taking a task consumes it: a worker without a live lease (whose claims would take nothing)
 /// leaves the queue alone.
-pub(super) async fn take_and_claim<D: Dialect>(c: &mut D::Conn, n: usize, worker: &str, now: DateTime<Utc>) -> Result<Taken, StoreError> {
+pub(super) async fn take_and_claim<D: RunSql + QueueSql>(
+    c: &mut D::Conn,
+    n: usize,
+    worker: &str,
+    now: DateTime<Utc>,
+) -> Result<Taken, StoreError> {
     let Some(epoch) = live_epoch::<D>(c, worker).await? else {
         return Ok(Taken::default());
     };

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::dialect::{Dialect, Record, Stmt, sql, values};
+use super::dialect::{QueueSql, Record, RunSql, Stmt, sql, values};
 use super::scripts::*;
 use super::{ACTIVE, Claim, Hold, NewRun, StoreError, TickOutcome, TickPlan, from_ms, ms, new_id, plan_ticks};
 use crate::run::Trigger;
@@ -45,7 +45,7 @@ pub(crate) trait Ticks: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Ticks for D {
+impl<D: RunSql + QueueSql> Ticks for D {
     async fn fire_ticks_held(
         &self,
         ticks: Vec<(NewRun, Overlap)>,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Stmt, sql};
+use super::dialect::{Stmt, UpkeepSql, sql};
 use super::{ACTIVE, StoreError, TICK_KEYS_KEPT, ms};
 
 #[async_trait]
@@ -26,17 +26,17 @@ pub(crate) trait Upkeep: Send + Sync + std::fmt::Debug {
 }
 
 #[async_trait]
-impl<D: Dialect> Upkeep for D {
+impl<D: UpkeepSql> Upkeep for D {
     async fn migrate(&self) -> Result<(), StoreError> {
-        Dialect::migrate(self).await
+        UpkeepSql::migrate(self).await
     }
 
     async fn close(&self) {
-        Dialect::close(self).await
+        UpkeepSql::close(self).await
     }
 
     async fn check(&self) -> Result<(), String> {
-        Dialect::check(self).await
+        UpkeepSql::check(self).await
     }
 
     async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError> {
@@ -91,6 +91,6 @@ impl<D: Dialect> Upkeep for D {
             "pruning notifications",
         );
         D::execute(&mut *self.writer().await?, q).await?;
-        Dialect::housekeeping(self).await
+        UpkeepSql::housekeeping(self).await
     }
 }

@@ -27,7 +27,10 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 
-use super::dialect::{Arg, Dialect, EndsAndClaims, Locked, Record, Spelling, Stmt, job_state_from_row, record_for, run_cols, sql};
+use super::dialect::{
+    Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, job_state_from_row,
+    record_for, run_cols, sql,
+};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief, ms};
 use crate::run::{RunStatus, StepStatus};
 
@@ -81,7 +84,7 @@ fn bind_ends<'q>(
         .bind(ends.iter().map(|e| e.last).collect::<Vec<_>>())
 }
 
-/// The claim of [`Dialect::claim`], as text: the queued runs among those `which` selects
+/// The claim of [`RunSql::claim`], as text: the queued runs among those `which` selects
 /// (a condition on `id`) are locked in id order (`skip`: `SKIP LOCKED` or empty) and become
 /// `worker`'s, started at `now`, under `epoch` (each an expression); rows: `job_snapshot`,
 /// `resumed` and [`run_cols`]. The guard that makes a run execute at most once.
@@ -238,6 +241,19 @@ impl Dialect for PgStore {
         bound(sqlx::query(q.sql), q.args).fetch_optional(c).await.ctx(q.what)
     }
 
+    /// A transaction-scoped advisory lock per job, taken in job order (no deadlock).
+    async fn lock_jobs(c: &mut PgConnection, jobs: &[&str]) -> Result<(), StoreError> {
+        sqlx::query("SELECT count(pg_advisory_xact_lock($2, hashtext(j))) FROM (SELECT j FROM unnest($1::text[]) j ORDER BY j) s")
+            .bind(jobs)
+            .bind(TICK_LOCKS)
+            .execute(c)
+            .await
+            .ctx("locking jobs for their ticks")?;
+        Ok(())
+    }
+}
+
+impl RunSql for PgStore {
     /// In (job, instant) order, so that workers firing the same ticks lock them in the same
     /// order; a key another worker holds makes this one wait for its commit, then find it
     /// taken.
@@ -342,17 +358,6 @@ impl Dialect for PgStore {
         Some(written.await)
     }
 
-    /// A transaction-scoped advisory lock per job, taken in job order (no deadlock).
-    async fn lock_jobs(c: &mut PgConnection, jobs: &[&str]) -> Result<(), StoreError> {
-        sqlx::query("SELECT count(pg_advisory_xact_lock($2, hashtext(j))) FROM (SELECT j FROM unnest($1::text[]) j ORDER BY j) s")
-            .bind(jobs)
-            .bind(TICK_LOCKS)
-            .execute(c)
-            .await
-            .ctx("locking jobs for their ticks")?;
-        Ok(())
-    }
-
     /// The rows to take are picked once (a materialized CTE: see `queue::take`), in id order,
     /// by the primary key alone: `(status = …) IS TRUE` keeps the planner off the status
     /// index. With statistics from before a burst it took 50,000 queued rows from that index to
@@ -374,7 +379,7 @@ impl Dialect for PgStore {
         sqlx::query(sql).bind(ids).bind(worker).bind(now).bind(epoch).fetch_all(c).await.ctx("claiming runs")
     }
 
-    /// By the primary key alone, as [`Dialect::claim`] (the undispatched index, driven by
+    /// By the primary key alone, as [`RunSql::claim`] (the undispatched index, driven by
     /// stale statistics, was read whole: 7 ms a batch).
     async fn mark_dispatched(c: &mut PgConnection, ids: &[String], now: i64) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar(sql!(
@@ -389,7 +394,9 @@ impl Dialect for PgStore {
         .await
         .ctx("marking runs dispatched")
     }
+}
 
+impl QueueSql for PgStore {
     async fn push(c: &mut PgConnection, ids: &[String]) -> Result<(), StoreError> {
         queue::push(c, ids).await
     }
@@ -401,7 +408,9 @@ impl Dialect for PgStore {
     async fn forget_queue(c: &mut PgConnection) -> Result<(), StoreError> {
         queue::forget_all(c).await
     }
+}
 
+impl LeaseSql for PgStore {
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<Option<(i64, i64)>, StoreError> {
         // A renewal keeps the epoch only while the lease is live and the same process holds
         // it: a lease that ran out, or a new process under the name, starts a new epoch, and
@@ -463,7 +472,9 @@ impl Dialect for PgStore {
         .await
         .ctx("interrupting orphaned runs")
     }
+}
 
+impl ReadSql for PgStore {
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
         let rows = sqlx::query("SELECT job, paused, pause_reason, paused_at, last_tick FROM ll_job_state")
             .fetch_all(&self.pool)
@@ -505,7 +516,9 @@ impl Dialect for PgStore {
         let row = |r: &PgRow| brief((r.get("id"), r.get("status"), r.get("trigger"), r.get("enqueued_at"), r.get("finished_at")));
         Ok(rows.iter().map(|r| (r.get("job"), row(r))).collect())
     }
+}
 
+impl UpkeepSql for PgStore {
     /// apalis's migrations (their own history table, `apalis._sqlx_migrations`), then ours
     /// (`public._sqlx_migrations`). sqlx holds an advisory lock while it migrates, so workers
     /// starting together apply each migration once.
@@ -561,7 +574,7 @@ mod tests {
 
     async fn store(cluster: &lamplighter_tests::pg::Cluster) -> PgStore {
         let store = PgStore::connect(&cluster.url(), 4, Duration::from_secs(30)).await.expect("connect");
-        Dialect::migrate(&store).await.expect("migrate");
+        UpkeepSql::migrate(&store).await.expect("migrate");
         store
     }
 

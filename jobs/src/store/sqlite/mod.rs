@@ -18,7 +18,9 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 
-use super::dialect::{Arg, Dialect, EndsAndClaims, Locked, Record, Spelling, Stmt, record_for, run_cols, sql};
+use super::dialect::{
+    Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, record_for, run_cols, sql,
+};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -422,6 +424,13 @@ impl Dialect for SqliteStore {
         bound(sqlx::query(q.sql), q.args).fetch_optional(c).await.ctx(q.what)
     }
 
+    /// One connection writes: the transaction is the only one deciding.
+    async fn lock_jobs(_: &mut SqliteConnection, _: &[&str]) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+impl RunSql for SqliteStore {
     /// Without RETURNING (1,000 returned rows cost more than the insert): when every key was
     /// new, which is the rule, all ticks are fresh; otherwise look up which keys hold our run
     /// ids.
@@ -539,11 +548,6 @@ impl Dialect for SqliteStore {
         Some(written.await)
     }
 
-    /// One connection writes: the transaction is the only one deciding.
-    async fn lock_jobs(_: &mut SqliteConnection, _: &[&str]) -> Result<(), StoreError> {
-        Ok(())
-    }
-
     async fn claim(
         c: &mut SqliteConnection,
         ids: &[String],
@@ -570,7 +574,9 @@ impl Dialect for SqliteStore {
             .await
             .ctx("marking runs dispatched")
     }
+}
 
+impl QueueSql for SqliteStore {
     async fn push(c: &mut SqliteConnection, ids: &[String]) -> Result<(), StoreError> {
         queue::push(c, ids).await
     }
@@ -582,7 +588,9 @@ impl Dialect for SqliteStore {
     async fn forget_queue(c: &mut SqliteConnection) -> Result<(), StoreError> {
         queue::forget_all(c).await
     }
+}
 
+impl LeaseSql for SqliteStore {
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: i64) -> Result<Option<(i64, i64)>, StoreError> {
         let lease_until = now + lease.as_millis() as i64;
         let epoch: Option<i64> = sqlx::query_scalar(HEARTBEAT)
@@ -623,7 +631,9 @@ impl Dialect for SqliteStore {
         .await
         .ctx("interrupting orphaned runs")
     }
+}
 
+impl ReadSql for SqliteStore {
     async fn job_states(&self) -> Result<HashMap<String, JobState>, StoreError> {
         // One JSON row for every job's state (see `parse_aggregate`).
         static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -696,7 +706,9 @@ impl Dialect for SqliteStore {
         let n: i64 = sqlx::query_scalar("SELECT n FROM ll_listing_changes WHERE id = 1").fetch_one(&self.pool).await.ok()?;
         Some(n as u64)
     }
+}
 
+impl UpkeepSql for SqliteStore {
     /// Applies apalis's migrations and ours. Both share sqlx's migrations table, so each
     /// ignores the other's entries.
     async fn migrate(&self) -> Result<(), StoreError> {
