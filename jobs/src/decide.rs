@@ -138,6 +138,15 @@ pub(crate) fn next_attempt(attempt: u32, policy: Option<&RetryPolicy>, now: Date
     (attempt <= policy.max).then(|| now + chrono::Duration::from_std(policy.delay(attempt)).unwrap_or_default())
 }
 
+/// How a claimed run's end is recorded when a cancel was asked for while it ran: a success
+/// stands (its work is done, its effects are real); any other end — a failure, a timeout, an
+/// interruption, a wait for a decision — becomes the cancel (with the cancel's reason as its
+/// error, and no wait). The stores render this as SQL (`store::CANCEL_WINS`), so that one
+/// statement decides it for a batch of ends.
+pub(crate) fn end_with_cancel(asked: RunStatus, cancel_requested: bool) -> RunStatus {
+    if cancel_requested && asked != RunStatus::Succeeded { RunStatus::Cancelled } else { asked }
+}
+
 /// Which waiting step a decision is about: the one named, or the only one when none is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StepChoice<'a> {
@@ -293,6 +302,17 @@ pub(crate) fn notify_on_wait(step: &str, rules: &[NotifyRule]) -> Vec<(usize, No
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cancel_asked_for_while_a_run_ran_wins_over_every_end_but_a_success() {
+        for asked in RunStatus::ALL {
+            let recorded = end_with_cancel(asked, true);
+            let want = if asked == RunStatus::Succeeded { RunStatus::Succeeded } else { RunStatus::Cancelled };
+            assert_eq!(recorded, want, "{asked:?}");
+            assert_eq!(end_with_cancel(asked, false), asked, "no cancel: {asked:?} as asked");
+        }
+    }
+
     use lamplighter_config::Backoff;
     use std::time::Duration;
 

@@ -241,6 +241,7 @@ pub(crate) fn numbered(sql: &str, s: &Spelling) -> String {
 pub(crate) fn render(text: &str, s: &Spelling) -> String {
     let mut out = super::fill_statuses(text)
         .replace("{held}", HELD)
+        .replace("{cancel_wins}", &super::CANCEL_WINS)
         .replace("{lease_live}", s.lease_live)
         .replace("{greatest}", s.greatest)
         .replace("{lock}", s.lock)

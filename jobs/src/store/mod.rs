@@ -325,6 +325,18 @@ pub(crate) fn status_list(statuses: impl Iterator<Item = RunStatus>) -> String {
     format!("({})", names.join(","))
 }
 
+/// `{cancel_wins}`: the end `j.status` of a run whose cancel was asked for (`ll_runs.cancel_requested`)
+/// is recorded as the cancel instead: [`crate::decide::end_with_cancel`], as SQL over the
+/// statuses it turns into `cancelled`.
+pub(crate) static CANCEL_WINS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let cancelled = RunStatus::ALL.into_iter().filter(|s| {
+        let recorded = crate::decide::end_with_cancel(*s, true);
+        assert!(recorded == *s || recorded == RunStatus::Cancelled, "a cancel turns {s:?} into {recorded:?}: not SQL's CASE");
+        recorded == RunStatus::Cancelled && *s != RunStatus::Cancelled
+    });
+    format!("(ll_runs.cancel_requested IS NOT NULL AND j.status IN {})", status_list(cancelled))
+});
+
 /// The statuses of runs still going, as an SQL list.
 pub(crate) static ACTIVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| status_list(RunStatus::active()));
 

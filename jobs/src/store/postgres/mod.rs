@@ -54,11 +54,11 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 /// The ends of runs still `running` (bound by [`bind_ends`]); returns each run ended with the
 /// status it took: the one asked for, or `cancelled` when a cancel was asked for meanwhile and
 /// the run had not succeeded.
-const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
+const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
                     output = j.output,
-                    error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
-                    finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN $8 END,
-                    wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
+                    error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
+                    finished_at = CASE WHEN j.finished OR {cancel_wins} THEN $8 END,
+                    wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
                     started_at = coalesce(j.started_at, ll_runs.started_at),
                     trace_id = coalesce(j.trace_id, ll_runs.trace_id),
                     next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END

@@ -830,11 +830,11 @@ fn claim_from_queue() -> String {
 /// `?2`: a cancel asked for meanwhile turns an end that is not a success into `cancelled`.
 /// `{held}` is only the epoch here (one worker per file): a run claimed by an earlier process
 /// is never finished by this one. (`+ll_runs.status`: see `finish_runs`.)
-const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.status ELSE {Cancelled} END,
+const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
                             output = j.output,
-                            error = CASE WHEN ll_runs.cancel_requested IS NULL OR j.status = {Succeeded} THEN j.error ELSE ll_runs.cancel_requested END,
-                            finished_at = CASE WHEN j.finished OR (ll_runs.cancel_requested IS NOT NULL AND j.status <> {Succeeded}) THEN ?2 END,
-                            wait_until = CASE WHEN ll_runs.cancel_requested IS NULL THEN j.wait_until END,
+                            error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
+                            finished_at = CASE WHEN j.finished OR {cancel_wins} THEN ?2 END,
+                            wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
                             started_at = coalesce(j.started_at, ll_runs.started_at),
                             trace_id = coalesce(j.trace_id, ll_runs.trace_id),
                             next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
