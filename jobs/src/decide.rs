@@ -2,10 +2,13 @@
 //! allow, replace, queue), how a run's end is recorded, and whether a failed run gets another
 //! attempt. No SQL, no tokio: the store and the executor record what these decide.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+
 use chrono::{DateTime, Utc};
 use lamplighter_config::{NotifyOn, NotifyRule, Overlap, RetryPolicy};
 
 use crate::run::{Outcome, RunStatus};
+use crate::store::{Claim, Dispatch, Handed, NewRun, TickOutcome, ms};
 
 /// What is known about a job when one of its ticks fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +302,91 @@ pub(crate) fn notify_on_wait(step: &str, rules: &[NotifyRule]) -> Vec<(usize, No
     rules.iter().enumerate().filter(|(_, r)| r.on == on).map(|(i, _)| (i, on)).collect()
 }
 
+/// A wake's tick decisions, for the store to write in its transaction.
+pub(crate) struct TickPlan<'a> {
+    /// Per tick, in order: `None` for a tick another caller recorded first.
+    pub(crate) out: Vec<Option<TickOutcome>>,
+    /// The runs to insert, with how each is handed over.
+    pub(crate) rows: Vec<(String, NewRun, Dispatch<'a>)>,
+    /// Runs that go to the queue.
+    pub(crate) pushed: Vec<String>,
+    /// Each job's latest tick, by job (in job order: the order writers lock them in).
+    pub(crate) last_ticks: BTreeMap<String, i64>,
+}
+
+/// Decides the ticks of one wake (`ids[i]` is tick `i`'s new run id; `fresh`: the ids whose
+/// tick key this caller recorded), with the pause state and active runs the store read in its
+/// transaction; the first `claim.slots` runs that can start now are claimed for
+/// `claim.worker`. The same for every backend: the stores differ only in how they read the
+/// facts and write the plan.
+pub(crate) fn plan_ticks<'a>(
+    ticks: Vec<(NewRun, Overlap)>,
+    ids: Vec<String>,
+    fresh: &HashSet<String>,
+    paused: &HashSet<String>,
+    mut active: HashMap<String, Vec<String>>,
+    claim: Claim<'a>,
+    now: DateTime<Utc>,
+) -> TickPlan<'a> {
+    let mut handoff = claim.slots;
+    // Decide tick by tick, in order: a run this batch queued is active for the job's
+    // later ticks in it (caught-up ticks queue behind each other).
+    let mut out = Vec::with_capacity(ticks.len());
+    let mut rows: Vec<(String, NewRun, Dispatch<'a>)> = Vec::with_capacity(out.capacity());
+    let mut pushed = Vec::new();
+    let mut last_ticks: BTreeMap<String, i64> = BTreeMap::new();
+    for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
+        if !fresh.contains(&id) {
+            out.push(None);
+            continue;
+        }
+        let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
+        let job_active = active.entry(run.job.clone()).or_default();
+        let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
+        let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
+        let mut hold = false;
+        match decision {
+            TickDecision::Start => job_active.push(id.clone()),
+            TickDecision::Hold => {
+                hold = true;
+                job_active.push(id.clone());
+            }
+            TickDecision::Skip(why) => {
+                run.status = RunStatus::Skipped;
+                run.error = Some(why);
+            }
+            TickDecision::Replace(old) => {
+                outcome.replaced = old;
+                *job_active = vec![id.clone()];
+            }
+        }
+        let mut dispatched = Dispatch::No;
+        if run.status == RunStatus::Queued && !hold && run.due_at <= now {
+            if handoff > 0 {
+                // Claimed here, in the tick's transaction: no second round trip before
+                // the run starts.
+                handoff -= 1;
+                dispatched = Dispatch::Claimed(claim.worker);
+                run.status = RunStatus::Running;
+                let mut handed = run.to_run(&id, now);
+                handed.started_at = Some(now);
+                handed.worker = Some(claim.worker.to_string());
+                outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone(), resumed: false });
+            } else {
+                dispatched = Dispatch::Queued;
+                outcome.pushed = true;
+                pushed.push(id.clone());
+            }
+        }
+        outcome.status = run.status;
+        let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
+        *lt = (*lt).max(tick);
+        rows.push((id, run, dispatched));
+        out.push(Some(outcome));
+    }
+    TickPlan { out, rows, pushed, last_ticks }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +402,63 @@ mod tests {
     }
 
     use lamplighter_config::Backoff;
+
+    /// One wake's ticks, decided in order: a tick another writer recorded is none of this
+    /// caller's; a paused job's is skipped; `forbid` skips a tick behind one of the same wake;
+    /// the first runs that can start are claimed (as many as there are slots), the rest
+    /// queued; each job's last tick is its latest.
+    #[test]
+    fn a_wakes_ticks_are_decided_in_order_and_claimed_up_to_the_slots() {
+        let t = Utc::now();
+        let tick = |job: &str, s: i64| NewRun {
+            job: job.into(),
+            trigger: crate::run::Trigger::Cron,
+            status: RunStatus::Queued,
+            scheduled_at: Some(t + chrono::TimeDelta::seconds(s)),
+            due_at: t + chrono::TimeDelta::seconds(s),
+            attempt: 1,
+            input: None,
+            parameters: None,
+            error: None,
+            idempotency_key: None,
+            retry_of: None,
+            root_id: None,
+            snapshot: None,
+            requested_by: None,
+        };
+        let ticks = vec![
+            (tick("a", -2), Overlap::Allow),
+            (tick("a", -1), Overlap::Allow),
+            (tick("paused", -1), Overlap::Allow),
+            (tick("seen", -1), Overlap::Allow),
+            (tick("f", -2), Overlap::Forbid),
+            (tick("f", -1), Overlap::Forbid),
+            (tick("later", 60), Overlap::Allow),
+        ];
+        let ids: Vec<String> = (0..ticks.len()).map(|i| format!("r{i}")).collect();
+        let fresh: HashSet<String> = ids.iter().filter(|id| *id != "r3").cloned().collect();
+        let paused: HashSet<String> = ["paused".to_owned()].into();
+        let plan = plan_ticks(ticks, ids, &fresh, &paused, HashMap::new(), Claim { worker: "w", slots: 2 }, t);
+        let out: Vec<Option<(RunStatus, bool, bool)>> =
+            plan.out.iter().map(|o| o.as_ref().map(|o| (o.status, o.handed.is_some(), o.pushed))).collect();
+        assert_eq!(
+            out,
+            [
+                Some((RunStatus::Running, true, false)),
+                Some((RunStatus::Running, true, false)),
+                Some((RunStatus::Skipped, false, false)),
+                None,
+                Some((RunStatus::Queued, false, true)),
+                Some((RunStatus::Skipped, false, false)),
+                Some((RunStatus::Queued, false, false)),
+            ],
+            "claimed, claimed, paused, recorded elsewhere, queued (no slot left), forbidden, not due"
+        );
+        assert_eq!(plan.pushed, ["r4"]);
+        assert_eq!(plan.rows.len(), 6, "a run for each tick this caller recorded");
+        assert_eq!(plan.last_ticks.get("a"), Some(&ms(t - chrono::TimeDelta::seconds(1))));
+        assert_eq!(plan.last_ticks.get("later"), Some(&ms(t + chrono::TimeDelta::seconds(60))));
+    }
     use std::time::Duration;
 
     fn rule(on: NotifyOn, after: u32) -> NotifyRule {

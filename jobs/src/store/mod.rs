@@ -16,14 +16,11 @@
 //! - [`postgres`]: the shared backend (any number of workers; leases, `LISTEN`/`NOTIFY`).
 //! - `contract` (tests only): the suite every implementation must pass.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use lamplighter_config::Overlap;
-
-use crate::decide::{TickDecision, TickFacts, decide_tick};
 pub(crate) use crate::definitions::{ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob};
 pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
@@ -500,91 +497,6 @@ pub(crate) enum Dispatch<'a> {
     Queued,
     /// Claimed by this worker at once.
     Claimed(&'a str),
-}
-
-/// A wake's tick decisions, for the store to write in its transaction.
-pub(crate) struct TickPlan<'a> {
-    /// Per tick, in order: `None` for a tick another caller recorded first.
-    pub(crate) out: Vec<Option<TickOutcome>>,
-    /// The runs to insert, with how each is handed over.
-    pub(crate) rows: Vec<(String, NewRun, Dispatch<'a>)>,
-    /// Runs that go to the queue.
-    pub(crate) pushed: Vec<String>,
-    /// Each job's latest tick, by job (in job order: the order writers lock them in).
-    pub(crate) last_ticks: BTreeMap<String, i64>,
-}
-
-/// Decides the ticks of one wake (`ids[i]` is tick `i`'s new run id; `fresh`: the ids whose
-/// tick key this caller recorded), with the pause state and active runs the store read in its
-/// transaction; the first `claim.slots` runs that can start now are claimed for
-/// `claim.worker`. The same for every backend: the stores differ only in how they read the
-/// facts and write the plan.
-pub(crate) fn plan_ticks<'a>(
-    ticks: Vec<(NewRun, Overlap)>,
-    ids: Vec<String>,
-    fresh: &HashSet<String>,
-    paused: &HashSet<String>,
-    mut active: HashMap<String, Vec<String>>,
-    claim: Claim<'a>,
-    now: DateTime<Utc>,
-) -> TickPlan<'a> {
-    let mut handoff = claim.slots;
-    // Decide tick by tick, in order: a run this batch queued is active for the job's
-    // later ticks in it (caught-up ticks queue behind each other).
-    let mut out = Vec::with_capacity(ticks.len());
-    let mut rows: Vec<(String, NewRun, Dispatch<'a>)> = Vec::with_capacity(out.capacity());
-    let mut pushed = Vec::new();
-    let mut last_ticks: BTreeMap<String, i64> = BTreeMap::new();
-    for ((mut run, policy), id) in ticks.into_iter().zip(ids) {
-        if !fresh.contains(&id) {
-            out.push(None);
-            continue;
-        }
-        let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
-        let job_active = active.entry(run.job.clone()).or_default();
-        let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
-        let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
-        let mut hold = false;
-        match decision {
-            TickDecision::Start => job_active.push(id.clone()),
-            TickDecision::Hold => {
-                hold = true;
-                job_active.push(id.clone());
-            }
-            TickDecision::Skip(why) => {
-                run.status = RunStatus::Skipped;
-                run.error = Some(why);
-            }
-            TickDecision::Replace(old) => {
-                outcome.replaced = old;
-                *job_active = vec![id.clone()];
-            }
-        }
-        let mut dispatched = Dispatch::No;
-        if run.status == RunStatus::Queued && !hold && run.due_at <= now {
-            if handoff > 0 {
-                // Claimed here, in the tick's transaction: no second round trip before
-                // the run starts.
-                handoff -= 1;
-                dispatched = Dispatch::Claimed(claim.worker);
-                run.status = RunStatus::Running;
-                let mut handed = run.to_run(&id, now);
-                handed.started_at = Some(now);
-                handed.worker = Some(claim.worker.to_string());
-                outcome.handed = Some(Handed { run: handed, snapshot: run.snapshot.clone(), resumed: false });
-            } else {
-                dispatched = Dispatch::Queued;
-                outcome.pushed = true;
-                pushed.push(id.clone());
-            }
-        }
-        outcome.status = run.status;
-        let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
-        *lt = (*lt).max(tick);
-        rows.push((id, run, dispatched));
-        out.push(Some(outcome));
-    }
-    TickPlan { out, rows, pushed, last_ticks }
 }
 
 /// This worker process, as its lease records it.

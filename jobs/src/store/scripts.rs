@@ -1,7 +1,7 @@
 //! The pieces the transaction scripts share. The scripts themselves live in the concern files
 //! (`ticks.rs`, `ends.rs`, …), each written once for every backend that implements
 //! [`Dialect`]: a script reads the facts it needs, asks the pure decisions of
-//! [`crate::decide`] (and [`super::plan_ticks`]) what to do, and writes the result in the same
+//! [`crate::decide`] (`plan_ticks` for a wake's ticks) what to do, and writes the result in the same
 //! transaction; where the backends really differ (binding a batch, locking, leases, the queue)
 //! it calls the dialect.
 

@@ -9,7 +9,8 @@ use lamplighter_config::Overlap;
 
 use super::dialect::{QueueSql, Record, RunSql, Stmt, sql, values};
 use super::scripts::*;
-use super::{ACTIVE, Claim, Hold, NewRun, StoreError, TickOutcome, TickPlan, from_ms, ms, new_id, plan_ticks};
+use super::{ACTIVE, Claim, Hold, NewRun, StoreError, TickOutcome, from_ms, ms, new_id};
+use crate::decide::{TickPlan, plan_ticks};
 use crate::run::Trigger;
 
 #[async_trait]
