@@ -43,7 +43,7 @@ pub use service::{
     WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
-pub use store::{BackupError, RunFilter, StoreError, WorkerLease};
+pub use store::{BackupError, RunFilter, StorageFault, StoreError, WorkerLease};
 pub use target::BuiltinTargets;
 
 use lamplighter_config::{Config, Diagnostic, Disabled, Target};

@@ -164,80 +164,157 @@ pub enum BackupError {
     Store(#[from] StoreError),
 }
 
-/// Storage failures. The message says what was being done.
+/// Storage failures, decided where they arise ([`StoreError::new`] classifies the driver's
+/// error once): callers match the variant, never the message. Each says what was being done.
 #[derive(Debug, thiserror::Error)]
-#[error("storage: {context}: {source}")]
-pub struct StoreError {
-    context: String,
-    #[source]
-    source: sqlx::Error,
+pub enum StoreError {
+    /// The fence refused a write for run `run`: this worker no longer holds it (its lease ran
+    /// out, or another worker took the run over).
+    #[error(
+        "storage: recording for run {run}: this worker no longer holds the run: its lease ran out or another worker took the run over; the write is refused"
+    )]
+    Fenced { run: String },
+    /// The database cannot be reached for now (a connection lost, a server restarting, no
+    /// connection free in time): it may answer again by itself.
+    #[error("storage: {context}: {source}")]
+    Transient {
+        context: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The storage itself refuses: full, read-only, failing I/O, gone or damaged. It heals from
+    /// outside (space freed, the file system repaired); meanwhile the worker is not ready.
+    #[error("storage: {context}: {source}")]
+    Fault {
+        context: String,
+        fault: StorageFault,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A unique constraint refused the write: another writer got there first.
+    #[error("storage: {context}: {source}")]
+    Conflict {
+        context: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Anything else: a bug, or a database in a state this version does not know.
+    #[error("storage: {context}: {source}")]
+    Other {
+        context: String,
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
-impl StoreError {
-    pub(crate) fn new(context: impl Into<String>, source: sqlx::Error) -> Self {
-        Self { context: context.into(), source }
-    }
+/// What is wrong with the storage itself ([`StoreError::Fault`]), as its backend reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFault {
+    /// The disk is full (SQLite `SQLITE_FULL`, PostgreSQL SQLSTATE 53100).
+    Full { server: bool },
+    /// Writes are refused: a read-only file or file system (SQLite `SQLITE_READONLY`), a
+    /// read-only server (PostgreSQL 25006).
+    ReadOnly { server: bool },
+    /// Reads or writes fail (SQLite `SQLITE_IOERR`).
+    Io,
+    /// The database file cannot be opened (SQLite `SQLITE_CANTOPEN`).
+    CannotOpen,
+    /// The database file is damaged (SQLite `SQLITE_CORRUPT`).
+    Damaged,
+}
 
-    /// A unique constraint refused the write (another writer got there first).
-    pub(crate) fn is_unique_violation(&self) -> bool {
-        self.source.as_database_error().is_some_and(|e| e.is_unique_violation())
+impl std::fmt::Display for StorageFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
     }
+}
 
-    /// A write for run `run` that the fence refused: this worker no longer holds the run (its
-    /// lease ran out, or another worker took the run over).
-    pub(crate) fn fenced(run: &str) -> Self {
-        Self::new(
-            format!("recording for run {run}"),
-            sqlx::Error::Protocol(format!("{FENCED}: its lease ran out or another worker took the run over; the write is refused")),
-        )
-    }
-
-    /// A fault that may heal by itself: the storage refusing writes ([`StoreError::fault`]),
-    /// or the database unreachable for now (a connection lost, a server restarting).
-    pub fn is_transient(&self) -> bool {
-        if self.fault().is_some() {
-            return true;
+impl StorageFault {
+    /// Why the worker is not ready, for `/readyz`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Full { server: true } => "the database server's disk is full",
+            Self::Full { server: false } => "the disk is full (SQLITE_FULL)",
+            Self::ReadOnly { server: true } => "the database server is read-only",
+            Self::ReadOnly { server: false } => "the database is read-only (SQLITE_READONLY)",
+            Self::Io => "the database cannot be read or written (SQLITE_IOERR)",
+            Self::CannotOpen => "the database file cannot be opened (SQLITE_CANTOPEN)",
+            Self::Damaged => "the database file is damaged (SQLITE_CORRUPT)",
         }
-        match &self.source {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-            sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
-            _ => false,
-        }
     }
 
-    /// The fence refused the write ([`StoreError::fenced`]).
-    pub fn is_fenced(&self) -> bool {
-        matches!(&self.source, sqlx::Error::Protocol(m) if m.starts_with(FENCED))
-    }
-
-    /// What is wrong with the storage itself, when the error says so: the disk full, the
-    /// database read-only or gone. Such a fault heals from outside (space freed, permissions
-    /// restored); the worker reports it as its reason for not being ready.
-    pub fn fault(&self) -> Option<&'static str> {
-        let db = self.source.as_database_error()?;
+    /// The fault a driver's error reports, if it reports one.
+    fn of(source: &sqlx::Error) -> Option<Self> {
+        let db = source.as_database_error()?;
         if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_none() {
             // PostgreSQL's SQLSTATE.
             return match db.code()?.as_ref() {
-                "53100" => Some("the database server's disk is full"),
-                "25006" => Some("the database server is read-only"),
+                "53100" => Some(Self::Full { server: true }),
+                "25006" => Some(Self::ReadOnly { server: true }),
                 _ => None,
             };
         }
         // SQLite's result codes: the primary code is the low byte of an extended one.
         let code: i64 = db.code()?.parse().ok()?;
         match code & 0xff {
-            13 => Some("the disk is full (SQLITE_FULL)"),
-            8 => Some("the database is read-only (SQLITE_READONLY)"),
-            10 => Some("the database cannot be read or written (SQLITE_IOERR)"),
-            14 => Some("the database file cannot be opened (SQLITE_CANTOPEN)"),
-            11 => Some("the database file is damaged (SQLITE_CORRUPT)"),
+            13 => Some(Self::Full { server: false }),
+            8 => Some(Self::ReadOnly { server: false }),
+            10 => Some(Self::Io),
+            14 => Some(Self::CannotOpen),
+            11 => Some(Self::Damaged),
             _ => None,
         }
     }
 }
 
-/// How a fence refusal begins ([`StoreError::fenced`]).
-const FENCED: &str = "this worker no longer holds the run";
+impl StoreError {
+    /// The error of `source` while doing `context`, classified: the one place that reads the
+    /// driver's errors.
+    pub(crate) fn new(context: impl Into<String>, source: sqlx::Error) -> Self {
+        let context = context.into();
+        if let Some(fault) = StorageFault::of(&source) {
+            return Self::Fault { context, fault, source };
+        }
+        if source.as_database_error().is_some_and(|e| e.is_unique_violation()) {
+            return Self::Conflict { context, source };
+        }
+        let unreachable = match &source {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
+            _ => false,
+        };
+        if unreachable { Self::Transient { context, source } } else { Self::Other { context, source } }
+    }
+
+    /// A write for run `run` that the fence refused.
+    pub(crate) fn fenced(run: &str) -> Self {
+        Self::Fenced { run: run.to_owned() }
+    }
+
+    /// A unique constraint refused the write (another writer got there first).
+    pub(crate) fn is_unique_violation(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
+    }
+
+    /// A failure that may heal by itself: the storage refusing writes ([`StoreError::Fault`]),
+    /// or the database unreachable for now ([`StoreError::Transient`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::Fault { .. })
+    }
+
+    /// The fence refused the write ([`StoreError::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
+    }
+
+    /// What is wrong with the storage itself, when that is what failed.
+    pub fn fault(&self) -> Option<StorageFault> {
+        match self {
+            Self::Fault { fault, .. } => Some(*fault),
+            _ => None,
+        }
+    }
+}
 
 /// The apalis queue name (otherwise it would be the Rust type path). Runs that cannot start at
 /// once wait in the queue as tasks that carry only the run id; the `ll_runs` row stays the

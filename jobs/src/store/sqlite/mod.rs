@@ -964,7 +964,7 @@ mod tests {
         let health = crate::health::Health::default();
         sqlx::query("PRAGMA query_only = ON").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
         let e = crate::store::Leases::heartbeat(&store, &me, Duration::from_secs(30), true, chrono::Utc::now()).await.expect_err("refused");
-        assert_eq!(e.fault(), Some("the database is read-only (SQLITE_READONLY)"), "{e}");
+        assert_eq!(e.fault(), Some(crate::store::StorageFault::ReadOnly { server: false }), "{e}");
         assert!(health.storage_failed(&e));
         assert!(health.problems()[0].starts_with("the database is read-only"), "{:?}", health.problems());
         sqlx::query("PRAGMA query_only = OFF").execute(&mut *store.write.acquire().await.expect("the writer")).await.expect("pragma");
@@ -1104,7 +1104,7 @@ mod tests {
         assert_eq!(seen, (0..8).map(|i| (i, i)).collect::<Vec<_>>(), "the i-th writer saw the i before it: {jobs:?}");
         Upkeep::close(&*store).await;
         let e = store.begin().await.expect_err("closed");
-        assert!(matches!(e.source, sqlx::Error::PoolClosed), "{e}");
+        assert!(matches!(e, StoreError::Other { source: sqlx::Error::PoolClosed, .. }), "{e}");
     }
 
     /// The count of listing changes moves with another process's pause too (a second
