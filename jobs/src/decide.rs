@@ -92,6 +92,8 @@ pub(crate) fn fencing(lease: std::time::Duration) -> Fencing {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Settled {
     pub(crate) status: RunStatus,
+    /// What ended it.
+    pub(crate) cause: EndCause,
     pub(crate) output: Option<serde_json::Value>,
     pub(crate) error: Option<String>,
     /// Another attempt could succeed (the retry policy decides whether there is one).
@@ -100,10 +102,41 @@ pub(crate) struct Settled {
     pub(crate) wait_until: Option<DateTime<Utc>>,
 }
 
+/// What ended a run, typed (never read back from its error's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndCause {
+    /// Its target's own outcome.
+    Outcome,
+    /// A stop from outside its target ([`StopReason`]).
+    Stopped,
+    /// Its target panicked: the panic became this run's end.
+    Panicked,
+    /// Its target returned no outcome.
+    NoOutcome,
+}
+
+/// The end of a run whose target panicked with `message`: a failure, not retried (the same
+/// input would panic again).
+pub(crate) fn panicked(message: &str) -> Settled {
+    Settled {
+        status: RunStatus::Failed,
+        cause: EndCause::Panicked,
+        output: None,
+        error: Some(format!("the run panicked: {message}")),
+        retry: false,
+        wait_until: None,
+    }
+}
+
 /// Combines the target's outcome (none when it was stopped before it ended) with the reason
 /// it was stopped. A stop wins over a late outcome: the run ended because it was stopped.
 pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Settled {
-    let ended = |status, error: String, retry| Settled { status, output: None, error: Some(error), retry, wait_until: None };
+    let cause = match (&stop, &outcome) {
+        (Some(_), _) => EndCause::Stopped,
+        (None, Some(_)) => EndCause::Outcome,
+        (None, None) => EndCause::NoOutcome,
+    };
+    let ended = |status, error: String, retry| Settled { status, cause, output: None, error: Some(error), retry, wait_until: None };
     match (stop, outcome) {
         (Some(StopReason::Shutdown), _) => {
             // Retried at the next start (recovery follows interrupted runs up).
@@ -123,10 +156,10 @@ pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Sett
             ended(RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), true)
         }
         (None, Some(Outcome::Succeeded { output })) => {
-            Settled { status: RunStatus::Succeeded, output: Some(output), error: None, retry: false, wait_until: None }
+            Settled { status: RunStatus::Succeeded, cause, output: Some(output), error: None, retry: false, wait_until: None }
         }
         (None, Some(Outcome::Waiting { until })) => {
-            Settled { status: RunStatus::WaitingApproval, output: None, error: None, retry: false, wait_until: until }
+            Settled { status: RunStatus::WaitingApproval, cause, output: None, error: None, retry: false, wait_until: until }
         }
         (None, Some(Outcome::Failed { error, retry })) => ended(RunStatus::Failed, error, retry),
         (None, Some(Outcome::TimedOut { error })) => ended(RunStatus::TimedOut, error, true),

@@ -401,13 +401,7 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
             // one per run was a tenth of a burst's launch cost), and a panic is caught here.
             let end = match std::panic::AssertUnwindSafe(work).catch_unwind().await {
                 Ok(end) => end,
-                Err(panic) => Settled {
-                    status: RunStatus::Failed,
-                    output: None,
-                    error: Some(format!("the run panicked: {}", panic_message(panic.as_ref()))),
-                    retry: false,
-                    wait_until: None,
-                },
+                Err(panic) => crate::decide::panicked(panic_message(panic.as_ref())),
             };
             let trace_id = op.trace_id();
             op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() }).await;
@@ -626,7 +620,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
             exec.untrack(&run.id);
-            if end.status == RunStatus::Failed && end.error.as_deref().is_some_and(|e| e.starts_with("the run panicked")) {
+            if end.cause == crate::decide::EndCause::Panicked {
                 tracing::error!(run = %run.id, job = %run.job, error = end.error.as_deref().unwrap_or(""), "run panicked");
             }
             exec.env.observer.run_finished(&run, end.status, end.error.as_deref(), end.wait_until);
