@@ -134,43 +134,17 @@ fn mutual_tls_refuses_a_client_without_a_certificate() {
     let ca = ca.to_str().expect("path");
     let (code, _, err) = lampctl(&["--url", &url, "--ca-cert", ca, "--token", "r34d-0nly-t0ken", "status"], &[]);
     assert_eq!(code, 3, "no client certificate: {err}");
+    let with_certificate = |cert: &std::path::Path, key: &std::path::Path| {
+        let (cert, key) = (cert.to_str().expect("path"), key.to_str().expect("path"));
+        lampctl(&["--url", &url, "--ca-cert", ca, "--client-cert", cert, "--client-key", key, "--token", "r34d-0nly-t0ken", "status"], &[])
+    };
     let (cert, key) = pki.client("laptop", "laptop");
-    let (code, out, err) = lampctl(
-        &[
-            "--url",
-            &url,
-            "--ca-cert",
-            ca,
-            "--client-cert",
-            cert.to_str().expect("path"),
-            "--client-key",
-            key.to_str().expect("path"),
-            "--token",
-            "r34d-0nly-t0ken",
-            "status",
-        ],
-        &[],
-    );
+    let (code, out, err) = with_certificate(&cert, &key);
     assert_eq!(code, 0, "{out}{err}");
     // A well-formed client certificate from a CA the worker does not name is no certificate.
     let foreign = Pki::new(dir.path(), "foreign");
     let (fcert, fkey) = foreign.client("intruder", "laptop");
-    let (code, out, err) = lampctl(
-        &[
-            "--url",
-            &url,
-            "--ca-cert",
-            ca,
-            "--client-cert",
-            fcert.to_str().expect("path"),
-            "--client-key",
-            fkey.to_str().expect("path"),
-            "--token",
-            "r34d-0nly-t0ken",
-            "status",
-        ],
-        &[],
-    );
+    let (code, out, err) = with_certificate(&fcert, &fkey);
     assert_eq!(code, 3, "a certificate of a foreign CA: {out}{err}");
     let (code, _, err) = lampctl(&["--url", &url, "--client-cert", cert.to_str().expect("path"), "status"], &[]);
     assert_eq!(code, 2, "a certificate needs its key: {err}");
