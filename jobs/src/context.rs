@@ -13,7 +13,7 @@ use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
-use crate::events::{Cancelled, Ended, Observer, Op, Owner};
+use crate::events::{Cancelled, Ended, Observer, Op, RunRef};
 use crate::run::{CallRecord, Outcome, Run, StepRecord};
 use crate::snapshot::JobSnapshot;
 use crate::store::{Records, StoreError};
@@ -84,7 +84,7 @@ impl RunContext {
         actx: &ActionContext,
     ) -> Result<serde_json::Value, ActionError> {
         let op = Op::PluginAction { plugin: plugin.to_string(), action: action.to_string() };
-        let (started, params) = match self.env.observer.begin_with(op, Owner::from(&self.run), None, params).await {
+        let (started, params) = match self.env.observer.begin_with(op, RunRef::from(&self.run), None, params).await {
             Ok(s) => s,
             Err(Cancelled(reason)) => return Err(ActionError::Refused { action: format!("{plugin}.{action}"), reason }),
         };

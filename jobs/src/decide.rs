@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use lamplighter_config::{NotifyOn, NotifyRule, Overlap, RetryPolicy};
 
-use crate::run::{Outcome, RunStatus};
+use crate::run::{FollowUp, Outcome, RunStatus};
 use crate::store::{Claim, Dispatch, Handed, NewRun, TickOutcome, ms};
 
 /// What is known about a job when one of its ticks fires.
@@ -274,12 +274,11 @@ pub(crate) enum Finality {
     Outcome(OutcomeKind),
 }
 
-/// What a run that ended is. `next_run_id`: `Some("")` when no attempt follows, the next
-/// attempt's id when one does. A failure that ended before the job's last success (noticed
+/// What a run that ended is, by whether another attempt follows it. A failure that ended before the job's last success (noticed
 /// late: its retry was waited for) is superseded: it counts for nothing.
 pub(crate) fn finality(
     status: RunStatus,
-    next_run_id: Option<&str>,
+    follow_up: &FollowUp,
     finished_at: DateTime<Utc>,
     last_success: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
@@ -295,11 +294,11 @@ pub(crate) fn finality(
     }
     let superseded = last_success.is_some_and(|s| s >= finished_at);
     let kind = if superseded { OutcomeKind::Neutral } else { kind };
-    match next_run_id {
-        Some(next) if !next.is_empty() => Finality::Retried,
-        Some(_) => Finality::Outcome(kind),
-        None if now - finished_at >= RETRY_RECORDED_WITHIN => Finality::Outcome(kind),
-        None => Finality::Undecided,
+    match follow_up {
+        FollowUp::Next(_) => Finality::Retried,
+        FollowUp::None => Finality::Outcome(kind),
+        FollowUp::Undecided if now - finished_at >= RETRY_RECORDED_WITHIN => Finality::Outcome(kind),
+        FollowUp::Undecided => Finality::Undecided,
     }
 }
 
@@ -374,8 +373,9 @@ pub(crate) fn plan_ticks<'a>(
             continue;
         }
         let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
-        let job_active = active.entry(run.job.clone()).or_default();
-        let decision = decide_tick(&TickFacts { paused: paused.contains(&run.job), active: job_active, overlap: policy });
+        let job = run.owner.to_string();
+        let job_active = active.entry(job.clone()).or_default();
+        let decision = decide_tick(&TickFacts { paused: paused.contains(&job), active: job_active, overlap: policy });
         let mut outcome = TickOutcome { run_id: id.clone(), status: run.status, replaced: Vec::new(), handed: None, pushed: false };
         let mut hold = false;
         match decision {
@@ -412,7 +412,7 @@ pub(crate) fn plan_ticks<'a>(
             }
         }
         outcome.status = run.status;
-        let lt = last_ticks.entry(run.job.clone()).or_insert(tick);
+        let lt = last_ticks.entry(job).or_insert(tick);
         *lt = (*lt).max(tick);
         rows.push((id, run, dispatched));
         out.push(Some(outcome));
@@ -444,7 +444,7 @@ mod tests {
     fn a_wakes_ticks_are_decided_in_order_and_claimed_up_to_the_slots() {
         let t = Utc::now();
         let tick = |job: &str, s: i64| NewRun {
-            job: job.into(),
+            owner: crate::run::Owner::Job(job.into()),
             trigger: crate::run::Trigger::Cron,
             status: RunStatus::Queued,
             scheduled_at: Some(t + chrono::TimeDelta::seconds(s)),
@@ -528,19 +528,19 @@ mod tests {
         let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let soon = t + chrono::TimeDelta::seconds(5);
         use Finality::*;
-        assert_eq!(finality(RunStatus::Failed, None, t, None, soon), Undecided, "its retry may still be recorded");
-        assert_eq!(finality(RunStatus::Failed, Some("r2"), t, None, soon), Retried, "the retry's outcome counts");
-        assert_eq!(finality(RunStatus::TimedOut, Some(""), t, None, soon), Outcome(OutcomeKind::Failure));
+        assert_eq!(finality(RunStatus::Failed, &FollowUp::Undecided, t, None, soon), Undecided, "its retry may still be recorded");
+        assert_eq!(finality(RunStatus::Failed, &FollowUp::Next("r2".into()), t, None, soon), Retried, "the retry's outcome counts");
+        assert_eq!(finality(RunStatus::TimedOut, &FollowUp::None, t, None, soon), Outcome(OutcomeKind::Failure));
         let late = t + RETRY_RECORDED_WITHIN;
-        assert_eq!(finality(RunStatus::Failed, None, t, None, late), Outcome(OutcomeKind::Failure));
+        assert_eq!(finality(RunStatus::Failed, &FollowUp::Undecided, t, None, late), Outcome(OutcomeKind::Failure));
         assert_eq!(
-            finality(RunStatus::Failed, None, t, Some(soon), late),
+            finality(RunStatus::Failed, &FollowUp::Undecided, t, Some(soon), late),
             Outcome(OutcomeKind::Neutral),
             "a failure noticed after a later success is superseded"
         );
-        assert_eq!(finality(RunStatus::Succeeded, None, t, None, soon), Outcome(OutcomeKind::Success));
-        assert_eq!(finality(RunStatus::Cancelled, None, t, None, soon), Outcome(OutcomeKind::Neutral));
-        assert_eq!(finality(RunStatus::WaitingApproval, None, t, None, soon), Undecided);
+        assert_eq!(finality(RunStatus::Succeeded, &FollowUp::Undecided, t, None, soon), Outcome(OutcomeKind::Success));
+        assert_eq!(finality(RunStatus::Cancelled, &FollowUp::Undecided, t, None, soon), Outcome(OutcomeKind::Neutral));
+        assert_eq!(finality(RunStatus::WaitingApproval, &FollowUp::Undecided, t, None, soon), Undecided);
     }
 
     #[test]

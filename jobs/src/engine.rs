@@ -613,11 +613,11 @@ async fn housekeeping(shared: Arc<Shared>, stop: CancellationToken) {
 async fn recover(shared: &Shared, now: DateTime<Utc>, starting: bool) -> Result<(), StoreError> {
     let orphans = shared.store.recover(starting.then_some(shared.worker.name.as_str()), now).await?;
     for r in &orphans {
-        tracing::warn!(run = %r.id, job = %r.job, status = r.status.as_str(), "run was left running by a worker that stopped or lost its lease");
+        tracing::warn!(run = %r.id, job = %r.owner, status = r.status.as_str(), "run was left running by a worker that stopped or lost its lease");
     }
     for r in shared.store.interrupted_without_follow_up().await? {
         // Picked up at once, if the policy gives it another attempt at all.
-        let due = crate::decide::next_attempt(r.attempt, shared.config.get().retries_for(&r.job).as_ref(), now).map(|_| now);
+        let due = crate::decide::next_attempt(r.attempt, shared.config.get().retries_for(&r.owner).as_ref(), now).map(|_| now);
         if let Some(id) = shared.executor.follow_up(&r, due, now).await? {
             tracing::info!(run = %r.id, retry = %id, "interrupted run picked up again");
             // Due now: the scheduler hands it over (on a shared database, a takeover happens

@@ -283,7 +283,7 @@ impl Op {
 
     /// Starts the span: its name, kind and attributes (GenAI conventions for model and tool
     /// calls), as a child of `parent`; returns `parent` with the span in it.
-    fn start(&self, tracer: &BoxedTracer, parent: &Context, owner: Owner<'_>) -> Context {
+    fn start(&self, tracer: &BoxedTracer, parent: &Context, owner: RunRef<'_>) -> Context {
         let (name, kind) = match self {
             Op::Run { job, .. } => (format!("run {job}"), SpanKind::Internal),
             Op::Step { step, .. } => (format!("step {step}"), SpanKind::Internal),
@@ -416,15 +416,15 @@ impl std::fmt::Display for Cancelled {
 
 /// Who an operation belongs to, for hook payloads and logs.
 #[derive(Debug, Clone, Copy)]
-pub struct Owner<'a> {
+pub struct RunRef<'a> {
     pub run_id: &'a str,
-    pub job: &'a str,
+    pub owner: &'a crate::run::Owner,
     pub attempt: u32,
 }
 
-impl<'a> From<&'a Run> for Owner<'a> {
+impl<'a> From<&'a Run> for RunRef<'a> {
     fn from(r: &'a Run) -> Self {
-        Self { run_id: &r.id, job: &r.job, attempt: r.attempt }
+        Self { run_id: &r.id, owner: &r.owner, attempt: r.attempt }
     }
 }
 
@@ -435,7 +435,7 @@ pub struct Started {
     cx: Context,
     began: Instant,
     run_id: String,
-    job: String,
+    owner: crate::run::Owner,
     attempt: u32,
 }
 
@@ -527,7 +527,7 @@ impl Started {
             },
         }
         let timing = if ended.error.is_some() { Timing::OnError } else { Timing::After };
-        let owner = Owner { run_id: &self.run_id, job: &self.job, attempt: self.attempt };
+        let owner = RunRef { run_id: &self.run_id, owner: &self.owner, attempt: self.attempt };
         let fill = |payload: &mut Value| {
             payload["outcome"] = json!(ended.outcome());
             payload["duration_ms"] = json!(ms);
@@ -621,7 +621,7 @@ impl Observer {
     /// Begins an operation: opens its span (a child of the current span, or of `parent`),
     /// then runs its `before` and `around` hooks. A hook that cancels ends the span and returns
     /// why.
-    pub async fn begin(&self, op: Op, owner: Owner<'_>, parent: Option<&Context>) -> Result<Started, Cancelled> {
+    pub async fn begin(&self, op: Op, owner: RunRef<'_>, parent: Option<&Context>) -> Result<Started, Cancelled> {
         self.open(op, owner, parent, None).await
     }
 
@@ -631,7 +631,7 @@ impl Observer {
     pub async fn begin_with(
         &self,
         op: Op,
-        owner: Owner<'_>,
+        owner: RunRef<'_>,
         parent: Option<&Context>,
         mut input: Value,
     ) -> Result<(Started, Value), Cancelled> {
@@ -639,7 +639,7 @@ impl Observer {
         Ok((started, input))
     }
 
-    async fn open(&self, op: Op, owner: Owner<'_>, parent: Option<&Context>, mut input: Option<&mut Value>) -> Result<Started, Cancelled> {
+    async fn open(&self, op: Op, owner: RunRef<'_>, parent: Option<&Context>, mut input: Option<&mut Value>) -> Result<Started, Cancelled> {
         let cx = match (&self.tracer, &op) {
             (None, _) => Context::new(),
             // A run is the root of its trace.
@@ -650,7 +650,7 @@ impl Observer {
             tracing::info!(run = %owner.run_id, "group chat started");
         }
         let started =
-            Started { op, cx, began: Instant::now(), run_id: owner.run_id.to_string(), job: owner.job.to_string(), attempt: owner.attempt };
+            Started { op, cx, began: Instant::now(), run_id: owner.run_id.to_string(), owner: owner.owner.clone(), attempt: owner.attempt };
         let mut hooks = self.run_hooks(&started.op, Timing::Before, true, owner, input.as_deref_mut(), |_| {}).await;
         if hooks.is_ok() {
             hooks = self.run_hooks(&started.op, Timing::Around, true, owner, input, |p| p["phase"] = json!("before")).await;
@@ -663,12 +663,12 @@ impl Observer {
         Ok(started)
     }
 
-    fn payload(op: &Op, timing: Timing, before: bool, owner: Owner<'_>) -> Value {
+    fn payload(op: &Op, timing: Timing, before: bool, owner: RunRef<'_>) -> Value {
         let [d, c, a] = op.hook_event(before);
         json!({
             "event": format!("{d}:{c}:{a}:{}", timing.as_str()),
             "domain": d, "component": c, "action": a, "timing": timing.as_str(),
-            "run": {"id": owner.run_id, "job": owner.job, "attempt": owner.attempt},
+            "run": {"id": owner.run_id, "job": owner.owner.to_string(), "attempt": owner.attempt},
             "data": op.fields(),
         })
     }
@@ -684,7 +684,7 @@ impl Observer {
         op: &Op,
         timing: Timing,
         before: bool,
-        owner: Owner<'_>,
+        owner: RunRef<'_>,
         mut input: Option<&mut Value>,
         fill: impl FnOnce(&mut Value),
     ) -> Result<(), Cancelled> {
@@ -795,18 +795,18 @@ impl Observer {
 
     /// A run was created outside a tick (a trigger, a retry, a recovery); ticks count as
     /// [`Self::tick_fired`].
-    pub(crate) fn run_created(&self, job: &str, trigger: crate::run::Trigger, run_id: &str) {
-        self.m.runs_created.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("trigger", trigger.as_str())]);
-        tracing::debug!(run = run_id, job, trigger = trigger.as_str(), "run created");
+    pub(crate) fn run_created(&self, owner: &crate::run::Owner, trigger: crate::run::Trigger, run_id: &str) {
+        self.m.runs_created.add(1, &[KeyValue::new("job", owner.to_string()), KeyValue::new("trigger", trigger.as_str())]);
+        tracing::debug!(run = run_id, job = %owner, trigger = trigger.as_str(), "run created");
     }
 
     /// A run began executing here (`lateness`: start minus due, for scheduled runs).
     pub(crate) fn run_started(&self, run: &Run, lateness: Option<chrono::Duration>, resumed: bool) {
         self.m.running.add(1, &[]);
         if let Some(l) = lateness.filter(|_| !resumed && run.scheduled_at.is_some()) {
-            self.m.lateness.record(l.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6, &[KeyValue::new("job", run.job.clone())]);
+            self.m.lateness.record(l.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6, &[KeyValue::new("job", run.owner.to_string())]);
         }
-        tracing::debug!(run = %run.id, job = %run.job, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = lateness.map(|d| d.num_milliseconds()), resumed, "run started");
+        tracing::debug!(run = %run.id, job = %run.owner, trigger = run.trigger.as_str(), attempt = run.attempt, lateness_ms = lateness.map(|d| d.num_milliseconds()), resumed, "run started");
     }
 
     /// A run's end was recorded.
@@ -820,9 +820,9 @@ impl Observer {
         self.m.running.add(-1, &[]);
         match status {
             RunStatus::WaitingApproval => {
-                tracing::info!(run = %run.id, job = %run.job, until = ?waiting_until, "run waits for approval; its slot is free")
+                tracing::info!(run = %run.id, job = %run.owner, until = ?waiting_until, "run waits for approval; its slot is free")
             }
-            _ => tracing::info!(run = %run.id, job = %run.job, status = status.as_str(), error = error.unwrap_or(""), "run finished"),
+            _ => tracing::info!(run = %run.id, job = %run.owner, status = status.as_str(), error = error.unwrap_or(""), "run finished"),
         }
     }
 
@@ -839,7 +839,7 @@ impl Observer {
 
     pub(crate) fn approval_requested(&self, run: &Run, step: &str) {
         self.m.approvals.add(1, &[KeyValue::new("event", "requested")]);
-        tracing::info!(run = %run.id, job = %run.job, step, "approval requested");
+        tracing::info!(run = %run.id, job = %run.owner, step, "approval requested");
     }
 
     pub(crate) fn approval_decided(&self, run_id: &str, step: &str, approved: bool, by: &str) {

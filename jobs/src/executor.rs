@@ -32,7 +32,7 @@ use opentelemetry::context::FutureExt as _;
 use crate::clock::Clock;
 use crate::context::{RunContext, RunEnv, Targets, retry_write};
 use crate::decide::{Settled, StopReason, next_attempt, settle};
-use crate::events::{Cancelled, Ended, Observer, Op, Owner};
+use crate::events::{Cancelled, Ended, Observer, Op, RunRef};
 use crate::gate::{Gate, Pass};
 use crate::in_force::InForce;
 use crate::run::{Outcome, Run, RunStatus};
@@ -370,7 +370,7 @@ impl Executor {
             Some(due) => {
                 let id = self.env.ends.follow_up(run, due, now).await?;
                 if let Some(id) = &id {
-                    self.env.observer.run_created(&run.job, run.trigger, id);
+                    self.env.observer.run_created(&run.owner, run.trigger, id);
                 }
                 Ok(id)
             }
@@ -389,9 +389,9 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     let entry = exec.track(&run.id);
     let obs = exec.env.observer.clone();
     obs.run_started(&run, run.lateness(), resumed);
-    let op = Op::Run { job: run.job.clone(), trigger: run.trigger.as_str(), attempt: run.attempt };
+    let op = Op::Run { job: run.owner.to_string(), trigger: run.trigger.as_str(), attempt: run.attempt };
     let started = Arc::new(std::sync::OnceLock::new());
-    let (end, trace_id) = match obs.begin(op, Owner::from(&run), None).await {
+    let (end, trace_id) = match obs.begin(op, RunRef::from(&run), None).await {
         Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None),
         Ok(op) => {
             // A resumed run keeps its first start.
@@ -429,7 +429,7 @@ async fn execute(
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
     let config = exec.env.config.get();
-    let mut snapshot = snapshot.or_else(|| config.jobs.get(&run.job).map(|j| config.snapshot_of(j)));
+    let mut snapshot = snapshot.or_else(|| run.owner.job().and_then(|j| config.jobs.get(j)).map(|j| config.snapshot_of(j)));
     // Runs stored before workflow definitions were kept with them follow the config in force.
     if let Some(JobSnapshot { target: TargetRef::Workflow { workflow, definition: definition @ None }, .. }) = &mut snapshot {
         *definition = config.workflows.get(workflow).cloned();
@@ -437,7 +437,7 @@ async fn execute(
     let outcome = match snapshot {
         // Stopped before it began (claimed as the worker fenced itself): nothing is started.
         _ if entry.token.is_cancelled() => None,
-        None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.job))),
+        None => Some(Outcome::permanent(format!("job \"{}\" is no longer defined", run.owner))),
         Some(job) => {
             let job = Arc::new(job);
             let env = RunEnv {
@@ -521,7 +521,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let config = exec.env.config.get();
         let retries: Vec<Option<chrono::DateTime<chrono::Utc>>> = batch
             .iter()
-            .map(|f| f.end.retry.then(|| next_attempt(f.run.attempt, config.retries_for(&f.run.job).as_ref(), now)).flatten())
+            .map(|f| f.end.retry.then(|| next_attempt(f.run.attempt, config.retries_for(&f.run.owner).as_ref(), now)).flatten())
             .collect();
         drop(config);
         // The slots these runs free are filled again in the same write while the queue may
@@ -621,7 +621,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             // interrupted at the next start), does the run leave the running map.
             exec.untrack(&run.id);
             if end.cause == crate::decide::EndCause::Panicked {
-                tracing::error!(run = %run.id, job = %run.job, error = end.error.as_deref().unwrap_or(""), "run panicked");
+                tracing::error!(run = %run.id, job = %run.owner, error = end.error.as_deref().unwrap_or(""), "run panicked");
             }
             exec.env.observer.run_finished(&run, end.status, end.error.as_deref(), end.wait_until);
             // Only this end's own record decides a retry: a run fenced or cancelled meanwhile is

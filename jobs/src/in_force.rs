@@ -14,19 +14,9 @@ use lamplighter_plugins::Registry;
 use crate::catalog::Catalog;
 use crate::definitions::{StoredJob, bounded, runtime_problems};
 use crate::listing::Listing;
+use crate::run::Owner;
 use crate::snapshot::JobSnapshot;
 use crate::{Checked, Health, JobProblem};
-
-/// Runs of a workflow started by hand (`run_workflow`), not by a job, are recorded under the
-/// job name `workflow:<name>` (a prefix config refuses in job names). They have a job's default
-/// policies: the default retry policy, no retention limit.
-pub(crate) const WORKFLOW_RUNS: &str = "workflow:";
-/// The same for agents (`run_agent`, and notifications that start an agent), pipelines and group
-/// chats run by hand, and plugin actions notifications start: policies as above.
-pub(crate) const AGENT_RUNS: &str = "agent:";
-pub(crate) const PIPELINE_RUNS: &str = "pipeline:";
-pub(crate) const GROUP_CHAT_RUNS: &str = "group-chat:";
-pub(crate) const PLUGIN_RUNS: &str = "plugin:";
 
 /// The part of the config the engine needs.
 #[derive(Debug, Clone)]
@@ -115,25 +105,19 @@ impl JobsConfig {
         JobSnapshot::of(job, workflow)
     }
 
-    /// The retry policy of runs recorded under `job`: the job's; the default for runs without a
-    /// job (a workflow, agent, pipeline or group chat run by hand, a run a notification started)
-    /// while what they run is defined; none for a job that is no longer defined (its runs are
-    /// not retried). Recovery after a crash goes by it too.
-    pub(crate) fn retries_for(&self, job: &str) -> Option<RetryPolicy> {
-        if let Some(j) = self.jobs.get(job) {
-            return Some(j.retries.clone());
-        }
-        let agent = |a: &str| self.agents.agents.contains_key(a);
-        let defined = if let Some(w) = job.strip_prefix(WORKFLOW_RUNS) {
-            self.workflows.contains_key(w)
-        } else if let Some(a) = job.strip_prefix(AGENT_RUNS) {
-            agent(a)
-        } else if let Some(p) = job.strip_prefix(PIPELINE_RUNS) {
-            self.agents.pipelines.contains_key(p)
-        } else if let Some(members) = job.strip_prefix(GROUP_CHAT_RUNS) {
-            members.split(',').all(agent)
-        } else {
-            job.starts_with(PLUGIN_RUNS)
+    /// The retry policy of `owner`'s runs: its job's; the default for runs without a job (a
+    /// workflow, agent, pipeline or group chat run by hand, a run a notification started) while
+    /// what they run is defined; none for a job that is no longer defined (its runs are not
+    /// retried). Recovery after a crash goes by it too.
+    pub(crate) fn retries_for(&self, owner: &Owner) -> Option<RetryPolicy> {
+        let agent = |a: &String| self.agents.agents.contains_key(a);
+        let defined = match owner {
+            Owner::Job(name) => return self.jobs.get(name).map(|j| j.retries.clone()),
+            Owner::Workflow(w) => self.workflows.contains_key(w),
+            Owner::Agent(a) => agent(a),
+            Owner::Pipeline(p) => self.agents.pipelines.contains_key(p),
+            Owner::GroupChat(members) => members.iter().all(agent),
+            Owner::Plugin { .. } => true,
         };
         defined.then(RetryPolicy::default)
     }
@@ -369,7 +353,7 @@ mod tests {
     /// under.
     #[test]
     fn the_job_names_of_runs_without_a_job_are_refused_as_job_names() {
-        for prefix in [WORKFLOW_RUNS, AGENT_RUNS, PIPELINE_RUNS, GROUP_CHAT_RUNS, PLUGIN_RUNS] {
+        for prefix in [Owner::WORKFLOW, Owner::AGENT, Owner::PIPELINE, Owner::GROUP_CHAT, Owner::PLUGIN] {
             let (reserved, _) =
                 lamplighter_config::reserved_prefix(&format!("{prefix}x")).unwrap_or_else(|| panic!("{prefix} is not reserved"));
             assert_eq!(reserved, prefix);

@@ -35,7 +35,7 @@ pub use context::{RunContext, Targets};
 pub use engine::{Changes, Engine, EngineError, EngineOptions, backup, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
 pub use manage::{Backfill, BackfillTick, JobChange, JobDeleted, JobRequest, JobSaved};
-pub use run::{AgentUsage, CallKind, CallRecord, Outcome, Run, RunStatus, StepRecord, StepStatus, Trigger};
+pub use run::{AgentUsage, CallKind, CallRecord, FollowUp, Outcome, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
     AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobSummary, ListingVersion,

@@ -11,7 +11,7 @@ pub use lamplighter_contract::{Backfill, BackfillTick, JobChange, JobDeleted, Jo
 use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition, decide_change};
 use crate::engine::Engine;
 use crate::in_force::JobsConfig;
-use crate::run::{RunStatus, Trigger};
+use crate::run::{Owner, RunStatus, Trigger};
 use crate::service::{ServiceError, preview_of, summary_in};
 use crate::store::{Claim, NewRun, RunFilter};
 
@@ -278,7 +278,7 @@ impl Engine {
             let mut pushed = false;
             for (tick, outcome) in new.iter().zip(outcomes) {
                 if let Some(o) = &outcome {
-                    self.shared.observer().run_created(name, Trigger::Backfill, &o.run_id);
+                    self.shared.observer().run_created(&Owner::Job(name.to_string()), Trigger::Backfill, &o.run_id);
                     pushed |= o.pushed;
                 }
                 runs.insert(tick.timestamp_millis(), outcome.map(|o| o.run_id));
@@ -321,7 +321,7 @@ impl Engine {
 
     fn backfill_run(&self, job: &JobConfig, snapshot: &crate::snapshot::JobSnapshot, tick: DateTime<Utc>, due: DateTime<Utc>) -> NewRun {
         NewRun {
-            job: job.name.clone(),
+            owner: Owner::Job(job.name.clone()),
             trigger: Trigger::Backfill,
             status: RunStatus::Queued,
             scheduled_at: Some(tick),

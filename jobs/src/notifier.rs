@@ -20,9 +20,9 @@ use lamplighter_config::{NotifyTarget, Webhook, WebhookFormat};
 use crate::agent::connection_error;
 use crate::clock::Clock;
 use crate::events::Observer;
-use crate::in_force::{AGENT_RUNS, InForce, JobsConfig, PLUGIN_RUNS, WORKFLOW_RUNS};
+use crate::in_force::{InForce, JobsConfig};
 use crate::notify::{self, Claimed, Sent};
-use crate::run::Trigger;
+use crate::run::{Owner, Trigger};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{NewRun, Notices, Records, StoreError};
@@ -226,23 +226,23 @@ async fn post(http: &reqwest::Client, w: &Webhook, c: &Claimed) -> Result<u16, (
 /// Starts a run of the workflow, agent or plugin action with the event, keyed by the event (so
 /// a send repeated after a crash finds the run it started).
 async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget, c: &Claimed) -> Result<String, (String, bool)> {
-    let (job, target, input, parameters) = match target {
+    let (owner, target, input, parameters) = match target {
         NotifyTarget::Workflow(w) => {
             let Some(definition) = config.workflows.get(w) else {
                 return Err((format!("workflow \"{w}\" is no longer defined"), true));
             };
             let target = TargetRef::Workflow { workflow: w.clone(), definition: Some(definition.clone()) };
-            (format!("{WORKFLOW_RUNS}{w}"), target, Some(c.payload.clone()), None)
+            (Owner::Workflow(w.clone()), target, Some(c.payload.clone()), None)
         }
         NotifyTarget::Agent(a) => {
             if !config.agents.agents.contains_key(a) {
                 return Err((format!("agent \"{a}\" is no longer defined"), true));
             }
             // An agent is given text: the event as JSON.
-            (format!("{AGENT_RUNS}{a}"), TargetRef::Agent { agent: a.clone() }, Some(Value::String(c.payload.to_string())), None)
+            (Owner::Agent(a.clone()), TargetRef::Agent { agent: a.clone() }, Some(Value::String(c.payload.to_string())), None)
         }
         NotifyTarget::Plugin { plugin, action } => (
-            format!("{PLUGIN_RUNS}{plugin}.{action}"),
+            Owner::Plugin { plugin: plugin.clone(), action: action.clone() },
             TargetRef::Plugin { plugin: plugin.clone(), action: action.clone() },
             None,
             Some(c.payload.clone()),
@@ -255,13 +255,13 @@ async fn start_run(env: &NotifierEnv, config: &JobsConfig, target: &NotifyTarget
         parameters,
         idempotency_key: Some(c.key.clone()),
         requested_by: Some(format!("notification {}", c.key)),
-        ..NewRun::asked(job, Trigger::Api, JobSnapshot::of_target(target), now)
+        ..NewRun::asked(owner, Trigger::Api, JobSnapshot::of_target(target), now)
     };
-    let (job, trigger) = (run.job.clone(), run.trigger);
+    let (owner, trigger) = (run.owner.clone(), run.trigger);
     let (id, created) = env.records.insert_run(run, now).await.map_err(|e| (e.to_string(), false))?;
     if created {
         // As a run started by hand: counted, and handed over by the scheduler's next look.
-        env.observer.run_created(&job, trigger, &id);
+        env.observer.run_created(&owner, trigger, &id);
         env.signals.publish(Signal::Wake);
     }
     Ok(id)

@@ -105,7 +105,7 @@ pub(crate) fn payload(event: NotifyOn, key: &str, run: &Run, consecutive_failure
     let mut v = json!({
         "event": event.as_str(),
         "key": key,
-        "job": run.job,
+        "job": run.owner.to_string(),
         "run_id": run.id,
         "root_id": run.root_id,
         "status": run.status.as_str(),
@@ -169,13 +169,33 @@ mod tests {
     use super::*;
 
     fn run() -> Run {
-        let (t, end) = ("2027-01-15T08:00:00Z", "2027-01-15T08:00:02.500Z");
-        serde_json::from_value(json!({
-            "id": "r2", "job": "nightly", "trigger": "cron", "status": "failed", "scheduled_at": t, "due_at": t,
-            "enqueued_at": t, "started_at": t, "finished_at": end, "attempt": 2, "error": "exit 3", "worker": "w1",
-            "root_id": "r1", "retry_of": "r1", "next_run_id": "",
-        }))
-        .expect("a run")
+        let t: chrono::DateTime<chrono::Utc> = "2027-01-15T08:00:00Z".parse().expect("time");
+        Run {
+            id: "r2".into(),
+            owner: crate::run::Owner::Job("nightly".into()),
+            trigger: crate::run::Trigger::Cron,
+            status: crate::run::RunStatus::Failed,
+            scheduled_at: Some(t),
+            due_at: t,
+            enqueued_at: t,
+            started_at: Some(t),
+            finished_at: Some(t + chrono::TimeDelta::milliseconds(2500)),
+            attempt: 2,
+            input: None,
+            parameters: None,
+            output: None,
+            error: Some("exit 3".into()),
+            worker: Some("w1".into()),
+            idempotency_key: None,
+            root_id: "r1".into(),
+            retry_of: Some("r1".into()),
+            follow_up: crate::run::FollowUp::None,
+            tokens_in: None,
+            tokens_out: None,
+            cost: None,
+            trace_id: None,
+            requested_by: None,
+        }
     }
 
     #[test]

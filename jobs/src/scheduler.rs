@@ -18,7 +18,7 @@ use crate::events::Observer;
 use crate::executor::Executor;
 use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
-use crate::run::{RunStatus, Trigger};
+use crate::run::{Owner, RunStatus, Trigger};
 use crate::schedule::{TickPolicy, due_ticks};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::store::{Claim, DUE_BATCH, Handover, JobStates, NewRun, Ticks};
@@ -475,7 +475,7 @@ struct Planned<'a> {
 
 fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: DateTime<Utc>, trigger: Trigger) -> NewRun {
     NewRun {
-        job: cfg.name.clone(),
+        owner: Owner::Job(cfg.name.clone()),
         trigger,
         status: RunStatus::Queued,
         scheduled_at: Some(tick),
@@ -510,7 +510,7 @@ enum Fired {
 /// ticks. Let go if the worker stops first, or if the instant has not come [`HOLD_SLACK`]
 /// after the lead (the clock stepped back).
 async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>, ahead: Option<&Ahead<'_>>) -> Fired {
-    let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.job.clone(), r.scheduled_at.unwrap_or(r.due_at))).collect();
+    let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.owner.to_string(), r.scheduled_at.unwrap_or(r.due_at))).collect();
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
     let tickets = s.env.executor.tickets(batch.len());

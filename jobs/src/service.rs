@@ -9,14 +9,15 @@ use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, JsonText, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::engine::Engine;
-use crate::in_force::{AGENT_RUNS, GROUP_CHAT_RUNS, JobsConfig, PIPELINE_RUNS, WORKFLOW_RUNS};
+use crate::in_force::JobsConfig;
+use lamplighter_contract as wire;
 use lamplighter_contract::args::{MAX_CHAT_AGENTS, MAX_CHAT_ROUNDS};
 pub use lamplighter_contract::{
     AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
     SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
 
-use crate::run::{AgentUsage, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{AgentUsage, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
 use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{Decided, JobOverview, NewRun, RunFilter, StepDecision, StoreError};
@@ -296,7 +297,7 @@ impl Engine {
         let job = self.job_or_err(name)?;
         let state = self.shared.store().job_state(name).await?;
         let last = self.shared.store().list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
-        Ok(self.summary(&job, Some(&state), last.first().map(RunBrief::from), self.shared.clock().now()))
+        Ok(self.summary(&job, Some(&state), last.first().map(Run::brief), self.shared.clock().now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.
@@ -318,15 +319,15 @@ impl Engine {
             parameters: merge_parameters(job.parameters.as_ref().map(JsonText::value), req.parameters),
             idempotency_key: req.idempotency_key,
             requested_by: req.requested_by,
-            ..NewRun::asked(name.to_string(), Trigger::Manual, snapshot, now)
+            ..NewRun::asked(Owner::Job(name.to_string()), Trigger::Manual, snapshot, now)
         };
         self.insert_and_dispatch(run, now).await
     }
 
     /// Waits until a run reaches a final status (or `timeout` passes) and returns it.
-    pub async fn wait_run(&self, id: &str, timeout: Option<Duration>) -> Result<Run, ServiceError> {
+    pub async fn wait_run(&self, id: &str, timeout: Option<Duration>) -> Result<wire::Run, ServiceError> {
         // The run alone: its steps and calls are not what a wait for its end needs.
-        let mut follow = self.follow::<Run>(id);
+        let mut follow = self.follow::<wire::Run>(id);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut last = None;
         loop {
@@ -397,16 +398,20 @@ impl Engine {
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
         let runs = self.shared.store().list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
         let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
-        Ok(RunPage { runs, next_cursor })
+        Ok(RunPage { runs: runs.iter().map(Run::to_wire).collect(), next_cursor })
     }
 
-    pub async fn get_run(&self, id: &str) -> Result<Run, ServiceError> {
+    pub async fn get_run(&self, id: &str) -> Result<wire::Run, ServiceError> {
+        Ok(self.load_run(id).await?.to_wire())
+    }
+
+    async fn load_run(&self, id: &str) -> Result<Run, ServiceError> {
         self.shared.store().get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
     }
 
     /// A run with its workflow steps as a tree.
     pub async fn get_run_detail(&self, id: &str) -> Result<RunDetail, ServiceError> {
-        let run = self.get_run(id).await?;
+        let run = self.load_run(id).await?;
         let calls = self.shared.store().calls(&run.root_id).await?;
         let usage = (!calls.is_empty()).then(|| AgentUsage::of(&calls));
         let records = self.shared.store().steps(&run.root_id).await?;
@@ -422,7 +427,7 @@ impl Engine {
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
         let notifications = self.shared.store().notifications(&run.root_id).await?;
         let log = self.shared.store().output(&run.id).await?;
-        Ok(RunDetail { run, workflow, steps, agent_waits, calls, usage, notifications, log })
+        Ok(RunDetail { run: run.to_wire(), workflow, steps, agent_waits, calls, usage, notifications, log })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).
@@ -435,7 +440,7 @@ impl Engine {
             }
             Some(_) => None,
             // Rows from before snapshots: the job as configured now.
-            None => match self.shared.job(&run.job).map(|j| j.target) {
+            None => match run.owner.job().and_then(|j| self.shared.job(j)).map(|j| j.target) {
                 Some(lamplighter_config::Target::Workflow(w)) => Some((w.clone(), self.shared.workflow(&w))),
                 _ => None,
             },
@@ -462,7 +467,7 @@ impl Engine {
             input,
             idempotency_key,
             requested_by,
-            ..NewRun::asked(format!("{WORKFLOW_RUNS}{name}"), Trigger::Manual, snapshot, now)
+            ..NewRun::asked(Owner::Workflow(name.to_string()), Trigger::Manual, snapshot, now)
         };
         self.insert_and_dispatch(run, now).await
     }
@@ -478,7 +483,7 @@ impl Engine {
     ) -> Result<Triggered, ServiceError> {
         self.agents_can_run(&[name.to_string()])?;
         let target = TargetRef::Agent { agent: name.to_string() };
-        self.start_agents(format!("{AGENT_RUNS}{name}"), target, input, idempotency_key, requested_by).await
+        self.start_agents(Owner::Agent(name.to_string()), target, input, idempotency_key, requested_by).await
     }
 
     /// Starts a named pipeline by hand: its agents in order, each given the previous answer
@@ -496,7 +501,7 @@ impl Engine {
         };
         self.agents_can_run(&pipeline.agents)?;
         let target = TargetRef::Pipeline { pipeline: name.to_string(), agents: pipeline.agents.clone() };
-        self.start_agents(format!("{PIPELINE_RUNS}{name}"), target, input, idempotency_key, requested_by).await
+        self.start_agents(Owner::Pipeline(name.to_string()), target, input, idempotency_key, requested_by).await
     }
 
     /// Starts a group chat by hand: `agents` in turn, `rounds` times (default 1), each given
@@ -518,7 +523,7 @@ impl Engine {
         }
         self.agents_can_run(agents)?;
         let target = TargetRef::GroupChat { agents: agents.to_vec(), rounds };
-        self.start_agents(format!("{GROUP_CHAT_RUNS}{}", agents.join(",")), target, input, idempotency_key, requested_by).await
+        self.start_agents(Owner::GroupChat(agents.to_vec()), target, input, idempotency_key, requested_by).await
     }
 
     /// Each of `agents` is defined and can run here.
@@ -537,7 +542,7 @@ impl Engine {
 
     async fn start_agents(
         &self,
-        job: String,
+        owner: Owner,
         target: TargetRef,
         input: Option<serde_json::Value>,
         idempotency_key: Option<String>,
@@ -546,15 +551,15 @@ impl Engine {
         check_idempotency_key(idempotency_key.as_deref())?;
         let now = self.shared.clock().now();
         let run =
-            NewRun { input, idempotency_key, requested_by, ..NewRun::asked(job, Trigger::Manual, JobSnapshot::of_target(target), now) };
+            NewRun { input, idempotency_key, requested_by, ..NewRun::asked(owner, Trigger::Manual, JobSnapshot::of_target(target), now) };
         self.insert_and_dispatch(run, now).await
     }
 
     async fn insert_and_dispatch(&self, run: NewRun, now: DateTime<Utc>) -> Result<Triggered, ServiceError> {
-        let (job, trigger) = (run.job.clone(), run.trigger);
+        let (owner, trigger) = (run.owner.clone(), run.trigger);
         let (run_id, created) = self.shared.store().insert_run(run, now).await?;
         if created {
-            self.shared.observer().run_created(&job, trigger, &run_id);
+            self.shared.observer().run_created(&owner, trigger, &run_id);
         }
         if created && self.shared.scheduler().dispatch_due(now).await {
             self.shared.wake_scheduler();
@@ -582,7 +587,7 @@ impl Engine {
                 };
                 out.push(Approval {
                     run_id: run.id.clone(),
-                    job: run.job.clone(),
+                    job: run.owner.to_string(),
                     question: r.output.as_ref().and_then(|o| o.get("question")).cloned(),
                     timeout_at: timeout.zip(r.started_at).map(|(t, s)| s + chrono::Duration::from_std(t).unwrap_or(chrono::Duration::MAX)),
                     on_timeout: on_timeout.filter(|_| timeout.is_some()),
@@ -665,7 +670,7 @@ impl Engine {
     }
 
     /// Cancels a queued, running or waiting run.
-    pub async fn cancel_run(&self, id: &str) -> Result<Run, ServiceError> {
+    pub async fn cancel_run(&self, id: &str) -> Result<wire::Run, ServiceError> {
         let run = self.get_run(id).await?;
         if run.status.is_final() {
             return Err(ServiceError::NotCancellable { id: id.to_string(), status: run.status });
@@ -769,22 +774,22 @@ fn origin_of(snapshot: &JobsConfig, name: &str) -> JobOrigin {
     }
 }
 
-/// What a [`RunFollower`] reads of its run: the run alone ([`Run`], for a wait on its end) or
+/// What a [`RunFollower`] reads of its run: the run alone ([`wire::Run`], for a wait on its end) or
 /// the run with its steps, agent calls and waits ([`RunDetail`], for whoever shows progress).
 pub trait Followed: serde::Serialize + Send + Sized + 'static {
     /// A run's progress (a step or a call recorded) changes what is read; the run row alone
     /// does not change with it.
     const PROGRESS: bool;
     fn read(engine: &Engine, id: &str) -> impl std::future::Future<Output = Result<Self, ServiceError>> + Send;
-    fn run(&self) -> &Run;
+    fn run(&self) -> &wire::Run;
 }
 
-impl Followed for Run {
+impl Followed for wire::Run {
     const PROGRESS: bool = false;
     async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
         engine.get_run(id).await
     }
-    fn run(&self) -> &Run {
+    fn run(&self) -> &wire::Run {
         self
     }
 }
@@ -794,7 +799,7 @@ impl Followed for RunDetail {
     async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
         engine.get_run_detail(id).await
     }
-    fn run(&self) -> &Run {
+    fn run(&self) -> &wire::Run {
         &self.run
     }
 }

@@ -10,7 +10,7 @@ use lamplighter_plugins::{ActionContext, ActionError, Registry};
 
 use crate::agent::{AgentRuntime, RunHost, Session, Stopped, input_text};
 use crate::context::{RunContext, Targets};
-use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::events::{Cancelled, Ended, Op, RunRef};
 use crate::run::Outcome;
 use crate::snapshot::TargetRef;
 
@@ -86,7 +86,7 @@ async fn relay(ctx: RunContext, runtime: Arc<AgentRuntime>, registry: Arc<Regist
     let cancel = ctx.cancelled().clone();
     let obs = ctx.observer().clone();
     let run = ctx.run().clone();
-    let owner = Owner::from(&run);
+    let owner = RunRef::from(&run);
     let turns: Vec<(String, String)> = match &what {
         Relay::Agent(a) => vec![(a.clone(), String::new())],
         Relay::Pipeline { steps, .. } => steps.iter().enumerate().map(|(i, a)| (a.clone(), format!("step-{}:{a}", i + 1))).collect(),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use lamplighter_jobs::{Engine, ManualClock, Run, RunStatus, Trigger};
+use lamplighter_contract::Run;
+use lamplighter_jobs::{Engine, ManualClock, RunStatus, Trigger};
 
 use support::{config, finished, minutes, runs, start, t0, until};
 

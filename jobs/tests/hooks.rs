@@ -42,7 +42,7 @@ async fn start(dir: &Path, config: &Config) -> Engine {
     start_observed(config, &clock, Arc::new(BuiltinTargets::new(registry)), observer).await
 }
 
-async fn run_once(engine: &Engine) -> lamplighter_jobs::Run {
+async fn run_once(engine: &Engine) -> lamplighter_contract::Run {
     let id = engine.trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
     ended(engine, &id).await
 }

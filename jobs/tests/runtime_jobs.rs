@@ -28,7 +28,7 @@ fn save_every(period: &str) -> Value {
     json!({"every": period, "plugin": "file-save", "action": "save", "parameters": {"path": "r.txt", "content": "x"}})
 }
 
-async fn runs_of(engine: &Engine, job: &str) -> Vec<lamplighter_jobs::Run> {
+async fn runs_of(engine: &Engine, job: &str) -> Vec<lamplighter_contract::Run> {
     let mut runs = engine.list_runs(RunFilter { job: Some(job.into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
     runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
     runs
@@ -36,7 +36,12 @@ async fn runs_of(engine: &Engine, job: &str) -> Vec<lamplighter_jobs::Run> {
 
 /// Waits (10 s of real time at most) until the job's runs satisfy `pred`, reading them at each
 /// change the engine announces.
-async fn until_runs(engine: &Engine, job: &str, what: &str, pred: impl Fn(&[lamplighter_jobs::Run]) -> bool) -> Vec<lamplighter_jobs::Run> {
+async fn until_runs(
+    engine: &Engine,
+    job: &str,
+    what: &str,
+    pred: impl Fn(&[lamplighter_contract::Run]) -> bool,
+) -> Vec<lamplighter_contract::Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let mut changes = engine.changes();
     loop {

@@ -40,11 +40,11 @@ use lamplighter_contract::args::{
     PauseArgs, PreviewScheduleArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
     SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, seed_job_name, wait_timeout,
 };
-use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, TriggerOutcome, WorkflowList};
+use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, Run, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
-    Backfill, Decision, DecisionRequest, Engine, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobSummary, Run, RunDetail,
-    RunFilter, RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
+    Backfill, Decision, DecisionRequest, Engine, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobSummary, RunDetail, RunFilter,
+    RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
 use crate::security::Caller;

@@ -15,7 +15,7 @@ use super::budget::{BudgetCheck, over_budget};
 use super::model::{Endpoint, Msg};
 use super::{AgentRuntime, MCP_CALL_TIMEOUT};
 use crate::context::RunContext;
-use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::events::{Cancelled, Ended, Op, RunRef};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepStatus};
 
 /// One run's host services, handed to the plugin actions it calls.
@@ -82,7 +82,7 @@ impl HostServices for RunHost {
         Box::pin(async move {
             let obs = self.ctx.observer();
             let op = Op::HostCall { plugin: plugin.to_string(), function, target };
-            let started = obs.begin(op, Owner::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| HostError::Denied(why))?;
+            let started = obs.begin(op, RunRef::from(self.ctx.run()), None).await.map_err(|Cancelled(why)| HostError::Denied(why))?;
             let result = call.with_context(started.context()).await;
             let ended = match &result {
                 Ok(answer) if answer.get("is_error") == Some(&Value::Bool(true)) => Ended::failed("the tool answered an error"),

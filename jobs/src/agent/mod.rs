@@ -44,7 +44,7 @@ use opentelemetry::context::FutureExt as _;
 
 use crate::catalog::Catalog;
 use crate::context::RunContext;
-use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::events::{Cancelled, Ended, Op, RunRef};
 use crate::run::{AgentUsage, CallKind, CallRecord, StepRecord, StepStatus};
 
 use budget::{BudgetCheck, over_budget};
@@ -290,7 +290,7 @@ impl Session {
     async fn session_start(&self, agent: &Agent, conv: &str, depth: u32, input: String) -> Result<String, AgentEnd> {
         let obs = self.ctx.observer();
         let op = Op::SessionStart { agent: agent.name.clone(), conversation: conv.to_string(), depth };
-        match obs.begin_with(op, Owner::from(self.ctx.run()), None, Value::String(input)).await {
+        match obs.begin_with(op, RunRef::from(self.ctx.run()), None, Value::String(input)).await {
             Ok((started, input)) => {
                 started.end(obs, Ended::ok()).await;
                 Ok(input_text(Some(&input)))
@@ -424,7 +424,7 @@ impl Session {
             let obs = self.ctx.observer();
             let op =
                 Op::ModelCall { agent: name.clone(), provider: s.endpoint.provider().to_string(), model: s.endpoint.model().to_string() };
-            let call = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+            let call = match obs.begin(op, RunRef::from(self.ctx.run()), None).await {
                 Ok(c) => c,
                 Err(Cancelled(why)) => return AgentEnd::failed(format!("agent \"{name}\": model call not made: {why}"), false),
             };
@@ -539,7 +539,7 @@ impl Session {
         // Hooks see the arguments; an `around` hook may replace them (what is called and
         // recorded is then its version).
         let given = args.as_ref().map_or(Value::Null, Clone::clone);
-        let (op, refused) = match obs.begin_with(op, Owner::from(self.ctx.run()), parent, given).await {
+        let (op, refused) = match obs.begin_with(op, RunRef::from(self.ctx.run()), parent, given).await {
             Ok((op, replaced)) => {
                 if args.as_ref().is_ok_and(|a| *a != replaced) {
                     args = Ok(replaced);
@@ -664,7 +664,7 @@ impl Session {
                 let obs = self.ctx.observer();
                 let op = Op::McpCall { server: server.clone(), tool: t.clone() };
                 let (call, args) = obs
-                    .begin_with(op, Owner::from(self.ctx.run()), None, args)
+                    .begin_with(op, RunRef::from(self.ctx.run()), None, args)
                     .await
                     .map_err(|Cancelled(why)| model(format!("refused: {why}")))?;
                 let r = self.runtime.mcp.call(server, def, t, args, MCP_CALL_TIMEOUT).with_context(call.context()).await;

@@ -11,7 +11,7 @@ use lamplighter_config::Overlap;
 use super::{ChangeRequest, Changed, Refused};
 use super::{Claim, Decided, Hold, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
 use crate::definitions::Change;
-use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{CallKind, CallRecord, FollowUp, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::snapshot::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
@@ -37,7 +37,7 @@ fn snapshot(action: &str) -> JobSnapshot {
 /// A cron run of `job` for the tick at `at` (shared with the backends' own store tests).
 pub(super) fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
     NewRun {
-        job: job.into(),
+        owner: Owner::Job(job.into()),
         trigger: Trigger::Cron,
         status: RunStatus::Queued,
         scheduled_at: Some(at),
@@ -373,8 +373,28 @@ async fn an_idempotency_key_returns_the_first_run(s: &dyn RunStore) {
     let (b, created_b) = s.insert_run(keyed.clone(), t).await.expect("insert again");
     assert!(created_a && !created_b);
     assert_eq!(a, b);
-    let (c, created_c) = s.insert_run(NewRun { job: "other".into(), ..keyed }, t).await.expect("other job");
+    let (c, created_c) = s.insert_run(NewRun { owner: Owner::Job("other".into()), ..keyed }, t).await.expect("other job");
     assert!(created_c && c != a, "keys are per job");
+}
+
+/// Every kind of owner is read back as the owner it was stored as, listed under its name.
+async fn each_owner_is_read_back_as_stored(s: &dyn RunStore) {
+    let t = t0();
+    let owners = [
+        Owner::Job("nightly".into()),
+        Owner::Workflow("etl".into()),
+        Owner::Agent("scribe".into()),
+        Owner::Pipeline("chain".into()),
+        Owner::GroupChat(vec!["a".into(), "b".into()]),
+        Owner::Plugin { plugin: "file-save".into(), action: "save".into() },
+    ];
+    for owner in owners {
+        let (id, _) = s.insert_run(NewRun { owner: owner.clone(), ..manual("x", t) }, t).await.expect("insert");
+        let run = s.get_run(&id).await.expect("get").expect("run");
+        assert_eq!((&run.owner, &run.follow_up), (&owner, &FollowUp::Undecided));
+        let listed = s.list_runs(&RunFilter { job: Some(owner.to_string()), ..Default::default() }).await.expect("list");
+        assert_eq!(listed.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [id.as_str()], "listed under {owner}");
+    }
 }
 
 async fn a_follow_up_keeps_identity_snapshot_and_checkpoints(s: &dyn RunStore) {
@@ -392,13 +412,13 @@ async fn a_follow_up_keeps_identity_snapshot_and_checkpoints(s: &dyn RunStore) {
         (Trigger::Retry, RunStatus::Queued, 2, first.id.as_str(), Some(first.id.as_str()), Some(t), t + secs(60))
     );
     assert_eq!(next.parameters, first.parameters);
-    assert_eq!(s.get_run(&first.id).await.expect("get").expect("run").next_run_id.as_deref(), Some(next_id.as_str()));
+    assert_eq!(s.get_run(&first.id).await.expect("get").expect("run").follow_up, FollowUp::Next(next_id.clone()));
     // Closing a run as "no follow-up" (recovery deciding none is due) never blanks a link that
     // another worker wrote meanwhile.
     s.mark_no_follow_up(&first.id).await.expect("close");
     assert_eq!(
-        s.get_run(&first.id).await.expect("get").expect("run").next_run_id.as_deref(),
-        Some(next_id.as_str()),
+        s.get_run(&first.id).await.expect("get").expect("run").follow_up,
+        FollowUp::Next(next_id.clone()),
         "an existing follow-up link is kept"
     );
     // The next attempt runs what the first ran, and finds its checkpoint.
@@ -434,6 +454,7 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     let waiting: Vec<String> = s.interrupted_without_follow_up().await.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(waiting, vec![ids[0].clone()]);
     s.mark_no_follow_up(&ids[0]).await.expect("close");
+    assert_eq!(s.get_run(&ids[0]).await.expect("get").expect("run").follow_up, FollowUp::None, "closed: none follows");
     assert!(s.interrupted_without_follow_up().await.expect("list").is_empty());
 }
 
@@ -1033,6 +1054,7 @@ macro_rules! contract {
                 ends_and_the_claims_that_replace_them_go_together,
                 ends_follow_the_allowed_transitions,
                 an_idempotency_key_returns_the_first_run,
+                each_owner_is_read_back_as_stored,
                 a_follow_up_keeps_identity_snapshot_and_checkpoints,
                 recovery_interrupts_running_runs_and_hands_queued_ones_over_again,
                 a_restart_under_the_same_name_takes_the_lease_over,

@@ -21,7 +21,7 @@ use sqlx::SqlSafeStr;
 
 use super::RunBrief;
 use super::{Handed, JobOverview, JobState, RunEnd, StorageKind, StoreError, WorkerId, WorkerLease, from_ms};
-use crate::run::{CallKind, CallRecord, Run, RunStatus, StepRecord, StepStatus, Trigger};
+use crate::run::{CallKind, CallRecord, FollowUp, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 
 /// A value bound to a statement.
 #[derive(Debug, Clone)]
@@ -418,7 +418,7 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
     let opt_t = |c: &str| r.opt_int(c).map(from_ms);
     Run {
         id: r.text("id"),
-        job: r.text("job"),
+        owner: Owner::from_stored(r.str("job")),
         // Rows from a newer or damaged database read as the most cautious value, not a crash.
         trigger: Trigger::from_str(r.str("trigger")).unwrap_or(Trigger::Api),
         status: RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed),
@@ -436,7 +436,7 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
         idempotency_key: r.opt_text("idempotency_key"),
         root_id: r.text("root_id"),
         retry_of: r.opt_text("retry_of"),
-        next_run_id: r.opt_text("next_run_id"),
+        follow_up: FollowUp::from_stored(r.opt_text("next_run_id")),
         tokens_in: r.opt_int("tokens_in"),
         tokens_out: r.opt_int("tokens_out"),
         cost: r.opt_real("cost"),

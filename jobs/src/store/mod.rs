@@ -25,7 +25,7 @@ pub(crate) use crate::definitions::{ChangeRequest, Changed, JobChangeRecord, Ref
 pub(crate) use lamplighter_contract::RunBrief;
 pub use lamplighter_contract::WorkerLease;
 
-use crate::run::{Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
+use crate::run::{FollowUp, Owner, Run, RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 use crate::snapshot::JobSnapshot;
 
 #[cfg(test)]
@@ -472,7 +472,7 @@ pub(crate) struct JobOverview {
 /// A run to insert.
 #[derive(Debug, Clone)]
 pub(crate) struct NewRun {
-    pub(crate) job: String,
+    pub(crate) owner: Owner,
     pub(crate) trigger: Trigger,
     pub(crate) status: RunStatus,
     pub(crate) scheduled_at: Option<DateTime<Utc>>,
@@ -494,9 +494,9 @@ impl NewRun {
     /// A first attempt of `job` asked for at `now` (by hand, through the API, by a
     /// notification), due at once, running `snapshot`; input, parameters, key and asker are
     /// the caller's to set.
-    pub(crate) fn asked(job: String, trigger: Trigger, snapshot: JobSnapshot, now: DateTime<Utc>) -> Self {
+    pub(crate) fn asked(owner: Owner, trigger: Trigger, snapshot: JobSnapshot, now: DateTime<Utc>) -> Self {
         NewRun {
-            job,
+            owner,
             trigger,
             status: RunStatus::Queued,
             scheduled_at: None,
@@ -517,7 +517,7 @@ impl NewRun {
     pub(crate) fn to_run(&self, id: &str, now: DateTime<Utc>) -> Run {
         Run {
             id: id.to_string(),
-            job: self.job.clone(),
+            owner: self.owner.clone(),
             trigger: self.trigger,
             status: self.status,
             scheduled_at: self.scheduled_at,
@@ -534,7 +534,7 @@ impl NewRun {
             idempotency_key: self.idempotency_key.clone(),
             root_id: self.root_id.clone().unwrap_or_else(|| id.to_string()),
             retry_of: self.retry_of.clone(),
-            next_run_id: None,
+            follow_up: FollowUp::Undecided,
             tokens_in: None,
             tokens_out: None,
             cost: None,
@@ -547,7 +547,7 @@ impl NewRun {
     /// attempt + 1. (The store copies the snapshot from the stored run.)
     pub(crate) fn follow_up(run: &Run, due_at: DateTime<Utc>) -> Self {
         NewRun {
-            job: run.job.clone(),
+            owner: run.owner.clone(),
             trigger: Trigger::Retry,
             status: RunStatus::Queued,
             scheduled_at: run.scheduled_at,

@@ -67,7 +67,9 @@ impl<D: Dialect> Notices for D {
         );
         let runs: Vec<Run> = D::fetch_all(&mut tx, q.bind(NOTICE_BATCH as i64)).await?.iter().map(run_from_row).collect();
         let more = runs.len() == NOTICE_BATCH;
-        let jobs: BTreeSet<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        // The names runs are stored under, which streaks and rules are kept by.
+        let names: Vec<String> = runs.iter().map(|r| r.owner.to_string()).collect();
+        let jobs: BTreeSet<&str> = names.iter().map(String::as_str).collect();
         let mut streaks: HashMap<String, u32> = HashMap::new();
         let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
         let mut recheck_at: Option<DateTime<Utc>> = None;
@@ -87,9 +89,9 @@ impl<D: Dialect> Notices for D {
         let mut seen: Vec<&str> = Vec::new();
         let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
         let mut new: Vec<NewNotification> = Vec::new();
-        for run in &runs {
+        for (run, job) in runs.iter().zip(&names) {
             let finished = run.finished_at.unwrap_or(now);
-            let kind = match finality(run.status, run.next_run_id.as_deref(), finished, last_success.get(&run.job).copied(), now) {
+            let kind = match finality(run.status, &run.follow_up, finished, last_success.get(job).copied(), now) {
                 Finality::Undecided => {
                     // Its retry may still be recorded: looked at again then, at the latest.
                     let at = finished + RETRY_RECORDED_WITHIN;
@@ -103,17 +105,17 @@ impl<D: Dialect> Notices for D {
                 Finality::Outcome(kind) => kind,
             };
             seen.push(run.id.as_str());
-            let Some(rules) = of_job.entry(run.job.as_str()).or_insert_with(|| rules(&run.job)) else { continue };
-            let before = streaks.get(&run.job).copied().unwrap_or(0);
+            let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
+            let before = streaks.get(job).copied().unwrap_or(0);
             let (fire, after) = notify_on_outcome(kind, before, rules);
             let shown = if kind == OutcomeKind::Failure { after } else { before };
             new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
-            streaks.insert(run.job.clone(), after);
+            streaks.insert(job.clone(), after);
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
             if kind == OutcomeKind::Success {
-                last_success.insert(run.job.clone(), finished);
+                last_success.insert(job.clone(), finished);
             }
-            let state = states.entry(run.job.as_str()).or_insert((after, None));
+            let state = states.entry(job.as_str()).or_insert((after, None));
             *state = (after, success.or(state.1));
         }
         if waits {
@@ -161,9 +163,9 @@ impl<D: Dialect> Notices for D {
         D::commit(tx).await?;
         let seen_ids: HashSet<&str> = seen.iter().copied().collect();
         let mut prunable: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
-        for run in runs.iter().filter(|r| seen_ids.contains(r.id.as_str())) {
+        for (run, job) in runs.iter().zip(names).filter(|(r, _)| seen_ids.contains(r.id.as_str())) {
             let ended = run.finished_at.unwrap_or(now);
-            prunable.entry(run.job.clone()).and_modify(|at| *at = (*at).min(ended)).or_insert(ended);
+            prunable.entry(job).and_modify(|at| *at = (*at).min(ended)).or_insert(ended);
         }
         // A full batch with nothing in it to notice (failures waiting for their retries) is not
         // "more": the pass would only read it again.

@@ -63,13 +63,13 @@ impl<D: RunSql> Records for D {
         };
         let mut tx = self.begin().await?;
         if let Some(key) = run.idempotency_key.as_deref()
-            && let Some(row) = D::fetch_optional(&mut tx, existing(&run.job, key)).await?
+            && let Some(row) = D::fetch_optional(&mut tx, existing(&run.owner.to_string(), key)).await?
         {
             D::rollback(tx).await?;
             return Ok((row.text("id"), false));
         }
         let id = new_id();
-        let (job, key) = (run.job.clone(), run.idempotency_key.clone());
+        let (job, key) = (run.owner.to_string(), run.idempotency_key.clone());
         match insert_runs::<D>(&mut tx, &[(id.clone(), run, Dispatch::No)], None, now).await {
             Ok(()) => {}
             // Two callers with the same new key (several writers): the unique (job, key) made

@@ -67,7 +67,7 @@ pub(super) async fn insert_runs<D: Dialect>(
             };
             q = q
                 .bind(id.as_str())
-                .bind(r.job.as_str())
+                .bind(r.owner.to_string())
                 .bind(r.trigger.as_str())
                 .bind(status.as_str())
                 .bind(r.scheduled_at.map(ms))
@@ -233,7 +233,8 @@ pub(super) async fn waiting_notifications<D: Dialect>(c: &mut D::Conn, rules: Ru
     let mut of_job: HashMap<String, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
     for (id, step) in &waits {
         let Some(run) = runs.get(id) else { continue };
-        let Some(rules) = of_job.entry(run.job.clone()).or_insert_with(|| rules(&run.job)) else { continue };
+        let job = run.owner.to_string();
+        let Some(rules) = of_job.entry(job.clone()).or_insert_with(|| rules(&job)) else { continue };
         for (i, on) in notify_on_wait(step, rules) {
             out.push(notification(run, on, Some(step), i, &rules[i].to, 0));
         }
@@ -254,7 +255,7 @@ pub(super) fn notification(
     NewNotification {
         payload: notify::payload(on, &key, run, streak, step),
         key,
-        job: run.job.clone(),
+        job: run.owner.to_string(),
         run_id: run.id.clone(),
         root_id: run.root_id.clone(),
         event: on,

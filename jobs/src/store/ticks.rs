@@ -64,15 +64,20 @@ impl<D: RunSql + QueueSql> Ticks for D {
         let mut tx = self.begin().await?;
         let begin_us = split();
         let ids: Vec<String> = ticks.iter().map(|_| new_id()).collect();
-        let keys =
-            ticks.iter().zip(&ids).map(|((r, _), id)| (r.job.as_str(), ms(r.scheduled_at.unwrap_or(r.due_at)), id.as_str())).collect();
+        let names: Vec<String> = ticks.iter().map(|(r, _)| r.owner.to_string()).collect();
+        let keys = ticks
+            .iter()
+            .zip(&ids)
+            .zip(&names)
+            .map(|(((r, _), id), job)| (job.as_str(), ms(r.scheduled_at.unwrap_or(r.due_at)), id.as_str()))
+            .collect();
         let fresh = D::record_ticks(&mut tx, keys).await?;
         let keys_us = split();
-        let jobs: Vec<&str> = ticks
+        let jobs: Vec<&str> = names
             .iter()
             .zip(&ids)
             .filter(|(_, id)| fresh.contains(*id))
-            .map(|((r, _), _)| r.job.as_str())
+            .map(|(job, _)| job.as_str())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();

@@ -41,7 +41,7 @@ use crate::agent::{AgentRuntime, RunHost, Session, Stopped, input_text};
 use opentelemetry::context::FutureExt as _;
 
 use crate::context::RunContext;
-use crate::events::{Cancelled, Ended, Op, Owner};
+use crate::events::{Cancelled, Ended, Op, RunRef};
 use crate::run::{Outcome, RunStatus, StepRecord, StepStatus};
 
 use values::{Scope, cap, truthy};
@@ -207,7 +207,7 @@ impl Interpreter {
             }
             let op = Op::Step { workflow: self.workflow.clone(), step: step.id.clone(), kind: step.kind.step_type().as_str() };
             let obs = self.ctx.observer();
-            let started = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+            let started = match obs.begin(op, RunRef::from(self.ctx.run()), None).await {
                 Ok(s) => s,
                 Err(Cancelled(why)) => return self.not_run(&step.id, why).await.unwrap_or_else(|e| e),
             };
@@ -465,7 +465,7 @@ impl Interpreter {
             .collect();
         let obs = self.ctx.observer();
         let op = Op::GroupChat { step: id.to_string(), agents: agents.to_vec() };
-        let chat = match obs.begin(op, Owner::from(self.ctx.run()), None).await {
+        let chat = match obs.begin(op, RunRef::from(self.ctx.run()), None).await {
             Ok(c) => c,
             Err(Cancelled(why)) => return self.not_run(id, why).await,
         };

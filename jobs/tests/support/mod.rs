@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use lamplighter_config::{Config, LoadOptions};
+use lamplighter_contract::Run;
 use lamplighter_jobs::events::Observer;
-use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, ManualClock, Run, RunFilter, Targets};
+use lamplighter_jobs::{BuiltinTargets, Engine, EngineOptions, ManualClock, RunFilter, Targets};
 use lamplighter_plugins::Registry;
 
 /// 2026-03-02 10:00:00 UTC, a Monday.

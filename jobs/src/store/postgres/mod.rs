@@ -500,7 +500,7 @@ impl ReadSql for PgStore {
         };
         let (state, recent, counts) =
             tokio::try_join!(super::JobStates::job_state(self, job), super::Listings::list_runs(self, &filter), counts)?;
-        Ok(JobOverview { state, recent: recent.iter().map(RunBrief::from).collect(), counts })
+        Ok(JobOverview { state, recent: recent.iter().map(crate::run::Run::brief).collect(), counts })
     }
 
     /// Each job's newest run straight from the `(job, id)` index.
