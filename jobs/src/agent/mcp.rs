@@ -4,14 +4,13 @@
 //! the calls that need it, with its stderr tail; the worker and other servers go on.
 
 use std::collections::{HashMap, VecDeque};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientCacheConfig, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -49,6 +48,8 @@ struct Live {
     client: Arc<Client>,
     tools: Vec<McpTool>,
     stderr: Stderr,
+    /// A stdio server's process: killed, with what it started, when this is dropped.
+    process: Option<lamplighter_plugins::ServerProcess>,
 }
 
 /// What a stdio server printed last, and whether its stderr reached its end (it exited).
@@ -172,10 +173,11 @@ async fn stop(live: Live) {
         Ok(mut client) => {
             let _ = client.close_with_timeout(STOP_TIMEOUT).await;
         }
-        // A call still holds it: cancelling its token ends the service; the child is killed
-        // when the last holder drops it.
+        // A call still holds it: cancelling its token ends the service (and the call).
         Err(client) => client.cancellation_token().cancel(),
     }
+    // The process, if any, with what it started.
+    drop(live.process);
 }
 
 fn client_config() -> ClientConfig {
@@ -185,19 +187,17 @@ fn client_config() -> ClientConfig {
 async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
     let (closed_tx, closed) = tokio::sync::watch::channel(false);
     let stderr = Stderr { lines: Arc::new(Mutex::new(VecDeque::new())), closed };
+    let mut process = None;
     let client = match def {
         McpServer::Stdio { command, args, env } => {
-            let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).kill_on_drop(true);
-            for var in lamplighter_plugins::WORKER_ONLY_ENV {
-                cmd.env_remove(var);
-            }
-            cmd.envs(env);
-            let (transport, err) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
+            let mut started = lamplighter_plugins::start_server(command, args, env)
                 .map_err(|e| format!("MCP server \"{name}\" cannot start: {command}: {e}"))?;
-            match err {
+            let (Some(stdout), Some(stdin)) = (started.stdout.take(), started.stdin.take()) else {
+                return Err(format!("MCP server \"{name}\" cannot start: {command}: its stdin and stdout are not piped"));
+            };
+            process = Some(started);
+            let transport = (stdout, stdin);
+            match process.as_mut().and_then(|p| p.stderr.take()) {
                 None => {
                     let _ = closed_tx.send(true);
                 }
@@ -256,7 +256,7 @@ async fn start(name: &str, def: &McpServer) -> Result<Live, String> {
         })
         .collect();
     tracing::info!(server = name, "MCP server started");
-    Ok(Live { def: def.clone(), client: Arc::new(client), tools, stderr })
+    Ok(Live { def: def.clone(), client: Arc::new(client), tools, stderr, process })
 }
 
 async fn connect<E: std::fmt::Display>(

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::{ActionContext, ActionError, ActionInfo, PluginInfo};
 
 pub(crate) use params::Params;
+pub use process::{ServerProcess, start_server};
 
 /// The seed's manifests, embedded so the daemon needs no plugin directory for built-ins. Listed
 /// in the order of the seed's "Built-in Plugin Parameters" tables.

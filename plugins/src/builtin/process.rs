@@ -1,13 +1,16 @@
-//! The one place that spawns processes. Each child runs in its own process group so that a
-//! timeout, a cancellation, or the end of the call kills everything it started, not just the
-//! direct child; output is captured with a cap so a chatty command cannot exhaust memory.
+//! The one place the worker starts processes: commands ([`run`]) and long-lived servers spoken
+//! to over their stdin and stdout ([`start_server`], an agent's MCP servers). Each child runs in
+//! its own process group so that a timeout, a cancellation, or the end of the call (or of the
+//! server's use) kills everything it started, not just the direct child; a command's output is
+//! captured with a cap so a chatty command cannot exhaust memory.
+#![allow(clippy::disallowed_methods, reason = "the one module that starts processes")]
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::{OutputSink, OutputStream};
@@ -89,13 +92,52 @@ pub(crate) async fn run(
     Ok(Output { exit_code: status.code(), stdout, stderr, truncated: stdout_truncated || stderr_truncated })
 }
 
+/// A server started by [`start_server`]: its pipes, and the process itself, which is killed with
+/// everything it started when this is dropped.
+pub struct ServerProcess {
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Option<ChildStdout>,
+    pub stderr: Option<ChildStderr>,
+    _group: Option<GroupKill>,
+    _child: Child,
+}
+
+impl std::fmt::Debug for ServerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerProcess").field("pid", &self._child.id()).finish_non_exhaustive()
+    }
+}
+
+/// Starts `program` with `args` and `env` added to the worker's environment (less what is the
+/// worker's alone), its stdin, stdout and stderr piped to the caller, in a process group of its
+/// own.
+pub fn start_server<'a>(
+    program: &str,
+    args: &[String],
+    env: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> std::io::Result<ServerProcess> {
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    for var in crate::WORKER_ONLY_ENV {
+        command.env_remove(var);
+    }
+    command.envs(env);
+    let mut child = command.spawn()?;
+    Ok(ServerProcess {
+        stdin: child.stdin.take(),
+        stdout: child.stdout.take(),
+        stderr: child.stderr.take(),
+        _group: child.id().map(GroupKill),
+        _child: child,
+    })
+}
+
 /// A process group, sent SIGKILL (through `kill(1)`, since the crate forbids `unsafe`) when
 /// dropped.
 struct GroupKill(u32);
 
 impl Drop for GroupKill {
-    // This is the module that starts processes; `kill` must run to the end inside `drop`.
-    #[allow(clippy::disallowed_methods)]
+    // `kill` must run to the end inside `drop`.
     fn drop(&mut self) {
         let pgid = self.0;
         let kill = move || {

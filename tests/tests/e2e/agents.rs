@@ -458,7 +458,35 @@ fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that
     assert!(error.contains("MCP server \"broken\" did not start") && error.contains("refusing to start: FIXTURE_KEY is wrong"), "{error}");
     let (code, _, _) = w.ctl(&["status"]);
     assert_eq!(code, 0, "the worker is still up");
+
+    // The server runs in a process group of its own, the worker's child; a stop takes it down.
+    let marker = format!("FIXTURE_NOTES={}", notes.display());
+    let servers = processes_with_env(&marker);
+    assert_eq!(servers.len(), 1, "one live \"fx\" server while the worker runs: {servers:?}");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !processes_with_env(&marker).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(processes_with_env(&marker), Vec::<u32>::new(), "the MCP server outlived the worker");
     drop(rt);
+}
+
+/// The live processes (not zombies) whose environment holds `entry` (`NAME=value`).
+fn processes_with_env(entry: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("read /proc") {
+        let Some(pid) = e.expect("entry").file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // A process that ended between the listing and the read is not there.
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let zombie = stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && env.split(|b| *b == 0).any(|v| v == entry.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 #[test]
