@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use lamplighter_config::{NotifyOn, NotifyRule, Overlap, RetryPolicy};
 
+use crate::intake::{Claim, Dispatch, Handed, NewRun, TickOutcome};
 use crate::run::{FollowUp, Outcome, RunStatus};
-use crate::store::{Claim, Dispatch, Handed, NewRun, TickOutcome, ms};
 
 /// What is known about a job when one of its ticks fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -372,7 +372,7 @@ pub(crate) fn plan_ticks<'a>(
             out.push(None);
             continue;
         }
-        let tick = ms(run.scheduled_at.unwrap_or(run.due_at));
+        let tick = run.scheduled_at.unwrap_or(run.due_at).timestamp_millis();
         let job = run.owner.to_string();
         let job_active = active.entry(job.clone()).or_default();
         let decision = decide_tick(&TickFacts { paused: paused.contains(&job), active: job_active, overlap: policy });
@@ -489,8 +489,8 @@ mod tests {
         );
         assert_eq!(plan.pushed, ["r4"]);
         assert_eq!(plan.rows.len(), 6, "a run for each tick this caller recorded");
-        assert_eq!(plan.last_ticks.get("a"), Some(&ms(t - chrono::TimeDelta::seconds(1))));
-        assert_eq!(plan.last_ticks.get("later"), Some(&ms(t + chrono::TimeDelta::seconds(60))));
+        assert_eq!(plan.last_ticks.get("a"), Some(&(t - chrono::TimeDelta::seconds(1)).timestamp_millis()));
+        assert_eq!(plan.last_ticks.get("later"), Some(&(t + chrono::TimeDelta::seconds(60)).timestamp_millis()));
     }
     use std::time::Duration;
 

@@ -13,6 +13,7 @@ mod executor;
 mod gate;
 mod health;
 mod in_force;
+mod intake;
 mod listing;
 mod live;
 mod manage;

@@ -465,10 +465,7 @@ fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that
     assert_eq!(servers.len(), 1, "one live \"fx\" server while the worker runs: {servers:?}");
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !processes_with_env(&marker).is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The worker killed it (SIGKILL, on dropping it) before it exited: at most a zombie is left.
     assert_eq!(processes_with_env(&marker), Vec::<u32>::new(), "the MCP server outlived the worker");
     drop(rt);
 }
