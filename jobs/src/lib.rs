@@ -12,8 +12,10 @@ pub mod events;
 mod executor;
 mod gate;
 mod health;
+mod housekeeping;
 mod in_force;
 mod intake;
+mod lease;
 mod listing;
 mod live;
 mod manage;
@@ -33,15 +35,15 @@ mod workflow;
 pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use context::{RunContext, Targets};
-pub use engine::{Changes, Engine, EngineError, EngineOptions, backup, migrate};
+pub use engine::{Engine, EngineError, EngineOptions, backup, migrate};
 pub use lamplighter_config::{Schedule, ScheduleError, ScheduleSpec};
 pub use manage::{Backfill, BackfillTick, JobChange, JobDeleted, JobRequest, JobSaved};
 pub use run::{AgentUsage, CallKind, CallRecord, FollowUp, Outcome, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobSummary, ListingVersion,
-    PluginView, RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest, Triggered,
-    WorkerStatus, WorkflowInfo,
+    AgentInfo, Approval, Changes, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobService, JobSummary,
+    ListingVersion, PluginView, RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest,
+    Triggered, WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{BackupError, RunFilter, StorageFault, StoreError, WorkerLease};

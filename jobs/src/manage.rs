@@ -9,13 +9,13 @@ use lamplighter_config::{JobConfig, JsonText, Overlap};
 pub use lamplighter_contract::{Backfill, BackfillTick, JobChange, JobDeleted, JobSaved};
 
 use crate::definitions::{Change, ChangeRequest, Changed, JobChangeRecord, Refused, StoredJob, check_definition, decide_change};
-use crate::engine::Engine;
 use crate::in_force::JobsConfig;
 use crate::run::{Owner, RunStatus, Trigger};
-use crate::service::{ServiceError, preview_of, summary_in};
+use crate::service::{JobService, ServiceError, preview_of, summary_in};
+use crate::signals::Signal;
 use crate::store::{Claim, NewRun, RunFilter};
 
-/// A definition to save with [`Engine::create_job`] or [`Engine::update_job`].
+/// A definition to save with [`JobService::create_job`] or [`JobService::update_job`].
 #[derive(Debug, Clone)]
 pub struct JobRequest {
     pub name: String,
@@ -40,14 +40,14 @@ fn history_view(r: JobChangeRecord) -> JobChange {
     JobChange { version: r.version, action: r.action, actor: r.actor, at: r.at, before: r.before, after: r.after }
 }
 
-impl Engine {
+impl JobService {
     /// Whether this worker lets clients change jobs (`worker.mcp.manage_jobs.enabled`).
     pub fn manages_jobs(&self) -> bool {
-        self.shared.snapshot().manage.enabled
+        self.config.get().manage.enabled
     }
 
     fn managing(&self) -> Result<std::sync::Arc<JobsConfig>, ServiceError> {
-        let config = self.shared.snapshot();
+        let config = self.config.get();
         if !config.manage.enabled {
             return Err(ServiceError::ManagementOff);
         }
@@ -76,7 +76,7 @@ impl Engine {
     async fn save_job(&self, req: JobRequest, create: bool) -> Result<JobSaved, ServiceError> {
         let config = self.managing()?;
         Self::not_from_files(&config, &req.name)?;
-        let registry = self.shared.registry();
+        let registry = &self.registry;
         let compiled = check_definition(&config.scope, registry, &config.manage, &req.name, &req.definition).and_then(|c| {
             // Jobs of a disabled workflow or agent would never run: refused as the files' are.
             match config.health.job_problem(&c.job, registry) {
@@ -85,7 +85,7 @@ impl Engine {
             }
         });
         let compiled = compiled.map_err(|errors| ServiceError::InvalidDefinition { name: req.name.clone(), errors })?;
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let change = if create {
             Change::Create { definition: &compiled.definition, max_jobs: config.manage.max_jobs }
         } else {
@@ -93,8 +93,8 @@ impl Engine {
         };
         let (saved, stored) = if req.dry_run {
             // What the save would decide, from the facts as they are now.
-            let current = self.shared.store().runtime_job(&req.name).await?;
-            let last = self.shared.store().job_history(&req.name, 1).await?.first().map_or(0, |h| h.version);
+            let current = self.definitions.runtime_job(&req.name).await?;
+            let last = self.definitions.job_history(&req.name, 1).await?.first().map_or(0, |h| h.version);
             let version =
                 decide_change(&change, current.as_ref(), last, config.runtime.len() as u64).map_err(|r| self.refused(&req.name, r))?;
             let stored = StoredJob {
@@ -109,9 +109,9 @@ impl Engine {
             (false, stored)
         } else {
             let request = ChangeRequest { name: &req.name, change, actor: &req.actor };
-            match self.shared.store().change_job(&request, now).await? {
+            match self.definitions.change_job(&request, now).await? {
                 Ok(Changed::Saved(stored)) => {
-                    self.shared.apply_runtime_job(&req.name, Some(stored.clone()));
+                    self.apply_runtime_job(&req.name, Some(stored.clone()));
                     tracing::info!(job = %req.name, version = stored.version, actor = %req.actor, "job {}", if create { "created" } else { "updated" });
                     (true, stored)
                 }
@@ -122,7 +122,7 @@ impl Engine {
         let job = crate::definitions::bounded(compiled.job, &config.manage, &config.data_dir);
         let mut view_config = JobsConfig::clone(&config);
         view_config.runtime = std::sync::Arc::new([(req.name.clone(), stored.clone())].into_iter().collect());
-        let state = self.shared.store().job_state(&req.name).await?;
+        let state = self.states.job_state(&req.name).await?;
         Ok(JobSaved {
             name: req.name,
             saved,
@@ -150,7 +150,7 @@ impl Engine {
     }
 
     fn no_runtime_job(&self, name: &str) -> ServiceError {
-        let jobs = self.shared.snapshot();
+        let jobs = self.config.get();
         let runtime: Vec<&str> = jobs.runtime.keys().map(String::as_str).collect();
         ServiceError::JobNotFound {
             name: name.to_owned(),
@@ -170,25 +170,25 @@ impl Engine {
         let config = self.managing()?;
         // A runtime job the files took the name of (at a restart, or a reload on another
         // worker) is shadowed by the files' job; it can still be deleted.
-        if config.locations.contains(name) && self.shared.store().runtime_job(name).await?.is_none() {
+        if config.locations.contains(name) && self.definitions.runtime_job(name).await?.is_none() {
             Self::not_from_files(&config, name)?;
         }
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let request = ChangeRequest { name, change: Change::Delete { expected: expected_version }, actor };
-        let version = match self.shared.store().change_job(&request, now).await? {
+        let version = match self.definitions.change_job(&request, now).await? {
             Ok(Changed::Deleted { version }) => version,
             Ok(Changed::Saved(_)) => unreachable!("a delete deletes"),
             Err(r) => return Err(self.refused(name, r)),
         };
-        self.shared.apply_runtime_job(name, None);
+        self.apply_runtime_job(name, None);
         tracing::info!(job = %name, version, actor = %actor, cancel_runs, "job deleted");
         let mut cancelled_runs = Vec::new();
         if cancel_runs {
             let why = format!("its job \"{name}\" was deleted by {actor}");
             for status in [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval] {
                 let filter = RunFilter { job: Some(name.to_owned()), status: Some(status), limit: Some(10_000), before: None };
-                for run in self.shared.store().list_runs(&filter).await? {
-                    if self.shared.stop_run(&run.id, why.clone(), now).await {
+                for run in self.listings.list_runs(&filter).await? {
+                    if self.executor.stop_run(&run.id, why.clone(), now).await {
                         cancelled_runs.push(run.id);
                     }
                 }
@@ -199,7 +199,7 @@ impl Engine {
 
     /// A runtime job's changes, newest first; `limit` at most.
     pub(crate) async fn job_history(&self, name: &str, limit: usize) -> Result<Vec<JobChange>, ServiceError> {
-        Ok(self.shared.store().job_history(name, limit).await?.into_iter().map(history_view).collect())
+        Ok(self.definitions.job_history(name, limit).await?.into_iter().map(history_view).collect())
     }
 
     /// Runs a job's ticks in `from..=to` that have no run yet, in order and one at a time (the
@@ -216,7 +216,7 @@ impl Engine {
                 "job \"{name}\" has no schedule, so no ticks to backfill; trigger it instead"
             )));
         };
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         if from > to {
             return Err(ServiceError::InvalidArgument(format!("from ({from}) is after to ({to})")));
         }
@@ -225,7 +225,7 @@ impl Engine {
                 "to ({to}) is in the future; a backfill runs past ticks only (now is {now})"
             )));
         }
-        if self.shared.store().job_state(name).await?.paused {
+        if self.states.job_state(name).await?.paused {
             return Err(ServiceError::Conflict(format!(
                 "job \"{name}\" is paused: its backfilled ticks would be recorded as skipped; resume it first (lampctl jobs resume {name})"
             )));
@@ -251,7 +251,7 @@ impl Engine {
             ticks.push(next);
             t = next;
         }
-        let existing = self.shared.store().ticks_with_runs(name, from, to).await?;
+        let existing = self.ticks.ticks_with_runs(name, from, to).await?;
         let new: Vec<DateTime<Utc>> = ticks.iter().copied().filter(|t| !existing.contains(&t.timestamp_millis())).collect();
         let max = config.manage.max_backfill as usize;
         if new.len() > max {
@@ -266,29 +266,29 @@ impl Engine {
         if !dry_run && !new.is_empty() {
             // The backfilled ticks are older than now: a job that never fired would otherwise
             // look as if its ticks since the newest of them were missed, and catch up.
-            if self.shared.store().job_state(name).await?.last_tick.is_none() {
-                self.shared.store().set_last_tick(name, now).await?;
+            if self.states.job_state(name).await?.last_tick.is_none() {
+                self.states.set_last_tick(name, now).await?;
             }
             let snapshot = config.snapshot_of(&job);
             // Due now, all of them: they go in id order (ids sort by creation, and are made in
             // tick order), each held until the one before it ends.
             let batch: Vec<(NewRun, Overlap)> =
                 new.iter().map(|tick| (self.backfill_run(&job, &snapshot, *tick, now), Overlap::Queue)).collect();
-            let outcomes = self.shared.store().fire_ticks(batch, Claim { worker: self.shared.worker_name(), slots: 0 }, now).await?;
+            let outcomes = self.ticks.fire_ticks(batch, Claim { worker: &self.worker.name, slots: 0 }, now).await?;
             let mut pushed = false;
             for (tick, outcome) in new.iter().zip(outcomes) {
                 if let Some(o) = &outcome {
-                    self.shared.observer().run_created(&Owner::Job(name.to_string()), Trigger::Backfill, &o.run_id);
+                    self.observer.run_created(&Owner::Job(name.to_string()), Trigger::Backfill, &o.run_id);
                     pushed |= o.pushed;
                 }
                 runs.insert(tick.timestamp_millis(), outcome.map(|o| o.run_id));
             }
-            self.shared.runs_changed();
+            self.signal(Signal::RunsChanged);
             if pushed {
-                self.shared.tasks_pushed();
+                self.signal(Signal::TasksPushed);
             }
             // The rest are held until the one before them ends.
-            self.shared.wake_scheduler();
+            self.signal(Signal::Wake);
             tracing::info!(job = %name, runs = runs.values().flatten().count(), %from, %to, "job backfilled");
         }
         let ticks: Vec<BackfillTick> = ticks
@@ -310,7 +310,7 @@ impl Engine {
     async fn retention_horizon(&self, job: &JobConfig, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, ServiceError> {
         let by_age = job.retention.max_age.and_then(|a| chrono::Duration::from_std(a).ok()).map(|a| now - a);
         let by_count = match job.retention.max_runs {
-            Some(max) => match self.shared.store().run_span(&job.name).await? {
+            Some(max) => match self.ticks.run_span(&job.name).await? {
                 (n, Some(oldest)) if n >= u64::from(max) => Some(oldest),
                 _ => None,
             },

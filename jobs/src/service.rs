@@ -8,14 +8,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lamplighter_config::{JobConfig, JsonText, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
-use crate::engine::Engine;
-use crate::in_force::JobsConfig;
+use crate::clock::Clock;
+use crate::events::Observer;
+use crate::executor::Executor;
+use crate::in_force::{InForce, JobsConfig};
+use crate::scheduler::Scheduler;
+use crate::signals::Signals;
+use crate::store::{Definitions, JobStates, Leases, Listings, Notices, Records, StorageKind, Ticks};
 use lamplighter_contract as wire;
 use lamplighter_contract::args::{MAX_CHAT_AGENTS, MAX_CHAT_ROUNDS};
 pub use lamplighter_contract::{
     AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
     SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
+use lamplighter_plugins::Registry;
 
 use crate::run::{AgentUsage, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
@@ -74,7 +80,7 @@ pub struct TriggerRequest {
     pub requested_by: Option<String>,
 }
 
-/// A decision to record with [`Engine::decide`].
+/// A decision to record with [`JobService::decide`].
 #[derive(Debug, Clone)]
 pub struct DecisionRequest {
     pub run_id: String,
@@ -139,19 +145,70 @@ fn step_views(steps: &[Step], records: &std::collections::HashMap<String, StepRe
         .collect()
 }
 
-impl Engine {
+/// The operations a person or a client asks for: list and inspect jobs and runs, pause, resume
+/// and trigger jobs, follow, cancel and approve runs, and manage runtime definitions
+/// (`manage.rs`). Built by the engine with the handles it needs (the store's traits it reads and
+/// writes, the config in force, the executor to stop a run, the scheduler to hand a run over
+/// at once); it starts nothing of its own. Cheap to clone.
+#[derive(Clone)]
+pub struct JobService {
+    pub(crate) records: Arc<dyn Records>,
+    pub(crate) listings: Arc<dyn Listings>,
+    pub(crate) states: Arc<dyn JobStates>,
+    pub(crate) definitions: Arc<dyn Definitions>,
+    pub(crate) notices: Arc<dyn Notices>,
+    pub(crate) ticks: Arc<dyn Ticks>,
+    pub(crate) leases: Arc<dyn Leases>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) config: Arc<InForce>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) executor: Arc<Executor>,
+    pub(crate) scheduler: Arc<Scheduler>,
+    pub(crate) worker: WorkerFacts,
+}
+
+/// What `worker_status` says of this worker.
+#[derive(Clone)]
+pub(crate) struct WorkerFacts {
+    pub(crate) name: String,
+    pub(crate) storage: StorageKind,
+    pub(crate) started_at: DateTime<Utc>,
+}
+
+impl JobService {
+    pub(crate) fn signal(&self, signal: Signal) {
+        self.signals.publish(signal);
+    }
+
+    /// Puts a runtime job saved (or deleted) here in force at once, and tells every worker.
+    pub(crate) fn apply_runtime_job(&self, name: &str, stored: Option<crate::definitions::StoredJob>) {
+        if self.config.set_runtime_job(name, stored) {
+            self.signal(Signal::JobChanged);
+        }
+        self.signal(Signal::DefinitionChanged(name.to_owned()));
+    }
+
+    /// Tells when runs may have changed (created, started, finished, pruned), so a caller can
+    /// wait for a state of its runs without polling: take it, read, and wait for the next
+    /// change only if what was read is not there yet.
+    pub fn changes(&self) -> Changes {
+        Changes(self.signals.subscribe())
+    }
+
     pub(crate) fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
-        self.shared.job(name).ok_or_else(|| ServiceError::JobNotFound {
+        self.config.job(name).ok_or_else(|| ServiceError::JobNotFound {
             name: name.to_string(),
             known: {
-                let jobs = self.shared.jobs();
+                let jobs = self.config.jobs();
                 if jobs.is_empty() { "none".into() } else { jobs.keys().cloned().collect::<Vec<_>>().join(", ") }
             },
         })
     }
 
     fn summary(&self, job: &JobConfig, state: Option<&crate::store::JobState>, last: Option<RunBrief>, now: DateTime<Utc>) -> JobSummary {
-        summary_in(&self.shared.snapshot(), job, state, last, now)
+        summary_in(&self.config.get(), job, state, last, now)
     }
 
     /// Every configured job, by name.
@@ -165,20 +222,20 @@ impl Engine {
     /// taken, from the instant the listing was read until the first `next_fire` in it. `None`
     /// when the store cannot tell (PostgreSQL, where other workers write).
     pub async fn listing_version(&self) -> Option<ListingVersion> {
-        let config = self.shared.snapshot();
-        let changes = self.shared.store().listing_changes().await?;
+        let config = self.config.get();
+        let changes = self.listings.listing_changes().await?;
         Some(ListingVersion { config, changes })
     }
 
     /// The engine's clock.
     pub fn now(&self) -> DateTime<Utc> {
-        self.shared.clock().now()
+        self.clock.now()
     }
 
     /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
     /// page's `next_cursor`).
     pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize) -> Result<JobPage, ServiceError> {
-        let snapshot = self.shared.snapshot();
+        let snapshot = self.config.get();
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
@@ -187,9 +244,8 @@ impl Engine {
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
         let more = jobs.next().is_some();
         let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
-        let store = self.shared.store();
-        let (states, mut last) = tokio::try_join!(store.job_states(), store.last_runs(&names))?;
-        let now = self.shared.clock().now();
+        let (states, mut last) = tokio::try_join!(self.states.job_states(), self.listings.last_runs(&names))?;
+        let now = self.clock.now();
         let jobs: Vec<JobSummary> = page.iter().map(|j| summary_in(&snapshot, j, states.get(&j.name), last.remove(&j.name), now)).collect();
         let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs, next_cursor })
@@ -200,17 +256,17 @@ impl Engine {
         self.get_job_with_history(name, n, 20).await
     }
 
-    /// [`Engine::get_job`], with up to `history` of a runtime job's changes. A runtime job that
+    /// [`JobService::get_job`], with up to `history` of a runtime job's changes. A runtime job that
     /// was deleted is shown too, as deleted: its definition before the delete, its history and
     /// its runs.
     pub async fn get_job_with_history(&self, name: &str, n: usize, history: usize) -> Result<JobDetail, ServiceError> {
-        let snapshot = self.shared.snapshot();
+        let snapshot = self.config.get();
         let (job, origin, definition) = match self.job_or_err(name) {
             Ok(job) => {
                 let runtime = snapshot.runtime.get(name).cloned();
                 (job, None, runtime.map(|r| r.definition))
             }
-            Err(not_found) => match self.shared.store().job_history(name, 1).await?.into_iter().next() {
+            Err(not_found) => match self.definitions.job_history(name, 1).await?.into_iter().next() {
                 Some(last) if last.action == "delete" => {
                     let before = last.before.clone().unwrap_or(serde_json::Value::Null);
                     let job = lamplighter_config::inert_job(name, &before, &snapshot.default_timezone);
@@ -221,9 +277,9 @@ impl Engine {
             },
         };
         let history = if definition.is_some() { self.job_history(name, history.clamp(1, 1000)).await? } else { Vec::new() };
-        let JobOverview { state, recent, counts } = self.shared.store().job_overview(name, 10).await?;
+        let JobOverview { state, recent, counts } = self.listings.job_overview(name, 10).await?;
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let next_fires = if origin.is_some() { Vec::new() } else { self.next_fires(&job, now, n.clamp(1, 100)) };
         let mut summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
         if let Some(JobOrigin::Deleted { version, deleted_by, deleted_at }) = &origin {
@@ -251,7 +307,7 @@ impl Engine {
     /// The next `n` fire times of a job (whether or not it is paused).
     pub fn next_fire_times(&self, name: &str, n: usize) -> Result<Vec<FireTime>, ServiceError> {
         let job = self.job_or_err(name)?;
-        Ok(self.next_fires(&job, self.shared.clock().now(), n.clamp(1, 1000)))
+        Ok(self.next_fires(&job, self.clock.now(), n.clamp(1, 1000)))
     }
 
     fn next_fires(&self, job: &JobConfig, now: DateTime<Utc>, n: usize) -> Vec<FireTime> {
@@ -266,18 +322,18 @@ impl Engine {
     /// zone and UTC), the daylight-saving changes they cross, and warnings (it fires very
     /// often, or never). `timezone` defaults to `scheduling.timezone`. An error names the field.
     pub fn preview_schedule(&self, spec: ScheduleSpec, timezone: Option<&str>, count: usize) -> Result<SchedulePreview, ServiceError> {
-        let default = self.shared.snapshot().default_timezone.clone();
+        let default = self.config.get().default_timezone.clone();
         let tz = timezone.unwrap_or(&default);
         let schedule =
             lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| ServiceError::InvalidArgument(format!("{field}: {e}")))?;
-        Ok(preview_of(&schedule, self.shared.clock().now(), count.clamp(1, 1000)))
+        Ok(preview_of(&schedule, self.clock.now(), count.clamp(1, 1000)))
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.
     pub async fn pause_job(&self, name: &str, reason: Option<&str>) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
-        self.shared.store().set_paused(name, true, reason, self.shared.clock().now()).await?;
-        self.shared.job_changed();
+        self.states.set_paused(name, true, reason, self.clock.now()).await?;
+        self.signal(Signal::JobChanged);
         tracing::info!(job = name, reason = reason.unwrap_or(""), "job paused");
         self.summary_of(name).await
     }
@@ -285,25 +341,25 @@ impl Engine {
     /// Resumes a job. Ticks missed while paused are not caught up.
     pub async fn resume_job(&self, name: &str) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
-        let now = self.shared.clock().now();
-        self.shared.store().set_paused(name, false, None, now).await?;
-        self.shared.store().set_last_tick(name, now).await?;
-        self.shared.job_changed();
+        let now = self.clock.now();
+        self.states.set_paused(name, false, None, now).await?;
+        self.states.set_last_tick(name, now).await?;
+        self.signal(Signal::JobChanged);
         tracing::info!(job = name, "job resumed");
         self.summary_of(name).await
     }
 
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {
         let job = self.job_or_err(name)?;
-        let state = self.shared.store().job_state(name).await?;
-        let last = self.shared.store().list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
-        Ok(self.summary(&job, Some(&state), last.first().map(Run::brief), self.shared.clock().now()))
+        let state = self.states.job_state(name).await?;
+        let last = self.listings.list_runs(&RunFilter { job: Some(name.into()), limit: Some(1), ..Default::default() }).await?;
+        Ok(self.summary(&job, Some(&state), last.first().map(Run::brief), self.clock.now()))
     }
 
     /// Starts a run now, paused or not. Returns at once with the run id.
     pub async fn trigger_job(&self, name: &str, req: TriggerRequest) -> Result<Triggered, ServiceError> {
         let job = self.job_or_err(name)?;
-        if let Some(reason) = self.shared.snapshot().unavailable.get(name) {
+        if let Some(reason) = self.config.get().unavailable.get(name) {
             return Err(ServiceError::JobDisabled { name: name.to_string(), reason: reason.clone() });
         }
         check_idempotency_key(req.idempotency_key.as_deref())?;
@@ -312,8 +368,8 @@ impl Engine {
         {
             return Err(ServiceError::InvalidArgument(format!("parameters for job \"{name}\" must be an object of name → value")));
         }
-        let now = self.shared.clock().now();
-        let snapshot = self.shared.snapshot().snapshot_of(&job);
+        let now = self.clock.now();
+        let snapshot = self.config.get().snapshot_of(&job);
         let run = NewRun {
             input: req.input.or(job.input.map(|i| *i)),
             parameters: merge_parameters(job.parameters.as_ref().map(JsonText::value), req.parameters),
@@ -357,27 +413,27 @@ impl Engine {
 
     /// The configured workflows: what each does step by step, and why one is disabled.
     pub fn list_workflows(&self) -> Vec<WorkflowInfo> {
-        self.shared.snapshot().listing.workflows.clone()
+        self.config.get().listing.workflows.clone()
     }
 
     /// The configured agents: model, provider, tools offered, and why one is disabled.
     pub fn list_agents(&self) -> Vec<AgentInfo> {
-        self.shared.snapshot().listing.agents.clone()
+        self.config.get().listing.agents.clone()
     }
 
     /// The plugins this worker knows: actions with their parameter schemas, and why one cannot
     /// be used.
     pub fn list_plugins(&self) -> Vec<PluginView> {
-        self.shared.snapshot().listing.plugins.clone()
+        self.config.get().listing.plugins.clone()
     }
 
     /// Follows a run, reading `T` of it (see [`RunFollower`]). Tool waits, tasks and
     /// `wait_run` follow runs through it.
     pub fn follow<T: Followed>(&self, id: &str) -> RunFollower<T> {
         RunFollower {
-            engine: self.clone(),
+            service: self.clone(),
             id: id.to_owned(),
-            signals: self.shared.subscribe(),
+            signals: self.signals.subscribe(),
             last: None,
             stale: true,
             done: false,
@@ -387,16 +443,16 @@ impl Engine {
 
     pub async fn list_runs(&self, filter: RunFilter) -> Result<RunPage, ServiceError> {
         if let Some(j) = &filter.job
-            && self.shared.job(j).is_none()
+            && self.config.job(j).is_none()
         {
             // Runs of a removed job are still listed when they exist.
-            let any = self.shared.store().list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
+            let any = self.listings.list_runs(&RunFilter { job: Some(j.clone()), limit: Some(1), ..Default::default() }).await?;
             if any.is_empty() {
                 self.job_or_err(j)?;
             }
         }
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
-        let runs = self.shared.store().list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
+        let runs = self.listings.list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
         let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
         Ok(RunPage { runs: runs.iter().map(Run::to_wire).collect(), next_cursor })
     }
@@ -406,15 +462,15 @@ impl Engine {
     }
 
     async fn load_run(&self, id: &str) -> Result<Run, ServiceError> {
-        self.shared.store().get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
+        self.records.get_run(id).await?.ok_or_else(|| ServiceError::RunNotFound { id: id.to_string() })
     }
 
     /// A run with its workflow steps as a tree.
     pub async fn get_run_detail(&self, id: &str) -> Result<RunDetail, ServiceError> {
         let run = self.load_run(id).await?;
-        let calls = self.shared.store().calls(&run.root_id).await?;
+        let calls = self.records.calls(&run.root_id).await?;
         let usage = (!calls.is_empty()).then(|| AgentUsage::of(&calls));
-        let records = self.shared.store().steps(&run.root_id).await?;
+        let records = self.records.steps(&run.root_id).await?;
         let (workflow, steps, own) = match self.definition_of(&run).await? {
             None => (None, Vec::new(), Vec::new()),
             Some((name, definition)) => {
@@ -425,23 +481,23 @@ impl Engine {
             }
         };
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
-        let notifications = self.shared.store().notifications(&run.root_id).await?;
-        let log = self.shared.store().output(&run.id).await?;
+        let notifications = self.notices.notifications(&run.root_id).await?;
+        let log = self.records.output(&run.id).await?;
         Ok(RunDetail { run: run.to_wire(), workflow, steps, agent_waits, calls, usage, notifications, log })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).
     async fn definition_of(&self, run: &Run) -> Result<Option<(String, Option<std::sync::Arc<Workflow>>)>, ServiceError> {
-        let snapshot = self.shared.store().run_snapshot(&run.id).await?;
+        let snapshot = self.records.run_snapshot(&run.id).await?;
         Ok(match snapshot.map(|s| s.target) {
             Some(TargetRef::Workflow { workflow, definition }) => {
-                let definition = definition.or_else(|| self.shared.workflow(&workflow));
+                let definition = definition.or_else(|| self.config.workflow(&workflow));
                 Some((workflow, definition))
             }
             Some(_) => None,
             // Rows from before snapshots: the job as configured now.
-            None => match run.owner.job().and_then(|j| self.shared.job(j)).map(|j| j.target) {
-                Some(lamplighter_config::Target::Workflow(w)) => Some((w.clone(), self.shared.workflow(&w))),
+            None => match run.owner.job().and_then(|j| self.config.job(j)).map(|j| j.target) {
+                Some(lamplighter_config::Target::Workflow(w)) => Some((w.clone(), self.config.workflow(&w))),
                 _ => None,
             },
         })
@@ -456,12 +512,12 @@ impl Engine {
         idempotency_key: Option<String>,
         requested_by: Option<String>,
     ) -> Result<Triggered, ServiceError> {
-        let Some(definition) = self.shared.workflow(name) else {
-            let known = known_names(self.shared.snapshot().workflows.keys());
+        let Some(definition) = self.config.workflow(name) else {
+            let known = known_names(self.config.get().workflows.keys());
             return Err(ServiceError::WorkflowNotFound { name: name.to_string(), known });
         };
         check_idempotency_key(idempotency_key.as_deref())?;
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let snapshot = JobSnapshot::of_target(TargetRef::Workflow { workflow: name.to_string(), definition: Some(definition) });
         let run = NewRun {
             input,
@@ -495,7 +551,7 @@ impl Engine {
         idempotency_key: Option<String>,
         requested_by: Option<String>,
     ) -> Result<Triggered, ServiceError> {
-        let config = self.shared.snapshot();
+        let config = self.config.get();
         let Some(pipeline) = config.agents.pipelines.get(name) else {
             return Err(ServiceError::PipelineNotFound { name: name.to_string(), known: known_names(config.agents.pipelines.keys()) });
         };
@@ -528,7 +584,7 @@ impl Engine {
 
     /// Each of `agents` is defined and can run here.
     fn agents_can_run(&self, agents: &[String]) -> Result<(), ServiceError> {
-        let config = self.shared.snapshot();
+        let config = self.config.get();
         for name in agents {
             if !config.agents.agents.contains_key(name) {
                 return Err(ServiceError::AgentNotFound { name: name.clone(), known: known_names(config.agents.agents.keys()) });
@@ -549,7 +605,7 @@ impl Engine {
         requested_by: Option<String>,
     ) -> Result<Triggered, ServiceError> {
         check_idempotency_key(idempotency_key.as_deref())?;
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let run =
             NewRun { input, idempotency_key, requested_by, ..NewRun::asked(owner, Trigger::Manual, JobSnapshot::of_target(target), now) };
         self.insert_and_dispatch(run, now).await
@@ -557,12 +613,12 @@ impl Engine {
 
     async fn insert_and_dispatch(&self, run: NewRun, now: DateTime<Utc>) -> Result<Triggered, ServiceError> {
         let (owner, trigger) = (run.owner.clone(), run.trigger);
-        let (run_id, created) = self.shared.store().insert_run(run, now).await?;
+        let (run_id, created) = self.records.insert_run(run, now).await?;
         if created {
-            self.shared.observer().run_created(&owner, trigger, &run_id);
+            self.observer.run_created(&owner, trigger, &run_id);
         }
-        if created && self.shared.scheduler().dispatch_due(now).await {
-            self.shared.wake_scheduler();
+        if created && self.scheduler.dispatch_due(now).await {
+            self.signal(Signal::Wake);
         }
         Ok(Triggered { run_id, created })
     }
@@ -570,12 +626,12 @@ impl Engine {
     /// Steps waiting for a decision, oldest run first.
     pub async fn list_approvals(&self) -> Result<Vec<Approval>, ServiceError> {
         let filter = RunFilter { status: Some(RunStatus::WaitingApproval), limit: Some(1000), ..Default::default() };
-        let mut runs = self.shared.store().list_runs(&filter).await?;
+        let mut runs = self.listings.list_runs(&filter).await?;
         runs.reverse();
         let mut out = Vec::new();
         for run in runs {
             let definition = self.definition_of(&run).await?.and_then(|(_, d)| d);
-            for r in self.shared.store().steps(&run.root_id).await? {
+            for r in self.records.steps(&run.root_id).await? {
                 if r.status != StepStatus::WaitingApproval || r.run_id != run.id {
                     continue;
                 }
@@ -609,7 +665,7 @@ impl Engine {
         if req.comment.as_ref().is_some_and(|c| c.len() > 10_000) {
             return Err(ServiceError::InvalidArgument("comment must be at most 10,000 characters".into()));
         }
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         let d = StepDecision {
             run_id: &req.run_id,
             step: req.step.as_deref(),
@@ -618,7 +674,7 @@ impl Engine {
             decided_by: &req.decided_by,
         };
         let id = &req.run_id;
-        match self.shared.store().record_decision(&d, now).await? {
+        match self.records.record_decision(&d, now).await? {
             Decided::NoSuchRun => Err(ServiceError::RunNotFound { id: id.clone() }),
             Decided::NotWaiting(status) => Err(ServiceError::NotWaiting(self.not_waiting(id, req.step.as_deref(), status).await)),
             Decided::NotWaitingStep { waiting } => Err(ServiceError::NotWaiting(format!(
@@ -631,16 +687,16 @@ impl Engine {
                 quoted(&waiting)
             ))),
             Decided::Recorded { step, run } => {
-                self.shared.observer().approval_decided(id, &step.step, req.approve, &req.decided_by);
+                self.observer.approval_decided(id, &step.step, req.approve, &req.decided_by);
                 match run {
                     RunStatus::Queued => {
-                        if self.shared.scheduler().dispatch_due(now).await {
-                            self.shared.wake_scheduler();
+                        if self.scheduler.dispatch_due(now).await {
+                            self.signal(Signal::Wake);
                         }
                     }
                     // Its retention is asked for once the notifier has noticed it.
-                    RunStatus::Failed => self.shared.run_finished(id),
-                    _ => self.shared.runs_changed(),
+                    RunStatus::Failed => self.signal(Signal::RunFinished(id.clone())),
+                    _ => self.signal(Signal::RunsChanged),
                 }
                 Ok(Decision { run_id: id.clone(), step: step.step.clone(), approved: req.approve, record: step, run_status: run })
             }
@@ -651,7 +707,7 @@ impl Engine {
     async fn not_waiting(&self, id: &str, step: Option<&str>, status: RunStatus) -> String {
         let run = self.get_run(id).await.ok();
         let decided = match &run {
-            Some(run) => self.shared.store().steps(&run.root_id).await.unwrap_or_default(),
+            Some(run) => self.records.steps(&run.root_id).await.unwrap_or_default(),
             None => Vec::new(),
         };
         let earlier = decided
@@ -675,8 +731,8 @@ impl Engine {
         if run.status.is_final() {
             return Err(ServiceError::NotCancellable { id: id.to_string(), status: run.status });
         }
-        let now = self.shared.clock().now();
-        if self.shared.stop_run(id, "cancelled by request".into(), now).await {
+        let now = self.clock.now();
+        if self.executor.stop_run(id, "cancelled by request".into(), now).await {
             return self.wait_run(id, Some(Duration::from_secs(10))).await;
         }
         // Neither queued here nor running here: it may have just finished.
@@ -688,22 +744,40 @@ impl Engine {
     }
 
     pub async fn worker_status(&self) -> Result<WorkerStatus, ServiceError> {
-        let now = self.shared.clock().now();
+        let now = self.clock.now();
         Ok(WorkerStatus {
-            worker: self.shared.worker_name().to_string(),
+            worker: self.worker.name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            started_at: self.shared.started_at(),
-            uptime_seconds: (now - self.shared.started_at()).num_seconds(),
-            jobs: self.shared.jobs().len(),
-            running: self.running_count(),
-            queue_depth: self.shared.store().queue_depth().await?,
-            storage: self.shared.storage().as_str().into(),
-            workers: self.shared.store().workers(now).await?,
+            started_at: self.worker.started_at,
+            uptime_seconds: (now - self.worker.started_at).num_seconds(),
+            jobs: self.config.jobs().len(),
+            running: self.executor.running_count(),
+            queue_depth: self.listings.queue_depth().await?,
+            storage: self.worker.storage.as_str().into(),
+            workers: self.leases.workers(now).await?,
         })
     }
 }
 
-/// See [`Engine::listing_version`]. Equal versions: the same config (the same snapshot, not
+/// See [`JobService::changes`].
+#[derive(Debug)]
+pub struct Changes(crate::signals::Receiver);
+
+impl Changes {
+    /// Resolves at the next change (or never, once the engine has stopped).
+    pub async fn next(&mut self) {
+        if self.0.recv().await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Forgets the changes already signalled, for a caller about to read everything anew.
+    pub fn drain(&mut self) {
+        self.0.drain();
+    }
+}
+
+/// See [`JobService::listing_version`]. Equal versions: the same config (the same snapshot, not
 /// an equal one) and no change to what a listing shows in between.
 #[derive(Debug, Clone)]
 pub struct ListingVersion {
@@ -780,14 +854,14 @@ pub trait Followed: serde::Serialize + Send + Sized + 'static {
     /// A run's progress (a step or a call recorded) changes what is read; the run row alone
     /// does not change with it.
     const PROGRESS: bool;
-    fn read(engine: &Engine, id: &str) -> impl std::future::Future<Output = Result<Self, ServiceError>> + Send;
+    fn read(service: &JobService, id: &str) -> impl std::future::Future<Output = Result<Self, ServiceError>> + Send;
     fn run(&self) -> &wire::Run;
 }
 
 impl Followed for wire::Run {
     const PROGRESS: bool = false;
-    async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
-        engine.get_run(id).await
+    async fn read(service: &JobService, id: &str) -> Result<Self, ServiceError> {
+        service.get_run(id).await
     }
     fn run(&self) -> &wire::Run {
         self
@@ -796,8 +870,8 @@ impl Followed for wire::Run {
 
 impl Followed for RunDetail {
     const PROGRESS: bool = true;
-    async fn read(engine: &Engine, id: &str) -> Result<Self, ServiceError> {
-        engine.get_run_detail(id).await
+    async fn read(service: &JobService, id: &str) -> Result<Self, ServiceError> {
+        service.get_run_detail(id).await
     }
     fn run(&self) -> &wire::Run {
         &self.run
@@ -810,7 +884,7 @@ impl Followed for RunDetail {
 /// end, runs started or resumed, and for a detail its progress; from other workers too on
 /// PostgreSQL; anything after a lag); a burst of them is one read.
 pub struct RunFollower<T> {
-    engine: Engine,
+    service: JobService,
     id: String,
     signals: crate::signals::Receiver,
     /// What was last given, as JSON (a read that shows nothing new gives nothing).
@@ -842,7 +916,7 @@ impl<T: Followed> RunFollower<T> {
                 self.stale = true;
             }
             self.signals.drain();
-            let reading = match T::read(&self.engine, &self.id).await {
+            let reading = match T::read(&self.service, &self.id).await {
                 Ok(r) => r,
                 Err(e) => {
                     self.done = true;

@@ -32,7 +32,7 @@ fn agents(dir: &Path, llm: &ScriptedLlm, provider_extra: &str, agents_yaml: &str
 
 async fn trigger(engine: &Engine, input: &str) -> String {
     let req = TriggerRequest { input: Some(json!(input)), ..Default::default() };
-    engine.trigger_job("j", req).await.expect("trigger").run_id
+    engine.service().trigger_job("j", req).await.expect("trigger").run_id
 }
 
 fn decision(run: &str, approve: bool, comment: Option<&str>) -> DecisionRequest {
@@ -192,12 +192,12 @@ async fn a_budget_stops_the_run_or_asks_to_go_on() {
     let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
     let id = trigger(&engine, "go").await;
     waiting(&engine, &id).await;
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert_eq!(approvals.len(), 1);
     assert_eq!(approvals[0].step, "agent:budget-1");
     let q = approvals[0].question.clone().unwrap_or_default();
     assert!(q.as_str().is_some_and(|q| q.contains("1 tool calls made, max_tool_calls is 1")), "{q}");
-    engine.decide(decision(&id, true, None)).await.expect("approve");
+    engine.service().decide(decision(&id, true, None)).await.expect("approve");
     let run = ended(&engine, &id).await;
     assert_eq!((run.status, run.output), (RunStatus::Succeeded, Some(json!("two calls made"))));
     assert_eq!(llm.seen().len(), 3, "the model call made before the wait is not made again");
@@ -258,11 +258,11 @@ async fn tool_approval_ask_waits_for_a_person_and_deny_refuses() {
     // Approved: the call runs, once.
     let id = trigger(&engine, "save").await;
     waiting(&engine, &id).await;
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert_eq!(approvals[0].step, "agent:tool-1");
     let q = approvals[0].question.clone().unwrap_or_default();
     assert!(q.as_str().is_some_and(|q| q.contains("file-save.save") && q.contains("a.txt")), "shows the tool and its arguments: {q}");
-    engine.decide(decision(&id, true, None)).await.expect("approve");
+    engine.service().decide(decision(&id, true, None)).await.expect("approve");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("data/a.txt")).expect("saved"), "A");
@@ -270,7 +270,7 @@ async fn tool_approval_ask_waits_for_a_person_and_deny_refuses() {
     std::fs::remove_file(dir.path().join("data/a.txt")).expect("rm");
     let id = trigger(&engine, "save").await;
     waiting(&engine, &id).await;
-    engine.decide(decision(&id, false, Some("not today"))).await.expect("reject");
+    engine.service().decide(decision(&id, false, Some("not today"))).await.expect("reject");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded);
     assert_eq!(run.output, Some(json!("tool said: error: refused by ana: not today")));
@@ -358,7 +358,7 @@ async fn responses_api_models_and_agent_steps_in_a_workflow() {
     let config = config_with(dir.path(), &top, "type: workflow\nworkflow: w");
     let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
     let req = TriggerRequest { input: Some(json!({"task": "write r"})), ..Default::default() };
-    let id = engine.trigger_job("j", req).await.expect("trigger").run_id;
+    let id = engine.service().trigger_job("j", req).await.expect("trigger").run_id;
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(run.output, Some(json!("wrote; be brief")));
@@ -453,7 +453,7 @@ async fn cancelling_a_run_stops_a_model_call_in_flight() {
     let id = trigger(&engine, "think long").await;
     tokio::time::timeout(Duration::from_secs(10), in_flight.recv()).await.expect("the model call to start");
     let started = std::time::Instant::now();
-    engine.cancel_run(&id).await.expect("cancel");
+    engine.service().cancel_run(&id).await.expect("cancel");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Cancelled);
     assert!(started.elapsed() < Duration::from_secs(10), "the call was abandoned, not waited out");
@@ -507,26 +507,26 @@ async fn agents_pipelines_and_group_chats_run_by_hand_as_durable_runs_under_thei
     let engine = start(&config, &Arc::new(ManualClock::new(t0()))).await;
 
     // An agent: its answer is the run's output; the same key gives the same run.
-    let first = engine.run_agent("a", Some(json!("hello")), Some("k1".into()), Some("ana".into())).await.expect("run_agent");
-    let again = engine.run_agent("a", Some(json!("hello")), Some("k1".into()), None).await.expect("run_agent again");
+    let first = engine.service().run_agent("a", Some(json!("hello")), Some("k1".into()), Some("ana".into())).await.expect("run_agent");
+    let again = engine.service().run_agent("a", Some(json!("hello")), Some("k1".into()), None).await.expect("run_agent again");
     assert_eq!((again.run_id.as_str(), again.created), (first.run_id.as_str(), false));
     let run = ended(&engine, &first.run_id).await;
     assert_eq!((run.job.as_str(), run.status, run.output.clone()), ("agent:a", RunStatus::Succeeded, Some(json!("a(hello)"))));
     assert_eq!(run.requested_by.as_deref(), Some("ana"));
 
     // A pipeline: each step given the previous answer, one conversation a step.
-    let started = engine.run_pipeline("chain", Some(json!("x")), None, None).await.expect("run_pipeline");
+    let started = engine.service().run_pipeline("chain", Some(json!("x")), None, None).await.expect("run_pipeline");
     let run = ended(&engine, &started.run_id).await;
     assert_eq!((run.job.as_str(), run.output.clone()), ("pipeline:chain", Some(json!("b(a(x))"))));
     let convs: Vec<String> = detail(&engine, &run.id).await.calls.iter().map(|c| c.conversation.clone()).collect();
     assert_eq!(convs, ["step-1:a", "step-2:b"]);
     // A step that fails stops it, naming the step.
-    let run = ended(&engine, &engine.run_pipeline("halts", Some(json!("x")), None, None).await.expect("run").run_id).await;
+    let run = ended(&engine, &engine.service().run_pipeline("halts", Some(json!("x")), None, None).await.expect("run").run_id).await;
     assert_eq!(run.status, RunStatus::Failed);
     assert!(run.error.as_deref().is_some_and(|e| e.starts_with("pipeline \"halts\" stopped at step 2 (agent \"broken\"): ")), "{run:?}");
 
     // A group chat: the agents in turn, for its rounds.
-    let started = engine.run_group_chat(&["a".into(), "b".into()], Some(2), Some(json!("t")), None, None).await.expect("chat");
+    let started = engine.service().run_group_chat(&["a".into(), "b".into()], Some(2), Some(json!("t")), None, None).await.expect("chat");
     let run = ended(&engine, &started.run_id).await;
     assert_eq!((run.job.as_str(), run.output.clone()), ("group-chat:a,b", Some(json!("b(a(b(a(t))))"))));
     let convs: Vec<String> = detail(&engine, &run.id).await.calls.iter().map(|c| c.conversation.clone()).collect();
@@ -535,22 +535,28 @@ async fn agents_pipelines_and_group_chats_run_by_hand_as_durable_runs_under_thei
     // What cannot run is refused before a run is made, saying why.
     let refused = |r: Result<lamplighter_jobs::Triggered, lamplighter_jobs::ServiceError>| r.expect_err("refused").to_string();
     assert!(
-        refused(engine.run_agent("nobody", None, None, None).await)
+        refused(engine.service().run_agent("nobody", None, None, None).await)
             .starts_with("agent \"nobody\" not found; known agents: a, b, broken, keyless")
     );
-    let why = refused(engine.run_agent("keyless", None, None, None).await);
+    let why = refused(engine.service().run_agent("keyless", None, None, None).await);
     assert!(why.starts_with("agent \"keyless\" cannot run here: ") && why.contains("UNSET_KEY_FOR_THIS_TEST"), "{why}");
     assert!(
-        refused(engine.run_pipeline("nope", None, None, None).await)
+        refused(engine.service().run_pipeline("nope", None, None, None).await)
             .starts_with("pipeline \"nope\" not found; known pipelines: chain, halts")
     );
-    assert!(refused(engine.run_group_chat(&[], None, None, None, None).await).contains("agents: name 1 to 20 agents, not 0"));
-    assert!(refused(engine.run_group_chat(&["a".into()], Some(21), None, None, None).await).contains("max_iterations: 1 to 20, not 21"));
+    assert!(refused(engine.service().run_group_chat(&[], None, None, None, None).await).contains("agents: name 1 to 20 agents, not 0"));
     assert!(
-        refused(engine.run_group_chat(&["a".into(), "ghost".into()], None, None, None, None).await)
+        refused(engine.service().run_group_chat(&["a".into()], Some(21), None, None, None).await)
+            .contains("max_iterations: 1 to 20, not 21")
+    );
+    assert!(
+        refused(engine.service().run_group_chat(&["a".into(), "ghost".into()], None, None, None, None).await)
             .starts_with("agent \"ghost\" not found")
     );
-    assert!(refused(engine.run_agent("a", None, Some(String::new()), None).await).contains("idempotency key must be 1–200 characters"));
+    assert!(
+        refused(engine.service().run_agent("a", None, Some(String::new()), None).await)
+            .contains("idempotency key must be 1–200 characters")
+    );
 }
 
 #[tokio::test]
@@ -566,7 +572,7 @@ async fn an_agent_run_by_hand_is_retried_like_a_workflow_run_by_hand() {
     let config = agents(dir.path(), &llm, "max_retries: 0", "a: {}", "");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&config, &clock).await;
-    let first = engine.run_agent("a", Some(json!("go")), None, None).await.expect("run_agent").run_id;
+    let first = engine.service().run_agent("a", Some(json!("go")), None, None).await.expect("run_agent").run_id;
     let failed = ended(&engine, &first).await;
     assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
     let retry = support::until_run(&engine, &first, "its retry", |r| r.next_run_id.is_some()).await.next_run_id.expect("a retry follows");

@@ -144,7 +144,7 @@ async fn overlap_queue_holds_the_tick_until_the_run_ends() {
     // Held, not merely slow: after a full scheduler pass and its claims it is still queued.
     engine.scheduled_through_now().await;
     assert_eq!(runs(&engine).await[1].status, RunStatus::Queued);
-    engine.cancel_run(&r[0].id).await.expect("cancel");
+    engine.service().cancel_run(&r[0].id).await.expect("cancel");
     until(&engine, "the held run to start", |r| r[0].status == RunStatus::Cancelled && r[1].status == RunStatus::Running).await;
     engine.shutdown(Duration::ZERO).await;
 }
@@ -155,12 +155,12 @@ async fn pause_survives_a_restart_and_paused_ticks_do_not_run() {
     let cfg = config(dir.path(), &format!("cron: \"* * * * *\"\n{QUICK}"));
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    engine.pause_job("j", Some("maintenance")).await.expect("pause");
+    engine.service().pause_job("j", Some("maintenance")).await.expect("pause");
     engine.shutdown(Duration::from_secs(5)).await;
     drop(engine);
 
     let engine = start(&cfg, &clock).await;
-    let job = engine.get_job("j", 3).await.expect("get");
+    let job = engine.service().get_job("j", 3).await.expect("get");
     assert!(job.summary.paused);
     assert_eq!(job.summary.pause_reason.as_deref(), Some("maintenance"));
     assert_eq!(job.summary.next_fire, None);
@@ -168,7 +168,7 @@ async fn pause_survives_a_restart_and_paused_ticks_do_not_run() {
     engine.scheduled_through_now().await;
     assert!(runs(&engine).await.is_empty(), "a paused job must not run");
 
-    engine.resume_job("j").await.expect("resume");
+    engine.service().resume_job("j").await.expect("resume");
     clock.set(t0() + minutes(4));
     let r = until(&engine, "a run after resume", |r| !r.is_empty() && finished(r)).await;
     // Resuming does not replay the paused minutes.
@@ -313,7 +313,7 @@ async fn every_fifteen_minutes_runs_through_the_repeated_autumn_hour() {
     let start_at = Utc.with_ymd_and_hms(2026, 10, 24, 23, 50, 0).single().expect("valid instant");
     let clock = Arc::new(ManualClock::new(start_at));
     let engine = start(&cfg, &clock).await;
-    let job = engine.get_job("j", 10).await.expect("get");
+    let job = engine.service().get_job("j", 10).await.expect("get");
     let shown: Vec<String> = job.next_fires.iter().map(|f| f.utc.format("%H:%M").to_string()).collect();
     assert_eq!(shown, ["00:00", "00:15", "00:30", "00:45", "01:00", "01:15", "01:30", "01:45", "02:00", "02:15"]);
     // The local times name both passes of 02:xx.

@@ -43,7 +43,7 @@ async fn start(dir: &Path, config: &Config) -> Engine {
 }
 
 async fn run_once(engine: &Engine) -> lamplighter_contract::Run {
-    let id = engine.trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
+    let id = engine.service().trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
     ended(engine, &id).await
 }
 
@@ -173,10 +173,10 @@ async fn an_around_hook_on_session_start_gives_an_agent_its_first_message_and_ma
     assert_eq!(event["event"], "agent:a:session-start:before");
     assert_eq!((event["input"].as_str(), event["data"]["depth"].as_u64()), (Some("the task as scheduled"), Some(0)));
     // The replaced message is the recorded one (a resumed conversation reads it back).
-    let detail = engine.get_run_detail(&run.id).await.expect("detail");
+    let detail = engine.service().get_run_detail(&run.id).await.expect("detail");
     assert_eq!(detail.calls[0].request.as_ref().map(|r| r["input"].clone()), Some(serde_json::json!("the task the hook gave")));
 
-    let stopped = engine.run_agent("b", None, None, None).await.expect("run_agent").run_id;
+    let stopped = engine.service().run_agent("b", None, None, None).await.expect("run_agent").run_id;
     let run = ended(&engine, &stopped).await;
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.error.as_deref(), Some("agent \"b\": the conversation was not started: cancelled by hook gate.veto: change freeze"));
@@ -202,15 +202,15 @@ async fn a_replaced_first_message_survives_a_resume_and_a_tool_call_is_asked_as_
     );
     let config = config_with(dir.path(), &top, "type: agent\nagent: a\ninput: the task as scheduled");
     let engine = start(dir.path(), &config).await;
-    let id = engine.trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
+    let id = engine.service().trigger_job("j", TriggerRequest::default()).await.expect("trigger").run_id;
     support::waiting(&engine, &id).await;
     // Asked as the model wrote it; nothing ran, no action hook was called, while it waited.
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert!(approvals[0].question.as_ref().is_some_and(|q| q.to_string().contains("asked.txt")), "{approvals:?}");
     assert_eq!(recorded(dir.path(), "wrap-save"), None);
     let decision =
         lamplighter_jobs::DecisionRequest { run_id: id.clone(), step: None, approve: true, comment: None, decided_by: "ana".into() };
-    engine.decide(decision).await.expect("approve");
+    engine.service().decide(decision).await.expect("approve");
     let run = ended(&engine, &id).await;
     // Resumed: the conversation's first message is the one the hook gave, read back from its
     // records; the approved action ran with its around hook's parameters.

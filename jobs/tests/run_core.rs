@@ -65,7 +65,7 @@ impl Targets for Scripted {
 }
 
 async fn trigger(engine: &Engine, params: serde_json::Value) -> String {
-    engine.trigger_job("j", TriggerRequest { parameters: Some(params), ..Default::default() }).await.expect("trigger").run_id
+    engine.service().trigger_job("j", TriggerRequest { parameters: Some(params), ..Default::default() }).await.expect("trigger").run_id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +86,7 @@ async fn a_drain_records_the_end_of_every_run_it_waited_for_every_time() {
         // not claim stays queued (this engine may be running it by now). Recovery turns a run
         // left `running` into `interrupted`.
         for id in previous.drain(..) {
-            let run = engine.get_run(&id).await.expect("run");
+            let run = engine.service().get_run(&id).await.expect("run");
             assert_ne!(run.status, RunStatus::Interrupted, "drain {}: run {id} was left running: {run:#?}", i - 1);
         }
         if i == 30 {
@@ -98,7 +98,7 @@ async fn a_drain_records_the_end_of_every_run_it_waited_for_every_time() {
         }
         // Shut down once a run is going.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut changes = engine.changes();
+        let mut changes = engine.service().changes();
         while !runs(&engine).await.iter().any(|r| r.status != RunStatus::Queued) {
             assert!(tokio::time::timeout_at(deadline, changes.next()).await.is_ok(), "no run of drain {i} started");
         }
@@ -233,7 +233,7 @@ async fn a_run_past_its_job_timeout_is_stopped_on_the_engine_clock() {
     clock.set(t0() + minutes(10) - chrono::Duration::seconds(1));
     engine.scheduled_through_now().await;
     tokio::task::yield_now().await;
-    assert_eq!(engine.get_run(&id).await.expect("run").status, RunStatus::Running, "the run ended before its timeout");
+    assert_eq!(engine.service().get_run(&id).await.expect("run").status, RunStatus::Running, "the run ended before its timeout");
     clock.set(t0() + minutes(10));
     let run = support::ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::TimedOut, "{run:#?}");

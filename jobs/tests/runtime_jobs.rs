@@ -29,7 +29,8 @@ fn save_every(period: &str) -> Value {
 }
 
 async fn runs_of(engine: &Engine, job: &str) -> Vec<lamplighter_contract::Run> {
-    let mut runs = engine.list_runs(RunFilter { job: Some(job.into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
+    let mut runs =
+        engine.service().list_runs(RunFilter { job: Some(job.into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
     runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
     runs
 }
@@ -43,7 +44,7 @@ async fn until_runs(
     pred: impl Fn(&[lamplighter_contract::Run]) -> bool,
 ) -> Vec<lamplighter_contract::Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut changes = engine.changes();
+    let mut changes = engine.service().changes();
     loop {
         let r = runs_of(engine, job).await;
         if pred(&r) {
@@ -66,14 +67,14 @@ async fn a_runtime_job_fires_once_per_tick_across_a_restart_and_stops_when_delet
         config_with(dir.path(), MANAGED, "every: 1h\ntype: plugin\nplugin: file-save\naction: save\nparameters: {path: j.txt, content: j}");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    assert!(engine.manages_jobs());
+    assert!(engine.service().manages_jobs());
 
-    let saved = engine.create_job(request("r", save_every("1m"))).await.expect("create");
+    let saved = engine.service().create_job(request("r", save_every("1m"))).await.expect("create");
     assert_eq!((saved.saved, saved.version, saved.job.name.as_str()), (true, 1, "r"));
     let fires: Vec<DateTime<Utc>> = saved.preview.as_ref().expect("a preview").next_fires.iter().map(|f| f.utc).collect();
     assert_eq!(fires.len(), 10);
     assert_eq!(fires[0], at(1), "fires from its creation on, nothing before");
-    let listed = engine.list_jobs().await.expect("list");
+    let listed = engine.service().list_jobs().await.expect("list");
     let r = listed.iter().find(|j| j.name == "r").expect("listed with the files' jobs");
     assert!(
         matches!(&r.origin, JobOrigin::Runtime { version: 1, created_by, created_at, .. } if created_by == "mcp client ana" && *created_at == t0()),
@@ -98,36 +99,36 @@ async fn a_runtime_job_fires_once_per_tick_across_a_restart_and_stops_when_delet
     // A stale version is refused, naming the current one; the right one reschedules at once.
     let mut change = request("r", save_every("5m"));
     change.expected_version = Some(7);
-    let stale = engine.update_job(change.clone()).await.expect_err("stale");
+    let stale = engine.service().update_job(change.clone()).await.expect_err("stale");
     assert!(matches!(stale, ServiceError::Conflict(_)), "{stale:?}");
     assert!(stale.to_string().contains("is at version 1, not 7"), "{stale}");
     change.expected_version = Some(1);
     change.actor = "mcp client bo".into();
-    let v2 = engine.update_job(change).await.expect("update");
+    let v2 = engine.service().update_job(change).await.expect("update");
     assert_eq!(v2.version, 2);
     clock.set(at(4));
     engine.scheduled_through_now().await;
     assert_eq!(runs_of(&engine, "r").await.len(), 2, "no longer every minute");
     clock.set(at(7));
     until_runs(&engine, "r", "the 5-minute tick", |r| r.len() == 3 && r.iter().all(|r| r.status.is_final())).await;
-    let detail = engine.get_job("r", 3).await.expect("get");
+    let detail = engine.service().get_job("r", 3).await.expect("get");
     let history: Vec<(u64, &str, &str)> = detail.history.iter().map(|h| (h.version, h.action.as_str(), h.actor.as_str())).collect();
     assert_eq!(history, [(2, "update", "mcp client bo"), (1, "create", "mcp client ana")]);
     assert_eq!(detail.definition, Some(save_every("5m")));
 
     // Deleted: it stops firing; its runs stay; asking for it says who deleted it.
-    let deleted = engine.delete_job("r", Some(2), false, "mcp client cy").await.expect("delete");
+    let deleted = engine.service().delete_job("r", Some(2), false, "mcp client cy").await.expect("delete");
     assert_eq!(deleted.version, 3);
     clock.set(at(20));
     engine.scheduled_through_now().await;
     assert_eq!(runs_of(&engine, "r").await.len(), 3, "a deleted job does not fire");
     // Still shown, as deleted: its last definition, its history and its runs.
-    let gone = engine.get_job("r", 1).await.expect("a deleted job is shown");
+    let gone = engine.service().get_job("r", 1).await.expect("a deleted job is shown");
     assert!(matches!(&gone.summary.origin, JobOrigin::Deleted { version: 3, deleted_by, .. } if deleted_by == "mcp client cy"), "{gone:?}");
     assert!(gone.summary.disabled.as_deref().is_some_and(|d| d.starts_with("deleted by mcp client cy at ")), "{gone:?}");
     assert_eq!((gone.history.len(), gone.summary.next_fire, gone.definition.clone()), (3, None, Some(save_every("5m"))));
     assert_eq!(gone.counts.values().sum::<u64>(), 3, "its runs stay");
-    assert!(engine.trigger_job("r", Default::default()).await.is_err(), "a deleted job cannot be triggered");
+    assert!(engine.service().trigger_job("r", Default::default()).await.is_err(), "a deleted job cannot be triggered");
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -139,14 +140,14 @@ async fn the_files_jobs_stay_the_files_and_a_reload_may_not_take_a_runtime_name(
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
     for e in [
-        engine.create_job(request("j", save_every("1m"))).await.expect_err("create over a file job"),
-        engine.update_job(request("j", save_every("1m"))).await.expect_err("update a file job"),
-        engine.delete_job("j", None, false, "x").await.expect_err("delete a file job"),
+        engine.service().create_job(request("j", save_every("1m"))).await.expect_err("create over a file job"),
+        engine.service().update_job(request("j", save_every("1m"))).await.expect_err("update a file job"),
+        engine.service().delete_job("j", None, false, "x").await.expect_err("delete a file job"),
     ] {
         assert!(matches!(e, ServiceError::ReadOnly { .. }), "{e:?}");
         assert!(e.to_string().contains("lamplighter.yaml:"), "names the file and line: {e}");
     }
-    engine.create_job(request("r", save_every("1m"))).await.expect("create");
+    engine.service().create_job(request("r", save_every("1m"))).await.expect("create");
     // The files now define `r` too: refused, and the running config stays.
     let text = std::fs::read_to_string(dir.path().join("lamplighter.yaml")).expect("read");
     let taken = format!("{text}    r:\n      every: 1h\n      type: plugin\n      plugin: file-save\n      action: save\n");
@@ -159,7 +160,7 @@ async fn the_files_jobs_stay_the_files_and_a_reload_may_not_take_a_runtime_name(
     .expect("loads");
     let refused = engine.reload(&loaded.config).expect_err("refused");
     assert!(refused.contains("job \"r\"") && refused.contains("takes the name of a runtime job"), "{refused}");
-    assert!(matches!(engine.get_job("r", 1).await.expect("still there").summary.origin, JobOrigin::Runtime { .. }));
+    assert!(matches!(engine.service().get_job("r", 1).await.expect("still there").summary.origin, JobOrigin::Runtime { .. }));
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -174,6 +175,7 @@ async fn a_bad_definition_is_answered_with_every_field_named_and_nothing_saved()
         other => panic!("not a definition error: {other:?}"),
     };
     let bad = engine
+        .service()
         .create_job(request("r", json!({"cron": "61 * * * *", "timezone": "Mars/Olympus", "workflow": "nope"})))
         .await
         .expect_err("bad");
@@ -182,31 +184,35 @@ async fn a_bad_definition_is_answered_with_every_field_named_and_nothing_saved()
     assert!(e.iter().any(|m| m.starts_with("timezone: ")), "{e:#?}");
     assert!(e.iter().any(|m| m.starts_with("workflow: ")), "{e:#?}");
     let e = errors(
-        engine.create_job(request("r", json!({"every": "1m", "plugin": "file-save", "action": "shred"}))).await.expect_err("action"),
+        engine
+            .service()
+            .create_job(request("r", json!({"every": "1m", "plugin": "file-save", "action": "shred"})))
+            .await
+            .expect_err("action"),
     );
     assert!(e[0].starts_with("action: plugin action \"file-save.shred\" does not exist; known actions: "), "{e:#?}");
     // shell-exec is not a runtime job's target unless the operator says so.
     let shell = json!({"every": "1m", "plugin": "shell-exec", "action": "run", "parameters": {"command": "rm -rf /"}});
-    let e = errors(engine.create_job(request("r", shell)).await.expect_err("shell"));
+    let e = errors(engine.service().create_job(request("r", shell)).await.expect_err("shell"));
     assert!(e[0].starts_with("action: runtime jobs may not run plugin shell-exec.run"), "{e:#?}");
     assert!(e[0].contains("worker.mcp.manage_jobs.targets allows: workflow:*, agent:*, and plugin:* but shell-exec"), "{e:#?}");
     let outside = json!({"every": "1m", "plugin": "file-save", "action": "save", "working_directory": "/etc"});
-    let e = errors(engine.create_job(request("r", outside)).await.expect_err("outside"));
+    let e = errors(engine.service().create_job(request("r", outside)).await.expect_err("outside"));
     assert!(e[0].starts_with("working_directory: \"/etc\" is not inside a folder"), "{e:#?}");
     let big = json!({"every": "1m", "plugin": "file-save", "action": "save", "parameters": {"content": "x".repeat(70_000)}});
-    let e = errors(engine.create_job(request("r", big)).await.expect_err("big"));
+    let e = errors(engine.service().create_job(request("r", big)).await.expect_err("big"));
     assert!(e[0].starts_with("definition: is 700") && e[0].contains("max_definition_bytes"), "{e:#?}");
-    let e = errors(engine.create_job(request("a b", save_every("1m"))).await.expect_err("name"));
+    let e = errors(engine.service().create_job(request("a b", save_every("1m"))).await.expect_err("name"));
     assert!(e[0].starts_with("name: "), "{e:#?}");
-    let e = errors(engine.create_job(request("r", json!("cron: [unclosed"))).await.expect_err("yaml"));
+    let e = errors(engine.service().create_job(request("r", json!("cron: [unclosed"))).await.expect_err("yaml"));
     assert!(e[0].starts_with("definition: the YAML text does not parse"), "{e:#?}");
     // YAML text is a definition too.
     let yaml = "every: 1m\nplugin: file-save\naction: save\nparameters: {path: y.txt, content: y}\n";
     let dry = JobRequest { dry_run: true, ..request("y", json!(yaml)) };
-    let preview = engine.create_job(dry).await.expect("yaml compiles");
+    let preview = engine.service().create_job(dry).await.expect("yaml compiles");
     assert!(!preview.saved);
     assert_eq!(preview.definition["parameters"]["path"], json!("y.txt"));
-    assert!(engine.list_jobs().await.expect("list").iter().all(|j| j.name == "j"), "nothing was saved");
+    assert!(engine.service().list_jobs().await.expect("list").iter().all(|j| j.name == "j"), "nothing was saved");
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -216,13 +222,13 @@ async fn management_is_off_unless_the_operator_turns_it_on() {
     let cfg = config_with(dir.path(), "", "every: 1h\ntype: plugin\nplugin: file-save\naction: save");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    assert!(!engine.manages_jobs());
-    let off = engine.create_job(request("r", save_every("1m"))).await.expect_err("off");
+    assert!(!engine.service().manages_jobs());
+    let off = engine.service().create_job(request("r", save_every("1m"))).await.expect_err("off");
     assert_eq!(
         off.to_string(),
         "managing jobs at runtime is off on this worker; its operator can turn it on with worker.mcp.manage_jobs.enabled: true"
     );
-    let off = engine.backfill_job("j", t0() - minutes(60), t0(), true).await.expect_err("off");
+    let off = engine.service().backfill_job("j", t0() - minutes(60), t0(), true).await.expect_err("off");
     assert!(matches!(off, ServiceError::ManagementOff));
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -234,21 +240,21 @@ async fn a_runtime_job_whose_workflow_leaves_the_files_is_shown_disabled() {
     let cfg = config_with(dir.path(), &format!("{MANAGED}{workflows}"), "every: 1h\ntype: plugin\nplugin: file-save\naction: save");
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    engine.create_job(request("r", json!({"every": "1m", "workflow": "w"}))).await.expect("create");
+    engine.service().create_job(request("r", json!({"every": "1m", "workflow": "w"}))).await.expect("create");
     let without = config_with(dir.path(), MANAGED, "every: 1h\ntype: plugin\nplugin: file-save\naction: save");
     engine.reload(&without).expect("a reload may drop a workflow");
-    let r = engine.get_job("r", 1).await.expect("still listed");
+    let r = engine.service().get_job("r", 1).await.expect("still listed");
     let why = r.summary.disabled.expect("disabled");
     assert!(why.starts_with("its definition does not compile against the config in force: workflow: "), "{why}");
     assert_eq!(r.summary.next_fire, None);
-    let e = engine.trigger_job("r", Default::default()).await.expect_err("not triggerable");
+    let e = engine.service().trigger_job("r", Default::default()).await.expect_err("not triggerable");
     assert!(matches!(e, ServiceError::JobDisabled { .. }), "{e:?}");
     clock.set(at(3));
     engine.scheduled_through_now().await;
     assert!(runs_of(&engine, "r").await.is_empty(), "not scheduled");
     // Put back, it runs again.
     engine.reload(&cfg).expect("reload");
-    assert_eq!(engine.get_job("r", 1).await.expect("get").summary.disabled, None);
+    assert_eq!(engine.service().get_job("r", 1).await.expect("get").summary.disabled, None);
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -260,24 +266,26 @@ async fn a_delete_lets_runs_in_flight_finish_unless_asked_to_cancel_them() {
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
     let sleeper = json!({"every": "1h", "plugin": "shell-exec", "action": "run", "parameters": {"command": "sleep 30"}});
-    let saved = engine.create_job(request("s", sleeper.clone())).await.expect("create");
-    let e = engine.create_job(request("t", json!({"every": "1h", "plugin": "shell-exec", "action": "run", "allowed_commands": ["rm *"]})));
+    let saved = engine.service().create_job(request("s", sleeper.clone())).await.expect("create");
+    let e = engine
+        .service()
+        .create_job(request("t", json!({"every": "1h", "plugin": "shell-exec", "action": "run", "allowed_commands": ["rm *"]})));
     let e = e.await.expect_err("a wider command list");
     assert!(e.to_string().contains("allowed_commands: \"rm *\" is not among the commands"), "{e}");
     assert_eq!(saved.version, 1);
-    let run = engine.trigger_job("s", Default::default()).await.expect("trigger").run_id;
+    let run = engine.service().trigger_job("s", Default::default()).await.expect("trigger").run_id;
     support::until_run(&engine, &run, "the run to start", |r| r.status == RunStatus::Running).await;
-    let deleted = engine.delete_job("s", Some(1), true, "mcp client ana").await.expect("delete");
+    let deleted = engine.service().delete_job("s", Some(1), true, "mcp client ana").await.expect("delete");
     assert_eq!(deleted.cancelled_runs, vec![run.clone()]);
     let ended = support::ended(&engine, &run).await;
     assert_eq!(ended.status, RunStatus::Cancelled, "{ended:#?}");
     assert!(ended.error.as_deref().is_some_and(|e| e.contains("its job \"s\" was deleted by mcp client ana")), "{ended:#?}");
     // Without `cancel_runs`, a run in flight finishes as it would have.
     let short = json!({"every": "1h", "plugin": "shell-exec", "action": "run", "parameters": {"command": "sleep 1"}});
-    engine.create_job(request("short", short)).await.expect("create");
-    let run = engine.trigger_job("short", Default::default()).await.expect("trigger").run_id;
+    engine.service().create_job(request("short", short)).await.expect("create");
+    let run = engine.service().trigger_job("short", Default::default()).await.expect("trigger").run_id;
     support::until_run(&engine, &run, "the run to start", |r| r.status == RunStatus::Running).await;
-    assert!(engine.delete_job("short", None, false, "mcp client ana").await.expect("delete").cancelled_runs.is_empty());
+    assert!(engine.service().delete_job("short", None, false, "mcp client ana").await.expect("delete").cancelled_runs.is_empty());
     assert_eq!(support::ended(&engine, &run).await.status, RunStatus::Succeeded);
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -320,14 +328,14 @@ async fn a_backfill_runs_each_missing_tick_once_in_order_one_at_a_time() {
         until_runs(&engine, "j", "a tick", |r| r.len() == (m / 10) as usize && r.iter().all(|r| r.status.is_final())).await;
     }
     // 09:00–10:30: ten ticks, three of which ran.
-    let dry = engine.backfill_job("j", at(-60), at(30), true).await.expect("dry run");
+    let dry = engine.service().backfill_job("j", at(-60), at(30), true).await.expect("dry run");
     assert_eq!((dry.ticks.len(), dry.created, dry.ticks.iter().filter(|t| t.existing).count()), (10, 7, 3));
     assert_eq!(runs_of(&engine, "j").await.len(), 3, "a dry run creates nothing");
-    let future = engine.backfill_job("j", at(-60), at(90), true).await.expect_err("future");
+    let future = engine.service().backfill_job("j", at(-60), at(90), true).await.expect_err("future");
     assert!(future.to_string().contains("is in the future"), "{future}");
 
     let before = rec.ticks.lock().expect("lock").len();
-    let done = engine.backfill_job("j", at(-60), at(30), false).await.expect("backfill");
+    let done = engine.service().backfill_job("j", at(-60), at(30), false).await.expect("backfill");
     assert_eq!(done.created, 7);
     let runs = until_runs(&engine, "j", "the backfill", |r| r.len() == 10 && r.iter().all(|r| r.status == RunStatus::Succeeded)).await;
     let backfilled: Vec<Option<DateTime<Utc>>> = runs.iter().filter(|r| r.trigger == Trigger::Backfill).map(|r| r.scheduled_at).collect();
@@ -336,10 +344,10 @@ async fn a_backfill_runs_each_missing_tick_once_in_order_one_at_a_time() {
     assert_eq!(ran, backfilled, "in tick order");
     assert_eq!(rec.most.load(Ordering::SeqCst), 1, "one at a time");
     // Again: every tick has its run.
-    let again = engine.backfill_job("j", at(-60), at(30), false).await.expect("again");
+    let again = engine.service().backfill_job("j", at(-60), at(30), false).await.expect("again");
     assert_eq!((again.created, again.ticks.iter().all(|t| t.existing)), (0, true));
     // Within the bound.
-    let wide = engine.backfill_job("j", at(-60 * 24 * 3), at(30), true).await.expect_err("too many");
+    let wide = engine.service().backfill_job("j", at(-60 * 24 * 3), at(30), true).await.expect_err("too many");
     assert!(wide.to_string().contains("more than the 100 worker.mcp.manage_jobs.max_backfill allows"), "{wide}");
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -369,12 +377,12 @@ async fn a_backfill_leaves_live_ticks_alone_and_stops_where_retention_or_a_pause
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let engine = start_with(&cfg, &clock, Arc::new(Gate(gate.clone()))).await;
     // A paused job's backfilled ticks would be recorded skipped, and then count as ran.
-    engine.pause_job("j", None).await.expect("pause");
-    let paused = engine.backfill_job("j", at(-30), at(-1), false).await.expect_err("paused");
+    engine.service().pause_job("j", None).await.expect("pause");
+    let paused = engine.service().backfill_job("j", at(-30), at(-1), false).await.expect_err("paused");
     assert!(paused.to_string().contains("is paused"), "{paused}");
-    engine.resume_job("j").await.expect("resume");
+    engine.service().resume_job("j").await.expect("resume");
 
-    let done = engine.backfill_job("j", at(-30), at(-1), false).await.expect("backfill");
+    let done = engine.service().backfill_job("j", at(-30), at(-1), false).await.expect("backfill");
     assert_eq!(done.created, 3);
     until_runs(&engine, "j", "the first backfill run to hold", |r| r.iter().any(|r| r.status == RunStatus::Running)).await;
     // The live tick fires while the backfill holds (overlap: forbid counts only live runs).
@@ -392,7 +400,7 @@ async fn a_backfill_leaves_live_ticks_alone_and_stops_where_retention_or_a_pause
     until_runs(&engine, "j", "another tick", |r| r.len() >= 5 && r.iter().all(|r| r.status.is_final())).await;
     clock.set(at(30));
     until_runs(&engine, "j", "a sixth run", |r| r.len() >= 6 && r.iter().all(|r| r.status.is_final())).await;
-    let wide = engine.backfill_job("j", at(-120), at(-31), true).await.expect_err("before retention");
+    let wide = engine.service().backfill_job("j", at(-120), at(-31), true).await.expect_err("before retention");
     assert!(wide.to_string().contains("retention keeps"), "{wide}");
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -404,10 +412,10 @@ async fn bounds_tightened_by_a_reload_disable_the_runtime_jobs_outside_them() {
     let cfg = config_with(dir.path(), MANAGED, job);
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    engine.create_job(request("r", save_every("1m"))).await.expect("create");
+    engine.service().create_job(request("r", save_every("1m"))).await.expect("create");
     let tight = config_with(dir.path(), "worker:\n  mcp:\n    manage_jobs:\n      enabled: true\n      targets: [\"workflow:*\"]\n", job);
     engine.reload(&tight).expect("reload");
-    let why = engine.get_job("r", 1).await.expect("listed").summary.disabled.expect("disabled");
+    let why = engine.service().get_job("r", 1).await.expect("listed").summary.disabled.expect("disabled");
     assert!(why.contains("runtime jobs may not run plugin file-save.save"), "{why}");
     clock.set(at(2));
     engine.scheduled_through_now().await;

@@ -83,11 +83,11 @@ async fn a_database_from_before_run_identity_keeps_its_runs_pauses_and_history()
 
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    let old = engine.get_run("0190a000-0000-7000-8000-000000000001").await.expect("old run is kept");
+    let old = engine.service().get_run("0190a000-0000-7000-8000-000000000001").await.expect("old run is kept");
     assert_eq!((old.status, old.attempt), (RunStatus::Succeeded, 1));
     assert_eq!(old.root_id, old.id, "an old run is its own root");
     assert_eq!(old.output, Some(serde_json::json!({"saved": true})));
-    let job = engine.get_job("j", 1).await.expect("job");
+    let job = engine.service().get_job("j", 1).await.expect("job");
     assert!(job.summary.paused, "the pause survives the upgrade");
     assert_eq!(job.summary.pause_reason.as_deref(), Some("upgrade window"));
     // The run the old version queued runs now, with the config in force (it has no snapshot).
@@ -97,7 +97,7 @@ async fn a_database_from_before_run_identity_keeps_its_runs_pauses_and_history()
     assert_eq!(queued.root_id, queued.id);
     // The listing reads the migrated history through the newer (job, id) index and its
     // one-row reads: the pause, and the newest run as the job's last.
-    let page = engine.list_jobs_page(None, 100).await.expect("listing");
+    let page = engine.service().list_jobs_page(None, 100).await.expect("listing");
     let listed = page.jobs.iter().find(|j| j.name == "j").expect("job j listed");
     assert_eq!((listed.paused, listed.pause_reason.as_deref()), (true, Some("upgrade window")));
     assert_eq!(listed.last_run.as_ref().map(|r| (r.id.as_str(), r.status)), Some((queued.id.as_str(), RunStatus::Succeeded)));
@@ -138,9 +138,9 @@ const OLD_PAUSE: &str = "INSERT INTO ll_job_state (job, paused, pause_reason, pa
 async fn the_previous_release_is_kept(cfg: &lamplighter_config::Config) {
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(cfg, &clock).await;
-    let old = engine.get_run("0190a000-0000-7000-8000-00000000000a").await.expect("the old run is kept");
+    let old = engine.service().get_run("0190a000-0000-7000-8000-00000000000a").await.expect("the old run is kept");
     assert_eq!((old.status, old.output.clone()), (RunStatus::Succeeded, Some(serde_json::json!({"saved": true}))));
-    let job = engine.get_job("j", 1).await.expect("job");
+    let job = engine.service().get_job("j", 1).await.expect("job");
     assert_eq!((job.summary.paused, job.summary.pause_reason.as_deref()), (true, Some("kept")));
     assert!(job.history.is_empty() && job.definition.is_none(), "a file job has no runtime history");
     let request = lamplighter_jobs::JobRequest {
@@ -150,8 +150,8 @@ async fn the_previous_release_is_kept(cfg: &lamplighter_config::Config) {
         dry_run: false,
         actor: "upgrade test".into(),
     };
-    assert_eq!(engine.create_job(request).await.expect("runtime jobs work on the upgraded database").version, 1);
-    assert_eq!(engine.get_job("added", 1).await.expect("added").history.len(), 1);
+    assert_eq!(engine.service().create_job(request).await.expect("runtime jobs work on the upgraded database").version, 1);
+    assert_eq!(engine.service().get_job("added", 1).await.expect("added").history.len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

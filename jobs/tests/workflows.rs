@@ -31,7 +31,7 @@ fn sh(id: &str, command: &str) -> String {
 }
 
 async fn trigger(engine: &Engine, input: serde_json::Value) -> String {
-    engine.trigger_job("j", TriggerRequest { input: Some(input), ..Default::default() }).await.expect("trigger").run_id
+    engine.service().trigger_job("j", TriggerRequest { input: Some(input), ..Default::default() }).await.expect("trigger").run_id
 }
 
 fn flat(steps: &[StepView]) -> Vec<&StepView> {
@@ -220,14 +220,14 @@ async fn an_approval_waits_without_a_slot_and_an_approval_resumes_the_run() {
     let run = waiting(&engine, &id).await;
     assert_eq!(run.finished_at, None);
     slots_free(&engine, "a waiting run holds no executor slot").await;
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert_eq!(approvals.len(), 1);
     assert_eq!((approvals[0].run_id.as_str(), approvals[0].step.as_str()), (id.as_str(), "gate"));
     assert_eq!(approvals[0].question, Some(json!("Publish draft-1?")));
     assert!(!dir.path().join("data/log").exists());
 
     clock.advance(minutes(5));
-    let decided = engine.decide(decision(&id, true, "ana", Some("looks good"))).await.expect("approve");
+    let decided = engine.service().decide(decision(&id, true, "ana", Some("looks good"))).await.expect("approve");
     assert_eq!(decided.run_status, RunStatus::Queued);
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
@@ -241,13 +241,13 @@ async fn an_approval_waits_without_a_slot_and_an_approval_resumes_the_run() {
     assert_eq!(step(&d, "draft").attempt, Some(1));
 
     // Twice: a clear error naming who decided.
-    let again = engine.decide(decision(&id, true, "bo", None)).await.expect_err("decided twice");
+    let again = engine.service().decide(decision(&id, true, "bo", None)).await.expect_err("decided twice");
     assert!(matches!(again, ServiceError::NotWaiting(_)), "{again:?}");
     assert_eq!(
         again.to_string(),
         format!("step \"gate\" of run \"{id}\" was already approved by ana at 2026-03-02T10:05:00Z; the run is now succeeded")
     );
-    assert!(engine.list_approvals().await.expect("approvals").is_empty());
+    assert!(engine.service().list_approvals().await.expect("approvals").is_empty());
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -258,7 +258,10 @@ async fn a_rejection_fails_the_run_naming_the_step_and_two_decisions_at_once_rec
     let engine = start(&workflow(dir.path(), GATED, ""), &clock).await;
     let id = trigger(&engine, json!(null)).await;
     waiting(&engine, &id).await;
-    let (a, b) = tokio::join!(engine.decide(decision(&id, false, "ana", Some("not now"))), engine.decide(decision(&id, true, "bo", None)));
+    let (a, b) = tokio::join!(
+        engine.service().decide(decision(&id, false, "ana", Some("not now"))),
+        engine.service().decide(decision(&id, true, "bo", None))
+    );
     assert_eq!([a.is_ok(), b.is_ok()].iter().filter(|ok| **ok).count(), 1, "exactly one decision is recorded: {a:?} / {b:?}");
     let run = ended(&engine, &id).await;
     let d = detail(&engine, &id).await;
@@ -282,12 +285,12 @@ async fn a_timeout_applies_on_timeout_when_nobody_decides() {
     let engine = start(&workflow(dir.path(), &steps, ""), &clock).await;
     let id = trigger(&engine, json!(null)).await;
     waiting(&engine, &id).await;
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert_eq!(approvals[0].timeout_at, Some(t0() + minutes(60)));
     assert_eq!(approvals[0].on_timeout.as_deref(), Some("approve"));
     clock.advance(minutes(59));
     engine.scheduled_through_now().await;
-    assert_eq!(engine.get_run(&id).await.expect("run").status, RunStatus::WaitingApproval, "not before the timeout");
+    assert_eq!(engine.service().get_run(&id).await.expect("run").status, RunStatus::WaitingApproval, "not before the timeout");
     clock.advance(minutes(1));
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
@@ -308,7 +311,11 @@ async fn a_timeout_applies_on_timeout_when_nobody_decides() {
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.error.as_deref(), Some("step \"gate\" was rejected: no decision within 1h (on_timeout: reject)"));
     engine.scheduled_through_now().await;
-    assert_eq!(engine.get_run(&id).await.expect("run").next_run_id.as_deref(), Some(""), "a rejection is not retried: no attempt follows");
+    assert_eq!(
+        engine.service().get_run(&id).await.expect("run").next_run_id.as_deref(),
+        Some(""),
+        "a rejection is not retried: no attempt follows"
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -326,16 +333,16 @@ async fn a_waiting_run_survives_a_restart_and_can_be_cancelled() {
     drop(engine);
 
     let engine = start(&config, &clock).await;
-    assert_eq!(engine.get_run(&a).await.expect("run").status, RunStatus::WaitingApproval, "a restart does not interrupt a wait");
-    assert_eq!(engine.list_approvals().await.expect("approvals").len(), 2);
-    engine.decide(decision(&a, true, "ana", None)).await.expect("approve after restart");
+    assert_eq!(engine.service().get_run(&a).await.expect("run").status, RunStatus::WaitingApproval, "a restart does not interrupt a wait");
+    assert_eq!(engine.service().list_approvals().await.expect("approvals").len(), 2);
+    engine.service().decide(decision(&a, true, "ana", None)).await.expect("approve after restart");
     assert_eq!(ended(&engine, &a).await.status, RunStatus::Succeeded);
     assert_eq!(data(dir.path(), "log"), "published");
 
-    let cancelled = engine.cancel_run(&b).await.expect("cancel a waiting run");
+    let cancelled = engine.service().cancel_run(&b).await.expect("cancel a waiting run");
     assert_eq!(cancelled.status, RunStatus::Cancelled);
     assert_eq!(step(&detail(&engine, &b).await, "gate").status, Some(StepStatus::Cancelled));
-    let late = engine.decide(decision(&b, true, "ana", None)).await.expect_err("decide a cancelled run");
+    let late = engine.service().decide(decision(&b, true, "ana", None)).await.expect_err("decide a cancelled run");
     assert_eq!(late.to_string(), format!("run \"{b}\" is cancelled, not waiting for approval"));
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -354,8 +361,8 @@ async fn a_workflow_runs_by_hand_and_an_unreachable_provider_fails_its_agent_ste
     );
     let config = config_with(dir.path(), &top, "type: plugin\nplugin: file-save\naction: save\nparameters: {path: x, content: y}");
     let engine = start(&config, &clock).await;
-    let started = engine.run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("run workflow");
-    let again = engine.run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("same key");
+    let started = engine.service().run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("run workflow");
+    let again = engine.service().run_workflow("w", Some(json!("hello")), Some("k1".into()), None).await.expect("same key");
     assert_eq!((again.run_id.as_str(), again.created), (started.run_id.as_str(), false));
     let run = ended(&engine, &started.run_id).await;
     assert_eq!(run.job, "workflow:w");
@@ -368,7 +375,7 @@ async fn a_workflow_runs_by_hand_and_an_unreachable_provider_fails_its_agent_ste
         "{error}"
     );
     assert_eq!(data(dir.path(), "got"), "hello");
-    let missing = engine.run_workflow("nope", None, None, None).await.expect_err("unknown workflow");
+    let missing = engine.service().run_workflow("nope", None, None, None).await.expect_err("unknown workflow");
     assert_eq!(missing.to_string(), "workflow \"nope\" not found; known workflows: w");
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -398,9 +405,9 @@ async fn an_approval_inside_a_parallel_is_the_only_wait_and_approving_it_finishe
     pool.close().await;
     let engine = start(&config, &clock).await;
     // The parallel itself is not a wait to decide: no step needs naming.
-    let approvals = engine.list_approvals().await.expect("approvals");
+    let approvals = engine.service().list_approvals().await.expect("approvals");
     assert_eq!(approvals.iter().map(|a| a.step.as_str()).collect::<Vec<_>>(), ["gate"]);
-    engine.decide(decision(&id, true, "ana", None)).await.expect("approve without naming the step");
+    engine.service().decide(decision(&id, true, "ana", None)).await.expect("approve without naming the step");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(data(dir.path(), "log"), "work\ndone\n");
@@ -417,7 +424,7 @@ async fn a_run_keeps_the_workflow_definition_it_started_with_across_a_reload() {
     // The workflow changes while the run waits: another publish command, and a step more.
     let changed = format!("{}{}", GATED.replace("printf published >> log", "printf changed >> log"), sh("extra", "printf extra >> log"));
     engine.reload(&workflow(dir.path(), &changed, "")).expect("reload");
-    engine.decide(decision(&id, true, "ana", None)).await.expect("approve");
+    engine.service().decide(decision(&id, true, "ana", None)).await.expect("approve");
     let run = ended(&engine, &id).await;
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(data(dir.path(), "log"), "published", "the run went on with the steps it started with");
@@ -427,7 +434,7 @@ async fn a_run_keeps_the_workflow_definition_it_started_with_across_a_reload() {
     // A run started after the reload follows the new definition.
     let id = trigger(&engine, json!(null)).await;
     waiting(&engine, &id).await;
-    engine.decide(decision(&id, true, "ana", None)).await.expect("approve");
+    engine.service().decide(decision(&id, true, "ana", None)).await.expect("approve");
     assert_eq!(ended(&engine, &id).await.status, RunStatus::Succeeded);
     assert_eq!(data(dir.path(), "log"), "publishedchangedextra");
     engine.shutdown(Duration::from_secs(5)).await;

@@ -69,21 +69,21 @@ impl Direct {
 
     /// `list_jobs`, from [`Listings`] when a kept answer is still the answer.
     async fn list_jobs(&self, call: Call<'_>) -> Option<Vec<u8>> {
-        let engine = self.control.engine();
+        let service = self.control.service();
         let key = args::from_arguments::<ListJobsArgs>(call.tool, call.arguments.clone())
             .ok()
             .and_then(|a| Some((a.page_size().ok()?, a.cursor)));
         // Taken before the read: a change after it makes the next version differ.
-        let version = if key.is_some() { engine.listing_version().await } else { None };
+        let version = if key.is_some() { service.listing_version().await } else { None };
         if let (Some(key), Some(version)) = (&key, &version)
-            && let Some((content, summary)) = self.listings.find(key, version, engine.now())
+            && let Some((content, summary)) = self.listings.find(key, version, service.now())
         {
             self.control.observe_kept(call.tool);
             return Some(envelope(call.id, &content, &summary));
         }
         let read = self.control.read_directly(call.tool, call.arguments).await?;
         // Taken after the read, so that no fire falls between the read's clock and this.
-        let read_at = engine.now();
+        let read_at = service.now();
         let (content, summary) = render(call.tool, &read)?;
         if let (Some(key), Some(version), Read::Jobs(page)) = (key, version, &read) {
             let until = page.jobs.iter().filter_map(|j| j.next_fire).min();

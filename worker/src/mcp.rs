@@ -43,8 +43,8 @@ use lamplighter_contract::args::{
 use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, Run, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
-    Backfill, Decision, DecisionRequest, Engine, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobSummary, RunDetail, RunFilter,
-    RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
+    Backfill, Decision, DecisionRequest, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobService, JobSummary, RunDetail,
+    RunFilter, RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
 use crate::security::Caller;
@@ -111,7 +111,7 @@ pub(crate) type ReloadReply = oneshot::Sender<Result<ReloadSummary, Vec<String>>
 /// The MCP server handler. Cheap to clone: the HTTP transport makes one per session or request.
 #[derive(Clone)]
 pub(crate) struct Control {
-    engine: Engine,
+    service: JobService,
     reload: mpsc::Sender<ReloadReply>,
     /// Cancelled when the worker stops serving: waits end and streams close.
     stop: CancellationToken,
@@ -128,11 +128,11 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    pub(crate) fn new(engine: Engine, reload: mpsc::Sender<ReloadReply>, stop: CancellationToken, observer: Arc<Observer>) -> Self {
+    pub(crate) fn new(service: JobService, reload: mpsc::Sender<ReloadReply>, stop: CancellationToken, observer: Arc<Observer>) -> Self {
         let tools = Self::tool_router();
         let listed = listed_tools(&tools);
         Self {
-            engine,
+            service,
             reload,
             stop,
             tools: Arc::new(tools),
@@ -148,14 +148,14 @@ impl Control {
         Self { subscriptions: Arc::default(), ..self.clone() }
     }
 
-    pub(crate) fn engine(&self) -> &Engine {
-        &self.engine
+    pub(crate) fn service(&self) -> &JobService {
+        &self.service
     }
 
     /// The tools served now to a caller of `role`: those its role allows, and the job-changing
     /// ones only while `worker.mcp.manage_jobs` is on.
     fn served(&self, role: Role) -> impl Iterator<Item = &Tool> {
-        let manage = self.engine.manages_jobs();
+        let manage = self.service.manages_jobs();
         self.listed.iter().filter(move |t| (manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref())) && tool_role(&t.name) <= role)
     }
 
@@ -299,7 +299,7 @@ impl Control {
     /// Worker health: version, uptime, jobs, running runs, queue depth and storage.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn worker_status(&self, _: Parameters<NoArgs>) -> Result<Json<WorkerStatus>, Failure> {
-        Ok(Json(self.engine.worker_status().await?))
+        Ok(Json(self.service.worker_status().await?))
     }
 
     /// The configured jobs by name, one page at a time (pass `next_cursor` back as `cursor`): target, schedule, time zone, enabled/paused state, next fire time and last run.
@@ -323,7 +323,7 @@ impl Control {
             ScheduleArg::Every(s) => ScheduleSpec::Every(s),
             ScheduleArg::At(s) => ScheduleSpec::At(s),
         };
-        Ok(Json(self.engine.preview_schedule(spec, a.timezone.as_deref(), count)?))
+        Ok(Json(self.service.preview_schedule(spec, a.timezone.as_deref(), count)?))
     }
 
     /// Creates a job at runtime, stored in the worker's database and scheduled by every worker from the moment it is saved, with no reload. `definition` is the job exactly as its entry under `scheduling.jobs` in YAML (as JSON, or as YAML text): a schedule (`cron` with `timezone`, `every` or `at`), a target (`workflow`, `agent`, or `plugin` with `action`), and optional `input`, `parameters`, `catch_up`, `overlap`, `retries`, `timeout`. Every error is returned at once, naming its field. Answers the compiled job, its next 10 fire times in its zone and UTC (with daylight-saving notes and warnings) and its version. With `dry_run`, nothing is saved: check a definition first.
@@ -335,7 +335,7 @@ impl Control {
     ) -> Result<Json<JobSaved>, Failure> {
         let request =
             JobRequest { name: a.name, definition: a.definition, expected_version: None, dry_run: a.dry_run, actor: client_name(&ctx) };
-        Ok(Json(self.engine.create_job(request).await?))
+        Ok(Json(self.service.create_job(request).await?))
     }
 
     /// Replaces a runtime job's definition, whole (as `create_job` takes it); every worker reschedules it at once. Pass the `version` you read (`origin.version` in `get_job`) as `expected_version`: a job changed since is refused, naming its current version. Jobs of the config files are read-only. With `dry_run`, nothing is saved.
@@ -352,7 +352,7 @@ impl Control {
             dry_run: a.dry_run,
             actor: client_name(&ctx),
         };
-        Ok(Json(self.engine.update_job(request).await?))
+        Ok(Json(self.service.update_job(request).await?))
     }
 
     /// Deletes a runtime job: it stops firing on every worker; its runs and its history stay readable. Runs in flight finish unless `cancel_runs`. Jobs of the config files are read-only.
@@ -362,26 +362,26 @@ impl Control {
         Parameters(a): Parameters<DeleteJobArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<JobDeleted>, Failure> {
-        Ok(Json(self.engine.delete_job(&a.name, Some(a.expected_version), a.cancel_runs, &client_name(&ctx)).await?))
+        Ok(Json(self.service.delete_job(&a.name, Some(a.expected_version), a.cancel_runs, &client_name(&ctx)).await?))
     }
 
     /// Runs a job's past ticks in a window (`from`, `to`: RFC 3339) that have no run yet, once each and in order, one at a time; ticks that already ran are listed, not run again. With `dry_run`, only lists them.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true))]
     async fn backfill_job(&self, Parameters(a): Parameters<BackfillJobArgs>) -> Result<Json<Backfill>, Failure> {
         let (from, to) = a.window()?;
-        Ok(Json(self.engine.backfill_job(&a.name, from, to, a.dry_run).await?))
+        Ok(Json(self.service.backfill_job(&a.name, from, to, a.dry_run).await?))
     }
 
     /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
     async fn pause_job(&self, Parameters(a): Parameters<PauseArgs>) -> Result<Json<JobSummary>, Failure> {
-        Ok(Json(self.engine.pause_job(&a.name, a.reason.as_deref()).await?))
+        Ok(Json(self.service.pause_job(&a.name, a.reason.as_deref()).await?))
     }
 
     /// Resumes a paused job. Ticks missed while it was paused are not caught up.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
     async fn resume_job(&self, Parameters(a): Parameters<JobArgs>) -> Result<Json<JobSummary>, Failure> {
-        Ok(Json(self.engine.resume_job(&a.name).await?))
+        Ok(Json(self.service.resume_job(&a.name).await?))
     }
 
     /// Starts a run of a job now, paused or not, optionally with its own input, parameters and idempotency key. Returns the run id at once; with `wait`, waits for the run to finish (sending progress notifications) and returns it.
@@ -398,7 +398,7 @@ impl Control {
             idempotency_key: a.idempotency_key,
             requested_by: Some(client_name(&ctx)),
         };
-        let triggered = self.engine.trigger_job(&a.name, request).await?;
+        let triggered = self.service.trigger_job(&a.name, request).await?;
         self.outcome(triggered, a.wait, timeout, &ctx).await
     }
 
@@ -411,19 +411,19 @@ impl Control {
     /// One run in full: trigger, times, status, attempt, input, parameters, output, error, worker, token usage, and for a workflow run each step (status, attempt, times, output, error) as a tree.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn get_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<RunDetail>, Failure> {
-        Ok(Json(self.engine.get_run_detail(&a.id).await?))
+        Ok(Json(self.service.get_run_detail(&a.id).await?))
     }
 
     /// Cancels a queued or running run and returns it. A run that already finished cannot be cancelled.
     #[tool(annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
     async fn cancel_run(&self, Parameters(a): Parameters<RunArgs>) -> Result<Json<Run>, Failure> {
-        Ok(Json(self.engine.cancel_run(&a.id).await?))
+        Ok(Json(self.service.cancel_run(&a.id).await?))
     }
 
     /// Workflow steps waiting for a person to approve or reject them: run, job, step, the question, since when, and when a timeout decides.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_approvals(&self, _: Parameters<NoArgs>) -> Result<Json<ApprovalList>, Failure> {
-        Ok(Json(ApprovalList { approvals: self.engine.list_approvals().await? }))
+        Ok(Json(ApprovalList { approvals: self.service.list_approvals().await? }))
     }
 
     /// Approves a workflow step that waits for a person, with an optional comment; the run continues. Deciding a step twice, or a run that is not waiting, is an error that says who decided.
@@ -454,7 +454,7 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
-        let started = self.engine.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        let started = self.service.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
@@ -466,7 +466,7 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
-        let started = self.engine.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        let started = self.service.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
@@ -478,7 +478,7 @@ impl Control {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
-        let started = self.engine.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        let started = self.service.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
@@ -491,26 +491,26 @@ impl Control {
     ) -> Result<Json<TriggerOutcome>, Failure> {
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
         a.checked()?;
-        let started = self.engine.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
+        let started = self.service.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, Some(client_name(&ctx))).await?;
         self.outcome(started, a.wait, timeout, &ctx).await
     }
 
     /// The configured workflows: description, trigger, number of steps, and why one is disabled.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_workflows(&self, _: Parameters<NoArgs>) -> Result<Json<WorkflowList>, Failure> {
-        Ok(Json(WorkflowList { workflows: self.engine.list_workflows() }))
+        Ok(Json(WorkflowList { workflows: self.service.list_workflows() }))
     }
 
     /// The configured agents: description, model, provider, plugins, MCP servers, and why one is disabled.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_agents(&self, _: Parameters<NoArgs>) -> Result<Json<AgentList>, Failure> {
-        Ok(Json(AgentList { agents: self.engine.list_agents() }))
+        Ok(Json(AgentList { agents: self.service.list_agents() }))
     }
 
     /// The plugins this worker knows: version, kind, description, actions with their parameter schemas, and why one cannot be used.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_plugins(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
-        Ok(Json(PluginList { plugins: self.engine.list_plugins() }))
+        Ok(Json(PluginList { plugins: self.service.list_plugins() }))
     }
 
     /// Reloads the config from disk, as SIGHUP does: jobs are added, removed and changed without a restart. An invalid config is rejected with every error and its location, and the running config is kept.
@@ -549,7 +549,7 @@ impl Control {
             idempotency_key: a.idempotency_key,
             requested_by: Some(client_name(&ctx)),
         };
-        let triggered = self.engine.trigger_job(&name, request).await?;
+        let triggered = self.service.trigger_job(&name, request).await?;
         Ok(Json(TriggerOutcome { run_id: triggered.run_id, created: triggered.created, run: None, finished: false, note: None }))
     }
 
@@ -557,14 +557,14 @@ impl Control {
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
     async fn scheduler_pause_job(&self, Parameters(a): Parameters<SeedPauseArgs>) -> Result<Json<JobSummary>, Failure> {
         let name = seed_job_name(a.name, a.job_name)?;
-        Ok(Json(self.engine.pause_job(&name, a.reason.as_deref()).await?))
+        Ok(Json(self.service.pause_job(&name, a.reason.as_deref()).await?))
     }
 
     /// Seed-compatible name of `resume_job` (the job as `job_name` or `name`).
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
     async fn scheduler_resume_job(&self, Parameters(a): Parameters<SeedJobArgs>) -> Result<Json<JobSummary>, Failure> {
         let name = seed_job_name(a.name, a.job_name)?;
-        Ok(Json(self.engine.resume_job(&name).await?))
+        Ok(Json(self.service.resume_job(&name).await?))
     }
 
     /// Seed-compatible name of `get_job` (the job as `job_name` or `name`).
@@ -577,7 +577,7 @@ impl Control {
     /// Seed-compatible name of `list_plugins`.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn worker_plugin_list(&self, _: Parameters<NoArgs>) -> Result<Json<PluginList>, Failure> {
-        Ok(Json(PluginList { plugins: self.engine.list_plugins() }))
+        Ok(Json(PluginList { plugins: self.service.list_plugins() }))
     }
 }
 
@@ -608,7 +608,7 @@ impl Control {
                     idempotency_key: a.idempotency_key,
                     requested_by: Some(client_name(context)),
                 };
-                (self.engine.trigger_job(&a.name, trigger).await, timeout)
+                (self.service.trigger_job(&a.name, trigger).await, timeout)
             }
             "run_workflow" => {
                 let a: RunWorkflowArgs = serde_json::from_value(args).ok()?;
@@ -616,7 +616,7 @@ impl Control {
                 if !a.wait {
                     return None;
                 }
-                (self.engine.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+                (self.service.run_workflow(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
             }
             "run_agent" => {
                 let a: RunAgentArgs = serde_json::from_value(args).ok()?;
@@ -624,7 +624,7 @@ impl Control {
                 if !a.wait {
                     return None;
                 }
-                (self.engine.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+                (self.service.run_agent(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
             }
             "run_pipeline" => {
                 let a: RunPipelineArgs = serde_json::from_value(args).ok()?;
@@ -632,7 +632,7 @@ impl Control {
                 if !a.wait {
                     return None;
                 }
-                (self.engine.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
+                (self.service.run_pipeline(&a.name, a.input, a.idempotency_key, Some(client_name(context))).await, timeout)
             }
             "run_group_chat" => {
                 let a: RunGroupChatArgs = serde_json::from_value(args).ok()?;
@@ -641,7 +641,7 @@ impl Control {
                     return None;
                 }
                 let by = Some(client_name(context));
-                (self.engine.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, by).await, timeout)
+                (self.service.run_group_chat(&a.agents, a.max_iterations, a.input, a.idempotency_key, by).await, timeout)
             }
             _ => return None,
         };
@@ -651,27 +651,27 @@ impl Control {
         };
         let decided_by = format!("{} (task)", client_name(context));
         let follow = Follow { run_id: started.run_id, created: started.created, timeout, decided_by };
-        let task = self.tasks.start(self.engine.clone(), follow, context);
+        let task = self.tasks.start(self.service.clone(), follow, context);
         Some(Ok(CallToolResponse::Task(CreateTaskResult::new(task))))
     }
 
     async fn do_list_jobs(&self) -> Result<Json<JobList>, Failure> {
-        Ok(Json(JobList { jobs: self.engine.list_jobs().await? }))
+        Ok(Json(JobList { jobs: self.service.list_jobs().await? }))
     }
 
     async fn job_detail(&self, a: &GetJobArgs) -> Result<JobDetail, Failure> {
         let next = args::next_fires(a.next)?;
-        Ok(self.engine.get_job_with_history(&a.name, next, a.history()?).await?)
+        Ok(self.service.get_job_with_history(&a.name, next, a.history()?).await?)
     }
 
     async fn jobs_page(&self, a: ListJobsArgs) -> Result<JobPage, Failure> {
         let limit = a.page_size()?;
-        Ok(self.engine.list_jobs_page(a.cursor.as_deref(), limit).await?)
+        Ok(self.service.list_jobs_page(a.cursor.as_deref(), limit).await?)
     }
 
     async fn runs_page(&self, a: ListRunsArgs) -> Result<RunPage, Failure> {
         let q = a.query()?;
-        Ok(self.engine.list_runs(RunFilter { job: q.job, status: q.status, limit: Some(q.limit), before: q.before }).await?)
+        Ok(self.service.list_runs(RunFilter { job: q.job, status: q.status, limit: Some(q.limit), before: q.before }).await?)
     }
 
     /// A call to one of [`DIRECT_TOOLS`], for `direct.rs`: what the tool answers, or `None`
@@ -688,7 +688,7 @@ impl Control {
                 "list_runs" => self.runs_page(args::from_arguments(tool, arguments).ok()?).await.ok().map(Read::Runs),
                 "get_run" => {
                     let a: RunArgs = args::from_arguments(tool, arguments).ok()?;
-                    self.engine.get_run_detail(&a.id).await.ok().map(Read::Run)
+                    self.service.get_run_detail(&a.id).await.ok().map(Read::Run)
                 }
                 _ => None,
             }
@@ -712,7 +712,7 @@ impl Control {
             (None, _) => client_name(ctx),
         };
         let request = DecisionRequest { run_id: a.run_id, step: a.step, approve, comment: a.comment, decided_by };
-        Ok(Json(self.engine.decide(request).await?))
+        Ok(Json(self.service.decide(request).await?))
     }
 
     /// A started run, returned at once, or after waiting for it when asked to.
@@ -756,7 +756,7 @@ impl Control {
             self.report(ctx, token, &mut reports, run_id, "queued").await;
         }
         // The run alone: the progress reported is its status.
-        let mut follow = self.engine.follow::<Run>(run_id);
+        let mut follow = self.service.follow::<Run>(run_id);
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         let mut run: Option<Run> = None;
         loop {
@@ -767,7 +767,7 @@ impl Control {
                 () = &mut limit => {
                     let run = match run {
                         Some(r) => r,
-                        None => self.engine.get_run(run_id).await?,
+                        None => self.service.get_run(run_id).await?,
                     };
                     let note = format!("stopped waiting after {} s; the run is still {}", timeout.unwrap_or_default().as_secs(), run.status);
                     return Ok((run, Some(note)));
@@ -808,7 +808,7 @@ impl Control {
     }
 
     async fn run_now(&self, run_id: &str, note: &str) -> Result<(Run, Option<String>), Failure> {
-        let run = self.engine.get_run(run_id).await?;
+        let run = self.service.get_run(run_id).await?;
         let note = (!run.status.is_final()).then(|| note.to_string());
         Ok((run, note))
     }
@@ -984,7 +984,7 @@ impl ServerHandler for Control {
         request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        Ok(prompts::get(&self.engine, request).await?.into())
+        Ok(prompts::get(&self.service, request).await?.into())
     }
 
     async fn list_resources(
@@ -993,7 +993,7 @@ impl ServerHandler for Control {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let cursor = request.and_then(|r| r.cursor);
-        let (resources, next_cursor) = resources::list(&self.engine, cursor.as_deref()).await?;
+        let (resources, next_cursor) = resources::list(&self.service, cursor.as_deref()).await?;
         let mut result = ListResourcesResult::with_all_items(resources);
         result.next_cursor = next_cursor;
         Ok(result)
@@ -1012,7 +1012,7 @@ impl ServerHandler for Control {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        Ok(resources::read(&self.engine, &request.uri).await?.into())
+        Ok(resources::read(&self.service, &request.uri).await?.into())
     }
 
     /// `subscriptions/listen`: the resources this worker serves, and `resources/list` changes.
@@ -1036,7 +1036,7 @@ impl ServerHandler for Control {
                 () = self.stop.cancelled() => {}
             }
         };
-        resources::watch(&self.engine, uris, accepted.resources_list_changed == Some(true), until, |change| {
+        resources::watch(&self.service, uris, accepted.resources_list_changed == Some(true), until, |change| {
             let sink = sink.clone();
             async move {
                 let sent = match change {
@@ -1058,9 +1058,9 @@ impl ServerHandler for Control {
         if let Some(previous) = previous {
             previous.cancel();
         }
-        let (engine, peer) = (self.engine.clone(), context.peer.clone());
+        let (service, peer) = (self.service.clone(), context.peer.clone());
         tokio::spawn(async move {
-            resources::watch(&engine, vec![uri], false, stop.cancelled_owned(), |change| {
+            resources::watch(&service, vec![uri], false, stop.cancelled_owned(), |change| {
                 let peer = peer.clone();
                 async move {
                     match change {
@@ -1097,7 +1097,7 @@ impl ServerHandler for Control {
     }
 
     async fn complete(&self, request: CompleteRequestParams, _context: RequestContext<RoleServer>) -> Result<CompleteResult, ErrorData> {
-        prompts::complete(&self.engine, request).await
+        prompts::complete(&self.service, request).await
     }
 }
 

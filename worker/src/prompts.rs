@@ -3,7 +3,7 @@
 //! offers job names for the prompt's `job` argument and for `lamplighter://jobs/{name}`; any
 //! other argument has no completions (an empty list, not an error).
 
-use lamplighter_jobs::Engine;
+use lamplighter_jobs::JobService;
 use rmcp::ErrorData;
 use rmcp::model::{
     CompleteRequestParams, CompleteResult, CompletionInfo, GetPromptRequestParams, GetPromptResult, Prompt, PromptArgument, PromptMessage,
@@ -25,7 +25,7 @@ pub(crate) fn list() -> Vec<Prompt> {
     vec![prompt]
 }
 
-pub(crate) async fn get(engine: &Engine, request: GetPromptRequestParams) -> Result<GetPromptResult, ErrorData> {
+pub(crate) async fn get(service: &JobService, request: GetPromptRequestParams) -> Result<GetPromptResult, ErrorData> {
     if request.name != TRIAGE {
         return Err(ErrorData::invalid_params(format!("no prompt \"{}\"; this worker has {TRIAGE}", request.name), None));
     }
@@ -37,7 +37,7 @@ pub(crate) async fn get(engine: &Engine, request: GetPromptRequestParams) -> Res
         None | Some(Value::Null) => None,
         Some(Value::String(name)) if !name.is_empty() => {
             // Named the way the tools name it, so an unknown job is said now, not by the model.
-            engine.get_job(name, 1).await.map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+            service.get_job(name, 1).await.map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
             Some(name.clone())
         }
         Some(other) => return Err(ErrorData::invalid_params(format!("`job` must be a job's name, not {other}"), None)),
@@ -58,7 +58,7 @@ pub(crate) async fn get(engine: &Engine, request: GetPromptRequestParams) -> Res
     Ok(result)
 }
 
-pub(crate) async fn complete(engine: &Engine, request: CompleteRequestParams) -> Result<CompleteResult, ErrorData> {
+pub(crate) async fn complete(service: &JobService, request: CompleteRequestParams) -> Result<CompleteResult, ErrorData> {
     let names_a_job = match &request.r#ref {
         Reference::Prompt(p) => p.name == TRIAGE && request.argument.name == "job",
         Reference::Resource(r) => r.uri == JOB_TEMPLATE && request.argument.name == "name",
@@ -67,7 +67,7 @@ pub(crate) async fn complete(engine: &Engine, request: CompleteRequestParams) ->
     let mut values = Vec::new();
     if names_a_job {
         let prefix = request.argument.value.as_str();
-        let jobs = engine.list_jobs().await.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let jobs = service.list_jobs().await.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         values.extend(jobs.into_iter().map(|j| j.name).filter(|n| n.starts_with(prefix)));
     }
     let total = values.len();

@@ -4,7 +4,7 @@
 //! steps (listed as templates: runs are too many to list).
 //!
 //! A subscription (`subscriptions/listen` at 2026-07-28, `resources/subscribe` before) is one
-//! [`watch`]: it wakes on the engine's change signals (a run's progress or end, a pause, a
+//! [`watch`]: it wakes on the service's change signals (a run's progress or end, a pause, a
 //! reload; from other workers too on PostgreSQL), reads the resources it follows again and
 //! notifies those whose JSON changed, and `notifications/resources/list_changed` when the set
 //! of jobs did. Signals are hints: what is notified is what a read shows.
@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lamplighter_jobs::{Engine, ServiceError};
+use lamplighter_jobs::{JobService, ServiceError};
 use rmcp::ErrorData;
 use rmcp::model::{CacheScope, ReadResourceResult, Resource, ResourceContents, ResourceTemplate};
 use serde::Serialize;
@@ -66,8 +66,8 @@ impl Uri {
 }
 
 /// One page of `resources/list`: `lamplighter://jobs` first, then a resource per job.
-pub(crate) async fn list(engine: &Engine, cursor: Option<&str>) -> Result<(Vec<Resource>, Option<String>), ErrorData> {
-    let page = engine.list_jobs_page(cursor, PAGE).await.map_err(not_read)?;
+pub(crate) async fn list(service: &JobService, cursor: Option<&str>) -> Result<(Vec<Resource>, Option<String>), ErrorData> {
+    let page = service.list_jobs_page(cursor, PAGE).await.map_err(not_read)?;
     let mut out = Vec::with_capacity(page.jobs.len() + 1);
     if cursor.is_none() {
         out.push(Resource::new(JOBS, "jobs").with_description("Every job with its state, next fire and last run").with_mime_type(JSON));
@@ -96,21 +96,21 @@ pub(crate) fn templates() -> Vec<ResourceTemplate> {
 
 /// `resources/read`, with caching hints: a finished run never changes; the rest may at any
 /// moment (subscribe to hear when).
-pub(crate) async fn read(engine: &Engine, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+pub(crate) async fn read(service: &JobService, uri: &str) -> Result<ReadResourceResult, ErrorData> {
     let parsed = Uri::parse(uri)?;
-    let (text, finished) = contents(engine, &parsed).await?;
+    let (text, finished) = contents(service, &parsed).await?;
     let ttl = if finished { FINISHED_TTL_MS } else { 0 };
     let contents = ResourceContents::TextResourceContents { uri: uri.to_owned(), mime_type: Some(JSON.to_owned()), text, meta: None };
     Ok(ReadResourceResult::new(vec![contents]).with_ttl_ms(ttl).with_cache_scope(CacheScope::Private))
 }
 
 /// The resource's JSON, and whether it is final (a finished run).
-async fn contents(engine: &Engine, uri: &Uri) -> Result<(String, bool), ErrorData> {
+async fn contents(service: &JobService, uri: &Uri) -> Result<(String, bool), ErrorData> {
     match uri {
-        Uri::Jobs => Ok((to_json(&lamplighter_contract::JobList { jobs: engine.list_jobs().await.map_err(not_read)? }), false)),
-        Uri::Job(name) => Ok((to_json(&engine.get_job(name, 5).await.map_err(not_read)?), false)),
+        Uri::Jobs => Ok((to_json(&lamplighter_contract::JobList { jobs: service.list_jobs().await.map_err(not_read)? }), false)),
+        Uri::Job(name) => Ok((to_json(&service.get_job(name, 5).await.map_err(not_read)?), false)),
         Uri::Run(id) => {
-            let detail = engine.get_run_detail(id).await.map_err(not_read)?;
+            let detail = service.get_run_detail(id).await.map_err(not_read)?;
             Ok((to_json(&detail), detail.run.status.is_final()))
         }
     }
@@ -142,13 +142,13 @@ pub(crate) enum Change {
 /// Follows `uris` (and, with `list_changed`, the set of jobs) until `until` resolves or `send`
 /// returns false (the client went away). Reads each once at the start, then again after each
 /// burst of change signals, and sends what differs.
-pub(crate) async fn watch<F, Fut>(engine: &Engine, uris: Vec<Uri>, list_changed: bool, until: impl Future<Output = ()>, mut send: F)
+pub(crate) async fn watch<F, Fut>(service: &JobService, uris: Vec<Uri>, list_changed: bool, until: impl Future<Output = ()>, mut send: F)
 where
     F: FnMut(Change) -> Fut,
     Fut: Future<Output = bool>,
 {
     // Subscribed before the first read: a change between the read and the wait is not lost.
-    let mut changes = engine.changes();
+    let mut changes = service.changes();
     let mut seen: HashMap<Uri, Option<String>> = HashMap::new();
     // Resources already final here are announced at once. The subscription was acknowledged
     // before this watch began, so the client may have read the resource before these reads; a
@@ -156,13 +156,13 @@ where
     // (seen: `lampctl jobs trigger --wait` on a run of a few milliseconds, once in ~25).
     let mut final_now = Vec::new();
     for uri in &uris {
-        let read = contents(engine, uri).await.ok();
+        let read = contents(service, uri).await.ok();
         if read.as_ref().is_some_and(|(_, finished)| *finished) {
             final_now.push(uri.text());
         }
         seen.insert(uri.clone(), read.map(|(text, _)| text));
     }
-    let mut names = if list_changed { job_names(engine).await } else { None };
+    let mut names = if list_changed { job_names(service).await } else { None };
     for uri in final_now {
         if !send(Change::Updated(uri)).await {
             return;
@@ -182,7 +182,7 @@ where
         }
         changes.drain();
         for uri in &uris {
-            let now = contents(engine, uri).await.ok().map(|(text, _)| text);
+            let now = contents(service, uri).await.ok().map(|(text, _)| text);
             if seen.get(uri) != Some(&now) {
                 seen.insert(uri.clone(), now);
                 if !send(Change::Updated(uri.text())).await {
@@ -191,7 +191,7 @@ where
             }
         }
         if list_changed {
-            let now = job_names(engine).await;
+            let now = job_names(service).await;
             if now != names {
                 names = now;
                 if !send(Change::ListChanged).await {
@@ -202,8 +202,8 @@ where
     }
 }
 
-async fn job_names(engine: &Engine) -> Option<Vec<String>> {
-    engine.list_jobs().await.ok().map(|jobs| jobs.into_iter().map(|j| j.name).collect())
+async fn job_names(service: &JobService) -> Option<Vec<String>> {
+    service.list_jobs().await.ok().map(|jobs| jobs.into_iter().map(|j| j.name).collect())
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ async fn serve(
     // Cancelled once running work has drained: HTTP and MCP stop serving.
     let http_stop = CancellationToken::new();
     let (reload_requests, mut reloads) = mpsc::channel(4);
-    let control = Control::new(engine.clone(), reload_requests, http_stop.clone(), observer);
+    let control = Control::new(engine.service().clone(), reload_requests, http_stop.clone(), observer);
     let app = crate::http::router(engine.clone(), Some((control.clone(), &reloader.listening)), metrics);
     let stop = http_stop.clone();
     let http = match tls {

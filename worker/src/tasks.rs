@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lamplighter_contract::{RunDetail, StepStatus, StepView, TriggerOutcome};
-use lamplighter_jobs::{DecisionRequest, Engine, RunStatus, ServiceError};
+use lamplighter_jobs::{DecisionRequest, JobService, RunStatus, ServiceError};
 use rmcp::model::{
     CallToolResult, DetailedTask, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema, EnumSchema,
     InputRequest, InputResponses, Task,
@@ -58,13 +58,13 @@ pub(crate) struct Follow {
 
 impl Tasks {
     /// Starts a task that follows `follow.run_id`, owned by the caller of `context`.
-    pub(crate) fn start(&self, engine: Engine, follow: Follow, context: &RequestContext<RoleServer>) -> Task {
+    pub(crate) fn start(&self, service: JobService, follow: Follow, context: &RequestContext<RoleServer>) -> Task {
         let ttl = follow.timeout.unwrap_or(DEFAULT_TTL);
         let options = TaskOptions::new()
             .with_ttl_ms(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .with_status_message(format!("run {} is queued", follow.run_id));
         let manager = self.manager.clone();
-        let task = self.manager.spawn(options, move |ctx| Box::pin(follow_run(engine, manager, ctx, follow)));
+        let task = self.manager.spawn(options, move |ctx| Box::pin(follow_run(service, manager, ctx, follow)));
         let mut owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
         // Forget the owners of tasks the manager has dropped (it keeps a finished task one TTL).
         owners.retain(|id, _| self.manager.get_task(id).is_ok());
@@ -121,11 +121,11 @@ struct Waiting {
     question: Option<Value>,
 }
 
-/// The task's operation: follows the run ([`Engine::follow`]) until it ends.
-async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, follow: Follow) -> Result<CallToolResult, TaskExit> {
+/// The task's operation: follows the run ([`JobService::follow`]) until it ends.
+async fn follow_run(service: JobService, manager: TaskManager, ctx: TaskContext, follow: Follow) -> Result<CallToolResult, TaskExit> {
     let Follow { run_id, created, timeout, decided_by } = follow;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut follow = engine.follow::<RunDetail>(&run_id);
+    let mut follow = service.follow::<RunDetail>(&run_id);
     // Step → the key of the elicitation that asks about it.
     let mut asked: HashMap<String, String> = HashMap::new();
     // Steps whose elicitation the person dismissed: not asked again (other ways stay open).
@@ -135,7 +135,7 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
     let mut cancel_asked = false;
     let mut detail = match follow.next().await {
         Some(d) => d.map_err(failed)?,
-        None => engine.get_run_detail(&run_id).await.map_err(failed)?,
+        None => service.get_run_detail(&run_id).await.map_err(failed)?,
     };
     loop {
         let run = &detail.run;
@@ -170,7 +170,7 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
             next = follow.next() => {
                 detail = match next {
                     Some(d) => d.map_err(failed)?,
-                    None => engine.get_run_detail(&run_id).await.map_err(failed)?,
+                    None => service.get_run_detail(&run_id).await.map_err(failed)?,
                 };
             }
             Some((step, key, answer)) = answers.next() => {
@@ -182,7 +182,7 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
                 match answer.map(|value| decision(&value)) {
                     Ok(Ok(Some((approve, comment)))) => {
                         let request = DecisionRequest { run_id: run_id.clone(), step: Some(step.clone()), approve, comment, decided_by: decided_by.clone() };
-                        if let Err(e) = engine.decide(request).await {
+                        if let Err(e) = service.decide(request).await {
                             ctx.set_status_message(format!("the decision on step \"{step}\" was not recorded: {e}"));
                         }
                     }
@@ -197,13 +197,13 @@ async fn follow_run(engine: Engine, manager: TaskManager, ctx: TaskContext, foll
             }
             () = ctx.cancelled(), if !cancel_asked => {
                 cancel_asked = true;
-                match engine.cancel_run(&run_id).await {
+                match service.cancel_run(&run_id).await {
                     Ok(_) | Err(ServiceError::NotCancellable { .. }) => {}
                     Err(e) => return Err(failed(e)),
                 }
             }
             () = limit => {
-                let run = engine.get_run(&run_id).await.map_err(failed)?;
+                let run = service.get_run(&run_id).await.map_err(failed)?;
                 let note = format!("stopped waiting after {} s; the run is still {}", timeout.unwrap_or_default().as_secs(), run.status);
                 return Ok(result(&TriggerOutcome { run_id, created, finished: false, run: Some(run), note: Some(note) }));
             }

@@ -61,7 +61,8 @@ pub async fn start_observed(config: &Config, clock: &Arc<ManualClock>, targets: 
 }
 
 pub async fn runs(engine: &Engine) -> Vec<Run> {
-    let mut runs = engine.list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
+    let mut runs =
+        engine.service().list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
     runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
     runs
 }
@@ -71,7 +72,7 @@ pub async fn runs(engine: &Engine) -> Vec<Run> {
 pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     // Subscribed before the first read: a change after it is never missed.
-    let mut changes = engine.changes();
+    let mut changes = engine.service().changes();
     loop {
         let r = runs(engine).await;
         if pred(&r) {
@@ -90,9 +91,9 @@ pub fn finished(runs: &[Run]) -> bool {
 /// Waits (up to 20 s of real time) until the run satisfies `pred`, reading it at each change.
 pub async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut changes = engine.changes();
+    let mut changes = engine.service().changes();
     loop {
-        let run = engine.get_run(id).await.expect("run");
+        let run = engine.service().get_run(id).await.expect("run");
         if pred(&run) {
             return run;
         }
@@ -119,5 +120,5 @@ pub async fn slots_free(engine: &Engine, what: &str) {
 }
 
 pub async fn detail(engine: &Engine, id: &str) -> lamplighter_jobs::RunDetail {
-    engine.get_run_detail(id).await.expect("run detail")
+    engine.service().get_run_detail(id).await.expect("run detail")
 }

@@ -1,0 +1,216 @@
+//! The engine's background upkeep, off the run path: retention (pruning run history), the
+//! runtime jobs kept in force as the store has them, and the gauges read from the database.
+//! Each task is handed only what it uses.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::events::Observer;
+use crate::in_force::{InForce, JobsConfig};
+use crate::retention::PruneQueue;
+use crate::scheduler::Scheduler;
+use crate::signals::{Signal, Signals};
+use crate::store::{Definitions, Listings, Notices, StoreError, Upkeep};
+
+/// Pruning waits when a tick is this close, and until this long after it.
+const PRUNE_CLEARANCE_MS: i64 = 250;
+
+/// A busy worker prunes at most this often; an idle one not at all.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// How often the gauges read from the database are sampled.
+const GAUGES_SAMPLED_EVERY: Duration = Duration::from_secs(5);
+
+/// What retention is handed.
+pub(crate) struct Pruner {
+    pub(crate) upkeep: Arc<dyn Upkeep>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) config: Arc<InForce>,
+    pub(crate) retention: Arc<PruneQueue>,
+    /// When the next tick is due (background writes keep clear of it).
+    pub(crate) scheduler: Arc<Scheduler>,
+}
+
+impl Pruner {
+    /// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
+    /// (only a noticed run may be pruned), then waits [`PRUNE_EVERY`] from the first of them's
+    /// end so one pass covers every run that finished meanwhile. No timer while nothing finishes.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = self.retention.requested() => {}
+                _ = stop.cancelled() => break,
+            }
+            // Due PRUNE_EVERY after the first request of the batch (not after this wake: a clock
+            // that moved on meanwhile must not push the batch further out).
+            let Some(since) = self.retention.since() else { continue };
+            let batch_until = since + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
+            tokio::select! {
+                () = self.clock.sleep_until(batch_until) => {}
+                () = stop.cancelled() => {}
+            }
+            self.prune_now().await;
+        }
+    }
+
+    /// Background writes wait while a tick is about to fire (they would hold SQLite's write
+    /// lock while the tick's runs are claimed).
+    async fn clear_of_ticks(&self) {
+        let until_tick = self.scheduler.next_wake_ms().saturating_sub(self.clock.now().timestamp_millis());
+        if (0..PRUNE_CLEARANCE_MS).contains(&until_tick) {
+            let now = self.clock.now();
+            self.clock.sleep_until(now + chrono::Duration::milliseconds(until_tick + PRUNE_CLEARANCE_MS)).await;
+        }
+    }
+
+    /// Applies retention to every job waiting for it.
+    async fn prune_now(&self) {
+        let pending = self.retention.take();
+        let jobs = self.config.jobs();
+        let now = self.clock.now();
+        for name in pending {
+            self.clear_of_ticks().await;
+            let Some(job) = jobs.get(&name) else { continue };
+            if let Err(e) = self.upkeep.prune(&name, job.retention.max_runs, job.retention.max_age, now).await {
+                tracing::warn!(job = %name, error = %e, "cannot prune run history");
+            }
+        }
+        self.clear_of_ticks().await;
+        if let Err(e) = self.upkeep.housekeeping().await {
+            tracing::warn!(error = %e, "cannot tidy the database");
+        }
+        self.signals.publish(Signal::RunsChanged);
+    }
+}
+
+/// What keeps the runtime jobs in force is handed.
+pub(crate) struct DefinitionFollower {
+    pub(crate) definitions: Arc<dyn Definitions>,
+    pub(crate) signals: Arc<dyn Signals>,
+    pub(crate) config: Arc<InForce>,
+}
+
+impl DefinitionFollower {
+    /// Keeps the runtime jobs in force as the store has them: one job read again when a worker
+    /// says it changed, all of them when signals may have been missed.
+    pub(crate) async fn run(self, mut signals: crate::signals::Receiver, stop: CancellationToken) {
+        // After a failed read, everything is read again (a second later, and again until it
+        // works): a change must not stay unheard because the database was briefly away.
+        let mut behind = false;
+        loop {
+            let signal = if behind {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => Some(Signal::Lagged),
+                    s = signals.recv() => s,
+                }
+            } else {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    s = signals.recv() => s,
+                }
+            };
+            let result = match signal {
+                None => return,
+                Some(Signal::DefinitionChanged(_) | Signal::Lagged) if behind => self.refresh_jobs().await,
+                Some(Signal::DefinitionChanged(name)) => self.refresh_job(&name).await,
+                Some(Signal::Lagged) => self.refresh_jobs().await,
+                Some(_) => continue,
+            };
+            behind = match result {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the runtime jobs again; retrying");
+                    true
+                }
+            };
+        }
+    }
+
+    /// Reads a runtime job again (it was saved or deleted, here or by another worker) and
+    /// swaps in the config with it; the scheduler replans.
+    async fn refresh_job(&self, name: &str) -> Result<(), StoreError> {
+        let stored = self.definitions.runtime_job(name).await?;
+        // Already in force (this worker saved it): nothing to replan.
+        if self.config.set_runtime_job(name, stored) {
+            self.signals.publish(Signal::JobChanged);
+        }
+        Ok(())
+    }
+
+    /// Reads every runtime job again (a signal may have been missed).
+    async fn refresh_jobs(&self) -> Result<(), StoreError> {
+        let jobs = self.definitions.runtime_jobs().await?;
+        if self.config.set_runtime(jobs) {
+            self.signals.publish(Signal::JobChanged);
+        }
+        Ok(())
+    }
+}
+
+/// What samples the gauges read from the database is handed.
+pub(crate) struct GaugeSampler {
+    pub(crate) listings: Arc<dyn Listings>,
+    pub(crate) notices: Arc<dyn Notices>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) config: Arc<InForce>,
+}
+
+impl GaugeSampler {
+    /// Samples what the gauges read from the database: the number of queued runs (all
+    /// workers), and the per-job gauges while they are on.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        loop {
+            match self.listings.queue_depth().await {
+                Ok(n) => self.observer.set_queue_depth(n),
+                Err(e) => tracing::debug!(error = %e, "cannot count queued runs"),
+            }
+            if self.observer.per_job() {
+                match self.notices.job_health().await {
+                    Ok(health) => self.observer.set_job_gauges(job_gauges(&self.config.get(), health, self.clock.now())),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the jobs' health"),
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(GAUGES_SAMPLED_EVERY) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// The per-job gauges of the jobs in force, from what the database says of them. The next fire
+/// time is the schedule's next after the last tick processed (after `now` for a job that has
+/// none yet); a paused or disabled job has none.
+fn job_gauges(
+    config: &JobsConfig,
+    mut health: HashMap<String, crate::store::JobHealth>,
+    now: DateTime<Utc>,
+) -> BTreeMap<String, crate::events::JobGauge> {
+    config
+        .jobs
+        .iter()
+        .map(|(name, job)| {
+            let h = health.remove(name).unwrap_or_default();
+            let next_fire = match &job.schedule {
+                Some(s) if job.enabled && !h.paused => s.next_after(h.last_tick.unwrap_or(now)),
+                _ => None,
+            };
+            let gauge = crate::events::JobGauge {
+                last_success: h.last_success,
+                next_fire,
+                consecutive_failures: h.consecutive_failures,
+                oldest_running: h.oldest_running,
+                oldest_approval: h.oldest_wait,
+            };
+            (name.clone(), gauge)
+        })
+        .collect()
+}
