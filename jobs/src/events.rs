@@ -554,6 +554,8 @@ struct Bound {
 /// The one place events go: metrics, hooks, spans and their logs.
 pub struct Observer {
     m: Instruments,
+    /// Where [`InternalEvent`]s go besides the log: to whoever subscribed.
+    internal: tokio::sync::broadcast::Sender<InternalEvent>,
     /// Where spans go; none: no spans.
     tracer: Option<BoxedTracer>,
     /// Bindings in priority order, swapped on reload.
@@ -562,6 +564,66 @@ pub struct Observer {
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
     jobs: JobGauges,
+}
+
+/// How many internal events a subscriber may fall behind before it misses some.
+const INTERNAL_EVENTS_KEPT: usize = 4096;
+
+/// The run core's stages as typed values (as vector's internal events): each is written as a
+/// debug log line of its name and handed to whoever subscribes ([`Observer::internal_events`]:
+/// tests, and `lamplighter run --internal-events FILE`, which the benches read).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum InternalEvent {
+    /// One tick transaction of a scheduler pass: `ticks` fired for the instant `tick_ms`
+    /// (Unix ms), each stage in µs after that instant (negative: before it, as a transaction
+    /// done ahead of its instant is) — the scheduler woke, planned the batch, had the
+    /// transaction ready to commit (held ahead), committed it, and launched the claimed runs.
+    /// `transaction`: where the transaction's own time went (none when it was let go or failed).
+    TickBurst {
+        ticks: usize,
+        tick_ms: i64,
+        woke_us: i64,
+        planned_us: i64,
+        ready_us: Option<i64>,
+        committed_us: Option<i64>,
+        launched_us: i64,
+        transaction: Option<TxTimings>,
+    },
+    /// A batch of runs' ends recorded, with `claimed` queued runs claimed in the same write to
+    /// take their slots; it took `finish_us`, and was recorded at `at_ms` (Unix ms). `write`:
+    /// where the write's time went, when it claimed too.
+    EndsRecorded { runs: usize, claimed: usize, finish_us: u64, at_ms: i64, write: Option<EndsWrite> },
+    /// The intake claimed `runs` queued runs from `tasks` queue tasks, `asked` for; it took
+    /// `claim_us`.
+    ClaimedFromQueue { asked: usize, tasks: usize, runs: usize, claim_us: u64 },
+}
+
+/// How a write of ends and claims went, in µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EndsWrite {
+    /// One statement (PostgreSQL) or one script (SQLite), after waiting `writer_wait_us` for
+    /// the writing connection (SQLite).
+    OneStatement { statement_us: u64, writer_wait_us: Option<u64> },
+    /// A transaction, statement by statement: begun, ends written (and the steps they close),
+    /// lease, take and claims, committed.
+    Transaction { begin_us: u64, ends_us: u64, claim_us: u64, commit_us: u64 },
+}
+
+/// Where a tick transaction's time went, in µs per part: begun, tick keys recorded, pause
+/// state and active runs read, runs inserted, last ticks and queue tasks saved, held until its
+/// instant, committed; and the whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TxTimings {
+    pub begin_us: u64,
+    pub keys_us: u64,
+    pub reads_us: u64,
+    pub runs_us: u64,
+    pub state_us: u64,
+    pub held_us: u64,
+    pub commit_us: u64,
+    pub total_us: u64,
 }
 
 impl std::fmt::Debug for Observer {
@@ -584,7 +646,42 @@ impl Observer {
             sensitive: AtomicBool::new(false),
             queue_depth,
             jobs,
+            internal: tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0,
         })
+    }
+
+    /// The run core's internal events from now on (see [`InternalEvent`]). A subscriber that
+    /// falls more than a few thousand events behind is told so (`Lagged`) and misses them.
+    pub fn internal_events(&self) -> tokio::sync::broadcast::Receiver<InternalEvent> {
+        self.internal.subscribe()
+    }
+
+    /// Writes `event` as a debug line of its name and hands it to the subscribers, if any.
+    pub(crate) fn emit(&self, event: InternalEvent) {
+        match &event {
+            InternalEvent::TickBurst { ticks, tick_ms, woke_us, planned_us, ready_us, committed_us, launched_us, transaction } => {
+                tracing::debug!(
+                    ticks,
+                    tick_ms,
+                    woke_us,
+                    planned_us,
+                    ready_us,
+                    committed_us,
+                    launched_us,
+                    tx_total_us = transaction.map(|t| t.total_us),
+                    "tick burst"
+                );
+            }
+            InternalEvent::EndsRecorded { runs, claimed, finish_us, at_ms, write } => {
+                tracing::debug!(runs, claimed, finish_us, at_ms, write = ?write, "ends recorded");
+            }
+            InternalEvent::ClaimedFromQueue { asked, tasks, runs, claim_us } => {
+                tracing::debug!(asked, tasks, runs, claim_us, "claimed from the queue");
+            }
+        }
+        if self.internal.receiver_count() > 0 {
+            let _ = self.internal.send(event);
+        }
     }
 
     /// No metrics kept, no hooks: for embedding and tests that look at none of it.

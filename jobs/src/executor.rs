@@ -32,7 +32,7 @@ use opentelemetry::context::FutureExt as _;
 use crate::clock::Clock;
 use crate::context::{RunContext, RunEnv, Targets, retry_write};
 use crate::decide::{Settled, StopReason, next_attempt, settle};
-use crate::events::{Cancelled, Ended, Observer, Op, RunRef};
+use crate::events::{Cancelled, Ended, InternalEvent, Observer, Op, RunRef};
 use crate::gate::{Gate, Pass};
 use crate::in_force::InForce;
 use crate::run::{Outcome, Run, RunStatus};
@@ -552,13 +552,13 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             let n = if claim_too.load(Relaxed) { refill } else { 0 };
             let res = exec.env.ends.finish_and_claim(&ends, n, &exec.env.worker, now).await;
             match &res {
-                Ok((_, taken)) => tracing::debug!(
-                    runs = ends.len(),
-                    claimed = taken.runs.len(),
-                    finish_us = began.elapsed().as_micros() as u64,
-                    at_ms = exec.env.clock.now().timestamp_millis(),
-                    "ends recorded"
-                ),
+                Ok((_, taken)) => exec.env.observer.emit(InternalEvent::EndsRecorded {
+                    runs: ends.len(),
+                    claimed: taken.runs.len(),
+                    finish_us: began.elapsed().as_micros() as u64,
+                    at_ms: exec.env.clock.now().timestamp_millis(),
+                    write: taken.write,
+                }),
                 Err(_) => claim_too.store(false, Relaxed),
             }
             res
@@ -747,13 +747,12 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
         let began = std::time::Instant::now();
         match exec.env.ends.claim_queued(asked, &exec.env.worker, now).await {
             Ok(taken) => {
-                tracing::debug!(
+                exec.env.observer.emit(InternalEvent::ClaimedFromQueue {
                     asked,
-                    tasks = taken.tasks,
-                    runs = taken.runs.len(),
-                    claim_us = began.elapsed().as_micros() as u64,
-                    "claimed from the queue"
-                );
+                    tasks: taken.tasks,
+                    runs: taken.runs.len(),
+                    claim_us: began.elapsed().as_micros() as u64,
+                });
                 // A full batch: there may be more behind it.
                 more = taken.tasks == asked;
                 exec.queue_may_hold.store(more, Relaxed);

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::{JobConfig, JsonText, Overlap, Schedule};
 
 use crate::clock::Clock;
-use crate::events::Observer;
+use crate::events::{InternalEvent, Observer, TxTimings};
 use crate::executor::Executor;
 use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
@@ -405,7 +405,7 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             }
             planned.push(Planned { i, cfg, last: due.last, next: due.next });
         }
-        let mut fired = Fired::Committed { committed: std::time::Instant::now(), ready: None };
+        let mut fired = Fired::Committed { committed: std::time::Instant::now(), ready: None, timings: None };
         if !batch.is_empty() {
             // The stages of the pass, in µs after the earliest tick's instant (the bench reads
             // them; a pass ahead of its instant begins before it).
@@ -414,23 +414,23 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             let planned_us = after_tick(began.elapsed());
             let n = batch.len();
             fired = fire_batch(s, batch, now, ahead).await;
-            let (committed, ready) = match &fired {
-                Fired::Committed { committed, ready } => (Some(*committed), *ready),
-                Fired::LetGo | Fired::Failed => (None, None),
+            let (committed, ready, transaction) = match &fired {
+                Fired::Committed { committed, ready, timings } => (Some(*committed), *ready, *timings),
+                Fired::LetGo | Fired::Failed => (None, None, None),
             };
             if let Some(ready) = ready {
                 took = Some(Took::Ready { ticks: n, us: (ready - began).as_micros() as u64 });
             }
-            tracing::debug!(
-                ticks = n,
-                tick_ms = tick.timestamp_millis(),
-                woke_us = after_tick(std::time::Duration::ZERO),
+            s.env.observer.emit(InternalEvent::TickBurst {
+                ticks: n,
+                tick_ms: tick.timestamp_millis(),
+                woke_us: after_tick(std::time::Duration::ZERO),
                 planned_us,
-                ready_us = ready.map(|d| after_tick(d - began)),
-                committed_us = committed.map(|d| after_tick(d - began)),
-                launched_us = after_tick(began.elapsed()),
-                "tick burst"
-            );
+                ready_us: ready.map(|d| after_tick(d - began)),
+                committed_us: committed.map(|d| after_tick(d - began)),
+                launched_us: after_tick(began.elapsed()),
+                transaction,
+            });
         }
         match fired {
             Fired::Committed { .. } => {}
@@ -494,10 +494,12 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
 
 /// How a batch's tick transaction ended.
 enum Fired {
-    /// Committed at `committed`; `ready`: when a held transaction was ready to commit.
+    /// Committed at `committed`; `ready`: when a held transaction was ready to commit;
+    /// `timings`: where the transaction's time went.
     Committed {
         committed: std::time::Instant,
         ready: Option<std::time::Instant>,
+        timings: Option<TxTimings>,
     },
     /// Held, and let go before its instant: nothing recorded.
     LetGo,
@@ -514,7 +516,6 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
     let tickets = s.env.executor.tickets(batch.len());
-    let began = std::time::Instant::now();
     let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
     let ready = std::sync::OnceLock::new();
     let hold = ahead.map(|a| {
@@ -540,8 +541,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     });
     let outcomes = s.env.ticks.fire_ticks_held(batch, claim, now, hold).await;
     let committed = std::time::Instant::now();
-    tracing::debug!(tx_us = (committed - began).as_micros() as u64, "tick transaction");
-    let outcomes = match outcomes {
+    let (outcomes, timings) = match outcomes {
         Ok(Some(o)) => {
             s.env.health.storage_ok();
             o
@@ -592,7 +592,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             s.env.executor.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;
         }
     }
-    Fired::Committed { committed, ready: ready.get().copied() }
+    Fired::Committed { committed, ready: ready.get().copied(), timings: Some(timings) }
 }
 
 /// Runs waiting for an approval whose timeout passed are queued again; the workflow applies the

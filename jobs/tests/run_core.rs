@@ -240,3 +240,36 @@ async fn a_run_past_its_job_timeout_is_stopped_on_the_engine_clock() {
     assert_eq!(run.error.as_deref(), Some("timed out after 10m"));
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_and_the_end_of_its_run_are_told_as_internal_events() {
+    // What the benches read to say where a burst's milliseconds go: one `TickBurst` per tick
+    // transaction, with the transaction's parts, and one `EndsRecorded` per batch of ends.
+    use lamplighter_jobs::events::{InternalEvent, Observer};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), "cron: \"* * * * *\"\ntype: plugin\nplugin: test\naction: work");
+    let clock = Arc::new(ManualClock::new(t0()));
+    let observer = Observer::none();
+    let mut events = observer.internal_events();
+    let engine = support::start_observed(&cfg, &clock, Arc::new(Scripted), observer).await;
+    let tick = t0() + minutes(1);
+    clock.set(tick);
+    engine.scheduled_through_now().await;
+    until(&engine, "the tick's run has ended", |r| r.len() == 1 && finished(r)).await;
+    let (mut burst, mut ended) = (None, 0);
+    while burst.is_none() || ended == 0 {
+        match tokio::time::timeout(Duration::from_secs(10), events.recv()).await.expect("an event within 10 s").expect("an event") {
+            e @ InternalEvent::TickBurst { .. } => burst = Some(e),
+            InternalEvent::EndsRecorded { runs, .. } => ended += runs,
+            InternalEvent::ClaimedFromQueue { .. } => {}
+        }
+    }
+    let Some(InternalEvent::TickBurst { ticks, tick_ms, committed_us, transaction: Some(tx), .. }) = burst else {
+        panic!("a committed burst with its transaction's parts: {burst:?}");
+    };
+    assert_eq!((ticks, tick_ms), (1, tick.timestamp_millis()), "the one tick, at its instant");
+    assert!(committed_us.is_some(), "committed");
+    assert!(tx.total_us >= tx.keys_us + tx.runs_us + tx.commit_us, "the parts fit in the whole: {tx:?}");
+    assert_eq!(ended, 1, "its run's end, once");
+    engine.shutdown(Duration::from_secs(10)).await;
+}

@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::{DRAIN_LOG, SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, stat_fields, summary};
+use common::{SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, stat_fields, summary};
 
 use std::time::{Duration, Instant};
 
@@ -186,7 +186,7 @@ fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
     let server_before = server_cpu_ms(pm);
     let started = Instant::now();
     for w in &mut ws {
-        w.start_logging(DRAIN_LOG);
+        w.start_recording();
     }
     loop {
         std::thread::sleep(Duration::from_millis(250));
@@ -228,7 +228,7 @@ fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
         }
     }
     println!("the first worker's writes:");
-    drain_stages(&ws[0].log());
+    drain_stages(&ws[0].internal_events());
 }
 
 /// Installs the peer (once, into a cache folder) and returns the folder: its `node` and the

@@ -24,7 +24,7 @@
 mod apalis_cron;
 mod common;
 
-use common::{DRAIN_LOG, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, read_rows, rss_kb, status_kb, summary};
+use common::{InternalEvent, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, read_rows, rss_kb, status_kb, summary};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -68,12 +68,9 @@ fn runs(db: &Path) -> Vec<Row> {
     })
 }
 
-/// The worker's log filter for the stage lines the bursts report ([`stages`]).
-const STAGES_LOG: &str = "warn,lamplighter_jobs::scheduler=debug,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug";
-
 fn burst(seconds: u64) {
     let mut w = Worker::new(&jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
-    let ready = w.start_logging(STAGES_LOG);
+    let ready = w.start_recording();
     println!("\n== burst: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
     println!("start to ready: {} ms", ready.as_millis());
     std::thread::sleep(Duration::from_secs(seconds));
@@ -94,7 +91,7 @@ fn burst(seconds: u64) {
     }
     summary("last burst, file written ms after the tick (mtime)", real);
     println!("SIGTERM to exit: {} ms", exit.as_millis());
-    stages(&w.log(), &r);
+    stages(&w.internal_events(), &r);
     peer(1000, "*/10 * * * * *", seconds);
 }
 
@@ -109,58 +106,69 @@ fn peer(n: usize, cron: &str, seconds: u64) {
     summary("burst spread ms (last start − first start)", spreads);
 }
 
-/// Where the milliseconds of each burst go, from the worker's stage lines and the runs' recorded
-/// starts, each in ms after the tick's instant (negative: before it, as the scheduler does a
-/// tick's transaction ahead and holds it until the instant): the scheduler's pass (`tick
-/// burst`, one line per tick transaction), each transaction's statements (`tick transaction`)
-/// and each batch of ends recorded (`ends recorded`).
-fn stages(log: &str, runs: &[Row]) {
-    let field = |line: &str, name: &str| -> Option<i64> {
-        let at = line.find(&format!(" {name}="))? + name.len() + 2;
-        line[at..].split(|c: char| !c.is_ascii_digit() && c != '-').next()?.parse().ok()
-    };
+/// Where the milliseconds of each burst go, from the worker's internal events and the runs'
+/// recorded starts, each in ms after the tick's instant (negative: before it, as the scheduler
+/// does a tick's transaction ahead and holds it until the instant): the scheduler's pass (one
+/// `TickBurst` per tick transaction, with where the transaction's time went) and each batch of
+/// ends recorded (`EndsRecorded`).
+fn stages(events: &[InternalEvent], runs: &[Row]) {
     let ms = |us: Option<i64>| us.map_or("?".to_string(), |v| format!("{:.1}", v as f64 / 1000.0));
-    let mut ends: Vec<(i64, i64)> = Vec::new();
-    for line in log.lines().filter(|l| l.contains("ends recorded")) {
-        if let (Some(at), Some(n)) = (field(line, "at_ms"), field(line, "runs")) {
-            ends.push((at, n));
-        }
-    }
-    // One (pass line, transaction line) per transaction, grouped by tick.
-    let passes: Vec<&str> = log.lines().filter(|l| l.contains("tick burst")).collect();
-    let txs: Vec<&str> = log.lines().filter(|l| l.contains("tick transaction") && l.contains("keys_us")).collect();
-    let mut ticks: Vec<i64> = passes.iter().filter_map(|l| field(l, "tick_ms")).collect();
+    let ends: Vec<i64> = events
+        .iter()
+        .filter_map(|e| match e {
+            InternalEvent::EndsRecorded { at_ms, .. } => Some(*at_ms),
+            _ => None,
+        })
+        .collect();
+    let bursts: Vec<&InternalEvent> = events.iter().filter(|e| matches!(e, InternalEvent::TickBurst { .. })).collect();
+    let tick_of = |e: &InternalEvent| match e {
+        InternalEvent::TickBurst { tick_ms, .. } => *tick_ms,
+        _ => unreachable!("only bursts"),
+    };
+    let mut ticks: Vec<i64> = bursts.iter().map(|e| tick_of(e)).collect();
     ticks.dedup();
     println!("stages of each burst, ms after the tick:");
     for tick in ticks {
-        let mine: Vec<(usize, &&str)> = passes.iter().enumerate().filter(|(_, l)| field(l, "tick_ms") == Some(tick)).collect();
-        let Some((_, first)) = mine.first() else { continue };
-        let n: i64 = mine.iter().filter_map(|(_, l)| field(l, "ticks")).sum();
+        let mine: Vec<&&InternalEvent> = bursts.iter().filter(|e| tick_of(e) == tick).collect();
+        let Some(InternalEvent::TickBurst { woke_us, planned_us, ready_us, .. }) = mine.first().map(|e| **e) else { continue };
+        let n: usize = mine.iter().map(|e| if let InternalEvent::TickBurst { ticks, .. } = e { *ticks } else { 0 }).sum();
+        let committed: Vec<String> = mine
+            .iter()
+            .map(|e| if let InternalEvent::TickBurst { committed_us, .. } = e { ms(*committed_us) } else { "?".into() })
+            .collect();
+        let launched =
+            mine.last().and_then(|e| if let InternalEvent::TickBurst { launched_us, .. } = e { Some(*launched_us) } else { None });
         let mut starts: Vec<i64> = runs.iter().filter(|r| r.0 == Some(tick)).filter_map(|r| Some(r.2? - tick)).collect();
         starts.sort_unstable();
         let start = |p: f64| starts.get(((starts.len() as f64 - 1.0) * p).round() as usize).map_or("?".into(), i64::to_string);
-        let burst_ends: Vec<&(i64, i64)> = ends.iter().filter(|e| e.0 >= tick && e.0 < tick + 10_000).collect();
+        let burst_ends: Vec<i64> = ends.iter().copied().filter(|at| *at >= tick && *at < tick + 10_000).collect();
         println!(
             "  {n} ticks: woke {} → planned {} → ready to commit {} → {} transaction(s) committed at {} → launched {} → runs started first {} / p50 {} / last {} → last end recorded {} ({} batches)",
-            ms(field(first, "woke_us")),
-            ms(field(first, "planned_us")),
-            ms(field(first, "ready_us")),
+            ms(Some(*woke_us)),
+            ms(Some(*planned_us)),
+            ms(*ready_us),
             mine.len(),
-            mine.iter().map(|(_, l)| ms(field(l, "committed_us"))).collect::<Vec<_>>().join(", "),
-            ms(mine.last().and_then(|(_, l)| field(l, "launched_us"))),
+            committed.join(", "),
+            ms(launched),
             start(0.0),
             start(0.5),
             start(1.0),
-            burst_ends.iter().map(|e| e.0 - tick).max().map_or("?".into(), |e| e.to_string()),
+            burst_ends.iter().map(|at| at - tick).max().map_or("?".into(), |e| e.to_string()),
             burst_ends.len(),
         );
-        for (i, _) in &mine {
-            if let Some(tx) = txs.get(*i) {
-                let parts: Vec<String> = ["begin", "keys", "reads", "runs", "state", "held", "commit"]
-                    .iter()
-                    .map(|p| format!("{p} {}", ms(field(tx, &format!("{p}_us")))))
-                    .collect();
-                println!("    transaction of {} ticks (ms): {}", field(tx, "ticks").unwrap_or(0), parts.join(", "));
+        for e in &mine {
+            if let InternalEvent::TickBurst { ticks, transaction: Some(t), .. } = e {
+                let parts = [
+                    ("begin", t.begin_us),
+                    ("keys", t.keys_us),
+                    ("reads", t.reads_us),
+                    ("runs", t.runs_us),
+                    ("state", t.state_us),
+                    ("held", t.held_us),
+                    ("commit", t.commit_us),
+                ]
+                .map(|(p, us)| format!("{p} {}", ms(Some(us as i64))));
+                println!("    transaction of {ticks} ticks (ms): {}", parts.join(", "));
             }
         }
     }
@@ -219,7 +227,7 @@ fn queue(n: usize) {
     });
     println!("\n== queue: {n} queued runs, concurrency 32, file-read of 2 bytes ==");
     let started = Instant::now();
-    w.start_logging(DRAIN_LOG);
+    w.start_recording();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         // Whether any is left, by the status index, stopping at the first: a count of the
@@ -244,7 +252,7 @@ fn queue(n: usize) {
     println!("succeeded {done}, other {other}; first start → last finish {} ms", last - first);
     println!("drain rate: {:.0} runs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!("worker CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
-    drain_stages(&w.log());
+    drain_stages(&w.internal_events());
 }
 
 /// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,

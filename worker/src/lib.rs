@@ -55,6 +55,11 @@ pub enum Command {
         /// stdin closes.
         #[arg(long)]
         mcp_stdio: bool,
+        /// Write the run core's internal events (each tick burst with where its transaction's
+        /// time went, each batch of run ends recorded) to FILE as JSON lines, as they happen:
+        /// for benchmarks and for finding where the milliseconds of a burst go.
+        #[arg(long, value_name = "FILE")]
+        internal_events: Option<std::path::PathBuf>,
     },
     /// Check or print the configuration.
     #[command(subcommand)]
@@ -109,7 +114,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
         Command::Backup { file } => commands::backup(cli.config, &file),
-        Command::Run { mcp_stdio } => run::run(cli.config, cli.log_format, mcp_stdio),
+        Command::Run { mcp_stdio, internal_events } => run::run(cli.config, cli.log_format, mcp_stdio, internal_events),
         Command::Healthcheck { url } => commands::healthcheck(&url),
         Command::Completions { shell } => commands::completions(<Cli as clap::CommandFactory>::command(), shell),
         Command::Man { dir } => commands::man(<Cli as clap::CommandFactory>::command(), dir.as_deref()),

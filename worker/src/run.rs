@@ -24,7 +24,7 @@ use crate::mcp::{Control, ReloadSummary};
 use crate::systemd::{self, Notifier};
 use crate::telemetry::{PullReader, Telemetry};
 
-pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> ExitCode {
+pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool, internal_events: Option<PathBuf>) -> ExitCode {
     let (mut loaded, registry) = match load_checked(path.clone(), Purpose::Run) {
         Ok(l) => l,
         Err(diags) => {
@@ -54,6 +54,12 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool) -> 
         tracing::warn!("{what} is disabled: {why}");
     }
     let observer = telemetry.observer.clone();
+    if let Some(to) = internal_events
+        && let Err(e) = crate::telemetry::write_internal_events(&observer, &to)
+    {
+        eprintln!("error: cannot write internal events to {}: {e}", to.display());
+        return ExitCode::from(2);
+    }
     let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio, name, observer, telemetry.metrics.clone()));
     // What the drain produced is flushed while the runtime, which gRPC exporters send on, runs.
     telemetry.shutdown();

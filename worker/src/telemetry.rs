@@ -590,6 +590,37 @@ fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// Writes the engine's internal events to `to` (created, or emptied) as JSON lines, from a
+/// thread of its own, each flushed once no other waits behind it. Events it falls too far
+/// behind on are missed, and said so in the log.
+pub(crate) fn write_internal_events(observer: &Observer, to: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(to)?);
+    let mut events = observer.internal_events();
+    std::thread::Builder::new().name("internal-events".into()).spawn(move || {
+        loop {
+            match events.blocking_recv() {
+                Ok(event) => {
+                    let mut write = || -> std::io::Result<()> {
+                        serde_json::to_writer(&mut out, &event)?;
+                        out.write_all(b"\n")?;
+                        if events.is_empty() { out.flush() } else { Ok(()) }
+                    };
+                    if let Err(e) = write() {
+                        tracing::error!(error = %e, "cannot write internal events any more");
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "the internal-events file fell behind; events were missed");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

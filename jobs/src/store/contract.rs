@@ -132,7 +132,8 @@ async fn a_held_tick_transaction_is_seen_only_once_it_commits(s: &dyn RunStore) 
         go.send(true).expect("the transaction waits");
     };
     let (out, ()) = tokio::join!(fire, check);
-    let out = out.expect("fire").expect("committed as asked");
+    let (out, timings) = out.expect("fire").expect("committed as asked");
+    assert!(timings.held_us > 0 && timings.total_us >= timings.held_us, "the hold is timed: {timings:?}");
     assert!(out[0].as_ref().is_some_and(|o| o.pushed), "fired, and queued with no slot offered");
     assert_eq!(runs().await, 1);
     assert_eq!(s.job_state("a").await.expect("state").last_tick, Some(t));

@@ -174,7 +174,9 @@ pub(crate) use record_for;
 
 /// What [`RunSql::ends_and_claims_at_once`] wrote: each ended run with the status it took,
 /// the tasks taken, and the claimed runs' rows.
-pub(crate) type EndsAndClaims<R> = (Vec<(String, RunStatus)>, usize, Vec<R>);
+/// The ends recorded (id, status taken), the queue tasks taken, the claimed runs' rows, and how
+/// long the write waited for the writing connection (SQLite).
+pub(crate) type EndsAndClaims<R> = (Vec<(String, RunStatus)>, usize, Vec<R>, Option<u64>);
 
 /// What a claim does with a run another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use super::dialect::{QueueSql, Record, RunSql, Stmt, handed_from_row, sql};
 use super::scripts::*;
 use super::{Dispatch, NewRun, RunEnd, StoreError, Taken, ms, new_id, status_list};
+use crate::events::EndsWrite;
 use crate::run::{Run, RunStatus, Transitions};
 
 #[async_trait]
@@ -102,13 +103,13 @@ impl<D: RunSql + QueueSql> Ends for D {
         if n == 0 {
             return Ok((self.finish_many(ends, now).await?, Taken::default()));
         }
-        // Where the write's time goes, for the queue bench (`ends and claims`).
+        // Where the write's time goes (the executor's `EndsRecorded` event carries it).
         let mut lap = std::time::Instant::now();
         if let Some(written) = self.ends_and_claims_at_once(ends, n, worker, ms(now)).await {
-            let (done, tasks, rows) = written?;
-            let taken = Taken { tasks, runs: rows.iter().map(handed_from_row).collect() };
+            let (done, tasks, rows, writer_wait_us) = written?;
             let statement_us = lap.elapsed().as_micros() as u64;
-            tracing::debug!(ends = ends.len(), claimed = taken.runs.len(), statement_us, "ends and claims");
+            let write = Some(EndsWrite::OneStatement { statement_us, writer_wait_us });
+            let taken = Taken { tasks, runs: rows.iter().map(handed_from_row).collect(), write };
             return Ok((recorded_as_asked(ends, &done), taken));
         }
         let mut split = move || {
@@ -122,10 +123,10 @@ impl<D: RunSql + QueueSql> Ends for D {
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();
         // The lease, the take and the claim, as `claim_queued` makes them.
-        let taken = take_and_claim::<D>(&mut tx, n, worker, now).await?;
+        let mut taken = take_and_claim::<D>(&mut tx, n, worker, now).await?;
         let claim_us = split();
         D::commit(tx).await?;
-        tracing::debug!(ends = ends.len(), claimed = taken.runs.len(), begin_us, ends_us, claim_us, commit_us = split(), "ends and claims");
+        taken.write = Some(EndsWrite::Transaction { begin_us, ends_us, claim_us, commit_us: split() });
         Ok((recorded_as_asked(ends, &done), taken))
     }
 

@@ -611,6 +611,8 @@ pub(crate) struct Taken {
     pub(crate) tasks: usize,
     /// Their runs that were still queued, now claimed.
     pub(crate) runs: Vec<Handed>,
+    /// How the write went, when it recorded ends too ([`Ends::finish_and_claim`]).
+    pub(crate) write: Option<crate::events::EndsWrite>,
 }
 
 /// What a held tick transaction waits for before it commits (true) or rolls back (false).

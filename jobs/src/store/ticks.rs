@@ -11,6 +11,7 @@ use super::dialect::{QueueSql, Record, RunSql, Stmt, sql, values};
 use super::scripts::*;
 use super::{ACTIVE, Claim, Hold, NewRun, StoreError, TickOutcome, from_ms, ms, new_id};
 use crate::decide::{TickPlan, plan_ticks};
+use crate::events::TxTimings;
 use crate::run::Trigger;
 
 #[async_trait]
@@ -27,18 +28,19 @@ pub(crate) trait Ticks: Send + Sync + std::fmt::Debug {
         claim: Claim<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Option<TickOutcome>>, StoreError> {
-        Ok(self.fire_ticks_held(ticks, claim, now, None).await?.unwrap_or_default())
+        Ok(self.fire_ticks_held(ticks, claim, now, None).await?.map(|(outcomes, _)| outcomes).unwrap_or_default())
     }
     /// [`Ticks::fire_ticks`] with its commit held until `hold` answers, every statement
     /// done: true commits, false rolls back and answers `None` (nothing was recorded). The
-    /// scheduler does a tick's work just before its instant and commits at it.
+    /// scheduler does a tick's work just before its instant and commits at it. Also says where
+    /// the transaction's time went.
     async fn fire_ticks_held(
         &self,
         ticks: Vec<(NewRun, Overlap)>,
         claim: Claim<'_>,
         now: DateTime<Utc>,
         hold: Option<Hold<'_>>,
-    ) -> Result<Option<Vec<Option<TickOutcome>>>, StoreError>;
+    ) -> Result<Option<(Vec<Option<TickOutcome>>, TxTimings)>, StoreError>;
     /// How many runs `job` has, and the instant of its oldest (its tick, or when it was queued).
     async fn run_span(&self, job: &str) -> Result<(u64, Option<DateTime<Utc>>), StoreError>;
     /// The ticks in `from..=to` of `job` that have a run (of any attempt or trigger).
@@ -53,8 +55,8 @@ impl<D: RunSql + QueueSql> Ticks for D {
         claim: Claim<'_>,
         now: DateTime<Utc>,
         hold: Option<Hold<'_>>,
-    ) -> Result<Option<Vec<Option<TickOutcome>>>, StoreError> {
-        // Where the transaction's time goes, for the bench's stage lines (`tick transaction`).
+    ) -> Result<Option<(Vec<Option<TickOutcome>>, TxTimings)>, StoreError> {
+        // Where the transaction's time goes (the scheduler's `TickBurst` event carries it).
         let began = std::time::Instant::now();
         let mut lap = began;
         let mut split = move || {
@@ -134,24 +136,21 @@ impl<D: RunSql + QueueSql> Ticks for D {
             && !hold.await
         {
             D::rollback(tx).await?;
-            tracing::debug!(ticks = rows.len(), "tick transaction rolled back as asked");
             return Ok(None);
         }
         let held_us = split();
         D::commit(tx).await?;
-        tracing::debug!(
-            ticks = rows.len(),
+        let timings = TxTimings {
             begin_us,
             keys_us,
             reads_us,
             runs_us,
             state_us,
             held_us,
-            commit_us = split(),
-            total_us = began.elapsed().as_micros() as u64,
-            "tick transaction"
-        );
-        Ok(Some(out))
+            commit_us: split(),
+            total_us: began.elapsed().as_micros() as u64,
+        };
+        Ok(Some((out, timings)))
     }
 
     async fn run_span(&self, job: &str) -> Result<(u64, Option<DateTime<Utc>>), StoreError> {

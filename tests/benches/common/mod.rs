@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub(crate) use lamplighter_jobs::events::{EndsWrite, InternalEvent};
+
 /// `$LAMPLIGHTER_BIN`, or the `lamplighter` built beside this benchmark.
 pub(crate) fn bin() -> PathBuf {
     if let Ok(b) = std::env::var("LAMPLIGHTER_BIN") {
@@ -159,12 +161,24 @@ impl Worker {
 
     /// Starts the worker; returns the time to `/readyz` 200.
     pub(crate) fn start(&mut self) -> Duration {
-        self.start_logging(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+        self.start_with(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()), false)
     }
 
-    /// As [`Worker::start`], with `filter` as the worker's log filter (its log is
-    /// [`Worker::log`]).
-    pub(crate) fn start_logging(&mut self, filter: &str) -> Duration {
+    /// As [`Worker::start`], with the worker writing its internal events (read them with
+    /// [`Worker::internal_events`]).
+    pub(crate) fn start_recording(&mut self) -> Duration {
+        self.start_with(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()), true)
+    }
+
+    /// The internal events the worker wrote (see `lamplighter run --internal-events`); a line
+    /// that does not read as one fails the bench.
+    pub(crate) fn internal_events(&self) -> Vec<InternalEvent> {
+        let path = self.dir.path().join("internal-events.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect()
+    }
+
+    fn start_with(&mut self, filter: &str, events: bool) -> Duration {
         let started = Instant::now();
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"])
@@ -174,6 +188,9 @@ impl Worker {
             // ready line is always kept, since it is what start waits for.
             .env("RUST_LOG", format!("{filter},lamplighter_worker::run=info"))
             .stdout(Stdio::null());
+        if events {
+            cmd.arg("--internal-events").arg(self.dir.path().join("internal-events.jsonl"));
+        }
         let log = self.dir.path().join("worker.log");
         let child = lamplighter_tests::proc::spawn_until(&mut cmd, &log, lamplighter_tests::proc::READY_LINE, Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("worker not ready: {e}"));
@@ -286,63 +303,80 @@ pub(crate) fn burst_spreads(runs: impl Iterator<Item = (Option<i64>, Option<i64>
     (spreads, by_tick.values().map(|v| v.2).collect())
 }
 
-/// The worker's log filter for the lines [`drain_stages`] reads.
-pub(crate) const DRAIN_LOG: &str =
-    "warn,lamplighter_jobs::executor=debug,lamplighter_jobs::store::scripts=debug,lamplighter_jobs::store::sqlite=debug";
-
-/// The drain's writes, from the executor's debug lines: how many, how many runs each, and how
-/// long each took (from the call to its return, waits for the writer included).
-pub(crate) fn drain_stages(log: &str) {
-    let field = |line: &str, name: &str| -> Option<f64> {
-        let at = line.find(&format!(" {name}="))? + name.len() + 2;
-        line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-    };
-    for (what, marker, size, took) in
-        [("claims by the intake", "claimed from the queue", "runs", "claim_us"), ("end writes", "ends recorded", "runs", "finish_us")]
-    {
-        let lines: Vec<&str> = log.lines().filter(|l| l.contains(marker)).collect();
-        let runs: f64 = lines.iter().filter_map(|l| field(l, size)).sum();
-        let mut us: Vec<i64> = lines.iter().filter_map(|l| field(l, took)).map(|v| v as i64).collect();
+/// The drain's writes, from the worker's internal events ([`Worker::internal_events`]): how
+/// many, how many runs each, and how long each took (from the call to its return, waits for the
+/// writer included), and where the time of a write of ends and claims went.
+pub(crate) fn drain_stages(events: &[InternalEvent]) {
+    let claims: Vec<(usize, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            InternalEvent::ClaimedFromQueue { runs, claim_us, .. } => Some((*runs, *claim_us)),
+            _ => None,
+        })
+        .collect();
+    let ends: Vec<(usize, usize, u64, Option<EndsWrite>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            InternalEvent::EndsRecorded { runs, claimed, finish_us, write, .. } => Some((*runs, *claimed, *finish_us, *write)),
+            _ => None,
+        })
+        .collect();
+    for (what, batches) in [("claims by the intake", claims.clone()), ("end writes", ends.iter().map(|e| (e.0, e.2)).collect::<Vec<_>>())] {
+        let runs: usize = batches.iter().map(|b| b.0).sum();
+        let mut us: Vec<u64> = batches.iter().map(|b| b.1).collect();
         us.sort_unstable();
         let p = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
         println!(
             "{what}: {} of {:.1} runs on average; each took p50 {} / p99 {} µs",
-            lines.len(),
-            runs / lines.len().max(1) as f64,
+            batches.len(),
+            runs as f64 / batches.len().max(1) as f64,
             p(0.5),
             p(0.99)
         );
     }
-    // The write of ends and claims: a transaction, statement by statement, or one statement.
-    let txs: Vec<&str> = log.lines().filter(|l| l.contains("ends and claims")).collect();
-    let mean = |name: &str| txs.iter().filter_map(|l| field(l, name)).sum::<f64>() / txs.len().max(1) as f64;
-    if txs.iter().any(|l| l.contains(" statement_us=")) {
+    // The write of ends and claims: one statement (or script), or a transaction statement by
+    // statement.
+    let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let one: Vec<_> = ends
+        .iter()
+        .filter_map(|e| match e.3 {
+            Some(EndsWrite::OneStatement { statement_us, writer_wait_us }) => Some((e.0, e.1, statement_us, writer_wait_us)),
+            _ => None,
+        })
+        .collect();
+    let tx: Vec<_> = ends
+        .iter()
+        .filter_map(|e| match e.3 {
+            Some(EndsWrite::Transaction { begin_us, ends_us, claim_us, commit_us }) => {
+                Some((e.0, e.1, begin_us, ends_us, claim_us, commit_us))
+            }
+            _ => None,
+        })
+        .collect();
+    if !one.is_empty() {
         println!(
             "a write of ends and claims, one statement: {:.1} ends and {:.1} claims, mean {:.0} µs",
-            mean("ends"),
-            mean("claimed"),
-            mean("statement_us")
+            mean(one.iter().map(|w| w.0 as f64).collect()),
+            mean(one.iter().map(|w| w.1 as f64).collect()),
+            mean(one.iter().map(|w| w.2 as f64).collect())
         );
         // SQLite's script: how much of it was the wait for the writing connection.
-        let scripts: Vec<f64> = log.lines().filter(|l| l.contains("ends-and-claims script")).filter_map(|l| field(l, "wait_us")).collect();
-        if !scripts.is_empty() {
-            println!("  of which the wait for the writer, mean {:.0} µs", scripts.iter().sum::<f64>() / scripts.len() as f64);
+        let waits: Vec<f64> = one.iter().filter_map(|w| w.3).map(|w| w as f64).collect();
+        if !waits.is_empty() {
+            println!("  of which the wait for the writer, mean {:.0} µs", mean(waits));
         }
-    } else {
+    }
+    if !tx.is_empty() {
         println!(
             "a transaction of ends and claims, mean µs: begin {:.0}, {:.1} ends {:.0}, lease, take and {:.1} claims {:.0}, commit {:.0}",
-            mean("begin_us"),
-            mean("ends"),
-            mean("ends_us"),
-            mean("claimed"),
-            mean("claim_us"),
-            mean("commit_us")
+            mean(tx.iter().map(|w| w.2 as f64).collect()),
+            mean(tx.iter().map(|w| w.0 as f64).collect()),
+            mean(tx.iter().map(|w| w.3 as f64).collect()),
+            mean(tx.iter().map(|w| w.1 as f64).collect()),
+            mean(tx.iter().map(|w| w.4 as f64).collect()),
+            mean(tx.iter().map(|w| w.5 as f64).collect())
         );
     }
-    let with_ends: Vec<f64> = log.lines().filter(|l| l.contains("ends recorded")).filter_map(|l| field(l, "claimed")).collect();
-    println!(
-        "runs claimed in the end writes: {:.0} ({:.1} a write)",
-        with_ends.iter().sum::<f64>(),
-        with_ends.iter().sum::<f64>() / with_ends.len().max(1) as f64
-    );
+    let claimed: usize = ends.iter().map(|e| e.1).sum();
+    println!("runs claimed in the end writes: {claimed} ({:.1} a write)", claimed as f64 / ends.len().max(1) as f64);
 }

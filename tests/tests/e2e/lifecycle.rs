@@ -25,6 +25,52 @@ fn a_job_fires_on_time_and_health_endpoints_answer() {
 }
 
 #[test]
+fn the_worker_writes_its_internal_events_for_each_tick_and_each_batch_of_ends() {
+    use lamplighter_jobs::events::InternalEvent;
+    let mut w = Worker::new(EVERY_SECOND);
+    let file = w.dir.path().join("events.jsonl");
+    w.args = vec!["--internal-events".into(), file.display().to_string()];
+    w.start();
+    w.wait_for("two succeeded cron runs", Duration::from_secs(10), |r| r.iter().filter(|r| r.status == "succeeded").count() >= 2);
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    let runs = w.runs();
+    let text = std::fs::read_to_string(&file).expect("the events file");
+    let events: Vec<InternalEvent> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect();
+    // Every tick that made a run was a burst of one, committed, its transaction's parts told.
+    let mut bursts: Vec<i64> = events
+        .iter()
+        .filter_map(|e| match e {
+            InternalEvent::TickBurst { ticks: 1, tick_ms, committed_us: Some(_), transaction: Some(tx), .. } if tx.total_us > 0 => {
+                Some(*tick_ms)
+            }
+            _ => None,
+        })
+        .collect();
+    bursts.sort_unstable();
+    let mut ticks: Vec<i64> = runs.iter().filter_map(|r| r.scheduled_at).collect();
+    ticks.sort_unstable();
+    assert_eq!(bursts, ticks, "one burst per tick that made a run:\n{text}");
+    // Every run that ended was in one batch of ends recorded.
+    let ended: usize = events.iter().map(|e| if let InternalEvent::EndsRecorded { runs, .. } = e { *runs } else { 0 }).sum();
+    let finished = runs.iter().filter(|r| !["queued", "running", "skipped"].contains(&r.status.as_str())).count();
+    assert_eq!(ended, finished, "each end recorded once, as the database has them:\n{text}");
+}
+
+#[test]
+fn an_internal_events_file_that_cannot_be_written_stops_the_start_and_says_where() {
+    let w = Worker::new(EVERY_SECOND);
+    let config = w.config_path();
+    let (code, _, err) = run_cli(
+        &["run", "--config", config.to_str().expect("utf-8 path"), "--internal-events", "/no/such/dir/events.jsonl"],
+        w.dir.path(),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot write internal events to /no/such/dir/events.jsonl"), "{err}");
+}
+
+#[test]
 fn a_restart_does_not_fire_a_tick_twice() {
     let mut w = Worker::new(EVERY_SECOND);
     for i in 0..3 {

@@ -153,6 +153,8 @@ pub(crate) struct Worker {
     log: PathBuf,
     /// Extra environment for the worker process.
     pub env: Vec<(String, String)>,
+    /// Extra arguments of `lamplighter run`.
+    pub args: Vec<String>,
 }
 
 impl Worker {
@@ -163,7 +165,7 @@ impl Worker {
         bin();
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None, env: Vec::new() };
+        let w = Worker { log: dir.path().join("worker.log"), dir, port, child: None, env: Vec::new(), args: Vec::new() };
         w.write_jobs(jobs_yaml);
         w
     }
@@ -217,7 +219,7 @@ impl Worker {
     pub(crate) fn start_until(&mut self, marker: &str) {
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"]).arg(self.config_path()).current_dir(self.dir.path()).env("RUST_LOG", "info").stdout(Stdio::null());
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v))).args(&self.args);
         let child = spawn_until(&mut cmd, &self.log, marker, Duration::from_secs(20)).unwrap_or_else(|e| panic!("worker not ready: {e}"));
         self.child = Some(child);
     }

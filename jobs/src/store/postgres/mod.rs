@@ -353,7 +353,7 @@ impl RunSql for PgStore {
             }
             // Without claims, the one row has no run.
             let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
-            Ok((done, tasks, claimed))
+            Ok((done, tasks, claimed, None))
         };
         Some(written.await)
     }

@@ -514,8 +514,8 @@ impl RunSql for SqliteStore {
             // (an error, or the caller giving up), and the transaction left open with it.
             let asked = std::time::Instant::now();
             let mut tx = WriteTx(Some(self.write.acquire().await?));
-            // For the queue bench: what of the write was the wait for the writer.
-            tracing::debug!(wait_us = asked.elapsed().as_micros() as u64, "ends-and-claims script");
+            // What of the write was the wait for the writer.
+            let writer_wait_us = asked.elapsed().as_micros() as u64;
             let rows = sqlx::query(sql!(SqliteStore, ends_and_claims_script()))
                 .bind(ends_payload(ends))
                 .bind(now)
@@ -543,7 +543,7 @@ impl RunSql for SqliteStore {
             if undecoded > 0 {
                 tracing::error!(tasks = undecoded, "queue tasks that do not name a run were taken and dropped");
             }
-            Ok((done, tasks, claimed))
+            Ok((done, tasks, claimed, Some(writer_wait_us)))
         };
         Some(written.await)
     }
