@@ -30,6 +30,7 @@ mod signals;
 mod snapshot;
 mod store;
 mod target;
+mod watch;
 mod workflow;
 
 pub use agent::{AgentRuntime, MAX_DELEGATION_DEPTH};
@@ -41,13 +42,14 @@ pub use manage::{Backfill, BackfillTick, JobChange, JobDeleted, JobRequest, JobS
 pub use run::{AgentUsage, CallKind, CallRecord, FollowUp, Outcome, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 pub use schedule::jitter_for;
 pub use service::{
-    AgentInfo, Approval, Changes, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobService, JobSummary,
+    AgentInfo, Approval, Decision, DecisionRequest, FireTime, Followed, JobDetail, JobOrigin, JobPage, JobService, JobSummary,
     ListingVersion, PluginView, RunBrief, RunDetail, RunFollower, RunPage, SchedulePreview, ServiceError, StepView, TriggerRequest,
     Triggered, WorkerStatus, WorkflowInfo,
 };
 pub use snapshot::{JobSnapshot, TargetRef};
 pub use store::{BackupError, RunFilter, StorageFault, StoreError, WorkerLease};
 pub use target::BuiltinTargets;
+pub use watch::{Interest, Watch};
 
 use lamplighter_config::{Config, Diagnostic, Disabled, Target};
 use lamplighter_plugins::Registry;

@@ -15,6 +15,7 @@ use crate::in_force::{InForce, JobsConfig};
 use crate::scheduler::Scheduler;
 use crate::signals::Signals;
 use crate::store::{Definitions, JobStates, Leases, Listings, Notices, Records, StorageKind, Ticks};
+use crate::watch::{Interest, Watch};
 use lamplighter_contract as wire;
 use lamplighter_contract::args::{MAX_CHAT_AGENTS, MAX_CHAT_ROUNDS};
 pub use lamplighter_contract::{
@@ -190,11 +191,11 @@ impl JobService {
         self.signal(Signal::DefinitionChanged(name.to_owned()));
     }
 
-    /// Tells when runs may have changed (created, started, finished, pruned), so a caller can
-    /// wait for a state of its runs without polling: take it, read, and wait for the next
-    /// change only if what was read is not there yet.
-    pub fn changes(&self) -> Changes {
-        Changes(self.signals.subscribe())
+    /// Tells when what `interest` names may have changed, so a caller can wait for a state
+    /// without polling: take it, read, and wait for the next change only if what was read is
+    /// not there yet (see [`Watch`]).
+    pub fn watch(&self, interest: Interest) -> Watch {
+        Watch::new(self.signals.subscribe(), interest)
     }
 
     pub(crate) fn job_or_err(&self, name: &str) -> Result<JobConfig, ServiceError> {
@@ -433,7 +434,7 @@ impl JobService {
         RunFollower {
             service: self.clone(),
             id: id.to_owned(),
-            signals: self.signals.subscribe(),
+            watch: self.watch(Interest::Run { id: id.to_owned(), progress: T::PROGRESS }),
             last: None,
             stale: true,
             done: false,
@@ -759,24 +760,6 @@ impl JobService {
     }
 }
 
-/// See [`JobService::changes`].
-#[derive(Debug)]
-pub struct Changes(crate::signals::Receiver);
-
-impl Changes {
-    /// Resolves at the next change (or never, once the engine has stopped).
-    pub async fn next(&mut self) {
-        if self.0.recv().await.is_none() {
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// Forgets the changes already signalled, for a caller about to read everything anew.
-    pub fn drain(&mut self) {
-        self.0.drain();
-    }
-}
-
 /// See [`JobService::listing_version`]. Equal versions: the same config (the same snapshot, not
 /// an equal one) and no change to what a listing shows in between.
 #[derive(Debug, Clone)]
@@ -886,7 +869,7 @@ impl Followed for RunDetail {
 pub struct RunFollower<T> {
     service: JobService,
     id: String,
-    signals: crate::signals::Receiver,
+    watch: Watch,
     /// What was last given, as JSON (a read that shows nothing new gives nothing).
     last: Option<String>,
     /// A signal came (or nothing was read yet) and no read has answered it.
@@ -905,17 +888,9 @@ impl<T: Followed> RunFollower<T> {
         }
         loop {
             if !self.stale {
-                loop {
-                    match self.signals.recv().await {
-                        Some(s) if self.concerns(&s) => break,
-                        Some(_) => {}
-                        // The engine stopped: nothing will change any more.
-                        None => std::future::pending::<()>().await,
-                    }
-                }
+                self.watch.changed().await;
                 self.stale = true;
             }
-            self.signals.drain();
             let reading = match T::read(&self.service, &self.id).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -931,15 +906,6 @@ impl<T: Followed> RunFollower<T> {
             self.last = text;
             self.done = reading.run().status.is_final();
             return Some(Ok(reading));
-        }
-    }
-
-    fn concerns(&self, s: &Signal) -> bool {
-        match s {
-            Signal::RunFinished(id) | Signal::CancelRequested { run: id, .. } => *id == self.id,
-            Signal::RunProgress(id) => T::PROGRESS && *id == self.id,
-            Signal::RunsChanged | Signal::Wake | Signal::Lagged => true,
-            Signal::JobChanged | Signal::TasksPushed | Signal::DefinitionChanged(_) => false,
         }
     }
 }

@@ -44,13 +44,13 @@ async fn until_runs(
     pred: impl Fn(&[lamplighter_contract::Run]) -> bool,
 ) -> Vec<lamplighter_contract::Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut changes = engine.service().changes();
+    let mut changes = engine.service().watch(lamplighter_jobs::Interest::Anything);
     loop {
         let r = runs_of(engine, job).await;
         if pred(&r) {
             return r;
         }
-        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
             panic!("timed out waiting for {what}; runs: {r:#?}");
         }
     }

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lamplighter_jobs::{JobService, ServiceError};
+use lamplighter_jobs::{Interest, JobService, ServiceError};
 use rmcp::ErrorData;
 use rmcp::model::{CacheScope, ReadResourceResult, Resource, ResourceContents, ResourceTemplate};
 use serde::Serialize;
@@ -147,8 +147,8 @@ where
     F: FnMut(Change) -> Fut,
     Fut: Future<Output = bool>,
 {
-    // Subscribed before the first read: a change between the read and the wait is not lost.
-    let mut changes = service.changes();
+    // Taken before the first read: a change between the read and the wait is not lost.
+    let mut changes = service.watch(Interest::Anything).at_most_every(AT_MOST_EVERY);
     let mut seen: HashMap<Uri, Option<String>> = HashMap::new();
     // Resources already final here are announced at once. The subscription was acknowledged
     // before this watch began, so the client may have read the resource before these reads; a
@@ -173,14 +173,8 @@ where
         tokio::select! {
             biased;
             () = &mut until => return,
-            () = changes.next() => {}
+            () = changes.changed() => {}
         }
-        tokio::select! {
-            biased;
-            () = &mut until => return,
-            () = tokio::time::sleep(AT_MOST_EVERY) => {}
-        }
-        changes.drain();
         for uri in &uris {
             let now = contents(service, uri).await.ok().map(|(text, _)| text);
             if seen.get(uri) != Some(&now) {

@@ -72,13 +72,13 @@ pub async fn runs(engine: &Engine) -> Vec<Run> {
 pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     // Subscribed before the first read: a change after it is never missed.
-    let mut changes = engine.service().changes();
+    let mut changes = engine.service().watch(lamplighter_jobs::Interest::Anything);
     loop {
         let r = runs(engine).await;
         if pred(&r) {
             return r;
         }
-        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
             panic!("timed out waiting for {what}; runs: {r:#?}");
         }
     }
@@ -91,13 +91,13 @@ pub fn finished(runs: &[Run]) -> bool {
 /// Waits (up to 20 s of real time) until the run satisfies `pred`, reading it at each change.
 pub async fn until_run(engine: &Engine, id: &str, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut changes = engine.service().changes();
+    let mut changes = engine.service().watch(lamplighter_jobs::Interest::Anything);
     loop {
         let run = engine.service().get_run(id).await.expect("run");
         if pred(&run) {
             return run;
         }
-        if tokio::time::timeout_at(deadline, changes.next()).await.is_err() {
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
             panic!("timed out waiting for {what}; run: {run:#?}");
         }
     }

@@ -62,10 +62,8 @@ fn the_worker_writes_its_internal_events_for_each_tick_and_each_batch_of_ends() 
 fn an_internal_events_file_that_cannot_be_written_stops_the_start_and_says_where() {
     let w = Worker::new(EVERY_SECOND);
     let config = w.config_path();
-    let (code, _, err) = run_cli(
-        &["run", "--config", config.to_str().expect("utf-8 path"), "--internal-events", "/no/such/dir/events.jsonl"],
-        w.dir.path(),
-    );
+    let (code, _, err) =
+        run_cli(&["run", "--config", config.to_str().expect("utf-8 path"), "--internal-events", "/no/such/dir/events.jsonl"], w.dir.path());
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot write internal events to /no/such/dir/events.jsonl"), "{err}");
 }
