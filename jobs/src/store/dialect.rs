@@ -188,8 +188,8 @@ pub(crate) enum Locked {
 }
 
 /// The words the dialects spell differently, for statements written once. In the text:
-/// `{greatest}`, `{lock}`, `{undispatched}`, `{notification_seq}`, `{in $n}` (and the statuses, `{Queued}`,
-/// `{step:Running}`).
+/// `{greatest}`, `{lock}`, `{undispatched}`, `{notification_seq}`, `{by_id}`, `{in $n}`,
+/// `{rows $n AS j(col type, …)}` (and the statuses, `{Queued}`, `{step:Running}`).
 pub(crate) struct Spelling {
     /// `{greatest}(a, b)`: the larger of two values.
     pub(crate) greatest: &'static str,
@@ -200,6 +200,15 @@ pub(crate) struct Spelling {
     pub(crate) undispatched: &'static str,
     /// `{in $n}`: membership in the list bound at `$n` ([`Arg::Texts`]).
     pub(crate) in_list: fn(&str) -> String,
+    /// `{rows $n AS j(col type, …)}`, after `FROM`: the rows of the JSON array of objects
+    /// bound at `$n` (text, [`rows_payload`]) as a table `j` with those columns (`type`: `text`,
+    /// `bigint` or `bool`; a key an object lacks reads as NULL). Arguments: the parameter, the
+    /// alias, the columns.
+    pub(crate) rows: fn(&str, &str, &[(&str, &str)]) -> String,
+    /// `{by_id}`, before a condition on `status` in a statement that finds runs by a batch of
+    /// ids: keeps the planner on the primary key where it would take the status index (see
+    /// `finish_runs`).
+    pub(crate) by_id: &'static str,
     /// `{lease_live}`, inside a condition on `ll_workers w`: `w`'s lease has not run out, on
     /// the clock leases are measured by. Empty where a backend serves one worker (a file lock
     /// keeps every other process out, so its lease cannot be taken over).
@@ -248,13 +257,29 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
         .replace("{greatest}", s.greatest)
         .replace("{lock}", s.lock)
         .replace("{undispatched}", s.undispatched)
-        .replace("{notification_seq}", s.notification_seq);
+        .replace("{notification_seq}", s.notification_seq)
+        .replace("{by_id}", s.by_id);
+    while let Some(start) = out.find("{rows $") {
+        let Some(len) = out[start..].find(")}") else { break };
+        let spec = &out[start + 6..start + len];
+        let (param, rest) = spec.split_once(" AS ").unwrap_or_else(|| panic!("{{rows}} without AS: {spec}"));
+        let (alias, cols) = rest.split_once('(').unwrap_or_else(|| panic!("{{rows}} without columns: {spec}"));
+        let cols: Vec<(&str, &str)> =
+            cols.split(',').map(|c| c.trim().split_once(' ').unwrap_or_else(|| panic!("{{rows}} column without a type: {c}"))).collect();
+        let rows = (s.rows)(param.trim(), alias.trim(), &cols);
+        out.replace_range(start..start + len + 2, &rows);
+    }
     while let Some(start) = out.find("{in $") {
         let Some(len) = out[start..].find('}') else { break };
         let list = (s.in_list)(&out[start + 4..start + len]);
         out.replace_range(start..=start + len, &list);
     }
     numbered(&out, s)
+}
+
+/// A JSON array of objects, as `{rows $n AS …}` reads it.
+pub(crate) fn rows_payload(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
+    serde_json::Value::Array(rows.into_iter().collect()).to_string()
 }
 
 /// `{held}`: the run (`ll_runs`) is its worker's under a live lease of the epoch it was
@@ -327,12 +352,6 @@ pub(crate) trait RunSql: Dialect {
     /// Records tick keys `(job, scheduled instant, run id)`; returns the run ids whose key was
     /// new. Of two writers recording one key, the second finds it taken.
     fn record_ticks(c: &mut Self::Conn, keys: Vec<(&str, i64, &str)>) -> impl Fut<HashSet<String>>;
-    /// Records the ends of runs still `running`; returns their ids.
-    /// Returns each run it ended with the status it took: the one asked for, or `cancelled`
-    /// when a cancel was asked for meanwhile and the run had not succeeded.
-    fn finish_runs(c: &mut Self::Conn, ends: &[RunEnd<'_>], now: i64) -> impl Fut<Vec<(String, RunStatus)>>;
-    /// Closes the open (running or waiting) steps of runs: `(run id, the status they take)`.
-    fn close_steps(c: &mut Self::Conn, ends: &[(&str, StepStatus)], now: i64) -> impl Fut<()>;
     /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
     /// `ends`, then the lease check, take and claim of up to `n` runs for `worker` that
     /// [`super::Ends::claim_queued`] makes — each ended run with the status it took, the
@@ -563,6 +582,11 @@ mod tests {
         lock: "LOCKED",
         undispatched: "UNDISPATCHED",
         in_list: |p| format!("IN LIST({p})"),
+        rows: |p, alias, cols| {
+            let cols: Vec<String> = cols.iter().map(|(c, t)| format!("{c}:{t}")).collect();
+            format!("ROWS({p}) {alias}[{}]", cols.join(" "))
+        },
+        by_id: "BY_ID ",
         lease_live: "LIVE",
         notification_seq: "SEQ",
         param: '?',
@@ -577,6 +601,10 @@ mod tests {
             "SELECT id FROM ll_runs UNDISPATCHED WHERE status = 'queued' AND job IN LIST(?1) AND n = GREATEST(a, ?2) LOCKED"
         );
         assert_eq!(render("ORDER BY {notification_seq}", &ODD), "ORDER BY SEQ");
+        assert_eq!(
+            render("UPDATE t SET a = j.a FROM {rows $1 AS j(id text, a bigint)} WHERE {by_id}t.id = j.id AND n = $2", &ODD),
+            "UPDATE t SET a = j.a FROM ROWS(?1) j[id:text a:bigint] WHERE BY_ID t.id = j.id AND n = ?2"
+        );
         assert_eq!(render("a = $1", &PLAIN), "a = $1");
     }
 

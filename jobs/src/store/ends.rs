@@ -77,7 +77,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         // Only a batch with steps to close needs a transaction around both statements (a run
         // ended `cancelled` instead, its cancel asked for meanwhile, has its steps closed after).
         if !ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded) {
-            let done = D::finish_runs(&mut *self.writer().await?, ends, ms(now)).await?;
+            let done = finish_runs::<D>(&mut *self.writer().await?, ends, ms(now)).await?;
             let cancelled: Vec<(&str, RunStatus)> =
                 done.iter().filter(|(_, s)| *s == RunStatus::Cancelled).map(|(id, s)| (id.as_str(), *s)).collect();
             if !cancelled.is_empty() {
@@ -86,7 +86,7 @@ impl<D: RunSql + QueueSql> Ends for D {
             return Ok(as_asked(&done));
         }
         let mut tx = self.begin().await?;
-        let done = D::finish_runs(&mut tx, ends, ms(now)).await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         D::commit(tx).await?;
@@ -118,7 +118,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         };
         let mut tx = self.begin().await?;
         let begin_us = split();
-        let done = D::finish_runs(&mut tx, ends, ms(now)).await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();

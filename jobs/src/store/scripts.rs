@@ -6,14 +6,15 @@
 //! it calls the dialect.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
+use super::dialect::{Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, rows_payload, run_cols, run_from_row, sql, values};
 use super::{Dispatch, Handed, NewRun, RulesOf, RunEnd, StoreError, StoredJob, Taken, from_ms, ms};
 use crate::decide::notify_on_wait;
 use crate::notify::{self, NewNotification};
-use crate::run::{Run, RunStatus, StepStatus};
+use crate::run::{Run, RunStatus};
 
 /// Rows per multi-row statement: 22 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
@@ -99,12 +100,66 @@ pub(super) async fn insert_runs<D: Dialect>(
 
 /// Closes the steps still open (running or waiting) of runs that ended without succeeding
 /// ([`super::steps_closed_by`]). `ends`: (run id, run status).
-pub(super) async fn close_steps<D: RunSql>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
-    let ends: Vec<(&str, StepStatus)> = ends.iter().filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| (*id, step))).collect();
-    if ends.is_empty() {
+pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
+    let rows: Vec<serde_json::Value> = ends
+        .iter()
+        .filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| serde_json::json!({"id": id, "status": step.as_str()})))
+        .collect();
+    if rows.is_empty() {
         return Ok(());
     }
-    D::close_steps(c, &ends, ms(now)).await
+    let q = Stmt::new(
+        sql!(
+            D,
+            "UPDATE ll_steps SET status = j.status, finished_at = $2
+                 FROM {rows $1 AS j(id text, status text)}
+                 WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
+        ),
+        "closing the steps of ended runs",
+    );
+    D::execute(c, q.bind(rows_payload(rows)).bind(ms(now))).await?;
+    Ok(())
+}
+
+/// The end of runs still `running` and held by their worker ([`RunEnd`]s bound at `$1` by
+/// [`ends_payload`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
+/// a success into `cancelled` (`{cancel_wins}`, [`crate::decide::end_with_cancel`]); `{held}`
+/// refuses the end of an attempt whose lease or epoch is gone (the fence). Without its
+/// `RETURNING`: the backends' one-statement writes of ends and claims build on it.
+pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
+        output = j.output,
+        error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
+        finished_at = CASE WHEN j.finished OR {cancel_wins} THEN $2 END,
+        wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
+        started_at = coalesce(j.started_at, ll_runs.started_at),
+        trace_id = coalesce(j.trace_id, ll_runs.trace_id),
+        next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
+    FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool)}
+    WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";
+
+/// The ends as [`FINISH_RUNS`] reads them.
+pub(super) fn ends_payload(ends: &[RunEnd<'_>]) -> String {
+    rows_payload(ends.iter().map(|e| {
+        serde_json::json!({
+            "id": e.id, "started_at": e.started_at.map(ms), "status": e.status.as_str(),
+            "output": e.output.map(|o| o.to_string()), "error": e.error,
+            "finished": e.status.is_final(), "wait_until": e.wait_until.map(ms), "trace_id": e.trace_id,
+            "last": e.last,
+        })
+    }))
+}
+
+/// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with
+/// the status it took: the one asked for, or `cancelled` when a cancel was asked for meanwhile
+/// and the run had not succeeded.
+pub(super) async fn finish_runs<D: Dialect>(
+    c: &mut D::Conn,
+    ends: &[RunEnd<'_>],
+    now: i64,
+) -> Result<Vec<(String, RunStatus)>, StoreError> {
+    let q = Stmt::new(sql!(D, format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status")), "finishing runs");
+    let rows = D::fetch_all(c, q.bind(ends_payload(ends)).bind(now)).await?;
+    Ok(rows.iter().map(|r| (r.text("id"), RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed))).collect())
 }
 
 /// Claims `ids` for `worker` under its lease's `epoch` (see [`RunSql::claim`]).

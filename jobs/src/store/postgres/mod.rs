@@ -31,8 +31,9 @@ use super::dialect::{
     Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, job_state_from_row,
     record_for, run_cols, sql,
 };
-use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief, ms};
-use crate::run::{RunStatus, StepStatus};
+use super::scripts::{FINISH_RUNS, ends_payload};
+use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
+use crate::run::RunStatus;
 
 record_for!(PgRow);
 
@@ -42,6 +43,11 @@ pub(super) const SPELLING: Spelling = Spelling {
     lock: "FOR UPDATE",
     undispatched: "",
     in_list: |param| format!("= ANY({param})"),
+    rows: |param, alias, cols| {
+        let cols: Vec<String> = cols.iter().map(|(c, t)| format!("{c} {t}")).collect();
+        format!("json_to_recordset({param}::json) AS {alias}({})", cols.join(", "))
+    },
+    by_id: "",
     lease_live: "AND w.lease_until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
     // A serial column (migration 0009).
     notification_seq: "seq",
@@ -50,39 +56,6 @@ pub(super) const SPELLING: Spelling = Spelling {
 
 /// The server's clock, in Unix milliseconds (leases are measured on it).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
-/// The ends of runs still `running` (bound by [`bind_ends`]); returns each run ended with the
-/// status it took: the one asked for, or `cancelled` when a cancel was asked for meanwhile and
-/// the run had not succeeded.
-const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
-                    output = j.output,
-                    error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
-                    finished_at = CASE WHEN j.finished OR {cancel_wins} THEN $8 END,
-                    wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
-                    started_at = coalesce(j.started_at, ll_runs.started_at),
-                    trace_id = coalesce(j.trace_id, ll_runs.trace_id),
-                    next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
- FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bigint[], $9::text[], $10::bool[])
-      AS j(id, started_at, status, output, error, finished, wait_until, trace_id, last)
- WHERE ll_runs.id = j.id AND ll_runs.status = {Running} AND {held} RETURNING ll_runs.id, ll_runs.status";
-
-/// Binds `ends` and the time as [`FINISH_RUNS`] reads them ($1–$10).
-fn bind_ends<'q>(
-    q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    ends: &'q [RunEnd<'_>],
-    now: i64,
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    q.bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.started_at.map(ms)).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.status.as_str()).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.output.map(|o| o.to_string())).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.error).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.status.is_final()).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.wait_until.map(ms)).collect::<Vec<_>>())
-        .bind(now)
-        .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.last).collect::<Vec<_>>())
-}
 
 /// The claim of [`RunSql::claim`], as text: the queued runs among those `which` selects
 /// (a condition on `id`) are locked in id order (`skip`: `SKIP LOCKED` or empty) and become
@@ -272,30 +245,10 @@ impl RunSql for PgStore {
         Ok(fresh.into_iter().collect())
     }
 
-    async fn finish_runs(c: &mut PgConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
-        let rows = bind_ends(sqlx::query(sql!(PgStore, FINISH_RUNS)), ends, now).fetch_all(c).await.ctx("finishing runs")?;
-        Ok(rows.iter().map(|r| (r.text("id"), RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed))).collect())
-    }
-
-    async fn close_steps(c: &mut PgConnection, ends: &[(&str, StepStatus)], now: i64) -> Result<(), StoreError> {
-        sqlx::query(sql!(
-            "UPDATE ll_steps SET status = j.status, finished_at = $3
-                 FROM unnest($1::text[], $2::text[]) AS j(id, status)
-                 WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
-        ))
-        .bind(ends.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-        .bind(ends.iter().map(|(_, s)| s.as_str()).collect::<Vec<_>>())
-        .bind(now)
-        .execute(c)
-        .await
-        .ctx("closing the steps of ended runs")?;
-        Ok(())
-    }
-
     /// One statement, its own transaction, so one round trip: in `cargo bench … postgres --
     /// drain` the six statements of the script's transaction (`BEGIN`, ends, lease, take,
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
-    /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`], the
+    /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the
     /// open steps of runs that did not succeed closed ([`super::steps_closed_by`]), the lease
     /// read live, the take's pick (`queue::pick`, only under a live lease) and [`claim_sql`]. Data-modifying CTEs
     /// all run to completion, on one snapshot; the ended runs are running and the claimed ones
@@ -311,11 +264,11 @@ impl RunSql for PgStore {
         let sql = sql!(
             PgStore,
             format!(
-                "WITH ended AS ({FINISH_RUNS}),
-                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $8
+                "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status),
+                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                             FROM ended e
                             WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
-                 lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $11 {{lease_live}}),
+                 lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  picked AS MATERIALIZED ({pick}),
                  taken AS (DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING {run_id} AS run_id),
                  claimed AS ({claim})
@@ -326,13 +279,15 @@ impl RunSql for PgStore {
                              (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
                      LEFT JOIN claimed c ON true",
                 closing = steps_closed_as("e.status"),
-                pick = queue::pick("$12", "$13", "AND EXISTS (SELECT 1 FROM lease)"),
+                pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
-                claim = claim_sql("id IN (SELECT run_id FROM taken)", "", "$11", "$8", "(SELECT epoch FROM lease)"),
+                claim = claim_sql("id IN (SELECT run_id FROM taken)", "", "$3", "$2", "(SELECT epoch FROM lease)"),
             )
         );
         let written = async {
-            let rows = bind_ends(sqlx::query(sql), ends, now)
+            let rows = sqlx::query(sql)
+                .bind(ends_payload(ends))
+                .bind(now)
                 .bind(worker)
                 .bind(super::QUEUE)
                 .bind(n.max(1) as i64)

@@ -21,10 +21,11 @@ use sqlx::sqlite::{
 use super::dialect::{
     Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, record_for, run_cols, sql,
 };
+use super::scripts::{FINISH_RUNS, ends_payload};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
-use crate::run::{RunStatus, StepStatus};
+use crate::run::RunStatus;
 use crate::signals::Local;
 
 /// How SQLite spells what the dialects spell differently.
@@ -38,6 +39,14 @@ pub(super) const SPELLING: Spelling = Spelling {
     // lie inside it.
     undispatched: "INDEXED BY ll_runs_undispatched",
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
+    rows: |param, alias, cols| {
+        let cols: Vec<String> = cols.iter().map(|(c, _)| format!("value ->> '{c}' AS {c}")).collect();
+        format!("(SELECT {} FROM json_each({param})) AS {alias}", cols.join(", "))
+    },
+    // `+status`: the planner drives such a statement from the batch and finds each run by id
+    // (driven from the status index, the batch was scanned once per running run: seconds for a
+    // thousand ends).
+    by_id: "+",
     // The file lock keeps every other worker out: nobody can take this one's runs over.
     lease_live: "",
     // The table's own: a new row takes one larger than every row there.
@@ -461,34 +470,6 @@ impl RunSql for SqliteStore {
         Ok(fresh)
     }
 
-    /// `+ll_runs.status` keeps the planner off the status index: it must drive the update
-    /// from the batch and find each run by id (driven from the status index, the batch was
-    /// scanned once per running run: seconds for a thousand ends).
-    async fn finish_runs(c: &mut SqliteConnection, ends: &[RunEnd<'_>], now: i64) -> Result<Vec<(String, RunStatus)>, StoreError> {
-        let rows: Vec<(String, String)> = sqlx::query_as(sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status")))
-            .bind(ends_payload(ends))
-            .bind(now)
-            .fetch_all(c)
-            .await
-            .ctx("finishing runs")?;
-        Ok(rows.into_iter().map(|(id, status)| (id, RunStatus::from_str(&status).unwrap_or(RunStatus::Failed))).collect())
-    }
-
-    async fn close_steps(c: &mut SqliteConnection, ends: &[(&str, StepStatus)], now: i64) -> Result<(), StoreError> {
-        let ends: Vec<serde_json::Value> = ends.iter().map(|(id, s)| serde_json::json!({"id": id, "status": s.as_str()})).collect();
-        sqlx::query(sql!(
-            "UPDATE ll_steps SET status = j.status, finished_at = ?2
-                 FROM (SELECT value ->> 'id' AS id, value ->> 'status' AS status FROM json_each(?1)) AS j
-                 WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
-        ))
-        .bind(serde_json::Value::from(ends).to_string())
-        .bind(now)
-        .execute(c)
-        .await
-        .ctx("closing the steps of ended runs")?;
-        Ok(())
-    }
-
     /// A batch whose ends all succeeded (the rule: a drain's, a burst's) is one script
     /// ([`ends_and_claims_script`]), one round trip to the connection's thread. The six of the
     /// transaction it replaces (`BEGIN`, ends, lease, take, claim, `COMMIT`) were a third of a
@@ -826,42 +807,8 @@ fn claim_from_queue() -> String {
     )
 }
 
-/// Ends `?1` (a JSON array, [`ends_payload`]) of runs still `running` and this worker's, at
-/// `?2`: a cancel asked for meanwhile turns an end that is not a success into `cancelled`.
-/// `{held}` is only the epoch here (one worker per file): a run claimed by an earlier process
-/// is never finished by this one. (`+ll_runs.status`: see `finish_runs`.)
-const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
-                            output = j.output,
-                            error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
-                            finished_at = CASE WHEN j.finished OR {cancel_wins} THEN ?2 END,
-                            wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
-                            started_at = coalesce(j.started_at, ll_runs.started_at),
-                            trace_id = coalesce(j.trace_id, ll_runs.trace_id),
-                            next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
-         FROM (SELECT value ->> 'id' AS id, value ->> 'started_at' AS started_at, value ->> 'status' AS status,
-                      value ->> 'output' AS output, value ->> 'error' AS error, value ->> 'finished' AS finished,
-                      value ->> 'wait_until' AS wait_until, value ->> 'trace_id' AS trace_id, value ->> 'last' AS last
-               FROM json_each(?1)) AS j
-         WHERE ll_runs.id = j.id AND +ll_runs.status = {Running} AND {held}";
-
-/// The ends as [`FINISH_RUNS`] reads them.
-fn ends_payload(ends: &[RunEnd<'_>]) -> String {
-    let payload: Vec<serde_json::Value> = ends
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "id": e.id, "started_at": e.started_at.map(super::ms), "status": e.status.as_str(),
-                "output": e.output.map(|o| o.to_string()), "error": e.error,
-                "finished": e.status.is_final(), "wait_until": e.wait_until.map(super::ms), "trace_id": e.trace_id,
-                "last": e.last,
-            })
-        })
-        .collect();
-    serde_json::Value::from(payload).to_string()
-}
-
 /// Ends that all succeeded and the claims that take their slots, as one script: `BEGIN`,
-/// [`FINISH_RUNS`], the claim of the runs the first `?5` tasks of queue `?4` name, the take of
+/// [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the claim of the runs the first `?5` tasks of queue `?4` name, the take of
 /// those tasks, `COMMIT`. Each part answers rows marked with its name (`part`). One round trip
 /// to the connection's thread where the transaction of statements took six; see
 /// [`SqliteStore::ends_and_claims_at_once`].
