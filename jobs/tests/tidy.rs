@@ -93,3 +93,26 @@ fn the_worker_starts_processes_in_one_module() {
     assert!(seen_in_module, "the check no longer sees the module that starts processes");
     assert_eq!(found, Vec::<String>::new(), "processes started outside {}", the_module.display());
 }
+
+/// Metrics, spans and hook calls are made in `events.rs` only: the rest of the engine tells the
+/// `Observer` what happened (and carries a span's context along with `with_context`). Log
+/// lines are written where they happen; the stages that tests and benches read are typed
+/// internal events (`InternalEvent`), never log text.
+#[test]
+fn metrics_spans_and_hooks_are_made_in_events_only() {
+    let src = workspace().join("jobs/src");
+    let events = src.join("events.rs");
+    let makers = ["opentelemetry::metrics", "opentelemetry::trace", "KeyValue", "BoxedTracer", "run_hooks", "span_builder"];
+    let mut found = Vec::new();
+    let mut seen_in_events = 0;
+    for (path, text) in sources(&src) {
+        let made: Vec<&str> = makers.iter().copied().filter(|w| has_word(&text, w)).collect();
+        if path == events {
+            seen_in_events = made.len();
+        } else if !made.is_empty() {
+            found.push(format!("{}: {}", path.display(), made.join(", ")));
+        }
+    }
+    assert!(seen_in_events >= 4, "the check no longer sees what events.rs makes them with");
+    assert_eq!(found, Vec::<String>::new(), "metrics, spans or hooks made outside events.rs");
+}

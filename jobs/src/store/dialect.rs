@@ -205,6 +205,12 @@ pub(crate) struct Spelling {
     /// `bigint` or `bool`; a key an object lacks reads as NULL). Arguments: the parameter, the
     /// alias, the columns.
     pub(crate) rows: fn(&str, &str, &[(&str, &str)]) -> String,
+    /// How a claim picks its runs among those `which` selects (a condition on `ll_runs`' `id`)
+    /// that are still queued: `(before, from, condition)` — what comes before its `UPDATE`,
+    /// after its `SET`, and as its `WHERE`. `skip`: leave runs another transaction holds. What
+    /// differs is the locking: PostgreSQL locks the rows in id order first (several workers
+    /// claim at once); SQLite's one writer needs none.
+    pub(crate) claim_pick: fn(&str, bool) -> (String, String, String),
     /// `{by_id}`, before a condition on `status` in a statement that finds runs by a batch of
     /// ids: keeps the planner on the primary key where it would take the status index (see
     /// `finish_runs`).
@@ -366,10 +372,6 @@ pub(crate) trait RunSql: Dialect {
     ) -> impl Future<Output = Option<Result<EndsAndClaims<Self::Row>, StoreError>>> + Send {
         async { None }
     }
-    /// Claims the runs of `ids` still queued for `worker`, under its lease's `epoch` (the
-    /// caller read it live in this transaction); rows: `job_snapshot`, `resumed` and
-    /// [`run_cols`]. The guard that makes a run execute at most once.
-    fn claim(c: &mut Self::Conn, ids: &[String], worker: &str, epoch: i64, now: i64, locked: Locked) -> impl Fut<Vec<Self::Row>>;
     /// Marks the runs of `ids` still queued and not handed over as handed to the queue;
     /// returns those it marked.
     fn mark_dispatched(c: &mut Self::Conn, ids: &[String], now: i64) -> impl Fut<Vec<String>>;
@@ -587,6 +589,7 @@ mod tests {
             format!("ROWS({p}) {alias}[{}]", cols.join(" "))
         },
         by_id: "BY_ID ",
+        claim_pick: |which, skip| (format!("PICK({which}, {skip})"), String::new(), "PICKED".into()),
         lease_live: "LIVE",
         notification_seq: "SEQ",
         param: '?',

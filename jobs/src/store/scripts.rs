@@ -162,8 +162,26 @@ pub(super) async fn finish_runs<D: Dialect>(
     Ok(rows.iter().map(|r| (r.text("id"), RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed))).collect())
 }
 
-/// Claims `ids` for `worker` under its lease's `epoch` (see [`RunSql::claim`]).
-pub(super) async fn claim<D: RunSql>(
+/// The claim, as text for the dialect spelled `s`: the runs among those `which` selects (a
+/// condition on `id`) that are still queued become `worker`'s, started at `now` unless a start
+/// is recorded (a resumed run keeps its first), dispatched, under `epoch` (each an
+/// expression); rows: `job_snapshot`, `resumed` and [`run_cols`]. A run no longer queued
+/// (cancelled, or already taken) is left out: the guard that makes a run execute at most
+/// once. How the runs are picked and locked is the dialect's ([`Spelling::claim_pick`]).
+pub(super) fn claim_sql(s: &super::dialect::Spelling, which: &str, skip: bool, worker: &str, now: &str, epoch: &str) -> String {
+    let (before, from, picked) = (s.claim_pick)(which, skip);
+    format!(
+        "{before} UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
+             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}
+         {from} WHERE {picked}
+         RETURNING job_snapshot, started_at < {now} AS resumed, {cols}",
+        cols = run_cols!()
+    )
+}
+
+/// Claims the runs of `ids` still queued for `worker`, under its lease's `epoch` (the caller
+/// read it live in this transaction). `locked`: what to do with runs another transaction holds.
+pub(super) async fn claim<D: Dialect>(
     c: &mut D::Conn,
     ids: &[String],
     worker: &str,
@@ -174,7 +192,12 @@ pub(super) async fn claim<D: RunSql>(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(D::claim(c, ids, worker, epoch, ms(now), locked).await?.iter().map(handed_from_row).collect())
+    let sql = match locked {
+        Locked::Skip => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", true, "$2", "$3", "$4")),
+        Locked::Wait => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", false, "$2", "$3", "$4")),
+    };
+    let q = Stmt::new(sql, "claiming runs").bind_list(ids.iter().map(String::as_str)).bind(worker).bind(ms(now)).bind(epoch);
+    Ok(D::fetch_all(c, q).await?.iter().map(handed_from_row).collect())
 }
 
 /// Takes up to `n` tasks and claims their runs for `worker`, in the caller's transaction.

@@ -28,10 +28,10 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{
-    Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, job_state_from_row,
-    record_for, run_cols, sql,
+    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, job_state_from_row, record_for,
+    run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, ends_payload};
+use super::scripts::{FINISH_RUNS, claim_sql, ends_payload};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -48,6 +48,18 @@ pub(super) const SPELLING: Spelling = Spelling {
         format!("json_to_recordset({param}::json) AS {alias}({})", cols.join(", "))
     },
     by_id: "",
+    // Several workers claim at once: the runs are locked in id order first (so two claims
+    // never wait on each other crosswise), and a claim that may skip leaves the locked ones.
+    claim_pick: |which, skip| {
+        let skip = if skip { "SKIP LOCKED" } else { "" };
+        (
+            format!(
+                "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE {which} AND (status = {{Queued}}) IS TRUE ORDER BY id FOR UPDATE {skip})"
+            ),
+            "FROM picked".into(),
+            "ll_runs.id = picked.pick".into(),
+        )
+    },
     lease_live: "AND w.lease_until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
     // A serial column (migration 0009).
     notification_seq: "seq",
@@ -56,21 +68,6 @@ pub(super) const SPELLING: Spelling = Spelling {
 
 /// The server's clock, in Unix milliseconds (leases are measured on it).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
-/// The claim of [`RunSql::claim`], as text: the queued runs among those `which` selects
-/// (a condition on `id`) are locked in id order (`skip`: `SKIP LOCKED` or empty) and become
-/// `worker`'s, started at `now`, under `epoch` (each an expression); rows: `job_snapshot`,
-/// `resumed` and [`run_cols`]. The guard that makes a run execute at most once.
-fn claim_sql(which: &str, skip: &str, worker: &str, now: &str, epoch: &str) -> String {
-    format!(
-        "WITH picked AS MATERIALIZED (SELECT id AS pick FROM ll_runs WHERE {which} AND (status = {{Queued}}) IS TRUE ORDER BY id FOR UPDATE {skip})
-         UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
-             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}
-         FROM picked WHERE ll_runs.id = picked.pick
-         RETURNING job_snapshot, started_at < {now} AS resumed, {cols}",
-        cols = run_cols!()
-    )
-}
 
 /// What the open steps of a run whose status is `status` (an expression) become, as
 /// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
@@ -281,7 +278,7 @@ impl RunSql for PgStore {
                 closing = steps_closed_as("e.status"),
                 pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
-                claim = claim_sql("id IN (SELECT run_id FROM taken)", "", "$3", "$2", "(SELECT epoch FROM lease)"),
+                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
             )
         );
         let written = async {
@@ -318,23 +315,7 @@ impl RunSql for PgStore {
     /// index. With statistics from before a burst it took 50,000 queued rows from that index to
     /// AND them with the batch's ids (0.8 ms of each claim, seen with `auto_explain` in `cargo
     /// bench … postgres -- drain`).
-    async fn claim(
-        c: &mut PgConnection,
-        ids: &[String],
-        worker: &str,
-        epoch: i64,
-        now: i64,
-        locked: Locked,
-    ) -> Result<Vec<PgRow>, StoreError> {
-        let sql = if locked == Locked::Skip {
-            sql!(PgStore, claim_sql("id = ANY($1)", "SKIP LOCKED", "$2", "$3", "$4"))
-        } else {
-            sql!(PgStore, claim_sql("id = ANY($1)", "", "$2", "$3", "$4"))
-        };
-        sqlx::query(sql).bind(ids).bind(worker).bind(now).bind(epoch).fetch_all(c).await.ctx("claiming runs")
-    }
-
-    /// By the primary key alone, as [`RunSql::claim`] (the undispatched index, driven by
+    /// By the primary key alone, as a claim (the undispatched index, driven by
     /// stale statistics, was read whole: 7 ms a batch).
     async fn mark_dispatched(c: &mut PgConnection, ids: &[String], now: i64) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar(sql!(

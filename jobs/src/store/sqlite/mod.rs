@@ -19,9 +19,9 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::{
-    Arg, Dialect, EndsAndClaims, LeaseSql, Locked, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, record_for, run_cols, sql,
+    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, record_for, run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, ends_payload};
+use super::scripts::{FINISH_RUNS, claim_sql, ends_payload};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -47,6 +47,9 @@ pub(super) const SPELLING: Spelling = Spelling {
     // (driven from the status index, the batch was scanned once per running run: seconds for a
     // thousand ends).
     by_id: "+",
+    // One connection writes: nothing to lock. `+status`: as `by_id` (on the status index a
+    // claim walked every queued run: 7 ms per claim with 50,000 queued).
+    claim_pick: |which, _| (String::new(), String::new(), format!("{which} AND +status = {{Queued}}")),
     // The file lock keeps every other worker out: nobody can take this one's runs over.
     lease_live: "",
     // The table's own: a new row takes one larger than every row there.
@@ -529,24 +532,6 @@ impl RunSql for SqliteStore {
         Some(written.await)
     }
 
-    async fn claim(
-        c: &mut SqliteConnection,
-        ids: &[String],
-        worker: &str,
-        epoch: i64,
-        now: i64,
-        _: Locked,
-    ) -> Result<Vec<SqliteRow>, StoreError> {
-        sqlx::query(sql!(CLAIM.as_str()))
-            .bind(json_list(ids.iter().map(String::as_str)))
-            .bind(worker)
-            .bind(now)
-            .bind(epoch)
-            .fetch_all(c)
-            .await
-            .ctx("claiming runs")
-    }
-
     async fn mark_dispatched(c: &mut SqliteConnection, ids: &[String], now: i64) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar(sql!(MARK_DISPATCHED))
             .bind(json_list(ids.iter().map(String::as_str)))
@@ -772,27 +757,6 @@ const HEARTBEAT: &str = "INSERT INTO ll_workers (name, instance, host, pid, star
 /// parameters.
 const ROWS_PER_STATEMENT: usize = 1000;
 
-/// Claims the runs `runs` (a condition on `ll_runs`) picks that are still queued, for `worker`
-/// under `epoch`, started at `now` unless a start is recorded (a resumed run keeps its first);
-/// returns each claimed run's snapshot, whether it resumes, and its columns.
-///
-/// Statements that find runs by a batch of ids also test their status; `+status` keeps the
-/// planner on the primary key (on the status index it walks every queued run: measured 7 ms
-/// per claim with 50,000 queued). A run no longer queued (cancelled, or already taken) is
-/// left out.
-fn claim_sql(runs: &str, worker: &str, now: &str, epoch: &str) -> String {
-    format!(
-        "UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker}, \
-             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch} \
-         WHERE {runs} AND +status = {{Queued}} RETURNING job_snapshot, started_at < {now} AS resumed, {}",
-        run_cols!()
-    )
-}
-
-/// The claim of the runs of `?1`, a JSON list of ids.
-static CLAIM: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| claim_sql("id IN (SELECT value FROM json_each(?1))", "?2", "?3", "?4"));
-
 /// `ll_workers w` holds worker `?3`'s lease.
 const LEASED: &str = "EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ?3 {lease_live})";
 
@@ -800,7 +764,9 @@ const LEASED: &str = "EXISTS (SELECT 1 FROM ll_workers w WHERE w.name = ?3 {leas
 /// lease, at `?2` ([`ends_and_claims_script`]).
 fn claim_from_queue() -> String {
     claim_sql(
+        &SPELLING,
         &format!("{LEASED} AND id IN (SELECT {} FROM Jobs WHERE ROWID IN ({}))", queue::RUN_ID_OF_PAYLOAD, queue::pick("?4", "?5")),
+        false,
         "?3",
         "?2",
         "(SELECT epoch FROM ll_workers w WHERE w.name = ?3)",
@@ -1138,7 +1104,9 @@ mod tests {
     #[tokio::test]
     async fn batch_statements_find_runs_by_id() {
         let (_dir, store) = migrated().await;
-        for sql in [sql!(CLAIM.as_str()), sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
+        let claim = sql!(SqliteStore, claim_sql(&SPELLING, "id {in $1}", false, "$2", "$3", "$4"));
+        let finish = sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id"));
+        for sql in [claim, finish, sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
             let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("sqlite_autoindex_ll_runs_1 (id=?)")), "{sql}\n{plan:#?}");
         }
