@@ -165,14 +165,19 @@ impl Worker {
     }
 
     /// As [`Worker::start`], with the worker writing its internal events (read them with
-    /// [`Worker::internal_events`]).
+    /// [`Worker::internal_events`]), unless `BENCH_STAGES=0` (a binary older than
+    /// `--internal-events`, measured against a newer one).
     pub(crate) fn start_recording(&mut self) -> Duration {
-        self.start_with(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()), true)
+        self.start_with(&std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()), stages_recorded())
     }
 
     /// The internal events the worker wrote (see `lamplighter run --internal-events`); a line
-    /// that does not read as one fails the bench.
+    /// that does not read as one fails the bench. None with `BENCH_STAGES=0`.
     pub(crate) fn internal_events(&self) -> Vec<InternalEvent> {
+        if !stages_recorded() {
+            println!("(no internal events: BENCH_STAGES=0)");
+            return Vec::new();
+        }
         let path = self.dir.path().join("internal-events.jsonl");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
         text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect()
@@ -301,6 +306,11 @@ pub(crate) fn burst_spreads(runs: impl Iterator<Item = (Option<i64>, Option<i64>
     }
     let spreads = by_tick.values().filter(|v| v.2 >= min_runs).map(|v| v.1 - v.0).collect();
     (spreads, by_tick.values().map(|v| v.2).collect())
+}
+
+/// Whether the worker is asked for its internal events (`BENCH_STAGES=0`: not).
+fn stages_recorded() -> bool {
+    std::env::var("BENCH_STAGES").map_or(true, |v| v != "0")
 }
 
 /// The drain's writes, from the worker's internal events ([`Worker::internal_events`]): how
