@@ -378,7 +378,9 @@ pub(crate) fn sql_lines(db: &Path, sql: &str) -> Result<String, ReadError> {
 pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    // Longer than the worker's own bound on a storage check (2 s): a `/readyz` asked while the
+    // database does not answer still gets its answer, with the reasons.
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
