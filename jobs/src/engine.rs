@@ -48,7 +48,6 @@ pub struct Engine {
     signals: Arc<dyn Signals>,
     observer: Arc<Observer>,
     config: Arc<InForce>,
-    registry: Arc<Registry>,
     executor: Arc<Executor>,
     scheduler: Arc<Scheduler>,
     lease: Arc<LeaseKeeper>,
@@ -192,7 +191,6 @@ impl Engine {
             signals: signals.clone(),
             observer: opts.observer.clone(),
             config: in_force.clone(),
-            registry: opts.registry.clone(),
             executor: executor.clone(),
             scheduler: scheduler.clone(),
             worker: WorkerFacts { name: worker.name.clone(), storage, started_at: now },
@@ -246,7 +244,6 @@ impl Engine {
             signals,
             observer: opts.observer,
             config: in_force,
-            registry: opts.registry,
             executor,
             scheduler,
             lease,
@@ -264,7 +261,7 @@ impl Engine {
     /// Swaps in a new config; the scheduler replans at once. Refused, changing nothing, when
     /// one of its jobs takes the name of a job created at runtime (the reason says which).
     pub fn reload(&self, config: &Config) -> Result<(), String> {
-        self.config.reload(JobsConfig::of(config, &self.registry))?;
+        self.config.reload(JobsConfig::of(config, self.config.registry()))?;
         self.signals.publish(Signal::JobChanged);
         self.observer.configure(config);
         Ok(())

@@ -174,6 +174,11 @@ impl InForce {
         Self { current: RwLock::new(files.clone()), sources: Mutex::new(Sources { files, runtime: BTreeMap::new() }), registry }
     }
 
+    /// The plugins the config in force was checked against.
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The config in force now, whole.
     pub(crate) fn get(&self) -> Arc<JobsConfig> {
         self.current.read().unwrap_or_else(|e| e.into_inner()).clone()

@@ -76,7 +76,7 @@ impl JobService {
     async fn save_job(&self, req: JobRequest, create: bool) -> Result<JobSaved, ServiceError> {
         let config = self.managing()?;
         Self::not_from_files(&config, &req.name)?;
-        let registry = &self.registry;
+        let registry = self.config.registry();
         let compiled = check_definition(&config.scope, registry, &config.manage, &req.name, &req.definition).and_then(|c| {
             // Jobs of a disabled workflow or agent would never run: refused as the files' are.
             match config.health.job_problem(&c.job, registry) {

@@ -22,7 +22,6 @@ pub use lamplighter_contract::{
     AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
     SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
-use lamplighter_plugins::Registry;
 
 use crate::run::{AgentUsage, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
@@ -164,7 +163,6 @@ pub struct JobService {
     pub(crate) signals: Arc<dyn Signals>,
     pub(crate) observer: Arc<Observer>,
     pub(crate) config: Arc<InForce>,
-    pub(crate) registry: Arc<Registry>,
     pub(crate) executor: Arc<Executor>,
     pub(crate) scheduler: Arc<Scheduler>,
     pub(crate) worker: WorkerFacts,
