@@ -443,22 +443,7 @@ mod tests {
     #[test]
     fn a_wakes_ticks_are_decided_in_order_and_claimed_up_to_the_slots() {
         let t = Utc::now();
-        let tick = |job: &str, s: i64| NewRun {
-            owner: crate::run::Owner::Job(job.into()),
-            trigger: crate::run::Trigger::Cron,
-            status: RunStatus::Queued,
-            scheduled_at: Some(t + chrono::TimeDelta::seconds(s)),
-            due_at: t + chrono::TimeDelta::seconds(s),
-            attempt: 1,
-            input: None,
-            parameters: None,
-            error: None,
-            idempotency_key: None,
-            retry_of: None,
-            root_id: None,
-            snapshot: None,
-            requested_by: None,
-        };
+        let tick = |job: &str, s: i64| NewRun::tick(job, t + chrono::TimeDelta::seconds(s));
         let ticks = vec![
             (tick("a", -2), Overlap::Allow),
             (tick("a", -1), Overlap::Allow),

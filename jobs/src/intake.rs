@@ -51,6 +51,27 @@ impl NewRun {
         }
     }
 
+    /// A cron tick of `job` at `at`, with nothing else set: the tests' tick.
+    #[cfg(test)]
+    pub(crate) fn tick(job: &str, at: DateTime<Utc>) -> Self {
+        NewRun {
+            owner: Owner::Job(job.into()),
+            trigger: Trigger::Cron,
+            status: RunStatus::Queued,
+            scheduled_at: Some(at),
+            due_at: at,
+            attempt: 1,
+            input: None,
+            parameters: None,
+            error: None,
+            idempotency_key: None,
+            retry_of: None,
+            root_id: None,
+            snapshot: None,
+            requested_by: None,
+        }
+    }
+
     /// The run as it is stored once inserted under `id` at `now` (not yet claimed).
     pub(crate) fn to_run(&self, id: &str, now: DateTime<Utc>) -> Run {
         Run {

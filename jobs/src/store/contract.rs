@@ -36,22 +36,7 @@ fn snapshot(action: &str) -> JobSnapshot {
 
 /// A cron run of `job` for the tick at `at` (shared with the backends' own store tests).
 pub(super) fn tick(job: &str, at: DateTime<Utc>) -> NewRun {
-    NewRun {
-        owner: Owner::Job(job.into()),
-        trigger: Trigger::Cron,
-        status: RunStatus::Queued,
-        scheduled_at: Some(at),
-        due_at: at,
-        attempt: 1,
-        input: None,
-        parameters: Some(serde_json::json!({"n": 1})),
-        error: None,
-        idempotency_key: None,
-        retry_of: None,
-        root_id: None,
-        snapshot: Some(snapshot("a")),
-        requested_by: None,
-    }
+    NewRun { parameters: Some(serde_json::json!({"n": 1})), snapshot: Some(snapshot("a")), ..NewRun::tick(job, at) }
 }
 
 fn manual(job: &str, at: DateTime<Utc>) -> NewRun {
