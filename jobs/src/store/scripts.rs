@@ -137,16 +137,38 @@ pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {can
     FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool)}
     WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";
 
+/// One end as [`FINISH_RUNS`] reads it: written straight from these fields (every write of
+/// ends makes one per run, so no `serde_json::Value` is built on the way).
+#[derive(serde::Serialize)]
+struct EndRow<'a> {
+    id: &'a str,
+    started_at: Option<i64>,
+    status: &'static str,
+    output: Option<String>,
+    error: Option<&'a str>,
+    finished: bool,
+    wait_until: Option<i64>,
+    trace_id: Option<&'a str>,
+    last: bool,
+}
+
 /// The ends as [`FINISH_RUNS`] reads them.
 pub(super) fn ends_payload(ends: &[RunEnd<'_>]) -> String {
-    rows_payload(ends.iter().map(|e| {
-        serde_json::json!({
-            "id": e.id, "started_at": e.started_at.map(ms), "status": e.status.as_str(),
-            "output": e.output.map(|o| o.to_string()), "error": e.error,
-            "finished": e.status.is_final(), "wait_until": e.wait_until.map(ms), "trace_id": e.trace_id,
-            "last": e.last,
+    let rows: Vec<EndRow<'_>> = ends
+        .iter()
+        .map(|e| EndRow {
+            id: e.id,
+            started_at: e.started_at.map(ms),
+            status: e.status.as_str(),
+            output: e.output.map(|o| o.to_string()),
+            error: e.error,
+            finished: e.status.is_final(),
+            wait_until: e.wait_until.map(ms),
+            trace_id: e.trace_id,
+            last: e.last,
         })
-    }))
+        .collect();
+    serde_json::to_string(&rows).expect("strings, numbers and flags always serialize")
 }
 
 /// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with
