@@ -1,9 +1,11 @@
-//! Read-only tool calls answered outside rmcp (issue 14): `list_jobs`, `get_job`, `list_runs`
-//! and `get_run` from a client at 2026-07-28, in the one shape such a client sends them.
+//! A stateless transport for four reads: `list_jobs`, `get_job`, `list_runs` and `get_run`
+//! from a client at 2026-07-28, in the one shape such a client sends them (issue 14). The
+//! answer is the tool's own ([`Answer`], the same functions rmcp's tools call); only the way it
+//! reaches the wire differs.
 //!
 //! rmcp carries a structured result as a `serde_json::Value`: a listing of 1,000 jobs becomes
 //! some 30,000 small allocations, is written out from that tree, then freed, which was most of
-//! the call's time. Here the typed result is written straight into the answer's bytes.
+//! the call's time. Here the answer's bytes are written into the JSON-RPC answer as they are.
 //!
 //! It sits inside every guard of `/mcp` (Host, Origin, token, body limit) and takes only
 //! requests it recognizes whole; anything else, including anything rmcp would refuse, goes on
@@ -20,7 +22,6 @@
 //! instead of a thousand jobs' worth.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
@@ -32,14 +33,14 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::answer::Answer;
 use crate::mcp::{Control, DIRECT_TOOLS, Read};
-use crate::summary::summary;
 
-/// The only protocol revision answered here: stateless, with the short text summary.
+/// The only protocol revision answered here: stateless.
 const VERSION: &str = "2026-07-28";
 
 /// A bigger request is no read this path knows; rmcp takes it (and its body limit applies).
@@ -63,8 +64,7 @@ impl Direct {
             return self.list_jobs(call).await;
         }
         let read = self.control.read_directly(call.tool, call.arguments).await?;
-        let (content, summary) = render(call.tool, &read)?;
-        Some(envelope(call.id, &content, &summary))
+        Some(read.answer()?.envelope(call.id))
     }
 
     /// `list_jobs`, from [`Listings`] when a kept answer is still the answer.
@@ -76,23 +76,23 @@ impl Direct {
         // Taken before the read: a change after it makes the next version differ.
         let version = if key.is_some() { service.listing_version().await } else { None };
         if let (Some(key), Some(version)) = (&key, &version)
-            && let Some((content, summary)) = self.listings.find(key, version, service.now())
+            && let Some(answer) = self.listings.find(key, version, service.now())
         {
             self.control.observe_kept(call.tool);
-            return Some(envelope(call.id, &content, &summary));
+            return Some(answer.envelope(call.id));
         }
         let read = self.control.read_directly(call.tool, call.arguments).await?;
         // Taken after the read, so that no fire falls between the read's clock and this.
         let read_at = service.now();
-        let (content, summary) = render(call.tool, &read)?;
+        let answer = read.answer()?;
         if let (Some(key), Some(version), Read::Jobs(page)) = (key, version, &read) {
             let until = page.jobs.iter().filter_map(|j| j.next_fire).min();
             // A listing whose first fire has already come could never be served.
             if until.is_none_or(|u| read_at < u) {
-                self.listings.keep(Listing { key, version, read_at, until, content: content.clone(), summary: summary.clone() });
+                self.listings.keep(Listing { key, version, read_at, until, answer: answer.clone() });
             }
         }
-        Some(envelope(call.id, &content, &summary))
+        Some(answer.envelope(call.id))
     }
 }
 
@@ -111,8 +111,7 @@ struct Listing<V> {
     version: V,
     read_at: DateTime<Utc>,
     until: Option<DateTime<Utc>>,
-    content: Bytes,
-    summary: String,
+    answer: Answer,
 }
 
 impl<V: PartialEq> Listing<V> {
@@ -122,9 +121,9 @@ impl<V: PartialEq> Listing<V> {
 }
 
 impl Listings {
-    fn find(&self, key: &(usize, Option<String>), version: &ListingVersion, now: DateTime<Utc>) -> Option<(Bytes, String)> {
+    fn find(&self, key: &(usize, Option<String>), version: &ListingVersion, now: DateTime<Utc>) -> Option<Answer> {
         let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.iter().find(|l| l.serves(key, version, now)).map(|l| (l.content.clone(), l.summary.clone()))
+        kept.iter().find(|l| l.serves(key, version, now)).map(|l| l.answer.clone())
     }
 
     fn keep(&self, listing: Listing<ListingVersion>) {
@@ -139,7 +138,7 @@ fn keep_in<V>(kept: &mut VecDeque<Listing<V>>, listing: Listing<V>) {
     kept.retain(|l| l.key != listing.key);
     kept.push_front(listing);
     kept.truncate(KEPT);
-    while kept.len() > 1 && kept.iter().map(|l| l.content.len()).sum::<usize>() > KEPT_BYTES {
+    while kept.len() > 1 && kept.iter().map(|l| l.answer.json().len()).sum::<usize>() > KEPT_BYTES {
         kept.pop_back();
     }
 }
@@ -257,41 +256,6 @@ fn recognize<'a>(headers: &HeaderMap, body: &'a [u8]) -> Option<Call<'a>> {
     })
 }
 
-/// The size of the last result of each tool, so that the next one is written without regrowing.
-static LAST_SIZE: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
-
-/// A result as `structuredContent` (written straight from its type), and its summary. `None`
-/// only for a result serde cannot write (a map with non-string keys, which no contract type
-/// has); rmcp then reports it.
-fn render(tool: &str, read: &Read) -> Option<(Bytes, String)> {
-    fn write<T: Serialize>(tool: &str, result: &T, slot: &AtomicUsize) -> Option<(Bytes, String)> {
-        let mut out = Vec::with_capacity(slot.load(Ordering::Relaxed));
-        serde_json::to_writer(&mut out, result).ok()?;
-        slot.store(out.len(), Ordering::Relaxed);
-        Some((Bytes::from(out), summary(tool, result)))
-    }
-    match read {
-        Read::Jobs(r) => write(tool, r, &LAST_SIZE[0]),
-        Read::Job(r) => write(tool, r, &LAST_SIZE[1]),
-        Read::Runs(r) => write(tool, r, &LAST_SIZE[2]),
-        Read::Run(r) => write(tool, r, &LAST_SIZE[3]),
-    }
-}
-
-/// The JSON-RPC answer to request `id`: the structured result, then its summary as text.
-fn envelope(id: &RawValue, content: &[u8], summary: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + summary.len() + id.get().len() + 128);
-    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-    out.extend_from_slice(id.get().as_bytes());
-    out.extend_from_slice(br#","result":{"resultType":"complete","structuredContent":"#);
-    out.extend_from_slice(content);
-    out.extend_from_slice(br#","content":[{"type":"text","text":"#);
-    // A String always serializes.
-    let _ = serde_json::to_writer(&mut out, summary);
-    out.extend_from_slice(br#"}],"isError":false}}"#);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,24 +347,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_answer_is_rmcps_with_the_structured_result_first() {
-        let page = lamplighter_jobs::JobPage { jobs: Vec::new(), next_cursor: Some("b".into()) };
-        let id = RawValue::from_string("\"x\"".into()).expect("raw");
-        let (content, summary) = render("list_jobs", &Read::Jobs(page)).expect("written");
-        let body = envelope(&id, &content, &summary);
-        let v: Value = serde_json::from_slice(&body).expect("JSON");
-        assert_eq!(
-            v,
-            serde_json::json!({"jsonrpc": "2.0", "id": "x", "result": {
-                "resultType": "complete",
-                "content": [{"type": "text", "text": "list_jobs: 0 jobs, next_cursor b"}],
-                "structuredContent": {"jobs": [], "next_cursor": "b"},
-                "isError": false,
-            }})
-        );
-    }
-
     fn listing(key: (usize, Option<&str>), version: u32, bytes: usize) -> Listing<u32> {
         let t = DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
         Listing {
@@ -408,8 +354,7 @@ mod tests {
             version,
             read_at: t,
             until: Some(t + chrono::Duration::minutes(1)),
-            content: Bytes::from(vec![b' '; bytes]),
-            summary: String::new(),
+            answer: Answer::of(&" ".repeat(bytes.saturating_sub(2))).expect("a string"),
         }
     }
 

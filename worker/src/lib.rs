@@ -6,6 +6,7 @@
 #[cfg(panic = "abort")]
 compile_error!("the worker needs panic = \"unwind\": build it with --release (the `lampctl` profile is for lampctl only)");
 
+mod answer;
 mod commands;
 mod direct;
 mod http;
@@ -14,7 +15,6 @@ mod prompts;
 mod resources;
 mod run;
 mod security;
-mod summary;
 mod systemd;
 mod tasks;
 mod telemetry;

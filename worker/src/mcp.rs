@@ -47,20 +47,33 @@ use lamplighter_jobs::{
     RunFilter, RunPage, RunStatus, SchedulePreview, ScheduleSpec, ServiceError, TriggerRequest, WorkerStatus,
 };
 
+use crate::answer::Answer;
 use crate::security::Caller;
-use crate::summary::summary;
 use crate::tasks::{Follow, Tasks};
 use crate::{prompts, resources};
 
 /// The read-only tools `direct.rs` answers outside rmcp, for clients at 2026-07-28.
 pub(crate) const DIRECT_TOOLS: [&str; 4] = ["list_jobs", "get_job", "list_runs", "get_run"];
 
-/// What one of [`DIRECT_TOOLS`] answers.
+/// What one of [`DIRECT_TOOLS`] read, before it is written as the tool's [`Answer`].
 pub(crate) enum Read {
     Jobs(JobPage),
     Job(JobDetail),
     Runs(RunPage),
     Run(RunDetail),
+}
+
+impl Read {
+    /// The tool's answer, as the tool itself gives it (`None`: a result serde cannot write).
+    pub(crate) fn answer(&self) -> Option<Answer> {
+        match self {
+            Read::Jobs(r) => Answer::of(r),
+            Read::Job(r) => Answer::of(r),
+            Read::Runs(r) => Answer::of(r),
+            Read::Run(r) => Answer::of(r),
+        }
+        .ok()
+    }
 }
 
 /// The role each tool needs (`worker.mcp.auth.tokens`): reads, then what operates runs, then
@@ -224,18 +237,15 @@ impl<'a, S, P: DeserializeOwned> FromContextPart<ToolCallContext<'a, S>> for Par
 }
 
 /// A tool's typed result. rmcp's `#[tool]` reads the output schema off a return type named
-/// `Json<T>`; unlike rmcp's own, this one leaves the text content to `call_tool` (a summary for
-/// clients at 2026-07-28, the JSON text for older ones), so an answer is not serialized a second
-/// time into text a current client never reads (260 KB for `list_jobs` of 1,000 jobs).
+/// `Json<T>`; unlike rmcp's own, this one writes the result once ([`Answer`]) and takes both the
+/// structured content and the text from those bytes.
 struct Json<T>(T);
 
 impl<T: Serialize> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
-        let value = serde_json::to_value(self.0)
-            .map_err(|e| ErrorData::internal_error(format!("cannot serialize the tool's result: {e}"), None))?;
-        let mut result = CallToolResult::success(Vec::new());
-        result.structured_content = Some(value);
-        Ok(result.into())
+        let answer =
+            Answer::of(&self.0).map_err(|e| ErrorData::internal_error(format!("cannot serialize the tool's result: {e}"), None))?;
+        Ok(answer.into_result().into())
     }
 }
 
@@ -923,7 +933,6 @@ impl ServerHandler for Control {
             self.observer.mcp_request(&name, response.is_ok());
             return response;
         }
-        let current = context.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         let call = ToolCallContext::new(self, request, context);
         // A panic in a tool fails that call, not the worker (STYLE §9).
         let response = match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
@@ -936,17 +945,7 @@ impl ServerHandler for Control {
         let ok = matches!(&response, Ok(CallToolResponse::Complete(r)) if r.is_error != Some(true))
             || matches!(&response, Ok(CallToolResponse::Task(_) | CallToolResponse::InputRequired(_)));
         self.observer.mcp_request(&name, ok);
-        match response {
-            // Clients at 2026-07-28 read the structured result; its JSON again as text would
-            // double the answer. Older clients keep the full JSON text.
-            Ok(CallToolResponse::Complete(mut r)) if r.is_error != Some(true) => {
-                if let Some(v) = &r.structured_content {
-                    r.content = vec![ContentBlock::text(if current { summary(&name, v) } else { v.to_string() })];
-                }
-                Ok(CallToolResponse::Complete(r))
-            }
-            other => other,
-        }
+        response
     }
 
     async fn list_tools(
@@ -1157,16 +1156,6 @@ mod tests {
         let Value::Object(mut o) = v else { panic!("an object") };
         objects_for_boolean_schemas(&mut o);
         Value::Object(o)
-    }
-
-    #[test]
-    fn summaries_name_list_sizes_and_identifying_fields_only() {
-        let page = serde_json::json!({"jobs": [{"name": "a"}, {"name": "b"}], "next_cursor": "2", "total": 9});
-        assert_eq!(summary("list_jobs", &page), "list_jobs: 2 jobs, next_cursor 2");
-        let job = serde_json::json!({"name": "report", "cron": "0 3 * * *", "paused": false, "target": {"plugin": "x"}});
-        assert_eq!(summary("get_job", &job), "get_job: name report, paused false");
-        assert_eq!(summary("worker_status", &serde_json::json!({"uptime_seconds": 3})), "worker_status: done");
-        assert_eq!(summary("x", &serde_json::json!([1, 2])), "x: done");
     }
 
     #[test]

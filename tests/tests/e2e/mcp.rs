@@ -239,24 +239,26 @@ fn foreign_origin_and_host_are_refused() {
 /// A `tools/call` of `get_job` at 2026-07-28, as a plain HTTP client sends it.
 const GET_JOB_CURRENT: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_job","arguments":{"name":"report"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
 
+/// Many hosts hand a model only `content[].text`: the text carries the whole answer, for a
+/// current client (in one JSON answer) and an older one (in an event stream) alike.
 #[test]
-fn a_current_client_gets_one_json_answer_with_the_structured_result_once_and_an_older_one_the_full_text() {
+fn every_client_finds_the_whole_answer_in_the_text() {
     let w = worker();
     let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "get_job")];
-    let (status, head, body) = mcp_exchange(w.port, &headers, GET_JOB_CURRENT);
-    assert_eq!(status, 200, "{head}\n{body}");
-    // One plain JSON answer, not an event stream.
-    assert!(head.contains("content-type: application/json"), "{head}");
-    let answer = json(&body);
-    let result = &answer["result"];
-    assert_eq!(result["structuredContent"]["name"], "report", "{body}");
-    // The text part is a short summary, not the structured result a second time.
-    let text = result["content"][0]["text"].as_str().expect("text content");
-    assert!(text.starts_with("get_job: name report"), "{text}");
-    assert!(!text.contains('{'), "{text}");
-    assert!(body.len() < 2 * result["structuredContent"].to_string().len(), "answer carries the result once: {body}");
+    for (route, extra) in [("direct", ""), ("rmcp", OWN_META)] {
+        let body = GET_JOB_CURRENT.replace(r#""_meta":{"#, &format!(r#""_meta":{{{extra}"#));
+        let (status, head, body) = mcp_exchange(w.port, &headers, &body);
+        assert_eq!(status, 200, "{route}: {head}\n{body}");
+        // One plain JSON answer, not an event stream.
+        assert!(head.contains("content-type: application/json"), "{route}: {head}");
+        let result = &json(&body)["result"];
+        assert_eq!(result["structuredContent"]["name"], "report", "{route}: {body}");
+        assert!(result["structuredContent"]["next_fires"].as_array().is_some_and(|f| !f.is_empty()), "{route}: {body}");
+        let text = result["content"][0]["text"].as_str().expect("text content");
+        assert_eq!(json(text), result["structuredContent"], "{route}: the text is the whole result");
+    }
 
-    // A client at 2025-06-18 keeps the whole JSON as text too (it may not read structuredContent).
+    // A client at 2025-06-18.
     let (status, head, _) = mcp_exchange(w.port, &[], INIT);
     assert_eq!(status, 200);
     let session = head.lines().find_map(|l| l.strip_prefix("mcp-session-id:")).map(|s| s.trim().to_string()).expect("session id");
@@ -269,7 +271,7 @@ fn a_current_client_gets_one_json_answer_with_the_structured_result_once_and_an_
     // An event stream (after its empty priming event), in HTTP chunks.
     let data = body.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).find(|d| !d.is_empty()).map(json).expect("a data event");
     let text = data["result"]["content"][0]["text"].as_str().expect("text content");
-    assert_eq!(json(text)["name"], "report", "the full JSON as text: {text}");
+    assert_eq!(json(text), data["result"]["structuredContent"], "the full JSON as text: {text}");
 }
 
 #[test]
