@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, rows_payload, run_cols, run_from_row, sql, values};
+use super::dialect::{Column, Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
 use super::{Dispatch, Handed, NewRun, RulesOf, RunEnd, StoreError, StoredJob, Taken, from_ms, ms};
 use crate::decide::notify_on_wait;
 use crate::notify::{self, NewNotification};
@@ -101,11 +101,9 @@ pub(super) async fn insert_runs<D: Dialect>(
 /// Closes the steps still open (running or waiting) of runs that ended without succeeding
 /// ([`super::steps_closed_by`]). `ends`: (run id, run status).
 pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunStatus)], now: DateTime<Utc>) -> Result<(), StoreError> {
-    let rows: Vec<serde_json::Value> = ends
-        .iter()
-        .filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| serde_json::json!({"id": id, "status": step.as_str()})))
-        .collect();
-    if rows.is_empty() {
+    let (ids, statuses): (Vec<_>, Vec<_>) =
+        ends.iter().filter_map(|(id, s)| super::steps_closed_by(*s).map(|step| (Some((*id).into()), Some(step.as_str().into())))).unzip();
+    if ids.is_empty() {
         return Ok(());
     }
     let q = Stmt::new(
@@ -117,12 +115,12 @@ pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunS
         ),
         "closing the steps of ended runs",
     );
-    D::execute(c, q.bind(rows_payload(rows)).bind(ms(now))).await?;
+    D::execute(c, q.bind_rows(vec![Column::Texts(ids), Column::Texts(statuses)]).bind(ms(now))).await?;
     Ok(())
 }
 
-/// The end of runs still `running` and held by their worker ([`RunEnd`]s bound at `$1` by
-/// [`ends_payload`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
+/// The end of runs still `running` and held by their worker ([`RunEnd`]s bound at `$1` as
+/// [`end_rows`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
 /// a success into `cancelled` (`{cancel_wins}`, [`crate::decide::end_with_cancel`]); `{held}`
 /// refuses the end of an attempt whose lease or epoch is gone (the fence). Without its
 /// `RETURNING`: the backends' one-statement writes of ends and claims build on it.
@@ -137,38 +135,19 @@ pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {can
     FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool)}
     WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";
 
-/// One end as [`FINISH_RUNS`] reads it: written straight from these fields (every write of
-/// ends makes one per run, so no `serde_json::Value` is built on the way).
-#[derive(serde::Serialize)]
-struct EndRow<'a> {
-    id: &'a str,
-    started_at: Option<i64>,
-    status: &'static str,
-    output: Option<String>,
-    error: Option<&'a str>,
-    finished: bool,
-    wait_until: Option<i64>,
-    trace_id: Option<&'a str>,
-    last: bool,
-}
-
-/// The ends as [`FINISH_RUNS`] reads them.
-pub(super) fn ends_payload(ends: &[RunEnd<'_>]) -> String {
-    let rows: Vec<EndRow<'_>> = ends
-        .iter()
-        .map(|e| EndRow {
-            id: e.id,
-            started_at: e.started_at.map(ms),
-            status: e.status.as_str(),
-            output: e.output.map(|o| o.to_string()),
-            error: e.error,
-            finished: e.status.is_final(),
-            wait_until: e.wait_until.map(ms),
-            trace_id: e.trace_id,
-            last: e.last,
-        })
-        .collect();
-    serde_json::to_string(&rows).expect("strings, numbers and flags always serialize")
+/// The ends as [`FINISH_RUNS`]' row set reads them, a column each of its columns.
+pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
+    vec![
+        Column::Texts(ends.iter().map(|e| Some(e.id.into())).collect()),
+        Column::Ints(ends.iter().map(|e| e.started_at.map(ms)).collect()),
+        Column::Texts(ends.iter().map(|e| Some(e.status.as_str().into())).collect()),
+        Column::Texts(ends.iter().map(|e| e.output.map(|o| o.to_string().into())).collect()),
+        Column::Texts(ends.iter().map(|e| e.error.map(Into::into)).collect()),
+        Column::Bools(ends.iter().map(|e| e.status.is_final()).collect()),
+        Column::Ints(ends.iter().map(|e| e.wait_until.map(ms)).collect()),
+        Column::Texts(ends.iter().map(|e| e.trace_id.map(Into::into)).collect()),
+        Column::Bools(ends.iter().map(|e| e.last).collect()),
+    ]
 }
 
 /// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with
@@ -180,7 +159,7 @@ pub(super) async fn finish_runs<D: Dialect>(
     now: i64,
 ) -> Result<Vec<(String, RunStatus)>, StoreError> {
     let q = Stmt::new(sql!(D, format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status")), "finishing runs");
-    let rows = D::fetch_all(c, q.bind(ends_payload(ends)).bind(now)).await?;
+    let rows = D::fetch_all(c, q.bind_rows(end_rows(ends)).bind(now)).await?;
     Ok(rows.iter().map(|r| (r.text("id"), RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed))).collect())
 }
 

@@ -28,10 +28,10 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{
-    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, job_state_from_row, record_for,
-    run_cols, sql,
+    Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
+    job_state_from_row, record_for, run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, claim_sql};
+use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -43,10 +43,13 @@ pub(super) const SPELLING: Spelling = Spelling {
     lock: "FOR UPDATE",
     undispatched: "",
     in_list: |param| format!("= ANY({param})"),
-    rows: |param, alias, cols| {
-        let cols: Vec<String> = cols.iter().map(|(c, t)| format!("{c} {t}")).collect();
-        format!("json_to_recordset({param}::json) AS {alias}({})", cols.join(", "))
+    // An array a column (see [`RowsBind::PerColumn`]).
+    rows: |params, alias, cols| {
+        let arrays: Vec<String> = params.iter().zip(cols).map(|(p, (_, t))| format!("{p}::{t}[]")).collect();
+        let names: Vec<&str> = cols.iter().map(|(c, _)| *c).collect();
+        format!("unnest({}) AS {alias}({})", arrays.join(", "), names.join(", "))
     },
+    rows_bind: RowsBind::PerColumn,
     by_id: "",
     // Several workers claim at once: the runs are locked in id order first (so two claims
     // never wait on each other crosswise), and a claim that may skip leaves the locked ones.
@@ -68,41 +71,6 @@ pub(super) const SPELLING: Spelling = Spelling {
 
 /// The server's clock, in Unix milliseconds (leases are measured on it).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
-/// [`FINISH_RUNS`] with its row set read from arrays — `$1` the ids, `$3`–`$10` the other
-/// columns, `$2` the time ([`bind_end_arrays`]) — for the one-statement write of ends and
-/// claims. There, the JSON row set (`json_to_recordset`) made the statement three times as
-/// slow on the server: 3.9 against 1.2 ms for 16 ends (pg_stat_statements in `cargo bench …
-/// postgres -- drain`), the drain 3,651 against 6,492 runs/s. The text of the end stays the
-/// shared one; only its row set is spelled here.
-fn finish_runs_from_arrays() -> String {
-    let start = FINISH_RUNS.find("{rows $1 AS j(").expect("FINISH_RUNS reads its ends as a row set at $1");
-    let end = start + FINISH_RUNS[start..].find(")}").expect("the row set's end") + 2;
-    format!(
-        "{}unnest($1::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bool[], $8::bigint[], $9::text[], $10::bool[])
-             AS j(id, started_at, status, output, error, finished, wait_until, trace_id, last){}",
-        &FINISH_RUNS[..start],
-        &FINISH_RUNS[end..]
-    )
-}
-
-/// Binds `ends` and the time as [`finish_runs_from_arrays`] reads them ($1–$10).
-fn bind_end_arrays<'q>(
-    q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    ends: &'q [RunEnd<'_>],
-    now: i64,
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    q.bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(now)
-        .bind(ends.iter().map(|e| e.started_at.map(super::ms)).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.status.as_str()).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.output.map(|o| o.to_string())).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.error).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.status.is_final()).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.wait_until.map(super::ms)).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.trace_id).collect::<Vec<_>>())
-        .bind(ends.iter().map(|e| e.last).collect::<Vec<_>>())
-}
 
 /// What the open steps of a run whose status is `status` (an expression) become, as
 /// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
@@ -139,11 +107,13 @@ const RECORDER_CONNECTIONS: u32 = 2;
 /// A recorder's connection idle this long is pinged before it is used.
 const RECORDER_PING_AFTER: Duration = Duration::from_secs(10);
 
-/// `q` with `args` bound.
+/// `q` with `args` bound. A row set's first column is bound at its place and its others after
+/// every argument, as [`RowsBind::PerColumn`] numbers them.
 fn bound<'q>(
     mut q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     args: Vec<Arg<'_>>,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let mut later = Vec::new();
     for a in args {
         q = match a {
             Arg::Int(v) => q.bind(v),
@@ -151,9 +121,26 @@ fn bound<'q>(
             Arg::Bool(v) => q.bind(v),
             Arg::Text(v) => q.bind(v),
             Arg::Texts(v) => q.bind(v),
+            Arg::Rows(mut cols) => {
+                let rest = cols.split_off(1.min(cols.len()));
+                later.extend(rest);
+                cols.into_iter().fold(q, bind_column)
+            }
         };
     }
-    q
+    later.into_iter().fold(q, bind_column)
+}
+
+/// One column of a row set, as an array.
+fn bind_column<'q>(
+    q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    col: Column<'_>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    match col {
+        Column::Texts(v) => q.bind(v.iter().map(|t| t.as_deref()).collect::<Vec<Option<&str>>>()),
+        Column::Ints(v) => q.bind(v),
+        Column::Bools(v) => q.bind(v),
+    }
 }
 
 /// The PostgreSQL backend for worker `me`: the store, migrated, and signals shared with the
@@ -300,7 +287,7 @@ impl RunSql for PgStore {
                  closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                             FROM ended e
                             WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
-                 lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $11 {{lease_live}}),
+                 lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  picked AS MATERIALIZED ({pick}),
                  taken AS (DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING {run_id} AS run_id),
                  claimed AS ({claim})
@@ -311,20 +298,15 @@ impl RunSql for PgStore {
                              (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
                      LEFT JOIN claimed c ON true",
                 closing = steps_closed_as("e.status"),
-                finish = finish_runs_from_arrays(),
-                pick = queue::pick("$12", "$13", "AND EXISTS (SELECT 1 FROM lease)"),
+                finish = FINISH_RUNS,
+                pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
-                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$11", "$2", "(SELECT epoch FROM lease)"),
+                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
             )
         );
         let written = async {
-            let rows = bind_end_arrays(sqlx::query(sql), ends, now)
-                .bind(worker)
-                .bind(super::QUEUE)
-                .bind(n.max(1) as i64)
-                .fetch_all(&self.recorder)
-                .await
-                .ctx("recording ends and claiming runs")?;
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), super::QUEUE.into(), (n.max(1) as i64).into()];
+            let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
             };

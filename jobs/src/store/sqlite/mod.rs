@@ -19,9 +19,10 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::{
-    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RunSql, Spelling, Stmt, UpkeepSql, record_for, run_cols, sql,
+    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for, rows_json,
+    run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, claim_sql, ends_payload};
+use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -39,10 +40,12 @@ pub(super) const SPELLING: Spelling = Spelling {
     // lie inside it.
     undispatched: "INDEXED BY ll_runs_undispatched",
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
-    rows: |param, alias, cols| {
-        let cols: Vec<String> = cols.iter().map(|(c, _)| format!("value ->> '{c}' AS {c}")).collect();
-        format!("(SELECT {} FROM json_each({param})) AS {alias}", cols.join(", "))
+    // A JSON array of arrays ([`rows_json`]), one parameter.
+    rows: |params, alias, cols| {
+        let cols: Vec<String> = cols.iter().enumerate().map(|(i, (c, _))| format!("value ->> '$[{i}]' AS {c}")).collect();
+        format!("(SELECT {} FROM json_each({})) AS {alias}", cols.join(", "), params[0])
     },
+    rows_bind: RowsBind::One,
     // `+status`: the planner drives such a statement from the batch and finds each run by id
     // (driven from the status index, the batch was scanned once per running run: seconds for a
     // thousand ends).
@@ -97,6 +100,7 @@ fn bound<'q>(
             Arg::Bool(v) => q.bind(v),
             Arg::Text(v) => q.bind(v),
             Arg::Texts(v) => q.bind(json_list(v)),
+            Arg::Rows(cols) => q.bind(rows_json(&cols)),
         };
     }
     q
@@ -501,7 +505,7 @@ impl RunSql for SqliteStore {
             // What of the write was the wait for the writer.
             let writer_wait_us = asked.elapsed().as_micros() as u64;
             let rows = sqlx::query(sql!(SqliteStore, ends_and_claims_script()))
-                .bind(ends_payload(ends))
+                .bind(rows_json(&end_rows(ends)))
                 .bind(now)
                 .bind(worker)
                 .bind(super::QUEUE)
