@@ -772,6 +772,8 @@ impl Chaos<'_> {
             && (self.faults.proxies.is_empty() || self.partitions >= 1)
             && (self.faults.disk.is_none() || self.fills >= 1)
             && (self.faults.clocks.is_empty() || self.clock_steps >= 2)
+            // On PostgreSQL the check asks for a run started on a stepped worker.
+            && (self.faults.clocks.is_empty() || n == 1 || self.evidence.server_time_kept >= 1)
             && (n > 1 || !self.evidence.long.is_empty())
     }
 
@@ -793,7 +795,10 @@ impl Chaos<'_> {
                 self.fill();
                 continue;
             }
-            if !self.faults.clocks.is_empty() && (self.clock_steps == 0 || self.rng.chance(0.08)) {
+            // Past the run's time, steps again until a stepped worker started a run (under a
+            // loaded machine a step of a second or two may see none).
+            let step_owed = n > 1 && self.evidence.server_time_kept == 0 && self.t0.elapsed() >= Duration::from_secs(seconds);
+            if !self.faults.clocks.is_empty() && (self.clock_steps == 0 || step_owed || self.rng.chance(0.08)) {
                 self.act_for(up);
                 self.step_clock();
                 continue;
