@@ -39,12 +39,27 @@ fn main() {
     println!("worker: {jobs} jobs, {history} finished runs each in its history, at {url}");
     rt.block_on(async {
         let client = ().serve(StreamableHttpClientTransport::from_uri(url.clone())).await.expect("connect");
-        for (label, tool, args) in [
-            ("list_jobs, default page of 100", "list_jobs", serde_json::json!({})),
-            ("list_jobs, all 1,000 in one page", "list_jobs", serde_json::json!({"limit": 1000})),
-            ("get_job", "get_job", serde_json::json!({"name": "job-00042"})),
-        ] {
-            let params = || CallToolRequestParams::new(tool).with_arguments(args.as_object().cloned().unwrap_or_default());
+        // Each call twice: as the client sends it (the worker's stateless transport answers
+        // these reads, `direct.rs`), and with a `_meta` key of the bench's own, a shape only
+        // rmcp takes: the same answer, through rmcp's `Value`.
+        let calls_of =
+            |tool: &'static str, args: serde_json::Value| [false, true].map(move |through_rmcp| (tool, args.clone(), through_rmcp));
+        let cases = [
+            ("list_jobs, default page of 100", calls_of("list_jobs", serde_json::json!({}))),
+            ("list_jobs, all 1,000 in one page", calls_of("list_jobs", serde_json::json!({"limit": 1000}))),
+            ("get_job", calls_of("get_job", serde_json::json!({"name": "job-00042"}))),
+        ];
+        for (label, (tool, args, through_rmcp)) in cases.into_iter().flat_map(|(label, c)| c.map(|c| (label, c))) {
+            let label = if through_rmcp { format!("{label}, through rmcp") } else { label.to_string() };
+            let params = || {
+                let mut p = CallToolRequestParams::new(tool).with_arguments(args.as_object().cloned().unwrap_or_default());
+                if through_rmcp {
+                    let mut meta = rmcp::model::RequestMetaObject::new();
+                    meta.insert("dev.lamplighter.bench/route".into(), "rmcp".into());
+                    p.meta = Some(meta);
+                }
+                p
+            };
             for _ in 0..50 {
                 client.call_tool(params()).await.expect("warm-up call");
             }
@@ -211,9 +226,14 @@ impl Plain {
 
     /// One call; returns the answer's body size in bytes.
     fn call(&mut self, tool: &str, args: &str) -> usize {
+        self.call_with(tool, args, "")
+    }
+
+    /// A call with `extra` (`"key":value,`) first in its `_meta`.
+    fn call_with(&mut self, tool: &str, args: &str, extra: &str) -> usize {
         use std::io::{BufRead, Read, Write};
         let body = format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{args},"_meta":{{{extra}"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}}"#
         );
         let req = format!(
             "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\nContent-Length: {}\r\n\r\n{body}",
@@ -265,15 +285,23 @@ impl Plain {
 /// `clients` connections for `seconds`.
 fn plain_http(server: &str, port: u16, calls: usize, clients: usize, seconds: usize) {
     let mut c = Plain::connect(port);
-    for (label, tool, args) in [("get_job", "get_job", r#"{"name":"job-00042"}"#), ("list_jobs of all", "list_jobs", r#"{"limit":1000}"#)] {
+    // A `_meta` key of the bench's own: a shape the worker's stateless transport leaves to
+    // rmcp (the Python SDK ignores it).
+    let rmcp = r#""dev.lamplighter.bench/route":"rmcp","#;
+    for (label, tool, args, extra) in [
+        ("get_job", "get_job", r#"{"name":"job-00042"}"#, ""),
+        ("get_job, through rmcp", "get_job", r#"{"name":"job-00042"}"#, rmcp),
+        ("list_jobs of all", "list_jobs", r#"{"limit":1000}"#, ""),
+        ("list_jobs of all, through rmcp", "list_jobs", r#"{"limit":1000}"#, rmcp),
+    ] {
         for _ in 0..50 {
-            c.call(tool, args);
+            c.call_with(tool, args, extra);
         }
         let mut lat = Vec::with_capacity(calls);
         let mut size = 0;
         for _ in 0..calls {
             let t = Instant::now();
-            size = c.call(tool, args);
+            size = c.call_with(tool, args, extra);
             lat.push(t.elapsed());
         }
         let mean = lat.iter().sum::<Duration>().as_secs_f64() * 1000.0 / calls as f64;
