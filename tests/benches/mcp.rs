@@ -11,7 +11,9 @@
 //! second of `get_job` with `--clients` concurrent clients; whole-process wall time of
 //! `lampctl jobs list` (p50/p99 over 50 runs). The plain-HTTP client measures the same calls
 //! against this worker and the Python SDK's server side by side, and `list_jobs` once more with
-//! a change before each call, so that the worker cannot serve a listing it kept.
+//! a change before each call, so that the worker cannot serve a listing it kept. Each read is
+//! also sent with a `_meta` key of the bench's own, a shape the worker's stateless transport
+//! (`direct.rs`) leaves to rmcp: the same answer by both routes.
 #![allow(clippy::disallowed_methods)]
 
 use lamplighter_tests::proc::KillOnDrop;
