@@ -1,40 +1,42 @@
 //! A tool's answer, made once: the typed result written as JSON a single time, and both parts
-//! of the MCP result taken from those bytes. `structuredContent` is that JSON; the text block is
+//! of the MCP result taken from that text. `structuredContent` is that JSON; the text block is
 //! the same JSON as text, for every protocol version, because many hosts hand a model only
 //! `content[].text` (an assistant must be able to check the fire times it is about to save).
 //!
-//! rmcp carries `structuredContent` as a `serde_json::Value`, so the rmcp path parses the bytes
-//! into one ([`Answer::into_result`]); the stateless transport in `direct.rs` writes the bytes
-//! into its JSON-RPC answer as they are ([`Answer::envelope`]). Both give the same JSON.
+//! rmcp carries `structuredContent` as a `serde_json::Value`, so the rmcp path parses the text
+//! into one ([`Answer::into_result`]); the stateless transport in `direct.rs` writes the text
+//! into its JSON-RPC answer as it is ([`Answer::envelope`]). Both give the same JSON.
 
-use axum::body::Bytes;
+use std::sync::Arc;
+
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-/// A successful tool result, written once.
+/// A successful tool result, written once. Cheap to clone (a kept listing is served again).
 #[derive(Clone, Debug)]
 pub(crate) struct Answer {
-    json: Bytes,
+    json: Arc<String>,
 }
 
 impl Answer {
     /// Writes `result`. It fails only for a value serde cannot write as JSON (a map with
     /// non-string keys), which no contract type is.
     pub(crate) fn of(result: &impl Serialize) -> Result<Self, serde_json::Error> {
-        Ok(Self { json: Bytes::from(serde_json::to_vec(result)?) })
+        Ok(Self { json: Arc::new(serde_json::to_string(result)?) })
     }
 
     /// The result's JSON.
-    pub(crate) fn json(&self) -> &[u8] {
+    pub(crate) fn json(&self) -> &str {
         &self.json
     }
 
-    /// The result as rmcp carries it.
+    /// The result as rmcp carries it. The text is the written JSON itself, moved (not copied)
+    /// when no kept listing shares it.
     pub(crate) fn into_result(self) -> CallToolResult {
-        // Bytes written by serde_json are JSON and UTF-8.
-        let structured = serde_json::from_slice(&self.json).unwrap_or_default();
-        let text = String::from_utf8(self.json.to_vec()).unwrap_or_default();
+        // What serde_json wrote parses.
+        let structured = serde_json::from_str(&self.json).unwrap_or_default();
+        let text = Arc::try_unwrap(self.json).unwrap_or_else(|shared| (*shared).clone());
         let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
         result.structured_content = Some(structured);
         result
@@ -43,15 +45,15 @@ impl Answer {
     /// The whole JSON-RPC answer to request `id` (stateless, protocol 2026-07-28): the same
     /// members as rmcp writes for [`Answer::into_result`], the structured result first.
     pub(crate) fn envelope(&self, id: &RawValue) -> Vec<u8> {
-        let json = &self.json[..];
+        let json = self.json.as_str();
         let mut out = Vec::with_capacity(2 * json.len() + json.len() / 8 + id.get().len() + 128);
         out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
         out.extend_from_slice(id.get().as_bytes());
         out.extend_from_slice(br#","result":{"resultType":"complete","structuredContent":"#);
-        out.extend_from_slice(json);
+        out.extend_from_slice(json.as_bytes());
         out.extend_from_slice(br#","content":[{"type":"text","text":"#);
-        // serde_json wrote UTF-8, and a string always serializes.
-        let _ = serde_json::to_writer(&mut out, std::str::from_utf8(json).unwrap_or_default());
+        // A string always serializes.
+        let _ = serde_json::to_writer(&mut out, json);
         out.extend_from_slice(br#"}],"isError":false}}"#);
         out
     }
@@ -79,7 +81,7 @@ mod tests {
         assert_eq!(structured, json!({"jobs": [], "next_cursor": "b", "note": "a \"quoted\" line\nand ünïcode"}));
         let text = result.content[0].as_text().expect("a text block").text.clone();
         assert_eq!(serde_json::from_str::<Value>(&text).expect("the text is JSON"), structured);
-        assert_eq!(text.as_bytes(), answer.json(), "the text is the bytes written once");
+        assert_eq!(text, answer.json(), "the text is the JSON written once");
     }
 
     #[test]
@@ -91,6 +93,6 @@ mod tests {
         rmcp["resultType"] = json!("complete");
         assert_eq!(direct, json!({"jsonrpc": "2.0", "id": "x", "result": rmcp}));
         let text = direct["result"]["content"][0]["text"].as_str().expect("text");
-        assert_eq!(text.as_bytes(), answer.json());
+        assert_eq!(text, answer.json());
     }
 }

@@ -238,7 +238,7 @@ impl<'a, S, P: DeserializeOwned> FromContextPart<ToolCallContext<'a, S>> for Par
 
 /// A tool's typed result. rmcp's `#[tool]` reads the output schema off a return type named
 /// `Json<T>`; unlike rmcp's own, this one writes the result once ([`Answer`]) and takes both the
-/// structured content and the text from those bytes.
+/// structured content and the text from that JSON.
 struct Json<T>(T);
 
 impl<T: Serialize> IntoCallToolResult for Json<T> {
