@@ -47,39 +47,13 @@ pub(crate) enum Column<'a> {
 }
 
 impl Column<'_> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Column::Texts(v) => v.len(),
             Column::Ints(v) => v.len(),
             Column::Bools(v) => v.len(),
         }
     }
-}
-
-/// A row set as a JSON array of arrays, a row an array of its columns' values in order: how
-/// SQLite's `{rows}` reads it.
-pub(crate) fn rows_json(cols: &[Column<'_>]) -> String {
-    let n = cols.first().map_or(0, Column::len);
-    let mut out: Vec<u8> = Vec::with_capacity(2 + n * cols.len() * 12);
-    out.push(b'[');
-    for row in 0..n {
-        out.extend_from_slice(if row == 0 { b"[" } else { b",[" });
-        for (i, col) in cols.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            // Strings, integers and flags always serialize.
-            let _ = match col {
-                Column::Texts(v) => serde_json::to_writer(&mut out, &v[row]),
-                Column::Ints(v) => serde_json::to_writer(&mut out, &v[row]),
-                Column::Bools(v) => serde_json::to_writer(&mut out, &v[row]),
-            };
-        }
-        out.push(b']');
-    }
-    out.push(b']');
-    // serde_json writes UTF-8.
-    String::from_utf8(out).unwrap_or_default()
 }
 
 impl From<i64> for Arg<'_> {
@@ -339,24 +313,23 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
         .replace("{by_id}", s.by_id);
     // Row sets bound a column a parameter take theirs after the statement's own, in the
     // order of their `$n` (as the backend binds them).
-    let mut extra = max_param(&out) + 1;
-    let mut sets: Vec<(usize, usize)> = row_sets(&out).into_iter().map(|r| (r.param, r.cols.len())).collect();
-    sets.sort_unstable();
-    let mut firsts = HashMap::new();
-    for (param, cols) in sets {
-        firsts.insert(param, extra);
-        extra += cols - 1;
+    let sets = row_sets(&out);
+    let mut by_param: Vec<&RowSet> = sets.iter().collect();
+    by_param.sort_unstable_by_key(|r| r.param);
+    let mut next = max_param(&out) + 1;
+    let mut others = HashMap::new();
+    for r in by_param {
+        others.insert(r.param, next);
+        next += r.cols.len() - 1;
     }
-    while let Some(RowSet { at, param, alias, cols }) = row_sets(&out).into_iter().next() {
+    // From the last, so that the earlier ones' places stay where they were found.
+    for RowSet { at, param, alias, cols } in sets.into_iter().rev() {
         let params: Vec<String> = match s.rows_bind {
             RowsBind::One => vec![format!("${param}")],
-            RowsBind::PerColumn => {
-                std::iter::once(param).chain((0..cols.len() - 1).map(|i| firsts[&param] + i)).map(|p| format!("${p}")).collect()
-            }
+            RowsBind::PerColumn => std::iter::once(param).chain(others[&param]..).take(cols.len()).map(|p| format!("${p}")).collect(),
         };
         let cols: Vec<(&str, &str)> = cols.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
-        let rows = (s.rows)(&params, &alias, &cols);
-        out.replace_range(at, &rows);
+        out.replace_range(at, &(s.rows)(&params, &alias, &cols));
     }
     while let Some(start) = out.find("{in $") {
         let Some(len) = out[start..].find('}') else { break };
@@ -745,17 +718,6 @@ mod tests {
             "FROM ROWS($3 $6) k[x:text y:bool], ROWS($1 $4 $5) j[id:text a:bigint b:text] WHERE n = $2"
         );
         assert_eq!(render("FROM {rows $1 AS j(id text, a bigint)} WHERE n = $2", &PLAIN), "FROM ROWS($1) j[id:text a:bigint] WHERE n = $2");
-    }
-
-    #[test]
-    fn a_row_set_is_a_json_array_of_arrays_for_sqlite() {
-        let cols = vec![
-            Column::Texts(vec![Some("a".into()), Some("b\"c".into())]),
-            Column::Ints(vec![Some(1), None]),
-            Column::Bools(vec![true, false]),
-        ];
-        assert_eq!(rows_json(&cols), r#"[["a",1,true],["b\"c",null,false]]"#);
-        assert_eq!(rows_json(&[]), "[]");
     }
 
     #[test]

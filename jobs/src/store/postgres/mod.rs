@@ -121,10 +121,11 @@ fn bound<'q>(
             Arg::Bool(v) => q.bind(v),
             Arg::Text(v) => q.bind(v),
             Arg::Texts(v) => q.bind(v),
-            Arg::Rows(mut cols) => {
-                let rest = cols.split_off(1.min(cols.len()));
-                later.extend(rest);
-                cols.into_iter().fold(q, bind_column)
+            Arg::Rows(cols) => {
+                let mut cols = cols.into_iter();
+                let first = cols.next();
+                later.extend(cols);
+                first.into_iter().fold(q, bind_column)
             }
         };
     }

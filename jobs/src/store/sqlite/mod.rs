@@ -19,7 +19,7 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::{
-    Arg, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for, rows_json,
+    Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for,
     run_cols, sql,
 };
 use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
@@ -85,6 +85,32 @@ fn parse_aggregate<T: serde::de::DeserializeOwned>(text: Option<String>, context
 /// A JSON array of texts, as `json_each` reads a list.
 fn json_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
+}
+
+/// A row set as a JSON array of arrays, a row an array of its columns' values in order: how
+/// SQLite's `{rows}` reads it.
+pub(crate) fn rows_json(cols: &[Column<'_>]) -> String {
+    let n = cols.first().map_or(0, Column::len);
+    let mut out: Vec<u8> = Vec::with_capacity(2 + n * cols.len() * 12);
+    out.push(b'[');
+    for row in 0..n {
+        out.extend_from_slice(if row == 0 { b"[" } else { b",[" });
+        for (i, col) in cols.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Strings, integers and flags always serialize.
+            let _ = match col {
+                Column::Texts(v) => serde_json::to_writer(&mut out, &v[row]),
+                Column::Ints(v) => serde_json::to_writer(&mut out, &v[row]),
+                Column::Bools(v) => serde_json::to_writer(&mut out, &v[row]),
+            };
+        }
+        out.push(b']');
+    }
+    out.push(b']');
+    // serde_json writes UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// `q` with `args` bound. Its text numbers placeholders `?n`: a `$n` here would be looked up by
@@ -504,12 +530,8 @@ impl RunSql for SqliteStore {
             let mut tx = WriteTx(Some(self.write.acquire().await?));
             // What of the write was the wait for the writer.
             let writer_wait_us = asked.elapsed().as_micros() as u64;
-            let rows = sqlx::query(sql!(SqliteStore, ends_and_claims_script()))
-                .bind(rows_json(&end_rows(ends)))
-                .bind(now)
-                .bind(worker)
-                .bind(super::QUEUE)
-                .bind(n.max(1) as i64)
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), super::QUEUE.into(), (n.max(1) as i64).into()];
+            let rows = bound(sqlx::query(sql!(SqliteStore, ends_and_claims_script())), args)
                 .fetch_all(&mut *tx)
                 .await
                 .ctx("recording ends and claiming runs")?;
@@ -813,6 +835,17 @@ mod tests {
     use super::*;
     use crate::store::{Ends, Handover, Leases, Records, Upkeep};
     use sqlx::Row;
+
+    #[test]
+    fn a_row_set_is_a_json_array_of_arrays_for_sqlite() {
+        let cols = vec![
+            Column::Texts(vec![Some("a".into()), Some("b\"c".into())]),
+            Column::Ints(vec![Some(1), None]),
+            Column::Bools(vec![true, false]),
+        ];
+        assert_eq!(rows_json(&cols), r#"[["a",1,true],["b\"c",null,false]]"#);
+        assert_eq!(rows_json(&[]), "[]");
+    }
 
     async fn migrated() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
