@@ -33,33 +33,23 @@ impl NewRun {
     /// notification), due at once, running `snapshot`; input, parameters, key and asker are
     /// the caller's to set.
     pub(crate) fn asked(owner: Owner, trigger: Trigger, snapshot: JobSnapshot, now: DateTime<Utc>) -> Self {
-        NewRun {
-            owner,
-            trigger,
-            status: RunStatus::Queued,
-            scheduled_at: None,
-            due_at: now,
-            attempt: 1,
-            input: None,
-            parameters: None,
-            error: None,
-            idempotency_key: None,
-            retry_of: None,
-            root_id: None,
-            snapshot: Some(snapshot),
-            requested_by: None,
-        }
+        NewRun { snapshot: Some(snapshot), ..Self::first(owner, trigger, now) }
     }
 
     /// A cron tick of `job` at `at`, with nothing else set: the tests' tick.
     #[cfg(test)]
     pub(crate) fn tick(job: &str, at: DateTime<Utc>) -> Self {
+        NewRun { scheduled_at: Some(at), ..Self::first(Owner::Job(job.into()), Trigger::Cron, at) }
+    }
+
+    /// A queued first attempt due at `due_at`, nothing else set.
+    fn first(owner: Owner, trigger: Trigger, due_at: DateTime<Utc>) -> Self {
         NewRun {
-            owner: Owner::Job(job.into()),
-            trigger: Trigger::Cron,
+            owner,
+            trigger,
             status: RunStatus::Queued,
-            scheduled_at: Some(at),
-            due_at: at,
+            scheduled_at: None,
+            due_at,
             attempt: 1,
             input: None,
             parameters: None,

@@ -89,7 +89,7 @@ fn json_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
 
 /// A row set as a JSON array of arrays, a row an array of its columns' values in order: how
 /// SQLite's `{rows}` reads it.
-pub(crate) fn rows_json(cols: &[Column<'_>]) -> String {
+fn rows_json(cols: &[Column<'_>]) -> String {
     let n = cols.first().map_or(0, Column::len);
     let mut out: Vec<u8> = Vec::with_capacity(2 + n * cols.len() * 12);
     out.push(b'[');
