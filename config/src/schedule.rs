@@ -313,7 +313,11 @@ fn thousands(n: usize) -> String {
 }
 
 pub(crate) fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
-    Tz::from_str(tz).map_err(|_| ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name (e.g. \"Europe/Berlin\", \"UTC\")")))
+    Tz::from_str(tz).map_err(|_| {
+        let hint = crate::diag::did_you_mean(tz, chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()));
+        let hint = if hint.is_empty() { " (e.g. \"Europe/Berlin\", \"UTC\")".to_string() } else { hint };
+        ScheduleError(format!("time zone \"{tz}\" is not an IANA zone name{hint}"))
+    })
 }
 
 /// Translates standard cron to the `cron` crate's 6-field, seconds-first form, and picks the
@@ -345,6 +349,12 @@ fn parse_cron(expr: &str) -> Result<(Vec<cron::Schedule>, DstRule), ScheduleErro
         }
     }
     // fields: seconds minute hour day-of-month month day-of-week (standard numbering).
+    // Every field is checked here, so that an error names the field as the user wrote it (the
+    // cron crate's own messages show its six-field form and name the ranges wrongly).
+    // (Day-of-week is checked as it is translated.)
+    for (spec, f) in FIELDS.iter().zip(&fields[..5]) {
+        check_field(spec, f).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))?;
+    }
     let dst = if fields[..3].iter().any(|f| f.starts_with('*')) { DstRule::RealTime } else { DstRule::FirstOccurrence };
     let dow = fields[5].to_string();
     let dom = fields[3];
@@ -355,7 +365,13 @@ fn parse_cron(expr: &str) -> Result<(Vec<cron::Schedule>, DstRule), ScheduleErro
         if dow_restricted { translate_dow(&dow).map_err(|m| ScheduleError(format!("cron \"{e}\": {m}")))? } else { "*".to_string() };
     let build = |dom: &str, dow: &str| -> Result<cron::Schedule, ScheduleError> {
         let s = format!("{} {} {} {} {} {}", fields[0], fields[1], fields[2], dom, month, dow);
-        cron::Schedule::from_str(&s).map_err(|err| ScheduleError(format!("cron \"{e}\" is not valid: {err}")))
+        cron::Schedule::from_str(&s).map_err(|err| {
+            // Not reached for what `check_field` knows; the crate's message is kept to its first
+            // line (it goes on with the six-field form and a caret).
+            let err = err.to_string();
+            let first = err.lines().map(str::trim).rfind(|l| !l.is_empty() && !l.starts_with('^')).unwrap_or("");
+            ScheduleError(format!("cron \"{e}\" is not valid: {first}"))
+        })
     };
     if dom_restricted && dow_restricted {
         // Standard cron: "1 * * * MON" and "0 0 13 * FRI" fire when either day field matches.
@@ -363,6 +379,82 @@ fn parse_cron(expr: &str) -> Result<(Vec<cron::Schedule>, DstRule), ScheduleErro
     } else {
         Ok((vec![build(dom, &dow_t)?], dst))
     }
+}
+
+/// One field of a cron expression: its name, its range, and the names it may use.
+struct FieldSpec {
+    name: &'static str,
+    lo: u32,
+    hi: u32,
+    names: &'static [&'static str],
+    /// `?` is allowed (the day fields).
+    any: bool,
+}
+
+/// The fields before day-of-week, seconds first, as [`parse_cron`] holds them.
+const FIELDS: [FieldSpec; 5] = [
+    FieldSpec { name: "second", lo: 0, hi: 59, names: &[], any: false },
+    FieldSpec { name: "minute", lo: 0, hi: 59, names: &[], any: false },
+    FieldSpec { name: "hour", lo: 0, hi: 23, names: &[], any: false },
+    FieldSpec { name: "day-of-month", lo: 1, hi: 31, names: &[], any: true },
+    FieldSpec { name: "month", lo: 1, hi: 12, names: &MONTHS, any: false },
+];
+
+/// Checks one field (`*`, `?`, numbers or names, ranges `a-b`, steps `/n`, lists): the first
+/// part out of its range or not a number, named as `minute 61 is out of range 0–59`.
+fn check_field(spec: &FieldSpec, field: &str) -> Result<(), String> {
+    let FieldSpec { name, lo, hi, .. } = *spec;
+    let value = |s: &str| -> Result<u32, String> {
+        if let Some(i) = spec.names.iter().position(|n| n.eq_ignore_ascii_case(s)) {
+            return Ok(u32::try_from(i).unwrap_or(0) + lo);
+        }
+        let n: u32 = s.parse().map_err(|_| {
+            let names = if spec.names.is_empty() {
+                String::new()
+            } else {
+                format!(" or a name ({}–{})", spec.names[0], spec.names[spec.names.len() - 1])
+            };
+            format!("{name} \"{s}\" is not a number {lo}–{hi}{names}")
+        })?;
+        if n < lo || n > hi { Err(format!("{name} {n} is out of range {lo}–{hi}")) } else { Ok(n) }
+    };
+    for part in field.split(',') {
+        if part.is_empty() {
+            return Err(format!("{name} \"{field}\" has an empty list item"));
+        }
+        let (range, step) = match part.split_once('/') {
+            Some((r, s)) => {
+                let step: u32 = s.parse().map_err(|_| format!("{name} step \"{s}\" is not a number"))?;
+                if step == 0 {
+                    return Err(format!("{name} step must be at least 1"));
+                }
+                (r, Some(step))
+            }
+            None => (part, None),
+        };
+        match range {
+            "*" => {}
+            "?" if spec.any => {}
+            "?" => return Err(format!("{name}: \"?\" is allowed only in the day fields; write \"*\"")),
+            r => match r.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (value(a)?, value(b)?);
+                    if a > b {
+                        return Err(format!("{name} range \"{r}\" runs backwards"));
+                    }
+                }
+                None => {
+                    value(r)?;
+                }
+            },
+        }
+        if let Some(step) = step
+            && step > hi
+        {
+            return Err(format!("{name} step {step} is larger than the range {lo}–{hi}"));
+        }
+    }
+    Ok(())
 }
 
 fn translate_names(field: &str, names: &[&str], base: usize) -> String {
@@ -639,15 +731,38 @@ mod tests {
         for (e, want) in [
             ("0 2 * *", "has 4 fields"),
             ("@fortnightly", "not one of @yearly"),
-            ("0 25 * * *", "is not valid"),
+            ("0 25 * * *", "hour 25 is out of range 0–23"),
+            ("61 * * * *", "minute 61 is out of range 0–59"),
+            ("0 0 32 * *", "day-of-month 32 is out of range 1–31"),
+            ("0 0 0 * *", "day-of-month 0 is out of range 1–31"),
+            ("0 0 * 13 *", "month 13 is out of range 1–12"),
+            ("0 0 * FOO *", "month \"FOO\" is not a number 1–12 or a name (JAN–DEC)"),
+            ("60 0 0 * * *", "second 60 is out of range 0–59"),
+            ("x * * * *", "minute \"x\" is not a number 0–59"),
+            ("0 5-2 * * *", "hour range \"5-2\" runs backwards"),
+            ("*/0 * * * *", "minute step must be at least 1"),
+            ("0 ? * * *", "allowed only in the day fields"),
             ("0 2 * * 8", "out of range 0–7"),
             ("0 2 * * FUNDAY", "not 0–7 or a day name"),
             ("0 2 * * 5-1", "runs backwards"),
         ] {
             let err = Schedule::cron(e, "UTC").unwrap_err().to_string();
             assert!(err.contains(want), "{e}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+        // The edges of each range are valid, and so are names, steps and lists.
+        for ok in ["59 23 31 12 7", "0 0 1 1 0", "59 59 23 31 12 SAT", "*/59 0-23/2 1,15,31 JAN-DEC MON-FRI", "0 0 ? * MON", "0 0 L * *"] {
+            if ok.contains('L') {
+                assert!(Schedule::cron(ok, "UTC").unwrap_err().to_string().contains("day-of-month \"L\" is not a number"));
+            } else {
+                assert!(Schedule::cron(ok, "UTC").is_ok(), "{ok}");
+            }
         }
         assert!(Schedule::cron("0 2 * * *", "Mars/Olympus").unwrap_err().to_string().contains("IANA"));
+        assert_eq!(
+            Schedule::cron("0 2 * * *", "Europe/Berln").unwrap_err().to_string(),
+            "time zone \"Europe/Berln\" is not an IANA zone name (did you mean \"Europe/Berlin\"?)"
+        );
         assert!(Schedule::every("soon").is_err());
         assert!(Schedule::every("10ms").is_err());
         assert!(Schedule::at("tomorrow").is_err());

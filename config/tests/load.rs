@@ -183,6 +183,12 @@ scheduling:
       type: agent
       agent: ghost
       timeout: soon
+    d:
+      type: plugin
+      plugin: file-save
+      action: save
+      cron: "61 * * * *"
+      timezone: Europe/Berln
 agents:
   dup:
     model: m
@@ -197,12 +203,15 @@ agents:
         "lamplighter.yaml:18:7: error: job \"c\" runs agent \"ghost\", which is not defined (defined agents: \"dup\")",
         "lamplighter.yaml:19:7: error: job \"c\": timeout \"soon\" is not a duration",
         "more.yaml:2:3: error: agent \"dup\" is defined twice: in",
+        // A bad zone does not hide a bad cron: both, each on one line, naming the field.
+        "lamplighter.yaml:24:7: error: job \"d\": cron \"61 * * * *\": minute 61 is out of range 0–59",
+        "lamplighter.yaml:25:7: error: job \"d\": time zone \"Europe/Berln\" is not an IANA zone name (did you mean \"Europe/Berlin\"?)",
     ];
     for e in expected {
         assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
     }
     let dup = errs.iter().find(|e| e.contains("defined twice")).unwrap();
-    assert!(dup.contains("lamplighter.yaml:21:3") && dup.contains("more.yaml:2:3"), "{dup}");
+    assert!(dup.contains("lamplighter.yaml:27:3") && dup.contains("more.yaml:2:3"), "{dup}");
 }
 
 #[test]

@@ -48,7 +48,18 @@ fn every_error_is_returned_at_once_naming_its_field() {
         (json!({"cron": "30 7 * * *", "workflow": "news-digst"}), vec!["workflow: "]),
         (json!({"cron": "30 7 * * *", "agent": "ghost"}), vec!["agent: "]),
         (json!({"cron": "nope", "workflow": "nope", "overlap": "sometimes"}), vec!["workflow: ", "cron: ", "overlap: "]),
-        (json!({"crn": "30 7 * * *", "workflow": "news-digest"}), vec!["definition: unknown field `crn`"]),
+        (json!({"crn": "30 7 * * *", "workflow": "news-digest"}), vec!["definition: unknown key \"crn\" (did you mean \"cron\"?)"]),
+        // A value of the wrong type does not hide the other fields' errors.
+        (
+            json!({"cron": "61 * * * *", "timezone": "Europe/Berln", "workflow": "news-digst", "retries": {"max": -1, "backof": "fixed"}}),
+            vec![
+                "retries: unknown key \"backof\" (did you mean \"backoff\"?)",
+                "retries.max: invalid value: integer `-1`, expected u32",
+                "timezone: job \"j\": time zone \"Europe/Berln\" is not an IANA zone name (did you mean \"Europe/Berlin\"?)",
+                "workflow: ",
+                "cron: job \"j\": cron \"61 * * * *\": minute 61 is out of range 0–59",
+            ],
+        ),
         (json!("30 7 * * *"), vec!["definition: must be a job's entry"]),
         (json!(42), vec!["definition: must be a job's entry"]),
         (json!({"cron": "30 7 * * *"}), vec!["definition: job \"j\" needs \"type\""]),

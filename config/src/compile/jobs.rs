@@ -152,11 +152,8 @@ impl Compiler<'_> {
             None => (default_tz.0.clone(), default_tz.1.clone()),
             Some(own) => {
                 let tz = schedule::parse_tz(own);
-                if tz.is_err() {
-                    self.err(
-                        &p("timezone"),
-                        format!("job \"{name}\": time zone \"{own}\" is not an IANA zone name (e.g. \"Europe/Berlin\")"),
-                    );
+                if let Err(e) = &tz {
+                    self.err(&p("timezone"), format!("job \"{name}\": {e}"));
                     ok = false;
                 }
                 (own.clone(), tz)
@@ -255,13 +252,12 @@ impl Compiler<'_> {
                 Retention { max_runs: r.max_runs, max_age }
             }
         };
-        // In the files the schedule is parsed only once the job is otherwise valid, as before:
-        // a job with other errors reports those. A definition given alone answers with every
-        // error at once, its schedule's too, read in UTC when its own zone is wrong (that error
-        // is reported already). A job whose only error is its schedule is still returned,
-        // without a schedule, so the checks after compiling (plugin actions) report theirs too.
+        // Every error at once, the schedule's too, read in UTC when the job's own zone is wrong
+        // (that error is reported already). A job whose only error is its schedule is still
+        // returned, without a schedule, so the checks after compiling (plugin actions) report
+        // theirs too.
         let zone = if ok { tz.clone() } else { Ok(tz.clone().unwrap_or(Tz::UTC)) };
-        let schedule = schedules.into_iter().next().filter(|_| ok || self.fields).and_then(|spec| {
+        let schedule = schedules.into_iter().next().and_then(|spec| {
             let field = spec.field();
             let key = zone.as_ref().ok().map(|tz| (spec.clone(), *tz));
             if let Some(shared) = key.as_ref().and_then(|k| self.schedules.get(k)) {
