@@ -103,7 +103,7 @@ impl Registry {
                 continue;
             }
             seen_dirs.push(canonical);
-            for folder in plugin_folders(dir) {
+            for folder in plugin_folders(dir, &mut registry.dir_problems) {
                 let (info, module) = load_folder(&folder, &opts, &mut origins, &mut engine);
                 // The seed ships its built-ins as .NET plugins under the same names (its
                 // `plugins.dirs` points at them); Lamplighter's own built-in is that plugin.
@@ -126,11 +126,17 @@ impl Registry {
 }
 
 /// The sub-folders of `dir` that hold a `manifest.json`, sorted; hidden ones are skipped.
-fn plugin_folders(dir: &Path) -> Vec<PathBuf> {
+fn plugin_folders(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) => {
-            tracing::warn!(dir = %dir.display(), %error, "plugin directory cannot be read; skipped");
+            let why = if error.kind() == std::io::ErrorKind::NotFound {
+                "does not exist".to_string()
+            } else {
+                format!("cannot be read ({error})")
+            };
+            tracing::warn!(dir = %dir.display(), "plugin directory {why}; skipped");
+            problems.push((dir.to_path_buf(), format!("plugin directory {} {why}; no plugins are loaded from it", dir.display())));
             return Vec::new();
         }
     };
@@ -139,6 +145,13 @@ fn plugin_folders(dir: &Path) -> Vec<PathBuf> {
             dir = %dir.display(),
             "plugin directory holds a manifest.json itself; list the folder that contains plugin folders instead"
         );
+        problems.push((
+            dir.to_path_buf(),
+            format!(
+                "plugin directory {} holds a manifest.json itself; list the folder that contains plugin folders instead",
+                dir.display()
+            ),
+        ));
     }
     let mut folders: Vec<PathBuf> = entries
         .filter_map(Result::ok)

@@ -152,12 +152,21 @@ pub struct Registry {
     plugins: Vec<PluginInfo>,
     /// The loaded WASM plugins by name; each has an entry without an error in `plugins`.
     wasm: HashMap<String, Arc<wasm::WasmPlugin>>,
+    /// What is wrong with a folder of `plugins.dirs` itself (missing, unreadable, a plugin
+    /// folder given instead of the folder of plugin folders): the folder and why.
+    dir_problems: Vec<(PathBuf, String)>,
 }
 
 impl Registry {
     /// The built-in plugins only. [`Registry::load`] adds the plugins found on disk.
     pub fn builtin() -> Self {
-        Self { plugins: builtin::infos(), wasm: HashMap::new() }
+        Self { plugins: builtin::infos(), wasm: HashMap::new(), dir_problems: Vec::new() }
+    }
+
+    /// The folders of `plugins.dirs` that gave no plugins because of the folder itself, each
+    /// with why: `config validate` shows them, located at `plugins.dirs`.
+    pub fn dir_problems(&self) -> &[(PathBuf, String)] {
+        &self.dir_problems
     }
 
     /// Whether `plugin` is a loaded WASM plugin (the only kind that uses an action's `host`).

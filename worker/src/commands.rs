@@ -38,7 +38,13 @@ impl Purpose {
 pub(crate) fn load_checked(path: Option<PathBuf>, purpose: Purpose) -> Result<(Loaded, Arc<Registry>), Vec<Diagnostic>> {
     let (config, mut diags) = load(path, purpose.merged());
     let registry = Arc::new(config.as_ref().map_or_else(Registry::builtin, registry_for));
-    if config.is_some() {
+    if let Some(c) = &config {
+        // The seed's validate checks that each folder exists. A missing one is a warning (a
+        // worker runs without its plugins, and the seed's own reference names a folder it
+        // does not ship); what needs a plugin from it is an error of its own.
+        for (_, why) in registry.dir_problems() {
+            diags.push(Diagnostic::warning(c.locate(&["plugins", "dirs"]), why.clone()));
+        }
         for p in registry.plugins() {
             if let Some(e) = &p.error {
                 diags.push(Diagnostic::warning(None, format!("plugin \"{}\" is not available: {e}", p.name)));

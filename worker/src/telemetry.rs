@@ -82,18 +82,38 @@ fn exporter(t: &TelemetryConfig, s: &SignalConfig, signal: &str, env: &impl Fn(&
 }
 
 /// A signal's OTLP wire: the config's `protocol`, else `OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`,
-/// else `OTEL_EXPORTER_OTLP_PROTOCOL`, else http/protobuf.
+/// else `OTEL_EXPORTER_OTLP_PROTOCOL`; with none set, the convention of the endpoint's port
+/// (4317 is gRPC's, as in the seed's `telemetry.yaml`: HTTP sent there is lost without a
+/// word), else http/protobuf. The endpoint is the signal's, else the variables'.
 fn wire(s: &SignalConfig, signal: &str, env: &impl Fn(&str) -> Option<String>) -> Result<OtlpProtocol, String> {
     if let Some(p) = s.protocol {
         return Ok(p);
     }
-    let specific = format!("OTEL_EXPORTER_OTLP_{}_PROTOCOL", signal.to_ascii_uppercase());
+    let upper = signal.to_ascii_uppercase();
+    let specific = format!("OTEL_EXPORTER_OTLP_{upper}_PROTOCOL");
     for var in [specific.as_str(), "OTEL_EXPORTER_OTLP_PROTOCOL"] {
         if let Some(p) = env(var).filter(|p| !p.trim().is_empty()) {
             return OtlpProtocol::parse(&p).map_err(|e| format!("{var}: {e}"));
         }
     }
-    Ok(OtlpProtocol::HttpProtobuf)
+    let endpoint = s.endpoint.clone().or_else(|| {
+        [format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"), "OTEL_EXPORTER_OTLP_ENDPOINT".to_string()]
+            .iter()
+            .find_map(|var| env(var).filter(|e| !e.trim().is_empty()))
+    });
+    Ok(match endpoint.as_deref().and_then(port_of) {
+        Some(4317) => OtlpProtocol::Grpc,
+        _ => OtlpProtocol::HttpProtobuf,
+    })
+}
+
+/// The port written in a URL (`http://collector:4317/…` → 4317); none when it has none.
+fn port_of(url: &str) -> Option<u16> {
+    let rest = url.trim().split_once("://").map_or(url.trim(), |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (_, port) = authority.rsplit_once(':')?;
+    // `[::1]` alone has colons but no port after its bracket.
+    if port.contains(']') { None } else { port.parse().ok() }
 }
 
 /// Builds a signal's OTLP exporter (`$builder`: `SpanExporter`, `MetricExporter` or
@@ -660,6 +680,21 @@ mod tests {
         assert_eq!(wire(&on.traces, "traces", &env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")), Ok(OtlpProtocol::Grpc));
         assert_eq!(wire(&on.metrics, "metrics", &env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")), Ok(OtlpProtocol::HttpProtobuf));
         assert_eq!(wire(&on.logs, "logs", &env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")), Ok(OtlpProtocol::Grpc));
+        // No protocol anywhere: the endpoint's port decides (the seed's `http://localhost:4317`
+        // is gRPC), the signal's endpoint first, then the variables'.
+        let at = |e: &str| SignalConfig { exporter: None, protocol: None, endpoint: Some(e.into()) };
+        let none = |_: &str| None;
+        assert_eq!(wire(&at("http://localhost:4317"), "traces", &none), Ok(OtlpProtocol::Grpc));
+        assert_eq!(wire(&at("http://collector:4317/"), "logs", &none), Ok(OtlpProtocol::Grpc));
+        assert_eq!(wire(&at("http://localhost:4318"), "traces", &none), Ok(OtlpProtocol::HttpProtobuf));
+        assert_eq!(wire(&at("https://otlp.example/v1/traces"), "traces", &none), Ok(OtlpProtocol::HttpProtobuf));
+        assert_eq!(wire(&on.traces, "traces", &env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")), Ok(OtlpProtocol::Grpc));
+        assert_eq!(wire(&on.metrics, "metrics", &env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://[::1]:4317")), Ok(OtlpProtocol::Grpc));
+        assert_eq!(
+            wire(&at("http://localhost:4317"), "traces", &env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")),
+            Ok(OtlpProtocol::HttpProtobuf)
+        );
+        assert_eq!(port_of("http://[::1]"), None);
         // The config's choice wins over the variable; the variable fills in.
         let t = TelemetryConfig { enabled: true, ..TelemetryConfig::default() };
         assert_eq!(exporter(&t, &t.traces, "traces", &env("OTEL_TRACES_EXPORTER", "none")), Exporter::None);

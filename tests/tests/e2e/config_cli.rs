@@ -38,6 +38,19 @@ fn quickstart_config_validates() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// A folder of `plugins.dirs` that does not exist is told, located, as the seed's validate
+/// checks it; a warning, since a worker runs without it (what needs one of its plugins is an
+/// error of its own).
+#[test]
+fn a_missing_plugin_directory_is_told() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("lamplighter.yaml"), "plugins:\n  dirs: [./nope]\n").unwrap();
+    let (code, out, err) = run_cli(&["config", "validate", "--config", "lamplighter.yaml"], tmp.path());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("lamplighter.yaml:2:3: warning: plugin directory ") && err.contains("nope does not exist"), "{err}");
+    assert!(out.contains("1 warnings"), "{out}");
+}
+
 /// Each fixture lists the errors it must produce in `# expect:` lines.
 #[test]
 fn broken_configs_exit_2_with_every_error_located() {
