@@ -116,7 +116,7 @@ async fn file_actions_refuse_paths_outside() {
 async fn shell_runs_in_working_directory_and_captures_output() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("marker.txt"), "").expect("write");
-    let c = ctx(dir.path(), &["ls", "echo"]);
+    let c = ctx(dir.path(), &["ls", "echo *"]);
     let out = call("shell-exec", "run", json!({"command": "ls; echo err >&2"}), &c).await.expect("run");
     assert_eq!(out, json!({"exit_code": 0, "stdout": "marker.txt\n", "stderr": "err\n", "truncated": false}));
 }
@@ -654,20 +654,28 @@ async fn project_detect_python_empty_and_bad_directories() {
 }
 
 #[tokio::test]
-async fn shell_allowed_commands_really_run_and_quoted_separators_are_refused() {
+async fn shell_allowed_commands_really_run_and_quoted_separators_are_arguments() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("marker.txt"), "marked\n").expect("write");
-    let c = ctx(dir.path(), &["echo", "tr", "cat", "printf hello*"]);
+    let c = ctx(dir.path(), &["echo *", "tr *", "cat *", "printf hello*", "sh -c *"]);
     let out = call("shell-exec", "run", json!({"command": "echo hello | tr a-z A-Z"}), &c).await.expect("pipe");
     assert_eq!(out["stdout"], json!("HELLO\n"));
     let out = call("shell-exec", "run", json!({"command": "cat marker.txt && echo done"}), &c).await.expect("and");
     assert_eq!(out["stdout"], json!("marked\ndone\n"));
     let out = call("shell-exec", "run", json!({"command": "printf hello-world"}), &c).await.expect("multi-word prefix");
     assert_eq!(out["stdout"], json!("hello-world"));
-    for (command, refused) in [("printf bye", "printf bye"), ("echo \"a;b\"", "b\""), ("echo 'x|y'", "y'")] {
+    // A quoted separator is an argument: `sh` runs one command, and so does the check.
+    let out = call("shell-exec", "run", json!({"command": "echo \"a;b\" 'x|y'"}), &c).await.expect("quoted");
+    assert_eq!(out["stdout"], json!("a;b x|y\n"));
+    let out = call("shell-exec", "run", json!({"command": "sh -c 'for i in 1 2; do echo $i; done'"}), &c).await.expect("a loop");
+    assert_eq!(out["stdout"], json!("1\n2\n"));
+    for (command, refused) in
+        [("printf bye", "printf bye"), ("echo 'a'; touch pwned", "touch pwned"), ("echo 'open; touch pwned", "echo 'open; touch pwned")]
+    {
         let err = call("shell-exec", "run", json!({"command": command}), &c).await.expect_err(command);
         assert!(matches!(err, ActionError::CommandNotAllowed { command: ref cmd, .. } if cmd == refused), "{command:?}: {err}");
     }
+    assert!(!dir.path().join("pwned").exists());
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 // A real OpenID provider (npm `oidc-provider`, installed by `.ci/oidc.sh`) on loopback, for the
 // OAuth end-to-end tests: the worker is the resource server, this is its authorization server.
 //
-//   $DIR/node oidc_provider.mjs --modules $DIR --resource http://127.0.0.1:PORT/mcp \
+//   $DIR/node oidc_provider.mjs --modules $DIR [--resource http://127.0.0.1:PORT/mcp] \
 //       [--port 0] [--alg RS256|ES256|EdDSA] [--ttl SECONDS]
 //
 // where $DIR is what `.ci/oidc.sh` prints (without --modules: $LAMPLIGHTER_OIDC, then
@@ -18,8 +18,10 @@
 // - Every resource indicator is a resource server (RFC 8707): its access tokens are JWTs whose aud
 //   is that resource, with scope = requested ∩ {lamplighter:read, lamplighter:operate,
 //   lamplighter:manage}, living --ttl seconds (default 3600). A request naming no resource gets
-//   one for --resource. A token for another resource (say http://127.0.0.1:1/other) is issued just
-//   as readily, so a test can check the worker refuses it.
+//   one for --resource (without --resource, an opaque token: MCP clients always name the resource,
+//   so a test may start this before the worker, whose port it then need not know). A token for
+//   another resource (say http://127.0.0.1:1/other) is issued just as readily, so a test can check
+//   the worker refuses it.
 // - Grants: authorization_code (PKCE S256, required for public clients), refresh_token (issued to
 //   every client allowed the grant, offline_access or not), client_credentials.
 // - Open dynamic client registration (no initial access token), as MCP clients use.
@@ -55,16 +57,11 @@ function die(message) {
   process.exit(2);
 }
 
-if (!args.resource) die('--resource URL is required');
-try {
-  new URL(args.resource); // eslint-disable-line no-new
-} catch {
-  die(`--resource is not a URL: ${args.resource}`);
-}
-const RESOURCE = args.resource;
-const ALGS = { RS256: 'RSA', PS256: 'RSA', ES256: 'EC', EdDSA: 'OKP', Ed25519: 'OKP' };
+if (args.resource !== undefined && !URL.canParse(args.resource)) die(`--resource is not a URL: ${args.resource}`);
+const RESOURCE = args.resource ?? null;
+const ALGS = ['RS256', 'ES256', 'EdDSA']; // one key of each kind is in the JWKS
 const ALG = args.alg;
-if (!ALGS[ALG]) die(`--alg must be one of ${Object.keys(ALGS).join(', ')}`);
+if (!ALGS.includes(ALG)) die(`--alg must be one of ${ALGS.join(', ')}`);
 const TTL = Number(args.ttl);
 if (!Number.isInteger(TTL) || TTL <= 0) die('--ttl must be a positive integer (seconds)');
 const PORT = Number(args.port);
@@ -103,9 +100,7 @@ function signingKeys() {
 }
 
 const Provider = await loadProvider();
-let keys = signingKeys();
-if (ALG === 'PS256') keys = keys.map((k) => (k.kty === 'RSA' ? { ...k, alg: 'PS256' } : k));
-if (ALG === 'Ed25519') keys = keys.map((k) => (k.kty === 'OKP' ? { ...k, alg: 'Ed25519' } : k));
+const keys = signingKeys();
 
 // Listen first: the issuer must carry the port the kernel picked.
 const server = createServer();
@@ -153,7 +148,7 @@ const provider = new Provider(ISSUER, {
       enabled: true,
       // No `resource` asked for: the worker's. Several granted: the worker's if among them.
       defaultResource: async (_ctx, _client, oneOf) => {
-        if (!oneOf) return RESOURCE;
+        if (!oneOf) return RESOURCE ?? undefined;
         if (oneOf.length === 1) return oneOf[0];
         return oneOf.includes(RESOURCE) ? RESOURCE : oneOf;
       },

@@ -86,6 +86,20 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
                 }
             }
         }
+        // A one-word pattern once allowed any arguments; the seed's rule (kept now) is exact.
+        let patterns = c.jobs.values().map(|j| (["scheduling", "jobs", j.name.as_str()], &j.allowed_commands));
+        let patterns = patterns.chain(c.agents.values().map(|a| (["agents", a.name.as_str(), ""], &a.allowed_commands)));
+        let patterns = patterns.chain(std::iter::once((["worker", "mcp", "manage_jobs"], &c.worker.manage_jobs.allowed_commands)));
+        let mut loose = Vec::new();
+        for (at, list) in patterns {
+            for p in list {
+                if let Some(why) = lamplighter_plugins::loose_pattern_warning(p) {
+                    let at: Vec<&str> = at.iter().copied().filter(|s| !s.is_empty()).chain(["allowed_commands"]).collect();
+                    loose.push(Diagnostic::warning(c.locate(&at), why));
+                }
+            }
+        }
+        diags.extend(loose);
         if let Some(why) = crate::security::exposure(&c.worker) {
             diags.push(Diagnostic::error(c.locate(&["worker", "mcp", "host"]), why));
         }

@@ -9,7 +9,7 @@ mod git;
 pub(crate) mod params;
 mod process;
 mod project;
-mod shell;
+pub(crate) mod shell;
 mod tree;
 mod web;
 

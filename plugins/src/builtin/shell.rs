@@ -2,27 +2,28 @@
 //! context's allowlist with the Linggen rules.
 //!
 //! The allowlist, when not empty:
-//! - refuses `$(`, backticks, `<(`, `>(`, newlines and carriage returns anywhere in the line,
-//!   since they run commands the segment check cannot see;
-//! - splits the line into segments on `|`, `;` and `&` (so `||`, `&&`, `|&` and a background
-//!   `&` too, but not the `&` of `2>&1` or `>&2`), and requires every non-empty segment to match
-//!   a pattern;
-//! - a pattern `prefix*` matches a segment that starts with `prefix` (blanks collapsed, ASCII
-//!   case ignored), so `dotnet build*` allows `dotnet build --configuration Release`; any other
-//!   pattern matches a segment whose first word is the pattern (`ls` allows `ls -la`, the Linggen
-//!   first-token rule) or that is exactly the pattern (`git status`). Words are split on space and
-//!   tab only, as `sh` splits them, so a no-break space cannot hide a second word.
+//! - refuses `$(`, backticks, `<(`, `>(`, `${`, backslashes, newlines and carriage returns
+//!   anywhere in the line, quoted or not, since they run commands the segment check cannot see
+//!   (or, for a backslash, change how `sh` reads what this check sees);
+//! - reads the line as `sh` does: quotes (`'…'`, `"…"`) group words, and the line is split
+//!   into segments on the operators outside quotes, `|`, `;` and `&` (so `||`, `&&`, `|&` and a
+//!   background `&` too, but not the `&` of `2>&1` or `>&2`); a quote left open is refused;
+//! - requires every non-empty segment to match a pattern, by the seed's rule, on the segment's
+//!   words as `sh` will pass them (quotes removed, by `shell-words`, joined by one space): a
+//!   pattern is an exact match, ASCII case ignored (`git status` allows only `git status`; `git`
+//!   only a bare `git`), or `prefix*`, a segment that starts with `prefix` (`dotnet build*`
+//!   allows `dotnet build --configuration Release`). Words are split on space and tab only, as
+//!   `sh` splits them, so a no-break space cannot hide a second word.
 //!
 //! Deliberately conservative choices, documented rather than worked around:
-//! - The split ignores quoting, so `echo "a;b"` is checked as `echo "a` and `b"`, and refused
-//!   unless `b"` is allowed. Parsing quotes like `sh` does (escapes, nested quotes, `$'…'`) is
-//!   where allowlist bypasses come from; refusing a few harmless lines is the safer mistake.
 //! - Redirections (`>`, `>>`, `<`) are not checked: the seed's rules restrict which programs
-//!   start, not which files they touch, and `ls > notes.txt` is ordinary use. A command that may
-//!   write anywhere is contained by the operating system user the worker runs as, not by this
-//!   list. File plugins, not the shell, are what confine paths to the working directory.
+//!   start, not which files they touch, and `ls > notes.txt` is ordinary use (under `ls*`). A
+//!   command that may write anywhere is contained by the operating system user the worker runs
+//!   as, not by this list. File plugins, not the shell, are what confine paths to the working
+//!   directory.
 //! - A background `&` is a separator like `;`, so what follows it is checked too; anything left
 //!   running in the background is killed with the process group when the call ends.
+//! - A `#` comment is checked like the rest of its line.
 //!
 //! An empty allowlist allows any command, as in the seed.
 
@@ -111,9 +112,16 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
             return Err(refuse(command, (*reason).to_owned()));
         }
     }
-    for segment in segments(command) {
-        let words = split_words(segment);
-        if words.is_empty() {
+    let Some(segments) = segments(command) else {
+        return Err(refuse(command, "a quote is left open".to_owned()));
+    };
+    for segment in segments {
+        let Ok(words) = shell_words::split(segment) else {
+            return Err(refuse(segment.trim(), "its quoting does not parse".to_owned()));
+        };
+        // `shell-words` also splits on a newline, which `FORBIDDEN` keeps out; any other blank
+        // it does not split on stays inside the word, as `sh` keeps it.
+        if words.is_empty() || split_words(segment).is_empty() {
             continue;
         }
         if !allowed.iter().any(|pattern| matches_pattern(pattern, &words)) {
@@ -124,26 +132,35 @@ fn check_allowed(action: &str, command: &str, allowed: &[String]) -> Result<(), 
     Ok(())
 }
 
-/// Splits on `|`, `;` and `&` (so `&&` and `||` too), except an `&` between `>`/`<` and a
-/// digit or `-`, which duplicates a file descriptor (`2>&1`, `>&2`) rather than separating
-/// commands.
-fn segments(command: &str) -> Vec<&str> {
+/// Splits on `|`, `;` and `&` outside quotes (so `&&` and `||` too), except an `&` between
+/// `>`/`<` and a digit or `-`, which duplicates a file descriptor (`2>&1`, `>&2`) rather than
+/// separating commands. `None` when a quote is left open. (Backslashes never reach here.)
+fn segments(command: &str) -> Option<Vec<&str>> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut previous = None;
+    let mut quote: Option<char> = None;
     for (i, c) in command.char_indices() {
-        // `>&2`, `2>&1`, `<&-` duplicate a descriptor; any other `&` separates commands.
-        let duplicates =
-            matches!(previous, Some('>' | '<')) && command[i + 1..].chars().next().is_some_and(|n| n.is_ascii_digit() || n == '-');
-        let separator = matches!(c, '|' | ';') || (c == '&' && !duplicates);
-        if separator {
-            out.push(&command[start..i]);
-            start = i + c.len_utf8();
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => quote = Some(c),
+            None => {
+                let duplicates =
+                    matches!(previous, Some('>' | '<')) && command[i + 1..].chars().next().is_some_and(|n| n.is_ascii_digit() || n == '-');
+                if matches!(c, '|' | ';') || (c == '&' && !duplicates) {
+                    out.push(&command[start..i]);
+                    start = i + c.len_utf8();
+                }
+            }
         }
         previous = Some(c);
     }
+    if quote.is_some() {
+        return None;
+    }
     out.push(&command[start..]);
-    out
+    Some(out)
 }
 
 /// The characters `sh` separates words with. Other whitespace (a no-break space, a vertical
@@ -154,22 +171,47 @@ fn split_words(text: &str) -> Vec<&str> {
     text.split(BLANKS).filter(|w| !w.is_empty()).collect()
 }
 
-/// `prefix*` matches a segment starting with `prefix`; any other pattern matches a segment whose
-/// first word, or whole text, is the pattern. Blanks are collapsed on both sides and ASCII case
-/// is ignored.
-fn matches_pattern(pattern: &str, words: &[&str]) -> bool {
+/// The seed's rule: `prefix*` matches a segment starting with `prefix`; any other pattern
+/// matches the whole segment. Blanks are collapsed on both sides and ASCII case is ignored.
+fn matches_pattern(pattern: &str, words: &[String]) -> bool {
     // A path as the program (`mkdir/../../bin/sh` under `mkdir*`) runs something else than the
     // pattern names, unless the pattern itself names a path.
     let pattern_program = split_words(pattern).first().map(|w| w.trim_end_matches('*')).unwrap_or_default();
     if words.first().is_some_and(|w| w.contains('/')) && !pattern_program.contains('/') {
         return false;
     }
-    let pattern = split_words(pattern).join(" ");
     let segment = words.join(" ");
-    match pattern.strip_suffix('*') {
-        Some(prefix) => segment.len() >= prefix.len() && segment.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes()),
-        None => pattern.eq_ignore_ascii_case(&segment) || words.first().is_some_and(|first| pattern.eq_ignore_ascii_case(first)),
+    match pattern.trim_start_matches(BLANKS).strip_suffix('*') {
+        // `git *` keeps its blank: `git` with arguments, not `gitk`.
+        Some(prefix) => {
+            let prefix = collapse(prefix);
+            segment.len() >= prefix.len() && segment.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+        }
+        None => split_words(pattern).join(" ").eq_ignore_ascii_case(&segment),
     }
+}
+
+/// Runs of blanks as one space, a trailing one kept.
+fn collapse(text: &str) -> String {
+    let mut out = split_words(text).join(" ");
+    if text.ends_with(BLANKS) && !out.is_empty() {
+        out.push(' ');
+    }
+    out
+}
+
+/// What a pattern without `*` allows now that the seed's exact rule applies, for a config
+/// whose one-word pattern (`git`) once allowed any arguments: `None` for a pattern that meant
+/// the same under both readings.
+pub fn loose_pattern_warning(pattern: &str) -> Option<String> {
+    let words = split_words(pattern);
+    if pattern.trim_end().ends_with('*') || words.len() != 1 {
+        return None;
+    }
+    let word = words[0];
+    Some(format!(
+        "allowed_commands pattern \"{pattern}\" allows only the bare command \"{word}\", with no arguments (an exact match, as in the seed); to allow arguments write \"{word} *\""
+    ))
 }
 
 #[cfg(test)]
@@ -182,14 +224,15 @@ mod tests {
 
     #[test]
     fn allowlist_allows_listed_commands() {
-        let allowed = allow(&["ls", "git*", "ECHO", "grep"]);
+        let allowed = allow(&["ls*", "git *", "ECHO*", "grep*", "date"]);
         for ok in [
             "ls",
             "ls -la",
             "LS /tmp",
             "git status",
-            "git-lfs ls-files",
             "echo hi",
+            "date",
+            "DATE",
             "ls | grep x",
             "ls; echo done",
             "ls && echo ok",
@@ -205,6 +248,76 @@ mod tests {
             assert_eq!(check_allowed("s.r", ok, &allowed), Ok(()), "{ok:?}");
         }
         assert_eq!(check_allowed("s.r", "anything at all; rm -rf /", &[]), Ok(()));
+    }
+
+    /// The seed's rule: a pattern without `*` is an exact match of the whole command, so a
+    /// one-word pattern no longer allows arguments (`git` does not allow `git push --force`);
+    /// `git *` allows git with arguments but not `gitk`.
+    #[test]
+    fn a_pattern_without_a_star_is_an_exact_match() {
+        let allowed = allow(&["git", "date", "git *"]);
+        assert_eq!(check_allowed("s.r", "git", &allowed), Ok(()));
+        assert_eq!(check_allowed("s.r", "git push --force", &allowed), Ok(()), "under `git *`");
+        let exact = allow(&["git", "date"]);
+        for refused in ["git push --force", "date -u", "gitk", "datex"] {
+            match check_allowed("s.r", refused, &exact) {
+                Err(ActionError::CommandNotAllowed { command, .. }) => assert_eq!(command, refused),
+                other => panic!("{refused:?} should be refused, got {other:?}"),
+            }
+        }
+        assert!(check_allowed("s.r", "gitk", &allow(&["git *"])).is_err());
+        assert_eq!(
+            loose_pattern_warning("git").as_deref(),
+            Some(
+                "allowed_commands pattern \"git\" allows only the bare command \"git\", with no arguments (an exact match, as in the seed); to allow arguments write \"git *\""
+            )
+        );
+        for fine in ["git*", "git *", "git status", "dotnet build*"] {
+            assert_eq!(loose_pattern_warning(fine), None, "{fine}");
+        }
+    }
+
+    /// Quotes group words as `sh` groups them: an operator inside quotes is an argument, not a
+    /// separator, and the words matched are those `sh` passes (quotes removed).
+    #[test]
+    fn quoting_is_read_as_sh_reads_it() {
+        let allowed = allow(&["sh -c*", "echo*", "ls*"]);
+        for ok in [
+            "sh -c 'for i in 1 2; do echo $i; done'",
+            "echo \"a;b\"",
+            "echo 'a|b' && ls",
+            "echo 'a && b' \"c || d\"",
+            "'ls' -la",
+            "\"echo\" hi",
+            "e'ch'o hi",
+            "echo ''",
+        ] {
+            assert_eq!(check_allowed("s.r", ok, &allowed), Ok(()), "{ok:?}");
+        }
+        // Hostile quoting: every command that runs is still checked.
+        let cases = [
+            ("echo 'a'; rm x", "rm x"),
+            ("echo \"a\";rm x", "rm x"),
+            ("echo 'a;'b'';rm x", "rm x"),
+            ("echo \"'\"; rm x", "rm x"),
+            ("echo '\"'; rm x", "rm x"),
+            ("echo 'unclosed; rm x", "echo 'unclosed; rm x"),
+            ("echo \"unclosed; rm x", "echo \"unclosed; rm x"),
+            ("echo \"$(rm x)\"", "echo \"$(rm x)\""),
+            ("echo \"`rm x`\"", "echo \"`rm x`\""),
+            ("echo 'a\\'; rm x", "echo 'a\\'; rm x"),
+            ("'rm' x", "'rm' x"),
+            ("r'm' x", "r'm' x"),
+            ("'/bin/sh' -c id", "'/bin/sh' -c id"),
+            ("ls | 'sh'", "'sh'"),
+            ("ls \"&\" & rm x", "rm x"),
+        ];
+        for (command, offending) in cases {
+            match check_allowed("s.r", command, &allowed) {
+                Err(ActionError::CommandNotAllowed { command: c, .. }) => assert_eq!(c, offending, "{command:?}"),
+                other => panic!("{command:?} should be refused, got {other:?}"),
+            }
+        }
     }
 
     /// The seed's own patterns (`reference/gantri-config/agents/coding-*.yaml`) have spaces.
@@ -253,7 +366,7 @@ mod tests {
     /// for a forbidden construct, else the first segment that matches no pattern.
     #[test]
     fn allowlist_rejects_injection_attempts() {
-        let allowed = allow(&["ls", "echo", "git*", "cat"]);
+        let allowed = allow(&["ls", "ls *", "echo", "echo *", "git*", "cat", "cat *"]);
         let cases = [
             // separators, spaced and unspaced
             ("ls; rm -rf /", "rm -rf /"),
@@ -299,8 +412,6 @@ mod tests {
             ("/bin/ls", "/bin/ls"),
             ("./ls", "./ls"),
             ("\\ls", "\\ls"),
-            ("'ls'", "'ls'"),
-            ("\"ls\"", "\"ls\""),
             ("FOO=1 rm x", "FOO=1 rm x"),
             ("env rm x", "env rm x"),
             ("sudo ls", "sudo ls"),
@@ -315,10 +426,6 @@ mod tests {
             ("ls\u{a0}-la", "ls\u{a0}-la"),
             ("ls\u{b}x", "ls\u{b}x"),
             ("ls &>out", ">out"),
-            // quoting is not understood: refused, on purpose
-            ("echo \"a;rm x\"", "rm x\""),
-            ("echo \"a;b\"", "b\""),
-            ("echo 'a|b'", "b'"),
         ];
         for (command, offending) in cases {
             match check_allowed("s.r", command, &allowed) {

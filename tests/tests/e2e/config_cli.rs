@@ -42,13 +42,16 @@ fn quickstart_config_validates() {
 /// checks it; a warning, since a worker runs without it (what needs one of its plugins is an
 /// error of its own).
 #[test]
-fn a_missing_plugin_directory_is_told() {
+fn a_missing_plugin_directory_and_a_loose_command_pattern_are_told() {
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("lamplighter.yaml"), "plugins:\n  dirs: [./nope]\n").unwrap();
+    let text = "plugins:\n  dirs: [./nope]\nscheduling:\n  jobs:\n    a:\n      every: 1h\n      plugin: shell-exec\n      action: run\n      allowed_commands: [git, \"date *\"]\n";
+    std::fs::write(tmp.path().join("lamplighter.yaml"), text).unwrap();
     let (code, out, err) = run_cli(&["config", "validate", "--config", "lamplighter.yaml"], tmp.path());
     assert_eq!(code, 0, "{out}{err}");
     assert!(err.contains("lamplighter.yaml:2:3: warning: plugin directory ") && err.contains("nope does not exist"), "{err}");
-    assert!(out.contains("1 warnings"), "{out}");
+    // A one-word pattern once allowed any arguments; the seed's exact rule is told.
+    assert!(err.contains("lamplighter.yaml:9:7: warning: allowed_commands pattern \"git\" allows only the bare command \"git\""), "{err}");
+    assert!(out.contains("2 warnings"), "{out}");
 }
 
 /// Each fixture lists the errors it must produce in `# expect:` lines.
