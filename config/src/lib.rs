@@ -27,8 +27,8 @@ pub use ai::{
 };
 pub use compile::{
     ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
-    JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, Overlap, RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role,
-    StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
+    JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, RESERVED_JOB_PREFIXES, Retention,
+    RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
 pub use load::{ItemLocations, SourceMap, discover, keys};

@@ -507,13 +507,40 @@ pub(crate) struct ManageJobs {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Auth {
-    /// `none` or `bearer`.
+    /// `none`, `bearer` or `oauth`.
     #[serde(rename = "type")]
     pub(crate) kind: Option<String>,
+    /// With `type: oauth`: the identity provider whose access tokens (JWTs) are accepted.
+    pub(crate) oauth: Option<OAuth>,
     /// One token with every right (the `manage` role).
     pub(crate) token: Option<String>,
     /// Named tokens, each with a role: `read`, `operate` or `manage`.
     pub(crate) tokens: Option<Vec<Token>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OAuth {
+    /// The issuer (`iss`) exactly as the provider's discovery document gives it; its keys are
+    /// found from `<issuer>/.well-known/openid-configuration`. `https`, or `http` on loopback.
+    pub(crate) issuer: Option<String>,
+    /// The URL clients reach the worker's MCP endpoint by (e.g.
+    /// `https://lamplighter.example.com/mcp`): the `resource` of the protected-resource
+    /// metadata and the `aud` a token must carry (RFC 8707).
+    pub(crate) audience: Option<String>,
+    /// The scope that gives each role (defaults `lamplighter:read`, `lamplighter:operate`,
+    /// `lamplighter:manage`).
+    pub(crate) scopes: Option<OAuthScopes>,
+    /// How far `exp` and `nbf` may be off (default 60s).
+    pub(crate) leeway: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OAuthScopes {
+    pub(crate) read: Option<String>,
+    pub(crate) operate: Option<String>,
+    pub(crate) manage: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -2,7 +2,11 @@
 // OAuth end-to-end tests: the worker is the resource server, this is its authorization server.
 //
 //   $DIR/node oidc_provider.mjs --modules $DIR [--resource http://127.0.0.1:PORT/mcp] \
-//       [--port 0] [--alg RS256|ES256|EdDSA] [--ttl SECONDS]
+//       [--port 0] [--alg RS256|ES256|EdDSA] [--ttl SECONDS] [--keys-out FILE]
+//
+// --keys-out writes the issuer's RSA signing key (its kid and PKCS#8 PEM) to FILE, so that a test
+// can sign tokens the provider would not issue (expired, not yet valid, another issuer) with a
+// key the issuer does publish, and check that the worker refuses them for the right reason.
 //
 // where $DIR is what `.ci/oidc.sh` prints (without --modules: $LAMPLIGHTER_OIDC, then
 // ~/.cache/lamplighter-oidc). Once listening it prints ONE JSON line on stdout:
@@ -35,7 +39,7 @@
 // - Every *.error event (invalid_grant, invalid_target, …) and server_error is logged on stderr.
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { createServer } from 'node:http';
-import { fstatSync } from 'node:fs';
+import { fstatSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
@@ -49,6 +53,7 @@ const { values: args } = parseArgs({
     alg: { type: 'string', default: 'RS256' },
     ttl: { type: 'string', default: '3600' },
     modules: { type: 'string' },
+    'keys-out': { type: 'string' },
   },
 });
 
@@ -92,8 +97,13 @@ async function loadProvider() {
 
 function signingKeys() {
   const jwk = (pair, kid, alg) => ({ ...pair.privateKey.export({ format: 'jwk' }), kid, alg, use: 'sig' });
+  const rsa = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  if (args['keys-out']) {
+    const pem = rsa.privateKey.export({ format: 'pem', type: 'pkcs8' });
+    writeFileSync(args['keys-out'], JSON.stringify({ kid: 'rsa-1', alg: 'RS256', pem }), { mode: 0o600 });
+  }
   return [
-    jwk(generateKeyPairSync('rsa', { modulusLength: 2048 }), 'rsa-1', 'RS256'),
+    jwk(rsa, 'rsa-1', 'RS256'),
     jwk(generateKeyPairSync('ec', { namedCurve: 'P-256' }), 'ec-1', 'ES256'),
     jwk(generateKeyPairSync('ed25519'), 'ed-1', 'EdDSA'),
   ];

@@ -50,3 +50,17 @@ pub fn python_mcp() -> std::path::PathBuf {
         })
         .clone()
 }
+
+/// The folder `.ci/oidc.sh` installed the OpenID provider (npm `oidc-provider`) and its Node
+/// into, once per machine and test process: `<dir>/node tests/clients/oidc_provider.mjs
+/// --modules <dir>` starts it.
+pub fn oidc_provider() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/oidc.sh");
+        let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(out.status.success(), ".ci/oidc.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}

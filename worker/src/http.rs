@@ -26,10 +26,43 @@ pub(crate) fn router(engine: Engine, mcp: Option<(Control, &WorkerConfig)>, metr
     match mcp {
         Some((control, worker)) => {
             let guard = Arc::new(Guard::from_env(worker));
+            let app = match guard.oauth() {
+                Some(oauth) => app.merge(resource_metadata(oauth)),
+                None => app,
+            };
             app.merge(metrics_route(metrics, guard.clone())).merge(mcp_routes(control, guard))
         }
         None => app,
     }
+}
+
+/// With OAuth, the protected-resource metadata (RFC 9728), unguarded as clients fetch it before
+/// they hold a token: at the root well-known path and at its path form for the audience's path
+/// (`/.well-known/oauth-protected-resource/mcp`), which is what the 401's `resource_metadata`
+/// names. Any origin may read it (a browser-based client discovers the server this way).
+fn resource_metadata(oauth: &crate::oauth::OAuth) -> Router {
+    let body: Arc<str> = oauth.metadata().into();
+    let serve = move || {
+        let body = body.clone();
+        async move {
+            (
+                [
+                    (axum::http::header::CONTENT_TYPE, "application/json"),
+                    (axum::http::header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+                    (axum::http::header::CACHE_CONTROL, "max-age=3600"),
+                ],
+                body.to_string(),
+            )
+        }
+    };
+    let url = oauth.metadata_url();
+    let root = "/.well-known/oauth-protected-resource";
+    let path_form = url.find(root).map(|i| url[i..].to_string()).filter(|p| p != root);
+    let mut router = Router::new().route(root, get(serve.clone()));
+    if let Some(p) = path_form {
+        router = router.route(&p, get(serve));
+    }
+    router
 }
 
 /// `/metrics`: every metric in the Prometheus text format. Metrics name jobs, so with auth on

@@ -11,6 +11,7 @@ mod commands;
 mod direct;
 mod http;
 mod mcp;
+mod oauth;
 mod prompts;
 mod resources;
 mod run;

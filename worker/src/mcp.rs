@@ -716,8 +716,8 @@ impl Control {
     async fn decide(&self, a: DecisionArgs, approve: bool, ctx: &RequestContext<RoleServer>) -> Result<Json<Decision>, Failure> {
         // A named token is always on the record: what a client says about who decided is kept
         // beside it, never instead of it.
-        let decided_by = match (a.decided_by, caller_of(&ctx.extensions).token) {
-            (Some(by), Some(token)) => format!("{by} (token {token})"),
+        let decided_by = match (a.decided_by, caller_of(&ctx.extensions).actor) {
+            (Some(by), Some(actor)) => format!("{by} ({actor})"),
             (Some(by), None) => by,
             (None, _) => client_name(ctx),
         };
@@ -829,8 +829,8 @@ impl Control {
 /// the MCP client's (the request's own client info first: clients at 2026-07-28 send it with
 /// each request; else the session's).
 fn client_name(ctx: &RequestContext<RoleServer>) -> String {
-    if let Some(token) = caller_of(&ctx.extensions).token {
-        return format!("token {token}");
+    if let Some(actor) = caller_of(&ctx.extensions).actor {
+        return actor;
     }
     match ctx.client_info().or_else(|| ctx.peer.peer_info().map(|i| i.client_info.clone())) {
         Some(info) => format!("mcp client {}", info.name),
@@ -921,9 +921,9 @@ impl ServerHandler for Control {
         let needs = tool_role(&name);
         if needs > caller.role {
             self.observer.mcp_request(&name, false);
-            let who = caller.token.as_deref().map(|t| format!("token \"{t}\"")).unwrap_or_else(|| "this caller".into());
+            let who = caller.actor.as_deref().unwrap_or("this caller");
             return Ok(tool_error(format!(
-                "tool \"{name}\" needs the {} role; {who} has the {} role (worker.mcp.auth.tokens)",
+                "tool \"{name}\" needs the {} role; {who} has the {} role (worker.mcp.auth)",
                 needs.as_str(),
                 caller.role.as_str()
             ))

@@ -1,6 +1,7 @@
 //! Guards for the `/mcp` endpoint, in the order they run: `Host` and `Origin` validation (so a
 //! web page cannot reach the worker through DNS rebinding or a cross-site request), bearer-token
-//! auth, and a request body limit. `/healthz` and `/readyz` are not guarded.
+//! auth (static tokens, and OAuth access tokens checked by `oauth.rs`), and a request body
+//! limit. `/healthz`, `/readyz` and the protected-resource metadata are not guarded.
 //!
 //! rmcp checks `Host` and `Origin` too; `http.rs` gives it the same lists as a second line, so
 //! the service stays protected if it is ever mounted without these layers.
@@ -15,6 +16,8 @@ use axum::response::{IntoResponse, Response};
 
 use lamplighter_config::{ApiToken, McpAuth, McpTls, Role, WorkerConfig};
 
+use crate::oauth::OAuth;
+
 /// The largest request body `/mcp` accepts; larger ones get 413.
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
 
@@ -26,21 +29,25 @@ pub(crate) const EXTRA_HOSTS_VAR: &str = "LAMPLIGHTER_ALLOWED_HOSTS";
 /// the MCP handler (what the caller may call, and the actor it records).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
-    /// The token's name; none without auth (loopback, or stdio).
-    pub(crate) token: Option<String>,
+    /// Who, as records name the actor: `token NAME` for a static token, `oauth SUBJECT` for an
+    /// OAuth access token; none without auth (loopback, or stdio).
+    pub(crate) actor: Option<String>,
     pub(crate) role: Role,
 }
 
 impl Caller {
     /// Without auth: whoever reaches the worker may do everything (loopback only, or stdio).
-    pub(crate) const TRUSTED: Caller = Caller { token: None, role: Role::Manage };
+    pub(crate) const TRUSTED: Caller = Caller { actor: None, role: Role::Manage };
 }
 
 /// Who may talk to `/mcp`. Immutable after start; shared behind an `Arc`. (No `Debug`: it
 /// holds the tokens.)
 pub(crate) struct Guard {
-    /// The bearer tokens, when auth is on (the config trims them).
+    /// The bearer tokens, when auth is on (the config trims them); empty beside OAuth when
+    /// only access tokens are accepted.
     tokens: Option<Vec<ApiToken>>,
+    /// OAuth access tokens, with `auth.type: oauth`.
+    oauth: Option<Arc<OAuth>>,
     /// Allowed host names, normalized: lowercase, IPv6 without brackets.
     hosts: Vec<String>,
 }
@@ -56,12 +63,18 @@ impl Guard {
                 hosts.push(h);
             }
         }
-        let tokens = match &worker.auth {
+        let (tokens, oauth) = match &worker.auth {
             // A token read from a file often ends in a newline; what clients send is trimmed too.
-            McpAuth::Bearer { tokens } => Some(tokens.clone()),
-            McpAuth::None => None,
+            McpAuth::Bearer { tokens } => (Some(tokens.clone()), None),
+            McpAuth::OAuth { oauth, tokens } => (Some(tokens.clone()), Some(Arc::new(OAuth::new(oauth.clone())))),
+            McpAuth::None => (None, None),
         };
-        Self { tokens, hosts }
+        Self { tokens, oauth, hosts }
+    }
+
+    /// The OAuth checker, with `auth.type: oauth`.
+    pub(crate) fn oauth(&self) -> Option<&Arc<OAuth>> {
+        self.oauth.as_ref()
     }
 
     /// [`Guard::new`] with `worker.mcp.allowed_hosts` and the names in `$LAMPLIGHTER_ALLOWED_HOSTS`.
@@ -132,53 +145,117 @@ impl Guard {
         web && uri.authority().is_some_and(|a| self.host_allowed(a.host()))
     }
 
-    /// `Authorization: Bearer <token>`, when auth is on: the caller it names. Every token is
-    /// compared, each in constant time, so the time taken tells neither which token nor how much
-    /// of one a guess got right.
-    fn check_auth(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
+    /// `Authorization: Bearer <token>`, when auth is on: the caller it names. Every static
+    /// token is compared, each in constant time, so the time taken tells neither which token
+    /// nor how much of one a guess got right; a token that is none of them is checked as an
+    /// OAuth access token when OAuth is on.
+    async fn check_auth(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let Some(tokens) = &self.tokens else {
             return Ok(Caller::TRUSTED);
         };
+        let metadata = self.oauth.as_ref().map(|o| o.metadata_url());
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
             let (scheme, token) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
         });
-        let Some(given) = given else { return Err(Refusal::NoToken) };
+        let Some(given) = given else { return Err(Refusal::NoToken { metadata }) };
         let mut found = None;
         for t in tokens {
             if tokens_match(given.as_bytes(), t.token.as_bytes()) {
-                found = Some(Caller { token: Some(t.name.clone()), role: t.role });
+                found = Some(Caller { actor: Some(format!("token {}", t.name)), role: t.role });
             }
         }
-        found.ok_or_else(|| {
+        if let Some(caller) = found {
+            return Ok(caller);
+        }
+        let Some(oauth) = &self.oauth else {
             tracing::warn!("refused an MCP request with a wrong bearer token");
-            Refusal::WrongToken
-        })
+            return Err(Refusal::InvalidToken { why: "the bearer token is not one of worker.mcp.auth's tokens".into(), metadata });
+        };
+        match oauth.check(given).await {
+            Ok(holder) => match holder.role {
+                Some(role) => Ok(Caller { actor: Some(format!("oauth {}", holder.subject)), role }),
+                None => {
+                    let scope = oauth.settings().scope_of(Role::Read).to_string();
+                    tracing::warn!(subject = %holder.subject, "refused an OAuth access token with none of this worker's scopes");
+                    Err(Refusal::InsufficientScope { scope, what: "any call".into(), metadata })
+                }
+            },
+            Err(invalid) => {
+                tracing::warn!("refused an OAuth access token: {}", invalid.0);
+                Err(Refusal::InvalidToken { why: invalid.0, metadata })
+            }
+        }
     }
 
-    fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<Caller, Refusal> {
+    async fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<Caller, Refusal> {
         self.check_host(headers, uri)?;
         self.check_origin(headers)?;
-        self.check_auth(headers)
+        self.check_auth(headers).await
+    }
+
+    /// With OAuth, a tool call the token's scopes do not reach is refused here, as HTTP 403
+    /// `insufficient_scope` naming the scope that would (so that an OAuth client can ask its
+    /// user for it and retry), rather than as a tool error. Reads the request's JSON-RPC
+    /// `method` and tool `name` only; anything else passes on unread.
+    fn check_scope(&self, caller: &Caller, body: &[u8]) -> Result<(), Refusal> {
+        let Some(oauth) = &self.oauth else { return Ok(()) };
+        #[derive(serde::Deserialize)]
+        struct Call<'a> {
+            #[serde(borrow)]
+            method: Option<std::borrow::Cow<'a, str>>,
+            params: Option<Params<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow)]
+            name: Option<std::borrow::Cow<'a, str>>,
+        }
+        let Ok(call) = serde_json::from_slice::<Call>(body) else { return Ok(()) };
+        if call.method.as_deref() != Some("tools/call") {
+            return Ok(());
+        }
+        let Some(tool) = call.params.and_then(|p| p.name) else { return Ok(()) };
+        let needs = crate::mcp::tool_role(&tool);
+        if needs <= caller.role {
+            return Ok(());
+        }
+        Err(Refusal::InsufficientScope {
+            scope: oauth.settings().scope_of(needs).to_string(),
+            what: format!("tool \"{tool}\""),
+            metadata: Some(oauth.metadata_url()),
+        })
     }
 }
 
 /// The middleware: refuses what [`Guard`] does not admit, passes the rest on with its
 /// [`Caller`].
-pub(crate) async fn check(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
-    let verdict = guard.admit(request.headers(), request.uri());
-    match verdict {
-        Ok(caller) => {
-            request.extensions_mut().insert(caller);
-            next.run(request).await
+pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    let caller = match guard.admit(request.headers(), request.uri()).await {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let mut request = match (&guard.oauth, &caller.actor) {
+        // A call under an access token: its scope is checked against the tool it calls.
+        (Some(_), Some(actor)) if actor.starts_with("oauth ") && caller.role < Role::Manage => {
+            let (parts, body) = request.into_parts();
+            let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+                return (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {MAX_BODY_BYTES} bytes\n")).into_response();
+            };
+            if let Err(refusal) = guard.check_scope(&caller, &bytes) {
+                return refusal.into_response();
+            }
+            Request::from_parts(parts, axum::body::Body::from(bytes))
         }
-        Err(refusal) => refusal.into_response(),
-    }
+        _ => request,
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 /// The middleware for `/metrics`: a bearer token (any role), when auth is on.
 pub(crate) async fn check_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    match guard.check_auth(request.headers()) {
+    match guard.check_auth(request.headers()).await {
         Ok(_) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
@@ -188,10 +265,24 @@ pub(crate) async fn check_token(State(guard): State<Arc<Guard>>, request: Reques
 #[derive(Debug)]
 enum Refusal {
     BadHost(&'static str),
-    ForeignHost { host: String },
+    ForeignHost {
+        host: String,
+    },
     ForeignOrigin(String),
-    NoToken,
-    WrongToken,
+    /// No bearer token; `metadata`: the protected-resource metadata's URL, with OAuth.
+    NoToken {
+        metadata: Option<String>,
+    },
+    InvalidToken {
+        why: String,
+        metadata: Option<String>,
+    },
+    /// A valid token whose scopes do not reach `what`; `scope` would.
+    InsufficientScope {
+        scope: String,
+        what: String,
+        metadata: Option<String>,
+    },
 }
 
 impl IntoResponse for Refusal {
@@ -209,16 +300,39 @@ impl IntoResponse for Refusal {
             Refusal::ForeignOrigin(origin) => {
                 (StatusCode::FORBIDDEN, format!("forbidden: Origin \"{origin}\" is not allowed\n")).into_response()
             }
-            Refusal::NoToken => unauthorized(
-                "Bearer realm=\"lamplighter\"",
-                "unauthorized: this worker requires `Authorization: Bearer <token>` (lampctl: --token or $LAMPLIGHTER_TOKEN)\n",
+            Refusal::NoToken { metadata } => challenge(
+                StatusCode::UNAUTHORIZED,
+                &[],
+                metadata.as_deref(),
+                "unauthorized: this worker requires `Authorization: Bearer <token>` (lampctl: --token or $LAMPLIGHTER_TOKEN)".into(),
             ),
-            Refusal::WrongToken => unauthorized(
-                "Bearer realm=\"lamplighter\", error=\"invalid_token\"",
-                "unauthorized: the bearer token is not one of worker.mcp.auth's tokens\n",
+            Refusal::InvalidToken { why, metadata } => {
+                challenge(StatusCode::UNAUTHORIZED, &[("error", "invalid_token")], metadata.as_deref(), format!("unauthorized: {why}"))
+            }
+            Refusal::InsufficientScope { scope, what, metadata } => challenge(
+                StatusCode::FORBIDDEN,
+                &[("error", "insufficient_scope"), ("scope", &scope)],
+                metadata.as_deref(),
+                format!("forbidden: {what} needs the scope \"{scope}\", which this token was not granted"),
             ),
         }
     }
+}
+
+/// A 401 or 403 with its `WWW-Authenticate: Bearer …` challenge (RFC 6750 §3; with OAuth, the
+/// `resource_metadata` of RFC 9728 §5.1) and a one-line body saying the same for a person.
+fn challenge(status: StatusCode, params: &[(&str, &str)], metadata: Option<&str>, body: String) -> Response {
+    let mut value = String::from("Bearer realm=\"lamplighter\"");
+    for (k, v) in params {
+        value.push_str(&format!(", {k}=\"{v}\""));
+    }
+    if let Some(m) = metadata {
+        value.push_str(&format!(", resource_metadata=\"{m}\""));
+    }
+    // The body is plain text; a quote or a control character in a value cannot reach the
+    // header (scopes have no blanks, the metadata URL is the config's), but keep it safe anyway.
+    let header = HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("Bearer realm=\"lamplighter\""));
+    (status, [(header::WWW_AUTHENTICATE, header)], format!("{body}\n")).into_response()
 }
 
 /// Why the listener of `worker.mcp` would expose the worker unprotected: off loopback it needs auth, and
@@ -235,19 +349,15 @@ pub(crate) fn exposure(worker: &WorkerConfig) -> Option<String> {
     match (no_auth, no_tls) {
         (false, false) => None,
         (true, true) => Some(format!(
-            "refusing to listen on {host} without auth and without TLS; set worker.mcp.auth (type: bearer) and worker.mcp.tls (cert_file and key_file, or terminated_by_proxy: true behind a TLS-terminating proxy), or listen on 127.0.0.1"
+            "refusing to listen on {host} without auth and without TLS; set worker.mcp.auth (type: bearer or oauth) and worker.mcp.tls (cert_file and key_file, or terminated_by_proxy: true behind a TLS-terminating proxy), or listen on 127.0.0.1"
         )),
         (true, false) => {
-            Some(format!("refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer) or listen on 127.0.0.1"))
+            Some(format!("refusing to listen on {host} without auth; set worker.mcp.auth (type: bearer or oauth) or listen on 127.0.0.1"))
         }
         (false, true) => Some(format!(
             "refusing to listen on {host} without TLS: the bearer token would cross the network in clear text; set worker.mcp.tls (cert_file and key_file), or worker.mcp.tls.terminated_by_proxy: true when a TLS-terminating proxy is in front, or listen on 127.0.0.1 (and reach it through an SSH tunnel)"
         )),
     }
-}
-
-fn unauthorized(challenge: &'static str, body: &'static str) -> Response {
-    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge))], body).into_response()
 }
 
 /// Lowercase, without a port and without the brackets of an IPv6 literal.
@@ -344,26 +454,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bearer_token_is_required_when_configured() {
+    #[tokio::test]
+    async fn bearer_token_is_required_when_configured() {
         let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { tokens: vec![token("token", "t0k", Role::Manage)] }), &[]);
-        assert_eq!(status(g.check_auth(&headers(&[]))), Some(StatusCode::UNAUTHORIZED));
-        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer nope")]))), Some(StatusCode::UNAUTHORIZED));
-        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Basic dDBr")]))), Some(StatusCode::UNAUTHORIZED));
-        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer t0k")]))), None);
-        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "bearer t0k")]))), None);
+        assert_eq!(status(g.check_auth(&headers(&[])).await), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer nope")])).await), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Basic dDBr")])).await), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "Bearer t0k")])).await), None);
+        assert_eq!(status(g.check_auth(&headers(&[(header::AUTHORIZATION, "bearer t0k")])).await), None);
         let open = Guard::new(&worker("127.0.0.1", McpAuth::None), &[]);
-        assert_eq!(open.check_auth(&headers(&[])).ok(), Some(Caller::TRUSTED));
+        assert_eq!(open.check_auth(&headers(&[])).await.ok(), Some(Caller::TRUSTED));
     }
 
-    #[test]
-    fn each_token_names_its_caller_and_role() {
+    #[tokio::test]
+    async fn each_token_names_its_caller_and_role() {
         let tokens = vec![token("dashboard", "r34d", Role::Read), token("ops", "0per8", Role::Operate)];
         let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { tokens }), &[]);
-        let caller = |t: &str| g.check_auth(&headers(&[(header::AUTHORIZATION, &format!("Bearer {t}"))])).ok();
-        assert_eq!(caller("r34d"), Some(Caller { token: Some("dashboard".into()), role: Role::Read }));
-        assert_eq!(caller("0per8"), Some(Caller { token: Some("ops".into()), role: Role::Operate }));
-        assert_eq!(caller("r34"), None);
+        let caller = async |t: &str| g.check_auth(&headers(&[(header::AUTHORIZATION, &format!("Bearer {t}"))])).await.ok();
+        assert_eq!(caller("r34d").await, Some(Caller { actor: Some("token dashboard".into()), role: Role::Read }));
+        assert_eq!(caller("0per8").await, Some(Caller { actor: Some("token ops".into()), role: Role::Operate }));
+        assert_eq!(caller("r34").await, None);
     }
 
     #[test]

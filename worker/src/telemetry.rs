@@ -290,8 +290,42 @@ fn resource(t: &TelemetryConfig, worker: &str, env: &impl Fn(&str) -> Option<Str
 fn log_filter(level: Option<&str>) -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         let l = level.unwrap_or("info");
-        EnvFilter::new(format!("{l},sqlx=warn,apalis=warn,apalis_sqlite=warn,apalis_core=warn"))
+        // rmcp logs each session's start, end and notifications at INFO, with a debug dump of
+        // the request: routine protocol traffic, not news for an operator.
+        EnvFilter::new(format!("{l},sqlx=warn,apalis=warn,apalis_sqlite=warn,apalis_core=warn,rmcp=warn"))
     })
+}
+
+/// Drops rmcp's ERROR for a client that hung up before its answer was sent (`lampctl` after
+/// its answer, a `curl` stopped with ^C): the client's doing, nothing an operator can act on.
+/// Every other rmcp warning and error passes.
+struct RoutineHangUps;
+
+/// What rmcp says when the peer has gone while a response drains.
+const HANG_UP: &str = "failed to send pending response during drain";
+
+impl<S: tracing::Subscriber> Layer<S> for RoutineHangUps {
+    fn event_enabled(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) -> bool {
+        !is_hang_up(event.metadata().target(), *event.metadata().level(), |v| event.record(v))
+    }
+}
+
+/// Whether an event is rmcp's hang-up error; `record` shows the event's fields to a visitor.
+fn is_hang_up(target: &str, level: tracing::Level, record: impl FnOnce(&mut dyn tracing::field::Visit)) -> bool {
+    struct Message(bool);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}") == HANG_UP;
+            }
+        }
+    }
+    if level != tracing::Level::ERROR || !target.starts_with("rmcp") {
+        return false;
+    }
+    let mut m = Message(false);
+    record(&mut m);
+    m.0
 }
 
 /// Logging only (the one-shot commands).
@@ -324,7 +358,7 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<(&SdkL
             .with_target("h2", LevelFilter::OFF);
         opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(l).with_filter(exporters_own)
     });
-    let _ = tracing_subscriber::registry().with(log_filter(level)).with(fmt).with(logs).try_init();
+    let _ = tracing_subscriber::registry().with(log_filter(level)).with(fmt).with(logs).with(RoutineHangUps).try_init();
 }
 
 /// The registry under the global level filter: what the output layers sit on.

@@ -28,8 +28,8 @@ use crate::yaml::YamlPath;
 pub use jobs::{RESERVED_JOB_PREFIXES, reserved_prefix};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
-    ManageJobs, McpAuth, McpTls, McpTransport, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig,
-    WorkerConfig,
+    ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target,
+    WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 
 struct Compiler<'a> {

@@ -192,7 +192,44 @@ pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum McpAuth {
     None,
-    Bearer { tokens: Vec<ApiToken> },
+    Bearer {
+        tokens: Vec<ApiToken>,
+    },
+    /// An OAuth 2.1 resource server (SPEC §8a): access tokens of `oauth.issuer`, and the
+    /// static `tokens` beside them (lampctl, CI), possibly none.
+    OAuth {
+        oauth: OAuthSettings,
+        tokens: Vec<ApiToken>,
+    },
+}
+
+impl McpAuth {
+    /// The static bearer tokens, of either kind of auth.
+    pub fn tokens(&self) -> &[ApiToken] {
+        match self {
+            McpAuth::None => &[],
+            McpAuth::Bearer { tokens } | McpAuth::OAuth { tokens, .. } => tokens,
+        }
+    }
+}
+
+/// `worker.mcp.auth.oauth`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// As the provider writes it (`iss` must equal it).
+    pub issuer: String,
+    /// The MCP endpoint's public URL: the resource, and the `aud` a token must carry.
+    pub audience: String,
+    /// The scope of each role, in [`Role::ALL`] order.
+    pub scopes: [String; 3],
+    pub leeway: Duration,
+}
+
+impl OAuthSettings {
+    /// The scope that gives `role`.
+    pub fn scope_of(&self, role: Role) -> &str {
+        &self.scopes[role as usize]
+    }
 }
 
 /// What a token may do over MCP, each role including the ones before it.

@@ -4,6 +4,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use super::OAuthSettings;
 use super::{ApiToken, Compiler, DEFAULT_LEASE, ManageJobs, McpAuth, McpTls, McpTransport, Role, WorkerConfig, duration};
 use crate::raw;
 
@@ -91,10 +92,24 @@ impl Compiler<'_> {
                 }
                 McpAuth::None
             }
-            Some("bearer") => {
+            Some(kind @ ("bearer" | "oauth")) => {
+                let oauth = match (kind, &a.oauth) {
+                    ("oauth", Some(o)) => self.oauth(o),
+                    ("oauth", None) => {
+                        self.err(at, "worker.mcp.auth of type oauth needs \"oauth: {issuer: URL, audience: URL}\"".into());
+                        return McpAuth::None;
+                    }
+                    (_, Some(_)) => {
+                        self.err(&["worker", "mcp", "auth", "oauth"], "worker.mcp.auth.oauth is read only with type: oauth".into());
+                        None
+                    }
+                    (_, None) => None,
+                };
                 let usable = |t: &str| !t.trim().is_empty() && !t.contains("${");
                 let mut tokens = Vec::new();
                 match (&a.token, &a.tokens) {
+                    // Beside OAuth, static tokens are optional.
+                    (None, None) if kind == "oauth" => {}
                     (Some(_), Some(_)) => self.err(at, "worker.mcp.auth: give either \"token\" or \"tokens\", not both".into()),
                     (Some(t), None) if usable(t) => tokens.push(ApiToken { name: "token".into(), token: t.trim().to_owned(), role: Role::Manage }),
                     (None, Some(list)) if !list.is_empty() => {
@@ -138,13 +153,83 @@ impl Compiler<'_> {
                         "worker.mcp.auth of type bearer needs a non-empty \"token\" (e.g. token: ${LAMPLIGHTER_TOKEN}) or a list of \"tokens\" with name, token and role".into(),
                     ),
                 }
-                if tokens.is_empty() { McpAuth::None } else { McpAuth::Bearer { tokens } }
+                match (kind, oauth) {
+                    ("oauth", Some(oauth)) => McpAuth::OAuth { oauth, tokens },
+                    ("oauth", None) => McpAuth::None,
+                    _ if tokens.is_empty() => McpAuth::None,
+                    _ => McpAuth::Bearer { tokens },
+                }
             }
             Some(o) => {
-                self.err(&["worker", "mcp", "auth", "type"], format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer"));
+                let hint = crate::diag::did_you_mean(o, ["none", "bearer", "oauth"]);
+                self.err(
+                    &["worker", "mcp", "auth", "type"],
+                    format!("worker.mcp.auth.type \"{o}\" is not one of none, bearer, oauth{hint}"),
+                );
                 McpAuth::None
             }
         }
+    }
+
+    /// `worker.mcp.auth.oauth`: an issuer and an audience that are URLs (`http` only on
+    /// loopback: a token's keys and the clients' redirects must not cross a network in clear),
+    /// three distinct scopes, a leeway.
+    fn oauth(&mut self, o: &raw::OAuth) -> Option<OAuthSettings> {
+        let at = |k: &'static str| ["worker", "mcp", "auth", "oauth", k];
+        let mut ok = true;
+        let mut url = |this: &mut Self, key: &'static str, v: &Option<String>, example: &str| -> String {
+            let Some(v) = v.as_deref().map(str::trim).filter(|v| !v.is_empty() && !v.contains("${")) else {
+                this.err(&at(key), format!("worker.mcp.auth.oauth needs \"{key}\" (e.g. {example})"));
+                ok = false;
+                return String::new();
+            };
+            match url_check(v) {
+                Ok(()) => v.to_string(),
+                Err(why) => {
+                    this.err(&at(key), format!("worker.mcp.auth.oauth.{key} \"{v}\" {why}"));
+                    ok = false;
+                    String::new()
+                }
+            }
+        };
+        let issuer = url(self, "issuer", &o.issuer, "https://login.example.com/realms/ops");
+        let audience = url(self, "audience", &o.audience, "https://lamplighter.example.com/mcp");
+        let s = o.scopes.clone().unwrap_or_default();
+        let scopes = [
+            s.read.unwrap_or_else(|| "lamplighter:read".into()),
+            s.operate.unwrap_or_else(|| "lamplighter:operate".into()),
+            s.manage.unwrap_or_else(|| "lamplighter:manage".into()),
+        ];
+        for (i, sc) in scopes.iter().enumerate() {
+            if sc.trim().is_empty() || sc.contains(char::is_whitespace) {
+                self.err(
+                    &at("scopes"),
+                    format!("worker.mcp.auth.oauth.scopes.{}: \"{sc}\" must be one scope, without blanks", Role::ALL[i].as_str()),
+                );
+                ok = false;
+            }
+        }
+        if scopes[0] == scopes[1] || scopes[1] == scopes[2] || scopes[0] == scopes[2] {
+            self.err(&at("scopes"), "worker.mcp.auth.oauth.scopes: each role needs its own scope".into());
+            ok = false;
+        }
+        let leeway = match o.leeway.as_deref() {
+            None => Duration::from_secs(60),
+            Some(l) => match humantime::parse_duration(l.trim()) {
+                Ok(d) if d <= Duration::from_secs(600) => d,
+                Ok(_) => {
+                    self.err(&at("leeway"), format!("worker.mcp.auth.oauth.leeway \"{l}\" is more than 10m"));
+                    ok = false;
+                    Duration::ZERO
+                }
+                Err(e) => {
+                    self.err(&at("leeway"), format!("worker.mcp.auth.oauth.leeway \"{l}\" is not a duration ({e}); write e.g. \"60s\""));
+                    ok = false;
+                    Duration::ZERO
+                }
+            },
+        };
+        ok.then_some(OAuthSettings { issuer, audience, scopes, leeway })
     }
 
     fn tls(&mut self, tls: Option<&raw::Tls>, cwd: &Path) -> McpTls {
@@ -228,5 +313,28 @@ impl Compiler<'_> {
             out.working_directories = dirs.iter().map(|d| cwd.join(d)).collect();
         }
         out
+    }
+}
+
+/// An `https` URL with a host, or `http` on a loopback address: why not, else nothing.
+fn url_check(v: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = v.split_once("://") else {
+        return Err("is not a URL (write https://…)".into());
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    if host.is_empty() {
+        return Err("has no host".into());
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(()),
+        "http" => {
+            let loopback = host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            if loopback { Ok(()) } else { Err("is plain http off loopback; write https://".into()) }
+        }
+        other => Err(format!("has scheme \"{other}\"; write https://")),
     }
 }

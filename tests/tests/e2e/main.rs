@@ -18,6 +18,7 @@ mod lifecycle;
 mod manage_jobs;
 mod mcp;
 mod notify;
+mod oauth;
 mod packaging;
 mod postgres;
 mod real_llm;
