@@ -679,6 +679,29 @@ pub(crate) fn write_internal_events(observer: &Observer, to: &std::path::Path) -
 mod tests {
     use super::*;
 
+    /// A client hanging up is not an operator's ERROR; rmcp's other errors still are, and its
+    /// routine INFO lines are off by default.
+    #[test]
+    fn a_client_hanging_up_is_not_logged_as_an_error() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::layer::SubscriberExt;
+        struct Seen(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> Layer<S> for Seen {
+            fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                self.0.lock().unwrap().push(format!("{} {}", event.metadata().level(), event.metadata().target()));
+            }
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(log_filter(None)).with(Seen(seen.clone())).with(RoutineHangUps);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "rmcp::service", error = "broken pipe", "failed to send pending response during drain");
+            tracing::info!(target: "rmcp::service", "Service initialized as server");
+            tracing::error!(target: "rmcp::service", "transport failed");
+            tracing::error!(target: "lamplighter_worker", "failed to send pending response during drain");
+        });
+        assert_eq!(*seen.lock().unwrap(), ["ERROR rmcp::service", "ERROR lamplighter_worker"]);
+    }
+
     #[test]
     fn names_and_labels_follow_the_prometheus_rules() {
         assert_eq!(prom_name("lamplighter.run.duration"), "lamplighter_run_duration");
