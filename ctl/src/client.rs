@@ -404,6 +404,8 @@ enum Problem {
     NoEndpoint,
     /// Another HTTP failure: 429, 5xx, a redirect.
     Http { status: u16 },
+    /// Plain HTTP sent to a worker's TLS port (it says so in a plain 400).
+    SpeaksHttps,
     /// The answer was not MCP: a web page, an unparsable body, a refused handshake.
     NotMcp(String),
     /// The connection ended before the answer arrived.
@@ -448,6 +450,10 @@ impl Target {
             }
             Problem::Http { status } => {
                 format!("the worker at {url} answered HTTP {status}; check the worker's log, or set --url or $LAMPLIGHTER_URL")
+            }
+            Problem::SpeaksHttps => {
+                let https = url.strip_prefix("http://").map_or_else(|| url.clone(), |rest| format!("https://{rest}"));
+                format!("this worker speaks https: use --url {https} (with --ca-cert for a private CA)")
             }
             Problem::NotMcp(detail) => format!(
                 "{url} did not answer like a lamplighter worker ({}); set --url or $LAMPLIGHTER_URL to its MCP endpoint",
@@ -506,6 +512,7 @@ fn http_problem(error: &HttpError) -> Problem {
         StreamableHttpError::UnexpectedServerResponse(text) => match status_in(text) {
             Some(status @ (401 | 403)) => Problem::Unauthorized { status },
             Some(404) => Problem::NoEndpoint,
+            Some(400) if text.contains("this worker speaks https") => Problem::SpeaksHttps,
             Some(status) => Problem::Http { status },
             None => Problem::NotMcp(text.to_string()),
         },

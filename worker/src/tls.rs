@@ -125,6 +125,13 @@ impl TlsListener {
                 let _ = stream.set_nodelay(true);
                 let (acceptor, tx) = (tls.acceptor(), tx.clone());
                 tokio::spawn(async move {
+                    // A client speaking plain HTTP to this port would read the TLS alert as a
+                    // garbled answer ("invalid HTTP version parsed"): it gets a plain one.
+                    if let Ok(Ok(true)) = tokio::time::timeout(HANDSHAKE, plain_http(&stream)).await {
+                        tracing::debug!(%peer, "a plain HTTP request on the TLS port; told to use https");
+                        answer_plain_http(stream).await;
+                        return;
+                    }
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
                             let _ = tx.send((s, peer)).await;
@@ -137,6 +144,32 @@ impl TlsListener {
         });
         Ok(Self { ready, local })
     }
+}
+
+/// Whether a connection opens with a plain HTTP request line (`GET /`, `POST /mcp`, …) rather
+/// than a TLS record (which starts with byte 0x16). Peeks; reads nothing.
+async fn plain_http(stream: &TcpStream) -> std::io::Result<bool> {
+    let mut head = [0u8; 8];
+    let n = stream.peek(&mut head).await?;
+    Ok(looks_like_http(&head[..n]))
+}
+
+fn looks_like_http(head: &[u8]) -> bool {
+    const METHODS: [&[u8]; 9] = [b"GET ", b"POST ", b"HEAD ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE "];
+    head.len() >= 4 && METHODS.iter().any(|m| m.starts_with(&head[..head.len().min(m.len())]))
+}
+
+/// A plain `400` saying what to do, then the connection closes.
+async fn answer_plain_http(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let port = stream.local_addr().map(|a| a.port()).unwrap_or_default();
+    let body = format!("this worker speaks https on port {port}: use https://…:{port}/ (with --ca-cert for a private CA)\n");
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 impl axum::serve::Listener for TlsListener {

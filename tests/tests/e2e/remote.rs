@@ -62,9 +62,14 @@ fn lampctl_reaches_a_tls_worker_with_its_ca_and_through_a_context() {
     let (code, _, err) = lampctl(&["--url", &url, "--ca-cert", other.ca().to_str().expect("path"), "status"], &[]);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("other-ca.pem (--ca-cert)"), "{err}");
-    // Plain HTTP to a TLS listener does not get an answer it could take for the worker's.
-    let (code, _, _) = lampctl(&["--url", &format!("http://localhost:{}/mcp", w.port), "status"], &[]);
-    assert_eq!(code, 3);
+    // Plain HTTP to a TLS listener does not get an answer it could take for the worker's: it
+    // is told, in plain HTTP, to use https.
+    let (code, _, err) = lampctl(&["--url", &format!("http://localhost:{}/mcp", w.port), "status"], &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("this worker speaks https"), "{err}");
+    let (status, body) = crate::support::http_get(w.port, "/readyz").expect("a plain answer");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(&format!("this worker speaks https on port {}", w.port)), "{body}");
 
     // A context keeps it all; flags still win.
     let config = dir.path().join("lampctl.yaml");
@@ -79,7 +84,7 @@ fn lampctl_reaches_a_tls_worker_with_its_ca_and_through_a_context() {
     assert!(out.contains("*") && out.contains("prod") && out.contains("from `printf 0per8-t0ken`"), "{out}");
     let (code, _, err) = lampctl(&["--token", "r34d-0nly-t0ken", "jobs", "resume", "report"], &env);
     assert_eq!(code, 1, "the flag's read token wins over the context's: {err}");
-    assert!(err.contains("needs the operate role; token \"dashboard\" has the read role"), "{err}");
+    assert!(err.contains("needs the operate role; token dashboard has the read role"), "{err}");
     let (code, _, err) = lampctl(&["--context", "staging", "status"], &env);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("no context \"staging\"") && err.contains("contexts: prod"), "{err}");
@@ -185,12 +190,12 @@ fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
 
     let (code, _, err) = run("r34d-0nly-t0ken", &["jobs", "pause", "report"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("tool \"pause_job\" needs the operate role; token \"dashboard\" has the read role"), "{err}");
+    assert!(err.contains("tool \"pause_job\" needs the operate role; token dashboard has the read role"), "{err}");
     let file = w.dir.path().join("def.yaml");
     std::fs::write(&file, "every: 1h\nplugin: file-save\naction: save\n").expect("write");
     let (code, _, err) = run("0per8-t0ken", &["jobs", "create", "extra", "-f", file.to_str().expect("path")]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("needs the manage role; token \"ops\" has the operate role"), "{err}");
+    assert!(err.contains("needs the manage role; token ops has the operate role"), "{err}");
     let (code, out, err) = run("m4n4ge-t0ken", &["jobs", "create", "extra", "-f", file.to_str().expect("path")]);
     assert_eq!(code, 0, "{out}{err}");
     let (code, history, _) = run("r34d-0nly-t0ken", &["jobs", "history", "extra"]);
@@ -226,7 +231,7 @@ fn off_loopback_the_worker_starts_only_with_auth_and_tls_and_names_each_missing_
     let refused = [
         ("", "refusing to listen on 0.0.0.0 without auth and without TLS", ["worker.mcp.auth", "worker.mcp.tls"]),
         (auth, "refusing to listen on 0.0.0.0 without TLS", ["worker.mcp.tls (cert_file and key_file)", "terminated_by_proxy: true"]),
-        (tls.as_str(), "refusing to listen on 0.0.0.0 without auth;", ["worker.mcp.auth (type: bearer)", "listen on 127.0.0.1"]),
+        (tls.as_str(), "refusing to listen on 0.0.0.0 without auth;", ["worker.mcp.auth (type: bearer or oauth)", "listen on 127.0.0.1"]),
     ];
     for (mcp, why, fixes) in refused {
         off_loopback(&w, mcp);
