@@ -526,12 +526,29 @@ async fn start_and_follow(
 ) -> Result<Value, CtlError> {
     let started: TriggerOutcome = answer(tool, &client.call(tool, arguments).await?)?;
     let id = started.run_id.as_str();
-    let followed = follow_run(client, id, Until::EndsOrWaits, |before, detail, _| {
-        if output == Output::Table {
-            eprint!("{}", render::progress(before, detail, Utc::now()));
+    // Through its retries: an attempt that failed with a retry scheduled is not the outcome;
+    // the attempt after it is followed, each attempt's end printed as it comes.
+    let followed = async {
+        let mut attempt_id = id.to_string();
+        loop {
+            let detail = follow_run(client, &attempt_id, Until::EndsOrWaits, |before, detail, _| {
+                if output == Output::Table {
+                    eprint!("{}", render::progress(before, detail, Utc::now()));
+                }
+                Ok(())
+            })
+            .await?;
+            match detail.run.next_run_id.clone().filter(|n| !n.is_empty() && detail.run.status.is_final()) {
+                Some(next) => {
+                    if output == Output::Table {
+                        eprintln!("{}", render::retrying(&detail.run, &next));
+                    }
+                    attempt_id = next;
+                }
+                None => return Ok::<RunDetail, CtlError>(detail),
+            }
         }
-        Ok(())
-    });
+    };
     let limit = async {
         match timeout {
             Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,

@@ -763,6 +763,11 @@ pub(crate) fn progress(before: Option<&RunDetail>, now_detail: &RunDetail, now: 
     out
 }
 
+/// Between two attempts of a followed run: the one that ended and the retry followed next.
+pub(crate) fn retrying(ended: &Run, next: &str) -> String {
+    format!("attempt {} {}; a retry is scheduled: following run {next} (attempt {})", ended.attempt, ended.status, ended.attempt + 1)
+}
+
 /// Each step and agent wait that has a status: (its name, its status, the line that shows it).
 fn moves(detail: &RunDetail) -> Vec<(String, String, String)> {
     fn walk(out: &mut Vec<(String, String, String)>, steps: &[StepView], prefix: &str) {

@@ -300,3 +300,26 @@ fn a_backup_taken_during_runs_restores_into_a_worker_that_keeps_its_history() {
     ticks.dedup();
     assert_eq!(ticks.len(), all, "no tick twice: {runs:#?}");
 }
+
+/// `jobs trigger --wait` follows a run through its retries to the final outcome: the first
+/// attempt fails with a retry scheduled, which is printed and followed; the exit code is the
+/// last attempt's.
+#[test]
+fn trigger_wait_follows_the_retries_to_the_final_outcome() {
+    let mut w = Worker::new(
+        "flaky:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: {command: \"test -f tried || { touch tried; exit 3; }\"}\n  retries: {max: 2, backoff: fixed, initial: 1s}",
+    );
+    w.start();
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "flaky", "--wait"]);
+    assert_eq!(code, 0, "the retry succeeded: {out}\n{err}\n{}", w.log());
+    assert!(err.contains("attempt 1 failed; a retry is scheduled: following run "), "{err}");
+    assert!(err.contains("(attempt 2)") && err.contains("succeeded after"), "{err}");
+    // Every attempt failing: the last one's end is the exit code (4, failed).
+    let mut w2 = Worker::new(
+        "broken:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: {command: \"exit 3\"}\n  retries: {max: 1, backoff: fixed, initial: 1s}",
+    );
+    w2.start();
+    let (code, _, err) = w2.ctl(&["jobs", "trigger", "broken", "--wait"]);
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(err.matches("a retry is scheduled").count(), 1, "{err}");
+}
