@@ -332,7 +332,7 @@ pub(crate) fn saved(s: &JobSaved, now: DateTime<Utc>) -> String {
     }
     if let Some(p) = &s.preview {
         out.push_str("\nnext fires:\n");
-        out.push_str(&indent(&fires_table(&p.next_fires, now)));
+        out.push_str(&indent(&fires_table(&p.next_fires, &p.timezone, now)));
         for note in &p.notes {
             out.push_str(&format!("note: {note}\n"));
         }
@@ -354,7 +354,7 @@ pub(crate) fn deleted(d: &JobDeleted) -> String {
 
 /// `jobs backfill`.
 pub(crate) fn backfill(b: &Backfill, now: DateTime<Utc>) -> String {
-    let mut table = Table::new(&["TICK", "WHEN", "RUN"]);
+    let mut table = Table::new(&["TICK (JOB'S ZONE)", "UTC", "WHEN", "RUN"]);
     for t in &b.ticks {
         let run = match (&t.run_id, t.existing) {
             (Some(id), _) => id.clone(),
@@ -362,7 +362,7 @@ pub(crate) fn backfill(b: &Backfill, now: DateTime<Utc>) -> String {
             (None, false) if b.dry_run => "would run".to_owned(),
             (None, false) => NONE.to_owned(),
         };
-        table.push(vec![t.scheduled_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(), relative(t.scheduled_at, now), run]);
+        table.push(vec![zoned(&t.local), t.scheduled_at.format("%Y-%m-%d %H:%M UTC").to_string(), relative(t.scheduled_at, now), run]);
     }
     let existing = b.ticks.iter().filter(|t| t.existing).count();
     let head = if b.dry_run {
@@ -496,7 +496,7 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     let mut out = pairs.render();
     if !detail.next_fires.is_empty() {
         out.push_str("\nnext fires:\n");
-        out.push_str(&indent(&fires_table(&detail.next_fires, now)));
+        out.push_str(&indent(&fires_table(&detail.next_fires, &job.timezone, now)));
     }
     if !detail.recent_runs.is_empty() {
         out.push_str("\nrecent runs:\n");
@@ -531,15 +531,21 @@ fn counts(counts: &BTreeMap<String, u64>) -> String {
     counts.iter().map(|(status, count)| format!("{status} {count}")).collect::<Vec<_>>().join(", ")
 }
 
-/// Upcoming fire times: in the reader's local time, relative, and in the job's own zone.
-fn fires_table(fires: &[FireTime], now: DateTime<Utc>) -> String {
-    let mut table = Table::new(&["LOCAL TIME", "WHEN", "IN THE JOB'S ZONE"]);
+/// Upcoming fire times: in the job's own zone (named, each time with its offset), in UTC, and
+/// relative. Not in the reader's local time: lampctl's machine is often not the worker's.
+fn fires_table(fires: &[FireTime], timezone: &str, now: DateTime<Utc>) -> String {
+    let zone = format!("IN {timezone}");
+    let mut table = Table::new(&[zone.as_str(), "UTC", "WHEN"]);
     for fire in fires {
-        let zoned = DateTime::parse_from_rfc3339(&fire.local)
-            .map_or_else(|_| fire.local.clone(), |time| time.format("%Y-%m-%d %H:%M %:z").to_string());
-        table.push(vec![fire.utc.with_timezone(&Local).format("%a %Y-%m-%d %H:%M").to_string(), relative(fire.utc, now), zoned]);
+        table.push(vec![zoned(&fire.local), fire.utc.format("%Y-%m-%d %H:%M UTC").to_string(), relative(fire.utc, now)]);
     }
     table.render()
+}
+
+/// An RFC 3339 time in a job's zone as `Mon 2026-03-30 07:30 +02:00` (as given when it does
+/// not parse).
+fn zoned(local: &str) -> String {
+    DateTime::parse_from_rfc3339(local).map_or_else(|_| local.to_owned(), |time| time.format("%a %Y-%m-%d %H:%M %:z").to_string())
 }
 
 /// `jobs next`.
@@ -547,7 +553,7 @@ pub(crate) fn next_fires(detail: &JobDetail, job: &str, now: DateTime<Utc>) -> S
     if detail.next_fires.is_empty() {
         return format!("job \"{job}\" has no upcoming fire times ({})\n", job_state(&detail.summary));
     }
-    fires_table(&detail.next_fires, now)
+    fires_table(&detail.next_fires, &detail.summary.timezone, now)
 }
 
 /// `schedule preview`.
@@ -556,7 +562,7 @@ pub(crate) fn schedule_preview(p: &SchedulePreview, now: DateTime<Utc>) -> Strin
     if p.next_fires.is_empty() {
         out.push_str("no upcoming fire times\n");
     } else {
-        out.push_str(&fires_table(&p.next_fires, now));
+        out.push_str(&fires_table(&p.next_fires, &p.timezone, now));
     }
     for note in &p.notes {
         out.push_str(&format!("note: {note}\n"));

@@ -298,7 +298,7 @@ impl JobService {
                 // A tick another caller recorded between the read and the write ran once, there.
                 let run_id = runs.get(&ms).cloned().flatten();
                 let existing = existing.contains(&ms) || (!dry_run && runs.get(&ms).is_some_and(Option::is_none));
-                BackfillTick { scheduled_at: t, run_id, existing }
+                BackfillTick { scheduled_at: t, local: t.with_timezone(&schedule.timezone()).to_rfc3339(), run_id, existing }
             })
             .collect();
         let created = if dry_run { new.len() } else { ticks.iter().filter(|t| t.run_id.is_some()).count() };

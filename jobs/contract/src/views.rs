@@ -111,6 +111,9 @@ pub struct JobDeleted {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct BackfillTick {
     pub scheduled_at: DateTime<Utc>,
+    /// The same instant, RFC 3339 in the job's time zone.
+    #[serde(default)]
+    pub local: String,
     /// The run created for it (none on a dry run, or when it already had one).
     pub run_id: Option<String>,
     /// The tick already had a run (it is not run again).
