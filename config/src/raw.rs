@@ -533,6 +533,9 @@ pub(crate) struct OAuth {
     pub(crate) scopes: Option<OAuthScopes>,
     /// How far `exp` and `nbf` may be off (default 60s).
     pub(crate) leeway: Option<String>,
+    /// Other `aud` values a token may carry instead of `audience`, for providers that put an
+    /// application id there (Microsoft Entra ID's v2 tokens).
+    pub(crate) token_audiences: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

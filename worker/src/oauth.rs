@@ -67,6 +67,8 @@ struct Claims {
     scope: Option<Scopes>,
     /// Microsoft Entra ID (a string) and some others (an array).
     scp: Option<Scopes>,
+    /// Entra ID's application permissions, in app-only (client credentials) tokens.
+    roles: Option<Scopes>,
 }
 
 #[derive(Deserialize)]
@@ -129,7 +131,9 @@ impl OAuth {
             DecodingKey::from_jwk(&jwk).map_err(|e| Invalid(format!("the issuer's key {} cannot be used: {e}", kid_text(&header.kid))))?;
         let mut v = Validation::new(header.alg);
         v.set_issuer(&[&self.settings.issuer]);
-        v.set_audience(&[&self.settings.audience]);
+        let audiences: Vec<&str> =
+            std::iter::once(self.settings.audience.as_str()).chain(self.settings.token_audiences.iter().map(String::as_str)).collect();
+        v.set_audience(&audiences);
         v.set_required_spec_claims(&["exp", "iss", "aud"]);
         v.validate_nbf = true;
         v.leeway = self.settings.leeway.as_secs();
@@ -137,7 +141,7 @@ impl OAuth {
         let c = data.claims;
         let subject =
             c.sub.or(c.client_id).or(c.azp).ok_or_else(|| Invalid("the token names no subject (sub) or client (client_id)".into()))?;
-        let has = |scope: &str| c.scope.as_ref().is_some_and(|s| s.contains(scope)) || c.scp.as_ref().is_some_and(|s| s.contains(scope));
+        let has = |scope: &str| [&c.scope, &c.scp, &c.roles].into_iter().any(|s| s.as_ref().is_some_and(|s| s.contains(scope)));
         let role = Role::ALL.into_iter().rev().find(|r| has(self.settings.scope_of(*r)));
         Ok(Holder { subject, role })
     }
@@ -245,6 +249,7 @@ mod tests {
             audience: audience.into(),
             scopes: ["lamplighter:read".into(), "lamplighter:operate".into(), "lamplighter:manage".into()],
             leeway: Duration::from_secs(60),
+            token_audiences: Vec::new(),
         }
     }
 

@@ -223,6 +223,8 @@ pub struct OAuthSettings {
     /// The scope of each role, in [`Role::ALL`] order.
     pub scopes: [String; 3],
     pub leeway: Duration,
+    /// Other `aud` values accepted besides `audience`.
+    pub token_audiences: Vec<String>,
 }
 
 impl OAuthSettings {

@@ -229,7 +229,13 @@ impl Compiler<'_> {
                 }
             },
         };
-        ok.then_some(OAuthSettings { issuer, audience, scopes, leeway })
+        let token_audiences: Vec<String> =
+            o.token_audiences.clone().unwrap_or_default().into_iter().map(|a| a.trim().to_string()).collect();
+        if token_audiences.iter().any(String::is_empty) {
+            self.err(&at("token_audiences"), "worker.mcp.auth.oauth.token_audiences: an empty audience".into());
+            ok = false;
+        }
+        ok.then_some(OAuthSettings { issuer, audience, scopes, leeway, token_audiences })
     }
 
     fn tls(&mut self, tls: Option<&raw::Tls>, cwd: &Path) -> McpTls {

@@ -90,7 +90,7 @@ fn rogue_ed25519() -> jsonwebtoken::EncodingKey {
 fn oauth_worker(issuer: &str, jobs: &str) -> Worker {
     let mut w = Worker::new("");
     let auth = format!(
-        "auth:\n  type: oauth\n  oauth: {{issuer: \"{issuer}\", audience: \"http://127.0.0.1:{}/mcp\"}}\n  tokens:\n    - {{name: ci, token: s3cret, role: manage}}\n",
+        "auth:\n  type: oauth\n  oauth: {{issuer: \"{issuer}\", audience: \"http://127.0.0.1:{}/mcp\", token_audiences: [app-1234]}}\n  tokens:\n    - {{name: ci, token: s3cret, role: manage}}\n",
         w.port
     );
     w.write_config(jobs, &auth);
@@ -255,6 +255,12 @@ fn tokens_that_are_not_for_this_worker_are_refused_each_for_its_reason() {
     let (code, _, body) = post(&w, Some(&good), list());
     assert_eq!(code, 200, "{body}\n{}", w.log());
     assert!(body.contains("nightly"), "{body}");
+
+    // Entra ID's shape: an application id as `aud` (accepted by `token_audiences`), an app-only
+    // token's permissions in `roles`.
+    let entra = idp.sign("app-1234", json!({"scope": null, "roles": ["lamplighter:read"]}));
+    let (code, _, body) = post(&w, Some(&entra), list());
+    assert_eq!(code, 200, "{body}");
 
     let refused = [
         (idp.sign("http://127.0.0.1:1/other", json!({})), "the token is for another audience (aud)"),
