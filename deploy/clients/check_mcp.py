@@ -42,4 +42,22 @@ async def main():
         print(f"trigger_job {job} wait:", status)
         check(status == "succeeded", f"the run of {job} did not succeed", r.structured_content["run"])
 
-asyncio.run(main())
+def first_cause(e):
+    """The first real error inside the SDK's exception groups."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:  # one line, not the SDK's traceback
+        cause = first_cause(e)
+        hint = ""
+        if len(sys.argv) > 1 and sys.argv[1] == "stdio":
+            hint = ("; the worker it launched said why above (a worker already running on this config holds its "
+                    "database and port: stop it, or check that one over HTTP)")
+        sys.exit(f"check_mcp: the MCP session failed: {type(cause).__name__}: {cause}{hint}")

@@ -61,6 +61,10 @@ pub enum Command {
         /// for benchmarks and for finding where the milliseconds of a burst go.
         #[arg(long, value_name = "FILE")]
         internal_events: Option<std::path::PathBuf>,
+        /// Listen on PORT instead of `worker.mcp.port` (e.g. a second quickstart beside the
+        /// first; point lampctl at it with --url or $LAMPLIGHTER_URL).
+        #[arg(long, value_name = "PORT", env = "LAMPLIGHTER_PORT")]
+        port: Option<u16>,
     },
     /// Check or print the configuration.
     #[command(subcommand)]
@@ -115,7 +119,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Migrate => commands::migrate(cli.config, cli.log_format),
         Command::Backup { file } => commands::backup(cli.config, &file),
-        Command::Run { mcp_stdio, internal_events } => run::run(cli.config, cli.log_format, mcp_stdio, internal_events),
+        Command::Run { mcp_stdio, internal_events, port } => run::run(cli.config, cli.log_format, mcp_stdio, internal_events, port),
         Command::Healthcheck { url } => commands::healthcheck(&url),
         Command::Completions { shell } => commands::completions(<Cli as clap::CommandFactory>::command(), shell),
         Command::Man { dir } => commands::man(<Cli as clap::CommandFactory>::command(), dir.as_deref()),

@@ -24,7 +24,13 @@ use crate::mcp::{Control, ReloadSummary};
 use crate::systemd::{self, Notifier};
 use crate::telemetry::{PullReader, Telemetry};
 
-pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool, internal_events: Option<PathBuf>) -> ExitCode {
+pub(crate) fn run(
+    path: Option<PathBuf>,
+    format: LogFormat,
+    mcp_stdio: bool,
+    internal_events: Option<PathBuf>,
+    port: Option<u16>,
+) -> ExitCode {
     let (mut loaded, registry) = match load_checked(path.clone(), Purpose::Run) {
         Ok(l) => l,
         Err(diags) => {
@@ -33,6 +39,10 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool, int
             return ExitCode::from(2);
         }
     };
+    // `--port` / `$LAMPLIGHTER_PORT` over `worker.mcp.port`, for the life of the process.
+    if let Some(p) = port {
+        loaded.config.worker.port = p;
+    }
     // Validated: the rest of the merged YAML is not needed to run (the jobs' part was freed as
     // the jobs were read, `Purpose::Run`).
     loaded.config.drop_merged();
@@ -60,7 +70,7 @@ pub(crate) fn run(path: Option<PathBuf>, format: LogFormat, mcp_stdio: bool, int
         eprintln!("error: cannot write internal events to {}: {e}", to.display());
         return ExitCode::from(2);
     }
-    let code = rt.block_on(serve(loaded.config, registry, path, mcp_stdio, name, observer, telemetry.metrics.clone()));
+    let code = rt.block_on(serve(loaded.config, registry, (path, port), mcp_stdio, name, observer, telemetry.metrics.clone()));
     // What the drain produced is flushed while the runtime, which gRPC exporters send on, runs.
     telemetry.shutdown();
     // A blocking read of stdin (MCP over stdio from a terminal or a file) cannot be cancelled;
@@ -85,7 +95,7 @@ fn worker_name(configured: Option<&str>) -> String {
 async fn serve(
     config: Config,
     registry: Arc<Registry>,
-    path: Option<PathBuf>,
+    (path, port_override): (Option<PathBuf>, Option<u16>),
     mcp_stdio: bool,
     name: String,
     observer: Arc<Observer>,
@@ -184,6 +194,7 @@ async fn serve(
         registry: registry.clone(),
         observer: observer.clone(),
         listening: config.worker.clone(),
+        port_override,
         tls: tls.clone(),
         telemetry: config.telemetry.clone(),
         grace: config.worker.shutdown_grace,
@@ -307,6 +318,8 @@ struct Reloader {
     observer: Arc<Observer>,
     /// `worker.mcp` as the listener was started with; changes there need a restart.
     listening: WorkerConfig,
+    /// `--port`, which overrides the file's `worker.mcp.port`.
+    port_override: Option<u16>,
     /// The TLS settings served, when the worker serves TLS itself: re-read on reload.
     tls: Option<Arc<crate::tls::Tls>>,
     /// `telemetry` as exporters were set up with; changes there need a restart.
@@ -352,7 +365,9 @@ impl Reloader {
                 }
                 let w = &config.worker;
                 let l = &self.listening;
-                if (&w.host, w.port, &w.auth, w.transport) != (&l.host, l.port, &l.auth, l.transport) {
+                // A port given by `--port` stays; the file's is not the one listened on.
+                let port = self.port_override.unwrap_or(w.port);
+                if (&w.host, port, &w.auth, w.transport) != (&l.host, l.port, &l.auth, l.transport) {
                     tracing::warn!("worker.mcp changed (host, port, auth or transport); that takes effect at the next restart");
                 }
                 let (t, l) = (&config.telemetry, &self.telemetry);

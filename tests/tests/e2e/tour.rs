@@ -76,11 +76,16 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     assert!(config.contains("port: 5100\n"), "the quickstart's port moved; the README says 5100");
     let config_path = root.path().join(&config_at);
     std::fs::create_dir_all(config_path.parent().unwrap()).unwrap();
-    std::fs::write(&config_path, config.replace("port: 5100\n", &format!("port: {port}\n"))).unwrap();
+    std::fs::write(&config_path, &config).unwrap();
 
+    // The config as written, on a free port by `$LAMPLIGHTER_PORT`, as the README says.
     let log = root.path().join("worker.log");
     let mut cmd = Command::new(bin());
-    cmd.args(&worker_args).current_dir(root.path()).env("RUST_LOG", "info").stdout(std::process::Stdio::null());
+    cmd.args(&worker_args)
+        .current_dir(root.path())
+        .env("RUST_LOG", "info")
+        .env("LAMPLIGHTER_PORT", port.to_string())
+        .stdout(std::process::Stdio::null());
     let mut worker = KillOnDrop(spawn_until(&mut cmd, &log, READY_LINE, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}")));
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
@@ -101,6 +106,22 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "check_mcp.py failed:\n{stdout}{stderr}\nworker log:\n{}", logs());
     assert!(stdout.contains("trigger_job repo-report wait: succeeded"), "{stdout}");
+    // The second line, while the quickstart runs: its own worker cannot start beside it, and
+    // the script says so in one line instead of the SDK's traceback.
+    let stdio = commands_under(&readme, "Control it", "python3 deploy/clients/check_mcp.py stdio");
+    assert_eq!(stdio.len(), 1, "{stdio:?}");
+    let out = Command::new(lamplighter_tests::setup::python_mcp())
+        .arg(repo_root().join("deploy/clients/check_mcp.py"))
+        .args(["stdio", config_path.to_str().unwrap()])
+        .arg(bin())
+        .current_dir(root.path())
+        .env("LAMPLIGHTER_PORT", port.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second worker on the quickstart's database started:\n{stderr}");
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+    assert!(stderr.contains("check_mcp: the MCP session failed: ") && stderr.contains("the worker it launched said why above"), "{stderr}");
 
     let tour = commands_under(&readme, "Control it", "cargo run -p lamplighter-ctl -- ");
     assert!(tour.len() >= 8, "the tour lost its commands: {tour:?}");
@@ -156,6 +177,14 @@ fn the_readme_quickstart_and_tour_work_as_written() {
     // The approved workflow published the report; the paused job says why.
     let published = std::fs::read_to_string(root.path().join("data/published-report.txt")).unwrap_or_default();
     assert!(published.contains("first"), "the published report: {published:?}\n{}", logs());
+    // The scheduled job's output carries its report (not only the file).
+    let (code, out, _) =
+        crate::support::ctl_at(&format!("http://127.0.0.1:{port}/mcp"), None, &["runs", "list", "--job", "repo-report", "-o", "json"]);
+    assert_eq!(code, 0, "{out}");
+    let first_id = run_id_in(&out).expect("a run of repo-report");
+    let (_, out, _) = crate::support::ctl_at(&format!("http://127.0.0.1:{port}/mcp"), None, &["runs", "show", &first_id, "-o", "json"]);
+    let run: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(run["output"]["stdout"].as_str().is_some_and(|s| s.contains("first")), "the run's output shows the report: {run}");
     let (code, out, _) =
         crate::support::ctl_at(&format!("http://127.0.0.1:{port}/mcp"), None, &["jobs", "show", "repo-report", "-o", "json"]);
     assert_eq!(code, 0);
