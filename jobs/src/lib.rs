@@ -172,6 +172,11 @@ impl Health {
         self.agents_down.get(name).map(String::as_str)
     }
 
+    /// Why workflow `name` cannot run here (a step's agent or plugin action), if it cannot.
+    pub(crate) fn workflow_down(&self, name: &str) -> Option<&str> {
+        self.broken.get(name).map(String::as_str)
+    }
+
     /// What keeps `job` from running here, with the field to blame.
     pub(crate) fn job_problem(&self, job: &lamplighter_config::JobConfig, registry: &Registry) -> Option<(&'static str, JobProblem)> {
         let name = &job.name;

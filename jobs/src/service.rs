@@ -48,6 +48,9 @@ pub enum ServiceError {
     /// An agent the environment keeps from running here (its key unset, its plugin not loaded).
     #[error("agent \"{name}\" cannot run here: {reason}")]
     AgentDisabled { name: String, reason: String },
+    /// A workflow that needs what the environment keeps from running here (an agent of a step).
+    #[error("workflow \"{name}\" cannot run here: {reason}")]
+    WorkflowDisabled { name: String, reason: String },
     /// A decision on a run or step that does not wait for one.
     #[error("{0}")]
     NotWaiting(String),
@@ -515,6 +518,15 @@ impl JobService {
             let known = known_names(self.config.get().workflows.keys());
             return Err(ServiceError::WorkflowNotFound { name: name.to_string(), known });
         };
+        // Refused up front, as `run_agent` refuses a disabled agent, rather than accepted and
+        // failed at the step that needs what is missing.
+        {
+            let config = self.config.get();
+            let listed = config.listing.workflows.iter().find(|w| w.name == name).and_then(|w| w.disabled.clone());
+            if let Some(reason) = listed.or_else(|| config.health.workflow_down(name).map(str::to_string)) {
+                return Err(ServiceError::WorkflowDisabled { name: name.to_string(), reason });
+            }
+        }
         check_idempotency_key(idempotency_key.as_deref())?;
         let now = self.clock.now();
         let snapshot = JobSnapshot::of_target(TargetRef::Workflow { workflow: name.to_string(), definition: Some(definition) });

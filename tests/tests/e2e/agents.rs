@@ -511,3 +511,22 @@ fn an_agent_uses_a_streamable_http_mcp_server_limited_by_allowed_actions() {
     assert_eq!(offered, ["self__list_jobs"], "only what allowed_actions lets through of the server's tools");
     drop(rt);
 }
+
+/// A workflow whose agent cannot run here (its provider's key is unset) is refused when asked
+/// to run, naming why, as `agents run` refuses the agent itself; nothing is started.
+#[test]
+fn a_workflow_whose_agent_is_disabled_is_refused_up_front() {
+    let mut w = Worker::new("");
+    let top = "ai:\n  providers:\n    keyless:\n      base_url: http://127.0.0.1:9/v1\n      api_key: ${UNSET_KEY_FOR_THIS_TEST}\n      models:\n        k: {id: k}\n\
+               agents:\n  lost:\n    model: k\n    system_prompt: Say hi.\n\
+               workflows:\n  needs-lost:\n    steps:\n      - {id: a, type: agent, agent: lost, input: hi}\n";
+    w.write_full(top, "", "");
+    w.start();
+    let (code, _, err) = w.ctl(&["agents", "run", "lost"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("agent \"lost\" cannot run here"), "{err}");
+    let (code, _, err) = w.ctl(&["workflows", "run", "needs-lost", "--wait"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("workflow \"needs-lost\" cannot run here: ") && err.contains("UNSET_KEY_FOR_THIS_TEST"), "{err}");
+    assert!(w.runs().is_empty(), "nothing was started: {:?}", w.runs());
+}
