@@ -128,6 +128,9 @@ async fn a_runtime_job_fires_once_per_tick_across_a_restart_and_stops_when_delet
     assert!(gone.summary.disabled.as_deref().is_some_and(|d| d.starts_with("deleted by mcp client cy at ")), "{gone:?}");
     assert_eq!((gone.history.len(), gone.summary.next_fire, gone.definition.clone()), (3, None, Some(save_every("5m"))));
     assert_eq!(gone.counts.values().sum::<u64>(), 3, "its runs stay");
+    // Its last schedule is shown as it was, not as "manual"; it still does not fire.
+    assert_eq!(gone.summary.schedule.as_deref(), Some("every: 5m"), "{gone:?}");
+    assert!(gone.next_fires.is_empty());
     assert!(engine.service().trigger_job("r", Default::default()).await.is_err(), "a deleted job cannot be triggered");
     engine.shutdown(Duration::from_secs(5)).await;
 }

@@ -17,12 +17,13 @@ mod workflows;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::diag::Diagnostic;
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
-use crate::schedule;
+use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
 pub use jobs::{RESERVED_JOB_PREFIXES, reserved_prefix};
@@ -343,7 +344,9 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
         target,
         input: None,
         parameters: None,
-        schedule: None,
+        // Its last schedule, for the record (`schedule: cron 0 3 * * *`, not "manual"); it
+        // never fires: the job is not enabled and no scheduler holds it.
+        schedule: schedule_of(definition, &field("timezone").unwrap_or_else(|| default_timezone.to_owned())),
         timezone: field("timezone").unwrap_or_else(|| default_timezone.to_owned()),
         enabled: false,
         catch_up: CatchUp::default(),
@@ -358,6 +361,16 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
         budget: Default::default(),
         notify: None,
     }
+}
+
+/// The schedule a definition gives (`cron`, `every` or `at`), when it reads.
+fn schedule_of(definition: &serde_json::Value, timezone: &str) -> Option<Arc<Schedule>> {
+    let text = |k: &str| definition.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let spec = text("cron")
+        .map(ScheduleSpec::Cron)
+        .or_else(|| text("every").map(ScheduleSpec::Every))
+        .or_else(|| text("at").map(ScheduleSpec::At))?;
+    schedule::parse_alone(spec, timezone).ok().map(Arc::new)
 }
 
 /// A definition as JSON: an object as it is, or YAML text (a job's entry as the files write
