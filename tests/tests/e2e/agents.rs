@@ -432,7 +432,8 @@ fn mcp_server_tools_work_a_crash_mid_call_is_told_to_the_model_and_a_server_that
         ai(&llm),
         notes.display()
     );
-    w.write_full(&top, "use:\n  type: agent\n  agent: user\nfail:\n  type: agent\n  agent: doomed\n", "");
+    // `fail` is not retried: `--wait` would follow its retries to the last one.
+    w.write_full(&top, "use:\n  type: agent\n  agent: user\nfail:\n  type: agent\n  agent: doomed\n  retries: {max: 0}\n", "");
     w.start();
 
     let (code, out, err) = w.ctl(&["jobs", "trigger", "use", "--input", "first", "--wait", "-o", "json"]);

@@ -56,6 +56,13 @@ impl Provider {
         self.info["issuer"].as_str().expect("issuer")
     }
 
+    /// `mcp_oauth.py`'s arguments for the machine client (client credentials), then `extra`.
+    fn machine<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let id = self.info["machine"]["client_id"].as_str().expect("client_id");
+        let secret = self.info["machine"]["client_secret"].as_str().expect("client_secret");
+        [&["client_credentials", "--client-id", id, "--client-secret", secret, "--issuer", self.issuer()][..], extra].concat()
+    }
+
     /// A token signed with the issuer's own RSA key, with `claims` over good defaults.
     fn sign(&self, audience: &str, claims: Value) -> String {
         let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.rsa_pem.as_bytes()).expect("the issuer's key");
@@ -189,17 +196,9 @@ fn a_hosted_assistant_signs_in_and_a_machine_uses_client_credentials() {
 
     // A machine with client credentials, reading only.
     let id = idp.info["machine"]["client_id"].as_str().unwrap();
-    let secret = idp.info["machine"]["client_secret"].as_str().unwrap();
     let (calls, last, exit) = sdk(
         &w,
-        &[
-            "client_credentials",
-            "--client-id",
-            id,
-            "--client-secret",
-            secret,
-            "--issuer",
-            idp.issuer(),
+        &idp.machine(&[
             "--scope",
             "lamplighter:read",
             "--call",
@@ -208,27 +207,14 @@ fn a_hosted_assistant_signs_in_and_a_machine_uses_client_credentials() {
             "--call",
             "pause_job",
             r#"{"name": "nightly"}"#,
-        ],
+        ]),
     );
     assert_eq!(exit, 0, "{last}");
     assert_eq!(last["token_claims"]["sub"], json!(id));
     assert_eq!(calls[0]["is_error"], json!(false), "{}", calls[0]);
     assert_eq!(calls[1]["status"], json!(403), "{}", calls[1]);
     // A token the provider issued for another audience: refused, and the flow fails.
-    let (_, last, exit) = sdk(
-        &w,
-        &[
-            "client_credentials",
-            "--client-id",
-            id,
-            "--client-secret",
-            secret,
-            "--issuer",
-            idp.issuer(),
-            "--resource",
-            "http://127.0.0.1:1/other",
-        ],
-    );
+    let (_, last, exit) = sdk(&w, &idp.machine(&["--resource", "http://127.0.0.1:1/other"]));
     assert_ne!(exit, 0, "{last}");
     assert_eq!(last["status"], json!(401), "{last}");
 
@@ -305,23 +291,7 @@ fn elliptic_curve_and_edwards_signatures_are_accepted() {
         let tmp = tempfile::tempdir().unwrap();
         let idp = Provider::start(alg, tmp.path());
         let w = oauth_worker(idp.issuer(), JOB);
-        let id = idp.info["machine"]["client_id"].as_str().unwrap();
-        let secret = idp.info["machine"]["client_secret"].as_str().unwrap();
-        let (calls, last, exit) = sdk(
-            &w,
-            &[
-                "client_credentials",
-                "--client-id",
-                id,
-                "--client-secret",
-                secret,
-                "--issuer",
-                idp.issuer(),
-                "--call",
-                "pause_job",
-                r#"{"name": "nightly"}"#,
-            ],
-        );
+        let (calls, last, exit) = sdk(&w, &idp.machine(&["--call", "pause_job", r#"{"name": "nightly"}"#]));
         assert_eq!(exit, 0, "{alg}: {last}\n{}", w.log());
         assert_eq!(calls[0]["is_error"], json!(false), "{alg}: {}", calls[0]);
         assert_eq!(calls[0]["structured"]["paused"], json!(true), "{alg}: {}", calls[0]);
