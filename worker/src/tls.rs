@@ -170,6 +170,14 @@ async fn answer_plain_http(mut stream: TcpStream) {
     );
     let _ = stream.write_all(answer.as_bytes()).await;
     let _ = stream.shutdown().await;
+    // Read what the client sent until it closes (bounded): a socket closed with unread bytes
+    // sends a reset, which can reach the client before it has read the answer.
+    let drain = async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(HANDSHAKE, drain).await;
 }
 
 impl axum::serve::Listener for TlsListener {
