@@ -27,6 +27,8 @@ const ALGORITHMS: [Algorithm; 3] = [Algorithm::RS256, Algorithm::ES256, Algorith
 /// Checks access tokens for one issuer and audience. Shared behind the guard's `Arc`.
 pub(crate) struct OAuth {
     settings: OAuthSettings,
+    /// Where the metadata is published: named in every 401 and 403.
+    metadata_url: String,
     http: reqwest::Client,
     keys: Mutex<Keys>,
 }
@@ -90,21 +92,17 @@ impl Scopes {
 impl OAuth {
     pub(crate) fn new(settings: OAuthSettings) -> Self {
         let http = reqwest::Client::builder().timeout(FETCH_TIMEOUT).build().unwrap_or_default();
-        Self { settings, http, keys: Mutex::new(Keys::default()) }
+        let metadata_url = metadata_url(&settings.audience);
+        Self { settings, metadata_url, http, keys: Mutex::new(Keys::default()) }
     }
 
     pub(crate) fn settings(&self) -> &OAuthSettings {
         &self.settings
     }
 
-    /// Where the metadata of the audience is published (RFC 9728 §3.1: the well-known path
-    /// inserted between the host and the resource's path).
-    pub(crate) fn metadata_url(&self) -> String {
-        let audience = self.settings.audience.trim_end_matches('/');
-        let scheme_end = audience.find("://").map_or(0, |i| i + 3);
-        let path_start = audience[scheme_end..].find('/').map_or(audience.len(), |i| scheme_end + i);
-        let (origin, path) = audience.split_at(path_start);
-        format!("{origin}/.well-known/oauth-protected-resource{path}")
+    /// Where the metadata of the audience is published.
+    pub(crate) fn metadata_url(&self) -> &str {
+        &self.metadata_url
     }
 
     /// The protected-resource metadata (RFC 9728) as JSON.
@@ -218,6 +216,15 @@ impl OAuth {
         }
         response.json::<T>().await.map_err(|e| format!("GET {url}: {e}"))
     }
+}
+
+/// RFC 9728 §3.1: the well-known path inserted between the host and the resource's path.
+fn metadata_url(audience: &str) -> String {
+    let audience = audience.trim_end_matches('/');
+    let scheme_end = audience.find("://").map_or(0, |i| i + 3);
+    let path_start = audience[scheme_end..].find('/').map_or(audience.len(), |i| scheme_end + i);
+    let (origin, path) = audience.split_at(path_start);
+    format!("{origin}/.well-known/oauth-protected-resource{path}")
 }
 
 /// The key a token names, or, when it names none, the only key the issuer has for its `alg`.

@@ -33,11 +33,14 @@ pub(crate) struct Caller {
     /// OAuth access token; none without auth (loopback, or stdio).
     pub(crate) actor: Option<String>,
     pub(crate) role: Role,
+    /// The role came from an OAuth token's scopes: a call beyond it is a 403 the client can
+    /// step up from.
+    pub(crate) scoped: bool,
 }
 
 impl Caller {
     /// Without auth: whoever reaches the worker may do everything (loopback only, or stdio).
-    pub(crate) const TRUSTED: Caller = Caller { actor: None, role: Role::Manage };
+    pub(crate) const TRUSTED: Caller = Caller { actor: None, role: Role::Manage, scoped: false };
 }
 
 /// Who may talk to `/mcp`. Immutable after start; shared behind an `Arc`. (No `Debug`: it
@@ -153,16 +156,16 @@ impl Guard {
         let Some(tokens) = &self.tokens else {
             return Ok(Caller::TRUSTED);
         };
-        let metadata = self.oauth.as_ref().map(|o| o.metadata_url());
+        let metadata = || self.oauth.as_ref().map(|o| o.metadata_url().to_string());
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
             let (scheme, token) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
         });
-        let Some(given) = given else { return Err(Refusal::NoToken { metadata }) };
+        let Some(given) = given else { return Err(Refusal::NoToken { metadata: metadata() }) };
         let mut found = None;
         for t in tokens {
             if tokens_match(given.as_bytes(), t.token.as_bytes()) {
-                found = Some(Caller { actor: Some(format!("token {}", t.name)), role: t.role });
+                found = Some(Caller { actor: Some(format!("token {}", t.name)), role: t.role, scoped: false });
             }
         }
         if let Some(caller) = found {
@@ -170,20 +173,23 @@ impl Guard {
         }
         let Some(oauth) = &self.oauth else {
             tracing::warn!("refused an MCP request with a wrong bearer token");
-            return Err(Refusal::InvalidToken { why: "the bearer token is not one of worker.mcp.auth's tokens".into(), metadata });
+            return Err(Refusal::InvalidToken {
+                why: "the bearer token is not one of worker.mcp.auth's tokens".into(),
+                metadata: metadata(),
+            });
         };
         match oauth.check(given).await {
             Ok(holder) => match holder.role {
-                Some(role) => Ok(Caller { actor: Some(format!("oauth {}", holder.subject)), role }),
+                Some(role) => Ok(Caller { actor: Some(format!("oauth {}", holder.subject)), role, scoped: true }),
                 None => {
                     let scope = oauth.settings().scope_of(Role::Read).to_string();
                     tracing::warn!(subject = %holder.subject, "refused an OAuth access token with none of this worker's scopes");
-                    Err(Refusal::InsufficientScope { scope, what: "any call".into(), metadata })
+                    Err(Refusal::InsufficientScope { scope, what: "any call".into(), metadata: metadata() })
                 }
             },
             Err(invalid) => {
                 tracing::warn!("refused an OAuth access token: {}", invalid.0);
-                Err(Refusal::InvalidToken { why: invalid.0, metadata })
+                Err(Refusal::InvalidToken { why: invalid.0, metadata: metadata() })
             }
         }
     }
@@ -223,7 +229,7 @@ impl Guard {
         Err(Refusal::InsufficientScope {
             scope: oauth.settings().scope_of(needs).to_string(),
             what: format!("tool \"{tool}\""),
-            metadata: Some(oauth.metadata_url()),
+            metadata: Some(oauth.metadata_url().to_string()),
         })
     }
 }
@@ -235,9 +241,9 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, nex
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
-    let mut request = match (&guard.oauth, &caller.actor) {
+    let mut request = match caller.scoped && caller.role < Role::Manage {
         // A call under an access token: its scope is checked against the tool it calls.
-        (Some(_), Some(actor)) if actor.starts_with("oauth ") && caller.role < Role::Manage => {
+        true => {
             let (parts, body) = request.into_parts();
             let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
                 return (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {MAX_BODY_BYTES} bytes\n")).into_response();
@@ -247,7 +253,7 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, nex
             }
             Request::from_parts(parts, axum::body::Body::from(bytes))
         }
-        _ => request,
+        false => request,
     };
     request.extensions_mut().insert(caller);
     next.run(request).await
@@ -471,8 +477,8 @@ mod tests {
         let tokens = vec![token("dashboard", "r34d", Role::Read), token("ops", "0per8", Role::Operate)];
         let g = Guard::new(&worker("127.0.0.1", McpAuth::Bearer { tokens }), &[]);
         let caller = async |t: &str| g.check_auth(&headers(&[(header::AUTHORIZATION, &format!("Bearer {t}"))])).await.ok();
-        assert_eq!(caller("r34d").await, Some(Caller { actor: Some("token dashboard".into()), role: Role::Read }));
-        assert_eq!(caller("0per8").await, Some(Caller { actor: Some("token ops".into()), role: Role::Operate }));
+        assert_eq!(caller("r34d").await, Some(Caller { actor: Some("token dashboard".into()), role: Role::Read, scoped: false }));
+        assert_eq!(caller("0per8").await, Some(Caller { actor: Some("token ops".into()), role: Role::Operate, scoped: false }));
         assert_eq!(caller("r34").await, None);
     }
 
