@@ -636,14 +636,7 @@ pub(crate) fn read_item<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Er
     match serde_path_to_error::deserialize::<_, T>(v) {
         Ok(t) => Some(t),
         Err(e) => {
-            let mut path = base.to_vec();
-            for seg in e.path().iter() {
-                match seg {
-                    serde_path_to_error::Segment::Map { key } => path.push(Seg::Key(key.clone())),
-                    serde_path_to_error::Segment::Seq { index } => path.push(Seg::Index(*index)),
-                    _ => {}
-                }
-            }
+            let path = [base, &error_path(e.path())].concat();
             let loc = sources.locate(&path);
             let inner = e.into_inner().to_string();
             let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
@@ -651,6 +644,17 @@ pub(crate) fn read_item<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Er
             None
         }
     }
+}
+
+/// Where a value did not read, as the config's paths are written.
+pub(crate) fn error_path(path: &serde_path_to_error::Path) -> Vec<Seg> {
+    path.iter()
+        .filter_map(|seg| match seg {
+            serde_path_to_error::Segment::Map { key } => Some(Seg::Key(key.clone())),
+            serde_path_to_error::Segment::Seq { index } => Some(Seg::Index(*index)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn collection_noun(path: &[Seg]) -> &'static str {
@@ -668,9 +672,11 @@ fn collection_noun(path: &[Seg]) -> &'static str {
     }
 }
 
-fn remove_path(doc: &mut Value, path: &[Seg]) {
+/// Removes the value at `path` (a key of a mapping, an item of a sequence); whether it was
+/// there.
+pub(crate) fn remove_path(doc: &mut Value, path: &[Seg]) -> bool {
     let Some((last, parents)) = path.split_last() else {
-        return;
+        return false;
     };
     let mut cur = Some(doc);
     for seg in parents {
@@ -680,8 +686,13 @@ fn remove_path(doc: &mut Value, path: &[Seg]) {
             _ => None,
         };
     }
-    if let (Some(Value::Mapping(m)), Seg::Key(k)) = (cur, last) {
-        m.remove(k.as_str());
+    match (cur, last) {
+        (Some(Value::Mapping(m)), Seg::Key(k)) => m.remove(k.as_str()).is_some(),
+        (Some(Value::Sequence(s)), Seg::Index(i)) if *i < s.len() => {
+            s.remove(*i);
+            true
+        }
+        _ => false,
     }
 }
 

@@ -200,7 +200,7 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
         return Err(vec![format!("name: job names cannot start with \"{prefix}\" ({whose} are listed under it)")]);
     }
     let definition = definition_json(definition).map_err(|e| vec![e])?;
-    let (read, mut errors) = read_definition(name, definition.clone());
+    let (read, mut errors) = read_definition(name, &definition);
     let Some(mut job) = read else { return Err(errors) };
     // Nothing to locate: the definition is not in a file.
     let loaded = Loaded {
@@ -229,78 +229,36 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
 /// (with a did-you-mean, from the config's schema) and every value of the wrong type, each
 /// naming its field, and removed so that the rest still reads and compiles — a bad `max`
 /// does not hide a bad cron. The job read is `None` only when nothing readable is left.
-fn read_definition(name: &str, mut definition: serde_json::Value) -> (Option<raw::Job>, Vec<String>) {
+fn read_definition(name: &str, definition: &serde_json::Value) -> (Option<raw::Job>, Vec<String>) {
+    use crate::load::{error_path, remove_path};
+    use crate::yaml::{Seg, path_string};
+    let field = |path: &[Seg]| if path.is_empty() { "definition".to_string() } else { path_string(path) };
     let mut errors = Vec::new();
+    let Ok(mut job) = serde_yaml::to_value(definition) else { return (None, vec!["definition: does not read as YAML".into()]) };
     // The schema knows the job's keys as those of `scheduling.jobs.<name>`.
-    let wrapped = serde_json::json!({"scheduling": {"jobs": {name: &definition}}});
-    if let Ok(yaml) = serde_yaml::to_value(&wrapped) {
-        for unknown in crate::schema::unknown_keys(&yaml) {
-            let below: Vec<crate::yaml::Seg> = unknown.path.iter().skip(3).cloned().collect();
-            let (key, parent) = below.split_last().map_or((String::new(), &[][..]), |(k, p)| (seg_text(k), p));
-            let field = if parent.is_empty() { "definition".to_string() } else { field_path(parent) };
-            let hint = unknown.message.find(" (did you mean").map_or("", |i| &unknown.message[i..]);
-            errors.push(format!("{field}: unknown key \"{key}\"{hint}"));
-            remove_at(&mut definition, &below);
-        }
+    let mut wrapped = serde_yaml::Mapping::new();
+    wrapped.insert("scheduling".into(), serde_yaml::to_value(serde_json::json!({"jobs": {name: definition}})).unwrap_or_default());
+    for unknown in crate::schema::unknown_keys(&serde_yaml::Value::Mapping(wrapped)) {
+        let below = &unknown.path[3..];
+        let Some((Seg::Key(key), parent)) = below.split_last() else { continue };
+        let hint = unknown.message.find(" (did you mean").map_or("", |i| &unknown.message[i..]);
+        errors.push(format!("{}: unknown key \"{key}\"{hint}", field(parent)));
+        remove_path(&mut job, below);
     }
     // A bounded number of rounds: each removes the field that did not read.
     for _ in 0..64 {
-        match serde_path_to_error::deserialize::<_, raw::Job>(&definition) {
-            Ok(job) => return (Some(job), errors),
+        match serde_path_to_error::deserialize::<_, raw::Job>(&job) {
+            Ok(read) => return (Some(read), errors),
             Err(e) => {
-                let path: Vec<crate::yaml::Seg> = e
-                    .path()
-                    .iter()
-                    .filter_map(|seg| match seg {
-                        serde_path_to_error::Segment::Map { key } => Some(crate::yaml::Seg::Key(key.clone())),
-                        serde_path_to_error::Segment::Seq { index } => Some(crate::yaml::Seg::Index(*index)),
-                        _ => None,
-                    })
-                    .collect();
-                let field = if path.is_empty() { "definition".to_string() } else { field_path(&path) };
-                errors.push(format!("{field}: {}", e.into_inner()));
-                if path.is_empty() || !remove_at(&mut definition, &path) {
+                let path = error_path(e.path());
+                errors.push(format!("{}: {}", field(&path), e.into_inner()));
+                if !remove_path(&mut job, &path) {
                     return (None, errors);
                 }
             }
         }
     }
     (None, errors)
-}
-
-fn seg_text(seg: &crate::yaml::Seg) -> String {
-    match seg {
-        crate::yaml::Seg::Key(k) => k.clone(),
-        crate::yaml::Seg::Index(i) => i.to_string(),
-    }
-}
-
-/// `retries.max`, `input.items.2`.
-fn field_path(path: &[crate::yaml::Seg]) -> String {
-    path.iter().map(seg_text).collect::<Vec<_>>().join(".")
-}
-
-/// Removes the value at `path` (a key of an object, an item of an array); whether it was there.
-fn remove_at(value: &mut serde_json::Value, path: &[crate::yaml::Seg]) -> bool {
-    let Some((last, parents)) = path.split_last() else { return false };
-    let mut cur = value;
-    for seg in parents {
-        let next = match (cur, seg) {
-            (serde_json::Value::Object(m), crate::yaml::Seg::Key(k)) => m.get_mut(k),
-            (serde_json::Value::Array(a), crate::yaml::Seg::Index(i)) => a.get_mut(*i),
-            _ => None,
-        };
-        let Some(next) = next else { return false };
-        cur = next;
-    }
-    match (cur, last) {
-        (serde_json::Value::Object(m), crate::yaml::Seg::Key(k)) => m.remove(k).is_some(),
-        (serde_json::Value::Array(a), crate::yaml::Seg::Index(i)) if *i < a.len() => {
-            a.remove(*i);
-            true
-        }
-        _ => false,
-    }
 }
 
 /// What a job defined at runtime is compiled against: the names it may run and the defaults it
