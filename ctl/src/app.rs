@@ -650,17 +650,37 @@ async fn follow_run(
     // Subscribed before the first read: nothing that happens in between is missed.
     let mut updates = client.updates(&format!("lamplighter://runs/{id}")).await?;
     let mut shown: Option<RunDetail> = None;
+    // A failed attempt's retry is recorded just after its end: until then (`next_run_id`
+    // unset) the failure may not be the outcome. A live worker decides within milliseconds;
+    // one that stopped in between never does, so the wait for it is bounded.
+    let mut undecided_since: Option<std::time::Instant> = None;
     loop {
         let value = client.call("get_run", Arguments::default().with("id", id).0).await?;
         let detail: RunDetail = answer("get_run", &value)?;
         show(shown.as_ref(), &detail, &value)?;
-        if detail.run.status.is_final() || (until == Until::EndsOrWaits && detail.run.status == RunStatus::WaitingApproval) {
+        let undecided = matches!(detail.run.status, RunStatus::Failed | RunStatus::TimedOut) && detail.run.next_run_id.is_none();
+        if !undecided {
+            undecided_since = None;
+        }
+        let settled = !undecided || undecided_since.get_or_insert_with(std::time::Instant::now).elapsed() >= RETRY_DECIDED_WITHIN;
+        if (detail.run.status.is_final() && settled) || (until == Until::EndsOrWaits && detail.run.status == RunStatus::WaitingApproval) {
             return Ok(detail);
         }
         shown = Some(detail);
-        updates.next().await?;
+        if undecided {
+            // The link's write may come without an update of its own: looked at again soon.
+            if let Ok(next) = tokio::time::timeout(Duration::from_millis(200), updates.next()).await {
+                next?;
+            }
+        } else {
+            updates.next().await?;
+        }
     }
 }
+
+/// How long a failed attempt is watched for its retry to be recorded before its failure is
+/// taken as the outcome (the worker stopped between the end and the retry).
+const RETRY_DECIDED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Resolves at Ctrl-C; never, if no handler can be installed (Ctrl-C then ends the process).
 async fn interrupted() {
