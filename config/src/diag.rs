@@ -78,7 +78,7 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// "did you mean" for a misspelt name, or an empty string when nothing is close.
-pub(crate) fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
+pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
     let best = candidates
         .into_iter()
         .map(|c| (strsim::jaro_winkler(name, c), c))

@@ -28,9 +28,10 @@ pub use ai::{
 pub use compile::{
     ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
     JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, RESERVED_JOB_PREFIXES, Retention,
-    RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, compile_job, inert_job, reserved_prefix,
+    RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, check_tag, compile_job, inert_job,
+    reserved_prefix,
 };
-pub use diag::{ConfigErrors, Diagnostic, Location, Severity};
+pub use diag::{ConfigErrors, Diagnostic, Location, Severity, did_you_mean};
 pub use load::{ItemLocations, SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};

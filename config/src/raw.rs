@@ -289,6 +289,10 @@ pub(crate) struct Job {
     /// Who is told when runs fail, recover, succeed or wait for a person (replaces
     /// `scheduling.notify` for this job; `[]` tells nobody).
     pub(crate) notify: Option<Vec<Notify>>,
+    /// Names for handling jobs as a group: `list_jobs`, `pause_job`, `resume_job` and
+    /// `trigger_job` take a `tag` (`lampctl jobs pause --tag finance`). Letters, digits, `-`,
+    /// `_`, `.` and `/`, up to 64 characters.
+    pub(crate) tags: Option<Vec<String>>,
 }
 
 /// One notification rule.

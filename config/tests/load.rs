@@ -194,8 +194,17 @@ agents:
     model: m
 "#,
     );
-    write(d, "more.yaml", "agents:\n  dup:\n    model: m\n");
+    write(
+        d,
+        "more.yaml",
+        "agents:\n  dup:\n    model: m\nscheduling:\n  jobs:\n    e:\n      type: plugin\n      plugin: file-save\n      action: save\n      tags:\n        - finance\n        - has space\n",
+    );
     let errs = errors_of(d);
+    assert!(
+        errs.iter().any(|x| x.starts_with("more.yaml:10:7: ")
+            && x.contains("error: job \"e\": tag \"has space\" has ' '; a tag has letters, digits, -, _, . and / only")),
+        "a bad tag, located: {errs:#?}"
+    );
     let expected = [
         "lamplighter.yaml:7:7: error: job \"a\" runs workflow \"nope\", which is not defined (defined workflows: none)",
         "lamplighter.yaml:9:7: error: job \"a\": catch_up \"sometimes\" is not one of skip, latest, all",

@@ -109,6 +109,8 @@ enum View {
     SchedulePreview,
     Paused,
     Resumed,
+    TagChanged,
+    TagTriggered,
     Triggered { job: String, idempotency_key: Option<String> },
     WaitedRun { timeout: Option<u64> },
     Runs,
@@ -165,21 +167,34 @@ fn plan(command: Command) -> Result<Action, CtlError> {
     Ok(match command {
         Command::Status => call("worker_status", none(), View::Status),
         Command::Jobs { command } => match command {
-            JobsCommand::List => call("list_jobs", none(), View::Jobs),
+            JobsCommand::List { tag } => call("list_jobs", none().maybe("tag", tag), View::Jobs),
             JobsCommand::Show { name } => call("get_job", none().with("name", name), View::Job),
             JobsCommand::Next { name, count } => {
                 call("get_job", none().with("name", name.clone()).with("next", count), View::NextFires { job: name })
             }
-            JobsCommand::Pause { name, reason } => call("pause_job", none().with("name", name).maybe("reason", reason), View::Paused),
-            JobsCommand::Resume { name } => call("resume_job", none().with("name", name), View::Resumed),
+            JobsCommand::Pause { name, tag, reason } => {
+                let view = if tag.is_some() { View::TagChanged } else { View::Paused };
+                call("pause_job", none().maybe("name", name).maybe("tag", tag).maybe("reason", reason), view)
+            }
+            JobsCommand::Resume { name, tag } => {
+                let view = if tag.is_some() { View::TagChanged } else { View::Resumed };
+                call("resume_job", none().maybe("name", name).maybe("tag", tag), view)
+            }
             JobsCommand::Trigger(trigger) => {
                 let parameters: Option<Map<String, Value>> = (!trigger.params.is_empty()).then(|| trigger.params.into_iter().collect());
-                start(
-                    "trigger_job",
-                    Arguments::default().with("name", trigger.name.clone()).maybe("parameters", parameters),
-                    trigger.name,
-                    trigger.start,
-                )
+                match (trigger.name, trigger.tag) {
+                    (Some(name), _) => start(
+                        "trigger_job",
+                        Arguments::default().with("name", name.clone()).maybe("parameters", parameters),
+                        name,
+                        trigger.start,
+                    ),
+                    (None, tag) => call(
+                        "trigger_job",
+                        Arguments::default().maybe("tag", tag).maybe("parameters", parameters).maybe("input", trigger.start.input),
+                        View::TagTriggered,
+                    ),
+                }
             }
             JobsCommand::Create { name, file, dry_run } => call(
                 "create_job",
@@ -380,6 +395,8 @@ fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<St
         View::SchedulePreview => render::schedule_preview(&answer(tool, value)?, now),
         View::Paused => render::paused(&answer(tool, value)?),
         View::Resumed => render::resumed(&answer(tool, value)?, now),
+        View::TagChanged => render::tag_changed(&answer(tool, value)?, tool == "pause_job", now),
+        View::TagTriggered => render::tag_triggered(&answer(tool, value)?),
         View::Triggered { job, idempotency_key } => render::triggered(&answer(tool, value)?, job, idempotency_key.as_deref()),
         View::WaitedRun { .. } => match answer::<TriggerOutcome>(tool, value)?.run {
             Some(run) => render::run(&render::bare(run), now),

@@ -134,7 +134,11 @@ pub(crate) enum ListCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum JobsCommand {
     /// List jobs with their schedule, state, next fire time and last run
-    List,
+    List {
+        /// Only the jobs with this tag
+        #[arg(long, value_name = "TAG")]
+        tag: Option<String>,
+    },
     /// Show one job: schedule, state, next fire times, run counts, recent runs
     Show {
         /// The job's name
@@ -148,18 +152,26 @@ pub(crate) enum JobsCommand {
         #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
         count: u32,
     },
-    /// Stop a job from firing on its schedule (kept across restarts)
+    /// Stop a job (or every job of a tag) from firing on its schedule (kept across restarts)
     Pause {
         /// The job's name
-        name: String,
+        #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+        name: Option<String>,
+        /// Every job with this tag instead, in one transaction with one reason
+        #[arg(long, value_name = "TAG")]
+        tag: Option<String>,
         /// Why, for whoever looks next
         #[arg(long, value_name = "REASON")]
         reason: Option<String>,
     },
-    /// Let a paused job fire on its schedule again
+    /// Let a paused job (or every job of a tag) fire on its schedule again
     Resume {
         /// The job's name
-        name: String,
+        #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+        name: Option<String>,
+        /// Every job with this tag instead, in one transaction
+        #[arg(long, value_name = "TAG")]
+        tag: Option<String>,
     },
     /// Run a job now
     Trigger(TriggerArgs),
@@ -254,7 +266,12 @@ pub(crate) enum ScheduleCommand {
 #[derive(Debug, Args)]
 pub(crate) struct TriggerArgs {
     /// The job's name
-    pub(crate) name: String,
+    #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+    pub(crate) name: Option<String>,
+
+    /// A run of every job with this tag instead (not with --wait or --idempotency-key)
+    #[arg(long, value_name = "TAG", conflicts_with_all = ["wait", "idempotency_key"])]
+    pub(crate) tag: Option<String>,
 
     /// A parameter for the run (repeatable); VALUE is JSON if it parses (42, true, {"a":1}), else a string
     #[arg(long = "param", value_name = "KEY=VALUE", allow_hyphen_values = true, value_parser = parse_param)]
@@ -554,7 +571,7 @@ mod tests {
         .unwrap();
         assert_eq!(cli.output, Output::Json);
         let Command::Jobs { command: JobsCommand::Trigger(args) } = cli.command else { panic!("not parsed as jobs trigger") };
-        assert_eq!(args.name, "nightly");
+        assert_eq!(args.name.as_deref(), Some("nightly"));
         assert_eq!(args.params, vec![("limit".to_owned(), json!(3)), ("who".to_owned(), json!("me"))]);
         assert_eq!(args.start.input, Some(json!(-5)));
         assert_eq!(args.start.idempotency_key.as_deref(), Some("k1"));

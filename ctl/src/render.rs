@@ -8,7 +8,7 @@ use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
     AgentList, AgentUsage, ApprovalList, Backfill, CallKind, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobSaved,
     JobSummary, NotificationStatus, OutputLine, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview,
-    StepOutline, StepStatus, StepView, TriggerOutcome, WorkerStatus, WorkflowList,
+    StepOutline, StepStatus, StepView, TagChange, TagTriggered, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -257,16 +257,26 @@ pub(crate) fn jobs(jobs: &[JobSummary], now: DateTime<Utc>) -> String {
     if jobs.is_empty() {
         return "no jobs\n".to_owned();
     }
-    let mut table = Table::new(&["NAME", "TARGET", "SCHEDULE", "STATE", "NEXT FIRE", "LAST RUN"]);
+    // A column for tags only where some job has them.
+    let tagged = jobs.iter().any(|j| !j.tags.is_empty());
+    let mut header = vec!["NAME", "TARGET", "SCHEDULE", "STATE", "NEXT FIRE", "LAST RUN"];
+    if tagged {
+        header.push("TAGS");
+    }
+    let mut table = Table::new(&header);
     for job in jobs {
-        table.push(vec![
+        let mut row = vec![
             job.name.clone(),
             truncate(&job.target, MAX_CELL),
             schedule(job),
             job_state(job).to_owned(),
             time_short(job.next_fire, now),
             last_run(job.last_run.as_ref(), now),
-        ]);
+        ];
+        if tagged {
+            row.push(job.tags.join(","));
+        }
+        table.push(row);
     }
     table.render()
 }
@@ -600,6 +610,48 @@ pub(crate) fn resumed(job: &JobSummary, now: DateTime<Utc>) -> String {
         Some(next) => format!("job \"{}\" resumed; next fire {}\n", job.name, when_full(next, now)),
         None => format!("job \"{}\" resumed\n", job.name),
     }
+}
+
+/// `jobs pause --tag` and `jobs resume --tag`.
+pub(crate) fn tag_changed(change: &TagChange, paused: bool, now: DateTime<Utc>) -> String {
+    let (did, state) = if paused { ("paused", "paused already") } else { ("resumed", "not paused") };
+    let tag = &change.tag;
+    let mut out = format!("{did} {} of {} job(s) tagged \"{tag}\"", change.changed.len(), change.jobs.len());
+    if !change.changed.is_empty() {
+        out.push_str(&format!(": {}", change.changed.join(", ")));
+    }
+    let others: Vec<&str> = change.jobs.iter().map(|j| j.name.as_str()).filter(|n| !change.changed.iter().any(|c| c == n)).collect();
+    if !others.is_empty() {
+        out.push_str(&format!(" ({state}: {})", others.join(", ")));
+    }
+    out.push('\n');
+    if paused {
+        out.push_str(&format!("they stay paused across restarts; resume them with: lampctl jobs resume --tag {tag}\n"));
+    } else {
+        for job in change.jobs.iter().filter(|j| j.next_fire.is_some()) {
+            out.push_str(&format!("  {}: next fire {}\n", job.name, job.next_fire.map(|n| when_full(n, now)).unwrap_or_default()));
+        }
+    }
+    out
+}
+
+/// `jobs trigger --tag`.
+pub(crate) fn tag_triggered(answer: &TagTriggered) -> String {
+    let mut out = format!("triggered {} job(s) tagged \"{}\"\n", answer.runs.len(), answer.tag);
+    let mut table = Table::new(&["JOB", "RUN"]);
+    for run in &answer.runs {
+        table.push(vec![run.job.clone(), run.run_id.clone()]);
+    }
+    if !answer.runs.is_empty() {
+        out.push_str(&table.render());
+    }
+    for refused in &answer.refused {
+        out.push_str(&format!("not started: job \"{}\": {}\n", refused.job, refused.reason));
+    }
+    if let Some(first) = answer.runs.first() {
+        out.push_str(&format!("follow one with: lampctl runs follow {}\n", first.run_id));
+    }
+    out
 }
 
 /// `jobs trigger` and `workflows run` without `--wait`.
@@ -1158,6 +1210,7 @@ mod tests {
             next_fire: Some(at(3 * 3_600)),
             last_run: None,
             origin: JobOrigin::File { location: Some("lamplighter.yaml:12:5".into()) },
+            tags: Vec::new(),
         }
     }
 

@@ -215,7 +215,7 @@ pub(crate) fn runtime_problems(job: &JobConfig, registry: &Registry, policy: &Ma
 /// default) is not allowed. A runtime job never runs with fewer bounds than the operator set.
 pub(crate) fn bounded(mut job: JobConfig, policy: &ManageJobs, data_dir: &Path) -> JobConfig {
     if job.allowed_commands.is_empty() {
-        job.allowed_commands = policy.allowed_commands.clone();
+        job.allowed_commands = policy.allowed_commands.clone().into();
     }
     if job.working_directory.is_none() && !policy.working_directories.iter().any(|d| data_dir.starts_with(d)) {
         job.working_directory = policy.working_directories.first().cloned();
@@ -269,7 +269,7 @@ mod tests {
         p.allowed_commands = vec!["date".into()];
         let moved = bounded(job, &p, Path::new("/var/lib/ll/data"));
         assert_eq!(moved.working_directory, Some("/srv/sandbox".into()), "not the data directory, which is not allowed");
-        assert_eq!(moved.allowed_commands, ["date"]);
+        assert_eq!(moved.allowed_commands[..], ["date"]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub use lamplighter_contract::{
     AgentInfo, Approval, Decision, FireTime, JobDetail, JobOrigin, JobPage, JobSummary, PluginView, RunBrief, RunDetail, RunPage,
     SchedulePreview, StepView, Triggered, WorkerStatus, WorkflowInfo,
 };
+use lamplighter_contract::{TagChange, TagTriggered, TaggedRefusal, TaggedRun};
 
 use crate::run::{AgentUsage, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
 use crate::signals::Signal;
@@ -215,7 +216,7 @@ impl JobService {
 
     /// Every configured job, by name.
     pub async fn list_jobs(&self) -> Result<Vec<JobSummary>, ServiceError> {
-        Ok(self.list_jobs_page(None, usize::MAX).await?.jobs)
+        Ok(self.list_jobs_page(None, usize::MAX, None).await?.jobs)
     }
 
     /// What a listing of jobs is read from, besides the clock: the config in force and the
@@ -236,13 +237,21 @@ impl JobService {
 
     /// Jobs by name, `limit` at a time, starting after the job named `after` (the previous
     /// page's `next_cursor`).
-    pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize) -> Result<JobPage, ServiceError> {
+    /// With `tag`, only the jobs that have it (a tag no job has is an error).
+    pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize, tag: Option<&str>) -> Result<JobPage, ServiceError> {
         let snapshot = self.config.get();
+        if let Some(tag) = tag {
+            tagged(&snapshot, tag)?;
+        }
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
         };
-        let mut jobs = snapshot.jobs.range::<String, _>((start, std::ops::Bound::Unbounded)).map(|(_, j)| j);
+        let mut jobs = snapshot
+            .jobs
+            .range::<String, _>((start, std::ops::Bound::Unbounded))
+            .map(|(_, j)| j)
+            .filter(|j| tag.is_none_or(|t| j.tags.iter().any(|x| x == t)));
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
         let more = jobs.next().is_some();
         let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
@@ -349,6 +358,55 @@ impl JobService {
         self.signal(Signal::JobChanged);
         tracing::info!(job = name, "job resumed");
         self.summary_of(name).await
+    }
+
+    /// Pauses every job with `tag`, in one transaction, with one reason (a paused one's reason
+    /// is updated). Answers what it changed and every job of the tag.
+    pub async fn pause_tag(&self, tag: &str, reason: Option<&str>) -> Result<TagChange, ServiceError> {
+        let names = tagged(&self.config.get(), tag)?;
+        let changed = self.states.set_paused_all(&names, true, reason, self.clock.now()).await?;
+        self.signal(Signal::JobChanged);
+        tracing::info!(tag, jobs = names.len(), changed = changed.len(), reason = reason.unwrap_or(""), "jobs of a tag paused");
+        self.tag_change(tag, names, changed).await
+    }
+
+    /// Resumes every job with `tag`, in one transaction. Ticks missed while paused are not
+    /// caught up.
+    pub async fn resume_tag(&self, tag: &str) -> Result<TagChange, ServiceError> {
+        let names = tagged(&self.config.get(), tag)?;
+        let changed = self.states.set_paused_all(&names, false, None, self.clock.now()).await?;
+        self.signal(Signal::JobChanged);
+        tracing::info!(tag, jobs = names.len(), changed = changed.len(), "jobs of a tag resumed");
+        self.tag_change(tag, names, changed).await
+    }
+
+    async fn tag_change(&self, tag: &str, names: Vec<String>, changed: Vec<String>) -> Result<TagChange, ServiceError> {
+        let snapshot = self.config.get();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (states, mut last) = tokio::try_join!(self.states.job_states(), self.listings.last_runs(&refs))?;
+        let now = self.clock.now();
+        let jobs = names
+            .iter()
+            .filter_map(|n| snapshot.jobs.get(n))
+            .map(|j| summary_in(&snapshot, j, states.get(&j.name), last.remove(&j.name), now))
+            .collect();
+        Ok(TagChange { tag: tag.to_owned(), changed, jobs })
+    }
+
+    /// Starts a run of every job with `tag` (paused or not), each as [`JobService::trigger_job`]
+    /// would; a job that cannot run here is listed with why, the others start.
+    pub async fn trigger_tag(&self, tag: &str, req: TriggerRequest) -> Result<TagTriggered, ServiceError> {
+        let names = tagged(&self.config.get(), tag)?;
+        let mut answer = TagTriggered { tag: tag.to_owned(), runs: Vec::new(), refused: Vec::new() };
+        for job in names {
+            let one = TriggerRequest { idempotency_key: None, ..req.clone() };
+            match self.trigger_job(&job, one).await {
+                Ok(t) => answer.runs.push(TaggedRun { job, run_id: t.run_id }),
+                Err(ServiceError::JobDisabled { reason, .. }) => answer.refused.push(TaggedRefusal { job, reason }),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(answer)
     }
 
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {
@@ -824,7 +882,25 @@ pub(crate) fn summary_in(
         next_fire,
         last_run: last,
         origin: origin_of(snapshot, &job.name),
+        tags: job.tags.to_vec(),
     }
+}
+
+/// The names of the jobs with `tag`, in name order; a tag no job has is an error that names
+/// the tags in use.
+fn tagged(snapshot: &JobsConfig, tag: &str) -> Result<Vec<String>, ServiceError> {
+    let names: Vec<String> = snapshot.jobs.values().filter(|j| j.tags.iter().any(|t| t == tag)).map(|j| j.name.clone()).collect();
+    if !names.is_empty() {
+        return Ok(names);
+    }
+    let in_use: std::collections::BTreeSet<&str> = snapshot.jobs.values().flat_map(|j| j.tags.iter().map(String::as_str)).collect();
+    let close = lamplighter_config::did_you_mean(tag, in_use.iter().copied());
+    let known = if in_use.is_empty() {
+        "no job has tags (set `tags: [...]` on a job)".to_owned()
+    } else {
+        format!("tags in use: {}", in_use.into_iter().collect::<Vec<_>>().join(", "))
+    };
+    Err(ServiceError::InvalidArgument(format!("no job has tag \"{tag}\"{close}; {known}")))
 }
 
 /// Where a job is defined: a runtime job's stored facts, else its place in the files.

@@ -69,7 +69,7 @@ impl JobSnapshot {
             },
             timeout_ms: job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             working_directory: job.working_directory.clone(),
-            allowed_commands: job.allowed_commands.clone(),
+            allowed_commands: job.allowed_commands.to_vec(),
             budget: job.budget.as_deref().copied(),
         }
     }

@@ -46,7 +46,7 @@ impl Targets for BuiltinTargets {
                     }
                     let actx = ActionContext {
                         working_directory: dir,
-                        allowed_commands: ctx.job().allowed_commands.clone(),
+                        allowed_commands: ctx.job().allowed_commands.to_vec(),
                         cancel: ctx.cancelled().clone(),
                         usage: Default::default(),
                         output: Some(ctx.output().sink()),

@@ -97,7 +97,7 @@ async fn a_database_from_before_run_identity_keeps_its_runs_pauses_and_history()
     assert_eq!(queued.root_id, queued.id);
     // The listing reads the migrated history through the newer (job, id) index and its
     // one-row reads: the pause, and the newest run as the job's last.
-    let page = engine.service().list_jobs_page(None, 100).await.expect("listing");
+    let page = engine.service().list_jobs_page(None, 100, None).await.expect("listing");
     let listed = page.jobs.iter().find(|j| j.name == "j").expect("job j listed");
     assert_eq!((listed.paused, listed.pause_reason.as_deref()), (true, Some("upgrade window")));
     assert_eq!(listed.last_run.as_ref().map(|r| (r.id.as_str(), r.status)), Some((queued.id.as_str(), RunStatus::Succeeded)));

@@ -87,9 +87,9 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
             }
         }
         // A one-word pattern once allowed any arguments; the seed's rule (kept now) is exact.
-        let patterns = c.jobs.values().map(|j| (["scheduling", "jobs", j.name.as_str()], &j.allowed_commands));
-        let patterns = patterns.chain(c.agents.values().map(|a| (["agents", a.name.as_str(), ""], &a.allowed_commands)));
-        let patterns = patterns.chain(std::iter::once((["worker", "mcp", "manage_jobs"], &c.worker.manage_jobs.allowed_commands)));
+        let patterns = c.jobs.values().map(|j| (["scheduling", "jobs", j.name.as_str()], &j.allowed_commands[..]));
+        let patterns = patterns.chain(c.agents.values().map(|a| (["agents", a.name.as_str(), ""], &a.allowed_commands[..])));
+        let patterns = patterns.chain(std::iter::once((["worker", "mcp", "manage_jobs"], &c.worker.manage_jobs.allowed_commands[..])));
         let mut loose = Vec::new();
         for (at, list) in patterns {
             for p in list {

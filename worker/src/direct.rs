@@ -72,6 +72,8 @@ impl Direct {
         let service = self.control.service();
         let key = args::from_arguments::<ListJobsArgs>(call.tool, call.arguments.clone())
             .ok()
+            // A listing of one tag is not kept (it is rare, and the key is the page alone).
+            .filter(|a| a.tag.is_none())
             .and_then(|a| Some((a.page_size().ok()?, a.cursor)));
         // Taken before the read: a change after it makes the next version differ.
         let version = if key.is_some() { service.listing_version().await } else { None };

@@ -36,11 +36,11 @@ use tokio_util::sync::CancellationToken;
 use lamplighter_config::Role;
 pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
-    self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, JobArgs, ListJobsArgs, ListRunsArgs, NoArgs,
-    PauseArgs, PreviewScheduleArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
-    SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, seed_job_name, wait_timeout,
+    self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs,
+    PreviewScheduleArgs, ResumeArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
+    SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, Which, seed_job_name, wait_timeout,
 };
-use lamplighter_contract::{AgentList, ApprovalList, JobList, PluginList, Run, TriggerOutcome, WorkflowList};
+use lamplighter_contract::{AgentList, ApprovalList, JobList, JobsChanged, PluginList, Run, TriggerAnswer, TriggerOutcome, WorkflowList};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
     Backfill, Decision, DecisionRequest, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobService, JobSummary, RunDetail,
@@ -384,14 +384,21 @@ impl Control {
 
     /// Pauses a job: it stops firing until resumed (persisted across restarts; manual triggers still work). Pausing a paused job updates the reason.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
-    async fn pause_job(&self, Parameters(a): Parameters<PauseArgs>) -> Result<Json<JobSummary>, Failure> {
-        Ok(Json(self.service.pause_job(&a.name, a.reason.as_deref()).await?))
+    async fn pause_job(&self, Parameters(a): Parameters<PauseArgs>) -> Result<Json<JobsChanged>, Failure> {
+        let reason = a.reason.as_deref();
+        Ok(Json(match a.which()? {
+            Which::Name(name) => JobsChanged { job: Some(self.service.pause_job(name, reason).await?), group: None },
+            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.pause_tag(tag, reason).await?) },
+        }))
     }
 
     /// Resumes a paused job. Ticks missed while it was paused are not caught up.
     #[tool(annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false))]
-    async fn resume_job(&self, Parameters(a): Parameters<JobArgs>) -> Result<Json<JobSummary>, Failure> {
-        Ok(Json(self.service.resume_job(&a.name).await?))
+    async fn resume_job(&self, Parameters(a): Parameters<ResumeArgs>) -> Result<Json<JobsChanged>, Failure> {
+        Ok(Json(match a.which()? {
+            Which::Name(name) => JobsChanged { job: Some(self.service.resume_job(name).await?), group: None },
+            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.resume_tag(tag).await?) },
+        }))
     }
 
     /// Starts a run of a job now, paused or not, optionally with its own input, parameters and idempotency key. Returns the run id at once; with `wait`, waits for the run to finish (sending progress notifications) and returns it.
@@ -400,7 +407,12 @@ impl Control {
         &self,
         Parameters(a): Parameters<TriggerArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<TriggerOutcome>, Failure> {
+    ) -> Result<Json<TriggerAnswer>, Failure> {
+        let which = a.which()?;
+        let (name, tag) = match which {
+            Which::Name(name) => (Some(name.to_owned()), None),
+            Which::Tag(tag) => (None, Some(tag.to_owned())),
+        };
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
         let request = TriggerRequest {
             input: a.input,
@@ -408,8 +420,17 @@ impl Control {
             idempotency_key: a.idempotency_key,
             requested_by: Some(client_name(&ctx)),
         };
-        let triggered = self.service.trigger_job(&a.name, request).await?;
-        self.outcome(triggered, a.wait, timeout, &ctx).await
+        match (name, tag) {
+            (Some(name), _) => {
+                let triggered = self.service.trigger_job(&name, request).await?;
+                let Json(run) = self.outcome(triggered, a.wait, timeout, &ctx).await?;
+                Ok(Json(TriggerAnswer { run: Some(run), group: None }))
+            }
+            (None, tag) => {
+                let tag = tag.unwrap_or_default();
+                Ok(Json(TriggerAnswer { run: None, group: Some(self.service.trigger_tag(&tag, request).await?) }))
+            }
+        }
     }
 
     /// Lists runs, newest first, filtered by job and status, one page at a time: pass `next_cursor` back as `cursor` for the next page.
@@ -609,6 +630,8 @@ impl Control {
             "trigger_job" => {
                 let a: TriggerArgs = serde_json::from_value(args).ok()?;
                 let timeout = wait_timeout(a.wait, a.timeout_seconds).ok()?;
+                let Ok(Which::Name(name)) = a.which() else { return None };
+                let name = name.to_owned();
                 if !a.wait {
                     return None;
                 }
@@ -618,7 +641,7 @@ impl Control {
                     idempotency_key: a.idempotency_key,
                     requested_by: Some(client_name(context)),
                 };
-                (self.service.trigger_job(&a.name, trigger).await, timeout)
+                (self.service.trigger_job(&name, trigger).await, timeout)
             }
             "run_workflow" => {
                 let a: RunWorkflowArgs = serde_json::from_value(args).ok()?;
@@ -676,7 +699,7 @@ impl Control {
 
     async fn jobs_page(&self, a: ListJobsArgs) -> Result<JobPage, Failure> {
         let limit = a.page_size()?;
-        Ok(self.service.list_jobs_page(a.cursor.as_deref(), limit).await?)
+        Ok(self.service.list_jobs_page(a.cursor.as_deref(), limit, a.tag.as_deref()).await?)
     }
 
     async fn runs_page(&self, a: ListRunsArgs) -> Result<RunPage, Failure> {

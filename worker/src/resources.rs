@@ -67,7 +67,7 @@ impl Uri {
 
 /// One page of `resources/list`: `lamplighter://jobs` first, then a resource per job.
 pub(crate) async fn list(service: &JobService, cursor: Option<&str>) -> Result<(Vec<Resource>, Option<String>), ErrorData> {
-    let page = service.list_jobs_page(cursor, PAGE).await.map_err(not_read)?;
+    let page = service.list_jobs_page(cursor, PAGE, None).await.map_err(not_read)?;
     let mut out = Vec::with_capacity(page.jobs.len() + 1);
     if cursor.is_none() {
         out.push(Resource::new(JOBS, "jobs").with_description("Every job with its state, next fire and last run").with_mime_type(JSON));

@@ -286,6 +286,18 @@ impl Compiler<'_> {
             None => None,
             Some(rules) => Some(self.notify(&p("notify"), &format!("job \"{name}\""), rules, runnable)?),
         };
+        let mut tags: Vec<String> = Vec::new();
+        for (i, tag) in j.tags.iter().flatten().enumerate() {
+            match check_tag(tag) {
+                Ok(()) if !tags.contains(tag) => tags.push(tag.clone()),
+                Ok(()) => {}
+                Err(e) => {
+                    let at = i.to_string();
+                    self.err(&["scheduling", "jobs", name, "tags", &at], format!("job \"{name}\": tag {e}"));
+                    return None;
+                }
+            }
+        }
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
@@ -303,9 +315,21 @@ impl Compiler<'_> {
             jitter,
             retention,
             working_directory: j.working_directory.as_ref().map(|w| cwd.join(w)),
-            allowed_commands: j.allowed_commands.clone().unwrap_or_default(),
+            allowed_commands: j.allowed_commands.clone().unwrap_or_default().into(),
             budget,
             notify,
+            tags: tags.into(),
         })
+    }
+}
+
+/// A tag is a plain name: letters, digits, `-`, `_`, `.` and `/`, 1–64 characters.
+pub fn check_tag(tag: &str) -> Result<(), String> {
+    if tag.is_empty() || tag.len() > 64 {
+        return Err(format!("{tag:?} must have 1–64 characters"));
+    }
+    match tag.chars().find(|c| !(c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))) {
+        Some(c) => Err(format!("{tag:?} has {c:?}; a tag has letters, digits, -, _, . and / only")),
+        None => Ok(()),
     }
 }

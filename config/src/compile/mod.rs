@@ -26,7 +26,7 @@ use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
-pub use jobs::{RESERVED_JOB_PREFIXES, reserved_prefix};
+pub use jobs::{RESERVED_JOB_PREFIXES, check_tag, reserved_prefix};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
     ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target,
@@ -315,9 +315,15 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
         jitter: None,
         retention: Retention::default(),
         working_directory: None,
-        allowed_commands: Vec::new(),
+        allowed_commands: Box::default(),
         budget: Default::default(),
         notify: None,
+        // Its tags as far as they read: pausing a tag still reaches it.
+        tags: definition
+            .get("tags")
+            .and_then(|t| t.as_array())
+            .map(|t| t.iter().filter_map(|v| v.as_str()).filter(|t| jobs::check_tag(t).is_ok()).map(str::to_owned).collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -157,12 +157,14 @@ pub struct JobConfig {
     pub jitter: Option<Duration>,
     pub retention: Retention,
     pub working_directory: Option<PathBuf>,
-    pub allowed_commands: Vec<String>,
+    pub allowed_commands: Box<[String]>,
     /// Limits on each run of an agent job, over the agent's own; `None` when it sets none (most
     /// jobs: boxed, for the same reason as `input`).
     pub budget: Option<Box<Budget>>,
     /// Its own `notify:` rules; `None` takes `scheduling.notify` ([`Config::notify`]).
     pub notify: Option<Vec<crate::NotifyRule>>,
+    /// Its `tags`, each once, in the order written (most jobs have none).
+    pub tags: Box<[String]>,
 }
 
 // A config of 10,000 jobs holds 10,000 of these inline in its map's nodes: what most jobs leave

@@ -253,9 +253,67 @@ impl BackfillJobArgs {
 #[serde(deny_unknown_fields)]
 pub struct PauseArgs {
     /// The job's name, as in `list_jobs`.
-    pub name: String,
+    pub name: Option<String>,
+    /// Instead of `name`: every job with this tag, in one transaction with one reason.
+    pub tag: Option<String>,
     /// Why it is paused; shown in listings.
     pub reason: Option<String>,
+}
+
+impl PauseArgs {
+    /// The job, or the tag, the call is for.
+    pub fn which(&self) -> Result<Which<'_>, ArgError> {
+        which(self.name.as_deref(), self.tag.as_deref())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ResumeArgs {
+    /// The job's name, as in `list_jobs`.
+    pub name: Option<String>,
+    /// Instead of `name`: every job with this tag, in one transaction.
+    pub tag: Option<String>,
+}
+
+impl ResumeArgs {
+    /// The job, or the tag, the call is for.
+    pub fn which(&self) -> Result<Which<'_>, ArgError> {
+        which(self.name.as_deref(), self.tag.as_deref())
+    }
+}
+
+/// Which jobs a call is for: one by its name, or every job with a tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which<'a> {
+    Name(&'a str),
+    Tag(&'a str),
+}
+
+impl Which<'_> {
+    /// The job's name, or `tag:NAME`.
+    pub fn subject(self) -> String {
+        match self {
+            Which::Name(name) => name.to_owned(),
+            Which::Tag(tag) => format!("tag:{tag}"),
+        }
+    }
+}
+
+fn which<'a>(name: Option<&'a str>, tag: Option<&'a str>) -> Result<Which<'a>, ArgError> {
+    match (name, tag) {
+        (Some(name), None) => Ok(Which::Name(name)),
+        (None, Some(tag)) => Ok(Which::Tag(tag)),
+        (Some(_), Some(_)) => Err(ArgError {
+            message: "invalid arguments: give `name` (one job) or `tag` (every job with the tag), not both".into(),
+            field: Some("tag".into()),
+        }),
+        (None, None) => Err(ArgError {
+            message: "invalid arguments: missing `name` (one job) or `tag` (every job with the tag)".into(),
+            field: Some("name".into()),
+        }),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,7 +321,9 @@ pub struct PauseArgs {
 #[serde(deny_unknown_fields)]
 pub struct TriggerArgs {
     /// The job's name, as in `list_jobs`. Paused jobs can be triggered too.
-    pub name: String,
+    pub name: Option<String>,
+    /// Instead of `name`: a run of every job with this tag (not with `wait` or `idempotency_key`).
+    pub tag: Option<String>,
     /// Input for this run (any JSON value), instead of the job's configured `input`.
     pub input: Option<Value>,
     /// Parameters for this run (an object of name → value), instead of the job's configured `parameters`.
@@ -383,6 +443,30 @@ pub struct ListJobsArgs {
     pub limit: Option<u32>,
     /// `next_cursor` from the previous page.
     pub cursor: Option<String>,
+    /// Only jobs with this tag.
+    pub tag: Option<String>,
+}
+
+impl TriggerArgs {
+    /// The job, or the tag, the call is for; a tag's trigger neither waits nor takes a key.
+    pub fn which(&self) -> Result<Which<'_>, ArgError> {
+        let which = which(self.name.as_deref(), self.tag.as_deref())?;
+        if let Which::Tag(tag) = which {
+            let alone = |field: &str| ArgError {
+                message: format!(
+                    "invalid arguments: `{field}` is for one job's run; trigger the jobs of tag \"{tag}\" without it, or each job by `name`"
+                ),
+                field: Some(field.to_owned()),
+            };
+            if self.wait {
+                return Err(alone("wait"));
+            }
+            if self.idempotency_key.is_some() {
+                return Err(alone("idempotency_key"));
+            }
+        }
+        Ok(which)
+    }
 }
 
 impl ListJobsArgs {
@@ -604,11 +688,18 @@ pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgEr
             let (ScheduleArg::Cron(s) | ScheduleArg::Every(s) | ScheduleArg::At(s)) = schedule;
             Ok(Checked { subject: s, count: Some(count), timeout: None })
         }
-        "pause_job" => from_arguments::<PauseArgs>(tool, arguments).map(|a| plain(a.name)),
-        "resume_job" => from_arguments::<JobArgs>(tool, arguments).map(|a| plain(a.name)),
+        "pause_job" => {
+            let a: PauseArgs = from_arguments(tool, arguments)?;
+            Ok(plain(a.which()?.subject()))
+        }
+        "resume_job" => {
+            let a: ResumeArgs = from_arguments(tool, arguments)?;
+            Ok(plain(a.which()?.subject()))
+        }
         "trigger_job" => {
             let a: TriggerArgs = from_arguments(tool, arguments)?;
-            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject: a.name, count: None })
+            let subject = a.which()?.subject();
+            Ok(Checked { timeout: wait_timeout(a.wait, a.timeout_seconds)?, subject, count: None })
         }
         "list_runs" => {
             let q = from_arguments::<ListRunsArgs>(tool, arguments)?.query()?;

@@ -17,6 +17,64 @@ pub struct ReloadSummary {
     pub warnings: Vec<String>,
 }
 
+/// What `pause_job` and `resume_job` answer: the job (by `name`), or with `tag` what the call
+/// changed and every job of the tag.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct JobsChanged {
+    #[serde(flatten)]
+    pub job: Option<JobSummary>,
+    #[serde(flatten)]
+    pub group: Option<TagChange>,
+}
+
+/// A pause or resume of every job with a tag.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TagChange {
+    pub tag: String,
+    /// The jobs whose state this call changed (paused, or resumed), by name.
+    pub changed: Vec<String>,
+    /// Every job of the tag, as it is now.
+    pub jobs: Vec<JobSummary>,
+}
+
+/// What `trigger_job` answers: the run (by `name`), or with `tag` a run of each job of the tag.
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TriggerAnswer {
+    #[serde(flatten)]
+    pub run: Option<TriggerOutcome>,
+    #[serde(flatten)]
+    pub group: Option<TagTriggered>,
+}
+
+/// The runs a trigger by tag started, and the jobs of the tag it could not start.
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TagTriggered {
+    pub tag: String,
+    /// One run a job, by job name.
+    pub runs: Vec<TaggedRun>,
+    /// Jobs of the tag that cannot run here, with why (a plugin that did not load, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<TaggedRefusal>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TaggedRun {
+    pub job: String,
+    pub run_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TaggedRefusal {
+    pub job: String,
+    pub reason: String,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct JobList {

@@ -35,6 +35,9 @@ pub struct JobSummary {
     pub last_run: Option<RunBrief>,
     /// Where the job is defined: a config file, or at runtime by an MCP client.
     pub origin: JobOrigin,
+    /// Its `tags`, for handling jobs as a group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 /// Where a job is defined.

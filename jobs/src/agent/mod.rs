@@ -639,7 +639,7 @@ impl Session {
                 let dir = agent.working_directory.clone().unwrap_or_else(|| self.ctx.working_directory());
                 std::fs::create_dir_all(&dir).map_err(|e| model(format!("cannot create working directory {}: {e}", dir.display())))?;
                 let allowed_commands = if agent.allowed_commands.is_empty() {
-                    self.ctx.job().allowed_commands.clone()
+                    self.ctx.job().allowed_commands.to_vec()
                 } else {
                     agent.allowed_commands.clone()
                 };

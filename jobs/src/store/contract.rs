@@ -573,6 +573,35 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
     assert_eq!(s.check().await, Ok(()));
 }
 
+/// A tag's pause is one transaction over its jobs with one reason: it answers which jobs it
+/// changed, keeps a paused job's first pause time, and its resume moves each job's last tick
+/// to the resume (what was missed while paused is not caught up).
+async fn a_group_pauses_and_resumes_at_once(s: &dyn RunStore) {
+    let t = t0();
+    s.set_paused("b", true, Some("earlier"), t).await.expect("pause b");
+    s.set_last_tick("c", t - secs(600)).await.expect("c ticked");
+    let jobs = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let changed = s.set_paused_all(&jobs, true, Some("month end"), t + secs(5)).await.expect("pause all");
+    assert_eq!(changed, ["a", "c"], "b was paused already");
+    let all = s.job_states().await.expect("states");
+    for job in &jobs {
+        assert!(all[job].paused, "{job} paused");
+        assert_eq!(all[job].pause_reason.as_deref(), Some("month end"), "{job}: one reason for all");
+    }
+    assert_eq!(all["b"].paused_at, Some(t), "a paused job keeps when it was paused");
+    assert_eq!(all["a"].paused_at, Some(t + secs(5)));
+    assert_eq!(all["c"].last_tick, Some(t - secs(600)), "a pause keeps the last tick");
+    let again = s.set_paused_all(&jobs, true, Some("still"), t + secs(6)).await.expect("pause all again");
+    assert!(again.is_empty(), "{again:?}");
+    let resumed = s.set_paused_all(&jobs[..2], false, None, t + secs(60)).await.expect("resume two");
+    assert_eq!(resumed, ["a", "b"]);
+    let all = s.job_states().await.expect("states");
+    for job in ["a", "b"] {
+        assert_eq!(all[job], JobState { paused: false, pause_reason: None, paused_at: None, last_tick: Some(t + secs(60)) }, "{job}");
+    }
+    assert!(all["c"].paused, "c was not named");
+}
+
 fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> CallRecord {
     CallRecord {
         conversation: conversation.into(),
@@ -1048,6 +1077,7 @@ macro_rules! contract {
                 tick_keys_guard_a_window_then_go,
                 listings_page_newest_first_and_count,
                 job_state_persists_and_the_last_tick_only_moves_forward,
+                a_group_pauses_and_resumes_at_once,
                 waits_decisions_and_step_records,
                 agent_calls_and_resuming_rejections,
                 listing_changes_move_with_what_a_listing_shows,

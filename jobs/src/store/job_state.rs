@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{ReadSql, Stmt, job_state_from_row, sql};
+use super::dialect::{ReadSql, Record, Stmt, job_state_from_row, sql};
 use super::{JobState, StoreError, ms};
 
 #[async_trait]
@@ -14,6 +14,16 @@ pub(crate) trait JobStates: Send + Sync + std::fmt::Debug {
     /// One job's state; the default (never paused, never ticked) when it has none yet.
     async fn job_state(&self, job: &str) -> Result<JobState, StoreError>;
     async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Pauses (with one reason) or resumes every job of `jobs`, in one transaction; a resume
+    /// also moves each job's last tick to `now` (what it missed while paused is not caught
+    /// up). Returns the jobs whose pause state this changed.
+    async fn set_paused_all(
+        &self,
+        jobs: &[String],
+        paused: bool,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, StoreError>;
     /// Moves the job's last processed tick forward (never back).
     async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError>;
 }
@@ -44,6 +54,48 @@ impl<D: ReadSql> JobStates for D {
         );
         D::execute(&mut *self.writer().await?, q.bind(job).bind(paused).bind(reason).bind(paused.then(|| ms(now)))).await?;
         Ok(())
+    }
+
+    async fn set_paused_all(
+        &self,
+        jobs: &[String],
+        paused: bool,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.begin().await?;
+        let mut changed = Vec::new();
+        for job in jobs {
+            let before = Stmt::new(sql!(D, "SELECT paused FROM ll_job_state WHERE job = $1"), "reading pause state");
+            let was = D::fetch_optional(&mut tx, before.bind(job.as_str())).await?.is_some_and(|r| r.flag("paused"));
+            let q = if paused {
+                Stmt::new(
+                    sql!(
+                        D,
+                        "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $4, $2, $3)
+                         ON CONFLICT (job) DO UPDATE SET paused = $4, pause_reason = $2,
+                             paused_at = CASE WHEN ll_job_state.paused THEN ll_job_state.paused_at ELSE $3 END"
+                    ),
+                    "saving pause state",
+                )
+            } else {
+                Stmt::new(
+                    sql!(
+                        D,
+                        "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at, last_tick) VALUES ($1, $4, $2, NULL, $3)
+                         ON CONFLICT (job) DO UPDATE SET paused = $4, pause_reason = $2, paused_at = NULL,
+                             last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $3)"
+                    ),
+                    "saving pause state",
+                )
+            };
+            D::execute(&mut tx, q.bind(job.as_str()).bind(reason.filter(|_| paused)).bind(ms(now)).bind(paused)).await?;
+            if was != paused {
+                changed.push(job.clone());
+            }
+        }
+        D::commit(tx).await?;
+        Ok(changed)
     }
 
     async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError> {

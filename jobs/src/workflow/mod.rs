@@ -266,7 +266,7 @@ impl Interpreter {
         }
         let actx = ActionContext {
             working_directory: dir,
-            allowed_commands: self.ctx.job().allowed_commands.clone(),
+            allowed_commands: self.ctx.job().allowed_commands.to_vec(),
             cancel: cancel.clone(),
             usage: Default::default(),
             output: Some(self.ctx.output().sink()),

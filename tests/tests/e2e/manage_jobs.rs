@@ -249,3 +249,95 @@ fn a_worker_that_does_not_allow_management_does_not_list_the_tools() {
     );
     assert!(refused(&answers[1]).contains("worker.mcp.manage_jobs.enabled: true"), "{}", answers[1]);
 }
+
+/// Tags make a group of file and runtime jobs: listed, paused with one reason, resumed and
+/// triggered together, through lampctl and an MCP client; a tag no job has is named with the
+/// tags in use, and a call that names a job and a tag is refused.
+#[test]
+fn tags_list_pause_resume_and_trigger_file_and_runtime_jobs_together() {
+    let mut w = Worker::new("");
+    let save = |path: &str| format!("  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {{path: {path}, content: x}}\n");
+    let jobs = format!(
+        "ledger:\n  cron: \"0 3 * * *\"\n  tags: [finance, nightly]\n{}payroll:\n  cron: \"0 4 25 * *\"\n  tags: [finance]\n{}hourly:\n  cron: \"0 * * * *\"\n{}",
+        save("l.txt"),
+        save("p.txt"),
+        save("h.txt")
+    );
+    w.write_config(jobs.trim_end(), "manage_jobs:\n  enabled: true\n");
+    w.start();
+    let file = w.dir.path().join("invoices.yaml");
+    std::fs::write(&file, "cron: \"0 5 * * *\"\ntags: [finance]\nplugin: file-save\naction: save\nparameters: {path: i.txt, content: i}\n")
+        .unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "create", "invoices", "-f", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    let (code, out, err) = w.ctl(&["jobs", "list", "--tag", "finance", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let names: Vec<String> = serde_json::from_str::<Value>(&out).unwrap()["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["invoices", "ledger", "payroll"], "file and runtime jobs of the tag: {out}");
+    let (code, out, _) = w.ctl(&["jobs", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.lines().next().is_some_and(|h| h.contains("TAGS")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("ledger") && l.trim_end().ends_with("finance,nightly")), "{out}");
+
+    let (code, out, err) = w.ctl(&["jobs", "pause", "payroll"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = w.ctl(&["jobs", "pause", "--tag", "finance", "--reason", "month end"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("paused 2 of 3 job(s) tagged \"finance\": invoices, ledger (paused already: payroll)\n"),
+        "what changed, and what was paused before: {out}"
+    );
+    let (_, out, _) = w.ctl(&["jobs", "list", "--tag", "finance", "-o", "json"]);
+    for job in serde_json::from_str::<Value>(&out).unwrap()["jobs"].as_array().unwrap() {
+        assert_eq!((&job["paused"], &job["pause_reason"], &job["next_fire"]), (&json!(true), &json!("month end"), &Value::Null), "{job}");
+    }
+    let (_, out, _) = w.ctl(&["jobs", "show", "hourly", "-o", "json"]);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["paused"], json!(false), "a job without the tag is left alone: {out}");
+
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "--tag", "finance"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("triggered 3 job(s) tagged \"finance\"\n"), "paused jobs are triggered too: {out}");
+    let runs = w.wait_for("the tag's three runs", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.trigger == "manual" && r.status == "succeeded").count() == 3
+    });
+    let mut ran: Vec<&str> = runs.iter().filter(|r| r.trigger == "manual").map(|r| r.job.as_str()).collect();
+    ran.sort_unstable();
+    assert_eq!(ran, ["invoices", "ledger", "payroll"]);
+
+    let (code, out, err) = w.ctl(&["jobs", "resume", "--tag", "finance"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("resumed 3 of 3 job(s) tagged \"finance\": invoices, ledger, payroll\n"), "{out}");
+    assert!(out.contains("  ledger: next fire "), "{out}");
+
+    let (code, out, err) = w.ctl(&["jobs", "pause", "--tag", "finanse"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("no job has tag \"finanse\" (did you mean \"finance\"?); tags in use: finance, nightly"), "{err}");
+    let (code, _, err) = w.ctl(&["jobs", "trigger", "--tag", "finance", "--wait"]);
+    assert_eq!(code, 2, "{err}");
+
+    let answers = sdk(
+        &w,
+        json!([
+            ["pause_job", {"tag": "nightly", "reason": "backup"}],
+            ["pause_job", {"name": "ledger", "tag": "finance"}],
+            ["trigger_job", {"tag": "finance", "wait": true}],
+            ["resume_job", {}],
+            ["list_jobs", {"tag": "nightly"}],
+        ]),
+    );
+    let paused = ok(&answers[1]);
+    assert_eq!((&paused["tag"], &paused["changed"]), (&json!("nightly"), &json!(["ledger"])), "{paused}");
+    let protocol_error = |a: &Value| a["protocol_error"].as_str().unwrap_or_else(|| panic!("refused as invalid arguments: {a}")).to_owned();
+    assert!(protocol_error(&answers[2]).contains("give `name` (one job) or `tag` (every job with the tag), not both"));
+    assert!(protocol_error(&answers[3]).contains("`wait` is for one job's run"), "{}", answers[3]);
+    assert!(protocol_error(&answers[4]).contains("missing `name` (one job) or `tag`"), "{}", answers[4]);
+    let listed = ok(&answers[5]);
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed["jobs"][0]["tags"], json!(["finance", "nightly"]), "{listed}");
+}

@@ -116,6 +116,7 @@ const JOBS: &str = r#"
       action: run
       cron: "* * * * * *"
       parameters: {command: "echo beat"}
+      tags: [pulse]
     hold:
       type: plugin
       plugin: shell-exec
@@ -241,6 +242,20 @@ fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
         .filter(|r| r.scheduled_at.is_some_and(|t| t > paused_at + 1000 && t < resumed_at - 1000))
         .collect();
     assert!(while_paused.is_empty(), "no worker ran beat while it was paused: {while_paused:#?}");
+
+    // A tag's pause through B, one change with one reason, shows on C; C resumes the tag.
+    let (code, out, err) = b.ctl(&["jobs", "pause", "--tag", "pulse", "--reason", "audit", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_of(&out)["changed"], serde_json::json!(["beat"]), "{out}");
+    let (code, out, err) = c.ctl(&["jobs", "list", "--tag", "pulse", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let listed = json_of(&out);
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "only the tag's jobs: {out}");
+    assert_eq!((&listed["jobs"][0]["paused"], &listed["jobs"][0]["pause_reason"]), (&Value::Bool(true), &Value::from("audit")), "{out}");
+    let (code, out, err) = c.ctl(&["jobs", "resume", "--tag", "pulse", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_of(&out)["changed"], serde_json::json!(["beat"]), "{out}");
+    assert_eq!(json_of(&out)["jobs"][0]["paused"], Value::Bool(false), "{out}");
 
     // Cancel through another worker than the one running the run.
     let slow = trigger(&a, "hold");
