@@ -26,10 +26,10 @@ pub use ai::{
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, Skill, SystemPrompt, ToolApproval, name_matches, resolve_model,
 };
 pub use compile::{
-    ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled,
-    JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, RESERVED_JOB_PREFIXES, Retention,
-    RetryPolicy, Role, StorageConfig, Target, WASM_CAPABILITIES, WasmConfig, WorkerConfig, check_tag, compile_job, inert_job,
-    reserved_prefix,
+    After, AfterOn, ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT,
+    Disabled, JobConfig, JobScope, JsonText, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, RESERVED_JOB_PREFIXES,
+    Retention, RetryPolicy, Role, StorageConfig, Target, Together, WASM_CAPABILITIES, WasmConfig, WorkerConfig, after_problems, check_tag,
+    compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity, did_you_mean};
 pub use load::{ItemLocations, SourceMap, discover, keys};

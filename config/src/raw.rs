@@ -293,6 +293,28 @@ pub(crate) struct Job {
     /// `trigger_job` take a `tag` (`lampctl jobs pause --tag finance`). Letters, digits, `-`,
     /// `_`, `.` and `/`, up to 64 characters.
     pub(crate) tags: Option<Vec<String>>,
+    /// Runs the job once after each qualifying run of other jobs: `after: [extract]` (after each
+    /// success), or `after: {jobs: [a, b], on: success | failure | finished, within: 12h}`,
+    /// which waits for a new outcome of every job named (fan-in), each within the window of the
+    /// others. May stand alone or beside `cron`, `every` or `at`. The run's input carries
+    /// `upstream: {JOB: {run_id, status, output}}`.
+    #[schemars(with = "Option<AfterSchema>")]
+    pub(crate) after: Option<Any>,
+}
+
+/// The shapes `after` takes (read by hand, for errors that name the field).
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum AfterSchema {
+    Jobs(Vec<String>),
+    Rule {
+        jobs: Vec<String>,
+        /// `success` (default), `failure`, or `finished` (any outcome but a skipped tick).
+        on: Option<String>,
+        /// How long an outcome waits for the others' (e.g. `12h`); default: for ever.
+        within: Option<String>,
+    },
 }
 
 /// One notification rule.

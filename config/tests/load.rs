@@ -566,3 +566,46 @@ fn what_wasm_plugins_may_reach_is_checked() {
     let w = &loaded.config.wasm;
     assert_eq!((w.http_timeout.as_secs(), w.http_max_response_bytes, w.ai_max_tokens), (5, 1024 * 1024, 1024), "the defaults");
 }
+
+/// `after` names jobs that exist, never itself, in no cycle; each mistake is one located line.
+#[test]
+fn after_mistakes_are_located_and_a_cycle_is_named_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let save = "      type: plugin\n      plugin: file-save\n      action: save\n";
+    let jobs = [
+        ("extract", "      cron: \"0 1 * * *\"\n"),
+        ("load", "      after: [extrct]\n"),
+        ("a", "      after: [b]\n"),
+        ("b", "      after: {jobs: [c]}\n"),
+        ("c", "      after: {jobs: [a], on: success}\n"),
+        ("me", "      after: [me]\n"),
+        ("on", "      after: {jobs: [extract], on: sucess}\n"),
+        ("win", "      after: {jobs: [extract], within: soon}\n"),
+        ("key", "      after: {job: [extract]}\n"),
+        ("shape", "      after: extract\n"),
+        ("fine", "      after: {jobs: [extract, load], on: finished, within: 12h}\n"),
+    ];
+    let mut text = String::from("scheduling:\n  jobs:\n");
+    for (name, after) in jobs {
+        text.push_str(&format!("    {name}:\n{save}{after}"));
+    }
+    write(d, "lamplighter.yaml", &text);
+    let errs = errors_of(d);
+    let expected = [
+        "job \"load\": after names job \"extrct\", which is not defined (did you mean \"extract\"?)",
+        "job \"a\": after makes a cycle: a → b → c → a",
+        "job \"me\": after names the job itself",
+        "job \"on\": after on \"sucess\" is not one of success, failure, finished (did you mean \"success\"?)",
+        "job \"win\": after within \"soon\" is not a duration",
+        "job \"key\": after has an unknown key \"job\" (did you mean \"jobs\"?); it takes jobs, on and within",
+        "job \"shape\": after \"extract\" must be a list of job names ([extract]) or {jobs: [a, b], on: success, within: 12h}",
+    ];
+    for e in expected {
+        assert!(errs.iter().any(|x| x.contains(": error: ") && x.contains(e)), "missing {e:?} in:\n{}", errs.join("\n"));
+    }
+    assert_eq!(errs.iter().filter(|e| e.contains("makes a cycle")).count(), 1, "{errs:#?}");
+    assert!(!errs.iter().any(|e| e.contains("\"fine\"")), "{errs:#?}");
+    let located = errs.iter().find(|e| e.contains("extrct")).unwrap();
+    assert!(located.starts_with("lamplighter.yaml:12:7: "), "at the job's after: {located}");
+}

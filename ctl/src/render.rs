@@ -503,6 +503,24 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     pairs.add("max retries", detail.max_retries.to_string());
     pairs.add("runs", counts(&detail.counts));
     pairs.add("last run", last_run(job.last_run.as_ref(), now));
+    if !job.tags.is_empty() {
+        pairs.add("tags", job.tags.join(", "));
+    }
+    if let Some(after) = &detail.after {
+        let waiting = if after.waiting_for.is_empty() {
+            "a run is due: every upstream job has an outcome".to_owned()
+        } else {
+            format!("waits for {}", after.waiting_for.join(", "))
+        };
+        pairs.add("upstream", waiting);
+        for p in &after.pending {
+            let expires = p.expires_at.map(|e| format!(", counts until {}", time_full(Some(e), now))).unwrap_or_default();
+            pairs.add("  pending", format!("{} run {} {} {}{expires}", p.job, p.run_id, p.status, relative(p.finished_at, now)));
+        }
+    }
+    if !detail.downstream.is_empty() {
+        pairs.add("downstream", detail.downstream.join(", "));
+    }
     let mut out = pairs.render();
     if !detail.next_fires.is_empty() {
         out.push_str("\nnext fires:\n");
@@ -1135,6 +1153,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+    use lamplighter_contract::{AfterView, UpstreamOutcome};
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 5, 4, 12, 0, 0).unwrap()
@@ -1289,8 +1308,25 @@ mod tests {
             max_retries: 0,
             definition: None,
             history: Vec::new(),
+            after: Some(AfterView {
+                jobs: vec!["extract".into(), "load".into()],
+                on: "success".into(),
+                within_seconds: Some(43_200),
+                pending: vec![UpstreamOutcome {
+                    job: "extract".into(),
+                    run_id: "r0".into(),
+                    status: "succeeded".into(),
+                    finished_at: at(-600),
+                    expires_at: Some(at(42_600)),
+                }],
+                waiting_for: vec!["load".into()],
+            }),
+            downstream: vec!["publish".into()],
         };
         let text = job(&detail, now());
+        assert!(text.contains("upstream:     waits for load\n"), "{text}");
+        assert!(text.contains("  pending:    extract run r0 succeeded 10m ago, counts until "), "{text}");
+        assert!(text.contains("downstream:   publish\n"), "{text}");
         assert!(text.contains("schedule:     cron: 0 2 * * * (Europe/Berlin)\n"), "{text}");
         assert!(text.contains("state:        paused 2h ago: db migration\n"), "{text}");
         assert!(text.contains("timeout:      1h30m\n"), "{text}");

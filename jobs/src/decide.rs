@@ -302,6 +302,97 @@ pub(crate) fn finality(
     }
 }
 
+/// Whether an upstream run's outcome counts for a job that runs after it with `on`. A skipped
+/// run never ran, and counts for nothing.
+pub(crate) fn after_counts(on: lamplighter_config::AfterOn, status: RunStatus, kind: OutcomeKind) -> bool {
+    use lamplighter_config::AfterOn;
+    match on {
+        AfterOn::Success => status == RunStatus::Succeeded,
+        AfterOn::Failure => kind == OutcomeKind::Failure,
+        AfterOn::Finished => status != RunStatus::Skipped,
+    }
+}
+
+/// An upstream outcome a job running `after` has not used yet.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PendingOutcome {
+    pub(crate) upstream: String,
+    pub(crate) run_id: String,
+    pub(crate) status: RunStatus,
+    pub(crate) output: Option<serde_json::Value>,
+    pub(crate) finished_at: DateTime<Utc>,
+}
+
+/// What the pending outcomes of a job's upstreams do at `now` ([`fan_in`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Fanin {
+    /// One run starts for each of these sets (by index): the oldest outcome of each upstream
+    /// job still in its window, then the next oldest, as long as every upstream has one.
+    pub(crate) fire: Vec<Vec<usize>>,
+    /// These waited longer than `within` for the others and are dropped (nothing fires for
+    /// them).
+    pub(crate) expired: Vec<usize>,
+}
+
+/// Fan-in: a job that runs after several jobs starts once each of them has a new qualifying
+/// outcome, and each run uses one outcome of each (the oldest first): one run per set, so
+/// every outcome is used exactly once — with one upstream job, one run per outcome. An outcome
+/// waits at most `within` (from its end) for the others; one older than that at `now` is
+/// dropped.
+pub(crate) fn fan_in(after: &lamplighter_config::After, pending: &[PendingOutcome], now: DateTime<Utc>) -> Fanin {
+    let mut decision = Fanin::default();
+    let mut live = Vec::new();
+    for (i, p) in pending.iter().enumerate() {
+        let expired = after.within.is_some_and(|w| now - p.finished_at > chrono::Duration::from_std(w).unwrap_or(chrono::TimeDelta::MAX));
+        if expired || !after.jobs.contains(&p.upstream) {
+            decision.expired.push(i);
+        } else {
+            live.push(i);
+        }
+    }
+    // `pending` is oldest first: each upstream job's queue of live outcomes, in order.
+    let mut queues: Vec<std::collections::VecDeque<usize>> =
+        after.jobs.iter().map(|job| live.iter().copied().filter(|&i| pending[i].upstream == *job).collect()).collect();
+    while queues.iter().all(|q| !q.is_empty()) {
+        decision.fire.push(queues.iter_mut().filter_map(std::collections::VecDeque::pop_front).collect());
+    }
+    decision
+}
+
+/// The downstream run's `upstream` input: each upstream job's outcome in the set (the latest,
+/// were there several).
+pub(crate) fn upstream_input(used: &[&PendingOutcome]) -> serde_json::Value {
+    let mut latest: BTreeMap<&str, &PendingOutcome> = BTreeMap::new();
+    for p in used {
+        let newer = latest.get(p.upstream.as_str()).is_none_or(|l| (p.finished_at, &p.run_id) > (l.finished_at, &l.run_id));
+        if newer {
+            latest.insert(&p.upstream, p);
+        }
+    }
+    serde_json::Value::Object(
+        latest
+            .into_iter()
+            .map(|(job, p)| {
+                let outcome = serde_json::json!({"run_id": p.run_id, "status": p.status.as_str(), "output": p.output});
+                (job.to_owned(), outcome)
+            })
+            .collect(),
+    )
+}
+
+/// A job's input with `upstream` added: into an object, or beside a value that is not one
+/// (`{"input": value, "upstream": …}`).
+pub(crate) fn with_upstream(input: Option<serde_json::Value>, upstream: serde_json::Value) -> serde_json::Value {
+    match input {
+        None | Some(serde_json::Value::Null) => serde_json::json!({ "upstream": upstream }),
+        Some(serde_json::Value::Object(mut map)) => {
+            map.insert("upstream".into(), upstream);
+            serde_json::Value::Object(map)
+        }
+        Some(other) => serde_json::json!({ "input": other, "upstream": upstream }),
+    }
+}
+
 /// What a final outcome does, given the job's failure streak before it and its `notify:` rules:
 /// the rules that fire (by index, with the event each stands for) and the streak after.
 /// `failure` fires from the Nth failure in a row on; `recovery` on the first success after at
@@ -423,6 +514,68 @@ pub(crate) fn plan_ticks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(upstream: &str, run: &str, ended: i64) -> PendingOutcome {
+        PendingOutcome {
+            upstream: upstream.into(),
+            run_id: run.into(),
+            status: RunStatus::Succeeded,
+            output: None,
+            finished_at: DateTime::from_timestamp(ended, 0).expect("instant"),
+        }
+    }
+
+    /// Fan-in by table: a run once each upstream has an outcome within the window of `now`,
+    /// using every pending one; outcomes older than the window (or of a job no longer named)
+    /// are dropped.
+    #[test]
+    fn fan_in_waits_for_every_upstream_within_the_window() {
+        use lamplighter_config::{After, AfterOn};
+        let after = After { jobs: vec!["a".into(), "b".into()], on: AfterOn::Success, within: Some(std::time::Duration::from_secs(60)) };
+        let at = |s: i64| DateTime::from_timestamp(s, 0).expect("instant");
+        // (pending, now, sets fired, expired)
+        type Case = (Vec<PendingOutcome>, i64, Vec<Vec<usize>>, Vec<usize>);
+        let cases: Vec<Case> = vec![
+            (vec![pending("a", "a1", 0)], 10, vec![], vec![]),
+            (vec![pending("a", "a1", 0), pending("b", "b1", 30)], 31, vec![vec![0, 1]], vec![]),
+            (vec![pending("a", "a1", 0), pending("a", "a2", 20), pending("b", "b1", 30)], 31, vec![vec![0, 2]], vec![]),
+            (
+                vec![pending("a", "a1", 0), pending("b", "b1", 10), pending("a", "a2", 20), pending("b", "b2", 30)],
+                31,
+                vec![vec![0, 1], vec![2, 3]],
+                vec![],
+            ),
+            (vec![pending("a", "a1", 0), pending("b", "b1", 90)], 91, vec![], vec![0]),
+            (vec![pending("a", "a1", 0), pending("a", "a2", 50), pending("b", "b1", 90)], 91, vec![vec![1, 2]], vec![0]),
+            (vec![pending("gone", "g1", 0), pending("a", "a1", 0)], 1, vec![], vec![0]),
+        ];
+        for (pending, now, fire, expired) in cases {
+            assert_eq!(fan_in(&after, &pending, at(now)), Fanin { fire: fire.clone(), expired: expired.clone() }, "{pending:?} at {now}");
+        }
+        let forever = After { within: None, ..after };
+        assert_eq!(fan_in(&forever, &[pending("a", "a1", 0), pending("b", "b1", 1_000_000)], at(1_000_001)).fire, vec![vec![0, 1]]);
+        // One upstream job: a run per outcome, however many a pass notices at once.
+        let one = After { jobs: vec!["a".into()], on: AfterOn::Success, within: None };
+        let three = [pending("a", "a1", 0), pending("a", "a2", 1), pending("a", "a3", 2)];
+        assert_eq!(fan_in(&one, &three, at(3)).fire, vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn which_outcomes_count_and_what_the_downstream_input_holds() {
+        use lamplighter_config::AfterOn::*;
+        assert!(after_counts(Success, RunStatus::Succeeded, OutcomeKind::Success));
+        assert!(!after_counts(Success, RunStatus::Failed, OutcomeKind::Failure));
+        assert!(after_counts(Failure, RunStatus::TimedOut, OutcomeKind::Failure));
+        assert!(!after_counts(Failure, RunStatus::Failed, OutcomeKind::Neutral), "a failure a later success superseded");
+        assert!(after_counts(Finished, RunStatus::Cancelled, OutcomeKind::Neutral));
+        assert!(!after_counts(Finished, RunStatus::Skipped, OutcomeKind::Neutral), "a skipped tick never ran");
+        let (a1, a2, b1) = (pending("a", "a1", 0), pending("a", "a2", 5), pending("b", "b1", 3));
+        let upstream = upstream_input(&[&a2, &b1, &a1]);
+        assert_eq!(upstream["a"]["run_id"], "a2", "the latest of each");
+        assert_eq!(with_upstream(None, upstream.clone()), serde_json::json!({"upstream": upstream}));
+        assert_eq!(with_upstream(Some(serde_json::json!({"x": 1})), serde_json::json!(1)), serde_json::json!({"x": 1, "upstream": 1}));
+        assert_eq!(with_upstream(Some(serde_json::json!("t")), serde_json::json!(1)), serde_json::json!({"input": "t", "upstream": 1}));
+    }
 
     #[test]
     fn a_cancel_asked_for_while_a_run_ran_wins_over_every_end_but_a_success() {

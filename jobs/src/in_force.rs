@@ -45,9 +45,22 @@ pub(crate) struct JobsConfig {
     pub(crate) health: Arc<Health>,
     /// `scheduling.notify`: the rules of jobs that set none.
     pub(crate) notify: Arc<Vec<NotifyRule>>,
+    /// The jobs that run `after` each job (enabled and able to run here), by upstream name.
+    downstream: Arc<HashMap<String, Vec<String>>>,
     /// Whether any rule is about waits for a decision: known once the jobs are put together,
     /// as the notifier asks on each pass (after runs end) and the answer walks every job.
     notifies_waits: bool,
+}
+
+/// The jobs that run after each job, by upstream name: those enabled and not unavailable.
+fn downstream_of(jobs: &BTreeMap<String, JobConfig>, unavailable: &HashMap<String, String>) -> HashMap<String, Vec<String>> {
+    let mut index: HashMap<String, Vec<String>> = HashMap::new();
+    for job in jobs.values().filter(|j| j.enabled && !unavailable.contains_key(&j.name)) {
+        for up in job.after().map(|a| a.jobs.as_slice()).unwrap_or_default() {
+            index.entry(up.clone()).or_default().push(job.name.clone());
+        }
+    }
+    index
 }
 
 /// Whether any of these rules, the default ones or a job's own, is about waits for a decision.
@@ -65,6 +78,7 @@ impl JobsConfig {
             .filter_map(|(what, why)| Some((what.job()?.to_owned(), why.clone())))
             .filter(|(name, _)| config.jobs.contains_key(name))
             .collect();
+        let downstream = downstream_of(&config.jobs, &unavailable);
         let locations = config.sources.item_locations(&["scheduling", "jobs"], config.jobs.keys());
         Self {
             locations: Arc::new(locations),
@@ -81,7 +95,32 @@ impl JobsConfig {
             default_timezone: config.default_timezone.clone(),
             notify: Arc::new(config.notify.clone()),
             notifies_waits: about_waits(&config.notify, &config.jobs),
+            downstream: Arc::new(downstream),
         }
+    }
+
+    /// The jobs that run after `job`, each with the run it would start now (queued, trigger
+    /// `after`, its snapshot, input and parameters).
+    pub(crate) fn downstream(&self, job: &str, now: chrono::DateTime<chrono::Utc>) -> Vec<crate::store::Downstream> {
+        let names = self.downstream.get(job).map(Vec::as_slice).unwrap_or_default();
+        names
+            .iter()
+            .filter_map(|name| self.jobs.get(name))
+            .filter_map(|j| {
+                let after = j.after()?.clone();
+                let run = crate::intake::NewRun {
+                    input: j.input.as_deref().cloned(),
+                    parameters: j.parameters.as_ref().map(lamplighter_config::JsonText::value),
+                    ..crate::intake::NewRun::asked(Owner::Job(j.name.clone()), crate::run::Trigger::After, self.snapshot_of(j), now)
+                };
+                Some(crate::store::Downstream { after, run })
+            })
+            .collect()
+    }
+
+    /// The jobs that run after `job`, by name.
+    pub(crate) fn downstream_names(&self, job: &str) -> Vec<String> {
+        self.downstream.get(job).cloned().unwrap_or_default()
     }
 
     /// The `notify:` rules of runs recorded under `job`; `None` when it is no job's (a
@@ -285,7 +324,15 @@ impl InForce {
                 }
                 runtime.insert(name.clone(), c.stored.clone());
             }
+            // A runtime job whose `after` names a job that is gone (deleted, or taken out of
+            // the files) or closes a cycle cannot run: shown, with why.
+            for (job, problem) in lamplighter_config::after_problems(&jobs) {
+                if runtime.contains_key(&job) {
+                    unavailable.entry(job).or_insert(problem);
+                }
+            }
             config.notifies_waits = about_waits(&config.notify, &jobs);
+            config.downstream = Arc::new(downstream_of(&jobs, &unavailable));
             config.jobs = Arc::new(jobs);
             config.unavailable = Arc::new(unavailable);
             config.runtime = Arc::new(runtime);

@@ -84,6 +84,22 @@ impl JobService {
                 _ => Ok(c),
             }
         });
+        // Its `after` among the jobs in force, with it in its new shape: every job named
+        // exists, and no cycle goes through it.
+        let compiled = compiled.and_then(|c| {
+            if c.job.after().is_none() {
+                return Ok(c);
+            }
+            let mut jobs = std::collections::BTreeMap::clone(&config.jobs);
+            jobs.insert(req.name.clone(), c.job.clone());
+            let problems: Vec<String> = lamplighter_config::after_problems(&jobs)
+                .into_iter()
+                // The jobs in force had no cycle: one now goes through this job.
+                .filter(|(job, problem)| *job == req.name || problem.contains("makes a cycle"))
+                .map(|(_, problem)| format!("after: {problem}"))
+                .collect();
+            if problems.is_empty() { Ok(c) } else { Err(problems) }
+        });
         let compiled = compiled.map_err(|errors| ServiceError::InvalidDefinition { name: req.name.clone(), errors })?;
         let now = self.clock.now();
         let change = if create {

@@ -125,8 +125,18 @@ async fn pass(env: &NotifierEnv, http: &reqwest::Client, stop: &CancellationToke
     let rules = |job: &str| config.notify_rules(job);
     let waits = config.notifies_waits();
     let recheck_at = loop {
-        let noticed = env.notices.notice(&rules, waits, env.clock.now()).await?;
+        let now = env.clock.now();
+        let after = |job: &str| config.downstream(job, now);
+        let noticed = env.notices.notice(&rules, &after, waits, now).await?;
         tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, more = noticed.more, "outcomes noticed");
+        for (job, id) in &noticed.started {
+            // As a run started by hand: counted, and handed over by the scheduler's next look.
+            tracing::info!(job = %job, run = %id, "started after its upstream jobs");
+            env.observer.run_created(&Owner::Job(job.clone()), Trigger::After, id);
+        }
+        if !noticed.started.is_empty() {
+            env.signals.publish(Signal::Wake);
+        }
         for (job, ended) in &noticed.prunable {
             env.retention.prune_soon(job, *ended);
         }

@@ -251,7 +251,7 @@ impl JobService {
             .jobs
             .range::<String, _>((start, std::ops::Bound::Unbounded))
             .map(|(_, j)| j)
-            .filter(|j| tag.is_none_or(|t| j.tags.iter().any(|x| x == t)));
+            .filter(|j| tag.is_none_or(|t| j.tags().iter().any(|x| x == t)));
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
         let more = jobs.next().is_some();
         let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
@@ -301,6 +301,10 @@ impl JobService {
         if let Some(o) = origin {
             summary.origin = o;
         }
+        let after = match job.after() {
+            Some(after) => Some(after_view(after, self.notices.pending_after(name).await?)),
+            None => None,
+        };
         Ok(JobDetail {
             summary,
             next_fires,
@@ -312,6 +316,8 @@ impl JobService {
             max_retries: job.retries.max,
             definition,
             history,
+            after,
+            downstream: snapshot.downstream_names(name),
         })
     }
 
@@ -872,7 +878,11 @@ pub(crate) fn summary_in(
         description: job.description.clone(),
         target_type: job.target.kind().to_string(),
         target: job.target.describe(),
-        schedule: job.schedule.as_ref().map(|s| s.spec().to_string()),
+        schedule: match (job.schedule.as_ref().map(|s| s.spec().to_string()), job.after()) {
+            (Some(s), Some(after)) => Some(format!("{s}; {}", after_text(after))),
+            (None, Some(after)) => Some(after_text(after)),
+            (s, None) => s,
+        },
         timezone: job.timezone.clone(),
         enabled: job.enabled,
         disabled,
@@ -882,18 +892,52 @@ pub(crate) fn summary_in(
         next_fire,
         last_run: last,
         origin: origin_of(snapshot, &job.name),
-        tags: job.tags.to_vec(),
+        tags: job.tags().to_vec(),
     }
+}
+
+/// A job's `after` as `get_job` shows it: the outcomes pending, and the upstream jobs with none.
+fn after_view(after: &lamplighter_config::After, pending: Vec<crate::decide::PendingOutcome>) -> wire::AfterView {
+    let within = after.within.and_then(|w| chrono::Duration::from_std(w).ok());
+    let waiting_for = after.jobs.iter().filter(|j| !pending.iter().any(|p| p.upstream == **j)).cloned().collect();
+    wire::AfterView {
+        jobs: after.jobs.clone(),
+        on: after.on.as_str().to_owned(),
+        within_seconds: after.within.map(|w| w.as_secs()),
+        pending: pending
+            .into_iter()
+            .map(|p| wire::UpstreamOutcome {
+                expires_at: within.map(|w| p.finished_at + w),
+                job: p.upstream,
+                run_id: p.run_id,
+                status: p.status.as_str().to_owned(),
+                finished_at: p.finished_at,
+            })
+            .collect(),
+        waiting_for,
+    }
+}
+
+/// How a job's `after` reads in a listing: `after extract, load on failure within 12h`.
+fn after_text(after: &lamplighter_config::After) -> String {
+    let mut text = format!("after {}", after.jobs.join(", "));
+    if after.on != lamplighter_config::AfterOn::Success {
+        text.push_str(&format!(" on {}", after.on.as_str()));
+    }
+    if let Some(w) = after.within {
+        text.push_str(&format!(" within {}", humantime::format_duration(w)));
+    }
+    text
 }
 
 /// The names of the jobs with `tag`, in name order; a tag no job has is an error that names
 /// the tags in use.
 fn tagged(snapshot: &JobsConfig, tag: &str) -> Result<Vec<String>, ServiceError> {
-    let names: Vec<String> = snapshot.jobs.values().filter(|j| j.tags.iter().any(|t| t == tag)).map(|j| j.name.clone()).collect();
+    let names: Vec<String> = snapshot.jobs.values().filter(|j| j.tags().iter().any(|t| t == tag)).map(|j| j.name.clone()).collect();
     if !names.is_empty() {
         return Ok(names);
     }
-    let in_use: std::collections::BTreeSet<&str> = snapshot.jobs.values().flat_map(|j| j.tags.iter().map(String::as_str)).collect();
+    let in_use: std::collections::BTreeSet<&str> = snapshot.jobs.values().flat_map(|j| j.tags().iter().map(String::as_str)).collect();
     let close = lamplighter_config::did_you_mean(tag, in_use.iter().copied());
     let known = if in_use.is_empty() {
         "no job has tags (set `tags: [...]` on a job)".to_owned()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
-use super::{Backoff, CatchUp, Compiler, JobConfig, JsonText, Overlap, Retention, RetryPolicy, Target, duration};
+use super::{After, AfterOn, Backoff, CatchUp, Compiler, JobConfig, JsonText, Overlap, Retention, RetryPolicy, Target, Together, duration};
 use crate::ai::Budget;
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
@@ -298,6 +298,17 @@ impl Compiler<'_> {
                 }
             }
         }
+        let after = match &j.after {
+            None => None,
+            Some(value) => match read_after(name, value) {
+                Ok(after) => Some(after),
+                Err(e) => {
+                    self.err(&p("after"), format!("job \"{name}\": after {e}"));
+                    return None;
+                }
+            },
+        };
+        let together = (!tags.is_empty() || after.is_some()).then(|| Box::new(Together { tags, after }));
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
@@ -318,8 +329,104 @@ impl Compiler<'_> {
             allowed_commands: j.allowed_commands.clone().unwrap_or_default().into(),
             budget,
             notify,
-            tags: tags.into(),
+            together,
         })
+    }
+}
+
+/// What is wrong with the `after` of `jobs` taken together: a job named that is not among them
+/// (with a did-you-mean), and each cycle once (at its first job by name, naming every step).
+/// `(job, message)`, in job order.
+pub fn after_problems(jobs: &std::collections::BTreeMap<String, JobConfig>) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    for (name, job) in jobs {
+        let Some(after) = job.after() else { continue };
+        for up in after.jobs.iter().filter(|up| !jobs.contains_key(*up)) {
+            let close = did_you_mean(up, jobs.keys().map(String::as_str).filter(|k| *k != name));
+            problems.push((name.clone(), format!("job \"{name}\": after names job \"{up}\", which is not defined{close}")));
+        }
+    }
+    // Cycles: a walk up from each job; a path that comes back to where it began is a cycle,
+    // told at its smallest name only.
+    for (start, job) in jobs {
+        let Some(after) = job.after() else { continue };
+        let mut stack: Vec<(Vec<&str>, &str)> = after.jobs.iter().map(|up| (vec![start.as_str()], up.as_str())).collect();
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        while let Some((path, at)) = stack.pop() {
+            if at == start {
+                if path.iter().all(|p| *p >= start.as_str()) {
+                    let steps: Vec<&str> = path.iter().copied().chain(std::iter::once(at)).collect();
+                    problems.push((start.clone(), format!("job \"{start}\": after makes a cycle: {}", steps.join(" → "))));
+                }
+                break;
+            }
+            if !seen.insert(at) {
+                continue;
+            }
+            for up in jobs.get(at).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() {
+                let mut next = path.clone();
+                next.push(at);
+                stack.push((next, up.as_str()));
+            }
+        }
+    }
+    problems
+}
+
+/// `after:` as written: a list of job names, or `{jobs, on, within}`; each error names what
+/// to write.
+fn read_after(name: &str, value: &serde_json::Value) -> Result<After, String> {
+    use serde_json::Value;
+    let names = |v: &Value, field: &str| -> Result<Vec<String>, String> {
+        let list = v.as_array().ok_or_else(|| format!("{field}must be a list of job names, e.g. [extract]"))?;
+        let mut jobs: Vec<String> = Vec::new();
+        for item in list {
+            let job = item.as_str().ok_or_else(|| format!("{field}must be a list of job names; {item} is not a name"))?;
+            if job == name {
+                return Err(format!("{field}names the job itself"));
+            }
+            if !jobs.iter().any(|j| j == job) {
+                jobs.push(job.to_owned());
+            }
+        }
+        if jobs.is_empty() {
+            return Err(format!("{field}names no job; name at least one, e.g. [extract]"));
+        }
+        Ok(jobs)
+    };
+    match value {
+        Value::Array(_) => Ok(After { jobs: names(value, "")?, on: AfterOn::Success, within: None }),
+        Value::Object(map) => {
+            if let Some(key) = map.keys().find(|k| !matches!(k.as_str(), "jobs" | "on" | "within")) {
+                return Err(format!(
+                    "has an unknown key \"{key}\"{}; it takes jobs, on and within",
+                    crate::diag::did_you_mean(key, ["jobs", "on", "within"])
+                ));
+            }
+            let jobs = names(map.get("jobs").ok_or("needs `jobs`: the jobs it runs after, e.g. {jobs: [a, b]}")?, "jobs ")?;
+            let on = match map.get("on").map(|v| v.as_str()) {
+                None | Some(Some("success")) => AfterOn::Success,
+                Some(Some("failure")) => AfterOn::Failure,
+                Some(Some("finished")) => AfterOn::Finished,
+                Some(Some(other)) => {
+                    return Err(format!(
+                        "on \"{other}\" is not one of success, failure, finished{}",
+                        crate::diag::did_you_mean(other, ["success", "failure", "finished"])
+                    ));
+                }
+                Some(None) => return Err("on must be one of success, failure, finished".into()),
+            };
+            let within = match map.get("within") {
+                None => None,
+                Some(Value::String(s)) => Some(duration(s).map_err(|e| format!("within {e}"))?),
+                Some(other) => return Err(format!("within {other} is not a duration; write e.g. \"12h\"")),
+            };
+            if within == Some(Duration::ZERO) {
+                return Err("within must be longer than 0s".into());
+            }
+            Ok(After { jobs, on, within })
+        }
+        other => Err(format!("{other} must be a list of job names ([extract]) or {{jobs: [a, b], on: success, within: 12h}}")),
     }
 }
 

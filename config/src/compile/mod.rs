@@ -26,10 +26,11 @@ use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
-pub use jobs::{RESERVED_JOB_PREFIXES, check_tag, reserved_prefix};
+pub use jobs::{RESERVED_JOB_PREFIXES, after_problems, check_tag, reserved_prefix};
+pub use types::{After, AfterOn};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
-    ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target,
+    ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, Together,
     WASM_CAPABILITIES, WasmConfig, WorkerConfig,
 };
 
@@ -135,6 +136,9 @@ fn compile_borrowed(
     // Built from the list at once (sorted first): a map built by inserting in order leaves its
     // nodes half full (measured: 870 bytes a job against 470, for ten thousand jobs).
     let jobs: BTreeMap<String, JobConfig> = jobs.into_iter().collect();
+    for (job, problem) in jobs::after_problems(&jobs) {
+        c.err(&["scheduling", "jobs", &job, "after"], problem);
+    }
     let notify = match &sched.notify {
         Some(rules) => c.notify(&["scheduling", "notify"], "scheduling.notify", rules, &runnable).unwrap_or_default(),
         None => Vec::new(),
@@ -319,11 +323,12 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
         budget: Default::default(),
         notify: None,
         // Its tags as far as they read: pausing a tag still reaches it.
-        tags: definition
+        together: definition
             .get("tags")
             .and_then(|t| t.as_array())
-            .map(|t| t.iter().filter_map(|v| v.as_str()).filter(|t| jobs::check_tag(t).is_ok()).map(str::to_owned).collect())
-            .unwrap_or_default(),
+            .map(|t| t.iter().filter_map(|v| v.as_str()).filter(|t| jobs::check_tag(t).is_ok()).map(str::to_owned).collect::<Vec<_>>())
+            .filter(|t| !t.is_empty())
+            .map(|tags| Box::new(Together { tags, after: None })),
     }
 }
 

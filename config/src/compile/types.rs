@@ -163,8 +163,56 @@ pub struct JobConfig {
     pub budget: Option<Box<Budget>>,
     /// Its own `notify:` rules; `None` takes `scheduling.notify` ([`Config::notify`]).
     pub notify: Option<Vec<crate::NotifyRule>>,
-    /// Its `tags`, each once, in the order written (most jobs have none).
-    pub tags: Box<[String]>,
+    /// Its tags and `after` (most jobs have neither: boxed).
+    pub together: Option<Box<Together>>,
+}
+
+impl JobConfig {
+    /// Its `tags`, each once, in the order written.
+    pub fn tags(&self) -> &[String] {
+        self.together.as_ref().map_or(&[], |t| &t.tags)
+    }
+
+    /// What it runs after, if anything.
+    pub fn after(&self) -> Option<&After> {
+        self.together.as_ref().and_then(|t| t.after.as_ref())
+    }
+}
+
+/// How a job works with others: its tags, and the jobs it runs after.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Together {
+    pub tags: Vec<String>,
+    pub after: Option<After>,
+}
+
+/// `after:` — a run once every job named has a new qualifying outcome (one run per set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct After {
+    /// The upstream jobs, each once, in the order written.
+    pub jobs: Vec<String>,
+    pub on: AfterOn,
+    /// How long an outcome waits for the others'; `None`: for ever.
+    pub within: Option<Duration>,
+}
+
+/// Which outcomes of an upstream job count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterOn {
+    Success,
+    Failure,
+    /// Any outcome of a run that ran: succeeded, failed, timed out, cancelled, interrupted.
+    Finished,
+}
+
+impl AfterOn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AfterOn::Success => "success",
+            AfterOn::Failure => "failure",
+            AfterOn::Finished => "finished",
+        }
+    }
 }
 
 // A config of 10,000 jobs holds 10,000 of these inline in its map's nodes: what most jobs leave

@@ -27,6 +27,6 @@ pub use tools::{
     TagTriggered, TaggedRefusal, TaggedRun, TriggerAnswer, TriggerOutcome, WorkflowInfo, WorkflowList,
 };
 pub use views::{
-    Approval, Backfill, BackfillTick, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage, JobSaved, JobSummary,
-    RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, WorkerLease, WorkerStatus,
+    AfterView, Approval, Backfill, BackfillTick, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage, JobSaved,
+    JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, UpstreamOutcome, WorkerLease, WorkerStatus,
 };

@@ -81,6 +81,8 @@ pub enum Trigger {
     Api,
     /// A past tick run by `backfill_job`.
     Backfill,
+    /// The jobs it runs `after` had their outcomes.
+    After,
 }
 
 impl Trigger {
@@ -92,6 +94,7 @@ impl Trigger {
             Self::Retry => "retry",
             Self::Api => "api",
             Self::Backfill => "backfill",
+            Self::After => "after",
         }
     }
 }
@@ -99,7 +102,7 @@ impl Trigger {
 impl std::str::FromStr for Trigger {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [Self::Cron, Self::Manual, Self::CatchUp, Self::Retry, Self::Api, Self::Backfill]
+        [Self::Cron, Self::Manual, Self::CatchUp, Self::Retry, Self::Api, Self::Backfill, Self::After]
             .into_iter()
             .find(|x| x.as_str() == s)
             .ok_or_else(|| format!("unknown trigger \"{s}\""))

@@ -196,6 +196,40 @@ pub struct JobDetail {
     /// A runtime job's changes, newest first (the last 20; `lampctl jobs history` shows all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<JobChange>,
+    /// The jobs it runs after, and what of theirs it waits for now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<AfterView>,
+    /// The jobs that run after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub downstream: Vec<String>,
+}
+
+/// A job's `after`: what it runs after, and where it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct AfterView {
+    /// The upstream jobs.
+    pub jobs: Vec<String>,
+    /// `success`, `failure` or `finished`: which of their outcomes count.
+    pub on: String,
+    /// How long an outcome waits for the others' (none: for ever).
+    pub within_seconds: Option<u64>,
+    /// Upstream outcomes that count and are not used yet, oldest first.
+    pub pending: Vec<UpstreamOutcome>,
+    /// The upstream jobs it still waits for (none pending): the next run starts when each has one.
+    pub waiting_for: Vec<String>,
+}
+
+/// An upstream run's outcome a job running `after` has not used yet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct UpstreamOutcome {
+    pub job: String,
+    pub run_id: String,
+    pub status: String,
+    pub finished_at: DateTime<Utc>,
+    /// When it stops counting if the others have not come (`within`).
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

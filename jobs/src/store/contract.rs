@@ -486,7 +486,7 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     // An outcome not yet noticed (its notifications not yet recorded) is kept.
     assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 0);
     let no_rules = |_: &str| None;
-    assert_eq!(s.notice(&no_rules, false, t + secs(300)).await.expect("notice").runs, 3);
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(300)).await.expect("notice").runs, 3);
     assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 2);
     let left: Vec<String> =
         s.list_runs(&RunFilter { job: Some("r".into()), ..Default::default() }).await.expect("list").into_iter().map(|r| r.id).collect();
@@ -896,6 +896,111 @@ async fn a_window_knows_which_ticks_have_runs(s: &dyn RunStore) {
 }
 
 /// The `notify:` rules of job `n` in [`outcomes_are_noticed_once_and_notifications_sent_once`].
+fn no_after(_: &str) -> Vec<super::Downstream> {
+    Vec::new()
+}
+
+/// `report` runs after `load` alone (on success); `sum` after `a` and `b` within 60 s; `alarm`
+/// after `load` on failure.
+fn after_of(job: &str) -> Vec<super::Downstream> {
+    use lamplighter_config::{After, AfterOn};
+    let one = |name: &str, jobs: &[&str], on, within: Option<u64>| super::Downstream {
+        after: After { jobs: jobs.iter().map(|j| (*j).to_owned()).collect(), on, within: within.map(Duration::from_secs) },
+        run: NewRun {
+            input: Some(serde_json::json!({"day": "mon"})),
+            ..NewRun::asked(Owner::Job(name.into()), Trigger::After, snapshot(name), t0())
+        },
+    };
+    match job {
+        "load" => vec![one("report", &["load"], AfterOn::Success, None), one("alarm", &["load"], AfterOn::Failure, None)],
+        "a" => vec![one("sum", &["a", "b"], AfterOn::Success, Some(60))],
+        "b" => vec![one("sum", &["a", "b"], AfterOn::Success, Some(60))],
+        _ => Vec::new(),
+    }
+}
+
+/// A job that runs `after` others gets one run per qualifying outcome (per set of them, with
+/// several upstream jobs), recorded in the pass that notices the outcome and never again; its
+/// input carries the upstream runs'. An outcome that waits out `within` starts nothing, and
+/// a paused job's run is recorded as skipped.
+async fn jobs_run_after_their_upstream_jobs_once(s: &dyn RunStore) {
+    let t = t0();
+    let pass = |now| async move { s.notice(&no_rules_fn, &after_of, false, now).await.expect("notice") };
+    let last = |id, status| RunEnd { last: true, ..end(id, status) };
+    let loads = ticked_runs(s, "load", 5).await;
+    s.finish_many(&[RunEnd { output: Some(&serde_json::json!({"rows": 7})), ..last(&loads[0], RunStatus::Succeeded) }], t + secs(5))
+        .await
+        .expect("end");
+    s.finish_many(&[last(&loads[1], RunStatus::Failed)], t + secs(65)).await.expect("end");
+    let noticed = pass(t + secs(66)).await;
+    let mut started = noticed.started.clone();
+    started.sort();
+    assert_eq!(started.iter().map(|(j, _)| j.as_str()).collect::<Vec<_>>(), ["alarm", "report"], "{noticed:?}");
+    let report = started.iter().find(|(j, _)| j == "report").map(|(_, id)| id.clone()).expect("report");
+    let run = s.get_run(&report).await.expect("get").expect("run");
+    assert_eq!((run.trigger, run.status), (Trigger::After, RunStatus::Queued));
+    assert_eq!(
+        run.input,
+        Some(serde_json::json!({"day": "mon", "upstream": {"load": {"run_id": loads[0], "status": "succeeded", "output": {"rows": 7}}}})),
+        "the job's input, with the upstream run's"
+    );
+    assert_eq!(pass(t + secs(67)).await.started, Vec::new(), "once per outcome");
+    assert!(s.pending_after("report").await.expect("pending").is_empty(), "used");
+    // Two outcomes noticed in one pass: two runs, one each.
+    s.finish_many(&[last(&loads[3], RunStatus::Succeeded), last(&loads[4], RunStatus::Succeeded)], t + secs(70)).await.expect("end");
+    let noticed = pass(t + secs(71)).await;
+    let reports: Vec<String> = noticed.started.iter().filter(|(j, _)| j == "report").map(|(_, id)| id.clone()).collect();
+    assert_eq!(reports.len(), 2, "{noticed:?}");
+    let mut used = Vec::new();
+    for id in &reports {
+        let run = s.get_run(id).await.expect("get").expect("run");
+        used.push(run.input.expect("input")["upstream"]["load"]["run_id"].as_str().expect("an upstream run").to_owned());
+    }
+    used.sort();
+    assert_eq!(used, [loads[3].clone(), loads[4].clone()]);
+
+    // Fan-in: `a` alone waits; `b` within the window starts one run using both.
+    let a = ticked_runs(s, "a", 2).await;
+    let b = ticked_runs(s, "b", 1).await;
+    s.finish_many(&[last(&a[0], RunStatus::Succeeded)], t + secs(100)).await.expect("end");
+    assert!(pass(t + secs(101)).await.started.is_empty(), "waits for b");
+    let pending = s.pending_after("sum").await.expect("pending");
+    assert_eq!(pending.iter().map(|p| (p.upstream.as_str(), p.run_id.as_str())).collect::<Vec<_>>(), [("a", a[0].as_str())]);
+    s.finish_many(&[last(&b[0], RunStatus::Succeeded)], t + secs(130)).await.expect("end");
+    let noticed = pass(t + secs(131)).await;
+    assert_eq!(noticed.started.len(), 1, "{noticed:?}");
+    let sum = s.get_run(&noticed.started[0].1).await.expect("get").expect("run");
+    let upstream = &sum.input.as_ref().expect("input")["upstream"];
+    assert_eq!((upstream["a"]["run_id"].as_str(), upstream["b"]["run_id"].as_str()), (Some(a[0].as_str()), Some(b[0].as_str())));
+    // `a` again, and `b` only after the window: nothing, and a's outcome is dropped.
+    s.finish_many(&[last(&a[1], RunStatus::Succeeded)], t + secs(200)).await.expect("end");
+    assert!(pass(t + secs(201)).await.started.is_empty());
+    let at = t + secs(240);
+    let out = s.fire_ticks(vec![(tick("b", at), Overlap::Allow)], none(1), at).await.expect("fire");
+    let b2 = [out.into_iter().next().flatten().and_then(|o| o.handed).expect("handed").run.id];
+    s.finish_many(&[last(&b2[0], RunStatus::Succeeded)], t + secs(300)).await.expect("end");
+    assert!(pass(t + secs(301)).await.started.is_empty(), "a's outcome waited out its 60 s");
+    let pending = s.pending_after("sum").await.expect("pending");
+    assert_eq!(pending.iter().map(|p| p.run_id.as_str()).collect::<Vec<_>>(), [b2[0].as_str()], "only b's new outcome waits");
+
+    // Paused: the outcome is used, and the run recorded as skipped, saying why.
+    s.set_paused("report", true, Some("audit"), t).await.expect("pause");
+    s.finish_many(&[last(&loads[2], RunStatus::Succeeded)], t + secs(400)).await.expect("end");
+    assert!(pass(t + secs(401)).await.started.is_empty(), "nothing to run");
+    let skipped = s
+        .list_runs(&super::RunFilter { job: Some("report".into()), ..Default::default() })
+        .await
+        .expect("runs")
+        .into_iter()
+        .find(|r| r.status == RunStatus::Skipped)
+        .expect("a skipped run");
+    assert!(skipped.error.as_deref().is_some_and(|e| e.contains("job paused (audit)")), "{skipped:?}");
+}
+
+fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
+    None
+}
+
 fn rules_of_n(job: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
     use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
     let to = NotifyTarget::Workflow("page".into());
@@ -916,7 +1021,7 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
     let last = |id, status| RunEnd { last: true, ..end(id, status) };
     s.finish_many(&[last(&ids[0], RunStatus::Failed)], t + secs(10)).await.expect("end");
     s.finish_many(&[end(&ids[1], RunStatus::TimedOut)], t + secs(70)).await.expect("end");
-    let pass = |now| async move { s.notice(&rules_of_n, false, now).await.expect("notice") };
+    let pass = |now| async move { s.notice(&rules_of_n, &no_after, false, now).await.expect("notice") };
     let noticed = pass(t + secs(71)).await;
     assert_eq!((noticed.runs, noticed.recorded), (1, 0), "one failure so far; the second waits for its retry");
     assert_eq!(noticed.recheck_at, Some(t + secs(70) + crate::decide::RETRY_RECORDED_WITHIN), "looked at again when its retry is overdue");
@@ -994,7 +1099,11 @@ async fn a_jobs_notifications_go_out_in_order_across_targets(s: &dyn RunStore) {
     let ids = ticked_runs(s, "x", 2).await;
     s.finish_many(&[RunEnd { last: true, ..end(&ids[0], RunStatus::Failed) }], t + secs(70)).await.expect("end");
     s.finish_many(&[RunEnd { last: true, ..end(&ids[1], RunStatus::Succeeded) }], t + secs(80)).await.expect("end");
-    assert_eq!(s.notice(&rules, false, t + secs(81)).await.expect("notice").recorded, 2, "the failure and its recovery, in one pass");
+    assert_eq!(
+        s.notice(&rules, &no_after, false, t + secs(81)).await.expect("notice").recorded,
+        2,
+        "the failure and its recovery, in one pass"
+    );
     let now = t + secs(82);
     let hold = Duration::from_secs(60);
     let first = s.claim_notifications(ME, 10, hold, now).await.expect("claim");
@@ -1014,9 +1123,9 @@ async fn waits_are_notified_once_each(s: &dyn RunStore) {
     let rules = |job: &str| (job == "w").then(|| vec![rule(NotifyOn::ApprovalWaiting), rule(NotifyOn::BudgetAsked)]);
     let id = waiting_run(s, &["gate", "agent:budget-1"], None).await;
     let t = t0();
-    assert_eq!(s.notice(&rules, false, t).await.expect("notice").recorded, 0, "waits are read only when a rule is about them");
-    assert_eq!(s.notice(&rules, true, t).await.expect("notice").recorded, 2);
-    assert_eq!(s.notice(&rules, true, t + secs(1)).await.expect("again").recorded, 0, "a wait is told once");
+    assert_eq!(s.notice(&rules, &no_after, false, t).await.expect("notice").recorded, 0, "waits are read only when a rule is about them");
+    assert_eq!(s.notice(&rules, &no_after, true, t).await.expect("notice").recorded, 2);
+    assert_eq!(s.notice(&rules, &no_after, true, t + secs(1)).await.expect("again").recorded, 0, "a wait is told once");
     let mut told: Vec<(String, String)> = s.notifications(&id).await.expect("read").into_iter().map(|n| (n.event, n.key)).collect();
     told.sort();
     assert_eq!(
@@ -1043,7 +1152,7 @@ async fn recovery_hands_back_the_notifications_of_workers_that_are_gone(s: &dyn 
     let hold = Duration::from_secs(60);
     let t = t0();
     let gone = waiting_run(s, &["gate"], None).await;
-    assert_eq!(s.notice(&rules, true, t).await.expect("notice").recorded, 1);
+    assert_eq!(s.notice(&rules, &no_after, true, t).await.expect("notice").recorded, 1);
     let claimed = s.claim_notifications("worker-gone", 10, hold, t).await.expect("claim");
     assert_eq!(claimed.len(), 1);
     assert!(s.claim_notifications(ME, 10, hold, t + secs(1)).await.expect("claim").is_empty(), "held by its claim");
@@ -1085,6 +1194,7 @@ macro_rules! contract {
                 a_window_knows_which_ticks_have_runs,
                 a_cancel_request_is_kept_with_its_running_run,
                 outcomes_are_noticed_once_and_notifications_sent_once,
+                jobs_run_after_their_upstream_jobs_once,
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,

@@ -574,6 +574,19 @@ pub(crate) struct RunEnd<'a> {
 /// configured job's (workflows and agents run by hand, and the runs notifications start).
 pub(crate) type RulesOf<'a> = &'a (dyn Fn(&str) -> Option<Vec<lamplighter_config::NotifyRule>> + Send + Sync);
 
+/// The jobs that run after a job, as a notice pass needs them ([`Notices::notice`]): the
+/// enabled ones that can run here.
+pub(crate) type AfterOf<'a> = &'a (dyn Fn(&str) -> Vec<Downstream> + Send + Sync);
+
+/// A job that runs after another.
+#[derive(Debug, Clone)]
+pub(crate) struct Downstream {
+    pub(crate) after: lamplighter_config::After,
+    /// The run it starts, as the job has it (queued, trigger `after`, its snapshot, input and
+    /// parameters); the pass adds `upstream` to the input.
+    pub(crate) run: NewRun,
+}
+
 /// What one pass over ended runs did ([`Notices::notice`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Noticed {
@@ -588,6 +601,8 @@ pub(crate) struct Noticed {
     /// The jobs of the runs marked as noticed (which retention may now prune), each with the
     /// earliest end among them.
     pub(crate) prunable: BTreeMap<String, DateTime<Utc>>,
+    /// The runs started after their upstream jobs' outcomes: (job, run id).
+    pub(crate) started: Vec<(String, String)>,
 }
 
 /// What the per-job gauges show of a job, as the database has it.

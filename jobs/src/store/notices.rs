@@ -8,8 +8,11 @@ use chrono::{DateTime, Utc};
 
 use super::dialect::{Dialect, Record, Stmt, run_cols, run_from_row, sql};
 use super::scripts::*;
-use super::{JobHealth, Noticed, RulesOf, StoreError, from_ms, ms};
-use crate::decide::{Finality, OutcomeKind, RETRY_RECORDED_WITHIN, finality, notify_on_outcome};
+use super::{AfterOf, Dispatch, Downstream, JobHealth, Noticed, RulesOf, StoreError, from_ms, ms, new_id};
+use crate::decide::{
+    Finality, OutcomeKind, PendingOutcome, RETRY_RECORDED_WITHIN, after_counts, fan_in, finality, notify_on_outcome, upstream_input,
+    with_upstream,
+};
 use crate::notify::{Claimed, NewNotification, Notification, NotificationStatus, Sent};
 use crate::run::Run;
 
@@ -22,7 +25,11 @@ pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
     /// as nothing. With `waits`, records the notifications of runs waiting for a decision too
     /// ([`crate::decide::notify_on_wait`]). An event's notification is recorded once, whatever
     /// happens to the pass: its key is the event's.
-    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
+    ///
+    /// An outcome that counts for a job that runs `after` its job is recorded for it, and a
+    /// downstream job whose every upstream now has one gets its run ([`crate::decide::fan_in`]),
+    /// in the same transaction: once per outcome, whatever happens to the pass.
+    async fn notice(&self, rules: RulesOf<'_>, after: AfterOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError>;
     /// Claims up to `n` notifications due at `now` for `worker`, for `hold` (one left `sending`
     /// by a worker that stopped is claimed again once its hold passed). A job's notifications
     /// are claimed in the order they were recorded, one at a time: to one target, each after
@@ -43,6 +50,8 @@ pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
     /// The notifications about the run identity `root_id`, oldest first.
     async fn notifications(&self, root_id: &str) -> Result<Vec<crate::notify::Notification>, StoreError>;
+    /// The upstream outcomes `job` has not used yet, oldest first.
+    async fn pending_after(&self, job: &str) -> Result<Vec<PendingOutcome>, StoreError>;
     /// Every job's pause, streak, last success and last tick, and the starts of its oldest
     /// running run and oldest wait for a decision.
     async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError>;
@@ -50,7 +59,7 @@ pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
 
 #[async_trait]
 impl<D: Dialect> Notices for D {
-    async fn notice(&self, rules: RulesOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError> {
+    async fn notice(&self, rules: RulesOf<'_>, after: AfterOf<'_>, waits: bool, now: DateTime<Utc>) -> Result<Noticed, StoreError> {
         let mut tx = self.begin().await?;
         // One pass at a time across workers: a streak moves in order.
         D::lock_jobs(&mut tx, &[NOTICE_LOCK]).await?;
@@ -89,6 +98,7 @@ impl<D: Dialect> Notices for D {
         let mut seen: Vec<&str> = Vec::new();
         let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
         let mut new: Vec<NewNotification> = Vec::new();
+        let mut downstream: BTreeMap<String, Downstream> = BTreeMap::new();
         for (run, job) in runs.iter().zip(&names) {
             let finished = run.finished_at.unwrap_or(now);
             let kind = match finality(run.status, &run.follow_up, finished, last_success.get(job).copied(), now) {
@@ -105,6 +115,22 @@ impl<D: Dialect> Notices for D {
                 Finality::Outcome(kind) => kind,
             };
             seen.push(run.id.as_str());
+            if matches!(run.owner, crate::run::Owner::Job(_)) {
+                for d in after(job).into_iter().filter(|d| after_counts(d.after.on, run.status, kind)) {
+                    let q = Stmt::new(
+                        sql!(
+                            D,
+                            "INSERT INTO ll_after_outcomes (downstream, upstream, run_id, status, output, finished_at)
+                             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (downstream, run_id) DO NOTHING"
+                        ),
+                        "recording an upstream outcome",
+                    );
+                    let output = run.output.as_ref().map(|o| o.to_string());
+                    let q = q.bind(d.run.owner.to_string()).bind(job.as_str()).bind(run.id.as_str()).bind(run.status.as_str());
+                    D::execute(&mut tx, q.bind(output).bind(ms(finished))).await?;
+                    downstream.entry(d.run.owner.to_string()).or_insert(d);
+                }
+            }
             let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
             let before = streaks.get(job).copied().unwrap_or(0);
             let (fire, after) = notify_on_outcome(kind, before, rules);
@@ -120,6 +146,12 @@ impl<D: Dialect> Notices for D {
         }
         if waits {
             new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
+        }
+        let mut started = Vec::new();
+        for (job, d) in downstream {
+            for id in start_after::<D>(&mut tx, &job, d, now).await? {
+                started.push((job.clone(), id));
+            }
         }
         let mut recorded = 0;
         for n in &new {
@@ -169,7 +201,11 @@ impl<D: Dialect> Notices for D {
         }
         // A full batch with nothing in it to notice (failures waiting for their retries) is not
         // "more": the pass would only read it again.
-        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at, prunable })
+        Ok(Noticed { runs: seen.len(), recorded, more: more && !seen.is_empty(), recheck_at, prunable, started })
+    }
+
+    async fn pending_after(&self, job: &str) -> Result<Vec<PendingOutcome>, StoreError> {
+        pending_outcomes::<D>(&mut *self.reader().await?, job).await
     }
 
     async fn claim_notifications(&self, worker: &str, n: usize, hold: Duration, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
@@ -327,4 +363,84 @@ impl<D: Dialect> Notices for D {
         }
         Ok(out)
     }
+}
+
+/// The upstream outcomes `job` has not used yet, oldest first.
+async fn pending_outcomes<D: Dialect>(c: &mut D::Conn, job: &str) -> Result<Vec<PendingOutcome>, StoreError> {
+    let q = Stmt::new(
+        sql!(
+            D,
+            "SELECT upstream, run_id, status, output, finished_at FROM ll_after_outcomes
+             WHERE downstream = $1 ORDER BY finished_at, run_id"
+        ),
+        "reading pending upstream outcomes",
+    );
+    Ok(D::fetch_all(c, q.bind(job))
+        .await?
+        .iter()
+        .map(|r| PendingOutcome {
+            upstream: r.text("upstream"),
+            run_id: r.text("run_id"),
+            status: std::str::FromStr::from_str(r.str("status")).unwrap_or(crate::run::RunStatus::Failed),
+            output: r.json("output"),
+            finished_at: from_ms(r.int("finished_at")),
+        })
+        .collect())
+}
+
+/// Decides what the pending upstream outcomes of `job` do now ([`fan_in`]) and
+/// records it in the pass's transaction: the expired ones dropped (told in the log), and, once
+/// every upstream has one, the run that uses them — skipped, saying so, while the job is
+/// paused. The run's id, when one was started.
+async fn start_after<D: Dialect>(tx: &mut D::Tx, job: &str, d: Downstream, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
+    let pending = pending_outcomes::<D>(tx, job).await?;
+    let decision = fan_in(&d.after, &pending, now);
+    // Used or dropped, an outcome is gone: it is recorded once (its run is noticed once).
+    fn consume<'a, D: Dialect>(job: &'a str, ids: &'a [&'a str]) -> Stmt<'a> {
+        Stmt::new(sql!(D, "DELETE FROM ll_after_outcomes WHERE downstream = $1 AND run_id {in $2}"), "using upstream outcomes")
+            .bind(job)
+            .bind_list(ids.iter().copied())
+    }
+    if !decision.expired.is_empty() {
+        let gone: Vec<&PendingOutcome> = decision.expired.iter().map(|&i| &pending[i]).collect();
+        // The jobs whose outcome did not come in time: none of theirs is still pending.
+        let live = |p: &&PendingOutcome| !gone.iter().any(|g| g.run_id == p.run_id);
+        let waiting: Vec<&str> =
+            d.after.jobs.iter().map(String::as_str).filter(|j| !pending.iter().filter(live).any(|p| p.upstream == *j)).collect();
+        for p in &gone {
+            tracing::warn!(
+                job,
+                upstream = %p.upstream,
+                run = %p.run_id,
+                missing = %waiting.join(", "),
+                "an upstream outcome waited out its window: nothing runs for it"
+            );
+        }
+        let ids: Vec<&str> = gone.iter().map(|p| p.run_id.as_str()).collect();
+        D::execute(tx, consume::<D>(job, &ids)).await?;
+    }
+    if decision.fire.is_empty() {
+        return Ok(Vec::new());
+    }
+    let q = Stmt::new(sql!(D, "SELECT paused, pause_reason FROM ll_job_state WHERE job = $1"), "reading pause state");
+    let paused = D::fetch_optional(tx, q.bind(job)).await?.filter(|r| r.flag("paused")).map(|r| r.opt_text("pause_reason"));
+    let mut rows = Vec::with_capacity(decision.fire.len());
+    let mut used_ids: Vec<&str> = Vec::new();
+    for set in &decision.fire {
+        let used: Vec<&PendingOutcome> = set.iter().map(|&i| &pending[i]).collect();
+        let ids: Vec<&str> = used.iter().map(|p| p.run_id.as_str()).collect();
+        let mut run = d.run.clone();
+        run.input = Some(with_upstream(run.input.take(), upstream_input(&used)));
+        run.idempotency_key = Some(format!("after:{}", ids.join("+")));
+        if let Some(reason) = &paused {
+            run.status = crate::run::RunStatus::Skipped;
+            let why = reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+            run.error = Some(format!("job paused{why}: its upstream outcomes were used without running it"));
+        }
+        used_ids.extend(ids);
+        rows.push((new_id(), run, Dispatch::No));
+    }
+    insert_runs::<D>(tx, &rows, None, now).await?;
+    D::execute(tx, consume::<D>(job, &used_ids)).await?;
+    Ok(if paused.is_some() { Vec::new() } else { rows.into_iter().map(|(id, _, _)| id).collect() })
 }

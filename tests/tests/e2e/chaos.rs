@@ -212,7 +212,8 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
          \x20   tick: {{type: plugin, plugin: shell-exec, action: run, cron: \"* * * * * *\", overlap: allow, catch_up: all, \
          catch_up_window: 2h, {common}, parameters: {{command: \"sleep 0.5; echo tick\"}}}}\n\
          \x20   gated: {{type: workflow, workflow: gated, cron: \"*/3 * * * * *\", overlap: allow, catch_up: all, catch_up_window: 2h, {common}}}\n\
-         \x20   bee: {{type: agent, agent: chaos-bee, {common}}}\n",
+         \x20   bee: {{type: agent, agent: chaos-bee, {common}}}\n\
+         \x20   follow: {{type: plugin, plugin: file-save, action: save, after: [tick], {common}, parameters: {{path: f.txt, content: f}}}}\n",
         data = w.dir.path().join("data").display(),
         port = w.port,
         base = llm.base_url(),
@@ -994,6 +995,33 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
         bad.push(format!("{} agent runs for {} triggers: {triggered:?}", roots("bee").len(), triggered.len()));
     }
     assert!(!roots("gated").is_empty(), "no workflow ran");
+
+    // `follow` runs after each success of `tick`: once per success noticed, none twice.
+    let noticed: BTreeSet<String> = db
+        .rows("SELECT id FROM ll_runs WHERE job = 'tick' AND status = 'succeeded' AND outcome_seen IS NOT NULL")
+        .expect("reading the noticed ticks")
+        .into_iter()
+        .filter_map(|r| r[0].clone())
+        .collect();
+    let mut followed: BTreeMap<String, usize> = BTreeMap::new();
+    for r in db.rows("SELECT id, input FROM ll_runs WHERE job = 'follow' AND trigger = 'after'").expect("reading the follow runs") {
+        let input: serde_json::Value = r[1].as_deref().and_then(|i| serde_json::from_str(i).ok()).unwrap_or_default();
+        match input["upstream"]["tick"]["run_id"].as_str() {
+            Some(up) => *followed.entry(up.to_owned()).or_default() += 1,
+            None => bad.push(format!("follow run {:?} has no upstream tick in its input: {input}", r[0])),
+        }
+    }
+    assert!(noticed.len() >= 5, "the ticks' successes were noticed: {}", noticed.len());
+    bad.extend(followed.iter().filter(|(_, n)| **n > 1).map(|(up, n)| format!("tick run {up} was followed {n} times")));
+    bad.extend(
+        noticed
+            .iter()
+            .filter(|id| !followed.contains_key(*id))
+            .map(|id| format!("tick run {id} succeeded, was noticed, and never followed")),
+    );
+    bad.extend(
+        followed.keys().filter(|id| !noticed.contains(*id)).map(|id| format!("follow ran after {id}, not a noticed success of tick")),
+    );
 
     // No run's side effects executed by two attempts at the same time.
     let effects = std::fs::read_to_string(shared.join("effects.log")).expect("reading the side-effect log");

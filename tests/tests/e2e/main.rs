@@ -27,5 +27,6 @@ mod resources;
 mod systemd;
 mod tasks;
 mod telemetry;
+mod together;
 mod tour;
 mod workflows;

@@ -71,6 +71,12 @@ impl Db {
         self.try_runs().unwrap_or_else(|e| panic!("cannot read the runs: {e}"))
     }
 
+    /// The first column of `sql`, as text, a row an item; a failed read fails the test.
+    fn texts(&self, sql: &str) -> Vec<String> {
+        let rows = self.rt.block_on(sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(&self.pool));
+        rows.unwrap_or_else(|e| panic!("cannot read {sql}: {e}")).iter().map(|r| r.try_get::<String, _>(0).expect("text")).collect()
+    }
+
     fn run(&self, id: &str) -> Option<Run> {
         self.runs().into_iter().find(|r| r.id == id)
     }
@@ -117,6 +123,13 @@ const JOBS: &str = r#"
       cron: "* * * * * *"
       parameters: {command: "echo beat"}
       tags: [pulse]
+    echo:
+      type: plugin
+      plugin: file-save
+      action: save
+      after: [tick]
+      retention: {max_runs: 1000}
+      parameters: {path: echo.txt, content: e}
     hold:
       type: plugin
       plugin: shell-exec
@@ -352,6 +365,13 @@ fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
     assert!(after_kill.len() >= 10, "ticks went on after the kill: {}", after_kill.len());
     let on_the_dead: Vec<&&Run> = after_kill.iter().filter(|r| r.worker.as_deref() == Some(victim.as_str())).collect();
     assert!(on_the_dead.is_empty(), "no tick ran on the killed worker: {on_the_dead:#?}");
+    // `echo` runs after each tick: once per success noticed, whichever worker noticed it,
+    // across the kill and the takeover.
+    let followed =
+        db.texts("SELECT (input::jsonb)->'upstream'->'tick'->>'run_id' FROM ll_runs WHERE job = 'echo' AND trigger = 'after' ORDER BY 1");
+    let noticed = db.texts("SELECT id FROM ll_runs WHERE job = 'tick' AND status = 'succeeded' AND outcome_seen IS NOT NULL ORDER BY 1");
+    assert!(noticed.len() >= 100, "two minutes of tick outcomes noticed: {}", noticed.len());
+    assert_eq!(followed, noticed, "one echo run per tick success, none twice");
 }
 
 #[test]

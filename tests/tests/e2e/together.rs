@@ -1,0 +1,217 @@
+//! Jobs that work together (SPEC §4a): jobs that run after others, once per upstream outcome,
+//! with the upstream runs in their input — across kill -9 too.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{Worker, sql_lines};
+
+/// (run id, the upstream run id in its input) of each run of `job` with trigger `after`.
+fn after_runs(w: &Worker, job: &str, upstream: &str) -> Vec<(String, String)> {
+    let sql = format!(
+        "SELECT id || ' ' || coalesce(json_extract(input, '$.upstream.{upstream}.run_id'), '-') FROM ll_runs \
+         WHERE job = '{job}' AND trigger = 'after' ORDER BY id"
+    );
+    let text = sql_lines(&w.db(), &sql).unwrap_or_else(|e| panic!("{e}\n{}", w.log()));
+    text.lines().filter_map(|l| l.split_once(' ')).map(|(a, b)| (a.to_owned(), b.to_owned())).collect()
+}
+
+fn ids(w: &Worker, job: &str, status: &str) -> Vec<String> {
+    let mut v: Vec<String> = w.runs().into_iter().filter(|r| r.job == job && r.status == status).map(|r| r.id).collect();
+    v.sort();
+    v
+}
+
+/// Each upstream run that counts has exactly one downstream run, whose input names it.
+fn exactly_once(w: &Worker, job: &str, upstream: &str, counted: &[String]) {
+    let runs = after_runs(w, job, upstream);
+    let mut by_upstream: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, up) in &runs {
+        *by_upstream.entry(up.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = by_upstream.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{job}: an upstream outcome ran it twice: {twice:?}");
+    let used: Vec<&str> = by_upstream.keys().copied().collect();
+    let counted: Vec<&str> = counted.iter().map(String::as_str).collect();
+    assert_eq!(used, counted, "{job}: one run per counted outcome of {upstream}");
+}
+
+const CHAIN: &str = "extract:
+  type: plugin
+  plugin: shell-exec
+  action: run
+  every: 1s
+  retries: {max: 0}
+  parameters: {command: \"test ! -f FAIL\"}
+load:
+  after: [extract]
+  type: plugin
+  plugin: file-save
+  action: save
+  input: {table: sales}
+  parameters: {path: load.txt, content: l}
+alarm:
+  after: {jobs: [extract], on: failure}
+  type: plugin
+  plugin: file-save
+  action: save
+  parameters: {path: alarm.txt, content: a}
+a:
+  type: plugin
+  plugin: file-save
+  action: save
+  parameters: {path: a.txt, content: a}
+b:
+  type: plugin
+  plugin: file-save
+  action: save
+  parameters: {path: b.txt, content: b}
+sum:
+  after: {jobs: [a, b], within: 1h}
+  type: plugin
+  plugin: file-save
+  action: save
+  parameters: {path: sum.txt, content: s}";
+
+/// A chain on SQLite: `load` runs once after each success of `extract`, `alarm` once after
+/// each failure, each with the upstream run in its input; `sum` runs once both `a` and `b`
+/// have a new outcome; `jobs show` says what each waits for and what runs after it.
+#[test]
+fn jobs_run_after_each_qualifying_upstream_outcome_once() {
+    let fail = tempfile::tempdir().unwrap();
+    let flag = fail.path().join("fail");
+    let mut w = Worker::new(&CHAIN.replace("FAIL", &flag.display().to_string()));
+    w.start();
+    w.wait_for("three extracts", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.job == "extract" && r.status == "succeeded").count() >= 3
+    });
+    std::fs::write(&flag, "").unwrap();
+    w.wait_for("two failed extracts", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.job == "extract" && r.status == "failed").count() >= 2
+    });
+    std::fs::remove_file(&flag).unwrap();
+    let before = w.runs().iter().filter(|r| r.job == "extract" && r.status == "succeeded").count();
+    w.wait_for("extract to succeed again", Duration::from_secs(15), |r| {
+        r.iter().filter(|r| r.job == "extract" && r.status == "succeeded").count() > before
+    });
+    assert_eq!(w.ctl(&["jobs", "pause", "extract"]).0, 0);
+    // Settled: every ended extract run noticed, and what it started ended.
+    crate::support::poll(
+        "every outcome of extract to be followed",
+        Duration::from_secs(15),
+        || {
+            let ok = ids(&w, "extract", "succeeded").len() == after_runs(&w, "load", "extract").len()
+                && ids(&w, "extract", "failed").len() == after_runs(&w, "alarm", "extract").len()
+                && !w.runs().iter().any(|r| matches!(r.status.as_str(), "queued" | "running"));
+            ok.then_some(())
+        },
+        || format!("runs: {:#?}\n{}", w.runs(), w.log()),
+    );
+    exactly_once(&w, "load", "extract", &ids(&w, "extract", "succeeded"));
+    exactly_once(&w, "alarm", "extract", &ids(&w, "extract", "failed"));
+    assert!(w.runs().iter().filter(|r| r.job == "load").all(|r| r.status == "succeeded" && r.trigger == "after"));
+    let input = sql_lines(&w.db(), "SELECT input FROM ll_runs WHERE job = 'load' LIMIT 1").unwrap();
+    let input: Value = serde_json::from_str(&input).unwrap();
+    assert_eq!(input["table"], "sales", "the job's own input is kept: {input}");
+    assert_eq!(input["upstream"]["extract"]["status"], "succeeded", "{input}");
+
+    // Fan-in: a alone waits (and says for what); b completes the set: one run.
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "a", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = w.ctl(&["jobs", "show", "sum", "-o", "json"]);
+    let sum: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(sum["schedule"], "after a, b within 1h", "{out}");
+    assert_eq!(sum["after"]["waiting_for"], serde_json::json!(["b"]), "{out}");
+    assert_eq!(sum["after"]["pending"][0]["job"], "a", "{out}");
+    let (_, table, _) = w.ctl(&["jobs", "show", "sum"]);
+    assert!(table.contains("upstream:") && table.contains("waits for b"), "{table}");
+    assert!(after_runs(&w, "sum", "a").is_empty());
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "b", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    w.wait_for("sum to run once", Duration::from_secs(10), |r| r.iter().any(|r| r.job == "sum" && r.status == "succeeded"));
+    let sums = after_runs(&w, "sum", "b");
+    assert_eq!(sums.len(), 1, "{sums:?}");
+    let (_, out, _) = w.ctl(&["jobs", "show", "extract", "-o", "json"]);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["downstream"], serde_json::json!(["alarm", "load"]), "{out}");
+}
+
+/// Exactly once across kill -9: the worker is killed three times while `extract` runs every
+/// second; after each restart the outcomes not yet followed are, and none twice.
+#[test]
+fn after_runs_are_started_once_per_outcome_across_kill_9() {
+    let mut w = Worker::new(&CHAIN.replace("FAIL", "/nonexistent/never"));
+    w.start();
+    let mut kills = 0;
+    for round in 1..=3 {
+        w.wait_for("extracts this round", Duration::from_secs(20), |r| {
+            r.iter().filter(|r| r.job == "extract" && r.status == "succeeded").count() >= 2 * round
+        });
+        w.signal("KILL");
+        assert_eq!(w.wait_exit(Duration::from_secs(10)), None, "killed by the signal");
+        kills += 1;
+        w.start();
+    }
+    assert_eq!(kills, 3);
+    w.wait_for("extract after the last restart", Duration::from_secs(20), |r| {
+        r.iter().filter(|r| r.job == "extract" && r.status == "succeeded").count() >= 8
+    });
+    assert_eq!(w.ctl(&["jobs", "pause", "extract"]).0, 0);
+    crate::support::poll(
+        "every success of extract to be followed",
+        Duration::from_secs(15),
+        || (ids(&w, "extract", "succeeded").len() == after_runs(&w, "load", "extract").len()).then_some(()),
+        || format!("runs: {:#?}\n{}", w.runs(), w.log()),
+    );
+    exactly_once(&w, "load", "extract", &ids(&w, "extract", "succeeded"));
+    // Interrupted by the kills, extract runs are failures: alarm followed each once.
+    exactly_once(&w, "alarm", "extract", &{
+        let mut failed = ids(&w, "extract", "interrupted");
+        failed.extend(ids(&w, "extract", "failed"));
+        failed.sort();
+        failed
+    });
+}
+
+/// Runtime jobs take `after` as file jobs do: one naming a job that does not exist, or closing
+/// a cycle, is refused naming the field; one whose upstream is deleted is shown unavailable,
+/// saying why, rather than waiting for ever.
+#[test]
+fn runtime_jobs_run_after_others_and_their_mistakes_are_refused() {
+    let mut w = Worker::new("");
+    w.write_config(
+        "extract:\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {path: e.txt, content: e}",
+        "manage_jobs:\n  enabled: true\n",
+    );
+    w.start();
+    let def = |name: &str, text: &str| {
+        let file = w.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, format!("{text}\nplugin: file-save\naction: save\nparameters: {{path: {name}.txt, content: x}}\n")).unwrap();
+        file.display().to_string()
+    };
+    let create = |name: &str, text: &str| w.ctl(&["jobs", "create", name, "-f", &def(name, text)]);
+    let (code, out, err) = create("load", "after: [extract]");
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = create("bad", "after: [extrakt]");
+    assert_ne!(code, 0);
+    assert!(err.contains("after: job \"bad\": after names job \"extrakt\", which is not defined (did you mean \"extract\"?)"), "{err}");
+    let (code, out, err) = create("report", "after: [load]");
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = w.ctl(&["jobs", "edit", "load", "-f", &def("load", "after: [report]")]);
+    assert_ne!(code, 0);
+    assert!(err.contains("after makes a cycle: load → report → load"), "{err}");
+
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "extract", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    w.wait_for("load, then report", Duration::from_secs(10), |r| {
+        ["load", "report"].iter().all(|j| r.iter().any(|r| r.job == *j && r.trigger == "after" && r.status == "succeeded"))
+    });
+    assert_eq!(after_runs(&w, "report", "load").len(), 1);
+
+    let (code, out, err) = w.ctl(&["jobs", "delete", "load"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = w.ctl(&["jobs", "show", "report", "-o", "json"]);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["disabled"], "job \"report\": after names job \"load\", which is not defined", "{out}");
+}
