@@ -517,6 +517,11 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
             let expires = p.expires_at.map(|e| format!(", counts until {}", time_full(Some(e), now))).unwrap_or_default();
             pairs.add("  pending", format!("{} run {} {} {}{expires}", p.job, p.run_id, p.status, relative(p.finished_at, now)));
         }
+        for p in &after.expired {
+            let what =
+                format!("{} run {} {} {}: waited out its window, nothing ran", p.job, p.run_id, p.status, relative(p.finished_at, now));
+            pairs.add("  expired", what);
+        }
     }
     if !detail.downstream.is_empty() {
         pairs.add("downstream", detail.downstream.join(", "));
@@ -1319,6 +1324,13 @@ mod tests {
                     finished_at: at(-600),
                     expires_at: Some(at(42_600)),
                 }],
+                expired: vec![UpstreamOutcome {
+                    job: "load".into(),
+                    run_id: "r1".into(),
+                    status: "succeeded".into(),
+                    finished_at: at(-86_400),
+                    expires_at: Some(at(-43_200)),
+                }],
                 waiting_for: vec!["load".into()],
             }),
             downstream: vec!["publish".into()],
@@ -1327,6 +1339,7 @@ mod tests {
         assert!(text.contains("upstream:     waits for load\n"), "{text}");
         assert!(text.contains("  pending:    extract run r0 succeeded 10m ago, counts until "), "{text}");
         assert!(text.contains("downstream:   publish\n"), "{text}");
+        assert!(text.contains("  expired:    load run r1 succeeded 1d ago: waited out its window, nothing ran\n"), "{text}");
         assert!(text.contains("schedule:     cron: 0 2 * * * (Europe/Berlin)\n"), "{text}");
         assert!(text.contains("state:        paused 2h ago: db migration\n"), "{text}");
         assert!(text.contains("timeout:      1h30m\n"), "{text}");

@@ -302,7 +302,7 @@ impl JobService {
             summary.origin = o;
         }
         let after = match job.after() {
-            Some(after) => Some(after_view(after, self.notices.pending_after(name).await?)),
+            Some(after) => Some(after_view(after, self.notices.pending_after(name).await?, now)),
             None => None,
         };
         Ok(JobDetail {
@@ -897,23 +897,30 @@ pub(crate) fn summary_in(
 }
 
 /// A job's `after` as `get_job` shows it: the outcomes pending, and the upstream jobs with none.
-fn after_view(after: &lamplighter_config::After, pending: Vec<crate::decide::PendingOutcome>) -> wire::AfterView {
+/// Outcomes past their window at `now` are shown apart: nothing runs for them (they are
+/// dropped at the next pass that looks at this job).
+fn after_view(after: &lamplighter_config::After, pending: Vec<crate::decide::PendingOutcome>, now: DateTime<Utc>) -> wire::AfterView {
     let within = after.within.and_then(|w| chrono::Duration::from_std(w).ok());
-    let waiting_for = after.jobs.iter().filter(|j| !pending.iter().any(|p| p.upstream == **j)).cloned().collect();
-    wire::AfterView {
-        jobs: after.jobs.clone(),
-        on: after.on.as_str().to_owned(),
-        within_seconds: after.within.map(|w| w.as_secs()),
-        pending: pending
-            .into_iter()
-            .map(|p| wire::UpstreamOutcome {
+    let expired = crate::decide::fan_in(after, &pending, now).expired;
+    let (gone, live): (Vec<_>, Vec<_>) = pending.into_iter().enumerate().partition(|(i, _)| expired.contains(i));
+    let waiting_for = after.jobs.iter().filter(|j| !live.iter().any(|(_, p)| p.upstream == **j)).cloned().collect();
+    let shown = |list: Vec<(usize, crate::decide::PendingOutcome)>| {
+        list.into_iter()
+            .map(|(_, p)| wire::UpstreamOutcome {
                 expires_at: within.map(|w| p.finished_at + w),
                 job: p.upstream,
                 run_id: p.run_id,
                 status: p.status.as_str().to_owned(),
                 finished_at: p.finished_at,
             })
-            .collect(),
+            .collect()
+    };
+    wire::AfterView {
+        jobs: after.jobs.clone(),
+        on: after.on.as_str().to_owned(),
+        within_seconds: after.within.map(|w| w.as_secs()),
+        pending: shown(live),
+        expired: shown(gone),
         waiting_for,
     }
 }
@@ -1037,5 +1044,33 @@ impl<T: Followed> RunFollower<T> {
             self.done = reading.run().status.is_final();
             return Some(Ok(reading));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `get_job` shows an outcome past its window apart from the pending ones, and its job as
+    /// waited for again: nothing runs for it.
+    #[test]
+    fn an_outcome_past_its_window_is_shown_expired_and_its_job_waited_for_again() {
+        use lamplighter_config::{After, AfterOn};
+        let after = After { jobs: vec!["a".into(), "b".into()], on: AfterOn::Success, within: Some(Duration::from_secs(60)) };
+        let at = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).expect("instant");
+        let outcome = |job: &str, run: &str, ended: i64| crate::decide::PendingOutcome {
+            upstream: job.into(),
+            run_id: run.into(),
+            status: RunStatus::Succeeded,
+            output: None,
+            finished_at: at(ended),
+        };
+        let view = after_view(&after, vec![outcome("a", "a1", 0), outcome("a", "a2", 100)], at(120));
+        assert_eq!(view.expired.iter().map(|o| o.run_id.as_str()).collect::<Vec<_>>(), ["a1"]);
+        assert_eq!(view.pending.iter().map(|o| o.run_id.as_str()).collect::<Vec<_>>(), ["a2"]);
+        assert_eq!(view.pending[0].expires_at, Some(at(160)));
+        assert_eq!(view.waiting_for, ["b"]);
+        let view = after_view(&after, vec![outcome("a", "a1", 0)], at(61));
+        assert_eq!((view.pending.len(), view.expired.len(), view.waiting_for.clone()), (0, 1, vec!["a".to_owned(), "b".to_owned()]));
     }
 }

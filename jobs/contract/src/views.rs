@@ -216,6 +216,9 @@ pub struct AfterView {
     pub within_seconds: Option<u64>,
     /// Upstream outcomes that count and are not used yet, oldest first.
     pub pending: Vec<UpstreamOutcome>,
+    /// Outcomes that waited out `within` without the others': nothing runs for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expired: Vec<UpstreamOutcome>,
     /// The upstream jobs it still waits for (none pending): the next run starts when each has one.
     pub waiting_for: Vec<String>,
 }
