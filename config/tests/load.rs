@@ -567,9 +567,10 @@ fn what_wasm_plugins_may_reach_is_checked() {
     assert_eq!((w.http_timeout.as_secs(), w.http_max_response_bytes, w.ai_max_tokens), (5, 1024 * 1024, 1024), "the defaults");
 }
 
-/// `after` names jobs that exist, never itself, in no cycle; each mistake is one located line.
+/// `after` names jobs that exist, never itself, in no cycle (each job on one is told, with the
+/// way round); each mistake is one located line. A diamond is no cycle.
 #[test]
-fn after_mistakes_are_located_and_a_cycle_is_named_once() {
+fn after_mistakes_are_located_and_cycles_are_named() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let save = "      type: plugin\n      plugin: file-save\n      action: save\n";
@@ -585,6 +586,10 @@ fn after_mistakes_are_located_and_a_cycle_is_named_once() {
         ("key", "      after: {job: [extract]}\n"),
         ("shape", "      after: extract\n"),
         ("fine", "      after: {jobs: [extract, load], on: finished, within: 12h}\n"),
+        ("d1", "      after: [extract]\n"),
+        ("d2", "      after: [d1]\n"),
+        ("d3", "      after: [d1]\n"),
+        ("d4", "      after: [d2, d3]\n"),
     ];
     let mut text = String::from("scheduling:\n  jobs:\n");
     for (name, after) in jobs {
@@ -595,6 +600,8 @@ fn after_mistakes_are_located_and_a_cycle_is_named_once() {
     let expected = [
         "job \"load\": after names job \"extrct\", which is not defined (did you mean \"extract\"?)",
         "job \"a\": after makes a cycle: a → b → c → a",
+        "job \"b\": after makes a cycle: b → c → a → b",
+        "job \"c\": after makes a cycle: c → a → b → c",
         "job \"me\": after names the job itself",
         "job \"on\": after on \"sucess\" is not one of success, failure, finished (did you mean \"success\"?)",
         "job \"win\": after within \"soon\" is not a duration",
@@ -604,8 +611,8 @@ fn after_mistakes_are_located_and_a_cycle_is_named_once() {
     for e in expected {
         assert!(errs.iter().any(|x| x.contains(": error: ") && x.contains(e)), "missing {e:?} in:\n{}", errs.join("\n"));
     }
-    assert_eq!(errs.iter().filter(|e| e.contains("makes a cycle")).count(), 1, "{errs:#?}");
-    assert!(!errs.iter().any(|e| e.contains("\"fine\"")), "{errs:#?}");
+    assert_eq!(errs.iter().filter(|e| e.contains("makes a cycle")).count(), 3, "each job on it: {errs:#?}");
+    assert!(!errs.iter().any(|e| e.contains("\"fine\"") || e.contains("\"d")), "{errs:#?}");
     let located = errs.iter().find(|e| e.contains("extrct")).unwrap();
     assert!(located.starts_with("lamplighter.yaml:12:7: "), "at the job's after: {located}");
 }

@@ -671,10 +671,15 @@ async fn follow_run(
     // unset) the failure may not be the outcome. A live worker decides within milliseconds;
     // one that stopped in between never does, so the wait for it is bounded.
     let mut undecided_since: Option<std::time::Instant> = None;
+    let mut last: Option<Value> = None;
     loop {
         let value = client.call("get_run", Arguments::default().with("id", id).0).await?;
         let detail: RunDetail = answer("get_run", &value)?;
-        show(shown.as_ref(), &detail, &value)?;
+        // A reading like the last one (looked at again while a retry is undecided) is not shown twice.
+        if last.as_ref() != Some(&value) {
+            show(shown.as_ref(), &detail, &value)?;
+        }
+        last = Some(value);
         let undecided = matches!(detail.run.status, RunStatus::Failed | RunStatus::TimedOut) && detail.run.next_run_id.is_none();
         if !undecided {
             undecided_since = None;

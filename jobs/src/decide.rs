@@ -336,26 +336,44 @@ pub(crate) struct Fanin {
 
 /// Fan-in: a job that runs after several jobs starts once each of them has a new qualifying
 /// outcome, and each run uses one outcome of each (the oldest first): one run per set, so
-/// every outcome is used exactly once — with one upstream job, one run per outcome. An outcome
-/// waits at most `within` (from its end) for the others; one older than that at `now` is
-/// dropped.
+/// every outcome is used exactly once — with one upstream job, one run per outcome, whenever
+/// it is noticed. With `within`, the outcomes of a set end at most that far apart: an oldest
+/// outcome the others' cannot reach is dropped, as is one still alone once `within` has
+/// passed since it ended (any outcome still to come ends later). Outcomes of a job no longer
+/// named are dropped.
 pub(crate) fn fan_in(after: &lamplighter_config::After, pending: &[PendingOutcome], now: DateTime<Utc>) -> Fanin {
-    let mut decision = Fanin::default();
-    let mut live = Vec::new();
-    for (i, p) in pending.iter().enumerate() {
-        let expired = after.within.is_some_and(|w| now - p.finished_at > chrono::Duration::from_std(w).unwrap_or(chrono::TimeDelta::MAX));
-        if expired || !after.jobs.contains(&p.upstream) {
-            decision.expired.push(i);
-        } else {
-            live.push(i);
+    use std::collections::VecDeque;
+    let mut decision =
+        Fanin { fire: Vec::new(), expired: (0..pending.len()).filter(|&i| !after.jobs.contains(&pending[i].upstream)).collect() };
+    if after.jobs.is_empty() {
+        return decision;
+    }
+    // A window only pairs outcomes: with one upstream job there is nothing to wait for.
+    let window = after.within.filter(|_| after.jobs.len() > 1).map(|w| chrono::Duration::from_std(w).unwrap_or(chrono::TimeDelta::MAX));
+    // `pending` is oldest first: each upstream job's queue of outcomes, in order.
+    let mut queues: Vec<VecDeque<usize>> =
+        after.jobs.iter().map(|job| (0..pending.len()).filter(|&i| pending[i].upstream == *job).collect()).collect();
+    let ended = |i: usize| pending[i].finished_at;
+    while queues.iter().all(|q| !q.is_empty()) {
+        let heads: Vec<usize> = queues.iter().filter_map(|q| q.front().copied()).collect();
+        let oldest = heads.iter().copied().min_by_key(|&i| (ended(i), i)).unwrap_or(heads[0]);
+        let newest = heads.iter().copied().map(ended).max().unwrap_or(ended(oldest));
+        match window {
+            // The newest head is the earliest its job can offer: the oldest cannot be paired.
+            Some(w) if newest - ended(oldest) > w => {
+                decision.expired.push(oldest);
+                queues.iter_mut().for_each(|q| q.retain(|&i| i != oldest));
+            }
+            _ => decision.fire.push(queues.iter_mut().filter_map(VecDeque::pop_front).collect()),
         }
     }
-    // `pending` is oldest first: each upstream job's queue of live outcomes, in order.
-    let mut queues: Vec<std::collections::VecDeque<usize>> =
-        after.jobs.iter().map(|job| live.iter().copied().filter(|&i| pending[i].upstream == *job).collect()).collect();
-    while queues.iter().all(|q| !q.is_empty()) {
-        decision.fire.push(queues.iter_mut().filter_map(std::collections::VecDeque::pop_front).collect());
+    if let Some(w) = window {
+        // Alone past the window: what is still to come ends later, too late for it.
+        for q in &queues {
+            decision.expired.extend(q.iter().copied().filter(|&i| now - ended(i) > w));
+        }
     }
+    decision.expired.sort_unstable();
     decision
 }
 
@@ -548,14 +566,16 @@ mod tests {
             (vec![pending("a", "a1", 0), pending("b", "b1", 90)], 91, vec![], vec![0]),
             (vec![pending("a", "a1", 0), pending("a", "a2", 50), pending("b", "b1", 90)], 91, vec![vec![1, 2]], vec![0]),
             (vec![pending("gone", "g1", 0), pending("a", "a1", 0)], 1, vec![], vec![0]),
+            // Noticed late, still 30 s apart: a set.
+            (vec![pending("a", "a1", 0), pending("b", "b1", 30)], 500, vec![vec![0, 1]], vec![]),
         ];
         for (pending, now, fire, expired) in cases {
             assert_eq!(fan_in(&after, &pending, at(now)), Fanin { fire: fire.clone(), expired: expired.clone() }, "{pending:?} at {now}");
         }
         let forever = After { within: None, ..after };
         assert_eq!(fan_in(&forever, &[pending("a", "a1", 0), pending("b", "b1", 1_000_000)], at(1_000_001)).fire, vec![vec![0, 1]]);
-        // One upstream job: a run per outcome, however many a pass notices at once.
-        let one = After { jobs: vec!["a".into()], on: AfterOn::Success, within: None };
+        // One upstream job: a run per outcome, however many a pass notices at once, however late.
+        let one = After { jobs: vec!["a".into()], on: AfterOn::Success, within: Some(std::time::Duration::from_secs(1)) };
         let three = [pending("a", "a1", 0), pending("a", "a2", 1), pending("a", "a3", 2)];
         assert_eq!(fan_in(&one, &three, at(3)).fire, vec![vec![0], vec![1], vec![2]]);
     }

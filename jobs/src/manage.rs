@@ -92,11 +92,13 @@ impl JobService {
             }
             let mut jobs = std::collections::BTreeMap::clone(&config.jobs);
             jobs.insert(req.name.clone(), c.job.clone());
+            // Its own: a job it names that is missing, or a cycle through it (a new one goes
+            // through it).
+            let own = format!("job \"{}\": after ", req.name);
             let problems: Vec<String> = lamplighter_config::after_problems(&jobs)
                 .into_iter()
-                // The jobs in force had no cycle: one now goes through this job.
-                .filter(|(job, problem)| *job == req.name || problem.contains("makes a cycle"))
-                .map(|(_, problem)| format!("after: {problem}"))
+                .filter(|(job, _)| *job == req.name)
+                .map(|(_, problem)| format!("after: {}", problem.strip_prefix(&own).unwrap_or(&problem)))
                 .collect();
             if problems.is_empty() { Ok(c) } else { Err(problems) }
         });

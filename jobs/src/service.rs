@@ -400,19 +400,28 @@ impl JobService {
     }
 
     /// Starts a run of every job with `tag` (paused or not), each as [`JobService::trigger_job`]
-    /// would; a job that cannot run here is listed with why, the others start.
+    /// would; a job that cannot be started (it cannot run here, it went away meanwhile, a
+    /// write failed) is listed with why, and the others start. Only when none started and one
+    /// failed for another reason than being unavailable is the call an error.
     pub async fn trigger_tag(&self, tag: &str, req: TriggerRequest) -> Result<TagTriggered, ServiceError> {
         let names = tagged(&self.config.get(), tag)?;
         let mut answer = TagTriggered { tag: tag.to_owned(), runs: Vec::new(), refused: Vec::new() };
+        let mut failed = None;
         for job in names {
             let one = TriggerRequest { idempotency_key: None, ..req.clone() };
             match self.trigger_job(&job, one).await {
                 Ok(t) => answer.runs.push(TaggedRun { job, run_id: t.run_id }),
                 Err(ServiceError::JobDisabled { reason, .. }) => answer.refused.push(TaggedRefusal { job, reason }),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    answer.refused.push(TaggedRefusal { job, reason: e.to_string() });
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(answer)
+        match failed {
+            Some(e) if answer.runs.is_empty() => Err(e),
+            _ => Ok(answer),
+        }
     }
 
     async fn summary_of(&self, name: &str) -> Result<JobSummary, ServiceError> {

@@ -335,7 +335,7 @@ impl Compiler<'_> {
 }
 
 /// What is wrong with the `after` of `jobs` taken together: a job named that is not among them
-/// (with a did-you-mean), and each cycle once (at its first job by name, naming every step).
+/// (with a did-you-mean), and every job on a cycle (each with a way round it).
 /// `(job, message)`, in job order.
 pub fn after_problems(jobs: &std::collections::BTreeMap<String, JobConfig>) -> Vec<(String, String)> {
     let mut problems = Vec::new();
@@ -346,27 +346,36 @@ pub fn after_problems(jobs: &std::collections::BTreeMap<String, JobConfig>) -> V
             problems.push((name.clone(), format!("job \"{name}\": after names job \"{up}\", which is not defined{close}")));
         }
     }
-    // Cycles: a walk up from each job; a path that comes back to where it began is a cycle,
-    // told at its smallest name only.
+    // Cycles: every job that reaches itself through `after` is on one, and is told with a way
+    // round (a search up from it, each job visited once, remembering where it came from).
     for (start, job) in jobs {
         let Some(after) = job.after() else { continue };
-        let mut stack: Vec<(Vec<&str>, &str)> = after.jobs.iter().map(|up| (vec![start.as_str()], up.as_str())).collect();
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
-        while let Some((path, at)) = stack.pop() {
+        let mut came_from: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+        let mut stack: Vec<&str> = Vec::new();
+        for up in &after.jobs {
+            if !came_from.contains_key(up.as_str()) {
+                came_from.insert(up.as_str(), start.as_str());
+                stack.push(up.as_str());
+            }
+        }
+        while let Some(at) = stack.pop() {
             if at == start {
-                if path.iter().all(|p| *p >= start.as_str()) {
-                    let steps: Vec<&str> = path.iter().copied().chain(std::iter::once(at)).collect();
-                    problems.push((start.clone(), format!("job \"{start}\": after makes a cycle: {}", steps.join(" → "))));
+                let mut steps = vec![start.as_str()];
+                let mut back = came_from[start.as_str()];
+                while back != start.as_str() {
+                    steps.push(back);
+                    back = came_from[back];
                 }
+                steps.push(start.as_str());
+                steps.reverse();
+                problems.push((start.clone(), format!("job \"{start}\": after makes a cycle: {}", steps.join(" → "))));
                 break;
             }
-            if !seen.insert(at) {
-                continue;
-            }
             for up in jobs.get(at).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() {
-                let mut next = path.clone();
-                next.push(at);
-                stack.push((next, up.as_str()));
+                if !came_from.contains_key(up.as_str()) {
+                    came_from.insert(up.as_str(), at);
+                    stack.push(up.as_str());
+                }
             }
         }
     }

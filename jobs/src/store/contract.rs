@@ -574,8 +574,9 @@ async fn job_state_persists_and_the_last_tick_only_moves_forward(s: &dyn RunStor
 }
 
 /// A tag's pause is one transaction over its jobs with one reason: it answers which jobs it
-/// changed, keeps a paused job's first pause time, and its resume moves each job's last tick
-/// to the resume (what was missed while paused is not caught up).
+/// changed and leaves a job already paused as it was (its own reason and time); its resume
+/// moves the last tick of each job it resumes (what was missed while paused is not caught up)
+/// and of no other.
 async fn a_group_pauses_and_resumes_at_once(s: &dyn RunStore) {
     let t = t0();
     s.set_paused("b", true, Some("earlier"), t).await.expect("pause b");
@@ -584,11 +585,11 @@ async fn a_group_pauses_and_resumes_at_once(s: &dyn RunStore) {
     let changed = s.set_paused_all(&jobs, true, Some("month end"), t + secs(5)).await.expect("pause all");
     assert_eq!(changed, ["a", "c"], "b was paused already");
     let all = s.job_states().await.expect("states");
-    for job in &jobs {
+    for job in ["a", "c"] {
         assert!(all[job].paused, "{job} paused");
-        assert_eq!(all[job].pause_reason.as_deref(), Some("month end"), "{job}: one reason for all");
+        assert_eq!(all[job].pause_reason.as_deref(), Some("month end"), "{job}: one reason for all it paused");
     }
-    assert_eq!(all["b"].paused_at, Some(t), "a paused job keeps when it was paused");
+    assert_eq!((all["b"].pause_reason.as_deref(), all["b"].paused_at), (Some("earlier"), Some(t)), "b kept its own pause");
     assert_eq!(all["a"].paused_at, Some(t + secs(5)));
     assert_eq!(all["c"].last_tick, Some(t - secs(600)), "a pause keeps the last tick");
     let again = s.set_paused_all(&jobs, true, Some("still"), t + secs(6)).await.expect("pause all again");
@@ -600,6 +601,12 @@ async fn a_group_pauses_and_resumes_at_once(s: &dyn RunStore) {
         assert_eq!(all[job], JobState { paused: false, pause_reason: None, paused_at: None, last_tick: Some(t + secs(60)) }, "{job}");
     }
     assert!(all["c"].paused, "c was not named");
+    // A job of the group that was not paused keeps its last tick: nothing it has due is lost.
+    s.set_last_tick("d", t + secs(50)).await.expect("d ticked");
+    let names = ["c".to_owned(), "d".to_owned()];
+    assert_eq!(s.set_paused_all(&names, false, None, t + secs(90)).await.expect("resume"), ["c"]);
+    let all = s.job_states().await.expect("states");
+    assert_eq!((all["c"].last_tick, all["d"].last_tick), (Some(t + secs(90)), Some(t + secs(50))));
 }
 
 fn call(conversation: &str, seq: u32, kind: CallKind, at: DateTime<Utc>) -> CallRecord {

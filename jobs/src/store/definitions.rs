@@ -85,6 +85,7 @@ impl<D: Dialect> Definitions for D {
                     "starting a job's state",
                 );
                 D::execute(&mut tx, q.bind(req.name).bind(false).bind(at)).await?;
+                forget_upstream_outcomes::<D>(&mut tx, req.name).await?;
                 let job = StoredJob {
                     name: req.name.to_owned(),
                     definition: definition.clone(),
@@ -118,6 +119,7 @@ impl<D: Dialect> Definitions for D {
                 D::execute(&mut tx, q.bind(req.name)).await?;
                 let q = Stmt::new(sql!(D, "DELETE FROM ll_job_state WHERE job = $1"), "clearing a job's state");
                 D::execute(&mut tx, q.bind(req.name)).await?;
+                forget_upstream_outcomes::<D>(&mut tx, req.name).await?;
                 (None, Changed::Deleted { version: version as u64 })
             }
         };
@@ -149,4 +151,12 @@ impl<D: Dialect> Definitions for D {
             })
             .collect())
     }
+}
+
+/// A job deleted, or created afresh under a name, has no upstream outcomes waiting for it:
+/// a job of the same name later starts with none.
+async fn forget_upstream_outcomes<D: Dialect>(tx: &mut D::Tx, job: &str) -> Result<(), StoreError> {
+    let q = Stmt::new(sql!(D, "DELETE FROM ll_after_outcomes WHERE downstream = $1"), "forgetting upstream outcomes");
+    D::execute(tx, q.bind(job)).await?;
+    Ok(())
 }

@@ -16,7 +16,8 @@ pub(crate) trait JobStates: Send + Sync + std::fmt::Debug {
     async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError>;
     /// Pauses (with one reason) or resumes every job of `jobs`, in one transaction; a resume
     /// also moves each job's last tick to `now` (what it missed while paused is not caught
-    /// up). Returns the jobs whose pause state this changed.
+    /// up). A job already in that state is left as it is (a paused one keeps its own reason).
+    /// Returns the jobs whose pause state this changed.
     async fn set_paused_all(
         &self,
         jobs: &[String],
@@ -66,8 +67,11 @@ impl<D: ReadSql> JobStates for D {
         let mut tx = self.begin().await?;
         let mut changed = Vec::new();
         for job in jobs {
-            let before = Stmt::new(sql!(D, "SELECT paused FROM ll_job_state WHERE job = $1"), "reading pause state");
+            let before = Stmt::new(sql!(D, "SELECT paused FROM ll_job_state WHERE job = $1 {lock}"), "reading pause state");
             let was = D::fetch_optional(&mut tx, before.bind(job.as_str())).await?.is_some_and(|r| r.flag("paused"));
+            if was == paused {
+                continue;
+            }
             let q = if paused {
                 Stmt::new(
                     sql!(
@@ -90,9 +94,7 @@ impl<D: ReadSql> JobStates for D {
                 )
             };
             D::execute(&mut tx, q.bind(job.as_str()).bind(reason.filter(|_| paused)).bind(ms(now)).bind(paused)).await?;
-            if was != paused {
-                changed.push(job.clone());
-            }
+            changed.push(job.clone());
         }
         D::commit(tx).await?;
         Ok(changed)

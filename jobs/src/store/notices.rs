@@ -403,18 +403,13 @@ async fn start_after<D: Dialect>(tx: &mut D::Tx, job: &str, d: Downstream, now: 
     }
     if !decision.expired.is_empty() {
         let gone: Vec<&PendingOutcome> = decision.expired.iter().map(|&i| &pending[i]).collect();
-        // The jobs whose outcome did not come in time: none of theirs is still pending.
-        let live = |p: &&PendingOutcome| !gone.iter().any(|g| g.run_id == p.run_id);
-        let waiting: Vec<&str> =
-            d.after.jobs.iter().map(String::as_str).filter(|j| !pending.iter().filter(live).any(|p| p.upstream == *j)).collect();
         for p in &gone {
-            tracing::warn!(
-                job,
-                upstream = %p.upstream,
-                run = %p.run_id,
-                missing = %waiting.join(", "),
-                "an upstream outcome waited out its window: nothing runs for it"
-            );
+            let why = if d.after.jobs.contains(&p.upstream) {
+                "the other upstream jobs had no outcome within its window"
+            } else {
+                "the job no longer runs after it"
+            };
+            tracing::warn!(job, upstream = %p.upstream, run = %p.run_id, "an upstream outcome is dropped, nothing runs for it: {why}");
         }
         let ids: Vec<&str> = gone.iter().map(|p| p.run_id.as_str()).collect();
         D::execute(tx, consume::<D>(job, &ids)).await?;
@@ -431,7 +426,6 @@ async fn start_after<D: Dialect>(tx: &mut D::Tx, job: &str, d: Downstream, now: 
         let ids: Vec<&str> = used.iter().map(|p| p.run_id.as_str()).collect();
         let mut run = d.run.clone();
         run.input = Some(with_upstream(run.input.take(), upstream_input(&used)));
-        run.idempotency_key = Some(format!("after:{}", ids.join("+")));
         if let Some(reason) = &paused {
             run.status = crate::run::RunStatus::Skipped;
             let why = reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
