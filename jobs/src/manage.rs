@@ -86,21 +86,12 @@ impl JobService {
         });
         // Its `after` among the jobs in force, with it in its new shape: every job named
         // exists, and no cycle goes through it.
-        let compiled = compiled.and_then(|c| {
-            if c.job.after().is_none() {
-                return Ok(c);
+        let compiled = compiled.and_then(|c| match c.job.after() {
+            None => Ok(c),
+            Some(after) => {
+                let mistakes = lamplighter_config::after_mistakes(&req.name, after, &config.jobs);
+                if mistakes.is_empty() { Ok(c) } else { Err(mistakes.into_iter().map(|m| format!("after: {m}")).collect()) }
             }
-            let mut jobs = std::collections::BTreeMap::clone(&config.jobs);
-            jobs.insert(req.name.clone(), c.job.clone());
-            // Its own: a job it names that is missing, or a cycle through it (a new one goes
-            // through it).
-            let own = format!("job \"{}\": after ", req.name);
-            let problems: Vec<String> = lamplighter_config::after_problems(&jobs)
-                .into_iter()
-                .filter(|(job, _)| *job == req.name)
-                .map(|(_, problem)| format!("after: {}", problem.strip_prefix(&own).unwrap_or(&problem)))
-                .collect();
-            if problems.is_empty() { Ok(c) } else { Err(problems) }
         });
         let compiled = compiled.map_err(|errors| ServiceError::InvalidDefinition { name: req.name.clone(), errors })?;
         let now = self.clock.now();

@@ -341,45 +341,47 @@ pub fn after_problems(jobs: &std::collections::BTreeMap<String, JobConfig>) -> V
     let mut problems = Vec::new();
     for (name, job) in jobs {
         let Some(after) = job.after() else { continue };
-        for up in after.jobs.iter().filter(|up| !jobs.contains_key(*up)) {
-            let close = did_you_mean(up, jobs.keys().map(String::as_str).filter(|k| *k != name));
-            problems.push((name.clone(), format!("job \"{name}\": after names job \"{up}\", which is not defined{close}")));
-        }
+        problems.extend(after_mistakes(name, after, jobs).into_iter().map(|m| (name.clone(), format!("job \"{name}\": after {m}"))));
     }
-    // Cycles: every job that reaches itself through `after` is on one, and is told with a way
-    // round (a search up from it, each job visited once, remembering where it came from).
-    for (start, job) in jobs {
-        let Some(after) = job.after() else { continue };
-        let mut came_from: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
-        let mut stack: Vec<&str> = Vec::new();
-        for up in &after.jobs {
+    problems
+}
+
+/// What is wrong with job `name` running `after`, among `jobs` as they would be with it so
+/// (its own entry there, if any, is not read): each job named that is not defined (with a
+/// did-you-mean), and a cycle through it (with a way round), each as the rest of a sentence
+/// after "after " (`names job "x", which is not defined`).
+pub fn after_mistakes(name: &str, after: &After, jobs: &std::collections::BTreeMap<String, JobConfig>) -> Vec<String> {
+    let mut mistakes = Vec::new();
+    for up in after.jobs.iter().filter(|up| !jobs.contains_key(*up)) {
+        let close = did_you_mean(up, jobs.keys().map(String::as_str).filter(|k| *k != name));
+        mistakes.push(format!("names job \"{up}\", which is not defined{close}"));
+    }
+    let upstream = |job: &str| -> &[String] {
+        if job == name { &after.jobs } else { jobs.get(job).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() }
+    };
+    // A search up from it, each job visited once, remembering where it came from: reaching
+    // itself again is a cycle.
+    let mut came_from: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut stack: Vec<&str> = vec![name];
+    while let Some(at) = stack.pop() {
+        for up in upstream(at) {
+            if up == name {
+                let mut steps = vec![at];
+                while let Some(&back) = came_from.get(steps[steps.len() - 1]) {
+                    steps.push(back);
+                }
+                steps.reverse();
+                steps.push(name);
+                mistakes.push(format!("makes a cycle: {}", steps.join(" → ")));
+                return mistakes;
+            }
             if !came_from.contains_key(up.as_str()) {
-                came_from.insert(up.as_str(), start.as_str());
+                came_from.insert(up.as_str(), at);
                 stack.push(up.as_str());
             }
         }
-        while let Some(at) = stack.pop() {
-            if at == start {
-                let mut steps = vec![start.as_str()];
-                let mut back = came_from[start.as_str()];
-                while back != start.as_str() {
-                    steps.push(back);
-                    back = came_from[back];
-                }
-                steps.push(start.as_str());
-                steps.reverse();
-                problems.push((start.clone(), format!("job \"{start}\": after makes a cycle: {}", steps.join(" → "))));
-                break;
-            }
-            for up in jobs.get(at).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() {
-                if !came_from.contains_key(up.as_str()) {
-                    came_from.insert(up.as_str(), at);
-                    stack.push(up.as_str());
-                }
-            }
-        }
     }
-    problems
+    mistakes
 }
 
 /// `after:` as written: a list of job names, or `{jobs, on, within}`; each error names what
