@@ -240,9 +240,6 @@ impl JobService {
     /// With `tag`, only the jobs that have it (a tag no job has is an error).
     pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize, tag: Option<&str>) -> Result<JobPage, ServiceError> {
         let snapshot = self.config.get();
-        if let Some(tag) = tag {
-            tagged(&snapshot, tag)?;
-        }
         let start = match after {
             Some(a) => std::ops::Bound::Excluded(a.to_string()),
             None => std::ops::Bound::Unbounded,
@@ -253,11 +250,12 @@ impl JobService {
             .map(|(_, j)| j)
             .filter(|j| tag.is_none_or(|t| j.tags().iter().any(|x| x == t)));
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
+        if let Some(tag) = tag.filter(|_| page.is_empty() && after.is_none()) {
+            // No job has it: said so, with the tags in use.
+            tagged(&snapshot, tag)?;
+        }
         let more = jobs.next().is_some();
-        let names: Vec<&str> = page.iter().map(|j| j.name.as_str()).collect();
-        let (states, mut last) = tokio::try_join!(self.states.job_states(), self.listings.last_runs(&names))?;
-        let now = self.clock.now();
-        let jobs: Vec<JobSummary> = page.iter().map(|j| summary_in(&snapshot, j, states.get(&j.name), last.remove(&j.name), now)).collect();
+        let jobs = self.summaries(&snapshot, &page).await?;
         let next_cursor = if more { jobs.last().map(|j| j.name.clone()) } else { None };
         Ok(JobPage { jobs, next_cursor })
     }
@@ -366,37 +364,25 @@ impl JobService {
         self.summary_of(name).await
     }
 
-    /// Pauses every job with `tag`, in one transaction, with one reason (a paused one's reason
-    /// is updated). Answers what it changed and every job of the tag.
-    pub async fn pause_tag(&self, tag: &str, reason: Option<&str>) -> Result<TagChange, ServiceError> {
-        let names = tagged(&self.config.get(), tag)?;
-        let changed = self.states.set_paused_all(&names, true, reason, self.clock.now()).await?;
-        self.signal(Signal::JobChanged);
-        tracing::info!(tag, jobs = names.len(), changed = changed.len(), reason = reason.unwrap_or(""), "jobs of a tag paused");
-        self.tag_change(tag, names, changed).await
-    }
-
-    /// Resumes every job with `tag`, in one transaction. Ticks missed while paused are not
-    /// caught up.
-    pub async fn resume_tag(&self, tag: &str) -> Result<TagChange, ServiceError> {
-        let names = tagged(&self.config.get(), tag)?;
-        let changed = self.states.set_paused_all(&names, false, None, self.clock.now()).await?;
-        self.signal(Signal::JobChanged);
-        tracing::info!(tag, jobs = names.len(), changed = changed.len(), "jobs of a tag resumed");
-        self.tag_change(tag, names, changed).await
-    }
-
-    async fn tag_change(&self, tag: &str, names: Vec<String>, changed: Vec<String>) -> Result<TagChange, ServiceError> {
+    /// Pauses (with one reason) or resumes every job with `tag`, in one transaction; a job
+    /// already so is left as it is (a paused one keeps its own reason). Ticks missed while
+    /// paused are not caught up. Answers what it changed and every job of the tag.
+    pub async fn set_tag_paused(&self, tag: &str, paused: bool, reason: Option<&str>) -> Result<TagChange, ServiceError> {
         let snapshot = self.config.get();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let (states, mut last) = tokio::try_join!(self.states.job_states(), self.listings.last_runs(&refs))?;
+        let names = tagged(&snapshot, tag)?;
+        let changed = self.states.set_paused_all(&names, paused, reason, self.clock.now()).await?;
+        self.signal(Signal::JobChanged);
+        tracing::info!(tag, paused, jobs = names.len(), changed = changed.len(), reason = reason.unwrap_or(""), "jobs of a tag changed");
+        let page: Vec<&JobConfig> = names.iter().filter_map(|n| snapshot.jobs.get(n)).collect();
+        Ok(TagChange { tag: tag.to_owned(), changed, jobs: self.summaries(&snapshot, &page).await? })
+    }
+
+    /// The summaries of `jobs`, with their state and last run read at once.
+    async fn summaries(&self, snapshot: &JobsConfig, jobs: &[&JobConfig]) -> Result<Vec<JobSummary>, ServiceError> {
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        let (states, mut last) = tokio::try_join!(self.states.job_states(), self.listings.last_runs(&names))?;
         let now = self.clock.now();
-        let jobs = names
-            .iter()
-            .filter_map(|n| snapshot.jobs.get(n))
-            .map(|j| summary_in(&snapshot, j, states.get(&j.name), last.remove(&j.name), now))
-            .collect();
-        Ok(TagChange { tag: tag.to_owned(), changed, jobs })
+        Ok(jobs.iter().map(|j| summary_in(snapshot, j, states.get(&j.name), last.remove(&j.name), now)).collect())
     }
 
     /// Starts a run of every job with `tag` (paused or not), each as [`JobService::trigger_job`]

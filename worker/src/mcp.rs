@@ -388,7 +388,7 @@ impl Control {
         let reason = a.reason.as_deref();
         Ok(Json(match a.which()? {
             Which::Name(name) => JobsChanged { job: Some(self.service.pause_job(name, reason).await?), group: None },
-            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.pause_tag(tag, reason).await?) },
+            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.set_tag_paused(tag, true, reason).await?) },
         }))
     }
 
@@ -397,7 +397,7 @@ impl Control {
     async fn resume_job(&self, Parameters(a): Parameters<ResumeArgs>) -> Result<Json<JobsChanged>, Failure> {
         Ok(Json(match a.which()? {
             Which::Name(name) => JobsChanged { job: Some(self.service.resume_job(name).await?), group: None },
-            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.resume_tag(tag).await?) },
+            Which::Tag(tag) => JobsChanged { job: None, group: Some(self.service.set_tag_paused(tag, false, None).await?) },
         }))
     }
 
@@ -408,28 +408,20 @@ impl Control {
         Parameters(a): Parameters<TriggerArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<TriggerAnswer>, Failure> {
-        let which = a.which()?;
-        let (name, tag) = match which {
-            Which::Name(name) => (Some(name.to_owned()), None),
-            Which::Tag(tag) => (None, Some(tag.to_owned())),
-        };
         let timeout = wait_timeout(a.wait, a.timeout_seconds)?;
         let request = TriggerRequest {
-            input: a.input,
-            parameters: a.parameters.map(Value::Object),
-            idempotency_key: a.idempotency_key,
+            input: a.input.clone(),
+            parameters: a.parameters.clone().map(Value::Object),
+            idempotency_key: a.idempotency_key.clone(),
             requested_by: Some(client_name(&ctx)),
         };
-        match (name, tag) {
-            (Some(name), _) => {
-                let triggered = self.service.trigger_job(&name, request).await?;
+        match a.which()? {
+            Which::Name(name) => {
+                let triggered = self.service.trigger_job(name, request).await?;
                 let Json(run) = self.outcome(triggered, a.wait, timeout, &ctx).await?;
                 Ok(Json(TriggerAnswer { run: Some(run), group: None }))
             }
-            (None, tag) => {
-                let tag = tag.unwrap_or_default();
-                Ok(Json(TriggerAnswer { run: None, group: Some(self.service.trigger_tag(&tag, request).await?) }))
-            }
+            Which::Tag(tag) => Ok(Json(TriggerAnswer { run: None, group: Some(self.service.trigger_tag(tag, request).await?) })),
         }
     }
 

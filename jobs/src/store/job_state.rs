@@ -45,15 +45,7 @@ impl<D: ReadSql> JobStates for D {
     }
 
     async fn set_paused(&self, job: &str, paused: bool, reason: Option<&str>, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let q = Stmt::new(
-            sql!(
-                D,
-                "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (job) DO UPDATE SET paused = $2, pause_reason = $3, paused_at = $4"
-            ),
-            "saving pause state",
-        );
-        D::execute(&mut *self.writer().await?, q.bind(job).bind(paused).bind(reason).bind(paused.then(|| ms(now)))).await?;
+        D::execute(&mut *self.writer().await?, pause::<D>(job, paused, reason, now)).await?;
         Ok(())
     }
 
@@ -72,28 +64,10 @@ impl<D: ReadSql> JobStates for D {
             if was == paused {
                 continue;
             }
-            let q = if paused {
-                Stmt::new(
-                    sql!(
-                        D,
-                        "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $4, $2, $3)
-                         ON CONFLICT (job) DO UPDATE SET paused = $4, pause_reason = $2,
-                             paused_at = CASE WHEN ll_job_state.paused THEN ll_job_state.paused_at ELSE $3 END"
-                    ),
-                    "saving pause state",
-                )
-            } else {
-                Stmt::new(
-                    sql!(
-                        D,
-                        "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at, last_tick) VALUES ($1, $4, $2, NULL, $3)
-                         ON CONFLICT (job) DO UPDATE SET paused = $4, pause_reason = $2, paused_at = NULL,
-                             last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $3)"
-                    ),
-                    "saving pause state",
-                )
-            };
-            D::execute(&mut tx, q.bind(job.as_str()).bind(reason.filter(|_| paused)).bind(ms(now)).bind(paused)).await?;
+            D::execute(&mut tx, pause::<D>(job, paused, reason, now)).await?;
+            if !paused {
+                D::execute(&mut tx, last_tick::<D>(job, now)).await?;
+            }
             changed.push(job.clone());
         }
         D::commit(tx).await?;
@@ -101,15 +75,33 @@ impl<D: ReadSql> JobStates for D {
     }
 
     async fn set_last_tick(&self, job: &str, tick: DateTime<Utc>) -> Result<(), StoreError> {
-        let q = Stmt::new(
-            sql!(
-                D,
-                "INSERT INTO ll_job_state (job, last_tick) VALUES ($1, $2)
-                 ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $2)"
-            ),
-            "saving the last tick",
-        );
-        D::execute(&mut *self.writer().await?, q.bind(job).bind(ms(tick))).await?;
+        D::execute(&mut *self.writer().await?, last_tick::<D>(job, tick)).await?;
         Ok(())
     }
+}
+
+/// Job `job` paused since `now` with `reason`, or resumed, whether or not it has a row yet.
+fn pause<'a, D: ReadSql>(job: &'a str, paused: bool, reason: Option<&'a str>, now: DateTime<Utc>) -> Stmt<'a> {
+    let q = Stmt::new(
+        sql!(
+            D,
+            "INSERT INTO ll_job_state (job, paused, pause_reason, paused_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job) DO UPDATE SET paused = $2, pause_reason = $3, paused_at = $4"
+        ),
+        "saving pause state",
+    );
+    q.bind(job).bind(paused).bind(reason.filter(|_| paused)).bind(paused.then(|| ms(now)))
+}
+
+/// Job `job`'s last processed tick moved forward to `tick` (never back).
+fn last_tick<'a, D: ReadSql>(job: &'a str, tick: DateTime<Utc>) -> Stmt<'a> {
+    let q = Stmt::new(
+        sql!(
+            D,
+            "INSERT INTO ll_job_state (job, last_tick) VALUES ($1, $2)
+             ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), $2)"
+        ),
+        "saving the last tick",
+    );
+    q.bind(job).bind(ms(tick))
 }
