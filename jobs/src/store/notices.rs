@@ -98,7 +98,10 @@ impl<D: Dialect> Notices for D {
         let mut seen: Vec<&str> = Vec::new();
         let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
         let mut new: Vec<NewNotification> = Vec::new();
-        let mut downstream: BTreeMap<String, Downstream> = BTreeMap::new();
+        // Per upstream job, the jobs that run after it (asked once a pass); per downstream job,
+        // the outcomes this pass found for it.
+        let mut after_of: HashMap<&str, Vec<Downstream>> = HashMap::new();
+        let mut downstream: BTreeMap<String, (Downstream, Vec<PendingOutcome>)> = BTreeMap::new();
         for (run, job) in runs.iter().zip(&names) {
             let finished = run.finished_at.unwrap_or(now);
             let kind = match finality(run.status, &run.follow_up, finished, last_success.get(job).copied(), now) {
@@ -116,19 +119,16 @@ impl<D: Dialect> Notices for D {
             };
             seen.push(run.id.as_str());
             if matches!(run.owner, crate::run::Owner::Job(_)) {
-                for d in after(job).into_iter().filter(|d| after_counts(d.after.on, run.status, kind)) {
-                    let q = Stmt::new(
-                        sql!(
-                            D,
-                            "INSERT INTO ll_after_outcomes (downstream, upstream, run_id, status, output, finished_at)
-                             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (downstream, run_id) DO NOTHING"
-                        ),
-                        "recording an upstream outcome",
-                    );
-                    let output = run.output.as_ref().map(|o| o.to_string());
-                    let q = q.bind(d.run.owner.to_string()).bind(job.as_str()).bind(run.id.as_str()).bind(run.status.as_str());
-                    D::execute(&mut tx, q.bind(output).bind(ms(finished))).await?;
-                    downstream.entry(d.run.owner.to_string()).or_insert(d);
+                let counting = after_of.entry(job.as_str()).or_insert_with(|| after(job));
+                for d in counting.iter().filter(|d| after_counts(d.after.on, run.status, kind)) {
+                    let outcome = PendingOutcome {
+                        upstream: job.clone(),
+                        run_id: run.id.clone(),
+                        status: run.status,
+                        output: run.output.clone(),
+                        finished_at: finished,
+                    };
+                    downstream.entry(d.run.owner.to_string()).or_insert_with(|| (d.clone(), Vec::new())).1.push(outcome);
                 }
             }
             let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
@@ -148,8 +148,8 @@ impl<D: Dialect> Notices for D {
             new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
         }
         let mut started = Vec::new();
-        for (job, d) in downstream {
-            for id in start_after::<D>(&mut tx, &job, d, now).await? {
+        for (job, (d, found)) in downstream {
+            for id in start_after::<D>(&mut tx, &job, d, found, now).await? {
                 started.push((job.clone(), id));
             }
         }
@@ -388,53 +388,70 @@ async fn pending_outcomes<D: Dialect>(c: &mut D::Conn, job: &str) -> Result<Vec<
         .collect())
 }
 
-/// Decides what the pending upstream outcomes of `job` do now ([`fan_in`]) and
-/// records it in the pass's transaction: the expired ones dropped (told in the log), and, once
-/// every upstream has one, the run that uses them — skipped, saying so, while the job is
-/// paused. The run's id, when one was started.
-async fn start_after<D: Dialect>(tx: &mut D::Tx, job: &str, d: Downstream, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
-    let pending = pending_outcomes::<D>(tx, job).await?;
+/// Decides what the upstream outcomes of `job` do now ([`fan_in`]) — those kept from earlier
+/// passes and those this pass `found` — and records it in the pass's transaction: one run per
+/// set (skipped, saying so, while the job is paused), the outcomes dropped told in the log, and
+/// only what still waits kept (`ll_after_outcomes`). The ids of the runs started.
+async fn start_after<D: Dialect>(
+    tx: &mut D::Tx,
+    job: &str,
+    d: Downstream,
+    found: Vec<PendingOutcome>,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, StoreError> {
+    let kept = pending_outcomes::<D>(tx, job).await?;
+    let kept_ids: HashSet<String> = kept.iter().map(|p| p.run_id.clone()).collect();
+    let mut pending = kept;
+    pending.extend(found);
+    pending.sort_by(|a, b| (a.finished_at, &a.run_id).cmp(&(b.finished_at, &b.run_id)));
     let decision = fan_in(&d.after, &pending, now);
-    // Used or dropped, an outcome is gone: it is recorded once (its run is noticed once).
-    fn consume<'a, D: Dialect>(job: &'a str, ids: &'a [&'a str]) -> Stmt<'a> {
-        Stmt::new(sql!(D, "DELETE FROM ll_after_outcomes WHERE downstream = $1 AND run_id {in $2}"), "using upstream outcomes")
-            .bind(job)
-            .bind_list(ids.iter().copied())
+    for &i in &decision.expired {
+        let p = &pending[i];
+        let why = if d.after.jobs.contains(&p.upstream) {
+            "the other upstream jobs had no outcome within its window"
+        } else {
+            "the job no longer runs after it"
+        };
+        tracing::warn!(job, upstream = %p.upstream, run = %p.run_id, "an upstream outcome is dropped, nothing runs for it: {why}");
     }
-    if !decision.expired.is_empty() {
-        let gone: Vec<&PendingOutcome> = decision.expired.iter().map(|&i| &pending[i]).collect();
-        for p in &gone {
-            let why = if d.after.jobs.contains(&p.upstream) {
-                "the other upstream jobs had no outcome within its window"
-            } else {
-                "the job no longer runs after it"
-            };
-            tracing::warn!(job, upstream = %p.upstream, run = %p.run_id, "an upstream outcome is dropped, nothing runs for it: {why}");
-        }
-        let ids: Vec<&str> = gone.iter().map(|p| p.run_id.as_str()).collect();
-        D::execute(tx, consume::<D>(job, &ids)).await?;
-    }
-    if decision.fire.is_empty() {
-        return Ok(Vec::new());
-    }
-    let q = Stmt::new(sql!(D, "SELECT paused, pause_reason FROM ll_job_state WHERE job = $1"), "reading pause state");
-    let paused = D::fetch_optional(tx, q.bind(job)).await?.filter(|r| r.flag("paused")).map(|r| r.opt_text("pause_reason"));
     let mut rows = Vec::with_capacity(decision.fire.len());
-    let mut used_ids: Vec<&str> = Vec::new();
-    for set in &decision.fire {
-        let used: Vec<&PendingOutcome> = set.iter().map(|&i| &pending[i]).collect();
-        let ids: Vec<&str> = used.iter().map(|p| p.run_id.as_str()).collect();
-        let mut run = d.run.clone();
-        run.input = Some(with_upstream(run.input.take(), upstream_input(&used)));
-        if let Some(reason) = &paused {
-            run.status = crate::run::RunStatus::Skipped;
-            let why = reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
-            run.error = Some(format!("job paused{why}: its upstream outcomes were used without running it"));
+    if !decision.fire.is_empty() {
+        let q = Stmt::new(sql!(D, "SELECT paused, pause_reason FROM ll_job_state WHERE job = $1"), "reading pause state");
+        let paused = D::fetch_optional(tx, q.bind(job)).await?.filter(|r| r.flag("paused")).map(|r| r.opt_text("pause_reason"));
+        for set in &decision.fire {
+            let used: Vec<&PendingOutcome> = set.iter().map(|&i| &pending[i]).collect();
+            let mut run = d.run.clone();
+            run.input = Some(with_upstream(run.input.take(), upstream_input(&used)));
+            if let Some(reason) = &paused {
+                run.status = crate::run::RunStatus::Skipped;
+                let why = reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+                run.error = Some(format!("job paused{why}: its upstream outcomes were used without running it"));
+            }
+            rows.push((new_id(), run, Dispatch::No));
         }
-        used_ids.extend(ids);
-        rows.push((new_id(), run, Dispatch::No));
+        insert_runs::<D>(tx, &rows, None, now).await?;
     }
-    insert_runs::<D>(tx, &rows, None, now).await?;
-    D::execute(tx, consume::<D>(job, &used_ids)).await?;
-    Ok(if paused.is_some() { Vec::new() } else { rows.into_iter().map(|(id, _, _)| id).collect() })
+    // Used or dropped, an outcome is gone (it is noticed once): deleted if kept, not kept if new.
+    let gone: HashSet<usize> = decision.fire.iter().flatten().chain(&decision.expired).copied().collect();
+    let forgotten: Vec<&str> = gone.iter().map(|&i| pending[i].run_id.as_str()).filter(|id| kept_ids.contains(*id)).collect();
+    if !forgotten.is_empty() {
+        let q = Stmt::new(sql!(D, "DELETE FROM ll_after_outcomes WHERE downstream = $1 AND run_id {in $2}"), "using upstream outcomes");
+        D::execute(tx, q.bind(job).bind_list(forgotten.iter().copied())).await?;
+    }
+    let waiting = pending.iter().enumerate().filter(|(i, p)| !gone.contains(i) && !kept_ids.contains(&p.run_id)).map(|(_, p)| p);
+    for p in waiting {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_after_outcomes (downstream, upstream, run_id, status, output, finished_at)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (downstream, run_id) DO NOTHING"
+            ),
+            "keeping an upstream outcome",
+        );
+        let output = p.output.as_ref().map(|o| o.to_string());
+        let q = q.bind(job).bind(p.upstream.as_str()).bind(p.run_id.as_str()).bind(p.status.as_str()).bind(output);
+        D::execute(tx, q.bind(ms(p.finished_at))).await?;
+    }
+    let skipped = rows.first().is_some_and(|(_, run, _)| run.status == crate::run::RunStatus::Skipped);
+    Ok(if skipped { Vec::new() } else { rows.into_iter().map(|(id, _, _)| id).collect() })
 }
