@@ -120,8 +120,17 @@ fn jobs_run_after_each_qualifying_upstream_outcome_once() {
     // Fan-in: a alone waits (and says for what); b completes the set: one run.
     let (code, out, err) = w.ctl(&["jobs", "trigger", "a", "--wait"]);
     assert_eq!(code, 0, "{out}{err}");
-    let (_, out, _) = w.ctl(&["jobs", "show", "sum", "-o", "json"]);
-    let sum: Value = serde_json::from_str(&out).unwrap();
+    // a's outcome is noticed just after its end (the notice pass): looked at until it is.
+    let (out, sum) = crate::support::poll(
+        "a's outcome to be noticed for sum",
+        Duration::from_secs(10),
+        || {
+            let (_, out, _) = w.ctl(&["jobs", "show", "sum", "-o", "json"]);
+            let sum: Value = serde_json::from_str(&out).ok()?;
+            sum["after"]["pending"].as_array().is_some_and(|p| !p.is_empty()).then_some((out, sum))
+        },
+        || w.log(),
+    );
     assert_eq!(sum["schedule"], "after a, b within 1h", "{out}");
     assert_eq!(sum["after"]["waiting_for"], serde_json::json!(["b"]), "{out}");
     assert_eq!(sum["after"]["pending"][0]["job"], "a", "{out}");
