@@ -224,6 +224,10 @@ pub(crate) struct Scheduling {
     pub(crate) jobs: Option<BTreeMap<String, Job>>,
     /// Notifications for every job that sets no `notify` of its own.
     pub(crate) notify: Option<Vec<Notify>>,
+    /// Named concurrency limits shared by every job and every worker: `{warehouse: 2, gpu: 1}`.
+    /// A job lists the ones it takes (`limits: [warehouse]`) and holds one slot of each while
+    /// its run runs; a run without a free slot waits, queued, first come first served.
+    pub(crate) limits: Option<BTreeMap<String, u32>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -300,6 +304,26 @@ pub(crate) struct Job {
     /// `upstream: {JOB: {run_id, status, output}}`.
     #[schemars(with = "Option<AfterSchema>")]
     pub(crate) after: Option<Any>,
+    /// The `scheduling.limits` each run holds a slot of while it runs: `[warehouse]`, or
+    /// `[{name: tenant, key: "${input.tenant}"}]` for N at once per distinct key. Manual
+    /// triggers, retries, backfills and `after` runs count too.
+    #[schemars(with = "Option<Vec<LimitSchema>>")]
+    pub(crate) limits: Option<Any>,
+}
+
+/// The shapes an entry of a job's `limits` takes (read by hand, for errors that name the field).
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum LimitSchema {
+    Name(String),
+    Keyed {
+        /// A name of `scheduling.limits`.
+        name: String,
+        /// A template over the run's input (`${input.tenant}`): the limit's N hold per
+        /// distinct key. A reference the input lacks reads as empty.
+        key: Option<String>,
+    },
 }
 
 /// The shapes `after` takes (read by hand, for errors that name the field).

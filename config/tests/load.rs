@@ -616,3 +616,47 @@ fn after_mistakes_are_located_and_cycles_are_named() {
     let located = errs.iter().find(|e| e.contains("extrct")).unwrap();
     assert!(located.starts_with("lamplighter.yaml:12:7: "), "at the job's after: {located}");
 }
+
+/// `scheduling.limits` and a job's `limits`: names and keys read as written, and each mistake
+/// is an error located at its field (an unknown limit with a did-you-mean).
+#[test]
+fn limits_are_read_and_their_mistakes_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = |name: &str, limits: &str| {
+        format!("    {name}:\n      type: plugin\n      plugin: file-save\n      action: save\n      limits: {limits}\n")
+    };
+    let good = format!(
+        "scheduling:\n  limits:\n    warehouse: 2\n    tenant: 1\n  jobs:\n{}{}",
+        job("load", "[warehouse]"),
+        job("sync", "[warehouse, {name: tenant, key: \"${input.tenant}\"}]")
+    );
+    write(tmp.path(), "lamplighter.yaml", &good);
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
+    let config = load_with_env(&opts, |_| None).expect("loads").config;
+    assert_eq!(config.limits, [("tenant".to_string(), 1), ("warehouse".to_string(), 2)].into());
+    let sync = config.jobs["sync"].limits();
+    assert_eq!(
+        sync.iter().map(|l| (l.name.as_str(), l.key.as_deref())).collect::<Vec<_>>(),
+        [("warehouse", None), ("tenant", Some("${input.tenant}"))]
+    );
+
+    let bad = format!(
+        "scheduling:\n  limits:\n    warehouse: 2\n    none: 0\n  jobs:\n{}{}{}{}",
+        job("a", "[warehose]"),
+        job("b", "[{name: warehouse, key: \"${env.HOME}\"}]"),
+        job("c", "[warehouse, warehouse]"),
+        job("d", "warehouse")
+    );
+    write(tmp.path(), "lamplighter.yaml", &bad);
+    let errs = errors_of(tmp.path());
+    let expected = [
+        "lamplighter.yaml:4:5: error: limit \"none\" has 0 slots",
+        "lamplighter.yaml:10:7: error: job \"a\": limits names limit \"warehose\", which scheduling.limits does not define (did you mean \"warehouse\"?) (defined limits: \"warehouse\")",
+        "lamplighter.yaml:15:7: error: job \"b\": limits key \"${env.HOME}\" uses ${env.HOME}; a limit's key may only use the run's input",
+        "lamplighter.yaml:20:7: error: job \"c\": limits names limit \"warehouse\" twice",
+        "lamplighter.yaml:25:7: error: job \"d\": limits must be a list of limit names",
+    ];
+    for e in expected {
+        assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
+    }
+}

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{
-    AgentsCommand, ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, ListCommand, Output, RunsCommand,
-    ScheduleCommand, StartArgs, ToolsCommand, WorkflowsCommand,
+    AgentsCommand, ApprovalsCommand, Cli, Command, ConfigCommand, DecisionArgs, JobsCommand, LimitsCommand, ListCommand, Output,
+    RunsCommand, ScheduleCommand, StartArgs, ToolsCommand, WorkflowsCommand,
 };
 use crate::client::{Client, Connection};
 use crate::error::{CtlError, Failure, RunEnd};
@@ -117,6 +117,7 @@ enum View {
     Run { transcript: bool },
     Cancelled,
     Approvals,
+    Limits,
     Decision,
     Workflows,
     Agents,
@@ -237,6 +238,7 @@ fn plan(command: Command) -> Result<Action, CtlError> {
             RunsCommand::Follow { id } => Action::Follow { id },
             RunsCommand::Cancel { id } => call("cancel_run", none().with("id", id), View::Cancelled),
         },
+        Command::Limits { command: LimitsCommand::List } => call("list_limits", none(), View::Limits),
         Command::Approvals { command } => match command {
             ApprovalsCommand::List => call("list_approvals", none(), View::Approvals),
             ApprovalsCommand::Approve(decision) => decide("approve_step", decision),
@@ -410,6 +412,7 @@ fn show(view: &View, tool: &str, value: &Value, now: DateTime<Utc>) -> Result<St
         View::Runs => render::runs(&answer(tool, value)?, now),
         View::Cancelled => render::cancelled(&answer(tool, value)?),
         View::Approvals => render::approvals(&answer(tool, value)?, now),
+        View::Limits => render::limits(&answer(tool, value)?, now),
         View::Decision => render::decision(&answer(tool, value)?),
         View::Workflows => render::workflows(&answer(tool, value)?),
         View::Agents => render::agents(&answer(tool, value)?),
@@ -780,6 +783,7 @@ mod tests {
             (&["runs", "cancel", "r1"], "cancel_run", json!({"id": "r1"})),
             (&["runs", "follow", "r1"], "subscriptions/listen", json!("r1")),
             (&["approvals", "list"], "list_approvals", json!({})),
+            (&["limits", "list"], "list_limits", json!({})),
             (
                 &["approvals", "approve", "r1", "--step", "review", "--comment", "ok", "--by", "ana"],
                 "approve_step",

@@ -87,6 +87,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
+    /// The limits jobs share (scheduling.limits): who holds their slots, who waits
+    Limits {
+        #[command(subcommand)]
+        command: LimitsCommand,
+    },
     /// The configured workflows; run one by hand
     Workflows {
         #[command(subcommand)]
@@ -393,6 +398,12 @@ pub(crate) enum RunsCommand {
         /// The run's id
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LimitsCommand {
+    /// Each limit: its slots, the runs holding them and the runs waiting, per key
+    List,
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Datelike, Local, TimeDelta, Utc};
 use lamplighter_contract::{
     AgentList, AgentUsage, ApprovalList, Backfill, CallKind, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobSaved,
-    JobSummary, NotificationStatus, OutputLine, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus, SchedulePreview,
-    StepOutline, StepStatus, StepView, TagChange, TagTriggered, TriggerOutcome, WorkerStatus, WorkflowList,
+    JobSummary, LimitList, NotificationStatus, OutputLine, PluginList, ReloadSummary, Run, RunBrief, RunDetail, RunPage, RunStatus,
+    SchedulePreview, StepOutline, StepStatus, StepView, TagChange, TagTriggered, TriggerOutcome, WorkerStatus, WorkflowList,
 };
 use rmcp::model::Tool;
 use serde_json::Value;
@@ -700,7 +700,11 @@ pub(crate) fn runs(page: &RunPage, now: DateTime<Utc>) -> String {
             run.job.clone(),
             run.status.to_string(),
             run.trigger.as_str().to_owned(),
-            time_short(run.started_at, now),
+            match (&run.waiting_for, run.started_at) {
+                // `waiting for limit "warehouse"`: who holds it is for `runs show`.
+                (Some(why), None) => why.split(':').next().unwrap_or(why).to_owned(),
+                _ => time_short(run.started_at, now),
+            },
             took(run.started_at, run.finished_at, now),
         ]);
     }
@@ -724,6 +728,7 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
     pairs.add("job", run.job.clone());
     pairs.add_some("workflow", detail.workflow.clone());
     pairs.add("status", run.status.to_string());
+    pairs.add_some("waiting", run.waiting_for.clone());
     pairs.add("trigger", run.trigger.as_str().to_owned());
     pairs.add_some("requested by", run.requested_by.clone());
     pairs.add("attempt", run.attempt.to_string());
@@ -1049,6 +1054,31 @@ pub(crate) fn approvals(list: &ApprovalList, now: DateTime<Utc>) -> String {
     table.render()
 }
 
+/// `limits list`: a line per key of each limit (one for a limit without keys).
+pub(crate) fn limits(list: &LimitList, now: DateTime<Utc>) -> String {
+    if list.limits.is_empty() {
+        return "no limits are configured (scheduling.limits)\n".to_owned();
+    }
+    let mut table = Table::new(&["LIMIT", "KEY", "HELD", "WAITING", "WAITING SINCE", "HOLDERS"]);
+    for limit in &list.limits {
+        let slots = limit.slots.map_or_else(|| "no longer configured".to_owned(), |n| n.to_string());
+        if limit.keys.is_empty() {
+            table.push(vec![limit.name.clone(), NONE.to_owned(), format!("0/{slots}"), "0".to_owned(), NONE.to_owned(), NONE.to_owned()]);
+        }
+        for key in &limit.keys {
+            table.push(vec![
+                limit.name.clone(),
+                if key.key.is_empty() { NONE.to_owned() } else { key.key.clone() },
+                format!("{}/{slots}", key.holders.len()),
+                key.waiting_count.to_string(),
+                time_short(key.waiting_since, now),
+                truncate(&key.holders.join(", "), MAX_CELL),
+            ]);
+        }
+    }
+    table.render()
+}
+
 /// `approvals approve` and `approvals reject`.
 pub(crate) fn decision(d: &Decision) -> String {
     let verb = if d.approved { "approved" } else { "rejected" };
@@ -1274,6 +1304,7 @@ mod tests {
             cost: None,
             trace_id: None,
             requested_by: None,
+            waiting_for: None,
         }
     }
 

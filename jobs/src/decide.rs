@@ -503,7 +503,10 @@ pub(crate) fn plan_ticks<'a>(
             }
         }
         let mut dispatched = Dispatch::No;
-        if run.status == RunStatus::Queued && !hold && run.due_at <= now {
+        // A run that takes a limit's slot is admitted by the hand-over, in line, which follows
+        // in the same pass.
+        let limited = run.snapshot.as_ref().is_some_and(|s| !s.limits.is_empty());
+        if run.status == RunStatus::Queued && !hold && !limited && run.due_at <= now {
             if handoff > 0 {
                 // Claimed here, in the tick's transaction: no second round trip before
                 // the run starts.

@@ -90,6 +90,12 @@ pub mod metric {
     pub const WORKER_FENCED_WRITES: &str = "lamplighter.worker.fenced_writes";
     /// Notification sends, by `event` and `outcome` (`delivered`, `retried`, `abandoned`).
     pub const NOTIFICATIONS: &str = "lamplighter.notifications";
+    /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
+    pub const LIMIT_HELD: &str = "lamplighter.limit.held";
+    /// Per limit, sampled: the runs waiting for a slot.
+    pub const LIMIT_WAITING: &str = "lamplighter.limit.waiting";
+    /// Per limit: how long runs waited for a slot before they got one, seconds.
+    pub const LIMIT_WAIT: &str = "lamplighter.limit.wait";
     /// Per job (`telemetry.metrics.per_job`), read from the database every few seconds: when
     /// its last run succeeded (Unix seconds).
     pub const JOB_LAST_SUCCESS: &str = "lamplighter.job.last_success.timestamp";
@@ -116,6 +122,30 @@ pub(crate) struct JobGauge {
 
 /// The per-job gauges' values, shared with their callbacks; `None` while they are switched off.
 type JobGauges = Arc<RwLock<Option<std::collections::BTreeMap<String, JobGauge>>>>;
+
+/// Each limit's slots held and runs waiting (all workers), as last sampled.
+type LimitGauges = Arc<RwLock<std::collections::BTreeMap<String, (u64, u64)>>>;
+
+/// Registers the per-limit gauges on `meter`, reading `values` at each collection.
+fn limit_gauges(meter: &Meter, values: &LimitGauges) {
+    type Pick = fn(&(u64, u64)) -> u64;
+    let gauges: [(&'static str, &'static str, Pick); 2] = [
+        (metric::LIMIT_HELD, "Slots of the limit held (all workers)", |g| g.0),
+        (metric::LIMIT_WAITING, "Runs waiting for a slot of the limit (all workers)", |g| g.1),
+    ];
+    for (name, desc, pick) in gauges {
+        let values = values.clone();
+        meter
+            .u64_observable_gauge(name)
+            .with_description(desc)
+            .with_callback(move |o| {
+                for (limit, g) in values.read().unwrap_or_else(|e| e.into_inner()).iter() {
+                    o.observe(pick(g), &[KeyValue::new("limit", limit.clone())]);
+                }
+            })
+            .build();
+    }
+}
 
 /// Registers the per-job gauges on `meter`, reading `values` at each collection.
 fn job_gauges(meter: &Meter, values: &JobGauges) {
@@ -181,6 +211,7 @@ struct Instruments {
     fences: Counter<u64>,
     fenced_writes: Counter<u64>,
     notifications: Counter<u64>,
+    limit_wait: Histogram<f64>,
 }
 
 /// Buckets for durations and lateness, in seconds: 1 ms to an hour.
@@ -233,6 +264,7 @@ impl Instruments {
             fences: c(metric::WORKER_FENCES, "Times the worker fenced itself, its lease not renewed in time"),
             fenced_writes: c(metric::WORKER_FENCED_WRITES, "Ends of runs the fence refused: the worker no longer held them"),
             notifications: c(metric::NOTIFICATIONS, "Notification sends, by event and outcome"),
+            limit_wait: s(metric::LIMIT_WAIT, "How long runs waited for a limit's slot"),
         }
     }
 }
@@ -564,6 +596,7 @@ pub struct Observer {
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
     jobs: JobGauges,
+    limits: LimitGauges,
 }
 
 /// How many internal events a subscriber may fall behind before it misses some.
@@ -638,6 +671,8 @@ impl Observer {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         let jobs = JobGauges::default();
         job_gauges(meter, &jobs);
+        let limits = LimitGauges::default();
+        limit_gauges(meter, &limits);
         Arc::new(Self {
             m: Instruments::new(meter, queue_depth.clone()),
             tracer,
@@ -646,6 +681,7 @@ impl Observer {
             sensitive: AtomicBool::new(false),
             queue_depth,
             jobs,
+            limits,
             internal: tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0,
         })
     }
@@ -858,6 +894,17 @@ impl Observer {
         if jobs.is_some() {
             *jobs = Some(values);
         }
+    }
+
+    /// Each limit's slots held and runs waiting, as sampled (every limit in force: 0 when
+    /// none).
+    pub(crate) fn set_limit_gauges(&self, values: std::collections::BTreeMap<String, (u64, u64)>) {
+        *self.limits.write().unwrap_or_else(|e| e.into_inner()) = values;
+    }
+
+    /// A run that waited for a slot of `limit` got one after `waited`.
+    pub(crate) fn limit_waited(&self, limit: &str, waited: std::time::Duration) {
+        self.m.limit_wait.record(waited.as_secs_f64(), &[KeyValue::new("limit", limit.to_string())]);
     }
 
     /// A notification send ended: `outcome` is `delivered`, `retried` or `abandoned`.

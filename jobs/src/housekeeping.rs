@@ -172,6 +172,21 @@ impl GaugeSampler {
                 Ok(n) => self.observer.set_queue_depth(n),
                 Err(e) => tracing::debug!(error = %e, "cannot count queued runs"),
             }
+            let sizes = self.config.get().limits.clone();
+            if !sizes.is_empty() {
+                match self.listings.pools().await {
+                    Ok(pools) => {
+                        let mut values: BTreeMap<String, (u64, u64)> = sizes.keys().map(|k| (k.clone(), (0, 0))).collect();
+                        for p in pools {
+                            let v = values.entry(p.pool.name).or_default();
+                            v.0 += p.holders.len() as u64;
+                            v.1 += p.waiting.len() as u64;
+                        }
+                        self.observer.set_limit_gauges(values);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read the limits' slots"),
+                }
+            }
             if self.observer.per_job() {
                 match self.notices.job_health().await {
                     Ok(health) => self.observer.set_job_gauges(job_gauges(&self.config.get(), health, self.clock.now())),

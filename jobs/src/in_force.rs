@@ -45,6 +45,8 @@ pub(crate) struct JobsConfig {
     pub(crate) health: Arc<Health>,
     /// `scheduling.notify`: the rules of jobs that set none.
     pub(crate) notify: Arc<Vec<NotifyRule>>,
+    /// `scheduling.limits`: each limit's slots, by name.
+    pub(crate) limits: Arc<crate::limits::Sizes>,
     /// The jobs that run `after` each job (enabled and able to run here), by upstream name.
     downstream: Arc<HashMap<String, Vec<String>>>,
     /// Whether any rule is about waits for a decision: known once the jobs are put together,
@@ -94,6 +96,7 @@ impl JobsConfig {
             listing: Arc::new(Listing::of(config, registry)),
             default_timezone: config.default_timezone.clone(),
             notify: Arc::new(config.notify.clone()),
+            limits: Arc::new(config.limits.clone()),
             notifies_waits: about_waits(&config.notify, &config.jobs),
             downstream: Arc::new(downstream),
         }

@@ -89,6 +89,7 @@ impl NewRun {
             cost: None,
             trace_id: None,
             requested_by: self.requested_by.clone(),
+            limit_wait: None,
         }
     }
 

@@ -42,6 +42,10 @@ impl LeaseKeeper {
         for r in &orphans {
             tracing::warn!(run = %r.id, job = %r.owner, status = r.status.as_str(), "run was left running by a worker that stopped or lost its lease");
         }
+        if !orphans.is_empty() {
+            // Their limits' slots are free now: runs waiting for them may start.
+            self.signals.publish(Signal::Wake);
+        }
         for r in self.leases.interrupted_without_follow_up().await? {
             // Picked up at once, if the policy gives it another attempt at all.
             let due = crate::decide::next_attempt(r.attempt, self.config.get().retries_for(&r.owner).as_ref(), now).map(|_| now);

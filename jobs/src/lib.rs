@@ -16,6 +16,7 @@ mod housekeeping;
 mod in_force;
 mod intake;
 mod lease;
+mod limits;
 mod listing;
 mod live;
 mod manage;

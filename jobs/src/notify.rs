@@ -195,6 +195,7 @@ mod tests {
             cost: None,
             trace_id: None,
             requested_by: None,
+            limit_wait: None,
         }
     }
 

@@ -43,6 +43,8 @@ pub struct Run {
     pub trace_id: Option<String>,
     /// Who started it by hand: the token's name, or the MCP client's (none for scheduled runs).
     pub requested_by: Option<String>,
+    /// The limit a queued run waits for a slot of.
+    pub limit_wait: Option<crate::limits::LimitWait>,
 }
 
 impl Run {
@@ -94,7 +96,14 @@ impl Run {
             cost: self.cost,
             trace_id: self.trace_id.clone(),
             requested_by: self.requested_by.clone(),
+            waiting_for: self.waiting_for(),
         }
+    }
+
+    /// What a queued run waits for, as a listing says it (`get_run` names the holders too).
+    pub fn waiting_for(&self) -> Option<String> {
+        let wait = self.limit_wait.as_ref().filter(|_| self.status == RunStatus::Queued)?;
+        Some(format!("waiting for {}", wait.pool.describe()))
     }
 }
 
@@ -326,6 +335,7 @@ mod tests {
             cost: None,
             trace_id: None,
             requested_by: None,
+            limit_wait: None,
         };
         let wire = |f| run(f).to_wire();
         assert_eq!(wire(FollowUp::Undecided).next_run_id, None);

@@ -21,7 +21,7 @@ use crate::retention::PruneQueue;
 use crate::run::{Owner, RunStatus, Trigger};
 use crate::schedule::{TickPolicy, due_ticks};
 use crate::signals::{Receiver, Signal, Signals};
-use crate::store::{Claim, DUE_BATCH, Handover, JobStates, NewRun, Ticks};
+use crate::store::{Claim, DUE_BATCH, Due, Handover, JobStates, LimitPass, NewRun, Ticks};
 
 struct Entry {
     schedule: Arc<Schedule>,
@@ -107,6 +107,9 @@ pub(crate) struct Scheduler {
     holding: AtomicBool,
     /// One hand-over at a time, so that `holding` is the latest one's.
     handing_over: tokio::sync::Mutex<()>,
+    /// Runs may be waiting for a limit's slot: the next hand-over looks for them. True at
+    /// start (runs may have waited while the worker was down).
+    limit_waiters: AtomicBool,
 }
 
 impl Scheduler {
@@ -119,6 +122,7 @@ impl Scheduler {
             held: watch::Sender::new(None),
             holding: AtomicBool::new(false),
             handing_over: tokio::sync::Mutex::new(()),
+            limit_waiters: AtomicBool::new(true),
         })
     }
 
@@ -148,6 +152,10 @@ impl Scheduler {
         self.passes.send_replace(now);
     }
 }
+
+/// How often a scheduler looks for runs waiting for a limit's slot while some wait, besides the
+/// signals that free slots (a lost cross-worker signal delays a start by this much at most).
+const LIMIT_WAITERS_CHECKED_EVERY: chrono::Duration = chrono::Duration::seconds(2);
 
 pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: CancellationToken) {
     let mut plan = Plan::default();
@@ -188,7 +196,10 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         // A tick's pass begins its lead before the instant: background writes keep clear of
         // that (`Engine::clear_of_ticks`), not of the instant only.
         let tick_wake = next_instant.map(|(t, n)| lead.of(t, n).map_or(t, |l| t - l));
-        let wake_at = [tick_wake, next_due].into_iter().flatten().min();
+        // While runs wait for a limit's slot, a pass at least every few seconds: a slot freed
+        // on another worker whose signal was lost is found all the same.
+        let waiters_check = s.limit_waiters.load(Ordering::SeqCst).then(|| now + LIMIT_WAITERS_CHECKED_EVERY);
+        let wake_at = [tick_wake, next_due, waiters_check].into_iter().flatten().min();
         s.pass_done(now, wake_at);
         if more || (overdue && !resumed) {
             continue;
@@ -200,7 +211,11 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         tokio::select! {
             () = sleep => {}
             woken = next_for_scheduler(&mut signals, &s.holding) => match woken {
-                Some(r) => replan |= r == Woken::Replan,
+                Some(r) => {
+                    replan |= r == Woken::Replan;
+                    // A wake or a run's end may have freed (or added) a slot anywhere.
+                    s.look_for_waiters();
+                }
                 None => break,
             },
             () = stop.cancelled() => break,
@@ -627,43 +642,69 @@ impl Scheduler {
             }
         };
         let more = due.len() >= DUE_BATCH;
-        let jobs = self.env.config.jobs();
+        let config = self.env.config.get();
         let mut one_at_a_time: Vec<String> = Vec::new();
         let mut held_back = false;
         let mut ready: Vec<String> = Vec::with_capacity(due.len());
-        for (id, job, trigger) in due {
+        let mut limited: Vec<Due> = Vec::new();
+        for d in due {
             // A backfill's runs go one at a time, in tick order, whatever the job's overlap.
-            let queue_policy = trigger == Trigger::Backfill || jobs.get(&job).is_some_and(|j| j.overlap == Overlap::Queue);
+            let queue_policy = d.trigger == Trigger::Backfill || config.jobs.get(&d.job).is_some_and(|j| j.overlap == Overlap::Queue);
             if queue_policy {
-                if one_at_a_time.contains(&job) || self.env.handover.has_dispatched_active(&job).await.unwrap_or(false) {
-                    one_at_a_time.push(job);
+                if one_at_a_time.contains(&d.job) || self.env.handover.has_dispatched_active(&d.job).await.unwrap_or(false) {
+                    one_at_a_time.push(d.job);
                     held_back = true;
                     continue;
                 }
-                one_at_a_time.push(job);
+                one_at_a_time.push(d.job.clone());
             }
-            ready.push(id);
+            if d.pools.is_empty() { ready.push(d.id) } else { limited.push(d) }
         }
-        let holding = held_back || more;
+        // Runs that wait for a slot are looked for on every pass that may free one: while some
+        // wait, and after anything that wakes a pass.
+        let waiters = self.limit_waiters.swap(false, Ordering::SeqCst);
+        let mut tickets = Vec::new();
+        let mut queued = Vec::new();
+        if !ready.is_empty() || !limited.is_empty() || waiters {
+            tickets = self.env.executor.tickets(ready.len() + limited.len() + usize::from(waiters));
+            queued = ready.split_off(tickets.len().min(ready.len()));
+        }
+        let mut waiting = 0;
+        if !ready.is_empty() || !queued.is_empty() || !limited.is_empty() || waiters {
+            let pass = LimitPass { due: &limited, sizes: &config.limits, waiters, spare: tickets.len() - ready.len() };
+            match self.env.handover.hand_over(&ready, &queued, pass, &self.env.worker, now).await {
+                Ok(done) => {
+                    waiting = done.waiting;
+                    for (limit, waited) in &done.waited {
+                        self.env.observer.limit_waited(limit, *waited);
+                    }
+                    self.env.executor.launch(done.claimed, tickets);
+                    if done.pushed > 0 {
+                        self.env.signals.publish(Signal::TasksPushed);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(runs = ready.len() + queued.len() + limited.len(), error = %e, "cannot hand runs over");
+                    // Look again next pass.
+                    waiting = usize::from(!limited.is_empty() || waiters);
+                }
+            }
+        }
+        if waiting > 0 {
+            self.limit_waiters.store(true, Ordering::SeqCst);
+        }
+        let holding = held_back || more || waiting > 0;
         let was_holding = self.holding.swap(holding, Ordering::SeqCst);
         if holding && !was_holding {
             self.env.signals.publish(Signal::Wake);
         }
-        if ready.is_empty() {
-            return more;
-        }
-        let tickets = self.env.executor.tickets(ready.len());
-        let queued = ready.split_off(tickets.len());
-        match self.env.handover.dispatch(&ready, &queued, &self.env.worker, now).await {
-            Ok(claimed) => {
-                self.env.executor.launch(claimed, tickets);
-                if !queued.is_empty() {
-                    self.env.signals.publish(Signal::TasksPushed);
-                }
-            }
-            Err(e) => tracing::error!(runs = ready.len() + queued.len(), error = %e, "cannot hand runs over"),
-        }
         more
+    }
+
+    /// Runs may wait for a slot: the next pass looks (a signal from another worker, a
+    /// takeover that freed slots).
+    pub(crate) fn look_for_waiters(&self) {
+        self.limit_waiters.store(true, Ordering::SeqCst);
     }
 }
 

@@ -515,11 +515,61 @@ impl JobService {
         let limit = filter.limit.unwrap_or(50).clamp(1, 1000);
         let runs = self.listings.list_runs(&RunFilter { limit: Some(limit), ..filter }).await?;
         let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| r.id.clone())).flatten();
-        Ok(RunPage { runs: runs.iter().map(Run::to_wire).collect(), next_cursor })
+        Ok(RunPage { runs: self.wire_runs(&runs).await, next_cursor })
     }
 
     pub async fn get_run(&self, id: &str) -> Result<wire::Run, ServiceError> {
-        Ok(self.load_run(id).await?.to_wire())
+        let run = self.load_run(id).await?;
+        Ok(self.wire_runs(std::slice::from_ref(&run)).await.remove(0))
+    }
+
+    /// Runs as the contract shows them; a run waiting for a limit's slot says who holds the
+    /// slots (read once for the lot).
+    async fn wire_runs(&self, runs: &[Run]) -> Vec<wire::Run> {
+        let mut out: Vec<wire::Run> = runs.iter().map(Run::to_wire).collect();
+        if out.iter().all(|r| r.waiting_for.is_none()) {
+            return out;
+        }
+        let pools = match self.listings.pools().await {
+            Ok(p) => p,
+            // The wait is still shown, without its holders.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the limits' slots");
+                return out;
+            }
+        };
+        let sizes = self.config.get().limits.clone();
+        for (run, wire) in runs.iter().zip(&mut out) {
+            let Some(wait) = run.limit_wait.as_ref().filter(|_| wire.waiting_for.is_some()) else { continue };
+            let holders = pools.iter().find(|p| p.pool == wait.pool).map(|p| p.holders.as_slice()).unwrap_or_default();
+            wire.waiting_for = Some(crate::limits::waiting_text(&wait.pool, sizes.get(&wait.pool.name).copied(), holders));
+        }
+        out
+    }
+
+    /// Each limit: its slots, who holds them and who waits, per key.
+    pub async fn list_limits(&self) -> Result<Vec<wire::LimitView>, ServiceError> {
+        const SHOWN: usize = 100;
+        let sizes = self.config.get().limits.clone();
+        let mut views: std::collections::BTreeMap<String, wire::LimitView> = sizes
+            .iter()
+            .map(|(name, n)| (name.clone(), wire::LimitView { name: name.clone(), slots: Some(*n), held: 0, waiting: 0, keys: Vec::new() }))
+            .collect();
+        for p in self.listings.pools().await? {
+            let name = p.pool.name.clone();
+            let view =
+                views.entry(name.clone()).or_insert_with(|| wire::LimitView { name, slots: None, held: 0, waiting: 0, keys: Vec::new() });
+            view.held += p.holders.len();
+            view.waiting += p.waiting.len();
+            view.keys.push(wire::LimitKeyView {
+                key: p.pool.key,
+                waiting_count: p.waiting.len(),
+                holders: p.holders.into_iter().take(SHOWN).collect(),
+                waiting: p.waiting.into_iter().take(SHOWN).collect(),
+                waiting_since: p.oldest_wait,
+            });
+        }
+        Ok(views.into_values().collect())
     }
 
     async fn load_run(&self, id: &str) -> Result<Run, ServiceError> {
@@ -544,7 +594,8 @@ impl JobService {
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
         let notifications = self.notices.notifications(&run.root_id).await?;
         let log = self.records.output(&run.id).await?;
-        Ok(RunDetail { run: run.to_wire(), workflow, steps, agent_waits, calls, usage, notifications, log })
+        let wire = self.wire_runs(std::slice::from_ref(&run)).await.remove(0);
+        Ok(RunDetail { run: wire, workflow, steps, agent_waits, calls, usage, notifications, log })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).

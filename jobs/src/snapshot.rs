@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use lamplighter_config::{Budget, JobConfig, Target, Workflow};
+use lamplighter_config::{Budget, JobConfig, LimitUse, Target, Workflow};
 
 /// What a job ran, as it was when the run was created: stored with the run, so a reload
 /// between creation and execution (or between two attempts) never mixes two configs in one
@@ -25,6 +25,9 @@ pub struct JobSnapshot {
     /// The job's `budget` (over the agents' own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// The job's `limits`: its runs (every attempt) hold a slot of each while they run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitUse>,
 }
 
 /// A job's target, by name; a workflow with its definition, so that every attempt of a run
@@ -71,13 +74,14 @@ impl JobSnapshot {
             working_directory: job.working_directory.clone(),
             allowed_commands: job.allowed_commands.to_vec(),
             budget: job.budget.as_deref().copied(),
+            limits: job.limits().to_vec(),
         }
     }
 
     /// What a run without a job executes (a workflow run by hand, a run a notification starts):
     /// its target with a job's defaults.
     pub fn of_target(target: TargetRef) -> Self {
-        Self { target, timeout_ms: None, working_directory: None, allowed_commands: Vec::new(), budget: None }
+        Self { target, timeout_ms: None, working_directory: None, allowed_commands: Vec::new(), budget: None, limits: Vec::new() }
     }
 
     pub fn timeout(&self) -> Option<std::time::Duration> {

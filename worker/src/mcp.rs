@@ -40,7 +40,9 @@ use lamplighter_contract::args::{
     PreviewScheduleArgs, ResumeArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
     SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, Which, seed_job_name, wait_timeout,
 };
-use lamplighter_contract::{AgentList, ApprovalList, JobList, JobsChanged, PluginList, Run, TriggerAnswer, TriggerOutcome, WorkflowList};
+use lamplighter_contract::{
+    AgentList, ApprovalList, JobList, JobsChanged, LimitList, PluginList, Run, TriggerAnswer, TriggerOutcome, WorkflowList,
+};
 use lamplighter_jobs::events::Observer;
 use lamplighter_jobs::{
     Backfill, Decision, DecisionRequest, JobDeleted, JobDetail, JobPage, JobRequest, JobSaved, JobService, JobSummary, RunDetail,
@@ -105,7 +107,7 @@ pub(crate) fn caller_of(extensions: &rmcp::model::Extensions) -> Caller {
 }
 
 /// `tools/list` order: the SPEC §8 tools, then the seed worker's names.
-const TOOL_ORDER: [&str; 31] = args::TOOLS;
+const TOOL_ORDER: [&str; 32] = args::TOOLS;
 
 const INSTRUCTIONS: &str = "Lamplighter is a scheduler worker. List, inspect, pause, resume and trigger jobs; follow, list and \
      cancel runs; run workflows, agents, pipelines and group chats, and approve or reject what waits for a person; list \
@@ -447,6 +449,12 @@ impl Control {
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_approvals(&self, _: Parameters<NoArgs>) -> Result<Json<ApprovalList>, Failure> {
         Ok(Json(ApprovalList { approvals: self.service.list_approvals().await? }))
+    }
+
+    /// The limits jobs share (`scheduling.limits`): for each, its slots per key, the runs holding them (running, or handed to the queue and about to start) and the runs waiting, first in line first, with since when the longest has waited.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_limits(&self, _: Parameters<NoArgs>) -> Result<Json<LimitList>, Failure> {
+        Ok(Json(LimitList { limits: self.service.list_limits().await? }))
     }
 
     /// Approves a workflow step that waits for a person, with an optional comment; the run continues. Deciding a step twice, or a run that is not waiting, is an error that says who decided.

@@ -7,17 +7,20 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
-use super::{After, AfterOn, Backoff, CatchUp, Compiler, JobConfig, JsonText, Overlap, Retention, RetryPolicy, Target, Together, duration};
+use super::{
+    After, AfterOn, Backoff, CatchUp, Compiler, JobConfig, JsonText, LimitUse, Overlap, Retention, RetryPolicy, Target, Together, duration,
+};
 use crate::ai::Budget;
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
 
-/// The workflows and agents a job may run, by name.
+/// The workflows and agents a job may run, and the limits it may take, by name.
 pub(super) struct Runnable<'n> {
     pub(super) workflows: BTreeSet<&'n str>,
     pub(super) agents: BTreeSet<&'n str>,
+    pub(super) limits: BTreeSet<&'n str>,
 }
 
 impl<'n> Runnable<'n> {
@@ -26,7 +29,17 @@ impl<'n> Runnable<'n> {
         W: AsRef<str> + ?Sized + 'n,
         A: AsRef<str> + ?Sized + 'n,
     {
-        Self { workflows: workflows.into_iter().map(AsRef::as_ref).collect(), agents: agents.into_iter().map(AsRef::as_ref).collect() }
+        Self {
+            workflows: workflows.into_iter().map(AsRef::as_ref).collect(),
+            agents: agents.into_iter().map(AsRef::as_ref).collect(),
+            limits: BTreeSet::new(),
+        }
+    }
+
+    /// With the names of `scheduling.limits`.
+    pub(super) fn with_limits(mut self, limits: impl IntoIterator<Item = &'n String>) -> Self {
+        self.limits = limits.into_iter().map(String::as_str).collect();
+        self
     }
 }
 
@@ -46,6 +59,24 @@ pub fn reserved_prefix(name: &str) -> Option<(&'static str, &'static str)> {
 }
 
 impl Compiler<'_> {
+    /// `scheduling.limits`: each a plain name (as a tag is) with at least one slot.
+    pub(super) fn limits(&mut self, raw: Option<&std::collections::BTreeMap<String, u32>>) -> std::collections::BTreeMap<String, u32> {
+        let mut out = std::collections::BTreeMap::new();
+        for (name, &n) in raw.into_iter().flatten() {
+            if let Err(e) = check_tag(name) {
+                self.err(&["scheduling", "limits", name], format!("limit name {e}"));
+            } else if n == 0 {
+                self.err(
+                    &["scheduling", "limits", name],
+                    format!("limit \"{name}\" has 0 slots, so no run that takes it could ever start; give it 1 or more, or pause its jobs"),
+                );
+            } else {
+                out.insert(name.clone(), n);
+            }
+        }
+        out
+    }
+
     pub(super) fn job(
         &mut self,
         name: &str,
@@ -308,7 +339,17 @@ impl Compiler<'_> {
                 }
             },
         };
-        let together = (!tags.is_empty() || after.is_some()).then(|| Box::new(Together { tags, after }));
+        let limits = match &j.limits {
+            None => Vec::new(),
+            Some(value) => match read_limits(name, value, &runnable.limits) {
+                Ok(limits) => limits,
+                Err(e) => {
+                    self.err(&p("limits"), format!("job \"{name}\": limits {e}"));
+                    return None;
+                }
+            },
+        };
+        let together = (!tags.is_empty() || after.is_some() || !limits.is_empty()).then(|| Box::new(Together { tags, after, limits }));
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),
@@ -439,6 +480,69 @@ fn read_after(name: &str, value: &serde_json::Value) -> Result<After, String> {
         }
         other => Err(format!("{other} must be a list of job names ([extract]) or {{jobs: [a, b], on: success, within: 12h}}")),
     }
+}
+
+/// `limits:` as written: names of `scheduling.limits` (`known`), or `{name, key}` with a key
+/// template over the run's input; each error names what to write.
+fn read_limits(job: &str, value: &serde_json::Value, known: &BTreeSet<&str>) -> Result<Vec<LimitUse>, String> {
+    use serde_json::Value;
+    let list = value.as_array().ok_or("must be a list of limit names, e.g. [warehouse] or [{name: tenant, key: \"${input.tenant}\"}]")?;
+    let mut out: Vec<LimitUse> = Vec::new();
+    for item in list {
+        let (name, key) = match item {
+            Value::String(name) => (name.clone(), None),
+            Value::Object(map) => {
+                if let Some(k) = map.keys().find(|k| !matches!(k.as_str(), "name" | "key")) {
+                    return Err(format!(
+                        "has an unknown key \"{k}\"{}; an entry takes name and key",
+                        crate::diag::did_you_mean(k, ["name", "key"])
+                    ));
+                }
+                let name = map
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| format!("entry {item} needs `name`: a limit of scheduling.limits"))?;
+                let key = match map.get("key") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(k)) => Some(check_limit_key(k)?),
+                    Some(other) => return Err(format!("key {other} must be a template over the input, e.g. \"${{input.tenant}}\"")),
+                };
+                (name.to_owned(), key)
+            }
+            other => return Err(format!("entry {other} must be a limit's name or {{name, key}}")),
+        };
+        if !known.contains(name.as_str()) {
+            let close = did_you_mean(&name, known.iter().copied());
+            return Err(format!(
+                "names limit \"{name}\", which scheduling.limits does not define{close} (defined limits: {})",
+                quoted_list(known.iter().copied())
+            ));
+        }
+        if out.iter().any(|l| l.name == name) {
+            return Err(format!("names limit \"{name}\" twice; job \"{job}\" holds one slot of each limit"));
+        }
+        out.push(LimitUse { name, key });
+    }
+    Ok(out)
+}
+
+/// A limit's key is a template over the run's input only (`${input}`, `${input.a.b}`): a run's
+/// key is known when it is queued, before anything runs.
+fn check_limit_key(key: &str) -> Result<String, String> {
+    let template = crate::Template::parse(key);
+    if template.vars().next().is_none() {
+        return Err(format!(
+            "key \"{key}\" names nothing of the input, so every run has the same key; write e.g. \"${{input.tenant}}\", or leave the key out"
+        ));
+    }
+    let other = template.parts().iter().find_map(|p| match p {
+        crate::Part::Ref { var, text } if !matches!(var, crate::Var::Input(_)) => Some(text),
+        _ => None,
+    });
+    if let Some(other) = other {
+        return Err(format!("key \"{key}\" uses {other}; a limit's key may only use the run's input (${{input}}, ${{input.tenant}})"));
+    }
+    Ok(key.to_owned())
 }
 
 /// A tag is a plain name: letters, digits, `-`, `_`, `.` and `/`, 1–64 characters.

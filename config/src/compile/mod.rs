@@ -27,7 +27,7 @@ use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
 pub use jobs::{RESERVED_JOB_PREFIXES, after_mistakes, after_problems, check_tag, reserved_prefix};
-pub use types::{After, AfterOn};
+pub use types::{After, AfterOn, LimitUse};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
     ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, Together,
@@ -121,7 +121,9 @@ fn compile_borrowed(
     let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
     let workflows = c.workflows();
     let pipelines = c.pipelines();
-    let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()));
+    let limits = c.limits(sched.limits.as_ref());
+    let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()))
+        .with_limits(limits.keys());
     let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());
     let mut compile_one = |name: String, mut job: raw::Job| {
         if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
@@ -160,6 +162,7 @@ fn compile_borrowed(
         storage,
         jobs: std::sync::Arc::new(jobs),
         notify,
+        limits,
         default_model: ai.default_model,
         providers,
         agents,
@@ -218,7 +221,7 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true, schedules: Default::default() };
     let default_tz = schedule::parse_tz(&scope.default_timezone);
     let cwd = scope.base_dir.as_path();
-    let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter());
+    let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter()).with_limits(scope.limits.iter());
     let compiled = c.job(name, &mut job, &runnable, (&scope.default_timezone, &default_tz), cwd);
     let (compile_errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
         c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
@@ -276,6 +279,8 @@ pub struct JobScope {
     pub default_timezone: String,
     pub workflows: std::collections::BTreeSet<String>,
     pub agents: std::collections::BTreeSet<String>,
+    /// The names of `scheduling.limits`.
+    pub limits: std::collections::BTreeSet<String>,
 }
 
 impl JobScope {
@@ -286,6 +291,7 @@ impl JobScope {
             default_timezone: config.default_timezone.clone(),
             workflows: config.workflows.keys().cloned().collect(),
             agents: config.agents.keys().cloned().collect(),
+            limits: config.limits.keys().cloned().collect(),
         }
     }
 }
@@ -328,7 +334,7 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
             .and_then(|t| t.as_array())
             .map(|t| t.iter().filter_map(|v| v.as_str()).filter(|t| jobs::check_tag(t).is_ok()).map(str::to_owned).collect::<Vec<_>>())
             .filter(|t| !t.is_empty())
-            .map(|tags| Box::new(Together { tags, after: None })),
+            .map(|tags| Box::new(Together { tags, after: None, limits: Vec::new() })),
     }
 }
 

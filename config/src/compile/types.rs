@@ -177,6 +177,11 @@ impl JobConfig {
     pub fn after(&self) -> Option<&After> {
         self.together.as_ref().and_then(|t| t.after.as_ref())
     }
+
+    /// The limits its runs hold a slot of, each once, in the order written.
+    pub fn limits(&self) -> &[LimitUse] {
+        self.together.as_ref().map_or(&[], |t| &t.limits)
+    }
 }
 
 /// How a job works with others: its tags, and the jobs it runs after.
@@ -184,6 +189,16 @@ impl JobConfig {
 pub struct Together {
     pub tags: Vec<String>,
     pub after: Option<After>,
+    pub limits: Vec<LimitUse>,
+}
+
+/// One entry of a job's `limits:`: a slot of `scheduling.limits.<name>`, per distinct `key`
+/// (a template over the run's input; `None`: one pool for every run).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LimitUse {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// `after:` — a run once every job named has a new qualifying outcome (one run per set).
@@ -481,6 +496,8 @@ pub struct Config {
     pub jobs: Arc<BTreeMap<String, JobConfig>>,
     /// `scheduling.notify`: the rules of every job that sets none.
     pub notify: Vec<crate::NotifyRule>,
+    /// `scheduling.limits`: each limit's slots, by name.
+    pub limits: BTreeMap<String, u32>,
     /// `ai.default_model`: the alias of agents that name none.
     pub default_model: Option<String>,
     pub providers: BTreeMap<String, Provider>,

@@ -615,7 +615,7 @@ pub struct Checked {
 }
 
 /// Every tool the worker serves, in the order `tools/list` gives them.
-pub const TOOLS: [&str; 31] = [
+pub const TOOLS: [&str; 32] = [
     "worker_status",
     "list_jobs",
     "get_job",
@@ -631,6 +631,7 @@ pub const TOOLS: [&str; 31] = [
     "get_run",
     "cancel_run",
     "list_approvals",
+    "list_limits",
     "approve_step",
     "reject_step",
     "run_workflow",
@@ -659,6 +660,7 @@ pub fn check(tool: &str, arguments: Map<String, Value>) -> Result<Checked, ArgEr
     match tool {
         "worker_status"
         | "list_approvals"
+        | "list_limits"
         | "list_workflows"
         | "list_agents"
         | "list_plugins"

@@ -23,8 +23,9 @@ pub use run::{
     AgentUsage, CallKind, CallRecord, Notification, NotificationStatus, OutputLine, Run, RunStatus, StepRecord, StepStatus, Trigger,
 };
 pub use tools::{
-    ActionView, AgentInfo, AgentList, ApprovalList, JobList, JobsChanged, PluginList, PluginView, ReloadSummary, StepOutline, TagChange,
-    TagTriggered, TaggedRefusal, TaggedRun, TriggerAnswer, TriggerOutcome, WorkflowInfo, WorkflowList,
+    ActionView, AgentInfo, AgentList, ApprovalList, JobList, JobsChanged, LimitKeyView, LimitList, LimitView, PluginList, PluginView,
+    ReloadSummary, StepOutline, TagChange, TagTriggered, TaggedRefusal, TaggedRun, TriggerAnswer, TriggerOutcome, WorkflowInfo,
+    WorkflowList,
 };
 pub use views::{
     AfterView, Approval, Backfill, BackfillTick, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage, JobSaved,

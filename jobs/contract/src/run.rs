@@ -144,6 +144,9 @@ pub struct Run {
     /// Who started it by hand: the token's name, or the MCP client's (none for scheduled runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Why a queued run has not started: `waiting for limit "warehouse": 2 of 2 held by …`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 impl Run {

@@ -1,6 +1,7 @@
 //! What the tools answer that the job service does not: a trigger's outcome, the catalog
 //! (workflows, agents, plugins) and a reload's summary, and the lists the tools wrap.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -101,6 +102,44 @@ pub struct TriggerOutcome {
 pub struct ApprovalList {
     /// Steps waiting for a decision, oldest run first.
     pub approvals: Vec<Approval>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LimitList {
+    /// Every limit of `scheduling.limits`, by name, and any a waiting or running run still
+    /// takes after a reload removed it.
+    pub limits: Vec<LimitView>,
+}
+
+/// One limit: its slots, who holds them and who waits, per key of a keyed limit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LimitView {
+    pub name: String,
+    /// Slots per key; none: no longer configured (its runs are no longer held back).
+    pub slots: Option<u32>,
+    /// Slots held, over every key.
+    pub held: usize,
+    /// Runs waiting, over every key.
+    pub waiting: usize,
+    /// Each key with holders or waiters (one, with key `""`, for a limit without keys).
+    pub keys: Vec<LimitKeyView>,
+}
+
+/// One key of a limit (its N slots count apart).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LimitKeyView {
+    pub key: String,
+    /// Runs holding a slot: running, or handed to the queue and about to start (the first 100).
+    pub holders: Vec<String>,
+    /// Runs waiting for a slot, first in line first (the first 100).
+    pub waiting: Vec<String>,
+    /// How many wait in all.
+    pub waiting_count: usize,
+    /// Since when the longest of them has waited.
+    pub waiting_since: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -31,6 +31,7 @@ fn snapshot(action: &str) -> JobSnapshot {
         working_directory: None,
         allowed_commands: vec!["ls".into()],
         budget: Some(lamplighter_config::Budget { max_tool_calls: Some(3), ..Default::default() }),
+        limits: Vec::new(),
     }
 }
 
@@ -210,7 +211,7 @@ async fn due_runs_are_handed_over_once(s: &dyn RunStore) {
     let later = s.insert_run(manual("m", t + secs(30)), t).await.expect("insert").0;
     assert_eq!(s.next_due().await.expect("next due"), Some(t));
     let now = t + secs(1);
-    let due: Vec<String> = s.due_undispatched(now).await.expect("due").into_iter().map(|(id, _, _)| id).collect();
+    let due: Vec<String> = s.due_undispatched(now).await.expect("due").into_iter().map(|d| d.id).collect();
     assert_eq!(due, ids, "due ones only, oldest first");
     let claimed = s.dispatch(&due[..2], &due[2..], ME, now).await.expect("dispatch");
     assert_eq!(claimed.iter().map(|h| h.run.id.clone()).collect::<Vec<_>>(), due[..2].to_vec());
@@ -435,7 +436,7 @@ async fn recovery_interrupts_running_runs_and_hands_queued_ones_over_again(s: &d
     let b = WorkerId { name: "worker-b".into(), ..me() };
     assert!(s.heartbeat(&b, Duration::from_secs(60), true, later).await.expect("lease").is_some());
     let taken: Vec<String> = s.claim_queued(5, "worker-b", later).await.expect("claim").runs.into_iter().map(|h| h.run.id).collect();
-    let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|(id, _, _)| id).collect();
+    let due: Vec<String> = s.due_undispatched(later).await.expect("due").into_iter().map(|d| d.id).collect();
     assert_eq!([taken, due].concat(), vec![ids[1].clone()], "the queued run is handed over exactly once");
     let waiting: Vec<String> = s.interrupted_without_follow_up().await.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(waiting, vec![ids[0].clone()]);
@@ -1004,6 +1005,98 @@ async fn jobs_run_after_their_upstream_jobs_once(s: &dyn RunStore) {
     assert!(skipped.error.as_deref().is_some_and(|e| e.contains("job paused (audit)")), "{skipped:?}");
 }
 
+/// A manual run of `job` taking `limits` (name, key template), queued at `at`.
+fn limited(job: &str, limits: &[(&str, Option<&str>)], input: serde_json::Value, at: DateTime<Utc>) -> NewRun {
+    let limits = limits.iter().map(|(n, k)| lamplighter_config::LimitUse { name: (*n).into(), key: k.map(str::to_owned) }).collect();
+    NewRun { input: Some(input), snapshot: Some(JobSnapshot { limits, ..snapshot("a") }), ..manual(job, at) }
+}
+
+/// Limits: the runs that take a slot are admitted in line up to each limit (per key of a keyed
+/// one), the others wait (out of the due runs, shown waiting); a slot is freed by its run's
+/// end or by the takeover of its worker, never earlier; a removed limit holds nobody back.
+async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
+    use crate::limits::Pool;
+    use crate::store::LimitPass;
+    let t = t0();
+    let sizes: crate::limits::Sizes = [("warehouse".to_string(), 1), ("tenant".to_string(), 1)].into();
+    fn pass<'a>(due: &'a [crate::store::Due], sizes: &'a crate::limits::Sizes, waiters: bool) -> LimitPass<'a> {
+        LimitPass { due, sizes, waiters, spare: 5 }
+    }
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (id, _) =
+            s.insert_run(limited("etl", &[("warehouse", None)], serde_json::json!({}), t + secs(i)), t + secs(i)).await.expect("insert");
+        ids.push(id);
+    }
+    let free = s.insert_run(manual("free", t + secs(3)), t + secs(3)).await.expect("insert").0;
+    let due = s.due_undispatched(t + secs(3)).await.expect("due");
+    assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [ids[0].as_str(), &ids[1], &ids[2], &free]);
+    assert!(due[3].pools.is_empty() && due[0].pools == [Pool { name: "warehouse".into(), key: String::new() }]);
+    let done = s.hand_over(&[free.clone()], &[], pass(&due[..3], &sizes, false), ME, t + secs(3)).await.expect("hand over");
+    let mut claimed: Vec<&str> = done.claimed.iter().map(|h| h.run.id.as_str()).collect();
+    claimed.sort();
+    assert_eq!((claimed, done.waiting), (vec![ids[0].as_str(), free.as_str()], 2), "the first in line gets the one slot");
+    assert!(s.due_undispatched(t + secs(3)).await.expect("due").is_empty(), "waiting runs are not due");
+    let waiting = s.get_run(&ids[1]).await.expect("get").expect("run");
+    assert_eq!(waiting.status, RunStatus::Queued);
+    assert_eq!(waiting.limit_wait.map(|w| (w.pool.encode(), w.since)), Some(("warehouse".into(), Some(t + secs(3)))));
+    let pools = s.pools().await.expect("pools");
+    assert_eq!(pools.len(), 1);
+    assert_eq!((&pools[0].holders, &pools[0].waiting), (&vec![ids[0].clone()], &vec![ids[1].clone(), ids[2].clone()]));
+    // Nothing freed: nothing admitted, however often asked.
+    let done = s.hand_over(&[], &[], pass(&[], &sizes, true), ME, t + secs(4)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 0, 1), "the head of the line is read, and waits");
+    // Its end frees the slot: the next in line, and only it, gets it (through the queue once
+    // the caller's slots are used).
+    s.finish_many(&[end(&ids[0], RunStatus::Succeeded)], t + secs(10)).await.expect("end");
+    let done = s.hand_over(&[], &[], LimitPass { spare: 0, ..pass(&[], &sizes, true) }, ME, t + secs(12)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 1, 1));
+    assert_eq!(done.waited, vec![("warehouse".to_string(), Duration::from_secs(9))]);
+    let taken = s.claim_queued(5, ME, t + secs(12)).await.expect("claim").runs;
+    assert_eq!(taken.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [ids[1].as_str()]);
+    assert_eq!(s.get_run(&ids[1]).await.expect("get").expect("run").limit_wait, None, "no longer waiting");
+
+    // Keyed: one slot per tenant.
+    let tenant = |name: &str, at| limited("sync", &[("tenant", Some("${input.tenant}"))], serde_json::json!({"tenant": name}), at);
+    let mut keyed = Vec::new();
+    for (i, name) in ["acme", "acme", "bolt"].into_iter().enumerate() {
+        keyed.push(s.insert_run(tenant(name, t + secs(20 + i as i64)), t + secs(20)).await.expect("insert").0);
+    }
+    let due = s.due_undispatched(t + secs(30)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(30)).await.expect("hand over");
+    let mut claimed: Vec<String> = done.claimed.iter().map(|h| h.run.id.clone()).collect();
+    claimed.sort();
+    let mut expected = vec![keyed[0].clone(), keyed[2].clone()];
+    expected.sort();
+    assert_eq!(claimed, expected, "acme's first and bolt's");
+    let acme = s.get_run(&keyed[1]).await.expect("get").expect("run");
+    assert_eq!(acme.limit_wait.map(|w| w.pool), Some(Pool { name: "tenant".into(), key: "acme".into() }));
+
+    // The worker dies: its slots stay held until the takeover, then go to the waiters.
+    s.release(&me()).await.expect("release");
+    let done = s.hand_over(&[], &[], pass(&[], &sizes, true), "worker-b", t + secs(40)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 0, 2), "a dead worker's slots are held until its takeover");
+    let orphans = s.recover(Some("worker-b"), t + secs(41)).await.expect("recover");
+    assert_eq!(orphans.len(), 4, "free, warehouse's, acme's and bolt's: {orphans:?}");
+    let done = s.hand_over(&[], &[], LimitPass { spare: 0, ..pass(&[], &sizes, true) }, "worker-b", t + secs(42)).await.expect("hand over");
+    assert_eq!((done.pushed, done.waiting), (2, 0), "the takeover freed warehouse and acme's slot");
+
+    // A limit removed by a reload holds nobody back.
+    let (gone, _) =
+        s.insert_run(limited("etl", &[("warehouse", None)], serde_json::json!({}), t + secs(50)), t + secs(50)).await.expect("insert");
+    let (held, _) =
+        s.insert_run(limited("etl", &[("warehouse", None)], serde_json::json!({}), t + secs(51)), t + secs(51)).await.expect("insert");
+    let due = s.due_undispatched(t + secs(52)).await.expect("due");
+    assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [gone.as_str(), held.as_str()]);
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(52)).await.expect("hand over");
+    assert_eq!(done.waiting, 2, "warehouse's slot is held by the run handed to the queue at 42 s");
+    assert!(s.due_undispatched(t + secs(52)).await.expect("due").is_empty());
+    let none = crate::limits::Sizes::new();
+    let done =
+        s.hand_over(&[], &[], LimitPass { sizes: &none, spare: 0, ..pass(&[], &sizes, true) }, ME, t + secs(53)).await.expect("hand over");
+    assert_eq!((done.pushed, done.waiting), (2, 0));
+}
+
 fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
     None
 }
@@ -1202,6 +1295,7 @@ macro_rules! contract {
                 a_cancel_request_is_kept_with_its_running_run,
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 jobs_run_after_their_upstream_jobs_once,
+                limits_admit_in_line_and_free_slots_with_their_runs,
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,

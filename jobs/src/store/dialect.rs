@@ -446,6 +446,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// Decides the ticks of `jobs` (sorted) one transaction at a time across writers.
     fn lock_jobs(c: &mut Self::Conn, jobs: &[&str]) -> impl Fut<()>;
+
+    /// Admits runs to the slot pools `pools` (encoded, sorted) one transaction at a time
+    /// across writers ([`crate::store::Handover::dispatch`]).
+    fn lock_limits(c: &mut Self::Conn, pools: &[String]) -> impl Fut<()>;
 }
 
 /// The statements of runs that bind a batch or lock rows each backend's way: tick keys, ends, steps closed, claims.
@@ -518,7 +522,7 @@ pub(crate) trait UpkeepSql: Dialect {
 /// The columns of a run, for [`run_from_row`] (a first attempt stores no root: it is its own).
 macro_rules! run_cols {
     () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, requested_by, coalesce(root_id, id) AS root_id"
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, requested_by, limit_wait, limit_wait_since, coalesce(root_id, id) AS root_id"
     };
 }
 pub(crate) use run_cols;
@@ -560,6 +564,9 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
         cost: r.opt_real("cost"),
         trace_id: r.opt_text("trace_id"),
         requested_by: r.opt_text("requested_by"),
+        limit_wait: r
+            .opt_text("limit_wait")
+            .map(|w| crate::limits::LimitWait { pool: crate::limits::Pool::decode(&w), since: r.opt_int("limit_wait_since").map(from_ms) }),
     }
 }
 

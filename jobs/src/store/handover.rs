@@ -3,16 +3,68 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Locked, QueueSql, Record, RunSql, Stmt, sql};
+use std::collections::{HashMap, HashSet};
+
+use super::dialect::{Column, Locked, QueueSql, Record, RunSql, Stmt, sql};
 use super::scripts::*;
 use super::{ACTIVE, DUE_BATCH, Handed, StoreError, from_ms, ms};
+use crate::limits::{self, Pool, Sizes};
 use crate::run::Trigger;
+
+/// A queued run that is due and not handed over, as the hand-over reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Due {
+    pub(crate) id: String,
+    pub(crate) job: String,
+    pub(crate) trigger: Trigger,
+    /// The slot pools it takes (none: it is not held back by any limit).
+    pub(crate) pools: Vec<Pool>,
+    /// Its place in line: (due, enqueued) instants in ms.
+    place: (i64, i64),
+}
+
+fn due_from_row(r: &impl Record) -> Due {
+    Due {
+        id: r.text("id"),
+        job: r.text("job"),
+        trigger: r.str("trigger").parse().unwrap_or(Trigger::Api),
+        pools: limits::from_stored(r.opt_text("limits").as_deref()),
+        place: (r.int("due_at"), r.int("enqueued_at")),
+    }
+}
+
+/// The runs one hand-over admits to their limits, or finds waiting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LimitPass<'a> {
+    /// Due runs that take slots, first in line first.
+    pub(crate) due: &'a [Due],
+    /// `scheduling.limits` in force.
+    pub(crate) sizes: &'a Sizes,
+    /// Whether to look for runs already waiting (on every pass that may free or add a slot).
+    pub(crate) waiters: bool,
+    /// Of the caller's free slots, how many are left for admitted runs to be claimed into.
+    pub(crate) spare: usize,
+}
+
+/// What a hand-over did.
+#[derive(Debug, Default)]
+pub(crate) struct Dispatched {
+    /// The runs claimed into the caller's slots.
+    pub(crate) claimed: Vec<Handed>,
+    /// Runs given a queue task.
+    pub(crate) pushed: usize,
+    /// Runs it left waiting for a slot, of those it read (of a full pool's line, only its
+    /// head): none when nothing waits.
+    pub(crate) waiting: usize,
+    /// Runs that waited for a slot and got one: the limits they waited on, and how long.
+    pub(crate) waited: Vec<(String, std::time::Duration)>,
+}
 
 #[async_trait]
 pub(crate) trait Handover: Send + Sync + std::fmt::Debug {
     /// Queued runs that are due and not handed over yet (id, job), oldest first, at most
     /// [`DUE_BATCH`].
-    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String, Trigger)>, StoreError>;
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<Due>, StoreError>;
     /// The earliest due instant of a queued run not handed over, or of a waiting run's
     /// `wait_until`.
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
@@ -20,21 +72,33 @@ pub(crate) trait Handover: Send + Sync + std::fmt::Debug {
     async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError>;
     /// Hands due queued runs over in one transaction: `handed` are claimed for `worker` (the
     /// caller holds a slot for each) and returned, those another caller took meanwhile left
-    /// out; `queued` get a queue task.
-    async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError>;
+    /// out; `queued` get a queue task. The runs of `limits` (and those waiting, if asked) are
+    /// admitted to their limits first come first served under a lock per pool: those admitted
+    /// are claimed into the spare slots or queued, the others wait.
+    async fn hand_over(
+        &self,
+        handed: &[String],
+        queued: &[String],
+        limits: LimitPass<'_>,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Dispatched, StoreError>;
+    /// [`Handover::hand_over`] of runs that take no limit: the runs claimed.
+    #[cfg(test)]
+    async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
+        let none = LimitPass { due: &[], sizes: &Sizes::new(), waiters: false, spare: 0 };
+        Ok(self.hand_over(handed, queued, none, worker, now).await?.claimed)
+    }
+
     /// Waiting runs whose wait ended (`wait_until` passed) are queued again; returns them.
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
 }
 
 #[async_trait]
 impl<D: RunSql + QueueSql> Handover for D {
-    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<(String, String, Trigger)>, StoreError> {
+    async fn due_undispatched(&self, now: DateTime<Utc>) -> Result<Vec<Due>, StoreError> {
         let q = Stmt::new(due_undispatched_sql::<D>(), "reading due runs").bind(ms(now)).bind(DUE_BATCH as i64);
-        Ok(D::fetch_all(&mut *self.reader().await?, q)
-            .await?
-            .iter()
-            .map(|r| (r.text("id"), r.text("job"), r.str("trigger").parse().unwrap_or(Trigger::Api)))
-            .collect())
+        Ok(D::fetch_all(&mut *self.reader().await?, q).await?.iter().map(due_from_row).collect())
     }
 
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -58,18 +122,36 @@ impl<D: RunSql + QueueSql> Handover for D {
 
     /// Several schedulers may hand the same due runs over at once: rows another one holds are
     /// skipped (it is handing them over), the rest taken.
-    async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
+    async fn hand_over(
+        &self,
+        handed: &[String],
+        queued: &[String],
+        limits: LimitPass<'_>,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Dispatched, StoreError> {
         let mut tx = self.begin().await?;
+        let mut out = Dispatched::default();
+        let (mut handed, mut queued) = (handed.to_vec(), queued.to_vec());
+        if !limits.due.is_empty() || limits.waiters {
+            let admitted = admit::<D>(&mut tx, limits, now).await?;
+            let spare = limits.spare.min(admitted.ids.len());
+            handed.extend_from_slice(&admitted.ids[..spare]);
+            queued.extend_from_slice(&admitted.ids[spare..]);
+            out.waiting = admitted.waiting;
+            out.waited = admitted.waited;
+        }
         // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
         let epoch = if handed.is_empty() { None } else { live_epoch::<D>(&mut tx, worker).await? };
-        let claimed = match epoch {
-            Some(epoch) => claim::<D>(&mut tx, handed, worker, epoch, now, Locked::Skip).await?,
+        out.claimed = match epoch {
+            Some(epoch) => claim::<D>(&mut tx, &handed, worker, epoch, now, Locked::Skip).await?,
             None => Vec::new(),
         };
-        let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(&mut tx, queued, ms(now)).await? };
+        let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(&mut tx, &queued, ms(now)).await? };
         D::push(&mut tx, &to_push).await?;
         D::commit(tx).await?;
-        Ok(claimed)
+        out.pushed = to_push.len();
+        Ok(out)
     }
 
     async fn wake_waiting(&self, now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {
@@ -83,4 +165,152 @@ impl<D: RunSql + QueueSql> Handover for D {
         );
         Ok(D::fetch_all(&mut *self.writer().await?, q.bind(ms(now))).await?.iter().map(|r| r.text("id")).collect())
     }
+}
+
+/// Runs admitted to their limits, and what waits.
+struct Admitted {
+    /// First in line first.
+    ids: Vec<String>,
+    waiting: usize,
+    waited: Vec<(String, std::time::Duration)>,
+}
+
+/// Runs waiting for a pool read in one pass, at most: the pool's free slots and one more (the
+/// head of a full pool's line, which holds back the runs behind it in its other pools).
+const WAITERS_PER_POOL: usize = 1000;
+
+/// Admits the due runs of `pass` and those waiting to their pools, in the caller's
+/// transaction: each pool is locked (PostgreSQL: an advisory lock per pool, in order; SQLite:
+/// its one writer), its holders are counted in a statement of their own after the lock (a
+/// statement's snapshot is taken when it starts: one counting in the same statement as the lock
+/// could miss an admission committed while it waited), stale slots deleted, and the line
+/// decided by [`limits::admit`]. The admitted get a slot row each and leave the waiters; the
+/// others are marked waiting on the pool they wait on first.
+async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<Utc>) -> Result<Admitted, StoreError> {
+    let mut pools: Vec<Pool> = pass.due.iter().flat_map(|d| d.pools.iter().cloned()).collect();
+    let mut waits_on: Vec<Pool> = Vec::new();
+    if pass.waiters {
+        let q = Stmt::new(
+            sql!(D, "SELECT DISTINCT limit_wait FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL"),
+            "reading the limits runs wait for",
+        );
+        waits_on = D::fetch_all(tx, q).await?.iter().map(|r| Pool::decode(r.str("limit_wait"))).collect();
+        pools.extend(waits_on.iter().cloned());
+    }
+    pools.sort();
+    pools.dedup();
+    if pools.is_empty() {
+        return Ok(Admitted { ids: Vec::new(), waiting: 0, waited: Vec::new() });
+    }
+    let encoded: Vec<String> = pools.iter().map(Pool::encode).collect();
+    D::lock_limits(tx, &encoded).await?;
+    // Who holds a slot of each pool: stale rows (their run no longer running or handed over)
+    // are deleted.
+    let q = Stmt::new(
+        sql!(
+            D,
+            "SELECT l.name, l.key, l.run_id, r.status, r.dispatched_at FROM {rows $1 AS j(name text, key text)}
+             JOIN ll_run_limits l ON l.name = j.name AND l.key = j.key JOIN ll_runs r ON r.id = l.run_id"
+        ),
+        "counting the slots held",
+    )
+    .bind_rows(vec![
+        Column::Texts(pools.iter().map(|p| Some(p.name.as_str().into())).collect()),
+        Column::Texts(pools.iter().map(|p| Some(p.key.as_str().into())).collect()),
+    ]);
+    let mut held: HashMap<Pool, usize> = HashMap::new();
+    let mut holders: HashSet<String> = HashSet::new();
+    let mut stale: Vec<String> = Vec::new();
+    for r in D::fetch_all(tx, q).await? {
+        let holding = r.str("status") == crate::run::RunStatus::Running.as_str()
+            || (r.str("status") == crate::run::RunStatus::Queued.as_str() && r.opt_int("dispatched_at").is_some());
+        if holding {
+            *held.entry(Pool { name: r.text("name"), key: r.text("key") }).or_default() += 1;
+            holders.insert(r.text("run_id"));
+        } else {
+            stale.push(r.text("run_id"));
+        }
+    }
+    if !stale.is_empty() {
+        stale.sort();
+        stale.dedup();
+        let q = Stmt::new(sql!(D, "DELETE FROM ll_run_limits WHERE run_id {in $1}"), "freeing stale slots");
+        D::execute(tx, q.bind_list(stale.iter().map(String::as_str))).await?;
+    }
+    // The line: the runs waiting on each pool (as many as could get a slot, and the head of a
+    // full pool's line), and the due runs.
+    let mut line: Vec<(Due, Option<(i64, &str)>)> = Vec::new();
+    for pool in &waits_on {
+        let free =
+            pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| (n as usize).saturating_sub(held.get(pool).copied().unwrap_or(0)));
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since FROM ll_runs
+                 WHERE limit_wait = $1 AND status = {Queued} AND dispatched_at IS NULL
+                 ORDER BY due_at, enqueued_at, id LIMIT $2"
+            ),
+            "reading the runs waiting for a limit",
+        );
+        for r in D::fetch_all(tx, q.bind(pool.encode()).bind((free + 1).min(WAITERS_PER_POOL) as i64)).await? {
+            line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool.name.as_str()))));
+        }
+    }
+    line.extend(pass.due.iter().map(|d| (d.clone(), None)));
+    line.sort_by(|(a, _), (b, _)| (a.place, &a.id).cmp(&(b.place, &b.id)));
+    line.dedup_by(|(a, _), (b, _)| a.id == b.id);
+    line.retain(|(d, _)| !holders.contains(&d.id));
+    let pools_of: Vec<&[Pool]> = line.iter().map(|(d, _)| d.pools.as_slice()).collect();
+    let decided = limits::admit(&pools_of, pass.sizes, &held);
+    let mut out = Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new() };
+    let (mut runs, mut names, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cleared: Vec<&str> = Vec::new();
+    for &i in &decided.admitted {
+        let (due, since) = &line[i];
+        out.ids.push(due.id.clone());
+        for p in &due.pools {
+            runs.push(Some(due.id.as_str().into()));
+            names.push(Some(p.name.as_str().into()));
+            keys.push(Some(p.key.as_str().into()));
+        }
+        if let Some((since, on)) = since {
+            cleared.push(&due.id);
+            let waited = (ms(now) - since).max(0) as u64;
+            out.waited.push(((*on).to_owned(), std::time::Duration::from_millis(waited)));
+        }
+    }
+    if !runs.is_empty() {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_run_limits (run_id, name, key) SELECT j.run_id, j.name, j.key FROM {rows $1 AS j(run_id text, name text, key text)} WHERE true ON CONFLICT DO NOTHING"
+            ),
+            "taking slots",
+        );
+        D::execute(tx, q.bind_rows(vec![Column::Texts(runs), Column::Texts(names), Column::Texts(keys)])).await?;
+    }
+    if !cleared.is_empty() {
+        let q = Stmt::new(
+            sql!(D, "UPDATE ll_runs SET limit_wait = NULL, limit_wait_since = NULL WHERE id {in $1}"),
+            "ending the waits of runs admitted",
+        );
+        D::execute(tx, q.bind_list(cleared)).await?;
+    }
+    // A run waits on the first pool that held it back; written when that changes.
+    let (ids, waits): (Vec<_>, Vec<_>) =
+        decided.waiting.iter().map(|(i, pool)| (Some(line[*i].0.id.as_str().into()), Some(pool.encode().into()))).unzip();
+    if !ids.is_empty() {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "UPDATE ll_runs SET limit_wait = j.wait, limit_wait_since = coalesce(ll_runs.limit_wait_since, $2)
+                 FROM {rows $1 AS j(id text, wait text)}
+                 WHERE ll_runs.id = j.id AND ll_runs.status = {Queued} AND ll_runs.dispatched_at IS NULL
+                   AND (ll_runs.limit_wait IS NULL OR ll_runs.limit_wait != j.wait)"
+            ),
+            "marking runs waiting for a limit",
+        );
+        D::execute(tx, q.bind_rows(vec![Column::Texts(ids), Column::Texts(waits)]).bind(ms(now))).await?;
+    }
+    Ok(out)
 }

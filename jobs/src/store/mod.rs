@@ -47,7 +47,7 @@ mod upkeep;
 
 pub(crate) use definitions::Definitions;
 pub(crate) use ends::Ends;
-pub(crate) use handover::Handover;
+pub(crate) use handover::{Due, Handover, LimitPass};
 pub(crate) use job_state::JobStates;
 pub(crate) use leases::Leases;
 pub(crate) use listings::Listings;

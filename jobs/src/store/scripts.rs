@@ -13,18 +13,19 @@ use chrono::{DateTime, Utc};
 use super::dialect::{Column, Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
 use super::{Dispatch, Handed, NewRun, RulesOf, RunEnd, StoreError, StoredJob, Taken, from_ms, ms};
 use crate::decide::notify_on_wait;
+use crate::limits;
 use crate::notify::{self, NewNotification};
 use crate::run::{Run, RunStatus};
 
-/// Rows per multi-row statement: 22 columns × 1000 stays under both drivers' bound on
+/// Rows per multi-row statement: 23 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 pub(super) const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them.
 pub(super) const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
                           parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch, \
-                          outcome_seen)";
-pub(super) const RUN_INSERT_COLS: usize = 22;
+                          outcome_seen, limits)";
+pub(super) const RUN_INSERT_COLS: usize = 23;
 
 /// Runs one notice pass reads ([`Notices::notice`]).
 pub(super) const NOTICE_BATCH: usize = 1000;
@@ -91,7 +92,14 @@ pub(super) async fn insert_runs<D: Dialect>(
                 .bind(worker.and(epoch))
                 // A run that ends as it is made (a skipped tick) has nothing to notice: no event,
                 // no streak moved; marked so that retention can prune it at once.
-                .bind(status.is_final().then_some(1i64));
+                .bind(status.is_final().then_some(1i64))
+                // The pools it takes, keyed over its input as it is queued: a run that ends
+                // as it is made takes none.
+                .bind(if status.is_final() {
+                    None
+                } else {
+                    r.snapshot.as_ref().and_then(|s| limits::stored(&limits::pools_of(&s.limits, r.input.as_ref())))
+                });
         }
         D::execute(c, q).await?;
     }
@@ -275,7 +283,8 @@ pub(super) const FIRST_IN_LINE: &str =
 pub(super) fn due_undispatched_sql<D: Dialect>() -> &'static str {
     sql!(
         D,
-        "SELECT id, job, trigger FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL AND due_at <= $1
+        "SELECT id, job, trigger, limits, due_at, enqueued_at FROM ll_runs {undispatched}
+         WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NULL AND due_at <= $1
          ORDER BY due_at, enqueued_at, id LIMIT $2"
     )
 }
@@ -283,7 +292,8 @@ pub(super) fn due_undispatched_sql<D: Dialect>() -> &'static str {
 pub(super) fn next_due_sql<D: Dialect>() -> &'static str {
     sql!(
         D,
-        "SELECT min(t) AS t FROM (SELECT min(due_at) AS t FROM ll_runs {undispatched} WHERE status = {Queued} AND dispatched_at IS NULL
+        "SELECT min(t) AS t FROM (SELECT min(due_at) AS t FROM ll_runs {undispatched}
+                                  WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NULL
                                   UNION ALL SELECT min(wait_until) FROM ll_runs WHERE status = {WaitingApproval}) AS due"
     )
 }

@@ -88,6 +88,9 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The namespace of Lamplighter's advisory locks (the first key of the two-key form).
 const TICK_LOCKS: i32 = 0x4c4c_5449; // "LLTI"
+/// The namespace of the slot pools' advisory locks: apart from the jobs', so a pool named as
+/// a job never waits for its ticks.
+const LIMIT_LOCKS: i32 = 0x4c4c_4c4d; // "LLLM"
 
 #[derive(Debug)]
 pub(crate) struct PgStore {
@@ -242,6 +245,18 @@ impl Dialect for PgStore {
             .execute(c)
             .await
             .ctx("locking jobs for their ticks")?;
+        Ok(())
+    }
+
+    /// A transaction-scoped advisory lock per pool, taken in order (no deadlock); a statement
+    /// of its own, so that the count that follows sees what the last holder committed.
+    async fn lock_limits(c: &mut PgConnection, pools: &[String]) -> Result<(), StoreError> {
+        sqlx::query("SELECT count(pg_advisory_xact_lock($2, hashtext(p))) FROM (SELECT p FROM unnest($1::text[]) p ORDER BY p) s")
+            .bind(pools)
+            .bind(LIMIT_LOCKS)
+            .execute(c)
+            .await
+            .ctx("locking limits")?;
         Ok(())
     }
 }

@@ -470,6 +470,11 @@ impl Dialect for SqliteStore {
     async fn lock_jobs(_: &mut SqliteConnection, _: &[&str]) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// One writer at a time (`BEGIN IMMEDIATE`): nothing more to lock.
+    async fn lock_limits(_: &mut SqliteConnection, _: &[String]) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 impl RunSql for SqliteStore {
