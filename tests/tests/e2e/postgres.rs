@@ -881,3 +881,92 @@ fn a_worker_whose_clock_is_minutes_ahead_keeps_the_servers_time() {
     let missed: Vec<i64> = (0..=(last - first) / 1000).map(|i| first + i * 1000).filter(|t| !ticks.contains_key(t)).collect();
     assert!(missed.is_empty(), "no tick lost: {missed:?}");
 }
+
+/// `SELECT <col>::text` of run `id`, as a number (ms).
+fn ms_of(db: &Db, id: &str, col: &str) -> i64 {
+    let v = db.texts(&format!("SELECT coalesce({col}::text, '') FROM ll_runs WHERE id = '{id}'"));
+    v.first().and_then(|t| t.parse().ok()).unwrap_or_else(|| panic!("run {id} has no {col}: {v:?}"))
+}
+
+/// Limits across three PostgreSQL workers: two jobs sharing a limit of 1, triggered through all
+/// three, never run at once (from their side effects' timestamps) and both finish; a holder
+/// whose worker is killed -9 keeps its slot until the takeover, and the run waiting for it
+/// starts only then.
+#[test]
+fn three_workers_share_a_limit_and_a_killed_holders_slot_is_freed_only_at_takeover() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "limits");
+    let url = cluster.url_of("limits");
+    let traces = tempfile::tempdir().unwrap();
+    let trace = traces.path().join("warehouse");
+    let cmd = |label: &str, hold: &str| {
+        format!(
+            "echo \\\"$$ S $(date +%s%N) {label}\\\" >> {t}; sleep {hold}; echo \\\"$$ E $(date +%s%N) {label}\\\" >> {t}",
+            t = trace.display()
+        )
+    };
+    let job = |name: &str, command: String| {
+        format!(
+            "\n    {name}: {{type: plugin, plugin: shell-exec, action: run, limits: [warehouse], overlap: allow, retries: {{max: 0}}, parameters: {{command: \"{command}\"}}}}"
+        )
+    };
+    let jobs = format!(
+        "{}{}{}\n  limits:\n    warehouse: 1\n",
+        job("ja", cmd("ja", "0.3")),
+        job("jb", cmd("jb", "0.3")),
+        job("hold", cmd("hold", "60"))
+    );
+    let mut ws: Vec<Worker> = ["w-a", "w-b", "w-c"].iter().map(|n| worker_with(n, &url, 4, "3s", &jobs)).collect();
+    for w in &mut ws {
+        w.start();
+    }
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(trigger(&ws[i % 3], if i % 2 == 0 { "ja" } else { "jb" }));
+    }
+    let all: Vec<&Worker> = ws.iter().collect();
+    db.wait_for("the eight runs to end", Duration::from_secs(60), &all, |r| {
+        ids.iter().all(|id| r.iter().any(|r| &r.id == id && r.status == "succeeded"))
+    });
+    let runs = crate::together::intervals(&trace);
+    assert_eq!(runs.len(), 8, "{runs:?}");
+    crate::together::one_at_a_time(&runs);
+    assert_eq!(runs.iter().filter(|r| r.2 == "jb").count(), 4, "both jobs made progress");
+
+    // A holder killed -9: the run behind it waits until the takeover.
+    let hold = trigger(&ws[0], "hold");
+    let running = db.wait_for("hold to start", Duration::from_secs(10), &all, |r| r.iter().any(|r| r.id == hold && r.status == "running"));
+    let victim = running.iter().find(|r| r.id == hold).unwrap().worker.clone().unwrap();
+    let victim_at = ["w-a", "w-b", "w-c"].iter().position(|n| *n == victim).unwrap();
+    let other = (victim_at + 1) % 3;
+    let behind = trigger(&ws[other], "ja");
+    let (_, out) = poll(
+        "the run behind the holder to wait",
+        Duration::from_secs(10),
+        || {
+            let (_, out, _) = ws[other].ctl(&["runs", "show", &behind, "-o", "json"]);
+            let run = serde_json::from_str::<Value>(&out).ok()?;
+            run["waiting_for"].as_str().map(|w| (w.to_owned(), out.clone()))
+        },
+        || ws[other].log(),
+    );
+    let shown = json_of(&out);
+    assert_eq!(shown["waiting_for"], format!("waiting for limit \"warehouse\": 1 of 1 held by {hold}"), "{out}");
+    ws[victim_at].signal("KILL");
+    let killed_at = now_ms();
+    ws[victim_at].wait_exit(Duration::from_secs(5));
+    let survivors: Vec<&Worker> = ws.iter().enumerate().filter(|(i, _)| *i != victim_at).map(|(_, w)| w).collect();
+    db.wait_for("the run behind the holder to end", Duration::from_secs(30), &survivors, |r| {
+        r.iter().any(|r| r.id == behind && r.status == "succeeded")
+    });
+    assert_eq!(db.run(&hold).unwrap().status, "interrupted");
+    let (taken_over, started) = (ms_of(&db, &hold, "finished_at"), ms_of(&db, &behind, "started_at"));
+    assert!(taken_over >= killed_at + 2000, "the takeover came after the lease ({} ms after the kill)", taken_over - killed_at);
+    assert!(started >= taken_over, "the waiting run started {} ms before the takeover freed the slot", taken_over - started);
+    for (i, w) in ws.iter_mut().enumerate() {
+        if i != victim_at {
+            w.signal("TERM");
+            assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+        }
+    }
+}

@@ -185,13 +185,20 @@ impl Worker {
 
     /// As [`Worker::write_config`], with `top_yaml` (e.g. a `workflows:` section) at the top level.
     pub(crate) fn write_full(&self, top_yaml: &str, jobs_yaml: &str, mcp_extra: &str) {
-        let indented: String = jobs_yaml.lines().map(|l| format!("    {l}\n")).collect();
-        let mcp: String = mcp_extra.lines().map(|l| format!("    {l}\n")).collect();
+        self.write_scheduling(top_yaml, "", jobs_yaml, mcp_extra);
+    }
+
+    /// As [`Worker::write_full`], with `scheduling_yaml` (e.g. `limits: {warehouse: 1}`) beside
+    /// the jobs under `scheduling`.
+    pub(crate) fn write_scheduling(&self, top_yaml: &str, scheduling_yaml: &str, jobs_yaml: &str, mcp_extra: &str) {
+        let indent = |text: &str, by: &str| -> String { text.lines().map(|l| format!("{by}{l}\n")).collect() };
         let text = format!(
-            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\n{mcp}{top_yaml}scheduling:\n  jobs:\n{}",
+            "framework:\n  data_dir: {}\nworker:\n  shutdown_grace: 3s\n  mcp:\n    port: {}\n{}{top_yaml}scheduling:\n{}  jobs:\n{}",
             self.dir.path().join("data").display(),
             self.port,
-            indented
+            indent(mcp_extra, "    "),
+            indent(scheduling_yaml, "  "),
+            indent(jobs_yaml, "    ")
         );
         std::fs::write(self.config_path(), text).unwrap();
     }

@@ -224,3 +224,139 @@ fn runtime_jobs_run_after_others_and_their_mistakes_are_refused() {
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["disabled"], "job \"report\": after names job \"load\", which is not defined", "{out}");
 }
+
+/// Each command of a run that takes a limit writes `<pid> S|E <ns> <label>` to `trace`.
+fn traced(trace: &std::path::Path, label: &str, hold: &str) -> String {
+    format!(
+        "echo \\\"$$ S $(date +%s%N) {label}\\\" >> {t}; sleep {hold}; echo \\\"$$ E $(date +%s%N) {label}\\\" >> {t}",
+        t = trace.display()
+    )
+}
+
+/// The intervals (start, end, label) the trace holds, by start.
+pub(crate) fn intervals(trace: &std::path::Path) -> Vec<(i64, i64, String)> {
+    let text = std::fs::read_to_string(trace).unwrap_or_else(|e| panic!("cannot read {}: {e}", trace.display()));
+    let mut by_pid: BTreeMap<String, (Option<i64>, Option<i64>, String)> = BTreeMap::new();
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let [pid, mark, ns, label] = parts[..] else { panic!("a bad trace line {line:?}") };
+        let e = by_pid.entry(pid.to_owned()).or_insert((None, None, label.to_owned()));
+        let ns: i64 = ns.parse().unwrap_or_else(|_| panic!("a bad time in {line:?}"));
+        if mark == "S" { e.0 = Some(ns) } else { e.1 = Some(ns) }
+    }
+    let mut out: Vec<(i64, i64, String)> = by_pid
+        .into_values()
+        .map(|(s, e, label)| (s.expect("a start"), e.unwrap_or_else(|| panic!("{label} started and never ended")), label))
+        .collect();
+    out.sort();
+    out
+}
+
+/// No two of these intervals overlap.
+pub(crate) fn one_at_a_time(intervals: &[(i64, i64, String)]) {
+    for w in intervals.windows(2) {
+        assert!(w[1].0 >= w[0].1, "two runs held the one slot at once: {:?} and {:?}", w[0], w[1]);
+    }
+}
+
+/// Limits on SQLite: two jobs sharing a limit of 1 never run at once and both make progress;
+/// a run that waits says for what and who holds the slot (`runs list`, `runs show`, `limits
+/// list`); a keyed limit holds one run per key; runtime jobs take limits, and an unknown one is
+/// refused with a did-you-mean.
+#[test]
+fn runs_that_share_a_limit_take_turns_and_say_what_they_wait_for() {
+    let traces = tempfile::tempdir().unwrap();
+    let (trace, keyed) = (traces.path().join("warehouse"), traces.path().join("tenant"));
+    let jobs = format!(
+        "ja:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  limits: [warehouse]\n  overlap: allow\n  parameters: {{command: \"{a}\"}}\n\
+         jb:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  limits: [warehouse]\n  overlap: allow\n  parameters: {{command: \"{b}\"}}\n\
+         sync:\n  type: plugin\n  plugin: shell-exec\n  action: run\n  limits: [{{name: tenant, key: \"${{input.tenant}}\"}}]\n  overlap: allow\n  parameters: {{command: \"{k}\"}}",
+        a = traced(&trace, "ja", "0.4"),
+        b = traced(&trace, "jb", "0.4"),
+        k = traced(&keyed, "sync", "1.5"),
+    );
+    let mut w = Worker::new("");
+    w.write_scheduling("", "limits:\n  warehouse: 1\n  tenant: 1", &jobs, "manage_jobs:\n  enabled: true\n");
+    w.start();
+    let mut triggered = Vec::new();
+    for job in ["ja", "jb", "ja", "jb", "ja", "jb"] {
+        let (code, out, err) = w.ctl(&["jobs", "trigger", job, "-o", "json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        triggered.push(serde_json::from_str::<Value>(&out).unwrap()["run_id"].as_str().unwrap().to_owned());
+    }
+    // While one holds the slot, the others wait, saying so.
+    let (out, waiting) = crate::support::poll(
+        "a run to wait for the warehouse",
+        Duration::from_secs(10),
+        || {
+            let (_, out, _) = w.ctl(&["runs", "list", "-o", "json"]);
+            let page: Value = serde_json::from_str(&out).ok()?;
+            let waiting = page["runs"].as_array()?.iter().find(|r| r["waiting_for"].is_string())?.clone();
+            Some((out, waiting))
+        },
+        || w.log(),
+    );
+    let id = waiting["id"].as_str().unwrap();
+    assert_eq!(waiting["status"], "queued", "{out}");
+    let why = waiting["waiting_for"].as_str().unwrap();
+    assert!(why.starts_with("waiting for limit \"warehouse\": 1 of 1 held by "), "{why}");
+    let (_, shown, _) = w.ctl(&["runs", "show", id]);
+    assert!(shown.contains("waiting") && shown.contains("limit \"warehouse\""), "{shown}");
+    let (_, table, _) = w.ctl(&["runs", "list"]);
+    assert!(table.contains("waiting for limit \"warehouse\""), "{table}");
+    let (code, out, err) = w.ctl(&["limits", "list", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let limits: Value = serde_json::from_str(&out).unwrap();
+    let warehouse = limits["limits"].as_array().unwrap().iter().find(|l| l["name"] == "warehouse").expect("warehouse listed").clone();
+    assert_eq!(warehouse["slots"], 1, "{out}");
+    assert!(warehouse["held"].as_u64() <= Some(1) && warehouse["waiting"].as_u64() >= Some(1), "{out}");
+    let (_, table, _) = w.ctl(&["limits", "list"]);
+    assert!(table.contains("LIMIT") && table.contains("warehouse"), "{table}");
+
+    w.wait_for("the six runs to end", Duration::from_secs(30), |r| {
+        triggered.iter().all(|id| r.iter().any(|r| &r.id == id && r.status == "succeeded"))
+    });
+    let runs = intervals(&trace);
+    assert_eq!(runs.len(), 6, "{runs:?}");
+    one_at_a_time(&runs);
+    assert_eq!(runs.iter().filter(|r| r.2 == "ja").count(), 3, "both jobs ran all of theirs");
+
+    // Keyed: acme's two runs take turns, bolt's runs beside acme's first.
+    for tenant in ["acme", "acme", "bolt"] {
+        let input = format!("{{\"tenant\":\"{tenant}\"}}");
+        let (code, out, err) = w.ctl(&["jobs", "trigger", "sync", "--input", &input]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    w.wait_for("the three syncs to end", Duration::from_secs(30), |r| {
+        r.iter().filter(|r| r.job == "sync" && r.status == "succeeded").count() == 3
+    });
+    let tenant_of = sql_lines(&w.db(), "SELECT json_extract(input, '$.tenant') || ' ' || started_at || ' ' || finished_at FROM ll_runs WHERE job = 'sync' ORDER BY started_at").unwrap();
+    let spans: Vec<(String, i64, i64)> = tenant_of
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            (p[0].to_owned(), p[1].parse().unwrap(), p[2].parse().unwrap())
+        })
+        .collect();
+    let acme: Vec<&(String, i64, i64)> = spans.iter().filter(|s| s.0 == "acme").collect();
+    assert!(acme[1].1 >= acme[0].2, "acme's runs took turns: {spans:?}");
+    let bolt = spans.iter().find(|s| s.0 == "bolt").unwrap();
+    assert!(bolt.1 < acme[0].2, "bolt did not wait for acme's key: {spans:?}");
+
+    // Runtime jobs take limits as files do.
+    let file = w.dir.path().join("etl.yaml");
+    std::fs::write(&file, "plugin: file-save\naction: save\nlimits: [warehose]\nparameters: {path: e.txt, content: e}\n").unwrap();
+    let (code, _, err) = w.ctl(&["jobs", "create", "etl", "-f", &file.display().to_string()]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("limits names limit \"warehose\", which scheduling.limits does not define (did you mean \"warehouse\"?)"),
+        "{err}"
+    );
+    std::fs::write(&file, "plugin: file-save\naction: save\nlimits: [warehouse]\nparameters: {path: e.txt, content: e}\n").unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "create", "etl", "-f", &file.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "etl", "--wait"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let taken = sql_lines(&w.db(), "SELECT limits FROM ll_runs WHERE job = 'etl'").unwrap();
+    assert_eq!(taken.trim(), "[[\"warehouse\",\"\"]]", "the runtime job's run took the warehouse");
+}
