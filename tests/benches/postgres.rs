@@ -16,6 +16,8 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
+//! - drain `--limit N`: the drain with every run in one limit of N slots (`scheduling.limits`)
+//!   against none, alternated, twice each, with 1 and 3 workers.
 //! - drain `--schema-b 'SQL; …' [--workers N]`: a schema change tried on the same binary, the
 //!   drain alone three times as migrated (a) and with the statements applied after the
 //!   migrations (b), alternated.
@@ -64,6 +66,18 @@ fn main() {
                     for (variant, sql) in [("a", ""), ("b", b.as_str())] {
                         println!("\n##### schema {variant}, round {round}");
                         drain(&fresh(&format!("{variant}{round}")), 50_000, workers, pm, sql);
+                    }
+                }
+            }
+            // Every run in one limit against none, alternated, one worker then three.
+            "drain" if arg("--limit").is_some() => {
+                let limit: u32 = arg("--limit").and_then(|l| l.parse().ok()).expect("--limit N");
+                for workers in [1, 3] {
+                    for round in 0..2 {
+                        for (variant, limit) in [("none", None), ("limit", Some(limit))] {
+                            println!("\n##### {variant}, {workers} worker(s), round {round}");
+                            drain_limited(&fresh(&format!("{variant}{workers}{round}")), 50_000, workers, pm, limit);
+                        }
                     }
                 }
             }
@@ -150,10 +164,20 @@ fn sustained(url: &str, seconds: u64) {
 /// `n` queued runs drained by `workers` workers; `extra`'s statements (`;`-separated, or none)
 /// are applied after the migrations.
 fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
+    drain_with(url, n, workers, pm, extra, None);
+}
+
+/// The drain with every run in `scheduling.limits.pool` of `limit` slots (none: no limit).
+fn drain_limited(url: &str, n: usize, workers: usize, pm: u32, limit: Option<u32>) {
+    drain_with(url, n, workers, pm, "", limit);
+}
+
+fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: Option<u32>) {
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let jobs = jobs_yaml(1, "0 0 1 1 *", action);
-    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres(url, &jobs, 32)).collect();
+    let limits = limit.map(|n| format!("  limits:\n    pool: {n}\n")).unwrap_or_default();
+    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres_with(url, &limits, &jobs, 32)).collect();
     // The first start applies the migrations.
     ws[0].start();
     ws[0].stop();
@@ -168,14 +192,16 @@ fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
     query(
         url,
         &format!(
-            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters)
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, limits)
              SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
-                    '{{\"path\":\"tiny.txt\"}}'
-             FROM generate_series(1, {n}) i"
+                    '{{\"path\":\"tiny.txt\"}}', {pools}
+             FROM generate_series(1, {n}) i",
+            pools = if limit.is_some() { "'[[\"pool\",\"\"]]'" } else { "NULL" }
         ),
         |_| (),
     );
-    println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes ==");
+    let limited = limit.map_or_else(String::new, |n| format!(", every run in a limit of {n}"));
+    println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes{limited} ==");
     // With `PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'`: where the
     // server's time went, statement by statement.
     let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));

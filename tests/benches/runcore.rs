@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker
-//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60] [--jobs 10000,100000]
+//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60] [--jobs 10000,100000] [--limit N]
 //! ```
 //!
 //! - burst: 1,000 jobs due at the same instant every 10 s (`*/10 * * * * *`),
@@ -42,6 +42,22 @@ fn main() {
         scenarios = vec!["burst", "sustained", "queue", "idle"];
     }
     println!("binary: {}", bin().display());
+    // `--limit N`: burst and queue with every job in one limit of N slots against none,
+    // alternated, twice each.
+    if let Some(limit) = arg("--limit").map(|l| l.parse::<u32>().expect("--limit N")) {
+        for s in scenarios.iter().filter(|s| ["burst", "queue"].contains(s)) {
+            for round in 0..2 {
+                for variant in [None, Some(limit)] {
+                    println!("\n##### {s}, {}, round {round}", variant.map_or_else(|| "no limit".to_owned(), |n| format!("limit {n}")));
+                    match *s {
+                        "burst" => burst_in(seconds, variant),
+                        _ => queue_in(50_000, variant),
+                    }
+                }
+            }
+        }
+        return;
+    }
     for s in scenarios {
         match s {
             "burst" => burst(seconds),
@@ -68,8 +84,21 @@ fn runs(db: &Path) -> Vec<Row> {
     })
 }
 
+/// `scheduling.limits` with one limit `pool` of `n` slots, and the line a job takes it with.
+fn pool(limit: Option<u32>) -> (String, &'static str) {
+    match limit {
+        Some(n) => (format!("  limits:\n    pool: {n}\n"), "      limits: [pool]\n"),
+        None => (String::new(), ""),
+    }
+}
+
 fn burst(seconds: u64) {
-    let mut w = Worker::new(&jobs_yaml(1000, "*/10 * * * * *", SAVE), 1000);
+    burst_in(seconds, None);
+}
+
+fn burst_in(seconds: u64, limit: Option<u32>) {
+    let (limits, takes) = pool(limit);
+    let mut w = Worker::scheduled(&limits, &jobs_yaml(1000, "*/10 * * * * *", &format!("{SAVE}{takes}")), 1000);
     let ready = w.start_recording();
     println!("\n== burst: 1,000 jobs due together every 10 s, concurrency 1000, {seconds} s ==");
     println!("start to ready: {} ms", ready.as_millis());
@@ -202,10 +231,15 @@ fn sustained(seconds: u64) {
 }
 
 fn queue(n: usize) {
+    queue_in(n, None);
+}
+
+fn queue_in(n: usize, limit: Option<u32>) {
     // History kept whole (the default retention of 100 runs would prune it while it drains).
     let action =
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
-    let mut w = Worker::new(&jobs_yaml(1, "0 0 1 1 *", action), 32);
+    let (limits, takes) = pool(limit);
+    let mut w = Worker::scheduled(&limits, &jobs_yaml(1, "0 0 1 1 *", &format!("{action}{takes}")), 32);
     w.start();
     w.stop();
     std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
@@ -216,9 +250,10 @@ fn queue(n: usize) {
         let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
         let mut tx = sqlx::Connection::begin(&mut conn).await.expect("tx");
         for i in 0..n {
-            sqlx::query("INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, root_id) VALUES (?1, 'job-00000', 'manual', 'queued', ?2, ?2, 1, '{\"path\":\"tiny.txt\"}', ?1)")
+            sqlx::query("INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, root_id, limits) VALUES (?1, 'job-00000', 'manual', 'queued', ?2, ?2, 1, '{\"path\":\"tiny.txt\"}', ?1, ?3)")
                 .bind(format!("0190b000-0000-7000-8000-{i:012}"))
                 .bind(t0)
+                .bind(limit.map(|_| "[[\"pool\",\"\"]]"))
                 .execute(&mut *tx)
                 .await
                 .expect("insert");

@@ -218,7 +218,7 @@ pub(crate) enum Locked {
 }
 
 /// The words the dialects spell differently, for statements written once. In the text:
-/// `{greatest}`, `{lock}`, `{undispatched}`, `{notification_seq}`, `{by_id}`, `{in $n}`,
+/// `{greatest}`, `{lock}`, `{undispatched}`, `{limit_waits}`, `{notification_seq}`, `{by_id}`, `{in $n}`,
 /// `{rows $n AS j(col type, …)}` (and the statuses, `{Queued}`, `{step:Running}`).
 pub(crate) struct Spelling {
     /// `{greatest}(a, b)`: the larger of two values.
@@ -228,6 +228,9 @@ pub(crate) struct Spelling {
     /// `{undispatched}`, after `FROM ll_runs` in reads of queued runs not handed over: how to
     /// reach them through their partial index.
     pub(crate) undispatched: &'static str,
+    /// `{limit_waits}`, after `FROM ll_runs` in reads of the runs waiting for a limit's slot:
+    /// how to reach them through their partial index.
+    pub(crate) limit_waits: &'static str,
     /// `{in $n}`: membership in the list bound at `$n` ([`Arg::Texts`]).
     pub(crate) in_list: fn(&str) -> String,
     /// `{rows $n AS j(col type, …)}`, after `FROM`: the row set bound at `$n`
@@ -309,6 +312,7 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
         .replace("{greatest}", s.greatest)
         .replace("{lock}", s.lock)
         .replace("{undispatched}", s.undispatched)
+        .replace("{limit_waits}", s.limit_waits)
         .replace("{notification_seq}", s.notification_seq)
         .replace("{by_id}", s.by_id);
     // Row sets bound a column a parameter take theirs after the statement's own, in the
@@ -685,6 +689,7 @@ mod tests {
         greatest: "GREATEST",
         lock: "LOCKED",
         undispatched: "UNDISPATCHED",
+        limit_waits: "LIMIT_WAITS",
         in_list: |p| format!("IN LIST({p})"),
         rows: |p, alias, cols| {
             let cols: Vec<String> = cols.iter().map(|(c, t)| format!("{c}:{t}")).collect();

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 
 use std::collections::{HashMap, HashSet};
 
-use super::dialect::{Column, Locked, QueueSql, Record, RunSql, Stmt, sql};
+use super::dialect::{Column, Dialect, Locked, QueueSql, Record, RunSql, Stmt, sql};
 use super::scripts::*;
 use super::{ACTIVE, DUE_BATCH, Handed, StoreError, from_ms, ms};
 use crate::limits::{self, Pool, Sizes};
@@ -179,6 +179,31 @@ struct Admitted {
 /// head of a full pool's line, which holds back the runs behind it in its other pools).
 const WAITERS_PER_POOL: usize = 1000;
 
+/// The reads of the runs waiting for a limit, each through the waiters' partial index: the
+/// distinct pools they wait on (one probe of the index each, a loose index scan: a DISTINCT
+/// read every waiter, each pass of a long line), and one pool's line, first in line first.
+pub(super) fn limit_wait_reads<D: Dialect>() -> [&'static str; 2] {
+    [
+        sql!(
+            D,
+            "WITH RECURSIVE w(p) AS (
+                 SELECT (SELECT limit_wait FROM ll_runs {limit_waits} WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL
+                         ORDER BY limit_wait LIMIT 1)
+                 UNION ALL
+                 SELECT (SELECT limit_wait FROM ll_runs {limit_waits} WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL
+                                                             AND limit_wait > w.p ORDER BY limit_wait LIMIT 1)
+                 FROM w WHERE w.p IS NOT NULL)
+             SELECT p AS limit_wait FROM w WHERE p IS NOT NULL"
+        ),
+        sql!(
+            D,
+            "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since FROM ll_runs {limit_waits}
+             WHERE limit_wait = $1 AND limit_wait IS NOT NULL AND status = {Queued} AND dispatched_at IS NULL
+             ORDER BY due_at, enqueued_at, id LIMIT $2"
+        ),
+    ]
+}
+
 /// Admits the due runs of `pass` and those waiting to their pools, in the caller's
 /// transaction: each pool is locked (PostgreSQL: an advisory lock per pool, in order; SQLite:
 /// its one writer), its holders are counted in a statement of their own after the lock (a
@@ -190,10 +215,7 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     let mut pools: Vec<Pool> = pass.due.iter().flat_map(|d| d.pools.iter().cloned()).collect();
     let mut waits_on: Vec<Pool> = Vec::new();
     if pass.waiters {
-        let q = Stmt::new(
-            sql!(D, "SELECT DISTINCT limit_wait FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL"),
-            "reading the limits runs wait for",
-        );
+        let q = Stmt::new(limit_wait_reads::<D>()[0], "reading the limits runs wait for");
         waits_on = D::fetch_all(tx, q).await?.iter().map(|r| Pool::decode(r.str("limit_wait"))).collect();
         pools.extend(waits_on.iter().cloned());
     }
@@ -243,15 +265,7 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     for pool in &waits_on {
         let free =
             pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| (n as usize).saturating_sub(held.get(pool).copied().unwrap_or(0)));
-        let q = Stmt::new(
-            sql!(
-                D,
-                "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since FROM ll_runs
-                 WHERE limit_wait = $1 AND status = {Queued} AND dispatched_at IS NULL
-                 ORDER BY due_at, enqueued_at, id LIMIT $2"
-            ),
-            "reading the runs waiting for a limit",
-        );
+        let q = Stmt::new(limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
         for r in D::fetch_all(tx, q.bind(pool.encode()).bind((free + 1).min(WAITERS_PER_POOL) as i64)).await? {
             line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool.name.as_str()))));
         }

@@ -124,8 +124,18 @@ impl Worker {
 
     /// As [`Worker::new`], on the PostgreSQL database at `url`.
     pub(crate) fn on_postgres(url: &str, jobs: &str, concurrency: usize) -> Worker {
-        let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n");
+        Worker::on_postgres_with(url, "", jobs, concurrency)
+    }
+
+    /// As [`Worker::on_postgres`], with `scheduling` (e.g. `limits:`) beside the storage.
+    pub(crate) fn on_postgres_with(url: &str, scheduling: &str, jobs: &str, concurrency: usize) -> Worker {
+        let storage = format!("  storage:\n    provider: postgres\n    connection_string: \"{url}\"\n{scheduling}");
         Worker::configured("", &storage, jobs, concurrency)
+    }
+
+    /// As [`Worker::new`], with `scheduling` (e.g. `limits:`) beside the jobs.
+    pub(crate) fn scheduled(scheduling: &str, jobs: &str, concurrency: usize) -> Worker {
+        Worker::configured("", scheduling, jobs, concurrency)
     }
 
     fn configured(top: &str, storage: &str, jobs: &str, concurrency: usize) -> Worker {

@@ -11,7 +11,10 @@
 //! - no run left `running` after the final SIGTERM, no worker left registered;
 //! - every interrupted run followed up by the next attempt (or out of retries);
 //! - no workflow step repeated once its end was recorded, no model call repeated once its reply
-//!   was recorded, and no second reply's tool run for the same place in a conversation.
+//!   was recorded, and no second reply's tool run for the same place in a conversation;
+//! - `follow` ran once per noticed success of `tick` (`after`);
+//! - two jobs sharing a limit of 1 (both due every other second) never ran their commands at
+//!   once, from the commands' own uptime stamps, and one of a pair did wait for the other's slot.
 //!
 //! A monitor thread watches the database while the chaos goes on: the first time it sees a
 //! step recorded `succeeded` (a model call recorded) it counts that step's lines in the step log
@@ -201,6 +204,20 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
         )
     };
     let common = format!("retries: {{max: {RETRIES}, backoff: fixed, initial: 1s}}, retention: {{max_runs: 1000000}}");
+    // Two jobs in one limit of 1, both due every other second: one of each pair waits for the
+    // other's slot. Each command stamps its start and end with the machine's uptime.
+    let pool = shared.join("pool.log");
+    let pair = format!(
+        "read up _ < /proc/uptime; echo \"$$ S $up\" >> {p}; sleep 0.6; read up _ < /proc/uptime; echo \"$$ E $up\" >> {p}",
+        p = pool.display()
+    );
+    let pair = |name: &str| {
+        format!(
+            "\x20   {name}: {{type: plugin, plugin: shell-exec, action: run, cron: \"*/2 * * * * *\", overlap: allow, catch_up: all, \
+             catch_up_window: 2h, limits: [pool], {common}, parameters: {{command: {}}}}}\n",
+            serde_json::to_string(&pair).unwrap()
+        )
+    };
     let name = name.map(|n| format!("  name: {n}\n  lease: 3s\n")).unwrap_or_default();
     let text = format!(
         "framework:\n  data_dir: {data}\n\
@@ -208,7 +225,7 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
          ai:\n  default_model: default\n  providers:\n    scripted:\n      base_url: {base}\n      models:\n        default: {{id: scripted-model}}\n\
          agents:\n  chaos-bee:\n    plugins: [shell-exec]\n    allowed_commands: ['echo *', 'sleep *']\n\
          workflows:\n  gated:\n    steps:\n{draft}      - id: gate\n        type: approval\n        input: \"Publish?\"\n{publish}{done}\
-         scheduling:\n{storage}  jobs:\n\
+         scheduling:\n{storage}  limits:\n    pool: 1\n  jobs:\n{pair_a}{pair_b}\
          \x20   tick: {{type: plugin, plugin: shell-exec, action: run, cron: \"* * * * * *\", overlap: allow, catch_up: all, \
          catch_up_window: 2h, {common}, parameters: {{command: \"sleep 0.5; echo tick\"}}}}\n\
          \x20   gated: {{type: workflow, workflow: gated, cron: \"*/3 * * * * *\", overlap: allow, catch_up: all, catch_up_window: 2h, {common}}}\n\
@@ -220,6 +237,8 @@ fn write_config(w: &Worker, llm: &ScriptedLlm, shared: &Path, storage: &str, nam
         draft = step("draft"),
         publish = step("publish"),
         done = step("done"),
+        pair_a = pair("pair-a"),
+        pair_b = pair("pair-b"),
     );
     std::fs::write(w.config_path(), text).unwrap();
 }
@@ -253,6 +272,35 @@ fn overlaps(log: &str) -> Vec<String> {
         }
     }
     bad
+}
+
+/// The spans (start, end) of the limited commands in `pool.log` (`PID S|E UPTIME`), by start; a
+/// span without its end ran at most its 0.6 s sleep and the time to stamp it.
+fn pool_spans(log: &str) -> Vec<(f64, f64)> {
+    let mut by_pid: BTreeMap<&str, (Option<f64>, Option<f64>)> = BTreeMap::new();
+    for line in log.lines() {
+        let mut f = line.split(' ');
+        let (Some(pid), Some(mark), Some(Ok(up))) = (f.next(), f.next(), f.next().map(str::parse::<f64>)) else { continue };
+        let e = by_pid.entry(pid).or_default();
+        if mark == "S" { e.0 = Some(up) } else { e.1 = Some(up) }
+    }
+    let mut spans: Vec<(f64, f64)> = by_pid.into_values().filter_map(|(s, e)| s.map(|s| (s, e.unwrap_or(s + 0.7)))).collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    spans
+}
+
+/// Commands of the limit of 1 that ran at once.
+fn pool_overlaps(log: &str) -> Vec<String> {
+    pool_spans(log)
+        .windows(2)
+        .filter(|w| w[1].0 < w[0].1)
+        .map(|w| format!("two holders of the limit of 1 at once: {:?} and {:?} (uptime s)", w[0], w[1]))
+        .collect()
+}
+
+/// How many limited commands started within 150 ms of another's end: runs that waited for the slot.
+fn pool_turns(log: &str) -> usize {
+    pool_spans(log).windows(2).filter(|w| w[1].0 >= w[0].1 && w[1].0 - w[0].1 < 0.15).count()
 }
 
 /// What the scripted provider was asked: (the conversation's tag, how many tool results it
@@ -902,9 +950,11 @@ impl Chaos<'_> {
                 w.start();
             }
         }
-        let (code, out, err) = self.workers[0].ctl(&["jobs", "pause", "gated"]);
-        assert_eq!(code, 0, "{out}{err}");
-        self.note("settling: gated paused".into());
+        for job in ["gated", "pair-a", "pair-b"] {
+            let (code, out, err) = self.workers[0].ctl(&["jobs", "pause", job]);
+            assert_eq!(code, 0, "{out}{err}");
+        }
+        self.note("settling: gated and the limited pair paused".into());
         let chaos = std::cell::RefCell::new(self);
         poll(
             "the runs to settle",
@@ -1022,6 +1072,19 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     bad.extend(
         followed.keys().filter(|id| !noticed.contains(*id)).map(|id| format!("follow ran after {id}, not a noticed success of tick")),
     );
+
+    // Never more holders of the limit than its one slot, from the commands' own stamps; a
+    // command killed with its worker (no end stamp) is taken to have run its whole 0.6 s.
+    let pool = std::fs::read_to_string(shared.join("pool.log")).expect("reading the limit's log");
+    bad.extend(pool_overlaps(&pool));
+    let turns = pool_turns(&pool);
+    if turns < 3 {
+        bad.push(format!("the limit was hardly contended: {turns} run(s) started as another's slot came free"));
+    }
+    let pairs = rs.iter().filter(|r| r.job.starts_with("pair-") && r.status == "succeeded").count();
+    if pairs < 6 {
+        bad.push(format!("the limited jobs hardly ran: {pairs} succeeded"));
+    }
 
     // No run's side effects executed by two attempts at the same time.
     let effects = std::fs::read_to_string(shared.join("effects.log")).expect("reading the side-effect log");

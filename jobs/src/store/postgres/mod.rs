@@ -42,6 +42,7 @@ pub(super) const SPELLING: Spelling = Spelling {
     greatest: "greatest",
     lock: "FOR UPDATE",
     undispatched: "",
+    limit_waits: "",
     in_list: |param| format!("= ANY({param})"),
     // An array a column (see [`RowsBind::PerColumn`]).
     rows: |params, alias, cols| {

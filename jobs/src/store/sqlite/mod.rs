@@ -39,6 +39,7 @@ pub(super) const SPELLING: Spelling = Spelling {
     // cannot. The statements spell the index's guard out, so the planner can prove their rows
     // lie inside it.
     undispatched: "INDEXED BY ll_runs_undispatched",
+    limit_waits: "INDEXED BY ll_runs_limit_waits",
     in_list: |param| format!("IN (SELECT value FROM json_each({param}))"),
     // A JSON array of arrays ([`rows_json`]), one parameter.
     rows: |params, alias, cols| {
@@ -1140,6 +1141,18 @@ mod tests {
         // them read every run queued at the same instant (all 50,000 of a backlog).
         let plan = plan(&store, crate::store::scripts::scheduler_reads::<SqliteStore>()[0]).await;
         assert!(!plan.iter().any(|d| d.contains("TEMP B-TREE")), "{plan:#?}");
+    }
+
+    /// The reads of a limit's line go through the waiters' index, in its order: on the status
+    /// index they read and sorted every queued run (a backlog of 50,000), each pass.
+    #[tokio::test]
+    async fn the_waiters_are_read_through_their_index() {
+        let (_dir, store) = migrated().await;
+        for sql in crate::store::handover::limit_wait_reads::<SqliteStore>() {
+            let plan = plan(&store, sql).await;
+            assert!(plan.iter().any(|d| d.contains("ll_runs_limit_waits")), "{sql}\n{plan:#?}");
+            assert!(!plan.iter().any(|d| d.contains("TEMP B-TREE") || d.contains("ll_runs_by_status")), "{sql}\n{plan:#?}");
+        }
     }
 
     /// Batches by id go through the primary key, whatever the number of queued runs.
