@@ -180,7 +180,7 @@ impl GaugeSampler {
                         for p in pools {
                             let v = values.entry(p.pool.name).or_default();
                             v.0 += p.holders.len() as u64;
-                            v.1 += p.waiting.len() as u64;
+                            v.1 += p.waiting_count as u64;
                         }
                         self.observer.set_limit_gauges(values);
                     }

@@ -110,6 +110,9 @@ pub(crate) struct Scheduler {
     /// Runs may be waiting for a limit's slot: the next hand-over looks for them. True at
     /// start (runs may have waited while the worker was down).
     limit_waiters: AtomicBool,
+    /// The config may have changed the limits (at start, and at each replan): the next
+    /// hand-over looks for waiters whatever limits are configured.
+    limits_changed: AtomicBool,
 }
 
 impl Scheduler {
@@ -123,6 +126,7 @@ impl Scheduler {
             holding: AtomicBool::new(false),
             handing_over: tokio::sync::Mutex::new(()),
             limit_waiters: AtomicBool::new(true),
+            limits_changed: AtomicBool::new(true),
         })
     }
 
@@ -168,6 +172,7 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         if replan {
             plan = build_plan(&s).await;
             replan = false;
+            s.limits_changed.store(true, Ordering::SeqCst);
         }
         let now = s.env.clock.now();
         // Nothing due yet, but the next instant is within its lead: its tick transaction is
@@ -661,8 +666,10 @@ impl Scheduler {
             if d.pools.is_empty() { ready.push(d.id) } else { limited.push(d) }
         }
         // Runs that wait for a slot are looked for on every pass that may free one: while some
-        // wait, and after anything that wakes a pass.
-        let waiters = self.limit_waiters.swap(false, Ordering::SeqCst);
+        // wait, and after anything that wakes a pass; with no limit configured, only after a
+        // change of the config (a reload that removed the limits frees their waiters).
+        let waiters = (self.limit_waiters.swap(false, Ordering::SeqCst) && !config.limits.is_empty())
+            | self.limits_changed.swap(false, Ordering::SeqCst);
         let mut tickets = Vec::new();
         let mut queued = Vec::new();
         if !ready.is_empty() || !limited.is_empty() || waiters {

@@ -549,7 +549,6 @@ impl JobService {
 
     /// Each limit: its slots, who holds them and who waits, per key.
     pub async fn list_limits(&self) -> Result<Vec<wire::LimitView>, ServiceError> {
-        const SHOWN: usize = 100;
         let sizes = self.config.get().limits.clone();
         let mut views: std::collections::BTreeMap<String, wire::LimitView> = sizes
             .iter()
@@ -560,12 +559,12 @@ impl JobService {
             let view =
                 views.entry(name.clone()).or_insert_with(|| wire::LimitView { name, slots: None, held: 0, waiting: 0, keys: Vec::new() });
             view.held += p.holders.len();
-            view.waiting += p.waiting.len();
+            view.waiting += p.waiting_count;
             view.keys.push(wire::LimitKeyView {
                 key: p.pool.key,
-                waiting_count: p.waiting.len(),
-                holders: p.holders.into_iter().take(SHOWN).collect(),
-                waiting: p.waiting.into_iter().take(SHOWN).collect(),
+                waiting_count: p.waiting_count,
+                holders: p.holders.into_iter().take(crate::store::WAITING_SHOWN).collect(),
+                waiting: p.waiting,
                 waiting_since: p.oldest_wait,
             });
         }

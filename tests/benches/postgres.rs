@@ -16,8 +16,9 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
-//! - drain `--limit N`: the drain with every run in one limit of N slots (`scheduling.limits`)
-//!   against none, alternated, twice each, with 1 and 3 workers.
+//! - drain `--limit N [--workers N] [--rounds N] [--limited-only]`: the drain with every run in
+//!   one limit of N slots (`scheduling.limits`) against none, alternated, twice each, with 1
+//!   and 3 workers.
 //! - drain `--schema-b 'SQL; …' [--workers N]`: a schema change tried on the same binary, the
 //!   drain alone three times as migrated (a) and with the statements applied after the
 //!   migrations (b), alternated.
@@ -72,9 +73,16 @@ fn main() {
             // Every run in one limit against none, alternated, one worker then three.
             "drain" if arg("--limit").is_some() => {
                 let limit: u32 = arg("--limit").and_then(|l| l.parse().ok()).expect("--limit N");
-                for workers in [1, 3] {
-                    for round in 0..2 {
-                        for (variant, limit) in [("none", None), ("limit", Some(limit))] {
+                let workers: Vec<usize> = arg("--workers").map_or(vec![1, 3], |w| vec![w.parse().expect("--workers N")]);
+                let variants: Vec<(&str, Option<u32>)> = if args.iter().any(|a| a == "--limited-only") {
+                    vec![("limit", Some(limit))]
+                } else {
+                    vec![("none", None), ("limit", Some(limit))]
+                };
+                let rounds: usize = arg("--rounds").map_or(2, |r| r.parse().expect("--rounds N"));
+                for workers in workers {
+                    for round in 0..rounds {
+                        for &(variant, limit) in &variants {
                             println!("\n##### {variant}, {workers} worker(s), round {round}");
                             drain_limited(&fresh(&format!("{variant}{workers}{round}")), 50_000, workers, pm, limit);
                         }

@@ -1043,6 +1043,7 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     let pools = s.pools().await.expect("pools");
     assert_eq!(pools.len(), 1);
     assert_eq!((&pools[0].holders, &pools[0].waiting), (&vec![ids[0].clone()], &vec![ids[1].clone(), ids[2].clone()]));
+    assert_eq!((pools[0].waiting_count, pools[0].oldest_wait), (2, Some(t + secs(3))));
     // Nothing freed: nothing admitted, however often asked.
     let done = s.hand_over(&[], &[], pass(&[], &sizes, true), ME, t + secs(4)).await.expect("hand over");
     assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 0, 1), "the head of the line is read, and waits");

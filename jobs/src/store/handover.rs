@@ -68,7 +68,8 @@ pub(crate) trait Handover: Send + Sync + std::fmt::Debug {
     /// The earliest due instant of a queued run not handed over, or of a waiting run's
     /// `wait_until`.
     async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
-    /// True when the job has a run handed over and not finished (for `overlap: queue`).
+    /// True when the job has a run handed over and not finished, or waiting for a limit's
+    /// slot (for `overlap: queue`: the next waits behind it).
     async fn has_dispatched_active(&self, job: &str) -> Result<bool, StoreError>;
     /// Hands due queued runs over in one transaction: `handed` are claimed for `worker` (the
     /// caller holds a slot for each) and returned, those another caller took meanwhile left
@@ -111,7 +112,8 @@ impl<D: RunSql + QueueSql> Handover for D {
             sql!(
                 D,
                 format!(
-                    "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE job = $1 AND status IN {} AND (status != {{Queued}} OR dispatched_at IS NOT NULL)) AS found",
+                    "SELECT EXISTS (SELECT 1 FROM ll_runs WHERE job = $1 AND status IN {}
+                     AND (status != {{Queued}} OR dispatched_at IS NOT NULL OR limit_wait IS NOT NULL)) AS found",
                     *ACTIVE
                 )
             ),
@@ -261,13 +263,14 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     }
     // The line: the runs waiting on each pool (as many as could get a slot, and the head of a
     // full pool's line), and the due runs.
-    let mut line: Vec<(Due, Option<(i64, &str)>)> = Vec::new();
+    // Each with, for a run read from a pool's line, since when it waits and on which pool.
+    let mut line: Vec<(Due, Option<(i64, &Pool)>)> = Vec::new();
     for pool in &waits_on {
         let free =
             pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| (n as usize).saturating_sub(held.get(pool).copied().unwrap_or(0)));
         let q = Stmt::new(limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
         for r in D::fetch_all(tx, q.bind(pool.encode()).bind((free + 1).min(WAITERS_PER_POOL) as i64)).await? {
-            line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool.name.as_str()))));
+            line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool))));
         }
     }
     line.extend(pass.due.iter().map(|d| (d.clone(), None)));
@@ -290,7 +293,7 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
         if let Some((since, on)) = since {
             cleared.push(&due.id);
             let waited = (ms(now) - since).max(0) as u64;
-            out.waited.push(((*on).to_owned(), std::time::Duration::from_millis(waited)));
+            out.waited.push((on.name.clone(), std::time::Duration::from_millis(waited)));
         }
     }
     if !runs.is_empty() {
@@ -305,22 +308,28 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     }
     if !cleared.is_empty() {
         let q = Stmt::new(
-            sql!(D, "UPDATE ll_runs SET limit_wait = NULL, limit_wait_since = NULL WHERE id {in $1}"),
+            sql!(D, "UPDATE ll_runs SET limit_wait = NULL, limit_wait_since = NULL WHERE id {in $1} AND (limit_wait IS NOT NULL) IS TRUE"),
             "ending the waits of runs admitted",
         );
         D::execute(tx, q.bind_list(cleared)).await?;
     }
-    // A run waits on the first pool that held it back; written when that changes.
-    let (ids, waits): (Vec<_>, Vec<_>) =
-        decided.waiting.iter().map(|(i, pool)| (Some(line[*i].0.id.as_str().into()), Some(pool.encode().into()))).unzip();
+    // A run waits on the first pool that held it back; written when that changes. By the
+    // primary key alone (`… IS TRUE` keeps PostgreSQL's planner off the status index, which it
+    // read whole: 25 ms a pass in a drain's line of 50,000).
+    let (ids, waits): (Vec<_>, Vec<_>) = decided
+        .waiting
+        .iter()
+        .filter(|(i, pool)| line[*i].1.is_none_or(|(_, on)| on != pool))
+        .map(|(i, pool)| (Some(line[*i].0.id.as_str().into()), Some(pool.encode().into())))
+        .unzip();
     if !ids.is_empty() {
         let q = Stmt::new(
             sql!(
                 D,
                 "UPDATE ll_runs SET limit_wait = j.wait, limit_wait_since = coalesce(ll_runs.limit_wait_since, $2)
                  FROM {rows $1 AS j(id text, wait text)}
-                 WHERE ll_runs.id = j.id AND ll_runs.status = {Queued} AND ll_runs.dispatched_at IS NULL
-                   AND (ll_runs.limit_wait IS NULL OR ll_runs.limit_wait != j.wait)"
+                 WHERE ll_runs.id = j.id
+                   AND (ll_runs.status = {Queued} AND ll_runs.dispatched_at IS NULL AND (ll_runs.limit_wait IS NULL OR ll_runs.limit_wait <> j.wait)) IS TRUE"
             ),
             "marking runs waiting for a limit",
         );

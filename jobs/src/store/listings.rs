@@ -30,8 +30,8 @@ pub(crate) trait Listings: Send + Sync + std::fmt::Debug {
     }
     /// Runs waiting to start.
     async fn queue_depth(&self) -> Result<u64, StoreError>;
-    /// Each pool's slots held now (run ids, oldest first) and runs waiting for it (run ids, in
-    /// line); pools with neither are left out.
+    /// Each pool's slots held now (run ids, oldest first) and runs waiting for it (how many,
+    /// and the first [`WAITING_SHOWN`] in line); pools with neither are left out.
     async fn pools(&self) -> Result<Vec<PoolState>, StoreError>;
 }
 
@@ -75,25 +75,33 @@ impl<D: ReadSql> Listings for D {
             let pool = Pool { name: r.text("name"), key: r.text("key") };
             states.entry(pool.clone()).or_insert_with(|| PoolState::new(pool)).holders.push(r.text("run_id"));
         }
+        // How many wait on each pool, and since when (an index-only read of the waiters), then
+        // the first of each line.
         let q = Stmt::new(
             sql!(
                 D,
-                "SELECT id, limit_wait, limit_wait_since FROM ll_runs
-                 WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL
-                 ORDER BY limit_wait, due_at, enqueued_at, id"
+                "SELECT limit_wait, count(*) AS n, min(limit_wait_since) AS since FROM ll_runs {limit_waits}
+                 WHERE status = {Queued} AND dispatched_at IS NULL AND limit_wait IS NOT NULL GROUP BY limit_wait"
             ),
-            "reading the runs waiting for a limit",
+            "counting the runs waiting for a limit",
         );
         for r in D::fetch_all(&mut c, q).await? {
             let pool = Pool::decode(r.str("limit_wait"));
             let state = states.entry(pool.clone()).or_insert_with(|| PoolState::new(pool));
-            state.waiting.push(r.text("id"));
-            let since = r.opt_int("limit_wait_since").map(from_ms);
-            state.oldest_wait = state.oldest_wait.min(since).or(state.oldest_wait).or(since);
+            state.waiting_count = r.int("n").max(0) as usize;
+            state.oldest_wait = r.opt_int("since").map(from_ms);
+        }
+        for state in states.values_mut().filter(|s| s.waiting_count > 0) {
+            let q = Stmt::new(super::handover::limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
+            let rows = D::fetch_all(&mut c, q.bind(state.pool.encode()).bind(WAITING_SHOWN as i64)).await?;
+            state.waiting = rows.iter().map(|r| r.text("id")).collect();
         }
         Ok(states.into_values().collect())
     }
 }
+
+/// Runs waiting for a pool that [`Listings::pools`] names.
+pub(crate) const WAITING_SHOWN: usize = 100;
 
 /// One slot pool as it stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,14 +109,16 @@ pub(crate) struct PoolState {
     pub(crate) pool: Pool,
     /// The runs holding a slot: running, or handed to the queue and about to.
     pub(crate) holders: Vec<String>,
-    /// The runs waiting, first in line first.
+    /// The first [`WAITING_SHOWN`] runs waiting, first in line first.
     pub(crate) waiting: Vec<String>,
+    /// How many wait in all.
+    pub(crate) waiting_count: usize,
     /// Since when the longest of them has waited.
     pub(crate) oldest_wait: Option<DateTime<Utc>>,
 }
 
 impl PoolState {
     fn new(pool: Pool) -> Self {
-        Self { pool, holders: Vec::new(), waiting: Vec::new(), oldest_wait: None }
+        Self { pool, holders: Vec::new(), waiting: Vec::new(), waiting_count: 0, oldest_wait: None }
     }
 }

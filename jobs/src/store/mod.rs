@@ -50,7 +50,7 @@ pub(crate) use ends::Ends;
 pub(crate) use handover::{Due, Handover, LimitPass};
 pub(crate) use job_state::JobStates;
 pub(crate) use leases::Leases;
-pub(crate) use listings::Listings;
+pub(crate) use listings::{Listings, WAITING_SHOWN};
 pub(crate) use notices::Notices;
 pub(crate) use records::Records;
 pub(crate) use ticks::Ticks;
