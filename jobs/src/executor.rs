@@ -38,7 +38,7 @@ use crate::in_force::InForce;
 use crate::run::{Outcome, Run, RunStatus};
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
-use crate::store::{Ends, Handed, Records, RunEnd, StoreError, Taken};
+use crate::store::{Ends, Handed, LimitPass, Records, RunEnd, StoreError, Taken};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
@@ -98,6 +98,8 @@ struct Finished {
     ticket: Ticket,
     /// The execution's trace, when spans are exported.
     trace_id: Option<String>,
+    /// The limits' pools whose slots it held: its end lets the next in.
+    pools: Vec<crate::limits::Pool>,
 }
 
 /// What the executor is handed by the engine that composes it: narrow handles, no engine.
@@ -386,6 +388,7 @@ impl Executor {
 /// run's span is the root of its trace; its `before` hooks may cancel it.
 async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     let Handed { run, snapshot, resumed } = handed;
+    let pools = snapshot.as_ref().map(|s| crate::limits::pools_of(&s.limits, run.input.as_ref())).unwrap_or_default();
     let entry = exec.track(&run.id);
     let obs = exec.env.observer.clone();
     obs.run_started(&run, run.lateness(), resumed);
@@ -411,7 +414,7 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
     let started = started.get().copied();
-    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id });
+    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id, pools });
 }
 
 /// What a panic said, when it said it with a string.
@@ -528,6 +531,13 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // hold runs; after a failed attempt, the ends are written alone (the intake claims).
         let refill = if exec.queue_may_hold.load(Relaxed) && exec.gate.admits() { batch.len() } else { 0 };
         let claim_too = AtomicBool::new(refill > 0);
+        // The pools whose slots these ends free: the runs waiting for them are admitted in the
+        // same write, into these runs' slots first.
+        let mut freed_pools: Vec<crate::limits::Pool> = batch.iter().flat_map(|f| f.pools.iter().cloned()).collect();
+        freed_pools.sort();
+        freed_pools.dedup();
+        let sizes = exec.env.config.get().limits.clone();
+        let admit_into = if exec.gate.admits() { batch.len() } else { 0 };
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
             .zip(&retries)
@@ -550,7 +560,12 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let finish = || async {
             let began = std::time::Instant::now();
             let n = if claim_too.load(Relaxed) { refill } else { 0 };
-            let res = exec.env.ends.finish_and_claim(&ends, n, &exec.env.worker, now).await;
+            let res = if freed_pools.is_empty() {
+                exec.env.ends.finish_and_claim(&ends, n, &exec.env.worker, now).await
+            } else {
+                let pass = LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &freed_pools, spare: admit_into };
+                exec.env.ends.finish_and_admit(&ends, pass, n, &exec.env.worker, now).await
+            };
             match &res {
                 Ok((_, taken)) => exec.env.observer.emit(InternalEvent::EndsRecorded {
                     runs: ends.len(),
@@ -587,7 +602,10 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                     }
                 }
                 if claim_too.load(Relaxed) {
-                    exec.queue_may_hold.store(taken.tasks == refill, Relaxed);
+                    exec.queue_may_hold.store(taken.tasks == refill.saturating_sub(taken.admitted), Relaxed);
+                }
+                if taken.pushed > 0 {
+                    exec.env.signals.publish(Signal::TasksPushed);
                 }
                 (done.into_iter().collect(), taken)
             }

@@ -678,7 +678,7 @@ impl Scheduler {
         }
         let mut waiting = 0;
         if !ready.is_empty() || !queued.is_empty() || !limited.is_empty() || waiters {
-            let pass = LimitPass { due: &limited, sizes: &config.limits, waiters, spare: tickets.len() - ready.len() };
+            let pass = LimitPass { due: &limited, sizes: &config.limits, waiters, freed: &[], spare: tickets.len() - ready.len() };
             match self.env.handover.hand_over(&ready, &queued, pass, &self.env.worker, now).await {
                 Ok(done) => {
                     waiting = done.waiting;
@@ -697,10 +697,13 @@ impl Scheduler {
                 }
             }
         }
+        // Runs still wait: the ends that free their slots admit them (the recorder's, on the
+        // worker that ran the holder), a takeover wakes a pass, and a pass every few seconds
+        // looks all the same.
         if waiting > 0 {
             self.limit_waiters.store(true, Ordering::SeqCst);
         }
-        let holding = held_back || more || waiting > 0;
+        let holding = held_back || more;
         let was_holding = self.holding.swap(holding, Ordering::SeqCst);
         if holding && !was_holding {
             self.env.signals.publish(Signal::Wake);

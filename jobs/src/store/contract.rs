@@ -1020,7 +1020,7 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     let t = t0();
     let sizes: crate::limits::Sizes = [("warehouse".to_string(), 1), ("tenant".to_string(), 1)].into();
     fn pass<'a>(due: &'a [crate::store::Due], sizes: &'a crate::limits::Sizes, waiters: bool) -> LimitPass<'a> {
-        LimitPass { due, sizes, waiters, spare: 5 }
+        LimitPass { due, sizes, waiters, freed: &[], spare: 5 }
     }
     let mut ids = Vec::new();
     for i in 0..3 {
@@ -1096,6 +1096,28 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     let done =
         s.hand_over(&[], &[], LimitPass { sizes: &none, spare: 0, ..pass(&[], &sizes, true) }, ME, t + secs(53)).await.expect("hand over");
     assert_eq!((done.pushed, done.waiting), (2, 0));
+
+    // An end admits the next in line in its own write, into the slot it frees.
+    take_lease(s).await;
+    let sizes: crate::limits::Sizes = [("gpu".to_string(), 1)].into();
+    let mut gpu = Vec::new();
+    for i in 0..2 {
+        let at = t + secs(60 + i);
+        gpu.push(s.insert_run(limited("train", &[("gpu", None)], serde_json::json!({}), at), at).await.expect("insert").0);
+    }
+    let due = s.due_undispatched(t + secs(62)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(62)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (1, 1));
+    let freed = [Pool { name: "gpu".into(), key: String::new() }];
+    let limits = LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &freed, spare: 1 };
+    let (ended, taken) =
+        s.finish_and_admit(&[end(&gpu[0], RunStatus::Succeeded)], limits, 1, ME, t + secs(70)).await.expect("end and admit");
+    assert_eq!(ended, [gpu[0].clone()]);
+    assert_eq!(
+        (taken.admitted, taken.pushed, taken.runs.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>()),
+        (1, 0, vec![gpu[1].as_str()])
+    );
+    assert_eq!(status(s, &gpu[1]).await, RunStatus::Running, "claimed into the slot the end freed");
 }
 
 fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {

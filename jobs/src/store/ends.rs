@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 
 use super::dialect::{QueueSql, Record, RunSql, Stmt, handed_from_row, sql};
 use super::scripts::*;
-use super::{Dispatch, NewRun, RunEnd, StoreError, Taken, ms, new_id, status_list};
+use super::{Dispatch, LimitPass, NewRun, RunEnd, StoreError, Taken, ms, new_id, status_list};
 use crate::events::EndsWrite;
 use crate::run::{Run, RunStatus, Transitions};
 
@@ -28,6 +28,18 @@ pub(crate) trait Ends: Send + Sync + std::fmt::Debug {
     async fn finish_and_claim(
         &self,
         ends: &[RunEnd<'_>],
+        n: usize,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<String>, Taken), StoreError>;
+    /// The ends of runs that held limits' slots, and in the same transaction the admission of
+    /// the runs waiting for the pools of `limits.freed` (claimed into `limits.spare` of the
+    /// slots the ends free, the rest queued), then a claim of up to `n` queued runs (the slots
+    /// left). The runs admitted come first in [`Taken::runs`].
+    async fn finish_and_admit(
+        &self,
+        ends: &[RunEnd<'_>],
+        limits: LimitPass<'_>,
         n: usize,
         worker: &str,
         now: DateTime<Utc>,
@@ -109,7 +121,7 @@ impl<D: RunSql + QueueSql> Ends for D {
             let (done, tasks, rows, writer_wait_us) = written?;
             let statement_us = lap.elapsed().as_micros() as u64;
             let write = Some(EndsWrite::OneStatement { statement_us, writer_wait_us });
-            let taken = Taken { tasks, runs: rows.iter().map(handed_from_row).collect(), write };
+            let taken = Taken { tasks, runs: rows.iter().map(handed_from_row).collect(), write, ..Taken::default() };
             return Ok((recorded_as_asked(ends, &done), taken));
         }
         let mut split = move || {
@@ -127,6 +139,29 @@ impl<D: RunSql + QueueSql> Ends for D {
         let claim_us = split();
         D::commit(tx).await?;
         taken.write = Some(EndsWrite::Transaction { begin_us, ends_us, claim_us, commit_us: split() });
+        Ok((recorded_as_asked(ends, &done), taken))
+    }
+
+    async fn finish_and_admit(
+        &self,
+        ends: &[RunEnd<'_>],
+        limits: LimitPass<'_>,
+        n: usize,
+        worker: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<String>, Taken), StoreError> {
+        let mut tx = self.begin().await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
+        close_steps::<D>(&mut tx, &ended, now).await?;
+        let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], limits, worker, now).await?;
+        // The slots the admitted runs did not take.
+        let n = n.saturating_sub(handed.claimed.len());
+        let mut taken = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
+        D::commit(tx).await?;
+        taken.admitted = handed.claimed.len();
+        taken.pushed = handed.pushed;
+        taken.runs.splice(0..0, handed.claimed);
         Ok((recorded_as_asked(ends, &done), taken))
     }
 

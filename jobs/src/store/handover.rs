@@ -40,8 +40,11 @@ pub(crate) struct LimitPass<'a> {
     pub(crate) due: &'a [Due],
     /// `scheduling.limits` in force.
     pub(crate) sizes: &'a Sizes,
-    /// Whether to look for runs already waiting (on every pass that may free or add a slot).
+    /// Whether to look for runs already waiting on any pool (on every pass that may free or
+    /// add a slot).
     pub(crate) waiters: bool,
+    /// Pools whose waiting runs to look at (those whose slots ends just freed).
+    pub(crate) freed: &'a [Pool],
     /// Of the caller's free slots, how many are left for admitted runs to be claimed into.
     pub(crate) spare: usize,
 }
@@ -87,7 +90,7 @@ pub(crate) trait Handover: Send + Sync + std::fmt::Debug {
     /// [`Handover::hand_over`] of runs that take no limit: the runs claimed.
     #[cfg(test)]
     async fn dispatch(&self, handed: &[String], queued: &[String], worker: &str, now: DateTime<Utc>) -> Result<Vec<Handed>, StoreError> {
-        let none = LimitPass { due: &[], sizes: &Sizes::new(), waiters: false, spare: 0 };
+        let none = LimitPass { due: &[], sizes: &Sizes::new(), waiters: false, freed: &[], spare: 0 };
         Ok(self.hand_over(handed, queued, none, worker, now).await?.claimed)
     }
 
@@ -133,26 +136,8 @@ impl<D: RunSql + QueueSql> Handover for D {
         now: DateTime<Utc>,
     ) -> Result<Dispatched, StoreError> {
         let mut tx = self.begin().await?;
-        let mut out = Dispatched::default();
-        let (mut handed, mut queued) = (handed.to_vec(), queued.to_vec());
-        if !limits.due.is_empty() || limits.waiters {
-            let admitted = admit::<D>(&mut tx, limits, now).await?;
-            let spare = limits.spare.min(admitted.ids.len());
-            handed.extend_from_slice(&admitted.ids[..spare]);
-            queued.extend_from_slice(&admitted.ids[spare..]);
-            out.waiting = admitted.waiting;
-            out.waited = admitted.waited;
-        }
-        // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
-        let epoch = if handed.is_empty() { None } else { live_epoch::<D>(&mut tx, worker).await? };
-        out.claimed = match epoch {
-            Some(epoch) => claim::<D>(&mut tx, &handed, worker, epoch, now, Locked::Skip).await?,
-            None => Vec::new(),
-        };
-        let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(&mut tx, &queued, ms(now)).await? };
-        D::push(&mut tx, &to_push).await?;
+        let out = hand_over_in::<D>(&mut tx, handed, queued, limits, worker, now).await?;
         D::commit(tx).await?;
-        out.pushed = to_push.len();
         Ok(out)
     }
 
@@ -167,6 +152,38 @@ impl<D: RunSql + QueueSql> Handover for D {
         );
         Ok(D::fetch_all(&mut *self.writer().await?, q.bind(ms(now))).await?.iter().map(|r| r.text("id")).collect())
     }
+}
+
+/// [`Handover::hand_over`] in the caller's transaction (the recorder's, with the ends that
+/// freed the slots).
+pub(super) async fn hand_over_in<D: RunSql + QueueSql>(
+    tx: &mut D::Conn,
+    handed: &[String],
+    queued: &[String],
+    limits: LimitPass<'_>,
+    worker: &str,
+    now: DateTime<Utc>,
+) -> Result<Dispatched, StoreError> {
+    let mut out = Dispatched::default();
+    let (mut handed, mut queued) = (handed.to_vec(), queued.to_vec());
+    if !limits.due.is_empty() || limits.waiters || !limits.freed.is_empty() {
+        let admitted = admit::<D>(tx, limits, now).await?;
+        let spare = limits.spare.min(admitted.ids.len());
+        handed.extend_from_slice(&admitted.ids[..spare]);
+        queued.extend_from_slice(&admitted.ids[spare..]);
+        out.waiting = admitted.waiting;
+        out.waited = admitted.waited;
+    }
+    // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
+    let epoch = if handed.is_empty() { None } else { live_epoch::<D>(tx, worker).await? };
+    out.claimed = match epoch {
+        Some(epoch) => claim::<D>(tx, &handed, worker, epoch, now, Locked::Skip).await?,
+        None => Vec::new(),
+    };
+    let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(tx, &queued, ms(now)).await? };
+    D::push(tx, &to_push).await?;
+    out.pushed = to_push.len();
+    Ok(out)
 }
 
 /// Runs admitted to their limits, and what waits.
@@ -215,12 +232,14 @@ pub(super) fn limit_wait_reads<D: Dialect>() -> [&'static str; 2] {
 /// others are marked waiting on the pool they wait on first.
 async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<Utc>) -> Result<Admitted, StoreError> {
     let mut pools: Vec<Pool> = pass.due.iter().flat_map(|d| d.pools.iter().cloned()).collect();
-    let mut waits_on: Vec<Pool> = Vec::new();
+    let mut waits_on: Vec<Pool> = pass.freed.to_vec();
     if pass.waiters {
         let q = Stmt::new(limit_wait_reads::<D>()[0], "reading the limits runs wait for");
-        waits_on = D::fetch_all(tx, q).await?.iter().map(|r| Pool::decode(r.str("limit_wait"))).collect();
-        pools.extend(waits_on.iter().cloned());
+        waits_on.extend(D::fetch_all(tx, q).await?.iter().map(|r| Pool::decode(r.str("limit_wait"))));
     }
+    waits_on.sort();
+    waits_on.dedup();
+    pools.extend(waits_on.iter().cloned());
     pools.sort();
     pools.dedup();
     if pools.is_empty() {

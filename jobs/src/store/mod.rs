@@ -628,6 +628,10 @@ pub(crate) struct Taken {
     pub(crate) runs: Vec<Handed>,
     /// How the write went, when it recorded ends too ([`Ends::finish_and_claim`]).
     pub(crate) write: Option<crate::events::EndsWrite>,
+    /// Of `runs`, the first this many were admitted to their limits ([`Ends::finish_and_admit`]).
+    pub(crate) admitted: usize,
+    /// Runs admitted to their limits and queued (no slot here was left for them).
+    pub(crate) pushed: usize,
 }
 
 /// What a held tick transaction waits for before it commits (true) or rolls back (false).

@@ -223,7 +223,7 @@ pub(super) async fn take_and_claim<D: RunSql + QueueSql>(
     };
     let (tasks, ids) = D::take(c, n).await?;
     let runs = claim::<D>(c, &ids, worker, epoch, now, Locked::Wait).await?;
-    Ok(Taken { tasks, runs, write: None })
+    Ok(Taken { tasks, runs, ..Taken::default() })
 }
 
 /// The ids of `done` (run id, status recorded) whose end was recorded as `ends` asked (not
