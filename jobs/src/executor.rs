@@ -98,8 +98,6 @@ struct Finished {
     ticket: Ticket,
     /// The execution's trace, when spans are exported.
     trace_id: Option<String>,
-    /// The limits' pools whose slots it held: its end lets the next in.
-    pools: Vec<crate::limits::Pool>,
 }
 
 /// What the executor is handed by the engine that composes it: narrow handles, no engine.
@@ -388,7 +386,6 @@ impl Executor {
 /// run's span is the root of its trace; its `before` hooks may cancel it.
 async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     let Handed { run, snapshot, resumed } = handed;
-    let pools = snapshot.as_ref().map(|s| crate::limits::pools_of(&s.limits, run.input.as_ref())).unwrap_or_default();
     let entry = exec.track(&run.id);
     let obs = exec.env.observer.clone();
     obs.run_started(&run, run.lateness(), resumed);
@@ -414,7 +411,7 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
     let started = started.get().copied();
-    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id, pools });
+    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id });
 }
 
 /// What a panic said, when it said it with a string.
@@ -533,7 +530,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let claim_too = AtomicBool::new(refill > 0);
         // The pools whose slots these ends free: the runs waiting for them are admitted in the
         // same write, into these runs' slots first.
-        let mut freed_pools: Vec<crate::limits::Pool> = batch.iter().flat_map(|f| f.pools.iter().cloned()).collect();
+        let mut freed_pools: Vec<crate::limits::Pool> = batch.iter().flat_map(|f| f.run.pools.iter().cloned()).collect();
         freed_pools.sort();
         freed_pools.dedup();
         let sizes = exec.env.config.get().limits.clone();

@@ -90,6 +90,7 @@ impl NewRun {
             trace_id: None,
             requested_by: self.requested_by.clone(),
             limit_wait: None,
+            pools: self.snapshot.as_ref().map(|s| crate::limits::pools_of(&s.limits, self.input.as_ref())).unwrap_or_default(),
         }
     }
 

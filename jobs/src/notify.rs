@@ -196,6 +196,7 @@ mod tests {
             trace_id: None,
             requested_by: None,
             limit_wait: None,
+            pools: Vec::new(),
         }
     }
 

@@ -45,6 +45,8 @@ pub struct Run {
     pub requested_by: Option<String>,
     /// The limit a queued run waits for a slot of.
     pub limit_wait: Option<crate::limits::LimitWait>,
+    /// The limits' pools it holds a slot of while it runs.
+    pub pools: Vec<crate::limits::Pool>,
 }
 
 impl Run {
@@ -336,6 +338,7 @@ mod tests {
             trace_id: None,
             requested_by: None,
             limit_wait: None,
+            pools: Vec::new(),
         };
         let wire = |f| run(f).to_wire();
         assert_eq!(wire(FollowUp::Undecided).next_run_id, None);

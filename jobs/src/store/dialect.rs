@@ -526,7 +526,7 @@ pub(crate) trait UpkeepSql: Dialect {
 /// The columns of a run, for [`run_from_row`] (a first attempt stores no root: it is its own).
 macro_rules! run_cols {
     () => {
-        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, requested_by, limit_wait, limit_wait_since, coalesce(root_id, id) AS root_id"
+        "id, job, trigger, status, scheduled_at, due_at, enqueued_at, started_at, finished_at, attempt, input, parameters, output, error, worker, idempotency_key, retry_of, next_run_id, tokens_in, tokens_out, cost, trace_id, requested_by, limit_wait, limit_wait_since, limits, coalesce(root_id, id) AS root_id"
     };
 }
 pub(crate) use run_cols;
@@ -571,6 +571,7 @@ pub(crate) fn run_from_row(r: &impl Record) -> Run {
         limit_wait: r
             .opt_text("limit_wait")
             .map(|w| crate::limits::LimitWait { pool: crate::limits::Pool::decode(&w), since: r.opt_int("limit_wait_since").map(from_ms) }),
+        pools: crate::limits::from_stored(r.opt_text("limits").as_deref()),
     }
 }
 
