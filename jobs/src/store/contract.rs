@@ -1032,7 +1032,7 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     let due = s.due_undispatched(t + secs(3)).await.expect("due");
     assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [ids[0].as_str(), &ids[1], &ids[2], &free]);
     assert!(due[3].pools.is_empty() && due[0].pools == [Pool { name: "warehouse".into(), key: String::new() }]);
-    let done = s.hand_over(&[free.clone()], &[], pass(&due[..3], &sizes, false), ME, t + secs(3)).await.expect("hand over");
+    let done = s.hand_over(std::slice::from_ref(&free), &[], pass(&due[..3], &sizes, false), ME, t + secs(3)).await.expect("hand over");
     let mut claimed: Vec<&str> = done.claimed.iter().map(|h| h.run.id.as_str()).collect();
     claimed.sort();
     assert_eq!((claimed, done.waiting), (vec![ids[0].as_str(), free.as_str()], 2), "the first in line gets the one slot");

@@ -144,7 +144,7 @@ fn mcp_inspector_0_15_takes_the_tool_list_and_a_structured_result() {
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
     };
     let tools = inspect(&["--method", "tools/list"]);
-    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(27), "{tools}");
+    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(28), "{tools}");
     let job = inspect(&["--method", "tools/call", "--tool-name", "get_job", "--tool-arg", "name=report"]);
     assert_eq!(job["structuredContent"]["name"], "report", "{job}");
     assert_ne!(job["isError"], true);

@@ -356,7 +356,7 @@ fn mcp_over_stdio_serves_the_same_tools() {
         cmd.args(["run", "--mcp-stdio", "--config"]).arg(w.config_path()).current_dir(w.dir.path()).env("RUST_LOG", "warn");
         let client = ().serve(TokioChildProcess::new(cmd).expect("spawn")).await.expect("connect over stdio");
         let tools = client.list_all_tools().await.expect("tools/list");
-        assert_eq!(tools.len(), 27, "{:?}", tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
+        assert_eq!(tools.len(), 28, "{:?}", tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>());
         let res = client
             .call_tool(rmcp::model::CallToolRequestParams::new("list_jobs").with_arguments(serde_json::Map::new()))
             .await

@@ -57,10 +57,15 @@ impl Provider {
     }
 
     /// `mcp_oauth.py`'s arguments for the machine client (client credentials), then `extra`.
-    fn machine<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+    /// The secret is given as `--client-secret=…`: a random one may begin with `-`, which
+    /// argparse would take for an option.
+    fn machine(&self, extra: &[&str]) -> Vec<String> {
         let id = self.info["machine"]["client_id"].as_str().expect("client_id");
         let secret = self.info["machine"]["client_secret"].as_str().expect("client_secret");
-        [&["client_credentials", "--client-id", id, "--client-secret", secret, "--issuer", self.issuer()][..], extra].concat()
+        let mut args: Vec<String> = vec!["client_credentials".into(), "--client-id".into(), id.into()];
+        args.push(format!("--client-secret={secret}"));
+        args.extend(["--issuer", self.issuer()].into_iter().chain(extra.iter().copied()).map(str::to_owned));
+        args
     }
 
     /// A token signed with the issuer's own RSA key, with `claims` over good defaults.
@@ -106,7 +111,7 @@ fn oauth_worker(issuer: &str, jobs: &str) -> Worker {
 }
 
 /// The SDK's OAuth client against the worker: one JSON line per call, then the last line.
-fn sdk(w: &Worker, args: &[&str]) -> (Vec<Value>, Value, i32) {
+fn sdk<S: AsRef<std::ffi::OsStr>>(w: &Worker, args: &[S]) -> (Vec<Value>, Value, i32) {
     let out = Command::new(lamplighter_tests::setup::python_mcp())
         .arg(repo_root().join("tests/clients/mcp_oauth.py"))
         .args(&args[..1])
