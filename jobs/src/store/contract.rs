@@ -1046,7 +1046,7 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     assert_eq!((pools[0].waiting_count, pools[0].oldest_wait), (2, Some(t + secs(3))));
     // Nothing freed: nothing admitted, however often asked.
     let done = s.hand_over(&[], &[], pass(&[], &sizes, true), ME, t + secs(4)).await.expect("hand over");
-    assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 0, 1), "the head of the line is read, and waits");
+    assert_eq!((done.claimed.len(), done.pushed, done.waiting), (0, 0, 2), "the line is read (its slots and one more), and waits");
     // Its end frees the slot: the next in line, and only it, gets it (through the queue once
     // the caller's slots are used).
     s.finish_many(&[end(&ids[0], RunStatus::Succeeded)], t + secs(10)).await.expect("end");

@@ -237,6 +237,8 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
         let q = Stmt::new(limit_wait_reads::<D>()[0], "reading the limits runs wait for");
         waits_on.extend(D::fetch_all(tx, q).await?.iter().map(|r| Pool::decode(r.str("limit_wait"))));
     }
+    // A due run's pools' lines too: a run already waiting there is ahead of it.
+    waits_on.extend(pools.iter().cloned());
     waits_on.sort();
     waits_on.dedup();
     pools.extend(waits_on.iter().cloned());
@@ -245,6 +247,23 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     if pools.is_empty() {
         return Ok(Admitted { ids: Vec::new(), waiting: 0, waited: Vec::new() });
     }
+    // The line, read before the locks (a run in it that another admission took meanwhile is
+    // a holder by the count after them, and leaves it): the runs waiting on each pool that the
+    // due runs take or that waiters wait on (as many as its slots, and one more: the head of a
+    // full line), and the due runs. Every pool a run of the line takes is locked and counted,
+    // not only the one it waits on.
+    // Each with, for a run read from a pool's line, since when it waits and on which pool.
+    let mut line: Vec<(Due, Option<(i64, &Pool)>)> = Vec::new();
+    for pool in &waits_on {
+        let slots = pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| n as usize);
+        let q = Stmt::new(limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
+        for r in D::fetch_all(tx, q.bind(pool.encode()).bind((slots + 1).min(WAITERS_PER_POOL) as i64)).await? {
+            line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool))));
+        }
+    }
+    pools.extend(line.iter().flat_map(|(d, _)| d.pools.iter().cloned()));
+    pools.sort();
+    pools.dedup();
     let encoded: Vec<String> = pools.iter().map(Pool::encode).collect();
     D::lock_limits(tx, &encoded).await?;
     // Who holds a slot of each pool: stale rows (their run no longer running or handed over)
@@ -279,18 +298,6 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
         stale.dedup();
         let q = Stmt::new(sql!(D, "DELETE FROM ll_run_limits WHERE run_id {in $1}"), "freeing stale slots");
         D::execute(tx, q.bind_list(stale.iter().map(String::as_str))).await?;
-    }
-    // The line: the runs waiting on each pool (as many as could get a slot, and the head of a
-    // full pool's line), and the due runs.
-    // Each with, for a run read from a pool's line, since when it waits and on which pool.
-    let mut line: Vec<(Due, Option<(i64, &Pool)>)> = Vec::new();
-    for pool in &waits_on {
-        let free =
-            pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| (n as usize).saturating_sub(held.get(pool).copied().unwrap_or(0)));
-        let q = Stmt::new(limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
-        for r in D::fetch_all(tx, q.bind(pool.encode()).bind((free + 1).min(WAITERS_PER_POOL) as i64)).await? {
-            line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool))));
-        }
     }
     line.extend(pass.due.iter().map(|d| (d.clone(), None)));
     line.sort_by(|(a, _), (b, _)| (a.place, &a.id).cmp(&(b.place, &b.id)));
