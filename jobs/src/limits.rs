@@ -1,7 +1,7 @@
 //! Limits shared across jobs and workers (SPEC §4a): the slot pools a run takes, and which of
 //! the runs in line get a slot. Pure values and decisions: the store reads the facts (who
 //! holds a slot, who waits) under a lock per pool and writes the answer in the same
-//! transaction ([`crate::store::Handover::dispatch`]).
+//! transaction (the store's hand-over and its end writes). A leaf: it knows the config, nothing of the engine.
 //!
 //! A slot is held by a run that is `running`, or `queued` and handed to the queue (admitted,
 //! not claimed yet), and that has a row in `ll_run_limits` for the pool. So a slot is freed
