@@ -204,6 +204,11 @@ pub(crate) struct Step {
     pub(crate) timeout: Option<String>,
     /// Approval steps: what a timeout decides, `approve` or `reject` (default `reject`).
     pub(crate) on_timeout: Option<String>,
+    /// The `scheduling.limits` the step holds a slot of while it runs (as a job's `limits`;
+    /// a `parallel` holds its children's too): the run gives its slot back and waits in line
+    /// for them when it reaches the step, and frees them when the step ends.
+    #[schemars(with = "Option<Vec<LimitSchema>>")]
+    pub(crate) limits: Option<Any>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -28,6 +28,9 @@ pub struct Step {
     /// The step runs only when this renders truthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<Template>,
+    /// The `scheduling.limits` the step holds a slot of while it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<crate::LimitUse>,
     #[serde(flatten)]
     pub kind: StepKind,
 }
@@ -123,6 +126,20 @@ impl Step {
         let mut out = vec![self];
         if let StepKind::Parallel { steps } = &self.kind {
             out.extend(steps.iter().flat_map(Step::walk));
+        }
+        out
+    }
+}
+
+impl Step {
+    /// The limits this step holds while it runs: its own and those of the steps in it, each
+    /// once.
+    pub fn held_limits(&self) -> Vec<&crate::LimitUse> {
+        let mut out: Vec<&crate::LimitUse> = Vec::new();
+        for l in self.walk().into_iter().flat_map(|s| &s.limits) {
+            if !out.contains(&l) {
+                out.push(l);
+            }
         }
         out
     }

@@ -659,4 +659,46 @@ fn limits_are_read_and_their_mistakes_located() {
     for e in expected {
         assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
     }
+
+    // A workflow step takes limits as a job does; a parallel holds its children's; a step
+    // that does no work of its own takes none.
+    let steps = |gpu_step: &str| {
+        format!(
+            "scheduling:\n  limits:\n    gpu: 1\n    tenant: 2\n  jobs:\n    render:\n      workflow: render\n\
+             workflows:\n  render:\n    steps:\n\
+             \x20     - {{id: prep, type: plugin, plugin: file-save, action: save}}\n\
+             {gpu_step}\
+             \x20     - id: both\n        type: parallel\n        limits: [tenant]\n        steps:\n\
+             \x20         - {{id: left, type: plugin, plugin: file-save, action: save, limits: [{{name: tenant, key: \"${{input.t}}\"}}]}}\n"
+        )
+    };
+    write(tmp.path(), "lamplighter.yaml", &steps("      - {id: paint, type: plugin, plugin: file-save, action: save, limits: [gpu]}\n"));
+    let config = load_with_env(&opts, |_| None).expect("loads").config;
+    let render = &config.workflows["render"];
+    let held = |i: usize| render.steps[i].held_limits().iter().map(|l| (l.name.clone(), l.key.clone())).collect::<Vec<_>>();
+    assert_eq!(held(0), []);
+    assert_eq!(held(1), [("gpu".to_string(), None)]);
+    assert_eq!(
+        held(2),
+        [("tenant".to_string(), None), ("tenant".to_string(), Some("${input.t}".to_string()))],
+        "the parallel's and its child's"
+    );
+    for (step, error) in [
+        (
+            "      - {id: paint, type: plugin, plugin: file-save, action: save, limits: [gpuu]}\n",
+            "lamplighter.yaml:12:68: error: workflow \"render\": step \"paint\": limits names limit \"gpuu\", which scheduling.limits does not define (did you mean \"gpu\"?)",
+        ),
+        (
+            "      - {id: ok, type: approval, limits: [gpu]}\n",
+            "lamplighter.yaml:12:34: error: workflow \"render\": step \"ok\": an approval step waits for a person and holds no limit",
+        ),
+        (
+            "      - {id: paint, type: plugin, plugin: file-save, action: save, limits: [gpu, gpu]}\n",
+            "lamplighter.yaml:12:68: error: workflow \"render\": step \"paint\": limits names limit \"gpu\" twice; step \"paint\" holds one slot of each limit",
+        ),
+    ] {
+        write(tmp.path(), "lamplighter.yaml", &steps(step));
+        let errs = errors_of(tmp.path());
+        assert!(errs.iter().any(|x| x.starts_with(error)), "missing {error:?} in:\n{}", errs.join("\n"));
+    }
 }

@@ -149,6 +149,15 @@ impl RunContext {
         Ok(())
     }
 
+    /// A workflow step's limits are no longer held: their slots are given back (the run keeps
+    /// `kept`, its job's own), durable when this returns; the runs waiting for them are looked
+    /// for at once.
+    pub(crate) async fn release_limits(&self, kept: &[crate::limits::Pool], freed: &[crate::limits::Pool]) -> Result<(), StoreError> {
+        self.durably("the release of a step's limits", || self.env.records.release_limits(&self.run.id, kept, freed)).await?;
+        self.env.signals.publish(crate::signals::Signal::Wake);
+        Ok(())
+    }
+
     /// The agent calls recorded by this attempt or an earlier one.
     pub(crate) async fn calls(&self) -> Result<Vec<CallRecord>, StoreError> {
         self.env.records.calls(&self.run.root_id).await

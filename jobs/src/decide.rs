@@ -100,6 +100,8 @@ pub(crate) struct Settled {
     pub(crate) retry: bool,
     /// A waiting run is resumed at this instant if nobody decided before.
     pub(crate) wait_until: Option<DateTime<Utc>>,
+    /// A run queued again to wait for a workflow step's limits: the pools it waits for.
+    pub(crate) pools: Option<Vec<crate::limits::Pool>>,
 }
 
 /// What ended a run, typed (never read back from its error's text).
@@ -125,6 +127,7 @@ pub(crate) fn panicked(message: &str) -> Settled {
         error: Some(format!("the run panicked: {message}")),
         retry: false,
         wait_until: None,
+        pools: None,
     }
 }
 
@@ -136,7 +139,8 @@ pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Sett
         (None, Some(_)) => EndCause::Outcome,
         (None, None) => EndCause::NoOutcome,
     };
-    let ended = |status, error: String, retry| Settled { status, cause, output: None, error: Some(error), retry, wait_until: None };
+    let ended =
+        |status, error: String, retry| Settled { status, cause, output: None, error: Some(error), retry, wait_until: None, pools: None };
     match (stop, outcome) {
         (Some(StopReason::Shutdown), _) => {
             // Retried at the next start (recovery follows interrupted runs up).
@@ -156,10 +160,13 @@ pub(crate) fn settle(outcome: Option<Outcome>, stop: Option<StopReason>) -> Sett
             ended(RunStatus::TimedOut, format!("timed out after {}", humantime::format_duration(t)), true)
         }
         (None, Some(Outcome::Succeeded { output })) => {
-            Settled { status: RunStatus::Succeeded, cause, output: Some(output), error: None, retry: false, wait_until: None }
+            Settled { status: RunStatus::Succeeded, cause, output: Some(output), error: None, retry: false, wait_until: None, pools: None }
         }
         (None, Some(Outcome::Waiting { until })) => {
-            Settled { status: RunStatus::WaitingApproval, cause, output: None, error: None, retry: false, wait_until: until }
+            Settled { status: RunStatus::WaitingApproval, cause, output: None, error: None, retry: false, wait_until: until, pools: None }
+        }
+        (None, Some(Outcome::WaitingForLimits { pools })) => {
+            Settled { status: RunStatus::Queued, cause, output: None, error: None, retry: false, wait_until: None, pools: Some(pools) }
         }
         (None, Some(Outcome::Failed { error, retry })) => ended(RunStatus::Failed, error, retry),
         (None, Some(Outcome::TimedOut { error })) => ended(RunStatus::TimedOut, error, true),
@@ -745,6 +752,11 @@ mod tests {
         let w = settle(Some(Outcome::Waiting { until }), None);
         assert_eq!((w.status, w.wait_until, w.retry), (RunStatus::WaitingApproval, until, false));
         assert_eq!(settle(Some(Outcome::Waiting { until }), Some(StopReason::Shutdown)).status, RunStatus::Interrupted, "a stop wins");
+        let gpu = vec![crate::limits::Pool { name: "gpu".into(), key: String::new() }];
+        let l = settle(Some(Outcome::WaitingForLimits { pools: gpu.clone() }), None);
+        assert_eq!((l.status, l.pools, l.retry), (RunStatus::Queued, Some(gpu.clone()), false), "queued again, in line");
+        let stopped = settle(Some(Outcome::WaitingForLimits { pools: gpu }), Some(StopReason::Cancelled("by hand".into())));
+        assert_eq!(stopped.status, RunStatus::Cancelled, "a stop wins");
         let fenced = settle(ok(), Some(StopReason::Fenced(Duration::from_secs(15))));
         assert_eq!((fenced.status, fenced.retry), (RunStatus::Interrupted, false), "recovery follows a fenced run up, once");
         assert!(fenced.error.as_deref().is_some_and(|e| e.contains("could not renew its lease for 15s")), "{fenced:?}");

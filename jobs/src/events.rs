@@ -966,6 +966,9 @@ impl Observer {
             RunStatus::WaitingApproval => {
                 tracing::info!(run = %run.id, job = %run.owner, until = ?waiting_until, "run waits for approval; its slot is free")
             }
+            RunStatus::Queued => {
+                tracing::info!(run = %run.id, job = %run.owner, "a step of the run waits for a limit's slot; the run is queued again")
+            }
             _ => tracing::info!(run = %run.id, job = %run.owner, status = status.as_str(), error = error.unwrap_or(""), "run finished"),
         }
     }

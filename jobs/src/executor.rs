@@ -535,10 +535,13 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         freed_pools.dedup();
         let sizes = exec.env.config.get().limits.clone();
         let admit_into = if exec.gate.admits() { batch.len() } else { 0 };
+        // A run queued again for a workflow step's limits: what it waits for.
+        let requeued: Vec<Option<String>> = batch.iter().map(|f| f.end.pools.as_deref().and_then(crate::limits::stored)).collect();
         let ends: Vec<RunEnd<'_>> = batch
             .iter()
             .zip(&retries)
-            .map(|(f, retry)| RunEnd {
+            .zip(&requeued)
+            .map(|((f, retry), limits)| RunEnd {
                 id: &f.run.id,
                 started_at: f.started,
                 status: f.end.status,
@@ -549,6 +552,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 // Only a failure's finality depends on it (a success or a cancel is final); an
                 // interrupted run's follow-up is recovery's to decide.
                 last: matches!(f.end.status, RunStatus::Failed | RunStatus::TimedOut) && retry.is_none(),
+                limits: limits.as_deref(),
             })
             .collect();
         // Until the database takes them (a server restarting, a failover): the runs keep
@@ -628,9 +632,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         }
         let left = freed.split_off(taken.runs.len().min(freed.len()));
         exec.launch(taken.runs, freed);
-        // A wait with an end is a new due time: the scheduler reads it (a run's end alone does
-        // not wake it unless runs are held back).
-        let waits_end = ended.iter().any(|(_, end)| end.wait_until.is_some());
+        // A wait with an end is a new due time, and a run queued again for limits is due: the
+        // scheduler reads them (a run's end alone does not wake it unless runs are held back).
+        let waits_end = ended.iter().any(|(_, end)| end.wait_until.is_some() || end.status == RunStatus::Queued);
         for ((run, end), retry) in ended.into_iter().zip(retries) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.

@@ -216,7 +216,8 @@ impl Transitions for RunStatus {
             // Skipped runs are created final; only a waiting run that is resumed (its approval
             // decided, or its wait over) moves back into `Queued`, to be claimed again.
             Queued => matches!(next, Running | Cancelled),
-            Running => matches!(next, WaitingApproval | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
+            // Back to `Queued`: a workflow step waits for a limit's slot, in line.
+            Running => matches!(next, Queued | WaitingApproval | Succeeded | Failed | Cancelled | TimedOut | Interrupted),
             WaitingApproval => matches!(next, Queued | Failed | Cancelled),
             Succeeded | Failed | Cancelled | TimedOut | Skipped | Interrupted => false,
         }
@@ -252,6 +253,12 @@ pub enum Outcome {
     /// claimed again, same run); so does `until`, when the wait has a time limit.
     Waiting {
         until: Option<DateTime<Utc>>,
+    },
+    /// A workflow step takes limits the run holds no slot of: the run gives its executor slot
+    /// and its limits' slots back and is queued again, in line for `pools` (its job's and the
+    /// step's); admitted, it resumes at that step (SPEC §4a).
+    WaitingForLimits {
+        pools: Vec<crate::limits::Pool>,
     },
 }
 
@@ -362,7 +369,7 @@ mod tests {
             [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]
         );
         assert_eq!(RunStatus::sources(RunStatus::Interrupted).collect::<Vec<_>>(), [RunStatus::Running]);
-        assert_eq!(RunStatus::sources(RunStatus::Queued).collect::<Vec<_>>(), [RunStatus::WaitingApproval]);
+        assert_eq!(RunStatus::sources(RunStatus::Queued).collect::<Vec<_>>(), [RunStatus::Running, RunStatus::WaitingApproval]);
         assert_eq!(RunStatus::active().collect::<Vec<_>>(), [RunStatus::Queued, RunStatus::Running, RunStatus::WaitingApproval]);
     }
 }

@@ -341,7 +341,7 @@ impl Compiler<'_> {
         };
         let limits = match &j.limits {
             None => Vec::new(),
-            Some(value) => match read_limits(name, value, &runnable.limits) {
+            Some(value) => match read_limits(&format!("job \"{name}\""), value, &runnable.limits) {
                 Ok(limits) => limits,
                 Err(e) => {
                     self.err(&p("limits"), format!("job \"{name}\": limits {e}"));
@@ -484,7 +484,7 @@ fn read_after(name: &str, value: &serde_json::Value) -> Result<After, String> {
 
 /// `limits:` as written: names of `scheduling.limits` (`known`), or `{name, key}` with a key
 /// template over the run's input; each error names what to write.
-fn read_limits(job: &str, value: &serde_json::Value, known: &BTreeSet<&str>) -> Result<Vec<LimitUse>, String> {
+pub(super) fn read_limits(holder: &str, value: &serde_json::Value, known: &BTreeSet<&str>) -> Result<Vec<LimitUse>, String> {
     use serde_json::Value;
     let list = value.as_array().ok_or("must be a list of limit names, e.g. [warehouse] or [{name: tenant, key: \"${input.tenant}\"}]")?;
     let mut out: Vec<LimitUse> = Vec::new();
@@ -519,7 +519,7 @@ fn read_limits(job: &str, value: &serde_json::Value, known: &BTreeSet<&str>) -> 
             ));
         }
         if out.iter().any(|l| l.name == name) {
-            return Err(format!("names limit \"{name}\" twice; job \"{job}\" holds one slot of each limit"));
+            return Err(format!("names limit \"{name}\" twice; {holder} holds one slot of each limit"));
         }
         out.push(LimitUse { name, key });
     }

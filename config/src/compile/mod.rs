@@ -119,9 +119,9 @@ fn compile_borrowed(
     let mcp_servers = c.mcp_servers();
     let skills = c.skills(cwd);
     let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
-    let workflows = c.workflows();
-    let pipelines = c.pipelines();
     let limits = c.limits(sched.limits.as_ref());
+    let workflows = c.workflows(&limits.keys().map(String::as_str).collect());
+    let pipelines = c.pipelines();
     let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()))
         .with_limits(limits.keys());
     let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());

@@ -1,7 +1,8 @@
 //! Compiles `workflows` (steps, templates, step references) and `pipelines`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use super::jobs::read_limits;
 use super::{Compiler, duration};
 use crate::ai::Pipeline;
 use crate::diag::{Diagnostic, Severity, did_you_mean, quoted_list};
@@ -14,7 +15,8 @@ use crate::yaml::{Seg, YamlPath};
 impl Compiler<'_> {
     /// Workflows with their steps typed and templates parsed. A workflow with an error is left
     /// out (the config then fails to load, so only partial configs see the difference).
-    pub(super) fn workflows(&mut self) -> BTreeMap<String, Workflow> {
+    /// `limits`: the names of `scheduling.limits`, which steps may take.
+    pub(super) fn workflows(&mut self, limits: &BTreeSet<&str>) -> BTreeMap<String, Workflow> {
         let agents: Vec<String> = self.loaded.raw.agents.as_ref().map(|a| a.keys().cloned().collect()).unwrap_or_default();
         let workflows = self.loaded.raw.workflows.clone().unwrap_or_default();
         let mut out = BTreeMap::new();
@@ -23,7 +25,7 @@ impl Compiler<'_> {
             let errors_before = self.diags.len();
             let mut ids: Vec<String> = Vec::new();
             let base = keys(&["workflows", &wname, "steps"]);
-            let steps = self.steps(&wname, &wf.steps, &base, &agents, &mut ids);
+            let steps = self.steps(&wname, &wf.steps, &base, (&agents, limits), &mut ids);
             if wf.steps.is_empty() {
                 self.err(&["workflows", &wname, "steps"], format!("workflow \"{wname}\" has no steps"));
             }
@@ -104,7 +106,16 @@ impl Compiler<'_> {
     }
 
     /// The steps that are valid, in order; every error is reported on the way.
-    fn steps(&mut self, wname: &str, steps: &[raw::Step], base: &YamlPath, agents: &[String], ids: &mut Vec<String>) -> Vec<Step> {
+    /// `known`: the agents and the limits defined.
+    fn steps(
+        &mut self,
+        wname: &str,
+        steps: &[raw::Step],
+        base: &YamlPath,
+        known: (&[String], &BTreeSet<&str>),
+        ids: &mut Vec<String>,
+    ) -> Vec<Step> {
+        let (agents, limits) = known;
         let mut out = Vec::new();
         for (i, s) in steps.iter().enumerate() {
             let mut path = base.clone();
@@ -176,7 +187,7 @@ impl Compiler<'_> {
                 }),
                 Some(StepType::Parallel) => {
                     if let Some(children) = &s.steps {
-                        let steps = self.steps(wname, children, &at(&path, "steps"), agents, ids);
+                        let steps = self.steps(wname, children, &at(&path, "steps"), known, ids);
                         Some(StepKind::Parallel { steps })
                     } else {
                         let loc = self.loaded.sources.locate(&path);
@@ -248,8 +259,22 @@ impl Compiler<'_> {
                     None
                 }
             };
+            let held = match (&s.limits, StepType::parse(&s.kind)) {
+                (None, _) => Ok(Vec::new()),
+                (Some(_), Some(t @ (StepType::Approval | StepType::Condition))) => {
+                    let what =
+                        if t == StepType::Approval { "an approval step waits for a person" } else { "a condition step decides at once" };
+                    Err(format!("{what} and holds no limit; list the limits on the steps that do the work"))
+                }
+                (Some(value), _) => read_limits(&format!("step \"{}\"", s.id), value, limits).map_err(|e| format!("limits {e}")),
+            };
+            let held = held.unwrap_or_else(|e| {
+                let loc = self.loaded.sources.locate(&at(&path, "limits"));
+                self.diags.push(Diagnostic::error(loc, format!("workflow \"{wname}\": step \"{}\": {e}", s.id)));
+                Vec::new()
+            });
             if let Some(kind) = kind {
-                out.push(Step { id: s.id.clone(), when: s.when.as_deref().map(Template::parse), kind });
+                out.push(Step { id: s.id.clone(), when: s.when.as_deref().map(Template::parse), limits: held, kind });
             }
         }
         out

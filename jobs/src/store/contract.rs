@@ -76,7 +76,7 @@ fn none(slots: usize) -> Claim<'static> {
 }
 
 pub(super) fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
-    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None, trace_id: None, last: false }
+    RunEnd { id, started_at: None, status, output: None, error: None, wait_until: None, trace_id: None, last: false, limits: None }
 }
 
 async fn status(s: &dyn RunStore, id: &str) -> RunStatus {
@@ -337,6 +337,7 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
             wait_until: None,
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             last: true,
+            limits: None,
         },
         end(&ids[1], RunStatus::Failed),
     ];
@@ -1118,6 +1119,72 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
         (1, 0, vec![gpu[1].as_str()])
     );
     assert_eq!(status(s, &gpu[1]).await, RunStatus::Running, "claimed into the slot the end freed");
+
+    // A run of two limits gets in only when both have a slot: the one its end frees is not
+    // enough while the other is full (every pool a run of the line takes is locked and
+    // counted, not only the one it waits on).
+    let sizes: crate::limits::Sizes = [("disk".to_string(), 1), ("net".to_string(), 1)].into();
+    let [disk, net] = [Pool { name: "disk".into(), key: String::new() }, Pool { name: "net".into(), key: String::new() }];
+    let taking = |job: &str, pools: &[(&'static str, Option<&'static str>)], at| limited(job, pools, serde_json::json!({}), at);
+    let backup = s.insert_run(taking("backup", &[("disk", None)], t + secs(80)), t + secs(80)).await.expect("insert").0;
+    let upload = s.insert_run(taking("upload", &[("net", None)], t + secs(81)), t + secs(81)).await.expect("insert").0;
+    let mirror = s.insert_run(taking("mirror", &[("disk", None), ("net", None)], t + secs(82)), t + secs(82)).await.expect("insert").0;
+    let due = s.due_undispatched(t + secs(83)).await.expect("due");
+    assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [backup.as_str(), &upload, &mirror]);
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(83)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (2, 1));
+    let waits_on = |id: String| async move { s.get_run(&id).await.expect("get").expect("run").limit_wait.map(|w| w.pool.name) };
+    assert_eq!(waits_on(mirror.clone()).await.as_deref(), Some("disk"), "the first of its pools that is full");
+    fn freeing<'a>(freed: &'a [Pool], sizes: &'a crate::limits::Sizes) -> LimitPass<'a> {
+        LimitPass { due: &[], sizes, waiters: false, freed, spare: 1 }
+    }
+    let (ended, taken) = s
+        .finish_and_admit(&[end(&backup, RunStatus::Succeeded)], freeing(std::slice::from_ref(&disk), &sizes), 1, ME, t + secs(90))
+        .await
+        .expect("end and admit");
+    assert_eq!((ended, taken.admitted), (vec![backup.clone()], 0), "disk is free, net is not");
+    assert_eq!(status(s, &mirror).await, RunStatus::Queued);
+    assert_eq!(waits_on(mirror.clone()).await.as_deref(), Some("net"), "it waits on net now");
+    let (_, taken) = s
+        .finish_and_admit(&[end(&upload, RunStatus::Succeeded)], freeing(std::slice::from_ref(&net), &sizes), 1, ME, t + secs(95))
+        .await
+        .expect("end and admit");
+    assert_eq!(
+        taken.runs.iter().map(|h| (h.run.id.as_str(), h.run.pools.clone())).collect::<Vec<_>>(),
+        [(mirror.as_str(), vec![disk.clone(), net.clone()])]
+    );
+
+    // A workflow step's limits: given back when the step ends (the run keeps its own), and
+    // waited for in line again by the run queued anew, which gives its own slots back
+    // meanwhile.
+    s.release_limits(&mirror, std::slice::from_ref(&disk), std::slice::from_ref(&net)).await.expect("release");
+    let held = |name: &'static str| async move {
+        s.pools().await.expect("pools").into_iter().find(|p| p.pool.name == name).map(|p| p.holders).unwrap_or_default()
+    };
+    assert_eq!((held("disk").await, held("net").await), (vec![mirror.clone()], vec![]), "net's slot is free, disk's still held");
+    let upload = s.insert_run(taking("upload", &[("net", None)], t + secs(100)), t + secs(100)).await.expect("insert").0;
+    let due = s.due_undispatched(t + secs(100)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(100)).await.expect("hand over");
+    assert_eq!(done.claimed.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [upload.as_str()]);
+    let both = crate::limits::stored(&[disk.clone(), net.clone()]);
+    let requeue = RunEnd { limits: both.as_deref(), ..end(&mirror, RunStatus::Queued) };
+    assert_eq!(s.finish_many(&[requeue], t + secs(110)).await.expect("requeue"), std::slice::from_ref(&mirror));
+    let due = s.due_undispatched(t + secs(110)).await.expect("due");
+    assert_eq!(
+        due.iter().map(|d| (d.id.as_str(), d.pools.clone())).collect::<Vec<_>>(),
+        [(mirror.as_str(), vec![disk.clone(), net.clone()])],
+        "due again, undispatched, for both"
+    );
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(110)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (0, 1));
+    assert_eq!(held("disk").await, Vec::<String>::new(), "a run queued again holds no slot");
+    assert_eq!(waits_on(mirror.clone()).await.as_deref(), Some("net"));
+    let (_, taken) = s
+        .finish_and_admit(&[end(&upload, RunStatus::Succeeded)], freeing(std::slice::from_ref(&net), &sizes), 1, ME, t + secs(120))
+        .await
+        .expect("end and admit");
+    let resumed = taken.runs.iter().find(|h| h.run.id == mirror).expect("admitted again");
+    assert!(resumed.resumed, "it resumes where it stopped (its first start kept)");
 }
 
 fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {

@@ -228,8 +228,9 @@ pub(super) fn limit_wait_reads<D: Dialect>() -> [&'static str; 2] {
 /// its one writer), its holders are counted in a statement of their own after the lock (a
 /// statement's snapshot is taken when it starts: one counting in the same statement as the lock
 /// could miss an admission committed while it waited), stale slots deleted, and the line
-/// decided by [`limits::admit`]. The admitted get a slot row each and leave the waiters; the
-/// others are marked waiting on the pool they wait on first.
+/// decided by [`limits::admit`]. The admitted get a slot row each (and leave the waiters with
+/// their claim or their hand-over to the queue, in the caller's next write); the others are
+/// marked waiting on the pool they wait on first.
 async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<Utc>) -> Result<Admitted, StoreError> {
     let mut pools: Vec<Pool> = pass.due.iter().flat_map(|d| d.pools.iter().cloned()).collect();
     let mut waits_on: Vec<Pool> = pass.freed.to_vec();
@@ -307,7 +308,6 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     let decided = limits::admit(&pools_of, pass.sizes, &held);
     let mut out = Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new() };
     let (mut runs, mut names, mut keys) = (Vec::new(), Vec::new(), Vec::new());
-    let mut cleared: Vec<&str> = Vec::new();
     for &i in &decided.admitted {
         let (due, since) = &line[i];
         out.ids.push(due.id.clone());
@@ -317,7 +317,6 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
             keys.push(Some(p.key.as_str().into()));
         }
         if let Some((since, on)) = since {
-            cleared.push(&due.id);
             let waited = (ms(now) - since).max(0) as u64;
             out.waited.push((on.name.clone(), std::time::Duration::from_millis(waited)));
         }
@@ -331,13 +330,6 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
             "taking slots",
         );
         D::execute(tx, q.bind_rows(vec![Column::Texts(runs), Column::Texts(names), Column::Texts(keys)])).await?;
-    }
-    if !cleared.is_empty() {
-        let q = Stmt::new(
-            sql!(D, "UPDATE ll_runs SET limit_wait = NULL, limit_wait_since = NULL WHERE id {in $1} AND (limit_wait IS NOT NULL) IS TRUE"),
-            "ending the waits of runs admitted",
-        );
-        D::execute(tx, q.bind_list(cleared)).await?;
     }
     // A run waits on the first pool that held it back; written when that changes. By the
     // primary key alone (`… IS TRUE` keeps PostgreSQL's planner off the status index, which it

@@ -568,6 +568,9 @@ pub(crate) struct RunEnd<'a> {
     /// A failure no attempt follows (its policy gives it no retry): its end is the run's
     /// outcome, recorded as such (`next_run_id` = '') in the same statement.
     pub(crate) last: bool,
+    /// For a run queued again (`status` queued: a workflow step waits for limits): the pools
+    /// it waits for, as `ll_runs.limits` stores them.
+    pub(crate) limits: Option<&'a str>,
 }
 
 /// The rules of the job named, as the config in force has them; `None` for runs that are no

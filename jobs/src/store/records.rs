@@ -3,10 +3,11 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Record, RunSql, Stmt, call_from_row, run_cols, run_from_row, sql, step_from_row, values};
+use super::dialect::{Column, Record, RunSql, Stmt, call_from_row, run_cols, run_from_row, sql, step_from_row, values};
 use super::scripts::*;
 use super::{Decided, Dispatch, NewRun, StepDecision, StoreError, from_ms, ms, new_id};
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
+use crate::limits::{self, Pool};
 use crate::run::{CallRecord, Run, RunStatus, StepRecord, StepStatus};
 use crate::snapshot::JobSnapshot;
 
@@ -47,6 +48,9 @@ pub(crate) trait Records: Send + Sync + std::fmt::Debug {
     /// Records a call (replacing an earlier record at the same place), fenced as steps are;
     /// durable when this returns.
     async fn record_call(&self, root_id: &str, call: &CallRecord) -> Result<(), StoreError>;
+    /// A workflow step that held `freed` ended: run `run_id` gives their slots back and keeps
+    /// `kept` (its job's own) as the pools it takes, fenced as its steps are.
+    async fn release_limits(&self, run_id: &str, kept: &[Pool], freed: &[Pool]) -> Result<(), StoreError>;
     /// Appends lines to run `run_id`'s output, fenced as its steps are.
     async fn append_output(&self, run_id: &str, lines: &[lamplighter_contract::OutputLine]) -> Result<(), StoreError>;
     /// Run `run_id`'s output, in order.
@@ -162,6 +166,27 @@ impl<D: RunSql> Records for D {
         let run = steps[0].run_id.as_str();
         debug_assert!(steps.iter().all(|st| st.run_id == run));
         write_fenced(self, run, q).await
+    }
+
+    async fn release_limits(&self, run_id: &str, kept: &[Pool], freed: &[Pool]) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        fence::<D>(&mut tx, run_id).await?;
+        let q = Stmt::new(sql!(D, "UPDATE ll_runs SET limits = $2 WHERE id = $1"), "keeping the run's own limits");
+        D::execute(&mut tx, q.bind(run_id).bind(limits::stored(kept))).await?;
+        let q = Stmt::new(
+            sql!(
+                D,
+                "DELETE FROM ll_run_limits WHERE run_id = $1
+                 AND EXISTS (SELECT 1 FROM {rows $2 AS j(name text, key text)} WHERE j.name = ll_run_limits.name AND j.key = ll_run_limits.key)"
+            ),
+            "freeing a step's slots",
+        );
+        let cols = vec![
+            Column::Texts(freed.iter().map(|p| Some(p.name.as_str().into())).collect()),
+            Column::Texts(freed.iter().map(|p| Some(p.key.as_str().into())).collect()),
+        ];
+        D::execute(&mut tx, q.bind(run_id).bind_rows(cols)).await?;
+        D::commit(tx).await
     }
 
     async fn record_decision(&self, d: &StepDecision<'_>, now: DateTime<Utc>) -> Result<Decided, StoreError> {

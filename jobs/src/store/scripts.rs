@@ -139,8 +139,10 @@ pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {can
         wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
         started_at = coalesce(j.started_at, ll_runs.started_at),
         trace_id = coalesce(j.trace_id, ll_runs.trace_id),
-        next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END
-    FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool)}
+        next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END,
+        limits = coalesce(j.limits, ll_runs.limits),
+        dispatched_at = CASE WHEN j.status = {Queued} AND NOT {cancel_wins} THEN NULL ELSE ll_runs.dispatched_at END
+    FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text)}
     WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";
 
 /// The ends as [`FINISH_RUNS`]' row set reads them, a column each of its columns.
@@ -155,6 +157,7 @@ pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
         Column::Ints(ends.iter().map(|e| e.wait_until.map(ms)).collect()),
         Column::Texts(ends.iter().map(|e| e.trace_id.map(Into::into)).collect()),
         Column::Bools(ends.iter().map(|e| e.last).collect()),
+        Column::Texts(ends.iter().map(|e| e.limits.map(Into::into)).collect()),
     ]
 }
 
@@ -176,12 +179,13 @@ pub(super) async fn finish_runs<D: Dialect>(
 /// is recorded (a resumed run keeps its first), dispatched, under `epoch` (each an
 /// expression); rows: `job_snapshot`, `resumed` and [`run_cols`]. A run no longer queued
 /// (cancelled, or already taken) is left out: the guard that makes a run execute at most
-/// once. How the runs are picked and locked is the dialect's ([`Spelling::claim_pick`]).
+/// once. A run that waited for a limit's slot stops waiting with its claim (admitted, it has
+/// one), in the same row version. How the runs are picked and locked is the dialect's ([`Spelling::claim_pick`]).
 pub(super) fn claim_sql(s: &super::dialect::Spelling, which: &str, skip: bool, worker: &str, now: &str, epoch: &str) -> String {
     let (before, from, picked) = (s.claim_pick)(which, skip);
     format!(
         "{before} UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
-             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}
+             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}, limit_wait = NULL, limit_wait_since = NULL
          {from} WHERE {picked}
          RETURNING job_snapshot, started_at < {now} AS resumed, {cols}",
         cols = run_cols!()

@@ -17,6 +17,11 @@
 //!   ([`Outcome::Waiting`]); the decision is recorded on the step by the job service
 //!   (`Records::record_decision`), which resumes the run. A timeout resumes it too, and the step then
 //!   applies `on_timeout`.
+//! - A step with `limits` (a `parallel`: its children's too) needs a slot of each when it
+//!   starts: a run that holds them all goes on; otherwise it is queued again, in line for its
+//!   job's pools and the step's ([`Outcome::WaitingForLimits`]), and admitted, resumes at the
+//!   step. The step's slots are given back when it ends (a top-level step's; the run's end
+//!   gives back the rest).
 //! - `agent` steps run a conversation (see [`crate::agent`]) keyed by the step id, so a resumed
 //!   run continues it from its recorded calls; `group_chat` runs its agents in order, each
 //!   given the previous one's answer. A conversation waiting for a decision (a tool call,
@@ -42,6 +47,7 @@ use opentelemetry::context::FutureExt as _;
 
 use crate::context::RunContext;
 use crate::events::{Cancelled, Ended, Op, RunRef};
+use crate::limits::{Pool, pools_of};
 use crate::run::{Outcome, RunStatus, StepRecord, StepStatus};
 
 use values::{Scope, cap, truthy};
@@ -52,6 +58,8 @@ enum End {
     Done,
     /// Waits for a decision; resumed by one, or at `until`.
     Waiting(Option<DateTime<Utc>>),
+    /// Needs slots of limits the run does not hold: these pools (the job's and the step's).
+    WaitingForLimits(Vec<Pool>),
     Failed {
         error: String,
         retry: bool,
@@ -71,7 +79,11 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
         Ok(r) => r,
         Err(e) => return Outcome::failed(format!("cannot read the recorded steps of the run: {e}")),
     };
+    let own = pools_of(&ctx.job().limits, ctx.run().input.as_ref());
+    let held = Mutex::new(ctx.run().pools.clone());
     let engine = Interpreter {
+        own,
+        held,
         ctx,
         workflow: workflow.name.clone(),
         registry,
@@ -81,9 +93,10 @@ pub(crate) async fn run(ctx: RunContext, workflow: Arc<Workflow>, registry: Arc<
     };
     let cancel = engine.ctx.cancelled().clone();
     for step in &workflow.steps {
-        match engine.step(step, &cancel).await {
+        match engine.step(step, &cancel, true).await {
             End::Done => {}
             End::Waiting(until) => return Outcome::Waiting { until },
+            End::WaitingForLimits(pools) => return Outcome::WaitingForLimits { pools },
             End::Failed { error, retry } => return Outcome::Failed { error, retry },
         }
     }
@@ -111,6 +124,10 @@ struct Interpreter {
     /// Every step recorded for the run identity, by id: read at start, kept up to date with
     /// each record written. Never locked across an `.await`.
     steps: Mutex<HashMap<String, StepRecord>>,
+    /// The pools of the job's own limits, held from the run's start to its end.
+    own: Vec<Pool>,
+    /// The pools the run holds a slot of now: its own, and those of the step that runs.
+    held: Mutex<Vec<Pool>>,
 }
 
 impl Interpreter {
@@ -188,8 +205,41 @@ impl Interpreter {
         Ok(End::failed(format!("step \"{id}\" was not run: {why}"), false))
     }
 
-    /// Runs one step (and its children), unless a record says it finished already.
-    fn step<'a>(&'a self, step: &'a Step, cancel: &'a CancellationToken) -> BoxFuture<'a, End> {
+    /// The pools `step` (and the steps in it) holds while it runs, its keys over the run's input.
+    fn pools_of(&self, step: &Step) -> Vec<Pool> {
+        let limits: Vec<lamplighter_config::LimitUse> = step.held_limits().into_iter().cloned().collect();
+        pools_of(&limits, self.ctx.run().input.as_ref())
+    }
+
+    /// The pools the run must wait for to run a step that needs `needed`: none when it holds
+    /// them all; otherwise its own and the step's.
+    fn wait_for(&self, needed: &[Pool]) -> Option<Vec<Pool>> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if needed.iter().all(|p| held.contains(p)) {
+            return None;
+        }
+        let mut pools = self.own.clone();
+        pools.extend(needed.iter().filter(|p| !self.own.contains(p)).cloned());
+        Some(pools)
+    }
+
+    /// A top-level step that held `needed` ended: the slots of those not the job's own are
+    /// given back.
+    async fn release(&self, id: &str, needed: &[Pool]) -> Result<(), End> {
+        let freed: Vec<Pool> = needed.iter().filter(|p| !self.own.contains(p)).cloned().collect();
+        if freed.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.ctx.release_limits(&self.own, &freed).await {
+            return Err(End::failed(format!("cannot give back the limits step \"{id}\" held: {e}"), true));
+        }
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !freed.contains(p));
+        Ok(())
+    }
+
+    /// Runs one step (and its children), unless a record says it finished already. `top`: a
+    /// step of the workflow itself, not of a `parallel` (which holds its children's limits).
+    fn step<'a>(&'a self, step: &'a Step, cancel: &'a CancellationToken, top: bool) -> BoxFuture<'a, End> {
         Box::pin(async move {
             if self.status(&step.id).is_some_and(StepStatus::is_done) {
                 return End::Done;
@@ -204,6 +254,12 @@ impl Interpreter {
                         Err(e) => e,
                     };
                 }
+            }
+            // Before anything of the step begins (its hooks, its span): a step waiting in line
+            // has not started.
+            let needed = self.pools_of(step);
+            if let Some(pools) = self.wait_for(&needed) {
+                return End::WaitingForLimits(pools);
             }
             let op = Op::Step { workflow: self.workflow.clone(), step: step.id.clone(), kind: step.kind.step_type().as_str() };
             let obs = self.ctx.observer();
@@ -227,10 +283,14 @@ impl Interpreter {
                     }
                 }
             };
-            let end = work.with_context(started.context()).await.unwrap_or_else(|e| e);
+            let mut end = work.with_context(started.context()).await.unwrap_or_else(|e| e);
+            if top && matches!(end, End::Done) {
+                end = self.release(&step.id, &needed).await.err().unwrap_or(End::Done);
+            }
             let ended = match &end {
                 End::Failed { error, .. } => Ended::failed(error),
                 End::Waiting(_) => Ended { status: Some(RunStatus::WaitingApproval), ..Ended::ok() },
+                End::WaitingForLimits(_) => Ended { status: Some(RunStatus::Queued), ..Ended::ok() },
                 End::Done => Ended::ok(),
             };
             started.end(obs, ended).await;
@@ -312,8 +372,12 @@ impl Interpreter {
     async fn parallel(&self, id: &str, children: &[Step], cancel: &CancellationToken) -> Result<End, End> {
         let started = self.begin(id).await?;
         let token = cancel.child_token();
-        let mut running: FuturesUnordered<_> = children.iter().map(|c| async { (c.id.as_str(), self.step(c, &token).await) }).collect();
+        let mut running: FuturesUnordered<_> =
+            children.iter().map(|c| async { (c.id.as_str(), self.step(c, &token, false).await) }).collect();
         let mut waiting: Option<Option<DateTime<Utc>>> = None;
+        // The parallel took its children's limits: a child finds them held, unless they were
+        // given back meanwhile (then the run waits in line for them once its siblings are done).
+        let mut in_line: Vec<Pool> = Vec::new();
         let mut failure = None;
         while let Some((child, end)) = running.next().await {
             match end {
@@ -323,6 +387,9 @@ impl Interpreter {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     });
+                }
+                End::WaitingForLimits(pools) => {
+                    in_line.extend(pools.into_iter().filter(|p| !in_line.contains(p)).collect::<Vec<_>>());
                 }
                 End::Failed { error, retry } => {
                     failure = Some((child, error, retry));
@@ -362,6 +429,9 @@ impl Interpreter {
             // The parallel itself stays `running`: only the steps that wait for a decision are
             // recorded waiting (a decision resumes the run once none is left).
             return Ok(End::Waiting(until));
+        }
+        if !in_line.is_empty() {
+            return Ok(End::WaitingForLimits(in_line));
         }
         let output: serde_json::Map<String, Value> = {
             let steps = self.lock();

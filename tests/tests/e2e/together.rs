@@ -360,3 +360,74 @@ fn runs_that_share_a_limit_take_turns_and_say_what_they_wait_for() {
     let taken = sql_lines(&w.db(), "SELECT limits FROM ll_runs WHERE job = 'etl'").unwrap();
     assert_eq!(taken.trim(), "[[\"warehouse\",\"\"]]", "the runtime job's run took the warehouse");
 }
+
+/// A workflow step's limits on SQLite: the runs do their first steps side by side, take turns
+/// at the step that holds the GPU (the run that waits is queued again, saying for what, and
+/// resumes at that step without doing the first again), and give the slot back when the step
+/// ends, not when the run does.
+#[test]
+fn a_workflow_step_holds_its_limit_only_while_it_runs() {
+    let traces = tempfile::tempdir().unwrap();
+    let trace = traces.path().join("steps");
+    let step = |id: &str, hold: &str, limits: &str| {
+        format!(
+            "      - id: {id}\n        type: plugin\n        plugin: shell-exec\n        action: run\n{limits}        parameters: {{command: \"{c}\"}}\n",
+            c = traced(&trace, id, hold)
+        )
+    };
+    let top = format!(
+        "workflows:\n  render:\n    steps:\n{}{}{}",
+        step("prep", "0.6", ""),
+        step("paint", "0.5", "        limits: [gpu]\n"),
+        step("post", "0.8", "")
+    );
+    let mut w = Worker::new("");
+    w.write_scheduling(&top, "limits:\n  gpu: 1", "render:\n  workflow: render\n  overlap: allow", "");
+    w.start();
+    let mut triggered = Vec::new();
+    for _ in 0..3 {
+        let (code, out, err) = w.ctl(&["jobs", "trigger", "render", "-o", "json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        triggered.push(serde_json::from_str::<Value>(&out).unwrap()["run_id"].as_str().unwrap().to_owned());
+    }
+    // A run at the GPU step while another holds the slot is queued again, and says why.
+    let (out, waiting) = crate::support::poll(
+        "a run to wait for the gpu at its step",
+        Duration::from_secs(15),
+        || {
+            let (_, out, _) = w.ctl(&["runs", "list", "-o", "json"]);
+            let page: Value = serde_json::from_str(&out).ok()?;
+            let waiting = page["runs"].as_array()?.iter().find(|r| r["waiting_for"].is_string())?.clone();
+            Some((out, waiting))
+        },
+        || w.log(),
+    );
+    assert_eq!(waiting["status"], "queued", "{out}");
+    let why = waiting["waiting_for"].as_str().unwrap();
+    assert!(why.starts_with("waiting for limit \"gpu\": 1 of 1 held by "), "{why}");
+    let (_, shown, _) = w.ctl(&["runs", "show", waiting["id"].as_str().unwrap()]);
+    assert!(shown.contains("prep") && shown.contains("succeeded"), "its first step is done: {shown}");
+
+    w.wait_for("the three runs to end", Duration::from_secs(40), |r| {
+        triggered.iter().all(|id| r.iter().any(|r| &r.id == id && r.status == "succeeded"))
+    });
+    let steps = intervals(&trace);
+    let of = |label: &str| steps.iter().filter(|s| s.2 == label).cloned().collect::<Vec<_>>();
+    let (prep, paint, post) = (of("prep"), of("paint"), of("post"));
+    assert_eq!((prep.len(), paint.len(), post.len()), (3, 3, 3), "each step once a run, none again on resume: {steps:?}");
+    one_at_a_time(&paint);
+    assert!(prep[1].0 < prep[0].1 && prep[2].0 < prep[0].1, "the first steps ran side by side: {prep:?}");
+    // A run's post step comes after its paint step: one beside another's paint means the
+    // slot was given back when the step ended.
+    assert!(
+        post.iter().any(|p| paint.iter().any(|g| p.0 < g.1 && g.0 < p.1)),
+        "the GPU was held until the runs ended: paint {paint:?}, post {post:?}"
+    );
+    let (code, out, err) = w.ctl(&["limits", "list", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let limits: Value = serde_json::from_str(&out).unwrap();
+    let gpu = limits["limits"].as_array().unwrap().iter().find(|l| l["name"] == "gpu").expect("gpu listed").clone();
+    assert_eq!((gpu["held"].as_u64(), gpu["waiting"].as_u64()), (Some(0), Some(0)), "{out}");
+    let left = sql_lines(&w.db(), "SELECT CAST(count(*) AS TEXT) FROM ll_run_limits").unwrap();
+    assert_eq!(left.trim(), "0", "no slot row outlives its step");
+}

@@ -355,7 +355,8 @@ impl RunSql for PgStore {
             "WITH picked AS MATERIALIZED (
                      SELECT id FROM ll_runs WHERE id = ANY($1) AND (status = {Queued} AND dispatched_at IS NULL) IS TRUE
                      ORDER BY id FOR UPDATE SKIP LOCKED)
-                 UPDATE ll_runs SET dispatched_at = $2 FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id"
+                 UPDATE ll_runs SET dispatched_at = $2, limit_wait = NULL, limit_wait_since = NULL
+                 FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id"
         ))
         .bind(ids)
         .bind(now)
@@ -690,6 +691,7 @@ mod tests {
             wait_until: None,
             trace_id: None,
             last: true,
+            limits: None,
         };
         assert!(s.finish_many(&[end], now).await.expect("finish").is_empty(), "a lapsed lease's write is refused");
         let step = crate::run::StepRecord {

@@ -834,7 +834,7 @@ fn ends_and_claims_script() -> String {
     )
 }
 
-const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} AND dispatched_at IS NULL RETURNING id";
+const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2, limit_wait = NULL, limit_wait_since = NULL WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} AND dispatched_at IS NULL RETURNING id";
 
 #[cfg(test)]
 mod tests {
