@@ -608,6 +608,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 if taken.pushed > 0 {
                     exec.env.signals.publish(Signal::TasksPushed);
                 }
+                for (limit, waited) in &taken.waited {
+                    exec.env.observer.limit_waited(limit, *waited);
+                }
                 (done.into_iter().collect(), taken)
             }
             // Stopped: the runs are recovered as interrupted at the next start.

@@ -631,7 +631,8 @@ async fn resume_waits_over(s: &Scheduler, now: DateTime<Utc>) {
 impl Scheduler {
     /// Hands due queued runs over (claimed into free slots, the rest through the queue), holding
     /// back runs of `overlap: queue` jobs while an earlier run of the same job is going. Returns
-    /// true when it stopped at its batch limit and more may be due.
+    /// true when it stopped at its batch limit and more may be due (or wait for a limit a
+    /// reload removed).
     ///
     /// Tells whether it holds runs back ([`Scheduler::holding`]). When it starts to, it wakes
     /// a pass: a run that ended between its read and then was not waited for.
@@ -677,11 +678,16 @@ impl Scheduler {
             queued = ready.split_off(tickets.len().min(ready.len()));
         }
         let mut waiting = 0;
+        let mut more_waiters = false;
         if !ready.is_empty() || !queued.is_empty() || !limited.is_empty() || waiters {
             let pass = LimitPass { due: &limited, sizes: &config.limits, waiters, freed: &[], spare: tickets.len() - ready.len() };
             match self.env.handover.hand_over(&ready, &queued, pass, &self.env.worker, now).await {
                 Ok(done) => {
                     waiting = done.waiting;
+                    if done.unserved {
+                        self.limits_changed.store(true, Ordering::SeqCst);
+                        more_waiters = true;
+                    }
                     for (limit, waited) in &done.waited {
                         self.env.observer.limit_waited(limit, *waited);
                     }
@@ -708,7 +714,7 @@ impl Scheduler {
         if holding && !was_holding {
             self.env.signals.publish(Signal::Wake);
         }
-        more
+        more || more_waiters
     }
 
     /// Runs may wait for a slot: the next pass looks (a signal from another worker, a

@@ -1119,6 +1119,25 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
         (1, 0, vec![gpu[1].as_str()])
     );
     assert_eq!(status(s, &gpu[1]).await, RunStatus::Running, "claimed into the slot the end freed");
+    assert_eq!(taken.waited, vec![("gpu".to_string(), Duration::from_secs(8))], "it waited from 62 s to 70 s");
+
+    // A slot handed on keeps a lowered limit: the end of one of two holders of a limit
+    // lowered to 1 hands nothing on; the second end does.
+    let (two, one): (crate::limits::Sizes, crate::limits::Sizes) = ([("cpu".to_string(), 2)].into(), [("cpu".to_string(), 1)].into());
+    let mut cpu = Vec::new();
+    for i in 0..3 {
+        let at = t + secs(71 + i);
+        cpu.push(s.insert_run(limited("build", &[("cpu", None)], serde_json::json!({}), at), at).await.expect("insert").0);
+    }
+    let due = s.due_undispatched(t + secs(74)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &two, false), ME, t + secs(74)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (2, 1));
+    let freed = [Pool { name: "cpu".into(), key: String::new() }];
+    let lowered = LimitPass { due: &[], sizes: &one, waiters: false, freed: &freed, spare: 1 };
+    let (_, taken) = s.finish_and_admit(&[end(&cpu[0], RunStatus::Succeeded)], lowered, 1, ME, t + secs(75)).await.expect("end");
+    assert_eq!(taken.admitted, 0, "one holder is left, as many as the lowered limit");
+    let (_, taken) = s.finish_and_admit(&[end(&cpu[1], RunStatus::Succeeded)], lowered, 1, ME, t + secs(76)).await.expect("end");
+    assert_eq!(taken.runs.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [cpu[2].as_str()]);
 
     // A run of two limits gets in only when both have a slot: the one its end frees is not
     // enough while the other is full (every pool a run of the line takes is locked and
@@ -1185,6 +1204,24 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
         .expect("end and admit");
     let resumed = taken.runs.iter().find(|h| h.run.id == mirror).expect("admitted again");
     assert!(resumed.resumed, "it resumes where it stopped (its first start kept)");
+
+    // A removed limit's line longer than a pass reads is served over several passes, each
+    // saying more waits.
+    let quota: crate::limits::Sizes = [("quota".to_string(), 1)].into();
+    for i in 0..1002 {
+        let at = t + secs(130) + Duration::from_millis(i);
+        s.insert_run(limited("call", &[("quota", None)], serde_json::json!({}), at), at).await.expect("insert");
+    }
+    let due = s.due_undispatched(t + secs(140)).await.expect("due");
+    assert_eq!(due.len(), 1002);
+    let done = s.hand_over(&[], &[], pass(&due, &quota, false), ME, t + secs(140)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting, done.unserved), (1, 1001, false));
+    let none = crate::limits::Sizes::new();
+    let removed = LimitPass { due: &[], sizes: &none, waiters: true, freed: &[], spare: 0 };
+    let done = s.hand_over(&[], &[], removed, ME, t + secs(141)).await.expect("hand over");
+    assert_eq!((done.pushed, done.waiting, done.unserved), (1000, 0, true), "a pass's worth, and more waits");
+    let done = s.hand_over(&[], &[], removed, ME, t + secs(142)).await.expect("hand over");
+    assert_eq!((done.pushed, done.unserved), (1, false), "the last");
 }
 
 fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {

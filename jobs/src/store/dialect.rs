@@ -218,13 +218,16 @@ pub(crate) enum Locked {
 }
 
 /// The words the dialects spell differently, for statements written once. In the text:
-/// `{greatest}`, `{lock}`, `{undispatched}`, `{limit_waits}`, `{notification_seq}`, `{by_id}`, `{in $n}`,
+/// `{greatest}`, `{lock}`, `{lock_skip}`, `{undispatched}`, `{limit_waits}`, `{notification_seq}`, `{by_id}`, `{in $n}`,
 /// `{rows $n AS j(col type, …)}` (and the statuses, `{Queued}`, `{step:Running}`).
 pub(crate) struct Spelling {
     /// `{greatest}(a, b)`: the larger of two values.
     pub(crate) greatest: &'static str,
     /// `{lock}`, at the end of a `SELECT`: its rows are this transaction's until it ends.
     pub(crate) lock: &'static str,
+    /// `{lock_skip}`, at the end of a `SELECT`: as `{lock}`, leaving out the rows another
+    /// transaction holds.
+    pub(crate) lock_skip: &'static str,
     /// `{undispatched}`, after `FROM ll_runs` in reads of queued runs not handed over: how to
     /// reach them through their partial index.
     pub(crate) undispatched: &'static str,
@@ -311,6 +314,7 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
         .replace("{lease_live}", s.lease_live)
         .replace("{greatest}", s.greatest)
         .replace("{lock}", s.lock)
+        .replace("{lock_skip}", s.lock_skip)
         .replace("{undispatched}", s.undispatched)
         .replace("{limit_waits}", s.limit_waits)
         .replace("{notification_seq}", s.notification_seq)
@@ -689,6 +693,7 @@ mod tests {
     const ODD: Spelling = Spelling {
         greatest: "GREATEST",
         lock: "LOCKED",
+        lock_skip: "LOCKED SKIP",
         undispatched: "UNDISPATCHED",
         limit_waits: "LIMIT_WAITS",
         in_list: |p| format!("IN LIST({p})"),

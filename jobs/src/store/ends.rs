@@ -154,13 +154,21 @@ impl<D: RunSql + QueueSql> Ends for D {
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
-        let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], limits, worker, now).await?;
+        // The slots of the runs ended go to the heads of their lines; what is left of the
+        // pools freed (a head that takes other limits too) is admitted under their locks.
+        let ended: Vec<&str> = ended.iter().map(|(id, _)| *id).collect();
+        let off = super::handover::hand_off::<D>(&mut tx, &ended, limits.sizes, now).await?;
+        let into = limits.spare.min(off.ids.len());
+        let rest = LimitPass { freed: &off.left, spare: limits.spare - into, ..limits };
+        let mut handed = super::handover::hand_over_in::<D>(&mut tx, &off.ids[..into], &off.ids[into..], rest, worker, now).await?;
+        handed.waited.splice(0..0, off.waited);
         // The slots the admitted runs did not take.
         let n = n.saturating_sub(handed.claimed.len());
         let mut taken = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
         D::commit(tx).await?;
         taken.admitted = handed.claimed.len();
         taken.pushed = handed.pushed;
+        taken.waited = handed.waited;
         taken.runs.splice(0..0, handed.claimed);
         Ok((recorded_as_asked(ends, &done), taken))
     }

@@ -61,6 +61,9 @@ pub(crate) struct Dispatched {
     pub(crate) waiting: usize,
     /// Runs that waited for a slot and got one: the limits they waited on, and how long.
     pub(crate) waited: Vec<(String, std::time::Duration)>,
+    /// A limit a reload removed still has runs waiting beyond those one pass reads
+    /// ([`WAITERS_PER_POOL`]): the next pass must look again, whatever limits are configured.
+    pub(crate) unserved: bool,
 }
 
 #[async_trait]
@@ -173,6 +176,7 @@ pub(super) async fn hand_over_in<D: RunSql + QueueSql>(
         queued.extend_from_slice(&admitted.ids[spare..]);
         out.waiting = admitted.waiting;
         out.waited = admitted.waited;
+        out.unserved = admitted.unserved;
     }
     // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
     let epoch = if handed.is_empty() { None } else { live_epoch::<D>(tx, worker).await? };
@@ -186,12 +190,112 @@ pub(super) async fn hand_over_in<D: RunSql + QueueSql>(
     Ok(out)
 }
 
+/// What [`hand_off`] did.
+#[derive(Debug, Default)]
+pub(super) struct HandedOff {
+    /// The runs given the slots, first in line first.
+    pub(super) ids: Vec<String>,
+    /// The pools whose line it could not serve (its head takes other limits too, or a reload
+    /// removed the limit): the admission under the pools' locks looks at them.
+    pub(super) left: Vec<Pool>,
+    /// The limits the runs waited on, and how long.
+    pub(super) waited: Vec<(String, std::time::Duration)>,
+}
+
+/// The slots of runs whose ends the caller's transaction just recorded (`ended`), handed
+/// straight on to the heads of their pools' lines, without the pools' locks: a slot's row is
+/// deleted with its holder's end and one is inserted for the head that takes it, so no
+/// hand-off ever adds a holder to a pool, and an admission counting the pool meanwhile counts
+/// the slot once, held by the run that ended or by the one that took it. A head is taken
+/// only while its pool is within its size (a lowered limit shrinks: the count after the
+/// ends' rows are gone, the rows others hold, stale ones included) and only if that pool is
+/// all it takes; a head locked by another transaction (being admitted elsewhere) is passed
+/// over. The first head that takes other limits too stops the pool's hand-off: the pool is
+/// `left` to [`admit`], which counts every pool such a run takes.
+pub(super) async fn hand_off<D: RunSql>(
+    tx: &mut D::Conn,
+    ended: &[&str],
+    sizes: &Sizes,
+    now: DateTime<Utc>,
+) -> Result<HandedOff, StoreError> {
+    let mut out = HandedOff::default();
+    if ended.is_empty() {
+        return Ok(out);
+    }
+    let q =
+        Stmt::new(sql!(D, "DELETE FROM ll_run_limits WHERE run_id {in $1} RETURNING name, key"), "freeing the slots of runs that ended");
+    let mut freed: std::collections::BTreeMap<Pool, usize> = std::collections::BTreeMap::new();
+    for r in D::fetch_all(tx, q.bind_list(ended.iter().copied())).await? {
+        *freed.entry(Pool { name: r.text("name"), key: r.text("key") }).or_default() += 1;
+    }
+    let mut taken: Vec<(Due, i64, &Pool)> = Vec::new();
+    for (pool, &slots) in &freed {
+        let Some(&size) = sizes.get(&pool.name) else {
+            out.left.push(pool.clone());
+            continue;
+        };
+        let q = Stmt::new(
+            sql!(
+                D,
+                "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since,
+                        (SELECT count(*) FROM ll_run_limits l WHERE l.name = $3 AND l.key = $4) AS held
+                 FROM ll_runs {limit_waits}
+                 WHERE limit_wait = $1 AND limit_wait IS NOT NULL AND status = {Queued} AND dispatched_at IS NULL
+                 ORDER BY due_at, enqueued_at, id LIMIT $2 {lock_skip}"
+            ),
+            "reading the heads of a limit's line",
+        )
+        .bind(pool.encode())
+        .bind(slots as i64)
+        .bind(pool.name.as_str())
+        .bind(pool.key.as_str());
+        let mut room = usize::try_from(size).unwrap_or(usize::MAX);
+        for (i, r) in D::fetch_all(tx, q).await?.iter().enumerate() {
+            if i == 0 {
+                room = room.saturating_sub(r.int("held").max(0) as usize);
+            }
+            let head = due_from_row(r);
+            if head.pools != std::slice::from_ref(pool) {
+                out.left.push(pool.clone());
+                break;
+            }
+            if room == 0 {
+                break;
+            }
+            room -= 1;
+            taken.push((head, r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool));
+        }
+    }
+    taken.sort_by(|(a, ..), (b, ..)| (a.place, &a.id).cmp(&(b.place, &b.id)));
+    if !taken.is_empty() {
+        let q = Stmt::new(
+            sql!(
+                D,
+                "INSERT INTO ll_run_limits (run_id, name, key) SELECT j.run_id, j.name, j.key FROM {rows $1 AS j(run_id text, name text, key text)} WHERE true ON CONFLICT DO NOTHING"
+            ),
+            "handing slots on",
+        )
+        .bind_rows(vec![
+            Column::Texts(taken.iter().map(|(d, ..)| Some(d.id.as_str().into())).collect()),
+            Column::Texts(taken.iter().map(|(_, _, p)| Some(p.name.as_str().into())).collect()),
+            Column::Texts(taken.iter().map(|(_, _, p)| Some(p.key.as_str().into())).collect()),
+        ]);
+        D::execute(tx, q).await?;
+    }
+    for (due, since, pool) in taken {
+        out.waited.push((pool.name.clone(), std::time::Duration::from_millis((ms(now) - since).max(0) as u64)));
+        out.ids.push(due.id);
+    }
+    Ok(out)
+}
+
 /// Runs admitted to their limits, and what waits.
 struct Admitted {
     /// First in line first.
     ids: Vec<String>,
     waiting: usize,
     waited: Vec<(String, std::time::Duration)>,
+    unserved: bool,
 }
 
 /// Runs waiting for a pool read in one pass, at most: the pool's free slots and one more (the
@@ -246,7 +350,7 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     pools.sort();
     pools.dedup();
     if pools.is_empty() {
-        return Ok(Admitted { ids: Vec::new(), waiting: 0, waited: Vec::new() });
+        return Ok(Admitted { ids: Vec::new(), waiting: 0, waited: Vec::new(), unserved: false });
     }
     // The line, read before the locks (a run in it that another admission took meanwhile is
     // a holder by the count after them, and leaves it): the runs waiting on each pool that the
@@ -255,10 +359,15 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     // not only the one it waits on.
     // Each with, for a run read from a pool's line, since when it waits and on which pool.
     let mut line: Vec<(Due, Option<(i64, &Pool)>)> = Vec::new();
+    let mut unserved = false;
     for pool in &waits_on {
         let slots = pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| n as usize);
+        let want = (slots + 1).min(WAITERS_PER_POOL);
         let q = Stmt::new(limit_wait_reads::<D>()[1], "reading the runs waiting for a limit");
-        for r in D::fetch_all(tx, q.bind(pool.encode()).bind((slots + 1).min(WAITERS_PER_POOL) as i64)).await? {
+        let rows = D::fetch_all(tx, q.bind(pool.encode()).bind(want as i64)).await?;
+        // A removed limit's waiters all go, a pass's worth at a time.
+        unserved |= !pass.sizes.contains_key(&pool.name) && rows.len() >= want;
+        for r in rows {
             line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool))));
         }
     }
@@ -306,7 +415,8 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     line.retain(|(d, _)| !holders.contains(&d.id));
     let pools_of: Vec<&[Pool]> = line.iter().map(|(d, _)| d.pools.as_slice()).collect();
     let decided = limits::admit(&pools_of, pass.sizes, &held);
-    let mut out = Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new() };
+    let mut out =
+        Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new(), unserved };
     let (mut runs, mut names, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     for &i in &decided.admitted {
         let (due, since) = &line[i];

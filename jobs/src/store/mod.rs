@@ -635,6 +635,8 @@ pub(crate) struct Taken {
     pub(crate) admitted: usize,
     /// Runs admitted to their limits and queued (no slot here was left for them).
     pub(crate) pushed: usize,
+    /// Of the runs admitted, the limits they waited on, and how long.
+    pub(crate) waited: Vec<(String, std::time::Duration)>,
 }
 
 /// What a held tick transaction waits for before it commits (true) or rolls back (false).

@@ -41,6 +41,7 @@ record_for!(PgRow);
 pub(super) const SPELLING: Spelling = Spelling {
     greatest: "greatest",
     lock: "FOR UPDATE",
+    lock_skip: "FOR UPDATE SKIP LOCKED",
     undispatched: "",
     limit_waits: "",
     in_list: |param| format!("= ANY({param})"),

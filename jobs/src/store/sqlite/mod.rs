@@ -34,6 +34,7 @@ pub(super) const SPELLING: Spelling = Spelling {
     greatest: "max",
     // One connection writes: a transaction's reads are already its own.
     lock: "",
+    lock_skip: "",
     // Without statistics the planner prefers the status index, which holds every queued run;
     // `INDEXED BY` makes it use the partial index (migration 0003) and fails loudly if it ever
     // cannot. The statements spell the index's guard out, so the planner can prove their rows
