@@ -208,6 +208,20 @@ pub(crate) use record_for;
 /// long the write waited for the writing connection (SQLite).
 pub(crate) type EndsAndClaims<R> = (Vec<(String, RunStatus)>, usize, Vec<R>, Option<u64>);
 
+/// What [`RunSql::ends_and_hand_offs_at_once`] wrote.
+#[derive(Debug)]
+pub(crate) struct HandOffs<R> {
+    /// The ends recorded: each run with the status it took.
+    pub(crate) done: Vec<(String, RunStatus)>,
+    /// The heads claimed into the slots the ends freed (rows as [`RunSql::claim`]'s).
+    pub(crate) claimed: Vec<R>,
+    /// Heads given a slot: (id, the limit they waited on, since when in ms).
+    pub(crate) taken: Vec<(String, String, i64)>,
+    /// The pools freed whose line it did not serve (a head that takes other limits too, a
+    /// limit a reload removed, or more heads than slots here), as `limit_wait` spells them.
+    pub(crate) left: Vec<String>,
+}
+
 /// What a claim does with a run another transaction holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Locked {
@@ -477,6 +491,20 @@ pub(crate) trait RunSql: Dialect {
         _worker: &str,
         _now: i64,
     ) -> impl Future<Output = Option<Result<EndsAndClaims<Self::Row>, StoreError>>> + Send {
+        async { None }
+    }
+    /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
+    /// `ends`, and the hand-off of their slots (`handover::hand_off`, with `sizes`) to heads
+    /// claimed for `worker`, at most `spare` of them. `None`: the store writes them as a
+    /// transaction of statements.
+    fn ends_and_hand_offs_at_once(
+        &self,
+        _ends: &[RunEnd<'_>],
+        _sizes: &crate::limits::Sizes,
+        _spare: usize,
+        _worker: &str,
+        _now: i64,
+    ) -> impl Future<Output = Option<Result<HandOffs<Self::Row>, StoreError>>> + Send {
         async { None }
     }
     /// Marks the runs of `ids` still queued and not handed over as handed to the queue;

@@ -150,6 +150,39 @@ impl<D: RunSql + QueueSql> Ends for D {
         worker: &str,
         now: DateTime<Utc>,
     ) -> Result<(Vec<String>, Taken), StoreError> {
+        if let Some(written) = self.ends_and_hand_offs_at_once(ends, limits.sizes, limits.spare, worker, ms(now)).await {
+            let written = written?;
+            let mut taken = Taken { runs: written.claimed.iter().map(handed_from_row).collect(), ..Taken::default() };
+            taken.admitted = taken.runs.len();
+            let claimed: std::collections::HashSet<&str> = taken.runs.iter().map(|h| h.run.id.as_str()).collect();
+            taken.waited = written
+                .taken
+                .iter()
+                .filter(|(id, ..)| claimed.contains(id.as_str()))
+                .map(|(_, limit, since)| (limit.clone(), std::time::Duration::from_millis((ms(now) - since).max(0) as u64)))
+                .collect();
+            // What the statement did not serve, in a transaction of its own: the pools it
+            // left to the admission under their locks, and claims from the queue into the
+            // slots still free.
+            let left: Vec<crate::limits::Pool> = written.left.iter().map(|p| crate::limits::Pool::decode(p)).collect();
+            let spare = limits.spare.saturating_sub(taken.admitted);
+            let n = n.saturating_sub(taken.admitted);
+            if !left.is_empty() || n > 0 {
+                let mut tx = self.begin().await?;
+                let pass = LimitPass { freed: &left, spare, ..limits };
+                let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], pass, worker, now).await?;
+                let n = n.saturating_sub(handed.claimed.len());
+                let more = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
+                D::commit(tx).await?;
+                taken.admitted += handed.claimed.len();
+                taken.pushed = handed.pushed;
+                taken.waited.extend(handed.waited);
+                taken.runs.extend(handed.claimed);
+                taken.tasks = more.tasks;
+                taken.runs.extend(more.runs);
+            }
+            return Ok((recorded_as_asked(ends, &written.done), taken));
+        }
         let mut tx = self.begin().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();

@@ -28,7 +28,7 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{
-    Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
+    Arg, Column, Dialect, EndsAndClaims, HandOffs, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
     job_state_from_row, record_for, run_cols, sql,
 };
 use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
@@ -340,6 +340,102 @@ impl RunSql for PgStore {
             // Without claims, the one row has no run.
             let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
             Ok((done, tasks, claimed, None))
+        };
+        Some(written.await)
+    }
+
+    /// One statement, its own transaction, as [`PgStore::ends_and_claims_at_once`]: the ends
+    /// ([`FINISH_RUNS`](super::scripts::FINISH_RUNS), open steps closed), the slots of the
+    /// runs ended deleted, and `handover::hand_off` written in SQL — per pool freed, as many
+    /// heads of its line as it freed slots, locked (others held elsewhere passed over), taken
+    /// while each takes that pool alone and the pool is within its size (the rows others hold,
+    /// counted on the statement's snapshot, which still has the ended runs' own), at most
+    /// `spare` of them first in line first; their slots inserted and their claims made under
+    /// the live lease. The freed pools it did not serve are named for the admission under
+    /// their locks.
+    async fn ends_and_hand_offs_at_once(
+        &self,
+        ends: &[RunEnd<'_>],
+        sizes: &crate::limits::Sizes,
+        spare: usize,
+        worker: &str,
+        now: i64,
+    ) -> Option<Result<HandOffs<PgRow>, StoreError>> {
+        let sql = sql!(
+            PgStore,
+            format!(
+                "WITH ended AS ({finish} RETURNING ll_runs.id, ll_runs.status),
+                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
+                            FROM ended e
+                            WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
+                 freed AS (DELETE FROM ll_run_limits l USING ended e WHERE l.run_id = e.id RETURNING l.name, l.key),
+                 pools AS (SELECT f.name, f.key, count(*) AS n, min(s.size) AS size,
+                                  CASE WHEN f.key = '' THEN f.name ELSE f.name || ':' || f.key END AS wait,
+                                  (SELECT count(*) FROM ll_run_limits a WHERE a.name = f.name AND a.key = f.key) AS held
+                           FROM freed f LEFT JOIN {{rows $4 AS s(name text, size bigint)}} ON s.name = f.name
+                           GROUP BY f.name, f.key),
+                 heads AS (SELECT p.name AS pool_name, p.key AS pool_key, p.size - (p.held - p.n) AS room, h.*
+                           FROM pools p CROSS JOIN LATERAL (
+                               SELECT r.id, r.limits, r.due_at, r.enqueued_at, r.limit_wait_since FROM ll_runs r
+                               WHERE r.limit_wait = p.wait AND r.limit_wait IS NOT NULL AND r.status = {{Queued}} AND r.dispatched_at IS NULL
+                               ORDER BY r.due_at, r.enqueued_at, r.id LIMIT p.n FOR UPDATE SKIP LOCKED) h
+                           WHERE p.size IS NOT NULL),
+                 ranked AS (SELECT hd.*, row_number() OVER w AS rn,
+                                   bool_and(hd.limits::jsonb = jsonb_build_array(jsonb_build_array(hd.pool_name, hd.pool_key))) OVER w AS single
+                            FROM heads hd WINDOW w AS (PARTITION BY hd.pool_name, hd.pool_key ORDER BY hd.due_at, hd.enqueued_at, hd.id)),
+                 eligible AS (SELECT rk.*, row_number() OVER (ORDER BY rk.due_at, rk.enqueued_at, rk.id) AS g
+                              FROM ranked rk WHERE rk.single AND rk.rn <= rk.room),
+                 taken AS MATERIALIZED (SELECT * FROM eligible WHERE g <= $5),
+                 slots AS (INSERT INTO ll_run_limits (run_id, name, key) SELECT id, pool_name, pool_key FROM taken ON CONFLICT DO NOTHING),
+                 lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
+                 claimed AS ({claim})
+                 SELECT s.*, c.* FROM
+                     (SELECT (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
+                             (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses,
+                             (SELECT array_agg(id ORDER BY g) FROM taken) AS taken_ids,
+                             (SELECT array_agg(pool_name ORDER BY g) FROM taken) AS taken_limits,
+                             (SELECT array_agg(coalesce(limit_wait_since, $2) ORDER BY g) FROM taken) AS taken_since,
+                             (SELECT array_agg(p.wait ORDER BY p.wait) FROM pools p
+                              WHERE p.size IS NULL
+                                 OR EXISTS (SELECT 1 FROM ranked r WHERE r.pool_name = p.name AND r.pool_key = p.key AND NOT r.single)
+                                 OR EXISTS (SELECT 1 FROM eligible e WHERE e.pool_name = p.name AND e.pool_key = p.key AND e.g > $5)) AS left_pools) s
+                     LEFT JOIN claimed c ON true",
+                closing = steps_closed_as("e.status"),
+                finish = FINISH_RUNS,
+                claim = claim_sql(&SPELLING, "id IN (SELECT id FROM taken) AND EXISTS (SELECT 1 FROM lease)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
+            )
+        );
+        let written = async {
+            let limits = vec![
+                Column::Texts(sizes.keys().map(|n| Some(n.as_str().into())).collect()),
+                Column::Ints(sizes.values().map(|&n| Some(i64::from(n))).collect()),
+            ];
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), Arg::Rows(limits), (spare as i64).into()];
+            let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and handing their slots on")?;
+            let Some(first) = rows.first() else {
+                return Err(StoreError::new("recording ends and handing their slots on", sqlx::Error::RowNotFound));
+            };
+            let texts = |col: &str| -> Result<Vec<String>, StoreError> {
+                Ok(first.try_get::<Option<Vec<String>>, _>(col).ctx("reading the ends and hand-offs written")?.unwrap_or_default())
+            };
+            let ids = texts("ended_ids")?;
+            let done = ids
+                .into_iter()
+                .zip(texts("ended_statuses")?)
+                .map(|(id, s)| (id, RunStatus::from_str(&s).unwrap_or(RunStatus::Failed)))
+                .collect();
+            let since: Vec<i64> =
+                first.try_get::<Option<Vec<i64>>, _>("taken_since").ctx("reading the ends and hand-offs written")?.unwrap_or_default();
+            let taken = texts("taken_ids")?
+                .into_iter()
+                .zip(texts("taken_limits")?)
+                .zip(since)
+                .map(|((id, limit), since)| (id, limit, since))
+                .collect();
+            let left = texts("left_pools")?;
+            // Without claims, the one row has no run.
+            let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
+            Ok(HandOffs { done, claimed, taken, left })
         };
         Some(written.await)
     }
