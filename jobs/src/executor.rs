@@ -603,7 +603,11 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                     }
                 }
                 if claim_too.load(Relaxed) {
-                    exec.queue_may_hold.store(taken.tasks == refill.saturating_sub(taken.admitted), Relaxed);
+                    exec.queue_may_hold.store(taken.tasks == refill.saturating_sub(taken.admitted) || taken.unfinished, Relaxed);
+                }
+                if taken.unfinished {
+                    exec.env.signals.publish(Signal::Wake);
+                    exec.env.signals.publish(Signal::TasksPushed);
                 }
                 if taken.pushed > 0 {
                     exec.env.signals.publish(Signal::TasksPushed);

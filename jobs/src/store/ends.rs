@@ -163,23 +163,36 @@ impl<D: RunSql + QueueSql> Ends for D {
                 .collect();
             // What the statement did not serve, in a transaction of its own: the pools it
             // left to the admission under their locks, and claims from the queue into the
-            // slots still free.
+            // slots still free. The ends and the claims made are committed: a failure here is
+            // not the ends' (their write is not retried, the runs claimed are started), and
+            // the caller has the scheduler and the intake look instead.
             let left: Vec<crate::limits::Pool> = written.left.iter().map(|p| crate::limits::Pool::decode(p)).collect();
             let spare = limits.spare.saturating_sub(taken.admitted);
             let n = n.saturating_sub(taken.admitted);
             if !left.is_empty() || n > 0 {
-                let mut tx = self.begin().await?;
-                let pass = LimitPass { freed: &left, spare, ..limits };
-                let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], pass, worker, now).await?;
-                let n = n.saturating_sub(handed.claimed.len());
-                let more = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
-                D::commit(tx).await?;
-                taken.admitted += handed.claimed.len();
-                taken.pushed = handed.pushed;
-                taken.waited.extend(handed.waited);
-                taken.runs.extend(handed.claimed);
-                taken.tasks = more.tasks;
-                taken.runs.extend(more.runs);
+                let rest = async {
+                    let mut tx = self.begin().await?;
+                    let pass = LimitPass { freed: &left, spare, ..limits };
+                    let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], pass, worker, now).await?;
+                    let n = n.saturating_sub(handed.claimed.len());
+                    let more = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
+                    D::commit(tx).await?;
+                    Ok::<_, StoreError>((handed, more))
+                };
+                match rest.await {
+                    Ok((handed, more)) => {
+                        taken.admitted += handed.claimed.len();
+                        taken.pushed = handed.pushed;
+                        taken.waited.extend(handed.waited);
+                        taken.runs.extend(handed.claimed);
+                        taken.tasks = more.tasks;
+                        taken.runs.extend(more.runs);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, pools = left.len(), "the ends are recorded; admitting the runs waiting for what they freed is left to the next look");
+                        taken.unfinished = true;
+                    }
+                }
             }
             return Ok((recorded_as_asked(ends, &written.done), taken));
         }
@@ -192,9 +205,18 @@ impl<D: RunSql + QueueSql> Ends for D {
         let ended: Vec<&str> = ended.iter().map(|(id, _)| *id).collect();
         let off = super::handover::hand_off::<D>(&mut tx, &ended, limits.sizes, now).await?;
         let into = limits.spare.min(off.ids.len());
-        let rest = LimitPass { freed: &off.left, spare: limits.spare - into, ..limits };
-        let mut handed = super::handover::hand_over_in::<D>(&mut tx, &off.ids[..into], &off.ids[into..], rest, worker, now).await?;
-        handed.waited.splice(0..0, off.waited);
+        // The heads first: claimed (or queued), they hold the slots they were given when the
+        // admission of the pools left counts the holders (unclaimed, their rows are stale).
+        let none = LimitPass { due: &[], waiters: false, freed: &[], spare: 0, ..limits };
+        let mut handed = super::handover::hand_over_in::<D>(&mut tx, &off.ids[..into], &off.ids[into..], none, worker, now).await?;
+        handed.waited = off.waited;
+        if !off.left.is_empty() {
+            let rest = LimitPass { freed: &off.left, spare: limits.spare - into, ..limits };
+            let more = super::handover::hand_over_in::<D>(&mut tx, &[], &[], rest, worker, now).await?;
+            handed.claimed.extend(more.claimed);
+            handed.pushed += more.pushed;
+            handed.waited.extend(more.waited);
+        }
         // The slots the admitted runs did not take.
         let n = n.saturating_sub(handed.claimed.len());
         let mut taken = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };

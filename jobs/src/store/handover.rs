@@ -208,9 +208,9 @@ pub(super) struct HandedOff {
 /// hand-off ever adds a holder to a pool, and an admission counting the pool meanwhile counts
 /// the slot once, held by the run that ended or by the one that took it. A head is taken
 /// only while its pool is within its size (a lowered limit shrinks: the count after the
-/// ends' rows are gone, the rows others hold, stale ones included) and only if that pool is
-/// all it takes; a head locked by another transaction (being admitted elsewhere) is passed
-/// over. The first head that takes other limits too stops the pool's hand-off: the pool is
+/// ends' rows are gone, the slots others hold) and only if that pool is all it takes; a head
+/// locked by another transaction (being admitted elsewhere: [`admit`] locks the runs it admits
+/// before it writes their slots) is passed over. The first head that takes other limits too stops the pool's hand-off: the pool is
 /// `left` to [`admit`], which counts every pool such a run takes.
 pub(super) async fn hand_off<D: RunSql>(
     tx: &mut D::Conn,
@@ -238,7 +238,8 @@ pub(super) async fn hand_off<D: RunSql>(
             sql!(
                 D,
                 "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since,
-                        (SELECT count(*) FROM ll_run_limits l WHERE l.name = $3 AND l.key = $4) AS held
+                        (SELECT count(*) FROM ll_run_limits l JOIN ll_runs h ON h.id = l.run_id
+                         WHERE l.name = $3 AND l.key = $4 AND (h.status = {Running} OR (h.status = {Queued} AND h.dispatched_at IS NOT NULL))) AS held
                  FROM ll_runs {limit_waits}
                  WHERE limit_wait = $1 AND limit_wait IS NOT NULL AND status = {Queued} AND dispatched_at IS NULL
                  ORDER BY due_at, enqueued_at, id LIMIT $2 {lock_skip}"
@@ -432,6 +433,12 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
         }
     }
     if !runs.is_empty() {
+        // The runs admitted are locked first, in order (PostgreSQL): an end's hand-off, which
+        // takes no pool lock, passes over them rather than giving the same run a slot too.
+        if !D::SPELLING.lock.is_empty() {
+            let q = Stmt::new(sql!(D, "SELECT id FROM ll_runs WHERE id {in $1} ORDER BY id {lock}"), "locking the runs admitted");
+            D::fetch_all(tx, q.bind_list(out.ids.iter().map(String::as_str))).await?;
+        }
         let q = Stmt::new(
             sql!(
                 D,

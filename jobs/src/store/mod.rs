@@ -637,6 +637,10 @@ pub(crate) struct Taken {
     pub(crate) pushed: usize,
     /// Of the runs admitted, the limits they waited on, and how long.
     pub(crate) waited: Vec<(String, std::time::Duration)>,
+    /// The ends are recorded, but what was to follow them in a second write (admissions to
+    /// the pools they freed, claims from the queue) failed: the scheduler and the intake must
+    /// look.
+    pub(crate) unfinished: bool,
 }
 
 /// What a held tick transaction waits for before it commits (true) or rolls back (false).

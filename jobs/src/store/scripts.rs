@@ -140,7 +140,7 @@ pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {can
         started_at = coalesce(j.started_at, ll_runs.started_at),
         trace_id = coalesce(j.trace_id, ll_runs.trace_id),
         next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END,
-        limits = coalesce(j.limits, ll_runs.limits),
+        limits = CASE WHEN {cancel_wins} THEN ll_runs.limits ELSE coalesce(j.limits, ll_runs.limits) END,
         dispatched_at = CASE WHEN j.status = {Queued} AND NOT {cancel_wins} THEN NULL ELSE ll_runs.dispatched_at END
     FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text)}
     WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";

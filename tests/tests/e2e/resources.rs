@@ -253,7 +253,9 @@ fn runs_follow_shows_each_step_and_the_approval_until_the_run_ends() {
     let (code, _, err) = w.ctl(&["approvals", "approve", &run]);
     assert_eq!(code, 0, "{err}");
     let status = child.wait().expect("lampctl exits");
-    out.extend(seen.try_iter());
+    // Every line it printed: the reader ends at the pipe's end, after the process has exited
+    // (lines still on their way when it exited were lost to `try_iter`).
+    out.extend(seen.iter());
     let text = out.join("\n");
     assert_eq!(status.code(), Some(0), "{text}");
     assert!(out[0].starts_with(&format!("run {run} (job workflow:publish, manual trigger): waiting_approval")), "{text}");

@@ -348,8 +348,8 @@ impl RunSql for PgStore {
     /// ([`FINISH_RUNS`](super::scripts::FINISH_RUNS), open steps closed), the slots of the
     /// runs ended deleted, and `handover::hand_off` written in SQL — per pool freed, as many
     /// heads of its line as it freed slots, locked (others held elsewhere passed over), taken
-    /// while each takes that pool alone and the pool is within its size (the rows others hold,
-    /// counted on the statement's snapshot, which still has the ended runs' own), at most
+    /// while each takes that pool alone and the pool is within its size (the slots held,
+    /// counted on the statement's snapshot, which still has the ended runs as holders), at most
     /// `spare` of them first in line first; their slots inserted and their claims made under
     /// the live lease. The freed pools it did not serve are named for the admission under
     /// their locks.
@@ -371,7 +371,9 @@ impl RunSql for PgStore {
                  freed AS (DELETE FROM ll_run_limits l USING ended e WHERE l.run_id = e.id RETURNING l.name, l.key),
                  pools AS (SELECT f.name, f.key, count(*) AS n, min(s.size) AS size,
                                   CASE WHEN f.key = '' THEN f.name ELSE f.name || ':' || f.key END AS wait,
-                                  (SELECT count(*) FROM ll_run_limits a WHERE a.name = f.name AND a.key = f.key) AS held
+                                  (SELECT count(*) FROM ll_run_limits a JOIN ll_runs h ON h.id = a.run_id
+                                   WHERE a.name = f.name AND a.key = f.key
+                                     AND (h.status = {{Running}} OR (h.status = {{Queued}} AND h.dispatched_at IS NOT NULL))) AS held
                            FROM freed f LEFT JOIN {{rows $4 AS s(name text, size bigint)}} ON s.name = f.name
                            GROUP BY f.name, f.key),
                  heads AS (SELECT p.name AS pool_name, p.key AS pool_key, p.size - (p.held - p.n) AS room, h.*
