@@ -1222,6 +1222,27 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     assert_eq!((done.pushed, done.waiting, done.unserved), (1000, 0, true), "a pass's worth, and more waits");
     let done = s.hand_over(&[], &[], removed, ME, t + secs(142)).await.expect("hand over");
     assert_eq!((done.pushed, done.unserved), (1, false), "the last");
+
+    // Two ends in one write: one pool's slot is handed on to its line's head, the other's line
+    // starts with a run of both limits, left to the admission, which counts the head just
+    // given the first slot as its holder (a run admitted into both would be its second).
+    let sizes: crate::limits::Sizes = [("p1".to_string(), 1), ("q1".to_string(), 1)].into();
+    let mut runs = Vec::new();
+    for (i, pools) in [&[("p1", None)][..], &[("q1", None)], &[("q1", None), ("p1", None)], &[("p1", None)]].into_iter().enumerate() {
+        let at = t + secs(150 + i as i64);
+        runs.push(s.insert_run(limited("both", pools, serde_json::json!({}), at), at).await.expect("insert").0);
+    }
+    let due = s.due_undispatched(t + secs(160)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(160)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (2, 2), "p1's and q1's first; the run of both and p1's second wait");
+    assert_eq!(waits_on(runs[2].clone()).await.as_deref(), Some("q1"));
+    let both_freed = [Pool { name: "p1".into(), key: String::new() }, Pool { name: "q1".into(), key: String::new() }];
+    let limits = LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &both_freed, spare: 2 };
+    let ends = [end(&runs[0], RunStatus::Succeeded), end(&runs[1], RunStatus::Succeeded)];
+    let (_, taken) = s.finish_and_admit(&ends, limits, 0, ME, t + secs(170)).await.expect("end and admit");
+    assert_eq!(taken.runs.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [runs[3].as_str()], "p1's head, and only it");
+    assert_eq!(status(s, &runs[2]).await, RunStatus::Queued, "the run of both waits for p1");
+    assert_eq!(held("p1").await, vec![runs[3].clone()]);
 }
 
 fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
