@@ -76,6 +76,18 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 /// What the open steps of a run whose status is `status` (an expression) become, as
 /// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
+/// The first parts of the one-statement writes of ends: the ends ([`FINISH_RUNS`]) as
+/// `ended` (id, status taken), and the open steps of those that did not succeed closed.
+fn ends_and_closed_steps() -> String {
+    format!(
+        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status),
+         closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
+                    FROM ended e
+                    WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}}))",
+        closing = steps_closed_as("e.status"),
+    )
+}
+
 fn steps_closed_as(status: &str) -> String {
     let cases: String = RunStatus::ALL
         .into_iter()
@@ -301,10 +313,7 @@ impl RunSql for PgStore {
         let sql = sql!(
             PgStore,
             format!(
-                "WITH ended AS ({finish} RETURNING ll_runs.id, ll_runs.status),
-                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
-                            FROM ended e
-                            WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
+                "{ended},
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  picked AS MATERIALIZED ({pick}),
                  taken AS (DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING {run_id} AS run_id),
@@ -315,8 +324,7 @@ impl RunSql for PgStore {
                              (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
                              (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
                      LEFT JOIN claimed c ON true",
-                closing = steps_closed_as("e.status"),
-                finish = FINISH_RUNS,
+                ended = ends_and_closed_steps(),
                 pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
                 claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
@@ -364,10 +372,7 @@ impl RunSql for PgStore {
         let sql = sql!(
             PgStore,
             format!(
-                "WITH ended AS ({finish} RETURNING ll_runs.id, ll_runs.status),
-                 closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
-                            FROM ended e
-                            WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
+                "{ended},
                  freed AS (DELETE FROM ll_run_limits l USING ended e WHERE l.run_id = e.id RETURNING l.name, l.key),
                  pools AS (SELECT f.name, f.key, count(*) AS n, min(s.size) AS size,
                                   CASE WHEN f.key = '' THEN f.name ELSE f.name || ':' || f.key END AS wait,
@@ -402,8 +407,7 @@ impl RunSql for PgStore {
                                  OR EXISTS (SELECT 1 FROM ranked r WHERE r.pool_name = p.name AND r.pool_key = p.key AND NOT r.single)
                                  OR EXISTS (SELECT 1 FROM eligible e WHERE e.pool_name = p.name AND e.pool_key = p.key AND e.g > $5)) AS left_pools) s
                      LEFT JOIN claimed c ON true",
-                closing = steps_closed_as("e.status"),
-                finish = FINISH_RUNS,
+                ended = ends_and_closed_steps(),
                 claim = claim_sql(&SPELLING, "id IN (SELECT id FROM taken) AND EXISTS (SELECT 1 FROM lease)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
             )
         );
