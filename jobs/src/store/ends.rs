@@ -159,7 +159,7 @@ impl<D: RunSql + QueueSql> Ends for D {
                 .taken
                 .iter()
                 .filter(|(id, ..)| claimed.contains(id.as_str()))
-                .map(|(_, limit, since)| (limit.clone(), std::time::Duration::from_millis((ms(now) - since).max(0) as u64)))
+                .map(|(_, limit, since)| (limit.clone(), super::handover::waited_since(*since, now)))
                 .collect();
             // What the statement did not serve, in a transaction of its own: the pools it
             // left to the admission under their locks, and claims from the queue into the

@@ -268,26 +268,37 @@ pub(super) async fn hand_off<D: RunSql>(
         }
     }
     taken.sort_by(|(a, ..), (b, ..)| (a.place, &a.id).cmp(&(b.place, &b.id)));
-    if !taken.is_empty() {
-        let q = Stmt::new(
-            sql!(
-                D,
-                "INSERT INTO ll_run_limits (run_id, name, key) SELECT j.run_id, j.name, j.key FROM {rows $1 AS j(run_id text, name text, key text)} WHERE true ON CONFLICT DO NOTHING"
-            ),
-            "handing slots on",
-        )
-        .bind_rows(vec![
-            Column::Texts(taken.iter().map(|(d, ..)| Some(d.id.as_str().into())).collect()),
-            Column::Texts(taken.iter().map(|(_, _, p)| Some(p.name.as_str().into())).collect()),
-            Column::Texts(taken.iter().map(|(_, _, p)| Some(p.key.as_str().into())).collect()),
-        ]);
-        D::execute(tx, q).await?;
-    }
+    let slots: Vec<(&str, &Pool)> = taken.iter().map(|(due, _, pool)| (due.id.as_str(), *pool)).collect();
+    take_slots::<D>(tx, &slots).await?;
     for (due, since, pool) in taken {
-        out.waited.push((pool.name.clone(), std::time::Duration::from_millis((ms(now) - since).max(0) as u64)));
+        out.waited.push((pool.name.clone(), waited_since(since, now)));
         out.ids.push(due.id);
     }
     Ok(out)
+}
+
+/// A slot row for each (run, pool): the runs admitted, or handed slots on.
+async fn take_slots<D: RunSql>(tx: &mut D::Conn, slots: &[(&str, &Pool)]) -> Result<(), StoreError> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let runs = slots.iter().map(|(run, _)| Some((*run).into())).collect();
+    let names = slots.iter().map(|(_, pool)| Some(pool.name.as_str().into())).collect();
+    let keys = slots.iter().map(|(_, pool)| Some(pool.key.as_str().into())).collect();
+    let q = Stmt::new(
+        sql!(
+            D,
+            "INSERT INTO ll_run_limits (run_id, name, key) SELECT j.run_id, j.name, j.key FROM {rows $1 AS j(run_id text, name text, key text)} WHERE true ON CONFLICT DO NOTHING"
+        ),
+        "taking slots",
+    );
+    D::execute(tx, q.bind_rows(vec![Column::Texts(runs), Column::Texts(names), Column::Texts(keys)])).await?;
+    Ok(())
+}
+
+/// How long a run waited for a slot, from `since` (ms) to `now`.
+pub(super) fn waited_since(since: i64, now: DateTime<Utc>) -> std::time::Duration {
+    std::time::Duration::from_millis((ms(now) - since).max(0) as u64)
 }
 
 /// Runs admitted to their limits, and what waits.
@@ -418,35 +429,25 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     let decided = limits::admit(&pools_of, pass.sizes, &held);
     let mut out =
         Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new(), unserved };
-    let (mut runs, mut names, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     for &i in &decided.admitted {
         let (due, since) = &line[i];
         out.ids.push(due.id.clone());
-        for p in &due.pools {
-            runs.push(Some(due.id.as_str().into()));
-            names.push(Some(p.name.as_str().into()));
-            keys.push(Some(p.key.as_str().into()));
-        }
         if let Some((since, on)) = since {
-            let waited = (ms(now) - since).max(0) as u64;
-            out.waited.push((on.name.clone(), std::time::Duration::from_millis(waited)));
+            out.waited.push((on.name.clone(), waited_since(*since, now)));
         }
     }
-    if !runs.is_empty() {
+    if !out.ids.is_empty() {
         // The runs admitted are locked first, in order (PostgreSQL): an end's hand-off, which
         // takes no pool lock, passes over them rather than giving the same run a slot too.
         if !D::SPELLING.lock.is_empty() {
             let q = Stmt::new(sql!(D, "SELECT id FROM ll_runs WHERE id {in $1} ORDER BY id {lock}"), "locking the runs admitted");
             D::fetch_all(tx, q.bind_list(out.ids.iter().map(String::as_str))).await?;
         }
-        let q = Stmt::new(
-            sql!(
-                D,
-                "INSERT INTO ll_run_limits (run_id, name, key) SELECT j.run_id, j.name, j.key FROM {rows $1 AS j(run_id text, name text, key text)} WHERE true ON CONFLICT DO NOTHING"
-            ),
-            "taking slots",
-        );
-        D::execute(tx, q.bind_rows(vec![Column::Texts(runs), Column::Texts(names), Column::Texts(keys)])).await?;
+        let mut slots: Vec<(&str, &Pool)> = Vec::new();
+        for &i in &decided.admitted {
+            slots.extend(line[i].0.pools.iter().map(|p| (line[i].0.id.as_str(), p)));
+        }
+        take_slots::<D>(tx, &slots).await?;
     }
     // A run waits on the first pool that held it back; written when that changes. By the
     // primary key alone (`… IS TRUE` keeps PostgreSQL's planner off the status index, which it
