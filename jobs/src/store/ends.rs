@@ -72,6 +72,34 @@ pub(crate) trait Ends: Send + Sync + std::fmt::Debug {
     async fn mark_no_follow_up(&self, id: &str) -> Result<(), StoreError>;
 }
 
+/// What follows the hand-off of the slots ends freed, in `tx`: the pools it `left` admitted
+/// under their locks (into `limits.spare` slots, the rest queued), then claims from the queue
+/// into what is left of `n` slots once `taken`'s admitted runs have theirs; added to `taken`.
+async fn admit_left_and_claim<D: RunSql + QueueSql>(
+    tx: &mut D::Conn,
+    left: &[crate::limits::Pool],
+    limits: LimitPass<'_>,
+    n: usize,
+    worker: &str,
+    now: DateTime<Utc>,
+    taken: &mut Taken,
+) -> Result<(), StoreError> {
+    if !left.is_empty() {
+        let handed = super::handover::hand_over_in::<D>(tx, &[], &[], LimitPass { freed: left, ..limits }, worker, now).await?;
+        taken.admitted += handed.claimed.len();
+        taken.pushed += handed.pushed;
+        taken.waited.extend(handed.waited);
+        taken.runs.extend(handed.claimed);
+    }
+    let n = n.saturating_sub(taken.admitted);
+    if n > 0 {
+        let more = take_and_claim::<D>(tx, n, worker, now).await?;
+        taken.tasks = more.tasks;
+        taken.runs.extend(more.runs);
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl<D: RunSql + QueueSql> Ends for D {
     /// The tasks taken are this transaction's alone, so their runs are locked by nobody else
@@ -172,21 +200,18 @@ impl<D: RunSql + QueueSql> Ends for D {
             if !left.is_empty() || n > 0 {
                 let rest = async {
                     let mut tx = self.begin().await?;
-                    let pass = LimitPass { freed: &left, spare, ..limits };
-                    let handed = super::handover::hand_over_in::<D>(&mut tx, &[], &[], pass, worker, now).await?;
-                    let n = n.saturating_sub(handed.claimed.len());
-                    let more = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
+                    let mut more = Taken::default();
+                    admit_left_and_claim::<D>(&mut tx, &left, LimitPass { spare, ..limits }, n, worker, now, &mut more).await?;
                     D::commit(tx).await?;
-                    Ok::<_, StoreError>((handed, more))
+                    Ok::<_, StoreError>(more)
                 };
                 match rest.await {
-                    Ok((handed, more)) => {
-                        taken.admitted += handed.claimed.len();
-                        taken.pushed = handed.pushed;
-                        taken.waited.extend(handed.waited);
-                        taken.runs.extend(handed.claimed);
-                        taken.tasks = more.tasks;
+                    Ok(more) => {
+                        taken.admitted += more.admitted;
+                        taken.pushed = more.pushed;
+                        taken.waited.extend(more.waited);
                         taken.runs.extend(more.runs);
+                        taken.tasks = more.tasks;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, pools = left.len(), "the ends are recorded; admitting the runs waiting for what they freed is left to the next look");
@@ -208,23 +233,12 @@ impl<D: RunSql + QueueSql> Ends for D {
         // The heads first: claimed (or queued), they hold the slots they were given when the
         // admission of the pools left counts the holders (unclaimed, their rows are stale).
         let none = LimitPass { due: &[], waiters: false, freed: &[], spare: 0, ..limits };
-        let mut handed = super::handover::hand_over_in::<D>(&mut tx, &off.ids[..into], &off.ids[into..], none, worker, now).await?;
-        handed.waited = off.waited;
-        if !off.left.is_empty() {
-            let rest = LimitPass { freed: &off.left, spare: limits.spare - into, ..limits };
-            let more = super::handover::hand_over_in::<D>(&mut tx, &[], &[], rest, worker, now).await?;
-            handed.claimed.extend(more.claimed);
-            handed.pushed += more.pushed;
-            handed.waited.extend(more.waited);
-        }
-        // The slots the admitted runs did not take.
-        let n = n.saturating_sub(handed.claimed.len());
-        let mut taken = if n > 0 { take_and_claim::<D>(&mut tx, n, worker, now).await? } else { Taken::default() };
+        let heads = super::handover::hand_over_in::<D>(&mut tx, &off.ids[..into], &off.ids[into..], none, worker, now).await?;
+        let mut taken =
+            Taken { admitted: heads.claimed.len(), pushed: heads.pushed, waited: off.waited, runs: heads.claimed, ..Taken::default() };
+        let rest = LimitPass { spare: limits.spare - into, ..limits };
+        admit_left_and_claim::<D>(&mut tx, &off.left, rest, n, worker, now, &mut taken).await?;
         D::commit(tx).await?;
-        taken.admitted = handed.claimed.len();
-        taken.pushed = handed.pushed;
-        taken.waited = handed.waited;
-        taken.runs.splice(0..0, handed.claimed);
         Ok((recorded_as_asked(ends, &done), taken))
     }
 
