@@ -479,16 +479,23 @@ async fn execute(
                 }
                 () = entry.token.cancelled() => None,
             };
+            // Why it stopped, as the work ended: a stop asked for later (a fence while the last
+            // lines wait for the database) comes after the outcome and does not replace it.
+            let stop = stop_reason(&entry);
             // Every line printed is recorded before the end is, unless the database takes too
             // long: the log never holds up the end.
             if tokio::time::timeout(LOG_FINISH_WITHIN, live.finish()).await.is_err() {
                 tracing::warn!(run = %run_id, "the run's last output lines are not recorded: the database is slow; its end is recorded without them");
             }
-            outcome
+            return settle(outcome, stop);
         }
     };
-    let stop = entry.reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    settle(outcome, stop)
+    settle(outcome, stop_reason(&entry))
+}
+
+/// The reason the run was told to stop, if it was.
+fn stop_reason(entry: &Running) -> Option<StopReason> {
+    entry.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Writes the ends of whatever runs have finished (up to [`BATCH`]) in one transaction, with
