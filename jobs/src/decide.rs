@@ -498,6 +498,7 @@ pub(crate) fn plan_ticks<'a>(
             TickDecision::Start => job_active.push(id.clone()),
             TickDecision::Hold => {
                 hold = true;
+                run.in_line = false;
                 job_active.push(id.clone());
             }
             TickDecision::Skip(why) => {

@@ -114,6 +114,7 @@ impl JobsConfig {
                 let run = crate::intake::NewRun {
                     input: j.input.as_deref().cloned(),
                     parameters: j.parameters.as_ref().map(lamplighter_config::JsonText::value),
+                    in_line: j.overlap != lamplighter_config::Overlap::Queue,
                     ..crate::intake::NewRun::asked(Owner::Job(j.name.clone()), crate::run::Trigger::After, self.snapshot_of(j), now)
                 };
                 Some(crate::store::Downstream { after, run })

@@ -26,6 +26,10 @@ pub(crate) struct NewRun {
     pub(crate) snapshot: Option<JobSnapshot>,
     /// Who asked for it (a run started by hand).
     pub(crate) requested_by: Option<String>,
+    /// Its job's runs need not go one at a time (`overlap` is not `queue`, not a backfill): a
+    /// run that takes limits and is due as it is inserted waits in its first pool's line from
+    /// the insert, never read as due (no second write marks it waiting).
+    pub(crate) in_line: bool,
 }
 
 impl NewRun {
@@ -59,6 +63,7 @@ impl NewRun {
             root_id: None,
             snapshot: None,
             requested_by: None,
+            in_line: false,
         }
     }
 
@@ -112,6 +117,7 @@ impl NewRun {
             root_id: Some(run.root_id.clone()),
             snapshot: None,
             requested_by: run.requested_by.clone(),
+            in_line: false,
         }
     }
 }

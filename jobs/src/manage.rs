@@ -344,6 +344,8 @@ impl JobService {
             root_id: None,
             snapshot: Some(snapshot.clone()),
             requested_by: None,
+            // A backfill's runs go one at a time, in tick order.
+            in_line: false,
         }
     }
 }

@@ -509,6 +509,7 @@ fn new_tick_run(jobs: &JobsConfig, cfg: &JobConfig, tick: DateTime<Utc>, due: Da
         root_id: None,
         snapshot: Some(jobs.snapshot_of(cfg)),
         requested_by: None,
+        in_line: cfg.overlap != Overlap::Queue,
     }
 }
 
@@ -533,6 +534,8 @@ enum Fired {
 /// after the lead (the clock stepped back).
 async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<Utc>, ahead: Option<&Ahead<'_>>) -> Fired {
     let keys: Vec<(String, DateTime<Utc>)> = batch.iter().map(|(r, _)| (r.owner.to_string(), r.scheduled_at.unwrap_or(r.due_at))).collect();
+    // Runs that wait in their limits' lines from the insert: the next hand-over looks there.
+    let lined = batch.iter().any(|(r, _)| r.in_line && r.snapshot.as_ref().is_some_and(|s| !s.limits.is_empty()));
     // Free slots now: that many of the runs are claimed in the tick's own transaction and
     // start right after its commit.
     let tickets = s.env.executor.tickets(batch.len());
@@ -578,6 +581,9 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             return Fired::Failed;
         }
     };
+    if lined {
+        s.look_for_waiters();
+    }
     let mut handed = Vec::new();
     let mut later = Vec::new();
     let mut pushed = false;

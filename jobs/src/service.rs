@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, JsonText, Schedule, ScheduleSpec, Step, StepKind, Workflow};
+use lamplighter_config::{JobConfig, JsonText, Overlap, Schedule, ScheduleSpec, Step, StepKind, Workflow};
 
 use crate::clock::Clock;
 use crate::events::Observer;
@@ -436,6 +436,7 @@ impl JobService {
             parameters: merge_parameters(job.parameters.as_ref().map(JsonText::value), req.parameters),
             idempotency_key: req.idempotency_key,
             requested_by: req.requested_by,
+            in_line: job.overlap != Overlap::Queue,
             ..NewRun::asked(Owner::Job(name.to_string()), Trigger::Manual, snapshot, now)
         };
         self.insert_and_dispatch(run, now).await
@@ -736,6 +737,8 @@ impl JobService {
         let (run_id, created) = self.records.insert_run(run, now).await?;
         if created {
             self.observer.run_created(&owner, trigger, &run_id);
+            // It may wait in its limits' lines, which a hand-over reads only when asked to.
+            self.scheduler.look_for_waiters();
         }
         if created && self.scheduler.dispatch_due(now).await {
             self.signal(Signal::Wake);

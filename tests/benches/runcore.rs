@@ -250,10 +250,13 @@ fn queue_in(n: usize, limit: Option<u32>) {
         let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
         let mut tx = sqlx::Connection::begin(&mut conn).await.expect("tx");
         for i in 0..n {
-            sqlx::query("INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, root_id, limits) VALUES (?1, 'job-00000', 'manual', 'queued', ?2, ?2, 1, '{\"path\":\"tiny.txt\"}', ?1, ?3)")
+            // As a manual trigger of the job inserts them: due, in the pool's line at once.
+            sqlx::query("INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, root_id, limits, limit_wait, limit_wait_since) VALUES (?1, 'job-00000', 'manual', 'queued', ?2, ?2, 1, '{\"path\":\"tiny.txt\"}', ?1, ?3, ?4, ?5)")
                 .bind(format!("0190b000-0000-7000-8000-{i:012}"))
                 .bind(t0)
                 .bind(limit.map(|_| "[[\"pool\",\"\"]]"))
+                .bind(limit.map(|_| "pool"))
+                .bind(limit.map(|_| t0))
                 .execute(&mut *tx)
                 .await
                 .expect("insert");

@@ -1012,6 +1012,42 @@ fn limited(job: &str, limits: &[(&str, Option<&str>)], input: serde_json::Value,
     NewRun { input: Some(input), snapshot: Some(JobSnapshot { limits, ..snapshot("a") }), ..manual(job, at) }
 }
 
+/// A limited run whose job's runs need not go one at a time waits in its pool's line from its
+/// insert: it is never read as due, a hand-over that looks at the waiters admits it in line
+/// with the runs the due pass brings (first come, first served across both), and its wait is
+/// measured from the insert. One that is not due yet is not in line until it falls due.
+async fn limited_runs_wait_in_line_from_their_insert(s: &dyn RunStore) {
+    use crate::store::LimitPass;
+    let t = t0();
+    let sizes: crate::limits::Sizes = [("db".to_string(), 1)].into();
+    let lined = |at| NewRun { in_line: true, ..limited("load", &[("db", None)], serde_json::json!({}), at) };
+    let first = s.insert_run(lined(t), t).await.expect("insert").0;
+    let marked = s.insert_run(limited("load", &[("db", None)], serde_json::json!({}), t + secs(1)), t + secs(1)).await.expect("insert").0;
+    let later = s.insert_run(NewRun { due_at: t + secs(30), ..lined(t + secs(2)) }, t + secs(2)).await.expect("insert").0;
+    let waiting = s.get_run(&first).await.expect("get").expect("run").limit_wait;
+    assert_eq!(waiting.map(|w| (w.pool.encode(), w.since)), Some(("db".into(), Some(t))), "in line from its insert");
+    assert_eq!(s.get_run(&later).await.expect("get").expect("run").limit_wait, None, "not due: not in line yet");
+    let due = s.due_undispatched(t + secs(3)).await.expect("due");
+    assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [marked.as_str()], "a run in line is not read as due");
+    let pass = LimitPass { due: &due, sizes: &sizes, waiters: true, freed: &[], spare: 5 };
+    let done = s.hand_over(&[], &[], pass, ME, t + secs(3)).await.expect("hand over");
+    assert_eq!(done.claimed.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [first.as_str()], "the first in line gets the slot");
+    assert_eq!(done.waiting, 1);
+    assert_eq!(done.waited, vec![("db".to_string(), Duration::from_secs(3))], "it waited from its insert");
+    // Its end hands the slot to the run the due pass marked, which was next in line.
+    s.finish_many(&[end(&first, RunStatus::Succeeded)], t + secs(10)).await.expect("end");
+    let pass = LimitPass { due: &[], sizes: &sizes, waiters: true, freed: &[], spare: 5 };
+    let done = s.hand_over(&[], &[], pass, ME, t + secs(11)).await.expect("hand over");
+    assert_eq!(done.claimed.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [marked.as_str()]);
+    // Due at 30 s, the later one is read as due then, and waits behind the holder.
+    assert!(s.due_undispatched(t + secs(29)).await.expect("due").is_empty());
+    let due = s.due_undispatched(t + secs(30)).await.expect("due");
+    assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [later.as_str()]);
+    let pass = LimitPass { due: &due, sizes: &sizes, waiters: true, freed: &[], spare: 5 };
+    let done = s.hand_over(&[], &[], pass, ME, t + secs(30)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (0, 1));
+}
+
 /// Limits: the runs that take a slot are admitted in line up to each limit (per key of a keyed
 /// one), the others wait (out of the due runs, shown waiting); a slot is freed by its run's
 /// end or by the takeover of its worker, never earlier; a removed limit holds nobody back.
@@ -1444,6 +1480,7 @@ macro_rules! contract {
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 jobs_run_after_their_upstream_jobs_once,
                 limits_admit_in_line_and_free_slots_with_their_runs,
+                limited_runs_wait_in_line_from_their_insert,
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,

@@ -17,15 +17,15 @@ use crate::limits;
 use crate::notify::{self, NewNotification};
 use crate::run::{Run, RunStatus};
 
-/// Rows per multi-row statement: 23 columns × 1000 stays under both drivers' bound on
+/// Rows per multi-row statement: 25 columns × 1000 stays under both drivers' bound on
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 pub(super) const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them.
 pub(super) const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
                           parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch, \
-                          outcome_seen, limits)";
-pub(super) const RUN_INSERT_COLS: usize = 23;
+                          outcome_seen, limits, limit_wait, limit_wait_since)";
+pub(super) const RUN_INSERT_COLS: usize = 25;
 
 /// Runs one notice pass reads ([`Notices::notice`]).
 pub(super) const NOTICE_BATCH: usize = 1000;
@@ -67,6 +67,18 @@ pub(super) async fn insert_runs<D: Dialect>(
                 Dispatch::Claimed(worker) => (RunStatus::Running, Some(*worker)),
                 _ => (r.status, None),
             };
+            // The pools it takes, keyed over its input as it is queued: a run that ends as it
+            // is made takes none.
+            let pools = if status.is_final() {
+                Vec::new()
+            } else {
+                r.snapshot.as_ref().map(|s| limits::pools_of(&s.limits, r.input.as_ref())).unwrap_or_default()
+            };
+            // Due and left to the hand-over, it waits in line at once (see `NewRun::in_line`).
+            let in_line =
+                r.in_line && status == RunStatus::Queued && matches!(dispatch, Dispatch::No) && r.due_at.timestamp_millis() <= now;
+            let line = pools.first().filter(|_| in_line).map(limits::Pool::encode);
+            let since = line.as_ref().map(|_| now);
             q = q
                 .bind(id.as_str())
                 .bind(r.owner.to_string())
@@ -93,13 +105,9 @@ pub(super) async fn insert_runs<D: Dialect>(
                 // A run that ends as it is made (a skipped tick) has nothing to notice: no event,
                 // no streak moved; marked so that retention can prune it at once.
                 .bind(status.is_final().then_some(1i64))
-                // The pools it takes, keyed over its input as it is queued: a run that ends
-                // as it is made takes none.
-                .bind(if status.is_final() {
-                    None
-                } else {
-                    r.snapshot.as_ref().and_then(|s| limits::stored(&limits::pools_of(&s.limits, r.input.as_ref())))
-                });
+                .bind(limits::stored(&pools))
+                .bind(line)
+                .bind(since);
         }
         D::execute(c, q).await?;
     }
