@@ -275,8 +275,9 @@ fn overlaps(log: &str) -> Vec<String> {
 }
 
 /// The spans (start, end) of the limited commands in `pool.log` (`PID S|E UPTIME`), by start; a
-/// span without its end ran at most its 0.6 s sleep and the time to stamp it.
-fn pool_spans(log: &str) -> Vec<(f64, f64)> {
+/// span without its end ran at most its 0.6 s sleep and the time to stamp it, and no later than
+/// the first kill after its start (`kills`: the uptimes by which each kill's commands were dead).
+fn pool_spans(log: &str, kills: &[f64]) -> Vec<(f64, f64)> {
     let mut by_pid: BTreeMap<&str, (Option<f64>, Option<f64>)> = BTreeMap::new();
     for line in log.lines() {
         let mut f = line.split(' ');
@@ -284,14 +285,15 @@ fn pool_spans(log: &str) -> Vec<(f64, f64)> {
         let e = by_pid.entry(pid).or_default();
         if mark == "S" { e.0 = Some(up) } else { e.1 = Some(up) }
     }
-    let mut spans: Vec<(f64, f64)> = by_pid.into_values().filter_map(|(s, e)| s.map(|s| (s, e.unwrap_or(s + 0.7)))).collect();
+    let killed = |s: f64| kills.iter().copied().filter(|k| *k >= s).fold(s + 0.7, f64::min);
+    let mut spans: Vec<(f64, f64)> = by_pid.into_values().filter_map(|(s, e)| s.map(|s| (s, e.unwrap_or_else(|| killed(s))))).collect();
     spans.sort_by(|a, b| a.0.total_cmp(&b.0));
     spans
 }
 
 /// Commands of the limit of 1 that ran at once.
-fn pool_overlaps(log: &str) -> Vec<String> {
-    pool_spans(log)
+fn pool_overlaps(log: &str, kills: &[f64]) -> Vec<String> {
+    pool_spans(log, kills)
         .windows(2)
         .filter(|w| w[1].0 < w[0].1)
         .map(|w| format!("two holders of the limit of 1 at once: {:?} and {:?} (uptime s)", w[0], w[1]))
@@ -299,8 +301,8 @@ fn pool_overlaps(log: &str) -> Vec<String> {
 }
 
 /// How many limited commands started within 150 ms of another's end: runs that waited for the slot.
-fn pool_turns(log: &str) -> usize {
-    pool_spans(log).windows(2).filter(|w| w[1].0 >= w[0].1 && w[1].0 - w[0].1 < 0.15).count()
+fn pool_turns(log: &str, kills: &[f64]) -> usize {
+    pool_spans(log, kills).windows(2).filter(|w| w[1].0 >= w[0].1 && w[1].0 - w[0].1 < 0.15).count()
 }
 
 /// What the scripted provider was asked: (the conversation's tag, how many tool results it
@@ -453,8 +455,9 @@ fn monitor(db: Db, steps_log: PathBuf, calls: Calls, stop: Receiver<()>) -> std:
 
 /// SIGKILL as a crash or an OOM kill delivers it: the worker stopped first (so it starts
 /// nothing new), its commands' process groups killed with it, as a service manager's control
-/// group or a container's end does.
-fn kill_hard(w: &mut Worker) {
+/// group or a container's end does. Returns the machine's uptime once they are dead (the
+/// commands' stamps are uptimes).
+fn kill_hard(w: &mut Worker) -> f64 {
     let pid = w.pid();
     w.signal("STOP");
     // SIGSTOP takes effect asynchronously: wait for the stop (left to be reported again:
@@ -481,6 +484,13 @@ fn kill_hard(w: &mut Worker) {
             .stderr(std::process::Stdio::null())
             .status();
     }
+    uptime()
+}
+
+/// The machine's uptime in seconds, as the commands stamp it.
+fn uptime() -> f64 {
+    let text = std::fs::read_to_string("/proc/uptime").expect("reading /proc/uptime");
+    text.split_whitespace().next().and_then(|u| u.parse().ok()).expect("an uptime")
 }
 
 struct Chaos<'a> {
@@ -495,6 +505,8 @@ struct Chaos<'a> {
     /// Runs waiting for approval → when the harness approves them.
     approve_at: HashMap<String, Instant>,
     kills: usize,
+    /// The uptime by which each kill's commands were dead.
+    killed_at: Vec<f64>,
     /// Outages past a minute (runs of 300 s or more).
     long_outages: usize,
     /// The provider's requests, as they arrive, and the hold on its replies.
@@ -857,7 +869,7 @@ impl Chaos<'_> {
             if n > 1 && self.takeovers.is_empty() {
                 self.act_for(up);
                 let Some(v) = self.holding_a_run(None) else { continue };
-                kill_hard(&mut self.workers[v]);
+                self.killed_at.push(kill_hard(&mut self.workers[v]));
                 self.kills += 1;
                 let name = self.names[v].clone();
                 let held = self.held_by(&name);
@@ -908,7 +920,7 @@ impl Chaos<'_> {
             let killed_at = now_ms();
             for &v in &victims {
                 if self.workers[v].is_running() {
-                    kill_hard(&mut self.workers[v]);
+                    self.killed_at.push(kill_hard(&mut self.workers[v]));
                     self.kills += 1;
                 }
             }
@@ -979,7 +991,7 @@ impl Chaos<'_> {
 }
 
 /// Everything the invariants say, from the final database and the side effects.
-fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls, triggered: &[String]) -> Vec<String> {
+fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls, triggered: &[String], kills: &[f64]) -> Vec<String> {
     let mut bad = s.problems.clone();
     let rs = runs(db).expect("reading the runs after the chaos");
     assert!(!rs.is_empty(), "no runs recorded at all");
@@ -1074,10 +1086,11 @@ fn violations(db: &Db, t_stop: i64, s: &Sightings, shared: &Path, calls: &Calls,
     );
 
     // Never more holders of the limit than its one slot, from the commands' own stamps; a
-    // command killed with its worker (no end stamp) is taken to have run its whole 0.6 s.
+    // command killed with its worker (no end stamp) is taken to have run its whole 0.6 s, or
+    // until that kill.
     let pool = std::fs::read_to_string(shared.join("pool.log")).expect("reading the limit's log");
-    bad.extend(pool_overlaps(&pool));
-    let turns = pool_turns(&pool);
+    bad.extend(pool_overlaps(&pool, kills));
+    let turns = pool_turns(&pool, kills);
     if turns < 3 {
         bad.push(format!("the limit was hardly contended: {turns} run(s) started as another's slot came free"));
     }
@@ -1191,6 +1204,7 @@ fn chaos(
         pending: Vec::new(),
         approve_at: HashMap::new(),
         kills: 0,
+        killed_at: Vec::new(),
         long_outages: 0,
         requests,
         hold,
@@ -1221,7 +1235,7 @@ fn chaos(
     }
     let _ = stop.send(());
     let sightings = watching.join().expect("the monitor");
-    let mut bad = violations(db, t_stop, &sightings, shared, calls, &c.triggered);
+    let mut bad = violations(db, t_stop, &sightings, shared, calls, &c.triggered, &c.killed_at);
     bad.append(&mut c.problems);
     if pg {
         let left = db.rows("SELECT name FROM ll_workers").expect("reading the workers");
@@ -1362,6 +1376,18 @@ fn faked_clock(clock: &Path) -> Vec<(String, String)> {
         ("FAKETIME_NO_CACHE".into(), "1".into()),
         ("DONT_FAKE_MONOTONIC".into(), "1".into()),
     ]
+}
+
+/// The limit's checker: a command killed with its worker held its slot until that kill, not
+/// for a whole sleep it never finished; one that was not killed and left no end is taken at its
+/// longest; two that ran at once are found.
+#[test]
+fn the_limits_checker_ends_a_killed_holder_at_its_kill() {
+    let log = "10 S 100.0\n11 S 100.5\n11 E 101.1\n";
+    assert_eq!(pool_overlaps(log, &[100.4]), Vec::<String>::new(), "the first holder was killed at 100.4 s");
+    assert_eq!(pool_overlaps(log, &[]).len(), 1, "not killed: it may have held the slot until 100.7 s");
+    assert_eq!(pool_overlaps(log, &[99.0, 100.6]).len(), 1, "killed only after the second started");
+    assert_eq!(pool_overlaps("10 S 100.0\n10 E 100.6\n11 S 100.3\n11 E 100.9\n", &[100.4]).len(), 1, "both stamped: they overlapped");
 }
 
 #[test]
