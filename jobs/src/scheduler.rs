@@ -680,7 +680,10 @@ impl Scheduler {
         let mut tickets = Vec::new();
         let mut queued = Vec::new();
         if !ready.is_empty() || !limited.is_empty() || waiters {
-            tickets = self.env.executor.tickets(ready.len() + limited.len() + usize::from(waiters));
+            // Looking at the lines, as many free slots as there are: the runs admitted from
+            // them are claimed into these (a burst's runs wait in line from their insert).
+            let waiting_room = if waiters { usize::MAX } else { 0 };
+            tickets = self.env.executor.tickets((ready.len() + limited.len()).saturating_add(waiting_room));
             queued = ready.split_off(tickets.len().min(ready.len()));
         }
         let mut waiting = 0;
