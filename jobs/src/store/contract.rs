@@ -1029,6 +1029,12 @@ async fn limited_runs_wait_in_line_from_their_insert(s: &dyn RunStore) {
     assert_eq!(s.get_run(&later).await.expect("get").expect("run").limit_wait, None, "not due: not in line yet");
     let due = s.due_undispatched(t + secs(3)).await.expect("due");
     assert_eq!(due.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [marked.as_str()], "a run in line is not read as due");
+    // A worker without a live lease admits the head but cannot claim it: it stays in line and
+    // is told as waiting, so that the lines are looked at again (nothing else would find it).
+    let pass = LimitPass { due: &[], sizes: &sizes, waiters: true, freed: &[], spare: 5 };
+    let done = s.hand_over(&[], &[], pass, "no-lease", t + secs(3)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.pushed), (0, 0));
+    assert_eq!(done.waiting, 1, "the head it could not claim still waits: {done:?}");
     let pass = LimitPass { due: &due, sizes: &sizes, waiters: true, freed: &[], spare: 5 };
     let done = s.hand_over(&[], &[], pass, ME, t + secs(3)).await.expect("hand over");
     assert_eq!(done.claimed.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [first.as_str()], "the first in line gets the slot");
@@ -1046,6 +1052,20 @@ async fn limited_runs_wait_in_line_from_their_insert(s: &dyn RunStore) {
     let pass = LimitPass { due: &due, sizes: &sizes, waiters: true, freed: &[], spare: 5 };
     let done = s.hand_over(&[], &[], pass, ME, t + secs(30)).await.expect("hand over");
     assert_eq!((done.claimed.len(), done.waiting), (0, 1));
+
+    // A pool of more slots than a pass reads of its line: a pass that admits all it read says
+    // more may wait, and the next reads on.
+    let wide: crate::limits::Sizes = [("wide".to_string(), 2000), ("db".to_string(), 1)].into();
+    for i in 0..1001 {
+        let at = t + secs(40) + Duration::from_millis(i);
+        let run = NewRun { in_line: true, ..limited("fan", &[("wide", None)], serde_json::json!({}), at) };
+        s.insert_run(run, at).await.expect("insert");
+    }
+    let pass = LimitPass { due: &[], sizes: &wide, waiters: true, freed: &[], spare: 0 };
+    let done = s.hand_over(&[], &[], pass, ME, t + secs(50)).await.expect("hand over");
+    assert_eq!((done.pushed, done.waiting, done.unserved), (1000, 1, true), "a pass's worth, and more may wait (db's waits on)");
+    let done = s.hand_over(&[], &[], pass, ME, t + secs(51)).await.expect("hand over");
+    assert_eq!((done.pushed, done.unserved), (1, false), "the last");
 }
 
 /// Limits: the runs that take a slot are admitted in line up to each limit (per key of a keyed

@@ -62,7 +62,8 @@ pub(crate) struct Dispatched {
     /// Runs that waited for a slot and got one: the limits they waited on, and how long.
     pub(crate) waited: Vec<(String, std::time::Duration)>,
     /// A limit a reload removed still has runs waiting beyond those one pass reads
-    /// ([`WAITERS_PER_POOL`]): the next pass must look again, whatever limits are configured.
+    /// ([`WAITERS_PER_POOL`]), or a pool of that many slots or more admitted every run read of
+    /// its line: the next pass must look again at once, whatever limits are configured.
     pub(crate) unserved: bool,
 }
 
@@ -178,11 +179,15 @@ pub(super) async fn hand_over_in<D: RunSql + QueueSql>(
         out.waited = admitted.waited;
         out.unserved = admitted.unserved;
     }
-    // Without a live lease nothing is claimed: the runs stay due, for a worker that has one.
+    // Without a live lease nothing is claimed: the runs stay due or in line, for a worker that
+    // has one; those in line are told as waiting, so that the lines are looked at again.
     let epoch = if handed.is_empty() { None } else { live_epoch::<D>(tx, worker).await? };
     out.claimed = match epoch {
         Some(epoch) => claim::<D>(tx, &handed, worker, epoch, now, Locked::Skip).await?,
-        None => Vec::new(),
+        None => {
+            out.waiting += handed.len();
+            Vec::new()
+        }
     };
     let to_push = if queued.is_empty() { Vec::new() } else { D::mark_dispatched(tx, &queued, ms(now)).await? };
     D::push(tx, &to_push).await?;
@@ -372,6 +377,8 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     // Each with, for a run read from a pool's line, since when it waits and on which pool.
     let mut line: Vec<(Due, Option<(i64, &Pool)>)> = Vec::new();
     let mut unserved = false;
+    // Lines read to the most a pass reads: they may hold more than their pools' room.
+    let mut capped: Vec<&Pool> = Vec::new();
     for pool in &waits_on {
         let slots = pass.sizes.get(&pool.name).map_or(WAITERS_PER_POOL, |&n| n as usize);
         let want = (slots + 1).min(WAITERS_PER_POOL);
@@ -379,6 +386,9 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
         let rows = D::fetch_all(tx, q.bind(pool.encode()).bind(want as i64)).await?;
         // A removed limit's waiters all go, a pass's worth at a time.
         unserved |= !pass.sizes.contains_key(&pool.name) && rows.len() >= want;
+        if want == WAITERS_PER_POOL && rows.len() >= want {
+            capped.push(pool);
+        }
         for r in rows {
             line.push((due_from_row(&r), Some((r.opt_int("limit_wait_since").unwrap_or(ms(now)), pool))));
         }
@@ -427,6 +437,8 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     line.retain(|(d, _)| !holders.contains(&d.id));
     let pools_of: Vec<&[Pool]> = line.iter().map(|(d, _)| d.pools.as_slice()).collect();
     let decided = limits::admit(&pools_of, pass.sizes, &held);
+    // Every run read of a line of 1,000 or more slots got one: the next pass reads on at once.
+    let unserved = unserved || capped.iter().any(|p| !decided.waiting.iter().any(|(_, on)| on == *p));
     let mut out =
         Admitted { ids: Vec::with_capacity(decided.admitted.len()), waiting: decided.waiting.len(), waited: Vec::new(), unserved };
     for &i in &decided.admitted {
