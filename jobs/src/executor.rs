@@ -246,9 +246,12 @@ impl Executor {
         if !runs.is_empty() {
             self.env.signals.publish(Signal::RunsChanged);
         }
+        let mut tickets = tickets;
+        let spare = tickets.split_off(runs.len().min(tickets.len()));
         for (handed, ticket) in runs.into_iter().zip(tickets) {
             tokio::spawn(run_one(self.clone(), handed, ticket));
         }
+        Ticket::release_all(spare);
     }
 
     /// Number of runs executing here.
@@ -487,6 +490,10 @@ async fn execute(
             if tokio::time::timeout(LOG_FINISH_WITHIN, live.finish()).await.is_err() {
                 tracing::warn!(run = %run_id, "the run's last output lines are not recorded: the database is slow; its end is recorded without them");
             }
+            // A cancel asked during that wait still stops a run that would go on (waiting for
+            // an approval or for a step's limits): nothing else would record it.
+            let goes_on = matches!(outcome, Some(Outcome::Waiting { .. } | Outcome::WaitingForLimits { .. }));
+            let stop = stop.or_else(|| stop_reason(&entry).filter(|r| goes_on && matches!(r, StopReason::Cancelled(_))));
             return settle(outcome, stop);
         }
     };
