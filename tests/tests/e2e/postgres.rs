@@ -747,21 +747,23 @@ fn a_run_that_ended_before_its_worker_fenced_itself_keeps_its_outcome() {
     );
     let lines = || std::fs::read_to_string(&effects).map(|t| t.lines().count()).unwrap_or(0);
     let proxy = Proxy::start(format!("127.0.0.1:{}", cluster.port()).parse().unwrap());
-    // A 30 s lease: fenced 20 s after the last renewal that went through; the lease lasts 10 s
-    // more, time enough for the link to come back and the end to arrive.
-    let mut w = worker_with("ended-a", &format!("postgres://postgres@127.0.0.1:{}/ended", proxy.port()), 2, "30s", &jobs);
+    // An 18 s lease, renewed every 4.5 s: the first renewal sent into the stall gives up 9 s
+    // after the last that went through, the fence comes at 12 s, the lease lasts until 18 s —
+    // time enough for the link to come back and the end to arrive.
+    let mut w = worker_with("ended-a", &format!("postgres://postgres@127.0.0.1:{}/ended", proxy.port()), 2, "18s", &jobs);
     w.start();
     let id = trigger(&w, "short");
     db.wait_for("the run to start", Duration::from_secs(10), &[&w], |r| r.iter().any(|r| r.id == id && r.status == "running"));
     proxy.stall();
     assert_eq!(proxy.cuts(), 1, "the stall happened");
-    // The last renewal that went through, as the server recorded it (read directly).
-    let sql = "SELECT heartbeat_at FROM ll_workers WHERE name = 'ended-a'";
-    let renewed: i64 = db.rt.block_on(sqlx::query_scalar(sql).fetch_one(&db.pool)).expect("the worker's lease");
-    // The command ends 3 s before the fence; its line waits for the link for up to 5 s, so the
-    // fence comes while the run is ending.
-    let fence_at = renewed + 20_000;
-    std::thread::sleep(Duration::from_millis(u64::try_from(fence_at - 3_000 - now_ms()).unwrap_or(0)));
+    // The command ends once the worker says a renewal failed, 3 s before the fence; its line
+    // waits for the link for up to 5 s, so the fence comes while the run is ending.
+    poll(
+        "a renewal to fail",
+        Duration::from_secs(20),
+        || w.log().contains("cannot renew the worker's lease").then_some(()),
+        || w.log(),
+    );
     std::fs::write(&go, "").unwrap();
     poll("the command to end during the stall", Duration::from_secs(5), || (lines() == 1).then_some(()), || w.log());
     poll(
@@ -771,7 +773,9 @@ fn a_run_that_ended_before_its_worker_fenced_itself_keeps_its_outcome() {
         || w.log(),
     );
     assert_eq!(db.run(&id).expect("the run").status, "running", "its end had not arrived when the worker fenced itself");
-    assert!(now_ms() < renewed + 25_000, "fenced in time for the test: the lease must still hold for a while");
+    // The lease still holds, as the database measures it (read directly, not through the proxy).
+    let sql = "SELECT lease_until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM ll_workers WHERE name = 'ended-a'";
+    assert!(db.rt.block_on(sqlx::query_scalar::<_, bool>(sql).fetch_one(&db.pool)).expect("the worker's lease"), "the lease still holds");
     proxy.resume();
     wait_ready(&[&w], true, Duration::from_secs(10));
     let runs = db.wait_for("the run's end", Duration::from_secs(10), &[&w], |r| r.iter().any(|r| r.id == id && r.status != "running"));
