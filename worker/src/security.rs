@@ -239,14 +239,16 @@ impl Guard {
 pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let caller = match guard.admit(request.headers(), request.uri()).await {
         Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return closing(refusal.into_response()),
     };
     let mut request = match caller.scoped && caller.role < Role::Manage {
         // A call under an access token: its scope is checked against the tool it calls.
         true => {
             let (parts, body) = request.into_parts();
             let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-                return (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {MAX_BODY_BYTES} bytes\n")).into_response();
+                return closing(
+                    (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {MAX_BODY_BYTES} bytes\n")).into_response(),
+                );
             };
             if let Err(refusal) = guard.check_scope(&caller, &bytes) {
                 return refusal.into_response();
@@ -263,8 +265,17 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, request: Request, nex
 pub(crate) async fn check_token(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     match guard.check_auth(request.headers()).await {
         Ok(_) => next.run(request).await,
-        Err(refusal) => refusal.into_response(),
+        Err(refusal) => closing(refusal.into_response()),
     }
+}
+
+/// A refusal answered before its request's body was read says `Connection: close`. The
+/// server closes such a connection once the answer is out (the unread body would be taken for
+/// the next request), and a client that was not told would send its retry — an OAuth client
+/// always does, with its new token — down a connection that is going away.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Why a request was turned away; each becomes a short plain-text answer.

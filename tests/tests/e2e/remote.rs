@@ -214,6 +214,36 @@ fn each_token_sees_and_calls_only_what_its_role_allows_and_is_the_actor() {
     assert!(!w.log().contains("m4n4ge-t0ken") && !w.log().contains("r34d-0nly-t0ken"), "tokens never reach the log");
 }
 
+/// A refused request whose body the worker did not read is answered with `Connection: close`:
+/// the worker will not read that connection again, and a client that reuses it for its retry
+/// (an OAuth client always retries a 401, with its new token) would be cut off.
+#[test]
+fn a_refusal_before_the_body_is_read_tells_the_client_the_connection_closes() {
+    use std::io::{Read, Write};
+    let mut w = Worker::new("");
+    w.write_config(JOB, TOKENS);
+    w.start();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    // The head alone, as a client that writes its body in a second write; no token.
+    let port = w.port;
+    write!(s, "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n", INIT.len())
+        .expect("write the head");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("the answer's head"), 1, "the head ends: {}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 401"), "{head}");
+    assert!(head.contains("\r\nconnection: close\r\n"), "the client is told the connection closes: {head}");
+    // And it does: the rest of the answer, then the end of the stream.
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).expect("the connection closes, not hangs");
+    assert!(String::from_utf8_lossy(&rest).contains("Authorization: Bearer"), "{}", String::from_utf8_lossy(&rest));
+}
+
 /// `initialize` at an older revision: the smallest call that passes the guard in front of `/mcp`.
 const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
 
