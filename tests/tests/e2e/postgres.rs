@@ -758,12 +758,7 @@ fn a_run_that_ended_before_its_worker_fenced_itself_keeps_its_outcome() {
     assert_eq!(proxy.cuts(), 1, "the stall happened");
     // The command ends once the worker says a renewal failed, 3 s before the fence; its line
     // waits for the link for up to 5 s, so the fence comes while the run is ending.
-    poll(
-        "a renewal to fail",
-        Duration::from_secs(20),
-        || w.log().contains("cannot renew the worker's lease").then_some(()),
-        || w.log(),
-    );
+    poll("a renewal to fail", Duration::from_secs(20), || w.log().contains("cannot renew the worker's lease").then_some(()), || w.log());
     std::fs::write(&go, "").unwrap();
     poll("the command to end during the stall", Duration::from_secs(5), || (lines() == 1).then_some(()), || w.log());
     poll(
