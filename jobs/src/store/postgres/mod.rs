@@ -78,6 +78,21 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 /// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
 /// The first parts of the one-statement writes of ends: the ends ([`FINISH_RUNS`]) as
 /// `ended` (id, status taken), and the open steps of those that did not succeed closed.
+/// The array column `col` of the one-row summary the ends statements return (NULL: empty).
+fn array<T>(row: &PgRow, col: &str) -> Result<Vec<T>, StoreError>
+where
+    Vec<T>: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    Ok(row.try_get::<Option<Vec<T>>, _>(col).ctx("reading the ends written")?.unwrap_or_default())
+}
+
+/// The runs an ends statement ended, with the status each was given, from its summary row.
+fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
+    let ids: Vec<String> = array(row, "ended_ids")?;
+    let statuses: Vec<String> = array(row, "ended_statuses")?;
+    Ok(ids.into_iter().zip(statuses).map(|(id, s)| (id, RunStatus::from_str(&s).unwrap_or(RunStatus::Failed))).collect())
+}
+
 fn ends_and_closed_steps() -> String {
     format!(
         "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status),
@@ -336,10 +351,7 @@ impl RunSql for PgStore {
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
             };
-            let ids: Vec<String> = first.try_get::<Option<Vec<String>>, _>("ended_ids").ctx("reading the runs ended")?.unwrap_or_default();
-            let statuses: Vec<String> =
-                first.try_get::<Option<Vec<String>>, _>("ended_statuses").ctx("reading the runs ended")?.unwrap_or_default();
-            let done = ids.into_iter().zip(statuses).map(|(id, s)| (id, RunStatus::from_str(&s).unwrap_or(RunStatus::Failed))).collect();
+            let done = runs_ended(first)?;
             let tasks = first.int("tasks_taken").max(0) as usize;
             let undecoded = first.int("tasks_undecoded");
             if undecoded > 0 {
@@ -421,24 +433,15 @@ impl RunSql for PgStore {
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and handing their slots on", sqlx::Error::RowNotFound));
             };
-            let texts = |col: &str| -> Result<Vec<String>, StoreError> {
-                Ok(first.try_get::<Option<Vec<String>>, _>(col).ctx("reading the ends and hand-offs written")?.unwrap_or_default())
-            };
-            let ids = texts("ended_ids")?;
-            let done = ids
+            let done = runs_ended(first)?;
+            let since: Vec<i64> = array(first, "taken_since")?;
+            let taken = array::<String>(first, "taken_ids")?
                 .into_iter()
-                .zip(texts("ended_statuses")?)
-                .map(|(id, s)| (id, RunStatus::from_str(&s).unwrap_or(RunStatus::Failed)))
-                .collect();
-            let since: Vec<i64> =
-                first.try_get::<Option<Vec<i64>>, _>("taken_since").ctx("reading the ends and hand-offs written")?.unwrap_or_default();
-            let taken = texts("taken_ids")?
-                .into_iter()
-                .zip(texts("taken_limits")?)
+                .zip(array::<String>(first, "taken_limits")?)
                 .zip(since)
                 .map(|((id, limit), since)| (id, limit, since))
                 .collect();
-            let left = texts("left_pools")?;
+            let left = array(first, "left_pools")?;
             // Without claims, the one row has no run.
             let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
             Ok(HandOffs { done, claimed, taken, left })
