@@ -4,7 +4,8 @@
 //! transaction (the store's hand-over and its end writes). A leaf: it knows the config, nothing of the engine.
 //!
 //! A slot is held by a run that is `running`, or `queued` and handed to the queue (admitted,
-//! not claimed yet), and that has a row in `ll_run_limits` for the pool. So a slot is freed
+//! not claimed yet), and that has a row in `ll_run_limits` for the pool, or names the pool in
+//! its own `limit_hold` (a head an end's statement handed the slot to, on PostgreSQL). So a slot is freed
 //! by whatever ends the run: its fenced end, or a takeover of its dead worker's lease, never
 //! earlier.
 

@@ -1176,6 +1176,18 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     );
     assert_eq!(status(s, &gpu[1]).await, RunStatus::Running, "claimed into the slot the end freed");
     assert_eq!(taken.waited, vec![("gpu".to_string(), Duration::from_secs(8))], "it waited from 62 s to 70 s");
+    // The slot handed on is held (on PostgreSQL in the head's own row, not a slot row): listed,
+    // counted by an admission (a run due now waits behind it), and handed on by its end.
+    gpu.push(s.insert_run(limited("train", &[("gpu", None)], serde_json::json!({}), t + secs(70)), t + secs(70)).await.expect("insert").0);
+    let due = s.due_undispatched(t + secs(70)).await.expect("due");
+    let done = s.hand_over(&[], &[], pass(&due, &sizes, false), ME, t + secs(70)).await.expect("hand over");
+    assert_eq!((done.claimed.len(), done.waiting), (0, 1), "gpu's one slot is held by the run the end handed it to");
+    let pool = s.pools().await.expect("pools").into_iter().find(|p| p.pool.name == "gpu").expect("gpu listed");
+    assert_eq!((pool.holders, pool.waiting), (vec![gpu[1].clone()], vec![gpu[2].clone()]));
+    let (_, taken) = s.finish_and_admit(&[end(&gpu[1], RunStatus::Succeeded)], limits, 1, ME, t + secs(71)).await.expect("end and admit");
+    assert_eq!(taken.runs.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [gpu[2].as_str()]);
+    let pool = s.pools().await.expect("pools").into_iter().find(|p| p.pool.name == "gpu").expect("gpu listed");
+    assert_eq!((pool.holders, pool.waiting_count), (vec![gpu[2].clone()], 0), "one holder, the last run handed the slot");
 
     // A slot handed on keeps a lowered limit: the end of one of two holders of a limit
     // lowered to 1 hands nothing on; the second end does.

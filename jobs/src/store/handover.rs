@@ -227,6 +227,9 @@ pub(super) async fn hand_off<D: RunSql>(
     if ended.is_empty() {
         return Ok(out);
     }
+    // The slots the ends freed are their rows: a run's own `limit_hold` is written only by
+    // PostgreSQL's one-statement hand-off (`RunSql::ends_and_hand_offs_at_once`), which this
+    // backend-neutral one stands in for where a backend has none.
     let q =
         Stmt::new(sql!(D, "DELETE FROM ll_run_limits WHERE run_id {in $1} RETURNING name, key"), "freeing the slots of runs that ended");
     let mut freed: std::collections::BTreeMap<Pool, usize> = std::collections::BTreeMap::new();
@@ -242,12 +245,16 @@ pub(super) async fn hand_off<D: RunSql>(
         let q = Stmt::new(
             sql!(
                 D,
-                "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since,
-                        (SELECT count(*) FROM ll_run_limits l JOIN ll_runs h ON h.id = l.run_id
-                         WHERE l.name = $3 AND l.key = $4 AND (h.status = {Running} OR (h.status = {Queued} AND h.dispatched_at IS NOT NULL))) AS held
-                 FROM ll_runs {limit_waits}
-                 WHERE limit_wait = $1 AND limit_wait IS NOT NULL AND status = {Queued} AND dispatched_at IS NULL
-                 ORDER BY due_at, enqueued_at, id LIMIT $2 {lock_skip}"
+                format!(
+                    "SELECT id, job, trigger, limits, due_at, enqueued_at, limit_wait_since,
+                            (SELECT count(*) FROM (
+                                 SELECT l.run_id FROM ll_run_limits l JOIN ll_runs h ON h.id = l.run_id WHERE l.name = $3 AND l.key = $4 AND {HOLDING}
+                                 UNION
+                                 SELECT h.id FROM ll_runs h WHERE h.limit_hold = $1 AND {HOLDING}) x) AS held
+                     FROM ll_runs {{limit_waits}}
+                     WHERE limit_wait = $1 AND limit_wait IS NOT NULL AND status = {{Queued}} AND dispatched_at IS NULL
+                     ORDER BY due_at, enqueued_at, id LIMIT $2 {{lock_skip}}"
+                )
             ),
             "reading the heads of a limit's line",
         )
@@ -400,17 +407,25 @@ async fn admit<D: RunSql>(tx: &mut D::Conn, pass: LimitPass<'_>, now: DateTime<U
     D::lock_limits(tx, &encoded).await?;
     // Who holds a slot of each pool: stale rows (their run no longer running or handed over)
     // are deleted.
+    // A run may hold a pool by a row and by its own `limit_hold` at once (a row left from an
+    // earlier admission): the union counts it once.
     let q = Stmt::new(
         sql!(
             D,
-            "SELECT l.name, l.key, l.run_id, r.status, r.dispatched_at FROM {rows $1 AS j(name text, key text)}
-             JOIN ll_run_limits l ON l.name = j.name AND l.key = j.key JOIN ll_runs r ON r.id = l.run_id"
+            format!(
+                "WITH p AS (SELECT j.name, j.key, j.hold FROM {{rows $1 AS j(name text, key text, hold text)}})
+                 SELECT l.name, l.key, l.run_id, h.status, h.dispatched_at FROM p
+                 JOIN ll_run_limits l ON l.name = p.name AND l.key = p.key JOIN ll_runs h ON h.id = l.run_id
+                 UNION
+                 SELECT p.name, p.key, h.id, h.status, h.dispatched_at FROM p JOIN ll_runs h ON h.limit_hold = p.hold WHERE {HOLDING}"
+            )
         ),
         "counting the slots held",
     )
     .bind_rows(vec![
         Column::Texts(pools.iter().map(|p| Some(p.name.as_str().into())).collect()),
         Column::Texts(pools.iter().map(|p| Some(p.key.as_str().into())).collect()),
+        Column::Texts(pools.iter().map(|p| Some(p.encode().into())).collect()),
     ]);
     let mut held: HashMap<Pool, usize> = HashMap::new();
     let mut holders: HashSet<String> = HashSet::new();

@@ -8,6 +8,7 @@ use super::RunBrief;
 use chrono::{DateTime, Utc};
 
 use super::dialect::{ReadSql, Record, Stmt, run_from_row, sql};
+use super::scripts::HOLDING;
 use super::{JobOverview, RunFilter, StoreError, from_ms};
 use crate::limits::Pool;
 use crate::run::Run;
@@ -64,15 +65,19 @@ impl<D: ReadSql> Listings for D {
         let q = Stmt::new(
             sql!(
                 D,
-                "SELECT l.name, l.key, l.run_id FROM ll_run_limits l JOIN ll_runs r ON r.id = l.run_id
-                 WHERE r.status = {Running} OR (r.status = {Queued} AND r.dispatched_at IS NOT NULL)
-                 ORDER BY l.name, l.key, r.dispatched_at, l.run_id"
+                format!(
+                    "SELECT CASE WHEN l.key = '' THEN l.name ELSE l.name || ':' || l.key END AS pool, l.run_id, h.dispatched_at
+                     FROM ll_run_limits l JOIN ll_runs h ON h.id = l.run_id WHERE {HOLDING}
+                     UNION
+                     SELECT h.limit_hold, h.id, h.dispatched_at FROM ll_runs h WHERE h.limit_hold IS NOT NULL AND {HOLDING}
+                     ORDER BY 1, 3, 2"
+                )
             ),
             "reading the slots held",
         );
         let mut states: std::collections::BTreeMap<Pool, PoolState> = std::collections::BTreeMap::new();
         for r in D::fetch_all(&mut c, q).await? {
-            let pool = Pool { name: r.text("name"), key: r.text("key") };
+            let pool = Pool::decode(r.str("pool"));
             states.entry(pool.clone()).or_insert_with(|| PoolState::new(pool)).holders.push(r.text("run_id"));
         }
         // How many wait on each pool, and since when (an index-only read of the waiters), then

@@ -135,6 +135,11 @@ pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunS
     Ok(())
 }
 
+/// Run `h` holds the slots it has (as rows of `ll_run_limits`, or its own `limit_hold`): it is
+/// running, or queued and handed over. Spelled as PostgreSQL's `ll_runs_limit_holds` index's
+/// predicate, so that a probe of a pool's holders by `limit_hold` reads that index.
+pub(super) const HOLDING: &str = "(h.status = {Running} OR (h.status = {Queued} AND h.dispatched_at IS NOT NULL))";
+
 /// The end of runs still `running` and held by their worker ([`RunEnd`]s bound at `$1` as
 /// [`end_rows`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
 /// a success into `cancelled` (`{cancel_wins}`, [`crate::decide::end_with_cancel`]); `{held}`
@@ -188,12 +193,21 @@ pub(super) async fn finish_runs<D: Dialect>(
 /// expression); rows: `job_snapshot`, `resumed` and [`run_cols`]. A run no longer queued
 /// (cancelled, or already taken) is left out: the guard that makes a run execute at most
 /// once. A run that waited for a limit's slot stops waiting with its claim (admitted, it has
-/// one), in the same row version. How the runs are picked and locked is the dialect's ([`Spelling::claim_pick`]).
-pub(super) fn claim_sql(s: &super::dialect::Spelling, which: &str, skip: bool, worker: &str, now: &str, epoch: &str) -> String {
+/// one), in the same row version. A run not handed over before holds the pool `hold` in its
+/// row (`limit_hold`; `NULL`: none, its slots are rows), one handed over keeps what it held.
+/// How the runs are picked and locked is the dialect's ([`Spelling::claim_pick`]).
+pub(super) fn claim_sql(s: &super::dialect::Spelling, which: &str, skip: bool, worker: &str, now: &str, epoch: &str, hold: &str) -> String {
     let (before, from, picked) = (s.claim_pick)(which, skip);
+    format!("{before} {}", claim_update(&from, &picked, worker, now, epoch, hold))
+}
+
+/// [`claim_sql`]'s update alone, of the runs `picked` selects (a condition on `ll_runs`, over
+/// the rows `from` names, if any), for a caller that picked and locked them itself.
+pub(super) fn claim_update(from: &str, picked: &str, worker: &str, now: &str, epoch: &str, hold: &str) -> String {
     format!(
-        "{before} UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
-             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}, limit_wait = NULL, limit_wait_since = NULL
+        "UPDATE ll_runs SET status = {{Running}}, started_at = coalesce(started_at, {now}), worker = {worker},
+             dispatched_at = coalesce(dispatched_at, {now}), epoch = {epoch}, limit_wait = NULL, limit_wait_since = NULL,
+             limit_hold = CASE WHEN ll_runs.dispatched_at IS NULL THEN {hold} ELSE ll_runs.limit_hold END
          {from} WHERE {picked}
          RETURNING job_snapshot, started_at < {now} AS resumed, {cols}",
         cols = run_cols!()
@@ -214,8 +228,8 @@ pub(super) async fn claim<D: Dialect>(
         return Ok(Vec::new());
     }
     let sql = match locked {
-        Locked::Skip => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", true, "$2", "$3", "$4")),
-        Locked::Wait => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", false, "$2", "$3", "$4")),
+        Locked::Skip => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", true, "$2", "$3", "$4", "NULL")),
+        Locked::Wait => sql!(D, claim_sql(&D::SPELLING, "id {in $1}", false, "$2", "$3", "$4", "NULL")),
     };
     let q = Stmt::new(sql, "claiming runs").bind_list(ids.iter().map(String::as_str)).bind(worker).bind(ms(now)).bind(epoch);
     Ok(D::fetch_all(c, q).await?.iter().map(handed_from_row).collect())

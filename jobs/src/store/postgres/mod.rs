@@ -31,7 +31,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, HandOffs, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
     job_state_from_row, record_for, run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
+use super::scripts::{FINISH_RUNS, HOLDING, claim_sql, claim_update, end_rows};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -95,7 +95,7 @@ fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
 
 fn ends_and_closed_steps() -> String {
     format!(
-        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status),
+        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold),
          closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                     FROM ended e
                     WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}}))",
@@ -342,7 +342,7 @@ impl RunSql for PgStore {
                 ended = ends_and_closed_steps(),
                 pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
                 run_id = queue::RUN_ID_OF_PAYLOAD,
-                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
+                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)", "NULL"),
             )
         );
         let written = async {
@@ -370,8 +370,8 @@ impl RunSql for PgStore {
     /// heads of its line as it freed slots, locked (others held elsewhere passed over), taken
     /// while each takes that pool alone and the pool is within its size (the slots held,
     /// counted on the statement's snapshot, which still has the ended runs as holders), at most
-    /// `spare` of them first in line first; their slots inserted and their claims made under
-    /// the live lease. The freed pools it did not serve are named for the admission under
+    /// `spare` of them first in line first, and claimed under the live lease, each holding its
+    /// slot in its own row (`limit_hold`: no slot row is written, nor deleted at its end). The freed pools it did not serve are named for the admission under
     /// their locks.
     async fn ends_and_hand_offs_at_once(
         &self,
@@ -385,27 +385,32 @@ impl RunSql for PgStore {
             PgStore,
             format!(
                 "{ended},
-                 freed AS (DELETE FROM ll_run_limits l USING ended e WHERE l.run_id = e.id RETURNING l.name, l.key),
+                 dropped AS (DELETE FROM ll_run_limits l USING ended e WHERE l.run_id = e.id RETURNING l.run_id, l.name, l.key),
+                 freed AS (SELECT run_id, name, key FROM dropped
+                           UNION
+                           SELECT e.id, split_part(e.limit_hold, ':', 1),
+                                  CASE WHEN strpos(e.limit_hold, ':') = 0 THEN '' ELSE substr(e.limit_hold, strpos(e.limit_hold, ':') + 1) END
+                           FROM ended e WHERE e.limit_hold IS NOT NULL),
                  pools AS (SELECT f.name, f.key, count(*) AS n, min(s.size) AS size,
                                   CASE WHEN f.key = '' THEN f.name ELSE f.name || ':' || f.key END AS wait,
-                                  (SELECT count(*) FROM ll_run_limits a JOIN ll_runs h ON h.id = a.run_id
-                                   WHERE a.name = f.name AND a.key = f.key
-                                     AND (h.status = {{Running}} OR (h.status = {{Queued}} AND h.dispatched_at IS NOT NULL))) AS held
+                                  (SELECT count(*) FROM (
+                                       SELECT a.run_id FROM ll_run_limits a JOIN ll_runs h ON h.id = a.run_id
+                                       WHERE a.name = f.name AND a.key = f.key AND {holding}
+                                       UNION
+                                       SELECT h.id FROM ll_runs h
+                                       WHERE h.limit_hold = CASE WHEN f.key = '' THEN f.name ELSE f.name || ':' || f.key END AND {holding}) x) AS held
                            FROM freed f LEFT JOIN {{rows $4 AS s(name text, size bigint)}} ON s.name = f.name
                            GROUP BY f.name, f.key),
-                 heads AS (SELECT p.name AS pool_name, p.key AS pool_key, p.size - (p.held - p.n) AS room, h.*
+                 heads AS (SELECT p.name AS pool_name, p.key AS pool_key, h.*,
+                                  h.limits::jsonb = jsonb_build_array(jsonb_build_array(p.name, p.key)) AS single
                            FROM pools p CROSS JOIN LATERAL (
                                SELECT r.id, r.limits, r.due_at, r.enqueued_at, r.limit_wait_since FROM ll_runs r
                                WHERE r.limit_wait = p.wait AND r.limit_wait IS NOT NULL AND r.status = {{Queued}} AND r.dispatched_at IS NULL
-                               ORDER BY r.due_at, r.enqueued_at, r.id LIMIT p.n FOR UPDATE SKIP LOCKED) h
+                               ORDER BY r.due_at, r.enqueued_at, r.id LIMIT least(p.n, greatest(p.size - (p.held - p.n), 0)) FOR UPDATE SKIP LOCKED) h
                            WHERE p.size IS NOT NULL),
-                 ranked AS (SELECT hd.*, row_number() OVER w AS rn,
-                                   bool_and(hd.limits::jsonb = jsonb_build_array(jsonb_build_array(hd.pool_name, hd.pool_key))) OVER w AS single
-                            FROM heads hd WINDOW w AS (PARTITION BY hd.pool_name, hd.pool_key ORDER BY hd.due_at, hd.enqueued_at, hd.id)),
-                 eligible AS (SELECT rk.*, row_number() OVER (ORDER BY rk.due_at, rk.enqueued_at, rk.id) AS g
-                              FROM ranked rk WHERE rk.single AND rk.rn <= rk.room),
+                 eligible AS (SELECT hd.*, row_number() OVER (ORDER BY hd.due_at, hd.enqueued_at, hd.id) AS g FROM heads hd
+                              WHERE NOT EXISTS (SELECT 1 FROM heads x WHERE x.pool_name = hd.pool_name AND x.pool_key = hd.pool_key AND NOT x.single)),
                  taken AS MATERIALIZED (SELECT * FROM eligible WHERE g <= $5),
-                 slots AS (INSERT INTO ll_run_limits (run_id, name, key) SELECT id, pool_name, pool_key FROM taken ON CONFLICT DO NOTHING),
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  claimed AS ({claim})
                  SELECT s.*, c.* FROM
@@ -416,11 +421,21 @@ impl RunSql for PgStore {
                              (SELECT array_agg(coalesce(limit_wait_since, $2) ORDER BY g) FROM taken) AS taken_since,
                              (SELECT array_agg(p.wait ORDER BY p.wait) FROM pools p
                               WHERE p.size IS NULL
-                                 OR EXISTS (SELECT 1 FROM ranked r WHERE r.pool_name = p.name AND r.pool_key = p.key AND NOT r.single)
+                                 OR EXISTS (SELECT 1 FROM heads r WHERE r.pool_name = p.name AND r.pool_key = p.key AND NOT r.single)
                                  OR EXISTS (SELECT 1 FROM eligible e WHERE e.pool_name = p.name AND e.pool_key = p.key AND e.g > $5)) AS left_pools) s
                      LEFT JOIN claimed c ON true",
                 ended = ends_and_closed_steps(),
-                claim = claim_sql(&SPELLING, "id IN (SELECT id FROM taken) AND EXISTS (SELECT 1 FROM lease)", false, "$3", "$2", "(SELECT epoch FROM lease)"),
+                holding = HOLDING,
+                // The heads are locked already (`heads`), skipping those locked elsewhere: the
+                // statement waits for no lock, so it cannot deadlock with another.
+                claim = claim_update(
+                    "",
+                    "ll_runs.id IN (SELECT id FROM taken) AND (ll_runs.status = {Queued}) IS TRUE AND EXISTS (SELECT 1 FROM lease)",
+                    "$3",
+                    "$2",
+                    "(SELECT epoch FROM lease)",
+                    "ll_runs.limit_wait"
+                ),
             )
         );
         let written = async {
@@ -461,7 +476,7 @@ impl RunSql for PgStore {
             "WITH picked AS MATERIALIZED (
                      SELECT id FROM ll_runs WHERE id = ANY($1) AND (status = {Queued} AND dispatched_at IS NULL) IS TRUE
                      ORDER BY id FOR UPDATE SKIP LOCKED)
-                 UPDATE ll_runs SET dispatched_at = $2, limit_wait = NULL, limit_wait_since = NULL
+                 UPDATE ll_runs SET dispatched_at = $2, limit_wait = NULL, limit_wait_since = NULL, limit_hold = NULL
                  FROM picked WHERE ll_runs.id = picked.id RETURNING ll_runs.id"
         ))
         .bind(ids)

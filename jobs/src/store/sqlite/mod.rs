@@ -803,6 +803,7 @@ fn claim_from_queue() -> String {
         "?3",
         "?2",
         "(SELECT epoch FROM ll_workers w WHERE w.name = ?3)",
+        "NULL",
     )
 }
 
@@ -835,7 +836,7 @@ fn ends_and_claims_script() -> String {
     )
 }
 
-const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2, limit_wait = NULL, limit_wait_since = NULL WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} AND dispatched_at IS NULL RETURNING id";
+const MARK_DISPATCHED: &str = "UPDATE ll_runs SET dispatched_at = ?2, limit_wait = NULL, limit_wait_since = NULL, limit_hold = NULL WHERE id IN (SELECT value FROM json_each(?1)) AND +status = {Queued} AND dispatched_at IS NULL RETURNING id";
 
 #[cfg(test)]
 mod tests {
@@ -1160,7 +1161,7 @@ mod tests {
     #[tokio::test]
     async fn batch_statements_find_runs_by_id() {
         let (_dir, store) = migrated().await;
-        let claim = sql!(SqliteStore, claim_sql(&SPELLING, "id {in $1}", false, "$2", "$3", "$4"));
+        let claim = sql!(SqliteStore, claim_sql(&SPELLING, "id {in $1}", false, "$2", "$3", "$4", "NULL"));
         let finish = sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id"));
         for sql in [claim, finish, sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
             let plan = plan(&store, sql).await;
