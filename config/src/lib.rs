@@ -6,6 +6,7 @@
 //! warnings, or every error it found.
 
 mod ai;
+mod calendar;
 mod compile;
 mod diag;
 mod load;
@@ -25,6 +26,7 @@ pub use ai::{
     Agent, ApprovalMode, Budget, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_ITERS, DEFAULT_MAX_RETRIES, McpServer, Model, ModelApi, ModelRef,
     OnBudget, Pipeline, Pricing, Provider, ProviderApi, RateLimit, Secret, Skill, SystemPrompt, ToolApproval, name_matches, resolve_model,
 };
+pub use calendar::Calendar;
 pub use compile::{
     After, AfterOn, ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT,
     Disabled, JobConfig, JobScope, JsonText, LimitUse, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap,

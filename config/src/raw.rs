@@ -233,6 +233,25 @@ pub(crate) struct Scheduling {
     /// A job lists the ones it takes (`limits: [warehouse]`) and holds one slot of each while
     /// its run runs; a run without a free slot waits, queued, first come first served.
     pub(crate) limits: Option<BTreeMap<String, u32>>,
+    /// Named sets of days a job may fire on (`calendar:` of a job): `{business: {weekdays:
+    /// ["mon..fri"], except: [holidays]}, holidays: {dates: ["2026-12-24..2026-12-26"]}}`.
+    pub(crate) calendars: Option<BTreeMap<String, CalendarDef>>,
+}
+
+/// A set of days: its `weekdays` and its `dates` (every day when it lists neither), less the
+/// days of the calendars under `except`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CalendarDef {
+    /// Days of the week: `mon` … `sun`, or a range such as `mon..fri`.
+    pub(crate) weekdays: Option<Vec<String>>,
+    /// Days, `2026-12-24`, or inclusive ranges, `2027-04-01..2027-04-02`.
+    pub(crate) dates: Option<Vec<String>>,
+    /// An iCalendar file whose all-day events are days of the calendar (not read by this
+    /// version yet: a config that sets it is refused).
+    pub(crate) ics: Option<String>,
+    /// Calendars whose days are not days of this one.
+    pub(crate) except: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -314,6 +333,9 @@ pub(crate) struct Job {
     /// triggers, retries, backfills and `after` runs count too.
     #[schemars(with = "Option<Vec<LimitSchema>>")]
     pub(crate) limits: Option<Any>,
+    /// A name of `scheduling.calendars`: the job's schedule fires only on its days, read in
+    /// the job's zone.
+    pub(crate) calendar: Option<String>,
 }
 
 /// The shapes an entry of a job's `limits` takes (read by hand, for errors that name the field).

@@ -16,8 +16,12 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
+use std::sync::Arc;
+
+use chrono::{DateTime, LocalResult, NaiveDate, NaiveDateTime, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
+
+use crate::calendar::Calendar;
 
 /// When a job fires, as written in the config.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -54,6 +58,9 @@ pub struct Schedule {
     kind: Kind,
     tz: Tz,
     memo: NextMemo,
+    /// The calendar whose days it fires on, and the zone those days are read in (the job's,
+    /// also for `every` and `at`).
+    calendar: Option<(Arc<Calendar>, Tz)>,
 }
 
 /// The last cron answer, `(t, next)`: the first fire after `t` is `next`, so it is also the
@@ -81,11 +88,11 @@ impl NextMemo {
     }
 }
 
-/// Two schedules are equal when they were written the same and fire in the same zone: the
-/// parsed form follows from those.
+/// Two schedules are equal when they were written the same and fire in the same zone on the
+/// same calendar: the parsed form follows from those.
 impl PartialEq for Schedule {
     fn eq(&self, other: &Self) -> bool {
-        self.spec == other.spec && self.tz == other.tz
+        self.spec == other.spec && self.tz == other.tz && self.calendar == other.calendar
     }
 }
 
@@ -137,7 +144,19 @@ impl Schedule {
             ScheduleSpec::Every(e) => (Kind::Every(every(e)?), Tz::UTC),
             ScheduleSpec::At(a) => (Kind::At(at(a)?), Tz::UTC),
         };
-        Ok(Self { spec, kind, tz, memo: NextMemo::default() })
+        Ok(Self { spec, kind, tz, memo: NextMemo::default(), calendar: None })
+    }
+
+    /// The schedule's fires on the days of `calendar` only, each day read in `zone`.
+    pub fn on_calendar(mut self, calendar: Arc<Calendar>, zone: Tz) -> Self {
+        self.calendar = Some((calendar, zone));
+        self.memo = NextMemo::default();
+        self
+    }
+
+    /// The calendar it fires on, if any.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.calendar.as_ref().map(|(c, _)| c.as_ref())
     }
 
     /// Every `spec` (a duration such as `90s`), aligned to the Unix epoch.
@@ -160,8 +179,24 @@ impl Schedule {
         self.tz
     }
 
-    /// The first fire instant strictly after `t`.
+    /// The first fire instant strictly after `t` (on a day of its calendar, if it has one).
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let remembered = self.calendar.is_some() || matches!(self.kind, Kind::Cron { .. });
+        if remembered && let Some(next) = self.memo.get(t) {
+            return Some(next);
+        }
+        let next = match &self.calendar {
+            None => self.next_by_rule(t),
+            Some(_) => self.next_on_calendar(t, &mut |_, _| {}),
+        };
+        if remembered && let Some(next) = next {
+            self.memo.set(t, next);
+        }
+        next
+    }
+
+    /// The first fire after `t` by its rule alone, calendar aside.
+    fn next_by_rule(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match &self.kind {
             Kind::At(at) => (*at > t).then_some(*at),
             Kind::Every(d) => {
@@ -171,17 +206,28 @@ impl Schedule {
                 let next = ms.div_euclid(p).checked_add(1)?.checked_mul(p)?;
                 DateTime::from_timestamp_millis(next)
             }
-            Kind::Cron { scheds, dst } => {
-                if let Some(next) = self.memo.get(t) {
-                    return Some(next);
+            Kind::Cron { scheds, dst } => scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min(),
+        }
+    }
+
+    /// The first fire after `t` on a day of the calendar; `skipped` is told each day a fire
+    /// was passed over on, and why. A day off the calendar is passed over whole, so the walk
+    /// takes a step a day at most, and gives up after [`CALENDAR_HORIZON_DAYS`].
+    fn next_on_calendar(&self, t: DateTime<Utc>, skipped: &mut dyn FnMut(NaiveDate, String)) -> Option<DateTime<Utc>> {
+        let (calendar, zone) = self.calendar.as_ref()?;
+        let mut cur = t;
+        for _ in 0..CALENDAR_HORIZON_DAYS {
+            let fire = self.next_by_rule(cur)?;
+            let day = fire.with_timezone(zone).date_naive();
+            match calendar.why_not(day) {
+                None => return Some(fire),
+                Some(why) => {
+                    skipped(day, why);
+                    cur = last_instant_of(day, *zone).max(fire);
                 }
-                let next = scheds.iter().filter_map(|s| next_cron(s, *dst, self.tz, t)).min();
-                if let Some(next) = next {
-                    self.memo.set(t, next);
-                }
-                next
             }
         }
+        None
     }
 
     /// The next `n` fire instants after `t`.
@@ -213,6 +259,21 @@ fn every(spec: &str) -> Result<Duration, ScheduleError> {
         )));
     }
     Ok(d)
+}
+
+/// How many days a schedule on a calendar is walked ahead for its next fire: ten years (a
+/// calendar with no day in them never fires, as far as previews and the scheduler can tell).
+const CALENDAR_HORIZON_DAYS: usize = 3700;
+
+/// The last millisecond of `day` in `zone`: just before the next day's first instant.
+fn last_instant_of(day: NaiveDate, zone: Tz) -> DateTime<Utc> {
+    let next = day.succ_opt().unwrap_or(day);
+    // A zone whose clocks skip midnight starts the day at the first hour that exists.
+    let start = (0..24)
+        .filter_map(|h| next.and_hms_opt(h, 0, 0))
+        .find_map(|local| zone.from_local_datetime(&local).earliest())
+        .map_or_else(|| next.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc(), |t| t.with_timezone(&Utc));
+    start - chrono::Duration::milliseconds(1)
 }
 
 /// The longest `every`: a year and a day. Longer periods are better said as cron or `at`, and
@@ -247,11 +308,16 @@ pub struct Preview {
     pub notes: Vec<String>,
     /// What looks like a mistake: a schedule that fires very often, or never.
     pub warnings: Vec<String>,
+    /// The days its calendar passed a fire over on before the last fire shown, and why:
+    /// `2026-12-25 skipped: in calendar "holidays"`.
+    pub skipped: Vec<String>,
 }
 
 /// Past this many fires in a day, a preview warns (hourly is 24; `* 7 * * *`, often meant as
 /// "at 7", is 60).
 const OFTEN: usize = 24;
+/// Days passed over that a preview lists at most.
+const SKIPPED_SHOWN: usize = 100;
 /// Fires counted in a day at most (an every-second schedule is 86,400).
 const COUNTED: usize = 10_000;
 
@@ -262,6 +328,25 @@ impl Schedule {
     pub fn preview(&self, now: DateTime<Utc>, count: usize) -> Preview {
         let fires = self.upcoming(now, count);
         let tz = self.tz;
+        let mut skipped: Vec<String> = Vec::new();
+        if self.calendar.is_some() {
+            // The days passed over between now and the last fire shown (or the horizon, for a
+            // schedule that never fires on its calendar), each once.
+            let end = fires.last().copied();
+            let mut cur = now;
+            let mut tell = |day: NaiveDate, why: String| {
+                let line = format!("{day} skipped: {why}");
+                if skipped.len() < SKIPPED_SHOWN && skipped.last() != Some(&line) {
+                    skipped.push(line);
+                }
+            };
+            while let Some(next) = self.next_on_calendar(cur, &mut tell) {
+                if end.is_none_or(|e| next >= e) {
+                    break;
+                }
+                cur = next;
+            }
+        }
         let offset = |t: &DateTime<Utc>| tz.offset_from_utc_datetime(&t.naive_utc()).fix();
         let mut notes = Vec::new();
         let mut before = offset(&now);
@@ -295,7 +380,7 @@ impl Schedule {
                 }
             }
         }
-        Preview { fires, notes, warnings }
+        Preview { fires, notes, warnings, skipped }
     }
 }
 

@@ -702,3 +702,63 @@ fn limits_are_read_and_their_mistakes_located() {
         assert!(errs.iter().any(|x| x.starts_with(error)), "missing {error:?} in:\n{}", errs.join("\n"));
     }
 }
+
+/// `scheduling.calendars` and a job's `calendar`: the job fires only on the calendar's days,
+/// in its zone, and its preview says which days it passed over and why; each mistake is an
+/// error located at its field.
+#[test]
+fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri]\n      except: [holidays]\n    holidays:\n      dates: [\"2026-12-24..2026-12-26\", \"2027-01-01\"]\n  jobs:\n    payroll:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"30 6 * * *\"\n      timezone: Europe/Berlin\n      calendar: business\n";
+    write(tmp.path(), "lamplighter.yaml", good);
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
+    let config = load_with_env(&opts, |_| None).expect("loads").config;
+    assert_eq!(config.calendars.keys().collect::<Vec<_>>(), ["business", "holidays"]);
+    let schedule = config.jobs["payroll"].schedule.clone().expect("a schedule");
+    assert_eq!(schedule.calendar().map(|c| c.name()), Some("business"));
+    let t = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&chrono::Utc);
+    // Wednesday 23 December 2026, after 06:30 Berlin: Thursday and Friday are holidays, the
+    // weekend no weekdays (a day off the calendar's own days is told as that first), so Monday 28th; then 29th, 30th, 31st, and Monday 4 January (1 January a
+    // holiday, 2–3 a weekend).
+    let fires = schedule.upcoming(t("2026-12-23T06:00:00Z"), 5);
+    assert_eq!(
+        fires,
+        ["2026-12-28T05:30:00Z", "2026-12-29T05:30:00Z", "2026-12-30T05:30:00Z", "2026-12-31T05:30:00Z", "2027-01-04T05:30:00Z"].map(t)
+    );
+    let preview = schedule.preview(t("2026-12-23T06:00:00Z"), 5);
+    assert_eq!(
+        preview.skipped,
+        [
+            "2026-12-24 skipped: in calendar \"holidays\"",
+            "2026-12-25 skipped: in calendar \"holidays\"",
+            "2026-12-26 skipped: not a day of calendar \"business\" (Saturday)",
+            "2026-12-27 skipped: not a day of calendar \"business\" (Sunday)",
+            "2027-01-01 skipped: in calendar \"holidays\"",
+            "2027-01-02 skipped: not a day of calendar \"business\" (Saturday)",
+            "2027-01-03 skipped: not a day of calendar \"business\" (Sunday)",
+        ]
+    );
+    // The same job on another calendar is another schedule (a reload replaces it).
+    let other = good.replace("calendar: business", "calendar: holidays");
+    write(tmp.path(), "lamplighter.yaml", &other);
+    let reloaded = load_with_env(&opts, |_| None).expect("loads").config;
+    assert_ne!(reloaded.jobs["payroll"].schedule, config.jobs["payroll"].schedule);
+    assert_eq!(reloaded.jobs["payroll"].schedule.as_ref().unwrap().next_after(t("2026-12-23T06:00:00Z")), Some(t("2026-12-24T05:30:00Z")));
+
+    let bad = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri, someday]\n      except: [holiday]\n    holidays:\n      dates: [\"2026-13-01\"]\n    loop-a:\n      except: [loop-b]\n    loop-b:\n      except: [loop-a]\n    from-file:\n      ics: holidays.ics\n    always: {}\n  jobs:\n    a:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 6 * * *\"\n      calendar: bussiness\n    b:\n      type: plugin\n      plugin: file-save\n      action: save\n      calendar: always\n    c:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: holidays\n";
+    write(tmp.path(), "lamplighter.yaml", bad);
+    let errs = errors_of(tmp.path());
+    let expected = [
+        "lamplighter.yaml:4:7: error: calendar \"business\": weekday \"someday\" is not a day of the week",
+        "lamplighter.yaml:5:7: error: calendar \"business\": excepts calendar \"holiday\", which scheduling.calendars does not define (did you mean \"holidays\"?)",
+        "lamplighter.yaml:7:7: error: calendar \"holidays\": date \"2026-13-01\" is not a day",
+        "lamplighter.yaml:9:7: error: calendar \"loop-a\": its except makes a cycle (loop-a → loop-b → loop-a)",
+        "lamplighter.yaml:13:7: error: calendar \"from-file\": ics files are not read by this version of Lamplighter yet",
+        "lamplighter.yaml:21:7: error: job \"a\": calendar \"bussiness\" is not one of scheduling.calendars (did you mean \"business\"?)",
+        "lamplighter.yaml:26:7: error: job \"b\": a calendar keeps the days a schedule fires on, and this job has none",
+        "lamplighter.yaml:32:7: error: job \"c\": calendar \"holidays\" cannot be used: it has errors of its own",
+    ];
+    for e in expected {
+        assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
+    }
+}

@@ -903,11 +903,20 @@ pub(crate) fn preview_of(schedule: &Schedule, now: DateTime<Utc>, count: usize) 
     let preview = schedule.preview(now, count);
     let zone = schedule.timezone();
     SchedulePreview {
-        schedule: schedule.spec().to_string(),
+        schedule: schedule_text(schedule),
         timezone: zone.name().to_string(),
         next_fires: preview.fires.iter().map(|t| FireTime { utc: *t, local: t.with_timezone(&zone).to_rfc3339() }).collect(),
-        notes: preview.notes,
+        // The days its calendar passed over first (`2026-12-25 skipped: in calendar "holidays"`).
+        notes: preview.skipped.into_iter().chain(preview.notes).collect(),
         warnings: preview.warnings,
+    }
+}
+
+/// `cron: 30 6 * * *`, and `on calendar "business"` when it has one.
+fn schedule_text(schedule: &Schedule) -> String {
+    match schedule.calendar() {
+        Some(c) => format!("{} on calendar \"{}\"", schedule.spec(), c.name()),
+        None => schedule.spec().to_string(),
     }
 }
 
@@ -926,7 +935,7 @@ pub(crate) fn summary_in(
         description: job.description.clone(),
         target_type: job.target.kind().to_string(),
         target: job.target.describe(),
-        schedule: match (job.schedule.as_ref().map(|s| s.spec().to_string()), job.after()) {
+        schedule: match (job.schedule.as_deref().map(schedule_text), job.after()) {
             (Some(s), Some(after)) => Some(format!("{s}; {}", after_text(after))),
             (None, Some(after)) => Some(after_text(after)),
             (s, None) => s,

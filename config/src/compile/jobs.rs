@@ -11,6 +11,7 @@ use super::{
     After, AfterOn, Backoff, CatchUp, Compiler, JobConfig, JsonText, LimitUse, Overlap, Retention, RetryPolicy, Target, Together, duration,
 };
 use crate::ai::Budget;
+use crate::calendar::{self, Calendar};
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
 use crate::raw;
@@ -21,6 +22,10 @@ pub(super) struct Runnable<'n> {
     pub(super) workflows: BTreeSet<&'n str>,
     pub(super) agents: BTreeSet<&'n str>,
     pub(super) limits: BTreeSet<&'n str>,
+    /// `scheduling.calendars`, resolved (those without errors).
+    pub(super) calendars: std::collections::BTreeMap<String, Arc<Calendar>>,
+    /// Every name under `scheduling.calendars`, with errors or not.
+    pub(super) calendar_names: BTreeSet<String>,
 }
 
 impl<'n> Runnable<'n> {
@@ -33,7 +38,20 @@ impl<'n> Runnable<'n> {
             workflows: workflows.into_iter().map(AsRef::as_ref).collect(),
             agents: agents.into_iter().map(AsRef::as_ref).collect(),
             limits: BTreeSet::new(),
+            calendars: std::collections::BTreeMap::new(),
+            calendar_names: BTreeSet::new(),
         }
+    }
+
+    /// With `scheduling.calendars` (`named`: every name written there, also those with errors).
+    pub(super) fn with_calendars(
+        mut self,
+        calendars: &std::collections::BTreeMap<String, Arc<Calendar>>,
+        named: impl IntoIterator<Item = String>,
+    ) -> Self {
+        self.calendars = calendars.clone();
+        self.calendar_names = named.into_iter().chain(calendars.keys().cloned()).collect();
+        self
     }
 
     /// With the names of `scheduling.limits`.
@@ -75,6 +93,39 @@ impl Compiler<'_> {
             }
         }
         out
+    }
+
+    /// `scheduling.calendars`, resolved: every problem of every calendar told, located.
+    pub(super) fn calendars(
+        &mut self,
+        raw: Option<&std::collections::BTreeMap<String, raw::CalendarDef>>,
+    ) -> std::collections::BTreeMap<String, Arc<Calendar>> {
+        let mut written = std::collections::BTreeMap::new();
+        for (name, def) in raw.into_iter().flatten() {
+            if let Err(e) = check_tag(name) {
+                self.err(&["scheduling", "calendars", name], format!("calendar name {e}"));
+                continue;
+            }
+            if def.ics.is_some() {
+                self.err(
+                    &["scheduling", "calendars", name, "ics"],
+                    format!("calendar \"{name}\": ics files are not read by this version of Lamplighter yet; list the days under dates"),
+                );
+                continue;
+            }
+            fn list(v: &Option<Vec<String>>) -> &[String] {
+                v.as_deref().unwrap_or(&[])
+            }
+            let (weekdays, dates, except) = (list(&def.weekdays), list(&def.dates), list(&def.except));
+            written.insert(name.clone(), calendar::Written { weekdays, dates, except });
+        }
+        let (calendars, problems) = calendar::resolve(&written);
+        for pr in problems {
+            let mut path: Vec<&str> = vec!["scheduling", "calendars", &pr.calendar];
+            path.extend(pr.field.iter().map(String::as_str));
+            self.err(&path, pr.message);
+        }
+        calendars
     }
 
     pub(super) fn job(
@@ -288,6 +339,7 @@ impl Compiler<'_> {
         // returned, without a schedule, so the checks after compiling (plugin actions) report
         // theirs too.
         let zone = if ok { tz.clone() } else { Ok(tz.clone().unwrap_or(Tz::UTC)) };
+        let has_schedule = !schedules.is_empty();
         let schedule = schedules.into_iter().next().and_then(|spec| {
             let field = spec.field();
             let key = zone.as_ref().ok().map(|tz| (spec.clone(), *tz));
@@ -308,6 +360,36 @@ impl Compiler<'_> {
                 }
             }
         });
+        let schedule = match (&j.calendar, schedule) {
+            (None, schedule) => schedule,
+            (Some(cal), schedule) => match (runnable.calendars.get(cal), schedule, &tz) {
+                (None, ..) if runnable.calendar_names.contains(cal) => {
+                    self.err(&p("calendar"), format!("job \"{name}\": calendar \"{cal}\" cannot be used: it has errors of its own"));
+                    ok = false;
+                    None
+                }
+                (None, ..) => {
+                    let hint = crate::diag::did_you_mean(cal, runnable.calendar_names.iter().map(String::as_str));
+                    let known = crate::diag::quoted_list(runnable.calendar_names.iter().map(String::as_str));
+                    self.err(
+                        &p("calendar"),
+                        format!("job \"{name}\": calendar \"{cal}\" is not one of scheduling.calendars{hint} (defined calendars: {known})"),
+                    );
+                    ok = false;
+                    None
+                }
+                (Some(_), None, _) if !has_schedule => {
+                    self.err(
+                        &p("calendar"),
+                        format!("job \"{name}\": a calendar keeps the days a schedule fires on, and this job has none; add cron, every or at, or remove calendar"),
+                    );
+                    ok = false;
+                    None
+                }
+                (Some(c), Some(s), Ok(zone)) => Some(Arc::new((*s).clone().on_calendar(c.clone(), *zone))),
+                (Some(_), s, _) => s,
+            },
+        };
         if !ok {
             return None;
         }

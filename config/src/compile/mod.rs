@@ -120,10 +120,12 @@ fn compile_borrowed(
     let skills = c.skills(cwd);
     let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
     let limits = c.limits(sched.limits.as_ref());
+    let calendars = c.calendars(sched.calendars.as_ref());
     let workflows = c.workflows(&limits.keys().map(String::as_str).collect());
     let pipelines = c.pipelines();
     let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()))
-        .with_limits(limits.keys());
+        .with_limits(limits.keys())
+        .with_calendars(&calendars, sched.calendars.iter().flat_map(|c| c.keys().cloned()));
     let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());
     let mut compile_one = |name: String, mut job: raw::Job| {
         if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
@@ -163,6 +165,7 @@ fn compile_borrowed(
         jobs: std::sync::Arc::new(jobs),
         notify,
         limits,
+        calendars,
         default_model: ai.default_model,
         providers,
         agents,
@@ -221,7 +224,9 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     let mut c = Compiler { loaded: &loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: true, schedules: Default::default() };
     let default_tz = schedule::parse_tz(&scope.default_timezone);
     let cwd = scope.base_dir.as_path();
-    let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter()).with_limits(scope.limits.iter());
+    let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter())
+        .with_limits(scope.limits.iter())
+        .with_calendars(&scope.calendars, []);
     let compiled = c.job(name, &mut job, &runnable, (&scope.default_timezone, &default_tz), cwd);
     let (compile_errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
         c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
@@ -281,6 +286,8 @@ pub struct JobScope {
     pub agents: std::collections::BTreeSet<String>,
     /// The names of `scheduling.limits`.
     pub limits: std::collections::BTreeSet<String>,
+    /// `scheduling.calendars`, resolved.
+    pub calendars: BTreeMap<String, std::sync::Arc<crate::Calendar>>,
 }
 
 impl JobScope {
@@ -292,6 +299,7 @@ impl JobScope {
             workflows: config.workflows.keys().cloned().collect(),
             agents: config.agents.keys().cloned().collect(),
             limits: config.limits.keys().cloned().collect(),
+            calendars: config.calendars.clone(),
         }
     }
 }

@@ -498,6 +498,8 @@ pub struct Config {
     pub notify: Vec<crate::NotifyRule>,
     /// `scheduling.limits`: each limit's slots, by name.
     pub limits: BTreeMap<String, u32>,
+    /// `scheduling.calendars`, resolved, by name.
+    pub calendars: BTreeMap<String, Arc<crate::Calendar>>,
     /// `ai.default_model`: the alias of agents that name none.
     pub default_model: Option<String>,
     pub providers: BTreeMap<String, Provider>,

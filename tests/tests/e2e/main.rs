@@ -8,6 +8,7 @@ mod support;
 
 mod agents;
 mod alerts;
+mod calendars;
 mod chaos;
 mod config_cli;
 mod conformance;
