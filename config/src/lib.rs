@@ -37,7 +37,7 @@ pub use diag::{ConfigErrors, Diagnostic, Location, Severity, did_you_mean};
 pub use load::{ItemLocations, SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};
-pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone};
+pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, parse_alone, parse_zone};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
 pub use workflow::{Decision, Step, StepKind, StepType, Workflow};

@@ -397,6 +397,11 @@ fn thousands(n: usize) -> String {
     out
 }
 
+/// An IANA zone name, as a job's `timezone:` reads it (an error says how to write one).
+pub fn parse_zone(tz: &str) -> Result<Tz, ScheduleError> {
+    parse_tz(tz)
+}
+
 pub(crate) fn parse_tz(tz: &str) -> Result<Tz, ScheduleError> {
     Tz::from_str(tz).map_err(|_| {
         let hint = crate::diag::did_you_mean(tz, chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()));

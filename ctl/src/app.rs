@@ -223,9 +223,16 @@ fn plan(command: Command) -> Result<Action, CtlError> {
             JobsCommand::Export { names } => Action::Export { names },
             JobsCommand::History { name, count } => call("get_job", none().with("name", name).with("history", count), View::History),
         },
-        Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, count } } => call(
+        Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, calendar, from, count } } => call(
             "preview_schedule",
-            none().maybe("cron", cron).maybe("every", every).maybe("at", at).maybe("timezone", timezone).with("count", count),
+            none()
+                .maybe("cron", cron)
+                .maybe("every", every)
+                .maybe("at", at)
+                .maybe("timezone", timezone)
+                .maybe("calendar", calendar)
+                .maybe("from", from)
+                .with("count", count),
             View::SchedulePreview,
         ),
         Command::Runs { command } => match command {

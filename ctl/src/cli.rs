@@ -262,6 +262,12 @@ pub(crate) enum ScheduleCommand {
         /// The IANA zone a cron expression fires in (default: the worker's scheduling.timezone)
         #[arg(long, value_name = "ZONE")]
         timezone: Option<String>,
+        /// Keep the fires to the days of this calendar of scheduling.calendars
+        #[arg(long, value_name = "NAME")]
+        calendar: Option<String>,
+        /// Preview from this instant (RFC 3339) instead of now
+        #[arg(long, value_name = "INSTANT")]
+        from: Option<String>,
         /// How many fire times to show
         #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
         count: u32,

@@ -333,15 +333,41 @@ impl JobService {
         s.upcoming(now, n).into_iter().map(|t| FireTime { utc: t, local: t.with_timezone(&tz).to_rfc3339() }).collect()
     }
 
-    /// What a schedule would do, before any job uses it: its next `count` fire times (in its
-    /// zone and UTC), the daylight-saving changes they cross, and warnings (it fires very
-    /// often, or never). `timezone` defaults to `scheduling.timezone`. An error names the field.
-    pub fn preview_schedule(&self, spec: ScheduleSpec, timezone: Option<&str>, count: usize) -> Result<SchedulePreview, ServiceError> {
-        let default = self.config.get().default_timezone.clone();
-        let tz = timezone.unwrap_or(&default);
-        let schedule =
-            lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| ServiceError::InvalidArgument(format!("{field}: {e}")))?;
-        Ok(preview_of(&schedule, self.clock.now(), count.clamp(1, 1000)))
+    /// What a schedule would do, before any job uses it: its next `count` fire times from
+    /// `from` (default now; in its zone and UTC), the daylight-saving changes they cross, the
+    /// days `calendar` (a name of `scheduling.calendars`) passed over, and warnings (it fires
+    /// very often, or never). `timezone` defaults to `scheduling.timezone`. An error names the
+    /// field.
+    pub fn preview_schedule(
+        &self,
+        spec: ScheduleSpec,
+        timezone: Option<&str>,
+        calendar: Option<&str>,
+        from: Option<&str>,
+        count: usize,
+    ) -> Result<SchedulePreview, ServiceError> {
+        let config = self.config.get();
+        let tz = timezone.unwrap_or(&config.default_timezone);
+        let bad = |field: &str, e: String| ServiceError::InvalidArgument(format!("{field}: {e}"));
+        let mut schedule = lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| bad(field, e.to_string()))?;
+        if let Some(name) = calendar {
+            let zone = lamplighter_config::parse_zone(tz).map_err(|e| bad("timezone", e.to_string()))?;
+            let calendars = &config.scope.calendars;
+            let Some(found) = calendars.get(name) else {
+                let hint = lamplighter_config::did_you_mean(name, calendars.keys().map(String::as_str));
+                let known: Vec<String> = calendars.keys().map(|n| format!("\"{n}\"")).collect();
+                let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+                return Err(bad("calendar", format!("\"{name}\" is not one of scheduling.calendars{hint} (defined calendars: {known})")));
+            };
+            schedule = schedule.on_calendar(found.clone(), zone);
+        }
+        let from = match from {
+            None => self.clock.now(),
+            Some(f) => chrono::DateTime::parse_from_rfc3339(f.trim())
+                .map_err(|e| bad("from", format!("\"{f}\" is not an RFC 3339 instant ({e}); write e.g. \"2026-12-20T00:00:00Z\"")))?
+                .with_timezone(&Utc),
+        };
+        Ok(preview_of(&schedule, from, count.clamp(1, 1000)))
     }
 
     /// Pauses a job; persisted, survives restarts. Pausing a paused job updates the reason.

@@ -326,7 +326,7 @@ impl Control {
         Ok(Json(self.job_detail(&a).await?))
     }
 
-    /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
+    /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). With `calendar`, only fires on that calendar's days, and the days passed over with why; `from` previews from another instant than now. For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn preview_schedule(&self, Parameters(a): Parameters<PreviewScheduleArgs>) -> Result<Json<SchedulePreview>, Failure> {
         let (schedule, count) = a.schedule()?;
@@ -335,7 +335,7 @@ impl Control {
             ScheduleArg::Every(s) => ScheduleSpec::Every(s),
             ScheduleArg::At(s) => ScheduleSpec::At(s),
         };
-        Ok(Json(self.service.preview_schedule(spec, a.timezone.as_deref(), count)?))
+        Ok(Json(self.service.preview_schedule(spec, a.timezone.as_deref(), a.calendar.as_deref(), a.from.as_deref(), count)?))
     }
 
     /// Creates a job at runtime, stored in the worker's database and scheduled by every worker from the moment it is saved, with no reload. `definition` is the job exactly as its entry under `scheduling.jobs` in YAML (as JSON, or as YAML text): a schedule (`cron` with `timezone`, `every` or `at`), a target (`workflow`, `agent`, or `plugin` with `action`), and optional `input`, `parameters`, `catch_up`, `overlap`, `retries`, `timeout`. Every error is returned at once, naming its field. Answers the compiled job, its next 10 fire times in its zone and UTC (with daylight-saving notes and warnings) and its version. With `dry_run`, nothing is saved: check a definition first.

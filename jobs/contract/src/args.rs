@@ -138,6 +138,12 @@ pub struct PreviewScheduleArgs {
     pub at: Option<String>,
     /// The IANA zone a cron expression fires in (default: the worker's `scheduling.timezone`).
     pub timezone: Option<String>,
+    /// A name of `scheduling.calendars`: only fires on its days (in `timezone`) are kept, and
+    /// the days passed over are listed with why.
+    pub calendar: Option<String>,
+    /// Preview from this RFC 3339 instant instead of now (e.g. `2026-12-20T00:00:00Z`, to see
+    /// the year's end).
+    pub from: Option<String>,
     /// How many fire times to show (1–100, default 10).
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
     pub count: Option<u32>,

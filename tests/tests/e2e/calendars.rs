@@ -29,6 +29,44 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     assert_eq!(payroll["next_fire"], "2031-03-04T06:00:00Z", "the first day of march not in off: {payroll}");
     assert_eq!(payroll["schedule"], "cron: 0 6 * * * on calendar \"march\"", "{payroll}");
 
+    // A schedule previewed on a calendar, from an instant of choice: the days passed over, and why.
+    let (code, out, err) = w.ctl(&[
+        "schedule",
+        "preview",
+        "--cron",
+        "0 6 * * *",
+        "--calendar",
+        "march",
+        "--from",
+        "2031-02-28T12:00:00Z",
+        "-n",
+        "2",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let preview: Value = serde_json::from_str(&out).unwrap();
+    let utc: Vec<&str> = preview["next_fires"].as_array().unwrap().iter().map(|f| f["utc"].as_str().unwrap()).collect();
+    assert_eq!(utc, ["2031-03-04T06:00:00Z", "2031-03-05T06:00:00Z"], "{out}");
+    assert_eq!(
+        preview["notes"],
+        serde_json::json!([
+            "2031-03-01 skipped: in calendar \"off\"",
+            "2031-03-02 skipped: in calendar \"off\"",
+            "2031-03-03 skipped: in calendar \"off\""
+        ]),
+        "{out}"
+    );
+    let (code, out, _) = w.ctl(&["schedule", "preview", "--cron", "0 6 * * *", "--calendar", "march", "--from", "2031-02-28T12:00:00Z"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("2031-03-01 skipped: in calendar \"off\""), "the text says it too: {out}");
+    let (code, _, err) = w.ctl(&["schedule", "preview", "--cron", "0 6 * * *", "--calendar", "mrach"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("calendar: \"mrach\" is not one of scheduling.calendars (did you mean \"march\"?)"), "{err}");
+    let (code, _, err) = w.ctl(&["schedule", "preview", "--cron", "0 6 * * *", "--from", "tomorrow"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("from: \"tomorrow\" is not an RFC 3339 instant"), "{err}");
+
     // A runtime job takes a calendar as a file's job does; one naming none defined is refused.
     let file = w.dir.path().join("late.yaml");
     std::fs::write(
