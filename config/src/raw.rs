@@ -334,8 +334,10 @@ pub(crate) struct Job {
     #[schemars(with = "Option<Vec<LimitSchema>>")]
     pub(crate) limits: Option<Any>,
     /// A name of `scheduling.calendars`: the job's schedule fires only on its days, read in
-    /// the job's zone.
-    pub(crate) calendar: Option<String>,
+    /// the job's zone. (`{name, shift: previous | next}`, moving a fire off the calendar to the
+    /// day before or after, is not read by this version yet: a config that sets it is refused.)
+    #[schemars(with = "Option<String>")]
+    pub(crate) calendar: Option<Any>,
 }
 
 /// The shapes an entry of a job's `limits` takes (read by hand, for errors that name the field).

@@ -745,7 +745,7 @@ fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
     assert_ne!(reloaded.jobs["payroll"].schedule, config.jobs["payroll"].schedule);
     assert_eq!(reloaded.jobs["payroll"].schedule.as_ref().unwrap().next_after(t("2026-12-23T06:00:00Z")), Some(t("2026-12-24T05:30:00Z")));
 
-    let bad = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri, someday]\n      except: [holiday]\n    holidays:\n      dates: [\"2026-13-01\"]\n    loop-a:\n      except: [loop-b]\n    loop-b:\n      except: [loop-a]\n    from-file:\n      ics: holidays.ics\n    always: {}\n  jobs:\n    a:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 6 * * *\"\n      calendar: bussiness\n    b:\n      type: plugin\n      plugin: file-save\n      action: save\n      calendar: always\n    c:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: holidays\n";
+    let bad = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri, someday]\n      except: [holiday]\n    holidays:\n      dates: [\"2026-13-01\"]\n    loop-a:\n      except: [loop-b]\n    loop-b:\n      except: [loop-a]\n    from-file:\n      ics: holidays.ics\n    always: {}\n  jobs:\n    a:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 6 * * *\"\n      calendar: bussiness\n    b:\n      type: plugin\n      plugin: file-save\n      action: save\n      calendar: always\n    c:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: holidays\n    d:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: {name: always, shift: next}\n";
     write(tmp.path(), "lamplighter.yaml", bad);
     let errs = errors_of(tmp.path());
     let expected = [
@@ -757,6 +757,7 @@ fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
         "lamplighter.yaml:21:7: error: job \"a\": calendar \"bussiness\" is not one of scheduling.calendars (did you mean \"business\"?)",
         "lamplighter.yaml:26:7: error: job \"b\": a calendar keeps the days a schedule fires on, and this job has none",
         "lamplighter.yaml:32:7: error: job \"c\": calendar \"holidays\" cannot be used: it has errors of its own",
+        "lamplighter.yaml:38:7: error: job \"d\": calendar shift is not supported by this version of Lamplighter yet",
     ];
     for e in expected {
         assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));

@@ -360,7 +360,31 @@ impl Compiler<'_> {
                 }
             }
         });
-        let schedule = match (&j.calendar, schedule) {
+        let calendar = match &j.calendar {
+            None => None,
+            Some(serde_json::Value::String(name)) => Some(name.clone()),
+            Some(serde_json::Value::Object(o)) if o.contains_key("shift") => {
+                self.err(
+                    &p("calendar"),
+                    format!(
+                        "job \"{name}\": calendar shift is not supported by this version of Lamplighter yet; a fire on a day off the calendar is skipped (write calendar: NAME)"
+                    ),
+                );
+                return None;
+            }
+            Some(serde_json::Value::Object(o)) => match o.get("name") {
+                Some(serde_json::Value::String(n)) if o.len() == 1 => Some(n.clone()),
+                _ => {
+                    self.err(&p("calendar"), format!("job \"{name}\": calendar must be a name of scheduling.calendars (calendar: NAME)"));
+                    return None;
+                }
+            },
+            Some(_) => {
+                self.err(&p("calendar"), format!("job \"{name}\": calendar must be a name of scheduling.calendars (calendar: NAME)"));
+                return None;
+            }
+        };
+        let schedule = match (&calendar, schedule) {
             (None, schedule) => schedule,
             (Some(cal), schedule) => match (runnable.calendars.get(cal), schedule, &tz) {
                 (None, ..) if runnable.calendar_names.contains(cal) => {
