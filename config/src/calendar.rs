@@ -1,7 +1,8 @@
 //! Calendars (SPEC §4a): named sets of days a job fires on, in the job's zone.
 //!
-//! A calendar's own days are the union of its `weekdays` and its `dates` (every day when it
-//! lists neither); a day of any calendar it names under `except` is not one of its days. A
+//! A calendar's own days are the union of its `weekdays`, its `dates` and the days of its
+//! `ics` file (every day when it has none of them); a day of any calendar it names under
+//! `except` is not one of its days. A
 //! job's `calendar:` keeps the fires of its schedule whose local day is in the calendar.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,8 @@ pub struct Calendar {
     weekdays: u8,
     /// Inclusive ranges of days.
     dates: Vec<DayRange>,
+    /// The days of its iCalendar file, with the summary of the event on each.
+    ics: Option<Arc<BTreeMap<NaiveDate, String>>>,
     except: Vec<Arc<Calendar>>,
 }
 
@@ -40,14 +43,24 @@ impl Calendar {
         if !self.own(day) {
             return Some(format!("not a day of calendar \"{}\" ({})", self.name, weekday_name(day.weekday())));
         }
-        self.except.iter().find(|e| e.contains(day)).map(|e| format!("in calendar \"{}\"", e.name))
+        self.except.iter().find(|e| e.contains(day)).map(|e| match e.event_on(day) {
+            Some(summary) => format!("in calendar \"{}\" ({summary})", e.name),
+            None => format!("in calendar \"{}\"", e.name),
+        })
+    }
+
+    /// The summary of the iCalendar event that makes `day` one of its days, if one does.
+    fn event_on(&self, day: NaiveDate) -> Option<&str> {
+        self.ics.as_ref()?.get(&day).map(String::as_str).filter(|s| !s.is_empty())
     }
 
     fn own(&self, day: NaiveDate) -> bool {
-        if self.weekdays == 0 && self.dates.is_empty() {
+        if self.weekdays == 0 && self.dates.is_empty() && self.ics.is_none() {
             return true;
         }
-        self.weekdays & (1 << day.weekday().num_days_from_monday()) != 0 || self.dates.iter().any(|(a, b)| *a <= day && day <= *b)
+        self.weekdays & (1 << day.weekday().num_days_from_monday()) != 0
+            || self.dates.iter().any(|(a, b)| *a <= day && day <= *b)
+            || self.ics.as_ref().is_some_and(|d| d.contains_key(&day))
     }
 }
 
@@ -57,6 +70,8 @@ pub(crate) struct Written<'a> {
     pub(crate) weekdays: &'a [String],
     pub(crate) dates: &'a [String],
     pub(crate) except: &'a [String],
+    /// The days of its `ics` file, read.
+    pub(crate) ics: Option<Arc<BTreeMap<NaiveDate, String>>>,
 }
 
 /// A problem with one calendar: the field it is about (`weekdays`, `dates`, `except`, with
@@ -72,7 +87,8 @@ pub(crate) struct Problem {
 /// out, and so is any that excepts it).
 pub(crate) fn resolve(written: &BTreeMap<String, Written<'_>>) -> (BTreeMap<String, Arc<Calendar>>, Vec<Problem>) {
     let mut problems = Vec::new();
-    let mut own: BTreeMap<&str, (u8, Vec<DayRange>)> = BTreeMap::new();
+    type Own = (u8, Vec<DayRange>, Option<Arc<BTreeMap<NaiveDate, String>>>);
+    let mut own: BTreeMap<&str, Own> = BTreeMap::new();
     for (name, w) in written {
         let problem = |field: &str, i: usize, message: String| Problem {
             calendar: name.clone(),
@@ -111,7 +127,7 @@ pub(crate) fn resolve(written: &BTreeMap<String, Written<'_>>) -> (BTreeMap<Stri
             }
         }
         if ok {
-            own.insert(name, (weekdays, dates));
+            own.insert(name, (weekdays, dates, w.ics.clone()));
         }
     }
     // Resolved in dependency order; what is left unresolved after that is a cycle or depends
@@ -124,9 +140,9 @@ pub(crate) fn resolve(written: &BTreeMap<String, Written<'_>>) -> (BTreeMap<Stri
             break;
         }
         for name in ready {
-            let (weekdays, dates) = own[name].clone();
+            let (weekdays, dates, ics) = own[name].clone();
             let except = written[name].except.iter().map(|e| done[e].clone()).collect();
-            done.insert(name.to_string(), Arc::new(Calendar { name: name.to_string(), weekdays, dates, except }));
+            done.insert(name.to_string(), Arc::new(Calendar { name: name.to_string(), weekdays, dates, ics, except }));
         }
     }
     for name in own.keys().filter(|n| !done.contains_key(**n)) {
@@ -241,8 +257,8 @@ mod tests {
         let (wd, hd, none) = (strings(&["mon..fri"]), strings(&["2026-12-24..2026-12-26", "2027-01-01"]), Vec::new());
         let ex = strings(&["holidays"]);
         let written = BTreeMap::from([
-            ("business".to_string(), Written { weekdays: &wd, dates: &none, except: &ex }),
-            ("holidays".to_string(), Written { weekdays: &none, dates: &hd, except: &none }),
+            ("business".to_string(), Written { weekdays: &wd, dates: &none, except: &ex, ics: None }),
+            ("holidays".to_string(), Written { weekdays: &none, dates: &hd, except: &none, ics: None }),
             ("always".to_string(), Written::default()),
         ]);
         let (cals, problems) = resolve(&written);
@@ -268,9 +284,9 @@ mod tests {
         let (bad_day, bad_range, none) = (strings(&["mon", "someday"]), strings(&["2026-02-30", "2026-12-31..2026-01-01"]), Vec::new());
         let (to_b, to_a, typo) = (strings(&["b"]), strings(&["a"]), strings(&["holiday"]));
         let written = BTreeMap::from([
-            ("a".to_string(), Written { weekdays: &none, dates: &none, except: &to_b }),
-            ("b".to_string(), Written { weekdays: &none, dates: &none, except: &to_a }),
-            ("c".to_string(), Written { weekdays: &bad_day, dates: &bad_range, except: &typo }),
+            ("a".to_string(), Written { weekdays: &none, dates: &none, except: &to_b, ics: None }),
+            ("b".to_string(), Written { weekdays: &none, dates: &none, except: &to_a, ics: None }),
+            ("c".to_string(), Written { weekdays: &bad_day, dates: &bad_range, except: &typo, ics: None }),
             ("holidays".to_string(), Written::default()),
         ]);
         let (cals, problems) = resolve(&written);

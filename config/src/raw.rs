@@ -247,8 +247,8 @@ pub(crate) struct CalendarDef {
     pub(crate) weekdays: Option<Vec<String>>,
     /// Days, `2026-12-24`, or inclusive ranges, `2027-04-01..2027-04-02`.
     pub(crate) dates: Option<Vec<String>>,
-    /// An iCalendar file whose all-day events are days of the calendar (not read by this
-    /// version yet: a config that sets it is refused).
+    /// An iCalendar file (relative to the config's folder) whose events' days are days of the
+    /// calendar: RRULE, RDATE and EXDATE expanded; a timed event covers the days it touches.
     pub(crate) ics: Option<String>,
     /// Calendars whose days are not days of this one.
     pub(crate) except: Option<Vec<String>>,
@@ -334,9 +334,10 @@ pub(crate) struct Job {
     #[schemars(with = "Option<Vec<LimitSchema>>")]
     pub(crate) limits: Option<Any>,
     /// A name of `scheduling.calendars`: the job's schedule fires only on its days, read in
-    /// the job's zone. (`{name, shift: previous | next}`, moving a fire off the calendar to the
-    /// day before or after, is not read by this version yet: a config that sets it is refused.)
-    #[schemars(with = "Option<String>")]
+    /// the job's zone. `{name, shift: previous | next}` moves a fire on a day off the calendar
+    /// to the same local time of the calendar's day before or after (once, if that day already
+    /// fires then).
+    #[schemars(with = "Option<CalendarSchema>")]
     pub(crate) calendar: Option<Any>,
 }
 
@@ -353,6 +354,29 @@ pub(crate) enum LimitSchema {
         /// distinct key. A reference the input lacks reads as empty.
         key: Option<String>,
     },
+}
+
+/// The shapes a job's `calendar` takes (read by hand, for errors that name the field).
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum CalendarSchema {
+    Name(String),
+    Shifted {
+        /// A name of `scheduling.calendars`.
+        name: String,
+        /// `previous` or `next`: where a fire on a day off the calendar goes (left out, it
+        /// is skipped).
+        shift: Option<ShiftSchema>,
+    },
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(crate) enum ShiftSchema {
+    Previous,
+    Next,
 }
 
 /// The shapes `after` takes (read by hand, for errors that name the field).

@@ -58,9 +58,32 @@ pub struct Schedule {
     kind: Kind,
     tz: Tz,
     memo: NextMemo,
-    /// The calendar whose days it fires on, and the zone those days are read in (the job's,
-    /// also for `every` and `at`).
-    calendar: Option<(Arc<Calendar>, Tz)>,
+    /// The calendar whose days it fires on, the zone those days are read in (the job's, also
+    /// for `every` and `at`), and what becomes of a fire on a day off it.
+    calendar: Option<(Arc<Calendar>, Tz, Shift)>,
+}
+
+/// What becomes of a fire whose day is not a day of the job's calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Shift {
+    /// It does not fire.
+    #[default]
+    Skip,
+    /// It fires at the same local time on the last day of the calendar before its own.
+    Previous,
+    /// It fires at the same local time on the first day of the calendar after its own.
+    Next,
+}
+
+impl Shift {
+    /// `previous` or `next`, as the config writes it (`None` for a skip).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Shift::Skip => None,
+            Shift::Previous => Some("previous"),
+            Shift::Next => Some("next"),
+        }
+    }
 }
 
 /// The last cron answer, `(t, next)`: the first fire after `t` is `next`, so it is also the
@@ -147,16 +170,25 @@ impl Schedule {
         Ok(Self { spec, kind, tz, memo: NextMemo::default(), calendar: None })
     }
 
-    /// The schedule's fires on the days of `calendar` only, each day read in `zone`.
-    pub fn on_calendar(mut self, calendar: Arc<Calendar>, zone: Tz) -> Self {
-        self.calendar = Some((calendar, zone));
+    /// The schedule's fires on the days of `calendar` only, each day read in `zone`; a fire on
+    /// a day off the calendar is skipped, or moved to the same local time of the calendar's day
+    /// before or after, as `shift` says. A moved fire is the fire of the day it moves to at that
+    /// time: where that day fires then already, or another moved fire lands on it, it fires
+    /// once (a tick is its instant, so exactly once holds as for any other fire).
+    pub fn on_calendar(mut self, calendar: Arc<Calendar>, zone: Tz, shift: Shift) -> Self {
+        self.calendar = Some((calendar, zone, shift));
         self.memo = NextMemo::default();
         self
     }
 
     /// The calendar it fires on, if any.
     pub fn calendar(&self) -> Option<&Calendar> {
-        self.calendar.as_ref().map(|(c, _)| c.as_ref())
+        self.calendar.as_ref().map(|(c, ..)| c.as_ref())
+    }
+
+    /// What becomes of a fire on a day off its calendar.
+    pub fn shift(&self) -> Shift {
+        self.calendar.as_ref().map_or(Shift::Skip, |(.., s)| *s)
     }
 
     /// Every `spec` (a duration such as `90s`), aligned to the Unix epoch.
@@ -187,7 +219,8 @@ impl Schedule {
         }
         let next = match &self.calendar {
             None => self.next_by_rule(t),
-            Some(_) => self.next_on_calendar(t, &mut |_, _| {}),
+            Some((.., Shift::Skip)) => self.next_on_calendar(t, &mut |_, _| {}),
+            Some((calendar, zone, shift)) => self.next_shifted(calendar, *zone, *shift, t),
         };
         if remembered && let Some(next) = next {
             self.memo.set(t, next);
@@ -214,7 +247,7 @@ impl Schedule {
     /// was passed over on, and why. A day off the calendar is passed over whole, so the walk
     /// takes a step a day at most, and gives up after [`CALENDAR_HORIZON_DAYS`].
     fn next_on_calendar(&self, t: DateTime<Utc>, skipped: &mut dyn FnMut(NaiveDate, String)) -> Option<DateTime<Utc>> {
-        let (calendar, zone) = self.calendar.as_ref()?;
+        let (calendar, zone, _) = self.calendar.as_ref()?;
         let mut cur = t;
         for _ in 0..CALENDAR_HORIZON_DAYS {
             let fire = self.next_by_rule(cur)?;
@@ -226,6 +259,81 @@ impl Schedule {
                     cur = last_instant_of(day, *zone).max(fire);
                 }
             }
+        }
+        None
+    }
+
+    /// The first fire after `t` with the fires on days off the calendar moved by `shift`
+    /// (never [`Shift::Skip`]). A day of the calendar fires its own fires and, at their local
+    /// times, those of the days off the calendar that move onto it (the days just before it
+    /// for `next`, just after it for `previous`); the first such day with a fire after `t`
+    /// answers.
+    fn next_shifted(&self, calendar: &Calendar, zone: Tz, shift: Shift, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let t_local = t.with_timezone(&zone).naive_local();
+        // The days on the calendar are walked from the one `t` is on, or (for `next`, whose
+        // moved fires come from earlier days) from it all the same: a day before `t`'s has
+        // only fires before `t`.
+        let mut day = t_local.date();
+        for _ in 0..CALENDAR_HORIZON_DAYS {
+            if calendar.contains(day) {
+                let mut best = self.first_on_day(day, zone, t).map(|(f, _)| f);
+                let mut off = step(day, shift);
+                for _ in 0..CALENDAR_HORIZON_DAYS {
+                    let Some(o) = off.filter(|o| !calendar.contains(*o)) else { break };
+                    if let Some(f) = self.first_moved(o, day, zone, t, (day == t_local.date()).then_some(t_local)) {
+                        best = Some(best.map_or(f, |b: DateTime<Utc>| b.min(f)));
+                    }
+                    off = step(o, shift);
+                }
+                if best.is_some() {
+                    return best;
+                }
+            }
+            day = day.succ_opt()?;
+        }
+        None
+    }
+
+    /// The first fire by rule on local `day` after `t` (and its local time).
+    fn first_on_day(&self, day: NaiveDate, zone: Tz, t: DateTime<Utc>) -> Option<(DateTime<Utc>, NaiveDateTime)> {
+        let from = last_instant_of(day.pred_opt()?, zone).max(t);
+        let f = self.next_by_rule(from)?;
+        let local = f.with_timezone(&zone).naive_local();
+        (local.date() == day).then_some((f, local))
+    }
+
+    /// The earliest fire of day `off` moved to the same local time on `to`, that falls after
+    /// `t`. When `to` is `t`'s own day (`t_local`), the fires of `off` before `t`'s local time
+    /// of day cannot qualify and are passed over at once (an every-second job stays cheap),
+    /// less a margin on a day whose offset changes (a time in its gap fires later than its
+    /// wall-clock time says).
+    fn first_moved(
+        &self,
+        off: NaiveDate,
+        to: NaiveDate,
+        zone: Tz,
+        t: DateTime<Utc>,
+        t_local: Option<NaiveDateTime>,
+    ) -> Option<DateTime<Utc>> {
+        let day_start = last_instant_of(off.pred_opt()?, zone);
+        let mut from = match t_local {
+            Some(tl) => {
+                let changes = |d: NaiveDate| {
+                    let (a, b) = (last_instant_of(d.pred_opt().unwrap_or(d), zone), last_instant_of(d, zone));
+                    zone.offset_from_utc_datetime(&a.naive_utc()).fix() != zone.offset_from_utc_datetime(&b.naive_utc()).fix()
+                };
+                let margin = if changes(off) || changes(to) { chrono::Duration::hours(3) } else { chrono::Duration::milliseconds(1) };
+                instants(zone, DstRule::FirstOccurrence, off.and_time(tl.time())).next().map_or(day_start, |i| (i - margin).max(day_start))
+            }
+            None => day_start,
+        };
+        for _ in 0..MOVED_WALKED {
+            let (f, local) = self.first_on_day(off, zone, from)?;
+            let moved = instants(zone, DstRule::FirstOccurrence, to.and_time(local.time())).next()?;
+            if moved > t {
+                return Some(moved);
+            }
+            from = f;
         }
         None
     }
@@ -264,6 +372,39 @@ fn every(spec: &str) -> Result<Duration, ScheduleError> {
 /// How many days a schedule on a calendar is walked ahead for its next fire: ten years (a
 /// calendar with no day in them never fires, as far as previews and the scheduler can tell).
 const CALENDAR_HORIZON_DAYS: usize = 3700;
+
+/// The neighbour of `day` whose fires, when it is off the calendar, move onto `day` (or onto
+/// the day of the calendar they pass on their way): the day after for `previous`, the day
+/// before for `next`.
+fn step(day: NaiveDate, shift: Shift) -> Option<NaiveDate> {
+    match shift {
+        Shift::Previous => day.succ_opt(),
+        Shift::Next => day.pred_opt(),
+        Shift::Skip => None,
+    }
+}
+
+/// The day of `calendar` a fire on `day` (a day off it) moves to under `shift`: the nearest
+/// day of the calendar before or after, within the horizon. `None` for a skip, or when there
+/// is no such day (the fire is then skipped).
+fn moved_to(calendar: &Calendar, day: NaiveDate, shift: Shift) -> Option<NaiveDate> {
+    let mut d = day;
+    for _ in 0..CALENDAR_HORIZON_DAYS {
+        d = match shift {
+            Shift::Skip => return None,
+            Shift::Previous => d.pred_opt()?,
+            Shift::Next => d.succ_opt()?,
+        };
+        if calendar.contains(d) {
+            return Some(d);
+        }
+    }
+    None
+}
+
+/// Fires of one day walked at most to find the first that moves past an instant: more than
+/// an every-second job's day.
+const MOVED_WALKED: usize = 100_000;
 
 /// The last millisecond of `day` in `zone`: just before the next day's first instant.
 fn last_instant_of(day: NaiveDate, zone: Tz) -> DateTime<Utc> {
@@ -309,7 +450,8 @@ pub struct Preview {
     /// What looks like a mistake: a schedule that fires very often, or never.
     pub warnings: Vec<String>,
     /// The days its calendar passed a fire over on before the last fire shown, and why:
-    /// `2026-12-25 skipped: in calendar "holidays"`.
+    /// `2026-12-25 skipped: in calendar "holidays"`, or with a shift `2026-12-25 shifted to
+    /// 2026-12-24: in calendar "holidays"`.
     pub skipped: Vec<String>,
 }
 
@@ -329,13 +471,17 @@ impl Schedule {
         let fires = self.upcoming(now, count);
         let tz = self.tz;
         let mut skipped: Vec<String> = Vec::new();
-        if self.calendar.is_some() {
+        if let Some((calendar, _, shift)) = &self.calendar {
+            let shift = *shift;
             // The days passed over between now and the last fire shown (or the horizon, for a
             // schedule that never fires on its calendar), each once.
             let end = fires.last().copied();
             let mut cur = now;
             let mut tell = |day: NaiveDate, why: String| {
-                let line = format!("{day} skipped: {why}");
+                let line = match moved_to(calendar, day, shift) {
+                    Some(to) => format!("{day} shifted to {to}: {why}"),
+                    None => format!("{day} skipped: {why}"),
+                };
                 if skipped.len() < SKIPPED_SHOWN && skipped.last() != Some(&line) {
                     skipped.push(line);
                 }
@@ -745,6 +891,103 @@ mod tests {
                 assert_eq!(s.next_after(just_before), Some(on_fire), "{expr}: just before a fire");
             }
         }
+    }
+
+    /// Business days in 2026/27 less a few holidays.
+    fn business() -> Arc<Calendar> {
+        use crate::calendar::{Written, resolve};
+        let (wd, hd, none) = (
+            vec!["mon..fri".to_string()],
+            vec!["2026-12-24..2026-12-26".to_string(), "2027-01-01".into(), "2026-03-27".into()],
+            Vec::new(),
+        );
+        let ex = vec!["holidays".to_string()];
+        let written = std::collections::BTreeMap::from([
+            ("business".to_string(), Written { weekdays: &wd, dates: &none, except: &ex, ics: None }),
+            ("holidays".to_string(), Written { weekdays: &none, dates: &hd, except: &none, ics: None }),
+        ]);
+        resolve(&written).0["business"].clone()
+    }
+
+    #[test]
+    fn shifted_fires_are_the_rule_fires_moved_to_the_calendars_days_each_instant_once() {
+        // An oracle by brute force: every fire by rule over the window and beyond, each on a
+        // day off the calendar moved to the same local time of the calendar's day before or
+        // after, as a set (one instant fires once).
+        let cal = business();
+        for (expr, tz) in [
+            ("30 6 * * *", "Europe/Berlin"),
+            ("0 9 25 * *", "Europe/Berlin"),
+            ("0 23 * * 6", "America/New_York"),
+            ("*/20 * * * *", "Europe/Berlin"),
+            ("30 2 * * *", "Europe/Berlin"),
+        ] {
+            let zone: Tz = tz.parse().unwrap();
+            let rule = Schedule::cron(expr, tz).unwrap();
+            for shift in [Shift::Previous, Shift::Next] {
+                let s = rule.clone().on_calendar(cal.clone(), zone, shift);
+                for (from, to) in [("2026-12-10T00:00:00Z", "2027-01-12T00:00:00Z"), ("2026-03-15T00:00:00Z", "2026-04-10T00:00:00Z")] {
+                    let (from, to) = (utc(from), utc(to));
+                    let mut expected = std::collections::BTreeSet::new();
+                    let mut cur = from - chrono::Duration::days(20);
+                    while let Some(f) = rule.next_after(cur).filter(|f| *f < to + chrono::Duration::days(20)) {
+                        let local = f.with_timezone(&zone).naive_local();
+                        let day = if cal.contains(local.date()) { Some(local.date()) } else { moved_to(&cal, local.date(), shift) };
+                        if let Some(day) = day {
+                            expected.insert(instants(zone, DstRule::FirstOccurrence, day.and_time(local.time())).next().unwrap());
+                        }
+                        cur = f;
+                    }
+                    // From many instants, mid-day ones included: the next fire is the first of
+                    // the set after it.
+                    let mut t = from;
+                    while t < to - chrono::Duration::days(3) {
+                        let want = expected.range((std::ops::Bound::Excluded(t), std::ops::Bound::Unbounded)).next().copied();
+                        assert_eq!(s.clone().next_after(t), want, "{expr} in {tz}, shift {shift:?}, after {t}");
+                        t += chrono::Duration::minutes(if expr.starts_with('*') { 1301 } else { 433 });
+                    }
+                    for f in s.upcoming(from, 30) {
+                        let day = f.with_timezone(&zone).date_naive();
+                        assert!(cal.contains(day), "{expr} {shift:?}: fires only on the calendar's days, not {day}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shifted_payroll_fires_once_a_month_on_the_business_day_before_the_25th() {
+        let cal = business();
+        let zone: Tz = "Europe/Berlin".parse().unwrap();
+        let s = Schedule::cron("0 9 25 * *", "Europe/Berlin").unwrap().on_calendar(cal.clone(), zone, Shift::Previous);
+        let fires: Vec<String> = s
+            .upcoming(utc("2026-09-30T00:00:00Z"), 5)
+            .iter()
+            .map(|f| f.with_timezone(&zone).format("%a %Y-%m-%d %H:%M").to_string())
+            .collect();
+        // 25 Oct 2026 is a Sunday, 25 Dec a holiday (so are 24 Dec and the weekend before).
+        assert_eq!(
+            fires,
+            ["Fri 2026-10-23 09:00", "Wed 2026-11-25 09:00", "Wed 2026-12-23 09:00", "Mon 2027-01-25 09:00", "Thu 2027-02-25 09:00"]
+        );
+        let p = s.preview(utc("2026-12-01T00:00:00Z"), 2);
+        assert_eq!(p.skipped, ["2026-12-25 shifted to 2026-12-23: in calendar \"holidays\""]);
+        // A daily job with shift next: the weekend's two fires and Monday's own are one fire.
+        let daily = Schedule::cron("30 6 * * *", "Europe/Berlin").unwrap().on_calendar(cal, zone, Shift::Next);
+        let fires: Vec<String> = daily
+            .upcoming(utc("2026-12-04T12:00:00Z"), 3)
+            .iter()
+            .map(|f| f.with_timezone(&zone).format("%a %d %H:%M").to_string())
+            .collect();
+        assert_eq!(fires, ["Mon 07 06:30", "Tue 08 06:30", "Wed 09 06:30"]);
+        let p = daily.preview(utc("2026-12-04T12:00:00Z"), 2);
+        assert_eq!(
+            p.skipped,
+            [
+                "2026-12-05 shifted to 2026-12-07: not a day of calendar \"business\" (Saturday)",
+                "2026-12-06 shifted to 2026-12-07: not a day of calendar \"business\" (Sunday)"
+            ]
+        );
     }
 
     fn local(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {

@@ -738,6 +738,16 @@ fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
             "2027-01-03 skipped: not a day of calendar \"business\" (Sunday)",
         ]
     );
+    // With shift: previous, the 25th's payroll fires on the business day before when the 25th
+    // is not one (Christmas 2026: the 23rd), and the preview says so.
+    let shifted = good
+        .replace("cron: \"30 6 * * *\"", "cron: \"0 9 25 * *\"")
+        .replace("calendar: business", "calendar: {name: business, shift: previous}");
+    write(tmp.path(), "lamplighter.yaml", &shifted);
+    let payday = load_with_env(&opts, |_| None).expect("loads").config.jobs["payroll"].schedule.clone().unwrap();
+    assert_eq!(payday.upcoming(t("2026-12-01T00:00:00Z"), 2), ["2026-12-23T08:00:00Z", "2027-01-25T08:00:00Z"].map(t));
+    assert_eq!(payday.preview(t("2026-12-01T00:00:00Z"), 1).skipped, ["2026-12-25 shifted to 2026-12-23: in calendar \"holidays\""]);
+    assert!(config.jobs["payroll"].schedule.as_ref() != Some(&payday), "a shift is part of the schedule");
     // The same job on another calendar is another schedule (a reload replaces it).
     let other = good.replace("calendar: business", "calendar: holidays");
     write(tmp.path(), "lamplighter.yaml", &other);
@@ -745,7 +755,7 @@ fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
     assert_ne!(reloaded.jobs["payroll"].schedule, config.jobs["payroll"].schedule);
     assert_eq!(reloaded.jobs["payroll"].schedule.as_ref().unwrap().next_after(t("2026-12-23T06:00:00Z")), Some(t("2026-12-24T05:30:00Z")));
 
-    let bad = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri, someday]\n      except: [holiday]\n    holidays:\n      dates: [\"2026-13-01\"]\n    loop-a:\n      except: [loop-b]\n    loop-b:\n      except: [loop-a]\n    from-file:\n      ics: holidays.ics\n    always: {}\n  jobs:\n    a:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 6 * * *\"\n      calendar: bussiness\n    b:\n      type: plugin\n      plugin: file-save\n      action: save\n      calendar: always\n    c:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: holidays\n    d:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: {name: always, shift: next}\n";
+    let bad = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri, someday]\n      except: [holiday]\n    holidays:\n      dates: [\"2026-13-01\"]\n    loop-a:\n      except: [loop-b]\n    loop-b:\n      except: [loop-a]\n    from-file:\n      ics: holidays.ics\n    always: {}\n  jobs:\n    a:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 6 * * *\"\n      calendar: bussiness\n    b:\n      type: plugin\n      plugin: file-save\n      action: save\n      calendar: always\n    c:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: holidays\n    d:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 1h\n      calendar: {name: always, shift: sideways}\n";
     write(tmp.path(), "lamplighter.yaml", bad);
     let errs = errors_of(tmp.path());
     let expected = [
@@ -753,13 +763,57 @@ fn calendars_keep_a_jobs_fires_to_their_days_and_their_mistakes_are_located() {
         "lamplighter.yaml:5:7: error: calendar \"business\": excepts calendar \"holiday\", which scheduling.calendars does not define (did you mean \"holidays\"?)",
         "lamplighter.yaml:7:7: error: calendar \"holidays\": date \"2026-13-01\" is not a day",
         "lamplighter.yaml:9:7: error: calendar \"loop-a\": its except makes a cycle (loop-a → loop-b → loop-a)",
-        "lamplighter.yaml:13:7: error: calendar \"from-file\": ics files are not read by this version of Lamplighter yet",
+        "lamplighter.yaml:13:7: error: calendar \"from-file\": ics file ",
         "lamplighter.yaml:21:7: error: job \"a\": calendar \"bussiness\" is not one of scheduling.calendars (did you mean \"business\"?)",
         "lamplighter.yaml:26:7: error: job \"b\": a calendar keeps the days a schedule fires on, and this job has none",
         "lamplighter.yaml:32:7: error: job \"c\": calendar \"holidays\" cannot be used: it has errors of its own",
-        "lamplighter.yaml:38:7: error: job \"d\": calendar shift is not supported by this version of Lamplighter yet",
+        "lamplighter.yaml:38:",
     ];
     for e in expected {
         assert!(errs.iter().any(|x| x.starts_with(e)), "missing {e:?} in:\n{}", errs.join("\n"));
     }
+    assert!(
+        errs.iter().any(|x| x.contains("job \"d\": calendar shift \"sideways\" is not previous or next; write shift: previous")),
+        "{}",
+        errs.join("\n")
+    );
+    assert!(errs.iter().any(|x| x.contains("holidays.ics cannot be read")), "{}", errs.join("\n"));
+}
+
+#[test]
+fn an_ics_calendars_days_are_its_events_read_again_on_reload_and_its_mistakes_on_their_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ics = |events: &str| format!("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\n{events}END:VCALENDAR\r\n");
+    let christmas = "BEGIN:VEVENT\r\nUID:x\r\nDTSTAMP:20260101T000000Z\r\nDTSTART;VALUE=DATE:20261225\r\nRRULE:FREQ=YEARLY;COUNT=5\r\nSUMMARY:Christmas Day\r\nEND:VEVENT\r\n";
+    write(tmp.path(), "holidays.ics", &ics(christmas));
+    let yaml = "scheduling:\n  calendars:\n    business:\n      weekdays: [mon..fri]\n      except: [holidays]\n    holidays:\n      ics: holidays.ics\n  jobs:\n    payroll:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"30 6 * * *\"\n      timezone: Europe/Berlin\n      calendar: business\n";
+    write(tmp.path(), "lamplighter.yaml", yaml);
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
+    let t = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&chrono::Utc);
+    let first = load_with_env(&opts, |_| None).expect("loads").config.jobs["payroll"].schedule.clone().unwrap();
+    assert_eq!(first.upcoming(t("2026-12-24T06:00:00Z"), 1), [t("2026-12-28T05:30:00Z")], "Christmas Friday, then a weekend");
+    assert_eq!(first.preview(t("2026-12-24T06:00:00Z"), 1).skipped[0], "2026-12-25 skipped: in calendar \"holidays\" (Christmas Day)");
+    assert_eq!(first.upcoming(t("2029-12-24T06:00:00Z"), 1), [t("2029-12-26T05:30:00Z")], "the rule's fourth year");
+    // The file changes on disk: a reload reads it again, and the schedule is another one.
+    let boxing = "BEGIN:VEVENT\r\nUID:y\r\nDTSTAMP:20260101T000000Z\r\nDTSTART;VALUE=DATE:20261228\r\nSUMMARY:Boxing Day (observed)\r\nEND:VEVENT\r\n";
+    write(tmp.path(), "holidays.ics", &ics(&format!("{christmas}{boxing}")));
+    let second = load_with_env(&opts, |_| None).expect("loads").config.jobs["payroll"].schedule.clone().unwrap();
+    assert_ne!(first, second);
+    assert_eq!(second.upcoming(t("2026-12-24T06:00:00Z"), 1), [t("2026-12-29T05:30:00Z")]);
+    // A mistake in the file is told on its line, and where the config names the file.
+    write(tmp.path(), "holidays.ics", &ics("BEGIN:VEVENT\r\nUID:z\r\nDTSTART;VALUE=DATE:20261232\r\nEND:VEVENT\r\n"));
+    let errs = errors_of(tmp.path());
+    assert!(
+        errs.iter().any(|e| e.contains("holidays.ics:6:1: error: calendar \"holidays\": ics file")
+            && e.contains("\"20261232\" is not an iCalendar date")),
+        "{}",
+        errs.join("\n")
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("lamplighter.yaml:7:7: error: calendar \"holidays\": ics file") && e.contains("mistake on line 6")),
+        "{}",
+        errs.join("\n")
+    );
+    assert!(errs.iter().any(|e| e.contains("job \"payroll\": calendar \"business\" cannot be used")), "{}", errs.join("\n"));
 }

@@ -223,7 +223,7 @@ fn plan(command: Command) -> Result<Action, CtlError> {
             JobsCommand::Export { names } => Action::Export { names },
             JobsCommand::History { name, count } => call("get_job", none().with("name", name).with("history", count), View::History),
         },
-        Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, calendar, from, count } } => call(
+        Command::Schedule { command: ScheduleCommand::Preview { cron, every, at, timezone, calendar, shift, from, count } } => call(
             "preview_schedule",
             none()
                 .maybe("cron", cron)
@@ -231,6 +231,7 @@ fn plan(command: Command) -> Result<Action, CtlError> {
                 .maybe("at", at)
                 .maybe("timezone", timezone)
                 .maybe("calendar", calendar)
+                .maybe("shift", shift)
                 .maybe("from", from)
                 .with("count", count),
             View::SchedulePreview,

@@ -265,6 +265,10 @@ pub(crate) enum ScheduleCommand {
         /// Keep the fires to the days of this calendar of scheduling.calendars
         #[arg(long, value_name = "NAME")]
         calendar: Option<String>,
+        /// With --calendar: move a fire on a day off the calendar to its day before (previous)
+        /// or after (next) instead of skipping it
+        #[arg(long, value_name = "previous|next", requires = "calendar", value_parser = ["previous", "next"])]
+        shift: Option<String>,
         /// Preview from this instant (RFC 3339) instead of now
         #[arg(long, value_name = "INSTANT")]
         from: Option<String>,

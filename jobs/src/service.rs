@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lamplighter_config::{JobConfig, JsonText, Overlap, Schedule, ScheduleSpec, Step, StepKind, Workflow};
+use lamplighter_config::{JobConfig, JsonText, Overlap, Schedule, ScheduleSpec, Shift, Step, StepKind, Workflow};
 
 use crate::clock::Clock;
 use crate::events::Observer;
@@ -342,7 +342,7 @@ impl JobService {
         &self,
         spec: ScheduleSpec,
         timezone: Option<&str>,
-        calendar: Option<&str>,
+        calendar: Option<(&str, Shift)>,
         from: Option<&str>,
         count: usize,
     ) -> Result<SchedulePreview, ServiceError> {
@@ -350,7 +350,7 @@ impl JobService {
         let tz = timezone.unwrap_or(&config.default_timezone);
         let bad = |field: &str, e: String| ServiceError::InvalidArgument(format!("{field}: {e}"));
         let mut schedule = lamplighter_config::parse_alone(spec, tz).map_err(|(field, e)| bad(field, e.to_string()))?;
-        if let Some(name) = calendar {
+        if let Some((name, shift)) = calendar {
             let zone = lamplighter_config::parse_zone(tz).map_err(|e| bad("timezone", e.to_string()))?;
             let calendars = &config.scope.calendars;
             let Some(found) = calendars.get(name) else {
@@ -359,7 +359,7 @@ impl JobService {
                 let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
                 return Err(bad("calendar", format!("\"{name}\" is not one of scheduling.calendars{hint} (defined calendars: {known})")));
             };
-            schedule = schedule.on_calendar(found.clone(), zone);
+            schedule = schedule.on_calendar(found.clone(), zone, shift);
         }
         let from = match from {
             None => self.clock.now(),
@@ -940,9 +940,10 @@ pub(crate) fn preview_of(schedule: &Schedule, now: DateTime<Utc>, count: usize) 
 
 /// `cron: 30 6 * * *`, and `on calendar "business"` when it has one.
 fn schedule_text(schedule: &Schedule) -> String {
-    match schedule.calendar() {
-        Some(c) => format!("{} on calendar \"{}\"", schedule.spec(), c.name()),
-        None => schedule.spec().to_string(),
+    match (schedule.calendar(), schedule.shift().name()) {
+        (Some(c), None) => format!("{} on calendar \"{}\"", schedule.spec(), c.name()),
+        (Some(c), Some(shift)) => format!("{} on calendar \"{}\" (shift {shift})", schedule.spec(), c.name()),
+        (None, _) => schedule.spec().to_string(),
     }
 }
 

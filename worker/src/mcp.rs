@@ -38,7 +38,7 @@ pub(crate) use lamplighter_contract::ReloadSummary;
 use lamplighter_contract::args::{
     self, ArgError, BackfillJobArgs, CreateJobArgs, DecisionArgs, DeleteJobArgs, GetJobArgs, ListJobsArgs, ListRunsArgs, NoArgs, PauseArgs,
     PreviewScheduleArgs, ResumeArgs, RunAgentArgs, RunArgs, RunGroupChatArgs, RunPipelineArgs, RunWorkflowArgs, ScheduleArg, SeedJobArgs,
-    SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, TriggerArgs, UpdateJobArgs, Which, seed_job_name, wait_timeout,
+    SeedPauseArgs, SeedStatusArgs, SeedTriggerArgs, ShiftArg, TriggerArgs, UpdateJobArgs, Which, seed_job_name, wait_timeout,
 };
 use lamplighter_contract::{
     AgentList, ApprovalList, JobList, JobsChanged, LimitList, PluginList, Run, TriggerAnswer, TriggerOutcome, WorkflowList,
@@ -326,7 +326,7 @@ impl Control {
         Ok(Json(self.job_detail(&a).await?))
     }
 
-    /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). With `calendar`, only fires on that calendar's days, and the days passed over with why; `from` previews from another instant than now. For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
+    /// The next fire times of a schedule (`cron`, `every` or `at`, with `timezone`) before any job uses it, in its zone and UTC, with the daylight-saving changes they cross and warnings (it fires very often, or never). With `calendar`, only fires on that calendar's days, and the days passed over with why (with `shift: previous | next`, a fire on a day off the calendar moves to its day before or after, and the days shifted are listed); `from` previews from another instant than now. For checking a translation of "every weekday at 7:30 Berlin time" before saving it.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn preview_schedule(&self, Parameters(a): Parameters<PreviewScheduleArgs>) -> Result<Json<SchedulePreview>, Failure> {
         let (schedule, count) = a.schedule()?;
@@ -335,7 +335,19 @@ impl Control {
             ScheduleArg::Every(s) => ScheduleSpec::Every(s),
             ScheduleArg::At(s) => ScheduleSpec::At(s),
         };
-        Ok(Json(self.service.preview_schedule(spec, a.timezone.as_deref(), a.calendar.as_deref(), a.from.as_deref(), count)?))
+        let shift = match a.shift {
+            None => lamplighter_config::Shift::Skip,
+            Some(ShiftArg::Previous) => lamplighter_config::Shift::Previous,
+            Some(ShiftArg::Next) => lamplighter_config::Shift::Next,
+        };
+        let calendar = a.calendar.as_deref().map(|c| (c, shift));
+        if a.shift.is_some() && calendar.is_none() {
+            return Err(ServiceError::InvalidArgument(
+                "shift: moves fires off a calendar's days, so it needs calendar; give calendar: NAME".into(),
+            )
+            .into());
+        }
+        Ok(Json(self.service.preview_schedule(spec, a.timezone.as_deref(), calendar, a.from.as_deref(), count)?))
     }
 
     /// Creates a job at runtime, stored in the worker's database and scheduled by every worker from the moment it is saved, with no reload. `definition` is the job exactly as its entry under `scheduling.jobs` in YAML (as JSON, or as YAML text): a schedule (`cron` with `timezone`, `every` or `at`), a target (`workflow`, `agent`, or `plugin` with `action`), and optional `input`, `parameters`, `catch_up`, `overlap`, `retries`, `timeout`. Every error is returned at once, naming its field. Answers the compiled job, its next 10 fire times in its zone and UTC (with daylight-saving notes and warnings) and its version. With `dry_run`, nothing is saved: check a definition first.

@@ -15,6 +15,7 @@ use crate::calendar::{self, Calendar};
 use crate::diag::{Diagnostic, did_you_mean, quoted_list};
 use crate::load::keys;
 use crate::raw;
+use crate::schedule::Shift;
 use crate::schedule::{self, Schedule, ScheduleError, ScheduleSpec};
 
 /// The workflows and agents a job may run, and the limits it may take, by name.
@@ -99,6 +100,7 @@ impl Compiler<'_> {
     pub(super) fn calendars(
         &mut self,
         raw: Option<&std::collections::BTreeMap<String, raw::CalendarDef>>,
+        cwd: &Path,
     ) -> std::collections::BTreeMap<String, Arc<Calendar>> {
         let mut written = std::collections::BTreeMap::new();
         for (name, def) in raw.into_iter().flatten() {
@@ -106,18 +108,18 @@ impl Compiler<'_> {
                 self.err(&["scheduling", "calendars", name], format!("calendar name {e}"));
                 continue;
             }
-            if def.ics.is_some() {
-                self.err(
-                    &["scheduling", "calendars", name, "ics"],
-                    format!("calendar \"{name}\": ics files are not read by this version of Lamplighter yet; list the days under dates"),
-                );
-                continue;
-            }
+            let ics = match &def.ics {
+                None => None,
+                Some(file) => match self.ics_days(name, file, cwd) {
+                    Some(days) => Some(days),
+                    None => continue,
+                },
+            };
             fn list(v: &Option<Vec<String>>) -> &[String] {
                 v.as_deref().unwrap_or(&[])
             }
             let (weekdays, dates, except) = (list(&def.weekdays), list(&def.dates), list(&def.except));
-            written.insert(name.clone(), calendar::Written { weekdays, dates, except });
+            written.insert(name.clone(), calendar::Written { weekdays, dates, except, ics });
         }
         let (calendars, problems) = calendar::resolve(&written);
         for pr in problems {
@@ -126,6 +128,36 @@ impl Compiler<'_> {
             self.err(&path, pr.message);
         }
         calendars
+    }
+
+    /// The days of calendar `name`'s iCalendar `file` (relative to `cwd`); `None` once a
+    /// mistake is told, on the file's line when it is in the file.
+    fn ics_days(&mut self, name: &str, file: &str, cwd: &Path) -> Option<Arc<std::collections::BTreeMap<chrono::NaiveDate, String>>> {
+        let path = cwd.join(file);
+        let here = ["scheduling", "calendars", name, "ics"];
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.err(
+                    &here,
+                    format!(
+                        "calendar \"{name}\": ics file {} cannot be read ({e}); the path is relative to the config's folder",
+                        path.display()
+                    ),
+                );
+                return None;
+            }
+        };
+        match crate::ics::days(&text) {
+            Ok(days) => Some(Arc::new(days)),
+            Err(e) => {
+                let at = crate::Location { file: path.clone(), line: e.line, col: 1 };
+                self.diags.push(Diagnostic::error(Some(at), format!("calendar \"{name}\": ics file {}: {}", path.display(), e.message)));
+                // Where the config names the file, too, so both places are found.
+                self.err(&here, format!("calendar \"{name}\": ics file {} has a mistake on line {} (told there)", path.display(), e.line));
+                None
+            }
+        }
     }
 
     pub(super) fn job(
@@ -360,33 +392,52 @@ impl Compiler<'_> {
                 }
             }
         });
+        let calendar_shape = || {
+            format!(
+                "job \"{name}\": calendar must be a name of scheduling.calendars (calendar: NAME), or {{name: NAME, shift: previous | next}}"
+            )
+        };
         let calendar = match &j.calendar {
             None => None,
-            Some(serde_json::Value::String(name)) => Some(name.clone()),
-            Some(serde_json::Value::Object(o)) if o.contains_key("shift") => {
-                self.err(
-                    &p("calendar"),
-                    format!(
-                        "job \"{name}\": calendar shift is not supported by this version of Lamplighter yet; a fire on a day off the calendar is skipped (write calendar: NAME)"
-                    ),
-                );
-                return None;
-            }
-            Some(serde_json::Value::Object(o)) => match o.get("name") {
-                Some(serde_json::Value::String(n)) if o.len() == 1 => Some(n.clone()),
-                _ => {
-                    self.err(&p("calendar"), format!("job \"{name}\": calendar must be a name of scheduling.calendars (calendar: NAME)"));
-                    return None;
+            Some(serde_json::Value::String(name)) => Some((name.clone(), Shift::Skip)),
+            Some(serde_json::Value::Object(o)) => {
+                let shift = match o.get("shift") {
+                    None => Some(Shift::Skip),
+                    Some(serde_json::Value::String(s)) if s == "previous" => Some(Shift::Previous),
+                    Some(serde_json::Value::String(s)) if s == "next" => Some(Shift::Next),
+                    Some(other) => {
+                        self.err(
+                            &["scheduling", "jobs", name, "calendar", "shift"],
+                            format!("job \"{name}\": calendar shift {other} is not previous or next; write shift: previous (a fire on a day off the calendar fires on the calendar's day before) or shift: next (on its day after), or leave shift out to skip it"),
+                        );
+                        None
+                    }
+                };
+                let unknown: Vec<&String> = o.keys().filter(|k| *k != "name" && *k != "shift").collect();
+                match (o.get("name"), shift, unknown.first()) {
+                    (_, _, Some(k)) => {
+                        self.err(
+                            &["scheduling", "jobs", name, "calendar", k.as_str()],
+                            format!("job \"{name}\": calendar has no field \"{k}\"; it takes name and shift"),
+                        );
+                        return None;
+                    }
+                    (Some(serde_json::Value::String(n)), Some(shift), None) => Some((n.clone(), shift)),
+                    (_, None, None) => return None,
+                    _ => {
+                        self.err(&p("calendar"), calendar_shape());
+                        return None;
+                    }
                 }
-            },
+            }
             Some(_) => {
-                self.err(&p("calendar"), format!("job \"{name}\": calendar must be a name of scheduling.calendars (calendar: NAME)"));
+                self.err(&p("calendar"), calendar_shape());
                 return None;
             }
         };
         let schedule = match (&calendar, schedule) {
             (None, schedule) => schedule,
-            (Some(cal), schedule) => match (runnable.calendars.get(cal), schedule, &tz) {
+            (Some((cal, shift)), schedule) => match (runnable.calendars.get(cal), schedule, &tz) {
                 (None, ..) if runnable.calendar_names.contains(cal) => {
                     self.err(&p("calendar"), format!("job \"{name}\": calendar \"{cal}\" cannot be used: it has errors of its own"));
                     ok = false;
@@ -410,7 +461,7 @@ impl Compiler<'_> {
                     ok = false;
                     None
                 }
-                (Some(c), Some(s), Ok(zone)) => Some(Arc::new((*s).clone().on_calendar(c.clone(), *zone))),
+                (Some(c), Some(s), Ok(zone)) => Some(Arc::new((*s).clone().on_calendar(c.clone(), *zone, *shift))),
                 (Some(_), s, _) => s,
             },
         };

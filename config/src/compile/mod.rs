@@ -120,7 +120,7 @@ fn compile_borrowed(
     let skills = c.skills(cwd);
     let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
     let limits = c.limits(sched.limits.as_ref());
-    let calendars = c.calendars(sched.calendars.as_ref());
+    let calendars = c.calendars(sched.calendars.as_ref(), cwd);
     let workflows = c.workflows(&limits.keys().map(String::as_str).collect());
     let pipelines = c.pipelines();
     let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()))

@@ -141,12 +141,26 @@ pub struct PreviewScheduleArgs {
     /// A name of `scheduling.calendars`: only fires on its days (in `timezone`) are kept, and
     /// the days passed over are listed with why.
     pub calendar: Option<String>,
+    /// With `calendar`: `previous` or `next` moves a fire on a day off the calendar to the same
+    /// local time of the calendar's day before or after, as a job's `calendar: {name, shift}`.
+    pub shift: Option<ShiftArg>,
     /// Preview from this RFC 3339 instant instead of now (e.g. `2026-12-20T00:00:00Z`, to see
     /// the year's end).
     pub from: Option<String>,
     /// How many fire times to show (1–100, default 10).
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
     pub count: Option<u32>,
+}
+
+/// Where a fire on a day off a calendar goes.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ShiftArg {
+    /// To the calendar's day before.
+    Previous,
+    /// To the calendar's day after.
+    Next,
 }
 
 /// A schedule to preview: exactly one of `cron`, `every` and `at`.

@@ -7,8 +7,8 @@ use crate::support::Worker;
 
 /// Far enough ahead that the test does not depend on today: March 2031, its first three days
 /// excepted.
-const CALENDARS: &str =
-    "calendars:\n  march: {dates: [\"2031-03-01..2031-03-05\"], except: [off]}\n  off: {dates: [\"2031-03-01..2031-03-03\"]}\n";
+const CALENDARS: &str = "calendars:\n  march: {dates: [\"2031-03-01..2031-03-05\"], except: [off]}\n  off: {dates: [\"2031-03-01..2031-03-03\"]}\n  \
+     early-nov: {dates: [\"2026-11-02..2026-11-04\"]}\n";
 
 #[test]
 fn a_job_fires_only_on_its_calendars_days_and_says_so() {
@@ -57,6 +57,31 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
         ]),
         "{out}"
     );
+    // With a shift, the days off the calendar move their fires: three days' onto the 4th, once.
+    let (code, out, err) = w.ctl(&[
+        "schedule",
+        "preview",
+        "--cron",
+        "0 6 * * *",
+        "--calendar",
+        "march",
+        "--shift",
+        "next",
+        "--from",
+        "2031-02-28T12:00:00Z",
+        "-n",
+        "2",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let preview: Value = serde_json::from_str(&out).unwrap();
+    let utc: Vec<&str> = preview["next_fires"].as_array().unwrap().iter().map(|f| f["utc"].as_str().unwrap()).collect();
+    assert_eq!(utc, ["2031-03-04T06:00:00Z", "2031-03-05T06:00:00Z"], "{out}");
+    assert_eq!(preview["notes"][0], "2031-03-01 shifted to 2031-03-04: in calendar \"off\"", "{out}");
+    let (code, _, err) = w.ctl(&["schedule", "preview", "--cron", "0 6 * * *", "--shift", "next"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--calendar"), "a shift needs a calendar: {err}");
     let (code, out, _) = w.ctl(&["schedule", "preview", "--cron", "0 6 * * *", "--calendar", "march", "--from", "2031-02-28T12:00:00Z"]);
     assert_eq!(code, 0);
     assert!(out.contains("2031-03-01 skipped: in calendar \"off\""), "the text says it too: {out}");
@@ -85,4 +110,101 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     let (code, _, err) = w.ctl(&["jobs", "create", "typo", "-f", &file.display().to_string()]);
     assert_ne!(code, 0);
     assert!(err.contains("calendar \"marhc\" is not one of scheduling.calendars (did you mean \"march\"?)"), "{err}");
+
+    // A backfill keeps to the calendar: the days of the week asked for that are its days.
+    std::fs::write(
+        &file,
+        "cron: \"0 6 * * *\"\ncalendar: early-nov\nplugin: file-save\naction: save\nparameters: {path: n.txt, content: n}\n",
+    )
+    .unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "create", "nov", "-f", &file.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) =
+        w.ctl(&["jobs", "backfill", "nov", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-08T00:00:00Z", "--dry-run", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let dry: Value = serde_json::from_str(&out).unwrap();
+    let ticks: Vec<&str> = dry["ticks"].as_array().unwrap().iter().map(|t| t["scheduled_at"].as_str().unwrap()).collect();
+    assert_eq!(ticks, ["2026-11-02T06:00:00Z", "2026-11-03T06:00:00Z", "2026-11-04T06:00:00Z"], "{out}");
+}
+
+/// A tick moved by `shift: previous` fires once at the instant it moves to, on both backends,
+/// also when its worker is killed (SIGKILL) after running it and started again with
+/// `catch_up: all`. The job (made at runtime) fires only on tomorrow's date, its calendar is today alone: so
+/// its tick (tomorrow's, and next year's too) moves to today at the same time, and the run
+/// at that instant can only come from the shift.
+fn a_shifted_tick_fires_once_across_a_kill_9(storage: &str) {
+    use chrono::{Datelike, Timelike};
+    // Far enough from midnight that today's fire is today's in UTC.
+    let mut now = chrono::Utc::now();
+    if now.num_seconds_from_midnight() > 86_400 - 300 {
+        std::thread::sleep(std::time::Duration::from_secs(u64::from(86_400 - now.num_seconds_from_midnight()) + 2));
+        now = chrono::Utc::now();
+    }
+    let mut w = Worker::new("");
+    w.write_scheduling(
+        "",
+        &format!("{storage}calendars:\n  today: {{dates: [\"{}\"]}}\n", now.format("%Y-%m-%d")),
+        "",
+        "manage_jobs:\n  enabled: true\n",
+    );
+    w.start();
+    // Made at runtime once the worker is up (a PostgreSQL worker takes its time to start), so
+    // the fire is a few seconds ahead whatever the start took.
+    let fire = (chrono::Utc::now() + chrono::Duration::seconds(8)).with_nanosecond(0).unwrap();
+    let tomorrow = fire + chrono::Duration::days(1);
+    let cron = format!("{} {} {} {} {} *", fire.second(), fire.minute(), fire.hour(), tomorrow.day(), tomorrow.month());
+    let file = w.dir.path().join("payroll.yaml");
+    std::fs::write(
+        &file,
+        format!("cron: \"{cron}\"\ntimezone: UTC\ncalendar: {{name: today, shift: previous}}\ncatch_up: all\nplugin: file-save\naction: save\nparameters: {{path: p.txt, content: p}}\n"),
+    )
+    .unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "create", "payroll", "-f", &file.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = w.ctl(&["jobs", "show", "payroll", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let job: Value = serde_json::from_str(&out).unwrap();
+    let at = fire.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(job["next_fire"], at.as_str(), "tomorrow's tick moved to today: {job}");
+    assert_eq!(job["schedule"], format!("cron: {cron} on calendar \"today\" (shift previous)"), "{job}");
+    let runs = |w: &Worker| -> Vec<Value> {
+        let (code, out, err) = w.ctl(&["runs", "list", "--job", "payroll", "-o", "json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        serde_json::from_str::<Value>(&out).unwrap()["runs"].as_array().unwrap().clone()
+    };
+    crate::support::poll(
+        "the shifted tick to run",
+        std::time::Duration::from_secs(60),
+        || runs(&w).iter().any(|r| r["status"] == "succeeded").then_some(()),
+        || format!("{:#?}\n{}", runs(&w), w.log()),
+    );
+    w.signal("KILL");
+    w.wait_exit(std::time::Duration::from_secs(10));
+    w.start();
+    // Started again after its only fire: nothing more is due, ever (next year's tick moves to
+    // this same past instant).
+    let (code, out, err) = w.ctl(&["jobs", "show", "payroll", "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let job: Value = serde_json::from_str(&out).unwrap();
+    assert!(job["next_fire"].is_null(), "{job}");
+    // A manual run through the same worker has been taken and run after the restart's catch-up
+    // pass (which comes first): the scheduler had its chance to fire the tick again.
+    let (code, out, err) = w.ctl(&["jobs", "trigger", "payroll", "--wait", "--timeout", "30"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let all = runs(&w);
+    let ticks: Vec<&Value> = all.iter().filter(|r| r["trigger"] != "manual").collect();
+    assert_eq!(ticks.len(), 1, "one run for the shifted tick: {all:#?}");
+    assert_eq!(ticks[0]["scheduled_at"], at.as_str(), "{all:#?}");
+    assert_eq!(ticks[0]["trigger"], "cron", "{all:#?}");
+}
+
+#[test]
+fn a_shifted_tick_fires_once_across_a_kill_9_on_sqlite() {
+    a_shifted_tick_fires_once_across_a_kill_9("");
+}
+
+#[test]
+fn a_shifted_tick_fires_once_across_a_kill_9_on_postgres() {
+    let cluster = lamplighter_tests::pg::Cluster::start();
+    a_shifted_tick_fires_once_across_a_kill_9(&format!("storage:\n  provider: postgres\n  connection_string: \"{}\"\n", cluster.url()));
 }
