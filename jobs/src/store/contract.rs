@@ -1188,6 +1188,11 @@ async fn limits_admit_in_line_and_free_slots_with_their_runs(s: &dyn RunStore) {
     assert_eq!(taken.runs.iter().map(|h| h.run.id.as_str()).collect::<Vec<_>>(), [gpu[2].as_str()]);
     let pool = s.pools().await.expect("pools").into_iter().find(|p| p.pool.name == "gpu").expect("gpu listed");
     assert_eq!((pool.holders, pool.waiting_count), (vec![gpu[2].clone()], 0), "one holder, the last run handed the slot");
+    // A workflow step that held that slot gives it back when it ends (the run goes on): the
+    // pool has no holder left, however the slot was held.
+    s.release_limits(&gpu[2], &[], &freed).await.expect("release");
+    let holders = s.pools().await.expect("pools").into_iter().find(|p| p.pool.name == "gpu").map(|p| p.holders).unwrap_or_default();
+    assert_eq!(holders, Vec::<String>::new(), "a step's slot handed by an end is freed with the step");
 
     // A slot handed on keeps a lowered limit: the end of one of two holders of a limit
     // lowered to 1 hands nothing on; the second end does.

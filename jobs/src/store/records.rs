@@ -186,6 +186,11 @@ impl<D: RunSql> Records for D {
             Column::Texts(freed.iter().map(|p| Some(p.key.as_str().into())).collect()),
         ];
         D::execute(&mut tx, q.bind(run_id).bind_rows(cols)).await?;
+        // A slot an end handed over is held in the run's own row (PostgreSQL): freed too.
+        let q =
+            Stmt::new(sql!(D, "UPDATE ll_runs SET limit_hold = NULL WHERE id = $1 AND limit_hold {in $2}"), "freeing a step's handed slot");
+        D::execute(&mut tx, q.bind(run_id).bind_list(freed.iter().map(Pool::encode).collect::<Vec<_>>().iter().map(String::as_str)))
+            .await?;
         D::commit(tx).await
     }
 
