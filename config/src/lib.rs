@@ -35,6 +35,12 @@ pub use compile::{
     after_mistakes, after_problems, check_tag, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity, did_you_mean};
+
+/// The days of an iCalendar file as a calendar's `ics:` reads them, each with the summary of
+/// the event on it; a mistake as its line (as written) and what to do.
+pub fn ics_days(text: &str) -> Result<std::collections::BTreeMap<chrono::NaiveDate, String>, (usize, String)> {
+    ics::days(text).map_err(|e| (e.line, e.message))
+}
 pub use load::{ItemLocations, SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};

@@ -51,6 +51,20 @@ pub fn python_mcp() -> std::path::PathBuf {
         .clone()
 }
 
+/// The python of a venv with the iCalendar oracle's libraries (`icalendar`,
+/// `recurring-ical-events`, `croniter`: `.ci/python-ics.sh`, once per machine and test process).
+pub fn python_ics() -> std::path::PathBuf {
+    static PYTHON: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/python-ics.sh");
+            let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+            assert!(out.status.success(), ".ci/python-ics.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
 /// The folder `.ci/oidc.sh` installed the OpenID provider (npm `oidc-provider`) and its Node
 /// into, once per machine and test process: `<dir>/node tests/clients/oidc_provider.mjs
 /// --modules <dir>` starts it.

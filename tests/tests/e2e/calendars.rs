@@ -208,3 +208,82 @@ fn a_shifted_tick_fires_once_across_a_kill_9_on_postgres() {
     let cluster = lamplighter_tests::pg::Cluster::start();
     a_shifted_tick_fires_once_across_a_kill_9(&format!("storage:\n  provider: postgres\n  connection_string: \"{}\"\n", cluster.url()));
 }
+
+/// The holiday files and the rules file: the days the product reads from each equal the days
+/// an independent library expands (Python `icalendar` + `recurring-ical-events`, through
+/// `tests/oracle/ics_days.py`), with the same event's summary on each, over five years; and
+/// the oracle's answer is the one recorded in `tests/data/ics/expected/` (a library update
+/// that changes it is seen).
+#[test]
+fn ics_files_expand_to_the_days_an_independent_library_finds() {
+    let python = lamplighter_tests::setup::python_ics();
+    let root = crate::support::repo_root();
+    let mut counted = 0;
+    for name in ["de", "us", "gb-eng", "jp", "fr", "rules"] {
+        let file = root.join(format!("tests/data/ics/{name}.ics"));
+        let out = std::process::Command::new(&python)
+            .arg(root.join("tests/oracle/ics_days.py"))
+            .arg(&file)
+            .args(["2026-01-01", "2031-01-01"])
+            .output()
+            .expect("run the oracle");
+        assert!(out.status.success(), "oracle on {name}: {}", String::from_utf8_lossy(&out.stderr));
+        let oracle: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let recorded: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(root.join(format!("tests/data/ics/expected/{name}.json"))).unwrap()).unwrap();
+        assert_eq!(oracle, recorded, "{name}: the oracle's answer moved from the recorded one");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let ours = lamplighter_config::ics_days(&text).unwrap_or_else(|(line, e)| panic!("{name}.ics:{line}: {e}"));
+        let (from, to) = (chrono::NaiveDate::from_ymd_opt(2026, 1, 1).unwrap(), chrono::NaiveDate::from_ymd_opt(2031, 1, 1).unwrap());
+        let ours: Vec<Value> =
+            ours.range(from..to).map(|(d, s)| serde_json::json!({"day": d.format("%Y-%m-%d").to_string(), "summary": s})).collect();
+        assert_eq!(ours, oracle, "{name}: days and summaries");
+        assert!(oracle.len() >= 30, "{name}: a real file ({} days)", oracle.len());
+        counted += oracle.len();
+    }
+    assert!(counted > 300, "{counted}");
+}
+
+/// The fire times of jobs on business days less Germany's or the United States' public
+/// holidays (their .ics files), around year ends and DST changes, equal croniter's fires
+/// filtered by the same days (`tests/oracle/calendar_fires.py`).
+#[test]
+fn calendar_jobs_fire_when_croniter_filtered_by_the_same_days_does() {
+    let python = lamplighter_tests::setup::python_ics();
+    let root = crate::support::repo_root();
+    let dir = tempfile::tempdir().unwrap();
+    let mut compared = 0;
+    for (country, zone) in [("de", "Europe/Berlin"), ("us", "America/New_York")] {
+        std::fs::copy(root.join(format!("tests/data/ics/{country}.ics")), dir.path().join("holidays.ics")).unwrap();
+        for cron in ["30 6 * * *", "0 9,17 * * *", "*/30 8-9 * * 1-5", "15 4 1,15 * *"] {
+            let yaml = format!(
+                "scheduling:\n  calendars:\n    business: {{weekdays: [mon..fri], except: [holidays]}}\n    holidays: {{ics: holidays.ics}}\n  jobs:\n    j:\n      cron: \"{cron}\"\n      timezone: {zone}\n      calendar: business\n      type: plugin\n      plugin: file-save\n      action: save\n"
+            );
+            std::fs::write(dir.path().join("lamplighter.yaml"), yaml).unwrap();
+            let opts = lamplighter_config::LoadOptions {
+                path: Some(dir.path().join("lamplighter.yaml")),
+                cwd: Some(dir.path().to_path_buf()),
+                ..Default::default()
+            };
+            let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+            let schedule = config.jobs["j"].schedule.clone().unwrap();
+            for from in ["2026-12-20T00:00:00Z", "2027-03-25T12:00:00Z", "2027-10-29T00:00:00Z", "2029-12-22T17:00:00Z"] {
+                let out = std::process::Command::new(&python)
+                    .arg(root.join("tests/oracle/calendar_fires.py"))
+                    .args([cron, zone])
+                    .arg(dir.path().join("holidays.ics"))
+                    .args([from, "25"])
+                    .output()
+                    .expect("run the oracle");
+                assert!(out.status.success(), "oracle: {}", String::from_utf8_lossy(&out.stderr));
+                let oracle: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+                let start = chrono::DateTime::parse_from_rfc3339(from).unwrap().with_timezone(&chrono::Utc);
+                let ours: Vec<String> =
+                    schedule.upcoming(start, 25).iter().map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).collect();
+                assert_eq!(ours, oracle, "{cron} in {zone} on {country} business days from {from}");
+                compared += ours.len();
+            }
+        }
+    }
+    assert_eq!(compared, 2 * 4 * 4 * 25);
+}
