@@ -26,10 +26,14 @@ pub enum NotifyOn {
     ApprovalWaiting,
     /// An agent with `on_budget: ask` ran out and asks for more.
     BudgetAsked,
+    /// A tick not started, or a run not finished, by its job's `deadline` (told once, while it
+    /// still waits or runs).
+    DeadlineMissed,
 }
 
 impl NotifyOn {
-    pub const ALL: [NotifyOn; 5] = [Self::Failure, Self::Success, Self::Recovery, Self::ApprovalWaiting, Self::BudgetAsked];
+    pub const ALL: [NotifyOn; 6] =
+        [Self::Failure, Self::Success, Self::Recovery, Self::ApprovalWaiting, Self::BudgetAsked, Self::DeadlineMissed];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -38,6 +42,7 @@ impl NotifyOn {
             Self::Recovery => "recovery",
             Self::ApprovalWaiting => "approval_waiting",
             Self::BudgetAsked => "budget_asked",
+            Self::DeadlineMissed => "deadline_missed",
         }
     }
 

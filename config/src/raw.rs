@@ -236,6 +236,8 @@ pub(crate) struct Scheduling {
     /// Named sets of days a job may fire on (`calendar:` of a job): `{business: {weekdays:
     /// ["mon..fri"], except: [holidays]}, holidays: {dates: ["2026-12-24..2026-12-26"]}}`.
     pub(crate) calendars: Option<BTreeMap<String, CalendarDef>>,
+    /// The deadline of every job that sets none of its own.
+    pub(crate) deadline: Option<DeadlineDef>,
 }
 
 /// A set of days: its `weekdays` and its `dates` (every day when it lists neither), less the
@@ -339,6 +341,27 @@ pub(crate) struct Job {
     /// fires then).
     #[schemars(with = "Option<CalendarSchema>")]
     pub(crate) calendar: Option<Any>,
+    /// When a tick must have started or a run finished, or someone is told
+    /// (`deadline_missed`): replaces `scheduling.deadline` as a whole (`{}`: none).
+    pub(crate) deadline: Option<DeadlineDef>,
+}
+
+/// A job's deadlines.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeadlineDef {
+    /// A tick (cron, every, at; catch-up too) must have started this long after its scheduled
+    /// instant: `5m`.
+    pub(crate) start_within: Option<String>,
+    /// A run (with its retries) must have finished this long after its tick, or after it was
+    /// asked for (manual, api, after, backfill): `2h`.
+    pub(crate) finish_within: Option<String>,
+    /// A run must have finished by this local time (`"06:00"`, the job's zone), the first
+    /// after its tick or after it was asked for.
+    pub(crate) finish_by: Option<String>,
+    /// `notify` (default): tell, and let it run; `cancel`: tell, and stop a run past
+    /// finish_within or finish_by.
+    pub(crate) on_miss: Option<String>,
 }
 
 /// The shapes an entry of a job's `limits` takes (read by hand, for errors that name the field).

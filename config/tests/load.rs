@@ -817,3 +817,50 @@ fn an_ics_calendars_days_are_its_events_read_again_on_reload_and_its_mistakes_on
     );
     assert!(errs.iter().any(|e| e.contains("job \"payroll\": calendar \"business\" cannot be used")), "{}", errs.join("\n"));
 }
+
+#[test]
+fn deadlines_default_from_scheduling_a_job_replaces_or_drops_them_and_mistakes_are_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = |name: &str, extra: &str| {
+        format!("    {name}:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"0 2 * * *\"\n{extra}")
+    };
+    let good = format!(
+        "scheduling:\n  deadline: {{start_within: 5m, finish_by: \"06:00\"}}\n  jobs:\n{}{}{}",
+        job("etl", ""),
+        job("report", "      deadline: {finish_within: 2h, on_miss: cancel}\n"),
+        job("adhoc", "      deadline: {}\n")
+    );
+    write(tmp.path(), "lamplighter.yaml", &good);
+    let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), ..Default::default() };
+    let config = load_with_env(&opts, |_| None).expect("loads").config;
+    let etl = *config.jobs["etl"].deadline().expect("the default");
+    assert_eq!(
+        (etl.start_within, etl.finish_within, etl.finish_by, etl.on_miss),
+        (Some(std::time::Duration::from_secs(300)), None, chrono::NaiveTime::from_hms_opt(6, 0, 0), lamplighter_config::OnMiss::Notify)
+    );
+    let report = *config.jobs["report"].deadline().expect("its own");
+    assert_eq!(
+        (report.start_within, report.finish_within, report.on_miss),
+        (None, Some(std::time::Duration::from_secs(7200)), lamplighter_config::OnMiss::Cancel)
+    );
+    assert!(config.jobs["adhoc"].deadline().is_none(), "deadline: {{}} opts out of the default");
+
+    let bad = format!(
+        "scheduling:\n  deadline: {{start_within: soon}}\n  jobs:\n{}{}{}",
+        job("a", "      deadline: {finish_by: \"6am\", on_miss: stop}\n"),
+        job("b", "      deadline: {start_within: 1m, on_miss: cancel}\n"),
+        job("c", "      deadline: {finish_within: 0s, start_in: 1m}\n")
+    );
+    write(tmp.path(), "lamplighter.yaml", &bad);
+    let errs = errors_of(tmp.path());
+    for e in [
+        "scheduling.deadline: deadline start_within \"soon\" is not a duration",
+        "job \"a\": deadline finish_by \"6am\" is not a local time of day; write it as \"HH:MM\"",
+        "job \"a\": deadline on_miss \"stop\" is not notify or cancel",
+        "job \"b\": deadline on_miss cancel stops a run past finish_within or finish_by, and this deadline has neither",
+        "start_in",
+    ] {
+        assert!(errs.iter().any(|x| x.contains(e)), "missing {e:?} in:\n{}", errs.join("\n"));
+    }
+    assert!(errs.iter().all(|x| x.starts_with("lamplighter.yaml:")), "located: {}", errs.join("\n"));
+}

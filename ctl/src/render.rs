@@ -765,6 +765,21 @@ pub(crate) fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
         }
         out.push_str(&indent(&table.render()));
     }
+    if !detail.deadlines_missed.is_empty() {
+        out.push_str("\ndeadlines missed:\n");
+        let mut table = Table::new(&["DEADLINE", "DUE", "TOLD", "LATE", "ACTION", "ATTEMPT"]);
+        for d in &detail.deadlines_missed {
+            table.push(vec![
+                d.deadline.clone(),
+                time_full(Some(d.due_at), now),
+                time_full(Some(d.told_at), now),
+                format!("{} s", d.late_seconds),
+                d.action.clone(),
+                d.run_id.clone(),
+            ]);
+        }
+        out.push_str(&indent(&table.render()));
+    }
     if !detail.notifications.is_empty() {
         out.push_str("\nnotifications:\n");
         let mut table = Table::new(&["EVENT", "TO", "STATUS", "ATTEMPTS", "WHEN", "RESULT"]);
@@ -814,6 +829,7 @@ pub(crate) fn bare(run: Run) -> RunDetail {
         calls: Vec::new(),
         usage: None,
         notifications: Vec::new(),
+        deadlines_missed: Vec::new(),
         log: Vec::new(),
     }
 }

@@ -185,6 +185,7 @@ impl Engine {
             states: store.clone(),
             definitions: store.clone(),
             notices: store.clone(),
+            deadlines: store.clone(),
             ticks: store.clone(),
             leases: store.clone(),
             clock: clock.clone(),
@@ -225,6 +226,13 @@ impl Engine {
             retention,
             scheduler: scheduler.clone(),
         };
+        let deadlines = crate::deadline::WatcherEnv {
+            deadlines: store.clone(),
+            clock: clock.clone(),
+            config: in_force.clone(),
+            observer: opts.observer.clone(),
+            executor: executor.clone(),
+        };
         let definitions = DefinitionFollower { definitions: store.clone(), signals: signals.clone(), config: in_force.clone() };
         let runs = vec![
             tokio::spawn(executor::recorder(executor.clone(), recorder_rx, stop_runs.clone())),
@@ -233,6 +241,7 @@ impl Engine {
             tokio::spawn(lease.clone().run(renewed, stop_runs.clone())),
             tokio::spawn(gauges.run(stop_runs.clone())),
             tokio::spawn(crate::notifier::run(notifier, notifier_signals, stop_runs.clone())),
+            tokio::spawn(crate::deadline::watch(deadlines, stop_runs.clone())),
         ];
         let scheduler_task = tokio::spawn(crate::scheduler::run(scheduler.clone(), scheduler_signals, stop_scheduler.clone()));
         let housekeeper = tokio::spawn(pruner.run(stop_scheduler.clone()));

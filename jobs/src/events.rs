@@ -90,6 +90,9 @@ pub mod metric {
     pub const WORKER_FENCED_WRITES: &str = "lamplighter.worker.fenced_writes";
     /// Notification sends, by `event` and `outcome` (`delivered`, `retried`, `abandoned`).
     pub const NOTIFICATIONS: &str = "lamplighter.notifications";
+    /// Deadlines missed, by `job` and `deadline` (`start_within`, `finish_within`,
+    /// `finish_by`): counted by the worker that told the miss (once across workers).
+    pub const DEADLINE_MISSED: &str = "lamplighter.deadline.missed";
     /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
     pub const LIMIT_HELD: &str = "lamplighter.limit.held";
     /// Per limit, sampled: the runs waiting for a slot.
@@ -211,6 +214,7 @@ struct Instruments {
     fences: Counter<u64>,
     fenced_writes: Counter<u64>,
     notifications: Counter<u64>,
+    deadline_missed: Counter<u64>,
     limit_wait: Histogram<f64>,
 }
 
@@ -264,6 +268,7 @@ impl Instruments {
             fences: c(metric::WORKER_FENCES, "Times the worker fenced itself, its lease not renewed in time"),
             fenced_writes: c(metric::WORKER_FENCED_WRITES, "Ends of runs the fence refused: the worker no longer held them"),
             notifications: c(metric::NOTIFICATIONS, "Notification sends, by event and outcome"),
+            deadline_missed: c(metric::DEADLINE_MISSED, "Deadlines missed, by job and deadline (told once across workers)"),
             limit_wait: s(metric::LIMIT_WAIT, "How long runs waited for a limit's slot"),
         }
     }
@@ -910,6 +915,11 @@ impl Observer {
     /// A notification send ended: `outcome` is `delivered`, `retried` or `abandoned`.
     pub(crate) fn notification(&self, event: &str, outcome: &'static str) {
         self.m.notifications.add(1, &[KeyValue::new("event", event.to_string()), KeyValue::new("outcome", outcome)]);
+    }
+
+    /// A deadline of `job` was missed (told once, by this worker).
+    pub(crate) fn deadline_missed(&self, job: &str, deadline: &'static str) {
+        self.m.deadline_missed.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("deadline", deadline)]);
     }
 
     // Point events.

@@ -5,6 +5,7 @@ mod agent;
 mod catalog;
 mod clock;
 mod context;
+mod deadline;
 mod decide;
 mod definitions;
 mod engine;

@@ -141,6 +141,17 @@ pub(crate) fn text(payload: &Value) -> String {
         "success" => format!(":white_check_mark: job *{job}* succeeded"),
         "approval_waiting" => format!(":raised_hand: job *{job}* waits for approval of step `{}`", s("step")),
         "budget_asked" => format!(":moneybag: job *{job}* asks for more budget (step `{}`)", s("step")),
+        "deadline_missed" => {
+            let late = payload.get("late_seconds").and_then(Value::as_i64).unwrap_or(0);
+            let stopped = if s("on_miss") == "cancel" { ", stopped" } else { "" };
+            format!(
+                ":alarm_clock: job *{job}* missed its deadline {} (due {}, {} s late, {}{stopped})",
+                s("deadline"),
+                s("due_at"),
+                late,
+                s("status").replace('_', " ")
+            )
+        }
         other => format!("job *{job}*: {other}"),
     };
     let error = payload.get("error").and_then(Value::as_str).map(|e| format!(": {}", shorten(e, 300))).unwrap_or_default();

@@ -161,6 +161,7 @@ pub struct JobService {
     pub(crate) states: Arc<dyn JobStates>,
     pub(crate) definitions: Arc<dyn Definitions>,
     pub(crate) notices: Arc<dyn Notices>,
+    pub(crate) deadlines: Arc<dyn crate::store::Deadlines>,
     pub(crate) ticks: Arc<dyn Ticks>,
     pub(crate) leases: Arc<dyn Leases>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -619,9 +620,27 @@ impl JobService {
         };
         let agent_waits = records.into_iter().filter(|r| !own.contains(&r.step)).collect();
         let notifications = self.notices.notifications(&run.root_id).await?;
+        let deadlines_missed = self
+            .deadlines
+            .misses_of(&run.root_id)
+            .await?
+            .into_iter()
+            .map(|m| {
+                let told_at = m.told_at.unwrap_or(m.due_at);
+                lamplighter_contract::DeadlineMissed {
+                    deadline: m.which.as_str().to_string(),
+                    due_at: m.due_at,
+                    told_at,
+                    late_seconds: (told_at - m.due_at).num_seconds().max(0),
+                    tick: m.tick,
+                    run_id: m.run_id,
+                    action: if m.cancel { "cancel" } else { "notify" }.to_string(),
+                }
+            })
+            .collect();
         let log = self.records.output(&run.id).await?;
         let wire = self.wire_runs(std::slice::from_ref(&run)).await.remove(0);
-        Ok(RunDetail { run: wire, workflow, steps, agent_waits, calls, usage, notifications, log })
+        Ok(RunDetail { run: wire, workflow, steps, agent_waits, calls, usage, notifications, deadlines_missed, log })
     }
 
     /// The workflow a run executes (name, and its definition as the run has it).

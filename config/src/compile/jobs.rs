@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
+use super::types::{Deadline, OnMiss};
 use super::{
     After, AfterOn, Backoff, CatchUp, Compiler, JobConfig, JsonText, LimitUse, Overlap, Retention, RetryPolicy, Target, Together, duration,
 };
@@ -27,6 +28,8 @@ pub(super) struct Runnable<'n> {
     pub(super) calendars: std::collections::BTreeMap<String, Arc<Calendar>>,
     /// Every name under `scheduling.calendars`, with errors or not.
     pub(super) calendar_names: BTreeSet<String>,
+    /// `scheduling.deadline`: the deadline of a job that sets none.
+    pub(super) deadline: Option<Deadline>,
 }
 
 impl<'n> Runnable<'n> {
@@ -41,7 +44,14 @@ impl<'n> Runnable<'n> {
             limits: BTreeSet::new(),
             calendars: std::collections::BTreeMap::new(),
             calendar_names: BTreeSet::new(),
+            deadline: None,
         }
+    }
+
+    /// With `scheduling.deadline`.
+    pub(super) fn with_deadline(mut self, deadline: Option<Deadline>) -> Self {
+        self.deadline = deadline;
+        self
     }
 
     /// With `scheduling.calendars` (`named`: every name written there, also those with errors).
@@ -128,6 +138,61 @@ impl Compiler<'_> {
             self.err(&path, pr.message);
         }
         calendars
+    }
+
+    /// A `deadline:` (a job's, or `scheduling.deadline`) read at `path`; `None` once its
+    /// mistakes are told (each field's).
+    pub(super) fn deadline(&mut self, path: &[&str], whose: &str, d: &raw::DeadlineDef) -> Option<Deadline> {
+        let mut ok = true;
+        let mut at = |this: &mut Self, field: &str, message: String| {
+            let mut p = path.to_vec();
+            p.push(field);
+            this.err(&p, format!("{whose}: deadline {field} {message}"));
+            ok = false;
+        };
+        let mut within = |this: &mut Self, field: &'static str, v: &Option<String>| -> Option<Duration> {
+            match duration(v.as_deref()?) {
+                Ok(d) if d.is_zero() => {
+                    at(this, field, "is 0, which every run misses; give a duration such as \"5m\", or leave it out".into());
+                    None
+                }
+                Ok(d) => Some(d),
+                Err(e) => {
+                    at(this, field, e);
+                    None
+                }
+            }
+        };
+        let start_within = within(self, "start_within", &d.start_within);
+        let finish_within = within(self, "finish_within", &d.finish_within);
+        let finish_by = match d.finish_by.as_deref() {
+            None => None,
+            Some(t) => match chrono::NaiveTime::parse_from_str(t.trim(), "%H:%M") {
+                Ok(t) => Some(t),
+                Err(_) => {
+                    at(self, "finish_by", format!("\"{t}\" is not a local time of day; write it as \"HH:MM\", e.g. \"06:00\""));
+                    None
+                }
+            },
+        };
+        let on_miss = match d.on_miss.as_deref() {
+            None | Some("notify") => OnMiss::Notify,
+            Some("cancel") if d.finish_within.is_none() && d.finish_by.is_none() => {
+                at(
+                    self,
+                    "on_miss",
+                    "cancel stops a run past finish_within or finish_by, and this deadline has neither; add one, or write on_miss: notify"
+                        .into(),
+                );
+                OnMiss::Notify
+            }
+            Some("cancel") => OnMiss::Cancel,
+            Some(o) => {
+                at(self, "on_miss", format!("\"{o}\" is not notify or cancel{}", did_you_mean(o, ["notify", "cancel"])));
+                OnMiss::Notify
+            }
+        };
+        ok.then_some(Deadline { start_within, finish_within, finish_by, on_miss })
     }
 
     /// The days of calendar `name`'s iCalendar `file` (relative to `cwd`); `None` once a
@@ -506,7 +571,12 @@ impl Compiler<'_> {
                 }
             },
         };
-        let together = (!tags.is_empty() || after.is_some() || !limits.is_empty()).then(|| Box::new(Together { tags, after, limits }));
+        let deadline = match &j.deadline {
+            Some(d) => Some(self.deadline(&["scheduling", "jobs", name, "deadline"], &format!("job \"{name}\""), d)?),
+            None => runnable.deadline,
+        };
+        let together = (!tags.is_empty() || after.is_some() || !limits.is_empty() || deadline.is_some())
+            .then(|| Box::new(Together { tags, after, limits, deadline }));
         Some(JobConfig {
             name: name.to_string(),
             description: j.description.clone(),

@@ -27,7 +27,7 @@ use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
 pub use jobs::{RESERVED_JOB_PREFIXES, after_mistakes, after_problems, check_tag, reserved_prefix};
-pub use types::{After, AfterOn, LimitUse};
+pub use types::{After, AfterOn, Deadline, LimitUse, OnMiss};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
     ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, Overlap, Retention, RetryPolicy, Role, StorageConfig, Target, Together,
@@ -121,11 +121,13 @@ fn compile_borrowed(
     let agents = c.agents(&providers, ai.default_model.as_deref(), &skills, cwd);
     let limits = c.limits(sched.limits.as_ref());
     let calendars = c.calendars(sched.calendars.as_ref(), cwd);
+    let deadline = sched.deadline.as_ref().and_then(|d| c.deadline(&["scheduling", "deadline"], "scheduling.deadline", d));
     let workflows = c.workflows(&limits.keys().map(String::as_str).collect());
     let pipelines = c.pipelines();
     let runnable = jobs::Runnable::of(raw.workflows.iter().flat_map(|w| w.keys()), raw.agents.iter().flat_map(|a| a.keys()))
         .with_limits(limits.keys())
-        .with_calendars(&calendars, sched.calendars.iter().flat_map(|c| c.keys().cloned()));
+        .with_calendars(&calendars, sched.calendars.iter().flat_map(|c| c.keys().cloned()))
+        .with_deadline(deadline);
     let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());
     let mut compile_one = |name: String, mut job: raw::Job| {
         if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
@@ -166,6 +168,7 @@ fn compile_borrowed(
         notify,
         limits,
         calendars,
+        deadline,
         default_model: ai.default_model,
         providers,
         agents,
@@ -226,7 +229,8 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     let cwd = scope.base_dir.as_path();
     let runnable = jobs::Runnable::of(scope.workflows.iter(), scope.agents.iter())
         .with_limits(scope.limits.iter())
-        .with_calendars(&scope.calendars, []);
+        .with_calendars(&scope.calendars, [])
+        .with_deadline(scope.deadline);
     let compiled = c.job(name, &mut job, &runnable, (&scope.default_timezone, &default_tz), cwd);
     let (compile_errors, warnings): (Vec<Diagnostic>, Vec<Diagnostic>) =
         c.diags.into_iter().partition(|d| d.severity == crate::diag::Severity::Error);
@@ -288,6 +292,8 @@ pub struct JobScope {
     pub limits: std::collections::BTreeSet<String>,
     /// `scheduling.calendars`, resolved.
     pub calendars: BTreeMap<String, std::sync::Arc<crate::Calendar>>,
+    /// `scheduling.deadline`.
+    pub deadline: Option<Deadline>,
 }
 
 impl JobScope {
@@ -300,6 +306,7 @@ impl JobScope {
             agents: config.agents.keys().cloned().collect(),
             limits: config.limits.keys().cloned().collect(),
             calendars: config.calendars.clone(),
+            deadline: config.deadline,
         }
     }
 }
@@ -342,7 +349,7 @@ pub fn inert_job(name: &str, definition: &serde_json::Value, default_timezone: &
             .and_then(|t| t.as_array())
             .map(|t| t.iter().filter_map(|v| v.as_str()).filter(|t| jobs::check_tag(t).is_ok()).map(str::to_owned).collect::<Vec<_>>())
             .filter(|t| !t.is_empty())
-            .map(|tags| Box::new(Together { tags, after: None, limits: Vec::new() })),
+            .map(|tags| Box::new(Together { tags, after: None, limits: Vec::new(), deadline: None })),
     }
 }
 

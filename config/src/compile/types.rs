@@ -182,6 +182,11 @@ impl JobConfig {
     pub fn limits(&self) -> &[LimitUse] {
         self.together.as_ref().map_or(&[], |t| &t.limits)
     }
+
+    /// Its deadlines (its own, or `scheduling.deadline`), if it has any.
+    pub fn deadline(&self) -> Option<&Deadline> {
+        self.together.as_ref().and_then(|t| t.deadline.as_ref()).filter(|d| !d.is_empty())
+    }
 }
 
 /// How a job works with others: its tags, and the jobs it runs after.
@@ -190,6 +195,35 @@ pub struct Together {
     pub tags: Vec<String>,
     pub after: Option<After>,
     pub limits: Vec<LimitUse>,
+    pub deadline: Option<Deadline>,
+}
+
+/// When a job's tick must have started, or its run finished (SPEC §4a), and what a miss does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deadline {
+    /// After the tick's scheduled instant (ticks only: cron, every, at, catch-up).
+    pub start_within: Option<Duration>,
+    /// After the tick, or after the run was asked for (any other trigger); retries count.
+    pub finish_within: Option<Duration>,
+    /// The first such local time (the job's zone) after the tick, or after the run was asked for.
+    pub finish_by: Option<chrono::NaiveTime>,
+    pub on_miss: OnMiss,
+}
+
+/// What a missed deadline does besides being told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnMiss {
+    #[default]
+    Notify,
+    /// Stops a run past `finish_within` or `finish_by` (cancelled).
+    Cancel,
+}
+
+impl Deadline {
+    /// Sets none: a job that opts out of `scheduling.deadline` with `deadline: {}`.
+    pub fn is_empty(&self) -> bool {
+        self.start_within.is_none() && self.finish_within.is_none() && self.finish_by.is_none()
+    }
 }
 
 /// One entry of a job's `limits:`: a slot of `scheduling.limits.<name>`, per distinct `key`
@@ -500,6 +534,8 @@ pub struct Config {
     pub limits: BTreeMap<String, u32>,
     /// `scheduling.calendars`, resolved, by name.
     pub calendars: BTreeMap<String, Arc<crate::Calendar>>,
+    /// `scheduling.deadline`: the deadline of every job that sets none.
+    pub deadline: Option<Deadline>,
     /// `ai.default_model`: the alias of agents that name none.
     pub default_model: Option<String>,
     pub providers: BTreeMap<String, Provider>,

@@ -28,6 +28,6 @@ pub use tools::{
     WorkflowList,
 };
 pub use views::{
-    AfterView, Approval, Backfill, BackfillTick, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage, JobSaved,
-    JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, UpstreamOutcome, WorkerLease, WorkerStatus,
+    AfterView, Approval, Backfill, BackfillTick, DeadlineMissed, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage,
+    JobSaved, JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, UpstreamOutcome, WorkerLease, WorkerStatus,
 };

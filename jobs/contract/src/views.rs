@@ -285,10 +285,34 @@ pub struct RunDetail {
     /// What the job's `notify:` rules sent about this run (every attempt's), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<Notification>,
+    /// The job's deadlines this run (any of its attempts) missed, as they were told.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deadlines_missed: Vec<DeadlineMissed>,
     /// This attempt's live output (what its commands printed), line by line as it came; the
     /// first 1 MiB, then a line saying what was left out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub log: Vec<OutputLine>,
+}
+
+/// A deadline a run missed (`deadline:` of its job), told once while it waited or ran.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct DeadlineMissed {
+    /// `start_within`, `finish_within` or `finish_by`.
+    pub deadline: String,
+    /// When it had to have started or finished.
+    pub due_at: DateTime<Utc>,
+    /// When the miss was seen and told (a pass runs every second).
+    pub told_at: DateTime<Utc>,
+    /// How late it was when told, seconds.
+    pub late_seconds: i64,
+    /// The tick it is measured from, for a run a tick started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tick: Option<DateTime<Utc>>,
+    /// The attempt that was waiting or running then.
+    pub run_id: String,
+    /// `notify`, or `cancel` when the miss stopped the run (`on_miss: cancel`).
+    pub action: String,
 }
 
 /// One workflow step of a run.

@@ -1,6 +1,6 @@
 //! Storage: what the run core asks of a database, one trait per concern, each in its own file
 //! and implemented once for every backend ([`dialect::Dialect`]): [`Ticks`], [`JobStates`],
-//! [`Handover`], [`Ends`], [`Records`], [`Leases`], [`Notices`], [`Definitions`],
+//! [`Handover`], [`Ends`], [`Records`], [`Leases`], [`Notices`], [`Deadlines`], [`Definitions`],
 //! [`Listings`], [`Upkeep`]. Each part of the engine is handed only the traits it uses;
 //! [`RunStore`] is all of them, for the composition root and the contract suite. Everything
 //! here is typed: runs, statuses and outcomes go in and come out as
@@ -30,6 +30,7 @@ use crate::run::{RunStatus, StepRecord, StepStatus, Transitions, Trigger};
 
 #[cfg(test)]
 mod contract;
+mod deadlines;
 mod definitions;
 pub(crate) mod dialect;
 mod ends;
@@ -45,6 +46,7 @@ mod sqlite;
 mod ticks;
 mod upkeep;
 
+pub(crate) use deadlines::Deadlines;
 pub(crate) use definitions::Definitions;
 pub(crate) use ends::Ends;
 pub(crate) use handover::{Due, Handover, LimitPass};
@@ -683,11 +685,14 @@ pub(crate) enum Decided {
 /// the traits it uses. Every method is one transaction (or one statement); a failed call changes
 /// nothing. Implementations must pass the contract suite (`store/contract.rs`).
 pub(crate) trait RunStore:
-    Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Definitions + Listings + Upkeep
+    Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Definitions + Listings + Upkeep
 {
 }
 
-impl<T: Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Definitions + Listings + Upkeep + ?Sized> RunStore for T {}
+impl<T: Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Definitions + Listings + Upkeep + ?Sized> RunStore
+    for T
+{
+}
 
 #[cfg(test)]
 mod sql_text {

@@ -13,6 +13,7 @@ mod chaos;
 mod config_cli;
 mod conformance;
 mod contract;
+mod deadlines;
 mod deploy;
 mod faults;
 mod lifecycle;
