@@ -1485,6 +1485,48 @@ async fn recovery_hands_back_the_notifications_of_workers_that_are_gone(s: &dyn 
     assert!(s.claim_notifications("worker-b", 10, hold, t + secs(3)).await.expect("claim").is_empty(), "a live worker's claim stays");
 }
 
+/// A deadline watched from the database: the runs not ended of the jobs asked about, with
+/// their roots; a miss (and its notification) recorded once, however many passes (workers)
+/// tell it; read back with its run identity.
+async fn a_missed_deadline_is_told_once_with_its_notifications(s: &dyn RunStore) {
+    use crate::deadline::{Miss, Which};
+    let run = running_run(s, "etl").await;
+    s.insert_run(manual("other", t0()), t0()).await.expect("insert");
+    let watched = s.watched(&["etl"]).await.expect("watched");
+    assert_eq!(watched.runs.iter().map(|(r, root)| (r.id.as_str(), root.started)).collect::<Vec<_>>(), [(run.id.as_str(), true)]);
+    assert!(watched.told.is_empty());
+    let miss = Miss {
+        root_id: run.root_id.clone(),
+        run_id: run.id.clone(),
+        job: "etl".into(),
+        which: Which::FinishWithin,
+        tick: None,
+        due_at: t0() + secs(60),
+        told_at: None,
+        cancel: false,
+    };
+    let rule = lamplighter_config::NotifyRule {
+        on: lamplighter_config::NotifyOn::DeadlineMissed,
+        after_consecutive: 1,
+        to: lamplighter_config::NotifyTarget::Workflow("pager".into()),
+    };
+    let notes = crate::deadline::notifications(&miss, &run, std::slice::from_ref(&rule), t0() + secs(61));
+    assert_eq!(notes.len(), 1);
+    let told = s.tell_misses(&[(miss.clone(), notes.clone())], t0() + secs(61)).await.expect("tell");
+    assert_eq!(told.iter().map(|m| m.which).collect::<Vec<_>>(), [Which::FinishWithin]);
+    // Another pass (another worker's) tells it again: nothing is recorded.
+    assert!(s.tell_misses(&[(miss, notes)], t0() + secs(62)).await.expect("tell again").is_empty());
+    let read = s.misses_of(&run.root_id).await.expect("read");
+    assert_eq!(
+        read.iter().map(|m| (m.which, m.told_at, m.due_at)).collect::<Vec<_>>(),
+        [(Which::FinishWithin, Some(t0() + secs(61)), t0() + secs(60))]
+    );
+    let watched = s.watched(&["etl"]).await.expect("watched");
+    assert!(watched.told.contains(&(run.root_id.clone(), Which::FinishWithin)));
+    let notified = s.notifications(&run.root_id).await.expect("notifications");
+    assert_eq!(notified.iter().map(|n| n.event.as_str()).collect::<Vec<_>>(), ["deadline_missed"]);
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -1521,6 +1563,7 @@ macro_rules! contract {
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,
+                a_missed_deadline_is_told_once_with_its_notifications,
             );
         }
     };
