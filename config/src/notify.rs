@@ -29,11 +29,14 @@ pub enum NotifyOn {
     /// A tick not started, or a run not finished, by its job's `deadline` (told once, while it
     /// still waits or runs).
     DeadlineMissed,
+    /// Ticks no worker fired on time (none was up, or the database was away), told once when a
+    /// worker next sees them, whatever its `catch_up` does with them.
+    Missed,
 }
 
 impl NotifyOn {
-    pub const ALL: [NotifyOn; 6] =
-        [Self::Failure, Self::Success, Self::Recovery, Self::ApprovalWaiting, Self::BudgetAsked, Self::DeadlineMissed];
+    pub const ALL: [NotifyOn; 7] =
+        [Self::Failure, Self::Success, Self::Recovery, Self::ApprovalWaiting, Self::BudgetAsked, Self::DeadlineMissed, Self::Missed];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -43,6 +46,7 @@ impl NotifyOn {
             Self::ApprovalWaiting => "approval_waiting",
             Self::BudgetAsked => "budget_asked",
             Self::DeadlineMissed => "deadline_missed",
+            Self::Missed => "missed",
         }
     }
 

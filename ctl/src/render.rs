@@ -526,6 +526,24 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     if !detail.downstream.is_empty() {
         pairs.add("downstream", detail.downstream.join(", "));
     }
+    if let Some(m) = &detail.last_missed {
+        let span = if m.count == 1 {
+            time_full(Some(m.last_tick), now)
+        } else {
+            format!("{} to {}", time_full(Some(m.first_tick), now), time_full(Some(m.last_tick), now))
+        };
+        pairs.add(
+            "last missed",
+            format!(
+                "{} tick(s) {span}, no worker fired them on time: {} caught up, {} skipped by catch_up, {} outside catch_up_window (told {})",
+                m.count,
+                m.caught_up,
+                m.skipped,
+                m.outside_window,
+                relative(m.told_at, now)
+            ),
+        );
+    }
     let mut out = pairs.render();
     if !detail.next_fires.is_empty() {
         out.push_str("\nnext fires:\n");
@@ -1381,11 +1399,26 @@ mod tests {
                 waiting_for: vec!["load".into()],
             }),
             downstream: vec!["publish".into()],
+            last_missed: Some(lamplighter_contract::MissedTicks {
+                first_tick: at(-7200),
+                last_tick: at(-3600),
+                count: 2,
+                caught_up: 1,
+                skipped: 1,
+                outside_window: 0,
+                told_at: at(-60),
+            }),
         };
         let text = job(&detail, now());
         assert!(text.contains("upstream:     waits for load\n"), "{text}");
         assert!(text.contains("  pending:    extract run r0 succeeded 10m ago, counts until "), "{text}");
         assert!(text.contains("downstream:   publish\n"), "{text}");
+        assert!(
+            text.contains("2 tick(s) ")
+                && text
+                    .contains("no worker fired them on time: 1 caught up, 1 skipped by catch_up, 0 outside catch_up_window (told 1m ago)"),
+            "{text}"
+        );
         assert!(text.contains("  expired:    load run r1 succeeded 1d ago: waited out its window, nothing ran\n"), "{text}");
         assert!(text.contains("schedule:     cron: 0 2 * * * (Europe/Berlin)\n"), "{text}");
         assert!(text.contains("state:        paused 2h ago: db migration\n"), "{text}");

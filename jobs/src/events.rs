@@ -93,6 +93,9 @@ pub mod metric {
     /// Deadlines missed, by `job` and `deadline` (`start_within`, `finish_within`,
     /// `finish_by`): counted by the worker that told the miss (once across workers).
     pub const DEADLINE_MISSED: &str = "lamplighter.deadline.missed";
+    /// Ticks no worker fired on time, by `job`: counted by the worker that told them (once
+    /// across workers), whatever catch-up did with them.
+    pub const TICKS_MISSED: &str = "lamplighter.ticks.missed";
     /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
     pub const LIMIT_HELD: &str = "lamplighter.limit.held";
     /// Per limit, sampled: the runs waiting for a slot.
@@ -215,6 +218,7 @@ struct Instruments {
     fenced_writes: Counter<u64>,
     notifications: Counter<u64>,
     deadline_missed: Counter<u64>,
+    ticks_missed: Counter<u64>,
     limit_wait: Histogram<f64>,
 }
 
@@ -269,6 +273,7 @@ impl Instruments {
             fenced_writes: c(metric::WORKER_FENCED_WRITES, "Ends of runs the fence refused: the worker no longer held them"),
             notifications: c(metric::NOTIFICATIONS, "Notification sends, by event and outcome"),
             deadline_missed: c(metric::DEADLINE_MISSED, "Deadlines missed, by job and deadline (told once across workers)"),
+            ticks_missed: c(metric::TICKS_MISSED, "Ticks no worker fired on time, by job (told once across workers)"),
             limit_wait: s(metric::LIMIT_WAIT, "How long runs waited for a limit's slot"),
         }
     }
@@ -920,6 +925,11 @@ impl Observer {
     /// A deadline of `job` was missed (told once, by this worker).
     pub(crate) fn deadline_missed(&self, job: &str, deadline: &'static str) {
         self.m.deadline_missed.add(1, &[KeyValue::new("job", job.to_string()), KeyValue::new("deadline", deadline)]);
+    }
+
+    /// `count` ticks of `job` were missed (told once, by this worker).
+    pub(crate) fn ticks_missed(&self, job: &str, count: usize) {
+        self.m.ticks_missed.add(count as u64, &[KeyValue::new("job", job.to_string())]);
     }
 
     // Point events.

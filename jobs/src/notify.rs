@@ -127,6 +127,50 @@ pub(crate) fn payload(event: NotifyOn, key: &str, run: &Run, consecutive_failure
     v
 }
 
+/// The notifications `rules` record for ticks of `job` no worker fired on time (`missed`): not
+/// about a run, so keyed by the job and the first missed tick.
+pub(crate) fn missed_notifications(
+    job: &str,
+    m: &crate::schedule::MissedTicks,
+    catch_up: Option<lamplighter_config::CatchUp>,
+    rules: &[lamplighter_config::NotifyRule],
+) -> Vec<NewNotification> {
+    let root = format!("missed:{job}:{}", m.first.timestamp_millis());
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.on == NotifyOn::Missed)
+        .map(|(i, r)| {
+            let key = key(&root, NotifyOn::Missed, None, i);
+            let payload = json!({
+                "event": NotifyOn::Missed.as_str(),
+                "key": key,
+                "job": job,
+                "why": "no worker fired them on time (none was up, or the database was away)",
+                "tick": m.last,
+                "first_tick": m.first,
+                "last_tick": m.last,
+                "count": m.count,
+                "caught_up": m.caught_up,
+                "skipped": m.skipped,
+                "outside_window": m.outside_window,
+                "catch_up": catch_up.map(|c| format!("{c:?}").to_lowercase()),
+                "command": format!("lampctl jobs show {job}"),
+            });
+            NewNotification {
+                key,
+                job: job.to_string(),
+                run_id: String::new(),
+                root_id: root.clone(),
+                event: NotifyOn::Missed,
+                target: r.to.describe(),
+                target_id: target_id(&r.to),
+                payload,
+            }
+        })
+        .collect()
+}
+
 /// The one line a chat message says (Slack's `text`).
 pub(crate) fn text(payload: &Value) -> String {
     let s = |k: &str| payload.get(k).and_then(Value::as_str).unwrap_or_default();
@@ -141,6 +185,15 @@ pub(crate) fn text(payload: &Value) -> String {
         "success" => format!(":white_check_mark: job *{job}* succeeded"),
         "approval_waiting" => format!(":raised_hand: job *{job}* waits for approval of step `{}`", s("step")),
         "budget_asked" => format!(":moneybag: job *{job}* asks for more budget (step `{}`)", s("step")),
+        "missed" => format!(
+            ":ghost: job *{job}* missed {} tick(s) from {} to {}: {} caught up, {} skipped by catch_up, {} outside catch_up_window",
+            payload["count"],
+            s("first_tick"),
+            s("last_tick"),
+            payload["caught_up"],
+            payload["skipped"],
+            payload["outside_window"]
+        ),
         "deadline_missed" => {
             let late = payload.get("late_seconds").and_then(Value::as_i64).unwrap_or(0);
             let stopped = if s("on_miss") == "cancel" { ", stopped" } else { "" };

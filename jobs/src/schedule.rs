@@ -52,6 +52,8 @@ pub(crate) struct DueTicks {
     pub(crate) fire: Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)>,
     /// How many of the due ticks were missed (more than [`ON_TIME`] late).
     pub(crate) missed: usize,
+    /// What became of them, when there were any.
+    pub(crate) missed_ticks: Option<MissedTicks>,
     /// The last tick processed (fired or passed over); it only moves forward.
     pub(crate) last: Option<DateTime<Utc>>,
     /// The last due tick when it did not fire: no run records it, so it is saved on its own.
@@ -62,6 +64,22 @@ pub(crate) struct DueTicks {
     /// on-time tick after them (under `forbid` or `replace` they would otherwise skip or cancel
     /// each other at once).
     pub(crate) overlap: Overlap,
+}
+
+/// Ticks of a job that no worker fired on time (more than [`ON_TIME`] late: none was up, or
+/// the database was away), seen together by one pass, and what its catch-up did with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MissedTicks {
+    pub(crate) first: DateTime<Utc>,
+    pub(crate) last: DateTime<Utc>,
+    /// How many (at least: past [`MAX_MISSED`], `latest` and `skip` do not walk them all).
+    pub(crate) count: usize,
+    /// Fired late, as `catch_up` runs.
+    pub(crate) caught_up: usize,
+    /// Passed over by the job's `catch_up` policy (`latest` fires the newest only, `skip` none).
+    pub(crate) skipped: usize,
+    /// Older than `catch_up_window`: never fired.
+    pub(crate) outside_window: usize,
 }
 
 /// A job's ticks due at `now`, from its planned next tick (`planned`) on, after the last one
@@ -91,6 +109,20 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
     }
     let fire = choose(p, &ticks, now);
     let missed = ticks.iter().filter(|(_, at)| now - *at > ON_TIME).count();
+    let window_start = now - chrono::Duration::from_std(p.catch_up_window).unwrap_or(chrono::Duration::days(1));
+    let mut missed_ticks: Option<MissedTicks> = None;
+    for (t, _) in ticks.iter().filter(|(_, at)| now - *at > ON_TIME) {
+        let m = missed_ticks.get_or_insert(MissedTicks { first: *t, last: *t, count: 0, caught_up: 0, skipped: 0, outside_window: 0 });
+        m.last = *t;
+        m.count += 1;
+        if fire.iter().any(|(f, _, _)| f == t) {
+            m.caught_up += 1;
+        } else if *t < window_start {
+            m.outside_window += 1;
+        } else {
+            m.skipped += 1;
+        }
+    }
     let due_last = ticks.last().map(|(t, _)| *t);
     let skipped_last = due_last.filter(|l| fire.last().map(|(t, _, _)| t) != Some(l));
     let catching_up = fire.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
@@ -98,7 +130,7 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
     let last = due_last.or(last);
     // `cur` is the first tick after the last one taken: the job's next tick.
     let next = if ticks.is_empty() { p.schedule.next_after(last.unwrap_or(now)) } else { cur };
-    DueTicks { fire, missed, last, skipped_last, next, overlap }
+    DueTicks { fire, missed, missed_ticks, last, skipped_last, next, overlap }
 }
 
 /// The newest tick after `after` that is due at `now` (its fire time, jitter included, not
@@ -287,6 +319,29 @@ mod tests {
             assert_eq!(hm(d.skipped_last).as_deref(), skipped, "case {i}: skipped last");
             assert_eq!(d.overlap, applied, "case {i}: overlap");
         }
+    }
+
+    /// The ticks no worker fired on time, as one pass sees them: what catch-up did with each.
+    #[test]
+    fn missed_ticks_say_what_catch_up_did_with_them() {
+        let h = hourly();
+        let at = |s: &str| utc(&format!("2026-03-01T{s}Z"));
+        let missed = |catch_up, window| {
+            due_ticks(&policy(&h, catch_up, window, Overlap::Forbid), Some(at("07:00:00")), None, at("12:30:00")).missed_ticks
+        };
+        let m = |caught_up, skipped, outside_window| {
+            Some(MissedTicks { first: at("07:00:00"), last: at("12:00:00"), count: 6, caught_up, skipped, outside_window })
+        };
+        // 07:00 … 12:00 missed; a window of 3 h 10 min keeps 09:30 on.
+        assert_eq!(missed(CatchUp::Latest, 190), m(1, 2, 3));
+        assert_eq!(missed(CatchUp::All, 190), m(3, 0, 3));
+        assert_eq!(missed(CatchUp::Skip, 190), m(0, 3, 3));
+        assert_eq!(missed(CatchUp::Latest, 20), m(0, 0, 6));
+        // On time: nothing missed.
+        assert_eq!(
+            due_ticks(&policy(&h, CatchUp::Latest, 60, Overlap::Forbid), Some(at("12:00:00")), None, at("12:00:30")).missed_ticks,
+            None
+        );
     }
 
     /// A long downtime looks at [`MAX_MISSED`] ticks and plans the next from there.

@@ -75,6 +75,8 @@ pub(crate) struct SchedulerEnv {
     pub(crate) ticks: Arc<dyn Ticks>,
     pub(crate) states: Arc<dyn JobStates>,
     pub(crate) handover: Arc<dyn Handover>,
+    /// Where ticks no worker fired on time are told.
+    pub(crate) missed: Arc<dyn crate::store::Missed>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) observer: Arc<Observer>,
     pub(crate) signals: Arc<dyn Signals>,
@@ -367,6 +369,38 @@ impl Lead {
     }
 }
 
+/// Tells each job's ticks no worker fired on time, once (`Missed::tell_missed`), before the
+/// batch that fires what catch-up keeps of them: a pass repeated after a crash, or another
+/// worker's, sees the same first tick and records nothing new. A failure to record is logged
+/// and the ticks fire all the same.
+async fn tell_missed(
+    s: &Scheduler,
+    config: &crate::in_force::JobsConfig,
+    missed: &[(String, crate::schedule::MissedTicks)],
+    now: DateTime<Utc>,
+) {
+    let with_notifications: Vec<_> = missed
+        .iter()
+        .map(|(job, m)| {
+            let rules = config.notify_rules(job).unwrap_or_default();
+            let policy = config.jobs.get(job.as_str()).map(|j| j.catch_up);
+            (job.clone(), *m, crate::notify::missed_notifications(job, m, policy, &rules))
+        })
+        .collect();
+    match s.env.missed.tell_missed(&with_notifications, now).await {
+        Ok(told) => {
+            for (job, m) in told {
+                tracing::warn!(
+                    job = %job, first = %m.first, last = %m.last, count = m.count, caught_up = m.caught_up, skipped = m.skipped,
+                    outside_window = m.outside_window, "ticks missed: no worker fired them on time"
+                );
+                s.env.observer.ticks_missed(&job, m.count);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot record missed ticks; their catch-up goes on"),
+    }
+}
+
 /// What a pass that fired ticks tells the lead.
 enum Took {
     /// `ticks` were ready to commit `us` after the pass began.
@@ -399,6 +433,8 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
         let mut batch: Vec<(NewRun, Overlap)> = Vec::new();
         // Jobs whose last processed tick was skipped (catch-up), so no run records it.
         let mut skipped_last: Vec<(String, DateTime<Utc>)> = Vec::new();
+        // Ticks no worker fired on time, by job, told before the batch fires what is kept.
+        let mut missed: Vec<(String, crate::schedule::MissedTicks)> = Vec::new();
         // Each fired job's last and next tick, planned once the runs are handed over (off the
         // hot path). The plan is not touched before: a transaction let go leaves it as it was.
         let mut planned: Vec<Planned<'_>> = Vec::new();
@@ -420,10 +456,16 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             if let Some(l) = due.skipped_last {
                 skipped_last.push((job.clone(), l));
             }
+            if let Some(m) = due.missed_ticks {
+                missed.push((job.clone(), m));
+            }
             for (t, at, trigger) in due.fire {
                 batch.push((new_tick_run(&config, cfg, t, at, trigger), due.overlap));
             }
             planned.push(Planned { i, cfg, last: due.last, next: due.next });
+        }
+        if !missed.is_empty() {
+            tell_missed(s, &config, &missed, now).await;
         }
         let mut fired = Fired::Committed { committed: std::time::Instant::now(), ready: None, timings: None };
         if !batch.is_empty() {

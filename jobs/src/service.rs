@@ -162,6 +162,7 @@ pub struct JobService {
     pub(crate) definitions: Arc<dyn Definitions>,
     pub(crate) notices: Arc<dyn Notices>,
     pub(crate) deadlines: Arc<dyn crate::store::Deadlines>,
+    pub(crate) missed: Arc<dyn crate::store::Missed>,
     pub(crate) ticks: Arc<dyn Ticks>,
     pub(crate) leases: Arc<dyn Leases>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -317,6 +318,15 @@ impl JobService {
             history,
             after,
             downstream: snapshot.downstream_names(name),
+            last_missed: self.missed.last_missed(name).await?.map(|(m, told_at)| lamplighter_contract::MissedTicks {
+                first_tick: m.first,
+                last_tick: m.last,
+                count: m.count as u64,
+                caught_up: m.caught_up as u64,
+                skipped: m.skipped as u64,
+                outside_window: m.outside_window as u64,
+                told_at,
+            }),
         })
     }
 

@@ -29,5 +29,6 @@ pub use tools::{
 };
 pub use views::{
     AfterView, Approval, Backfill, BackfillTick, DeadlineMissed, Decision, FireTime, JobChange, JobDeleted, JobDetail, JobOrigin, JobPage,
-    JobSaved, JobSummary, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, UpstreamOutcome, WorkerLease, WorkerStatus,
+    JobSaved, JobSummary, MissedTicks, RunBrief, RunDetail, RunPage, SchedulePreview, StepView, Triggered, UpstreamOutcome, WorkerLease,
+    WorkerStatus,
 };

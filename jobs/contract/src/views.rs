@@ -202,6 +202,29 @@ pub struct JobDetail {
     /// The jobs that run after it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub downstream: Vec<String>,
+    /// The last ticks no worker fired on time (none was up, or the database was away), as the
+    /// worker that next saw them told them (the event `missed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_missed: Option<MissedTicks>,
+}
+
+/// Ticks of a job no worker fired on time, and what its catch-up did with them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct MissedTicks {
+    pub first_tick: DateTime<Utc>,
+    /// The last missed tick.
+    pub last_tick: DateTime<Utc>,
+    /// How many (at least: a long downtime of a frequent job is not walked tick by tick).
+    pub count: u64,
+    /// Fired late, as `catch_up` runs.
+    pub caught_up: u64,
+    /// Passed over by `catch_up` (`latest` fires only the newest, `skip` none).
+    pub skipped: u64,
+    /// Older than `catch_up_window`: never fired.
+    pub outside_window: u64,
+    /// When a worker saw and told them.
+    pub told_at: DateTime<Utc>,
 }
 
 /// A job's `after`: what it runs after, and where it stands.

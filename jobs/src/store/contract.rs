@@ -1527,6 +1527,32 @@ async fn a_missed_deadline_is_told_once_with_its_notifications(s: &dyn RunStore)
     assert_eq!(notified.iter().map(|n| n.event.as_str()).collect::<Vec<_>>(), ["deadline_missed"]);
 }
 
+/// Ticks no worker fired on time: told once per job and first missed tick however many passes
+/// see them (a crash before the tick's batch, another worker), with their notification; the
+/// last set read back for the job's listing.
+async fn missed_ticks_are_told_once_per_job_and_first_tick(s: &dyn RunStore) {
+    use crate::schedule::MissedTicks;
+    let m = MissedTicks { first: t0(), last: t0() + secs(240), count: 5, caught_up: 1, skipped: 2, outside_window: 2 };
+    let rule = lamplighter_config::NotifyRule {
+        on: lamplighter_config::NotifyOn::Missed,
+        after_consecutive: 1,
+        to: lamplighter_config::NotifyTarget::Workflow("pager".into()),
+    };
+    let notes = crate::notify::missed_notifications("etl", &m, Some(lamplighter_config::CatchUp::Latest), std::slice::from_ref(&rule));
+    assert_eq!(notes.len(), 1);
+    let told = s.tell_missed(&[("etl".into(), m, notes.clone())], t0() + secs(300)).await.expect("tell");
+    assert_eq!(told, [("etl".to_string(), m)]);
+    let again = MissedTicks { last: t0() + secs(300), count: 6, ..m };
+    assert!(s.tell_missed(&[("etl".into(), again, notes.clone())], t0() + secs(301)).await.expect("again").is_empty());
+    assert_eq!(s.last_missed("etl").await.expect("read"), Some((m, t0() + secs(300))));
+    assert_eq!(s.last_missed("other").await.expect("read"), None);
+    let later = MissedTicks { first: t0() + secs(3600), last: t0() + secs(3600), count: 1, caught_up: 1, skipped: 0, outside_window: 0 };
+    s.tell_missed(&[("etl".into(), later, Vec::new())], t0() + secs(3700)).await.expect("tell");
+    assert_eq!(s.last_missed("etl").await.expect("read").map(|(m, _)| m), Some(later), "the last set");
+    let notified = s.notifications(&notes[0].root_id).await.expect("notifications");
+    assert_eq!(notified.iter().map(|n| n.event.as_str()).collect::<Vec<_>>(), ["missed"]);
+}
+
 macro_rules! contract {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -1564,6 +1590,7 @@ macro_rules! contract {
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,
                 a_missed_deadline_is_told_once_with_its_notifications,
+                missed_ticks_are_told_once_per_job_and_first_tick,
             );
         }
     };

@@ -1,6 +1,6 @@
 //! Storage: what the run core asks of a database, one trait per concern, each in its own file
 //! and implemented once for every backend ([`dialect::Dialect`]): [`Ticks`], [`JobStates`],
-//! [`Handover`], [`Ends`], [`Records`], [`Leases`], [`Notices`], [`Deadlines`], [`Definitions`],
+//! [`Handover`], [`Ends`], [`Records`], [`Leases`], [`Notices`], [`Deadlines`], [`Missed`], [`Definitions`],
 //! [`Listings`], [`Upkeep`]. Each part of the engine is handed only the traits it uses;
 //! [`RunStore`] is all of them, for the composition root and the contract suite. Everything
 //! here is typed: runs, statuses and outcomes go in and come out as
@@ -38,6 +38,7 @@ mod handover;
 mod job_state;
 mod leases;
 mod listings;
+mod missed;
 mod notices;
 mod postgres;
 mod records;
@@ -53,6 +54,7 @@ pub(crate) use handover::{Due, Handover, LimitPass};
 pub(crate) use job_state::JobStates;
 pub(crate) use leases::Leases;
 pub(crate) use listings::{Listings, WAITING_SHOWN};
+pub(crate) use missed::Missed;
 pub(crate) use notices::Notices;
 pub(crate) use records::Records;
 pub(crate) use ticks::Ticks;
@@ -685,12 +687,12 @@ pub(crate) enum Decided {
 /// the traits it uses. Every method is one transaction (or one statement); a failed call changes
 /// nothing. Implementations must pass the contract suite (`store/contract.rs`).
 pub(crate) trait RunStore:
-    Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Definitions + Listings + Upkeep
+    Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Missed + Definitions + Listings + Upkeep
 {
 }
 
-impl<T: Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Definitions + Listings + Upkeep + ?Sized> RunStore
-    for T
+impl<T: Ticks + JobStates + Handover + Ends + Records + Leases + Notices + Deadlines + Missed + Definitions + Listings + Upkeep + ?Sized>
+    RunStore for T
 {
 }
 

@@ -159,3 +159,66 @@ fn deadlines_are_told_once_while_runs_wait_or_run_on_postgres() {
         cluster.url()
     ));
 }
+
+/// Ticks no worker fired on time: a worker down for ten minutes (its wall clock stepped past
+/// them, libfaketime) tells them once when it starts again — how many, and what `catch_up`
+/// did with them (the newest on time fires, those in the window are skipped by `latest`, the
+/// older ones are outside it) — in `jobs show`, the metric and a notification; started once
+/// more, it tells nothing again.
+#[test]
+fn ticks_missed_while_no_worker_was_up_are_told_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let offset = dir.path().join("offset");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let dead = crate::support::free_port();
+    let mut w = Worker::new("");
+    w.write_scheduling(
+        "",
+        &format!("notify: [{{on: missed, to: {{webhook: \"http://127.0.0.1:{dead}/hook\"}}}}]\n"),
+        "sec:\n  cron: \"* * * * * *\"\n  catch_up: latest\n  catch_up_window: 3m\n  retention: {max_runs: 100}\n  type: plugin\n  plugin: file-save\n  action: save\n  parameters: {path: s.txt, content: s}\n",
+        "",
+    );
+    w.env = vec![
+        ("LD_PRELOAD".into(), crate::support::libfaketime().into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), offset.display().to_string()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    w.start();
+    poll("a few ticks", Duration::from_secs(10), || (runs_of(&w, "sec").len() >= 2).then_some(()), || w.log());
+    assert!(json(&w, &["jobs", "show", "sec"])["last_missed"].is_null(), "nothing missed yet");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    std::fs::write(&offset, "+10m\n").unwrap();
+    w.start();
+    let job = poll(
+        "the missed ticks told",
+        Duration::from_secs(20),
+        || Some(json(&w, &["jobs", "show", "sec"])).filter(|j| !j["last_missed"].is_null()),
+        || w.log(),
+    );
+    let m = &job["last_missed"];
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+    // Ten minutes of a per-second job less the minute of grace: about 540, in two kinds.
+    assert!((500..=600).contains(&n("count")), "{m}");
+    assert_eq!(n("count"), n("caught_up") + n("skipped") + n("outside_window"), "{m}");
+    assert_eq!(n("caught_up"), 0, "latest fired the newest tick, which was on time: {m}");
+    assert!((100..=140).contains(&n("skipped")), "the two minutes of the window past the grace: {m}");
+    assert!(n("outside_window") > 350, "{m}");
+    let (code, text, _) = w.ctl(&["jobs", "show", "sec"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("last missed:") && text.contains("no worker fired them on time"), "{text}");
+    let body = http_get(w.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    assert!(body.contains(&format!("lamplighter_ticks_missed_total{{job=\"sec\"}} {}", n("count"))), "{body}");
+    assert!(w.log().contains("ticks missed: no worker fired them on time"), "{}", w.log());
+
+    // Started again (a second or two away: on time): nothing told again.
+    let told_at = m["told_at"].clone();
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    w.start();
+    poll("ticks again", Duration::from_secs(10), || (runs_of(&w, "sec").len() >= 3).then_some(()), || w.log());
+    assert_eq!(json(&w, &["jobs", "show", "sec"])["last_missed"]["told_at"], told_at);
+    let body = http_get(w.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    assert!(!body.contains("lamplighter_ticks_missed_total{job=\"sec\"}"), "told nothing again: {body}");
+}
