@@ -206,6 +206,8 @@ pub(crate) fn notifications(miss: &Miss, run: &Run, rules: &[lamplighter_config:
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// And while none has.
 const IDLE: Duration = Duration::from_secs(5);
+/// Up to this many jobs with deadlines, a pass asks for their runs by name.
+const NAMED_AT_MOST: usize = 200;
 
 /// What the watcher is handed.
 pub(crate) struct WatcherEnv {
@@ -228,8 +230,9 @@ fn deadline_of(job: &JobConfig) -> Option<(Deadline, Tz)> {
 /// has (and at the next deadline), each miss told once across workers.
 pub(crate) async fn watch(env: WatcherEnv, stop: CancellationToken) {
     let mut failures = 0u32;
+    let mut watched = Watching::default();
     loop {
-        let wait = match pass(&env).await {
+        let wait = match pass(&env, &mut watched).await {
             Ok(Some(next)) => {
                 failures = 0;
                 let until = (next - env.clock.now()).to_std().unwrap_or_default();
@@ -254,15 +257,29 @@ pub(crate) async fn watch(env: WatcherEnv, stop: CancellationToken) {
     }
 }
 
+/// The jobs with a deadline, found once per set of jobs in force (a million jobs are not
+/// walked every second).
+#[derive(Default)]
+struct Watching {
+    of: Option<Arc<std::collections::BTreeMap<String, JobConfig>>>,
+    names: Vec<String>,
+}
+
 /// One pass: `None` when no job has a deadline, else when to look again at the latest.
-async fn pass(env: &WatcherEnv) -> Result<Option<DateTime<Utc>>, StoreError> {
+async fn pass(env: &WatcherEnv, watching: &mut Watching) -> Result<Option<DateTime<Utc>>, StoreError> {
     let config = env.config.get();
     let jobs = config.jobs.clone();
-    let watched_jobs: Vec<&str> = jobs.values().filter(|j| j.deadline().is_some()).map(|j| j.name.as_str()).collect();
-    if watched_jobs.is_empty() {
+    if watching.of.as_ref().is_none_or(|of| !Arc::ptr_eq(of, &jobs)) {
+        watching.names = jobs.values().filter(|j| j.deadline().is_some()).map(|j| j.name.clone()).collect();
+        watching.of = Some(jobs.clone());
+    }
+    if watching.names.is_empty() {
         return Ok(None);
     }
-    let watched = env.deadlines.watched(&watched_jobs).await?;
+    let watched_jobs: Vec<&str> = watching.names.iter().map(String::as_str).collect();
+    // Many jobs with deadlines (`scheduling.deadline` gives every job one): every run not
+    // ended is read, rather than a list of names as long as the config.
+    let watched = env.deadlines.watched((watched_jobs.len() <= NAMED_AT_MOST).then_some(&watched_jobs[..])).await?;
     let now = env.clock.now();
     let found = find(&watched.runs, &watched.told, &|job| jobs.get(job).and_then(deadline_of), now);
     let next = found.next_due.unwrap_or(now + chrono::Duration::from_std(LOOK_EVERY).unwrap_or_default());

@@ -96,6 +96,9 @@ pub mod metric {
     /// Ticks no worker fired on time, by `job`: counted by the worker that told them (once
     /// across workers), whatever catch-up did with them.
     pub const TICKS_MISSED: &str = "lamplighter.ticks.missed";
+    /// On PostgreSQL, sampled: the workers whose lease ran out in the last hour without being
+    /// given up (a crash, a cut) — no worker renews it. Absent on SQLite.
+    pub const WORKERS_LAPSED: &str = "lamplighter.workers.lapsed";
     /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
     pub const LIMIT_HELD: &str = "lamplighter.limit.held";
     /// Per limit, sampled: the runs waiting for a slot.
@@ -228,7 +231,7 @@ const SECONDS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 const TOKEN_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0];
 
 impl Instruments {
-    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>) -> Self {
+    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>, lapsed: Arc<AtomicI64>) -> Self {
         let s = |name: &'static str, desc: &'static str| {
             meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build()
         };
@@ -238,6 +241,16 @@ impl Instruments {
             .with_description("Runs waiting in the queue")
             .with_callback(move |o| {
                 let v = queue_depth.load(Ordering::Relaxed);
+                if v >= 0 {
+                    o.observe(v, &[]);
+                }
+            })
+            .build();
+        meter
+            .i64_observable_gauge(metric::WORKERS_LAPSED)
+            .with_description("Workers whose lease ran out in the last hour without being given up (PostgreSQL)")
+            .with_callback(move |o| {
+                let v = lapsed.load(Ordering::Relaxed);
                 if v >= 0 {
                     o.observe(v, &[]);
                 }
@@ -605,6 +618,7 @@ pub struct Observer {
     registry: Option<Arc<Registry>>,
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
+    lapsed_workers: Arc<AtomicI64>,
     jobs: JobGauges,
     limits: LimitGauges,
 }
@@ -679,17 +693,19 @@ impl Observer {
     /// Records metrics on `meter` and spans with `tracer`; hooks call plugins of `registry`.
     pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
+        let lapsed_workers = Arc::new(AtomicI64::new(-1));
         let jobs = JobGauges::default();
         job_gauges(meter, &jobs);
         let limits = LimitGauges::default();
         limit_gauges(meter, &limits);
         Arc::new(Self {
-            m: Instruments::new(meter, queue_depth.clone()),
+            m: Instruments::new(meter, queue_depth.clone(), lapsed_workers.clone()),
             tracer,
             hooks: RwLock::new(Vec::new()),
             registry,
             sensitive: AtomicBool::new(false),
             queue_depth,
+            lapsed_workers,
             jobs,
             limits,
             internal: tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0,
@@ -886,6 +902,12 @@ impl Observer {
             tracing::debug!(hook = %b.label, event = %payload["event"], reply = %reply, "hook called");
         }
         Ok(())
+    }
+
+    /// The workers whose lease lapsed, as `lamplighter.workers.lapsed` reports it (sampled on
+    /// PostgreSQL).
+    pub(crate) fn set_lapsed_workers(&self, n: usize) {
+        self.lapsed_workers.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
     }
 
     /// The queue depth the `lamplighter.queue.depth` gauge reports (sampled by the engine).

@@ -161,7 +161,12 @@ pub(crate) struct GaugeSampler {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) observer: Arc<Observer>,
     pub(crate) config: Arc<InForce>,
+    /// On a shared database, where lapsed leases of other workers are read from.
+    pub(crate) leases: Option<Arc<dyn crate::store::Leases>>,
 }
+
+/// How far back a worker whose lease ran out is reported (`/readyz`, the gauge).
+pub(crate) const LAPSED_SHOWN: Duration = Duration::from_secs(3600);
 
 impl GaugeSampler {
     /// Samples what the gauges read from the database: the number of queued runs (all
@@ -185,6 +190,12 @@ impl GaugeSampler {
                         self.observer.set_limit_gauges(values);
                     }
                     Err(e) => tracing::debug!(error = %e, "cannot read the limits' slots"),
+                }
+            }
+            if let Some(leases) = &self.leases {
+                match leases.lapsed(LAPSED_SHOWN, self.clock.now()).await {
+                    Ok(gone) => self.observer.set_lapsed_workers(gone.len()),
+                    Err(e) => tracing::debug!(error = %e, "cannot read lapsed leases"),
                 }
             }
             if self.observer.per_job() {

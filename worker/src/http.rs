@@ -80,10 +80,14 @@ fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
     Router::new().route("/metrics", get(serve)).route_layer(axum::middleware::from_fn_with_state(guard, security::check_token))
 }
 
-/// 200 `ready`, or 503 with every reason, one a line (`not ready: …`).
+/// 200 `ready` (and on PostgreSQL a `note: …` line for each other worker whose lease lapsed
+/// in the last hour), or 503 with every reason, one a line (`not ready: …`).
 async fn readyz(State(engine): State<Engine>) -> (StatusCode, String) {
     match engine.readiness().await {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Ok(()) => {
+            let notes: String = engine.notes().await.into_iter().map(|n| format!("note: {n}\n")).collect();
+            (StatusCode::OK, format!("ready\n{notes}"))
+        }
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.lines().map(|l| format!("not ready: {l}\n")).collect()),
     }
 }

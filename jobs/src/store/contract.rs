@@ -1492,7 +1492,9 @@ async fn a_missed_deadline_is_told_once_with_its_notifications(s: &dyn RunStore)
     use crate::deadline::{Miss, Which};
     let run = running_run(s, "etl").await;
     s.insert_run(manual("other", t0()), t0()).await.expect("insert");
-    let watched = s.watched(&["etl"]).await.expect("watched");
+    let all = s.watched(None).await.expect("watched");
+    assert_eq!(all.runs.len(), 2, "every run not ended");
+    let watched = s.watched(Some(&["etl"])).await.expect("watched");
     assert_eq!(watched.runs.iter().map(|(r, root)| (r.id.as_str(), root.started)).collect::<Vec<_>>(), [(run.id.as_str(), true)]);
     assert!(watched.told.is_empty());
     let miss = Miss {
@@ -1521,7 +1523,7 @@ async fn a_missed_deadline_is_told_once_with_its_notifications(s: &dyn RunStore)
         read.iter().map(|m| (m.which, m.told_at, m.due_at)).collect::<Vec<_>>(),
         [(Which::FinishWithin, Some(t0() + secs(61)), t0() + secs(60))]
     );
-    let watched = s.watched(&["etl"]).await.expect("watched");
+    let watched = s.watched(Some(&["etl"])).await.expect("watched");
     assert!(watched.told.contains(&(run.root_id.clone(), Which::FinishWithin)));
     let notified = s.notifications(&run.root_id).await.expect("notifications");
     assert_eq!(notified.iter().map(|n| n.event.as_str()).collect::<Vec<_>>(), ["deadline_missed"]);

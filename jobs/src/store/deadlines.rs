@@ -22,9 +22,9 @@ pub(crate) struct Watched {
 
 #[async_trait]
 pub(crate) trait Deadlines: Send + Sync + std::fmt::Debug {
-    /// The runs of `jobs` that have not ended (queued, running, waiting for a decision), with
-    /// their roots and the deadlines already told of them.
-    async fn watched(&self, jobs: &[&str]) -> Result<Watched, StoreError>;
+    /// The runs of `jobs` (of every job: `None`) that have not ended (queued, running, waiting
+    /// for a decision), with their roots and the deadlines already told of them.
+    async fn watched(&self, jobs: Option<&[&str]>) -> Result<Watched, StoreError>;
     /// Records each miss and its notifications in one transaction, once per root and deadline
     /// (a miss already told, by this pass or another worker's, records nothing); returns
     /// those told now.
@@ -35,23 +35,42 @@ pub(crate) trait Deadlines: Send + Sync + std::fmt::Debug {
 
 #[async_trait]
 impl<D: Dialect> Deadlines for D {
-    async fn watched(&self, jobs: &[&str]) -> Result<Watched, StoreError> {
-        if jobs.is_empty() {
+    async fn watched(&self, jobs: Option<&[&str]>) -> Result<Watched, StoreError> {
+        if jobs.is_some_and(<[&str]>::is_empty) {
             return Ok(Watched::default());
         }
         let mut c = self.reader().await?;
-        let q = Stmt::new(
-            sql!(
-                D,
-                concat!(
-                    "SELECT ",
-                    run_cols!(),
-                    " FROM ll_runs WHERE job {in $1} AND status IN ({Queued}, {Running}, {WaitingApproval}) ORDER BY enqueued_at, id"
-                )
-            ),
-            "reading the runs deadlines are watched on",
-        );
-        let runs: Vec<Run> = D::fetch_all(&mut *c, q.bind_list(jobs.iter().copied())).await?.iter().map(run_from_row).collect();
+        let rows = match jobs {
+            Some(jobs) => {
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        concat!(
+                            "SELECT ",
+                            run_cols!(),
+                            " FROM ll_runs WHERE job {in $1} AND status IN ({Queued}, {Running}, {WaitingApproval}) ORDER BY enqueued_at, id"
+                        )
+                    ),
+                    "reading the runs deadlines are watched on",
+                );
+                D::fetch_all(&mut *c, q.bind_list(jobs.iter().copied())).await?
+            }
+            None => {
+                let q = Stmt::new(
+                    sql!(
+                        D,
+                        concat!(
+                            "SELECT ",
+                            run_cols!(),
+                            " FROM ll_runs WHERE status IN ({Queued}, {Running}, {WaitingApproval}) ORDER BY enqueued_at, id"
+                        )
+                    ),
+                    "reading the runs deadlines are watched on",
+                );
+                D::fetch_all(&mut *c, q).await?
+            }
+        };
+        let runs: Vec<Run> = rows.iter().map(run_from_row).collect();
         if runs.is_empty() {
             return Ok(Watched::default());
         }

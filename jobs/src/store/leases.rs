@@ -31,6 +31,9 @@ pub(crate) trait Leases: Send + Sync + std::fmt::Debug {
     async fn recover(&self, starting: Option<&str>, now: DateTime<Utc>) -> Result<Vec<Run>, StoreError>;
     /// Interrupted runs nobody has followed up yet.
     async fn interrupted_without_follow_up(&self) -> Result<Vec<Run>, StoreError>;
+    /// Workers whose lease ran out within `within` before `now` and that never gave it up (a
+    /// crash, a cut from the database): no worker renews it, by name.
+    async fn lapsed(&self, within: Duration, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError>;
 }
 
 #[async_trait]
@@ -44,6 +47,16 @@ impl<D: LeaseSql + RunSql + QueueSql> Leases for D {
         let q = Stmt::new(sql!(D, "DELETE FROM ll_workers WHERE name = $1 AND instance = $2"), "giving up the worker's lease");
         D::execute(&mut *self.writer().await?, q.bind(me.name.as_str()).bind(me.instance.as_str())).await?;
         Ok(())
+    }
+
+    async fn lapsed(&self, within: Duration, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT * FROM ll_workers WHERE lease_until <= $1 AND lease_until > $2 ORDER BY name"),
+            "reading lapsed worker leases",
+        );
+        let since = now - chrono::Duration::from_std(within).unwrap_or(chrono::Duration::days(1));
+        let rows = D::fetch_all(&mut *self.reader().await?, q.bind(ms(now)).bind(ms(since))).await?;
+        Ok(leases_with_runs(&rows, &Vec::<D::Row>::new()))
     }
 
     async fn workers(&self, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError> {

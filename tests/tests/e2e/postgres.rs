@@ -321,6 +321,24 @@ fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
     let (_, out, _) = survivors[0].ctl(&["status", "-o", "json"]);
     let names: Vec<String> = json_of(&out)["workers"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect();
     assert!(!names.contains(&victim), "a dead worker is not listed: {names:?}");
+    // The survivors say that the killed worker no longer renews its lease: a note on /readyz
+    // (still ready) and a gauge.
+    for w in &survivors {
+        let (code, body) = http_get(w.port, "/readyz").expect("readyz");
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body.starts_with("ready\n")
+                && body.contains(&format!("note: worker \"{victim}\""))
+                && body.contains("has not renewed its lease since"),
+            "{body}"
+        );
+        poll(
+            "the lapsed-lease gauge",
+            Duration::from_secs(15),
+            || http_get(w.port, "/metrics").map(|(_, b)| b).filter(|b| b.contains("lamplighter_workers_lapsed 1")),
+            || http_get(w.port, "/metrics").map(|(_, b)| b).unwrap_or_default(),
+        );
+    }
 
     // Two minutes of ticks in all, then a clean stop of the rest.
     let survivors_now: Vec<&Worker> = [&a, &b, &c].into_iter().filter(|w| w.is_running()).collect();
