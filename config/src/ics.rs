@@ -27,6 +27,10 @@ pub(crate) const EXPANDED_UNTIL: (i32, u32, u32) = (2100, 1, 1);
 
 /// Occurrences of one event at most.
 const MAX_OCCURRENCES: u16 = u16::MAX;
+/// Days one event covers at most: ten years.
+const MAX_EVENT_DAYS: i64 = 3660;
+/// Days of all the occurrences of all the events counted at most (a day covered twice, twice).
+const MAX_COVERED: usize = 1_000_000;
 
 /// A mistake in an iCalendar file: the line it is on (1-based, as written) and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,25 +65,34 @@ pub(crate) fn days(text: &str) -> Result<BTreeMap<NaiveDate, String>, IcsError> 
         events.push(Event::read(c, &line_of, begin_of(c))?);
     }
     let mut covered: BTreeMap<NaiveDate, (NaiveDateTime, String)> = BTreeMap::new();
-    let mut cover = |start: NaiveDateTime, days: Vec<NaiveDate>, summary: &str| {
+    let mut counted = 0usize;
+    let mut cover = |start: NaiveDateTime, days: Vec<NaiveDate>, summary: &str, line: usize| -> Result<(), IcsError> {
+        counted += days.len();
+        if counted > MAX_COVERED {
+            return Err(IcsError {
+                line,
+                message: format!("the events expand to more than {MAX_COVERED} days; bound the recurrences with COUNT or UNTIL"),
+            });
+        }
         for d in days {
             let entry = covered.entry(d).or_insert_with(|| (start, summary.to_string()));
             if (start, summary) < (entry.0, entry.1.as_str()) {
                 *entry = (start, summary.to_string());
             }
         }
+        Ok(())
     };
     for e in events.iter().filter(|e| e.recurrence_id.is_none()) {
         let replaced: Vec<NaiveDateTime> =
             events.iter().filter(|o| o.uid.is_some() && o.uid == e.uid).filter_map(|o| o.recurrence_id).collect();
         for start in e.occurrences()? {
             if !replaced.contains(&start) {
-                cover(start, e.covers(start), &e.summary);
+                cover(start, e.covers(start), &e.summary, e.line)?;
             }
         }
     }
     for e in events.iter().filter(|e| e.recurrence_id.is_some()) {
-        cover(e.start.local, e.covers(e.start.local), &e.summary);
+        cover(e.start.local, e.covers(e.start.local), &e.summary, e.line)?;
     }
     Ok(covered.into_iter().map(|(d, (_, s))| (d, s)).collect())
 }
@@ -136,12 +149,32 @@ impl Event {
             (None, None) if start.all_day => Duration::days(1),
             (None, None) => Duration::zero(),
         };
+        if length > Duration::days(MAX_EVENT_DAYS) {
+            return Err(IcsError {
+                line,
+                message: format!(
+                    "an event lasting {} days; a calendar's event covers at most {MAX_EVENT_DAYS} days (list the days, or bound it)",
+                    length.num_days()
+                ),
+            });
+        }
         let rule = match prop("RRULE") {
             None => None,
             Some(r) => {
                 let l = line_of(r);
-                let parsed = RRule::<Unvalidated>::from_str(r.val.as_str())
-                    .map_err(|e| IcsError { line: l, message: format!("RRULE \"{}\" is not a recurrence rule: {e}", r.val.as_str()) })?;
+                let text = r.val.as_str();
+                // RFC 5545 writes rules in ASCII (rrule 0.14 panics slicing some others).
+                if !text.is_ascii() {
+                    return Err(IcsError {
+                        line: l,
+                        message: format!(
+                            "RRULE \"{text}\" has characters a recurrence rule does not (it is ASCII: FREQ=YEARLY;BYMONTH=12)"
+                        ),
+                    });
+                }
+                let parsed = unwound(|| RRule::<Unvalidated>::from_str(text))
+                    .ok_or_else(|| IcsError { line: l, message: format!("RRULE \"{text}\" could not be read") })?
+                    .map_err(|e| IcsError { line: l, message: format!("RRULE \"{text}\" is not a recurrence rule: {e}") })?;
                 if !matches!(parsed.get_freq(), Frequency::Yearly | Frequency::Monthly | Frequency::Weekly | Frequency::Daily) {
                     return Err(IcsError {
                         line: l,
@@ -207,16 +240,21 @@ impl Event {
                     // UNTIL as a date or a floating time: read in the event's zone (a date
                     // includes its whole day).
                     let naive = until.naive_local();
-                    let naive =
-                        if naive.time() == NaiveTime::MIN && !self.start.all_day { naive + Duration::seconds(86_399) } else { naive };
+                    let naive = if naive.time() == NaiveTime::MIN && !self.start.all_day {
+                        naive.checked_add_signed(Duration::seconds(86_399)).unwrap_or(naive)
+                    } else {
+                        naive
+                    };
                     let utc =
                         self.start.zone.from_local_datetime(&naive).earliest().map_or_else(|| naive.and_utc(), |t| t.with_timezone(&Utc));
                     rule = rule.until(utc.with_timezone(&RTz::UTC));
                 }
-                let set = rule.build(dtstart).map_err(|e| IcsError { line: *line, message: format!("RRULE cannot be expanded: {e}") })?;
                 let (y, m, d) = EXPANDED_UNTIL;
                 let end = RTz::UTC.with_ymd_and_hms(y, m, d, 0, 0, 0).single().unwrap_or_else(|| RTz::UTC.timestamp_opt(0, 0).unwrap());
-                let result = set.before(end).all(MAX_OCCURRENCES);
+                let cannot = |e: String| IcsError { line: *line, message: format!("RRULE cannot be expanded: {e}") };
+                let result = unwound(|| rule.build(dtstart).map(|set| set.before(end).all(MAX_OCCURRENCES)))
+                    .ok_or_else(|| cannot("the recurrence library failed on it".into()))?
+                    .map_err(|e| cannot(e.to_string()))?;
                 if result.limited && result.dates.len() >= usize::from(MAX_OCCURRENCES) {
                     return Err(IcsError {
                         line: *line,
@@ -239,11 +277,11 @@ impl Event {
         let first = start.date();
         let last = if self.start.all_day {
             let days = (self.length.num_days()).max(1);
-            first + Duration::days(days - 1)
+            first.checked_add_signed(Duration::days(days - 1)).unwrap_or(first)
         } else if self.length <= Duration::zero() {
             first
         } else {
-            (start + self.length - Duration::microseconds(1)).date()
+            start.checked_add_signed(self.length - Duration::microseconds(1)).map_or(first, |end| end.date())
         };
         first.iter_days().take_while(|d| *d <= last).collect()
     }
@@ -289,6 +327,13 @@ fn when(p: &Property<'_>, line_of: &dyn Fn(&Property<'_>) -> usize) -> Result<Ve
     Ok(out)
 }
 
+/// `f`'s answer, or `None` when it panicked: the recurrence library is given text from a file,
+/// and a panic in it must not take the worker down (it is a mistake in the file, told on its
+/// line).
+fn unwound<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
 /// An RFC 5545 duration (`P1D`, `PT3H`, `-P1W`, `P1DT12H30M`), as a length of local time.
 fn duration(text: &str) -> Option<Duration> {
     let t = text.trim();
@@ -306,7 +351,7 @@ fn duration(text: &str) -> Option<Duration> {
                 n.push(ch);
             } else {
                 let secs = units.iter().find(|(u, _)| *u == ch)?.1;
-                total += Duration::seconds(n.parse::<i64>().ok()?.checked_mul(secs)?);
+                total = total.checked_add(&Duration::try_seconds(n.parse::<i64>().ok()?.checked_mul(secs)?)?)?;
                 n.clear();
             }
         }
@@ -439,6 +484,27 @@ mod tests {
         );
         let got: Vec<String> = days(&text).unwrap().iter().map(|(d, s)| format!("{d} {s}")).collect();
         assert_eq!(got, ["2026-01-05 Standup", "2026-01-08 Moved", "2026-01-12 Standup", "2026-01-14 Standup"]);
+    }
+
+    #[test]
+    fn an_event_of_centuries_or_a_flood_of_days_is_refused_not_expanded() {
+        let text = ics("BEGIN:VEVENT\nUID:a\nDTSTART;VALUE=DATE:20260101\nDTEND;VALUE=DATE:99991231\nEND:VEVENT\n");
+        let e = days(&text).unwrap_err();
+        assert!(e.message.contains("covers at most 3660 days"), "{e:?}");
+        let text = ics("BEGIN:VEVENT\nUID:a\nDTSTART;VALUE=DATE:20260101\nDURATION:P3000D\nRRULE:FREQ=DAILY;COUNT=60000\nEND:VEVENT\n");
+        assert!(days(&text).unwrap_err().message.contains("more than 1000000 days"));
+        let text = ics("BEGIN:VEVENT\nUID:a\nDTSTART:20260101T000000\nDURATION:PT99999999999999999H\nEND:VEVENT\n");
+        assert!(days(&text).unwrap_err().message.contains("is not an iCalendar duration"));
+        let text = ics("BEGIN:VEVENT\nUID:a\nDTSTART:99991231T230000\nDURATION:PT5H\nEND:VEVENT\n");
+        assert_eq!(days(&text).unwrap().len(), 2, "into the year 10000");
+    }
+
+    #[test]
+    fn a_rule_the_recurrence_library_cannot_read_is_a_mistake_on_its_line_not_a_panic() {
+        let text = ics("BEGIN:VEVENT\nUID:a\nDTSTART;VALUE=DATE:20260101\nRRULE:FREQ=WEEKLY;BYDAY=Mé\nEND:VEVENT\n");
+        let e = days(&text).unwrap_err();
+        assert_eq!(e.line, 7, "{e:?}");
+        assert!(e.message.contains("it is ASCII"), "{e:?}");
     }
 
     #[test]

@@ -58,6 +58,11 @@ fn wasm_output_inputs_pass() {
 }
 
 #[test]
+fn ics_inputs_pass() {
+    each("ics", checks::ics);
+}
+
+#[test]
 fn mcp_args_inputs_pass() {
     each("mcp_args", checks::mcp_args);
 }

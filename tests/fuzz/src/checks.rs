@@ -209,3 +209,14 @@ pub fn mcp_args(input: &[u8]) {
         }
     }
 }
+
+/// An iCalendar file as a calendar's `ics:` reads it: never a panic; a refusal names a line of
+/// the file (1 to its number of lines) and says what to do.
+pub fn ics(input: &[u8]) {
+    let text = String::from_utf8_lossy(input);
+    if let Err((line, message)) = lamplighter_config::ics_days(&text) {
+        let lines = text.split('\n').count().max(1);
+        assert!((1..=lines).contains(&line), "line {line} of {lines}: {message}");
+        assert!(!message.trim().is_empty(), "an empty message");
+    }
+}
