@@ -548,6 +548,9 @@ pub(crate) fn job(detail: &JobDetail, now: DateTime<Utc>) -> String {
     if !detail.next_fires.is_empty() {
         out.push_str("\nnext fires:\n");
         out.push_str(&indent(&fires_table(&detail.next_fires, &job.timezone, now)));
+        for day in &detail.calendar_days {
+            out.push_str(&format!("note: {day}\n"));
+        }
     }
     if !detail.recent_runs.is_empty() {
         out.push_str("\nrecent runs:\n");
@@ -1368,6 +1371,7 @@ mod tests {
         (paused.paused, paused.pause_reason, paused.paused_at, paused.next_fire) =
             (true, Some("db migration".into()), Some(at(-2 * 3_600)), None);
         let detail = JobDetail {
+            calendar_days: Vec::new(),
             summary: paused,
             next_fires: vec![FireTime { utc: at(3_600), local: "2026-05-04T15:00:00+02:00".into() }],
             counts: [("failed".to_owned(), 1), ("succeeded".to_owned(), 12)].into_iter().collect(),

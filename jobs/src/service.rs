@@ -292,6 +292,22 @@ impl JobService {
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.clock.now();
         let next_fires = if origin.is_some() { Vec::new() } else { self.next_fires(&job, now, n.clamp(1, 100)) };
+        let calendar_days = match &job.schedule {
+            Some(s) if origin.is_none() && s.calendar().is_some() => {
+                // A sparse calendar passes over many days: the first few, and where to see all.
+                const SHOWN: usize = 20;
+                let mut days = s.preview(now, n.clamp(1, 100)).skipped;
+                if days.len() > SHOWN {
+                    days.truncate(SHOWN);
+                    days.push(format!(
+                        "… more days passed over: preview_schedule (lampctl schedule preview) with calendar \"{}\" and from shows them",
+                        s.calendar().map(|c| c.name()).unwrap_or_default()
+                    ));
+                }
+                days
+            }
+            _ => Vec::new(),
+        };
         let mut summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
         if let Some(JobOrigin::Deleted { version, deleted_by, deleted_at }) = &origin {
             summary.disabled =
@@ -308,6 +324,7 @@ impl JobService {
         Ok(JobDetail {
             summary,
             next_fires,
+            calendar_days,
             counts,
             recent_runs: recent,
             catch_up: format!("{:?}", job.catch_up).to_lowercase(),

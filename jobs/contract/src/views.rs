@@ -184,6 +184,10 @@ pub struct JobDetail {
     #[serde(flatten)]
     pub summary: JobSummary,
     pub next_fires: Vec<FireTime>,
+    /// The days its calendar passes over or moves a fire on before the last of `next_fires`,
+    /// and why (`2026-12-25 skipped: in calendar "holidays" (Christmas Day)`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calendar_days: Vec<String>,
     pub counts: BTreeMap<String, u64>,
     pub recent_runs: Vec<RunBrief>,
     pub catch_up: String,

@@ -28,6 +28,11 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     let payroll = show("payroll");
     assert_eq!(payroll["next_fire"], "2031-03-04T06:00:00Z", "the first day of march not in off: {payroll}");
     assert_eq!(payroll["schedule"], "cron: 0 6 * * * on calendar \"march\"", "{payroll}");
+    // The days passed over until then, the first few of them (years of them, here).
+    let days = payroll["calendar_days"].as_array().expect("calendar days");
+    assert_eq!(days.len(), 21, "{payroll}");
+    assert!(days[0].as_str().unwrap().contains("skipped: not a day of calendar \"march\""), "{payroll}");
+    assert!(days[20].as_str().unwrap().contains("more days passed over"), "{payroll}");
 
     // A schedule previewed on a calendar, from an instant of choice: the days passed over, and why.
     let (code, out, err) = w.ctl(&[
@@ -125,6 +130,21 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     let dry: Value = serde_json::from_str(&out).unwrap();
     let ticks: Vec<&str> = dry["ticks"].as_array().unwrap().iter().map(|t| t["scheduled_at"].as_str().unwrap()).collect();
     assert_eq!(ticks, ["2026-11-02T06:00:00Z", "2026-11-03T06:00:00Z", "2026-11-04T06:00:00Z"], "{out}");
+    // A job on a calendar with a shift: jobs show names the days its fires move from.
+    std::fs::write(
+        &file,
+        "cron: \"0 6 * * *\"\ncalendar: {name: march, shift: next}\nplugin: file-save\naction: save\nparameters: {path: m.txt, content: m}\n",
+    )
+    .unwrap();
+    let (code, out, err) = w.ctl(&["jobs", "create", "moved", "-f", &file.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let moved = show("moved");
+    assert_eq!(moved["schedule"], "cron: 0 6 * * * on calendar \"march\" (shift next)", "{moved}");
+    let days: Vec<&str> = moved["calendar_days"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(
+        days.iter().all(|d| d.contains("shifted to 2031-03-04") || d.contains("more days")),
+        "every day's fire moves to the first day of march: {days:?}"
+    );
 }
 
 /// A tick moved by `shift: previous` fires once at the instant it moves to, on both backends,
