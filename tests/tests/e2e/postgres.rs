@@ -1058,3 +1058,36 @@ fn three_workers_share_a_limit_and_a_killed_holders_slot_is_freed_only_at_takeov
         }
     }
 }
+
+/// Deadlines are watched from the database by every live worker: a run whose worker is killed
+/// (SIGKILL) before its `finish_within` passes has its miss told by the survivor, once.
+#[test]
+fn a_deadline_missed_by_a_killed_workers_run_is_told_by_the_survivor() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "deadline");
+    let url = cluster.url_of("deadline");
+    let jobs = "\n    late:\n      type: plugin\n      plugin: shell-exec\n      action: run\n      retries: {max: 1, backoff: fixed, initial: 60s}\n      deadline: {finish_within: 2s}\n      parameters: {command: \"sleep 30\"}\n";
+    let (mut a, mut b) = (worker_with("d-a", &url, 2, "3s", jobs), worker_with("d-b", &url, 2, "3s", jobs));
+    a.start();
+    b.start();
+    let id = trigger(&a, "late");
+    let runs =
+        db.wait_for("the run to start", Duration::from_secs(10), &[&a, &b], |r| r.iter().any(|r| r.id == id && r.status == "running"));
+    let runner = runs.iter().find(|r| r.id == id).unwrap().worker.clone().unwrap();
+    let (killed, survivor) = if runner == "d-a" { (&mut a, &b) } else { (&mut b, &a) };
+    killed.signal("KILL");
+    killed.wait_exit(Duration::from_secs(5));
+    let shown = poll(
+        "the survivor to tell the miss",
+        Duration::from_secs(20),
+        || {
+            let (code, out, _) = survivor.ctl(&["runs", "show", &id, "-o", "json"]);
+            (code == 0).then(|| json_of(&out)).filter(|r| r["deadlines_missed"].as_array().is_some_and(|d| !d.is_empty()))
+        },
+        || survivor.log(),
+    );
+    assert_eq!(shown["deadlines_missed"].as_array().unwrap().len(), 1, "{shown:#}");
+    assert_eq!(shown["deadlines_missed"][0]["deadline"], "finish_within");
+    let body = http_get(survivor.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    assert!(body.contains("lamplighter_deadline_missed_total{deadline=\"finish_within\",job=\"late\"} 1"), "the survivor told it: {body}");
+}
