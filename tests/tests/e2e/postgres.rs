@@ -1091,3 +1091,52 @@ fn a_deadline_missed_by_a_killed_workers_run_is_told_by_the_survivor() {
     let body = http_get(survivor.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
     assert!(body.contains("lamplighter_deadline_missed_total{deadline=\"finish_within\",job=\"late\"} 1"), "the survivor told it: {body}");
 }
+
+/// Ticks no worker fired on time, on PostgreSQL: every worker stopped, and the job's last
+/// processed tick put ten minutes back (what ten minutes with no worker up leave behind, without
+/// the test waiting them out); the workers started again tell the missed ticks once between
+/// them — how many, what `catch_up` did — and the one that told them counts them.
+#[test]
+fn ticks_missed_while_no_worker_was_up_are_told_once_between_the_workers() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "missed");
+    let url = cluster.url_of("missed");
+    let jobs = "\n    sec:\n      cron: \"* * * * * *\"\n      catch_up: latest\n      catch_up_window: 3m\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {path: s.txt, content: s}\n";
+    let (mut a, mut b) = (worker_with("m-a", &url, 2, "3s", jobs), worker_with("m-b", &url, 2, "3s", jobs));
+    a.start();
+    db.wait_for("a few ticks", Duration::from_secs(10), &[&a], |r| r.iter().filter(|r| r.job == "sec").count() >= 2);
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(20)), Some(0));
+    db.rt
+        .block_on(sqlx::query("UPDATE ll_job_state SET last_tick = last_tick - 600000 WHERE job = 'sec'").execute(&db.pool))
+        .expect("move the last tick back");
+    a.start();
+    b.start();
+    let shown = poll(
+        "the missed ticks told",
+        Duration::from_secs(20),
+        || {
+            let (code, out, _) = b.ctl(&["jobs", "show", "sec", "-o", "json"]);
+            (code == 0).then(|| json_of(&out)).filter(|j| !j["last_missed"].is_null())
+        },
+        || format!("{}\n{}", a.log(), b.log()),
+    );
+    let m = &shown["last_missed"];
+    let count = m["count"].as_u64().unwrap();
+    assert!((500..=600).contains(&count), "{m}");
+    assert_eq!(count, m["caught_up"].as_u64().unwrap() + m["skipped"].as_u64().unwrap() + m["outside_window"].as_u64().unwrap(), "{m}");
+    assert!(m["outside_window"].as_u64().unwrap() > 350, "{m}");
+    // Told once between the two: one counted it, the other did not.
+    let counted: Vec<bool> = [&a, &b]
+        .iter()
+        .map(|w| {
+            http_get(w.port, "/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default()
+                .contains(&format!("lamplighter_ticks_missed_total{{job=\"sec\"}} {count}"))
+        })
+        .collect();
+    assert_eq!(counted.iter().filter(|c| **c).count(), 1, "one worker told them: {counted:?}");
+    let rows = db.texts("SELECT count(*)::text FROM ll_missed_ticks WHERE job = 'sec'");
+    assert_eq!(rows, ["1"]);
+}
