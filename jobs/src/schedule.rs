@@ -344,6 +344,29 @@ mod tests {
         );
     }
 
+    /// Catch-up reads the same schedule as the ticks: on a calendar, the ticks of days off it
+    /// were never due, so a weekend away has nothing to catch up from Saturday and Sunday.
+    #[test]
+    fn catch_up_keeps_to_the_calendar() {
+        let config = "scheduling:\n  calendars:\n    business: {weekdays: [mon..fri]}\n  jobs:\n    j: {cron: \"0 6 * * *\", calendar: business, type: plugin, plugin: file-save, action: save}\n";
+        let dir = std::env::temp_dir().join(format!("ll-catchup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("lamplighter.yaml"), config).unwrap();
+        let opts =
+            lamplighter_config::LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.clone()), ..Default::default() };
+        let loaded = lamplighter_config::load_with_env(&opts, |_| None).expect("loads").config;
+        let s = loaded.jobs["j"].schedule.clone().unwrap();
+        // Away from Friday 07:00 to Monday 07:00 (4 Dec 2026 is a Friday): Monday's tick only.
+        let p = policy(&s, CatchUp::All, 7 * 24 * 60, Overlap::Allow);
+        let d = due_ticks(&p, s.next_after(utc("2026-12-04T07:00:00Z")), None, utc("2026-12-07T07:00:00Z"));
+        assert_eq!(
+            d.fire.iter().map(|(t, _, tr)| (t.to_rfc3339(), *tr)).collect::<Vec<_>>(),
+            [("2026-12-07T06:00:00+00:00".to_string(), Trigger::CatchUp)]
+        );
+        assert_eq!(d.missed_ticks.map(|m| m.count), Some(1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A long downtime looks at [`MAX_MISSED`] ticks and plans the next from there.
     #[test]
     fn missed_ticks_are_bounded() {
