@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::dialect::{Dialect, Record, Stmt, sql};
+use super::scripts::record_notification;
 use super::{StoreError, from_ms, ms};
 use crate::notify::NewNotification;
 use crate::schedule::MissedTicks;
@@ -61,27 +62,7 @@ impl<D: Dialect> Missed for D {
                 continue;
             }
             for n in notifications {
-                let q = Stmt::new(
-                    sql!(
-                        D,
-                        "INSERT INTO ll_notifications (key, job, run_id, root_id, event, target, target_id, payload, status, attempts, next_at, created_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9) ON CONFLICT (key) DO NOTHING"
-                    ),
-                    "recording a missed ticks notification",
-                );
-                D::execute(
-                    &mut tx,
-                    q.bind(n.key.as_str())
-                        .bind(n.job.as_str())
-                        .bind(n.run_id.as_str())
-                        .bind(n.root_id.as_str())
-                        .bind(n.event.as_str())
-                        .bind(n.target.as_str())
-                        .bind(n.target_id.as_str())
-                        .bind(n.payload.to_string())
-                        .bind(ms(now)),
-                )
-                .await?;
+                record_notification::<D>(&mut tx, n, now).await?;
             }
             told.push((job.clone(), *m));
         }

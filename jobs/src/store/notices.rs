@@ -155,27 +155,7 @@ impl<D: Dialect> Notices for D {
         }
         let mut recorded = 0;
         for n in &new {
-            let q = Stmt::new(
-                sql!(
-                    D,
-                    "INSERT INTO ll_notifications (key, job, run_id, root_id, event, target, target_id, payload, status, attempts, next_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9) ON CONFLICT (key) DO NOTHING"
-                ),
-                "recording a notification",
-            );
-            recorded += D::execute(
-                &mut tx,
-                q.bind(n.key.as_str())
-                    .bind(n.job.as_str())
-                    .bind(n.run_id.as_str())
-                    .bind(n.root_id.as_str())
-                    .bind(n.event.as_str())
-                    .bind(n.target.as_str())
-                    .bind(n.target_id.as_str())
-                    .bind(n.payload.to_string())
-                    .bind(ms(now)),
-            )
-            .await? as usize;
+            recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
         for (job, (streak, success)) in &states {
             let q = Stmt::new(

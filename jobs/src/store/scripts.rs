@@ -357,6 +357,32 @@ pub(super) async fn waiting_notifications<D: Dialect>(c: &mut D::Conn, rules: Ru
     Ok(out)
 }
 
+/// Records `n`, due at once; nothing when its key (its event's) is recorded already. Returns
+/// the rows written (0 or 1).
+pub(crate) async fn record_notification<D: Dialect>(tx: &mut D::Conn, n: &NewNotification, now: DateTime<Utc>) -> Result<u64, StoreError> {
+    let q = Stmt::new(
+        sql!(
+            D,
+            "INSERT INTO ll_notifications (key, job, run_id, root_id, event, target, target_id, payload, status, attempts, next_at, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9) ON CONFLICT (key) DO NOTHING"
+        ),
+        "recording a notification",
+    );
+    D::execute(
+        tx,
+        q.bind(n.key.as_str())
+            .bind(n.job.as_str())
+            .bind(n.run_id.as_str())
+            .bind(n.root_id.as_str())
+            .bind(n.event.as_str())
+            .bind(n.target.as_str())
+            .bind(n.target_id.as_str())
+            .bind(n.payload.to_string())
+            .bind(ms(now)),
+    )
+    .await
+}
+
 /// The notification rule `rule` (to `to`) records for `run`'s event.
 pub(super) fn notification(
     run: &Run,
