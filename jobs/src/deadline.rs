@@ -324,34 +324,12 @@ mod tests {
     }
 
     fn run(id: &str, root: &str, trigger: Trigger, status: RunStatus, tick: Option<&str>) -> Run {
-        let at = t("2026-12-04T01:00:00Z");
         Run {
-            id: id.into(),
-            owner: Owner::Job("etl".into()),
-            trigger,
-            status,
             scheduled_at: tick.map(t),
-            due_at: at,
-            enqueued_at: at,
-            started_at: None,
-            finished_at: None,
-            attempt: 1,
-            input: None,
-            parameters: None,
-            output: None,
-            error: None,
-            worker: None,
-            idempotency_key: None,
             root_id: root.into(),
             retry_of: (root != id).then(|| root.into()),
             follow_up: crate::run::FollowUp::None,
-            tokens_in: None,
-            tokens_out: None,
-            cost: None,
-            trace_id: None,
-            requested_by: None,
-            limit_wait: None,
-            pools: Vec::new(),
+            ..Run::for_tests(id, Owner::Job("etl".into()), trigger, status, t("2026-12-04T01:00:00Z"))
         }
     }
 

@@ -235,32 +235,16 @@ mod tests {
     fn run() -> Run {
         let t: chrono::DateTime<chrono::Utc> = "2027-01-15T08:00:00Z".parse().expect("time");
         Run {
-            id: "r2".into(),
-            owner: crate::run::Owner::Job("nightly".into()),
-            trigger: crate::run::Trigger::Cron,
-            status: crate::run::RunStatus::Failed,
             scheduled_at: Some(t),
-            due_at: t,
-            enqueued_at: t,
             started_at: Some(t),
             finished_at: Some(t + chrono::TimeDelta::milliseconds(2500)),
             attempt: 2,
-            input: None,
-            parameters: None,
-            output: None,
             error: Some("exit 3".into()),
             worker: Some("w1".into()),
-            idempotency_key: None,
             root_id: "r1".into(),
             retry_of: Some("r1".into()),
             follow_up: crate::run::FollowUp::None,
-            tokens_in: None,
-            tokens_out: None,
-            cost: None,
-            trace_id: None,
-            requested_by: None,
-            limit_wait: None,
-            pools: Vec::new(),
+            ..Run::for_tests("r2", crate::run::Owner::Job("nightly".into()), crate::run::Trigger::Cron, crate::run::RunStatus::Failed, t)
         }
     }
 

@@ -288,6 +288,42 @@ pub(crate) fn step_record(run: &Run, step: &str, status: StepStatus, started_at:
 }
 
 #[cfg(test)]
+impl Run {
+    /// A first attempt of `owner`, enqueued and due at `at`, for tests to change what they
+    /// are about.
+    pub(crate) fn for_tests(id: &str, owner: Owner, trigger: Trigger, status: RunStatus, at: DateTime<Utc>) -> Run {
+        Run {
+            id: id.into(),
+            owner,
+            trigger,
+            status,
+            scheduled_at: None,
+            due_at: at,
+            enqueued_at: at,
+            started_at: None,
+            finished_at: None,
+            attempt: 1,
+            input: None,
+            parameters: None,
+            output: None,
+            error: None,
+            worker: None,
+            idempotency_key: None,
+            root_id: id.into(),
+            retry_of: None,
+            follow_up: FollowUp::Undecided,
+            tokens_in: None,
+            tokens_out: None,
+            cost: None,
+            trace_id: None,
+            requested_by: None,
+            limit_wait: None,
+            pools: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -319,34 +355,7 @@ mod tests {
         assert_eq!(FollowUp::from_stored(Some(String::new())), FollowUp::None);
         assert_eq!(FollowUp::from_stored(Some("r2".into())), FollowUp::Next("r2".into()));
         let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("time");
-        let run = |follow_up| Run {
-            id: "r1".into(),
-            owner: Owner::Agent("a".into()),
-            trigger: Trigger::Manual,
-            status: RunStatus::Failed,
-            scheduled_at: None,
-            due_at: t,
-            enqueued_at: t,
-            started_at: None,
-            finished_at: None,
-            attempt: 1,
-            input: None,
-            parameters: None,
-            output: None,
-            error: None,
-            worker: None,
-            idempotency_key: None,
-            root_id: "r1".into(),
-            retry_of: None,
-            follow_up,
-            tokens_in: None,
-            tokens_out: None,
-            cost: None,
-            trace_id: None,
-            requested_by: None,
-            limit_wait: None,
-            pools: Vec::new(),
-        };
+        let run = |follow_up| Run { follow_up, ..Run::for_tests("r1", Owner::Agent("a".into()), Trigger::Manual, RunStatus::Failed, t) };
         let wire = |f| run(f).to_wire();
         assert_eq!(wire(FollowUp::Undecided).next_run_id, None);
         assert_eq!(wire(FollowUp::None).next_run_id.as_deref(), Some(""));
