@@ -44,7 +44,7 @@ pub fn ics_days(text: &str) -> Result<std::collections::BTreeMap<chrono::NaiveDa
 pub use load::{ItemLocations, SourceMap, discover, keys};
 pub use notify::{NotifyOn, NotifyRule, NotifyTarget, Webhook, WebhookFormat};
 pub use observe::{DEFAULT_HOOK_PRIORITY, EventPattern, Exporter, HookBinding, OtlpProtocol, SignalConfig, TelemetryConfig, Timing};
-pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, Shift, parse_alone, parse_zone};
+pub use schedule::{Preview, Schedule, ScheduleError, ScheduleSpec, Shift, local_instant, parse_alone, parse_zone};
 pub use schema::json_schema;
 pub use template::{Part, Template, Templated, Var};
 pub use workflow::{Decision, Step, StepKind, StepType, Workflow};

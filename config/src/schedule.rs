@@ -323,13 +323,13 @@ impl Schedule {
                     zone.offset_from_utc_datetime(&a.naive_utc()).fix() != zone.offset_from_utc_datetime(&b.naive_utc()).fix()
                 };
                 let margin = if changes(off) || changes(to) { chrono::Duration::hours(3) } else { chrono::Duration::milliseconds(1) };
-                instants(zone, DstRule::FirstOccurrence, off.and_time(tl.time())).next().map_or(day_start, |i| (i - margin).max(day_start))
+                local_instant(zone, off.and_time(tl.time())).map_or(day_start, |i| (i - margin).max(day_start))
             }
             None => day_start,
         };
         for _ in 0..MOVED_WALKED {
             let (f, local) = self.first_on_day(off, zone, from)?;
-            let moved = instants(zone, DstRule::FirstOccurrence, to.and_time(local.time())).next()?;
+            let moved = local_instant(zone, to.and_time(local.time()))?;
             if moved > t {
                 return Some(moved);
             }
@@ -739,6 +739,14 @@ fn translate_dow(field: &str) -> Result<String, String> {
     Ok(days.iter().enumerate().filter(|(_, on)| **on).map(|(i, _)| DAYS[i]).collect::<Vec<_>>().join(","))
 }
 
+/// The instant a local wall-clock time of `tz` means for a once-a-day time (RFC 5545 §3.3.5,
+/// as non-frequent cron jobs fire): a repeated time its first occurrence, a time in a gap read
+/// with the offset before the gap (02:30 → 03:30). A shifted fire and a deadline's `finish_by`
+/// are placed by it.
+pub fn local_instant(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>> {
+    instants(tz, DstRule::FirstOccurrence, naive).next()
+}
+
 /// The instants a local wall-clock time means under `rule`: none (a gap, real time), one, or
 /// two (a repeated time, real time).
 fn instants(tz: Tz, rule: DstRule, naive: NaiveDateTime) -> impl Iterator<Item = DateTime<Utc>> {
@@ -934,7 +942,7 @@ mod tests {
                         let local = f.with_timezone(&zone).naive_local();
                         let day = if cal.contains(local.date()) { Some(local.date()) } else { moved_to(&cal, local.date(), shift) };
                         if let Some(day) = day {
-                            expected.insert(instants(zone, DstRule::FirstOccurrence, day.and_time(local.time())).next().unwrap());
+                            expected.insert(local_instant(zone, day.and_time(local.time())).unwrap());
                         }
                         cur = f;
                     }
