@@ -200,7 +200,8 @@ impl Event {
             Some(r) => Some(when(r, line_of)?.remove(0).local),
             None => None,
         };
-        let text = |name: &str| prop(name).map(|p| icalendar::parser::unfold(p.val.as_str())).map(|s| unescape(&s));
+        // TEXT values unescaped by the parser's own rules (RFC 5545 §3.3.11).
+        let text = |name: &str| prop(name).map(|p| p.val.clone().unescape_text().as_str().to_owned());
         Ok(Self {
             uid: text("UID"),
             summary: text("SUMMARY").unwrap_or_default(),
@@ -363,24 +364,6 @@ fn duration(text: &str) -> Option<Duration> {
         return None;
     }
     Some(total * sign)
-}
-
-/// A TEXT value unescaped (RFC 5545 §3.3.11).
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            match chars.next() {
-                Some('n' | 'N') => out.push(' '),
-                Some(other) => out.push(other),
-                None => {}
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The file unfolded (a line starting with a space or a tab continues the one before), lines
