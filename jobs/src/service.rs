@@ -291,12 +291,13 @@ impl JobService {
         let JobOverview { state, recent, counts } = self.listings.job_overview(name, 10).await?;
         let counts = counts.into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect();
         let now = self.clock.now();
-        let next_fires = if origin.is_some() { Vec::new() } else { self.next_fires(&job, now, n.clamp(1, 100)) };
-        let calendar_days = match &job.schedule {
+        // On a calendar, one preview gives the fires and the days passed over on the way.
+        let (next_fires, calendar_days) = match &job.schedule {
             Some(s) if origin.is_none() && s.calendar().is_some() => {
                 // A sparse calendar passes over many days: the first few, and where to see all.
                 const SHOWN: usize = 20;
-                let mut days = s.preview(now, n.clamp(1, 100)).skipped;
+                let preview = s.preview(now, n.clamp(1, 100));
+                let mut days = preview.skipped;
                 if days.len() > SHOWN {
                     days.truncate(SHOWN);
                     days.push(format!(
@@ -304,9 +305,10 @@ impl JobService {
                         s.calendar().map(|c| c.name()).unwrap_or_default()
                     ));
                 }
-                days
+                (fire_times(s, preview.fires), days)
             }
-            _ => Vec::new(),
+            _ if origin.is_some() => (Vec::new(), Vec::new()),
+            _ => (self.next_fires(&job, now, n.clamp(1, 100)), Vec::new()),
         };
         let mut summary = self.summary(&job, Some(&state), recent.first().cloned(), now);
         if let Some(JobOrigin::Deleted { version, deleted_by, deleted_at }) = &origin {
@@ -357,8 +359,7 @@ impl JobService {
         let Some(s) = &job.schedule else {
             return Vec::new();
         };
-        let tz = s.timezone();
-        s.upcoming(now, n).into_iter().map(|t| FireTime { utc: t, local: t.with_timezone(&tz).to_rfc3339() }).collect()
+        fire_times(s, s.upcoming(now, n))
     }
 
     /// What a schedule would do, before any job uses it: its next `count` fire times from
@@ -982,6 +983,12 @@ pub(crate) fn preview_of(schedule: &Schedule, now: DateTime<Utc>, count: usize) 
         notes: preview.skipped.into_iter().chain(preview.notes).collect(),
         warnings: preview.warnings,
     }
+}
+
+/// `fires` as listings show them: UTC and the schedule's zone.
+fn fire_times(s: &Schedule, fires: Vec<DateTime<Utc>>) -> Vec<FireTime> {
+    let tz = s.timezone();
+    fires.into_iter().map(|t| FireTime { utc: t, local: t.with_timezone(&tz).to_rfc3339() }).collect()
 }
 
 /// `cron: 30 6 * * *`, and `on calendar "business"` when it has one.
