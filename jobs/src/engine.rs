@@ -220,6 +220,8 @@ impl Engine {
             observer: opts.observer.clone(),
             config: in_force.clone(),
             leases: storage.takes_over_from_others().then(|| store.clone() as Arc<dyn crate::store::Leases>),
+            health: health.clone(),
+            worker: worker.name.clone(),
         };
         let pruner = Pruner {
             upkeep: store.clone(),
@@ -331,31 +333,11 @@ impl Engine {
         if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
     }
 
-    /// What a ready worker says besides: on a shared database, each worker whose lease ran out
-    /// in the last hour without being given up (no worker renews it; its runs are taken
-    /// over), one a line.
-    pub async fn notes(&self) -> Vec<String> {
-        if !self.lease.storage.takes_over_from_others() {
-            return Vec::new();
-        }
-        let now = self.clock.now();
-        match self.service.leases.lapsed(crate::housekeeping::LAPSED_SHOWN, now).await {
-            Ok(gone) => gone
-                .into_iter()
-                .filter(|w| w.name != self.lease.worker.name)
-                .map(|w| {
-                    format!(
-                        "worker \"{}\" (host {}, pid {}) has not renewed its lease since {} (it ran out {} s ago): it crashed or lost the database; its runs are taken over by the live workers",
-                        w.name,
-                        w.host,
-                        w.pid,
-                        w.heartbeat_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        (now - w.lease_until).num_seconds().max(0)
-                    )
-                })
-                .collect(),
-            Err(e) => vec![format!("cannot read the other workers' leases: {e}")],
-        }
+    /// What a ready worker says besides: on a shared database, each other worker whose lease
+    /// ran out in the last hour without being given up, one a line (as the gauges last sampled
+    /// them: a probe of `/readyz` reads no more of the database than the readiness check).
+    pub fn notes(&self) -> Vec<String> {
+        self.health.notes()
     }
 
     pub fn worker_name(&self) -> &str {

@@ -10,6 +10,8 @@ use crate::store::StoreError;
 pub(crate) struct Health {
     fenced: Mutex<Option<String>>,
     storage: Mutex<Option<String>>,
+    /// What a ready worker says besides (other workers' lapsed leases), as last sampled.
+    notes: Mutex<Vec<String>>,
 }
 
 impl Health {
@@ -33,6 +35,14 @@ impl Health {
         if self.storage.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
             tracing::info!("the storage takes writes again");
         }
+    }
+
+    pub(crate) fn set_notes(&self, notes: Vec<String>) {
+        *self.notes.lock().unwrap_or_else(|e| e.into_inner()) = notes;
+    }
+
+    pub(crate) fn notes(&self) -> Vec<String> {
+        self.notes.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What is wrong now, if anything.

@@ -163,10 +163,26 @@ pub(crate) struct GaugeSampler {
     pub(crate) config: Arc<InForce>,
     /// On a shared database, where lapsed leases of other workers are read from.
     pub(crate) leases: Option<Arc<dyn crate::store::Leases>>,
+    /// Where those are told for `/readyz`.
+    pub(crate) health: Arc<crate::health::Health>,
+    /// This worker's name (its own lease is not another's).
+    pub(crate) worker: String,
 }
 
 /// How far back a worker whose lease ran out is reported (`/readyz`, the gauge).
-pub(crate) const LAPSED_SHOWN: Duration = Duration::from_secs(3600);
+const LAPSED_SHOWN: Duration = Duration::from_secs(3600);
+
+/// What `/readyz` says of a worker whose lease lapsed.
+fn lapsed_note(w: &crate::store::WorkerLease, now: DateTime<Utc>) -> String {
+    format!(
+        "worker \"{}\" (host {}, pid {}) has not renewed its lease since {} (it ran out {} s ago): it crashed or lost the database; its runs are taken over by the live workers",
+        w.name,
+        w.host,
+        w.pid,
+        w.heartbeat_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        (now - w.lease_until).num_seconds().max(0)
+    )
+}
 
 impl GaugeSampler {
     /// Samples what the gauges read from the database: the number of queued runs (all
@@ -193,8 +209,13 @@ impl GaugeSampler {
                 }
             }
             if let Some(leases) = &self.leases {
-                match leases.lapsed(LAPSED_SHOWN, self.clock.now()).await {
-                    Ok(gone) => self.observer.set_lapsed_workers(gone.len()),
+                let now = self.clock.now();
+                match leases.lapsed(LAPSED_SHOWN, now).await {
+                    Ok(gone) => {
+                        let gone: Vec<_> = gone.into_iter().filter(|w| w.name != self.worker).collect();
+                        self.observer.set_lapsed_workers(gone.len());
+                        self.health.set_notes(gone.iter().map(|w| lapsed_note(w, now)).collect());
+                    }
                     Err(e) => tracing::debug!(error = %e, "cannot read lapsed leases"),
                 }
             }

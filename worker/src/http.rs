@@ -85,7 +85,7 @@ fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
 async fn readyz(State(engine): State<Engine>) -> (StatusCode, String) {
     match engine.readiness().await {
         Ok(()) => {
-            let notes: String = engine.notes().await.into_iter().map(|n| format!("note: {n}\n")).collect();
+            let notes: String = engine.notes().into_iter().map(|n| format!("note: {n}\n")).collect();
             (StatusCode::OK, format!("ready\n{notes}"))
         }
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.lines().map(|l| format!("not ready: {l}\n")).collect()),

@@ -324,14 +324,15 @@ fn three_workers_share_one_schedule_and_take_over_from_a_killed_one() {
     // The survivors say that the killed worker no longer renews its lease: a note on /readyz
     // (still ready) and a gauge.
     for w in &survivors {
-        let (code, body) = http_get(w.port, "/readyz").expect("readyz");
-        assert_eq!(code, 200, "{body}");
-        assert!(
-            body.starts_with("ready\n")
-                && body.contains(&format!("note: worker \"{victim}\""))
-                && body.contains("has not renewed its lease since"),
-            "{body}"
+        // Sampled with the gauges, every few seconds.
+        let (code, body) = poll(
+            "the lapsed lease on /readyz",
+            Duration::from_secs(15),
+            || http_get(w.port, "/readyz").filter(|(_, b)| b.contains(&format!("note: worker \"{victim}\""))),
+            || http_get(w.port, "/readyz").map(|(_, b)| b).unwrap_or_default(),
         );
+        assert_eq!(code, 200, "still ready: {body}");
+        assert!(body.starts_with("ready\n") && body.contains("has not renewed its lease since"), "{body}");
         poll(
             "the lapsed-lease gauge",
             Duration::from_secs(15),
