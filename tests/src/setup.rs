@@ -41,28 +41,22 @@ pub fn debian_packages(packages: &[&str], why: &str, present: impl Fn() -> bool)
 /// machine and test process).
 pub fn python_mcp() -> std::path::PathBuf {
     static PYTHON: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/python-mcp.sh");
-            let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-            assert!(out.status.success(), ".ci/python-mcp.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
-        .clone()
+    PYTHON.get_or_init(|| script_output("python-mcp.sh")).clone()
+}
+
+/// The path `.ci/SCRIPT` prints after installing what it installs (once per machine).
+fn script_output(script: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci").join(script);
+    let out = Command::new("bash").arg(&path).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(out.status.success(), ".ci/{script} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// The python of a venv with the iCalendar oracle's libraries (`icalendar`,
 /// `recurring-ical-events`, `croniter`: `.ci/python-ics.sh`, once per machine and test process).
 pub fn python_ics() -> std::path::PathBuf {
     static PYTHON: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/python-ics.sh");
-            let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-            assert!(out.status.success(), ".ci/python-ics.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
-        .clone()
+    PYTHON.get_or_init(|| script_output("python-ics.sh")).clone()
 }
 
 /// The folder `.ci/oidc.sh` installed the OpenID provider (npm `oidc-provider`) and its Node
@@ -70,11 +64,5 @@ pub fn python_ics() -> std::path::PathBuf {
 /// --modules <dir>` starts it.
 pub fn oidc_provider() -> std::path::PathBuf {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/oidc.sh");
-        let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(out.status.success(), ".ci/oidc.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-    .clone()
+    DIR.get_or_init(|| script_output("oidc.sh")).clone()
 }

@@ -20,11 +20,7 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
         "manage_jobs:\n  enabled: true\n",
     );
     w.start();
-    let show = |job: &str| {
-        let (code, out, err) = w.ctl(&["jobs", "show", job, "-o", "json"]);
-        assert_eq!(code, 0, "{out}{err}");
-        serde_json::from_str::<Value>(&out).unwrap()
-    };
+    let show = |job: &str| w.ctl_json(&["jobs", "show", job]);
     let payroll = show("payroll");
     assert_eq!(payroll["next_fire"], "2031-03-04T06:00:00Z", "the first day of march not in off: {payroll}");
     assert_eq!(payroll["schedule"], "cron: 0 6 * * * on calendar \"march\"", "{payroll}");
@@ -35,22 +31,9 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     assert!(days[20].as_str().unwrap().contains("more days passed over"), "{payroll}");
 
     // A schedule previewed on a calendar, from an instant of choice: the days passed over, and why.
-    let (code, out, err) = w.ctl(&[
-        "schedule",
-        "preview",
-        "--cron",
-        "0 6 * * *",
-        "--calendar",
-        "march",
-        "--from",
-        "2031-02-28T12:00:00Z",
-        "-n",
-        "2",
-        "-o",
-        "json",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
-    let preview: Value = serde_json::from_str(&out).unwrap();
+    let preview =
+        w.ctl_json(&["schedule", "preview", "--cron", "0 6 * * *", "--calendar", "march", "--from", "2031-02-28T12:00:00Z", "-n", "2"]);
+    let out = preview.to_string();
     let utc: Vec<&str> = preview["next_fires"].as_array().unwrap().iter().map(|f| f["utc"].as_str().unwrap()).collect();
     assert_eq!(utc, ["2031-03-04T06:00:00Z", "2031-03-05T06:00:00Z"], "{out}");
     assert_eq!(
@@ -63,7 +46,7 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
         "{out}"
     );
     // With a shift, the days off the calendar move their fires: three days' onto the 4th, once.
-    let (code, out, err) = w.ctl(&[
+    let preview = w.ctl_json(&[
         "schedule",
         "preview",
         "--cron",
@@ -76,11 +59,8 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
         "2031-02-28T12:00:00Z",
         "-n",
         "2",
-        "-o",
-        "json",
     ]);
-    assert_eq!(code, 0, "{out}{err}");
-    let preview: Value = serde_json::from_str(&out).unwrap();
+    let out = preview.to_string();
     let utc: Vec<&str> = preview["next_fires"].as_array().unwrap().iter().map(|f| f["utc"].as_str().unwrap()).collect();
     assert_eq!(utc, ["2031-03-04T06:00:00Z", "2031-03-05T06:00:00Z"], "{out}");
     assert_eq!(preview["notes"][0], "2031-03-01 shifted to 2031-03-04: in calendar \"off\"", "{out}");
@@ -124,10 +104,8 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
     .unwrap();
     let (code, out, err) = w.ctl(&["jobs", "create", "nov", "-f", &file.display().to_string()]);
     assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) =
-        w.ctl(&["jobs", "backfill", "nov", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-08T00:00:00Z", "--dry-run", "-o", "json"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let dry: Value = serde_json::from_str(&out).unwrap();
+    let dry = w.ctl_json(&["jobs", "backfill", "nov", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-08T00:00:00Z", "--dry-run"]);
+    let out = dry.to_string();
     let ticks: Vec<&str> = dry["ticks"].as_array().unwrap().iter().map(|t| t["scheduled_at"].as_str().unwrap()).collect();
     assert_eq!(ticks, ["2026-11-02T06:00:00Z", "2026-11-03T06:00:00Z", "2026-11-04T06:00:00Z"], "{out}");
     // A job on a calendar with a shift: jobs show names the days its fires move from.
@@ -154,16 +132,16 @@ fn a_job_fires_only_on_its_calendars_days_and_says_so() {
 /// at that instant can only come from the shift.
 fn a_shifted_tick_fires_once_across_a_kill_9(storage: &str) {
     use chrono::{Datelike, Timelike};
-    // Far enough from midnight that today's fire is today's in UTC.
-    let mut now = chrono::Utc::now();
-    if now.num_seconds_from_midnight() > 86_400 - 300 {
-        std::thread::sleep(std::time::Duration::from_secs(u64::from(86_400 - now.num_seconds_from_midnight()) + 2));
-        now = chrono::Utc::now();
-    }
+    // The job's zone is a fixed offset where it is about noon now, so today's fire and the day
+    // it is on stay the same day however long the test takes, whatever the hour in UTC.
+    let now = chrono::Utc::now();
+    let east = (12 - i64::from(now.hour())).clamp(-12, 14);
+    let zone = if east > 0 { format!("Etc/GMT-{east}") } else { format!("Etc/GMT+{}", -east) };
+    let local = |t: chrono::DateTime<chrono::Utc>| t + chrono::Duration::hours(east);
     let mut w = Worker::new("");
     w.write_scheduling(
         "",
-        &format!("{storage}calendars:\n  today: {{dates: [\"{}\"]}}\n", now.format("%Y-%m-%d")),
+        &format!("{storage}calendars:\n  today: {{dates: [\"{}\"]}}\n", local(now).format("%Y-%m-%d")),
         "",
         "manage_jobs:\n  enabled: true\n",
     );
@@ -171,27 +149,21 @@ fn a_shifted_tick_fires_once_across_a_kill_9(storage: &str) {
     // Made at runtime once the worker is up (a PostgreSQL worker takes its time to start), so
     // the fire is a few seconds ahead whatever the start took.
     let fire = (chrono::Utc::now() + chrono::Duration::seconds(8)).with_nanosecond(0).unwrap();
-    let tomorrow = fire + chrono::Duration::days(1);
-    let cron = format!("{} {} {} {} {} *", fire.second(), fire.minute(), fire.hour(), tomorrow.day(), tomorrow.month());
+    let (at, tomorrow) = (local(fire), local(fire) + chrono::Duration::days(1));
+    let cron = format!("{} {} {} {} {} *", at.second(), at.minute(), at.hour(), tomorrow.day(), tomorrow.month());
     let file = w.dir.path().join("payroll.yaml");
     std::fs::write(
         &file,
-        format!("cron: \"{cron}\"\ntimezone: UTC\ncalendar: {{name: today, shift: previous}}\ncatch_up: all\nplugin: file-save\naction: save\nparameters: {{path: p.txt, content: p}}\n"),
+        format!("cron: \"{cron}\"\ntimezone: {zone}\ncalendar: {{name: today, shift: previous}}\ncatch_up: all\nplugin: file-save\naction: save\nparameters: {{path: p.txt, content: p}}\n"),
     )
     .unwrap();
     let (code, out, err) = w.ctl(&["jobs", "create", "payroll", "-f", &file.display().to_string()]);
     assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = w.ctl(&["jobs", "show", "payroll", "-o", "json"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let job: Value = serde_json::from_str(&out).unwrap();
+    let job = w.ctl_json(&["jobs", "show", "payroll"]);
     let at = fire.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     assert_eq!(job["next_fire"], at.as_str(), "tomorrow's tick moved to today: {job}");
     assert_eq!(job["schedule"], format!("cron: {cron} on calendar \"today\" (shift previous)"), "{job}");
-    let runs = |w: &Worker| -> Vec<Value> {
-        let (code, out, err) = w.ctl(&["runs", "list", "--job", "payroll", "-o", "json"]);
-        assert_eq!(code, 0, "{out}{err}");
-        serde_json::from_str::<Value>(&out).unwrap()["runs"].as_array().unwrap().clone()
-    };
+    let runs = |w: &Worker| -> Vec<Value> { w.ctl_json(&["runs", "list", "--job", "payroll"])["runs"].as_array().unwrap().clone() };
     crate::support::poll(
         "the shifted tick to run",
         std::time::Duration::from_secs(60),
@@ -203,9 +175,7 @@ fn a_shifted_tick_fires_once_across_a_kill_9(storage: &str) {
     w.start();
     // Started again after its only fire: nothing more is due, ever (next year's tick moves to
     // this same past instant).
-    let (code, out, err) = w.ctl(&["jobs", "show", "payroll", "-o", "json"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let job: Value = serde_json::from_str(&out).unwrap();
+    let job = w.ctl_json(&["jobs", "show", "payroll"]);
     assert!(job["next_fire"].is_null(), "{job}");
     // A manual run through the same worker has been taken and run after the restart's catch-up
     // pass (which comes first): the scheduler had its chance to fire the tick again.

@@ -9,20 +9,12 @@ use serde_json::Value;
 
 use crate::support::{Worker, http_get, poll};
 
-fn json(w: &Worker, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.extend(["-o", "json"]);
-    let (code, out, err) = w.ctl(&args);
-    assert_eq!(code, 0, "lampctl {args:?}: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
 fn runs_of(w: &Worker, job: &str) -> Vec<Value> {
-    json(w, &["runs", "list", "--job", job])["runs"].as_array().unwrap().clone()
+    w.ctl_json(&["runs", "list", "--job", job])["runs"].as_array().unwrap().clone()
 }
 
 fn trigger(w: &Worker, job: &str) -> String {
-    json(w, &["jobs", "trigger", job])["run_id"].as_str().unwrap().to_owned()
+    w.ctl_json(&["jobs", "trigger", job])["run_id"].as_str().unwrap().to_owned()
 }
 
 /// Polls `runs show id` until `pred` holds of it; returns it.
@@ -30,8 +22,8 @@ fn show_until(w: &Worker, what: &str, id: &str, within: Duration, pred: impl Fn(
     poll(
         what,
         within,
-        || Some(json(w, &["runs", "show", id])).filter(|r| pred(r)),
-        || format!("{:#}\n{}", json(w, &["runs", "show", id]), w.log()),
+        || Some(w.ctl_json(&["runs", "show", id])).filter(|r| pred(r)),
+        || format!("{:#}\n{}", w.ctl_json(&["runs", "show", id]), w.log()),
     )
 }
 
@@ -114,7 +106,7 @@ fn deadlines_are_told_once_while_runs_wait_or_run(storage: &str) {
 
     // Killed while the slow run runs: its retry (the same identity) is past the deadline too,
     // and nothing is told again, by the worker started anew.
-    assert_eq!(json(&w, &["runs", "show", &slow])["status"], "running");
+    assert_eq!(w.ctl_json(&["runs", "show", &slow])["status"], "running");
     w.signal("KILL");
     w.wait_exit(Duration::from_secs(10));
     w.start();
@@ -127,17 +119,17 @@ fn deadlines_are_told_once_while_runs_wait_or_run(storage: &str) {
         },
         || format!("{:#?}\n{}", runs_of(&w, "slow"), w.log()),
     );
-    // A pass or two of the watcher after the restart has seen the retry.
-    std::thread::sleep(Duration::from_secs(2));
+    // The retry ran for seconds under the new process's watcher (a pass a second), past the
+    // deadline all along: had it told the miss again, it would show now.
     for id in [&slow, &stopped, &waiter] {
-        let run = json(&w, &["runs", "show", id]);
+        let run = w.ctl_json(&["runs", "show", id]);
         assert_eq!(missed(&run).len(), 1, "told once: {run:#}");
         assert_eq!(deadline_notifications(&run), 1, "notified once: {run:#}");
     }
     let retry = runs_of(&w, "slow").into_iter().find(|r| r["id"] != slow.as_str()).expect("a retry");
-    let retry = json(&w, &["runs", "show", retry["id"].as_str().unwrap()]);
+    let retry = w.ctl_json(&["runs", "show", retry["id"].as_str().unwrap()]);
     assert_eq!(missed(&retry).len(), 1, "the retry shows its identity's miss, told once: {retry:#}");
-    let quick = json(&w, &["runs", "show", &quick]);
+    let quick = w.ctl_json(&["runs", "show", &quick]);
     assert_eq!((quick["status"].as_str(), missed(&quick).len()), (Some("succeeded"), 0), "a deadline met is silent: {quick:#}");
     let body = http_get(w.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
     assert!(
@@ -186,7 +178,7 @@ fn ticks_missed_while_no_worker_was_up_are_told_once() {
     ];
     w.start();
     poll("a few ticks", Duration::from_secs(10), || (runs_of(&w, "sec").len() >= 2).then_some(()), || w.log());
-    assert!(json(&w, &["jobs", "show", "sec"])["last_missed"].is_null(), "nothing missed yet");
+    assert!(w.ctl_json(&["jobs", "show", "sec"])["last_missed"].is_null(), "nothing missed yet");
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
     std::fs::write(&offset, "+10m\n").unwrap();
@@ -194,7 +186,7 @@ fn ticks_missed_while_no_worker_was_up_are_told_once() {
     let job = poll(
         "the missed ticks told",
         Duration::from_secs(20),
-        || Some(json(&w, &["jobs", "show", "sec"])).filter(|j| !j["last_missed"].is_null()),
+        || Some(w.ctl_json(&["jobs", "show", "sec"])).filter(|j| !j["last_missed"].is_null()),
         || w.log(),
     );
     let m = &job["last_missed"];
@@ -218,7 +210,7 @@ fn ticks_missed_while_no_worker_was_up_are_told_once() {
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
     w.start();
     poll("ticks again", Duration::from_secs(10), || (runs_of(&w, "sec").len() >= 3).then_some(()), || w.log());
-    assert_eq!(json(&w, &["jobs", "show", "sec"])["last_missed"]["told_at"], told_at);
+    assert_eq!(w.ctl_json(&["jobs", "show", "sec"])["last_missed"]["told_at"], told_at);
     let body = http_get(w.port, "/metrics").map(|(_, b)| b).unwrap_or_default();
     assert!(!body.contains("lamplighter_ticks_missed_total{job=\"sec\"}"), "told nothing again: {body}");
 }

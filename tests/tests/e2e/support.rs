@@ -212,6 +212,15 @@ impl Worker {
         ctl_at(&self.url(), None, args)
     }
 
+    /// `lampctl ARGS -o json` against this worker, which must succeed: its answer.
+    pub(crate) fn ctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        let (code, out, err) = self.ctl(&args);
+        assert_eq!(code, 0, "lampctl {args:?}: {out}{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("lampctl {args:?} printed no JSON ({e}): {out}"))
+    }
+
     /// Starts a worker that serves TLS and returns once it says it is ready (its `/readyz` is
     /// on the TLS listener; the test reads it with its CA).
     pub(crate) fn start_tls(&mut self) {
