@@ -457,6 +457,12 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Ends a transaction that wrote nothing at once (a dropped one would hold its locks until
     /// its connection is next used).
     fn rollback(tx: Self::Tx) -> impl Fut<()>;
+    /// Makes what `tx` wrote so far durable short of its commit, so that a commit due at an
+    /// instant ([`crate::store::Ticks::fire_ticks_held`]) has as little left to do as it can.
+    /// A backend whose commit has nothing to gain from it does nothing.
+    fn ahead_of_commit(_tx: &mut Self::Tx) -> impl Fut<()> {
+        async { Ok(()) }
+    }
     /// A connection for reads.
     fn reader(&self) -> impl Fut<Self::Pooled>;
     /// A connection for a write outside a transaction (one statement).

@@ -131,6 +131,9 @@ impl<D: RunSql + QueueSql> Ticks for D {
             D::execute(&mut tx, q).await?;
         }
         D::push(&mut tx, &pushed).await?;
+        if hold.is_some() {
+            D::ahead_of_commit(&mut tx).await?;
+        }
         let state_us = split();
         if let Some(hold) = hold
             && !hold.await
