@@ -19,7 +19,7 @@
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +86,39 @@ impl Ticket {
         // As a ticket drops: its slot, then its pass.
         drop(slots);
         drop(passes);
+    }
+}
+
+/// The runs of one launch that have not started yet.
+#[derive(Debug)]
+pub(crate) struct Starting {
+    left: AtomicUsize,
+    all: tokio::sync::Notify,
+}
+
+impl Starting {
+    /// Once every run of the launch has started.
+    pub(crate) async fn all_started(&self) {
+        loop {
+            let told = self.all.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.left.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            told.await;
+        }
+    }
+}
+
+/// One run's part of a launch, given up as its target is called or as it ends without one.
+struct StartShare(Arc<Starting>);
+
+impl Drop for StartShare {
+    fn drop(&mut self) {
+        if self.0.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.all.notify_waiters();
+        }
     }
 }
 
@@ -240,18 +273,22 @@ impl Executor {
         out
     }
 
-    /// Starts claimed runs, one ticket each; tickets left over are returned (dropped).
-    pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) {
+    /// Starts claimed runs, one ticket each; tickets left over are returned (dropped). The
+    /// answer tells when every one of them has started (its target called, or it ended
+    /// without one).
+    pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) -> Arc<Starting> {
         debug_assert!(runs.len() <= tickets.len());
         if !runs.is_empty() {
             self.env.signals.publish(Signal::RunsChanged);
         }
         let mut tickets = tickets;
         let spare = tickets.split_off(runs.len().min(tickets.len()));
+        let starting = Arc::new(Starting { left: AtomicUsize::new(tickets.len()), all: tokio::sync::Notify::new() });
         for (handed, ticket) in runs.into_iter().zip(tickets) {
-            tokio::spawn(run_one(self.clone(), handed, ticket));
+            tokio::spawn(run_one(self.clone(), handed, ticket, StartShare(starting.clone())));
         }
         Ticket::release_all(spare);
+        starting
     }
 
     /// Number of runs executing here.
@@ -387,19 +424,21 @@ impl Executor {
 
 /// One claimed run, in a task of its own: a panic of its target becomes this run's end. The
 /// run's span is the root of its trace; its `before` hooks may cancel it.
-async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
+async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket, share: StartShare) {
     let Handed { run, snapshot, resumed } = handed;
     let entry = exec.track(&run.id);
     let obs = exec.env.observer.clone();
     obs.run_started(&run, run.lateness(), resumed);
     let op = Op::Run { job: run.owner.to_string(), trigger: run.trigger.as_str(), attempt: run.attempt };
     let started = Arc::new(std::sync::OnceLock::new());
-    let (end, trace_id) = match obs.begin(op, RunRef::from(&run), None).await {
+    // The awaited futures are boxed: inline, they made the task five kilobytes, copied whole
+    // at its spawn and touched fresh (page faults) for each run of a burst (BENCHMARKS.md).
+    let (end, trace_id) = match Box::pin(obs.begin(op, RunRef::from(&run), None)).await {
         Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None),
         Ok(op) => {
             // A resumed run keeps its first start.
             let started_now = (!resumed).then(|| started.clone());
-            let work = execute(exec.clone(), run.clone(), snapshot, entry, started_now).with_context(op.context());
+            let work = Box::pin(execute(exec.clone(), run.clone(), snapshot, entry, started_now, share)).with_context(op.context());
             // In this task, not one of its own: a run is one task from claim to end (a second
             // one per run was a tenth of a burst's launch cost), and a panic is caught here.
             let end = match std::panic::AssertUnwindSafe(work).catch_unwind().await {
@@ -407,7 +446,7 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket) {
                 Err(panic) => crate::decide::panicked(panic_message(panic.as_ref())),
             };
             let trace_id = op.trace_id();
-            op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() }).await;
+            Box::pin(op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() })).await;
             (end, trace_id)
         }
     };
@@ -428,6 +467,7 @@ async fn execute(
     snapshot: Option<JobSnapshot>,
     entry: Arc<Running>,
     started: Option<Arc<std::sync::OnceLock<chrono::DateTime<chrono::Utc>>>>,
+    share: StartShare,
 ) -> Settled {
     // The job as it was when the run was created; rows from before snapshots use the config
     // in force.
@@ -463,6 +503,7 @@ async fn execute(
             if let Some(started) = started {
                 let _ = started.set(now);
             }
+            drop(share);
             let work = exec.env.targets.run(ctx);
             // On the engine's clock, like every other time limit: tests move it.
             let deadline = job.timeout().and_then(|t| now.checked_add_signed(chrono::TimeDelta::from_std(t).ok()?));
@@ -808,5 +849,23 @@ pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: Can
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn answer_size<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn a_runs_task_is_small_enough_to_spawn_a_thousand_at_once() {
+        // Spawning moves the whole future into a new task: at 4.8 kB, a burst of 1,000 copied
+        // and faulted in 5 MB before the last run could start (BENCHMARKS.md, issue 57).
+        let size = answer_size(run_one);
+        assert!(size <= 2048, "a run's task is {size} bytes: box what it awaits");
     }
 }

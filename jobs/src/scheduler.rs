@@ -339,6 +339,10 @@ const LEAD_MAX: chrono::TimeDelta = chrono::TimeDelta::milliseconds(200);
 /// come this long after its lead (measured on the monotonic clock): the clock stepped back.
 const HOLD_SLACK: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a tick's pass lets the runs it launched start before it goes on with its own
+/// work: at most this, and only as long as some have not started.
+const LAUNCH_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Lead {
     fn decade(n: usize) -> usize {
         (n.max(1).ilog10() as usize).min(6)
@@ -640,7 +644,12 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     }
     // Started before anything else is looked at.
     let launched = !handed.is_empty();
-    s.env.executor.launch(handed, tickets);
+    let starting = s.env.executor.launch(handed, tickets);
+    // What is left here (the ticks' metrics, then planning the jobs' next ticks) waits until
+    // the runs have started: on a worker of few cores it would otherwise take a core from them.
+    if launched {
+        let _ = tokio::time::timeout(LAUNCH_FIRST, starting.all_started()).await;
+    }
     if !launched {
         // Queued or skipped runs were created all the same.
         s.env.signals.publish(Signal::RunsChanged);

@@ -60,12 +60,17 @@ impl Targets for BuiltinTargets {
                     }
                 }
                 TargetRef::Workflow { workflow, definition } => match definition {
-                    Some(definition) => crate::workflow::run(ctx, definition, registry, agents).await,
+                    Some(definition) => Box::pin(crate::workflow::run(ctx, definition, registry, agents)).await,
                     None => Outcome::permanent(format!("workflow \"{workflow}\" is no longer defined")),
                 },
-                TargetRef::Agent { agent } => relay(ctx, agents, registry, Relay::Agent(agent)).await,
-                TargetRef::Pipeline { pipeline, agents: steps } => relay(ctx, agents, registry, Relay::Pipeline { pipeline, steps }).await,
-                TargetRef::GroupChat { agents: members, rounds } => relay(ctx, agents, registry, Relay::Chat { members, rounds }).await,
+                // Boxed, so that a plugin action's run does not carry an agent's state.
+                TargetRef::Agent { agent } => Box::pin(relay(ctx, agents, registry, Relay::Agent(agent))).await,
+                TargetRef::Pipeline { pipeline, agents: steps } => {
+                    Box::pin(relay(ctx, agents, registry, Relay::Pipeline { pipeline, steps })).await
+                }
+                TargetRef::GroupChat { agents: members, rounds } => {
+                    Box::pin(relay(ctx, agents, registry, Relay::Chat { members, rounds })).await
+                }
             }
         })
     }
