@@ -460,7 +460,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Makes what `tx` wrote so far durable short of its commit, so that a commit due at an
     /// instant ([`crate::store::Ticks::fire_ticks_held`]) has as little left to do as it can.
     /// A backend whose commit has nothing to gain from it does nothing.
-    fn ahead_of_commit(_tx: &mut Self::Tx) -> impl Fut<()> {
+    fn ahead_of_commit(&self, _tx: &mut Self::Tx) -> impl Fut<()> {
         async { Ok(()) }
     }
     /// A connection for reads.

@@ -133,7 +133,7 @@ impl<D: RunSql + QueueSql> Ticks for D {
         D::push(&mut tx, &pushed).await?;
         // Only to make the commit at the instant shorter: the commit syncs what this did not.
         if hold.is_some()
-            && let Err(e) = D::ahead_of_commit(&mut tx).await
+            && let Err(e) = self.ahead_of_commit(&mut tx).await
         {
             tracing::debug!(error = %e, "cannot sync a held tick transaction ahead of its commit");
         }

@@ -402,13 +402,13 @@ impl SqliteStore {
         // after a failed transaction) must find the very file opened now, not a new empty one
         // where it was moved away, nor one put in its place.
         // The connection that creates it is the writing one.
-        let first =
-            sqlx::ConnectOptions::connect(&opts.clone().pragma("cache_size", WRITER_CACHE_PAGES)).await.ctx("opening the database")?;
+        let write_opts = opts.clone().pragma("cache_size", WRITER_CACHE_PAGES);
+        let first = sqlx::ConnectOptions::connect(&write_opts).await.ctx("opening the database")?;
         let identity = file_identity(path).map_err(|e| StoreError::new("opening the database", sqlx::Error::Io(e)))?;
         let opts = opts.create_if_missing(false);
         let write = Writer {
             slot: Arc::new(tokio::sync::Mutex::new(Slot::Open(first))),
-            opts: opts.clone().pragma("cache_size", WRITER_CACHE_PAGES),
+            opts: write_opts.create_if_missing(false),
             path: path.to_path_buf(),
             identity,
         };
@@ -462,17 +462,13 @@ impl Dialect for SqliteStore {
     /// written there now rather than by its commit's sync (`synchronous = FULL`). Frames past
     /// the last commit are ignored by SQLite's recovery, so a transaction rolled back after
     /// this leaves nothing behind.
-    async fn ahead_of_commit(tx: &mut Self::Tx) -> Result<(), StoreError> {
-        let q = Stmt::new("SELECT file FROM pragma_database_list WHERE name = 'main'", "finding the database file");
-        let Some(file) = Self::fetch_optional(tx, q).await?.and_then(|r| r.opt_text("file")).filter(|f| !f.is_empty()) else {
-            return Ok(());
-        };
-        let wal = format!("{file}-wal");
-        let synced = tokio::task::spawn_blocking(move || std::fs::File::open(&wal).and_then(|f| f.sync_data())).await;
-        match synced {
-            Ok(r) => r.map_err(|e| StoreError::new("syncing the WAL ahead of a commit", sqlx::Error::Io(e))),
-            Err(e) => Err(StoreError::new("syncing the WAL ahead of a commit", sqlx::Error::Protocol(e.to_string()))),
-        }
+    async fn ahead_of_commit(&self, _tx: &mut Self::Tx) -> Result<(), StoreError> {
+        let mut wal = self.write.path.clone().into_os_string();
+        wal.push("-wal");
+        let synced = tokio::task::spawn_blocking(move || std::fs::File::open(wal).and_then(|f| f.sync_data()))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        synced.map_err(|e| StoreError::new("syncing the WAL ahead of a commit", sqlx::Error::Io(e)))
     }
 
     async fn reader(&self) -> Result<Self::Pooled, StoreError> {
