@@ -19,7 +19,7 @@
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,36 +89,26 @@ impl Ticket {
     }
 }
 
-/// The runs of one launch that have not started yet.
+/// The runs of one launch: each gives back a permit as it starts.
 #[derive(Debug)]
 pub(crate) struct Starting {
-    left: AtomicUsize,
-    all: tokio::sync::Notify,
+    started: Arc<tokio::sync::Semaphore>,
+    runs: u32,
 }
 
 impl Starting {
     /// Once every run of the launch has started.
     pub(crate) async fn all_started(&self) {
-        loop {
-            let told = self.all.notified();
-            tokio::pin!(told);
-            told.as_mut().enable();
-            if self.left.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            told.await;
-        }
+        let _ = self.started.acquire_many(self.runs).await;
     }
 }
 
 /// One run's part of a launch, given up as its target is called or as it ends without one.
-struct StartShare(Arc<Starting>);
+struct StartShare(Arc<tokio::sync::Semaphore>);
 
 impl Drop for StartShare {
     fn drop(&mut self) {
-        if self.0.left.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.all.notify_waiters();
-        }
+        self.0.add_permits(1);
     }
 }
 
@@ -276,19 +266,21 @@ impl Executor {
     /// Starts claimed runs, one ticket each; tickets left over are returned (dropped). The
     /// answer tells when every one of them has started (its target called, or it ended
     /// without one).
-    pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) -> Arc<Starting> {
+    pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) -> Starting {
         debug_assert!(runs.len() <= tickets.len());
         if !runs.is_empty() {
             self.env.signals.publish(Signal::RunsChanged);
         }
         let mut tickets = tickets;
         let spare = tickets.split_off(runs.len().min(tickets.len()));
-        let starting = Arc::new(Starting { left: AtomicUsize::new(tickets.len()), all: tokio::sync::Notify::new() });
+        let started = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut launched = 0;
         for (handed, ticket) in runs.into_iter().zip(tickets) {
-            tokio::spawn(run_one(self.clone(), handed, ticket, StartShare(starting.clone())));
+            tokio::spawn(run_one(self.clone(), handed, ticket, StartShare(started.clone())));
+            launched += 1;
         }
         Ticket::release_all(spare);
-        starting
+        Starting { started, runs: launched }
     }
 
     /// Number of runs executing here.

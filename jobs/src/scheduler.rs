@@ -649,8 +649,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     // the runs have started: on a worker of few cores it would otherwise take a core from them.
     if launched {
         let _ = tokio::time::timeout(LAUNCH_FIRST, starting.all_started()).await;
-    }
-    if !launched {
+    } else {
         // Queued or skipped runs were created all the same.
         s.env.signals.publish(Signal::RunsChanged);
     }
