@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build --release -p lamplighter-worker
-//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60] [--jobs 10000,100000] [--limit N]
+//! cargo bench -p lamplighter-tests --bench runcore -- [burst] [sustained] [queue] [idle] [--seconds 60] [--jobs 10000,100000] [--kind save|shell|workflow] [--limit N]
 //! ```
 //!
 //! - burst: 1,000 jobs due at the same instant every 10 s (`*/10 * * * * *`),
@@ -16,12 +16,14 @@
 //! - queue: 50,000 runs queued while the worker is stopped (as manual triggers leave them),
 //!   `worker.concurrency: 32`, a near no-op action (`file-read` of a 2-byte file); drain rate =
 //!   runs / (last finish − first start).
-//! - idle: 10,000 jobs defined (`--jobs 10000,100000` for more sizes), each at one minute of
-//!   the day: start to `/readyz`, idle RSS, and the lateness of the next minute's runs.
+//! - idle: 10,000 jobs defined (`--jobs 10000,100000` for more sizes; `--kind shell` or
+//!   `workflow` for `shell-exec` or workflow jobs), each at one minute of the day: start to `/readyz`, idle RSS, and the lateness of the next minute's runs.
 #![allow(clippy::disallowed_methods)]
 
 #[path = "peer/apalis_cron.rs"]
 mod apalis_cron;
+#[path = "peer/apalis_sqlite.rs"]
+mod apalis_sqlite;
 mod common;
 
 use common::{InternalEvent, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, read_rows, rss_kb, status_kb, summary};
@@ -36,6 +38,8 @@ fn main() {
     // How many jobs `idle` defines, each size a run of its own.
     let jobs: Vec<usize> =
         arg("--jobs").unwrap_or_else(|| "10000".into()).split(',').map(|n| n.trim().parse().expect("--jobs N[,N]")).collect();
+    // What the `idle` jobs run: save, shell or workflow.
+    let kind = arg("--kind").unwrap_or_else(|| "save".into());
     let mut scenarios: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "queue", "idle"].contains(a)).collect();
     if scenarios.is_empty() {
@@ -63,7 +67,7 @@ fn main() {
             "burst" => burst(seconds),
             "sustained" => sustained(seconds),
             "queue" => queue(50_000),
-            "idle" => jobs.iter().for_each(|n| idle(*n)),
+            "idle" => jobs.iter().for_each(|n| idle(*n, &kind)),
             _ => unreachable!(),
         }
     }
@@ -232,6 +236,30 @@ fn sustained(seconds: u64) {
 
 fn queue(n: usize) {
     queue_in(n, None);
+    queue_peer(n);
+}
+
+/// apalis-sqlite's own worker draining `n` no-op tasks on disk, as the floor of a durable
+/// SQLite queue on this machine in this hour (`peer/apalis_sqlite.rs` says why its best
+/// stretch is the figure to compare).
+fn queue_peer(n: usize) {
+    let dir = tempfile::tempdir().expect("peer dir");
+    println!("\n== queue peer: apalis-sqlite worker, {n} tasks, concurrency 32, fetch 32, file read of 2 bytes ==");
+    let d = apalis_sqlite::drain(n, 32, dir.path());
+    let rate = |tasks: usize, ms: i64| tasks as f64 / (ms.max(1) as f64 / 1000.0);
+    println!(
+        "first {} tasks in {} ms: peer drain rate {:.0} tasks/s (its best stretch)",
+        apalis_sqlite::FIRST,
+        d.first_ms,
+        rate(apalis_sqlite::FIRST, d.first_ms)
+    );
+    println!(
+        "in the {:?} window: {} of {n} done ({} acked in the database), {:.0} tasks/s over first start → last finish",
+        apalis_sqlite::WINDOW,
+        d.done,
+        d.acked,
+        rate(d.done, d.span_ms)
+    );
 }
 
 fn queue_in(n: usize, limit: Option<u32>) {
@@ -293,23 +321,37 @@ fn queue_in(n: usize, limit: Option<u32>) {
     drain_stages(&w.internal_events());
 }
 
-/// `n` jobs, each at one minute of the day (job `i` at minute `i mod 1440`): start to ready,
-/// idle RSS, then the lateness of the runs of the next whole minute (`n / 1440` of them).
-fn idle(n: usize) {
+/// `n` jobs of `kind`, each at one minute of the day (job `i` at minute `i mod 1440`): start
+/// to ready, idle RSS, then the lateness of the runs of the next whole minute (`n / 1440` of
+/// them). Kinds: `save` (a `file-save` plugin action), `shell` (a `shell-exec` command),
+/// `workflow` (a workflow job, one of 100 workflows of three steps: two commands and a save).
+fn idle(n: usize, kind: &str) {
     let mut yaml = String::with_capacity(n * 160);
     for i in 0..n {
         let minute = i % 1440;
-        yaml.push_str(&format!(
-            "    job-{i:06}:\n      cron: \"0 {} {} * * *\"\n      type: plugin\n{}",
-            minute % 60,
-            minute / 60,
-            SAVE.replace("{i}", &i.to_string())
-        ));
+        let what = match kind {
+            "save" => format!("      type: plugin\n{}", SAVE.replace("{i}", &i.to_string())),
+            "shell" => {
+                format!("      type: plugin\n      plugin: shell-exec\n      action: run\n      parameters: {{ command: \"echo {i}\" }}\n")
+            }
+            "workflow" => format!("      type: workflow\n      workflow: flow-{:02}\n", i % 100),
+            other => panic!("--kind {other}: one of save, shell, workflow"),
+        };
+        yaml.push_str(&format!("    job-{i:06}:\n      cron: \"0 {} {} * * *\"\n{what}", minute % 60, minute / 60));
     }
-    let mut w = Worker::new(&yaml, 32);
+    let mut workflows = String::new();
+    if kind == "workflow" {
+        workflows.push_str("workflows:\n");
+        for f in 0..100 {
+            workflows.push_str(&format!(
+                "  flow-{f:02}:\n    steps:\n      - {{id: fetch, type: plugin, plugin: shell-exec, action: run, parameters: {{command: \"echo fetch {f}\"}}}}\n      - {{id: build, type: plugin, plugin: shell-exec, action: run, parameters: {{command: \"echo build {f}\"}}}}\n      - {{id: keep, type: plugin, plugin: file-save, action: save, parameters: {{path: \"out/{f}.txt\", content: \"x\"}}}}\n"
+            ));
+        }
+    }
+    let mut w = Worker::with(&workflows, &yaml, 32);
     let ready = w.start();
     std::thread::sleep(Duration::from_secs(3));
-    println!("\n== idle: {n} jobs defined, each at one minute of the day ==");
+    println!("\n== idle: {n} {kind} jobs defined, each at one minute of the day ==");
     let mb = |field| status_kb(w.pid(), field) as f64 / 1024.0;
     println!(
         "start to ready: {} ms; idle RSS {:.1} MB: {:.1} MB the process's own (heap, stacks), {:.1} MB mapped from the binary and libraries",
