@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -130,9 +130,9 @@ pub(crate) struct Control {
     reload: mpsc::Sender<ReloadReply>,
     /// Cancelled when the worker stops serving: waits end and streams close.
     stop: CancellationToken,
-    tools: Arc<ToolRouter<Control>>,
-    /// Every tool in [`TOOL_ORDER`], built once.
-    listed: Arc<[Tool]>,
+    /// The tools, routed and as listed: built at the first request that needs them, not at
+    /// start (their schemas are about 2.8 MB a worker nobody asks does not need).
+    tools: Arc<LazyLock<Toolbox>>,
     /// Counts the requests (`lamplighter.mcp.requests`).
     observer: Arc<Observer>,
     /// This session's `resources/subscribe` subscriptions (clients before 2026-07-28), by URI:
@@ -144,14 +144,11 @@ pub(crate) struct Control {
 
 impl Control {
     pub(crate) fn new(service: JobService, reload: mpsc::Sender<ReloadReply>, stop: CancellationToken, observer: Arc<Observer>) -> Self {
-        let tools = Self::tool_router();
-        let listed = listed_tools(&tools);
         Self {
             service,
             reload,
             stop,
-            tools: Arc::new(tools),
-            listed: listed.into(),
+            tools: Arc::new(LazyLock::new(Toolbox::build)),
             observer,
             subscriptions: Arc::default(),
             tasks: Tasks::default(),
@@ -171,7 +168,7 @@ impl Control {
     /// ones only while `worker.mcp.manage_jobs` is on.
     fn served(&self, role: Role) -> impl Iterator<Item = &Tool> {
         let manage = self.service.manages_jobs();
-        self.listed.iter().filter(move |t| (manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref())) && tool_role(&t.name) <= role)
+        self.tools.listed.iter().filter(move |t| (manage || !args::MANAGE_TOOLS.contains(&t.name.as_ref())) && tool_role(&t.name) <= role)
     }
 
     /// Counts a call `direct.rs` answered from what it kept.
@@ -873,6 +870,20 @@ fn client_name(ctx: &RequestContext<RoleServer>) -> String {
     }
 }
 
+/// The tool router and every tool in [`TOOL_ORDER`] as listed, made together once.
+struct Toolbox {
+    router: ToolRouter<Control>,
+    listed: Box<[Tool]>,
+}
+
+impl Toolbox {
+    fn build() -> Self {
+        let router = Control::tool_router();
+        let listed = listed_tools(&router).into();
+        Self { router, listed }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 /// The tools as `tools/list` shows them: in [`TOOL_ORDER`], every schema an object.
 fn listed_tools(tools: &ToolRouter<Control>) -> Vec<Tool> {
@@ -985,7 +996,7 @@ impl ServerHandler for Control {
 
     async fn call_tool(&self, request: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.clone();
-        if self.tools.get(&name).is_none() {
+        if self.tools.router.get(&name).is_none() {
             return Err(ErrorData::invalid_params(format!("unknown tool \"{name}\"; known tools: {}", TOOL_ORDER.join(", ")), None));
         }
         let caller = caller_of(&context.extensions);
@@ -1006,7 +1017,7 @@ impl ServerHandler for Control {
         }
         let call = ToolCallContext::new(self, request, context);
         // A panic in a tool fails that call, not the worker (STYLE §9).
-        let response = match AssertUnwindSafe(self.tools.call(call)).catch_unwind().await {
+        let response = match AssertUnwindSafe(self.tools.router.call(call)).catch_unwind().await {
             Ok(response) => response,
             Err(_) => {
                 tracing::error!(tool = %name, "MCP tool call panicked");

@@ -29,7 +29,7 @@ mod skills;
 mod tools;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -70,7 +70,9 @@ const TOOL_RESULT_CAP: usize = 100_000;
 /// and the MCP servers.
 #[derive(Debug)]
 pub struct AgentRuntime {
-    http: reqwest::Client,
+    /// Built at the first model call: a client loads and parses the system's TLS roots, which
+    /// a worker without agents should not pay for at start.
+    http: LazyLock<reqwest::Client>,
     limiters: Mutex<HashMap<String, Arc<Limiter>>>,
     mcp: mcp::McpPool,
 }
@@ -83,7 +85,7 @@ impl Default for AgentRuntime {
 
 impl AgentRuntime {
     pub fn new() -> Self {
-        Self { http: reqwest::Client::new(), limiters: Mutex::default(), mcp: mcp::McpPool::default() }
+        Self { http: LazyLock::new(reqwest::Client::new), limiters: Mutex::default(), mcp: mcp::McpPool::default() }
     }
 
     /// Stops the MCP servers (at shutdown, after running work drained).
