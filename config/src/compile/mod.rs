@@ -254,7 +254,7 @@ fn read_definition(name: &str, definition: &serde_json::Value) -> (Option<raw::J
     // The schema knows the job's keys as those of `scheduling.jobs.<name>`.
     let mut wrapped = serde_yaml::Mapping::new();
     wrapped.insert("scheduling".into(), serde_yaml::to_value(serde_json::json!({"jobs": {name: definition}})).unwrap_or_default());
-    for unknown in crate::schema::unknown_keys(&serde_yaml::Value::Mapping(wrapped)) {
+    for unknown in crate::schema::unknown_keys_kept(&serde_yaml::Value::Mapping(wrapped)) {
         let below = &unknown.path[3..];
         let Some((Seg::Key(key), parent)) = below.split_last() else { continue };
         let hint = unknown.message.find(" (did you mean").map_or("", |i| &unknown.message[i..]);
