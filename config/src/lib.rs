@@ -30,9 +30,9 @@ pub use ai::{
 pub use calendar::Calendar;
 pub use compile::{
     After, AfterOn, ApiToken, Backoff, CatchUp, CompiledJob, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT,
-    Deadline, Disabled, JobConfig, JobScope, JsonText, LimitUse, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings, OnMiss, Overlap,
-    RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role, StorageConfig, Target, Together, WASM_CAPABILITIES, WasmConfig, WorkerConfig,
-    after_mistakes, after_problems, check_tag, compile_job, inert_job, reserved_prefix,
+    Deadline, Disabled, JobConfig, JobScope, JobsByName, JsonText, LimitUse, ManageJobs, McpAuth, McpTls, McpTransport, OAuthSettings,
+    OnMiss, Overlap, RESERVED_JOB_PREFIXES, Retention, RetryPolicy, Role, StorageConfig, Target, Together, WASM_CAPABILITIES, WasmConfig,
+    WorkerConfig, after_mistakes, after_problems, check_tag, compile_job, inert_job, reserved_prefix,
 };
 pub use diag::{ConfigErrors, Diagnostic, Location, Severity, did_you_mean};
 

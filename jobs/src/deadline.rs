@@ -261,7 +261,7 @@ pub(crate) async fn watch(env: WatcherEnv, stop: CancellationToken) {
 /// walked every second).
 #[derive(Default)]
 struct Watching {
-    of: Option<Arc<std::collections::BTreeMap<String, JobConfig>>>,
+    of: Option<crate::in_force::JobMap>,
     names: Vec<String>,
 }
 
@@ -269,7 +269,7 @@ struct Watching {
 async fn pass(env: &WatcherEnv, watching: &mut Watching) -> Result<Option<DateTime<Utc>>, StoreError> {
     let config = env.config.get();
     let jobs = config.jobs.clone();
-    if watching.of.as_ref().is_none_or(|of| !Arc::ptr_eq(of, &jobs)) {
+    if watching.of.as_ref().is_none_or(|of| !of.same(&jobs)) {
         watching.names = jobs.values().filter(|j| j.deadline().is_some()).map(|j| j.name.clone()).collect();
         watching.of = Some(jobs.clone());
     }

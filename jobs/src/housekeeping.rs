@@ -139,7 +139,7 @@ impl DefinitionFollower {
         let stored = self.definitions.runtime_job(name).await?;
         // Already in force (this worker saved it): nothing to replan.
         if self.config.set_runtime_job(name, stored) {
-            self.signals.publish(Signal::JobChanged);
+            self.signals.publish(Signal::jobs_changed(vec![name.to_owned()]));
         }
         Ok(())
     }

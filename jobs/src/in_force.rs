@@ -3,7 +3,7 @@
 //! ([`InForce`]). A reader takes one snapshot and works from it, so one pass or one run never
 //! sees two configs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -18,10 +18,95 @@ use crate::run::Owner;
 use crate::snapshot::JobSnapshot;
 use crate::{Checked, Health, JobProblem};
 
+/// The jobs in force, by name: the files' (shared with the loaded config, never copied) and the
+/// runtime ones (a persistent map: a change copies the path to its entry, not the map, so a
+/// create among 100,000 runtime jobs costs what it costs among ten). Their names are apart: a
+/// runtime job whose name the files take is left out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobMap {
+    files: Arc<BTreeMap<String, JobConfig>>,
+    runtime: imbl::OrdMap<String, JobConfig>,
+}
+
+impl JobMap {
+    fn of_files(files: Arc<BTreeMap<String, JobConfig>>) -> Self {
+        Self { files, runtime: imbl::OrdMap::new() }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&JobConfig> {
+        self.files.get(name).or_else(|| self.runtime.get(name))
+    }
+
+    pub(crate) fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.files.len() + self.runtime.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every job, in name order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &JobConfig)> {
+        Merged { a: self.files.iter().peekable(), b: self.runtime.iter().peekable() }
+    }
+
+    /// The jobs named after `after` (all with `None`), in name order.
+    pub(crate) fn after(&self, after: Option<&str>) -> impl Iterator<Item = (&String, &JobConfig)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = || after.map_or(Unbounded, |a| Excluded(a.to_owned()));
+        Merged { a: self.files.range::<String, _>((from(), Unbounded)).peekable(), b: self.runtime.range((from(), Unbounded)).peekable() }
+    }
+
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &JobConfig> {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Whether `other` is this very set (not a copy that may differ).
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.files, &other.files) && self.runtime.ptr_eq(&other.runtime)
+    }
+}
+
+impl lamplighter_config::JobsByName for JobMap {
+    fn job(&self, name: &str) -> Option<&JobConfig> {
+        self.get(name)
+    }
+
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.keys().map(String::as_str))
+    }
+}
+
+/// Two iterators in name order, their names apart, as one in name order.
+struct Merged<'a, A: Iterator<Item = (&'a String, &'a JobConfig)>, B: Iterator<Item = (&'a String, &'a JobConfig)>> {
+    a: std::iter::Peekable<A>,
+    b: std::iter::Peekable<B>,
+}
+
+impl<'a, A: Iterator<Item = (&'a String, &'a JobConfig)>, B: Iterator<Item = (&'a String, &'a JobConfig)>> Iterator for Merged<'a, A, B> {
+    type Item = (&'a String, &'a JobConfig);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match (self.a.peek(), self.b.peek()) {
+            (Some((x, _)), Some((y, _))) if y < x => self.b.next(),
+            (Some(_), _) => self.a.next(),
+            (None, _) => self.b.next(),
+        }
+    }
+}
+
 /// The part of the config the engine needs.
 #[derive(Debug, Clone)]
 pub(crate) struct JobsConfig {
-    pub(crate) jobs: Arc<BTreeMap<String, JobConfig>>,
+    pub(crate) jobs: JobMap,
     pub(crate) workflows: Arc<BTreeMap<String, Arc<Workflow>>>,
     /// Jobs the environment broke (e.g. their plugin did not load), with the reason: not
     /// scheduled, not triggerable, shown with the reason.
@@ -36,7 +121,7 @@ pub(crate) struct JobsConfig {
     /// Where each job of the files is defined (`file:line:col`).
     pub(crate) locations: Arc<ItemLocations>,
     /// The jobs defined at runtime, as stored (those that no longer compile included).
-    pub(crate) runtime: Arc<BTreeMap<String, StoredJob>>,
+    pub(crate) runtime: imbl::OrdMap<String, StoredJob>,
     /// What a runtime job is compiled against.
     pub(crate) scope: Arc<JobScope>,
     /// `worker.mcp.manage_jobs`.
@@ -67,8 +152,11 @@ fn downstream_of(jobs: &BTreeMap<String, JobConfig>, unavailable: &HashMap<Strin
 
 /// Whether any of these rules, the default ones or a job's own, is about waits for a decision.
 fn about_waits(default: &[NotifyRule], jobs: &BTreeMap<String, JobConfig>) -> bool {
-    let waits = |rules: &[NotifyRule]| rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked));
-    waits(default) || jobs.values().any(|j| j.notify.as_deref().is_some_and(waits))
+    rules_about_waits(default) || jobs.values().any(|j| j.notify.as_deref().is_some_and(rules_about_waits))
+}
+
+fn rules_about_waits(rules: &[NotifyRule]) -> bool {
+    rules.iter().any(|r| matches!(r.on, NotifyOn::ApprovalWaiting | NotifyOn::BudgetAsked))
 }
 
 impl JobsConfig {
@@ -84,11 +172,11 @@ impl JobsConfig {
         let locations = config.sources.item_locations(&["scheduling", "jobs"], config.jobs.keys());
         Self {
             locations: Arc::new(locations),
-            runtime: Arc::default(),
+            runtime: imbl::OrdMap::new(),
             scope: Arc::new(JobScope::of(config)),
             manage: Arc::new(config.worker.manage_jobs.clone()),
             health: Arc::new(crate::health(config, registry, &mut Checked::default())),
-            jobs: config.jobs.clone(),
+            jobs: JobMap::of_files(config.jobs.clone()),
             workflows: Arc::new(config.workflows.iter().map(|(k, w)| (k.clone(), Arc::new(w.clone()))).collect()),
             unavailable: Arc::new(unavailable),
             data_dir: config.data_dir.clone(),
@@ -172,6 +260,65 @@ impl JobsConfig {
 struct Sources {
     files: Arc<JobsConfig>,
     runtime: BTreeMap<String, Compiled>,
+    /// What the runtime jobs add to the config in force, kept up to date a job at a time.
+    added: Added,
+}
+
+/// The runtime jobs' part of the config in force, changed a job at a time so that publishing
+/// a change costs what its job costs, not what every job does. A runtime job whose name the
+/// files take is not in it.
+#[derive(Debug, Default)]
+struct Added {
+    /// Each runtime job in force (the inert form of one that cannot run).
+    jobs: imbl::OrdMap<String, JobConfig>,
+    stored: imbl::OrdMap<String, StoredJob>,
+    /// Those that cannot run here, with why.
+    broken: BTreeMap<String, String>,
+    /// Those that run `after` other jobs.
+    after: BTreeSet<String>,
+    /// Those with a rule of their own about waits for a decision.
+    waits: BTreeSet<String>,
+}
+
+impl Added {
+    fn of(runtime: &BTreeMap<String, Compiled>, files: &JobsConfig) -> Self {
+        let mut added = Self::default();
+        runtime.values().for_each(|c| added.add(c, files));
+        added
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.jobs.remove(name);
+        self.stored.remove(name);
+        self.broken.remove(name);
+        self.after.remove(name);
+        self.waits.remove(name);
+    }
+
+    fn add(&mut self, c: &Compiled, files: &JobsConfig) {
+        let name = &c.stored.name;
+        if files.jobs.contains_key(name) {
+            // Only a restart with files that took the name gets here (a reload that does is
+            // refused): the files' job runs, and this one is not scheduled.
+            tracing::error!(job = %name, "a job of the config files takes the name of a runtime job; the runtime job is not scheduled until one of them is renamed or deleted");
+            return;
+        }
+        let job = match &c.job {
+            Ok(job) => job,
+            Err((inert, why)) => {
+                self.broken.insert(name.clone(), why.clone());
+                inert
+            }
+        };
+        if job.after().is_some() {
+            self.after.insert(name.clone());
+        }
+        if job.notify.as_deref().is_some_and(rules_about_waits) {
+            self.waits.insert(name.clone());
+        }
+        self.jobs.insert(name.clone(), job.clone());
+        self.stored.insert(name.clone(), c.stored.clone());
+    }
 }
 
 /// A runtime job, compiled against the files' config in force.
@@ -214,7 +361,8 @@ pub(crate) struct InForce {
 impl InForce {
     pub(crate) fn new(config: JobsConfig, registry: Arc<Registry>) -> Self {
         let files = Arc::new(config);
-        Self { current: RwLock::new(files.clone()), sources: Mutex::new(Sources { files, runtime: BTreeMap::new() }), registry }
+        let sources = Sources { files: files.clone(), runtime: BTreeMap::new(), added: Added::default() };
+        Self { current: RwLock::new(files), sources: Mutex::new(sources), registry }
     }
 
     /// The plugins the config in force was checked against.
@@ -252,6 +400,7 @@ impl InForce {
             .into_values()
             .map(|c| (c.stored.name.clone(), Compiled::of(c.stored, &files, registry)))
             .collect();
+        sources.added = Added::of(&sources.runtime, &files);
         sources.files = files;
         self.publish(&sources);
         Ok(())
@@ -275,6 +424,7 @@ impl InForce {
         }
         changed |= !old.is_empty();
         if changed {
+            sources.added = Added::of(&sources.runtime, &sources.files);
             self.publish(&sources);
         }
         changed
@@ -290,61 +440,68 @@ impl InForce {
                     return false;
                 }
                 let compiled = Compiled::of(s, &sources.files, &self.registry);
+                sources.added.remove(name);
+                let files = sources.files.clone();
+                sources.added.add(&compiled, &files);
                 sources.runtime.insert(name.to_owned(), compiled);
             }
             None => {
                 if sources.runtime.remove(name).is_none() {
                     return false;
                 }
+                sources.added.remove(name);
             }
         }
         self.publish(&sources);
         true
     }
 
-    /// Builds the snapshot from the sources and swaps it in.
+    /// Builds the snapshot from the sources and swaps it in: the files' part as loaded, the
+    /// runtime jobs' as kept in `added`. What is walked is only what the runtime jobs add that
+    /// is not a job of its own: those that cannot run, and those that run `after` others.
     fn publish(&self, sources: &Sources) {
-        let files = &sources.files;
+        let (files, added) = (&sources.files, &sources.added);
         let mut config = JobsConfig::clone(files);
-        if !sources.runtime.is_empty() {
-            let mut jobs = BTreeMap::clone(&files.jobs);
+        if !added.stored.is_empty() {
+            let jobs = JobMap { files: files.jobs.files.clone(), runtime: added.jobs.clone() };
             let mut unavailable = HashMap::clone(&files.unavailable);
-            let mut runtime = BTreeMap::new();
-            for (name, c) in &sources.runtime {
-                if files.jobs.contains_key(name) {
-                    // Only a restart with files that took the name gets here (a reload that
-                    // does is refused): the files' job runs, and this one is not scheduled.
-                    tracing::error!(job = %name, "a job of the config files takes the name of a runtime job; the runtime job is not scheduled until one of them is renamed or deleted");
-                    continue;
-                }
-                match &c.job {
-                    Ok(job) => {
-                        jobs.insert(name.clone(), job.clone());
-                    }
-                    Err((inert, why)) => {
-                        jobs.insert(name.clone(), inert.clone());
-                        unavailable.insert(name.clone(), why.clone());
-                    }
-                }
-                runtime.insert(name.clone(), c.stored.clone());
-            }
+            unavailable.extend(added.broken.iter().map(|(k, v)| (k.clone(), v.clone())));
             // A runtime job whose `after` names a job that is gone (deleted, or taken out of
             // the files) or closes a cycle cannot run: shown, with why.
-            for (job, problem) in lamplighter_config::after_problems(&jobs) {
-                if runtime.contains_key(&job) {
-                    unavailable.entry(job).or_insert(problem);
+            for name in &added.after {
+                let Some(after) = jobs.get(name).and_then(JobConfig::after) else { continue };
+                if let Some(m) = lamplighter_config::after_mistakes(name, after, &jobs).into_iter().next() {
+                    unavailable.entry(name.clone()).or_insert_with(|| format!("job \"{name}\": after {m}"));
                 }
             }
-            config.notifies_waits = about_waits(&config.notify, &jobs);
-            config.downstream = Arc::new(downstream_of(&jobs, &unavailable));
-            config.jobs = Arc::new(jobs);
+            if !added.after.is_empty() {
+                // The files' jobs cannot run after a runtime job (the files are checked alone).
+                let mut downstream = HashMap::clone(&files.downstream);
+                let mut touched = BTreeSet::new();
+                for name in added.after.iter().filter(|n| !unavailable.contains_key(*n)) {
+                    let Some(job) = jobs.get(name).filter(|j| j.enabled) else { continue };
+                    for up in job.after().map(|a| a.jobs.as_slice()).unwrap_or_default() {
+                        downstream.entry(up.clone()).or_default().push(name.clone());
+                        touched.insert(up.clone());
+                    }
+                }
+                // In name order, as for the files' jobs alone.
+                for up in &touched {
+                    if let Some(d) = downstream.get_mut(up) {
+                        d.sort_unstable();
+                    }
+                }
+                config.downstream = Arc::new(downstream);
+            }
+            config.notifies_waits = files.notifies_waits || !added.waits.is_empty();
+            config.jobs = jobs;
             config.unavailable = Arc::new(unavailable);
-            config.runtime = Arc::new(runtime);
+            config.runtime = added.stored.clone();
         }
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 
-    pub(crate) fn jobs(&self) -> Arc<BTreeMap<String, JobConfig>> {
+    pub(crate) fn jobs(&self) -> JobMap {
         self.get().jobs.clone()
     }
 
@@ -403,6 +560,77 @@ mod tests {
         assert!(in_force.get().notifies_waits(), "the runtime job's rule");
         assert!(in_force.set_runtime(Vec::new()));
         assert!(!in_force.get().notifies_waits(), "gone with it");
+    }
+
+    /// Runtime jobs changed one at a time put in force what putting them all in at once does:
+    /// the jobs in name order among the files', those that cannot run and why, who runs after
+    /// whom, whether a rule is about waits.
+    #[test]
+    fn runtime_jobs_changed_one_at_a_time_publish_what_all_at_once_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let save = "type: plugin, plugin: file-save, action: save";
+        let yaml = format!(
+            "worker:\n  mcp:\n    manage_jobs:\n      enabled: true\nscheduling:\n  jobs:\n    b: {{every: 1h, {save}}}\n    m: {{after: [b], {save}}}\n"
+        );
+        let config = load(dir.path(), &yaml);
+        let registry = Arc::new(Registry::builtin());
+        let at = chrono::DateTime::<chrono::Utc>::MIN_UTC;
+        let stored = |name: &str, version: u64, definition: serde_json::Value| StoredJob {
+            name: name.into(),
+            definition,
+            version,
+            created_by: "t".into(),
+            created_at: at,
+            updated_by: "t".into(),
+            updated_at: at,
+        };
+        let job = |extra: serde_json::Value| {
+            let mut d = serde_json::json!({"plugin": "file-save", "action": "save"});
+            d.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+            d
+        };
+        let hook = serde_json::json!([{"on": "approval_waiting", "to": {"webhook": "http://127.0.0.1:9/hook"}}]);
+        let last = vec![
+            stored("a", 1, job(serde_json::json!({"every": "1h"}))),
+            stored("c", 2, job(serde_json::json!({"after": ["b"]}))),
+            stored("d", 1, job(serde_json::json!({"after": ["c", "m"]}))),
+            stored("e", 1, job(serde_json::json!({"after": ["gone"]}))),
+            stored("f", 1, job(serde_json::json!({"every": "1h", "notify": hook}))),
+            stored("g", 1, serde_json::json!({"every": "1h", "plugin": "no-such-plugin", "action": "x"})),
+            stored("n", 1, job(serde_json::json!({"after": ["d"]}))),
+        ];
+        let one_by_one = InForce::new(JobsConfig::of(&config, &registry), registry.clone());
+        one_by_one.set_runtime_job("z", Some(stored("z", 1, job(serde_json::json!({"every": "1h"})))));
+        one_by_one.set_runtime_job("c", Some(stored("c", 1, job(serde_json::json!({"every": "1h"})))));
+        for s in &last {
+            assert!(one_by_one.set_runtime_job(&s.name, Some(s.clone())), "{} changed", s.name);
+        }
+        assert!(one_by_one.set_runtime_job("z", None), "z deleted");
+        let at_once = InForce::new(JobsConfig::of(&config, &registry), registry.clone());
+        assert!(at_once.set_runtime(last));
+        let (x, y) = (one_by_one.get(), at_once.get());
+        let names = |c: &JobsConfig| c.jobs.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(&x), ["a", "b", "c", "d", "e", "f", "g", "m", "n"]);
+        assert_eq!(names(&x), names(&y));
+        assert_eq!(x.jobs.len(), 9);
+        assert_eq!(x.runtime.keys().collect::<Vec<_>>(), y.runtime.keys().collect::<Vec<_>>());
+        let mut unavailable: Vec<_> = x.unavailable.iter().collect();
+        unavailable.sort();
+        let mut expected: Vec<_> = y.unavailable.iter().collect();
+        expected.sort();
+        assert_eq!(unavailable, expected);
+        assert_eq!(unavailable.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["e", "g"], "{unavailable:?}");
+        assert!(x.unavailable["e"].contains("names job \"gone\""), "{}", x.unavailable["e"]);
+        for up in ["a", "b", "c", "d", "m"] {
+            assert_eq!(x.downstream_names(up), y.downstream_names(up), "after {up}");
+        }
+        assert_eq!(x.downstream_names("b"), ["c", "m"], "the files' and the runtime job's, in name order");
+        assert_eq!(x.downstream_names("d"), ["n"]);
+        assert!(x.notifies_waits() && y.notifies_waits());
+        // The files' part is the loaded config's own, not a copy.
+        assert!(Arc::ptr_eq(&x.jobs.files, &config.jobs));
+        assert_eq!(x.jobs.after(Some("c")).map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["d", "e", "f", "g", "m", "n"]);
+        assert_eq!(x.jobs.after(Some("a")).next().map(|(k, _)| k.as_str()), Some("b"));
     }
 
     /// A job of the files or a runtime job cannot take the name runs without a job are listed

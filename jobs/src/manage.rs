@@ -130,7 +130,7 @@ impl JobService {
         };
         let job = crate::definitions::bounded(compiled.job, &config.manage, &config.data_dir);
         let mut view_config = JobsConfig::clone(&config);
-        view_config.runtime = std::sync::Arc::new([(req.name.clone(), stored.clone())].into_iter().collect());
+        view_config.runtime = imbl::OrdMap::unit(req.name.clone(), stored.clone());
         let state = self.states.job_state(&req.name).await?;
         Ok(JobSaved {
             name: req.name,
@@ -160,10 +160,10 @@ impl JobService {
 
     fn no_runtime_job(&self, name: &str) -> ServiceError {
         let jobs = self.config.get();
-        let runtime: Vec<&str> = jobs.runtime.keys().map(String::as_str).collect();
+        let known = crate::service::known_jobs(name, || jobs.runtime.keys(), "");
         ServiceError::JobNotFound {
             name: name.to_owned(),
-            known: if runtime.is_empty() { "no runtime jobs".into() } else { format!("runtime jobs: {}", runtime.join(", ")) },
+            known: if known.is_empty() { "no runtime jobs".into() } else { format!("runtime jobs: {known}") },
         }
     }
 

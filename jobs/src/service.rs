@@ -190,7 +190,7 @@ impl JobService {
     /// Puts a runtime job saved (or deleted) here in force at once, and tells every worker.
     pub(crate) fn apply_runtime_job(&self, name: &str, stored: Option<crate::definitions::StoredJob>) {
         if self.config.set_runtime_job(name, stored) {
-            self.signal(Signal::JobChanged);
+            self.signal(Signal::jobs_changed(vec![name.to_owned()]));
         }
         self.signal(Signal::DefinitionChanged(name.to_owned()));
     }
@@ -207,7 +207,7 @@ impl JobService {
             name: name.to_string(),
             known: {
                 let jobs = self.config.jobs();
-                if jobs.is_empty() { "none".into() } else { jobs.keys().cloned().collect::<Vec<_>>().join(", ") }
+                known_jobs(name, || jobs.keys(), "none")
             },
         })
     }
@@ -242,15 +242,7 @@ impl JobService {
     /// With `tag`, only the jobs that have it (a tag no job has is an error).
     pub async fn list_jobs_page(&self, after: Option<&str>, limit: usize, tag: Option<&str>) -> Result<JobPage, ServiceError> {
         let snapshot = self.config.get();
-        let start = match after {
-            Some(a) => std::ops::Bound::Excluded(a.to_string()),
-            None => std::ops::Bound::Unbounded,
-        };
-        let mut jobs = snapshot
-            .jobs
-            .range::<String, _>((start, std::ops::Bound::Unbounded))
-            .map(|(_, j)| j)
-            .filter(|j| tag.is_none_or(|t| j.tags().iter().any(|x| x == t)));
+        let mut jobs = snapshot.jobs.after(after).map(|(_, j)| j).filter(|j| tag.is_none_or(|t| j.tags().iter().any(|x| x == t)));
         let page: Vec<&JobConfig> = jobs.by_ref().take(limit).collect();
         if let Some(tag) = tag.filter(|_| page.is_empty() && after.is_none()) {
             // No job has it: said so, with the tags in use.
@@ -403,7 +395,7 @@ impl JobService {
     pub async fn pause_job(&self, name: &str, reason: Option<&str>) -> Result<JobSummary, ServiceError> {
         self.job_or_err(name)?;
         self.states.set_paused(name, true, reason, self.clock.now()).await?;
-        self.signal(Signal::JobChanged);
+        self.signal(Signal::jobs_changed(vec![name.to_owned()]));
         tracing::info!(job = name, reason = reason.unwrap_or(""), "job paused");
         self.summary_of(name).await
     }
@@ -414,7 +406,7 @@ impl JobService {
         let now = self.clock.now();
         self.states.set_paused(name, false, None, now).await?;
         self.states.set_last_tick(name, now).await?;
-        self.signal(Signal::JobChanged);
+        self.signal(Signal::jobs_changed(vec![name.to_owned()]));
         tracing::info!(job = name, "job resumed");
         self.summary_of(name).await
     }
@@ -426,7 +418,7 @@ impl JobService {
         let snapshot = self.config.get();
         let names = tagged(&snapshot, tag)?;
         let changed = self.states.set_paused_all(&names, paused, reason, self.clock.now()).await?;
-        self.signal(Signal::JobChanged);
+        self.signal(Signal::jobs_changed(changed.clone()));
         tracing::info!(tag, paused, jobs = names.len(), changed = changed.len(), reason = reason.unwrap_or(""), "jobs of a tag changed");
         let page: Vec<&JobConfig> = names.iter().filter_map(|n| snapshot.jobs.get(n)).collect();
         Ok(TagChange { tag: tag.to_owned(), changed, jobs: self.summaries(&snapshot, &page).await? })
@@ -1184,9 +1176,42 @@ impl<T: Followed> RunFollower<T> {
     }
 }
 
+/// Most jobs an error lists by name; past that, the closest name and how many there are.
+const KNOWN_LISTED: usize = 20;
+
+/// The jobs an error about `name` says exist: every name up to [`KNOWN_LISTED`]; past that,
+/// how many, the closest to `name` and the first few (a million jobs do not make an error of
+/// megabytes). `none` when there are none.
+pub(crate) fn known_jobs<'a, I: Iterator<Item = &'a String>>(name: &str, names: impl Fn() -> I, none: &str) -> String {
+    let total = names().count();
+    if total == 0 {
+        return none.to_owned();
+    }
+    if total <= KNOWN_LISTED {
+        return names().map(String::as_str).collect::<Vec<_>>().join(", ");
+    }
+    let close = lamplighter_config::did_you_mean(name, names().map(String::as_str));
+    let first: Vec<&str> = names().take(5).map(String::as_str).collect();
+    format!("{total} jobs{close}, the first {} …; list_jobs (lampctl jobs list) lists them all", first.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An unknown job's error lists the jobs there are while they are few, and past that says
+    /// how many, the closest name and how to list them: not a megabyte for a million jobs.
+    #[test]
+    fn an_unknown_jobs_error_names_the_closest_of_many_not_every_one() {
+        let few: Vec<String> = ["a", "b"].map(String::from).to_vec();
+        assert_eq!(known_jobs("x", || few.iter(), "none"), "a, b");
+        assert_eq!(known_jobs("x", || [].iter(), "none"), "none");
+        let many: Vec<String> = (0..100_000).map(|i| format!("job-{i:06}")).collect();
+        let known = known_jobs("job-004200x", || many.iter(), "none");
+        assert!(known.starts_with("100000 jobs (did you mean \"job-004200\"?)"), "{known}");
+        assert!(known.contains("job-000000, job-000001") && known.ends_with("lists them all"), "{known}");
+        assert!(known.len() < 200, "{} bytes", known.len());
+    }
 
     /// `get_job` shows an outcome past its window apart from the pending ones, and its job as
     /// waited for again: nothing runs for it.

@@ -23,6 +23,9 @@ pub(crate) enum Signal {
     Wake,
     /// A job's definition or state changed (reload, pause, resume): plans are rebuilt.
     JobChanged,
+    /// These jobs' definitions in force or their states changed (a runtime job saved or
+    /// deleted, a pause, a resume): only they are planned again. Made by [`Signal::jobs_changed`].
+    JobsChanged(Vec<String>),
     /// A runtime job was created, changed or deleted: every worker reads it again.
     DefinitionChanged(String),
     /// Tasks were pushed to the queue.
@@ -37,6 +40,21 @@ pub(crate) enum Signal {
     CancelRequested { run: String, why: String },
     /// The receiver missed signals: act on all of them.
     Lagged,
+}
+
+/// Most jobs one [`Signal::JobsChanged`] names: more are one [`Signal::JobChanged`], which
+/// keeps a signal within what PostgreSQL carries in one notice (8,000 bytes).
+const JOBS_NAMED_AT_MOST: usize = 32;
+
+impl Signal {
+    /// That `jobs` changed: named, or for many, that jobs changed.
+    pub(crate) fn jobs_changed(jobs: Vec<String>) -> Self {
+        if jobs.len() > JOBS_NAMED_AT_MOST || jobs.iter().map(String::len).sum::<usize>() > 4000 {
+            Signal::JobChanged
+        } else {
+            Signal::JobsChanged(jobs)
+        }
+    }
 }
 
 /// Publishes and subscribes to [`Signal`]s.

@@ -602,6 +602,24 @@ impl Compiler<'_> {
     }
 }
 
+/// Jobs by name, as `after`'s checks read them: a map of the files' jobs, or a worker's jobs in
+/// force (the files' and the runtime ones, kept apart).
+pub trait JobsByName {
+    fn job(&self, name: &str) -> Option<&JobConfig>;
+    /// Every name, for a did-you-mean.
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_>;
+}
+
+impl JobsByName for std::collections::BTreeMap<String, JobConfig> {
+    fn job(&self, name: &str) -> Option<&JobConfig> {
+        self.get(name)
+    }
+
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.keys().map(String::as_str))
+    }
+}
+
 /// What is wrong with the `after` of `jobs` taken together: a job named that is not among them
 /// (with a did-you-mean), and every job on a cycle (each with a way round it).
 /// `(job, message)`, in job order.
@@ -618,14 +636,14 @@ pub fn after_problems(jobs: &std::collections::BTreeMap<String, JobConfig>) -> V
 /// (its own entry there, if any, is not read): each job named that is not defined (with a
 /// did-you-mean), and a cycle through it (with a way round), each as the rest of a sentence
 /// after "after " (`names job "x", which is not defined`).
-pub fn after_mistakes(name: &str, after: &After, jobs: &std::collections::BTreeMap<String, JobConfig>) -> Vec<String> {
+pub fn after_mistakes<J: JobsByName + ?Sized>(name: &str, after: &After, jobs: &J) -> Vec<String> {
     let mut mistakes = Vec::new();
-    for up in after.jobs.iter().filter(|up| !jobs.contains_key(*up)) {
-        let close = did_you_mean(up, jobs.keys().map(String::as_str).filter(|k| *k != name));
+    for up in after.jobs.iter().filter(|up| jobs.job(up).is_none()) {
+        let close = did_you_mean(up, jobs.names().filter(|k| *k != name));
         mistakes.push(format!("names job \"{up}\", which is not defined{close}"));
     }
     let upstream = |job: &str| -> &[String] {
-        if job == name { &after.jobs } else { jobs.get(job).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() }
+        if job == name { &after.jobs } else { jobs.job(job).and_then(JobConfig::after).map(|a| a.jobs.as_slice()).unwrap_or_default() }
     };
     // A search up from it, each job visited once, remembering where it came from: reaching
     // itself again is a cycle.

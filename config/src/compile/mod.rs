@@ -26,7 +26,7 @@ use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleSpec};
 use crate::yaml::YamlPath;
 
-pub use jobs::{RESERVED_JOB_PREFIXES, after_mistakes, after_problems, check_tag, reserved_prefix};
+pub use jobs::{JobsByName, RESERVED_JOB_PREFIXES, after_mistakes, after_problems, check_tag, reserved_prefix};
 pub use types::{After, AfterOn, Deadline, LimitUse, OnMiss};
 pub use types::{
     ApiToken, Backoff, CatchUp, Config, DEFAULT_LEASE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT, Disabled, JobConfig, JsonText,
