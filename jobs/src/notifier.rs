@@ -8,7 +8,7 @@
 //! A broken receiver never touches the run it reports: the run's end is recorded before any of
 //! this starts, and failed sends are retried with backoff ([`crate::notify::retry_at`]).
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -58,18 +58,16 @@ pub(crate) struct NotifierEnv {
     pub(crate) worker: String,
 }
 
+/// The webhooks' HTTP client, built at the first webhook (or why it could not be).
+type Http = OnceLock<Result<reqwest::Client, String>>;
+
 /// Notices and sends until `stop`: at start (what a crash left), whenever runs end or wait,
 /// and when the next retry is due.
 pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: CancellationToken) {
     // Built at the first webhook, not at start: a client loads and parses the system's TLS
     // roots, time and memory a worker without webhooks would pay for nothing.
-    let http: LazyLock<reqwest::Client> = LazyLock::new(|| {
-        reqwest::Client::builder()
-            .timeout(HTTP_TIMEOUT)
-            .user_agent(concat!("lamplighter/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default()
-    });
+    // A build that failed (no roots to load) fails each webhook with why, to be tried again.
+    let http: Http = OnceLock::new();
     // What this worker's name left mid-send (a crash): sent again now rather than when the
     // claim runs out. Its key lets the receiver tell a repeat.
     match env.notices.release_claims(&env.worker, env.clock.now()).await {
@@ -124,7 +122,7 @@ async fn woken(signals: &mut Receiver) {
 
 /// Notices what ended, then sends what is due (until `stop`); returns when to look again: the
 /// next send due, or a failure whose retry may still be recorded.
-async fn pass(env: &NotifierEnv, http: &LazyLock<reqwest::Client>, stop: &CancellationToken) -> Result<Option<DateTime<Utc>>, StoreError> {
+async fn pass(env: &NotifierEnv, http: &Http, stop: &CancellationToken) -> Result<Option<DateTime<Utc>>, StoreError> {
     let config = env.config.get();
     let rules = |job: &str| config.notify_rules(job);
     let waits = config.notifies_waits();
@@ -190,7 +188,7 @@ async fn pass(env: &NotifierEnv, http: &LazyLock<reqwest::Client>, stop: &Cancel
 }
 
 /// Sends one notification, to its rule's target as the config in force has it.
-async fn send(env: &NotifierEnv, http: &LazyLock<reqwest::Client>, config: &JobsConfig, c: &Claimed) -> Sent {
+async fn send(env: &NotifierEnv, http: &Http, config: &JobsConfig, c: &Claimed) -> Sent {
     let now = env.clock.now();
     let target =
         config.notify_rules(&c.job).and_then(|rules| rules.into_iter().map(|r| r.to).find(|t| notify::target_id(t) == c.target_id));
@@ -203,10 +201,23 @@ async fn send(env: &NotifierEnv, http: &LazyLock<reqwest::Client>, config: &Jobs
     let failed =
         |error: String, permanent: bool| Sent::Failed { error, retry_at: notify::retry_at(c.attempts, permanent, c.created_at, now) };
     match target {
-        NotifyTarget::Webhook(w) => match post(LazyLock::force(http), &w, c).await {
-            Ok(status) => Sent::Delivered(format!("HTTP {status}")),
-            Err((error, permanent)) => failed(error, permanent),
-        },
+        NotifyTarget::Webhook(w) => {
+            let built = http.get_or_init(|| {
+                reqwest::Client::builder()
+                    .timeout(HTTP_TIMEOUT)
+                    .user_agent(concat!("lamplighter/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| e.to_string())
+            });
+            let sent = match built {
+                Ok(client) => post(client, &w, c).await,
+                Err(e) => Err((format!("cannot make HTTP requests: {e}"), false)),
+            };
+            match sent {
+                Ok(status) => Sent::Delivered(format!("HTTP {status}")),
+                Err((error, permanent)) => failed(error, permanent),
+            }
+        }
         other => match start_run(env, config, &other, c).await {
             Ok(id) => Sent::Delivered(format!("run {id}")),
             Err((error, permanent)) => failed(error, permanent),

@@ -16,8 +16,11 @@
 //! - queue: 50,000 runs queued while the worker is stopped (as manual triggers leave them),
 //!   `worker.concurrency: 32`, a near no-op action (`file-read` of a 2-byte file); drain rate =
 //!   runs / (last finish − first start).
+//!   Then apalis-sqlite's own worker drains as many tasks (`peer/apalis_sqlite.rs`, up to
+//!   180 s more).
 //! - idle: 10,000 jobs defined (`--jobs 10000,100000` for more sizes; `--kind shell` or
-//!   `workflow` for `shell-exec` or workflow jobs), each at one minute of the day: start to `/readyz`, idle RSS, and the lateness of the next minute's runs.
+//!   `workflow` for `shell-exec` or workflow jobs), each at one minute of the day: start to
+//!   `/readyz`, idle RSS, and the lateness of the next minute's runs.
 #![allow(clippy::disallowed_methods)]
 
 #[path = "peer/apalis_cron.rs"]

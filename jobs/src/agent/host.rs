@@ -136,8 +136,9 @@ impl HostServices for RunHost {
             }
             let started = self.ctx.clock().now();
             let limiter = self.runtime.limiter(provider);
+            let http = self.runtime.http().map_err(|e| HostError::Failed(format!("model \"{alias}\": cannot make HTTP requests: {e}")))?;
             let reply = endpoint
-                .call(&self.runtime.http, &limiter, &messages, &[], self.ctx.cancelled())
+                .call(http, &limiter, &messages, &[], self.ctx.cancelled())
                 .await
                 .map_err(|e| HostError::Failed(format!("model \"{alias}\": {}", e.error)))?;
             // Recorded as the run's agents' calls are: usage, cost, the transcript, the budget.

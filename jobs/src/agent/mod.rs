@@ -29,7 +29,7 @@ mod skills;
 mod tools;
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -71,8 +71,9 @@ const TOOL_RESULT_CAP: usize = 100_000;
 #[derive(Debug)]
 pub struct AgentRuntime {
     /// Built at the first model call: a client loads and parses the system's TLS roots, which
-    /// a worker without agents should not pay for at start.
-    http: LazyLock<reqwest::Client>,
+    /// a worker without agents should not pay for at start. A build that failed (no roots to
+    /// load) fails each model call with why, never the process.
+    http: OnceLock<Result<reqwest::Client, String>>,
     limiters: Mutex<HashMap<String, Arc<Limiter>>>,
     mcp: mcp::McpPool,
 }
@@ -84,8 +85,13 @@ impl Default for AgentRuntime {
 }
 
 impl AgentRuntime {
+    /// The HTTP client of model calls, built at the first.
+    fn http(&self) -> Result<&reqwest::Client, &str> {
+        self.http.get_or_init(|| reqwest::Client::builder().build().map_err(|e| e.to_string())).as_ref().map_err(String::as_str)
+    }
+
     pub fn new() -> Self {
-        Self { http: LazyLock::new(reqwest::Client::new), limiters: Mutex::default(), mcp: mcp::McpPool::default() }
+        Self { http: OnceLock::new(), limiters: Mutex::default(), mcp: mcp::McpPool::default() }
     }
 
     /// Stops the MCP servers (at shutdown, after running work drained).
@@ -422,6 +428,10 @@ impl Session {
             if cancel.is_cancelled() {
                 return AgentEnd::failed("cancelled".into(), false);
             }
+            let http = match self.runtime.http() {
+                Ok(http) => http,
+                Err(e) => return AgentEnd::failed(format!("agent \"{name}\": cannot make HTTP requests: {e}"), false),
+            };
             let started = self.now();
             let obs = self.ctx.observer();
             let op =
@@ -430,7 +440,7 @@ impl Session {
                 Ok(c) => c,
                 Err(Cancelled(why)) => return AgentEnd::failed(format!("agent \"{name}\": model call not made: {why}"), false),
             };
-            let reply = s.endpoint.call(&self.runtime.http, &s.limiter, &messages, &s.specs, cancel).with_context(call.context()).await;
+            let reply = s.endpoint.call(http, &s.limiter, &messages, &s.specs, cancel).with_context(call.context()).await;
             let mut reply = match reply {
                 Ok(r) => {
                     let cost = s.pricing.map(|p| p.cost(r.input_tokens, r.output_tokens));

@@ -13,7 +13,9 @@
 //! the batch's JSON for each, so a drain of 50,000 runs at a few hundred tasks a second after
 //! the first thousands and needs many minutes. The bench therefore reports the peer's rate over
 //! its first `FIRST` tasks — its best stretch, the figure Lamplighter is compared with — and
-//! over the whole window it is given (`WINDOW`), with how many it finished.
+//! over the whole window it is given (`WINDOW`), with how many it finished. A task counts as
+//! done when its handler returns; apalis records the ack after, in batches, so the peer's
+//! figures are, if anything, better than a durable count would be.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
