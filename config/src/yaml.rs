@@ -173,6 +173,9 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // positions: the two halves of the work take about the same time, so a large config is
     // read in about half of it. A builder that stops early (an error) stops the parser.
     let mut b = Builder::default();
+    // About a position for every 20 bytes of a large config (a million jobs: 9.6 million in
+    // 190 MB): the map is sized once rather than doubled and copied along the way.
+    b.map.reserve(text.len() / 20);
     let mut outcome = None;
     crate::pipeline::pipelined(
         text.len() >= PARSE_ON_A_THREAD_FROM,

@@ -45,10 +45,6 @@ impl JobMap {
         self.files.len() + self.runtime.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Every job, in name order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &JobConfig)> {
         Merged { a: self.files.iter().peekable(), b: self.runtime.iter().peekable() }
