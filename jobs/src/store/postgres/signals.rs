@@ -161,6 +161,7 @@ mod tests {
         signals.extend([
             Signal::Wake,
             Signal::JobChanged,
+            Signal::jobs_changed(vec!["nightly".into(), "hourly".into()]),
             Signal::TasksPushed,
             Signal::RunsChanged,
             Signal::CancelRequested { run: "r1".into(), why: "asked".into() },
