@@ -138,8 +138,8 @@ impl DefinitionFollower {
     async fn refresh_job(&self, name: &str) -> Result<(), StoreError> {
         let stored = self.definitions.runtime_job(name).await?;
         // Already in force (this worker saved it): nothing to replan.
-        if self.config.set_runtime_job(name, stored) {
-            self.signals.publish(Signal::jobs_changed(vec![name.to_owned()]));
+        if let Some(changed) = self.config.set_runtime_job(name, stored) {
+            self.signals.publish(Signal::jobs_changed(changed));
         }
         Ok(())
     }

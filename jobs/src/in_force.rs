@@ -427,13 +427,15 @@ impl InForce {
     }
 
     /// One runtime job as stored now: saved (`Some`), or deleted. An older version than the
-    /// one in force is ignored (two changes heard out of order). Whether anything changed.
-    pub(crate) fn set_runtime_job(&self, name: &str, stored: Option<StoredJob>) -> bool {
+    /// one in force is ignored (two changes heard out of order). The jobs to plan again: it,
+    /// and the runtime jobs its change let run or stopped (an `after` that names it, or a
+    /// cycle through it); `None` when nothing changed.
+    pub(crate) fn set_runtime_job(&self, name: &str, stored: Option<StoredJob>) -> Option<Vec<String>> {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         match stored {
             Some(s) => {
                 if sources.runtime.get(name).is_some_and(|c| c.stored.version >= s.version) {
-                    return false;
+                    return None;
                 }
                 let compiled = Compiled::of(s, &sources.files, &self.registry);
                 sources.added.remove(name);
@@ -443,13 +445,24 @@ impl InForce {
             }
             None => {
                 if sources.runtime.remove(name).is_none() {
-                    return false;
+                    return None;
                 }
                 sources.added.remove(name);
             }
         }
+        let before = self.get();
         self.publish(&sources);
-        true
+        let after = self.get();
+        let mut changed = vec![name.to_owned()];
+        changed.extend(
+            sources
+                .added
+                .after
+                .iter()
+                .filter(|n| *n != name && before.unavailable.contains_key(*n) != after.unavailable.contains_key(*n))
+                .cloned(),
+        );
+        Some(changed)
     }
 
     /// Builds the snapshot from the sources and swaps it in: the files' part as loaded, the
@@ -599,9 +612,16 @@ mod tests {
         one_by_one.set_runtime_job("z", Some(stored("z", 1, job(serde_json::json!({"every": "1h"})))));
         one_by_one.set_runtime_job("c", Some(stored("c", 1, job(serde_json::json!({"every": "1h"})))));
         for s in &last {
-            assert!(one_by_one.set_runtime_job(&s.name, Some(s.clone())), "{} changed", s.name);
+            assert!(one_by_one.set_runtime_job(&s.name, Some(s.clone())).is_some(), "{} changed", s.name);
         }
-        assert!(one_by_one.set_runtime_job("z", None), "z deleted");
+        assert_eq!(one_by_one.set_runtime_job("z", None), Some(vec!["z".to_owned()]), "z deleted");
+        // A job that runs after a runtime job is planned again when that job goes and comes
+        // back: it could not run, then can.
+        assert_eq!(one_by_one.set_runtime_job("c", None), Some(vec!["c".to_owned(), "d".to_owned()]));
+        assert!(one_by_one.get().unavailable.contains_key("d"), "d runs after c, which is gone");
+        let c = last.iter().find(|s| s.name == "c").cloned().map(|c| StoredJob { version: 3, ..c });
+        assert_eq!(one_by_one.set_runtime_job("c", c.clone()), Some(vec!["c".to_owned(), "d".to_owned()]));
+        assert!(!one_by_one.get().unavailable.contains_key("d"), "d runs again");
         let at_once = InForce::new(JobsConfig::of(&config, &registry), registry.clone());
         assert!(at_once.set_runtime(last));
         let (x, y) = (one_by_one.get(), at_once.get());

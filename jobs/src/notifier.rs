@@ -58,8 +58,9 @@ pub(crate) struct NotifierEnv {
     pub(crate) worker: String,
 }
 
-/// The webhooks' HTTP client, built at the first webhook (or why it could not be).
-type Http = OnceLock<Result<reqwest::Client, String>>;
+/// The webhooks' HTTP client, built at the first webhook (a build that failed is tried again
+/// at the next).
+type Http = OnceLock<reqwest::Client>;
 
 /// Notices and sends until `stop`: at start (what a crash left), whenever runs end or wait,
 /// and when the next retry is due.
@@ -202,13 +203,15 @@ async fn send(env: &NotifierEnv, http: &Http, config: &JobsConfig, c: &Claimed) 
         |error: String, permanent: bool| Sent::Failed { error, retry_at: notify::retry_at(c.attempts, permanent, c.created_at, now) };
     match target {
         NotifyTarget::Webhook(w) => {
-            let built = http.get_or_init(|| {
-                reqwest::Client::builder()
+            let built = match http.get() {
+                Some(client) => Ok(client),
+                None => reqwest::Client::builder()
                     .timeout(HTTP_TIMEOUT)
                     .user_agent(concat!("lamplighter/", env!("CARGO_PKG_VERSION")))
                     .build()
-                    .map_err(|e| e.to_string())
-            });
+                    .map(|client| http.get_or_init(|| client))
+                    .map_err(|e| e.to_string()),
+            };
             let sent = match built {
                 Ok(client) => post(client, &w, c).await,
                 Err(e) => Err((format!("cannot make HTTP requests: {e}"), false)),

@@ -314,7 +314,7 @@ fn for_scheduler(s: &Signal, holding: bool) -> Option<Woken> {
         Signal::JobsChanged(jobs) => Some(Woken::Jobs(jobs.clone())),
         Signal::Wake => Some(Woken::Pass),
         Signal::RunFinished(_) => holding.then_some(Woken::Pass),
-        // A changed runtime job is read again first; `JobChanged` follows.
+        // A changed runtime job is read again first; `JobsChanged` follows.
         Signal::TasksPushed
         | Signal::RunsChanged
         | Signal::RunProgress(_)

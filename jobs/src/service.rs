@@ -189,8 +189,8 @@ impl JobService {
 
     /// Puts a runtime job saved (or deleted) here in force at once, and tells every worker.
     pub(crate) fn apply_runtime_job(&self, name: &str, stored: Option<crate::definitions::StoredJob>) {
-        if self.config.set_runtime_job(name, stored) {
-            self.signal(Signal::jobs_changed(vec![name.to_owned()]));
+        if let Some(changed) = self.config.set_runtime_job(name, stored) {
+            self.signal(Signal::jobs_changed(changed));
         }
         self.signal(Signal::DefinitionChanged(name.to_owned()));
     }

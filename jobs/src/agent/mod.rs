@@ -72,8 +72,8 @@ const TOOL_RESULT_CAP: usize = 100_000;
 pub struct AgentRuntime {
     /// Built at the first model call: a client loads and parses the system's TLS roots, which
     /// a worker without agents should not pay for at start. A build that failed (no roots to
-    /// load) fails each model call with why, never the process.
-    http: OnceLock<Result<reqwest::Client, String>>,
+    /// load) fails that model call with why, never the process, and is tried again at the next.
+    http: OnceLock<reqwest::Client>,
     limiters: Mutex<HashMap<String, Arc<Limiter>>>,
     mcp: mcp::McpPool,
 }
@@ -86,8 +86,12 @@ impl Default for AgentRuntime {
 
 impl AgentRuntime {
     /// The HTTP client of model calls, built at the first.
-    fn http(&self) -> Result<&reqwest::Client, &str> {
-        self.http.get_or_init(|| reqwest::Client::builder().build().map_err(|e| e.to_string())).as_ref().map_err(String::as_str)
+    fn http(&self) -> Result<&reqwest::Client, String> {
+        if let Some(client) = self.http.get() {
+            return Ok(client);
+        }
+        let client = reqwest::Client::builder().build().map_err(|e| e.to_string())?;
+        Ok(self.http.get_or_init(|| client))
     }
 
     pub fn new() -> Self {
