@@ -444,9 +444,7 @@ impl InForce {
                 sources.runtime.insert(name.to_owned(), compiled);
             }
             None => {
-                if sources.runtime.remove(name).is_none() {
-                    return None;
-                }
+                sources.runtime.remove(name)?;
                 sources.added.remove(name);
             }
         }
