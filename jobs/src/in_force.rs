@@ -137,13 +137,22 @@ pub(crate) struct JobsConfig {
 
 /// The jobs that run after each job, by upstream name: those enabled and not unavailable.
 fn downstream_of(jobs: &BTreeMap<String, JobConfig>, unavailable: &HashMap<String, String>) -> HashMap<String, Vec<String>> {
-    let mut index: HashMap<String, Vec<String>> = HashMap::new();
-    for job in jobs.values().filter(|j| j.enabled && !unavailable.contains_key(&j.name)) {
+    let mut index = HashMap::new();
+    add_downstream(&mut index, jobs.values(), unavailable);
+    index
+}
+
+/// Adds `jobs` (those enabled and not unavailable) to the index of who runs after whom.
+fn add_downstream<'a>(
+    index: &mut HashMap<String, Vec<String>>,
+    jobs: impl Iterator<Item = &'a JobConfig>,
+    unavailable: &HashMap<String, String>,
+) {
+    for job in jobs.filter(|j| j.enabled && !unavailable.contains_key(&j.name)) {
         for up in job.after().map(|a| a.jobs.as_slice()).unwrap_or_default() {
             index.entry(up.clone()).or_default().push(job.name.clone());
         }
     }
-    index
 }
 
 /// Whether any of these rules, the default ones or a job's own, is about waits for a decision.
@@ -484,20 +493,9 @@ impl InForce {
             if !added.after.is_empty() {
                 // The files' jobs cannot run after a runtime job (the files are checked alone).
                 let mut downstream = HashMap::clone(&files.downstream);
-                let mut touched = BTreeSet::new();
-                for name in added.after.iter().filter(|n| !unavailable.contains_key(*n)) {
-                    let Some(job) = jobs.get(name).filter(|j| j.enabled) else { continue };
-                    for up in job.after().map(|a| a.jobs.as_slice()).unwrap_or_default() {
-                        downstream.entry(up.clone()).or_default().push(name.clone());
-                        touched.insert(up.clone());
-                    }
-                }
+                add_downstream(&mut downstream, added.after.iter().filter_map(|n| jobs.get(n)), &unavailable);
                 // In name order, as for the files' jobs alone.
-                for up in &touched {
-                    if let Some(d) = downstream.get_mut(up) {
-                        d.sort_unstable();
-                    }
-                }
+                downstream.values_mut().for_each(|d| d.sort_unstable());
                 config.downstream = Arc::new(downstream);
             }
             config.notifies_waits = files.notifies_waits || !added.waits.is_empty();
