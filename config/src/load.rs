@@ -4,13 +4,20 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
 
 use serde::de::DeserializeOwned;
 
 use crate::KeepMerged;
 use crate::diag::{Diagnostic, Location, display_path};
 use crate::raw::{self, RawConfig};
-use crate::yaml::{self, Mapping, PositionIndex, Seg, Value, YamlPath, path_string};
+use crate::yaml::{self, Keep, Mapping, PositionIndex, Seg, Value, YamlPath, path_string};
+
+/// From this size on, a file keeps only its shallow positions while it loads (see
+/// [`PositionIndex`]); the rest are found by parsing it again when an error needs one. Some
+/// two thousand jobs: below it, the positions cost less than a file read and parse again.
+const SHALLOW_POSITIONS_FROM: usize = 512 * 1024;
 
 /// Top-level sections of the seed system that Lamplighter knows of and ignores.
 const SEED_ONLY_SECTIONS: &[&str] = &["dataverse"];
@@ -120,11 +127,46 @@ impl ItemLocations {
 pub(crate) struct SourceFile {
     pub(crate) path: PathBuf,
     index: PositionIndex,
+    /// When `index` is shallow: the file's length and modification time as it was read, and
+    /// its every position, parsed again the first time a deeper path is asked for (and kept:
+    /// a broken config asks for many). Not parsed again if the file has changed since.
+    again: Option<((u64, SystemTime), OnceLock<Option<Arc<PositionIndex>>>)>,
     /// Where this file's root sits in the merged document (Markdown agents sit under
     /// `agents.<name>`).
     prefix: YamlPath,
     /// Lines before the parsed text (the `---` of front matter).
     line_offset: usize,
+}
+
+impl SourceFile {
+    /// The line and column of `path` (from this file's root), or of its closest ancestor that
+    /// has one (the file's first line at worst).
+    fn position(&self, path: &[Seg]) -> (usize, usize) {
+        let index = match &self.again {
+            Some((stamp, every)) if !self.index.reaches(path) => {
+                every.get_or_init(|| self.every_position(*stamp)).as_deref().unwrap_or(&self.index)
+            }
+            _ => &self.index,
+        };
+        let (line, col) = index.find(path).unwrap_or((1, 1));
+        (line + self.line_offset, col)
+    }
+
+    /// Every position of the file, read and parsed again if it is still as it was loaded.
+    fn every_position(&self, stamp: (u64, SystemTime)) -> Option<Arc<PositionIndex>> {
+        if file_stamp(&self.path)? != stamp {
+            return None;
+        }
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let (_, index) = yaml::parse(&text, Keep::Every).ok()?;
+        Some(Arc::new(index))
+    }
+}
+
+/// A file's length and modification time: whether it is still the file that was read.
+fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
 }
 
 /// Maps paths of the merged document back to files and positions.
@@ -172,8 +214,7 @@ impl SourceMap {
     fn position_in(&self, owner: usize, path: &[Seg]) -> (usize, usize) {
         let f = &self.files[owner];
         let rel = path.strip_prefix(f.prefix.as_slice()).unwrap_or(path);
-        let (line, col) = f.index.find(rel).unwrap_or((1, 1));
-        (line + f.line_offset, col)
+        f.position(rel)
     }
 
     /// Every file that went into the config.
@@ -196,6 +237,9 @@ pub(crate) struct Loaded {
     /// is read and compiled in turn, so that the YAML, the raw and the compiled jobs are never
     /// all held at once. Items with an unknown key are left out (already reported).
     pub(crate) unread_jobs: Vec<(String, YamlPath, Value)>,
+    /// With [`KeepMerged::WithoutJobs`], the jobs read while their file was parsed (see
+    /// [`read_at_once`]); the others are in `unread_jobs`.
+    pub(crate) read_jobs: Vec<(String, raw::Job)>,
     pub(crate) merged: Value,
     pub(crate) sources: SourceMap,
     pub(crate) unset_vars: Vec<(YamlPath, String)>,
@@ -208,6 +252,8 @@ type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
 struct Loader {
     keep: KeepMerged,
     unread_jobs: Vec<(String, YamlPath, Value)>,
+    /// Jobs read while their file was parsed, with the number of that file.
+    read_jobs: Vec<(usize, String, raw::Job)>,
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
@@ -221,6 +267,7 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     let mut l = Loader {
         keep,
         unread_jobs: Vec::new(),
+        read_jobs: Vec::new(),
         diags: Vec::new(),
         sources: SourceMap::default(),
         merged: Value::Mapping(Mapping::new()),
@@ -244,9 +291,11 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     let unknown: Vec<YamlPath> = unknown.into_iter().map(|u| u.0).collect();
     let raw = l.deserialize(&unknown);
     let unread_jobs = std::mem::take(&mut l.unread_jobs);
+    let read_jobs = l.read_jobs_kept();
     let loaded = raw.map(|raw| Loaded {
         raw,
         unread_jobs,
+        read_jobs,
         merged: std::mem::take(&mut l.merged),
         sources: std::mem::take(&mut l.sources),
         unset_vars: std::mem::take(&mut l.unset),
@@ -291,6 +340,7 @@ impl Loader {
         if !self.seen.insert(canon.clone()) {
             return; // imported twice (e.g. by a literal and a glob): merge once
         }
+        let stamp = file_stamp(path);
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
@@ -298,11 +348,26 @@ impl Loader {
                 return;
             }
         };
-        let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0) else {
+        // A large file keeps its shallow positions only, if it can be read again as it was
+        // (its stamp taken before it was read, and of the length read).
+        let again = stamp.filter(|s| text.len() >= SHALLOW_POSITIONS_FROM && s.0 == text.len() as u64);
+        // A load that keeps no jobs' YAML reads each job as soon as it is parsed: the YAML of a
+        // million jobs is never all held (gigabytes), only the jobs read.
+        let mut read = Vec::new();
+        let mut take_job = |name: &str, job: Value| match read_at_once(&job) {
+            Some(read_job) => {
+                read.push((name.to_string(), read_job));
+                Value::Null
+            }
+            None => job,
+        };
+        let take_job: Option<yaml::TakeJob<'_>> = (self.keep == KeepMerged::WithoutJobs).then_some(&mut take_job);
+        let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0, again, take_job) else {
             return;
         };
-        let imports = value.get("framework").and_then(|f| f.get("imports")).and_then(Value::as_sequence).cloned().unwrap_or_default();
         let file_idx = self.sources.files.len() - 1;
+        self.read_jobs.extend(read.into_iter().map(|(name, job)| (file_idx, name, job)));
+        let imports = value.get("framework").and_then(|f| f.get("imports")).and_then(Value::as_sequence).cloned().unwrap_or_default();
         self.merge_file(value, file_idx);
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut chain = chain.to_vec();
@@ -348,13 +413,23 @@ impl Loader {
 
     fn locate_in(&self, file_idx: usize, path: &[Seg]) -> Option<Location> {
         let f = &self.sources.files[file_idx];
-        let (line, col) = f.index.find(path).unwrap_or((1, 1));
-        Some(Location { file: f.path.clone(), line: line + f.line_offset, col })
+        let (line, col) = f.position(path);
+        Some(Location { file: f.path.clone(), line, col })
     }
 
-    /// Parses text, records the file and its positions, substitutes variables.
-    fn parse_into_sources(&mut self, path: &Path, text: &str, prefix: YamlPath, line_offset: usize) -> Option<Value> {
-        let (mut value, index) = match yaml::parse(text) {
+    /// Parses text, records the file and its positions, substitutes variables. With `again`
+    /// (the whole file's stamp), only the shallow positions are kept.
+    fn parse_into_sources(
+        &mut self,
+        path: &Path,
+        text: &str,
+        prefix: YamlPath,
+        line_offset: usize,
+        again: Option<(u64, SystemTime)>,
+        take_job: Option<yaml::TakeJob<'_>>,
+    ) -> Option<Value> {
+        let keep = if again.is_some() { Keep::Shallow } else { Keep::Every };
+        let (mut value, index) = match yaml::parse_taking_jobs(text, keep, take_job) {
             Ok(v) => v,
             Err(e) => {
                 let loc = Location { file: path.to_path_buf(), line: e.line + line_offset, col: e.col };
@@ -362,7 +437,8 @@ impl Loader {
                 return None;
             }
         };
-        self.sources.files.push(SourceFile { path: path.to_path_buf(), index, prefix: prefix.clone(), line_offset });
+        let again = again.map(|stamp| (stamp, OnceLock::new()));
+        self.sources.files.push(SourceFile { path: path.to_path_buf(), index, again, prefix: prefix.clone(), line_offset });
         if value.is_null() {
             value = Value::Mapping(Mapping::new());
         }
@@ -480,7 +556,7 @@ impl Loader {
 
     fn add_agent(&mut self, file: &Path, stem: &str, text: &str, line_offset: usize, prompt: Option<String>) {
         let prefix = keys(&["agents", stem]);
-        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset) else {
+        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset, None, None) else {
             return;
         };
         let name = value.get("name").and_then(Value::as_str).unwrap_or(stem).to_string();
@@ -512,7 +588,11 @@ impl Loader {
         let jobs = match self.keep {
             KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown),
             KeepMerged::WithoutJobs => {
-                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown);
+                let read = std::mem::take(&mut self.read_jobs);
+                let read_names: HashSet<&str> = read.iter().map(|(_, name, _)| name.as_str()).collect();
+                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown, &read_names);
+                drop(read_names);
+                self.read_jobs = read;
                 BTreeMap::new()
             }
         };
@@ -576,21 +656,35 @@ impl Loader {
     }
 
     /// Takes the YAML of the collection at `at` out of `doc`, item by item with its path,
-    /// leaving out items with an unknown key.
-    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> Vec<(String, YamlPath, Value)> {
+    /// leaving out items with an unknown key and the places of those `read` already.
+    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath], read: &HashSet<&str>) -> Vec<(String, YamlPath, Value)> {
         let Some(items) = self.items_at(doc, at) else {
             return Vec::new();
         };
         let base = keys(at);
         let items = std::mem::take(items);
-        let mut out = Vec::with_capacity(items.len());
+        let mut out = Vec::with_capacity(items.len().saturating_sub(read.len()));
         for (k, v) in items {
+            if v.is_null() && k.as_str().is_some_and(|name| read.contains(name)) {
+                continue;
+            }
             let (name, path) = item_path(&base, &k);
             if !unknown.iter().any(|u| u.starts_with(&path)) {
                 out.push((name, path, v));
             }
         }
         out
+    }
+
+    /// The jobs read while their files were parsed, but for those of a name an earlier file
+    /// defined (the merge reported those; the earlier file's job is the one kept).
+    fn read_jobs_kept(&mut self) -> Vec<(String, raw::Job)> {
+        let read = std::mem::take(&mut self.read_jobs);
+        let one_file = self.sources.files.len() <= 1;
+        read.into_iter()
+            .filter(|(file, name, _)| one_file || self.sources.owner(&keys(&["scheduling", "jobs", name])) == Some(*file))
+            .map(|(_, name, job)| (name, job))
+            .collect()
     }
 
     /// The mapping at `at`: `None` when absent, null, or not a mapping (reported).
@@ -614,6 +708,27 @@ impl Loader {
     /// Reads one item from its YAML, borrowed or owned.
     fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
         read_item(&self.sources, &mut self.diags, v, base)
+    }
+}
+
+/// A job read while its file is parsed: one whose YAML reads as it is, with no `${VAR}` to
+/// substitute, no unknown key and nothing that does not read. Any other is left in the
+/// document and read the long way, which reports what is wrong with it where it is.
+fn read_at_once(job: &Value) -> Option<raw::Job> {
+    use serde::Deserialize;
+    if !job.is_mapping() || holds_variable(job) || crate::schema::job_has_unknown_keys(job) {
+        return None;
+    }
+    raw::Job::deserialize(job).ok()
+}
+
+/// Whether a string [`substitute_in`] would look at holds `${`.
+fn holds_variable(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains("${"),
+        Value::Mapping(m) => m.values().any(holds_variable),
+        Value::Sequence(items) => items.iter().any(holds_variable),
+        _ => false,
     }
 }
 
@@ -813,6 +928,32 @@ mod tests {
             assert!(!l.contains(absent) && l.get(absent).is_none(), "{absent}");
         }
         assert!(!ItemLocations::default().contains("a"));
+    }
+
+    /// With [`KeepMerged::WithoutJobs`] the jobs that read as they are are read while their
+    /// file is parsed and leave no YAML behind; the others are left for the long way; a job an
+    /// import defines again is the first file's. A whole load reads none early.
+    #[test]
+    fn jobs_that_read_as_they_are_are_read_while_parsing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let act = "      type: plugin\n      plugin: file-save\n      action: save\n";
+        let main = format!(
+            "framework:\n  imports: [more.yaml]\nscheduling:\n  jobs:\n    good:\n      every: 1h\n{act}    with-var:\n      every: ${{EVERY}}\n{act}    \
+             unknown:\n      evry: 1h\n{act}    bad-read:\n      cron: [1]\n{act}    twice:\n      every: 2h\n{act}"
+        );
+        std::fs::write(tmp.path().join("lamplighter.yaml"), main).unwrap();
+        std::fs::write(tmp.path().join("more.yaml"), format!("scheduling:\n  jobs:\n    twice:\n      every: 3h\n{act}    more:\n      every: 4h\n{act}")).unwrap();
+        let load = |keep| load_with_env(&tmp.path().join("lamplighter.yaml"), keep, Box::new(|_| None)).0.expect("loads");
+        let lean = load(KeepMerged::WithoutJobs);
+        let read: Vec<(&str, Option<&str>)> = lean.read_jobs.iter().map(|(n, j)| (n.as_str(), j.every.as_deref())).collect();
+        assert_eq!(read, [("good", Some("1h")), ("twice", Some("2h")), ("more", Some("4h"))]);
+        let unread: Vec<&str> = lean.unread_jobs.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(unread, ["with-var", "bad-read"]);
+        let jobs_yaml = lean.merged.get("scheduling").and_then(|s| s.get("jobs")).and_then(Value::as_mapping).map(Mapping::len);
+        assert_eq!(jobs_yaml, Some(0), "no job's YAML is kept");
+        let whole = load(KeepMerged::Whole);
+        assert!(whole.read_jobs.is_empty() && whole.unread_jobs.is_empty());
+        assert_eq!(whole.raw.scheduling.as_ref().and_then(|s| s.jobs.as_ref()).map(BTreeMap::len), Some(4), "good, twice, more, with-var");
     }
 
     fn env(name: &str) -> Option<String> {

@@ -2,6 +2,8 @@
 //! uses it: one source of truth for which keys exist, so that the schema editors see and the
 //! "did you mean" errors can never disagree.
 
+use std::borrow::Cow;
+
 use serde_json::Value as Json;
 
 use crate::diag::did_you_mean;
@@ -30,8 +32,28 @@ pub(crate) fn unknown_keys(value: &Value) -> Vec<UnknownKey> {
 /// which are read one by one (generating it took ~370 µs, most of a runtime job's compile,
 /// 37 s of a restart with 100,000 of them). Generated at the first runtime job read.
 pub(crate) fn unknown_keys_kept(value: &Value) -> Vec<UnknownKey> {
-    static SCHEMA: std::sync::LazyLock<schemars::Schema> = std::sync::LazyLock::new(|| schemars::schema_for!(RawConfig));
     unknown_keys_in(&SCHEMA, value)
+}
+
+/// The schema generated once for the process (see [`unknown_keys_kept`]).
+static SCHEMA: std::sync::LazyLock<schemars::Schema> = std::sync::LazyLock::new(|| schemars::schema_for!(RawConfig));
+
+/// Whether a job's definition (the value of `scheduling.jobs.<name>`) has a key the schema does
+/// not allow, against the schema generated once for the process.
+pub(crate) fn job_has_unknown_keys(job: &Value) -> bool {
+    static JOB: std::sync::LazyLock<Option<&'static Json>> = std::sync::LazyLock::new(|| {
+        let root = SCHEMA.as_value();
+        let scheduling = resolve(root, root.get("properties")?.get("scheduling")?);
+        let jobs = resolve(root, scheduling.get("properties")?.get("jobs")?);
+        Some(resolve(root, jobs.get("additionalProperties")?))
+    });
+    // A schema without the jobs where they are expected: every job is checked the long way.
+    let Some(job_schema) = *JOB else {
+        return true;
+    };
+    let mut out = Vec::new();
+    walk(SCHEMA.as_value(), job_schema, job, &mut Vec::new(), &mut out);
+    !out.is_empty()
 }
 
 fn unknown_keys_in(schema: &schemars::Schema, value: &Value) -> Vec<UnknownKey> {
@@ -39,6 +61,23 @@ fn unknown_keys_in(schema: &schemars::Schema, value: &Value) -> Vec<UnknownKey> 
     let mut out = Vec::new();
     walk(root, root, value, &mut Vec::new(), &mut out);
     out
+}
+
+/// A step of [`walk`]'s path: borrowed from the value (a key that is not a string is written
+/// out), made into a [`YamlPath`] only for an unknown key (a large config has millions of keys
+/// and few or none unknown).
+enum Step<'v> {
+    Key(Cow<'v, str>),
+    Index(usize),
+}
+
+fn owned(path: &[Step<'_>]) -> YamlPath {
+    path.iter()
+        .map(|step| match step {
+            Step::Key(k) => Seg::Key(k.to_string()),
+            Step::Index(i) => Seg::Index(*i),
+        })
+        .collect()
 }
 
 fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
@@ -65,7 +104,7 @@ fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
     s
 }
 
-fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mut Vec<UnknownKey>) {
+fn walk<'v>(root: &Json, schema: &Json, value: &'v Value, path: &mut Vec<Step<'v>>, out: &mut Vec<UnknownKey>) {
     let schema = resolve(root, schema);
     match value {
         Value::Mapping(map) => {
@@ -73,23 +112,24 @@ fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mu
             let additional = schema.get("additionalProperties");
             for (k, v) in map {
                 let key = match k {
-                    Value::String(s) => s.clone(),
-                    other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+                    Value::String(s) => Cow::Borrowed(s.as_str()),
+                    other => Cow::Owned(serde_yaml::to_string(other).unwrap_or_default().trim().to_string()),
                 };
-                path.push(Seg::Key(key.clone()));
-                if let Some(sub) = props.and_then(|p| p.get(&key)) {
+                path.push(Step::Key(key.clone()));
+                if let Some(sub) = props.and_then(|p| p.get(key.as_ref())) {
                     walk(root, sub, v, path, out);
                 } else if let Some(add) = additional.filter(|a| a.is_object()) {
                     walk(root, add, v, path, out);
                 } else if additional == Some(&Json::Bool(false)) {
                     let known: Vec<&str> = props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default();
                     let hint = did_you_mean(&key, known.iter().copied());
+                    let path = owned(path);
                     let place = if path.len() == 1 {
                         "at the top level".to_string()
                     } else {
                         format!("in \"{}\"", crate::yaml::path_string(&path[..path.len() - 1]))
                     };
-                    out.push(UnknownKey { path: path.clone(), message: format!("unknown key \"{key}\" {place}{hint}") });
+                    out.push(UnknownKey { path, message: format!("unknown key \"{key}\" {place}{hint}") });
                 }
                 path.pop();
             }
@@ -97,7 +137,7 @@ fn walk(root: &Json, schema: &Json, value: &Value, path: &mut YamlPath, out: &mu
         Value::Sequence(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for (i, v) in items.iter().enumerate() {
-                    path.push(Seg::Index(i));
+                    path.push(Step::Index(i));
                     walk(root, item_schema, v, path, out);
                     path.pop();
                 }

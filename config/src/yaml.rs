@@ -45,10 +45,30 @@ pub(crate) fn path_string(path: &[Seg]) -> String {
 /// config with ten thousand jobs has some hundred thousand keys, and their paths would cost
 /// more memory than the rest of the config. Two paths of one document sharing a hash (odds of
 /// about 10⁻¹⁰ for such a file) would only misplace an error's position.
+///
+/// A large file keeps only its shallow positions ([`Keep::Shallow`]): the sections, their
+/// items, and the items' own keys are where most errors of a large file are found from, and
+/// the positions of a million jobs' fields would cost the loader seconds and the worker a
+/// hundred megabytes it never reads. A path deeper than that is found by parsing the file
+/// again, whole (the loader's [`crate::load`] does, when an error needs it).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PositionIndex {
     map: Positions,
+    /// The depth of the deepest paths kept; `None`: every path.
+    depth: Option<usize>,
 }
+
+/// Which positions a parse keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Every key's and item's.
+    Every,
+    /// Only of the paths of up to [`SHALLOW_DEPTH`] steps (`scheduling.jobs.<name>`).
+    Shallow,
+}
+
+/// How deep [`Keep::Shallow`] keeps positions: the items of a section's collection.
+pub(crate) const SHALLOW_DEPTH: usize = 3;
 
 /// Path hash → (line, col). The keys are hashes already: the map does not hash them again.
 type Positions = HashMap<u64, (u32, u32), BuildHasherDefault<PathHash>>;
@@ -140,6 +160,12 @@ impl PositionIndex {
         prefixes.iter().rev().find_map(|h| self.map.get(h)).map(|&(line, col)| (line as usize, col as usize))
     }
 
+    /// Whether `path` is as deep as this index keeps positions: if it has none, the file has
+    /// none for it either (else only an ancestor's is here).
+    pub(crate) fn reaches(&self, path: &[Seg]) -> bool {
+        self.depth.is_none_or(|depth| path.len() <= depth)
+    }
+
     #[cfg(test)]
     pub(crate) fn contains(&self, path: &[Seg]) -> bool {
         self.map.contains_key(&path.iter().fold(ROOT, child))
@@ -154,16 +180,26 @@ pub(crate) struct ParseError {
     pub(crate) message: String,
 }
 
-/// Parses one document into a value and the positions of its keys.
-pub(crate) fn parse(text: &str) -> Result<(Value, PositionIndex), ParseError> {
+/// Parses one document into a value and the positions of its keys (those `keep` says).
+pub(crate) fn parse(text: &str, keep: Keep) -> Result<(Value, PositionIndex), ParseError> {
+    parse_taking_jobs(text, keep, None)
+}
+
+/// What a parse hands each job (`scheduling.jobs.<name>`) as soon as its value is built: the
+/// name and the value; what it returns goes in the job's place.
+pub(crate) type TakeJob<'a> = &'a mut dyn FnMut(&str, Value) -> Value;
+
+/// As [`parse`], handing each job to `take_job` as it is built (a large config's jobs are read
+/// one by one while the file is parsed rather than all held as YAML first).
+pub(crate) fn parse_taking_jobs(text: &str, keep: Keep, take_job: Option<TakeJob<'_>>) -> Result<(Value, PositionIndex), ParseError> {
     // yaml-rust2 asserts its own invariants; a failed one on some input is a bug of the
     // parser, reported as this file's error rather than taking the worker down.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text))).unwrap_or_else(|panic| {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text, keep, take_job))).unwrap_or_else(|panic| {
         Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {}", panic_message(&*panic)) })
     })
 }
 
-fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
+fn parse_unguarded(text: &str, keep: Keep, take_job: Option<TakeJob<'_>>) -> Result<(Value, PositionIndex), ParseError> {
     // A byte order mark is not content (libyaml skips it; yaml-rust2 would read it into the
     // first key).
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
@@ -172,10 +208,15 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     // hand their events over in batches, while this thread builds the value and the
     // positions: the two halves of the work take about the same time, so a large config is
     // read in about half of it. A builder that stops early (an error) stops the parser.
-    let mut b = Builder::default();
-    // About a position for every 20 bytes of a large config (a million jobs: 9.6 million in
-    // 190 MB): the map is sized once rather than doubled and copied along the way.
-    b.map.reserve(text.len() / 20);
+    let depth = match keep {
+        Keep::Every => None,
+        Keep::Shallow => Some(SHALLOW_DEPTH),
+    };
+    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), take_job, ..Builder::default() };
+    // Every position: about one for every 20 bytes of a large config (a million jobs: 9.6
+    // million in 190 MB); the map is sized once rather than doubled and copied along the way.
+    // The shallow ones: about one a job, some two hundred bytes.
+    b.map.reserve(if depth.is_none() { text.len() / 20 } else { text.len() / 200 });
     let mut outcome = None;
     crate::pipeline::pipelined(
         text.len() >= PARSE_ON_A_THREAD_FROM,
@@ -207,7 +248,7 @@ fn parse_unguarded(text: &str) -> Result<(Value, PositionIndex), ParseError> {
     {
         s.pop();
     }
-    Ok((root, PositionIndex { map: b.map }))
+    Ok((root, PositionIndex { map: b.map, depth }))
 }
 
 /// What the parser thread hands over.
@@ -228,7 +269,7 @@ const EVENTS_PER_BATCH: usize = 4096;
 const PARSE_ON_A_THREAD_FROM: usize = 64 * 1024;
 
 /// Builds on with one hand-over: true once the stream has ended.
-fn feed(b: &mut Builder, parsed: Parsed) -> Result<bool, Refusal> {
+fn feed(b: &mut Builder<'_>, parsed: Parsed) -> Result<bool, Refusal> {
     match parsed {
         Parsed::Events(events) => {
             for (event, mark) in events {
@@ -356,8 +397,12 @@ impl ParseError {
 
 /// Builds the value and the position index from parser events.
 #[derive(Default)]
-struct Builder {
+struct Builder<'a> {
     map: Positions,
+    /// Positions are kept of paths up to this many steps.
+    keep_depth: usize,
+    /// Each job, as soon as it is built (see [`parse_taking_jobs`]).
+    take_job: Option<TakeJob<'a>>,
     open: Vec<Open>,
     /// Anchored values and their sizes.
     anchors: HashMap<usize, (Value, Size)>,
@@ -396,7 +441,12 @@ enum Place {
     At(u64),
 }
 
-impl Builder {
+/// The hash of the path `scheduling.jobs`, whose items are the jobs.
+fn jobs_path() -> u64 {
+    key_child(key_child(ROOT, "scheduling"), "jobs")
+}
+
+impl Builder<'_> {
     /// Handles one event; true once the stream ends.
     fn on_event(&mut self, event: Event, mark: Marker) -> Result<bool, ParseError> {
         match event {
@@ -483,9 +533,17 @@ impl Builder {
     fn enter(&mut self, mark: Marker, scalar: Option<&str>) -> Place {
         self.nodes += 1;
         let pos = pos(mark.line(), mark.col() + 1);
+        let deep = self.open.len() > self.keep_depth;
         let Some(parent) = self.open.last_mut() else {
             return Place::Root;
         };
+        if deep {
+            // No position kept, none of this node's path or below: no hash is worked out.
+            return match &parent.kind {
+                OpenKind::Map(_, None) => Place::Key(ROOT),
+                _ => Place::At(ROOT),
+            };
+        }
         let parent_path = parent.path;
         match &mut parent.kind {
             OpenKind::Seq(items) => {
@@ -507,6 +565,8 @@ impl Builder {
         if anchor != 0 {
             self.anchors.insert(anchor, (value.clone(), size));
         }
+        // The root, `scheduling`, `jobs`: a value put in this mapping is a job.
+        let in_jobs = self.open.len() == 3;
         let Some(parent) = self.open.last_mut() else {
             self.root = Some(value);
             return Ok(());
@@ -527,6 +587,10 @@ impl Builder {
             (OpenKind::Map(map, pending @ Some(_)), _) => {
                 let Some((key, _, key_mark)) = pending.take() else {
                     return Ok(());
+                };
+                let value = match (&mut self.take_job, &key) {
+                    (Some(take), Value::String(name)) if in_jobs && parent_path == jobs_path() => take(name, value),
+                    _ => value,
                 };
                 match map.entry(key) {
                     serde_yaml::mapping::Entry::Occupied(e) => return Err(ParseError::at(key_mark, duplicate_key(e.key()))),
@@ -724,7 +788,7 @@ mod tests {
     #[test]
     fn positions_of_keys_and_items() {
         let text = "a:\n  b: 1\n  c:\n    - x: 1\n      y: >\n        folded: not a key\n    - 2\nd: [1, 2]\n";
-        let (_, idx) = parse(text).unwrap();
+        let (_, idx) = parse(text, Keep::Every).unwrap();
         assert_eq!(idx.find(&key("a")), Some((1, 1)));
         assert_eq!(idx.find(&key("a.b")), Some((2, 3)));
         let mut p = key("a.c");
@@ -733,6 +797,28 @@ mod tests {
         assert_eq!(idx.find(&p), Some((5, 7)));
         assert_eq!(idx.find(&key("d")), Some((8, 1)));
         assert!(!idx.contains(&key("a.c.folded")));
+    }
+
+    /// The shallow positions are those of paths of up to three steps; deeper ones find their
+    /// closest kept ancestor and say they may be missing; the value is the same either way.
+    #[test]
+    fn shallow_positions_stop_at_three_steps() {
+        let text = "s:\n  jobs:\n    a:\n      cron: x\n      p: {q: [1]}\n    b: [1, {c: 2}]\nt: 1\n";
+        let (every_value, every) = parse(text, Keep::Every).unwrap();
+        let (value, shallow) = parse(text, Keep::Shallow).unwrap();
+        assert_eq!(value, every_value);
+        for kept in ["s", "s.jobs", "s.jobs.a", "s.jobs.b", "t"] {
+            assert_eq!(shallow.find(&key(kept)), every.find(&key(kept)), "{kept}");
+            assert!(shallow.reaches(&key(kept)) && every.reaches(&key(kept)), "{kept}");
+        }
+        assert_eq!(every.find(&key("s.jobs.a.cron")), Some((4, 7)));
+        assert_eq!(shallow.find(&key("s.jobs.a.cron")), Some((3, 5)), "the job's position");
+        assert!(!shallow.contains(&key("s.jobs.a.cron")) && !shallow.contains(&key("s.jobs.a.p.q")));
+        assert!(!shallow.reaches(&key("s.jobs.a.cron")) && every.reaches(&key("s.jobs.a.cron")));
+        let mut item = key("s.jobs.b");
+        item.push(Seg::Index(1));
+        assert_eq!(every.find(&item), Some((6, 12)));
+        assert_eq!(shallow.find(&item), Some((6, 5)));
     }
 
     /// A document of many events, each key a line of its own: `n` keys, then `tail`.
@@ -750,7 +836,7 @@ mod tests {
     #[test]
     fn an_early_error_in_a_long_document_stops_the_parser() {
         let text = long_document(50_000, "a: 1\na: 2\n", "");
-        let err = parse(&text).unwrap_err();
+        let err = parse(&text, Keep::Every).unwrap_err();
         assert_eq!((err.line, err.col), (2, 1), "{err:?}");
         assert!(err.message.contains("duplicate entry with key \"a\""), "{err:?}");
     }
@@ -759,15 +845,15 @@ mod tests {
     /// key among them wins, as it is found first), else the refusal is the error, at its line.
     #[test]
     fn a_late_refusal_is_reported_where_it_is() {
-        let err = parse(&long_document(20_000, "", "b: [1, 2\n")).unwrap_err();
+        let err = parse(&long_document(20_000, "", "b: [1, 2\n"), Keep::Every).unwrap_err();
         assert!(err.line >= 20_001, "{err:?}");
-        let err = parse(&long_document(20_000, "k7: twice\n", "b: [1, 2\n")).unwrap_err();
+        let err = parse(&long_document(20_000, "k7: twice\n", "b: [1, 2\n"), Keep::Every).unwrap_err();
         assert_eq!(err.line, 9, "the duplicate before the refusal: {err:?}");
     }
 
     #[test]
     fn a_long_document_reads_whole() {
-        let (value, idx) = parse(&long_document(20_000, "", "last: yes\n")).unwrap();
+        let (value, idx) = parse(&long_document(20_000, "", "last: yes\n"), Keep::Every).unwrap();
         assert_eq!(value.as_mapping().map(Mapping::len), Some(20_001));
         assert_eq!(value.get("k19999").and_then(Value::as_u64), Some(19_999));
         assert_eq!(idx.find(&key("last")), Some((20_001, 1)));
@@ -779,13 +865,13 @@ mod tests {
         assert_ne!(key_child(ROOT, ""), ROOT);
         assert_ne!(index_child(ROOT, 0), ROOT);
         assert_ne!(key_child(ROOT, "a"), index_child(ROOT, 0));
-        let (_, idx) = parse("\"\": 1\n").unwrap();
+        let (_, idx) = parse("\"\": 1\n", Keep::Every).unwrap();
         assert_eq!(idx.find(&key("elsewhere")), None, "only the empty key's path has a position");
     }
 
     #[test]
     fn parse_error_has_position() {
-        let err = parse("a:\n  b: [1, 2\n").unwrap_err();
+        let err = parse("a:\n  b: [1, 2\n", Keep::Every).unwrap_err();
         assert!(err.line >= 2, "{err:?}");
     }
 
@@ -845,7 +931,7 @@ mod same_as_serde_yaml {
         let mut differ = Vec::new();
         for path in &all {
             let Some(text) = yaml_of(path) else { continue };
-            match (serde(&text), parse(&text)) {
+            match (serde(&text), parse(&text, Keep::Every)) {
                 (Ok(a), Ok((b, _))) if a == b => same += 1,
                 (Err(_), Err(_)) => both_refuse += 1,
                 (a, b) => differ.push(format!("{}:\n  serde_yaml: {a:?}\n  here: {:?}", path.display(), b.map(|(v, _)| v))),
@@ -940,7 +1026,7 @@ mod same_as_serde_yaml {
         let mut checked = 0;
         for s in scalars {
             let text = format!("v: {s}\n");
-            match (serde(&text), parse(&text)) {
+            match (serde(&text), parse(&text, Keep::Every)) {
                 (Ok(a), Ok((b, _))) => {
                     let nan = |v: &Value| v.get("v").and_then(Value::as_f64).is_some_and(f64::is_nan);
                     assert!(a == b || nan(&a) && nan(&b), "{s:?}: serde_yaml {a:?}, here {b:?}");
@@ -981,7 +1067,7 @@ mod same_as_serde_yaml {
         ];
         for text in docs {
             let a = serde(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-            let (b, _) = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
+            let (b, _) = parse(text, Keep::Every).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
             assert_eq!(a, b, "{text:?}");
         }
     }
@@ -999,7 +1085,7 @@ mod same_as_serde_yaml {
         ];
         for (text, line, words) in bad {
             assert!(serde(text).is_err(), "serde_yaml took {text:?}");
-            let e = parse(text).expect_err(text);
+            let e = parse(text, Keep::Every).expect_err(text);
             assert_eq!(e.line, line, "{text:?}: {e:?}");
             assert!(e.message.contains(words), "{text:?}: {e:?}");
         }
@@ -1008,7 +1094,7 @@ mod same_as_serde_yaml {
     #[test]
     fn deep_nesting_and_alias_bombs_are_refused() {
         let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
-        assert!(parse(&deep).expect_err("200 levels").message.contains("recursion limit"));
+        assert!(parse(&deep, Keep::Every).expect_err("200 levels").message.contains("recursion limit"));
         let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 0..8 {
             let (prev, next) = (char::from(b'a' + i), char::from(b'b' + i));
@@ -1016,11 +1102,11 @@ mod same_as_serde_yaml {
                 "{next}: &{next} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
             ));
         }
-        assert!(parse(&bomb).expect_err("10^9 nodes").message.contains("repetition limit"));
+        assert!(parse(&bomb, Keep::Every).expect_err("10^9 nodes").message.contains("repetition limit"));
         // Depth through an alias counts as depth in the text.
         let deep = format!("a: &a {}1{}\nb: {}*a{}\n", "[".repeat(100), "]".repeat(100), "[".repeat(100), "]".repeat(100));
         assert!(serde(&deep).is_err(), "serde_yaml refuses 200 levels through an alias");
-        assert!(parse(&deep).expect_err("200 levels through an alias").message.contains("recursion limit"));
+        assert!(parse(&deep, Keep::Every).expect_err("200 levels through an alias").message.contains("recursion limit"));
     }
 
     /// serde_yaml counts aliases followed, not nodes copied: a large anchor used by many jobs
@@ -1035,7 +1121,7 @@ mod same_as_serde_yaml {
         for i in 0..300 {
             text.push_str(&format!("  j{i}: *base\n"));
         }
-        let (a, (b, _)) = (serde(&text).expect("serde_yaml reads it"), parse(&text).expect("reads it"));
+        let (a, (b, _)) = (serde(&text).expect("serde_yaml reads it"), parse(&text, Keep::Every).expect("reads it"));
         assert_eq!(a, b);
     }
 
@@ -1044,17 +1130,17 @@ mod same_as_serde_yaml {
     #[test]
     fn a_quoted_scalar_continued_less_indented_reads_as_before() {
         let text = "jobs:\n  a:\n    description: \"one\ntwo\"\n    cron: \"0 3 * * *\"\n";
-        let (value, idx) = parse(text).expect("read as before");
+        let (value, idx) = parse(text, Keep::Every).expect("read as before");
         assert_eq!(value, serde(text).expect("serde_yaml reads it"));
         assert_eq!(value["jobs"]["a"]["description"], Value::String("one two".into()));
         assert_eq!(idx.find(&[Seg::Key("jobs".into())]), None, "no positions for such a file");
         let broken = "a: \"one\ntwo\n";
-        assert!(parse(broken).is_err(), "what neither reads is still refused");
+        assert!(parse(broken, Keep::Every).is_err(), "what neither reads is still refused");
     }
 
     #[test]
     fn the_position_of_a_key_is_not_taken_by_a_complex_key_before_it() {
-        let (_, idx) = parse("? {scheduling: 1}\n: x\nscheduling: {}\n").expect("reads");
+        let (_, idx) = parse("? {scheduling: 1}\n: x\nscheduling: {}\n", Keep::Every).expect("reads");
         assert_eq!(idx.find(&[Seg::Key("scheduling".into())]), Some((3, 1)));
     }
 }

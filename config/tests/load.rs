@@ -109,6 +109,98 @@ fn many_jobs_load_whole_and_every_bad_one_is_reported() {
     }
 }
 
+/// A worker's load reads the jobs whose YAML reads as it is while their file is parsed, and the
+/// rest (variables to substitute, unknown keys, values that do not read, a null job) the long
+/// way: the same jobs and the same errors, at the same places, as a load that keeps the YAML —
+/// across an import that defines a job twice, and with anchors and aliases between jobs.
+#[test]
+fn jobs_read_while_parsing_are_the_jobs_and_errors_of_a_whole_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let act = "      type: plugin\n      plugin: file-save\n      action: save\n";
+    write(
+        tmp.path(),
+        "lamplighter.yaml",
+        &format!(
+            "framework:\n  imports: [more.yaml]\nscheduling:\n  jobs:\n\
+             \x20   good:\n      cron: \"0 0 * * * *\"\n{act}      parameters: {{path: a, content: b}}\n\
+             \x20   with-var:\n      every: 1h\n{act}      parameters: {{path: \"${{HOME_DIR}}/a\", content: \"${{UNSET_ONE}}\"}}\n\
+             \x20   unknown-key:\n      every: 1h\n{act}      paramters: {{}}\n\
+             \x20   bad-read:\n      cron: [1]\n{act}\
+             \x20   null-job:\n\
+             \x20   bad-cron:\n      cron: \"not a cron\"\n{act}\
+             \x20   anchored: &a\n      every: 1h\n{act}\
+             \x20   aliased: *a\n\
+             \x20   twice:\n      every: 2h\n{act}"
+        ),
+    );
+    write(tmp.path(), "more.yaml", &format!("scheduling:\n  jobs:\n    twice:\n      every: 3h\n{act}    from-more:\n      every: 4h\n{act}"));
+    let load = |merged| {
+        let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), merged };
+        let (config, diags) = lamplighter_config::load_partial(&opts, |n| (n == "HOME_DIR").then(|| "/home/x".to_string()));
+        let mut diags: Vec<String> = diags.iter().map(|d| d.to_string().replace(&format!("{}/", tmp.path().display()), "")).collect();
+        diags.sort();
+        (config.expect("a config despite the errors").jobs, diags)
+    };
+    let (whole, lean) = (load(KeepMerged::Whole), load(KeepMerged::WithoutJobs));
+    assert_eq!(whole.1, lean.1);
+    assert_eq!(whole.0, lean.0);
+    let names: Vec<&str> = lean.0.keys().map(String::as_str).collect();
+    assert_eq!(names, ["aliased", "anchored", "bad-cron", "from-more", "good", "twice", "with-var"]);
+    for expected in [
+        "lamplighter.yaml:16:43: error: \"scheduling.jobs.with-var.parameters.content\" uses ${UNSET_ONE}",
+        "lamplighter.yaml:22:7: error: unknown key \"paramters\"",
+        "lamplighter.yaml:24:7: error: \"scheduling.jobs.bad-read.cron\": invalid type",
+        "lamplighter.yaml:28:5: error: job \"null-job\" needs \"type\"",
+        "lamplighter.yaml:30:7: error: job \"bad-cron\": cron \"not a cron\"",
+        "more.yaml:3:5: error: job \"twice\" is defined twice: in lamplighter.yaml:40:5",
+    ] {
+        assert!(lean.1.iter().any(|d| d.starts_with(expected)), "{expected}\n{:#?}", lean.1);
+    }
+}
+
+/// A large file keeps only the positions down to its jobs while it loads: an error deeper in
+/// it is still reported on its own line (the file is parsed again for it), a path asked for
+/// after the load too; and once the file has changed, a deep path is placed at its job's line
+/// rather than at a line of a text that is no longer the one loaded.
+#[test]
+fn a_large_files_deep_errors_are_located_on_their_own_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = |bad: &dyn Fn(usize) -> bool| {
+        let mut text = String::from("scheduling:\n  jobs:\n");
+        for i in 0..6000 {
+            let cron = if bad(i) { "[1]".to_string() } else { format!("\"0 {} * * * *\"", i % 60) };
+            text.push_str(&format!("    job-{i:04}:\n      cron: {cron}\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {{path: a, content: b}}\n"));
+        }
+        assert!(text.len() > 600 * 1024, "large enough to keep only the shallow positions: {}", text.len());
+        text
+    };
+    let path = tmp.path().join("lamplighter.yaml");
+    let opts = LoadOptions { path: Some(path.clone()), cwd: Some(tmp.path().to_path_buf()), merged: KeepMerged::WithoutJobs };
+    let at = |config: &lamplighter_config::Config, job: &str, field: &str| {
+        let loc = config.sources.locate(&lamplighter_config::keys(&["scheduling", "jobs", job, field])).expect("located");
+        loc.to_string().replace(&format!("{}/", tmp.path().display()), "")
+    };
+
+    std::fs::write(&path, text(&|i| i % 2000 == 1999)).unwrap();
+    let (config, diags) = lamplighter_config::load_partial(&opts, |_| None);
+    let errors: Vec<String> = diags.iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    // Job i starts on line 3 + 6i; its `cron` is the line after, its `action` four after.
+    for (e, line) in errors.iter().zip([11998, 23998, 35998]) {
+        assert!(e.contains(&format!("lamplighter.yaml:{line}:7:")) && e.contains("cron"), "{e}");
+    }
+    let config = config.expect("a config despite the errors");
+    assert_eq!(config.jobs.len(), 5997);
+    assert_eq!(at(&config, "job-0005", "action"), "lamplighter.yaml:37:7");
+    assert_eq!(at(&config, "job-0005", "nothing-here"), "lamplighter.yaml:33:5", "an absent key: its job's line");
+
+    std::fs::write(&path, text(&|_| false)).unwrap();
+    let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    std::fs::write(&path, format!("# changed since it was loaded\n{}", text(&|_| false))).unwrap();
+    assert_eq!(at(&config, "job-0005", "action"), "lamplighter.yaml:33:5", "the job's line as loaded, not a guess into the new text");
+    assert_eq!(at(&config, "job-0100", ""), "lamplighter.yaml:603:5");
+}
+
 #[test]
 fn a_seed_shaped_config_loads_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
