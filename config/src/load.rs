@@ -237,9 +237,6 @@ pub(crate) struct Loaded {
     /// is read and compiled in turn, so that the YAML, the raw and the compiled jobs are never
     /// all held at once. Items with an unknown key are left out (already reported).
     pub(crate) unread_jobs: Vec<(String, YamlPath, Value)>,
-    /// With [`KeepMerged::WithoutJobs`], the jobs read while their file was parsed (see
-    /// [`read_at_once`]); the others are in `unread_jobs`.
-    pub(crate) read_jobs: Vec<(String, raw::Job)>,
     pub(crate) merged: Value,
     pub(crate) sources: SourceMap,
     pub(crate) unset_vars: Vec<(YamlPath, String)>,
@@ -252,8 +249,6 @@ type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
 struct Loader {
     keep: KeepMerged,
     unread_jobs: Vec<(String, YamlPath, Value)>,
-    /// Jobs read while their file was parsed, with the number of that file.
-    read_jobs: Vec<(usize, String, raw::Job)>,
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
@@ -267,7 +262,6 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     let mut l = Loader {
         keep,
         unread_jobs: Vec::new(),
-        read_jobs: Vec::new(),
         diags: Vec::new(),
         sources: SourceMap::default(),
         merged: Value::Mapping(Mapping::new()),
@@ -291,11 +285,9 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     let unknown: Vec<YamlPath> = unknown.into_iter().map(|u| u.0).collect();
     let raw = l.deserialize(&unknown);
     let unread_jobs = std::mem::take(&mut l.unread_jobs);
-    let read_jobs = l.read_jobs_kept();
     let loaded = raw.map(|raw| Loaded {
         raw,
         unread_jobs,
-        read_jobs,
         merged: std::mem::take(&mut l.merged),
         sources: std::mem::take(&mut l.sources),
         unset_vars: std::mem::take(&mut l.unset),
@@ -351,22 +343,10 @@ impl Loader {
         // A large file keeps its shallow positions only, if it can be read again as it was
         // (its stamp taken before it was read, and of the length read).
         let again = stamp.filter(|s| text.len() >= SHALLOW_POSITIONS_FROM && s.0 == text.len() as u64);
-        // A load that keeps no jobs' YAML reads each job as soon as it is parsed: the YAML of a
-        // million jobs is never all held (gigabytes), only the jobs read.
-        let mut read = Vec::new();
-        let mut take_job = |name: &str, job: Value| match read_at_once(&job) {
-            Some(read_job) => {
-                read.push((name.to_string(), read_job));
-                Value::Null
-            }
-            None => job,
-        };
-        let take_job: Option<yaml::TakeJob<'_>> = (self.keep == KeepMerged::WithoutJobs).then_some(&mut take_job);
-        let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0, again, take_job) else {
+        let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0, again) else {
             return;
         };
         let file_idx = self.sources.files.len() - 1;
-        self.read_jobs.extend(read.into_iter().map(|(name, job)| (file_idx, name, job)));
         let imports = value.get("framework").and_then(|f| f.get("imports")).and_then(Value::as_sequence).cloned().unwrap_or_default();
         self.merge_file(value, file_idx);
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -426,10 +406,9 @@ impl Loader {
         prefix: YamlPath,
         line_offset: usize,
         again: Option<(u64, SystemTime)>,
-        take_job: Option<yaml::TakeJob<'_>>,
     ) -> Option<Value> {
         let keep = if again.is_some() { Keep::Shallow } else { Keep::Every };
-        let (mut value, index) = match yaml::parse_taking_jobs(text, keep, take_job) {
+        let (mut value, index) = match yaml::parse(text, keep) {
             Ok(v) => v,
             Err(e) => {
                 let loc = Location { file: path.to_path_buf(), line: e.line + line_offset, col: e.col };
@@ -556,7 +535,7 @@ impl Loader {
 
     fn add_agent(&mut self, file: &Path, stem: &str, text: &str, line_offset: usize, prompt: Option<String>) {
         let prefix = keys(&["agents", stem]);
-        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset, None, None) else {
+        let Some(mut value) = self.parse_into_sources(file, text, prefix.clone(), line_offset, None) else {
             return;
         };
         let name = value.get("name").and_then(Value::as_str).unwrap_or(stem).to_string();
@@ -588,11 +567,7 @@ impl Loader {
         let jobs = match self.keep {
             KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown),
             KeepMerged::WithoutJobs => {
-                let read = std::mem::take(&mut self.read_jobs);
-                let read_names: HashSet<&str> = read.iter().map(|(_, name, _)| name.as_str()).collect();
-                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown, &read_names);
-                drop(read_names);
-                self.read_jobs = read;
+                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown);
                 BTreeMap::new()
             }
         };
@@ -656,35 +631,21 @@ impl Loader {
     }
 
     /// Takes the YAML of the collection at `at` out of `doc`, item by item with its path,
-    /// leaving out items with an unknown key and the places of those `read` already.
-    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath], read: &HashSet<&str>) -> Vec<(String, YamlPath, Value)> {
+    /// leaving out items with an unknown key.
+    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> Vec<(String, YamlPath, Value)> {
         let Some(items) = self.items_at(doc, at) else {
             return Vec::new();
         };
         let base = keys(at);
         let items = std::mem::take(items);
-        let mut out = Vec::with_capacity(items.len().saturating_sub(read.len()));
+        let mut out = Vec::with_capacity(items.len());
         for (k, v) in items {
-            if v.is_null() && k.as_str().is_some_and(|name| read.contains(name)) {
-                continue;
-            }
             let (name, path) = item_path(&base, &k);
             if !unknown.iter().any(|u| u.starts_with(&path)) {
                 out.push((name, path, v));
             }
         }
         out
-    }
-
-    /// The jobs read while their files were parsed, but for those of a name an earlier file
-    /// defined (the merge reported those; the earlier file's job is the one kept).
-    fn read_jobs_kept(&mut self) -> Vec<(String, raw::Job)> {
-        let read = std::mem::take(&mut self.read_jobs);
-        let one_file = self.sources.files.len() <= 1;
-        read.into_iter()
-            .filter(|(file, name, _)| one_file || self.sources.owner(&keys(&["scheduling", "jobs", name])) == Some(*file))
-            .map(|(_, name, job)| (name, job))
-            .collect()
     }
 
     /// The mapping at `at`: `None` when absent, null, or not a mapping (reported).
@@ -708,27 +669,6 @@ impl Loader {
     /// Reads one item from its YAML, borrowed or owned.
     fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
         read_item(&self.sources, &mut self.diags, v, base)
-    }
-}
-
-/// A job read while its file is parsed: one whose YAML reads as it is, with no `${VAR}` to
-/// substitute, no unknown key and nothing that does not read. Any other is left in the
-/// document and read the long way, which reports what is wrong with it where it is.
-fn read_at_once(job: &Value) -> Option<raw::Job> {
-    use serde::Deserialize;
-    if !job.is_mapping() || holds_variable(job) || crate::schema::job_has_unknown_keys(job) {
-        return None;
-    }
-    raw::Job::deserialize(job).ok()
-}
-
-/// Whether a string [`substitute_in`] would look at holds `${`.
-fn holds_variable(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains("${"),
-        Value::Mapping(m) => m.values().any(holds_variable),
-        Value::Sequence(items) => items.iter().any(holds_variable),
-        _ => false,
     }
 }
 
@@ -928,32 +868,6 @@ mod tests {
             assert!(!l.contains(absent) && l.get(absent).is_none(), "{absent}");
         }
         assert!(!ItemLocations::default().contains("a"));
-    }
-
-    /// With [`KeepMerged::WithoutJobs`] the jobs that read as they are are read while their
-    /// file is parsed and leave no YAML behind; the others are left for the long way; a job an
-    /// import defines again is the first file's. A whole load reads none early.
-    #[test]
-    fn jobs_that_read_as_they_are_are_read_while_parsing() {
-        let tmp = tempfile::tempdir().unwrap();
-        let act = "      type: plugin\n      plugin: file-save\n      action: save\n";
-        let main = format!(
-            "framework:\n  imports: [more.yaml]\nscheduling:\n  jobs:\n    good:\n      every: 1h\n{act}    with-var:\n      every: ${{EVERY}}\n{act}    \
-             unknown:\n      evry: 1h\n{act}    bad-read:\n      cron: [1]\n{act}    twice:\n      every: 2h\n{act}"
-        );
-        std::fs::write(tmp.path().join("lamplighter.yaml"), main).unwrap();
-        std::fs::write(tmp.path().join("more.yaml"), format!("scheduling:\n  jobs:\n    twice:\n      every: 3h\n{act}    more:\n      every: 4h\n{act}")).unwrap();
-        let load = |keep| load_with_env(&tmp.path().join("lamplighter.yaml"), keep, Box::new(|_| None)).0.expect("loads");
-        let lean = load(KeepMerged::WithoutJobs);
-        let read: Vec<(&str, Option<&str>)> = lean.read_jobs.iter().map(|(n, j)| (n.as_str(), j.every.as_deref())).collect();
-        assert_eq!(read, [("good", Some("1h")), ("twice", Some("2h")), ("more", Some("4h"))]);
-        let unread: Vec<&str> = lean.unread_jobs.iter().map(|(n, _, _)| n.as_str()).collect();
-        assert_eq!(unread, ["with-var", "bad-read"]);
-        let jobs_yaml = lean.merged.get("scheduling").and_then(|s| s.get("jobs")).and_then(Value::as_mapping).map(Mapping::len);
-        assert_eq!(jobs_yaml, Some(0), "no job's YAML is kept");
-        let whole = load(KeepMerged::Whole);
-        assert!(whole.read_jobs.is_empty() && whole.unread_jobs.is_empty());
-        assert_eq!(whole.raw.scheduling.as_ref().and_then(|s| s.jobs.as_ref()).map(BTreeMap::len), Some(4), "good, twice, more, with-var");
     }
 
     fn env(name: &str) -> Option<String> {

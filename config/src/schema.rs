@@ -32,28 +32,8 @@ pub(crate) fn unknown_keys(value: &Value) -> Vec<UnknownKey> {
 /// which are read one by one (generating it took ~370 µs, most of a runtime job's compile,
 /// 37 s of a restart with 100,000 of them). Generated at the first runtime job read.
 pub(crate) fn unknown_keys_kept(value: &Value) -> Vec<UnknownKey> {
+    static SCHEMA: std::sync::LazyLock<schemars::Schema> = std::sync::LazyLock::new(|| schemars::schema_for!(RawConfig));
     unknown_keys_in(&SCHEMA, value)
-}
-
-/// The schema generated once for the process (see [`unknown_keys_kept`]).
-static SCHEMA: std::sync::LazyLock<schemars::Schema> = std::sync::LazyLock::new(|| schemars::schema_for!(RawConfig));
-
-/// Whether a job's definition (the value of `scheduling.jobs.<name>`) has a key the schema does
-/// not allow, against the schema generated once for the process.
-pub(crate) fn job_has_unknown_keys(job: &Value) -> bool {
-    static JOB: std::sync::LazyLock<Option<&'static Json>> = std::sync::LazyLock::new(|| {
-        let root = SCHEMA.as_value();
-        let scheduling = resolve(root, root.get("properties")?.get("scheduling")?);
-        let jobs = resolve(root, scheduling.get("properties")?.get("jobs")?);
-        Some(resolve(root, jobs.get("additionalProperties")?))
-    });
-    // A schema without the jobs where they are expected: every job is checked the long way.
-    let Some(job_schema) = *JOB else {
-        return true;
-    };
-    let mut out = Vec::new();
-    walk(SCHEMA.as_value(), job_schema, job, &mut Vec::new(), &mut out);
-    !out.is_empty()
 }
 
 fn unknown_keys_in(schema: &schemars::Schema, value: &Value) -> Vec<UnknownKey> {

@@ -182,24 +182,14 @@ pub(crate) struct ParseError {
 
 /// Parses one document into a value and the positions of its keys (those `keep` says).
 pub(crate) fn parse(text: &str, keep: Keep) -> Result<(Value, PositionIndex), ParseError> {
-    parse_taking_jobs(text, keep, None)
-}
-
-/// What a parse hands each job (`scheduling.jobs.<name>`) as soon as its value is built: the
-/// name and the value; what it returns goes in the job's place.
-pub(crate) type TakeJob<'a> = &'a mut dyn FnMut(&str, Value) -> Value;
-
-/// As [`parse`], handing each job to `take_job` as it is built (a large config's jobs are read
-/// one by one while the file is parsed rather than all held as YAML first).
-pub(crate) fn parse_taking_jobs(text: &str, keep: Keep, take_job: Option<TakeJob<'_>>) -> Result<(Value, PositionIndex), ParseError> {
     // yaml-rust2 asserts its own invariants; a failed one on some input is a bug of the
     // parser, reported as this file's error rather than taking the worker down.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text, keep, take_job))).unwrap_or_else(|panic| {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_unguarded(text, keep))).unwrap_or_else(|panic| {
         Err(ParseError { line: 1, col: 1, message: format!("the YAML parser failed on this file: {}", panic_message(&*panic)) })
     })
 }
 
-fn parse_unguarded(text: &str, keep: Keep, take_job: Option<TakeJob<'_>>) -> Result<(Value, PositionIndex), ParseError> {
+fn parse_unguarded(text: &str, keep: Keep) -> Result<(Value, PositionIndex), ParseError> {
     // A byte order mark is not content (libyaml skips it; yaml-rust2 would read it into the
     // first key).
     let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
@@ -212,7 +202,7 @@ fn parse_unguarded(text: &str, keep: Keep, take_job: Option<TakeJob<'_>>) -> Res
         Keep::Every => None,
         Keep::Shallow => Some(SHALLOW_DEPTH),
     };
-    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), take_job, ..Builder::default() };
+    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), ..Builder::default() };
     // Every position: about one for every 20 bytes of a large config (a million jobs: 9.6
     // million in 190 MB); the map is sized once rather than doubled and copied along the way.
     // The shallow ones: about one a job, some two hundred bytes.
@@ -269,7 +259,7 @@ const EVENTS_PER_BATCH: usize = 4096;
 const PARSE_ON_A_THREAD_FROM: usize = 64 * 1024;
 
 /// Builds on with one hand-over: true once the stream has ended.
-fn feed(b: &mut Builder<'_>, parsed: Parsed) -> Result<bool, Refusal> {
+fn feed(b: &mut Builder, parsed: Parsed) -> Result<bool, Refusal> {
     match parsed {
         Parsed::Events(events) => {
             for (event, mark) in events {
@@ -397,12 +387,10 @@ impl ParseError {
 
 /// Builds the value and the position index from parser events.
 #[derive(Default)]
-struct Builder<'a> {
+struct Builder {
     map: Positions,
     /// Positions are kept of paths up to this many steps.
     keep_depth: usize,
-    /// Each job, as soon as it is built (see [`parse_taking_jobs`]).
-    take_job: Option<TakeJob<'a>>,
     open: Vec<Open>,
     /// Anchored values and their sizes.
     anchors: HashMap<usize, (Value, Size)>,
@@ -441,12 +429,7 @@ enum Place {
     At(u64),
 }
 
-/// The hash of the path `scheduling.jobs`, whose items are the jobs.
-fn jobs_path() -> u64 {
-    key_child(key_child(ROOT, "scheduling"), "jobs")
-}
-
-impl Builder<'_> {
+impl Builder {
     /// Handles one event; true once the stream ends.
     fn on_event(&mut self, event: Event, mark: Marker) -> Result<bool, ParseError> {
         match event {
@@ -565,8 +548,6 @@ impl Builder<'_> {
         if anchor != 0 {
             self.anchors.insert(anchor, (value.clone(), size));
         }
-        // The root, `scheduling`, `jobs`: a value put in this mapping is a job.
-        let in_jobs = self.open.len() == 3;
         let Some(parent) = self.open.last_mut() else {
             self.root = Some(value);
             return Ok(());
@@ -587,10 +568,6 @@ impl Builder<'_> {
             (OpenKind::Map(map, pending @ Some(_)), _) => {
                 let Some((key, _, key_mark)) = pending.take() else {
                     return Ok(());
-                };
-                let value = match (&mut self.take_job, &key) {
-                    (Some(take), Value::String(name)) if in_jobs && parent_path == jobs_path() => take(name, value),
-                    _ => value,
                 };
                 match map.entry(key) {
                     serde_yaml::mapping::Entry::Occupied(e) => return Err(ParseError::at(key_mark, duplicate_key(e.key()))),

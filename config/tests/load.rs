@@ -109,12 +109,12 @@ fn many_jobs_load_whole_and_every_bad_one_is_reported() {
     }
 }
 
-/// A worker's load reads the jobs whose YAML reads as it is while their file is parsed, and the
-/// rest (variables to substitute, unknown keys, values that do not read, a null job) the long
-/// way: the same jobs and the same errors, at the same places, as a load that keeps the YAML —
-/// across an import that defines a job twice, and with anchors and aliases between jobs.
+/// A worker's load (which frees each job's YAML as it reads it) gives the same jobs and the
+/// same errors, at the same places, as a load that keeps the YAML, for every kind of job: good
+/// ones, variables to substitute, unknown keys, values that do not read, a null job, a bad
+/// cron, anchors and aliases between jobs, and an import that defines a job twice.
 #[test]
-fn jobs_read_while_parsing_are_the_jobs_and_errors_of_a_whole_load() {
+fn a_lean_load_gives_the_jobs_and_errors_of_a_whole_load() {
     let tmp = tempfile::tempdir().unwrap();
     let act = "      type: plugin\n      plugin: file-save\n      action: save\n";
     write(

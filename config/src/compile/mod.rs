@@ -52,8 +52,7 @@ pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Di
     // The jobs are moved, not copied: with thousands of jobs a copy doubles the peak.
     let sched = loaded.raw.scheduling.take().unwrap_or_default();
     let unread = std::mem::take(&mut loaded.unread_jobs);
-    let read = std::mem::take(&mut loaded.read_jobs);
-    let (mut config, diags) = compile_borrowed(&loaded, sched, read, unread, cwd);
+    let (mut config, diags) = compile_borrowed(&loaded, sched, unread, cwd);
     config.sources = loaded.sources;
     config.merged = loaded.merged;
     config.root = loaded.root;
@@ -100,7 +99,6 @@ fn read_jobs(
 fn compile_borrowed(
     loaded: &Loaded,
     sched: raw::Scheduling,
-    read: Vec<(String, raw::Job)>,
     unread: Vec<(String, YamlPath, serde_yaml::Value)>,
     cwd: &Path,
 ) -> (Config, Vec<Diagnostic>) {
@@ -130,13 +128,13 @@ fn compile_borrowed(
         .with_limits(limits.keys())
         .with_calendars(&calendars, sched.calendars.iter().flat_map(|c| c.keys().cloned()))
         .with_deadline(deadline);
-    let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + read.len() + unread.len());
+    let mut jobs = Vec::with_capacity(sched.jobs.as_ref().map_or(0, BTreeMap::len) + unread.len());
     let mut compile_one = |name: String, mut job: raw::Job| {
         if let Some(j) = c.job(&name, &mut job, &runnable, (&default_timezone, &default_tz), cwd) {
             jobs.push((name, j));
         }
     };
-    for (name, job) in sched.jobs.into_iter().flatten().chain(read) {
+    for (name, job) in sched.jobs.into_iter().flatten() {
         compile_one(name, job);
     }
     let read_diags = read_jobs(&loaded.sources, unread, &mut compile_one);
@@ -221,7 +219,6 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
     let loaded = Loaded {
         raw: raw::RawConfig::default(),
         unread_jobs: Vec::new(),
-        read_jobs: Vec::new(),
         merged: serde_yaml::Value::Null,
         sources: SourceMap::default(),
         unset_vars: Vec::new(),
