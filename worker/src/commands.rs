@@ -23,12 +23,14 @@ pub(crate) enum Purpose {
 }
 
 impl Purpose {
-    /// What of the merged YAML is kept: running needs none of the jobs' (a worker drops the
-    /// rest once the config is checked), so they are freed as they are read.
+    /// What of the merged YAML is kept: running and checking need none of the jobs' (a worker
+    /// drops the rest once the config is checked), so they are freed as they are read (a lean
+    /// load reports the same jobs and errors, `config/tests/load.rs`); only printing keeps all.
+    /// A million jobs: `config validate` peaked at 5.4 GB keeping them, 2.9 GB not.
     fn merged(self) -> KeepMerged {
         match self {
-            Purpose::Run => KeepMerged::WithoutJobs,
-            Purpose::Check | Purpose::Show => KeepMerged::Whole,
+            Purpose::Run | Purpose::Check => KeepMerged::WithoutJobs,
+            Purpose::Show => KeepMerged::Whole,
         }
     }
 }
