@@ -130,7 +130,7 @@ pub(crate) struct SourceFile {
     /// When `index` is shallow: the file's length and modification time as it was read, and
     /// its every position, parsed again the first time a deeper path is asked for (and kept:
     /// a broken config asks for many). Not parsed again if the file has changed since.
-    again: Option<((u64, SystemTime), OnceLock<Option<Arc<PositionIndex>>>)>,
+    again: Option<ParseAgain>,
     /// Where this file's root sits in the merged document (Markdown agents sit under
     /// `agents.<name>`).
     prefix: YamlPath,
@@ -138,13 +138,25 @@ pub(crate) struct SourceFile {
     line_offset: usize,
 }
 
+/// A file's length and modification time: whether it is still the file that was read.
+type Stamp = (u64, SystemTime);
+
+/// What finds the deeper positions of a file read with shallow ones.
+#[derive(Debug, Clone)]
+struct ParseAgain {
+    /// The file as it was read.
+    stamp: Stamp,
+    /// Every position, once parsed again (`None`: the file has changed or does not parse).
+    every: OnceLock<Option<Arc<PositionIndex>>>,
+}
+
 impl SourceFile {
     /// The line and column of `path` (from this file's root), or of its closest ancestor that
     /// has one (the file's first line at worst).
     fn position(&self, path: &[Seg]) -> (usize, usize) {
         let index = match &self.again {
-            Some((stamp, every)) if !self.index.reaches(path) => {
-                every.get_or_init(|| self.every_position(*stamp)).as_deref().unwrap_or(&self.index)
+            Some(again) if !self.index.reaches(path) => {
+                again.every.get_or_init(|| self.every_position(again.stamp)).as_deref().unwrap_or(&self.index)
             }
             _ => &self.index,
         };
@@ -153,7 +165,7 @@ impl SourceFile {
     }
 
     /// Every position of the file, read and parsed again if it is still as it was loaded.
-    fn every_position(&self, stamp: (u64, SystemTime)) -> Option<Arc<PositionIndex>> {
+    fn every_position(&self, stamp: Stamp) -> Option<Arc<PositionIndex>> {
         if file_stamp(&self.path)? != stamp {
             return None;
         }
@@ -163,8 +175,8 @@ impl SourceFile {
     }
 }
 
-/// A file's length and modification time: whether it is still the file that was read.
-fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
+/// The [`Stamp`] of the file at `path` now.
+fn file_stamp(path: &Path) -> Option<Stamp> {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.len(), meta.modified().ok()?))
 }
@@ -399,14 +411,7 @@ impl Loader {
 
     /// Parses text, records the file and its positions, substitutes variables. With `again`
     /// (the whole file's stamp), only the shallow positions are kept.
-    fn parse_into_sources(
-        &mut self,
-        path: &Path,
-        text: &str,
-        prefix: YamlPath,
-        line_offset: usize,
-        again: Option<(u64, SystemTime)>,
-    ) -> Option<Value> {
+    fn parse_into_sources(&mut self, path: &Path, text: &str, prefix: YamlPath, line_offset: usize, again: Option<Stamp>) -> Option<Value> {
         let keep = if again.is_some() { Keep::Shallow } else { Keep::Every };
         let (mut value, index) = match yaml::parse(text, keep) {
             Ok(v) => v,
@@ -416,7 +421,7 @@ impl Loader {
                 return None;
             }
         };
-        let again = again.map(|stamp| (stamp, OnceLock::new()));
+        let again = again.map(|stamp| ParseAgain { stamp, every: OnceLock::new() });
         self.sources.files.push(SourceFile { path: path.to_path_buf(), index, again, prefix: prefix.clone(), line_offset });
         if value.is_null() {
             value = Value::Mapping(Mapping::new());

@@ -133,7 +133,11 @@ fn a_lean_load_gives_the_jobs_and_errors_of_a_whole_load() {
              \x20   twice:\n      every: 2h\n{act}"
         ),
     );
-    write(tmp.path(), "more.yaml", &format!("scheduling:\n  jobs:\n    twice:\n      every: 3h\n{act}    from-more:\n      every: 4h\n{act}"));
+    write(
+        tmp.path(),
+        "more.yaml",
+        &format!("scheduling:\n  jobs:\n    twice:\n      every: 3h\n{act}    from-more:\n      every: 4h\n{act}"),
+    );
     let load = |merged| {
         let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), merged };
         let (config, diags) = lamplighter_config::load_partial(&opts, |n| (n == "HOME_DIR").then(|| "/home/x".to_string()));
