@@ -69,7 +69,8 @@ pub enum KeepMerged {
     #[default]
     Whole,
     /// All but `scheduling.jobs`: each job's YAML is consumed as it is read, so that a config
-    /// of many jobs is not held twice while it loads (a worker runs this way).
+    /// of many jobs is not held twice while it loads (a worker and `config validate` load this
+    /// way).
     WithoutJobs,
 }
 

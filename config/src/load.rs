@@ -170,8 +170,7 @@ impl SourceFile {
             return None;
         }
         let text = std::fs::read_to_string(&self.path).ok()?;
-        let (_, index) = yaml::parse(&text, Keep::Every).ok()?;
-        Some(Arc::new(index))
+        yaml::every_position(&text).map(Arc::new)
     }
 }
 
@@ -358,8 +357,8 @@ impl Loader {
         let Some(value) = self.parse_into_sources(path, &text, Vec::new(), 0, again) else {
             return;
         };
-        let file_idx = self.sources.files.len() - 1;
         let imports = value.get("framework").and_then(|f| f.get("imports")).and_then(Value::as_sequence).cloned().unwrap_or_default();
+        let file_idx = self.sources.files.len() - 1;
         self.merge_file(value, file_idx);
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut chain = chain.to_vec();

@@ -1,6 +1,6 @@
 //! The one place that parses YAML: one pass of `yaml-rust2`'s event parser builds the value
-//! (a `serde_yaml::Value`, resolved by `serde_yaml`'s own rules) and the position of every key
-//! together. `serde_yaml` itself would first buffer every event of the document (two and a
+//! (a `serde_yaml::Value`, resolved by `serde_yaml`'s own rules) and the positions of its keys
+//! together (every key's, or a large file's shallow ones: [`Keep`]). `serde_yaml` itself would first buffer every event of the document (two and a
 //! half kilobytes a job) and keep no positions; parsing once keeps the loader's peak small.
 
 use std::collections::HashMap;
@@ -68,7 +68,7 @@ pub(crate) enum Keep {
 }
 
 /// How deep [`Keep::Shallow`] keeps positions: the items of a section's collection.
-pub(crate) const SHALLOW_DEPTH: usize = 3;
+const SHALLOW_DEPTH: usize = 3;
 
 /// Path hash → (line, col). The keys are hashes already: the map does not hash them again.
 type Positions = HashMap<u64, (u32, u32), BuildHasherDefault<PathHash>>;
@@ -160,8 +160,8 @@ impl PositionIndex {
         prefixes.iter().rev().find_map(|h| self.map.get(h)).map(|&(line, col)| (line as usize, col as usize))
     }
 
-    /// Whether `path` is as deep as this index keeps positions: if it has none, the file has
-    /// none for it either (else only an ancestor's is here).
+    /// Whether `path` is no deeper than the paths this index keeps positions of: if it has
+    /// none, the file has none for it either (else only an ancestor's is here).
     pub(crate) fn reaches(&self, path: &[Seg]) -> bool {
         self.depth.is_none_or(|depth| path.len() <= depth)
     }
@@ -178,6 +178,30 @@ pub(crate) struct ParseError {
     pub(crate) line: usize,
     pub(crate) col: usize,
     pub(crate) message: String,
+}
+
+/// Every position of a document that parsed before, without building its value (a large file
+/// parsed again for an error's position: the value would cost as much as the first parse's).
+pub(crate) fn every_position(text: &str) -> Option<PositionIndex> {
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let mut b = Builder { keep_depth: usize::MAX, values: false, ..Builder::default() };
+    b.map.reserve(text.len() / 20);
+    let mut ended = false;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::pipeline::pipelined(
+            text.len() >= PARSE_ON_A_THREAD_FROM,
+            |send| parse_events(text, send),
+            |parsed| match feed(&mut b, parsed) {
+                Ok(false) => true,
+                Ok(true) => {
+                    ended = true;
+                    false
+                }
+                Err(_) => false,
+            },
+        )
+    }));
+    (outcome.is_ok() && ended).then_some(PositionIndex { map: b.map, depth: None })
 }
 
 /// Parses one document into a value and the positions of its keys (those `keep` says).
@@ -202,7 +226,7 @@ fn parse_unguarded(text: &str, keep: Keep) -> Result<(Value, PositionIndex), Par
         Keep::Every => None,
         Keep::Shallow => Some(SHALLOW_DEPTH),
     };
-    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), ..Builder::default() };
+    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), values: true, ..Builder::default() };
     // Every position: about one for every 20 bytes of a large config (a million jobs: 9.6
     // million in 190 MB); the map is sized once rather than doubled and copied along the way.
     // The shallow ones: about one a job, some two hundred bytes.
@@ -391,6 +415,9 @@ struct Builder {
     map: Positions,
     /// Positions are kept of paths up to this many steps.
     keep_depth: usize,
+    /// Whether the value is built (else only the positions, each node a null left out of
+    /// its parent).
+    values: bool,
     open: Vec<Open>,
     /// Anchored values and their sizes.
     anchors: HashMap<usize, (Value, Size)>,
@@ -443,7 +470,7 @@ impl Builder {
             Event::Scalar(text, style, anchor, tag) => {
                 self.last_was_block = matches!(style, TScalarStyle::Literal | TScalarStyle::Folded);
                 let place = self.enter(mark, Some(&text));
-                let value = scalar(text, style, tag.as_ref()).map_err(|m| ParseError::at(mark, m))?;
+                let value = if self.values { scalar(text, style, tag.as_ref()).map_err(|m| ParseError::at(mark, m))? } else { Value::Null };
                 self.finish(value, anchor, Size { nodes: 1, ..Size::default() }, place, mark)?;
             }
             Event::Alias(id) => {
@@ -493,10 +520,11 @@ impl Builder {
                     return Err(ParseError::at(mark, "a collection ends that never started"));
                 };
                 let value = match open.kind {
+                    _ if !self.values => Value::Null,
                     OpenKind::Seq(items) => Value::Sequence(items),
                     OpenKind::Map(map, _) => Value::Mapping(map),
                 };
-                let value = tagged(open.tag, value);
+                let value = if self.values { tagged(open.tag, value) } else { value };
                 // The place was decided when the collection started: a key when the parent
                 // mapping holds no pending key now.
                 let place = match self.open.last() {
@@ -557,6 +585,7 @@ impl Builder {
         parent.inside.aliases += size.aliases;
         let parent_path = parent.path;
         match (&mut parent.kind, place) {
+            // Without values, the items are nulls: their count is what the positions need.
             (OpenKind::Seq(items), _) => items.push(value),
             (OpenKind::Map(_, pending @ None), place) => {
                 let h = match place {
@@ -569,6 +598,9 @@ impl Builder {
                 let Some((key, _, key_mark)) = pending.take() else {
                     return Ok(());
                 };
+                if !self.values {
+                    return Ok(());
+                }
                 match map.entry(key) {
                     serde_yaml::mapping::Entry::Occupied(e) => return Err(ParseError::at(key_mark, duplicate_key(e.key()))),
                     serde_yaml::mapping::Entry::Vacant(e) => {
@@ -796,6 +828,25 @@ mod tests {
         item.push(Seg::Index(1));
         assert_eq!(every.find(&item), Some((6, 12)));
         assert_eq!(shallow.find(&item), Some((6, 5)));
+    }
+
+    /// The positions found without building the value are those a whole parse finds: keys,
+    /// items, anchors and aliases, a complex key, a byte order mark, a document large enough
+    /// for the parser's own thread.
+    #[test]
+    fn positions_without_the_value_are_a_whole_parses() {
+        let texts = [
+            "a:\n  b: 1\n  c:\n    - x: 1\n      y: >\n        folded\n    - [2, {z: 3}]\nd: &d {e: 1}\nf: *d\n".to_string(),
+            "\u{FEFF}? {scheduling: 1}\n: x\nscheduling:\n  jobs:\n    a: {cron: x}\n".to_string(),
+            long_document(20_000, "s:\n  - 1\n", "last: [1, 2]\n"),
+        ];
+        for text in &texts {
+            let (_, whole) = parse(text, Keep::Every).unwrap();
+            let every = every_position(text).expect("parses");
+            assert_eq!(every.map, whole.map, "{}", &text[..40.min(text.len())]);
+            assert!(every.reaches(&key("s.a.b.c.d")));
+        }
+        assert!(every_position("a: [1, 2\n").is_none(), "a text that does not parse has none");
     }
 
     /// A document of many events, each key a line of its own: `n` keys, then `tail`.

@@ -203,6 +203,16 @@ fn a_large_files_deep_errors_are_located_on_their_own_line() {
     std::fs::write(&path, format!("# changed since it was loaded\n{}", text(&|_| false))).unwrap();
     assert_eq!(at(&config, "job-0005", "action"), "lamplighter.yaml:33:5", "the job's line as loaded, not a guess into the new text");
     assert_eq!(at(&config, "job-0100", ""), "lamplighter.yaml:603:5");
+
+    // A change of the same length is told by the modification time.
+    std::fs::write(&path, text(&|_| false)).unwrap();
+    let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+    let loaded_at = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::fs::write(&path, text(&|_| false).replacen("action: save", "action: sav2", 1)).unwrap();
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    file.set_modified(loaded_at + std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, text(&|_| false).len());
+    assert_eq!(at(&config, "job-0005", "action"), "lamplighter.yaml:33:5", "same length, a later time: not the file loaded");
 }
 
 #[test]

@@ -25,8 +25,8 @@ pub(crate) enum Purpose {
 impl Purpose {
     /// What of the merged YAML is kept: running and checking need none of the jobs' (a worker
     /// drops the rest once the config is checked), so they are freed as they are read (a lean
-    /// load reports the same jobs and errors, `config/tests/load.rs`); only printing keeps all.
-    /// A million jobs: `config validate` peaked at 5.4 GB keeping them, 2.9 GB not.
+    /// load reports the same jobs and errors, `config/tests/load.rs`); only printing keeps all
+    /// (a million jobs' YAML is gigabytes: BENCHMARKS.md).
     fn merged(self) -> KeepMerged {
         match self {
             Purpose::Run | Purpose::Check => KeepMerged::WithoutJobs,
