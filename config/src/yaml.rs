@@ -1,7 +1,8 @@
 //! The one place that parses YAML: one pass of `yaml-rust2`'s event parser builds the value
 //! (a `serde_yaml::Value`, resolved by `serde_yaml`'s own rules) and the positions of its keys
-//! together (every key's, or a large file's shallow ones: [`Keep`]). `serde_yaml` itself would first buffer every event of the document (two and a
-//! half kilobytes a job) and keep no positions; parsing once keeps the loader's peak small.
+//! together (every key's, or a large file's shallow ones: [`Keep`]). `serde_yaml` itself would
+//! first buffer every event of the document (two and a half kilobytes a job) and keep no
+//! positions; parsing once keeps the loader's peak small.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -50,7 +51,8 @@ pub(crate) fn path_string(path: &[Seg]) -> String {
 /// items, and the items' own keys are where most errors of a large file are found from, and
 /// the positions of a million jobs' fields would cost the loader seconds and the worker a
 /// hundred megabytes it never reads. A path deeper than that is found by parsing the file
-/// again, whole (the loader's [`crate::load`] does, when an error needs it).
+/// again for every position, without its value ([`every_position`]; the loader does, when an
+/// error needs it).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PositionIndex {
     map: Positions,
@@ -183,25 +185,37 @@ pub(crate) struct ParseError {
 /// Every position of a document that parsed before, without building its value (a large file
 /// parsed again for an error's position: the value would cost as much as the first parse's).
 pub(crate) fn every_position(text: &str) -> Option<PositionIndex> {
-    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
-    let mut b = Builder { keep_depth: usize::MAX, values: false, ..Builder::default() };
-    b.map.reserve(text.len() / 20);
-    let mut ended = false;
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::pipeline::pipelined(
-            text.len() >= PARSE_ON_A_THREAD_FROM,
-            |send| parse_events(text, send),
-            |parsed| match feed(&mut b, parsed) {
-                Ok(false) => true,
-                Ok(true) => {
-                    ended = true;
-                    false
-                }
-                Err(_) => false,
-            },
-        )
-    }));
-    (outcome.is_ok() && ended).then_some(PositionIndex { map: b.map, depth: None })
+    let text = without_bom(text);
+    let mut b = Builder::for_text(text, None, false);
+    let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(text, &mut b)));
+    matches!(ended, Ok(Some(Ok(true)))).then_some(PositionIndex { map: b.map, depth: None })
+}
+
+/// A byte order mark is not content (libyaml skips it; yaml-rust2 would read it into the first
+/// key).
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{FEFF}').unwrap_or(text)
+}
+
+/// Parses `text` into `b`: how the stream ended (`Ok(true)`: at its end), `None` if the parser
+/// stopped before it. The scanner and parser of a large text (`pipeline`) run on a thread of
+/// their own and hand their events over in batches, while this thread builds: the two halves
+/// of the work take about the same time, so a large config is read in about half of it. A
+/// builder that stops early (an error) stops the parser.
+fn build(text: &str, b: &mut Builder) -> Option<Result<bool, Refusal>> {
+    let mut outcome = None;
+    crate::pipeline::pipelined(
+        text.len() >= PARSE_ON_A_THREAD_FROM,
+        |send| parse_events(text, send),
+        |parsed| match feed(b, parsed) {
+            Ok(false) => true,
+            ended => {
+                outcome = Some(ended);
+                false
+            }
+        },
+    );
+    outcome
 }
 
 /// Parses one document into a value and the positions of its keys (those `keep` says).
@@ -214,36 +228,14 @@ pub(crate) fn parse(text: &str, keep: Keep) -> Result<(Value, PositionIndex), Pa
 }
 
 fn parse_unguarded(text: &str, keep: Keep) -> Result<(Value, PositionIndex), ParseError> {
-    // A byte order mark is not content (libyaml skips it; yaml-rust2 would read it into the
-    // first key).
-    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let text = without_bom(text);
     refuse_control_characters(text)?;
-    // The scanner and parser of a large text (`pipeline`) run on a thread of their own and
-    // hand their events over in batches, while this thread builds the value and the
-    // positions: the two halves of the work take about the same time, so a large config is
-    // read in about half of it. A builder that stops early (an error) stops the parser.
     let depth = match keep {
         Keep::Every => None,
         Keep::Shallow => Some(SHALLOW_DEPTH),
     };
-    let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), values: true, ..Builder::default() };
-    // Every position: about one for every 20 bytes of a large config (a million jobs: 9.6
-    // million in 190 MB); the map is sized once rather than doubled and copied along the way.
-    // The shallow ones: about one a job, some two hundred bytes.
-    b.map.reserve(if depth.is_none() { text.len() / 20 } else { text.len() / 200 });
-    let mut outcome = None;
-    crate::pipeline::pipelined(
-        text.len() >= PARSE_ON_A_THREAD_FROM,
-        |send| parse_events(text, send),
-        |parsed| match feed(&mut b, parsed) {
-            Ok(false) => true,
-            ended => {
-                outcome = Some(ended);
-                false
-            }
-        },
-    );
-    match outcome {
+    let mut b = Builder::for_text(text, depth, true);
+    match build(text, &mut b) {
         Some(Ok(_)) => {}
         Some(Err(Refusal::TakenBefore(e))) => return parse_as_before(text, e),
         Some(Err(Refusal::Error(e))) => return Err(e),
@@ -457,6 +449,17 @@ enum Place {
 }
 
 impl Builder {
+    /// A builder for `text`, keeping positions down to `depth` (`None`: all), building the
+    /// value or not.
+    fn for_text(text: &str, depth: Option<usize>, values: bool) -> Self {
+        let mut b = Builder { keep_depth: depth.unwrap_or(usize::MAX), values, ..Builder::default() };
+        // Every position: about one for every 20 bytes of a large config (a million jobs: 9.6
+        // million in 190 MB); the map is sized once rather than doubled and copied along the
+        // way. The shallow ones: about one a job, some two hundred bytes.
+        b.map.reserve(if depth.is_none() { text.len() / 20 } else { text.len() / 200 });
+        b
+    }
+
     /// Handles one event; true once the stream ends.
     fn on_event(&mut self, event: Event, mark: Marker) -> Result<bool, ParseError> {
         match event {
