@@ -74,7 +74,20 @@ pub struct Checked {
 pub struct Unavailable {
     pub job: String,
     pub reason: String,
-    pub diagnostic: Diagnostic,
+    /// What `config validate` reports, and the job's key it is placed at (`action`: or else
+    /// `plugin`).
+    message: String,
+    key: &'static str,
+}
+
+impl Unavailable {
+    /// The error `config validate` reports. Placed only when asked for: a running worker keeps
+    /// the reason alone, and a place inside a job of a large file parses the file again.
+    pub fn diagnostic(&self, config: &Config) -> Diagnostic {
+        let at = |key: &str| config.locate(&["scheduling", "jobs", &self.job, key]);
+        let at = if self.key == "action" { at("action").or_else(|| at("plugin")) } else { at(self.key) };
+        Diagnostic::error(at, self.message.clone())
+    }
 }
 
 /// Checks what the config crate cannot: plugin jobs and workflow plugin steps name actions that
@@ -125,8 +138,7 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
         match health.job_problem(job, registry) {
             None => {}
             Some((key, JobProblem::Unavailable { message, reason })) => {
-                let at = if key == "action" { at("action").or_else(|| at("plugin")) } else { at(key) };
-                out.unavailable.push(Unavailable { job: name.clone(), diagnostic: Diagnostic::error(at, message), reason });
+                out.unavailable.push(Unavailable { job: name.clone(), reason, message, key });
             }
             Some((_, JobProblem::Unknown(message))) => {
                 out.errors.push(Diagnostic::error(at("action").or_else(|| at("plugin")), message));
@@ -323,7 +335,7 @@ fn find_action<'r>(registry: &'r Registry, plugin: &str, action: &str) -> Result
 pub fn validate(config: &Config, registry: &Registry) -> Vec<Diagnostic> {
     let checked = check(config, registry);
     let mut out = checked.errors;
-    out.extend(checked.unavailable.into_iter().map(|u| u.diagnostic));
+    out.extend(checked.unavailable.iter().map(|u| u.diagnostic(config)));
     out
 }
 

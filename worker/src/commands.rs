@@ -74,7 +74,7 @@ fn check(mut config: Option<Config>, mut diags: Vec<Diagnostic>, registry: &Regi
         diags.extend(checked.errors);
         for u in checked.unavailable {
             match purpose {
-                Purpose::Check => diags.push(u.diagnostic),
+                Purpose::Check => diags.push(u.diagnostic(c)),
                 Purpose::Run | Purpose::Show => {
                     c.disabled.insert(Disabled::Job(u.job), u.reason);
                 }
