@@ -149,6 +149,8 @@ impl Engine {
                 health: health.clone(),
             },
         );
+        // Every job until the first reading of the group (a shared database) says otherwise.
+        let (share, shares) = tokio::sync::watch::channel(crate::share::Share::everything());
         let scheduler = Scheduler::new(SchedulerEnv {
             ticks: store.clone(),
             states: store.clone(),
@@ -162,6 +164,8 @@ impl Engine {
             retention: retention.clone(),
             worker: opts.worker_name.clone(),
             health: health.clone(),
+            share: shares,
+            takeover_within: chrono::Duration::from_std(config.worker.lease * 3 / 2).unwrap_or(chrono::Duration::days(1)),
         });
         let lease = Arc::new(LeaseKeeper {
             leases: store.clone(),
@@ -175,11 +179,22 @@ impl Engine {
             worker: worker.clone(),
             lease: config.worker.lease,
             storage,
+            share,
+            scheduling: std::sync::atomic::AtomicBool::new(true),
+            shares: tokio::sync::Mutex::new(Default::default()),
         });
         if let Some(first) = first_lease {
             lease.server_time(renewed, first.server_now);
         }
         lease.recover(now, true).await?;
+        // Subscribed before joining, so that a change made from here on is read again.
+        let lease_signals = signals.subscribe();
+        // Join the group that shares the schedule before the first pass, so that this worker
+        // plans only its share from the start (the others go on firing it until they read
+        // the join; the tick's key lets one win).
+        if let Err(e) = lease.divide(true).await {
+            tracing::warn!(error = %e, "cannot read the worker's share of the schedule; it plans every job until it can");
+        }
         let service = JobService {
             records: store.clone(),
             listings: store.clone(),
@@ -243,7 +258,7 @@ impl Engine {
             tokio::spawn(executor::recorder(executor.clone(), recorder_rx, stop_runs.clone())),
             tokio::spawn(executor::intake(executor.clone(), queue_signals, stop_runs.clone())),
             tokio::spawn(executor::canceller(executor.clone(), cancel_signals, stop_runs.clone())),
-            tokio::spawn(lease.clone().run(renewed, stop_runs.clone())),
+            tokio::spawn(lease.clone().run(renewed, lease_signals, stop_runs.clone())),
             tokio::spawn(gauges.run(stop_runs.clone())),
             tokio::spawn(crate::notifier::run(notifier, notifier_signals, stop_runs.clone())),
             tokio::spawn(crate::deadline::watch(deadlines, stop_runs.clone())),
@@ -375,7 +390,10 @@ impl Engine {
         // database is given up on at the same moment as the others, not one after another.
         let stopping = [tasks.scheduler, tasks.housekeeper];
         let aborts: Vec<_> = stopping.iter().map(tokio::task::JoinHandle::abort_handle).collect();
-        if tokio::time::timeout(STOP_TASK, futures::future::join_all(stopping)).await.is_err() {
+        // Meanwhile the worker leaves the group sharing the schedule, so the others take its
+        // jobs now (each tick due since their last one fires), not when its lease is given up.
+        let leaving = futures::future::join(futures::future::join_all(stopping), self.lease.leave_shares());
+        if tokio::time::timeout(STOP_TASK, leaving).await.is_err() {
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         let gate = self.executor.gate();

@@ -99,6 +99,11 @@ pub mod metric {
     /// On PostgreSQL, sampled: the workers whose lease ran out in the last hour without being
     /// given up (a crash, a cut) — no worker renews it. Absent on SQLite.
     pub const WORKERS_LAPSED: &str = "lamplighter.workers.lapsed";
+    /// The scheduled jobs this worker plans and offers the ticks of: on PostgreSQL its share of
+    /// them, divided between the workers of its group (`lamplighter.schedule.workers`).
+    pub const SCHEDULE_SHARE: &str = "lamplighter.schedule.share";
+    /// The workers that divide the scheduled jobs between them, this one included (1 on SQLite).
+    pub const SCHEDULE_WORKERS: &str = "lamplighter.schedule.workers";
     /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
     pub const LIMIT_HELD: &str = "lamplighter.limit.held";
     /// Per limit, sampled: the runs waiting for a slot.
@@ -231,7 +236,7 @@ const SECONDS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 const TOKEN_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0];
 
 impl Instruments {
-    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>, lapsed: Arc<AtomicI64>) -> Self {
+    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>, lapsed: Arc<AtomicI64>, share: Arc<[AtomicI64; 2]>) -> Self {
         let s = |name: &'static str, desc: &'static str| {
             meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build()
         };
@@ -256,6 +261,25 @@ impl Instruments {
                 }
             })
             .build();
+        for (i, (name, desc)) in [
+            (metric::SCHEDULE_SHARE, "Scheduled jobs this worker plans (its share of them)"),
+            (metric::SCHEDULE_WORKERS, "Workers dividing the scheduled jobs, this one included"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let share = share.clone();
+            meter
+                .i64_observable_gauge(name)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let v = share[i].load(Ordering::Relaxed);
+                    if v >= 0 {
+                        o.observe(v, &[]);
+                    }
+                })
+                .build();
+        }
         Self {
             runs: c(metric::RUNS, "Runs that ended, by job and status"),
             runs_created: c(metric::RUNS_CREATED, "Runs created, by job and trigger"),
@@ -619,6 +643,8 @@ pub struct Observer {
     sensitive: AtomicBool,
     queue_depth: Arc<AtomicI64>,
     lapsed_workers: Arc<AtomicI64>,
+    /// The jobs this worker plans, and the workers dividing them.
+    share: Arc<[AtomicI64; 2]>,
     jobs: JobGauges,
     limits: LimitGauges,
 }
@@ -694,18 +720,20 @@ impl Observer {
     pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         let lapsed_workers = Arc::new(AtomicI64::new(-1));
+        let share = Arc::new([AtomicI64::new(-1), AtomicI64::new(-1)]);
         let jobs = JobGauges::default();
         job_gauges(meter, &jobs);
         let limits = LimitGauges::default();
         limit_gauges(meter, &limits);
         Arc::new(Self {
-            m: Instruments::new(meter, queue_depth.clone(), lapsed_workers.clone()),
+            m: Instruments::new(meter, queue_depth.clone(), lapsed_workers.clone(), share.clone()),
             tracer,
             hooks: RwLock::new(Vec::new()),
             registry,
             sensitive: AtomicBool::new(false),
             queue_depth,
             lapsed_workers,
+            share,
             jobs,
             limits,
             internal: tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0,
@@ -908,6 +936,12 @@ impl Observer {
     /// PostgreSQL).
     pub(crate) fn set_lapsed_workers(&self, n: usize) {
         self.lapsed_workers.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    /// The scheduler planned `jobs` scheduled jobs, its share of them among `workers`.
+    pub(crate) fn set_schedule_share(&self, jobs: usize, workers: usize) {
+        self.share[0].store(i64::try_from(jobs).unwrap_or(i64::MAX), Ordering::Relaxed);
+        self.share[1].store(i64::try_from(workers).unwrap_or(i64::MAX), Ordering::Relaxed);
     }
 
     /// The queue depth the `lamplighter.queue.depth` gauge reports (sampled by the engine).

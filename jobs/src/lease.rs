@@ -2,7 +2,8 @@
 //! worker that cannot renew stops its runs and takes no work) and the takeover of runs whose
 //! worker's lease ran out. Recovery at start is the same takeover, of this worker's own runs too.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,8 +13,9 @@ use crate::clock::{Clock, ServerClock};
 use crate::events::Observer;
 use crate::executor::Executor;
 use crate::health::Health;
-use crate::in_force::InForce;
-use crate::signals::{Signal, Signals};
+use crate::in_force::{InForce, JobsConfig};
+use crate::share::Share;
+use crate::signals::{Receiver, Signal, Signals};
 use crate::store::{Leases, StorageKind, StoreError, WorkerId};
 
 /// What the lease keeper and recovery are handed.
@@ -31,6 +33,42 @@ pub(crate) struct LeaseKeeper {
     /// How long this worker's runs stay its own without a heartbeat.
     pub(crate) lease: Duration,
     pub(crate) storage: StorageKind,
+    /// This worker's share of the schedule, as the scheduler plans it.
+    pub(crate) share: tokio::sync::watch::Sender<Share>,
+    /// Whether this worker takes a share: false from the start of its shutdown.
+    pub(crate) scheduling: AtomicBool,
+    /// What it wrote of its share, held by one division at a time.
+    pub(crate) shares: tokio::sync::Mutex<ShareState>,
+}
+
+/// What the lease keeper wrote of its share, and the digest of the config in force.
+#[derive(Default)]
+pub(crate) struct ShareState {
+    /// The digest of the config it was last computed for.
+    of: Option<(Weak<JobsConfig>, String)>,
+    /// The digest last written (`Some(None)`: the worker left the group).
+    written: Option<Option<String>>,
+}
+
+impl ShareState {
+    /// The digest of the scheduled jobs `config` knows ([`crate::share::digest`]), computed
+    /// again only when the config in force changed (the weak pointer keeps the old config's
+    /// allocation, so a new one is never mistaken for it).
+    fn digest_of(&mut self, config: &Arc<JobsConfig>) -> String {
+        if let Some((of, digest)) = &self.of
+            && std::ptr::eq(of.as_ptr(), Arc::as_ptr(config))
+        {
+            return digest.clone();
+        }
+        let scheduled = config
+            .jobs
+            .iter()
+            .filter(|(name, cfg)| cfg.schedule.is_some() && crate::scheduler::schedulable(config, name, cfg))
+            .map(|(name, _)| name.as_str());
+        let digest = crate::share::digest(scheduled);
+        self.of = Some((Arc::downgrade(config), digest.clone()));
+        digest
+    }
 }
 
 impl LeaseKeeper {
@@ -59,6 +97,51 @@ impl LeaseKeeper {
         Ok(())
     }
 
+    /// Writes this worker's digest with its lease and reads its group (on a shared database
+    /// only); the scheduler is told when its share changed. Others are told (a signal) when
+    /// this worker's own entry changed: it joined, left, or knows other jobs now. `reread`:
+    /// read the group even if the digest is the one last written (another worker changed).
+    pub(crate) async fn divide(&self, reread: bool) -> Result<(), StoreError> {
+        if !self.storage.takes_over_from_others() {
+            return Ok(());
+        }
+        // One at a time: a leave is never overwritten by a division that began before it.
+        let mut state = self.shares.lock().await;
+        let digest = self.scheduling.load(Ordering::SeqCst).then(|| state.digest_of(&self.config.get()));
+        let changed = state.written.as_ref() != Some(&digest);
+        if !changed && (!reread || digest.is_none()) {
+            return Ok(());
+        }
+        let members = self.leases.share(&self.worker, digest.as_deref()).await?;
+        state.written = Some(digest.clone());
+        if changed {
+            self.signals.publish(Signal::WorkersChanged);
+        }
+        if digest.is_none() {
+            return Ok(());
+        }
+        let share = Share::among(&self.worker.name, members);
+        self.share.send_if_modified(|s| {
+            if *s == share {
+                return false;
+            }
+            let workers = share.members().len().max(1);
+            tracing::info!(workers, members = ?share.members(), "this worker plans its share of the scheduled jobs: one of {workers}");
+            *s = share;
+            true
+        });
+        Ok(())
+    }
+
+    /// The worker stops scheduling (its shutdown began): its entry leaves the group at once,
+    /// so that the others take its jobs now, not when its lease is given up after the drain.
+    pub(crate) async fn leave_shares(&self) {
+        self.scheduling.store(false, Ordering::SeqCst);
+        if let Err(e) = self.divide(true).await {
+            tracing::warn!(error = %e, "cannot give up the worker's share of the schedule; the others take it when its lease ends");
+        }
+    }
+
     /// Measures the server's time from a renewal sent at `sent` (a monotonic instant), and says
     /// so when this machine's clock is more than a second off it.
     pub(crate) fn server_time(&self, sent: std::time::Instant, server: DateTime<Utc>) {
@@ -81,18 +164,39 @@ impl LeaseKeeper {
     /// and takes no work (not ready) until a renewal goes through; and it takes over the runs of
     /// workers whose lease ran out (interrupted, then followed up per policy), as every worker
     /// does at start. `renewed`: when the last renewal that went through was sent.
-    pub(crate) async fn run(self: Arc<Self>, mut renewed: std::time::Instant, stop: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, mut renewed: std::time::Instant, mut signals: Receiver, stop: CancellationToken) {
         let fencing = crate::decide::fencing(self.lease);
         let fences = self.storage.takes_over_from_others();
         let mut lost = false;
-        let mut failing = false;
+        let mut failing: bool;
         let mut fenced = false;
+        let mut renew_at = tokio::time::Instant::now() + fencing.renew_every;
         loop {
-            let wait = if failing || fenced { fencing.retry_every } else { fencing.renew_every };
             let fence_at = tokio::time::Instant::from_std(renewed + fencing.fence_after);
-            // A renewal may hang (a cut connection): the fence's deadline runs beside it.
+            // Until the renewal is due: the fence's deadline, and between renewals the share
+            // read again when another worker joined or left or the jobs in force changed.
+            tokio::select! {
+                () = tokio::time::sleep_until(renew_at) => {}
+                () = tokio::time::sleep_until(fence_at), if fences && !fenced => {
+                    fenced = true;
+                    renew_at = tokio::time::Instant::now() + fencing.retry_every;
+                    self.fence(fencing.fence_after);
+                    continue;
+                }
+                reread = shares_changed(&mut signals), if fences && !fenced => {
+                    let Some(reread) = reread else { return };
+                    // Never past the renewal or the fence's deadline: neither waits for it (the
+                    // renewal due now reads the share after it anyway).
+                    let until = (tokio::time::Instant::now() + fencing.renew_every).min(fence_at).min(renew_at);
+                    if until > tokio::time::Instant::now() {
+                        self.bounded(until, self.divide(reread), "read the worker's share of the schedule").await;
+                    }
+                    continue;
+                }
+                () = stop.cancelled() => return,
+            }
+            // The renewal may hang (a cut connection): the fence's deadline runs beside it.
             let renew = async {
-                tokio::time::sleep(wait).await;
                 let sent = std::time::Instant::now();
                 let now = self.clock.now();
                 let result = tokio::time::timeout(fencing.renew_every, self.leases.heartbeat(&self.worker, self.lease, false, now)).await;
@@ -105,15 +209,8 @@ impl LeaseKeeper {
                 r = renew => r,
                 () = tokio::time::sleep_until(fence_at), if fences && !fenced => {
                     fenced = true;
-                    let why = format!(
-                        "fenced: the worker could not renew its lease for {}; its runs were stopped so that no other worker runs them \
-                         at the same time, and it takes no work until the database takes a renewal",
-                        humantime::format_duration(fencing.fence_after)
-                    );
-                    let stopped = self.executor.fence(fencing.fence_after);
-                    tracing::error!(runs = stopped, "{why}");
-                    self.observer.fenced(stopped);
-                    self.health.set_fenced(Some(why));
+                    renew_at = tokio::time::Instant::now() + fencing.retry_every;
+                    self.fence(fencing.fence_after);
                     continue;
                 }
                 () = stop.cancelled() => return,
@@ -155,14 +252,52 @@ impl LeaseKeeper {
                     tracing::warn!("cannot renew the worker's lease: the database did not answer within {:?}", fencing.renew_every);
                 }
             }
-            // Bounded: a connection cut mid-way must not keep this loop from watching the fence.
+            renew_at = tokio::time::Instant::now() + if failing || fenced { fencing.retry_every } else { fencing.renew_every };
+            // Bounded: a connection cut mid-way must not keep this loop from watching the fence
+            // (nor, together, past its deadline).
             if fences && !failing && !fenced {
-                match tokio::time::timeout(fencing.renew_every, self.recover(now, false)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot check for runs of workers that are gone"),
-                    Err(_) => tracing::warn!("checking for runs of workers that are gone took too long; trying again later"),
-                }
+                // Leaving the next renewal its own time before the fence.
+                let latest = tokio::time::Instant::from_std(renewed + fencing.fence_after.saturating_sub(fencing.renew_every));
+                let until = || (tokio::time::Instant::now() + fencing.renew_every).min(latest);
+                // A member whose lease ran out leaves the group only as the others read it.
+                self.bounded(until(), self.divide(true), "read the worker's share of the schedule").await;
+                self.bounded(until(), self.recover(now, false), "check for runs of workers that are gone").await;
             }
+        }
+    }
+
+    /// Stops every run this worker holds: no renewal went through for `after`.
+    fn fence(&self, after: Duration) {
+        let why = format!(
+            "fenced: the worker could not renew its lease for {}; its runs were stopped so that no other worker runs them \
+             at the same time, and it takes no work until the database takes a renewal",
+            humantime::format_duration(after)
+        );
+        let stopped = self.executor.fence(after);
+        tracing::error!(runs = stopped, "{why}");
+        self.observer.fenced(stopped);
+        self.health.set_fenced(Some(why));
+    }
+
+    /// Runs `work` until `until` at most, saying what went wrong.
+    async fn bounded(&self, until: tokio::time::Instant, work: impl Future<Output = Result<(), StoreError>>, what: &str) {
+        match tokio::time::timeout_at(until, work).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot {what}"),
+            Err(_) => tracing::warn!("cannot {what} in time; trying again later"),
+        }
+    }
+}
+
+/// The next signal that may change this worker's share: `Some(true)` when the group must be
+/// read again (a worker joined or left, signals were lost), `Some(false)` when only the jobs in
+/// force changed (read again if the digest did); `None` once the signals are gone.
+async fn shares_changed(signals: &mut Receiver) -> Option<bool> {
+    loop {
+        match signals.recv().await? {
+            Signal::WorkersChanged | Signal::Lagged => return Some(true),
+            Signal::JobChanged | Signal::JobsChanged(_) => return Some(false),
+            _ => {}
         }
     }
 }

@@ -28,6 +28,7 @@ mod run;
 mod schedule;
 mod scheduler;
 mod service;
+mod share;
 mod signals;
 mod snapshot;
 mod store;

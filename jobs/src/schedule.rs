@@ -25,6 +25,12 @@ pub(crate) struct TickPolicy<'a> {
     pub(crate) catch_up: CatchUp,
     pub(crate) catch_up_window: Duration,
     pub(crate) overlap: Overlap,
+    /// Every due tick that fires at or after this instant fires, one after another, whatever
+    /// `catch_up` says: the job was just taken over from a worker that may have stopped
+    /// offering its ticks then (its lease ran out, it left the group), and what it did not fire
+    /// was not missed by the schedule. Those later than [`ON_TIME`] are still told as missed,
+    /// and fire as caught up.
+    pub(crate) each_since: Option<DateTime<Utc>>,
 }
 
 impl<'a> TickPolicy<'a> {
@@ -36,6 +42,7 @@ impl<'a> TickPolicy<'a> {
             catch_up: cfg.catch_up,
             catch_up_window: cfg.catch_up_window,
             overlap: cfg.overlap,
+            each_since: None,
         }
     }
 
@@ -125,7 +132,7 @@ pub(crate) fn due_ticks(p: &TickPolicy<'_>, planned: Option<DateTime<Utc>>, last
     }
     let due_last = ticks.last().map(|(t, _)| *t);
     let skipped_last = due_last.filter(|l| fire.last().map(|(t, _, _)| t) != Some(l));
-    let catching_up = fire.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp);
+    let catching_up = fire.iter().any(|(_, _, tr)| *tr == Trigger::CatchUp) || (p.each_since.is_some() && fire.len() > 1);
     let overlap = if catching_up && p.overlap != Overlap::Allow { Overlap::Queue } else { p.overlap };
     let last = due_last.or(last);
     // `cur` is the first tick after the last one taken: the job's next tick.
@@ -172,6 +179,25 @@ fn choose(
 ) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
     let on_time = |at: &DateTime<Utc>| now - *at <= ON_TIME;
     let window_start = now - chrono::Duration::from_std(p.catch_up_window).unwrap_or(chrono::Duration::days(1));
+    let mut chosen = by_catch_up(p, ticks, on_time, window_start);
+    if let Some(since) = p.each_since {
+        for (t, at) in ticks.iter().filter(|(_, at)| *at >= since) {
+            if !chosen.iter().any(|(c, _, _)| c == t) {
+                chosen.push((*t, *at, if on_time(at) { Trigger::Cron } else { Trigger::CatchUp }));
+            }
+        }
+        chosen.sort_by_key(|(t, _, _)| *t);
+    }
+    chosen
+}
+
+/// The ticks of `ticks` the job's `catch_up` fires.
+fn by_catch_up(
+    p: &TickPolicy<'_>,
+    ticks: &[(DateTime<Utc>, DateTime<Utc>)],
+    on_time: impl Fn(&DateTime<Utc>) -> bool,
+    window_start: DateTime<Utc>,
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, Trigger)> {
     match p.catch_up {
         CatchUp::Skip => ticks.last().filter(|(_, at)| on_time(at)).map(|(t, at)| (*t, *at, Trigger::Cron)).into_iter().collect(),
         CatchUp::Latest => match ticks.last() {
@@ -194,12 +220,7 @@ pub fn jitter_for(job: &str, tick: DateTime<Utc>, max: Duration) -> Duration {
     if ms == 0 {
         return Duration::ZERO;
     }
-    // FNV-1a: stable across Rust versions, unlike std's hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in job.as_bytes().iter().chain(&tick.timestamp_millis().to_le_bytes()) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = crate::share::fnv1a(job.bytes().chain(tick.timestamp_millis().to_le_bytes()));
     Duration::from_millis(h % ms)
 }
 
@@ -220,7 +241,15 @@ mod tests {
     }
 
     fn policy(schedule: &Schedule, catch_up: CatchUp, window_mins: u64, overlap: Overlap) -> TickPolicy<'_> {
-        TickPolicy { job: "j", schedule, jitter: None, catch_up, catch_up_window: Duration::from_secs(window_mins * 60), overlap }
+        TickPolicy {
+            job: "j",
+            schedule,
+            jitter: None,
+            catch_up,
+            catch_up_window: Duration::from_secs(window_mins * 60),
+            overlap,
+            each_since: None,
+        }
     }
 
     /// `(tick, trigger)` of what fires, with times as `HH:MM`.
@@ -377,6 +406,50 @@ mod tests {
         assert_eq!((d.fire.len(), d.missed), (MAX_MISSED, MAX_MISSED));
         assert_eq!(d.next, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64)));
         assert_eq!(d.last, Some(planned + chrono::Duration::minutes(MAX_MISSED as i64 - 1)));
+    }
+
+    /// A job taken over from a worker that stopped offering its ticks fires each tick due since
+    /// its last one within the grace, one after another, whatever its `catch_up`; older ticks
+    /// are its `catch_up`'s, as after downtime.
+    #[test]
+    fn a_job_taken_over_fires_each_tick_its_last_owner_left() {
+        let every_second = Schedule::cron("* * * * * *", "UTC").unwrap();
+        let planned = utc("2026-03-01T10:00:00Z");
+        let now = planned + chrono::Duration::seconds(4);
+        let seconds = |from: i64, to: i64| (from..=to).map(|s| planned + chrono::Duration::seconds(s)).collect::<Vec<_>>();
+        let since = Some(planned);
+        for catch_up in [CatchUp::Skip, CatchUp::Latest, CatchUp::All] {
+            let p = TickPolicy { each_since: since, ..policy(&every_second, catch_up, 24 * 60, Overlap::Forbid) };
+            let d = due_ticks(&p, Some(planned), None, now);
+            let fired: Vec<DateTime<Utc>> = d.fire.iter().map(|(t, _, _)| *t).collect();
+            assert_eq!(fired, seconds(0, 4), "{catch_up:?}");
+            assert!(d.fire.iter().all(|(_, _, tr)| *tr == Trigger::Cron), "{catch_up:?}: {:?}", d.fire);
+            assert_eq!((d.missed, d.overlap), (0, Overlap::Queue), "{catch_up:?}: run one after another, none skipped");
+            // Without the takeover, `skip` and `latest` fire the newest only.
+            let own = due_ticks(&policy(&every_second, catch_up, 24 * 60, Overlap::Forbid), Some(planned), None, now);
+            assert_eq!(own.fire.len(), if catch_up == CatchUp::All { 5 } else { 1 }, "{catch_up:?}");
+        }
+        // Two minutes behind, taken over from 100 s ago (a long lease): those from then fire,
+        // the ones more than a minute late as caught up (and told as missed); the older ones
+        // are the job's `skip`'s.
+        let now = planned + chrono::Duration::seconds(120);
+        let p = TickPolicy {
+            each_since: Some(planned + chrono::Duration::seconds(20)),
+            ..policy(&every_second, CatchUp::Skip, 24 * 60, Overlap::Allow)
+        };
+        let d = due_ticks(&p, Some(planned), None, now);
+        assert_eq!(d.fire.iter().map(|(t, _, _)| *t).collect::<Vec<_>>(), seconds(20, 120));
+        assert!(
+            d.fire.iter().all(|(t, _, tr)| (*tr == Trigger::CatchUp) == (*t < planned + chrono::Duration::seconds(60))),
+            "{:?}",
+            d.fire
+        );
+        assert_eq!(d.overlap, Overlap::Allow);
+        let m = d.missed_ticks.expect("told");
+        assert_eq!((m.count, m.caught_up, m.skipped), (60, 40, 20));
+        // One tick due: as it would be anyway.
+        let d = due_ticks(&p, Some(planned), None, planned + chrono::Duration::milliseconds(300));
+        assert_eq!((d.fire.len(), d.overlap), (1, Overlap::Allow));
     }
 
     /// An hour away (the clock stepped, the machine suspended) is 3,600 ticks of a per-second

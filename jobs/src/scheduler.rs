@@ -20,6 +20,7 @@ use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
 use crate::run::{Owner, RunStatus, Trigger};
 use crate::schedule::{TickPolicy, due_ticks};
+use crate::share::Share;
 use crate::signals::{Receiver, Signal, Signals};
 use crate::store::{Claim, DUE_BATCH, Due, Handover, JobStates, LimitPass, NewRun, Ticks};
 
@@ -29,6 +30,10 @@ struct Entry {
     last: Option<DateTime<Utc>>,
     /// The next tick and when it fires (tick + jitter).
     next: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Taken over from another worker's share and not yet fired since: every tick that fires
+    /// from this instant on (when the other may have stopped offering them) fires
+    /// ([`TickPolicy::each_since`]).
+    gained: Option<DateTime<Utc>>,
 }
 
 /// The scheduled jobs and when each fires next. Built whole from the config in force (and
@@ -127,6 +132,12 @@ pub(crate) struct SchedulerEnv {
     pub(crate) worker: String,
     /// Where storage faults met while firing ticks are reported.
     pub(crate) health: Arc<crate::health::Health>,
+    /// The jobs this worker plans and offers (on a shared database, its share of them).
+    pub(crate) share: watch::Receiver<Share>,
+    /// The longest a share can go unserved: a member's lease runs out (L after its last
+    /// renewal) and the others read it (within L/4), with room to spare. A job taken over fires
+    /// each tick from this long before its takeover.
+    pub(crate) takeover_within: chrono::Duration,
 }
 
 /// The scheduler: its handles, and what it tells of its passes (readiness, the watchdog,
@@ -211,14 +222,23 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
     // waits may have ended while the worker was down).
     let mut due_seen = Some(DateTime::<Utc>::MIN_UTC);
     let mut lead = Lead::default();
+    let mut shares = s.env.share.clone();
+    // The share the plan was built for (none before the first build), and when this worker
+    // joined the group it is of (a little before its first pass).
+    let mut planned_for: Option<Share> = None;
+    let joined = s.env.clock.now() - chrono::Duration::seconds(1);
     loop {
         if !replan && !changed.is_empty() {
-            replan = !plan_jobs(&s, &mut plan, &changed).await;
+            let share = planned_for.clone().unwrap_or_else(Share::everything);
+            replan = !plan_jobs(&s, &mut plan, &changed, &share).await;
             s.limits_changed.store(true, Ordering::SeqCst);
         }
         changed.clear();
         if replan {
-            plan = build_plan(&s).await;
+            let share = shares.borrow_and_update().clone();
+            plan = build_plan(&s, &share, planned_for.as_ref(), &plan, joined).await;
+            s.env.observer.set_schedule_share(plan.entries.len(), share.members().len().max(1));
+            planned_for = Some(share);
             replan = false;
             s.limits_changed.store(true, Ordering::SeqCst);
         }
@@ -263,6 +283,8 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         };
         tokio::select! {
             () = sleep => {}
+            // Another worker joined or left: the plan is of the new share.
+            Ok(()) = shares.changed() => replan = true,
             woken = next_for_scheduler(&mut signals, &s.holding) => match woken {
                 Some(r) => {
                     r.into(&mut replan, &mut changed);
@@ -319,7 +341,9 @@ fn for_scheduler(s: &Signal, holding: bool) -> Option<Woken> {
         | Signal::RunsChanged
         | Signal::RunProgress(_)
         | Signal::CancelRequested { .. }
-        | Signal::DefinitionChanged(_) => None,
+        | Signal::DefinitionChanged(_)
+        // The share is read by the lease keeper, which tells the scheduler when it changed.
+        | Signal::WorkersChanged => None,
     }
 }
 
@@ -336,11 +360,15 @@ async fn next_for_scheduler(signals: &mut Receiver, holding: &AtomicBool) -> Opt
 
 /// Whether the config in force schedules `job` (its pause state aside, which the tick's own
 /// transaction reads): enabled, and not disabled for want of something it needs.
-fn schedulable(config: &JobsConfig, job: &str, cfg: &JobConfig) -> bool {
+pub(crate) fn schedulable(config: &JobsConfig, job: &str, cfg: &JobConfig) -> bool {
     cfg.enabled && !config.unavailable.contains_key(job)
 }
 
-async fn build_plan(s: &Scheduler) -> Plan {
+/// The plan of the jobs in `share`. Taken over from another worker: those not in `before` (the
+/// share of the last plan), those `old` (the last plan) took over and has not fired since, and
+/// at a start beside other workers (no `before`) every job, from a takeover's span before
+/// `joined`.
+async fn build_plan(s: &Scheduler, share: &Share, before: Option<&Share>, old: &Plan, joined: DateTime<Utc>) -> Plan {
     let snapshot = s.env.config.get();
     let jobs = &snapshot.jobs;
     let states = match s.env.states.job_states().await {
@@ -358,8 +386,19 @@ async fn build_plan(s: &Scheduler) -> Plan {
             continue;
         }
         let Some(schedule) = cfg.schedule.clone() else { continue };
+        if !share.owns(name) {
+            continue;
+        }
+        let gained = match before {
+            Some(b) if !b.owns(name) => Some(now - s.env.takeover_within),
+            Some(_) => old.find(name).and_then(|i| old.entries.get(i)).and_then(|(_, e)| e.gained),
+            // A start beside other workers: they offered the job until they read the join, or
+            // left it to this worker's name (a restart within the lease of a process that died).
+            None if share.members().len() > 1 => Some(joined - s.env.takeover_within),
+            None => None,
+        };
         let last = states.get(name).and_then(|s| s.last_tick);
-        plan.entries.push((name.clone(), Entry { schedule, last, next: None }));
+        plan.entries.push((name.clone(), Entry { schedule, last, next: None, gained }));
         plan.set_next(plan.entries.len() - 1, cfg, last.unwrap_or(now).min(now));
     }
     plan.sorted = plan.entries.len();
@@ -369,10 +408,10 @@ async fn build_plan(s: &Scheduler) -> Plan {
 /// Plans the jobs named again, each as the config in force and its stored state have it now
 /// (gone, paused or unscheduled: not planned). `false`: a state could not be read (the whole
 /// plan is built again).
-async fn plan_jobs(s: &Scheduler, plan: &mut Plan, names: &BTreeSet<String>) -> bool {
+async fn plan_jobs(s: &Scheduler, plan: &mut Plan, names: &BTreeSet<String>, share: &Share) -> bool {
     let snapshot = s.env.config.get();
     let now = s.env.clock.now();
-    for name in names {
+    for name in names.iter().filter(|n| share.owns(n)) {
         let state = match s.env.states.job_state(name).await {
             Ok(state) => state,
             Err(e) => {
@@ -385,7 +424,9 @@ async fn plan_jobs(s: &Scheduler, plan: &mut Plan, names: &BTreeSet<String>) -> 
             plan.drop_job(name);
             continue;
         };
-        let i = plan.put(name, Entry { schedule, last: state.last_tick, next: None });
+        // A takeover not yet fired keeps its catch-up.
+        let gained = plan.find(name).and_then(|i| plan.entries.get(i)).and_then(|(_, e)| e.gained);
+        let i = plan.put(name, Entry { schedule, last: state.last_tick, next: None, gained });
         plan.set_next(i, cfg, state.last_tick.unwrap_or(now).min(now));
     }
     true
@@ -542,7 +583,12 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
                 entry.next = None;
                 continue;
             };
-            let due = due_ticks(&TickPolicy::of(cfg, &entry.schedule), entry.next.map(|(t, _)| t), entry.last, now);
+            // A takeover whose catch-up could not be fired for long (writes failing, the
+            // process stopped): what is older than a takeover and the minute is the job's
+            // `catch_up`'s, as after downtime.
+            let each_since = entry.gained.map(|g| g.max(now - s.env.takeover_within - crate::schedule::ON_TIME));
+            let policy = TickPolicy { each_since, ..TickPolicy::of(cfg, &entry.schedule) };
+            let due = due_ticks(&policy, entry.next.map(|(t, _)| t), entry.last, now);
             if due.missed > 0 {
                 let caught_up = due.fire.iter().filter(|(_, _, tr)| *tr == Trigger::CatchUp).count();
                 tracing::info!(job = %job, missed = due.missed, caught_up, policy = ?cfg.catch_up, "missed ticks");
@@ -607,6 +653,8 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
         for p in planned {
             if let Some((_, e)) = plan.entries.get_mut(p.i) {
                 e.last = p.last;
+                // Its catch-up of the takeover is recorded.
+                e.gained = None;
             }
             plan.set_next_tick(p.i, p.cfg, p.next);
         }

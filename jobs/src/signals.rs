@@ -38,6 +38,9 @@ pub(crate) enum Signal {
     RunsChanged,
     /// Someone asked for a running run to stop; the worker running it stops it.
     CancelRequested { run: String, why: String },
+    /// A worker joined or left the group that shares the schedule, or knows other jobs now:
+    /// every worker reads its share again.
+    WorkersChanged,
     /// The receiver missed signals: act on all of them.
     Lagged,
 }

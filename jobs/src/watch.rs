@@ -26,9 +26,10 @@ impl Interest {
             (Interest::Run { id, .. }, Signal::RunFinished(r) | Signal::CancelRequested { run: r, .. }) => r == id,
             (Interest::Run { id, progress }, Signal::RunProgress(r)) => *progress && r == id,
             (Interest::Run { .. }, Signal::RunsChanged | Signal::Wake) => true,
-            (Interest::Run { .. }, Signal::JobChanged | Signal::JobsChanged(_) | Signal::TasksPushed | Signal::DefinitionChanged(_)) => {
-                false
-            }
+            (
+                Interest::Run { .. },
+                Signal::JobChanged | Signal::JobsChanged(_) | Signal::TasksPushed | Signal::DefinitionChanged(_) | Signal::WorkersChanged,
+            ) => false,
         }
     }
 }

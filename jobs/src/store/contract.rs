@@ -473,6 +473,47 @@ async fn a_restart_under_the_same_name_takes_the_lease_over(s: &dyn RunStore) {
     assert!(s.workers(t).await.expect("workers").is_empty(), "a released lease is not listed");
 }
 
+/// Workers share the schedule with those that know the same jobs and hold a live lease (a
+/// shared database): a join, a leave, a lapsed lease and other jobs each change the group.
+async fn workers_that_know_the_same_jobs_share_them(s: &dyn RunStore) {
+    let t = t0();
+    let w = |name: &str, pid: u32| WorkerId { name: name.into(), instance: format!("i-{name}"), host: "h".into(), pid };
+    let (a, b, old, gone) = (w("worker-a", 1), w("worker-b", 2), w("worker-old", 3), w("worker-gone", 4));
+    for x in [&a, &b, &old] {
+        assert!(s.heartbeat(x, Duration::from_secs(60), true, t).await.expect("lease").is_some());
+    }
+    let group = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a"]));
+    // A join: the newcomer reads the group with itself; a worker of an earlier version (no
+    // digest) is in none.
+    assert_eq!(s.share(&b, Some("d1")).await.expect("share"), group(&["worker-a", "worker-b"]));
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a", "worker-b"]));
+    // Other jobs known: a group of its own.
+    assert_eq!(s.share(&a, Some("d2")).await.expect("share"), group(&["worker-a"]));
+    assert_eq!(s.share(&b, Some("d1")).await.expect("share"), group(&["worker-b"]));
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a", "worker-b"]));
+    // A leave (a shutdown begins): out of the group while its lease still runs.
+    assert_eq!(s.share(&b, None).await.expect("share"), Vec::<String>::new());
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a"]));
+    assert_eq!(s.share(&b, Some("d1")).await.expect("share").len(), 2, "back in");
+    s.release(&b).await.expect("release");
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a"]), "a released lease leaves the group");
+    // A lease that ran out leaves it too, though its row stays until it is taken over.
+    assert!(s.heartbeat(&gone, Duration::ZERO, true, t).await.expect("lease").is_some());
+    assert_eq!(s.share(&gone, Some("d1")).await.expect("share"), group(&["worker-a", "worker-gone"]), "itself, as it writes");
+    assert_eq!(s.share(&a, Some("d1")).await.expect("share"), group(&["worker-a"]), "not a member once its lease ran out");
+    assert_eq!(s.workers(t).await.expect("workers").len(), 2, "a and the old worker hold live leases");
+}
+
+/// One worker holds a SQLite file: its group is itself, whatever else is in `ll_workers`.
+async fn a_lone_worker_shares_with_nobody(s: &dyn RunStore) {
+    let t = t0();
+    let other = WorkerId { name: "worker-b".into(), ..me() };
+    assert!(s.heartbeat(&other, Duration::from_secs(60), true, t).await.expect("lease").is_some());
+    assert_eq!(s.share(&other, Some("d1")).await.expect("share"), vec!["worker-b".to_string()]);
+    assert_eq!(s.share(&me(), Some("d1")).await.expect("share"), vec![ME.to_string()]);
+}
+
 async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     let t = t0();
     let mut ids = Vec::new();
@@ -1617,6 +1658,11 @@ async fn sqlite() -> (tempfile::TempDir, Box<dyn RunStore>) {
 
 contract!(sqlite_store, sqlite());
 
+mod sqlite_alone {
+    use super::*;
+    contract!(@tests sqlite(); a_lone_worker_shares_with_nobody);
+}
+
 /// A fresh cluster per check (about a second to create): checks run in parallel and never see
 /// each other's rows.
 async fn postgres() -> (lamplighter_tests::pg::Cluster, Box<dyn RunStore>) {
@@ -1627,3 +1673,8 @@ async fn postgres() -> (lamplighter_tests::pg::Cluster, Box<dyn RunStore>) {
 }
 
 contract!(postgres_store, postgres());
+
+mod postgres_shared {
+    use super::*;
+    contract!(@tests postgres(); workers_that_know_the_same_jobs_share_them);
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{LeaseSql, QueueSql, RunSql, Stmt, leases_with_runs, run_cols, run_from_row, sql};
+use super::dialect::{LeaseSql, QueueSql, Record, RunSql, Stmt, leases_with_runs, run_cols, run_from_row, sql};
 use super::scripts::*;
 use super::{Lease, StoreError, WorkerId, WorkerLease, from_ms, ms};
 use crate::run::{Run, RunStatus};
@@ -21,6 +21,11 @@ pub(crate) trait Leases: Send + Sync + std::fmt::Debug {
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, now: DateTime<Utc>) -> Result<Option<Lease>, StoreError>;
     /// Gives the lease up (a clean stop).
     async fn release(&self, me: &WorkerId) -> Result<(), StoreError>;
+    /// Writes `digest` (the scheduled jobs `me` knows, [`crate::share::digest`]; `None`: it
+    /// takes no share of them) with `me`'s lease, and reads the group it is in: the workers
+    /// with a live lease and the same digest, by name, `me` included while it has one. Where
+    /// one worker holds the database (SQLite), that worker alone.
+    async fn share(&self, me: &WorkerId, digest: Option<&str>) -> Result<Vec<String>, StoreError>;
     /// Workers whose lease has not run out, with their running runs, by name.
     async fn workers(&self, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError>;
     /// Runs left `running` by workers that are gone become `interrupted` (their open steps
@@ -47,6 +52,26 @@ impl<D: LeaseSql + RunSql + QueueSql> Leases for D {
         let q = Stmt::new(sql!(D, "DELETE FROM ll_workers WHERE name = $1 AND instance = $2"), "giving up the worker's lease");
         D::execute(&mut *self.writer().await?, q.bind(me.name.as_str()).bind(me.instance.as_str())).await?;
         Ok(())
+    }
+
+    async fn share(&self, me: &WorkerId, digest: Option<&str>) -> Result<Vec<String>, StoreError> {
+        if !D::KIND.takes_over_from_others() {
+            return Ok(vec![me.name.clone()]);
+        }
+        // The others as they committed, this worker as it writes itself, in one round trip; the
+        // row is written only when the digest changed (a renewal writes it already).
+        let q = Stmt::new(
+            sql!(
+                D,
+                "WITH mine AS (UPDATE ll_workers SET shares = $3 WHERE name = $1 AND instance = $2 AND shares IS DISTINCT FROM $3)
+                 SELECT w.name FROM ll_workers w WHERE w.shares = $3 AND w.name <> $1 {lease_live}
+                 UNION SELECT $1 WHERE $3 IS NOT NULL
+                 ORDER BY 1"
+            ),
+            "writing the worker's share of the schedule",
+        );
+        let q = q.bind(me.name.as_str()).bind(me.instance.as_str()).bind(digest);
+        Ok(D::fetch_all(&mut *self.writer().await?, q).await?.iter().map(|r| r.text("name")).collect())
     }
 
     async fn lapsed(&self, within: Duration, now: DateTime<Utc>) -> Result<Vec<WorkerLease>, StoreError> {

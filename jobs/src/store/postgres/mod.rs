@@ -505,11 +505,13 @@ impl LeaseSql for PgStore {
     async fn heartbeat(&self, me: &WorkerId, lease: Duration, take_over: bool, _now: i64) -> Result<Option<(i64, i64)>, StoreError> {
         // A renewal keeps the epoch only while the lease is live and the same process holds
         // it: a lease that ran out, or a new process under the name, starts a new epoch, and
-        // whatever was claimed under the old one can no longer be written.
+        // whatever was claimed under the old one can no longer be written. A new process under
+        // the name is in no group sharing the schedule until it joins one itself.
         sqlx::query_as(sql!(format!(
             "INSERT INTO ll_workers (name, instance, host, pid, started_at, heartbeat_at, lease_until, takeover_at, epoch)
              VALUES ($1, $2, $3, $4, {now}, {now}, {now} + $5, {now} + $5 + $7, 1)
              ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
+                 shares = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.shares END,
                  started_at = CASE WHEN ll_workers.instance = excluded.instance THEN ll_workers.started_at ELSE excluded.started_at END,
                  heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, takeover_at = excluded.takeover_at,
                  epoch = CASE WHEN ll_workers.instance = excluded.instance AND ll_workers.lease_until > {now}
