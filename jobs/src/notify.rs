@@ -79,12 +79,7 @@ pub(crate) fn target_id(t: &NotifyTarget) -> String {
         NotifyTarget::Agent(a) => format!("agent\0{a}"),
         NotifyTarget::Plugin { plugin, action } => format!("plugin\0{plugin}\0{action}"),
     };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", crate::share::fnv1a(text.bytes()))
 }
 
 /// The key of an event: see the module's text.

@@ -132,7 +132,7 @@ fn wire_name(name: &str) -> String {
 }
 
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    crate::share::fnv1a(s.bytes())
 }
 
 /// Providers want an object schema for function parameters: anything else (a manifest
