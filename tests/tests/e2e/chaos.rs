@@ -968,25 +968,41 @@ impl Chaos<'_> {
         }
         self.note("settling: gated and the limited pair paused".into());
         let chaos = std::cell::RefCell::new(self);
-        poll(
+        // Two minutes, and longer while the backlog shrinks: a long run's outages leave the
+        // limited pair's caught-up runs to go one at a time through its one slot (four
+        // whole-cluster outages of 80 s left over a hundred, seed 1796424672370).
+        let (began, mut until, mut fewest) = (Instant::now(), Instant::now() + Duration::from_secs(120), usize::MAX);
+        let context = || {
+            let c = chaos.borrow();
+            let rs = runs(c.db).unwrap_or_else(|e| panic!("reading the runs: {e}"));
+            let open: Vec<&Run> =
+                rs.iter().filter(|r| r.job != "tick" && !["succeeded", "interrupted"].contains(&r.status.as_str())).collect();
+            format!("runs still going or not followed up: {open:#?}\ntimeline:\n{}\n{}", c.timeline.join("\n"), c.logs())
+        };
+        let settled = poll(
             "the runs to settle",
-            Duration::from_secs(120),
+            Duration::from_secs(900),
             || {
                 let mut c = chaos.borrow_mut();
                 c.act(true);
                 let Ok(rs) = runs(c.db) else { return None };
-                let going = rs.iter().any(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str()));
+                let going =
+                    rs.iter().filter(|r| r.job != "tick" && ["queued", "running", "waiting_approval"].contains(&r.status.as_str())).count();
+                if going < fewest {
+                    fewest = going;
+                    until = until.max(Instant::now() + Duration::from_secs(30));
+                }
+                if Instant::now() > until {
+                    return Some(Err(going));
+                }
                 let unfollowed = rs.iter().any(|r| r.status == "interrupted" && r.next_run_id.is_none());
-                (c.pending.is_empty() && !going && !unfollowed && !rs.is_empty()).then_some(())
+                (c.pending.is_empty() && going == 0 && !unfollowed && !rs.is_empty()).then_some(Ok(()))
             },
-            || {
-                let c = chaos.borrow();
-                let rs = runs(c.db).unwrap_or_else(|e| panic!("reading the runs: {e}"));
-                let open: Vec<&Run> =
-                    rs.iter().filter(|r| r.job != "tick" && !["succeeded", "interrupted"].contains(&r.status.as_str())).collect();
-                format!("runs still going or not followed up: {open:#?}\ntimeline:\n{}\n{}", c.timeline.join("\n"), c.logs())
-            },
+            context,
         );
+        if let Err(going) = settled {
+            panic!("the runs stopped settling ({going} going, none fewer for 30 s) after {:?}; {}", began.elapsed(), context());
+        }
     }
 }
 

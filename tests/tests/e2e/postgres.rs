@@ -946,10 +946,12 @@ fn a_worker_whose_clock_is_minutes_ahead_keeps_the_servers_time() {
             looks += 1;
             let early: Vec<&Run> = runs.iter().filter(|r| r.scheduled_at.is_some_and(|t| t > now + 1000)).collect();
             assert!(early.is_empty(), "runs for ticks still in the server's future (now {now}): {early:#?}");
-            let ticks = runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t > started));
-            // The skewed worker took its share: what is checked held over its work too.
-            let by_ahead = ticks.clone().filter(|r| r.worker.as_deref() == Some("s-ahead")).count();
-            (ticks.count() >= 30 && by_ahead >= 3).then_some(())
+            let ticks = runs.iter().filter(|r| r.job == "tick" && r.scheduled_at.is_some_and(|t| t > started)).count();
+            // The skewed worker fired its share of the schedule (of these three, `beat` falls to
+            // it) and ran it: what is checked held over its work too.
+            let by_ahead =
+                runs.iter().filter(|r| r.scheduled_at.is_some_and(|t| t > started) && r.worker.as_deref() == Some("s-ahead")).count();
+            (ticks >= 30 && by_ahead >= 3).then_some(())
         },
         || format!("{:#?}\n{}", db.runs().iter().rev().take(20).collect::<Vec<_>>(), ahead.log()),
     );
@@ -1140,4 +1142,124 @@ fn ticks_missed_while_no_worker_was_up_are_told_once_between_the_workers() {
     assert_eq!(counted.iter().filter(|c| **c).count(), 1, "one worker told them: {counted:?}");
     let rows = db.texts("SELECT count(*)::text FROM ll_missed_ticks WHERE job = 'sec'");
     assert_eq!(rows, ["1"]);
+}
+
+/// The jobs' share of a worker, as its `/metrics` says: (jobs it plans, workers dividing them).
+fn share_of(w: &Worker) -> Option<(u64, u64)> {
+    let (_, body) = http_get(w.port, "/metrics")?;
+    let gauge = |name: &str| body.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok());
+    Some((gauge("lamplighter_schedule_share ")?, gauge("lamplighter_schedule_workers ")?))
+}
+
+#[test]
+fn workers_divide_the_schedule_and_no_tick_is_lost_or_doubled_as_they_join_and_leave() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "shares");
+    let url = cluster.url_of("shares");
+    const JOBS_N: usize = 24;
+    let jobs: String = (0..JOBS_N)
+        .map(|i| {
+            format!(
+                "\n    p{i:02}:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"* * * * * *\"\n      retention: {{max_runs: 1000}}\n      parameters: {{path: p{i:02}.txt, content: x}}\n"
+            )
+        })
+        .collect::<String>()
+        + "\n    linger:\n      type: plugin\n      plugin: shell-exec\n      action: run\n      every: 24h\n      parameters: {command: \"sleep 2.5; echo done\"}\n";
+    let mut ws: Vec<Worker> = ["s-a", "s-b", "s-c", "s-d"].iter().map(|n| worker_with(n, &url, 32, "3s", &jobs)).collect();
+    let shares = |ws: &[&Worker], n: u64| {
+        for w in ws {
+            poll(
+                &format!("a share of one of {n}"),
+                Duration::from_secs(15),
+                || share_of(w).filter(|(_, of)| *of == n),
+                || format!("{:?}\n{}", share_of(w), w.log()),
+            );
+        }
+    };
+    ws[0].start();
+    shares(&[&ws[0]], 1);
+    // The per-second jobs and `linger`.
+    let scheduled = JOBS_N as u64 + 1;
+    assert_eq!(share_of(&ws[0]), Some((scheduled, 1)), "alone, a worker plans every job");
+    // Two join.
+    ws[1].start();
+    ws[2].start();
+    shares(&[&ws[0], &ws[1], &ws[2]], 3);
+    let planned: Vec<u64> = ws[..3].iter().map(|w| share_of(w).unwrap().0).collect();
+    assert_eq!(planned.iter().sum::<u64>(), scheduled, "each job planned by one of the three: {planned:?}");
+    assert!(planned.iter().all(|n| *n > 0), "every worker has a share: {planned:?}");
+    // Five seconds of ticks divided: each job's runs are fired by its owner, which runs them
+    // itself (a free slot), so a job's runs are on one worker.
+    let divided_from = now_ms() + 1000;
+    db.wait_for("five seconds of divided ticks", Duration::from_secs(20), &[&ws[0]], |r| {
+        r.iter().any(|r| r.scheduled_at.is_some_and(|t| t > divided_from + 5000))
+    });
+    let runs = db.runs();
+    let mut ran_on: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.scheduled_at.is_some_and(|t| t > divided_from && t <= divided_from + 5000)) {
+        ran_on.entry(&r.job).or_default().insert(r.worker.as_deref().unwrap_or("-"));
+    }
+    assert_eq!(ran_on.len(), JOBS_N, "{ran_on:?}");
+    assert!(ran_on.values().all(|w| w.len() == 1), "each job on its owner: {ran_on:?}");
+    let owners: std::collections::BTreeSet<&str> = ran_on.values().flatten().copied().collect();
+    assert_eq!(owners.len(), 3, "{ran_on:?}");
+    // B stops cleanly while a run of its own drains (2.5 s, within the 3 s grace, past the 2 s
+    // fence of a worker that stopped renewing): its share moves at once, and it keeps its lease
+    // through the drain and finishes the run. Then C is killed
+    // (its share moves once its lease ran out), and D joins.
+    let mut lingering = None;
+    for _ in 0..20 {
+        let id = trigger(&ws[1], "linger");
+        let runs = db.wait_for("the linger run to start", Duration::from_secs(10), &[&ws[1]], |r| {
+            r.iter().any(|r| r.id == id && r.status == "running")
+        });
+        if runs.iter().any(|r| r.id == id && r.worker.as_deref() == Some("s-b")) {
+            lingering = Some(id);
+            break;
+        }
+        assert_eq!(ws[1].ctl(&["runs", "cancel", &id]).0, 0);
+    }
+    let lingering = lingering.expect("B ran one of the linger runs itself");
+    ws[1].signal("TERM");
+    shares(&[&ws[0], &ws[2]], 2);
+    assert!(ws[1].is_running(), "B still drains while its share has moved");
+    assert_eq!(ws[1].wait_exit(Duration::from_secs(20)), Some(0));
+    assert!(!ws[1].log().contains("fenced"), "B renewed its lease through its drain:\n{}", ws[1].log());
+    assert_eq!(db.run(&lingering).map(|r| r.status), Some("succeeded".to_string()), "B's drained run ended as it ran");
+    ws[2].signal("KILL");
+    ws[2].wait_exit(Duration::from_secs(5));
+    shares(&[&ws[0]], 1);
+    ws[3].start();
+    shares(&[&ws[0], &ws[3]], 2);
+    let end = now_ms() + 3000;
+    db.wait_for("three more seconds of ticks", Duration::from_secs(20), &[&ws[0], &ws[3]], |r| {
+        r.iter().any(|r| r.scheduled_at.is_some_and(|t| t > end))
+    });
+    for i in [0, 3] {
+        ws[i].signal("TERM");
+        assert_eq!(ws[i].wait_exit(Duration::from_secs(20)), Some(0));
+    }
+    // Every second of every job, from its first tick to the last tick all of them reached,
+    // fired once: across the join, the clean stop, the kill and the takeover.
+    let runs = db.runs();
+    let last_common = (0..JOBS_N)
+        .map(|i| runs.iter().filter(|r| r.job == format!("p{i:02}")).filter_map(|r| r.scheduled_at).max().expect("ticks of every job"))
+        .min()
+        .unwrap();
+    for i in 0..JOBS_N {
+        let job = format!("p{i:02}");
+        let mut ticks: BTreeMap<i64, usize> = BTreeMap::new();
+        for r in runs.iter().filter(|r| r.job == job && r.trigger != "retry") {
+            *ticks.entry(r.scheduled_at.unwrap()).or_default() += 1;
+        }
+        let doubled: Vec<(&i64, &usize)> = ticks.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(doubled.is_empty(), "{job}: ticks fired more than once: {doubled:?}");
+        let first = *ticks.keys().next().unwrap();
+        let missed: Vec<i64> = (0..=(last_common - first) / 1000).map(|k| first + k * 1000).filter(|t| !ticks.contains_key(t)).collect();
+        assert!(missed.is_empty(), "{job}: ticks missed: {missed:?}");
+        let bad: Vec<&Run> = runs.iter().filter(|r| r.job == job && !["succeeded", "interrupted"].contains(&r.status.as_str())).collect();
+        assert!(bad.is_empty(), "{job}: every tick's run ran: {bad:#?}");
+    }
+    let on_d = runs.iter().filter(|r| r.worker.as_deref() == Some("s-d")).count();
+    assert!(on_d > 0, "the worker that joined last ran ticks of its share");
 }
