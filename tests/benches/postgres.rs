@@ -16,6 +16,10 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
+//! - shares `[--rounds N]`: 1,000 `file-save` jobs every second on one worker and on three
+//!   sharing the database (alternated, each on a fresh database, `--seconds` measured after 10 s
+//!   of warm-up): the workers' CPU together and the server's over the window, and every tick of
+//!   it run exactly once.
 //! - drain `--limit N [--workers N] [--rounds N] [--limited-only]`: the drain with every run in
 //!   one limit of N slots (`scheduling.limits`) against none, alternated, twice each, with 1
 //!   and 3 workers.
@@ -36,7 +40,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
-    let mut scenarios: Vec<&str> = args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "drain"].contains(a)).collect();
+    let mut scenarios: Vec<&str> =
+        args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "drain", "shares"].contains(a)).collect();
     if scenarios.is_empty() {
         scenarios = vec!["burst", "sustained", "drain"];
     }
@@ -58,6 +63,14 @@ fn main() {
         match s {
             "burst" => burst(&url, seconds),
             "sustained" => sustained(&url, seconds),
+            "shares" => {
+                let rounds: usize = arg("--rounds").map_or(2, |r| r.parse().expect("--rounds N"));
+                for round in 0..rounds {
+                    for workers in [1, 3] {
+                        shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm);
+                    }
+                }
+            }
             // A schema change tried on the same binary: A as migrated, B with the statements
             // applied after the migrations, alternated.
             "drain" if arg("--schema-b").is_some() => {
@@ -169,6 +182,52 @@ fn sustained(url: &str, seconds: u64) {
     println!("SIGTERM to exit: {} ms", exit.as_millis());
 }
 
+/// 1,000 per-second jobs on `workers` workers sharing `url`: what the window of `seconds` after
+/// a warm-up cost the workers together and the server, and whether each tick in it ran once.
+fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
+    let jobs = jobs_yaml(1000, "* * * * * *", SAVE);
+    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres(url, &jobs, 1000)).collect();
+    for w in &mut ws {
+        w.start();
+    }
+    println!("\n== shares on PostgreSQL: 1,000 jobs every second, {workers} worker(s) of concurrency 1000, {seconds} s after 10 s ==");
+    std::thread::sleep(Duration::from_secs(10));
+    let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));
+    if statements {
+        query(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", |_| ());
+        query(url, "SELECT pg_stat_statements_reset()", |_| ());
+    }
+    let (from, cpu0, server0) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (to, cpu1, server1) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
+    if statements {
+        top_statements(url);
+    }
+    for w in &mut ws {
+        w.stop();
+    }
+    let each: Vec<u64> = cpu0.iter().zip(&cpu1).map(|(a, b)| b - a).collect();
+    let total: u64 = each.iter().sum();
+    let secs = (to - from) as f64 / 1000.0;
+    println!("workers' CPU over the window: {total} ms ({:.0} ms a second; each: {each:?})", total as f64 / secs);
+    println!("the server's CPU over the window: {} ms ({:.0} ms a second)", server1 - server0, (server1 - server0) as f64 / secs);
+    // Every tick of every job whose instant is inside the window: once, and run.
+    let r = runs(url);
+    let inside = |x: &&Row| x.0.is_some_and(|t| t >= from + 1000 && t < to - 1000);
+    let mut per: std::collections::BTreeMap<i64, usize> = Default::default();
+    for x in r.iter().filter(inside) {
+        *per.entry(x.0.unwrap_or(0)).or_default() += 1;
+    }
+    let instants = per.len();
+    let per_instant: Vec<usize> = per.into_values().collect();
+    let not_run = r.iter().filter(inside).filter(|x| x.4 != "succeeded").count();
+    println!(
+        "ticks in the window: {instants} instants, runs per instant min {} max {}, not succeeded {not_run}",
+        per_instant.iter().min().unwrap_or(&0),
+        per_instant.iter().max().unwrap_or(&0)
+    );
+}
+
 /// `n` queued runs drained by `workers` workers; `extra`'s statements (`;`-separated, or none)
 /// are applied after the migrations.
 fn drain(url: &str, n: usize, workers: usize, pm: u32, extra: &str) {
@@ -246,24 +305,30 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
     println!("workers' CPU (user + system, whole life): {cpu} ms, {:.0} µs per run", cpu as f64 * 1000.0 / done.max(1) as f64);
     println!("the server's CPU over the drain: {server} ms, {:.0} µs per run", server as f64 * 1000.0 / done.max(1) as f64);
     if statements {
-        let top = query(
-            url,
-            "SELECT calls, round(total_exec_time)::bigint, round(total_plan_time)::bigint, rows,
-                    left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
-             FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 12",
-            |r| {
-                use sqlx::Row;
-                (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<i64, _>(3), r.get::<String, _>(4))
-            },
-        );
-        // Planning is counted with `-c pg_stat_statements.track_planning=on` too.
-        println!("the server's statements by time (calls, ms executing, ms planning, rows, statement):");
-        for (calls, ms, plan, rows, q) in top {
-            println!("  {calls:>7} {ms:>6} {plan:>6} {rows:>8}  {q}");
-        }
+        top_statements(url);
     }
     println!("the first worker's writes:");
     drain_stages(&ws[0].internal_events());
+}
+
+/// With `PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'` and the extension
+/// created and reset before: where the server's time went, statement by statement.
+fn top_statements(url: &str) {
+    let top = query(
+        url,
+        "SELECT calls, round(total_exec_time)::bigint, round(total_plan_time)::bigint, rows,
+                left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+         FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 12",
+        |r| {
+            use sqlx::Row;
+            (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<i64, _>(3), r.get::<String, _>(4))
+        },
+    );
+    // Planning is counted with `-c pg_stat_statements.track_planning=on` too.
+    println!("the server's statements by time (calls, ms executing, ms planning, rows, statement):");
+    for (calls, ms, plan, rows, q) in top {
+        println!("  {calls:>7} {ms:>6} {plan:>6} {rows:>8}  {q}");
+    }
 }
 
 /// Installs the peer (once, into a cache folder) and returns the folder: its `node` and the
