@@ -869,9 +869,12 @@ fn sigterm_while_the_database_hangs_exits_within_the_grace() {
     // Each wait of the drain is bounded, whatever the database does: 2s for the scheduler (it
     // may be inside a call to the hung database), the grace (3s), 10s for the interrupted run
     // to record its end (given up on: it is recovered later), 2s for the run tasks, 2s for the
-    // pool to close, then at most 1s for the runtime to let go of its threads.
+    // pool to close, then at most 1s for the runtime to let go of its threads. With the
+    // database hung each wait runs to its end (19 s here, alone); a machine busy with the rest
+    // of the suite was seen at 24 s, so the bound allows 6 s of it. A wait that is not bounded
+    // holds the exit until the run's `sleep 600` (or the 30 s below).
     assert_eq!(running.wait_exit(Duration::from_secs(30)), Some(0), "a clean exit");
-    assert!(asked.elapsed() < Duration::from_secs(2 + 3 + 10 + 2 + 2 + 1), "bounded: {:?}", asked.elapsed());
+    assert!(asked.elapsed() < Duration::from_secs(2 + 3 + 10 + 2 + 2 + 1 + 6), "bounded: {:?}\n{}", asked.elapsed(), running.log());
     assert!(running.log().contains("runs did not record their end"), "{}", running.log());
     cluster.thaw();
 }
