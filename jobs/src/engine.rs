@@ -151,6 +151,7 @@ impl Engine {
         );
         // Every job until the first reading of the group (a shared database) says otherwise.
         let (share, shares) = tokio::sync::watch::channel(crate::share::Share::everything());
+        let notifier_share = shares.clone();
         let scheduler = Scheduler::new(SchedulerEnv {
             ticks: store.clone(),
             states: store.clone(),
@@ -227,6 +228,10 @@ impl Engine {
             observer: opts.observer.clone(),
             retention: retention.clone(),
             worker: worker.name.clone(),
+            share: notifier_share,
+            draining: stop_scheduler.clone(),
+            // A killed noticer's role moves within about 1½ L; past twice that, it is stuck.
+            stale_after: chrono::Duration::from_std(config.worker.lease * 2).unwrap_or(chrono::Duration::days(1)),
         };
         let gauges = GaugeSampler {
             listings: store.clone(),

@@ -104,6 +104,9 @@ pub mod metric {
     pub const SCHEDULE_SHARE: &str = "lamplighter.schedule.share";
     /// The workers that divide the scheduled jobs between them, this one included (1 on SQLite).
     pub const SCHEDULE_WORKERS: &str = "lamplighter.schedule.workers";
+    /// 1 when this worker notices the outcomes of runs (records their notifications, starts
+    /// their `after` jobs, asks for their pruning), 0 when another worker of its group does.
+    pub const OUTCOMES_NOTICER: &str = "lamplighter.outcomes.noticer";
     /// Per limit (`scheduling.limits`), sampled from the database (all workers): the slots held.
     pub const LIMIT_HELD: &str = "lamplighter.limit.held";
     /// Per limit, sampled: the runs waiting for a slot.
@@ -236,7 +239,7 @@ const SECONDS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 const TOKEN_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0];
 
 impl Instruments {
-    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>, lapsed: Arc<AtomicI64>, share: Arc<[AtomicI64; 2]>) -> Self {
+    fn new(meter: &Meter, queue_depth: Arc<AtomicI64>, lapsed: Arc<AtomicI64>, share: Arc<[AtomicI64; 3]>) -> Self {
         let s = |name: &'static str, desc: &'static str| {
             meter.f64_histogram(name).with_unit("s").with_description(desc).with_boundaries(SECONDS.to_vec()).build()
         };
@@ -264,6 +267,7 @@ impl Instruments {
         for (i, (name, desc)) in [
             (metric::SCHEDULE_SHARE, "Scheduled jobs this worker plans (its share of them)"),
             (metric::SCHEDULE_WORKERS, "Workers dividing the scheduled jobs, this one included"),
+            (metric::OUTCOMES_NOTICER, "1 when this worker notices the outcomes of runs, 0 when another worker of its group does"),
         ]
         .into_iter()
         .enumerate()
@@ -644,7 +648,7 @@ pub struct Observer {
     queue_depth: Arc<AtomicI64>,
     lapsed_workers: Arc<AtomicI64>,
     /// The jobs this worker plans, and the workers dividing them.
-    share: Arc<[AtomicI64; 2]>,
+    share: Arc<[AtomicI64; 3]>,
     jobs: JobGauges,
     limits: LimitGauges,
 }
@@ -720,7 +724,7 @@ impl Observer {
     pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         let lapsed_workers = Arc::new(AtomicI64::new(-1));
-        let share = Arc::new([AtomicI64::new(-1), AtomicI64::new(-1)]);
+        let share = Arc::new([AtomicI64::new(-1), AtomicI64::new(-1), AtomicI64::new(-1)]);
         let jobs = JobGauges::default();
         job_gauges(meter, &jobs);
         let limits = LimitGauges::default();
@@ -942,6 +946,11 @@ impl Observer {
     pub(crate) fn set_schedule_share(&self, jobs: usize, workers: usize) {
         self.share[0].store(i64::try_from(jobs).unwrap_or(i64::MAX), Ordering::Relaxed);
         self.share[1].store(i64::try_from(workers).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    /// Whether this worker notices its group's run outcomes now.
+    pub(crate) fn set_noticer(&self, noticing: bool) {
+        self.share[2].store(i64::from(noticing), Ordering::Relaxed);
     }
 
     /// The queue depth the `lamplighter.queue.depth` gauge reports (sampled by the engine).

@@ -5,6 +5,14 @@
 //! is claimed before it is sent and marked after. A send cut short by a crash is sent again once
 //! its claim runs out, with the same key, which receivers get as `Idempotency-Key`.
 //!
+//! On a shared database one worker of a group notices ([`Share::notices_outcomes`]): the
+//! passes are one at a time across workers anyway, so each worker noticing what any of them
+//! ran only multiplied the passes, their job-state writes and the prunings they ask for. The
+//! others send what is due; a killed noticer's role moves with its shares, and what ended
+//! meanwhile is noticed by the next. A draining worker notices too (its group may be leaving
+//! with it), and so does any worker that finds a run unnoticed for longer than the role takes
+//! to move (the noticer stuck or far behind).
+//!
 //! A broken receiver never touches the run it reports: the run's end is recorded before any of
 //! this starts, and failed sends are retried with backoff ([`crate::notify::retry_at`]).
 
@@ -23,6 +31,7 @@ use crate::events::Observer;
 use crate::in_force::{InForce, JobsConfig};
 use crate::notify::{self, Claimed, Sent};
 use crate::run::{Owner, Trigger};
+use crate::share::Share;
 use crate::signals::{Receiver, Signal, Signals};
 use crate::snapshot::{JobSnapshot, TargetRef};
 use crate::store::{NewRun, Notices, Records, StoreError};
@@ -56,14 +65,24 @@ pub(crate) struct NotifierEnv {
     /// Asked to prune the jobs whose runs a pass noticed: a run is kept until it is noticed.
     pub(crate) retention: Arc<crate::retention::PruneQueue>,
     pub(crate) worker: String,
+    /// This worker's share of the group (PostgreSQL): one member notices the outcomes
+    /// ([`Share::notices_outcomes`]); every member sends what is due.
+    pub(crate) share: tokio::sync::watch::Receiver<Share>,
+    /// Cancelled when this worker's shutdown begins: from then on it notices too (it left the
+    /// group, and its drained runs' outcomes are not left to a group that may be leaving).
+    pub(crate) draining: CancellationToken,
+    /// How long a run may wait unnoticed before a worker that is not the noticer notices it
+    /// anyway (the noticer is stuck, or behind): beyond the time its role takes to move.
+    pub(crate) stale_after: chrono::TimeDelta,
 }
 
 /// The webhooks' HTTP client, built at the first webhook (a build that failed is tried again
 /// at the next).
 type Http = OnceLock<reqwest::Client>;
 
-/// Notices and sends until `stop`: at start (what a crash left), whenever runs end or wait,
-/// and when the next retry is due.
+/// Notices and sends until `stop`: at start (what a crash left), whenever runs end or wait (on
+/// the member of a group that notices outcomes; at once when it becomes that member), and when
+/// the next send or retry is due.
 pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: CancellationToken) {
     // Built at the first webhook, not at start: a client loads and parses the system's TLS
     // roots, time and memory a worker without webhooks would pay for nothing.
@@ -76,10 +95,28 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
         Ok(n) => tracing::info!(notifications = n, "notifications left mid-send by an earlier process are sent again"),
         Err(e) => tracing::warn!(error = %e, "cannot hand back notifications left mid-send; they are sent once their claim runs out"),
     }
+    let mut share = env.share.clone();
+    let mut noticing = share.borrow_and_update().notices_outcomes();
+    env.observer.set_noticer(noticing);
+    let became = |noticing: &mut bool, now: bool, signals: &mut Receiver| {
+        if now == *noticing {
+            return false;
+        }
+        *noticing = now;
+        env.observer.set_noticer(now);
+        if now {
+            tracing::info!("this worker notices the outcomes of runs now");
+            // What ended meanwhile is noticed at once.
+            signals.drain();
+        } else {
+            tracing::info!("another worker notices the outcomes of runs now");
+        }
+        now
+    };
     let mut failures = 0u32;
     loop {
         let began = tokio::time::Instant::now();
-        let next = match pass(&env, &http, &stop).await {
+        let next = match pass(&env, &http, noticing, &stop).await {
             Ok(next) => {
                 failures = 0;
                 next
@@ -93,19 +130,40 @@ pub(crate) async fn run(env: NotifierEnv, mut signals: Receiver, stop: Cancellat
             }
         };
         let at = next.unwrap_or(DateTime::<Utc>::MAX_UTC).min(env.clock.now() + IDLE_LOOK_AGAIN);
-        let sleep = env.clock.sleep_until(at);
-        tokio::select! {
-            () = sleep => {}
-            () = woken(&mut signals) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(began + PASS_GAP) => {}
-                    () = stop.cancelled() => return,
+        loop {
+            tokio::select! {
+                () = env.clock.sleep_until(at) => break,
+                // Runs' ends matter only to the member that notices them.
+                () = woken(&mut signals), if noticing => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(began + PASS_GAP) => {}
+                        () = stop.cancelled() => return,
+                    }
+                    // One pass serves every signal that came meanwhile.
+                    signals.drain();
+                    break;
                 }
-                // One pass serves every signal that came meanwhile.
-                signals.drain();
+                () = share_changed(&mut share) => {
+                    let now = env.draining.is_cancelled() || share.borrow_and_update().notices_outcomes();
+                    if became(&mut noticing, now, &mut signals) {
+                        break;
+                    }
+                }
+                () = env.draining.cancelled(), if !noticing => {
+                    if became(&mut noticing, true, &mut signals) {
+                        break;
+                    }
+                }
+                () = stop.cancelled() => return,
             }
-            () = stop.cancelled() => return,
         }
+    }
+}
+
+/// Resolves when the worker's share changed (never once the lease keeper is gone).
+async fn share_changed(share: &mut tokio::sync::watch::Receiver<Share>) {
+    if share.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -121,13 +179,17 @@ async fn woken(signals: &mut Receiver) {
     }
 }
 
-/// Notices what ended, then sends what is due (until `stop`); returns when to look again: the
-/// next send due, or a failure whose retry may still be recorded.
-async fn pass(env: &NotifierEnv, http: &Http, stop: &CancellationToken) -> Result<Option<DateTime<Utc>>, StoreError> {
+/// Notices what ended (when `noticing`), then sends what is due (until `stop`); returns when to
+/// look again: the next send due, or a failure whose retry may still be recorded.
+async fn pass(env: &NotifierEnv, http: &Http, noticing: bool, stop: &CancellationToken) -> Result<Option<DateTime<Utc>>, StoreError> {
     let config = env.config.get();
     let rules = |job: &str| config.notify_rules(job);
     let waits = config.notifies_waits();
+    let noticing = noticing || stale(env).await?;
     let recheck_at = loop {
+        if !noticing {
+            break None;
+        }
         let now = env.clock.now();
         let after = |job: &str| config.downstream(job, now);
         let noticed = env.notices.notice(&rules, &after, waits, now).await?;
@@ -186,6 +248,22 @@ async fn pass(env: &NotifierEnv, http: &Http, stop: &CancellationToken) -> Resul
     }
     let next = env.notices.next_notification().await?;
     Ok([next, recheck_at].into_iter().flatten().min())
+}
+
+/// Whether a run has waited unnoticed longer than the noticer's role takes to move: then this
+/// worker notices too (under the same lock, so nothing is noticed twice).
+async fn stale(env: &NotifierEnv) -> Result<bool, StoreError> {
+    let Some(since) = env.notices.unnoticed_since().await? else { return Ok(false) };
+    let waited = env.clock.now() - since;
+    if waited <= env.stale_after {
+        return Ok(false);
+    }
+    tracing::warn!(
+        waited_s = waited.num_seconds(),
+        "a run that ended {}s ago is not noticed yet (the worker that notices outcomes is behind or stuck); this worker notices too",
+        waited.num_seconds()
+    );
+    Ok(true)
 }
 
 /// Sends one notification, to its rule's target as the config in force has it.

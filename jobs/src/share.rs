@@ -19,6 +19,10 @@ use std::sync::Arc;
 /// The version of the division, part of every digest.
 const SCHEME: &str = "s1";
 
+/// What the noticing of run outcomes is owned under, like a job's ticks (a name no job has:
+/// neither YAML nor a runtime job's name holds a NUL).
+const OUTCOMES: &str = "\u{0}outcomes";
+
 /// One worker's share of the jobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Share {
@@ -52,6 +56,12 @@ impl Share {
     /// Whether this worker plans and offers `job`'s ticks.
     pub(crate) fn owns(&self, job: &str) -> bool {
         self.keys.is_empty() || self.owner_index(job) == self.me
+    }
+
+    /// Whether this worker notices the outcomes of the group's runs: one member does, so that
+    /// the group's passes, job-state writes and prunings cost what one worker's do.
+    pub(crate) fn notices_outcomes(&self) -> bool {
+        self.owns(OUTCOMES)
     }
 
     /// The member `job` belongs to (this worker's name is not known to [`Share::everything`]:
@@ -162,6 +172,22 @@ mod tests {
                 assert_eq!(before.owner(j), without.owner(j), "{j} moved though its owner stayed");
             }
         }
+    }
+
+    #[test]
+    fn one_member_of_a_group_notices_its_outcomes_and_a_leave_hands_that_on() {
+        for n in 1..=12 {
+            let group = workers(n);
+            let noticers: Vec<&String> = group.iter().filter(|w| Share::among(w, group.clone()).notices_outcomes()).collect();
+            assert_eq!(noticers.len(), 1, "{n} workers: {noticers:?}");
+            // Without it, exactly one of the rest notices.
+            let rest: Vec<String> = group.iter().filter(|w| *w != noticers[0]).cloned().collect();
+            if !rest.is_empty() {
+                let next = rest.iter().filter(|w| Share::among(w, rest.clone()).notices_outcomes()).count();
+                assert_eq!(next, 1, "{n} workers less the noticer");
+            }
+        }
+        assert!(Share::everything().notices_outcomes());
     }
 
     #[test]

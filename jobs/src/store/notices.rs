@@ -48,6 +48,8 @@ pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
     async fn release_claims(&self, worker: &str, now: DateTime<Utc>) -> Result<u64, StoreError>;
     /// When the next notification that may be claimed is due (or a claim on one runs out).
     async fn next_notification(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// When the run that ended first of those not noticed yet ended.
+    async fn unnoticed_since(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
     /// The notifications about the run identity `root_id`, oldest first.
     async fn notifications(&self, root_id: &str) -> Result<Vec<crate::notify::Notification>, StoreError>;
     /// The upstream outcomes `job` has not used yet, oldest first.
@@ -266,6 +268,14 @@ impl<D: Dialect> Notices for D {
                 format!("SELECT min(next_at) AS at FROM ll_notifications n WHERE status IN ('pending', 'sending') AND {FIRST_IN_LINE}")
             ),
             "reading when the next notification is due",
+        );
+        Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.and_then(|r| r.opt_int("at")).map(from_ms))
+    }
+
+    async fn unnoticed_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let q = Stmt::new(
+            sql!(D, "SELECT min(finished_at) AS at FROM ll_runs WHERE outcome_seen IS NULL AND finished_at IS NOT NULL"),
+            "reading when the oldest run not noticed yet ended",
         );
         Ok(D::fetch_optional(&mut *self.reader().await?, q).await?.and_then(|r| r.opt_int("at")).map(from_ms))
     }

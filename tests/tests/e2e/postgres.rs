@@ -1266,3 +1266,64 @@ fn workers_divide_the_schedule_and_no_tick_is_lost_or_doubled_as_they_join_and_l
     let on_d = runs.iter().filter(|r| r.worker.as_deref() == Some("s-d")).count();
     assert!(on_d > 0, "the worker that joined last ran ticks of its share");
 }
+
+/// Whether `w` notices its group's run outcomes, as its `/metrics` says.
+fn noticer(w: &Worker) -> Option<bool> {
+    let (_, body) = http_get(w.port, "/metrics")?;
+    body.lines().find_map(|l| l.strip_prefix("lamplighter_outcomes_noticer ")?.trim().parse::<u8>().ok()).map(|v| v == 1)
+}
+
+/// One worker of a group notices the outcomes of every member's runs (and starts their `after`
+/// jobs); killed, that role passes to a survivor once its lease has run out, and a run that
+/// ended after the kill is noticed all the same, once.
+#[test]
+fn one_worker_notices_the_groups_outcomes_and_a_survivor_takes_that_over_from_a_killed_one() {
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "noticer");
+    let url = cluster.url_of("noticer");
+    let jobs = "\n    up:\n      type: plugin\n      plugin: file-save\n      action: save\n      every: 24h\n      parameters: {path: u.txt, content: u}\n    down:\n      type: plugin\n      plugin: file-save\n      action: save\n      after: [up]\n      parameters: {path: d.txt, content: d}\n";
+    let (mut a, mut b) = (worker_with("n-a", &url, 2, "3s", jobs), worker_with("n-b", &url, 2, "3s", jobs));
+    a.start();
+    b.start();
+    wait_ready(&[&a, &b], true, Duration::from_secs(20));
+    let roles = poll(
+        "one of the two to notice outcomes",
+        Duration::from_secs(15),
+        || {
+            let roles = (noticer(&a)?, noticer(&b)?);
+            (roles.0 != roles.1).then_some(roles)
+        },
+        || format!("{:?} {:?}\n{}\n{}", noticer(&a), noticer(&b), a.log(), b.log()),
+    );
+    let (mut gone, survivor) = if roles.0 { (a, b) } else { (b, a) };
+    let succeeded = |runs: &[Run], job: &str| runs.iter().filter(|r| r.job == job && r.status == "succeeded").count();
+    // Runs of `up` through both workers: each starts one of `down`, and only the noticer
+    // starts them, wherever `up` ran.
+    let mut ups = 0;
+    for round in 0..4 {
+        trigger(if round % 2 == 0 { &survivor } else { &gone }, "up");
+        ups += 1;
+        db.wait_for(&format!("{ups} runs of `down` to succeed"), Duration::from_secs(30), &[&gone, &survivor], |r| {
+            succeeded(r, "down") >= ups
+        });
+    }
+    let started = "started after its upstream jobs";
+    assert_eq!(gone.log().matches(started).count(), 4, "the noticer started each `down`:\n{}", gone.log());
+    assert_eq!(survivor.log().matches(started).count(), 0, "the other worker noticed nothing:\n{}", survivor.log());
+    let before_kill = survivor.log().len();
+    gone.signal("KILL");
+    gone.wait_exit(Duration::from_secs(5));
+    let up = trigger(&survivor, "up");
+    ups += 1;
+    let runs = db.wait_for("a `down` after the run of `up` since the kill", Duration::from_secs(30), &[&survivor], |r| {
+        r.iter().any(|r| r.id == up && r.status == "succeeded") && succeeded(r, "down") >= ups
+    });
+    // Noticed by the survivor once it took the role over (the killed worker's lease is 3 s).
+    poll("the survivor to say it notices outcomes", Duration::from_secs(10), || noticer(&survivor).filter(|n| *n), || survivor.log());
+    let since = survivor.log()[before_kill..].to_owned();
+    assert!(since.contains("this worker notices the outcomes of runs now") && since.contains(started), "{since}");
+    let count = |job: &str| runs.iter().filter(|r| r.job == job).count();
+    assert_eq!((count("up"), count("down")), (ups, ups), "one `down` a run of `up`, none doubled: {runs:#?}");
+    let unseen = || db.texts("SELECT id FROM ll_runs WHERE finished_at IS NOT NULL AND outcome_seen IS NULL");
+    poll("every ended run noticed", Duration::from_secs(10), || unseen().is_empty().then_some(()), || format!("{:?}", unseen()));
+}
