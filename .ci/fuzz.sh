@@ -19,24 +19,44 @@ fi
 fuzz build --fuzz-dir tests/fuzz
 targets=$(fuzz list --fuzz-dir tests/fuzz)
 [ -n "$targets" ] || { echo "fuzz: no targets found in tests/fuzz" >&2; exit 1; }
-for target in $targets; do
+# One libFuzzer process is one core: run the targets two at a time, as the machine has two cores,
+# so each still gets its full time and the step takes half as long.
+run_one() {
+  local target=$1 work
   work=$(mktemp -d)
   mkdir -p "$work/corpus" "$work/artifacts"
-  echo "fuzz: $target for ${each}s"
   # New inputs go to a scratch corpus; the committed corpus and the regressions are seeds.
-  seeds=("tests/fuzz/corpus/$target")
+  local seeds=("tests/fuzz/corpus/$target")
   [ -d "tests/fuzz/regressions/$target" ] && seeds+=("tests/fuzz/regressions/$target")
   if ! fuzz run --fuzz-dir tests/fuzz "$target" "$work/corpus" "${seeds[@]}" -- \
       -max_total_time="$each" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="$work/artifacts/" >"$work/log" 2>&1; then
+    echo "fuzz: $target FAILED"
     tail -60 "$work/log"
     for crash in "$work"/artifacts/*; do
       [ -f "$crash" ] || continue
       echo "input that failed ($(basename "$crash")), hex:"
       od -An -tx1 -v "$crash" | tr -d ' \n'; echo
     done
-    exit 1
+    return 1
   fi
+  echo "fuzz: $target for ${each}s"
   grep -E "^stat::number_of_executed_units|^Done" "$work/log" || true
   rm -rf "$work"
+}
+parallel=${FUZZ_JOBS:-2}
+failed=0
+set -- $targets
+while [ $# -gt 0 ]; do
+  pids=()
+  for _ in $(seq 1 "$parallel"); do
+    [ $# -gt 0 ] || break
+    # Each target's report is printed whole, after it ends, so two never interleave.
+    out=$(mktemp); run_one "$1" >"$out" 2>&1 & pids+=("$!:$out"); shift
+  done
+  for p in "${pids[@]}"; do
+    wait "${p%%:*}" || failed=1
+    cat "${p#*:}"; rm -f "${p#*:}"
+  done
 done
+[ "$failed" = 0 ] || { echo "fuzz: a target failed (above)" >&2; exit 1; }

@@ -3,7 +3,7 @@
 //!
 //! Not part of `cargo test --workspace`: a clone of the repository alone has no `../shared`,
 //! and the repository's own tests cover the same shapes with `tests/fixtures/seed-shaped`.
-//! `.ci/run` runs this target as its own step (`cargo test -p lamplighter-tests --test seed`);
+//! `.ci/run` runs this target as its own step (`cargo test --workspace --test seed`);
 //! a missing directory fails it, it never skips.
 
 // They start the real binaries: that is their job, so they may spawn processes directly.
