@@ -44,19 +44,20 @@ run_one() {
   grep -E "^stat::number_of_executed_units|^Done" "$work/log" || true
   rm -rf "$work"
 }
+# Each target's report goes to its own file and is printed whole once its pair ends, so two
+# reports never interleave.
 parallel=${FUZZ_JOBS:-2}
+reports=$(mktemp -d)
 failed=0
 set -- $targets
 while [ $# -gt 0 ]; do
-  pids=()
-  for _ in $(seq 1 "$parallel"); do
-    [ $# -gt 0 ] || break
-    # Each target's report is printed whole, after it ends, so two never interleave.
-    out=$(mktemp); run_one "$1" >"$out" 2>&1 & pids+=("$!:$out"); shift
+  pair=()
+  while [ $# -gt 0 ] && [ ${#pair[@]} -lt "$parallel" ]; do
+    run_one "$1" >"$reports/$1" 2>&1 &
+    pair+=("$!"); shift
   done
-  for p in "${pids[@]}"; do
-    wait "${p%%:*}" || failed=1
-    cat "${p#*:}"; rm -f "${p#*:}"
-  done
+  for pid in "${pair[@]}"; do wait "$pid" || failed=1; done
+  cat "$reports"/*; rm -f "$reports"/*
 done
+rm -rf "$reports"
 [ "$failed" = 0 ] || { echo "fuzz: a target failed (above)" >&2; exit 1; }
