@@ -442,6 +442,17 @@ pub(crate) fn notify_on_outcome(kind: OutcomeKind, streak: u32, rules: &[NotifyR
     (fire, after)
 }
 
+/// Whether a run's end is also its outcome's notice ([`crate::store::RunEnd::noticed`]): a
+/// success of a configured job (`rules`: its rules; `None` for runs that are no job's) that no
+/// rule tells of a success (`success`, `recovery`) and that no job runs after. Noticing it
+/// could only end its job's failure streak and move its last success, which the end's own
+/// write does; every other outcome is the notice pass's to decide.
+pub(crate) fn noticed_at_end(status: RunStatus, rules: Option<&[NotifyRule]>, has_downstream: bool) -> bool {
+    status == RunStatus::Succeeded
+        && !has_downstream
+        && rules.is_some_and(|rules| rules.iter().all(|r| !matches!(r.on, NotifyOn::Success | NotifyOn::Recovery)))
+}
+
 /// The rules a wait for a decision fires: `budget_asked` for an agent asking for more budget
 /// (its step is `agent:budget-N`), `approval_waiting` for any other.
 pub(crate) fn notify_on_wait(step: &str, rules: &[NotifyRule]) -> Vec<(usize, NotifyOn)> {
@@ -543,6 +554,30 @@ pub(crate) fn plan_ticks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a success whose notice could change nothing but its job's state is noticed at its
+    /// end: a failure, a rule on success or recovery, a job run after it, or no job keeps it
+    /// for the notice pass.
+    #[test]
+    fn a_success_that_tells_nobody_is_noticed_at_its_end() {
+        let rule = |on| NotifyRule { on, after_consecutive: 1, to: lamplighter_config::NotifyTarget::Workflow("page".into()) };
+        let failure = [rule(NotifyOn::Failure), rule(NotifyOn::ApprovalWaiting), rule(NotifyOn::BudgetAsked)];
+        let cases: &[(RunStatus, Option<&[NotifyRule]>, bool, bool)] = &[
+            (RunStatus::Succeeded, Some(&[]), false, true),
+            (RunStatus::Succeeded, Some(&failure), false, true),
+            (RunStatus::Succeeded, Some(&[rule(NotifyOn::Success)]), false, false),
+            (RunStatus::Succeeded, Some(&[rule(NotifyOn::Failure), rule(NotifyOn::Recovery)]), false, false),
+            (RunStatus::Succeeded, Some(&[]), true, false),
+            (RunStatus::Succeeded, None, false, false),
+            (RunStatus::Failed, Some(&[]), false, false),
+            (RunStatus::Cancelled, Some(&[]), false, false),
+            (RunStatus::Skipped, Some(&[]), false, false),
+            (RunStatus::WaitingApproval, Some(&[]), false, false),
+        ];
+        for &(status, rules, downstream, expected) in cases {
+            assert_eq!(noticed_at_end(status, rules, downstream), expected, "{status:?} {rules:?} downstream {downstream}");
+        }
+    }
 
     fn pending(upstream: &str, run: &str, ended: i64) -> PendingOutcome {
         PendingOutcome {

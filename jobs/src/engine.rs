@@ -147,6 +147,7 @@ impl Engine {
                 config: in_force.clone(),
                 worker: opts.worker_name.clone(),
                 health: health.clone(),
+                retention: retention.clone(),
             },
         );
         // Every job until the first reading of the group (a shared database) says otherwise.

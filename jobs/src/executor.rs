@@ -137,6 +137,9 @@ pub(crate) struct ExecutorEnv {
     pub(crate) worker: String,
     /// Where storage faults seen while recording ends are reported.
     pub(crate) health: Arc<crate::health::Health>,
+    /// Asked to prune the jobs of successes noticed with their ends (as the notifier asks for
+    /// the runs it notices).
+    pub(crate) retention: Arc<crate::retention::PruneQueue>,
 }
 
 /// The executor owns what runs take on their way: the `worker.concurrency` slots, the drain
@@ -570,6 +573,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             .iter()
             .map(|f| f.end.retry.then(|| next_attempt(f.run.attempt, config.retries_for(&f.run.owner).as_ref(), now)).flatten())
             .collect();
+        // The successes whose notice could do nothing more than their end's write does.
+        let noticed: Vec<bool> = batch.iter().map(|f| config.noticed_at_end(&f.run.owner, f.end.status)).collect();
         drop(config);
         // The slots these runs free are filled again in the same write while the queue may
         // hold runs; after a failed attempt, the ends are written alone (the intake claims).
@@ -588,7 +593,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             .iter()
             .zip(&retries)
             .zip(&requeued)
-            .map(|((f, retry), limits)| RunEnd {
+            .zip(&noticed)
+            .map(|(((f, retry), limits), &noticed)| RunEnd {
                 id: &f.run.id,
                 started_at: f.started,
                 status: f.end.status,
@@ -600,6 +606,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 // interrupted run's follow-up is recovery's to decide.
                 last: matches!(f.end.status, RunStatus::Failed | RunStatus::TimedOut) && retry.is_none(),
                 limits: limits.as_deref(),
+                noticed,
             })
             .collect();
         // Until the database takes them (a server restarting, a failover): the runs keep
@@ -689,10 +696,14 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // A wait with an end is a new due time, and a run queued again for limits is due: the
         // scheduler reads them (a run's end alone does not wake it unless runs are held back).
         let waits_end = ended.iter().any(|(_, end)| end.wait_until.is_some() || end.status == RunStatus::Queued);
-        for ((run, end), retry) in ended.into_iter().zip(retries) {
+        for (((run, end), retry), noticed) in ended.into_iter().zip(retries).zip(noticed) {
             // Only now, with the end recorded (or given up on: the run is recovered as
             // interrupted at the next start), does the run leave the running map.
             exec.untrack(&run.id);
+            // Noticed with its end: its job's history may be pruned, as a notice pass asks.
+            if noticed && end.status == RunStatus::Succeeded && recorded.contains(&run.id) {
+                exec.env.retention.prune_soon(&run.owner.to_string(), now);
+            }
             if end.cause == crate::decide::EndCause::Panicked {
                 tracing::error!(run = %run.id, job = %run.owner, error = end.error.as_deref().unwrap_or(""), "run panicked");
             }

@@ -227,6 +227,14 @@ impl JobsConfig {
         Some(job.notify.clone().unwrap_or_else(|| self.notify.to_vec()))
     }
 
+    /// Whether the end of `owner`'s run with `status` is also its outcome's notice
+    /// ([`crate::decide::noticed_at_end`], by the rules and the jobs run after it in force).
+    pub(crate) fn noticed_at_end(&self, owner: &Owner, status: crate::run::RunStatus) -> bool {
+        let Owner::Job(name) = owner else { return false };
+        let rules = self.jobs.get(name).map(|j| j.notify.as_deref().unwrap_or(self.notify.as_slice()));
+        crate::decide::noticed_at_end(status, rules, self.downstream.get(name).is_some_and(|d| !d.is_empty()))
+    }
+
     /// Whether any rule is about waits for a decision (a notice pass then reads the waits).
     pub(crate) fn notifies_waits(&self) -> bool {
         self.notifies_waits

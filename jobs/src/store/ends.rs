@@ -116,7 +116,8 @@ impl<D: RunSql + QueueSql> Ends for D {
         let as_asked = |done: &[(String, RunStatus)]| recorded_as_asked(ends, done);
         // Only a batch with steps to close needs a transaction around both statements (a run
         // ended `cancelled` instead, its cancel asked for meanwhile, has its steps closed after).
-        if !ends.iter().any(|e| e.status.is_final() && e.status != RunStatus::Succeeded) {
+        // So does a batch with successes noticed at their end (their jobs' state moves with them).
+        if !ends.iter().any(|e| (e.status.is_final() && e.status != RunStatus::Succeeded) || e.noticed) {
             let done = finish_runs::<D>(&mut *self.writer().await?, ends, ms(now)).await?;
             let cancelled: Vec<(&str, RunStatus)> =
                 done.iter().filter(|(_, s)| *s == RunStatus::Cancelled).map(|(id, s)| (id.as_str(), *s)).collect();
@@ -127,6 +128,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         }
         let mut tx = self.begin().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         D::commit(tx).await?;
@@ -159,6 +161,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         let mut tx = self.begin().await?;
         let begin_us = split();
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();
@@ -223,6 +226,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         }
         let mut tx = self.begin().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         // The slots of the runs ended go to the heads of their lines; what is left of the

@@ -575,6 +575,11 @@ pub(crate) struct RunEnd<'a> {
     /// For a run queued again (`status` queued: a workflow step waits for limits): the pools
     /// it waits for, as `ll_runs.limits` stores them.
     pub(crate) limits: Option<&'a str>,
+    /// A success whose end is also its outcome's notice: noticing it could do nothing else
+    /// ([`crate::decide::noticed_at_end`]), so it is marked noticed and its job's streak and last
+    /// success moved in the end's own write, and no notice pass reads it again. Ignored for
+    /// any other status (a cancel that wins included).
+    pub(crate) noticed: bool,
 }
 
 /// The rules of the job named, as the config in force has them; `None` for runs that are no

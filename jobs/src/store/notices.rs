@@ -86,7 +86,9 @@ impl<D: Dialect> Notices for D {
         let mut recheck_at: Option<DateTime<Utc>> = None;
         if !jobs.is_empty() {
             let q = Stmt::new(
-                sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1}"),
+                // Locked (PostgreSQL): a success noticed at its end meanwhile
+                // (`scripts::noticed_at_end`) moves the state after this pass, not under it.
+                sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"),
                 "reading failure streaks",
             );
             for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
@@ -98,7 +100,8 @@ impl<D: Dialect> Notices for D {
         }
         let mut of_job: HashMap<&str, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
         let mut seen: Vec<&str> = Vec::new();
-        let mut states: BTreeMap<&str, (u32, Option<i64>)> = BTreeMap::new();
+        // Per job: the streak, the last success and the last end this pass counted.
+        let mut states: BTreeMap<&str, (u32, Option<i64>, i64)> = BTreeMap::new();
         let mut new: Vec<NewNotification> = Vec::new();
         // Per upstream job, the jobs that run after it (asked once a pass); per downstream job,
         // the outcomes this pass found for it.
@@ -143,8 +146,8 @@ impl<D: Dialect> Notices for D {
             if kind == OutcomeKind::Success {
                 last_success.insert(job.clone(), finished);
             }
-            let state = states.entry(job.as_str()).or_insert((after, None));
-            *state = (after, success.or(state.1));
+            let state = states.entry(job.as_str()).or_insert((after, None, ms(finished)));
+            *state = (after, success.or(state.1), state.2.max(ms(finished)));
         }
         if waits {
             new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
@@ -159,16 +162,20 @@ impl<D: Dialect> Notices for D {
         for n in &new {
             recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
-        for (job, (streak, success)) in &states {
+        for (job, (streak, success, last)) in &states {
+            // A success noticed at its end after every run counted here, by a write this pass
+            // did not see (a job's first), keeps its streak; the last success never moves back.
             let q = Stmt::new(
                 sql!(
                     D,
                     "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) VALUES ($1, $2, $3)
-                     ON CONFLICT (job) DO UPDATE SET consecutive_failures = $2, last_success_at = coalesce($3, ll_job_state.last_success_at)"
+                     ON CONFLICT (job) DO UPDATE SET
+                         consecutive_failures = CASE WHEN ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
+                         last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at))"
                 ),
                 "recording a job's failure streak",
             );
-            D::execute(&mut tx, q.bind(*job).bind(i64::from(*streak)).bind(*success)).await?;
+            D::execute(&mut tx, q.bind(*job).bind(i64::from(*streak)).bind(*success).bind(*last)).await?;
         }
         if !seen.is_empty() {
             let q = Stmt::new(sql!(D, "UPDATE ll_runs SET outcome_seen = 1 WHERE id {in $1}"), "marking runs noticed");

@@ -143,9 +143,12 @@ pub(super) const HOLDING: &str = "(h.status = {Running} OR (h.status = {Queued} 
 /// The end of runs still `running` and held by their worker ([`RunEnd`]s bound at `$1` as
 /// [`end_rows`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
 /// a success into `cancelled` (`{cancel_wins}`, [`crate::decide::end_with_cancel`]); `{held}`
-/// refuses the end of an attempt whose lease or epoch is gone (the fence). Without its
+/// refuses the end of an attempt whose lease or epoch is gone (the fence). A success whose
+/// end is its outcome's notice ([`RunEnd::noticed`]) is marked noticed in the same row version;
+/// its job's state is [`NOTICED_AT_END`]'s to move, in the same transaction. Without its
 /// `RETURNING`: the backends' one-statement writes of ends and claims build on it.
-pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
+pub(super) const FINISH_RUNS: &str = concat!(
+    "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
         output = j.output,
         error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
         finished_at = CASE WHEN j.finished OR {cancel_wins} THEN $2 END,
@@ -154,9 +157,21 @@ pub(super) const FINISH_RUNS: &str = "UPDATE ll_runs SET status = CASE WHEN {can
         trace_id = coalesce(j.trace_id, ll_runs.trace_id),
         next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END,
         limits = CASE WHEN {cancel_wins} THEN ll_runs.limits ELSE coalesce(j.limits, ll_runs.limits) END,
-        dispatched_at = CASE WHEN j.status = {Queued} AND NOT {cancel_wins} THEN NULL ELSE ll_runs.dispatched_at END
-    FROM {rows $1 AS j(id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text)}
-    WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}";
+        dispatched_at = CASE WHEN j.status = {Queued} AND NOT {cancel_wins} THEN NULL ELSE ll_runs.dispatched_at END,
+        outcome_seen = CASE WHEN j.noticed AND j.status = {Succeeded} THEN 1 ELSE ll_runs.outcome_seen END
+    FROM {rows $1 AS j(",
+    end_cols!(),
+    ")}
+    WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}"
+);
+
+/// The columns of the ends' row set ([`end_rows`]), as `{rows $n AS j(…)}` names them.
+macro_rules! end_cols {
+    () => {
+        "id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text, noticed bool"
+    };
+}
+pub(super) use end_cols;
 
 /// The ends as [`FINISH_RUNS`]' row set reads them, a column each of its columns.
 pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
@@ -171,7 +186,48 @@ pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
         Column::Texts(ends.iter().map(|e| e.trace_id.map(Into::into)).collect()),
         Column::Bools(ends.iter().map(|e| e.last).collect()),
         Column::Texts(ends.iter().map(|e| e.limits.map(Into::into)).collect()),
+        Column::Bools(ends.iter().map(|e| e.noticed).collect()),
     ]
+}
+
+/// What noticing a success does to its job's state (as [`super::Notices::notice`] does it:
+/// the failure streak ends, the last success moves forward, never back), for the jobs of the
+/// runs `{src}` names (a query of `job` values: each job once, in job order, so concurrent
+/// writers lock the rows in one order), succeeded at `$2`.
+pub(super) fn noticed_at_end(src: &str) -> String {
+    format!(
+        "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) {src}
+         ON CONFLICT (job) DO UPDATE SET consecutive_failures = 0,
+             last_success_at = {{greatest}}(coalesce(ll_job_state.last_success_at, excluded.last_success_at), excluded.last_success_at)"
+    )
+}
+
+/// The runs of `done` (run id, status recorded) that ended as successes noticed at their end.
+pub(super) fn noticed_of<'a>(ends: &[RunEnd<'_>], done: &'a [(String, RunStatus)]) -> Vec<&'a str> {
+    let noticed: std::collections::HashSet<&str> = ends.iter().filter(|e| e.noticed).map(|e| e.id).collect();
+    if noticed.is_empty() {
+        return Vec::new();
+    }
+    done.iter().filter(|(id, s)| *s == RunStatus::Succeeded && noticed.contains(id.as_str())).map(|(id, _)| id.as_str()).collect()
+}
+
+/// [`noticed_at_end`] for the runs of `ids` that [`FINISH_RUNS`] ended as noticed successes,
+/// in the transaction that ended them.
+pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], now: i64) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let q = Stmt::new(
+        sql!(
+            D,
+            noticed_at_end(
+                "SELECT job, 0, CAST($2 AS BIGINT) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job ORDER BY job"
+            )
+        ),
+        "moving the job state of successes noticed at their end",
+    );
+    D::execute(c, q.bind_list(ids.iter().copied()).bind(now)).await?;
+    Ok(())
 }
 
 /// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with

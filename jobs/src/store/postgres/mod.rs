@@ -1,10 +1,11 @@
-//! The PostgreSQL backend: Lamplighter's tables (`migrations/postgres`) and apalis-postgres's
-//! queue (schema `apalis`) in one database, shared by any number of workers. Its [`Dialect`]
-//! is what sharing adds to the statements written once:
+//! The PostgreSQL backend: Lamplighter's tables (`migrations/postgres`, apalis-postgres's schema
+//! `apalis` migrated beside them) in one database, shared by any number of workers. The queue
+//! is the runs' own rows ([`queue`]). Its [`Dialect`] is what sharing adds to the statements
+//! written once:
 //! - **No writer to queue behind**: concurrent writers meet at row locks. Statements that take
 //!   many rows take them in one order (ticks by job and instant, job state by job), or skip
 //!   rows another transaction holds where someone else taking them is fine
-//!   (`FOR UPDATE SKIP LOCKED`: queue tasks, runs handed over by a scheduler pass).
+//!   (`FOR UPDATE SKIP LOCKED`: runs taken from the queue, runs handed over by a scheduler pass).
 //! - **Ticks of one job are decided one transaction at a time** (a transaction-scoped advisory
 //!   lock per job), so two workers firing different ticks of a job both see each other's run
 //!   when they apply the overlap policy.
@@ -31,7 +32,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, HandOffs, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
     job_state_from_row, record_for, run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, HOLDING, claim_sql, claim_update, end_rows};
+use super::scripts::{FINISH_RUNS, HOLDING, claim_update, end_rows, noticed_at_end};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -95,11 +96,14 @@ fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
 
 fn ends_and_closed_steps() -> String {
     format!(
-        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold),
+        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job,
+                                               (j.noticed AND ll_runs.status = {{Succeeded}}) AS noticed),
          closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                     FROM ended e
-                    WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}}))",
+                    WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
+         noticed AS ({noticed})",
         closing = steps_closed_as("e.status"),
+        noticed = noticed_at_end("SELECT job, 0, $2::bigint FROM ended WHERE noticed GROUP BY job ORDER BY job"),
     )
 }
 
@@ -314,7 +318,8 @@ impl RunSql for PgStore {
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
     /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the
     /// open steps of runs that did not succeed closed ([`super::steps_closed_by`]), the lease
-    /// read live, the take's pick (`queue::pick`, only under a live lease) and [`claim_sql`]. Data-modifying CTEs
+    /// read live, the take's pick (`queue::pick`: runs handed over, only under a live lease) and
+    /// [`claim_update`] of what it picked. Data-modifying CTEs
     /// all run to completion, on one snapshot; the ended runs are running and the claimed ones
     /// queued, so no row is written twice. The steps closed are those of the snapshot: a run's
     /// own step writes are awaited before its end is handed to the recorder.
@@ -331,32 +336,34 @@ impl RunSql for PgStore {
                 "{ended},
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  picked AS MATERIALIZED ({pick}),
-                 taken AS (DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING {run_id} AS run_id),
                  claimed AS ({claim})
                  SELECT s.*, c.* FROM
-                     (SELECT (SELECT count(*) FROM taken) AS tasks_taken,
-                             (SELECT count(*) FROM taken WHERE run_id IS NULL) AS tasks_undecoded,
+                     (SELECT (SELECT count(*) FROM picked) AS tasks_taken,
                              (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
                              (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
                      LEFT JOIN claimed c ON true",
                 ended = ends_and_closed_steps(),
-                pick = queue::pick("$4", "$5", "AND EXISTS (SELECT 1 FROM lease)"),
-                run_id = queue::RUN_ID_OF_PAYLOAD,
-                claim = claim_sql(&SPELLING, "id IN (SELECT run_id FROM taken)", false, "$3", "$2", "(SELECT epoch FROM lease)", "NULL"),
+                pick = queue::pick("$4", "AND EXISTS (SELECT 1 FROM lease)"),
+                // Locked by the pick already, and queued: the ended runs are running, so no
+                // row is written twice.
+                claim = claim_update(
+                    "",
+                    "ll_runs.id IN (SELECT id FROM picked) AND (ll_runs.status = {Queued}) IS TRUE",
+                    "$3",
+                    "$2",
+                    "(SELECT epoch FROM lease)",
+                    "NULL"
+                ),
             )
         );
         let written = async {
-            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), super::QUEUE.into(), (n.max(1) as i64).into()];
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into()];
             let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
             };
             let done = runs_ended(first)?;
             let tasks = first.int("tasks_taken").max(0) as usize;
-            let undecoded = first.int("tasks_undecoded");
-            if undecoded > 0 {
-                tracing::error!(tasks = undecoded, "queue tasks that do not name a run were taken and dropped");
-            }
             // Without claims, the one row has no run.
             let claimed = rows.into_iter().filter(|r| r.try_get::<Option<String>, _>("id").ok().flatten().is_some()).collect();
             Ok((done, tasks, claimed, None))
@@ -661,7 +668,7 @@ impl UpkeepSql for PgStore {
 mod tests {
     use super::*;
     use crate::store::contract::tick;
-    use crate::store::{Claim, Ends, Leases, NewRun, Records, Ticks};
+    use crate::store::{Claim, Ends, Leases, NewRun, Records, Ticks, Upkeep};
     use chrono::{DateTime, Utc};
     use lamplighter_config::Overlap;
 
@@ -700,12 +707,15 @@ mod tests {
         assert_eq!(fresh, ticks.len(), "each tick fired by exactly one worker");
         let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM ll_runs").fetch_one(&stores[0].pool).await.expect("count");
         assert_eq!(runs as usize, ticks.len());
-        let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs").fetch_one(&stores[0].pool).await.expect("count");
+        let tasks: i64 = sqlx::query_scalar(sql!("SELECT count(*) FROM ll_runs WHERE status = {Queued} AND dispatched_at IS NOT NULL"))
+            .fetch_one(&stores[0].pool)
+            .await
+            .expect("count");
         let running: i64 = sqlx::query_scalar(sql!("SELECT count(*) FROM ll_runs WHERE status = {Running}"))
             .fetch_one(&stores[0].pool)
             .await
             .expect("count");
-        assert_eq!((tasks + running) as usize, ticks.len(), "every run is either claimed or queued with its task");
+        assert_eq!((tasks + running) as usize, ticks.len(), "every run is either claimed or handed to the queue");
 
         // The three take the queue in small batches at once: nobody takes more than it asked
         // for (each run it takes needs one of its slots), and every run is taken once.
@@ -728,10 +738,9 @@ mod tests {
 
     /// Two workers drain the queue the recorder's way, each write ending its last batch and
     /// claiming the next (one statement on PostgreSQL): every run is claimed once and ended,
-    /// nobody takes more than it asked for, and a task whose payload names no run is consumed
-    /// without failing the write (its run stays queued, as with the take alone).
+    /// nobody takes more than it asked for, and a run cancelled while in the queue is not taken.
     #[tokio::test]
-    async fn ends_and_claims_in_one_statement_take_each_task_once() {
+    async fn ends_and_claims_in_one_statement_take_each_run_once() {
         let cluster = lamplighter_tests::pg::Cluster::start();
         let stores = [store(&cluster).await, store(&cluster).await];
         let t0 = Utc::now();
@@ -742,12 +751,8 @@ mod tests {
         let batch: Vec<(NewRun, Overlap)> =
             (0..40).map(|i| (tick(&format!("job-{i}"), t0 - chrono::Duration::seconds(1)), Overlap::Allow)).collect();
         stores[0].fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
-        let garbled =
-            sqlx::query("UPDATE apalis.jobs SET job = convert_to('{\"run\": 1}', 'UTF8') WHERE id = (SELECT min(id) FROM apalis.jobs)")
-                .execute(&stores[0].pool)
-                .await
-                .expect("garble a task");
-        assert_eq!(garbled.rows_affected(), 1);
+        let first: String = sqlx::query_scalar("SELECT min(id) FROM ll_runs").fetch_one(&stores[0].pool).await.expect("a run");
+        assert!(stores[0].finish(&first, RunStatus::Cancelled, None, Some("asked"), t0).await.expect("cancel"));
         let later = t0 + chrono::Duration::seconds(1);
         let drains = stores.iter().zip(names).map(|(s, name)| async move {
             let (mut mine, mut tasks, mut last) = (Vec::new(), 0, Vec::<String>::new());
@@ -768,7 +773,7 @@ mod tests {
         let tasks: usize = drained.iter().map(|(_, n)| n).sum();
         let claimed: Vec<&String> = drained.iter().flat_map(|(m, _)| m).collect();
         let unique: HashSet<&String> = claimed.iter().copied().collect();
-        assert_eq!((tasks, claimed.len(), unique.len()), (40, 39, 39), "every task taken once; the garbled one claims nothing");
+        assert_eq!((tasks, claimed.len(), unique.len()), (39, 39, 39), "every run taken once; the cancelled one not at all");
         let count = |status: RunStatus| {
             let pool = stores[0].pool.clone();
             async move {
@@ -780,7 +785,44 @@ mod tests {
                 n
             }
         };
-        assert_eq!((count(RunStatus::Succeeded).await, count(RunStatus::Queued).await), (39, 1));
+        assert_eq!((count(RunStatus::Succeeded).await, count(RunStatus::Queued).await, count(RunStatus::Cancelled).await), (39, 0, 1));
+    }
+
+    /// A database an earlier version used has an apalis task for each run it handed to the
+    /// queue: the runs are claimed from their rows all the same, each once, and the
+    /// housekeeping drops the tasks.
+    #[tokio::test]
+    async fn an_earlier_versions_tasks_are_dropped_and_their_runs_claimed() {
+        use apalis::prelude::{TaskBuilder, TaskId};
+        let cluster = lamplighter_tests::pg::Cluster::start();
+        let s = store(&cluster).await;
+        let t0 = Utc::now();
+        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        let batch: Vec<(NewRun, Overlap)> = (0..5).map(|i| (tick(&format!("job-{i}"), t0), Overlap::Allow)).collect();
+        s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs").fetch_all(&s.pool).await.expect("runs");
+        // As the earlier version pushed them (apalis's `push_tasks`, a `RunTask` each).
+        let tasks: Vec<apalis_postgres::PgTask> = ids
+            .iter()
+            .map(|id| {
+                TaskBuilder::new(crate::store::RunTask::encode(id).expect("encode"))
+                    .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
+                    .build()
+            })
+            .collect();
+        apalis_postgres::queries::push_tasks(&mut *s.pool.acquire().await.expect("connection"), crate::store::QUEUE, tasks)
+            .await
+            .expect("push");
+        let taken = s.claim_queued(10, "a", t0).await.expect("claim");
+        let mut claimed: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
+        claimed.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!((taken.tasks, claimed), (5, expected));
+        assert_eq!(s.claim_queued(10, "a", t0).await.expect("claim").tasks, 0, "each once");
+        Upkeep::housekeeping(&s).await.expect("housekeeping");
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs").fetch_one(&s.pool).await.expect("count");
+        assert_eq!(left, 0);
     }
 
     /// Recovery by another worker leaves a live worker's runs alone, and takes a dead one's
@@ -815,6 +857,7 @@ mod tests {
             trace_id: None,
             last: true,
             limits: None,
+            noticed: true,
         };
         assert!(s.finish_many(&[end], now).await.expect("finish").is_empty(), "a lapsed lease's write is refused");
         let step = crate::run::StepRecord {

@@ -1,83 +1,48 @@
-//! apalis-postgres, used inside the store's transactions. Its tables live in the `apalis`
-//! schema (migrated by [`apalis_postgres::PostgresStorage::setup`]'s migrations). Tasks are
-//! pushed with apalis's own `push_tasks`; they are taken and consumed in one statement that
-//! skips rows another worker holds, so workers sharing the queue never wait for each other
-//! and never take the same task.
+//! The PostgreSQL queue is the runs' own rows. A run handed to the queue (queued, with its
+//! `dispatched_at` set, as the hand-over and the tick transaction mark it) is taken by a claim
+//! straight from `ll_runs`, in hand-over order, skipping rows another transaction holds (`FOR
+//! UPDATE SKIP LOCKED`), so workers sharing the database never wait for each other and never
+//! take the same run. An apalis-postgres task per run repeated what the row already says, at
+//! the cost of an insert at the hand-over and a delete at the claim, each with its indexes:
+//! apalis-postgres's schema is still migrated, no task is written to it, and the tasks an
+//! earlier version left there (whose runs are such rows already) are dropped.
 
-use apalis::prelude::{TaskBuilder, TaskId};
+use super::PgStore;
+use crate::store::dialect::sql;
+use crate::store::{QUEUE, StoreError};
 
-use crate::store::StoreError;
-use crate::store::{QUEUE, RunTask};
-
-/// Pushes one task per run id (apalis's `push_tasks`), one attempt each: retries are
-/// Lamplighter's. `run_at` is a second in the past: apalis compares it with the server's
-/// `now()` (the transaction's start), and a task "due later" would be skipped by apalis's
-/// own fetch and its notification left out.
-pub(crate) async fn push(c: &mut sqlx::PgConnection, ids: &[String]) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let run_at =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs().saturating_sub(1)).unwrap_or_default();
-    let mut tasks: Vec<apalis_postgres::PgTask> = Vec::with_capacity(ids.len());
-    for id in ids {
-        tasks.push(
-            TaskBuilder::new(RunTask::encode(id)?)
-                .task_id(TaskId::from_ulid(ulid::Ulid::generate()))
-                .max_attempts(1)
-                .run_at_timestamp(run_at)
-                .build(),
-        );
-    }
-    apalis_postgres::queries::push_tasks(&mut *c, QUEUE, tasks).await.map_err(|e| {
-        StoreError::new(
-            "pushing to the queue",
-            match e {
-                apalis_postgres::Error::Database(e) => e,
-                other => sqlx::Error::Protocol(other.to_string()),
-            },
-        )
-    })
+/// Nothing to write: the caller marked the runs of `ids` handed over, in its transaction, and
+/// that mark is their place in the queue.
+pub(crate) async fn push(_c: &mut sqlx::PgConnection, _ids: &[String]) -> Result<(), StoreError> {
+    Ok(())
 }
 
-/// Takes and consumes up to `n` pending tasks in apalis's order (priority, then due time),
-/// skipping those another transaction holds; returns how many it took and their run ids.
+/// Picks up to `n` runs handed to the queue, first handed over first, skipping those another
+/// transaction holds; locks them for the caller's claim in the same transaction. Returns how
+/// many it picked and their ids.
 pub(crate) async fn take(c: &mut sqlx::PgConnection, n: usize) -> Result<(usize, Vec<String>), StoreError> {
-    static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "WITH picked AS MATERIALIZED ({}) DELETE FROM apalis.jobs j USING picked WHERE j.id = picked.id RETURNING j.job",
-            pick("$1", "$2", "")
-        )
-    });
-    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(TAKE.as_str())
-        .bind(QUEUE)
+    let ids: Vec<String> = sqlx::query_scalar(sql!(PgStore, pick("$1", "")))
         .bind(n.max(1) as i64)
         .fetch_all(&mut *c)
         .await
-        .map_err(|e| StoreError::new("taking tasks from the queue", e))?;
-    let ids = RunTask::run_ids(payloads.iter().map(Vec::as_slice));
-    Ok((payloads.len(), ids))
+        .map_err(|e| StoreError::new("taking runs from the queue", e))?;
+    Ok((ids.len(), ids))
 }
 
-/// The tasks a take consumes, to be a materialized CTE: run once (as a subquery joined to the
-/// `DELETE`, the planner may run it again per row, and each run skips what the last one locked,
-/// so more than `n` tasks were taken; seen with three workers). `queue` and `limit` are
-/// placeholders; `and` a further condition (`AND …`) or empty.
-pub(crate) fn pick(queue: &str, limit: &str, and: &str) -> String {
+/// The runs a take claims, to be a materialized CTE: run once (as a subquery joined to the
+/// claim's `UPDATE`, the planner may run it again per row, and each run skips what the last one
+/// locked, so more than `limit` would be taken; seen with three workers). `limit` is a
+/// placeholder; `and` a further condition (`AND …`) or empty. Read through the partial index
+/// of the runs handed over (migration 0017), in its order.
+pub(crate) fn pick(limit: &str, and: &str) -> String {
     format!(
-        "SELECT id FROM apalis.jobs WHERE job_type = {queue} AND status = 'Pending' {and}
-         ORDER BY priority DESC, run_at ASC LIMIT {limit} FOR UPDATE SKIP LOCKED"
+        "SELECT id FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL {and}
+         ORDER BY dispatched_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
     )
 }
 
-/// A taken task's run id in SQL, from its payload `j.job` (the JSON [`RunTask::encode`]
-/// writes: `{"run_id":"<uuid>"}`); NULL for any other payload. Such a task names no run: it is
-/// consumed and counted, as [`RunTask::run_ids`] drops a payload that does not decode. The
-/// pattern is an escape string (`E'…'`), so it reads the same whatever
-/// `standard_conforming_strings` says.
-pub(crate) const RUN_ID_OF_PAYLOAD: &str = r#"substring(encode(j.job, 'escape') FROM E'^\\{"run_id":"([^"\\\\]+)"\\}$')"#;
-
-/// Drops every task of our queue.
+/// Drops every task of our queue in apalis's table: none is written any more; those an earlier
+/// version left name runs that the queue's rows hold already.
 pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM apalis.jobs WHERE job_type = $1")
         .bind(QUEUE)
@@ -87,13 +52,7 @@ pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreEr
     Ok(())
 }
 
-/// Deletes finished tasks of our queue (none, unless something outside Lamplighter marks
-/// them: tasks are deleted when taken).
+/// [`forget_all`], for the housekeeping.
 pub(crate) async fn prune(pool: &sqlx::PgPool) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM apalis.jobs WHERE job_type = $1 AND status IN ('Done','Killed','Failed')")
-        .bind(QUEUE)
-        .execute(pool)
-        .await
-        .map_err(|e| StoreError::new("pruning the queue", e))?;
-    Ok(())
+    forget_all(&mut *pool.acquire().await.map_err(|e| StoreError::new("clearing the queue", e))?).await
 }

@@ -22,7 +22,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for,
     run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, claim_sql, end_rows};
+use super::scripts::{FINISH_RUNS, claim_sql, end_cols, end_rows, noticed_at_end};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -834,7 +834,7 @@ fn claim_from_queue() -> String {
 }
 
 /// Ends that all succeeded and the claims that take their slots, as one script: `BEGIN`,
-/// [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the claim of the runs the first `?5` tasks of queue `?4` name, the take of
+/// [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the job state of the successes noticed at their end, the claim of the runs the first `?5` tasks of queue `?4` name, the take of
 /// those tasks, `COMMIT`. Each part answers rows marked with its name (`part`). One round trip
 /// to the connection's thread where the transaction of statements took six; see
 /// [`SqliteStore::ends_and_claims_at_once`].
@@ -853,10 +853,17 @@ fn ends_and_claims_script() -> String {
     format!(
         "BEGIN IMMEDIATE;
          {FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, 'ended' AS part;
+         {noticed};
          {claim}, 'claimed' AS part;
          DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING {run_id} AS run_id, 'taken' AS part;
          COMMIT",
         claim = claim_from_queue(),
+        noticed = noticed_at_end(concat!(
+            "SELECT r.job, 0, CAST($2 AS BIGINT) FROM {rows $1 AS j(",
+            end_cols!(),
+            ")} JOIN ll_runs r ON r.id = j.id
+             WHERE j.noticed AND r.status = {Succeeded} AND r.outcome_seen IS NOT NULL AND r.finished_at = $2 GROUP BY r.job ORDER BY r.job"
+        )),
         pick = queue::pick("?4", "?5"),
         run_id = queue::RUN_ID_OF_PAYLOAD,
     )
