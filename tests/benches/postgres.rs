@@ -220,11 +220,15 @@ fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
     }
     let instants = per.len();
     let per_instant: Vec<usize> = per.into_values().collect();
-    let not_run = r.iter().filter(inside).filter(|x| x.4 != "succeeded").count();
+    let mut not_run: std::collections::BTreeMap<&str, usize> = Default::default();
+    for x in r.iter().filter(inside).filter(|x| x.4 != "succeeded") {
+        *not_run.entry(x.4.as_str()).or_default() += 1;
+    }
     println!(
-        "ticks in the window: {instants} instants, runs per instant min {} max {}, not succeeded {not_run}",
+        "ticks in the window: {instants} instants, runs per instant min {} max {}, not succeeded {} {not_run:?}",
         per_instant.iter().min().unwrap_or(&0),
-        per_instant.iter().max().unwrap_or(&0)
+        per_instant.iter().max().unwrap_or(&0),
+        not_run.values().sum::<usize>()
     );
 }
 
