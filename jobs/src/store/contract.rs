@@ -966,7 +966,7 @@ async fn a_window_knows_which_ticks_have_runs(s: &dyn RunStore) {
 }
 
 /// The `notify:` rules of job `n` in [`outcomes_are_noticed_once_and_notifications_sent_once`].
-fn no_after(_: &str) -> Vec<super::Downstream> {
+pub(super) fn no_after(_: &str) -> Vec<super::Downstream> {
     Vec::new()
 }
 
@@ -1384,7 +1384,7 @@ fn no_rules_fn(_: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
 }
 
 /// Job `q` is configured, with no rules.
-fn no_rules_of_q(job: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
+pub(super) fn no_rules_of_q(job: &str) -> Option<Vec<lamplighter_config::NotifyRule>> {
     (job == "q").then(Vec::new)
 }
 

@@ -341,6 +341,10 @@ pub(crate) fn render(text: &str, s: &Spelling) -> String {
     let mut next = max_param(&out) + 1;
     let mut others = HashMap::new();
     for r in by_param {
+        // A set named twice (read by two parts of one statement) is bound once.
+        if others.contains_key(&r.param) {
+            continue;
+        }
         others.insert(r.param, next);
         next += r.cols.len() - 1;
     }
@@ -770,6 +774,14 @@ mod tests {
             "FROM ROWS($3 $6) k[x:text y:bool], ROWS($1 $4 $5) j[id:text a:bigint b:text] WHERE n = $2"
         );
         assert_eq!(render("FROM {rows $1 AS j(id text, a bigint)} WHERE n = $2", &PLAIN), "FROM ROWS($1) j[id:text a:bigint] WHERE n = $2");
+        assert_eq!(
+            render(
+                "FROM {rows $1 AS j(id text, a bigint)} WHERE n = $2 AND x IN (SELECT id FROM {rows $1 AS k(id text, a bigint)})",
+                &by_column
+            ),
+            "FROM ROWS($1 $3) j[id:text a:bigint] WHERE n = $2 AND x IN (SELECT id FROM ROWS($1 $3) k[id:text a:bigint])",
+            "a set read twice is bound once"
+        );
     }
 
     #[test]

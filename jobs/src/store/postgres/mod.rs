@@ -32,7 +32,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, HandOffs, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
     job_state_from_row, record_for, run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, HOLDING, claim_update, end_rows, noticed_at_end};
+use super::scripts::{HOLDING, claim_update, end_cols, end_rows, finish_runs_sql, noticed_at_end};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -77,7 +77,7 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 /// What the open steps of a run whose status is `status` (an expression) become, as
 /// [`super::steps_closed_by`] says, in SQL: NULL where they stay open.
-/// The first parts of the one-statement writes of ends: the ends ([`FINISH_RUNS`]) as
+/// The first parts of the one-statement writes of ends: the ends ([`finish_runs_sql`]) as
 /// `ended` (id, status taken), and the open steps of those that did not succeed closed.
 /// The array column `col` of the one-row summary the ends statements return (NULL: empty).
 fn array<T>(row: &PgRow, col: &str) -> Result<Vec<T>, StoreError>
@@ -96,12 +96,18 @@ fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
 
 fn ends_and_closed_steps() -> String {
     format!(
-        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job,
-                                               (j.noticed AND ll_runs.status = {{Succeeded}}) AS noticed),
+        "WITH free AS MATERIALIZED (SELECT r.id FROM ll_runs r JOIN ll_job_state s ON s.job = r.job
+                                    WHERE r.id IN (SELECT j.id FROM {{rows $1 AS j({cols})}} WHERE j.noticed)
+                                    ORDER BY s.job FOR UPDATE OF s SKIP LOCKED),
+              ended AS ({finish} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job,
+                                           (j.noticed AND ll_runs.outcome_seen IS NOT NULL) AS noticed),
          closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                     FROM ended e
                     WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
          noticed AS ({noticed})",
+        // A success is noticed at its end where its job's state is free ([`noticeable`](super::scripts::noticeable)).
+        finish = finish_runs_sql("j.id IN (SELECT id FROM free)"),
+        cols = end_cols!(),
         closing = steps_closed_as("e.status"),
         noticed = noticed_at_end("SELECT job, 0, $2::bigint FROM ended WHERE noticed GROUP BY job ORDER BY job"),
     )
@@ -316,7 +322,7 @@ impl RunSql for PgStore {
     /// One statement, its own transaction, so one round trip: in `cargo bench … postgres --
     /// drain` the six statements of the script's transaction (`BEGIN`, ends, lease, take,
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
-    /// server on the same cores. The parts are those statements' own: [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the
+    /// server on the same cores. The parts are those statements' own: [`finish_runs_sql`](super::scripts::finish_runs_sql), the
     /// open steps of runs that did not succeed closed ([`super::steps_closed_by`]), the lease
     /// read live, the take's pick (`queue::pick`: runs handed over, only under a live lease) and
     /// [`claim_update`] of what it picked. Data-modifying CTEs
@@ -372,7 +378,7 @@ impl RunSql for PgStore {
     }
 
     /// One statement, its own transaction, as [`PgStore::ends_and_claims_at_once`]: the ends
-    /// ([`FINISH_RUNS`](super::scripts::FINISH_RUNS), open steps closed), the slots of the
+    /// ([`finish_runs_sql`](super::scripts::finish_runs_sql), open steps closed), the slots of the
     /// runs ended deleted, and `handover::hand_off` written in SQL — per pool freed, as many
     /// heads of its line as it freed slots, locked (others held elsewhere passed over), taken
     /// while each takes that pool alone and the pool is within its size (the slots held,
@@ -823,6 +829,53 @@ mod tests {
         Upkeep::housekeeping(&s).await.expect("housekeeping");
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs").fetch_one(&s.pool).await.expect("count");
         assert_eq!(left, 0);
+    }
+
+    /// A tick transaction holds the states of the jobs it fires until their instant. A success
+    /// that would be noticed at its end does not wait for its job's state meanwhile (its run
+    /// would stay active past that tick, and `overlap: forbid` skip it): the end is written at
+    /// once, by the recorder's statement and by the transaction of statements alike, and its
+    /// outcome is left to the notice pass.
+    #[tokio::test]
+    async fn an_end_does_not_wait_for_the_job_state_a_held_tick_holds() {
+        use crate::store::contract::{end, no_after, no_rules_of_q};
+        use crate::store::{Hold, Notices};
+        let cluster = lamplighter_tests::pg::Cluster::start();
+        let s = store(&cluster).await;
+        let t0 = Utc::now();
+        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        let batch: Vec<(NewRun, Overlap)> = (0..2).map(|i| (tick("q", t0 - chrono::Duration::seconds(2 - i)), Overlap::Allow)).collect();
+        let fired = s.fire_ticks(batch, Claim { worker: "a", slots: 2 }, t0).await.expect("fire");
+        let ids: Vec<String> = fired.iter().map(|o| o.as_ref().expect("fresh").run_id.clone()).collect();
+        let noticed = |id| RunEnd { last: true, noticed: true, ..end(id, RunStatus::Succeeded) };
+
+        let (ready, held) = tokio::sync::oneshot::channel();
+        let (go, answer) = tokio::sync::oneshot::channel::<bool>();
+        let hold: Hold<'_> = Box::pin(async move {
+            ready.send(()).expect("the ends wait for the hold");
+            answer.await.expect("an answer")
+        });
+        let next = t0 + chrono::Duration::seconds(1);
+        let fire = s.fire_ticks_held(vec![(tick("q", next), Overlap::Allow)], Claim { worker: "a", slots: 0 }, next, Some(hold));
+        let ends = async {
+            held.await.expect("the tick transaction reached its hold");
+            let written = async {
+                let one = s.finish_many(&[noticed(&ids[0])], t0).await.expect("end");
+                let (two, _) = s.finish_and_claim(&[noticed(&ids[1])], 1, "a", t0).await.expect("end and claim");
+                (one, two)
+            };
+            // Waiting for the tick's locks would wait for ever: the hold is let go below.
+            let written = tokio::time::timeout(Duration::from_secs(30), written).await.expect("the ends do not wait for the tick");
+            go.send(true).expect("the tick waits");
+            written
+        };
+        let (fired, (one, two)) = tokio::join!(fire, ends);
+        assert!(fired.expect("fire").is_some(), "the tick committed");
+        assert_eq!((one, two), (vec![ids[0].clone()], vec![ids[1].clone()]), "both ends recorded");
+        assert!(s.unnoticed_since().await.expect("unnoticed").is_some(), "left to the pass");
+        assert_eq!(s.notice(&no_rules_of_q, &no_after, false, next).await.expect("notice").runs, 2);
+        let state = s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success));
+        assert_eq!(state, Some((0, Some(crate::store::from_ms(crate::store::ms(t0))))), "noticed by the pass");
     }
 
     /// Recovery by another worker leaves a live worker's runs alone, and takes a dead one's

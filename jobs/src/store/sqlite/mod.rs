@@ -22,7 +22,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for,
     run_cols, sql,
 };
-use super::scripts::{FINISH_RUNS, claim_sql, end_cols, end_rows, noticed_at_end};
+use super::scripts::{claim_sql, end_cols, end_rows, finish_runs_sql, noticed_at_end};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -834,7 +834,7 @@ fn claim_from_queue() -> String {
 }
 
 /// Ends that all succeeded and the claims that take their slots, as one script: `BEGIN`,
-/// [`FINISH_RUNS`](super::scripts::FINISH_RUNS), the job state of the successes noticed at their end, the claim of the runs the first `?5` tasks of queue `?4` name, the take of
+/// [`finish_runs_sql`](super::scripts::finish_runs_sql), the job state of the successes noticed at their end, the claim of the runs the first `?5` tasks of queue `?4` name, the take of
 /// those tasks, `COMMIT`. Each part answers rows marked with its name (`part`). One round trip
 /// to the connection's thread where the transaction of statements took six; see
 /// [`SqliteStore::ends_and_claims_at_once`].
@@ -852,11 +852,13 @@ fn claim_from_queue() -> String {
 fn ends_and_claims_script() -> String {
     format!(
         "BEGIN IMMEDIATE;
-         {FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, 'ended' AS part;
+         {finish} RETURNING ll_runs.id, ll_runs.status, 'ended' AS part;
          {noticed};
          {claim}, 'claimed' AS part;
          DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING {run_id} AS run_id, 'taken' AS part;
          COMMIT",
+        // One writer: no other transaction holds a job's state meanwhile.
+        finish = finish_runs_sql("1 = 1"),
         claim = claim_from_queue(),
         noticed = noticed_at_end(concat!(
             "SELECT r.job, 0, CAST($2 AS BIGINT) FROM {rows $1 AS j(",
@@ -1195,7 +1197,7 @@ mod tests {
     async fn batch_statements_find_runs_by_id() {
         let (_dir, store) = migrated().await;
         let claim = sql!(SqliteStore, claim_sql(&SPELLING, "id {in $1}", false, "$2", "$3", "$4", "NULL"));
-        let finish = sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id"));
+        let finish = sql!(SqliteStore, format!("{} RETURNING ll_runs.id", finish_runs_sql("1 = 1")));
         for sql in [claim, finish, sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
             let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("sqlite_autoindex_ll_runs_1 (id=?)")), "{sql}\n{plan:#?}");
