@@ -442,7 +442,7 @@ pub(crate) fn notify_on_outcome(kind: OutcomeKind, streak: u32, rules: &[NotifyR
     (fire, after)
 }
 
-/// Whether a run's end is also its outcome's notice ([`crate::store::RunEnd::noticed`]): a
+/// Whether a run's end is also its outcome's notice (the end's `noticed`, written with it): a
 /// success of a configured job (`rules`: its rules; `None` for runs that are no job's) that no
 /// rule tells of a success (`success`, `recovery`) and that no job runs after. Noticing it
 /// could only end its job's failure streak and move its last success, which the end's own

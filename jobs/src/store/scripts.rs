@@ -242,17 +242,20 @@ pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], 
 /// (PostgreSQL; skipped where another transaction holds it). A tick transaction holds the
 /// states of the jobs it fires until their instant: an end that waited for them would keep its
 /// run active past the next tick (skipped by `overlap: forbid`); the pass notices it instead.
-pub(super) async fn noticeable<'a, D: Dialect>(c: &mut D::Conn, ends: &[RunEnd<'a>]) -> Result<Vec<RunEnd<'a>>, StoreError> {
+pub(super) async fn noticeable<'e, 'a, D: Dialect>(
+    c: &mut D::Conn,
+    ends: &'e [RunEnd<'a>],
+) -> Result<std::borrow::Cow<'e, [RunEnd<'a>]>, StoreError> {
     let asked: Vec<&str> = ends.iter().filter(|e| e.noticed).map(|e| e.id).collect();
     if asked.is_empty() {
-        return Ok(ends.to_vec());
+        return Ok(std::borrow::Cow::Borrowed(ends));
     }
     let q = Stmt::new(
         sql!(D, "SELECT r.id FROM ll_runs r JOIN ll_job_state s ON s.job = r.job WHERE r.id {in $1} ORDER BY s.job {lock_skip}"),
         "locking the job states of successes noticed at their end",
     );
     let free: std::collections::HashSet<String> = D::fetch_all(c, q.bind_list(asked)).await?.iter().map(|r| r.text("id")).collect();
-    Ok(ends.iter().map(|e| RunEnd { noticed: e.noticed && free.contains(e.id), ..e.clone() }).collect())
+    Ok(std::borrow::Cow::Owned(ends.iter().map(|e| RunEnd { noticed: e.noticed && free.contains(e.id), ..e.clone() }).collect()))
 }
 
 /// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with

@@ -688,6 +688,14 @@ mod tests {
         WorkerId { name: name.into(), instance: format!("{name}-1"), host: "h".into(), pid: 1 }
     }
 
+    /// A migrated store whose worker `a` holds a live lease from the time returned.
+    async fn leased(cluster: &lamplighter_tests::pg::Cluster) -> (PgStore, DateTime<Utc>) {
+        let s = store(cluster).await;
+        let t0 = Utc::now();
+        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        (s, t0)
+    }
+
     /// Three workers (three pools) fire the same 200 ticks of 20 jobs at once, each batch in
     /// its own order: every tick is recorded once, with one run, and nobody deadlocks.
     #[tokio::test]
@@ -801,9 +809,7 @@ mod tests {
     async fn an_earlier_versions_tasks_are_dropped_and_their_runs_claimed() {
         use apalis::prelude::{TaskBuilder, TaskId};
         let cluster = lamplighter_tests::pg::Cluster::start();
-        let s = store(&cluster).await;
-        let t0 = Utc::now();
-        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        let (s, t0) = leased(&cluster).await;
         let batch: Vec<(NewRun, Overlap)> = (0..5).map(|i| (tick(&format!("job-{i}"), t0), Overlap::Allow)).collect();
         s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
         let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs").fetch_all(&s.pool).await.expect("runs");
@@ -841,9 +847,7 @@ mod tests {
         use crate::store::contract::{end, no_after, no_rules_of_q};
         use crate::store::{Hold, Notices};
         let cluster = lamplighter_tests::pg::Cluster::start();
-        let s = store(&cluster).await;
-        let t0 = Utc::now();
-        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        let (s, t0) = leased(&cluster).await;
         let batch: Vec<(NewRun, Overlap)> = (0..2).map(|i| (tick("q", t0 - chrono::Duration::seconds(2 - i)), Overlap::Allow)).collect();
         let fired = s.fire_ticks(batch, Claim { worker: "a", slots: 2 }, t0).await.expect("fire");
         let ids: Vec<String> = fired.iter().map(|o| o.as_ref().expect("fresh").run_id.clone()).collect();
