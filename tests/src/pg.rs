@@ -81,6 +81,22 @@ impl Cluster {
         self.start_server();
     }
 
+    /// When the server last became ready for connections, by its own log, in ms since the epoch.
+    /// [`Cluster::restart`] returns later than that on a busy machine (`pg_ctl` polls, and the
+    /// test's thread waits for a core): a bound on what the workers could reach.
+    pub fn ready_at_ms(&self) -> i64 {
+        let log = self.server_log();
+        let line = log
+            .lines()
+            .rfind(|l| l.contains("database system is ready to accept connections"))
+            .unwrap_or_else(|| panic!("the server's log says when it was ready:\n{log}"));
+        // `log_line_prefix`'s default `%m [%p] `: `2026-12-05 14:30:01.123 UTC [42] LOG: …`.
+        let stamp = line.get(..23).unwrap_or_else(|| panic!("a time stamp opens the line: {line}"));
+        let at = chrono::NaiveDateTime::parse_from_str(stamp, "%Y-%m-%d %H:%M:%S%.3f")
+            .unwrap_or_else(|e| panic!("a time stamp opens the line ({e}): {line}"));
+        at.and_utc().timestamp_millis()
+    }
+
     /// Freezes the server and every backend (SIGSTOP): connections stay open and queries
     /// hang, as on a database host that stopped answering. [`Cluster::thaw`] resumes them.
     pub fn freeze(&self) {
@@ -125,7 +141,7 @@ impl Cluster {
         // `PG_EXTRA_OPTS`: more server settings, for a bench looking into the server (e.g.
         // `-c shared_preload_libraries=pg_stat_statements`).
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off {}",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c log_timezone=UTC -c fsync=off -c synchronous_commit=off -c full_page_writes=off {}",
             self.port,
             self.dir.path().display(),
             std::env::var("PG_EXTRA_OPTS").unwrap_or_default()

@@ -415,9 +415,13 @@ fn a_database_restart_under_load_loses_nothing() {
         || [&a, &b].iter().any(|w| w.log().contains("cannot record the end of runs")).then_some(()),
         || a.log(),
     );
+    // Down for longer than the lease, so the outage spans whole seconds nobody could tick in.
+    let down_until = stopped_at + 6000;
+    std::thread::sleep(Duration::from_millis(u64::try_from(down_until - now_ms()).unwrap_or(0)));
     cluster.restart();
-    // The server is back from here; the workers notice it a moment later (`back`).
-    let restarted = now_ms();
+    // The server is back from when it says it was ready (`restart` may return seconds later on a
+    // busy machine); the workers notice it a moment later (`back`).
+    let restarted = cluster.ready_at_ms();
     wait_ready(&[&a, &b], true, Duration::from_secs(20));
     let back = now_ms();
     db.wait_for("the slow run's end, recorded after the restart", Duration::from_secs(20), &[&a, &b], |r| {
@@ -448,9 +452,8 @@ fn a_database_restart_under_load_loses_nothing() {
         .collect();
     assert!(missed.is_empty(), "ticks lost outside the outage ({stopped_at}..{back}): {missed:?}");
     // Ticks due while the server was down are one catch-up run. Those at its edges are not:
-    // the tick in the second before the stop, and the ordinary ticks once the server was back
-    // (it may be back a moment before `restarted`, so two whole seconds can fall within a
-    // second of it).
+    // the ticks in the second before the stop, and the ordinary ticks once the server was back
+    // (`restarted` is when the server said it was ready).
     // (A retry is its tick's second attempt, not a tick: see below.)
     let tick_runs = |from: i64, to: i64| -> Vec<&Run> {
         runs.iter().filter(|r| r.job == "tick" && r.trigger != "retry" && r.scheduled_at.is_some_and(|t| t >= from && t <= to)).collect()
