@@ -791,9 +791,12 @@ const FULLER_CLAIM_WITHIN: Duration = Duration::from_millis(2);
 /// remain it waits only for slots. No polling: a queue that came up short sleeps until the next
 /// push wakes it.
 pub(crate) async fn intake(exec: Arc<Executor>, mut signals: Receiver, stop: CancellationToken) {
-    // Recovery dropped every task from before, and this receiver was subscribed before the
-    // scheduler could push: the first push wakes it.
-    let mut more = false;
+    // This receiver was subscribed before the scheduler could push, so every later push wakes
+    // it; but runs queued before this worker started (on PostgreSQL the queue outlives every
+    // worker: runs queued as the last one stopped, or inserted while none was up) were pushed
+    // to nobody. One look at start takes them; the lease is held by now.
+    let mut more = true;
+    exec.queue_may_hold.store(true, Relaxed);
     loop {
         if !more {
             let signal = tokio::select! {

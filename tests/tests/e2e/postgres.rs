@@ -476,6 +476,52 @@ fn a_database_restart_under_load_loses_nothing() {
     );
 }
 
+/// Runs still queued when the last worker stopped (on PostgreSQL the queue outlives the
+/// workers) are taken by the next worker to start, with nothing else due to wake it.
+#[test]
+fn runs_queued_when_the_last_worker_stopped_are_taken_by_the_next_to_start() {
+    const QUIET: &str = r#"
+    busy:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      parameters: {command: "sleep 1; echo busy"}
+    quick:
+      type: plugin
+      plugin: shell-exec
+      action: run
+      every: 24h
+      parameters: {command: "echo quick"}
+"#;
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "queued");
+    let url = cluster.url_of("queued");
+    let mut a = worker_with("q-a", &url, 1, "3s", QUIET);
+    a.start();
+    let busy = trigger(&a, "busy");
+    db.wait_for("the busy run to start", Duration::from_secs(10), &[&a], |r| r.iter().any(|r| r.id == busy && r.status == "running"));
+    // One slot, taken: these wait in the queue.
+    let queued = [trigger(&a, "quick"), trigger(&a, "quick")];
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(20)), Some(0), "{}", a.log());
+    for id in &queued {
+        let run = db.run(id).unwrap_or_else(|| panic!("run {id} is not in the database"));
+        assert_eq!(run.status, "queued", "a stopping worker takes nothing more from the queue: {run:?}");
+    }
+
+    // No tick is due and nothing is triggered: only the start's own look at the queue finds them.
+    let mut b = worker_with("q-b", &url, 2, "3s", QUIET);
+    b.start();
+    let runs = db.wait_for("the queued runs to be taken and succeed", Duration::from_secs(15), &[&b], |r| {
+        queued.iter().all(|id| r.iter().any(|r| &r.id == id && r.status == "succeeded"))
+    });
+    for id in &queued {
+        let run = runs.iter().find(|r| &r.id == id).unwrap();
+        assert_eq!(run.worker.as_deref(), Some("q-b"), "taken by the worker that started: {run:?}");
+    }
+}
+
 /// A job created at runtime through one worker is heard of by the others (NOTIFY) and fires
 /// once per tick across the three; a delete through another stops it everywhere.
 #[test]
