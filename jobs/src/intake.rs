@@ -125,7 +125,9 @@ impl NewRun {
 /// How a run being inserted is handed over.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Dispatch<'a> {
-    /// Not yet (not due, held, or skipped).
+    /// Not by the inserter (not due, held, or skipped; or left to the hand-over). Where the
+    /// queue is the runs' rows, a due run that needs no hand-over decision is in the queue
+    /// from its insert all the same ([`crate::store::dialect::Dialect::QUEUED_BY_INSERT`]).
     No,
     /// Through the queue (a task is pushed in the same transaction).
     Queued,

@@ -195,12 +195,14 @@ async fn pass(env: &NotifierEnv, http: &Http, noticing: bool, stop: &Cancellatio
         let noticed = env.notices.notice(&rules, &after, waits, now).await?;
         tracing::debug!(runs = noticed.runs, notifications = noticed.recorded, more = noticed.more, "outcomes noticed");
         for (job, id) in &noticed.started {
-            // As a run started by hand: counted, and handed over by the scheduler's next look.
+            // As a run started by hand: counted, and handed over by the scheduler's next look
+            // (or in the queue already, where an insert queues it).
             tracing::info!(job = %job, run = %id, "started after its upstream jobs");
             env.observer.run_created(&Owner::Job(job.clone()), Trigger::After, id);
         }
         if !noticed.started.is_empty() {
             env.signals.publish(Signal::Wake);
+            env.signals.publish(Signal::TasksPushed);
         }
         for (job, ended) in &noticed.prunable {
             env.retention.prune_soon(job, *ended);

@@ -802,6 +802,10 @@ impl JobService {
         let (run_id, created) = self.records.insert_run(run, now).await?;
         if created {
             self.observer.run_created(&owner, trigger, &run_id);
+            // It may be in the queue already, for any worker to take.
+            if self.records.queued_by_insert() {
+                self.signal(Signal::TasksPushed);
+            }
             // It may wait in its limits' lines, which a hand-over reads only when asked to.
             self.scheduler.look_for_waiters();
         }

@@ -263,12 +263,13 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
     query(
         url,
         &format!(
-            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, limits, limit_wait, limit_wait_since)
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, limits, limit_wait, limit_wait_since, dispatched_at)
              SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
                     '{{\"path\":\"tiny.txt\"}}', {pools}
              FROM generate_series(1, {n}) i",
-            // As a manual trigger of the job inserts them: due, in the pool's line at once.
-            pools = if limit.is_some() { format!("'[[\"pool\",\"\"]]', 'pool', {t0}") } else { "NULL, NULL, NULL".into() }
+            // As a manual trigger of the job inserts them: due, and in the pool's line at once
+            // or (in no limit) in the queue at once.
+            pools = if limit.is_some() { format!("'[[\"pool\",\"\"]]', 'pool', {t0}, NULL") } else { format!("NULL, NULL, NULL, {t0}") }
         ),
         |_| (),
     );

@@ -1073,6 +1073,30 @@ fn limited(job: &str, limits: &[(&str, Option<&str>)], input: serde_json::Value,
     NewRun { input: Some(input), snapshot: Some(JobSnapshot { limits, ..snapshot("a") }), ..manual(job, at) }
 }
 
+/// A due run that needs no hand-over decision (in no limit, of a job whose runs need not go one
+/// at a time) is in the queue from its insert where the queue is the runs' rows: no scheduler
+/// reads it as due, and a claim takes it. Elsewhere, and for runs that need a decision (one at
+/// a time, not due yet), the hand-over reads it as due, as before.
+async fn a_run_that_needs_no_decision_is_queued_by_its_insert(s: &dyn RunStore) {
+    let t = t0();
+    let free = s.insert_run(NewRun { in_line: true, ..manual("load", t) }, t).await.expect("insert").0;
+    let one_at_a_time = s.insert_run(manual("queue", t), t).await.expect("insert").0;
+    let later = s.insert_run(NewRun { in_line: true, due_at: t + secs(30), ..manual("load", t) }, t).await.expect("insert").0;
+    let due: Vec<String> = s.due_undispatched(t + secs(1)).await.expect("due").into_iter().map(|d| d.id).collect();
+    let taken = s.claim_queued(10, ME, t + secs(1)).await.expect("claim");
+    let claimed: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
+    if s.queued_by_insert() {
+        assert_eq!(due, [one_at_a_time.as_str()], "the free run is not read as due: it is in the queue");
+        assert_eq!(claimed, [free.as_str()], "a claim takes it straight from its insert");
+    } else {
+        assert_eq!(due, [free.clone(), one_at_a_time.clone()], "both are left to the hand-over");
+        assert!(claimed.is_empty(), "nothing is in the queue before the hand-over: {claimed:?}");
+    }
+    assert!(!due.contains(&later) && !claimed.contains(&later), "a run not due yet waits for the hand-over at its time");
+    let due: Vec<String> = s.due_undispatched(t + secs(30)).await.expect("due").into_iter().map(|d| d.id).collect();
+    assert!(due.contains(&later), "due at its time, it is read as due: {due:?}");
+}
+
 /// A limited run whose job's runs need not go one at a time waits in its pool's line from its
 /// insert: it is never read as due, a hand-over that looks at the waiters admits it in line
 /// with the runs the due pass brings (first come, first served across both), and its wait is
@@ -1701,6 +1725,7 @@ macro_rules! contract {
                 jobs_run_after_their_upstream_jobs_once,
                 limits_admit_in_line_and_free_slots_with_their_runs,
                 limited_runs_wait_in_line_from_their_insert,
+                a_run_that_needs_no_decision_is_queued_by_its_insert,
                 waits_are_notified_once_each,
                 a_jobs_notifications_go_out_in_order_across_targets,
                 recovery_hands_back_the_notifications_of_workers_that_are_gone,

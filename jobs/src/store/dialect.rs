@@ -454,6 +454,12 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     const KIND: StorageKind;
     /// How it spells what the dialects spell differently.
     const SPELLING: Spelling;
+    /// The queue is the runs' own rows (a queued run with `dispatched_at` set; pushing writes
+    /// nothing): a run that needs no hand-over decision — due, in no limit, of a job whose runs
+    /// need not go one at a time — is handed to the queue by its insert, and no scheduler
+    /// writes its row a second time to mark it. Where the queue is a table of its own, the
+    /// scheduler hands such runs over (claimed into its free slots, or pushed).
+    const QUEUED_BY_INSERT: bool = false;
 
     /// Starts a transaction that will write.
     fn begin(&self) -> impl Fut<Self::Tx>;

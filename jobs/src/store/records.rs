@@ -16,6 +16,10 @@ pub(crate) trait Records: Send + Sync + std::fmt::Debug {
     /// Inserts a run (manual trigger). With an idempotency key used before for the job,
     /// returns the existing run's id and `false`.
     async fn insert_run(&self, run: NewRun, now: DateTime<Utc>) -> Result<(String, bool), StoreError>;
+    /// Whether an insert hands a due run that needs no hand-over decision to the queue itself
+    /// ([`Dialect::QUEUED_BY_INSERT`](super::dialect::Dialect::QUEUED_BY_INSERT)): then the
+    /// inserter tells the queue's takers ([`crate::signals::Signal::TasksPushed`]).
+    fn queued_by_insert(&self) -> bool;
     async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError>;
     /// The job snapshot a run was created with.
     async fn run_snapshot(&self, id: &str) -> Result<Option<JobSnapshot>, StoreError>;
@@ -90,6 +94,10 @@ impl<D: RunSql> Records for D {
         }
         D::commit(tx).await?;
         Ok((id, true))
+    }
+
+    fn queued_by_insert(&self) -> bool {
+        D::QUEUED_BY_INSERT
     }
 
     async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {

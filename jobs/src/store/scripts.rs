@@ -74,11 +74,13 @@ pub(super) async fn insert_runs<D: Dialect>(
             } else {
                 r.snapshot.as_ref().map(|s| limits::pools_of(&s.limits, r.input.as_ref())).unwrap_or_default()
             };
-            // Due and left to the hand-over, it waits in line at once (see `NewRun::in_line`).
+            // Due and left to the hand-over, it waits in line at once (see `NewRun::in_line`);
+            // taking no limit, it is in the queue at once where the queue is the runs' rows.
             let in_line =
                 r.in_line && status == RunStatus::Queued && matches!(dispatch, Dispatch::No) && r.due_at.timestamp_millis() <= now;
             let line = pools.first().filter(|_| in_line).map(limits::Pool::encode);
             let since = line.as_ref().map(|_| now);
+            let queued = in_line && pools.is_empty() && D::QUEUED_BY_INSERT;
             q = q
                 .bind(id.as_str())
                 .bind(r.owner.to_string())
@@ -87,7 +89,7 @@ pub(super) async fn insert_runs<D: Dialect>(
                 .bind(r.scheduled_at.map(ms))
                 .bind(ms(r.due_at))
                 .bind(now)
-                .bind((!matches!(dispatch, Dispatch::No)).then_some(now))
+                .bind((queued || !matches!(dispatch, Dispatch::No)).then_some(now))
                 .bind(i64::from(r.attempt))
                 .bind(r.input.as_ref().map(|v| v.to_string()))
                 .bind(r.parameters.as_ref().map(|v| v.to_string()))
