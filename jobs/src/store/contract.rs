@@ -1494,8 +1494,9 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
 }
 
 /// A success noticed at its end ([`RunEnd::noticed`]) is never read by a notice pass, and moves
-/// its job's state in the end's own write, whichever write records it (ends alone, with claims,
-/// with hand-offs): the failure streak ends and the last success moves forward, never back.
+/// its job in the end's own write, whichever write records it (ends alone, with claims, with
+/// hand-offs; the worker's row of the job's successes, which the health and the pass fold in):
+/// the failure streak ends and the last success moves forward, never back.
 /// A failure marked so, or an end the fence refuses, notices nothing.
 async fn successes_noticed_at_their_end_move_their_job_in_the_same_write(s: &dyn RunStore) {
     let t = t0();

@@ -119,6 +119,8 @@ impl<D: Dialect> Definitions for D {
                 D::execute(&mut tx, q.bind(req.name)).await?;
                 let q = Stmt::new(sql!(D, "DELETE FROM ll_job_state WHERE job = $1"), "clearing a job's state");
                 D::execute(&mut tx, q.bind(req.name)).await?;
+                let q = Stmt::new(sql!(D, "DELETE FROM ll_job_successes WHERE job = $1"), "clearing a job's successes");
+                D::execute(&mut tx, q.bind(req.name)).await?;
                 forget_upstream_outcomes::<D>(&mut tx, req.name).await?;
                 (None, Changed::Deleted { version: version as u64 })
             }

@@ -127,9 +127,8 @@ impl<D: RunSql + QueueSql> Ends for D {
             return Ok(as_asked(&done));
         }
         let mut tx = self.begin().await?;
-        let noticeable = noticeable::<D>(&mut tx, ends).await?;
-        let done = finish_runs::<D>(&mut tx, &noticeable, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(&noticeable, &done), ms(now)).await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         D::commit(tx).await?;
@@ -161,9 +160,8 @@ impl<D: RunSql + QueueSql> Ends for D {
         };
         let mut tx = self.begin().await?;
         let begin_us = split();
-        let noticeable = noticeable::<D>(&mut tx, ends).await?;
-        let done = finish_runs::<D>(&mut tx, &noticeable, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(&noticeable, &done), ms(now)).await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();
@@ -227,9 +225,8 @@ impl<D: RunSql + QueueSql> Ends for D {
             return Ok((recorded_as_asked(ends, &written.done), taken));
         }
         let mut tx = self.begin().await?;
-        let noticeable = noticeable::<D>(&mut tx, ends).await?;
-        let done = finish_runs::<D>(&mut tx, &noticeable, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(&noticeable, &done), ms(now)).await?;
+        let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         // The slots of the runs ended go to the heads of their lines; what is left of the

@@ -84,6 +84,8 @@ impl<D: Dialect> Notices for D {
         let mut streaks: HashMap<String, u32> = HashMap::new();
         let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
         let mut recheck_at: Option<DateTime<Utc>> = None;
+        // Per job, the success noticed at its end this pass folds into the state.
+        let mut folded: HashMap<String, i64> = HashMap::new();
         if !jobs.is_empty() {
             let q = Stmt::new(
                 // Locked (PostgreSQL): a success noticed at its end meanwhile
@@ -95,6 +97,16 @@ impl<D: Dialect> Notices for D {
                 streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
                 if let Some(at) = r.opt_int("last_success_at") {
                     last_success.insert(r.text("job"), from_ms(at));
+                }
+            }
+            // Successes noticed at their end since the state last counted: each ends its job's
+            // streak, as if it had been noticed first. One noticed after this read is folded by
+            // the next pass (its end did not wait for this one).
+            for (job, at) in successes_at_end::<D>(&mut tx, Some(&jobs)).await? {
+                if last_success.get(&job).is_none_or(|known| at > *known) {
+                    streaks.insert(job.clone(), 0);
+                    last_success.insert(job.clone(), at);
+                    folded.insert(job, ms(at));
                 }
             }
         }
@@ -144,7 +156,9 @@ impl<D: Dialect> Notices for D {
             streaks.insert(job.clone(), after);
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
             if kind == OutcomeKind::Success {
-                last_success.insert(job.clone(), finished);
+                // Never back: a success folded in above may be the later one.
+                let known = last_success.entry(job.clone()).or_insert(finished);
+                *known = (*known).max(finished);
             }
             let state = states.entry(job.as_str()).or_insert((after, None, ms(finished)));
             *state = (after, success.or(state.1), state.2.max(ms(finished)));
@@ -163,8 +177,10 @@ impl<D: Dialect> Notices for D {
             recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
         for (job, (streak, success, last)) in &states {
-            // A success noticed at its end after every run counted here, by a write this pass
-            // did not see (a job's first), keeps its streak; the last success never moves back.
+            // A success noticed at its end after every run counted here ends the streak, folded
+            // in here, or (written to the state by an earlier version, after this pass read it)
+            // kept there. The last success never moves back.
+            let folded = folded.get(*job).copied();
             let q = Stmt::new(
                 sql!(
                     D,
@@ -175,7 +191,9 @@ impl<D: Dialect> Notices for D {
                 ),
                 "recording a job's failure streak",
             );
-            D::execute(&mut tx, q.bind(*job).bind(i64::from(*streak)).bind(*success).bind(*last)).await?;
+            let success = (*success).max(folded);
+            let streak = if folded.is_some_and(|f| f > *last) { 0 } else { *streak };
+            D::execute(&mut tx, q.bind(*job).bind(i64::from(streak)).bind(success).bind(*last)).await?;
         }
         if !seen.is_empty() {
             let q = Stmt::new(sql!(D, "UPDATE ll_runs SET outcome_seen = 1 WHERE id {in $1}"), "marking runs noticed");
@@ -340,6 +358,14 @@ impl<D: Dialect> Notices for D {
                 (r.text("job"), health)
             })
             .collect();
+        // A success noticed at its end that the state has not folded yet ends the streak.
+        for (job, at) in successes_at_end::<D>(&mut c, None).await? {
+            let health = out.entry(job).or_default();
+            if health.last_success.is_none_or(|known| at > known) {
+                health.last_success = Some(at);
+                health.consecutive_failures = 0;
+            }
+        }
         let q = Stmt::new(
             sql!(D, "SELECT job, min(started_at) AS oldest FROM ll_runs WHERE status = {Running} GROUP BY job"),
             "reading the oldest running runs",
@@ -451,4 +477,26 @@ async fn start_after<D: Dialect>(
     }
     let skipped = rows.first().is_some_and(|(_, run, _)| run.status == crate::run::RunStatus::Skipped);
     Ok(if skipped { Vec::new() } else { rows.into_iter().map(|(id, _, _)| id).collect() })
+}
+
+/// The latest success noticed at its end of each job (of `jobs`, or of every job), over the
+/// workers' rows ([`super::scripts::noticed_at_end`]).
+async fn successes_at_end<D: Dialect>(c: &mut D::Conn, jobs: Option<&BTreeSet<&str>>) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
+    let rows = match jobs {
+        Some(jobs) => {
+            let q = Stmt::new(
+                sql!(D, "SELECT job, max(at) AS at FROM ll_job_successes WHERE job {in $1} GROUP BY job"),
+                "reading the successes noticed at their end",
+            );
+            D::fetch_all(c, q.bind_list(jobs.iter().copied())).await?
+        }
+        None => {
+            let q = Stmt::new(
+                sql!(D, "SELECT job, max(at) AS at FROM ll_job_successes GROUP BY job"),
+                "reading the successes noticed at their end",
+            );
+            D::fetch_all(c, q).await?
+        }
+    };
+    Ok(rows.iter().map(|r| (r.text("job"), from_ms(r.int("at")))).collect())
 }

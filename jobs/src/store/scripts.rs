@@ -146,11 +146,10 @@ pub(super) const HOLDING: &str = "(h.status = {Running} OR (h.status = {Queued} 
 /// [`end_rows`], the time at `$2`): a cancel asked for meanwhile turns an end that is not
 /// a success into `cancelled` (`{cancel_wins}`, [`crate::decide::end_with_cancel`]); `{held}`
 /// refuses the end of an attempt whose lease or epoch is gone (the fence). A success whose
-/// end is its outcome's notice ([`RunEnd::noticed`]) is marked noticed in the same row version
-/// where `NOTICE_FREE` (replaced by [`finish_runs_sql`]) holds; its job's state is
-/// [`noticed_at_end`]'s to move, in the same transaction. Without its `RETURNING`: the
-/// backends' one-statement writes of ends and claims build on it.
-const FINISH_RUNS: &str = concat!(
+/// end is its outcome's notice ([`RunEnd::noticed`]) is marked noticed in the same row version;
+/// its job is [`noticed_at_end`]'s to move, in the same transaction. Without its `RETURNING`:
+/// the backends' one-statement writes of ends and claims build on it.
+pub(super) const FINISH_RUNS: &str = concat!(
     "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
         output = j.output,
         error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
@@ -161,18 +160,12 @@ const FINISH_RUNS: &str = concat!(
         next_run_id = CASE WHEN j.last THEN coalesce(ll_runs.next_run_id, '') ELSE ll_runs.next_run_id END,
         limits = CASE WHEN {cancel_wins} THEN ll_runs.limits ELSE coalesce(j.limits, ll_runs.limits) END,
         dispatched_at = CASE WHEN j.status = {Queued} AND NOT {cancel_wins} THEN NULL ELSE ll_runs.dispatched_at END,
-        outcome_seen = CASE WHEN j.noticed AND j.status = {Succeeded} AND NOTICE_FREE THEN 1 ELSE ll_runs.outcome_seen END
+        outcome_seen = CASE WHEN j.noticed AND j.status = {Succeeded} THEN 1 ELSE ll_runs.outcome_seen END
     FROM {rows $1 AS j(",
     end_cols!(),
     ")}
     WHERE ll_runs.id = j.id AND {by_id}ll_runs.status = {Running} AND {held}"
 );
-
-/// [`FINISH_RUNS`], a noticed success marked so only where `free` (a condition on the row set
-/// `j`) holds as well: `1 = 1` where the caller checked the job states already.
-pub(super) fn finish_runs_sql(free: &str) -> String {
-    FINISH_RUNS.replace("NOTICE_FREE", free)
-}
 
 /// The columns of the ends' row set ([`end_rows`]), as `{rows $n AS j(…)}` names them.
 macro_rules! end_cols {
@@ -199,15 +192,16 @@ pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
     ]
 }
 
-/// What noticing a success does to its job's state (as [`super::Notices::notice`] does it:
-/// the failure streak ends, the last success moves forward, never back), for the jobs of the
-/// runs `{src}` names (a query of `job` values: each job once, in job order, so concurrent
-/// writers lock the rows in one order), succeeded at `$2`.
+/// What noticing a success does to its job (as [`super::Notices::notice`] does it: the failure
+/// streak ends, the last success moves forward, never back), written to the worker's own row
+/// of the job's successes (`ll_job_successes`), which the pass and the jobs' health fold into
+/// the job's state: an end never writes a row another worker's end writes. For the runs
+/// `{src}` names (a query of `job, worker` values: each pair once, in that order), succeeded
+/// at `$2`.
 pub(super) fn noticed_at_end(src: &str) -> String {
     format!(
-        "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) {src}
-         ON CONFLICT (job) DO UPDATE SET consecutive_failures = 0,
-             last_success_at = {{greatest}}(coalesce(ll_job_state.last_success_at, excluded.last_success_at), excluded.last_success_at)"
+        "INSERT INTO ll_job_successes (job, worker, at) {src}
+         ON CONFLICT (job, worker) DO UPDATE SET at = {{greatest}}(ll_job_successes.at, excluded.at)"
     )
 }
 
@@ -230,34 +224,13 @@ pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], 
         sql!(
             D,
             noticed_at_end(
-                "SELECT job, 0, CAST($2 AS BIGINT) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job ORDER BY job"
+                "SELECT job, worker, CAST($2 AS BIGINT) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job, worker ORDER BY job, worker"
             )
         ),
         "moving the job state of successes noticed at their end",
     );
     D::execute(c, q.bind_list(ids.iter().copied()).bind(now)).await?;
     Ok(())
-}
-
-/// `ends` as they may be written in the caller's transaction: a success is noticed at its end
-/// only if its job's state row exists and is free, and it is then locked until the commit
-/// (PostgreSQL; skipped where another transaction holds it). A tick transaction holds the
-/// states of the jobs it fires until their instant: an end that waited for them would keep its
-/// run active past the next tick (skipped by `overlap: forbid`); the pass notices it instead.
-pub(super) async fn noticeable<'e, 'a, D: Dialect>(
-    c: &mut D::Conn,
-    ends: &'e [RunEnd<'a>],
-) -> Result<std::borrow::Cow<'e, [RunEnd<'a>]>, StoreError> {
-    let asked: Vec<&str> = ends.iter().filter(|e| e.noticed).map(|e| e.id).collect();
-    if asked.is_empty() {
-        return Ok(std::borrow::Cow::Borrowed(ends));
-    }
-    let q = Stmt::new(
-        sql!(D, "SELECT r.id FROM ll_runs r JOIN ll_job_state s ON s.job = r.job WHERE r.id {in $1} ORDER BY s.job {lock_skip}"),
-        "locking the job states of successes noticed at their end",
-    );
-    let free: std::collections::HashSet<String> = D::fetch_all(c, q.bind_list(asked)).await?.iter().map(|r| r.text("id")).collect();
-    Ok(std::borrow::Cow::Owned(ends.iter().map(|e| RunEnd { noticed: e.noticed && free.contains(e.id), ..e.clone() }).collect()))
 }
 
 /// Records the ends of runs still `running` ([`FINISH_RUNS`]); returns each run it ended with
@@ -268,7 +241,7 @@ pub(super) async fn finish_runs<D: Dialect>(
     ends: &[RunEnd<'_>],
     now: i64,
 ) -> Result<Vec<(String, RunStatus)>, StoreError> {
-    let q = Stmt::new(sql!(D, format!("{} RETURNING ll_runs.id, ll_runs.status", finish_runs_sql("1 = 1"))), "finishing runs");
+    let q = Stmt::new(sql!(D, format!("{FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status")), "finishing runs");
     let rows = D::fetch_all(c, q.bind_rows(end_rows(ends)).bind(now)).await?;
     Ok(rows.iter().map(|r| (r.text("id"), RunStatus::from_str(r.str("status")).unwrap_or(RunStatus::Failed))).collect())
 }

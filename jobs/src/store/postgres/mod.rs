@@ -32,7 +32,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, HandOffs, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
     job_state_from_row, record_for, run_cols, sql,
 };
-use super::scripts::{HOLDING, claim_update, end_cols, end_rows, finish_runs_sql, noticed_at_end};
+use super::scripts::{FINISH_RUNS, HOLDING, claim_update, end_rows, noticed_at_end};
 use super::{Backend, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, RunFilter, StorageKind, StoreError, WorkerId, brief};
 use crate::run::RunStatus;
 
@@ -96,20 +96,15 @@ fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
 
 fn ends_and_closed_steps() -> String {
     format!(
-        "WITH free AS MATERIALIZED (SELECT r.id FROM ll_runs r JOIN ll_job_state s ON s.job = r.job
-                                    WHERE r.id IN (SELECT j.id FROM {{rows $1 AS j({cols})}} WHERE j.noticed)
-                                    ORDER BY s.job FOR UPDATE OF s SKIP LOCKED),
-              ended AS ({finish} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job,
-                                           (j.noticed AND ll_runs.outcome_seen IS NOT NULL) AS noticed),
+        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job, ll_runs.worker,
+                                                (j.noticed AND ll_runs.outcome_seen IS NOT NULL) AS noticed),
          closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                     FROM ended e
                     WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
          noticed AS ({noticed})",
-        // A success is noticed at its end where its job's state is free ([`noticeable`](super::scripts::noticeable)).
-        finish = finish_runs_sql("j.id IN (SELECT id FROM free)"),
-        cols = end_cols!(),
         closing = steps_closed_as("e.status"),
-        noticed = noticed_at_end("SELECT job, 0, $2::bigint FROM ended WHERE noticed GROUP BY job ORDER BY job"),
+        // The worker's own rows of its jobs' successes: no other worker's end waits for them.
+        noticed = noticed_at_end("SELECT job, worker, $2::bigint FROM ended WHERE noticed GROUP BY job, worker ORDER BY job, worker"),
     )
 }
 
@@ -838,13 +833,14 @@ mod tests {
         assert_eq!(left, 0);
     }
 
-    /// A tick transaction holds the states of the jobs it fires until their instant. A success
-    /// that would be noticed at its end does not wait for its job's state meanwhile (its run
-    /// would stay active past that tick, and `overlap: forbid` skip it): the end is written at
-    /// once, by the recorder's statement and by the transaction of statements alike, and its
-    /// outcome is left to the notice pass.
+    /// A tick transaction holds the states of the jobs it fires until their instant, and another
+    /// worker's end holds its own row of the job's successes. A success noticed at its end waits
+    /// for neither (its run would stay active past that tick, and `overlap: forbid` skip it;
+    /// three workers ending one job's runs would take turns): the end is written and noticed at
+    /// once, by the recorder's statement and by the transaction of statements alike, and the
+    /// job's health folds both workers' successes.
     #[tokio::test]
-    async fn an_end_does_not_wait_for_the_job_state_a_held_tick_holds() {
+    async fn a_success_noticed_at_its_end_waits_for_no_other_writer_of_its_job() {
         use crate::store::contract::{end, no_after, no_rules_of_q};
         use crate::store::{Hold, Notices};
         let cluster = lamplighter_tests::pg::Cluster::start();
@@ -854,6 +850,14 @@ mod tests {
         let ids: Vec<String> = fired.iter().map(|o| o.as_ref().expect("fresh").run_id.clone()).collect();
         let noticed = |id| RunEnd { last: true, noticed: true, ..end(id, RunStatus::Succeeded) };
 
+        // Worker b's end of a later success of q, not yet committed.
+        let later = crate::store::from_ms(crate::store::ms(t0) + 500);
+        let mut other = s.pool.begin().await.expect("b's transaction");
+        sqlx::query("INSERT INTO ll_job_successes (job, worker, at) VALUES ('q', 'b', $1)")
+            .bind(crate::store::ms(later))
+            .execute(&mut *other)
+            .await
+            .expect("b's success");
         let (ready, held) = tokio::sync::oneshot::channel();
         let (go, answer) = tokio::sync::oneshot::channel::<bool>();
         let hold: Hold<'_> = Box::pin(async move {
@@ -869,18 +873,20 @@ mod tests {
                 let (two, _) = s.finish_and_claim(&[noticed(&ids[1])], 1, "a", t0).await.expect("end and claim");
                 (one, two)
             };
-            // Waiting for the tick's locks would wait for ever: the hold is let go below.
-            let written = tokio::time::timeout(Duration::from_secs(30), written).await.expect("the ends do not wait for the tick");
+            // Waiting for the tick's locks, or b's, would wait for ever: both are let go below.
+            let written = tokio::time::timeout(Duration::from_secs(30), written).await.expect("the ends wait for nobody");
             go.send(true).expect("the tick waits");
             written
         };
         let (fired, (one, two)) = tokio::join!(fire, ends);
         assert!(fired.expect("fire").is_some(), "the tick committed");
         assert_eq!((one, two), (vec![ids[0].clone()], vec![ids[1].clone()]), "both ends recorded");
-        assert!(s.unnoticed_since().await.expect("unnoticed").is_some(), "left to the pass");
-        assert_eq!(s.notice(&no_rules_of_q, &no_after, false, next).await.expect("notice").runs, 2);
-        let state = s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success));
-        assert_eq!(state, Some((0, Some(crate::store::from_ms(crate::store::ms(t0))))), "noticed by the pass");
+        assert_eq!(s.unnoticed_since().await.expect("unnoticed"), None, "noticed at their end");
+        let state = || async { s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success)) };
+        assert_eq!(state().await, Some((0, Some(crate::store::from_ms(crate::store::ms(t0))))), "a's successes");
+        other.commit().await.expect("b commits");
+        assert_eq!(state().await, Some((0, Some(later))), "the later of both workers' successes");
+        assert_eq!(s.notice(&no_rules_of_q, &no_after, false, next).await.expect("notice").runs, 0, "nothing left to the pass");
     }
 
     /// Recovery by another worker leaves a live worker's runs alone, and takes a dead one's

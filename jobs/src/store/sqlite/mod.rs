@@ -22,7 +22,7 @@ use super::dialect::{
     Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for,
     run_cols, sql,
 };
-use super::scripts::{claim_sql, end_cols, end_rows, finish_runs_sql, noticed_at_end};
+use super::scripts::{FINISH_RUNS, claim_sql, end_cols, end_rows, noticed_at_end};
 use super::{
     Backend, BriefRow, Ctx, JobOverview, JobState, OpenError, RunBrief, RunEnd, StorageKind, StoreError, WorkerId, brief, from_ms,
 };
@@ -857,14 +857,13 @@ fn ends_and_claims_script() -> String {
          {claim}, 'claimed' AS part;
          DELETE FROM Jobs WHERE ROWID IN ({pick}) AND {LEASED} RETURNING {run_id} AS run_id, 'taken' AS part;
          COMMIT",
-        // One writer: no other transaction holds a job's state meanwhile.
-        finish = finish_runs_sql("1 = 1"),
+        finish = FINISH_RUNS,
         claim = claim_from_queue(),
         noticed = noticed_at_end(concat!(
-            "SELECT r.job, 0, CAST($2 AS BIGINT) FROM {rows $1 AS j(",
+            "SELECT r.job, r.worker, CAST($2 AS BIGINT) FROM {rows $1 AS j(",
             end_cols!(),
             ")} JOIN ll_runs r ON r.id = j.id
-             WHERE j.noticed AND r.status = {Succeeded} AND r.outcome_seen IS NOT NULL AND r.finished_at = $2 GROUP BY r.job ORDER BY r.job"
+             WHERE j.noticed AND r.status = {Succeeded} AND r.outcome_seen IS NOT NULL AND r.finished_at = $2 GROUP BY r.job, r.worker ORDER BY r.job, r.worker"
         )),
         pick = queue::pick("?4", "?5"),
         run_id = queue::RUN_ID_OF_PAYLOAD,
@@ -1197,7 +1196,7 @@ mod tests {
     async fn batch_statements_find_runs_by_id() {
         let (_dir, store) = migrated().await;
         let claim = sql!(SqliteStore, claim_sql(&SPELLING, "id {in $1}", false, "$2", "$3", "$4", "NULL"));
-        let finish = sql!(SqliteStore, format!("{} RETURNING ll_runs.id", finish_runs_sql("1 = 1")));
+        let finish = sql!(SqliteStore, format!("{FINISH_RUNS} RETURNING ll_runs.id"));
         for sql in [claim, finish, sql!(MARK_DISPATCHED), sql!(SqliteStore, claim_from_queue())] {
             let plan = plan(&store, sql).await;
             assert!(plan.iter().any(|d| d.contains("sqlite_autoindex_ll_runs_1 (id=?)")), "{sql}\n{plan:#?}");
