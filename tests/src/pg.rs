@@ -85,11 +85,21 @@ impl Cluster {
     /// [`Cluster::restart`] returns later than that on a busy machine (`pg_ctl` polls, and the
     /// test's thread waits for a core): a bound on what the workers could reach.
     pub fn ready_at_ms(&self) -> i64 {
+        self.logged_at_ms("database system is ready to accept connections")
+    }
+
+    /// When the server last received a request to stop, by its own log, in ms since the epoch:
+    /// from then on it commits nothing. [`Cluster::stop`] is called earlier than that (`pg_ctl`
+    /// has to start and signal it, which a busy machine delays) and returns later (the shutdown
+    /// checkpoint).
+    pub fn stop_asked_at_ms(&self) -> i64 {
+        self.logged_at_ms("received fast shutdown request")
+    }
+
+    /// The time stamp of the last line of the server's log that holds `marker`.
+    fn logged_at_ms(&self, marker: &str) -> i64 {
         let log = self.server_log();
-        let line = log
-            .lines()
-            .rfind(|l| l.contains("database system is ready to accept connections"))
-            .unwrap_or_else(|| panic!("the server's log says when it was ready:\n{log}"));
+        let line = log.lines().rfind(|l| l.contains(marker)).unwrap_or_else(|| panic!("the server's log says \"{marker}\":\n{log}"));
         // `log_line_prefix`'s default `%m [%p] `: `2026-12-05 14:30:01.123 UTC [42] LOG: …`.
         let stamp = line.get(..23).unwrap_or_else(|| panic!("a time stamp opens the line: {line}"));
         let at = chrono::NaiveDateTime::parse_from_str(stamp, "%Y-%m-%d %H:%M:%S%.3f")
