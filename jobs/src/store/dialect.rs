@@ -265,7 +265,7 @@ pub(crate) struct Spelling {
     pub(crate) claim_pick: fn(&str, bool) -> (String, String, String),
     /// `{by_id}`, before a condition on `status` in a statement that finds runs by a batch of
     /// ids: keeps the planner on the primary key where it would take the status index (see
-    /// `finish_runs`).
+    /// `finish_runs`): SQLite's unary `+`, PostgreSQL's `'' ||`.
     pub(crate) by_id: &'static str,
     /// `{lease_live}`, inside a condition on `ll_workers w`: `w`'s lease has not run out, on
     /// the clock leases are measured by. Empty where a backend serves one worker (a file lock
