@@ -88,8 +88,8 @@ impl<D: Dialect> Notices for D {
         let mut folded: HashMap<String, i64> = HashMap::new();
         if !jobs.is_empty() {
             let q = Stmt::new(
-                // Locked (PostgreSQL): a success noticed at its end meanwhile
-                // (`scripts::noticed_at_end`) moves the state after this pass, not under it.
+                // Locked (PostgreSQL): a write of the state meanwhile (a tick's, an earlier
+                // version's success noticed at its end) lands after this pass, not under it.
                 sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"),
                 "reading failure streaks",
             );
