@@ -202,7 +202,10 @@ async fn pass(env: &NotifierEnv, http: &Http, noticing: bool, stop: &Cancellatio
         }
         if !noticed.started.is_empty() {
             env.signals.publish(Signal::Wake);
-            env.signals.publish(Signal::TasksPushed);
+            // Where an insert queues a run, any worker may take it now.
+            if env.records.queued_by_insert() {
+                env.signals.publish(Signal::TasksPushed);
+            }
         }
         for (job, ended) in &noticed.prunable {
             env.retention.prune_soon(job, *ended);

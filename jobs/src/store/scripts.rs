@@ -227,7 +227,7 @@ pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], 
                 "SELECT job, worker, CAST($2 AS BIGINT) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job, worker ORDER BY job, worker"
             )
         ),
-        "moving the job state of successes noticed at their end",
+        "recording the successes noticed at their end",
     );
     D::execute(c, q.bind_list(ids.iter().copied()).bind(now)).await?;
     Ok(())
