@@ -947,6 +947,37 @@ mod tests {
         assert_eq!(queue::take(&mut c, 10).await.expect("take").0, 0, "each task is taken once");
     }
 
+    /// A tick transaction held for its instant has written most pages it changed into the WAL
+    /// before its hold ends (the writer's small cache spills them), so that its commit at the
+    /// instant has little left to write.
+    #[tokio::test]
+    async fn a_held_tick_transaction_has_spilled_its_pages_before_its_commit() {
+        use crate::store::Ticks;
+        let (dir, store) = migrated().await;
+        let wal = dir.path().join("plan.db-wal");
+        let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
+        let ticks: Vec<_> =
+            (0..1000).map(|i| (crate::store::contract::tick(&format!("job-{i:04}"), t), lamplighter_config::Overlap::Allow)).collect();
+        let before = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let (ready, held) = tokio::sync::oneshot::channel::<u64>();
+        let (go, answer) = tokio::sync::oneshot::channel::<bool>();
+        let wal_at_hold = wal.clone();
+        let hold: crate::store::Hold<'_> = Box::pin(async move {
+            ready.send(std::fs::metadata(&wal_at_hold).map_or(0, |m| m.len())).expect("the check waits");
+            answer.await.expect("an answer")
+        });
+        let fire = store.fire_ticks_held(ticks, crate::store::Claim { worker: "w", slots: 0 }, t, Some(hold));
+        let check = async {
+            let at_hold = held.await.expect("the transaction reached its hold");
+            go.send(true).expect("the transaction waits");
+            at_hold
+        };
+        let (out, at_hold) = tokio::join!(fire, check);
+        assert!(out.expect("fire").is_some(), "committed");
+        // 1,000 runs change ~150 pages of 4 KiB: most are in the WAL before the commit.
+        assert!(at_hold >= before + 64 * 4096, "the WAL grew by {} bytes before the commit", at_hold - before);
+    }
+
     /// A database that refuses writes (here `query_only`, as a read-only file or mount would)
     /// is a storage fault, named for `/readyz`; a write that goes through again clears it.
     #[tokio::test]
