@@ -16,10 +16,10 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
-//! - shares `[--rounds N]`: 1,000 `file-save` jobs every second on one worker and on three
-//!   sharing the database (alternated, each on a fresh database, `--seconds` measured after 10 s
-//!   of warm-up): the workers' CPU together and the server's over the window, and every tick of
-//!   it run exactly once.
+//! - shares `[--rounds N] [--workers 1,3]`: 1,000 `file-save` jobs every second on one worker
+//!   and on three sharing the database (alternated, each on a fresh database, `--seconds`
+//!   measured after 10 s of warm-up): the workers' CPU together and the server's over the
+//!   window (and the server's by process), and every tick of it run exactly once.
 //! - drain `--limit N [--workers N] [--rounds N] [--limited-only]`: the drain with every run in
 //!   one limit of N slots (`scheduling.limits`) against none, alternated, twice each, with 1
 //!   and 3 workers.
@@ -65,8 +65,10 @@ fn main() {
             "sustained" => sustained(&url, seconds),
             "shares" => {
                 let rounds: usize = arg("--rounds").map_or(2, |r| r.parse().expect("--rounds N"));
+                let groups: Vec<usize> =
+                    arg("--workers").map_or(vec![1, 3], |w| w.split(',').map(|n| n.parse().expect("--workers N[,N…]")).collect());
                 for round in 0..rounds {
-                    for workers in [1, 3] {
+                    for &workers in &groups {
                         shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm);
                     }
                 }
@@ -198,8 +200,11 @@ fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
         query(url, "SELECT pg_stat_statements_reset()", |_| ());
     }
     let (from, cpu0, server0) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
+    let by0 = server_cpu_by_process(pm);
     std::thread::sleep(Duration::from_secs(seconds));
     let (to, cpu1, server1) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
+    let by1 = server_cpu_by_process(pm);
+    let activity = server_activity(url);
     if statements {
         top_statements(url);
     }
@@ -211,6 +216,7 @@ fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
     let secs = (to - from) as f64 / 1000.0;
     println!("workers' CPU over the window: {total} ms ({:.0} ms a second; each: {each:?})", total as f64 / secs);
     println!("the server's CPU over the window: {} ms ({:.0} ms a second)", server1 - server0, (server1 - server0) as f64 / secs);
+    server_cpu_kinds(&activity, &by0, &by1);
     // Every tick of every job whose instant is inside the window: once, and run.
     let r = runs(url);
     let inside = |x: &&Row| x.0.is_some_and(|t| t >= from + 1000 && t < to - 1000);
@@ -398,6 +404,65 @@ fn server_cpu_ms(pm: u32) -> u64 {
         }
     }
     ms
+}
+
+/// CPU time (ms) of each live child of postmaster `pm`, by pid.
+fn server_cpu_by_process(pm: u32) -> std::collections::BTreeMap<u32, u64> {
+    let mut by = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            let f = stat_fields(&st);
+            if f.ppid == pm {
+                by.insert(pid, f.utime_ms + f.stime_ms);
+            }
+        }
+    }
+    by
+}
+
+/// What each of the server's processes is, by pid: its backend type and what it last ran.
+fn server_activity(url: &str) -> std::collections::BTreeMap<u32, String> {
+    query(
+        url,
+        "SELECT pid, coalesce(backend_type, '') || ': ' || left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 40) FROM pg_stat_activity",
+        |r| {
+            use sqlx::Row;
+            (r.get::<i32, _>(0) as u32, r.get::<String, _>(1))
+        },
+    )
+    .into_iter()
+    .collect()
+}
+
+/// Where the server's CPU between `before` and `after` went, by kind of process: a
+/// background process by its title, a client's backend by what it last ran (`LISTEN` for a
+/// worker's notification connection), a backend that came or went in between as such.
+fn server_cpu_kinds(
+    activity: &std::collections::BTreeMap<u32, String>,
+    before: &std::collections::BTreeMap<u32, u64>,
+    after: &std::collections::BTreeMap<u32, u64>,
+) {
+    let mut kinds: std::collections::BTreeMap<String, (u64, usize)> = Default::default();
+    for (pid, ms) in after {
+        let kind = match before.get(pid) {
+            None => format!("(started in the window) {}", activity.get(pid).map_or("", String::as_str)),
+            Some(_) => activity.get(pid).cloned().unwrap_or_else(|| "(not in pg_stat_activity)".into()),
+        };
+        let e = kinds.entry(kind).or_default();
+        e.0 += ms - before.get(pid).copied().unwrap_or(0);
+        e.1 += 1;
+    }
+    let gone: u64 = before.iter().filter(|(p, _)| !after.contains_key(p)).count() as u64;
+    println!(
+        "the server's CPU by process kind (ms over the window, processes){}:",
+        if gone > 0 { format!(" ({gone} exited meanwhile)") } else { String::new() }
+    );
+    let mut sorted: Vec<_> = kinds.into_iter().collect();
+    sorted.sort_by_key(|(_, (ms, _))| std::cmp::Reverse(*ms));
+    for (kind, (ms, n)) in sorted {
+        println!("  {ms:>7} {n:>3}  {kind}");
+    }
 }
 
 fn now_ms() -> i64 {
