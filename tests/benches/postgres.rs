@@ -199,11 +199,11 @@ fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
         query(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", |_| ());
         query(url, "SELECT pg_stat_statements_reset()", |_| ());
     }
-    let (from, cpu0, server0) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
-    let by0 = server_cpu_by_process(pm);
+    let (from, cpu0, by0) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_by_process(pm));
+    let server0 = server_cpu_total(pm, &by0);
     std::thread::sleep(Duration::from_secs(seconds));
-    let (to, cpu1, server1) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_ms(pm));
-    let by1 = server_cpu_by_process(pm);
+    let (to, cpu1, by1) = (now_ms(), ws.iter().map(|w| cpu_ms(w.pid())).collect::<Vec<_>>(), server_cpu_by_process(pm));
+    let server1 = server_cpu_total(pm, &by1);
     let activity = server_activity(url);
     if statements {
         top_statements(url);
@@ -393,17 +393,14 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
 /// postmaster's, its live children's, and its children's that have exited (a backend whose
 /// client went).
 fn server_cpu_ms(pm: u32) -> u64 {
-    let fields = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().map(|st| stat_fields(&st));
-    let Some(own) = fields(&pm.to_string()) else { return 0 };
-    let mut ms = own.utime_ms + own.stime_ms + own.children_ms;
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        if let Some(f) = fields(&entry.file_name().to_string_lossy())
-            && f.ppid == pm
-        {
-            ms += f.utime_ms + f.stime_ms;
-        }
-    }
-    ms
+    server_cpu_total(pm, &server_cpu_by_process(pm))
+}
+
+/// [`server_cpu_ms`] with its live children's CPU as [`server_cpu_by_process`] read it.
+fn server_cpu_total(pm: u32, children: &std::collections::BTreeMap<u32, u64>) -> u64 {
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pm}/stat")) else { return 0 };
+    let own = stat_fields(&st);
+    own.utime_ms + own.stime_ms + own.children_ms + children.values().sum::<u64>()
 }
 
 /// CPU time (ms) of each live child of postmaster `pm`, by pid.

@@ -16,7 +16,7 @@ use crate::snapshot::{JobSnapshot, TargetRef};
 
 const ME: &str = "worker-a";
 
-fn t0() -> DateTime<Utc> {
+pub(super) fn t0() -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000, 0).expect("instant")
 }
 

@@ -163,8 +163,11 @@ workflows:
 "#;
 
 /// A worker named `name` on database `url`.
+/// The lease of [`worker`]'s workers, in ms.
+const LEASE_MS: i64 = 3_000;
+
 fn worker(name: &str, url: &str, concurrency: u32) -> Worker {
-    worker_with(name, url, concurrency, "3s", JOBS)
+    worker_with(name, url, concurrency, &format!("{LEASE_MS}ms"), JOBS)
 }
 
 /// A worker named `name` on database `url`, with its lease and jobs.
@@ -461,10 +464,11 @@ fn a_database_restart_under_load_loses_nothing() {
     };
     // An outage longer than the 3 s lease may end in a takeover: the worker that reads the group
     // first when the server is back finds the other's lease run out, takes its share, and fires
-    // each tick of the takeover's window (1.5 × the lease before it, owed as the dead owner's:
-    // the tick's key drops any it did fire). Only what is older is the outage's one catch-up run.
+    // each tick of the takeover's window (1.5 × the lease before it, the scheduler's
+    // `takeover_within`, owed as the dead owner's: the tick's key drops any it did fire). Only
+    // what is older is the outage's one catch-up run.
     let inside = tick_runs(stopped_at + 1000, restarted - 1000);
-    let window = restarted - 4500 - 1000;
+    let window = restarted - LEASE_MS * 3 / 2 - 1000;
     let older: Vec<&Run> = inside.iter().copied().filter(|r| r.scheduled_at.is_some_and(|t| t < window)).collect();
     assert!(older.len() <= 1, "the outage ({stopped_at}..{restarted}) before a takeover's window is one catch-up run: {older:#?}");
     if inside.len() > 1 {

@@ -955,20 +955,21 @@ mod tests {
         use crate::store::Ticks;
         let (dir, store) = migrated().await;
         let wal = dir.path().join("plan.db-wal");
-        let t = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("instant");
+        let t = crate::store::contract::t0();
         let ticks: Vec<_> =
             (0..1000).map(|i| (crate::store::contract::tick(&format!("job-{i:04}"), t), lamplighter_config::Overlap::Allow)).collect();
-        let before = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        let (ready, held) = tokio::sync::oneshot::channel::<u64>();
+        let wal_len = || std::fs::metadata(&wal).expect("the WAL").len();
+        let before = wal_len();
+        let (ready, held) = tokio::sync::oneshot::channel();
         let (go, answer) = tokio::sync::oneshot::channel::<bool>();
-        let wal_at_hold = wal.clone();
         let hold: crate::store::Hold<'_> = Box::pin(async move {
-            ready.send(std::fs::metadata(&wal_at_hold).map_or(0, |m| m.len())).expect("the check waits");
+            ready.send(()).expect("the check waits");
             answer.await.expect("an answer")
         });
         let fire = store.fire_ticks_held(ticks, crate::store::Claim { worker: "w", slots: 0 }, t, Some(hold));
         let check = async {
-            let at_hold = held.await.expect("the transaction reached its hold");
+            held.await.expect("the transaction reached its hold");
+            let at_hold = wal_len();
             go.send(true).expect("the transaction waits");
             at_hold
         };
