@@ -246,8 +246,9 @@ pub(crate) struct Loaded {
     pub(crate) raw: RawConfig,
     /// With [`KeepMerged::WithoutJobs`], the jobs' YAML, not yet read (`raw` has none): each
     /// is read and compiled in turn, so that the YAML, the raw and the compiled jobs are never
-    /// all held at once. Items with an unknown key are left out (already reported).
-    pub(crate) unread_jobs: Vec<(String, YamlPath, Value)>,
+    /// all held at once. Their keys are checked as they are read ([`job_keys_known`]); items
+    /// with an unknown key the whole document's walk found are left out (already reported).
+    pub(crate) unread_jobs: Vec<(String, Value)>,
     pub(crate) merged: Value,
     pub(crate) sources: SourceMap,
     pub(crate) unset_vars: Vec<(YamlPath, String)>,
@@ -259,7 +260,7 @@ type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
 
 struct Loader {
     keep: KeepMerged,
-    unread_jobs: Vec<(String, YamlPath, Value)>,
+    unread_jobs: Vec<(String, Value)>,
     diags: Vec<Diagnostic>,
     sources: SourceMap,
     merged: Value,
@@ -307,10 +308,24 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
     (loaded, l.diags)
 }
 
-/// Unknown keys and seed-only sections, with severities.
+/// Where the jobs are: their keys are walked each as it is read ([`job_keys_known`]), not with
+/// the whole document's (a million jobs' walk is a second of the loader's critical path).
+const JOBS: &[&str] = &["scheduling", "jobs"];
+
+/// Reports the unknown keys of the job `name`, `yaml`: whether it has none, and is to be read.
+pub(crate) fn job_keys_known(sources: &SourceMap, diags: &mut Vec<Diagnostic>, name: &str, yaml: &Value) -> bool {
+    let unknown = crate::schema::unknown_keys_of_item(JOBS, name, yaml);
+    let known = unknown.is_empty();
+    for u in unknown {
+        diags.push(Diagnostic { severity: crate::diag::Severity::Error, location: sources.locate(&u.path), message: u.message });
+    }
+    known
+}
+
+/// Unknown keys and seed-only sections, with severities (the jobs' own keys aside).
 fn yaml_unknown(merged: &Value) -> Vec<(YamlPath, String, crate::diag::Severity)> {
     let mut out = Vec::new();
-    for u in crate::schema::unknown_keys(merged) {
+    for u in crate::schema::unknown_keys_but_items(merged, JOBS) {
         if let [Seg::Key(k)] = u.path.as_slice()
             && SEED_ONLY_SECTIONS.contains(&k.as_str())
         {
@@ -430,7 +445,9 @@ impl Loader {
             self.diags.push(Diagnostic::error(loc, "a config file must be a mapping of sections (e.g. `scheduling:`)"));
             return None;
         }
-        self.substitute(&mut value, &prefix);
+        if may_hold_variables(text) {
+            self.substitute(&mut value, &prefix);
+        }
         Some(value)
     }
 
@@ -569,9 +586,20 @@ impl Loader {
         let workflows = self.take_items::<raw::Workflow>(&mut doc, &["workflows"], unknown);
         let pipelines = self.take_items::<raw::Pipeline>(&mut doc, &["pipelines"], unknown);
         let jobs = match self.keep {
-            KeepMerged::Whole => self.take_items::<raw::Job>(&mut doc, &["scheduling", "jobs"], unknown),
+            KeepMerged::Whole => {
+                let mut unknown = unknown.to_vec();
+                if let Some(items) = doc.get("scheduling").and_then(|s| s.get("jobs")).and_then(Value::as_mapping) {
+                    for (k, v) in items {
+                        let (name, path) = item_path(&keys(JOBS), k);
+                        if !job_keys_known(&self.sources, &mut self.diags, &name, v) {
+                            unknown.push(path);
+                        }
+                    }
+                }
+                self.take_items::<raw::Job>(&mut doc, JOBS, &unknown)
+            }
             KeepMerged::WithoutJobs => {
-                self.unread_jobs = self.take_unread(&mut doc, &["scheduling", "jobs"], unknown);
+                self.unread_jobs = self.take_unread(&mut doc, JOBS);
                 BTreeMap::new()
             }
         };
@@ -601,7 +629,7 @@ impl Loader {
                 for p in unknown.iter().filter(|p| p.first() == Some(&Seg::Key(section.to_string()))) {
                     remove_path(&mut one, p);
                 }
-                if let Some(part) = self.de::<RawConfig, _>(&one, &[]) {
+                if let Some(part) = self.de::<RawConfig>(&one, &[]) {
                     merge_raw(&mut raw, part);
                 }
             }
@@ -626,7 +654,7 @@ impl Loader {
         for (k, v) in items.iter() {
             let (name, path) = item_path(&base, k);
             if !unknown.iter().any(|u| u.starts_with(&path))
-                && let Some(item) = self.de::<T, _>(v, &path)
+                && let Some(item) = self.de::<T>(v, &path)
             {
                 out.insert(name, item);
             }
@@ -634,22 +662,15 @@ impl Loader {
         out
     }
 
-    /// Takes the YAML of the collection at `at` out of `doc`, item by item with its path,
-    /// leaving out items with an unknown key.
-    fn take_unread(&mut self, doc: &mut Value, at: &[&str], unknown: &[YamlPath]) -> Vec<(String, YamlPath, Value)> {
+    /// Takes the YAML of the collection at `at` out of `doc`, item by item with its name. The
+    /// whole document's walk for unknown keys left the items out: each is walked as it is read
+    /// ([`job_keys_known`]).
+    fn take_unread(&mut self, doc: &mut Value, at: &[&str]) -> Vec<(String, Value)> {
         let Some(items) = self.items_at(doc, at) else {
             return Vec::new();
         };
-        let base = keys(at);
-        let items = std::mem::take(items);
-        let mut out = Vec::with_capacity(items.len());
-        for (k, v) in items {
-            let (name, path) = item_path(&base, &k);
-            if !unknown.iter().any(|u| u.starts_with(&path)) {
-                out.push((name, path, v));
-            }
-        }
-        out
+        // The name is moved out of the key, not copied: a million jobs' names.
+        std::mem::take(items).into_iter().map(|(k, v)| (item_name(k), v)).collect()
     }
 
     /// The mapping at `at`: `None` when absent, null, or not a mapping (reported).
@@ -670,10 +691,25 @@ impl Loader {
         }
     }
 
-    /// Reads one item from its YAML, borrowed or owned.
-    fn de<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(&mut self, v: D, base: &[Seg]) -> Option<T> {
-        read_item(&self.sources, &mut self.diags, v, base)
+    /// Reads one item from its YAML.
+    fn de<T: DeserializeOwned>(&mut self, v: &Value, base: &[Seg]) -> Option<T> {
+        read_item(&self.sources, &mut self.diags, v, || base.to_vec())
     }
+}
+
+/// The name of an item, from its key (a key that is not a string names none).
+fn item_name(key: Value) -> String {
+    match key {
+        Value::String(name) => name,
+        _ => String::new(),
+    }
+}
+
+/// The path of the job `name`.
+pub(crate) fn job_path(name: &str) -> YamlPath {
+    let mut path = keys(JOBS);
+    path.push(Seg::Key(name.to_string()));
+    path
 }
 
 /// The name and path of an item of the collection at `base`.
@@ -684,18 +720,25 @@ fn item_path(base: &[Seg], key: &Value) -> (String, YamlPath) {
     (name, path)
 }
 
-/// Reads one item from its YAML, borrowed or owned; what does not read is reported at its
-/// position.
-pub(crate) fn read_item<'de, T: DeserializeOwned, D: serde::Deserializer<'de, Error = serde_yaml::Error>>(
+/// Reads one item from its YAML; what does not read is reported at its position.
+///
+/// Read once without tracking where it is, and again, tracking, only if that fails: keeping
+/// the path of every field read (a string for each key) was most of the cost of reading a
+/// job, on the thread that bounds a large config's load.
+/// `base` is the item's path, asked for only then.
+pub(crate) fn read_item<T: DeserializeOwned>(
     sources: &SourceMap,
     diags: &mut Vec<Diagnostic>,
-    v: D,
-    base: &[Seg],
+    v: &Value,
+    base: impl FnOnce() -> YamlPath,
 ) -> Option<T> {
+    if let Ok(t) = T::deserialize(v) {
+        return Some(t);
+    }
     match serde_path_to_error::deserialize::<_, T>(v) {
         Ok(t) => Some(t),
         Err(e) => {
-            let path = [base, &error_path(e.path())].concat();
+            let path = [base(), error_path(e.path())].concat();
             let loc = sources.locate(&path);
             let inner = e.into_inner().to_string();
             let inner = inner.split(" at line ").next().unwrap_or(&inner).to_string();
@@ -768,6 +811,14 @@ fn merge_raw(into: &mut RawConfig, part: RawConfig) {
 enum Step<'v> {
     Key(&'v str),
     Index(usize),
+}
+
+/// Whether any string of the document parsed from `text` may hold `${`: only if the text
+/// does, or escapes a character (`"\x24{"` in double quotes; folding a scalar's lines puts a
+/// space or a line break between them, never nothing). A config without either — a million
+/// generated jobs, say — is not walked for variables.
+fn may_hold_variables(text: &str) -> bool {
+    text.contains("${") || text.contains('\\')
 }
 
 /// [`Loader::substitute`]'s walk: the path is made of borrowed steps, and made into a
@@ -893,5 +944,39 @@ mod tests {
             assert_eq!(substitute_str(t, &env), (t.to_string(), vec![]));
         }
         assert_eq!(substitute_str("unterminated ${X", &env).0, "unterminated ${X");
+    }
+
+    /// A variable is substituted however the text writes its `${`, escaped included; a text
+    /// that is not walked has no string with `${` in it, in every style a scalar can take.
+    #[test]
+    fn only_texts_without_variables_are_not_walked() {
+        let loaded = |text: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("lamplighter.yaml");
+            std::fs::write(&file, text).unwrap();
+            let (loaded, diags) = load_with_env(&file, KeepMerged::Whole, Box::new(env));
+            assert!(diags.is_empty(), "{text:?}: {diags:?}");
+            loaded.expect("loads").merged
+        };
+        for (text, dir) in [
+            ("framework:\n  data_dir: ${HOME_DIR}/d\n", "/home/x/d"),
+            ("framework:\n  data_dir: \"\\x24{HOME_DIR}/d\"\n", "/home/x/d"),
+            ("framework:\n  data_dir: \"\\u0024\\u007BHOME_DIR}/d\"\n", "/home/x/d"),
+            ("framework:\n  data_dir: \"$\\\n    {HOME_DIR}/d\"\n", "/home/x/d"),
+        ] {
+            assert!(may_hold_variables(text), "{text:?}");
+            assert_eq!(loaded(text)["framework"]["data_dir"].as_str(), Some(dir), "{text:?}");
+        }
+        for text in [
+            "framework:\n  data_dir: $\n    {HOME_DIR}/d\n",
+            "framework:\n  data_dir: \"$\n    {HOME_DIR}/d\"\n",
+            "framework:\n  data_dir: '$\n    {HOME_DIR}/d'\n",
+            "framework:\n  data_dir: >\n    $\n    {HOME_DIR}/d\n",
+            "framework:\n  data_dir: |\n    $\n    {HOME_DIR}/d\n",
+        ] {
+            assert!(!may_hold_variables(text), "{text:?}");
+            let dir = loaded(text)["framework"]["data_dir"].as_str().map(str::to_owned);
+            assert!(dir.as_deref().is_some_and(|d| d.contains('$') && !d.contains("${")), "{text:?}: {dir:?}");
+        }
     }
 }

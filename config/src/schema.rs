@@ -3,6 +3,7 @@
 //! "did you mean" errors can never disagree.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
@@ -22,25 +23,171 @@ pub(crate) struct UnknownKey {
     pub(crate) message: String,
 }
 
-/// Walks `value` alongside the schema and reports every key the schema does not allow. The
-/// schema is generated for the call and dropped: a config file is read once per load.
-pub(crate) fn unknown_keys(value: &Value) -> Vec<UnknownKey> {
-    unknown_keys_in(&schemars::schema_for!(RawConfig), value)
-}
-
-/// As [`unknown_keys`], against a schema generated once for the process: for runtime jobs,
-/// which are read one by one (generating it took ~370 µs, most of a runtime job's compile,
-/// 37 s of a restart with 100,000 of them). Generated at the first runtime job read.
-pub(crate) fn unknown_keys_kept(value: &Value) -> Vec<UnknownKey> {
-    static SCHEMA: std::sync::LazyLock<schemars::Schema> = std::sync::LazyLock::new(|| schemars::schema_for!(RawConfig));
-    unknown_keys_in(&SCHEMA, value)
-}
-
-fn unknown_keys_in(schema: &schemars::Schema, value: &Value) -> Vec<UnknownKey> {
-    let root = schema.as_value();
+/// Walks `value` alongside the schema and reports every key the schema does not allow,
+/// leaving out the items of the collection at `items_at` (`scheduling.jobs`: each is walked
+/// as it is read, by [`unknown_keys_of_item`], off the loader's critical path).
+pub(crate) fn unknown_keys_but_items(value: &Value, items_at: &[&str]) -> Vec<UnknownKey> {
+    let keys = Keys::get();
     let mut out = Vec::new();
-    walk(root, root, value, &mut Vec::new(), &mut out);
+    keys.walk(Keys::ROOT, value, &mut Vec::new(), Some(items_at), &mut out);
     out
+}
+
+/// The unknown keys of the item `name` of the collection at `at`, as
+/// [`unknown_keys_but_items`] would find them there.
+pub(crate) fn unknown_keys_of_item(at: &[&str], name: &str, value: &Value) -> Vec<UnknownKey> {
+    let keys = Keys::get();
+    let mut node = Keys::ROOT;
+    for k in at {
+        match keys.nodes[node].props.get(*k) {
+            Some(&sub) => node = sub,
+            None => return vec![UnknownKey { path: crate::load::keys(at), message: "the config's schema has no such collection".into() }],
+        }
+    }
+    let Additional::Schema(item) = keys.nodes[node].additional else {
+        return vec![UnknownKey { path: crate::load::keys(at), message: "the config's schema has no items here".into() }];
+    };
+    let mut path: Vec<Step<'_>> = at.iter().map(|k| Step::Key(Cow::Borrowed(*k))).collect();
+    path.push(Step::Key(Cow::Borrowed(name)));
+    let mut out = Vec::new();
+    keys.walk(item, value, &mut path, None, &mut out);
+    out
+}
+
+/// As [`unknown_keys_but_items`] without leaving any out: for runtime jobs, which are read one
+/// by one.
+pub(crate) fn unknown_keys_kept(value: &Value) -> Vec<UnknownKey> {
+    let mut out = Vec::new();
+    Keys::get().walk(Keys::ROOT, value, &mut Vec::new(), None, &mut out);
+    out
+}
+
+/// Which keys the schema allows where, read out of the JSON Schema once for the process: a
+/// config has up to a million jobs, and looking each key up in the schema itself (following
+/// its `$ref`s, comparing names along the way) took some 1.4 µs a job; generating the schema
+/// took ~370 µs, most of a runtime job's compile.
+struct Keys {
+    nodes: Vec<Node>,
+}
+
+/// What the schema says of one place of the document.
+#[derive(Default)]
+struct Node {
+    /// `properties`: a key's node.
+    props: HashMap<String, usize>,
+    /// The keys of `props` in the schema's order (for "did you mean").
+    known: Vec<String>,
+    /// What `additionalProperties` says of any other key.
+    additional: Additional,
+    /// `items`: the node of a sequence's items.
+    items: Option<usize>,
+}
+
+/// What a key that is not a property is.
+#[derive(Default, Clone, Copy)]
+enum Additional {
+    /// Allowed, not walked (the schema says nothing, or `true`).
+    #[default]
+    Any,
+    /// Unknown (`false`).
+    Refused,
+    /// Walked against this node (a map of names to definitions).
+    Schema(usize),
+}
+
+impl Keys {
+    const ROOT: usize = 0;
+
+    fn get() -> &'static Keys {
+        static KEYS: std::sync::LazyLock<Keys> = std::sync::LazyLock::new(|| {
+            let schema = schemars::schema_for!(RawConfig);
+            let root = schema.as_value();
+            let mut keys = Keys { nodes: Vec::new() };
+            keys.node(root, root, &mut HashMap::new());
+            keys
+        });
+        &KEYS
+    }
+
+    /// The node of `schema` (resolved), built once per schema object: a `$ref` that leads
+    /// back into itself (a workflow's steps hold steps) is the same node.
+    fn node(&mut self, root: &Json, schema: &Json, seen: &mut HashMap<*const Json, usize>) -> usize {
+        let schema = resolve(root, schema);
+        if let Some(&id) = seen.get(&std::ptr::from_ref(schema)) {
+            return id;
+        }
+        let id = self.nodes.len();
+        self.nodes.push(Node::default());
+        seen.insert(std::ptr::from_ref(schema), id);
+        let mut node = Node::default();
+        if let Some(props) = schema.get("properties").and_then(Json::as_object) {
+            for (k, sub) in props {
+                let sub = self.node(root, sub, seen);
+                node.props.insert(k.clone(), sub);
+                node.known.push(k.clone());
+            }
+        }
+        node.additional = match schema.get("additionalProperties") {
+            Some(Json::Bool(false)) => Additional::Refused,
+            Some(add) if add.is_object() => Additional::Schema(self.node(root, add, seen)),
+            _ => Additional::Any,
+        };
+        node.items = schema.get("items").map(|items| self.node(root, items, seen));
+        self.nodes[id] = node;
+        id
+    }
+
+    /// Walks `value` at `path` against `node`; the items of the mapping at `skip`, if any,
+    /// are left out.
+    fn walk<'v>(&self, node: usize, value: &'v Value, path: &mut Vec<Step<'v>>, skip: Option<&[&str]>, out: &mut Vec<UnknownKey>) {
+        let schema = &self.nodes[node];
+        match value {
+            Value::Mapping(_) if skip.is_some_and(|skip| at(path, skip)) => {}
+            Value::Mapping(map) => {
+                for (k, v) in map {
+                    let key = match k {
+                        Value::String(s) => Cow::Borrowed(s.as_str()),
+                        other => Cow::Owned(serde_yaml::to_string(other).unwrap_or_default().trim().to_string()),
+                    };
+                    let sub = schema.props.get(key.as_ref()).copied();
+                    path.push(Step::Key(key));
+                    match (sub, schema.additional) {
+                        (Some(sub), _) | (None, Additional::Schema(sub)) => self.walk(sub, v, path, skip, out),
+                        (None, Additional::Refused) => out.push(unknown(path, &schema.known)),
+                        (None, Additional::Any) => {}
+                    }
+                    path.pop();
+                }
+            }
+            Value::Sequence(items) => {
+                if let Some(item) = schema.items {
+                    for (i, v) in items.iter().enumerate() {
+                        path.push(Step::Index(i));
+                        self.walk(item, v, path, skip, out);
+                        path.pop();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The unknown key at the end of `path`, where `known` are the keys allowed beside it.
+fn unknown(path: &[Step<'_>], known: &[String]) -> UnknownKey {
+    let path = owned(path);
+    let key = match path.last() {
+        Some(Seg::Key(k)) => k.as_str(),
+        _ => "",
+    };
+    let hint = did_you_mean(key, known.iter().map(String::as_str));
+    let place = if path.len() == 1 {
+        "at the top level".to_string()
+    } else {
+        format!("in \"{}\"", crate::yaml::path_string(&path[..path.len() - 1]))
+    };
+    let message = format!("unknown key \"{key}\" {place}{hint}");
+    UnknownKey { path, message }
 }
 
 /// A step of [`walk`]'s path: borrowed from the value (a key that is not a string is written
@@ -84,45 +231,7 @@ fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> &'a Json {
     s
 }
 
-fn walk<'v>(root: &Json, schema: &Json, value: &'v Value, path: &mut Vec<Step<'v>>, out: &mut Vec<UnknownKey>) {
-    let schema = resolve(root, schema);
-    match value {
-        Value::Mapping(map) => {
-            let props = schema.get("properties").and_then(Json::as_object);
-            let additional = schema.get("additionalProperties");
-            for (k, v) in map {
-                let key = match k {
-                    Value::String(s) => Cow::Borrowed(s.as_str()),
-                    other => Cow::Owned(serde_yaml::to_string(other).unwrap_or_default().trim().to_string()),
-                };
-                path.push(Step::Key(key.clone()));
-                if let Some(sub) = props.and_then(|p| p.get(key.as_ref())) {
-                    walk(root, sub, v, path, out);
-                } else if let Some(add) = additional.filter(|a| a.is_object()) {
-                    walk(root, add, v, path, out);
-                } else if additional == Some(&Json::Bool(false)) {
-                    let known: Vec<&str> = props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default();
-                    let hint = did_you_mean(&key, known.iter().copied());
-                    let path = owned(path);
-                    let place = if path.len() == 1 {
-                        "at the top level".to_string()
-                    } else {
-                        format!("in \"{}\"", crate::yaml::path_string(&path[..path.len() - 1]))
-                    };
-                    out.push(UnknownKey { path, message: format!("unknown key \"{key}\" {place}{hint}") });
-                }
-                path.pop();
-            }
-        }
-        Value::Sequence(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for (i, v) in items.iter().enumerate() {
-                    path.push(Step::Index(i));
-                    walk(root, item_schema, v, path, out);
-                    path.pop();
-                }
-            }
-        }
-        _ => {}
-    }
+/// Whether `path` is `keys`.
+fn at(path: &[Step<'_>], keys: &[&str]) -> bool {
+    path.len() == keys.len() && path.iter().zip(keys).all(|(step, k)| matches!(step, Step::Key(s) if s == k))
 }

@@ -85,27 +85,35 @@ fn each_job_is_located_in_its_own_file() {
     assert_eq!(locations.get("fourth"), None);
 }
 
-/// Jobs are read on a thread of their own while the ones read are compiled: with many jobs,
-/// every bad one is still reported, the good ones are all there, either way of loading.
+/// Jobs are read (their keys checked, then their values) on a thread of their own while the
+/// ones read are compiled: with many jobs, every bad one is still reported, the good ones are
+/// all there, either way of loading.
 #[test]
 fn many_jobs_load_whole_and_every_bad_one_is_reported() {
     let tmp = tempfile::tempdir().unwrap();
     let mut text = String::from("scheduling:\n  jobs:\n");
     for i in 0..3000 {
         let cron = if i % 1000 == 999 { "[1]".to_string() } else { format!("\"0 {} * * * *\"", i % 60) };
-        text.push_str(&format!("    job-{i:04}:\n      cron: {cron}\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {{path: a, content: b}}\n"));
+        // A misspelt key in the place of `type`: the line count stays the same.
+        let kind = if i % 1000 == 500 { "typ: plugin" } else { "type: plugin" };
+        text.push_str(&format!("    job-{i:04}:\n      cron: {cron}\n      {kind}\n      plugin: file-save\n      action: save\n      parameters: {{path: a, content: b}}\n"));
     }
     write(tmp.path(), "lamplighter.yaml", &text);
     for merged in [KeepMerged::Whole, KeepMerged::WithoutJobs] {
         let opts = LoadOptions { path: Some(tmp.path().join("lamplighter.yaml")), cwd: Some(tmp.path().to_path_buf()), merged };
         let (config, diags) = lamplighter_config::load_partial(&opts, |_| None);
         let errors: Vec<String> = diags.iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
-        assert_eq!(errors.len(), 3, "{errors:?}");
-        // Job i starts on line 3 + 6i; its `cron` is the line after.
-        for (e, line) in errors.iter().zip([5998, 11998, 17998]) {
-            assert!(e.contains(&format!("lamplighter.yaml:{line}:")) && e.contains("cron"), "{e}");
+        assert_eq!(errors.len(), 6, "{errors:?}");
+        // Job i starts on line 3 + 6i; its `cron` is the line after, its kind two after.
+        let expected = [(3005, "unknown key \"typ\" in \"scheduling.jobs.job-0500\" (did you mean \"type\"?)"), (5998, "cron")]
+            .into_iter()
+            .chain([(9005, "job-1500"), (11998, "cron"), (15005, "job-2500"), (17998, "cron")]);
+        for (line, words) in expected {
+            assert!(errors.iter().any(|e| e.contains(&format!("lamplighter.yaml:{line}:")) && e.contains(words)), "{line}: {errors:?}");
         }
-        assert_eq!(config.expect("a config despite the errors").jobs.len(), 2997);
+        let jobs = config.expect("a config despite the errors").jobs;
+        assert_eq!(jobs.len(), 2994);
+        assert!(!jobs.contains_key("job-0500") && jobs.contains_key("job-0501"));
     }
 }
 

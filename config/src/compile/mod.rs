@@ -24,7 +24,6 @@ use crate::diag::Diagnostic;
 use crate::load::{Loaded, SourceMap, keys};
 use crate::raw;
 use crate::schedule::{self, Schedule, ScheduleSpec};
-use crate::yaml::YamlPath;
 
 pub use jobs::{JobsByName, RESERVED_JOB_PREFIXES, after_mistakes, after_problems, check_tag, reserved_prefix};
 pub use types::{After, AfterOn, Deadline, LimitUse, OnMiss};
@@ -62,13 +61,13 @@ pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Di
 /// How many jobs the reader hands over at a time (see [`read_jobs`]).
 const JOBS_PER_BATCH: usize = 256;
 
-/// Reads each unread job from its YAML, freeing the YAML as it goes, and hands the jobs read
+/// Reads each unread job from its YAML (its keys checked first), freeing the YAML as it goes, and hands the jobs read
 /// to `compile` in order, a batch at a time; returns the errors of those that do not read.
 /// With many jobs the reading runs on a thread of its own, a batch ahead of `compile` here:
 /// the two take about as long, and a worker has the cores for both while it starts.
 fn read_jobs(
     sources: &crate::SourceMap,
-    unread: Vec<(String, YamlPath, serde_yaml::Value)>,
+    unread: Vec<(String, serde_yaml::Value)>,
     compile: &mut dyn FnMut(String, raw::Job),
 ) -> Vec<Diagnostic> {
     // A few batches are not worth a thread (a file's few jobs, a reload's).
@@ -78,8 +77,12 @@ fn read_jobs(
         move |send| {
             let mut diags = Vec::new();
             let mut batch = Vec::with_capacity(JOBS_PER_BATCH);
-            for (name, path, yaml) in unread {
-                batch.extend(crate::load::read_item::<raw::Job, _>(sources, &mut diags, yaml, &path).map(|job| (name, job)));
+            for (name, yaml) in unread {
+                if !crate::load::job_keys_known(sources, &mut diags, &name, &yaml) {
+                    continue;
+                }
+                let job = crate::load::read_item::<raw::Job>(sources, &mut diags, &yaml, || crate::load::job_path(&name));
+                batch.extend(job.map(|job| (name, job)));
                 if batch.len() == JOBS_PER_BATCH && !send(std::mem::replace(&mut batch, Vec::with_capacity(JOBS_PER_BATCH))) {
                     return diags;
                 }
@@ -99,7 +102,7 @@ fn read_jobs(
 fn compile_borrowed(
     loaded: &Loaded,
     sched: raw::Scheduling,
-    unread: Vec<(String, YamlPath, serde_yaml::Value)>,
+    unread: Vec<(String, serde_yaml::Value)>,
     cwd: &Path,
 ) -> (Config, Vec<Diagnostic>) {
     let mut c = Compiler { loaded, diags: Vec::new(), disabled: BTreeMap::new(), fields: false, schedules: Default::default() };
