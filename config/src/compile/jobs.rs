@@ -1,6 +1,7 @@
 //! Compiles `scheduling.jobs`, one job at a time.
 
 use std::collections::BTreeSet;
+use std::collections::hash_map::Entry;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -439,15 +440,23 @@ impl Compiler<'_> {
         let has_schedule = !schedules.is_empty();
         let schedule = schedules.into_iter().next().and_then(|spec| {
             let field = spec.field();
-            let key = zone.as_ref().ok().map(|tz| (spec.clone(), *tz));
-            if let Some(shared) = key.as_ref().and_then(|k| self.schedules.get(k)) {
-                return Some(shared.clone());
-            }
+            // Looked up by the spec itself (copied only to build a new schedule): a million
+            // jobs, a few hundred thousand schedules.
+            let (vacant, spec) = match zone.as_ref() {
+                Ok(tz) => match self.schedules.entry((spec, *tz)) {
+                    Entry::Occupied(shared) => return Some(shared.get().clone()),
+                    Entry::Vacant(vacant) => {
+                        let spec = vacant.key().0.clone();
+                        (Some(vacant), spec)
+                    }
+                },
+                Err(_) => (None, spec),
+            };
             match Schedule::build(spec, &zone) {
                 Ok(s) => {
                     let s = Arc::new(s);
-                    if let Some(k) = key {
-                        self.schedules.insert(k, s.clone());
+                    if let Some(vacant) = vacant {
+                        vacant.insert(s.clone());
                     }
                     Some(s)
                 }
