@@ -246,8 +246,7 @@ pub(crate) struct Loaded {
     pub(crate) raw: RawConfig,
     /// With [`KeepMerged::WithoutJobs`], the jobs' YAML, not yet read (`raw` has none): each
     /// is read and compiled in turn, so that the YAML, the raw and the compiled jobs are never
-    /// all held at once. Their keys are checked as they are read ([`job_keys_known`]); items
-    /// with an unknown key the whole document's walk found are left out (already reported).
+    /// all held at once. Their keys are checked as they are read ([`job_keys_known`]).
     pub(crate) unread_jobs: Vec<(String, Value)>,
     pub(crate) merged: Value,
     pub(crate) sources: SourceMap,
@@ -310,7 +309,7 @@ pub(crate) fn load_with_env(root: &Path, keep: KeepMerged, env: EnvLookup) -> (O
 
 /// Where the jobs are: their keys are walked each as it is read ([`job_keys_known`]), not with
 /// the whole document's (a million jobs' walk is a second of the loader's critical path).
-const JOBS: &[&str] = &["scheduling", "jobs"];
+pub(crate) const JOBS: &[&str] = &["scheduling", "jobs"];
 
 /// Reports the unknown keys of the job `name`, `yaml`: whether it has none, and is to be read.
 pub(crate) fn job_keys_known(sources: &SourceMap, diags: &mut Vec<Diagnostic>, name: &str, yaml: &Value) -> bool {
@@ -590,9 +589,9 @@ impl Loader {
                 let mut unknown = unknown.to_vec();
                 if let Some(items) = doc.get("scheduling").and_then(|s| s.get("jobs")).and_then(Value::as_mapping) {
                     for (k, v) in items {
-                        let (name, path) = item_path(&keys(JOBS), k);
+                        let name = item_name(k);
                         if !job_keys_known(&self.sources, &mut self.diags, &name, v) {
-                            unknown.push(path);
+                            unknown.push(job_path(&name));
                         }
                     }
                 }
@@ -706,27 +705,31 @@ fn item_name(key: &Value) -> String {
     key.as_str().unwrap_or_default().to_owned()
 }
 
+/// The path of the item `name` of the collection at `base`.
+fn item_at(base: &[Seg], name: &str) -> YamlPath {
+    let mut path = base.to_vec();
+    path.push(Seg::Key(name.to_owned()));
+    path
+}
+
 /// The path of the job `name`.
 pub(crate) fn job_path(name: &str) -> YamlPath {
-    let mut path = keys(JOBS);
-    path.push(Seg::Key(name.to_string()));
-    path
+    item_at(&keys(JOBS), name)
 }
 
 /// The name and path of an item of the collection at `base`.
 fn item_path(base: &[Seg], key: &Value) -> (String, YamlPath) {
-    let name = key.as_str().unwrap_or_default().to_string();
-    let mut path = base.to_vec();
-    path.push(Seg::Key(name.clone()));
+    let name = item_name(key);
+    let path = item_at(base, &name);
     (name, path)
 }
 
 /// Reads one item from its YAML; what does not read is reported at its position.
 ///
-/// Read once without tracking where it is, and again, tracking, only if that fails: keeping
-/// the path of every field read (a string for each key) was most of the cost of reading a
-/// job, on the thread that bounds a large config's load.
-/// `base` is the item's path, asked for only then.
+/// Read once without tracking where it is, and again, tracking, only if that fails (`base`,
+/// the item's path, is asked for only then): keeping the path of every field read (a string
+/// for each key) was most of the cost of reading a job, on the thread that bounds a large
+/// config's load.
 pub(crate) fn read_item<T: DeserializeOwned>(
     sources: &SourceMap,
     diags: &mut Vec<Diagnostic>,

@@ -54,14 +54,6 @@ pub(crate) fn unknown_keys_of_item(at: &[&str], name: &str, value: &Value) -> Ve
     out
 }
 
-/// As [`unknown_keys_but_items`] without leaving any out: for runtime jobs, which are read one
-/// by one.
-pub(crate) fn unknown_keys_kept(value: &Value) -> Vec<UnknownKey> {
-    let mut out = Vec::new();
-    Keys::get().walk(Keys::ROOT, value, &mut Vec::new(), None, &mut out);
-    out
-}
-
 /// Which keys the schema allows where, read out of the JSON Schema once for the process: a
 /// config has up to a million jobs, and looking each key up in the schema itself (following
 /// its `$ref`s, comparing names along the way) took some 1.4 µs a job; generating the schema

@@ -61,8 +61,9 @@ pub(crate) fn compile(mut loaded: Loaded, cwd: &Path) -> (Option<Config>, Vec<Di
 /// How many jobs the reader hands over at a time (see [`read_jobs`]).
 const JOBS_PER_BATCH: usize = 256;
 
-/// Reads each unread job from its YAML (its keys checked first), freeing the YAML as it goes, and hands the jobs read
-/// to `compile` in order, a batch at a time; returns the errors of those that do not read.
+/// Reads each unread job from its YAML (its keys checked first), freeing the YAML as it goes,
+/// and hands the jobs read to `compile` in order, a batch at a time; returns the errors of
+/// those that do not read.
 /// With many jobs the reading runs on a thread of its own, a batch ahead of `compile` here:
 /// the two take about as long, and a worker has the cores for both while it starts.
 fn read_jobs(
@@ -255,9 +256,7 @@ fn read_definition(name: &str, definition: &serde_json::Value) -> (Option<raw::J
     let mut errors = Vec::new();
     let Ok(mut job) = serde_yaml::to_value(definition) else { return (None, vec!["definition: does not read as YAML".into()]) };
     // The schema knows the job's keys as those of `scheduling.jobs.<name>`.
-    let mut wrapped = serde_yaml::Mapping::new();
-    wrapped.insert("scheduling".into(), serde_yaml::to_value(serde_json::json!({"jobs": {name: definition}})).unwrap_or_default());
-    for unknown in crate::schema::unknown_keys_kept(&serde_yaml::Value::Mapping(wrapped)) {
+    for unknown in crate::schema::unknown_keys_of_item(crate::load::JOBS, name, &job) {
         let below = &unknown.path[3..];
         let Some((Seg::Key(key), parent)) = below.split_last() else { continue };
         let hint = unknown.message.find(" (did you mean").map_or("", |i| &unknown.message[i..]);
