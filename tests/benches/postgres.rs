@@ -398,7 +398,9 @@ fn server_cpu_ms(pm: u32) -> u64 {
 
 /// [`server_cpu_ms`] with its live children's CPU as [`server_cpu_by_process`] read it.
 fn server_cpu_total(pm: u32, children: &std::collections::BTreeMap<u32, u64>) -> u64 {
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pm}/stat")) else { return 0 };
+    // The postmaster outlives every measurement: unreadable, the figure would be a false zero.
+    let st = std::fs::read_to_string(format!("/proc/{pm}/stat"))
+        .unwrap_or_else(|e| panic!("the server's CPU time: cannot read /proc/{pm}/stat (did PostgreSQL stop?): {e}"));
     let own = stat_fields(&st);
     own.utime_ms + own.stime_ms + own.children_ms + children.values().sum::<u64>()
 }
