@@ -103,6 +103,9 @@ impl Starting {
     }
 }
 
+/// Runs' tasks made ahead ([`Executor::ready`]), each waiting to be handed its run.
+pub(crate) struct Ready(Vec<tokio::sync::oneshot::Sender<(Handed, Ticket, StartShare)>>);
+
 /// One run's part of a launch, given up as its target is called or as it ends without one.
 struct StartShare(Arc<tokio::sync::Semaphore>);
 
@@ -270,6 +273,35 @@ impl Executor {
     /// answer tells when every one of them has started (its target called, or it ended
     /// without one).
     pub(crate) fn launch(self: &Arc<Self>, runs: Vec<Handed>, tickets: Vec<Ticket>) -> Starting {
+        self.launch_ready(Ready(Vec::new()), runs, tickets)
+    }
+
+    /// Makes `n` runs' tasks ahead of a held tick transaction's commit, each waiting for the
+    /// run it will be handed: made at the instant, a thousand of them were a serial part of a
+    /// burst's start (each a new task of two kilobytes, on the thread that launches them, while
+    /// the runs already handed over waited for the other one). Nothing of a run is done before
+    /// it is handed over, so a transaction let go or failed leaves nothing: its waiting tasks
+    /// end as the [`Ready`] is dropped.
+    pub(crate) fn ready(self: &Arc<Self>, n: usize) -> Ready {
+        Ready(
+            (0..n)
+                .map(|_| {
+                    let (tx, rx) = tokio::sync::oneshot::channel::<(Handed, Ticket, StartShare)>();
+                    let exec = self.clone();
+                    tokio::spawn(async move {
+                        if let Ok((handed, ticket, share)) = rx.await {
+                            run_one(exec, handed, ticket, share).await;
+                        }
+                    });
+                    tx
+                })
+                .collect(),
+        )
+    }
+
+    /// [`Executor::launch`] into the tasks `ready` made, as many as there are; the tasks left
+    /// over end.
+    pub(crate) fn launch_ready(self: &Arc<Self>, ready: Ready, runs: Vec<Handed>, tickets: Vec<Ticket>) -> Starting {
         debug_assert!(runs.len() <= tickets.len());
         if !runs.is_empty() {
             self.env.signals.publish(Signal::RunsChanged);
@@ -278,8 +310,18 @@ impl Executor {
         let spare = tickets.split_off(runs.len().min(tickets.len()));
         let started = Arc::new(tokio::sync::Semaphore::new(0));
         let mut launched = 0;
+        let mut waiting = ready.0.into_iter();
         for (handed, ticket) in runs.into_iter().zip(tickets) {
-            tokio::spawn(run_one(self.clone(), handed, ticket, StartShare(started.clone())));
+            let run = (handed, ticket, StartShare(started.clone()));
+            // A task made ahead is handed its run; with none (or one gone with the runtime),
+            // the run gets a task of its own.
+            let unsent = match waiting.next() {
+                Some(task) => task.send(run).err(),
+                None => Some(run),
+            };
+            if let Some((handed, ticket, share)) = unsent {
+                tokio::spawn(run_one(self.clone(), handed, ticket, share));
+            }
             launched += 1;
         }
         Ticket::release_all(spare);

@@ -724,6 +724,9 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     // start right after its commit.
     let tickets = s.env.executor.tickets(batch.len());
     let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
+    // Held to its instant: the claimed runs' tasks are made now, so that the commit is followed
+    // only by handing each its run.
+    let tasks = ahead.map(|_| s.env.executor.ready(tickets.len()));
     let ready = std::sync::OnceLock::new();
     let hold = ahead.map(|a| {
         let (ready, at, stop, held) = (&ready, a.at, a.stop, &s.held);
@@ -759,7 +762,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
             // Nothing was recorded: rebuild the plan from the stored last ticks, so these
             // ticks are fired again (or caught up) once the database answers.
             tracing::error!(ticks = keys.len(), error = %e, "cannot fire ticks; retrying in 1 s");
-            drop(tickets);
+            drop((tickets, tasks));
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             s.env.signals.publish(Signal::JobChanged);
             return Fired::Failed;
@@ -782,7 +785,10 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     }
     // Started before anything else is looked at.
     let launched = !handed.is_empty();
-    let starting = s.env.executor.launch(handed, tickets);
+    let starting = match tasks {
+        Some(tasks) => s.env.executor.launch_ready(tasks, handed, tickets),
+        None => s.env.executor.launch(handed, tickets),
+    };
     // What is left here (the ticks' metrics, then planning the jobs' next ticks) waits until
     // the runs have started: on a worker of few cores it would otherwise take a core from them.
     if launched {
