@@ -587,7 +587,7 @@ impl Loader {
         let jobs = match self.keep {
             KeepMerged::Whole => {
                 let mut unknown = unknown.to_vec();
-                if let Some(items) = doc.get("scheduling").and_then(|s| s.get("jobs")).and_then(Value::as_mapping) {
+                if let Some(items) = JOBS.iter().try_fold(&doc, |v, k| v.get(*k)).and_then(Value::as_mapping) {
                     for (k, v) in items {
                         let name = item_name(k);
                         if !job_keys_known(&self.sources, &mut self.diags, &name, v) {
@@ -724,22 +724,27 @@ fn item_path(base: &[Seg], key: &Value) -> (String, YamlPath) {
     (name, path)
 }
 
-/// Reads one item from its YAML; what does not read is reported at its position.
+/// Reads `v` as a `T`, with where it did not read.
 ///
-/// Read once without tracking where it is, and again, tracking, only if that fails (`base`,
-/// the item's path, is asked for only then): keeping the path of every field read (a string
-/// for each key) was most of the cost of reading a job, on the thread that bounds a large
-/// config's load.
+/// Read once without tracking where it is, and again, tracking, only if that fails: keeping
+/// the path of every field read (a string for each key) was most of the cost of reading a job,
+/// on the thread that bounds a large config's load.
+pub(crate) fn deserialize_located<T: DeserializeOwned>(v: &Value) -> Result<T, serde_path_to_error::Error<serde_yaml::Error>> {
+    match T::deserialize(v) {
+        Ok(t) => Ok(t),
+        Err(_) => serde_path_to_error::deserialize(v),
+    }
+}
+
+/// Reads one item from its YAML; what does not read is reported at its position (`base`, the
+/// item's path, is asked for only then).
 pub(crate) fn read_item<T: DeserializeOwned>(
     sources: &SourceMap,
     diags: &mut Vec<Diagnostic>,
     v: &Value,
     base: impl FnOnce() -> YamlPath,
 ) -> Option<T> {
-    if let Ok(t) = T::deserialize(v) {
-        return Some(t);
-    }
-    match serde_path_to_error::deserialize::<_, T>(v) {
+    match deserialize_located::<T>(v) {
         Ok(t) => Some(t),
         Err(e) => {
             let path = [base(), error_path(e.path())].concat();

@@ -250,14 +250,14 @@ pub fn compile_job(scope: &JobScope, name: &str, definition: &serde_json::Value)
 /// naming its field, and removed so that the rest still reads and compiles — a bad `max`
 /// does not hide a bad cron. The job read is `None` only when nothing readable is left.
 fn read_definition(name: &str, definition: &serde_json::Value) -> (Option<raw::Job>, Vec<String>) {
-    use crate::load::{error_path, remove_path};
+    use crate::load::{JOBS, deserialize_located, error_path, remove_path};
     use crate::yaml::{Seg, path_string};
     let field = |path: &[Seg]| if path.is_empty() { "definition".to_string() } else { path_string(path) };
     let mut errors = Vec::new();
     let Ok(mut job) = serde_yaml::to_value(definition) else { return (None, vec!["definition: does not read as YAML".into()]) };
     // The schema knows the job's keys as those of `scheduling.jobs.<name>`.
-    for unknown in crate::schema::unknown_keys_of_item(crate::load::JOBS, name, &job) {
-        let below = &unknown.path[3..];
+    for unknown in crate::schema::unknown_keys_of_item(JOBS, name, &job) {
+        let below = &unknown.path[JOBS.len() + 1..];
         let Some((Seg::Key(key), parent)) = below.split_last() else { continue };
         let hint = unknown.message.find(" (did you mean").map_or("", |i| &unknown.message[i..]);
         errors.push(format!("{}: unknown key \"{key}\"{hint}", field(parent)));
@@ -265,7 +265,7 @@ fn read_definition(name: &str, definition: &serde_json::Value) -> (Option<raw::J
     }
     // A bounded number of rounds: each removes the field that did not read.
     for _ in 0..64 {
-        match serde_path_to_error::deserialize::<_, raw::Job>(&job) {
+        match deserialize_located::<raw::Job>(&job) {
             Ok(read) => return (Some(read), errors),
             Err(e) => {
                 let path = error_path(e.path());

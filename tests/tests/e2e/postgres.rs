@@ -162,10 +162,10 @@ workflows:
         parameters: {command: "echo published"}
 "#;
 
-/// A worker named `name` on database `url`.
 /// The lease of [`worker`]'s workers, in ms.
 const LEASE_MS: i64 = 3_000;
 
+/// A worker named `name` on database `url`.
 fn worker(name: &str, url: &str, concurrency: u32) -> Worker {
     worker_with(name, url, concurrency, &format!("{LEASE_MS}ms"), JOBS)
 }
