@@ -41,7 +41,9 @@ impl Targets for BuiltinTargets {
             match ctx.job().target.clone() {
                 TargetRef::Plugin { plugin, action } => {
                     let dir = ctx.working_directory();
-                    if let Err(e) = std::fs::create_dir_all(&dir) {
+                    if !dir.is_dir()
+                        && let Err(e) = std::fs::create_dir_all(&dir)
+                    {
                         return Outcome::failed(format!("cannot create working directory {}: {e}", dir.display()));
                     }
                     let actx = ActionContext {

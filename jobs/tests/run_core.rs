@@ -1,7 +1,8 @@
 //! The run core through the engine, with scripted targets: a drain always records the end of
 //! the runs it waited for; a panicking run fails alone and frees its slot; attempts of one run
 //! share its identity and checkpoints; a run keeps the job it was created with across a reload;
-//! a job's `timeout` is kept on the engine's clock.
+//! a job's `timeout` is kept on the engine's clock; a plugin run's working directory is made, or
+//! its run fails saying why.
 
 mod support;
 
@@ -272,4 +273,36 @@ async fn a_tick_and_the_end_of_its_run_are_told_as_internal_events() {
     assert!(tx.total_us >= tx.keys_us + tx.runs_us + tx.commit_us, "the parts fit in the whole: {tx:?}");
     assert_eq!(ended, 1, "its run's end, once");
     engine.shutdown(Duration::from_secs(10)).await;
+}
+
+/// A plugin job's working directory is made by its first run when it does not exist yet, and
+/// a run whose working directory cannot be made fails with the path and the reason.
+#[tokio::test]
+async fn a_plugin_runs_working_directory_is_made_or_its_run_fails_saying_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job =
+        "type: plugin\nplugin: file-save\naction: save\nworking_directory: data/work/deeper\nparameters: {path: out.txt, content: made}";
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = support::start(&config(dir.path(), job), &clock).await;
+    let work = dir.path().join("data/work/deeper");
+    assert!(!work.exists(), "the working directory does not exist before the run");
+    let id = trigger(&engine, json!({})).await;
+    let run = support::ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+    assert_eq!(std::fs::read_to_string(work.join("out.txt")).expect("the file saved in the made directory"), "made");
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    // A file where the directory should be: nothing can make it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("data directory");
+    std::fs::write(dir.path().join("data/blocked"), "a file").expect("write the blocking file");
+    let job =
+        "type: plugin\nplugin: file-save\naction: save\nworking_directory: data/blocked/work\nparameters: {path: out.txt, content: x}";
+    let engine = support::start(&config(dir.path(), job), &clock).await;
+    let id = trigger(&engine, json!({})).await;
+    let run = support::ended(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.error.clone().unwrap_or_default();
+    assert!(error.starts_with("cannot create working directory ") && error.contains("data/blocked/work"), "{error}");
+    engine.shutdown(Duration::from_secs(5)).await;
 }
