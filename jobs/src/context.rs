@@ -2,7 +2,7 @@
 //! [`RunContext`] — the run, its [`JobSnapshot`], cancellation, and the run's durable records
 //! (checkpoints, workflow steps, agent calls) through the store.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -224,6 +224,16 @@ where
             () = stop.cancelled() => return Err(e),
         }
     }
+}
+
+/// Makes a plugin action's working directory if it is not there yet; the error says which and
+/// why. Every plugin run, step and agent tool call passes here: on a directory that exists this
+/// is one system call, where `create_dir_all` alone makes a `mkdir` that fails and then a `stat`.
+pub(crate) fn make_working_directory(dir: &Path) -> Result<(), String> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create working directory {}: {e}", dir.display()))
 }
 
 #[cfg(test)]

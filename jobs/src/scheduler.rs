@@ -726,7 +726,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     let claim = Claim { worker: &s.env.worker, slots: tickets.len() };
     // Held to its instant: the claimed runs' tasks are made now, so that the commit is followed
     // only by handing each its run.
-    let tasks = ahead.map(|_| s.env.executor.ready(tickets.len()));
+    let tasks = if ahead.is_some() { s.env.executor.ready(tickets.len()) } else { Default::default() };
     let ready = std::sync::OnceLock::new();
     let hold = ahead.map(|a| {
         let (ready, at, stop, held) = (&ready, a.at, a.stop, &s.held);
@@ -785,10 +785,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
     }
     // Started before anything else is looked at.
     let launched = !handed.is_empty();
-    let starting = match tasks {
-        Some(tasks) => s.env.executor.launch_ready(tasks, handed, tickets),
-        None => s.env.executor.launch(handed, tickets),
-    };
+    let starting = s.env.executor.launch_ready(tasks, handed, tickets);
     // What is left here (the ticks' metrics, then planning the jobs' next ticks) waits until
     // the runs have started: on a worker of few cores it would otherwise take a core from them.
     if launched {

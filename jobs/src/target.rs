@@ -41,10 +41,8 @@ impl Targets for BuiltinTargets {
             match ctx.job().target.clone() {
                 TargetRef::Plugin { plugin, action } => {
                     let dir = ctx.working_directory();
-                    if !dir.is_dir()
-                        && let Err(e) = std::fs::create_dir_all(&dir)
-                    {
-                        return Outcome::failed(format!("cannot create working directory {}: {e}", dir.display()));
+                    if let Err(e) = crate::context::make_working_directory(&dir) {
+                        return Outcome::failed(e);
                     }
                     let actx = ActionContext {
                         working_directory: dir,

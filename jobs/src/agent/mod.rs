@@ -653,7 +653,7 @@ impl Session {
         match &tool.source {
             Source::Plugin { plugin, action } => {
                 let dir = agent.working_directory.clone().unwrap_or_else(|| self.ctx.working_directory());
-                std::fs::create_dir_all(&dir).map_err(|e| model(format!("cannot create working directory {}: {e}", dir.display())))?;
+                crate::context::make_working_directory(&dir).map_err(model)?;
                 let allowed_commands = if agent.allowed_commands.is_empty() {
                     self.ctx.job().allowed_commands.to_vec()
                 } else {

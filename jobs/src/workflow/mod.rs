@@ -319,8 +319,7 @@ impl Interpreter {
         }
         let started = self.begin(id).await?;
         let dir = self.ctx.working_directory();
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            let error = format!("cannot create working directory {}: {e}", dir.display());
+        if let Err(error) = crate::context::make_working_directory(&dir) {
             self.end(id, Some(started), StepStatus::Failed, None, Some(error.clone())).await?;
             return Ok(End::failed(format!("step \"{id}\" failed: {error}"), true));
         }
