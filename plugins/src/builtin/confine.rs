@@ -29,7 +29,7 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
         action: action.to_owned(),
         message: format!("working directory \"{}\" cannot be resolved: {e}", root.display()),
     })?;
-    // Walk the path one component at a time. `current` is canonical (symlink-free) until a
+    // Walk the path one component at a time. `resolved` is canonical (symlink-free) until a
     // component does not exist; from then on the remaining names are plain and `..` just pops.
     let mut resolved = root.clone();
     for component in Path::new(user).components() {
@@ -43,6 +43,10 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
                 let candidate = resolved.join(name);
                 match candidate.symlink_metadata() {
                     Err(_) => resolved = candidate,
+                    // A name that is no symlink, under a canonical path, is canonical: resolving
+                    // the whole path again (a `readlink` for each of its components) is only
+                    // for symlinks.
+                    Ok(m) if !m.file_type().is_symlink() => resolved = candidate,
                     Ok(_) => match candidate.canonicalize() {
                         Ok(real) => resolved = real,
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
