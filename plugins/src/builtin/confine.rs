@@ -32,9 +32,15 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
     // Walk the path one component at a time. `resolved` is canonical (symlink-free) until a
     // component does not exist; from then on the remaining names are plain and `..` just pops.
     let mut resolved = root.clone();
+    // Whether `resolved` is known canonical: no missing name was added to it (one that exists
+    // later, made meanwhile, may be a symlink).
+    let mut canonical = true;
     for component in Path::new(user).components() {
         match component {
-            Component::Prefix(_) | Component::RootDir => resolved = PathBuf::from("/"),
+            Component::Prefix(_) | Component::RootDir => {
+                resolved = PathBuf::from("/");
+                canonical = true;
+            }
             Component::CurDir => {}
             Component::ParentDir => {
                 resolved.pop();
@@ -42,13 +48,19 @@ pub(crate) fn resolve(action: &str, root: &Path, user: &str) -> Result<PathBuf, 
             Component::Normal(name) => {
                 let candidate = resolved.join(name);
                 match candidate.symlink_metadata() {
-                    Err(_) => resolved = candidate,
+                    Err(_) => {
+                        resolved = candidate;
+                        canonical = false;
+                    }
                     // A name that is no symlink, under a canonical path, is canonical: resolving
                     // the whole path again (a `readlink` for each of its components) is only
-                    // for symlinks.
-                    Ok(m) if !m.file_type().is_symlink() => resolved = candidate,
+                    // for symlinks, or under a name that was missing.
+                    Ok(m) if canonical && !m.file_type().is_symlink() => resolved = candidate,
                     Ok(_) => match candidate.canonicalize() {
-                        Ok(real) => resolved = real,
+                        Ok(real) => {
+                            resolved = real;
+                            canonical = true;
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                             return Err(reject("goes through a symlink whose target does not exist"));
                         }
