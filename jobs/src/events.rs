@@ -638,7 +638,9 @@ struct Bound {
 pub struct Observer {
     m: Instruments,
     /// Where [`InternalEvent`]s go besides the log: to whoever subscribed.
-    internal: tokio::sync::broadcast::Sender<InternalEvent>,
+    /// Made by the first subscriber: its buffer ([`INTERNAL_EVENTS_KEPT`] events, 0.7 MB,
+    /// written whole as it is made) is not held by a worker that nobody follows.
+    internal: std::sync::OnceLock<tokio::sync::broadcast::Sender<InternalEvent>>,
     /// Where spans go; none: no spans.
     tracer: Option<BoxedTracer>,
     /// Bindings in priority order, swapped on reload.
@@ -740,14 +742,14 @@ impl Observer {
             share,
             jobs,
             limits,
-            internal: tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0,
+            internal: std::sync::OnceLock::new(),
         })
     }
 
     /// The run core's internal events from now on (see [`InternalEvent`]). A subscriber that
     /// falls more than a few thousand events behind is told so (`Lagged`) and misses them.
     pub fn internal_events(&self) -> tokio::sync::broadcast::Receiver<InternalEvent> {
-        self.internal.subscribe()
+        self.internal.get_or_init(|| tokio::sync::broadcast::channel(INTERNAL_EVENTS_KEPT).0).subscribe()
     }
 
     /// Writes `event` as a debug line of its name and hands it to the subscribers, if any.
@@ -773,8 +775,8 @@ impl Observer {
                 tracing::debug!(asked, tasks, runs, claim_us, "claimed from the queue");
             }
         }
-        if self.internal.receiver_count() > 0 {
-            let _ = self.internal.send(event);
+        if let Some(internal) = self.internal.get().filter(|i| i.receiver_count() > 0) {
+            let _ = internal.send(event);
         }
     }
 
@@ -1111,6 +1113,19 @@ fn cancel_reason(reply: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_events_are_buffered_only_once_someone_follows_them() {
+        let obs = Observer::none();
+        let event = InternalEvent::ClaimedFromQueue { asked: 4, tasks: 2, runs: 2, claim_us: 10 };
+        obs.emit(event.clone());
+        // A worker nobody follows holds no buffer of them (0.7 MB, written whole when made).
+        assert!(obs.internal.get().is_none());
+        let mut rx = obs.internal_events();
+        obs.emit(event.clone());
+        assert_eq!(rx.try_recv().expect("the event emitted after subscribing"), event);
+        assert!(rx.try_recv().is_err(), "the event before subscribing is not kept");
+    }
 
     #[test]
     fn a_hook_cancels_only_with_a_cancel_field() {
