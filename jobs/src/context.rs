@@ -226,14 +226,10 @@ where
     }
 }
 
-/// Makes a plugin action's working directory if it is not there yet; the error says which and
-/// why. Every plugin run, step and agent tool call passes here: on a directory that exists this
-/// is one system call, where `create_dir_all` alone makes a `mkdir` that fails and then a `stat`.
+/// Makes a plugin action's working directory if it is not there yet ([`lamplighter_plugins::make_dir`]);
+/// the error says which and why. Every plugin run, step and agent tool call passes here.
 pub(crate) fn make_working_directory(dir: &Path) -> Result<(), String> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create working directory {}: {e}", dir.display()))
+    lamplighter_plugins::make_dir(dir).map_err(|e| format!("cannot create working directory {}: {e}", dir.display()))
 }
 
 #[cfg(test)]

@@ -140,6 +140,7 @@ mod host;
 mod wasm;
 mod wasm_output;
 
+pub use builtin::confine::make_dir;
 pub use builtin::shell::loose_pattern_warning;
 pub use builtin::{ServerProcess, start_server};
 pub use host::{HostError, HostFuture, HostPolicy, HostServices};

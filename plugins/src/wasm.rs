@@ -814,7 +814,7 @@ fn sandbox_path(caller: &Caller<'_, HostState>, memory: Memory, ptr: i32, len: i
         return Ok(Err(ERR_INVALID));
     };
     let state = caller.data();
-    if let Err(e) = fs::create_dir_all(state.sandbox.as_path()) {
+    if let Err(e) = confine::make_dir(state.sandbox.as_path()) {
         tracing::warn!(plugin = %state.plugin, sandbox = %state.sandbox.display(), error = %e, "cannot create the plugin's sandbox");
         return Ok(Err(ERR_IO));
     }
@@ -875,7 +875,7 @@ fn host_fs_write(mut caller: Caller<'_, HostState>, path_ptr: i32, path_len: i32
         return Ok(ERR_INVALID);
     }
     if let Some(parent) = path.parent()
-        && fs::create_dir_all(parent).is_err()
+        && confine::make_dir(parent).is_err()
     {
         return Ok(ERR_IO);
     }

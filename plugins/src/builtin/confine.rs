@@ -86,6 +86,17 @@ pub(crate) fn resolve_dir(action: &str, root: &Path, user: Option<&str>) -> Resu
     }
 }
 
+/// Makes `dir` and its parents if `dir` is not a directory yet. Actions and runs make the same
+/// directories over and over (a run's working directory, a saved file's parent, a plugin's
+/// sandbox): on one that exists this is one `stat`, where `create_dir_all` alone makes a `mkdir`
+/// that fails and then a `stat`.
+pub fn make_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -256,6 +267,18 @@ mod tests {
                 other => panic!("{case:?} should be PathNotAllowed, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn make_dir_makes_what_is_missing_and_refuses_a_file_in_the_way() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let deep = tmp.path().join("a/b/c");
+        make_dir(&deep).expect("made with its parents");
+        assert!(deep.is_dir());
+        make_dir(&deep).expect("one that exists is fine");
+        fs::write(tmp.path().join("file"), "x").expect("write");
+        let err = make_dir(&tmp.path().join("file/sub")).expect_err("a file is in the way");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotADirectory, "{err}");
     }
 
     #[test]

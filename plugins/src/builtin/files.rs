@@ -83,10 +83,8 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
         if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             return Err(failed(format!("\"{user_path}\" is a directory")));
         }
-        // Made only if missing: on a directory that exists, `create_dir_all` is a failing
-        // `mkdir` and then a `stat`.
-        if let Some(parent) = path.parent().filter(|p| !p.is_dir()) {
-            std::fs::create_dir_all(parent).map_err(io_failed)?;
+        if let Some(parent) = path.parent() {
+            confine::make_dir(parent).map_err(io_failed)?;
         }
         std::fs::write(&path, &content).map_err(io_failed)?;
         Ok(json!({ "path": user_path, "bytes_written": content.len() }))
