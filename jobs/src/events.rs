@@ -164,39 +164,50 @@ fn limit_gauges(meter: &Meter, values: &LimitGauges) {
     }
 }
 
-/// Registers the per-job gauges on `meter`, reading `values` at each collection.
-fn job_gauges(meter: &Meter, values: &JobGauges) {
-    type Pick = fn(&JobGauge, chrono::DateTime<chrono::Utc>) -> Option<f64>;
-    let gauges: [(&'static str, &'static str, Option<&'static str>, Pick); 5] = [
-        (metric::JOB_LAST_SUCCESS, "When the job's last run succeeded", Some("s"), |g, _| g.last_success.map(secs)),
-        (metric::JOB_NEXT_FIRE, "The job's next fire time after the last tick processed", Some("s"), |g, _| g.next_fire.map(secs)),
-        (metric::JOB_CONSECUTIVE_FAILURES, "The job's final outcomes that failed in a row", None, |g, _| {
-            Some(f64::from(g.consecutive_failures))
-        }),
-        (metric::JOB_OLDEST_RUNNING, "How long the job's oldest running run has run", Some("s"), |g, now| {
-            g.oldest_running.map(|t| (now - t).as_seconds_f64().max(0.0))
-        }),
-        (metric::JOB_OLDEST_APPROVAL, "How long the job's oldest wait for a decision has waited", Some("s"), |g, now| {
-            g.oldest_approval.map(|t| (now - t).as_seconds_f64().max(0.0))
-        }),
-    ];
-    for (name, desc, unit, pick) in gauges {
-        let values = values.clone();
-        let mut b = meter.f64_observable_gauge(name).with_description(desc).with_callback(move |o| {
-            let now = chrono::Utc::now();
-            let guard = values.read().unwrap_or_else(|e| e.into_inner());
-            for (job, g) in guard.iter().flatten() {
-                if let Some(v) = pick(g, now) {
-                    o.observe(v, &[KeyValue::new("job", job.clone())]);
-                }
-            }
-        });
-        if let Some(unit) = unit {
-            b = b.with_unit(unit);
-        }
-        b.build();
-    }
+/// One of the per-job gauges (`telemetry.metrics.per_job`): its OpenTelemetry name,
+/// description and unit, and what it shows of a job.
+#[derive(Debug)]
+pub struct JobGaugeKind {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// `s` for timestamps and ages; none for counts.
+    pub unit: Option<&'static str>,
+    pick: fn(&JobGauge, chrono::DateTime<chrono::Utc>) -> Option<f64>,
 }
+
+/// The per-job gauges, in the order they are served.
+pub const JOB_GAUGES: [JobGaugeKind; 5] = [
+    JobGaugeKind {
+        name: metric::JOB_LAST_SUCCESS,
+        description: "When the job's last run succeeded",
+        unit: Some("s"),
+        pick: |g, _| g.last_success.map(secs),
+    },
+    JobGaugeKind {
+        name: metric::JOB_NEXT_FIRE,
+        description: "The job's next fire time after the last tick processed",
+        unit: Some("s"),
+        pick: |g, _| g.next_fire.map(secs),
+    },
+    JobGaugeKind {
+        name: metric::JOB_CONSECUTIVE_FAILURES,
+        description: "The job's final outcomes that failed in a row",
+        unit: None,
+        pick: |g, _| Some(f64::from(g.consecutive_failures)),
+    },
+    JobGaugeKind {
+        name: metric::JOB_OLDEST_RUNNING,
+        description: "How long the job's oldest running run has run",
+        unit: Some("s"),
+        pick: |g, now| g.oldest_running.map(|t| (now - t).as_seconds_f64().max(0.0)),
+    },
+    JobGaugeKind {
+        name: metric::JOB_OLDEST_APPROVAL,
+        description: "How long the job's oldest wait for a decision has waited",
+        unit: Some("s"),
+        pick: |g, now| g.oldest_approval.map(|t| (now - t).as_seconds_f64().max(0.0)),
+    },
+];
 
 fn secs(t: chrono::DateTime<chrono::Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
@@ -728,7 +739,6 @@ impl Observer {
         let lapsed_workers = Arc::new(AtomicI64::new(-1));
         let share = Arc::new([AtomicI64::new(-1), AtomicI64::new(-1), AtomicI64::new(-1)]);
         let jobs = JobGauges::default();
-        job_gauges(meter, &jobs);
         let limits = LimitGauges::default();
         limit_gauges(meter, &limits);
         Arc::new(Self {
@@ -965,6 +975,41 @@ impl Observer {
         self.jobs.read().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
+    /// Calls `each` with every per-job gauge and its jobs' values as last read (a job the
+    /// gauge has no value for is left out); nothing while they are off. `/metrics` serves them
+    /// from here, every job however many: OpenTelemetry's instruments keep a bounded number
+    /// of series each (see [`Observer::export_job_gauges`]).
+    pub fn read_job_gauges(&self, mut each: impl FnMut(&JobGaugeKind, &mut dyn Iterator<Item = (&str, f64)>)) {
+        let now = chrono::Utc::now();
+        let guard = self.jobs.read().unwrap_or_else(|e| e.into_inner());
+        let Some(jobs) = guard.as_ref() else { return };
+        for kind in &JOB_GAUGES {
+            each(kind, &mut jobs.iter().filter_map(|(job, g)| (kind.pick)(g, now).map(|v| (job.as_str(), v))));
+        }
+    }
+
+    /// Registers the per-job gauges on `meter`, read from the same values at each collection:
+    /// for a pushing exporter (OTLP), whose meter's provider bounds their series.
+    pub fn export_job_gauges(&self, meter: &Meter) {
+        for kind in &JOB_GAUGES {
+            let values = self.jobs.clone();
+            let pick = kind.pick;
+            let mut b = meter.f64_observable_gauge(kind.name).with_description(kind.description).with_callback(move |o| {
+                let now = chrono::Utc::now();
+                let guard = values.read().unwrap_or_else(|e| e.into_inner());
+                for (job, g) in guard.iter().flatten() {
+                    if let Some(v) = pick(g, now) {
+                        o.observe(v, &[KeyValue::new("job", job.clone())]);
+                    }
+                }
+            });
+            if let Some(unit) = kind.unit {
+                b = b.with_unit(unit);
+            }
+            b.build();
+        }
+    }
+
     /// The per-job gauges' values, read afresh (kept only while they are on).
     pub(crate) fn set_job_gauges(&self, values: std::collections::BTreeMap<String, JobGauge>) {
         let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
@@ -1125,6 +1170,37 @@ mod tests {
         obs.emit(event.clone());
         assert_eq!(rx.try_recv().expect("the event emitted after subscribing"), event);
         assert!(rx.try_recv().is_err(), "the event before subscribing is not kept");
+    }
+
+    #[test]
+    fn the_per_job_gauges_read_every_job_with_a_value_and_nothing_while_off() {
+        let obs = Observer::none();
+        let read = |obs: &Observer| {
+            let mut seen = Vec::new();
+            obs.read_job_gauges(|kind, jobs| seen.push((kind.name, jobs.map(|(j, v)| (j.to_string(), v)).collect::<Vec<_>>())));
+            seen
+        };
+        assert!(read(&obs).is_empty(), "off until configured");
+        *obs.jobs.write().unwrap() = Some(Default::default());
+        let t = |s| chrono::DateTime::from_timestamp(s, 0).unwrap();
+        let mut values = std::collections::BTreeMap::new();
+        for i in 0..3_000 {
+            values.insert(format!("j{i:04}"), JobGauge { next_fire: Some(t(2_000_000_000 + i)), ..Default::default() });
+        }
+        values.get_mut("j0001").unwrap().last_success = Some(t(1_700_000_000));
+        values.get_mut("j0002").unwrap().oldest_running = Some(chrono::Utc::now() - chrono::Duration::seconds(90));
+        obs.set_job_gauges(values);
+        let seen: std::collections::BTreeMap<_, _> = read(&obs).into_iter().collect();
+        assert_eq!(seen.len(), 5, "each gauge, even one no job has a value of");
+        assert_eq!(seen[metric::JOB_NEXT_FIRE].len(), 3_000, "every job, past OpenTelemetry's 2,000 series");
+        assert_eq!(seen[metric::JOB_NEXT_FIRE][2999], ("j2999".to_string(), 2_000_002_999.0));
+        assert_eq!(seen[metric::JOB_CONSECUTIVE_FAILURES].len(), 3_000);
+        assert_eq!(seen[metric::JOB_LAST_SUCCESS], vec![("j0001".to_string(), 1_700_000_000.0)], "only jobs with a value");
+        let running = &seen[metric::JOB_OLDEST_RUNNING];
+        assert!(running.len() == 1 && running[0].0 == "j0002" && (89.0..120.0).contains(&running[0].1), "{running:?}");
+        assert!(seen[metric::JOB_OLDEST_APPROVAL].is_empty());
+        *obs.jobs.write().unwrap() = None;
+        assert!(read(&obs).is_empty(), "nothing once switched off");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lamplighter_config::{Exporter, OtlpProtocol, SignalConfig, TelemetryConfig};
-use lamplighter_jobs::events::Observer;
+use lamplighter_jobs::events::{JobGaugeKind, Observer};
 use lamplighter_plugins::Registry;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
@@ -28,7 +28,9 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::reader::MetricReader;
-use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::{
+    Instrument, InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Stream, Temporality,
+};
 use opentelemetry_sdk::trace::{BatchConfig, BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -43,6 +45,7 @@ pub(crate) struct Telemetry {
     pub(crate) observer: Arc<Observer>,
     pub(crate) metrics: Arc<PullReader>,
     meters: SdkMeterProvider,
+    job_meters: Option<SdkMeterProvider>,
     tracer: Option<SdkTracerProvider>,
     logger: Option<SdkLoggerProvider>,
 }
@@ -177,14 +180,28 @@ impl Telemetry {
 
         let metrics = Arc::new(PullReader::default());
         let mut meters = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(SharedReader(metrics.clone()));
+        // The per-job gauges go to OTLP through a provider of their own, whose view lets them
+        // have a series for each of many jobs; `/metrics` serves them from the observer.
+        let mut job_meters = None;
         if on("metrics", &t.metrics) == Exporter::Otlp {
-            match otlp_exporter!(MetricExporter, "metrics", &t.metrics, wire_of("metrics", &t.metrics), rt) {
-                Ok(e) => {
-                    let mut r = PeriodicReader::builder(Warned::new(e, Exported::Metrics));
-                    if let Some(i) = t.metrics_interval {
-                        r = r.with_interval(i);
-                    }
-                    meters = meters.with_reader(r.build());
+            let periodic = |e| {
+                let mut r = PeriodicReader::builder(Warned::new(e, Exported::Metrics));
+                if let Some(i) = t.metrics_interval {
+                    r = r.with_interval(i);
+                }
+                r.build()
+            };
+            let exporters = (0..2).map(|_| otlp_exporter!(MetricExporter, "metrics", &t.metrics, wire_of("metrics", &t.metrics), rt));
+            match exporters.collect::<Result<Vec<_>, _>>() {
+                Ok(mut e) => {
+                    meters = meters.with_reader(periodic(e.remove(0)));
+                    job_meters = Some(
+                        SdkMeterProvider::builder()
+                            .with_resource(resource.clone())
+                            .with_reader(periodic(e.remove(0)))
+                            .with_view(|_: &Instrument| Stream::builder().with_cardinality_limit(OTLP_JOB_SERIES).build().ok())
+                            .build(),
+                    );
                 }
                 Err(e) => problems.push(format!("cannot export metrics: {e}")),
             }
@@ -243,7 +260,11 @@ impl Telemetry {
         let meter = meters.meter("lamplighter");
         export_failures(&meter);
         let observer = Observer::new(&meter, spans, Some(registry));
-        Telemetry { observer, metrics, meters, tracer, logger }
+        if let Some(p) = &job_meters {
+            observer.export_job_gauges(&p.meter("lamplighter"));
+        }
+        let _ = metrics.observer.set(observer.clone());
+        Telemetry { observer, metrics, meters, job_meters, tracer, logger }
     }
 
     /// Flushes and stops the exporters (outside the async runtime). With a collector gone this
@@ -256,6 +277,9 @@ impl Telemetry {
             let _ = l.shutdown_with_timeout(Duration::from_secs(3));
         }
         let _ = self.meters.shutdown_with_timeout(Duration::from_secs(3));
+        if let Some(p) = self.job_meters {
+            let _ = p.shutdown_with_timeout(Duration::from_secs(3));
+        }
     }
 }
 
@@ -509,18 +533,41 @@ impl SpanExporter for ConsoleSpans {
     }
 }
 
-/// The reader behind `/metrics`: collects on demand.
+/// How many jobs' per-job gauges an OTLP export carries, each gauge (OpenTelemetry's
+/// cardinality limit: the rest are summed into one `otel.metric.overflow` series; `/metrics`
+/// has them all). The SDK sizes a table for it up front, per gauge, and the series it keeps
+/// cost about 0.5 kB each: 10,000 keeps this to about 1.5 MB a gauge.
+const OTLP_JOB_SERIES: usize = 10_000;
+
+/// The reader behind `/metrics`: collects on demand, and adds the observer's per-job gauges.
 #[derive(Debug, Default)]
-pub(crate) struct PullReader(ManualReader);
+pub(crate) struct PullReader {
+    reader: ManualReader,
+    observer: std::sync::OnceLock<Arc<Observer>>,
+}
 
 impl PullReader {
     /// Every metric, in the Prometheus text format (0.0.4).
     pub(crate) fn prometheus(&self) -> String {
         let mut rm = ResourceMetrics::default();
-        if let Err(e) = self.0.collect(&mut rm) {
+        if let Err(e) = self.reader.collect(&mut rm) {
             return format!("# cannot collect metrics: {e}\n");
         }
-        render_prometheus(&rm)
+        let mut out = render_prometheus(&rm);
+        if let Some(observer) = self.observer.get() {
+            observer.read_job_gauges(|kind, jobs| render_job_gauge(&mut out, kind, jobs));
+        }
+        out
+    }
+}
+
+/// A per-job gauge as a Prometheus family, a sample for each job: these come from the
+/// observer's own table, so every job has its series, however many there are.
+fn render_job_gauge(out: &mut String, kind: &JobGaugeKind, jobs: &mut dyn Iterator<Item = (&str, f64)>) {
+    let name = family_name(kind.name, kind.unit.unwrap_or(""));
+    header(out, &name, kind.description, "gauge");
+    for (job, v) in jobs {
+        let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", label_value(job), prom_value(v));
     }
 }
 
@@ -530,23 +577,23 @@ struct SharedReader(Arc<PullReader>);
 
 impl MetricReader for SharedReader {
     fn register_pipeline(&self, pipeline: Weak<Pipeline>) {
-        self.0.0.register_pipeline(pipeline);
+        self.0.reader.register_pipeline(pipeline);
     }
 
     fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
-        self.0.0.collect(rm)
+        self.0.reader.collect(rm)
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        self.0.0.force_flush()
+        self.0.reader.force_flush()
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.0.shutdown_with_timeout(timeout)
+        self.0.reader.shutdown_with_timeout(timeout)
     }
 
     fn temporality(&self, kind: InstrumentKind) -> Temporality {
-        self.0.0.temporality(kind)
+        self.0.reader.temporality(kind)
     }
 }
 
@@ -560,17 +607,27 @@ fn prom_name(s: &str) -> String {
 }
 
 fn prom_labels<'a>(attrs: impl Iterator<Item = &'a KeyValue>, extra: Option<(&str, String)>) -> String {
-    let mut parts: Vec<String> = attrs
-        .map(|kv| {
-            let v = kv.value.as_str();
-            format!("{}=\"{}\"", prom_name(kv.key.as_str()), v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
-        })
-        .collect();
+    let mut parts: Vec<String> =
+        attrs.map(|kv| format!("{}=\"{}\"", prom_name(kv.key.as_str()), label_value(&kv.value.as_str()))).collect();
     parts.sort();
     if let Some((k, v)) = extra {
         parts.push(format!("{k}=\"{v}\""));
     }
     if parts.is_empty() { String::new() } else { format!("{{{}}}", parts.join(",")) }
+}
+
+/// A label's value, escaped for the text format.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A family's name: the OpenTelemetry name made a Prometheus one, `_seconds` for seconds.
+fn family_name(otel: &str, unit: &str) -> String {
+    let mut name = prom_name(otel);
+    if unit == "s" && !name.ends_with("_seconds") {
+        name.push_str("_seconds");
+    }
+    name
 }
 
 fn prom_value(v: f64) -> String {
@@ -583,10 +640,7 @@ fn render_prometheus(rm: &ResourceMetrics) -> String {
     let mut out = String::new();
     for scope in rm.scope_metrics() {
         for m in scope.metrics() {
-            let mut name = prom_name(m.name());
-            if m.unit() == "s" && !name.ends_with("_seconds") {
-                name.push_str("_seconds");
-            }
+            let name = family_name(m.name(), m.unit());
             macro_rules! render {
                 ($data:expr) => {
                     match $data {

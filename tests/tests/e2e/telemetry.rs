@@ -304,3 +304,85 @@ fn traces_metrics_and_logs_go_over_grpc_to_a_real_receiver_and_logs_keep_their_m
     assert!(records.iter().all(|(severity, _)| *severity >= 13), "only warn and above are exported: {records:?}");
     drop(rt);
 }
+
+/// Past OpenTelemetry's default of 2,000 series an instrument, every job still has its
+/// per-job gauges: at `/metrics` (served from the worker's own table) and over OTLP (a
+/// provider of their own, with room for many more).
+#[test]
+fn every_job_has_its_gauges_past_two_thousand_jobs_at_metrics_and_over_otlp() {
+    const JOBS: usize = 2_500;
+    let rt = runtime();
+    let otlp = rt.block_on(Receiver::start());
+    let mut w = Worker::new("");
+    let url = otlp.base_url();
+    let telemetry = format!(
+        "telemetry:\n  enabled: true\n\
+         \x20 traces: {{exporter: none}}\n\
+         \x20 metrics: {{exporter: otlp, endpoint: \"{url}\", export_interval_ms: 300}}\n\
+         \x20 logs: {{exporter: none}}\n"
+    );
+    let jobs: String = (0..JOBS)
+        .map(|i| format!("j{i:04}:\n  cron: \"0 3 * * *\"\n  type: plugin\n  plugin: shell-exec\n  action: run\n  parameters: {{command: \"true\"}}\n"))
+        .collect();
+    w.write_full(&telemetry, &jobs, "");
+    w.start();
+    let now = crate::support::now_ms() as f64 / 1000.0;
+    let all: std::collections::BTreeSet<String> = (0..JOBS).map(|i| format!("j{i:04}")).collect();
+    // Each job once, and no other series.
+    let every_job = |seen: &[(String, f64)]| {
+        seen.len() == JOBS && seen.iter().map(|(j, _)| j.clone()).collect::<std::collections::BTreeSet<_>>() == all
+    };
+
+    let next_fires = poll(
+        "a next fire time for every job at /metrics",
+        Duration::from_secs(30),
+        || {
+            let page = metrics_page(&w);
+            let seen: Vec<(String, f64)> = samples(&page, "lamplighter_job_next_fire_timestamp_seconds")
+                .into_iter()
+                .map(|(l, v)| (l.get("job").cloned().unwrap_or_default(), v))
+                .collect();
+            every_job(&seen).then_some((page, seen))
+        },
+        || {
+            format!(
+                "{} next fire series\nlog:\n{}",
+                samples(&metrics_page(&w), "lamplighter_job_next_fire_timestamp_seconds").len(),
+                w.log()
+            )
+        },
+    );
+    let (page, seen) = next_fires;
+    assert!(!page.contains("otel_metric_overflow"), "no series summed into the overflow one");
+    assert!(seen.iter().all(|(_, v)| *v > now && *v <= now + 86_400.0 + 60.0), "each next fire is within the next day: {:?}", &seen[..3]);
+    let failures = samples(&page, "lamplighter_job_consecutive_failures");
+    assert_eq!(failures.len(), JOBS, "a failure count for every job");
+    assert!(failures.iter().all(|(_, v)| *v == 0.0));
+
+    let pushed = poll(
+        "a next fire time for every job over OTLP",
+        Duration::from_secs(30),
+        || {
+            let seen: Vec<(String, f64)> = otlp
+                .points("lamplighter.job.next_fire.timestamp")
+                .into_iter()
+                .filter_map(|p| Some((p.attributes.get("job")?.clone(), p.value)))
+                .collect();
+            every_job(&seen).then_some(seen)
+        },
+        || format!("{} next fire points: {:?}", otlp.points("lamplighter.job.next_fire.timestamp").len(), otlp.metric_names()),
+    );
+    assert!(pushed.iter().all(|(_, v)| *v > now), "{:?}", &pushed[..3]);
+    assert!(
+        otlp.points("lamplighter.job.next_fire.timestamp").iter().all(|p| !p.attributes.contains_key("otel.metric.overflow")),
+        "no overflow series over OTLP"
+    );
+    // The other metrics still go out beside them.
+    poll(
+        "the queue depth over OTLP",
+        Duration::from_secs(20),
+        || otlp.points("lamplighter.queue.depth").first().cloned(),
+        || format!("{:?}", otlp.metric_names()),
+    );
+    drop(rt);
+}
