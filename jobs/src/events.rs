@@ -137,8 +137,10 @@ pub(crate) struct JobGauge {
     pub(crate) oldest_approval: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// The per-job gauges' values, shared with their callbacks; `None` while they are switched off.
-type JobGauges = Arc<RwLock<Option<std::collections::BTreeMap<String, JobGauge>>>>;
+/// The per-job gauges' values, shared with their readers; `None` while they are switched off.
+/// A reader takes the table as it stands (an `Arc`) and walks it without the lock, so that
+/// serving a million jobs' gauges never holds up the next sample.
+type JobGauges = Arc<RwLock<Option<Arc<std::collections::BTreeMap<String, JobGauge>>>>>;
 
 /// Each limit's slots held and runs waiting (all workers), as last sampled.
 type LimitGauges = Arc<RwLock<std::collections::BTreeMap<String, (u64, u64)>>>;
@@ -981,8 +983,7 @@ impl Observer {
     /// of series each (see [`Observer::export_job_gauges`]).
     pub fn read_job_gauges(&self, mut each: impl FnMut(&JobGaugeKind, &mut dyn Iterator<Item = (&str, f64)>)) {
         let now = chrono::Utc::now();
-        let guard = self.jobs.read().unwrap_or_else(|e| e.into_inner());
-        let Some(jobs) = guard.as_ref() else { return };
+        let Some(jobs) = self.jobs.read().unwrap_or_else(|e| e.into_inner()).clone() else { return };
         for kind in &JOB_GAUGES {
             each(kind, &mut jobs.iter().filter_map(|(job, g)| (kind.pick)(g, now).map(|v| (job.as_str(), v))));
         }
@@ -996,8 +997,8 @@ impl Observer {
             let pick = kind.pick;
             let mut b = meter.f64_observable_gauge(kind.name).with_description(kind.description).with_callback(move |o| {
                 let now = chrono::Utc::now();
-                let guard = values.read().unwrap_or_else(|e| e.into_inner());
-                for (job, g) in guard.iter().flatten() {
+                let table = values.read().unwrap_or_else(|e| e.into_inner()).clone();
+                for (job, g) in table.iter().flat_map(|t| t.iter()) {
                     if let Some(v) = pick(g, now) {
                         o.observe(v, &[KeyValue::new("job", job.clone())]);
                     }
@@ -1014,7 +1015,7 @@ impl Observer {
     pub(crate) fn set_job_gauges(&self, values: std::collections::BTreeMap<String, JobGauge>) {
         let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
         if jobs.is_some() {
-            *jobs = Some(values);
+            *jobs = Some(Arc::new(values));
         }
     }
 

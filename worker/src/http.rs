@@ -3,6 +3,7 @@
 //! token when auth is on), and the MCP endpoint at `/mcp` (streamable HTTP), which alone sits
 //! behind all the guards of `security.rs`.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
@@ -72,9 +73,12 @@ fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
     let serve = move || {
         let metrics = metrics.clone();
         async move {
-            // Collecting walks every series: off the async threads.
-            let text = tokio::task::spawn_blocking(move || metrics.prometheus()).await.unwrap_or_default();
-            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+            // Collecting walks every series: off the async threads, and sent as it is made
+            // (a million jobs' gauges are a page of over 100 MB).
+            let (tx, rx) = tokio::sync::mpsc::channel::<String>(2);
+            tokio::task::spawn_blocking(move || metrics.prometheus(|piece| tx.blocking_send(piece).is_ok()));
+            let pieces = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (Ok::<_, Infallible>(p), rx)) });
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], axum::body::Body::from_stream(pieces))
         }
     };
     Router::new().route("/metrics", get(serve)).route_layer(axum::middleware::from_fn_with_state(guard, security::check_token))

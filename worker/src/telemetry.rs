@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lamplighter_config::{Exporter, OtlpProtocol, SignalConfig, TelemetryConfig};
-use lamplighter_jobs::events::{JobGaugeKind, Observer};
+use lamplighter_jobs::events::Observer;
 use lamplighter_plugins::Registry;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
@@ -539,35 +539,50 @@ impl SpanExporter for ConsoleSpans {
 /// cost about 0.5 kB each: 10,000 keeps this to about 1.5 MB a gauge.
 const OTLP_JOB_SERIES: usize = 10_000;
 
-/// The reader behind `/metrics`: collects on demand, and adds the observer's per-job gauges.
+/// The reader behind `/metrics`: collects on demand, and adds the observer's per-job gauges
+/// (every job's, read from its table: none of them kept by the SDK).
 #[derive(Debug, Default)]
 pub(crate) struct PullReader {
     reader: ManualReader,
     observer: std::sync::OnceLock<Arc<Observer>>,
 }
 
+/// About how much of a `/metrics` page is made before it is handed on.
+const PAGE_PIECE: usize = 64 * 1024;
+
 impl PullReader {
-    /// Every metric, in the Prometheus text format (0.0.4).
-    pub(crate) fn prometheus(&self) -> String {
+    /// Every metric, in the Prometheus text format (0.0.4), handed to `send` a piece of about
+    /// [`PAGE_PIECE`] at a time, so that the page of a million jobs is never whole in memory.
+    /// Stops when `send` says the reader has gone.
+    pub(crate) fn prometheus(&self, mut send: impl FnMut(String) -> bool) {
         let mut rm = ResourceMetrics::default();
         if let Err(e) = self.reader.collect(&mut rm) {
-            return format!("# cannot collect metrics: {e}\n");
+            send(format!("# cannot collect metrics: {e}\n"));
+            return;
         }
         let mut out = render_prometheus(&rm);
+        let mut open = true;
         if let Some(observer) = self.observer.get() {
-            observer.read_job_gauges(|kind, jobs| render_job_gauge(&mut out, kind, jobs));
+            observer.read_job_gauges(|kind, jobs| {
+                if !open {
+                    return;
+                }
+                let name = family_name(kind.name, kind.unit.unwrap_or(""));
+                header(&mut out, &name, kind.description, "gauge");
+                for (job, v) in jobs {
+                    let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", label_value(job), prom_value(v));
+                    if out.len() >= PAGE_PIECE {
+                        open = send(std::mem::take(&mut out));
+                        if !open {
+                            return;
+                        }
+                    }
+                }
+            });
         }
-        out
-    }
-}
-
-/// A per-job gauge as a Prometheus family, a sample for each job: these come from the
-/// observer's own table, so every job has its series, however many there are.
-fn render_job_gauge(out: &mut String, kind: &JobGaugeKind, jobs: &mut dyn Iterator<Item = (&str, f64)>) {
-    let name = family_name(kind.name, kind.unit.unwrap_or(""));
-    header(out, &name, kind.description, "gauge");
-    for (job, v) in jobs {
-        let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", label_value(job), prom_value(v));
+        if open && !out.is_empty() {
+            send(out);
+        }
     }
 }
 

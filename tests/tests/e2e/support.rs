@@ -398,11 +398,29 @@ pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     // database does not answer still gets its answer, with the reasons.
     s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    Some((code, body))
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let split = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = &buf[split + 4..];
+    let body = if head.lines().any(|l| l.replace(' ', "") == "transfer-encoding:chunked") { dechunk(body)? } else { body.to_vec() };
+    Some((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// An HTTP/1.1 chunked body, whole; none if it is cut short.
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let eol = rest.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(rest.get(..size)?);
+        rest = rest.get(size + 2..)?;
+    }
 }
 
 /// Runs the binary to completion: (exit code, stdout, stderr).
