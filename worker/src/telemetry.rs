@@ -388,13 +388,13 @@ fn init_subscriber(format: LogFormat, level: Option<&str>, logger: Option<(&SdkL
 /// The registry under the global level filter: what the output layers sit on.
 type Layered = tracing_subscriber::layer::Layered<EnvFilter, Subscriber>;
 
-/// An exporter whose failures are reported at most once a minute (an unreachable collector
-/// must not flood the log it may itself be receiving).
+/// An exporter whose failures are reported at most once a minute per signal, however many
+/// exporters carry it (an unreachable collector must not flood the log it may itself be
+/// receiving).
 #[derive(Debug)]
 struct Warned<E> {
     inner: E,
     signal: Exported,
-    last_warned: AtomicU64,
 }
 
 /// A signal exported over OTLP.
@@ -419,6 +419,12 @@ impl Exported {
         static FAILURES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         &FAILURES[self as usize]
     }
+
+    /// When its last failure was logged (Unix seconds; 0: never).
+    fn last_warned(self) -> &'static AtomicU64 {
+        static LAST: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+        &LAST[self as usize]
+    }
 }
 
 /// Registers the export failure counter on `meter` (every signal, 0 until one fails).
@@ -436,15 +442,16 @@ fn export_failures(meter: &opentelemetry::metrics::Meter) {
 
 impl<E> Warned<E> {
     fn new(inner: E, signal: Exported) -> Self {
-        Self { inner, signal, last_warned: AtomicU64::new(0) }
+        Self { inner, signal }
     }
 
     fn report(&self, r: OTelSdkResult) -> OTelSdkResult {
         if let Err(e) = &r {
             let failures = self.signal.failures().fetch_add(1, Ordering::Relaxed) + 1;
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            let last = self.last_warned.load(Ordering::Relaxed);
-            if now >= last + 60 && self.last_warned.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            let last_warned = self.signal.last_warned();
+            let last = last_warned.load(Ordering::Relaxed);
+            if now >= last + 60 && last_warned.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
                 tracing::warn!(target: "lamplighter::telemetry", signal = self.signal.as_str(), failures, error = %e, "cannot export telemetry; dropping it (next warning in a minute at the earliest)");
             }
         }
@@ -747,6 +754,33 @@ pub(crate) fn write_internal_events(observer: &Observer, to: &std::path::Path) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The per-job gauges' OTLP exporter and the other metrics' one both fail when the
+    /// collector is away: the log still hears of it once a minute for the signal, and the
+    /// failure counter counts every failed export.
+    #[test]
+    fn export_failures_are_logged_once_a_minute_per_signal_however_many_exporters_carry_it() {
+        use std::sync::Mutex;
+        struct Warnings(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> Layer<S> for Warnings {
+            fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                if *event.metadata().level() == tracing::Level::WARN {
+                    self.0.lock().unwrap().push(event.metadata().target().to_string());
+                }
+            }
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let before = Exported::Logs.failures().load(Ordering::Relaxed);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(Warnings(seen.clone())), || {
+            let (a, b) = (Warned::new((), Exported::Logs), Warned::new((), Exported::Logs));
+            for w in [&a, &b, &a, &b] {
+                let failed = opentelemetry_sdk::error::OTelSdkError::InternalFailure("connection refused".into());
+                assert!(w.report(Err(failed)).is_err(), "the failure is passed on");
+            }
+        });
+        assert_eq!(seen.lock().unwrap().len(), 1, "one warning for the signal: {:?}", seen.lock().unwrap());
+        assert_eq!(Exported::Logs.failures().load(Ordering::Relaxed) - before, 4);
+    }
 
     /// A client hanging up is not an operator's ERROR; rmcp's other errors still are, and its
     /// routine INFO lines are off by default.
