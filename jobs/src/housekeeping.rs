@@ -15,13 +15,18 @@ use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
 use crate::scheduler::Scheduler;
 use crate::signals::{Signal, Signals};
-use crate::store::{Definitions, Listings, Notices, StoreError, Upkeep};
+use crate::store::{Definitions, Listings, Notices, Retain, StoreError, Upkeep};
 
 /// Pruning waits when a tick is this close, and until this long after it.
 const PRUNE_CLEARANCE_MS: i64 = 250;
 
 /// A busy worker prunes at most this often; an idle one not at all.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// How many jobs' retention one transaction applies: a few milliseconds of the write lock
+/// (well inside the clearance kept before a tick), and a commit per chunk rather than per
+/// statement.
+const PRUNE_CHUNK: usize = 64;
 
 /// How often the gauges read from the database are sampled.
 const GAUGES_SAMPLED_EVERY: Duration = Duration::from_secs(5);
@@ -69,16 +74,23 @@ impl Pruner {
         }
     }
 
-    /// Applies retention to every job waiting for it.
+    /// Applies retention to every job waiting for it, [`PRUNE_CHUNK`] jobs a transaction.
     async fn prune_now(&self) {
         let pending = self.retention.take();
         let jobs = self.config.jobs();
         let now = self.clock.now();
-        for name in pending {
+        let retain: Vec<Retain<'_>> = pending
+            .iter()
+            .filter_map(|name| {
+                let job = jobs.get(name)?;
+                Some(Retain { job: name, keep: job.retention.max_runs, max_age: job.retention.max_age })
+            })
+            .collect();
+        for chunk in retain.chunks(PRUNE_CHUNK) {
             self.clear_of_ticks().await;
-            let Some(job) = jobs.get(&name) else { continue };
-            if let Err(e) = self.upkeep.prune(&name, job.retention.max_runs, job.retention.max_age, now).await {
-                tracing::warn!(job = %name, error = %e, "cannot prune run history");
+            if let Err(e) = self.upkeep.prune(chunk, now).await {
+                let (first, last) = (chunk[0].job, chunk[chunk.len() - 1].job);
+                tracing::warn!(jobs = chunk.len(), first, last, error = %e, "cannot prune run history (it is tried again after these jobs' next runs)");
             }
         }
         self.clear_of_ticks().await;

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::{ChangeRequest, Changed, Refused};
+use super::{ChangeRequest, Changed, Refused, Retain};
 use super::{Claim, Decided, Hold, JobState, NewRun, RunEnd, RunFilter, RunStore, StepDecision, TICK_KEYS_KEPT, WorkerId};
 use crate::definitions::Change;
 use crate::run::{CallKind, CallRecord, FollowUp, Owner, Run, RunStatus, StepRecord, StepStatus, Trigger};
@@ -547,17 +547,51 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
         s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(200)).await.expect("finish");
     }
     // An outcome not yet noticed (its notifications not yet recorded) is kept.
-    assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 0);
+    assert_eq!(s.prune(&[keep("r", Some(1), None)], t + secs(300)).await.expect("prune"), 0);
     let no_rules = |_: &str| None;
     assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(300)).await.expect("notice").runs, 3);
-    assert_eq!(s.prune("r", Some(1), None, t + secs(300)).await.expect("prune"), 2);
+    assert_eq!(s.prune(&[keep("r", Some(1), None)], t + secs(300)).await.expect("prune"), 2);
     let left: Vec<String> =
         s.list_runs(&RunFilter { job: Some("r".into()), ..Default::default() }).await.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(left, vec![ids[3].clone(), ids[2].clone()], "the newest finished run and the running one");
     // By age: the finished one is older than a minute, the running one has no end.
-    assert_eq!(s.prune("r", None, Some(Duration::from_secs(60)), t + secs(400)).await.expect("prune"), 1);
+    assert_eq!(s.prune(&[keep("r", None, Some(Duration::from_secs(60)))], t + secs(400)).await.expect("prune"), 1);
     assert_eq!(status(s, &ids[3]).await, RunStatus::Running);
     s.housekeeping().await.expect("housekeeping");
+}
+
+/// A job's retention for [`Upkeep::prune`].
+fn keep(job: &str, keep: Option<u32>, max_age: Option<Duration>) -> Retain<'_> {
+    Retain { job, keep, max_age }
+}
+
+/// One call applies each job's own retention, and leaves a job it was not given alone.
+async fn retention_of_many_jobs_is_applied_each_its_own_way_in_one_call(s: &dyn RunStore) {
+    let t = t0();
+    let no_rules = |_: &str| None;
+    let mut ids: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for job in ["a", "b", "c"] {
+        for i in 0..3 {
+            let at = t + secs(i * 60);
+            let out = s.fire_ticks(vec![(tick(job, at), Overlap::Allow)], none(1), at).await.expect("fire");
+            let id = out.into_iter().next().flatten().expect("fresh").run_id;
+            s.finish_many(&[end(&id, RunStatus::Succeeded)], at + secs(1)).await.expect("finish");
+            ids.entry(job).or_default().push(id);
+        }
+    }
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(300)).await.expect("notice").runs, 9);
+    // `a` keeps its newest run, `b` those that ended in the last 90 s (the third only), `c` is
+    // not pruned.
+    let asked = [keep("a", Some(1), None), keep("b", None, Some(Duration::from_secs(90)))];
+    assert_eq!(s.prune(&asked, t + secs(200)).await.expect("prune"), 4);
+    let left = |job: &'static str| async move {
+        let runs = s.list_runs(&RunFilter { job: Some(job.into()), ..Default::default() }).await.expect("list");
+        runs.into_iter().map(|r| r.id).collect::<Vec<_>>()
+    };
+    assert_eq!(left("a").await, vec![ids["a"][2].clone()]);
+    assert_eq!(left("b").await, vec![ids["b"][2].clone()]);
+    assert_eq!(left("c").await.len(), 3, "a job not asked about keeps its runs");
+    assert_eq!(s.prune(&[], t + secs(200)).await.expect("prune nothing"), 0);
 }
 
 async fn tick_keys_guard_a_window_then_go(s: &dyn RunStore) {
@@ -566,11 +600,11 @@ async fn tick_keys_guard_a_window_then_go(s: &dyn RunStore) {
     assert!(fire(t).await.expect("fire")[0].is_some(), "the first time, the tick fires");
     // Inside the window, pruning keeps the key: the same tick (a clock stepped back) is refused.
     let inside = t + chrono::Duration::from_std(TICK_KEYS_KEPT).expect("window") - secs(1);
-    s.prune("k", None, None, inside).await.expect("prune");
+    s.prune(&[keep("k", None, None)], inside).await.expect("prune");
     assert!(fire(inside).await.expect("fire again")[0].is_none(), "a tick fires once while its key is kept");
     // Past it the key is gone: the table stays bounded however long the worker runs.
     let past = t + chrono::Duration::from_std(TICK_KEYS_KEPT).expect("window") + secs(1);
-    s.prune("k", None, None, past).await.expect("prune");
+    s.prune(&[keep("k", None, None)], past).await.expect("prune");
     assert!(fire(past).await.expect("fire after the window")[0].is_some(), "the key was pruned");
 }
 
@@ -1712,6 +1746,7 @@ macro_rules! contract {
                 a_restart_under_the_same_name_takes_the_lease_over,
                 retention_deletes_only_finished_runs,
                 tick_keys_guard_a_window_then_go,
+                retention_of_many_jobs_is_applied_each_its_own_way_in_one_call,
                 listings_page_newest_first_and_count,
                 job_state_persists_and_the_last_tick_only_moves_forward,
                 a_group_pauses_and_resumes_at_once,

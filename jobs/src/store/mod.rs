@@ -58,7 +58,7 @@ pub(crate) use missed::Missed;
 pub(crate) use notices::Notices;
 pub(crate) use records::Records;
 pub(crate) use ticks::Ticks;
-pub(crate) use upkeep::Upkeep;
+pub(crate) use upkeep::{Retain, Upkeep};
 
 /// Which backend a worker runs on: named in the status answer, and what the engine may rely on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

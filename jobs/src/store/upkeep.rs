@@ -17,9 +17,10 @@ pub(crate) trait Upkeep: Send + Sync + std::fmt::Debug {
     /// The storage answers and is the one this worker opened; else what is wrong, for
     /// `/readyz`.
     async fn check(&self) -> Result<(), String>;
-    /// Deletes finished runs of a job beyond its retention (count and age), and its tick keys
-    /// older than [`TICK_KEYS_KEPT`]. Active runs are never deleted.
-    async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError>;
+    /// Deletes each job's finished runs beyond its retention (count and age), and its tick
+    /// keys older than [`TICK_KEYS_KEPT`], in one transaction (one commit for them all, not
+    /// one a statement); the runs deleted. Active runs are never deleted.
+    async fn prune(&self, jobs: &[Retain<'_>], now: DateTime<Utc>) -> Result<u64, StoreError>;
     /// What pruning single jobs leaves behind (checkpoints of deleted runs, consumed queue
     /// tasks), and the backend's own upkeep.
     async fn housekeeping(&self) -> Result<(), StoreError>;
@@ -39,38 +40,13 @@ impl<D: UpkeepSql> Upkeep for D {
         UpkeepSql::check(self).await
     }
 
-    async fn prune(&self, job: &str, keep: Option<u32>, max_age: Option<Duration>, now: DateTime<Utc>) -> Result<u64, StoreError> {
-        let mut c = self.writer().await?;
+    async fn prune(&self, jobs: &[Retain<'_>], now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
         let mut deleted = 0;
-        if let Some(keep) = keep {
-            let q = Stmt::new(
-                sql!(
-                    D,
-                    format!(
-                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {a} AND outcome_seen IS NOT NULL AND id NOT IN
-                         (SELECT id FROM ll_runs WHERE job = $1 AND status NOT IN {a} ORDER BY id DESC LIMIT $2)",
-                        a = *ACTIVE
-                    )
-                ),
-                "pruning runs by count",
-            );
-            deleted += D::execute(&mut c, q.bind(job).bind(i64::from(keep))).await?;
+        for job in jobs {
+            deleted += prune_job::<D>(&mut tx, job, now).await?;
         }
-        if let Some(age) = max_age {
-            let q = Stmt::new(
-                sql!(
-                    D,
-                    format!(
-                        "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {} AND outcome_seen IS NOT NULL AND finished_at < $2",
-                        *ACTIVE
-                    )
-                ),
-                "pruning runs by age",
-            );
-            deleted += D::execute(&mut c, q.bind(job).bind(ms(now) - age.as_millis() as i64)).await?;
-        }
-        let q = Stmt::new(sql!(D, "DELETE FROM ll_ticks WHERE job = $1 AND scheduled_at < $2"), "pruning ticks");
-        D::execute(&mut c, q.bind(job).bind(ms(now) - TICK_KEYS_KEPT.as_millis() as i64)).await?;
+        D::commit(tx).await?;
         Ok(deleted)
     }
 
@@ -93,4 +69,49 @@ impl<D: UpkeepSql> Upkeep for D {
         D::execute(&mut *self.writer().await?, q).await?;
         UpkeepSql::housekeeping(self).await
     }
+}
+
+/// A job's retention, as [`Upkeep::prune`] applies it: the finished runs to keep, by count
+/// and by age (none: no bound).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retain<'a> {
+    pub(crate) job: &'a str,
+    pub(crate) keep: Option<u32>,
+    pub(crate) max_age: Option<Duration>,
+}
+
+/// One job's retention, on `c` (the pruning transaction).
+async fn prune_job<D: UpkeepSql>(c: &mut D::Conn, r: &Retain<'_>, now: DateTime<Utc>) -> Result<u64, StoreError> {
+    let Retain { job, keep, max_age } = *r;
+    let mut deleted = 0;
+    if let Some(keep) = keep {
+        let q = Stmt::new(
+            sql!(
+                D,
+                format!(
+                    "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {a} AND outcome_seen IS NOT NULL AND id NOT IN
+                     (SELECT id FROM ll_runs WHERE job = $1 AND status NOT IN {a} ORDER BY id DESC LIMIT $2)",
+                    a = *ACTIVE
+                )
+            ),
+            "pruning runs by count",
+        );
+        deleted += D::execute(c, q.bind(job).bind(i64::from(keep))).await?;
+    }
+    if let Some(age) = max_age {
+        let q = Stmt::new(
+            sql!(
+                D,
+                format!(
+                    "DELETE FROM ll_runs WHERE job = $1 AND status NOT IN {} AND outcome_seen IS NOT NULL AND finished_at < $2",
+                    *ACTIVE
+                )
+            ),
+            "pruning runs by age",
+        );
+        deleted += D::execute(c, q.bind(job).bind(ms(now) - age.as_millis() as i64)).await?;
+    }
+    let q = Stmt::new(sql!(D, "DELETE FROM ll_ticks WHERE job = $1 AND scheduled_at < $2"), "pruning ticks");
+    D::execute(c, q.bind(job).bind(ms(now) - TICK_KEYS_KEPT.as_millis() as i64)).await?;
+    Ok(deleted)
 }
