@@ -99,8 +99,9 @@ pub struct TelemetryConfig {
     /// How often metrics are pushed (`metrics.export_interval_ms`).
     pub metrics_interval: Option<Duration>,
     /// `metrics.per_job` (default true): the per-job gauges (last success, next fire,
-    /// consecutive failures, oldest running run), one series per job each. Off for very large
-    /// job counts: the other metrics keep their `job` label, these are left out.
+    /// consecutive failures, oldest running run, oldest wait for a decision), one series per
+    /// job each. Off for very large job counts: the other metrics keep their `job` label,
+    /// these are left out.
     pub metrics_per_job: bool,
     /// `logs.min_level`: the lowest level of the log records exported over OTLP (tracing's
     /// names: `trace` … `error`, `off`). With the console exporter it is the log output's level

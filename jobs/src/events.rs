@@ -178,7 +178,7 @@ pub struct JobGaugeKind {
 }
 
 /// The per-job gauges, in the order they are served.
-pub const JOB_GAUGES: [JobGaugeKind; 5] = [
+pub(crate) const JOB_GAUGES: [JobGaugeKind; 5] = [
     JobGaugeKind {
         name: metric::JOB_LAST_SUCCESS,
         description: "When the job's last run succeeded",
@@ -665,6 +665,10 @@ pub struct Observer {
     /// The jobs this worker plans, and the workers dividing them.
     share: Arc<[AtomicI64; 3]>,
     jobs: JobGauges,
+    /// How many jobs' gauges an exporter keeps ([`Observer::export_job_gauges`]; 0: none), and
+    /// whether the worker has said that it has more jobs than that.
+    jobs_exported: std::sync::atomic::AtomicUsize,
+    jobs_past_export: AtomicBool,
     limits: LimitGauges,
 }
 
@@ -736,6 +740,8 @@ impl std::fmt::Debug for Observer {
 
 impl Observer {
     /// Records metrics on `meter` and spans with `tracer`; hooks call plugins of `registry`.
+    /// The per-job gauges are not on `meter`: read them with [`Observer::read_job_gauges`], or
+    /// put them on a meter of their own with [`Observer::export_job_gauges`].
     pub fn new(meter: &Meter, tracer: Option<BoxedTracer>, registry: Option<Arc<Registry>>) -> Arc<Self> {
         let queue_depth = Arc::new(AtomicI64::new(-1));
         let lapsed_workers = Arc::new(AtomicI64::new(-1));
@@ -753,6 +759,8 @@ impl Observer {
             lapsed_workers,
             share,
             jobs,
+            jobs_exported: Default::default(),
+            jobs_past_export: AtomicBool::new(false),
             limits,
             internal: std::sync::OnceLock::new(),
         })
@@ -990,8 +998,10 @@ impl Observer {
     }
 
     /// Registers the per-job gauges on `meter`, read from the same values at each collection:
-    /// for a pushing exporter (OTLP), whose meter's provider bounds their series.
-    pub fn export_job_gauges(&self, meter: &Meter) {
+    /// for a pushing exporter (OTLP), whose meter's provider keeps the series of at most
+    /// `limit` jobs. With more jobs than that, the worker says so (once).
+    pub fn export_job_gauges(&self, meter: &Meter, limit: usize) {
+        self.jobs_exported.store(limit, Ordering::Relaxed);
         for kind in &JOB_GAUGES {
             let values = self.jobs.clone();
             let pick = kind.pick;
@@ -1013,6 +1023,14 @@ impl Observer {
 
     /// The per-job gauges' values, read afresh (kept only while they are on).
     pub(crate) fn set_job_gauges(&self, values: std::collections::BTreeMap<String, JobGauge>) {
+        let limit = self.jobs_exported.load(Ordering::Relaxed);
+        if limit > 0 && values.len() > limit && !self.jobs_past_export.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                jobs = values.len(),
+                limit,
+                "OTLP carries the per-job gauges of {limit} jobs; the other jobs' are summed into one series labelled otel.metric.overflow. /metrics has every job's"
+            );
+        }
         let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
         if jobs.is_some() {
             *jobs = Some(Arc::new(values));
@@ -1200,6 +1218,14 @@ mod tests {
         let running = &seen[metric::JOB_OLDEST_RUNNING];
         assert!(running.len() == 1 && running[0].0 == "j0002" && (89.0..120.0).contains(&running[0].1), "{running:?}");
         assert!(seen[metric::JOB_OLDEST_APPROVAL].is_empty());
+        assert!(!obs.jobs_past_export.load(Ordering::Relaxed), "no exporter bounds them");
+        let meter = opentelemetry::metrics::noop::NoopMeterProvider::new().meter("test");
+        obs.export_job_gauges(&meter, 2_999);
+        obs.set_job_gauges(Default::default());
+        assert!(!obs.jobs_past_export.load(Ordering::Relaxed));
+        let over: std::collections::BTreeMap<_, _> = (0..3_000).map(|i| (format!("j{i:04}"), JobGauge::default())).collect();
+        obs.set_job_gauges(over);
+        assert!(obs.jobs_past_export.load(Ordering::Relaxed), "3,000 jobs, an exporter that keeps 2,999: said");
         *obs.jobs.write().unwrap() = None;
         assert!(read(&obs).is_empty(), "nothing once switched off");
     }

@@ -3,13 +3,16 @@
 //! token when auth is on), and the MCP endpoint at `/mcp` (streamable HTTP), which alone sits
 //! behind all the guards of `security.rs`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse as _;
 use axum::routing::get;
+use futures::StreamExt as _;
 use lamplighter_config::WorkerConfig;
 use lamplighter_jobs::Engine;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -66,19 +69,43 @@ fn resource_metadata(oauth: &crate::oauth::OAuth) -> Router {
     router
 }
 
+/// How long `/metrics` waits for its reader to take the next piece of the page before it gives
+/// up on it (a scraper that stopped reading must not hold a thread and the table for ever).
+const PIECE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `/metrics`: every metric in the Prometheus text format. Metrics name jobs, so with auth on
 /// a scraper sends the same bearer token (no Host or Origin checks: scrapers reach workers by
-/// many names).
+/// many names). The page is sent as it is made (a million jobs' gauges are over 100 MB of
+/// it): a collection that fails is a 500; a failure after the first piece cuts the response
+/// short, so the scraper counts the scrape as failed rather than taking half a page.
 fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
     let serve = move || {
         let metrics = metrics.clone();
         async move {
-            // Collecting walks every series: off the async threads, and sent as it is made
-            // (a million jobs' gauges are a page of over 100 MB).
-            let (tx, rx) = tokio::sync::mpsc::channel::<String>(2);
-            tokio::task::spawn_blocking(move || metrics.prometheus(|piece| tx.blocking_send(piece).is_ok()));
-            let pieces = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (Ok::<_, Infallible>(p), rx)) });
-            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], axum::body::Body::from_stream(pieces))
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, String>>(2);
+            let fail = tx.clone();
+            let rt = tokio::runtime::Handle::current();
+            // Collecting walks every series: off the async threads.
+            let render = tokio::task::spawn_blocking(move || {
+                let send = |piece| rt.block_on(tx.send_timeout(piece, PIECE_WAIT)).is_ok();
+                if let Err(e) = metrics.prometheus(|p| send(Ok(p))) {
+                    send(Err(e));
+                }
+            });
+            tokio::spawn(async move {
+                if render.await.is_err() {
+                    let _ = fail.send(Err("rendering the metrics failed".into())).await;
+                }
+            });
+            match rx.recv().await {
+                Some(Ok(first)) => {
+                    let rest = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+                    let pieces = futures::stream::once(async { Ok(first) }).chain(rest).map(|p| p.map_err(std::io::Error::other));
+                    ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], Body::from_stream(pieces)).into_response()
+                }
+                Some(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot collect metrics: {e}\n")).into_response(),
+                None => (StatusCode::INTERNAL_SERVER_ERROR, "cannot collect metrics\n").into_response(),
+            }
         }
     };
     Router::new().route("/metrics", get(serve)).route_layer(axum::middleware::from_fn_with_state(guard, security::check_token))

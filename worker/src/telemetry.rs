@@ -3,7 +3,9 @@
 //! the job engine's [`Observer`] records on — exported over OTLP, over HTTP (protobuf, from the
 //! SDK's threads with a blocking client) or gRPC (tonic, on the worker's runtime), as the
 //! `telemetry` section and the standard `OTEL_*` variables say. The same metrics are kept for `GET
-//! /metrics` whether or not they are pushed.
+//! /metrics` whether or not they are pushed. The per-job gauges are the exception: `/metrics`
+//! renders them from the observer's own table (every job), and OTLP gets them through a meter
+//! provider of their own, bounded by [`OTLP_JOB_SERIES`].
 //!
 //! Telemetry never blocks or fails a run: spans and logs wait in bounded batch queues (8,192
 //! spans, 2,048 log records; what comes while the queue is full is dropped) and are sent from
@@ -261,25 +263,30 @@ impl Telemetry {
         export_failures(&meter);
         let observer = Observer::new(&meter, spans, Some(registry));
         if let Some(p) = &job_meters {
-            observer.export_job_gauges(&p.meter("lamplighter"));
+            observer.export_job_gauges(&p.meter("lamplighter"), OTLP_JOB_SERIES);
         }
         let _ = metrics.observer.set(observer.clone());
         Telemetry { observer, metrics, meters, job_meters, tracer, logger }
     }
 
-    /// Flushes and stops the exporters (outside the async runtime). With a collector gone this
-    /// costs at most a few seconds.
+    /// Flushes and stops the exporters (outside the async runtime), all at once: with a
+    /// collector gone, each waits for its own bound (3 s asked; the SDK's metric readers keep
+    /// to their own 5 s), not one after the other.
     pub(crate) fn shutdown(self) {
-        if let Some(t) = self.tracer {
-            let _ = t.shutdown_with_timeout(Duration::from_secs(3));
-        }
-        if let Some(l) = self.logger {
-            let _ = l.shutdown_with_timeout(Duration::from_secs(3));
-        }
-        let _ = self.meters.shutdown_with_timeout(Duration::from_secs(3));
-        if let Some(p) = self.job_meters {
-            let _ = p.shutdown_with_timeout(Duration::from_secs(3));
-        }
+        let Telemetry { tracer, logger, meters, job_meters, .. } = self;
+        let bound = Duration::from_secs(3);
+        std::thread::scope(|s| {
+            if let Some(t) = &tracer {
+                s.spawn(|| t.shutdown_with_timeout(bound));
+            }
+            if let Some(l) = &logger {
+                s.spawn(|| l.shutdown_with_timeout(bound));
+            }
+            if let Some(p) = &job_meters {
+                s.spawn(|| p.shutdown_with_timeout(bound));
+            }
+            let _ = meters.shutdown_with_timeout(bound);
+        });
     }
 }
 
@@ -541,9 +548,10 @@ impl SpanExporter for ConsoleSpans {
 }
 
 /// How many jobs' per-job gauges an OTLP export carries, each gauge (OpenTelemetry's
-/// cardinality limit: the rest are summed into one `otel.metric.overflow` series; `/metrics`
-/// has them all). The SDK sizes a table for it up front, per gauge, and the series it keeps
-/// cost about 0.5 kB each: 10,000 keeps this to about 1.5 MB a gauge.
+/// cardinality limit: past it the SDK folds the rest into one `otel.metric.overflow` series,
+/// and the worker says so; `/metrics` has them all). The SDK reserves a table for the limit
+/// up front (16 Ki entries, 0.5 MB of address space a gauge) and keeps about 0.5 kB a series:
+/// at most about 5 MB a gauge, and up to three gauges have a value for every job.
 const OTLP_JOB_SERIES: usize = 10_000;
 
 /// The reader behind `/metrics`: collects on demand, and adds the observer's per-job gauges
@@ -558,15 +566,13 @@ pub(crate) struct PullReader {
 const PAGE_PIECE: usize = 64 * 1024;
 
 impl PullReader {
-    /// Every metric, in the Prometheus text format (0.0.4), handed to `send` a piece of about
-    /// [`PAGE_PIECE`] at a time, so that the page of a million jobs is never whole in memory.
-    /// Stops when `send` says the reader has gone.
-    pub(crate) fn prometheus(&self, mut send: impl FnMut(String) -> bool) {
+    /// Every metric, in the Prometheus text format (0.0.4), handed to `send` in pieces: the
+    /// SDK's metrics first, whole, then the per-job gauges about [`PAGE_PIECE`] at a time, so
+    /// that the page of a million jobs is never whole in memory. Stops when `send` says the
+    /// reader has gone. An error, before anything is sent, when the SDK cannot collect.
+    pub(crate) fn prometheus(&self, mut send: impl FnMut(String) -> bool) -> Result<(), String> {
         let mut rm = ResourceMetrics::default();
-        if let Err(e) = self.reader.collect(&mut rm) {
-            send(format!("# cannot collect metrics: {e}\n"));
-            return;
-        }
+        self.reader.collect(&mut rm).map_err(|e| e.to_string())?;
         let mut out = render_prometheus(&rm);
         let mut open = true;
         if let Some(observer) = self.observer.get() {
@@ -590,6 +596,7 @@ impl PullReader {
         if open && !out.is_empty() {
             send(out);
         }
+        Ok(())
     }
 }
 
@@ -755,6 +762,29 @@ pub(crate) fn write_internal_events(observer: &Observer, to: &std::path::Path) -
 mod tests {
     use super::*;
 
+    /// A collection that fails sends nothing (the route answers 500, not a page that looks
+    /// whole); one that works sends the SDK's metrics.
+    #[test]
+    fn metrics_that_cannot_be_collected_are_an_error_not_a_page() {
+        let unregistered = PullReader::default();
+        let mut pieces = Vec::new();
+        let e = unregistered.prometheus(|p| {
+            pieces.push(p);
+            true
+        });
+        assert!(e.is_err_and(|e| e.contains("not registered")) && pieces.is_empty(), "{pieces:?}");
+        let reader = Arc::new(PullReader::default());
+        let provider = SdkMeterProvider::builder().with_reader(SharedReader(reader.clone())).build();
+        provider.meter("t").u64_counter("lamplighter.test").build().add(2, &[]);
+        reader
+            .prometheus(|p| {
+                pieces.push(p);
+                true
+            })
+            .expect("collected");
+        assert!(pieces.concat().contains("lamplighter_test_total 2\n"), "{pieces:?}");
+    }
+
     /// The per-job gauges' OTLP exporter and the other metrics' one both fail when the
     /// collector is away: the log still hears of it once a minute for the signal, and the
     /// failure counter counts every failed export.
@@ -770,6 +800,8 @@ mod tests {
             }
         }
         let seen = Arc::new(Mutex::new(Vec::new()));
+        // Process-wide: no other test reports this signal's failures.
+        Exported::Logs.last_warned().store(0, Ordering::Relaxed);
         let before = Exported::Logs.failures().load(Ordering::Relaxed);
         tracing::subscriber::with_default(tracing_subscriber::registry().with(Warnings(seen.clone())), || {
             let (a, b) = (Warned::new((), Exported::Logs), Warned::new((), Exported::Logs));
