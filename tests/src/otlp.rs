@@ -53,6 +53,8 @@ struct Seen {
     spans: Vec<Span>,
     /// The points of the latest export that carried each metric.
     points: BTreeMap<String, Vec<Point>>,
+    /// How many points each export that carried a metric had, in the order they came.
+    carried: BTreeMap<String, Vec<usize>>,
     /// Each log record's severity number (OTLP: 9 info, 13 warn, 17 error) and body.
     logs: Vec<(i32, String)>,
 }
@@ -111,6 +113,11 @@ impl Receiver {
     /// The latest points of metric `name`.
     pub fn points(&self, name: &str) -> Vec<Point> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).points.get(name).cloned().unwrap_or_default()
+    }
+
+    /// How many points of metric `name` each export that carried it had, oldest first.
+    pub fn point_counts(&self, name: &str) -> Vec<usize> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).carried.get(name).cloned().unwrap_or_default()
     }
 
     pub fn metric_names(&self) -> Vec<String> {
@@ -253,6 +260,7 @@ fn record_metrics(seen: &Mutex<Seen>, req: ExportMetricsServiceRequest) {
                     }
                     _ => Vec::new(),
                 };
+                seen.carried.entry(m.name.clone()).or_default().push(points.len());
                 seen.points.insert(m.name.clone(), points);
             }
         }

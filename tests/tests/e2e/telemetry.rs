@@ -379,6 +379,17 @@ fn every_job_has_its_gauges_past_two_thousand_jobs_at_metrics_and_over_otlp() {
         otlp.points("lamplighter.job.next_fire.timestamp").iter().all(|p| !p.attributes.contains_key("otel.metric.overflow")),
         "no overflow series over OTLP"
     );
+    // Every export carries them whole, once: none capped, none in a second copy. Three more
+    // exports (300 ms apart) after the first that had them all.
+    let counts = |otlp: &Receiver| otlp.point_counts("lamplighter.job.next_fire.timestamp");
+    let first_whole = counts(&otlp).len();
+    poll(
+        "three more exports",
+        Duration::from_secs(20),
+        || (counts(&otlp).len() >= first_whole + 3).then_some(()),
+        || format!("{:?}", counts(&otlp)),
+    );
+    assert!(counts(&otlp).iter().all(|n| *n == JOBS), "each export's next fire points: {:?}", counts(&otlp));
     // The other metrics still go out beside them.
     poll(
         "the queue depth over OTLP",
