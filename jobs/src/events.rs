@@ -140,7 +140,10 @@ pub(crate) struct JobGauge {
 /// The per-job gauges' values, shared with their readers; `None` while they are switched off.
 /// A reader takes the table as it stands (an `Arc`) and walks it without the lock, so that
 /// serving a million jobs' gauges never holds up the next sample.
-type JobGauges = Arc<RwLock<Option<Arc<std::collections::BTreeMap<String, JobGauge>>>>>;
+type JobGauges = Arc<RwLock<Option<Arc<JobTable>>>>;
+
+/// Each job's gauges, by job name.
+type JobTable = std::collections::BTreeMap<String, JobGauge>;
 
 /// Each limit's slots held and runs waiting (all workers), as last sampled.
 type LimitGauges = Arc<RwLock<std::collections::BTreeMap<String, (u64, u64)>>>;
@@ -175,6 +178,19 @@ pub struct JobGaugeKind {
     /// `s` for timestamps and ages; none for counts.
     pub unit: Option<&'static str>,
     pick: fn(&JobGauge, chrono::DateTime<chrono::Utc>) -> Option<f64>,
+}
+
+impl JobGaugeKind {
+    /// Each job of `table` this gauge has a value for, and the value at `now`.
+    fn values<'a>(&self, table: &'a JobTable, now: chrono::DateTime<chrono::Utc>) -> impl Iterator<Item = (&'a str, f64)> {
+        let pick = self.pick;
+        table.iter().filter_map(move |(job, g)| pick(g, now).map(|v| (job.as_str(), v)))
+    }
+}
+
+/// The per-job gauges' table as it stands; none while they are off.
+fn job_table(jobs: &JobGauges) -> Option<Arc<JobTable>> {
+    jobs.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The per-job gauges, in the order they are served.
@@ -989,12 +1005,11 @@ impl Observer {
     /// gauge has no value for is left out); nothing while they are off. `/metrics` serves them
     /// from here, every job however many: OpenTelemetry's instruments keep a bounded number
     /// of series each (see [`Observer::export_job_gauges`]).
-    pub fn read_job_gauges(&self, mut each: impl FnMut(&JobGaugeKind, &mut dyn Iterator<Item = (&str, f64)>)) {
+    /// `each` says whether to go on; the answer is whether every gauge was read.
+    pub fn read_job_gauges(&self, mut each: impl FnMut(&JobGaugeKind, &mut dyn Iterator<Item = (&str, f64)>) -> bool) -> bool {
         let now = chrono::Utc::now();
-        let Some(jobs) = self.jobs.read().unwrap_or_else(|e| e.into_inner()).clone() else { return };
-        for kind in &JOB_GAUGES {
-            each(kind, &mut jobs.iter().filter_map(|(job, g)| (kind.pick)(g, now).map(|v| (job.as_str(), v))));
-        }
+        let Some(table) = job_table(&self.jobs) else { return true };
+        JOB_GAUGES.iter().all(|kind| each(kind, &mut kind.values(&table, now)))
     }
 
     /// Registers the per-job gauges on `meter`, read from the same values at each collection:
@@ -1003,15 +1018,10 @@ impl Observer {
     pub fn export_job_gauges(&self, meter: &Meter, limit: usize) {
         self.jobs_exported.store(limit, Ordering::Relaxed);
         for kind in &JOB_GAUGES {
-            let values = self.jobs.clone();
-            let pick = kind.pick;
+            let jobs = self.jobs.clone();
             let mut b = meter.f64_observable_gauge(kind.name).with_description(kind.description).with_callback(move |o| {
-                let now = chrono::Utc::now();
-                let table = values.read().unwrap_or_else(|e| e.into_inner()).clone();
-                for (job, g) in table.iter().flat_map(|t| t.iter()) {
-                    if let Some(v) = pick(g, now) {
-                        o.observe(v, &[KeyValue::new("job", job.clone())]);
-                    }
+                for (job, v) in job_table(&jobs).iter().flat_map(|t| kind.values(t, chrono::Utc::now())) {
+                    o.observe(v, &[KeyValue::new("job", job.to_string())]);
                 }
             });
             if let Some(unit) = kind.unit {
@@ -1196,7 +1206,10 @@ mod tests {
         let obs = Observer::none();
         let read = |obs: &Observer| {
             let mut seen = Vec::new();
-            obs.read_job_gauges(|kind, jobs| seen.push((kind.name, jobs.map(|(j, v)| (j.to_string(), v)).collect::<Vec<_>>())));
+            obs.read_job_gauges(|kind, jobs| {
+                seen.push((kind.name, jobs.map(|(j, v)| (j.to_string(), v)).collect::<Vec<_>>()));
+                true
+            });
             seen
         };
         assert!(read(&obs).is_empty(), "off until configured");

@@ -83,18 +83,15 @@ fn metrics_route(metrics: Arc<PullReader>, guard: Arc<Guard>) -> Router {
         let metrics = metrics.clone();
         async move {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, String>>(2);
-            let fail = tx.clone();
             let rt = tokio::runtime::Handle::current();
             // Collecting walks every series: off the async threads.
-            let render = tokio::task::spawn_blocking(move || {
+            tokio::task::spawn_blocking(move || {
                 let send = |piece| rt.block_on(tx.send_timeout(piece, PIECE_WAIT)).is_ok();
-                if let Err(e) = metrics.prometheus(|p| send(Ok(p))) {
-                    send(Err(e));
-                }
-            });
-            tokio::spawn(async move {
-                if render.await.is_err() {
-                    let _ = fail.send(Err("rendering the metrics failed".into())).await;
+                let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| metrics.prometheus(|p| send(Ok(p)))));
+                match rendered {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => _ = send(Err(e)),
+                    Err(_) => _ = send(Err("rendering the metrics failed".into())),
                 }
             });
             match rx.recv().await {

@@ -186,21 +186,21 @@ impl Telemetry {
         // have a series for each of many jobs; `/metrics` serves them from the observer.
         let mut job_meters = None;
         if on("metrics", &t.metrics) == Exporter::Otlp {
-            let periodic = |e| {
+            let periodic = || -> Result<PeriodicReader<_>, opentelemetry_otlp::ExporterBuildError> {
+                let e = otlp_exporter!(MetricExporter, "metrics", &t.metrics, wire_of("metrics", &t.metrics), rt)?;
                 let mut r = PeriodicReader::builder(Warned::new(e, Exported::Metrics));
                 if let Some(i) = t.metrics_interval {
                     r = r.with_interval(i);
                 }
-                r.build()
+                Ok(r.build())
             };
-            let exporters = (0..2).map(|_| otlp_exporter!(MetricExporter, "metrics", &t.metrics, wire_of("metrics", &t.metrics), rt));
-            match exporters.collect::<Result<Vec<_>, _>>() {
-                Ok(mut e) => {
-                    meters = meters.with_reader(periodic(e.remove(0)));
+            match periodic().and_then(|all| Ok((all, periodic()?))) {
+                Ok((all, per_job)) => {
+                    meters = meters.with_reader(all);
                     job_meters = Some(
                         SdkMeterProvider::builder()
                             .with_resource(resource.clone())
-                            .with_reader(periodic(e.remove(0)))
+                            .with_reader(per_job)
                             .with_view(|_: &Instrument| Stream::builder().with_cardinality_limit(OTLP_JOB_SERIES).build().ok())
                             .build(),
                     );
@@ -574,26 +574,20 @@ impl PullReader {
         let mut rm = ResourceMetrics::default();
         self.reader.collect(&mut rm).map_err(|e| e.to_string())?;
         let mut out = render_prometheus(&rm);
-        let mut open = true;
-        if let Some(observer) = self.observer.get() {
+        let read_all = self.observer.get().is_none_or(|observer| {
             observer.read_job_gauges(|kind, jobs| {
-                if !open {
-                    return;
-                }
                 let name = family_name(kind.name, kind.unit.unwrap_or(""));
                 header(&mut out, &name, kind.description, "gauge");
                 for (job, v) in jobs {
                     let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", label_value(job), prom_value(v));
-                    if out.len() >= PAGE_PIECE {
-                        open = send(std::mem::take(&mut out));
-                        if !open {
-                            return;
-                        }
+                    if out.len() >= PAGE_PIECE && !send(std::mem::take(&mut out)) {
+                        return false;
                     }
                 }
-            });
-        }
-        if open && !out.is_empty() {
+                true
+            })
+        });
+        if read_all && !out.is_empty() {
             send(out);
         }
         Ok(())
