@@ -1233,7 +1233,7 @@ fn workers_divide_the_schedule_and_no_tick_is_lost_or_doubled_as_they_join_and_l
     let jobs: String = (0..JOBS_N)
         .map(|i| {
             format!(
-                "\n    p{i:02}:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"* * * * * *\"\n      retention: {{max_runs: 1000}}\n      parameters: {{path: p{i:02}.txt, content: x}}\n"
+                "\n    p{i:02}:\n      type: plugin\n      plugin: file-save\n      action: save\n      cron: \"* * * * * *\"\n      overlap: allow\n      retention: {{max_runs: 1000}}\n      parameters: {{path: p{i:02}.txt, content: x}}\n"
             )
         })
         .collect::<String>()
