@@ -14,8 +14,6 @@ use serde_yaml::value::{Tag, TaggedValue};
 use yaml_rust2::parser::{Event, Parser, Tag as YamlTag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-mod cut;
-
 /// One step into a YAML document.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Seg {
@@ -236,14 +234,6 @@ fn parse_unguarded(text: &str, keep: Keep) -> Result<(Value, PositionIndex), Par
         Keep::Every => None,
         Keep::Shallow => Some(SHALLOW_DEPTH),
     };
-    // A large file's jobs are parsed in two parts at once where they can be; anything that
-    // does not fit together (an error included) is parsed whole, below.
-    if text.len() >= cut::CUT_FROM
-        && let Some(at) = cut::Cut::find(text)
-        && let Some(parsed) = cut::parse(text, at, depth)
-    {
-        return Ok(parsed);
-    }
     let mut b = Builder::for_text(text, depth, true);
     match build(text, &mut b) {
         Some(Ok(_)) => {}
@@ -252,7 +242,18 @@ fn parse_unguarded(text: &str, keep: Keep) -> Result<(Value, PositionIndex), Par
         // The parser ends every stream with `StreamEnd`, a refusal or a failure: not reached.
         None => return Err(ParseError { line: 1, col: 1, message: "the YAML parser stopped before the end of the file".into() }),
     }
-    let root = b.take_root(text);
+    let mut root = b.root.unwrap_or(Value::Null);
+    // A block scalar (`|`, `>`) whose last line of content ends the file without a line break
+    // has no final line break; yaml-rust2 adds one. (A comment, a blank line or `...` after
+    // the scalar is not its content: there the line break is the scalar's.)
+    let last_line = text.rsplit(['\n', '\r']).next().unwrap_or(text).trim_start();
+    if b.last_was_block
+        && !last_line.is_empty()
+        && let Some(Value::String(s)) = last_leaf(&mut root)
+        && s.strip_suffix('\n').is_some_and(|content| content.ends_with(last_line))
+    {
+        s.pop();
+    }
     Ok((root, PositionIndex { map: b.map, depth }))
 }
 
@@ -435,10 +436,6 @@ impl ParseError {
 #[derive(Default)]
 struct Builder {
     map: Positions,
-    /// Where the text is in the file's (the whole file's, but for a part of a cut one).
-    placed: Placed,
-    /// What a part of a cut file checks as it is built.
-    watch: Option<cut::Watch>,
     /// Positions are kept of paths up to this many steps.
     keep_depth: usize,
     /// Whether the value is built (else only the positions, each node a null left out of
@@ -455,27 +452,6 @@ struct Builder {
     copied: usize,
     /// The last node was a block scalar (`|`, `>`).
     last_was_block: bool,
-}
-
-/// Where a builder's text is in the file's: all of it (the default), or a part of a file cut
-/// in two (`cut`), whose root is a node further down and whose lines from one on are further
-/// down the file.
-#[derive(Debug, Default, Clone, Copy)]
-struct Placed {
-    /// The path of the text's root, and how many steps it is from the file's.
-    root: u64,
-    depth: usize,
-    /// From this line of the text on (1-based; 0: from its start), its lines are `lines`
-    /// further down in the file.
-    from_line: usize,
-    lines: usize,
-}
-
-impl Placed {
-    /// The file's line of the text's `line`.
-    fn line(&self, line: usize) -> usize {
-        if line >= self.from_line { line + self.lines } else { line }
-    }
 }
 
 /// A collection being built, with the hash of its path.
@@ -515,28 +491,8 @@ impl Builder {
         b
     }
 
-    /// The value built, once the stream has ended: its root.
-    fn take_root(&mut self, text: &str) -> Value {
-        let mut root = self.root.take().unwrap_or(Value::Null);
-        // A block scalar (`|`, `>`) whose last line of content ends the file without a line
-        // break has no final line break; yaml-rust2 adds one. (A comment, a blank line or
-        // `...` after the scalar is not its content: there the line break is the scalar's.)
-        let last_line = text.rsplit(['\n', '\r']).next().unwrap_or(text).trim_start();
-        if self.last_was_block
-            && !last_line.is_empty()
-            && let Some(Value::String(s)) = last_leaf(&mut root)
-            && s.strip_suffix('\n').is_some_and(|content| content.ends_with(last_line))
-        {
-            s.pop();
-        }
-        root
-    }
-
     /// Handles one event; true once the stream ends.
     fn on_event(&mut self, event: Event, mark: Marker) -> Result<bool, ParseError> {
-        if let Some(watch) = &mut self.watch {
-            watch.see(&event, mark, &self.open);
-        }
         match event {
             Event::StreamEnd => return Ok(true),
             Event::DocumentStart => {
@@ -582,7 +538,7 @@ impl Builder {
                 self.last_was_block = false;
                 let place = self.enter(mark, None);
                 let path = match place {
-                    Place::Root => self.placed.root,
+                    Place::Root => ROOT,
                     Place::At(h) => h,
                     // A complex key's children: under a path of their own, which no lookup
                     // asks for and which cannot take a real key's position.
@@ -621,8 +577,8 @@ impl Builder {
     /// A node starts: records its position and says where it goes.
     fn enter(&mut self, mark: Marker, scalar: Option<&str>) -> Place {
         self.nodes += 1;
-        let pos = pos(self.placed.line(mark.line()), mark.col() + 1);
-        let deep = self.placed.depth + self.open.len() > self.keep_depth;
+        let pos = pos(mark.line(), mark.col() + 1);
+        let deep = self.open.len() > self.keep_depth;
         let Some(parent) = self.open.last_mut() else {
             return Place::Root;
         };
