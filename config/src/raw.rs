@@ -720,7 +720,8 @@ pub(crate) struct Signal {
     pub(crate) export_interval_ms: Option<u64>,
     pub(crate) min_level: Option<String>,
     /// Metrics only: export the per-job gauges (last success, next fire, consecutive failures,
-    /// oldest running run), one series per job each (default true). Turn off for very large job
+    /// oldest running run, oldest wait for a decision), one series per job each (default true):
+    /// every job's at `/metrics`, up to 10,000 jobs' over OTLP. Turn off for very large job
     /// counts.
     pub(crate) per_job: Option<bool>,
 }
