@@ -142,8 +142,39 @@ pub(crate) struct JobGauge {
 /// serving a million jobs' gauges never holds up the next sample.
 type JobGauges = Arc<RwLock<Option<Arc<JobTable>>>>;
 
-/// Each job's gauges, by job name.
-type JobTable = std::collections::BTreeMap<String, JobGauge>;
+/// Each job's gauges, in the jobs' (name) order. The names are shared from one reading to
+/// the next while the jobs in force stay the same: a million of them were copied every 5 s.
+#[derive(Debug, Default)]
+pub(crate) struct JobTable {
+    names: Arc<Vec<String>>,
+    gauges: Vec<JobGauge>,
+}
+
+impl JobTable {
+    /// The gauges of the jobs `names`, one each, in order.
+    pub(crate) fn new(names: Arc<Vec<String>>, gauges: Vec<JobGauge>) -> Self {
+        JobTable { names, gauges }
+    }
+
+    pub(crate) fn names(&self) -> &Arc<Vec<String>> {
+        &self.names
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &JobGauge)> {
+        self.names.iter().map(String::as_str).zip(&self.gauges)
+    }
+
+    fn len(&self) -> usize {
+        self.gauges.len()
+    }
+}
+
+impl FromIterator<(String, JobGauge)> for JobTable {
+    fn from_iter<I: IntoIterator<Item = (String, JobGauge)>>(jobs: I) -> Self {
+        let (names, gauges) = jobs.into_iter().unzip();
+        JobTable { names: Arc::new(names), gauges }
+    }
+}
 
 /// Each limit's slots held and runs waiting (all workers), as last sampled.
 type LimitGauges = Arc<RwLock<std::collections::BTreeMap<String, (u64, u64)>>>;
@@ -184,7 +215,7 @@ impl JobGaugeKind {
     /// Each job of `table` this gauge has a value for, and the value at `now`.
     fn values<'a>(&self, table: &'a JobTable, now: chrono::DateTime<chrono::Utc>) -> impl Iterator<Item = (&'a str, f64)> {
         let pick = self.pick;
-        table.iter().filter_map(move |(job, g)| pick(g, now).map(|v| (job.as_str(), v)))
+        table.iter().filter_map(move |(job, g)| pick(g, now).map(|v| (job, v)))
     }
 }
 
@@ -1031,8 +1062,13 @@ impl Observer {
         }
     }
 
+    /// The names of the jobs the per-job gauges were last read for (none while they are off).
+    pub(crate) fn job_gauge_names(&self) -> Option<Arc<Vec<String>>> {
+        job_table(&self.jobs).map(|t| t.names().clone())
+    }
+
     /// The per-job gauges' values, read afresh (kept only while they are on).
-    pub(crate) fn set_job_gauges(&self, values: std::collections::BTreeMap<String, JobGauge>) {
+    pub(crate) fn set_job_gauges(&self, values: JobTable) {
         let limit = self.jobs_exported.load(Ordering::Relaxed);
         if limit > 0 && values.len() > limit && !self.jobs_past_export.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -1221,7 +1257,7 @@ mod tests {
         }
         values.get_mut("j0001").unwrap().last_success = Some(t(1_700_000_000));
         values.get_mut("j0002").unwrap().oldest_running = Some(chrono::Utc::now() - chrono::Duration::seconds(90));
-        obs.set_job_gauges(values);
+        obs.set_job_gauges(values.into_iter().collect());
         let seen: std::collections::BTreeMap<_, _> = read(&obs).into_iter().collect();
         assert_eq!(seen.len(), 5, "each gauge, even one no job has a value of");
         assert_eq!(seen[metric::JOB_NEXT_FIRE].len(), 3_000, "every job, past OpenTelemetry's 2,000 series");
@@ -1236,8 +1272,7 @@ mod tests {
         obs.export_job_gauges(&meter, 2_999);
         obs.set_job_gauges(Default::default());
         assert!(!obs.jobs_past_export.load(Ordering::Relaxed));
-        let over: std::collections::BTreeMap<_, _> = (0..3_000).map(|i| (format!("j{i:04}"), JobGauge::default())).collect();
-        obs.set_job_gauges(over);
+        obs.set_job_gauges((0..3_000).map(|i| (format!("j{i:04}"), JobGauge::default())).collect());
         assert!(obs.jobs_past_export.load(Ordering::Relaxed), "3,000 jobs, an exporter that keeps 2,999: said");
         *obs.jobs.write().unwrap() = None;
         assert!(read(&obs).is_empty(), "nothing once switched off");

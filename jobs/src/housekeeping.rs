@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::events::Observer;
+use crate::events::{JobTable, Observer};
 use crate::in_force::{InForce, JobsConfig};
 use crate::retention::PruneQueue;
 use crate::scheduler::Scheduler;
@@ -237,7 +237,10 @@ impl GaugeSampler {
                         // Every job's next fire time, computed again: a quarter of a second at a
                         // million jobs, so off the runtime's threads, which fire the ticks.
                         let (config, now, observer) = (self.config.get(), self.clock.now(), self.observer.clone());
-                        let made = tokio::task::spawn_blocking(move || observer.set_job_gauges(job_gauges(&config, health, now)));
+                        let made = tokio::task::spawn_blocking(move || {
+                            let names = observer.job_gauge_names();
+                            observer.set_job_gauges(job_gauges(&config, health, now, names));
+                        });
                         if let Err(e) = made.await {
                             tracing::warn!(error = %e, "cannot compute the per-job gauges");
                         }
@@ -255,29 +258,90 @@ impl GaugeSampler {
 
 /// The per-job gauges of the jobs in force, from what the database says of them. The next fire
 /// time is the schedule's next after the last tick processed (after `now` for a job that has
-/// none yet); a paused or disabled job has none.
+/// none yet); a paused or disabled job has none. The last reading's names (`last`) are kept
+/// while they are the jobs' own, compared rather than copied again. The jobs come in name
+/// order, and so are the few with a stored health walked beside them, not looked up a job at
+/// a time (a million hashes of names).
 fn job_gauges(
     config: &JobsConfig,
-    mut health: HashMap<String, crate::store::JobHealth>,
+    health: HashMap<String, crate::store::JobHealth>,
     now: DateTime<Utc>,
-) -> BTreeMap<String, crate::events::JobGauge> {
-    config
-        .jobs
-        .iter()
-        .map(|(name, job)| {
-            let h = health.remove(name).unwrap_or_default();
-            let next_fire = match &job.schedule {
-                Some(s) if job.enabled && !h.paused => s.next_after(h.last_tick.unwrap_or(now)),
-                _ => None,
-            };
-            let gauge = crate::events::JobGauge {
-                last_success: h.last_success,
-                next_fire,
-                consecutive_failures: h.consecutive_failures,
-                oldest_running: h.oldest_running,
-                oldest_approval: h.oldest_wait,
-            };
-            (name.clone(), gauge)
-        })
-        .collect()
+    last: Option<Arc<Vec<String>>>,
+) -> JobTable {
+    let mut kept = last.filter(|names| names.len() == config.jobs.len());
+    let mut names = Vec::new();
+    let mut gauges = Vec::with_capacity(config.jobs.len());
+    let mut health: Vec<_> = health.into_iter().collect();
+    health.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut health = health.into_iter().peekable();
+    for (i, (name, job)) in config.jobs.iter().enumerate() {
+        if let Some(k) = &kept
+            && k.get(i) != Some(name)
+        {
+            names = k.get(..i).unwrap_or_default().to_vec();
+            kept = None;
+        }
+        if kept.is_none() {
+            names.push(name.clone());
+        }
+        // Past the stored health of jobs no longer in force, to this job's own if it has one.
+        while health.next_if(|(n, _)| n < name).is_some() {}
+        let h = health.next_if(|(n, _)| n == name).map(|(_, h)| h).unwrap_or_default();
+        let next_fire = match &job.schedule {
+            Some(s) if job.enabled && !h.paused => s.next_after(h.last_tick.unwrap_or(now)),
+            _ => None,
+        };
+        gauges.push(crate::events::JobGauge {
+            last_success: h.last_success,
+            next_fire,
+            consecutive_failures: h.consecutive_failures,
+            oldest_running: h.oldest_running,
+            oldest_approval: h.oldest_wait,
+        });
+    }
+    JobTable::new(kept.unwrap_or_else(|| Arc::new(names)), gauges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jobs `names` (each on 1 January), as the config in force has them.
+    fn jobs(dir: &std::path::Path, names: &[&str]) -> JobsConfig {
+        let job = "      cron: \"0 0 1 1 *\"\n      type: plugin\n      plugin: file-save\n      action: save\n";
+        let yaml: String = names.iter().map(|n| format!("    {n}:\n{job}")).collect();
+        std::fs::write(dir.join("lamplighter.yaml"), format!("scheduling:\n  jobs:\n{yaml}")).expect("write");
+        let opts =
+            lamplighter_config::LoadOptions { path: Some(dir.join("lamplighter.yaml")), cwd: Some(dir.into()), ..Default::default() };
+        let config = lamplighter_config::load_with_env(&opts, |_| None).unwrap_or_else(|e| panic!("{e}")).config;
+        JobsConfig::of(&config, &lamplighter_plugins::Registry::builtin())
+    }
+
+    /// The gauges keep the last reading's names while the jobs in force are the same ones, and
+    /// take the jobs' own once they change; each job's values are its own either way (job `c`
+    /// paused: no next fire).
+    #[test]
+    fn the_gauges_keep_the_names_while_the_jobs_are_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let now = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("instant");
+        // Job `c` paused, and the health of two jobs no longer in force, one between the others.
+        let paused = || {
+            let gone = crate::store::JobHealth { paused: true, ..Default::default() };
+            HashMap::from([("c".to_string(), gone.clone()), ("0-gone".to_string(), gone.clone()), ("bb-gone".to_string(), gone)])
+        };
+        let next_fires = |t: &JobTable| t.iter().map(|(job, g)| (job.to_string(), g.next_fire.is_some())).collect::<Vec<_>>();
+        let abc = jobs(dir.path(), &["a", "b", "c"]);
+        let first = job_gauges(&abc, paused(), now, None);
+        let again = job_gauges(&abc, paused(), now, Some(first.names().clone()));
+        assert!(Arc::ptr_eq(first.names(), again.names()), "the same jobs: the same names");
+        assert_eq!(next_fires(&again), [("a".into(), true), ("b".into(), true), ("c".into(), false)]);
+        for (names, want) in [
+            (&["a", "c", "d"][..], vec![("a".to_string(), true), ("c".into(), false), ("d".into(), true)]),
+            (&["a", "b"][..], vec![("a".into(), true), ("b".into(), true)]),
+        ] {
+            let changed = job_gauges(&jobs(dir.path(), names), paused(), now, Some(again.names().clone()));
+            assert!(!Arc::ptr_eq(changed.names(), again.names()));
+            assert_eq!(next_fires(&changed), want);
+        }
+    }
 }
