@@ -10,7 +10,8 @@
 //!   (spread, not in order), in one of four zones, and twenty per-second jobs among them: start
 //!   to `/readyz`, idle RSS, then for `--seconds` the start lateness (`started_at − due_at`) of
 //!   the per-second jobs' runs and of the others due meanwhile; then one job paused and resumed
-//!   over MCP (`lampctl`), each call's round trip and the lateness of the seconds around it.
+//!   over MCP (`lampctl`), each call's round trip and the lateness of the seconds around it;
+//!   then the config reloaded (`lampctl config reload`), likewise.
 //! - runtime: N jobs created over MCP (`create_job`, four rmcp clients at once, each job at its
 //!   own second of the day) on a worker with none; the create rate by tenth (does a create cost
 //!   more with more jobs in force?); then SIGTERM, and the time from a new start to `/readyz`.
@@ -100,6 +101,15 @@ fn files(n: usize, seconds: u64) {
     }
     let around = (until, now_ms() + 3_000);
     std::thread::sleep(Duration::from_secs(5));
+    // The whole config read again and swapped in (the plan of every job built again): the
+    // call's round trip, and the ticks from its start to 3 s after its end.
+    let reload_from = now_ms();
+    let t = Instant::now();
+    let out = std::process::Command::new(&ctl).args(["--url", &w.url(), "config", "reload"]).output().expect("lampctl");
+    let reload_ms = t.elapsed().as_millis();
+    assert!(out.status.success(), "lampctl config reload: {}", String::from_utf8_lossy(&out.stderr));
+    let reloaded = (reload_from, now_ms() + 3_000);
+    std::thread::sleep(Duration::from_secs(5));
     w.stop();
     let rows = read_rows(&w.db(), "SELECT job, due_at, started_at FROM ll_runs", |r| {
         use sqlx::Row;
@@ -115,6 +125,8 @@ fn files(n: usize, seconds: u64) {
     summary("the others' due meanwhile", late(false, (from, until)));
     println!("lampctl jobs pause / resume round trip: {:?}", calls);
     summary("per-second jobs' lateness ms from the pause to 3 s after the resume", late(true, around));
+    println!("lampctl config reload round trip: {reload_ms} ms");
+    summary("per-second jobs' lateness ms from the reload to 3 s after it", late(true, reloaded));
 }
 
 fn runtime(n: usize) {
