@@ -268,22 +268,13 @@ fn job_gauges(
     now: DateTime<Utc>,
     last: Option<Arc<Vec<String>>>,
 ) -> JobTable {
-    let mut kept = last.filter(|names| names.len() == config.jobs.len());
-    let mut names = Vec::new();
+    let same = last.filter(|names| names.len() == config.jobs.len() && names.iter().eq(config.jobs.keys()));
+    let names = same.unwrap_or_else(|| Arc::new(config.jobs.keys().cloned().collect()));
     let mut gauges = Vec::with_capacity(config.jobs.len());
     let mut health: Vec<_> = health.into_iter().collect();
     health.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut health = health.into_iter().peekable();
-    for (i, (name, job)) in config.jobs.iter().enumerate() {
-        if let Some(k) = &kept
-            && k.get(i) != Some(name)
-        {
-            names = k.get(..i).unwrap_or_default().to_vec();
-            kept = None;
-        }
-        if kept.is_none() {
-            names.push(name.clone());
-        }
+    for (name, job) in config.jobs.iter() {
         // Past the stored health of jobs no longer in force, to this job's own if it has one.
         while health.next_if(|(n, _)| n < name).is_some() {}
         let h = health.next_if(|(n, _)| n == name).map(|(_, h)| h).unwrap_or_default();
@@ -299,7 +290,7 @@ fn job_gauges(
             oldest_approval: h.oldest_wait,
         });
     }
-    JobTable::new(kept.unwrap_or_else(|| Arc::new(names)), gauges)
+    JobTable::new(names, gauges)
 }
 
 #[cfg(test)]

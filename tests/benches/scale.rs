@@ -90,26 +90,11 @@ fn files(n: usize, seconds: u64) {
     let from = now_ms();
     std::thread::sleep(Duration::from_secs(seconds));
     let until = now_ms();
-    // One job paused and resumed: each call's round trip, and the ticks around it.
     let ctl = common::bin().with_file_name("lampctl");
-    let mut calls = Vec::new();
-    for verb in ["pause", "resume"] {
-        let t = Instant::now();
-        let out = std::process::Command::new(&ctl).args(["--url", &w.url(), "jobs", verb, "job-0000001"]).output().expect("lampctl");
-        calls.push((verb, t.elapsed().as_millis()));
-        assert!(out.status.success(), "lampctl jobs {verb}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let around = (until, now_ms() + 3_000);
-    std::thread::sleep(Duration::from_secs(5));
-    // The whole config read again and swapped in (the plan of every job built again): the
-    // call's round trip, and the ticks from its start to 3 s after its end.
-    let reload_from = now_ms();
-    let t = Instant::now();
-    let out = std::process::Command::new(&ctl).args(["--url", &w.url(), "config", "reload"]).output().expect("lampctl");
-    let reload_ms = t.elapsed().as_millis();
-    assert!(out.status.success(), "lampctl config reload: {}", String::from_utf8_lossy(&out.stderr));
-    let reloaded = (reload_from, now_ms() + 3_000);
-    std::thread::sleep(Duration::from_secs(5));
+    // One job paused and resumed, then the whole config read again and swapped in (the plan
+    // of every job built again): each call's round trip, and the ticks around them.
+    let (calls, paused) = calls_and_ticks(&ctl, &w.url(), &[&["jobs", "pause", "job-0000001"], &["jobs", "resume", "job-0000001"]]);
+    let (reload, reloaded) = calls_and_ticks(&ctl, &w.url(), &[&["config", "reload"]]);
     w.stop();
     let rows = read_rows(&w.db(), "SELECT job, due_at, started_at FROM ll_runs", |r| {
         use sqlx::Row;
@@ -123,10 +108,30 @@ fn files(n: usize, seconds: u64) {
     };
     summary(&format!("per-second jobs' start lateness ms over {seconds} s"), late(true, (from, until)));
     summary("the others' due meanwhile", late(false, (from, until)));
-    println!("lampctl jobs pause / resume round trip: {:?}", calls);
-    summary("per-second jobs' lateness ms from the pause to 3 s after the resume", late(true, around));
-    println!("lampctl config reload round trip: {reload_ms} ms");
+    println!("lampctl jobs pause / resume round trip: {calls:?} ms");
+    summary("per-second jobs' lateness ms from the pause to 3 s after the resume", late(true, paused));
+    println!("lampctl config reload round trip: {reload:?} ms");
     summary("per-second jobs' lateness ms from the reload to 3 s after it", late(true, reloaded));
+}
+
+/// Runs each `lampctl` call in turn: their round trips (ms), and the window of ticks around
+/// them (from the first call's start to 3 s after the last's end), waited out so that those
+/// ticks have started before anything else is asked of the worker.
+fn calls_and_ticks(ctl: &std::path::Path, url: &str, calls: &[&[&str]]) -> (Vec<u128>, (i64, i64)) {
+    let from = now_ms();
+    let took = calls
+        .iter()
+        .map(|args| {
+            let t = Instant::now();
+            let out = std::process::Command::new(ctl).args(["--url", url]).args(*args).output().expect("lampctl");
+            assert!(out.status.success(), "lampctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+            t.elapsed().as_millis()
+        })
+        .collect();
+    let window = (from, now_ms() + 3_000);
+    // The worker's own clock is the wall clock: the window's ticks are waited for in real time.
+    std::thread::sleep(Duration::from_secs(5));
+    (took, window)
 }
 
 fn runtime(n: usize) {
