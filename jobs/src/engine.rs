@@ -293,6 +293,11 @@ impl Engine {
         &self.service
     }
 
+    #[cfg(test)]
+    pub(crate) fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.scheduler
+    }
+
     /// Swaps in a new config; the scheduler replans at once. Refused, changing nothing, when
     /// one of its jobs takes the name of a job created at runtime (the reason says which).
     pub fn reload(&self, config: &Config) -> Result<(), String> {

@@ -22,7 +22,7 @@ use crate::run::{Owner, RunStatus, Trigger};
 use crate::schedule::{TickPolicy, due_ticks};
 use crate::share::Share;
 use crate::signals::{Receiver, Signal, Signals};
-use crate::store::{Claim, DUE_BATCH, Due, Handover, JobStates, LimitPass, NewRun, Ticks};
+use crate::store::{Claim, DUE_BATCH, Due, Handover, JobState, JobStates, LimitPass, NewRun, Ticks};
 
 struct Entry {
     schedule: Arc<Schedule>,
@@ -112,25 +112,13 @@ impl Plan {
         }
     }
 
-    /// The old plan's takeover catch-ups, asked for job by job in name order (as a whole plan
-    /// is built): the plan's sorted entries are walked beside, not searched for each job (a
-    /// million searches by name cost the loop a third of a second); a job added since is
-    /// looked up. A plan that holds none (the usual case) is not walked at all: a million
-    /// name comparisons for nothing.
-    fn gained_in_order(&self) -> impl FnMut(&str) -> Option<DateTime<Utc>> + '_ {
-        let any = self.entries.iter().any(|(_, e)| e.gained.is_some());
-        let mut sorted = self.entries.get(..self.sorted).unwrap_or_default().iter().peekable();
-        move |name| {
-            if !any {
-                return None;
-            }
-            while sorted.next_if(|(n, _)| n.as_str() < name).is_some() {}
-            let entry = match sorted.next_if(|(n, _)| n == name) {
-                Some((_, e)) => Some(e),
-                None => self.added.get(name).and_then(|&i| self.entries.get(i)).map(|(_, e)| e),
-            };
-            entry.and_then(|e| e.gained)
+    /// The takeover catch-ups this plan holds, for a whole plan built off the loop. A plan
+    /// holds none but after a takeover: only then are its names copied.
+    fn catch_ups(&self) -> CatchUps {
+        if !self.entries.iter().any(|(_, e)| e.gained.is_some()) {
+            return CatchUps::default();
         }
+        CatchUps { all: self.entries.iter().filter_map(|(n, e)| Some((n.clone(), e.gained?))).collect(), walked: 0 }
     }
 
     /// A whole plan of `entries`, each with its next tick already set: the order is built in
@@ -139,6 +127,34 @@ impl Plan {
     fn whole(entries: Vec<(String, Entry)>) -> Plan {
         let order = entries.iter().enumerate().filter_map(|(i, (_, e))| Some((e.next?.1, i))).collect();
         Plan { sorted: entries.len(), entries, order, added: HashMap::new() }
+    }
+}
+
+/// An old plan's takeover catch-ups, asked for job by job in name order as a whole plan is
+/// built: walked beside the jobs, not searched for each (a million searches by name cost a
+/// third of a second).
+#[derive(Default)]
+struct CatchUps {
+    all: Vec<(String, DateTime<Utc>)>,
+    /// How many of them were walked past.
+    walked: usize,
+}
+
+impl CatchUps {
+    /// In name order, to be walked.
+    fn sorted(mut self) -> Self {
+        self.all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self
+    }
+
+    /// Job `name`'s catch-up; names are asked for in order, and may skip others.
+    fn of(&mut self, name: &str) -> Option<DateTime<Utc>> {
+        while self.all.get(self.walked).is_some_and(|(n, _)| n.as_str() < name) {
+            self.walked += 1;
+        }
+        let (_, at) = self.all.get(self.walked).filter(|(n, _)| n == name)?;
+        self.walked += 1;
+        Some(*at)
     }
 }
 
@@ -198,6 +214,9 @@ pub(crate) struct Scheduler {
     /// The config may have changed the limits (at start, and at each replan): the next
     /// hand-over looks for waiters whatever limits are configured.
     limits_changed: AtomicBool,
+    /// Whole-plan builds wait for it (a test holds it to see the loop fire meanwhile).
+    #[cfg(test)]
+    builds_held: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Scheduler {
@@ -212,6 +231,8 @@ impl Scheduler {
             handing_over: tokio::sync::Mutex::new(()),
             limit_waiters: AtomicBool::new(true),
             limits_changed: AtomicBool::new(true),
+            #[cfg(test)]
+            builds_held: Arc::default(),
         })
     }
 
@@ -235,10 +256,13 @@ impl Scheduler {
         self.held.subscribe()
     }
 
-    /// A pass through `now` is complete; the loop wakes next at `next` (none: nothing planned).
-    fn pass_done(&self, now: DateTime<Utc>, next: Option<DateTime<Utc>>) {
+    /// A pass through `now` is complete (`planned`: with the config in force planned); the loop
+    /// wakes next at `next` (none: nothing planned).
+    fn pass_done(&self, now: DateTime<Utc>, next: Option<DateTime<Utc>>, planned: bool) {
         self.next_wake_ms.store(next.map_or(i64::MAX, |t| t.timestamp_millis()), Ordering::SeqCst);
-        self.passes.send_replace(now);
+        if planned {
+            self.passes.send_replace(now);
+        }
     }
 }
 
@@ -260,23 +284,34 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
     // joined the group it is of (a little before its first pass).
     let mut planned_for: Option<Share> = None;
     let joined = s.env.clock.now() - chrono::Duration::seconds(1);
+    // A whole plan being built off the loop, if any.
+    let mut building: Option<Building> = None;
     loop {
         if !replan && !changed.is_empty() {
             let share = planned_for.clone().unwrap_or_else(Share::everything);
             replan = !plan_jobs(&s, &mut plan, &changed, &share).await;
             s.limits_changed.store(true, Ordering::SeqCst);
+            if let Some(b) = &mut building {
+                b.touched.extend(changed.iter().cloned());
+            }
         }
         changed.clear();
         if replan {
             let share = shares.borrow_and_update().clone();
-            let built = build_plan(&s, &share, planned_for.as_ref(), &plan, joined).await;
-            // The old plan (a million jobs' names) is freed off the loop that fires ticks.
-            let old = std::mem::replace(&mut plan, built);
-            tokio::task::spawn_blocking(move || drop(old));
-            s.env.observer.set_schedule_share(plan.entries.len(), share.members().len().max(1));
-            planned_for = Some(share);
+            let build = Build { share, before: planned_for.clone(), catch_ups: plan.catch_ups(), joined };
+            // A build begun before is of an older config or share.
+            if let Some(old) = building.replace(build.start(&s)) {
+                old.handle.abort();
+            }
             replan = false;
-            s.limits_changed.store(true, Ordering::SeqCst);
+        }
+        // The first plan is waited for: there is none to fire from meanwhile.
+        if let Some(mut b) = building.take_if(|b| planned_for.is_none() || b.handle.is_finished()) {
+            let built = (&mut b.handle).await;
+            replan = !put_in(&s, &mut plan, &mut planned_for, b, built).await;
+            if replan {
+                continue;
+            }
         }
         let now = s.env.clock.now();
         // Nothing due yet, but the next instant is within its lead: its tick transaction is
@@ -285,7 +320,7 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
             let l = lead.of(at, n)?;
             (at > now && at - now <= l).then_some(Ahead { at, lead: l, stop: &stop })
         });
-        if let Some(took) = fire_due(&s, &mut plan, now, ahead.as_ref()).await {
+        if let Some(took) = fire_due(&s, &mut plan, now, ahead.as_ref(), building.as_mut().map(|b| &mut b.touched)).await {
             lead.took(took);
         }
         let resumed = due_seen.is_some_and(|t| t <= now);
@@ -309,7 +344,9 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         // on another worker whose signal was lost is found all the same.
         let waiters_check = s.limit_waiters.load(Ordering::SeqCst).then(|| now + LIMIT_WAITERS_CHECKED_EVERY);
         let wake_at = [tick_wake, next_due, waiters_check].into_iter().flatten().min();
-        s.pass_done(now, wake_at);
+        // A pass from the old plan while the new one is built does not count as one through
+        // `now`: the config in force is not yet planned.
+        s.pass_done(now, wake_at, building.is_none());
         if more || (overdue && !resumed) {
             continue;
         }
@@ -321,6 +358,11 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
             () = sleep => {}
             // Another worker joined or left: the plan is of the new share.
             Ok(()) = shares.changed() => replan = true,
+            built = finished(&mut building) => {
+                if let Some(b) = building.take() {
+                    replan = !put_in(&s, &mut plan, &mut planned_for, b, built).await;
+                }
+            }
             woken = next_for_scheduler(&mut signals, &s.holding) => match woken {
                 Some(r) => {
                     r.into(&mut replan, &mut changed);
@@ -339,6 +381,41 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
         }
     }
     s.alive.store(false, Ordering::SeqCst);
+}
+
+/// The plan being built, once it is (never, when none is).
+async fn finished(building: &mut Option<Building>) -> Result<Plan, tokio::task::JoinError> {
+    match building {
+        Some(b) => (&mut b.handle).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Puts a plan built off the loop in force: the old one is freed off the loop, and the jobs the
+/// loop fired or planned again from it meanwhile are planned again from their stored state.
+/// `false`: a state could not be read (the whole plan is built again).
+async fn put_in(
+    s: &Scheduler,
+    plan: &mut Plan,
+    planned_for: &mut Option<Share>,
+    b: Building,
+    built: Result<Plan, tokio::task::JoinError>,
+) -> bool {
+    let built = match built {
+        Ok(built) => built,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the scheduler's plan; the plan in force stays until the next change");
+            return true;
+        }
+    };
+    // The old plan (a million jobs' names) is freed off the loop that fires ticks.
+    let old = std::mem::replace(plan, built);
+    tokio::task::spawn_blocking(move || drop(old));
+    s.env.observer.set_schedule_share(plan.entries.len(), b.share.members().len().max(1));
+    s.limits_changed.store(true, Ordering::SeqCst);
+    let planned = b.touched.is_empty() || plan_jobs(s, plan, &b.touched, &b.share).await;
+    *planned_for = Some(b.share);
+    planned
 }
 
 /// Why a signal wakes the scheduler.
@@ -400,46 +477,89 @@ pub(crate) fn schedulable(config: &JobsConfig, job: &str, cfg: &JobConfig) -> bo
     cfg.enabled && !config.unavailable.contains_key(job)
 }
 
-/// The plan of the jobs in `share`. Taken over from another worker: those not in `before` (the
-/// share of the last plan), those `old` (the last plan) took over and has not fired since, and
-/// at a start beside other workers (no `before`) every job, from a takeover's span before
-/// `joined`.
-async fn build_plan(s: &Scheduler, share: &Share, before: Option<&Share>, old: &Plan, joined: DateTime<Utc>) -> Plan {
-    let snapshot = s.env.config.get();
-    let jobs = &snapshot.jobs;
-    let states = match s.env.states.job_states().await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read job state; scheduling from now");
-            HashMap::new()
-        }
-    };
-    let now = s.env.clock.now();
-    // A job's catch-up after a takeover is kept from the old plan.
-    let mut old_gained = old.gained_in_order();
-    let mut entries = Vec::new();
-    for (name, cfg) in jobs.iter() {
-        let paused = states.get(name).is_some_and(|s| s.paused);
-        if paused || !schedulable(&snapshot, name, cfg) {
-            continue;
-        }
-        let Some(schedule) = cfg.schedule.clone() else { continue };
-        if !share.owns(name) {
-            continue;
-        }
-        let gained = match before {
-            Some(b) if !b.owns(name) => Some(now - s.env.takeover_within),
-            Some(_) => old_gained(name),
-            // A start beside other workers: they offered the job until they read the join, or
-            // left it to this worker's name (a restart within the lease of a process that died).
-            None if share.members().len() > 1 => Some(joined - s.env.takeover_within),
-            None => None,
-        };
-        let last = states.get(name).and_then(|s| s.last_tick);
-        let next = fires(cfg, &schedule, schedule.next_after(last.unwrap_or(now).min(now)));
-        entries.push((name.clone(), Entry { schedule, last, next, gained }));
+/// A whole plan being built off the loop, which fires from the plan it has meanwhile (a million
+/// jobs take a third of a second of CPU to plan).
+struct Building {
+    handle: tokio::task::JoinHandle<Plan>,
+    /// The share it plans.
+    share: Share,
+    /// The jobs the loop fired or planned again meanwhile: planned again on the new plan, from
+    /// their stored state then, once it is in.
+    touched: BTreeSet<String>,
+}
+
+/// What a whole plan is built from, besides the config in force and the stored states: the
+/// plan of the jobs in `share`. Taken over from another worker: those not in `before` (the
+/// share of the last plan), those the last plan took over and has not fired since
+/// (`catch_ups`), and at a start beside other workers (no `before`) every job, from a
+/// takeover's span before `joined`.
+struct Build {
+    share: Share,
+    before: Option<Share>,
+    catch_ups: CatchUps,
+    joined: DateTime<Utc>,
+}
+
+impl Build {
+    /// Reads the stored states, then plans every job on the blocking pool: the loop is free to
+    /// fire ticks meanwhile.
+    fn start(self, s: &Arc<Scheduler>) -> Building {
+        let share = self.share.clone();
+        let s = s.clone();
+        let handle = tokio::spawn(async move {
+            let snapshot = s.env.config.get();
+            let states = match s.env.states.job_states().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read job state; scheduling from now");
+                    HashMap::new()
+                }
+            };
+            #[cfg(test)]
+            let held = s.builds_held.clone();
+            #[cfg(test)]
+            let _held = held.read().await;
+            let (now, within) = (s.env.clock.now(), s.env.takeover_within);
+            let planned = tokio::task::spawn_blocking(move || self.plan(&snapshot, &states, now, within)).await;
+            match planned {
+                Ok(plan) => plan,
+                // A panic in the planning is the build's (the loop logs it).
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down.
+                Err(_) => Plan::default(),
+            }
+        });
+        Building { handle, share, touched: BTreeSet::new() }
     }
-    Plan::whole(entries)
+
+    fn plan(self, snapshot: &JobsConfig, states: &HashMap<String, JobState>, now: DateTime<Utc>, within: chrono::Duration) -> Plan {
+        let Build { share, before, catch_ups, joined } = self;
+        let mut catch_ups = catch_ups.sorted();
+        let mut entries = Vec::new();
+        for (name, cfg) in snapshot.jobs.iter() {
+            let paused = states.get(name).is_some_and(|s| s.paused);
+            if paused || !schedulable(snapshot, name, cfg) {
+                continue;
+            }
+            let Some(schedule) = cfg.schedule.clone() else { continue };
+            if !share.owns(name) {
+                continue;
+            }
+            let gained = match &before {
+                Some(b) if !b.owns(name) => Some(now - within),
+                Some(_) => catch_ups.of(name),
+                // A start beside other workers: they offered the job until they read the join,
+                // or left it to this worker's name (a restart within the lease of a process
+                // that died).
+                None if share.members().len() > 1 => Some(joined - within),
+                None => None,
+            };
+            let last = states.get(name).and_then(|s| s.last_tick);
+            let next = fires(cfg, &schedule, schedule.next_after(last.unwrap_or(now).min(now)));
+            entries.push((name.clone(), Entry { schedule, last, next, gained }));
+        }
+        Plan::whole(entries)
+    }
 }
 
 /// Plans the jobs named again, each as the config in force and its stored state have it now
@@ -582,8 +702,15 @@ enum Took {
 }
 
 /// Fires the ticks due at `now`, or with `ahead`, those due at its instant (nothing is due
-/// now then): their transaction is done at once and committed at the instant.
-async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Option<&Ahead<'_>>) -> Option<Took> {
+/// now then): their transaction is done at once and committed at the instant. The jobs fired
+/// are added to `touched`, when given.
+async fn fire_due(
+    s: &Scheduler,
+    plan: &mut Plan,
+    now: DateTime<Utc>,
+    ahead: Option<&Ahead<'_>>,
+    mut touched: Option<&mut BTreeSet<String>>,
+) -> Option<Took> {
     let (began, woke) = (std::time::Instant::now(), s.env.clock.now());
     let config = s.env.config.get();
     let jobs = &config.jobs;
@@ -614,9 +741,14 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             let Some((job, entry)) = plan.entries.get_mut(i) else {
                 continue;
             };
-            // A job gone from the config, or no longer scheduled by it (a plan not yet rebuilt
-            // after a change), is not fired nor planned again.
-            let Some(cfg) = jobs.get(job.as_str()).filter(|cfg| schedulable(&config, job, cfg)) else {
+            // A job gone from the config, no longer scheduled by it, or on another schedule now
+            // (a plan not yet rebuilt after a change, or being rebuilt) is not fired nor
+            // planned again: the new plan fires it.
+            let in_force = |cfg: &&JobConfig| {
+                schedulable(&config, job, cfg)
+                    && cfg.schedule.as_ref().is_some_and(|now| Arc::ptr_eq(now, &entry.schedule) || **now == *entry.schedule)
+            };
+            let Some(cfg) = jobs.get(job.as_str()).filter(in_force) else {
                 entry.next = None;
                 continue;
             };
@@ -688,7 +820,10 @@ async fn fire_due(s: &Scheduler, plan: &mut Plan, now: DateTime<Utc>, ahead: Opt
             Fired::Failed => return took,
         }
         for p in planned {
-            if let Some((_, e)) = plan.entries.get_mut(p.i) {
+            if let Some((job, e)) = plan.entries.get_mut(p.i) {
+                if let Some(t) = touched.as_deref_mut() {
+                    t.insert(job.clone());
+                }
                 e.last = p.last;
                 // Its catch-up of the takeover is recorded.
                 e.gained = None;
@@ -969,6 +1104,92 @@ mod tests {
         chrono::TimeDelta::milliseconds(n)
     }
 
+    /// The jobs' config with `jobs` (name, schedule) saving a file each, loaded from `dir`.
+    fn per_second_config(dir: &std::path::Path, jobs: &[(&str, &str)]) -> lamplighter_config::Config {
+        let jobs: String = jobs
+            .iter()
+            .map(|(name, cron)| format!("    {name}:\n      cron: \"{cron}\"\n      type: plugin\n      plugin: file-save\n      action: save\n      parameters: {{path: {name}.txt, content: x}}\n"))
+            .collect();
+        let path = dir.join("lamplighter.yaml");
+        std::fs::write(&path, format!("framework:\n  data_dir: {}\nscheduling:\n  jobs:\n{jobs}", dir.join("data").display()))
+            .expect("write config");
+        let opts = lamplighter_config::LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()), ..Default::default() };
+        lamplighter_config::load(&opts).map(|l| l.config).unwrap_or_else(|e| panic!("test config invalid: {e}"))
+    }
+
+    /// Each run's job and tick, in that order.
+    async fn ticks_run(engine: &crate::Engine) -> Vec<(String, DateTime<Utc>)> {
+        let filter = crate::RunFilter { limit: Some(100), ..Default::default() };
+        let mut runs: Vec<_> = engine
+            .service()
+            .list_runs(filter)
+            .await
+            .expect("list runs")
+            .runs
+            .into_iter()
+            .map(|r| (r.job, r.scheduled_at.expect("a tick's run")))
+            .collect();
+        runs.sort();
+        runs
+    }
+
+    /// A reload's plan is built off the loop: ticks due meanwhile fire from the plan in force,
+    /// except a job whose schedule the reload changed; no pass counts as through the clock's
+    /// time until the new plan is in; then the jobs fired meanwhile go on from their last tick
+    /// (not fired twice) and a job the reload added fires from the new plan.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loop_fires_from_the_old_plan_while_a_reloads_plan_is_built() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("instant");
+        let clock = Arc::new(crate::ManualClock::new(t0));
+        let registry = Arc::new(lamplighter_plugins::Registry::builtin());
+        let opts = crate::EngineOptions {
+            worker_name: "test".into(),
+            clock: clock.clone(),
+            targets: Arc::new(crate::BuiltinTargets::new(registry.clone())),
+            observer: Observer::none(),
+            registry,
+        };
+        let every_second = "* * * * * *";
+        let first = per_second_config(dir.path(), &[("changed", every_second), ("kept", every_second)]);
+        let engine = crate::Engine::start(&first, opts).await.expect("engine starts");
+        let within = std::time::Duration::from_secs(10);
+        tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("the first pass");
+        let passes = engine.scheduler().passes();
+
+        let held = engine.scheduler().builds_held.clone().write_owned().await;
+        let hourly = "0 0 * * * *";
+        engine
+            .reload(&per_second_config(dir.path(), &[("added", every_second), ("changed", hourly), ("kept", every_second)]))
+            .expect("reload");
+        let t1 = t0 + chrono::Duration::seconds(1);
+        clock.set(t1);
+        let mut changes = engine.service().watch(crate::Interest::Anything);
+        let fired = loop {
+            let runs = ticks_run(&engine).await;
+            if !runs.is_empty() {
+                break runs;
+            }
+            tokio::time::timeout(within, changes.changed()).await.expect("a tick fired while the new plan is built");
+        };
+        // `changed` was due in the same pass, from the old plan: left to the new one.
+        assert_eq!(fired, [("kept".to_owned(), t1)], "only the job the reload left as it was fires from the old plan");
+        assert!(*passes.borrow() < t1, "a pass counted as through {t1} before the reload's plan was in");
+
+        drop(held);
+        tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("a pass once the plan is built");
+        assert_eq!(ticks_run(&engine).await, [("kept".to_owned(), t1)], "the new plan fired nothing again at {t1}");
+        let t2 = t1 + chrono::Duration::seconds(1);
+        clock.set(t2);
+        tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("a pass through the next second");
+        assert_eq!(
+            ticks_run(&engine).await,
+            [("added".to_owned(), t2), ("kept".to_owned(), t1), ("kept".to_owned(), t2)],
+            "the new plan: the added job from its first tick, the kept one on from its last, the changed one hourly"
+        );
+        engine.shutdown(within).await;
+    }
+
     /// A run's end wakes a pass only while the last hand-over held runs back: otherwise
     /// there is nothing it could let go.
     #[test]
@@ -1020,8 +1241,8 @@ mod tests {
         assert_eq!(whole.sorted, 40);
     }
 
-    /// The old plan's catch-ups are found walking it in name order: the sorted entries', a job
-    /// added since, none for a job the plan does not have.
+    /// The old plan's catch-ups are found walking them in name order: the sorted entries', a
+    /// job added since, none for a job the plan does not have.
     #[test]
     fn a_takeovers_catch_up_is_found_in_the_old_plan_walked_in_name_order() {
         use lamplighter_config::{ScheduleSpec, parse_alone};
@@ -1030,8 +1251,8 @@ mod tests {
         let entry = |gained| Entry { schedule: schedule.clone(), last: None, next: None, gained };
         let mut old = Plan::whole(vec![("b".into(), entry(Some(at(1)))), ("d".into(), entry(None)), ("f".into(), entry(Some(at(3))))]);
         old.put("a-added", entry(Some(at(9))));
-        let mut gained = old.gained_in_order();
-        let found: Vec<_> = ["a", "a-added", "b", "c", "d", "e", "f", "g"].into_iter().map(|n| (n, gained(n))).collect();
+        let mut gained = old.catch_ups().sorted();
+        let found: Vec<_> = ["a", "a-added", "b", "c", "d", "e", "f", "g"].into_iter().map(|n| (n, gained.of(n))).collect();
         assert_eq!(
             found,
             [
@@ -1045,8 +1266,10 @@ mod tests {
                 ("g", None)
             ]
         );
-        let mut skipping = old.gained_in_order();
-        assert_eq!((skipping("f"), skipping("g")), (Some(at(3)), None), "names asked for may skip others");
+        let mut skipping = old.catch_ups().sorted();
+        assert_eq!((skipping.of("f"), skipping.of("g")), (Some(at(3)), None), "names asked for may skip others");
+        let none = Plan::whole(vec![("b".into(), entry(None))]).catch_ups();
+        assert!(none.all.is_empty(), "a plan without catch-ups copies no names");
     }
 
     #[test]
