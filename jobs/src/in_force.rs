@@ -14,6 +14,7 @@ use lamplighter_plugins::Registry;
 use crate::catalog::Catalog;
 use crate::definitions::{StoredJob, bounded, runtime_problems};
 use crate::listing::Listing;
+use crate::reaper::Reaper;
 use crate::run::Owner;
 use crate::snapshot::JobSnapshot;
 use crate::{Checked, Health, JobProblem};
@@ -369,13 +370,15 @@ pub(crate) struct InForce {
     current: RwLock<Arc<JobsConfig>>,
     sources: Mutex<Sources>,
     registry: Arc<Registry>,
+    /// Frees the jobs a reload replaced once every pass and watcher that held them let go.
+    reaper: Reaper,
 }
 
 impl InForce {
     pub(crate) fn new(config: JobsConfig, registry: Arc<Registry>) -> Self {
         let files = Arc::new(config);
         let sources = Sources { files: files.clone(), runtime: BTreeMap::new(), added: Added::default() };
-        Self { current: RwLock::new(files), sources: Mutex::new(sources), registry }
+        Self { current: RwLock::new(files), sources: Mutex::new(sources), registry, reaper: Reaper::default() }
     }
 
     /// The plugins the config in force was checked against.
@@ -414,8 +417,11 @@ impl InForce {
             .map(|c| (c.stored.name.clone(), Compiled::of(c.stored, &files, registry)))
             .collect();
         sources.added = Added::of(&sources.runtime, &files);
-        sources.files = files;
+        let replaced = std::mem::replace(&mut sources.files, files);
         self.publish(&sources);
+        // A million jobs take a tenth of a second or more to free: not on a runtime thread that
+        // happens to let go of them last.
+        self.reaper.free_when_last(replaced.jobs.files.clone());
         Ok(())
     }
 

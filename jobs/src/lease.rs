@@ -53,22 +53,37 @@ pub(crate) struct ShareState {
 impl ShareState {
     /// The digest of the scheduled jobs `config` knows ([`crate::share::digest`]), computed
     /// again only when the config in force changed (the weak pointer keeps the old config's
-    /// allocation, so a new one is never mistaken for it).
-    fn digest_of(&mut self, config: &Arc<JobsConfig>) -> String {
+    /// allocation, so a new one is never mistaken for it). Every job is hashed: at a million,
+    /// tens of ms, on the blocking pool rather than the runtime's threads that fire ticks.
+    async fn digest_of(&mut self, config: Arc<JobsConfig>) -> String {
         if let Some((of, digest)) = &self.of
-            && std::ptr::eq(of.as_ptr(), Arc::as_ptr(config))
+            && std::ptr::eq(of.as_ptr(), Arc::as_ptr(&config))
         {
             return digest.clone();
         }
-        let scheduled = config
-            .jobs
-            .iter()
-            .filter(|(name, cfg)| cfg.schedule.is_some() && crate::scheduler::schedulable(config, name, cfg))
-            .map(|(name, _)| name.as_str());
-        let digest = crate::share::digest(scheduled);
-        self.of = Some((Arc::downgrade(config), digest.clone()));
+        let of = Arc::downgrade(&config);
+        let hashed = tokio::task::spawn_blocking({
+            let config = config.clone();
+            move || scheduled_digest(&config)
+        });
+        let digest = match hashed.await {
+            Ok(digest) => digest,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: hashed here.
+            Err(_) => scheduled_digest(&config),
+        };
+        self.of = Some((of, digest.clone()));
         digest
     }
+}
+
+fn scheduled_digest(config: &JobsConfig) -> String {
+    let scheduled = config
+        .jobs
+        .iter()
+        .filter(|(name, cfg)| cfg.schedule.is_some() && crate::scheduler::schedulable(config, name, cfg))
+        .map(|(name, _)| name.as_str());
+    crate::share::digest(scheduled)
 }
 
 impl LeaseKeeper {
@@ -107,7 +122,7 @@ impl LeaseKeeper {
         }
         // One at a time: a leave is never overwritten by a division that began before it.
         let mut state = self.shares.lock().await;
-        let digest = self.scheduling.load(Ordering::SeqCst).then(|| state.digest_of(&self.config.get()));
+        let digest = if self.scheduling.load(Ordering::SeqCst) { Some(state.digest_of(self.config.get()).await) } else { None };
         let changed = state.written.as_ref() != Some(&digest);
         if !changed && (!reread || digest.is_none()) {
             return Ok(());

@@ -23,6 +23,7 @@ mod live;
 mod manage;
 mod notifier;
 mod notify;
+mod reaper;
 mod retention;
 mod run;
 mod schedule;
