@@ -3,14 +3,18 @@
 //! A million jobs' config takes a tenth of a second or more to free, and whichever holder lets
 //! go of it last frees it: a pass that held a snapshot, a watcher that kept the old jobs. On the
 //! runtime that stalls the threads that fire ticks. Handed to a [`Reaper`], the replaced parts
-//! are held by a thread of its own until nothing else holds them, and freed there.
+//! are held by a thread of its own until nothing else holds them, and freed there. The thread
+//! is started by the first reload, whose thread is niced: it inherits that, as background work.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How often the reaper looks whether the others let go of what it holds.
-const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How soon the reaper looks whether the others let go of what it holds, after a hand-over;
+/// twice as long each time they have not, up to [`LOOK_AT_MOST_EVERY`] (a run keeps the
+/// config it started with for as long as it runs).
+const LOOK_FIRST: Duration = Duration::from_millis(100);
+const LOOK_AT_MOST_EVERY: Duration = Duration::from_secs(5);
 
 /// A shared value the reaper holds: freed when the reaper is its last holder.
 trait Held: Send {
@@ -52,19 +56,22 @@ impl Reaper {
 
 fn reap(rx: &Receiver<Box<dyn Held>>) {
     let mut held = Holding::default();
-    let mut open = true;
+    let (mut open, mut wait) = (true, LOOK_FIRST);
     while open || !held.0.is_empty() {
         let got = if held.0.is_empty() {
             rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
         } else if open {
-            rx.recv_timeout(LOOK_EVERY)
+            rx.recv_timeout(wait)
         } else {
-            std::thread::sleep(LOOK_EVERY);
+            std::thread::sleep(wait);
             Err(RecvTimeoutError::Timeout)
         };
         match got {
-            Ok(value) => held.0.push(value),
-            Err(RecvTimeoutError::Timeout) => {}
+            Ok(value) => {
+                held.0.push(value);
+                wait = LOOK_FIRST;
+            }
+            Err(RecvTimeoutError::Timeout) => wait = (wait * 2).min(LOOK_AT_MOST_EVERY),
             Err(RecvTimeoutError::Disconnected) => open = false,
         }
         held.sweep();
@@ -119,7 +126,7 @@ mod tests {
         reaper.free_when_last(value);
         drop(reaper);
         drop(other);
-        // The thread looks again every tenth of a second: waited for, up to a bound.
+        // The thread looks again after a tenth of a second: waited for, up to a bound.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while dropped_on.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));

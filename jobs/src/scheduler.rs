@@ -87,6 +87,20 @@ impl Plan {
         }
     }
 
+    /// Job `name` as `from` has it (the plan the loop fired from while this one was built), in
+    /// place of what this plan read before: not planned there or not in `share`, not planned.
+    fn adopt(&mut self, name: &str, from: &Plan, share: &Share) {
+        let theirs = from.find(name).and_then(|i| from.entries.get(i)).map(|(_, e)| e).filter(|e| e.next.is_some() && share.owns(name));
+        let Some(e) = theirs else {
+            self.drop_job(name);
+            return;
+        };
+        let i = self.put(name, Entry { schedule: e.schedule.clone(), last: e.last, next: e.next, gained: e.gained });
+        if let Some((_, at)) = e.next {
+            self.order.insert((at, i));
+        }
+    }
+
     /// The earliest instant a job fires at, and how many fire at it.
     fn next_instant(&self) -> Option<(DateTime<Utc>, usize)> {
         let &(at, _) = self.order.first()?;
@@ -214,7 +228,10 @@ pub(crate) struct Scheduler {
     /// The config may have changed the limits (at start, and at each replan): the next
     /// hand-over looks for waiters whatever limits are configured.
     limits_changed: AtomicBool,
-    /// Whole-plan builds wait for it (a test holds it to see the loop fire meanwhile).
+    /// Whole-plan builds tell it once they read the states, then wait for the hold (a test
+    /// holds it to see the loop fire meanwhile).
+    #[cfg(test)]
+    builds_read: tokio::sync::Notify,
     #[cfg(test)]
     builds_held: Arc<tokio::sync::RwLock<()>>,
 }
@@ -232,6 +249,8 @@ impl Scheduler {
             limit_waiters: AtomicBool::new(true),
             limits_changed: AtomicBool::new(true),
             #[cfg(test)]
+            builds_read: tokio::sync::Notify::new(),
+            #[cfg(test)]
             builds_held: Arc::default(),
         })
     }
@@ -246,7 +265,8 @@ impl Scheduler {
         self.next_wake_ms.load(Ordering::SeqCst)
     }
 
-    /// The clock instant of each completed pass, as it happens.
+    /// The clock instant of each completed pass, as it happens; not of those made from the old
+    /// plan while a new one is built (the config in force is not planned yet).
     pub(crate) fn passes(&self) -> watch::Receiver<DateTime<Utc>> {
         self.passes.subscribe()
     }
@@ -296,19 +316,18 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
             }
         }
         changed.clear();
-        if replan {
+        // One build at a time, each put in: a replan asked for meanwhile starts once it is (a
+        // build aborted for each new ask could be outrun by them for good).
+        if replan && building.is_none() {
             let share = shares.borrow_and_update().clone();
             let build = Build { share, before: planned_for.clone(), catch_ups: plan.catch_ups(), joined };
-            // A build begun before is of an older config or share.
-            if let Some(old) = building.replace(build.start(&s)) {
-                old.handle.abort();
-            }
+            building = Some(build.start(&s));
             replan = false;
         }
         // The first plan is waited for: there is none to fire from meanwhile.
         if let Some(mut b) = building.take_if(|b| planned_for.is_none() || b.handle.is_finished()) {
             let built = (&mut b.handle).await;
-            replan = !put_in(&s, &mut plan, &mut planned_for, b, built).await;
+            put_in(&s, &mut plan, &mut planned_for, b, built);
             if replan {
                 continue;
             }
@@ -360,7 +379,7 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
             Ok(()) = shares.changed() => replan = true,
             built = finished(&mut building) => {
                 if let Some(b) = building.take() {
-                    replan = !put_in(&s, &mut plan, &mut planned_for, b, built).await;
+                    put_in(&s, &mut plan, &mut planned_for, b, built);
                 }
             }
             woken = next_for_scheduler(&mut signals, &s.holding) => match woken {
@@ -380,6 +399,9 @@ pub(crate) async fn run(s: Arc<Scheduler>, mut signals: Receiver, stop: Cancella
             }
         }
     }
+    if let Some(b) = building {
+        b.handle.abort();
+    }
     s.alive.store(false, Ordering::SeqCst);
 }
 
@@ -391,31 +413,28 @@ async fn finished(building: &mut Option<Building>) -> Result<Plan, tokio::task::
     }
 }
 
-/// Puts a plan built off the loop in force: the old one is freed off the loop, and the jobs the
-/// loop fired or planned again from it meanwhile are planned again from their stored state.
-/// `false`: a state could not be read (the whole plan is built again).
-async fn put_in(
-    s: &Scheduler,
-    plan: &mut Plan,
-    planned_for: &mut Option<Share>,
-    b: Building,
-    built: Result<Plan, tokio::task::JoinError>,
-) -> bool {
-    let built = match built {
+/// Puts a plan built off the loop in force, with the jobs the loop fired or planned again
+/// meanwhile as the old plan has them now (their last tick recorded, a change applied); the old
+/// plan is freed off the loop.
+fn put_in(s: &Scheduler, plan: &mut Plan, planned_for: &mut Option<Share>, b: Building, built: Result<Plan, tokio::task::JoinError>) {
+    let Building { share, touched, .. } = b;
+    let mut built = match built {
         Ok(built) => built,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the scheduler's plan; the plan in force stays until the next change");
-            return true;
+            *planned_for = Some(share);
+            return;
         }
     };
+    for name in &touched {
+        built.adopt(name, plan, &share);
+    }
     // The old plan (a million jobs' names) is freed off the loop that fires ticks.
     let old = std::mem::replace(plan, built);
     tokio::task::spawn_blocking(move || drop(old));
-    s.env.observer.set_schedule_share(plan.entries.len(), b.share.members().len().max(1));
+    s.env.observer.set_schedule_share(plan.entries.len(), share.members().len().max(1));
     s.limits_changed.store(true, Ordering::SeqCst);
-    let planned = b.touched.is_empty() || plan_jobs(s, plan, &b.touched, &b.share).await;
-    *planned_for = Some(b.share);
-    planned
+    *planned_for = Some(share);
 }
 
 /// Why a signal wakes the scheduler.
@@ -483,8 +502,8 @@ struct Building {
     handle: tokio::task::JoinHandle<Plan>,
     /// The share it plans.
     share: Share,
-    /// The jobs the loop fired or planned again meanwhile: planned again on the new plan, from
-    /// their stored state then, once it is in.
+    /// The jobs the loop fired or planned again meanwhile: the new plan takes them as the old
+    /// one has them once it is in.
     touched: BTreeSet<String>,
 }
 
@@ -515,11 +534,13 @@ impl Build {
                     HashMap::new()
                 }
             };
+            let (now, within) = (s.env.clock.now(), s.env.takeover_within);
+            #[cfg(test)]
+            s.builds_read.notify_one();
             #[cfg(test)]
             let held = s.builds_held.clone();
             #[cfg(test)]
             let _held = held.read().await;
-            let (now, within) = (s.env.clock.now(), s.env.takeover_within);
             let planned = tokio::task::spawn_blocking(move || self.plan(&snapshot, &states, now, within)).await;
             match planned {
                 Ok(plan) => plan,
@@ -1136,18 +1157,21 @@ mod tests {
     /// A reload's plan is built off the loop: ticks due meanwhile fire from the plan in force,
     /// except a job whose schedule the reload changed; no pass counts as through the clock's
     /// time until the new plan is in; then the jobs fired meanwhile go on from their last tick
-    /// (not fired twice) and a job the reload added fires from the new plan.
+    /// (not offered twice) and a job the reload added fires its first tick since the reload,
+    /// late if the plan was.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_loop_fires_from_the_old_plan_while_a_reloads_plan_is_built() {
         let dir = tempfile::tempdir().expect("tempdir");
         let t0 = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("instant");
         let clock = Arc::new(crate::ManualClock::new(t0));
         let registry = Arc::new(lamplighter_plugins::Registry::builtin());
+        let observer = Observer::none();
+        let mut events = observer.internal_events();
         let opts = crate::EngineOptions {
             worker_name: "test".into(),
             clock: clock.clone(),
             targets: Arc::new(crate::BuiltinTargets::new(registry.clone())),
-            observer: Observer::none(),
+            observer,
             registry,
         };
         let every_second = "* * * * * *";
@@ -1156,12 +1180,16 @@ mod tests {
         let within = std::time::Duration::from_secs(10);
         tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("the first pass");
         let passes = engine.scheduler().passes();
+        // The first plan's build told it read the states (and was waited for).
+        engine.scheduler().builds_read.notified().await;
 
         let held = engine.scheduler().builds_held.clone().write_owned().await;
         let hourly = "0 0 * * * *";
         engine
             .reload(&per_second_config(dir.path(), &[("added", every_second), ("changed", hourly), ("kept", every_second)]))
             .expect("reload");
+        // The new plan's build read the states at t0, before `kept` fires at t1.
+        tokio::time::timeout(within, engine.scheduler().builds_read.notified()).await.expect("the reload's build to read the states");
         let t1 = t0 + chrono::Duration::seconds(1);
         clock.set(t1);
         let mut changes = engine.service().watch(crate::Interest::Anything);
@@ -1178,15 +1206,27 @@ mod tests {
 
         drop(held);
         tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("a pass once the plan is built");
-        assert_eq!(ticks_run(&engine).await, [("kept".to_owned(), t1)], "the new plan fired nothing again at {t1}");
+        // The added job's first tick after the reload (t0) is t1: fired late, once its plan is in.
+        let (added, kept) = (|t| ("added".to_owned(), t), |t| ("kept".to_owned(), t));
+        assert_eq!(ticks_run(&engine).await, [added(t1), kept(t1)], "the new plan fires the added job's first tick, and not kept's again");
         let t2 = t1 + chrono::Duration::seconds(1);
         clock.set(t2);
         tokio::time::timeout(within, engine.scheduled_through_now()).await.expect("a pass through the next second");
         assert_eq!(
             ticks_run(&engine).await,
-            [("added".to_owned(), t2), ("kept".to_owned(), t1), ("kept".to_owned(), t2)],
-            "the new plan: the added job from its first tick, the kept one on from its last, the changed one hourly"
+            [added(t1), added(t2), kept(t1), kept(t2)],
+            "the new plan: each job on from its last tick, the changed one hourly"
         );
+        // The new plan read the states before `kept` fired at t1: it takes `kept` as the old
+        // plan has it, rather than offering its tick again (which the tick's key would refuse).
+        let mut offered = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            if let InternalEvent::TickBurst { ticks, tick_ms, .. } = e {
+                offered.push((tick_ms, ticks));
+            }
+        }
+        let (t1, t2) = (t1.timestamp_millis(), t2.timestamp_millis());
+        assert_eq!(offered, [(t1, 1), (t1, 1), (t2, 2)], "kept's at t1 from the old plan, added's at t1 from the new one, both at t2");
         engine.shutdown(within).await;
     }
 
