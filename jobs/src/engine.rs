@@ -298,8 +298,10 @@ impl Engine {
         &self.scheduler
     }
 
-    /// Swaps in a new config; the scheduler replans at once. Refused, changing nothing, when
-    /// one of its jobs takes the name of a job created at runtime (the reason says which).
+    /// Swaps in a new config; the scheduler replans at once, off its loop (ticks due meanwhile
+    /// fire from the plan it had, not those of a job whose schedule changed). Refused, changing
+    /// nothing, when one of its jobs takes the name of a job created at runtime (the reason
+    /// says which).
     pub fn reload(&self, config: &Config) -> Result<(), String> {
         self.config.reload(JobsConfig::of(config, self.config.registry()))?;
         self.signals.publish(Signal::JobChanged);
