@@ -270,19 +270,12 @@ async fn pass(env: &WatcherEnv, watching: &mut Watching) -> Result<Option<DateTi
     let config = env.config.get();
     let jobs = config.jobs.clone();
     if watching.of.as_ref().is_none_or(|of| !of.same(&jobs)) {
-        // Every job is looked at: at a million, tens of ms, off the runtime's threads (which
-        // fire the ticks), as is letting go of the jobs of before.
-        let (of, before) = (jobs.clone(), watching.of.take());
-        let found = tokio::task::spawn_blocking(move || {
-            drop(before);
-            of.values().filter(|j| j.deadline().is_some()).map(|j| j.name.clone()).collect()
-        });
-        watching.names = match found.await {
-            Ok(names) => names,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // The runtime is shutting down.
-            Err(_) => return Ok(None),
-        };
+        // Every job is looked at, off the runtime's threads. (The jobs of before, which this
+        // lets go of, are freed by the config's reaper.)
+        let of = jobs.clone();
+        let found = crate::off_the_runtime(move || of.values().filter(|j| j.deadline().is_some()).map(|j| j.name.clone()).collect());
+        let Some(names) = found.await else { return Ok(None) };
+        watching.names = names;
         watching.of = Some(jobs.clone());
     }
     if watching.names.is_empty() {

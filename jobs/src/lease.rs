@@ -62,16 +62,12 @@ impl ShareState {
             return digest.clone();
         }
         let of = Arc::downgrade(&config);
-        let hashed = tokio::task::spawn_blocking({
+        let hashed = crate::off_the_runtime({
             let config = config.clone();
             move || scheduled_digest(&config)
         });
-        let digest = match hashed.await {
-            Ok(digest) => digest,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // The runtime is shutting down: hashed here.
-            Err(_) => scheduled_digest(&config),
-        };
+        // The runtime shutting down: hashed here.
+        let digest = hashed.await.unwrap_or_else(|| scheduled_digest(&config));
         self.of = Some((of, digest.clone()));
         digest
     }

@@ -165,6 +165,17 @@ pub fn check(config: &Config, registry: &Registry) -> Checked {
     out
 }
 
+/// Runs `work` on the blocking pool, off the runtime's threads that fire ticks (a walk of a
+/// million jobs takes tens of ms): its result, or `None` when the runtime is shutting down. A
+/// panic in `work` goes on in the caller.
+pub(crate) async fn off_the_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => Some(done),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
+}
+
 /// What cannot run here, found once per config: agents (a plugin that did not load, a disabled
 /// provider or MCP server) and workflows (a step that needs one of those), each with the reason.
 /// The files' jobs and the runtime jobs are checked against it.

@@ -93,12 +93,12 @@ impl Holding {
 mod tests {
     use super::*;
 
-    /// Records the thread it is dropped on.
-    struct Noted(Arc<Mutex<Option<String>>>);
+    /// Tells the name of the thread it is dropped on.
+    struct Noted(Sender<Option<String>>);
 
     impl Drop for Noted {
         fn drop(&mut self) {
-            *self.0.lock().unwrap() = std::thread::current().name().map(str::to_owned);
+            let _ = self.0.send(std::thread::current().name().map(str::to_owned));
         }
     }
 
@@ -109,12 +109,12 @@ mod tests {
         let mut held = Holding::default();
         held.0.push(Box::new(kept));
         held.sweep();
-        assert_eq!(*dropped_on.lock().unwrap(), None, "freed while another still held it");
+        assert!(dropped_on.try_recv().is_err(), "freed while another still held it");
         // The other holder lets go, as a pass on the runtime would: it only counts down.
         std::thread::Builder::new().name("a-runtime-thread".into()).spawn(move || drop(other)).unwrap().join().unwrap();
-        assert_eq!(*dropped_on.lock().unwrap(), None, "freed by the other holder");
+        assert!(dropped_on.try_recv().is_err(), "freed by the other holder");
         held.sweep();
-        assert_eq!(dropped_on.lock().unwrap().as_deref(), Some(std::thread::current().name().unwrap()));
+        assert_eq!(dropped_on.try_recv().expect("freed by the sweep").as_deref(), std::thread::current().name());
         assert!(held.0.is_empty());
     }
 
@@ -126,16 +126,12 @@ mod tests {
         reaper.free_when_last(value);
         drop(reaper);
         drop(other);
-        // The thread looks again after a tenth of a second: waited for, up to a bound.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while dropped_on.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(dropped_on.lock().unwrap().as_deref(), Some("ll-reaper"));
+        let freed = dropped_on.recv_timeout(Duration::from_secs(10)).expect("freed within 10 s");
+        assert_eq!(freed.as_deref(), Some("ll-reaper"));
     }
 
-    fn noted() -> (Arc<Mutex<Option<String>>>, Arc<Noted>) {
-        let dropped_on = Arc::new(Mutex::new(None));
-        (dropped_on.clone(), Arc::new(Noted(dropped_on)))
+    fn noted() -> (Receiver<Option<String>>, Arc<Noted>) {
+        let (tx, rx) = mpsc::channel();
+        (rx, Arc::new(Noted(tx)))
     }
 }

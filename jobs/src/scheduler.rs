@@ -541,14 +541,8 @@ impl Build {
             let held = s.builds_held.clone();
             #[cfg(test)]
             let _held = held.read().await;
-            let planned = tokio::task::spawn_blocking(move || self.plan(&snapshot, &states, now, within)).await;
-            match planned {
-                Ok(plan) => plan,
-                // A panic in the planning is the build's (the loop logs it).
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // The runtime is shutting down.
-                Err(_) => Plan::default(),
-            }
+            // A panic in the planning is the build's (the loop logs it); none when shutting down.
+            crate::off_the_runtime(move || self.plan(&snapshot, &states, now, within)).await.unwrap_or_default()
         });
         Building { handle, share, touched: BTreeSet::new() }
     }

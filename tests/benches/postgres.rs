@@ -30,7 +30,7 @@
 
 mod common;
 
-use common::{SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, stat_fields, summary};
+use common::{SAVE, Worker, bin, cpu_ms, drain_stages, jobs_yaml, now_ms, stat_fields, summary};
 
 use std::time::{Duration, Instant};
 
@@ -462,8 +462,4 @@ fn server_cpu_kinds(
     for (kind, (ms, n)) in sorted {
         println!("  {ms:>7} {n:>3}  {kind}");
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
 }

@@ -29,7 +29,10 @@ mod apalis_cron;
 mod apalis_sqlite;
 mod common;
 
-use common::{InternalEvent, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, read_rows, rss_kb, status_kb, summary};
+use common::{
+    InternalEvent, SAVE, Worker, bin, burst_spreads, cpu_ms, drain_stages, jobs_yaml, now_ms, read_rows, rss_kb, sleep_until, status_kb,
+    summary,
+};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -214,7 +217,7 @@ fn sustained(seconds: u64) {
     let mut w = Worker::new(&jobs_yaml(1000, "* * * * * *", SAVE), 1000);
     w.start();
     println!("\n== sustained: 1,000 jobs every second, concurrency 1000, {seconds} s ==");
-    let began = chrono_ms();
+    let began = now_ms();
     std::thread::sleep(Duration::from_secs(seconds));
     let rss = rss_kb(w.pid());
     let exit = w.stop();
@@ -275,7 +278,7 @@ fn queue_in(n: usize, limit: Option<u32>) {
     w.stop();
     std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
     let db = w.db();
-    let t0 = chrono_ms();
+    let t0 = now_ms();
     rt().block_on(async {
         let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
         let mut conn = sqlx::ConnectOptions::connect(&opts).await.expect("open db");
@@ -364,8 +367,8 @@ fn idle(n: usize, kind: &str) {
         mb("RssFile")
     );
     // The next minute's runs: wait for it to pass, and a little more for its runs to end.
-    let until = (chrono_ms() / 60_000 + 1) * 60_000;
-    std::thread::sleep(Duration::from_millis((until - chrono_ms()) as u64 + 3_000));
+    let until = (now_ms() / 60_000 + 1) * 60_000;
+    sleep_until(until + 3_000);
     let rss = rss_kb(w.pid());
     w.stop();
     let r = runs(&w.db());
@@ -374,8 +377,4 @@ fn idle(n: usize, kind: &str) {
         r.iter().filter(|x| x.1 == until).filter_map(|x| Some(x.2? - x.1)).collect(),
     );
     println!("RSS after the minute's runs: {:.1} MB", rss as f64 / 1024.0);
-}
-
-fn chrono_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
 }

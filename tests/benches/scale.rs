@@ -21,7 +21,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Worker, read_rows, status_kb, summary};
+use common::{Worker, now_ms, read_rows, sleep_until, status_kb, summary};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -93,8 +93,8 @@ fn files(n: usize, seconds: u64) {
     let ctl = common::bin().with_file_name("lampctl");
     // One job paused and resumed, then the whole config read again and swapped in (the plan
     // of every job built again): each call's round trip, and the ticks around them.
-    let (calls, paused) = calls_and_ticks(&ctl, &w.url(), &[&["jobs", "pause", "job-0000001"], &["jobs", "resume", "job-0000001"]]);
-    let (reload, reloaded) = calls_and_ticks(&ctl, &w.url(), &[&["config", "reload"]]);
+    let (calls, paused) = calls_and_ticks(&w, &ctl, &[&["jobs", "pause", "job-0000001"], &["jobs", "resume", "job-0000001"]]);
+    let (reload, reloaded) = calls_and_ticks(&w, &ctl, &[&["config", "reload"]]);
     w.stop();
     let rows = read_rows(&w.db(), "SELECT job, due_at, started_at FROM ll_runs", |r| {
         use sqlx::Row;
@@ -117,21 +117,41 @@ fn files(n: usize, seconds: u64) {
 /// Runs each `lampctl` call in turn: their round trips (ms), and the window of ticks around
 /// them (from the first call's start to 3 s after the last's end), waited out so that those
 /// ticks have started before anything else is asked of the worker.
-fn calls_and_ticks(ctl: &std::path::Path, url: &str, calls: &[&[&str]]) -> (Vec<u128>, (i64, i64)) {
+fn calls_and_ticks(w: &Worker, ctl: &std::path::Path, calls: &[&[&str]]) -> (Vec<u128>, (i64, i64)) {
     let from = now_ms();
     let took = calls
         .iter()
         .map(|args| {
             let t = Instant::now();
-            let out = std::process::Command::new(ctl).args(["--url", url]).args(*args).output().expect("lampctl");
+            let out = std::process::Command::new(ctl).args(["--url", &w.url()]).args(*args).output().expect("lampctl");
             assert!(out.status.success(), "lampctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
             t.elapsed().as_millis()
         })
         .collect();
     let window = (from, now_ms() + 3_000);
-    // The worker's own clock is the wall clock: the window's ticks are waited for in real time.
-    std::thread::sleep(Duration::from_secs(5));
+    until_started(w, window);
     (took, window)
+}
+
+/// Waits until every per-second tick due in `window` has a run that started, as the worker's
+/// database says: the window's end first (the worker's ticks come on the wall clock), then
+/// each look at the database a tenth of a second after the last, up to 10 s past the end
+/// (ticks still not started then count as never started in the lateness).
+fn until_started(w: &Worker, (from, until): (i64, i64)) {
+    // Each whole second in the window, for each per-second job.
+    let ticks = ((until - 1).div_euclid(1_000) - (from + 999).div_euclid(1_000) + 1).max(0) * EVERY_SECOND as i64;
+    let sql = format!(
+        "SELECT count(*) FROM ll_runs WHERE job LIKE 'second-%' AND due_at >= {from} AND due_at < {until} AND started_at IS NOT NULL"
+    );
+    let mut look = until;
+    loop {
+        sleep_until(look);
+        let started = read_rows(&w.db(), &sql, |r| sqlx::Row::get::<i64, _>(r, 0)).first().copied().expect("count(*) returns a row");
+        if started >= ticks || look >= until + 10_000 {
+            return;
+        }
+        look = now_ms() + 100;
+    }
 }
 
 fn runtime(n: usize) {
@@ -192,8 +212,4 @@ fn runtime(n: usize) {
         status_kb(w.pid(), "VmRSS") as f64 / 1024.0
     );
     w.stop();
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
 }

@@ -23,9 +23,7 @@
 
 mod common;
 
-use common::{SAVE, Worker, bin, cpu_ms, cpu_ms_by_thread, jobs_yaml, pct_up, read_rows, summary};
-
-use std::time::Duration;
+use common::{SAVE, Worker, bin, cpu_ms, cpu_ms_by_thread, jobs_yaml, now_ms, pct_up, read_rows, sleep_until, summary};
 
 use lamplighter_tests::otlp::Receiver;
 
@@ -93,18 +91,6 @@ fn p99(v: &[i64]) -> i64 {
     let mut v = v.to_vec();
     v.sort_unstable();
     if v.is_empty() { 0 } else { pct_up(&v, 0.99) }
-}
-
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
-}
-
-fn sleep_until(ms: i64) {
-    let d = ms - now_ms();
-    if d > 0 {
-        std::thread::sleep(Duration::from_millis(d as u64));
-    }
 }
 
 /// One burst scenario: 1,000 jobs every 10 s, concurrency 1000, `file-save`; measured over

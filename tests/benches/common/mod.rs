@@ -400,3 +400,17 @@ pub(crate) fn drain_stages(events: &[InternalEvent]) {
     let claimed: usize = ends.iter().map(|e| e.1).sum();
     println!("runs claimed in the end writes: {claimed} ({:.1} a write)", claimed as f64 / ends.len().max(1) as f64);
 }
+
+/// Milliseconds since the Unix epoch, on the wall clock: the clock of the worker a bench runs.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
+}
+
+/// Waits until the wall clock reads `ms`: a worker's ticks come on it, in real time (a bench
+/// drives the release binary, whose clock it cannot move).
+pub(crate) fn sleep_until(ms: i64) {
+    let d = ms - now_ms();
+    if d > 0 {
+        std::thread::sleep(Duration::from_millis(d as u64));
+    }
+}
