@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read};
 
 use super::confine;
+use super::file_pool::{Pool, Stopped};
 use super::params::Params;
 use crate::{ActionContext, ActionError};
 
@@ -23,7 +24,7 @@ pub(crate) async fn read(params: &Params, ctx: &ActionContext) -> Result<Value, 
     let offset = params.int_in("offset", 1, 1, u64::from(u32::MAX))?;
     let limit = params.int_in("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)?;
     let (action, root, cancel) = (params.action().to_owned(), ctx.working_directory.clone(), ctx.cancel.clone());
-    on_blocking_pool(params, &ctx.cancel, move || {
+    off_the_runtime(params, &ctx.cancel, move || {
         let failed = |message: String| ActionError::Failed { action: action.clone(), message };
         let io_failed = |e: std::io::Error| failed(format!("cannot read \"{user_path}\": {e}"));
         let path = confine::resolve(&action, &root, &user_path)?;
@@ -76,7 +77,7 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
     let user_path = params.required_str("path")?.to_owned();
     let content = params.required_str("content")?.to_owned();
     let (action, root) = (params.action().to_owned(), ctx.working_directory.clone());
-    on_blocking_pool(params, &ctx.cancel, move || {
+    off_the_runtime(params, &ctx.cancel, move || {
         let failed = |message: String| ActionError::Failed { action: action.clone(), message };
         let io_failed = |e: std::io::Error| failed(format!("cannot write \"{user_path}\": {e}"));
         let path = confine::resolve(&action, &root, &user_path)?;
@@ -92,31 +93,25 @@ pub(crate) async fn save(params: &Params, ctx: &ActionContext) -> Result<Value, 
     .await
 }
 
-/// Runs an action's file work on the blocking pool in one hand-over: its path checks (which
-/// read the file system too) and its I/O together, a few actions at a time.
+/// Runs an action's file work off the runtime's threads in one hand-over: its path checks
+/// (which read the file system too) and its I/O together, on the file pool
+/// ([`file_pool::Pool::files`]).
 ///
 /// Measured on a burst of a thousand `file-save` runs (`cargo bench … runcore -- burst`,
 /// BENCHMARKS.md): each `tokio::fs` call was a hand-over of its own, three or four per action,
 /// and with nothing to bound them the pool grew to its 512 threads, which then took the
 /// machine's cores from the runtime threads that start the burst's other runs. Waiting for a
-/// turn holds no thread.
-async fn on_blocking_pool<T: Send + 'static>(
+/// thread holds none; a run cancelled meanwhile stops waiting, and its work never runs.
+async fn off_the_runtime<T: Send + 'static>(
     params: &Params,
     cancel: &tokio_util::sync::CancellationToken,
     work: impl FnOnce() -> Result<T, ActionError> + Send + 'static,
 ) -> Result<T, ActionError> {
-    static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    let turns = TURNS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-        tokio::sync::Semaphore::new((4 * cores).max(8))
-    });
-    let stopped = |e: &dyn std::fmt::Display| params.failed(format!("the file work stopped: {e}"));
-    // Shared by every run on the worker; a run stopped while it waits stops waiting.
-    let _turn = tokio::select! {
-        t = turns.acquire() => t.map_err(|e| stopped(&e))?,
-        () = cancel.cancelled() => return Err(ActionError::Cancelled { action: params.action().to_owned() }),
-    };
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(stopped(&e)))
+    match Pool::files().run(cancel, work).await {
+        Ok(answer) => answer,
+        Err(Stopped::Cancelled) => Err(ActionError::Cancelled { action: params.action().to_owned() }),
+        Err(e) => Err(params.failed(format!("the file work stopped: {e}"))),
+    }
 }
 
 /// Deletes one file, or one symlink (never what it points to). Directories are refused, since the

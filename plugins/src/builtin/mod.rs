@@ -3,6 +3,7 @@
 
 pub(crate) mod confine;
 mod edit;
+mod file_pool;
 mod files;
 mod find;
 mod git;
