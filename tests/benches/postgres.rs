@@ -363,6 +363,8 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
     assert!(out.status.success(), "queueing graphile-worker jobs: {}", String::from_utf8_lossy(&out.stderr));
     println!("\n-- peer: graphile-worker 0.18 ({mode}), {n} queued no-op jobs, {processes} process(es) of concurrency 32 --");
     let server_before = server_cpu_ms(pm);
+    // The worker processes' own CPU: what this process's waited-for children used.
+    let peer_before = own_children_cpu_ms();
     let children: Vec<std::process::Child> =
         (0..processes).map(|_| node(&["work", url, "32", mode]).stdout(std::process::Stdio::piped()).spawn().expect("node")).collect();
     let (mut done, mut first, mut last) = (0i64, i64::MAX, 0i64);
@@ -381,12 +383,24 @@ fn graphile(peer: &std::path::Path, url: &str, n: usize, processes: usize, mode:
         }
     }
     let server = server_cpu_ms(pm) - server_before;
+    let peer_cpu = own_children_cpu_ms() - peer_before;
     println!("done {done}; first start → last end {} ms", last - first);
     println!("drain rate: {:.0} jobs/s", done as f64 / ((last - first).max(1) as f64 / 1000.0));
     println!(
         "the server's CPU over the drain (with the processes' start and end): {server} ms, {:.0} µs per job",
         server as f64 * 1000.0 / done.max(1) as f64
     );
+    println!(
+        "the worker processes' CPU (user + system, whole life): {peer_cpu} ms, {:.0} µs per job",
+        peer_cpu as f64 * 1000.0 / done.max(1) as f64
+    );
+}
+
+/// CPU time (user + system, ms) of this process's children that have exited and been waited
+/// for.
+fn own_children_cpu_ms() -> u64 {
+    let st = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    stat_fields(&st).children_ms
 }
 
 /// CPU time (user + system, ms) the PostgreSQL server of postmaster `pm` has used: the
