@@ -12,7 +12,7 @@
 //! sleeping thread is woken (or a new one started, up to the pool's size) only when more work
 //! waits than the threads awake could each take one of ([`Pool::BACKLOG`]): so a burst's
 //! claims fill a few threads, not one each, and a piece of work stuck in the file system holds
-//! back at most that many others before another thread takes them.
+//! back at most that many others, for at most [`Pool::HELD`], before another thread takes them.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU8;
@@ -58,6 +58,23 @@ impl State {
     }
 }
 
+/// A piece of work's state, given up on when its caller stops waiting, however it stops (a
+/// drop included): a thread that comes to it then passes it by.
+struct Abandon(Arc<AtomicU8>);
+
+impl Abandon {
+    /// Whether the work was still waiting, and now never runs.
+    fn give_up(&self) -> bool {
+        self.0.compare_exchange(WAITING, DROPPED, SeqCst, SeqCst).is_ok()
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        self.give_up();
+    }
+}
+
 /// Where a piece of work is: waiting for a thread, taken by one, or dropped by its caller.
 const WAITING: u8 = 0;
 const RUNNING: u8 = 1;
@@ -85,8 +102,13 @@ impl std::fmt::Display for Stopped {
 
 impl Pool {
     /// How many pieces of work may wait for each thread awake (busy or between pieces) before
-    /// another is woken. At 1, a piece stuck in the file system holds back at most one other.
+    /// another is woken. At 1, a piece stuck in the file system holds back at most one other,
+    /// for at most [`Pool::HELD`].
     const BACKLOG: usize = 1;
+
+    /// How long a piece of work waits before a thread is woken for it whatever the backlog:
+    /// the threads awake may all be stuck (a hung mount) while a lone piece waits.
+    const HELD: Duration = Duration::from_millis(10);
 
     pub(crate) const fn new(name: &'static str, size: usize, keep_alive: Duration) -> Self {
         Self {
@@ -108,10 +130,10 @@ impl Pool {
         })
     }
 
-    /// Runs `work` on one of the pool's threads and waits for its answer. Cancelled before a
-    /// thread took it, the work is never run ([`Stopped::Cancelled`]); once running, it is
-    /// waited for (the file actions look at the cancel themselves), so a write that began is
-    /// answered by its outcome.
+    /// Runs `work` on one of the pool's threads and waits for its answer. Cancelled, or this
+    /// future dropped (a run's timeout drops its target), before a thread took it, the work is
+    /// never run ([`Stopped::Cancelled`]); once running, it is waited for (the file actions
+    /// look at the cancel themselves), so a write that began is answered by its outcome.
     pub(crate) async fn run<T: Send + 'static>(
         &'static self,
         cancel: &CancellationToken,
@@ -125,11 +147,25 @@ impl Pool {
                 let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|_| Stopped::Panicked));
             }
         }));
-        tokio::select! {
-            answer = &mut rx => return answer.unwrap_or(Err(Stopped::Lost)),
-            () = cancel.cancelled() => {}
+        let abandon = Abandon(taken);
+        // Work still waiting after `HELD` is behind threads that are slow or stuck: one more
+        // thread is woken for it, once.
+        let held = tokio::time::sleep(Self::HELD);
+        tokio::pin!(held);
+        let mut nudged = false;
+        loop {
+            tokio::select! {
+                answer = &mut rx => return answer.unwrap_or(Err(Stopped::Lost)),
+                () = cancel.cancelled() => break,
+                () = &mut held, if !nudged => {
+                    nudged = true;
+                    if abandon.0.load(SeqCst) == WAITING {
+                        self.wake_one(self.lock());
+                    }
+                }
+            }
         }
-        if taken.compare_exchange(WAITING, DROPPED, SeqCst, SeqCst).is_ok() {
+        if abandon.give_up() {
             return Err(Stopped::Cancelled);
         }
         rx.await.unwrap_or(Err(Stopped::Lost))
@@ -139,9 +175,13 @@ impl Pool {
     fn push(&'static self, work: Work) {
         let mut st = self.lock();
         st.waiting.push_back(work);
-        if st.waiting.len() <= Self::BACKLOG * (st.ready() + st.busy) {
-            return;
+        if st.waiting.len() > Self::BACKLOG * (st.ready() + st.busy) {
+            self.wake_one(st);
         }
+    }
+
+    /// Wakes a sleeping thread, or starts one if the pool has room.
+    fn wake_one(&'static self, mut st: MutexGuard<'_, State>) {
         if st.sleeping > st.woken {
             st.woken += 1;
             self.wake.notify_one();
@@ -152,10 +192,12 @@ impl Pool {
                 let mut st = self.lock();
                 st.threads -= 1;
                 tracing::error!(pool = self.name, threads = st.threads, error = %e, "cannot start a thread for file work");
-                // With no thread at all nothing would take the work: it is dropped, and its
-                // callers answered (`Stopped::Lost`).
+                // With no thread at all nothing would take the work: it is dropped (outside
+                // the lock), and its callers answered (`Stopped::Lost`).
                 if st.threads == 0 {
-                    st.waiting.clear();
+                    let lost = std::mem::take(&mut st.waiting);
+                    drop(st);
+                    drop(lost);
                 }
             }
         }
@@ -174,7 +216,10 @@ impl Pool {
             if let Some(work) = st.waiting.pop_front() {
                 st.busy += 1;
                 drop(st);
-                work();
+                // The work catches its own panics; this catches one from a drop after it (its
+                // answer's, or an abandoned work's captures), which would end the thread with
+                // it counted busy.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
                 st = self.lock();
                 st.busy -= 1;
                 continue;
@@ -269,19 +314,70 @@ mod tests {
     }
 
     /// One piece of work stuck in the file system holds back at most `BACKLOG` others: the next
-    /// one waiting wakes another thread.
+    /// one queued behind it starts another thread at once.
     #[tokio::test]
     async fn a_stuck_piece_of_work_holds_back_at_most_one_other() {
         let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
         let (g, open) = gate();
         let stuck = spawn(p, &none, move || wait_at(&g));
         until_busy(p, 1).await;
-        let behind = spawn(p, &none, || "behind");
-        let next = spawn(p, &none, || "next");
-        assert_eq!((behind.await.unwrap(), next.await.unwrap()), (Ok("behind"), Ok("next")), "both answered while the first is stuck");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let answer = |what: &'static str| -> Work {
+            let tx = tx.clone();
+            Box::new(move || tx.send(what).expect("the test waits"))
+        };
+        p.push(answer("behind"));
+        assert_eq!(p.lock().threads, 1, "one piece may wait behind the busy thread");
+        p.push(answer("next"));
+        assert_eq!(p.lock().threads, 2, "the second piece behind it starts a thread");
+        let mut got =
+            [rx.recv_timeout(Duration::from_secs(10)).expect("an answer"), rx.recv_timeout(Duration::from_secs(10)).expect("an answer")];
+        got.sort_unstable();
+        assert_eq!(got, ["behind", "next"], "both answered while the first is stuck");
         assert!(!stuck.is_finished());
         open();
         assert_eq!(stuck.await.unwrap(), Ok(()));
+    }
+
+    /// A lone piece of work behind a stuck thread is not held for good: a thread is woken for
+    /// it after `HELD`.
+    #[tokio::test]
+    async fn a_lone_piece_behind_a_stuck_thread_is_taken() {
+        let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
+        let (g, open) = gate();
+        let stuck = spawn(p, &none, move || wait_at(&g));
+        until_busy(p, 1).await;
+        assert_eq!(spawn(p, &none, || "taken").await.unwrap(), Ok("taken"));
+        assert!(!stuck.is_finished());
+        open();
+        assert_eq!(stuck.await.unwrap(), Ok(()));
+    }
+
+    /// Work whose caller went (its future dropped, as a run's timeout drops its target) before
+    /// a thread took it never runs.
+    #[tokio::test]
+    async fn work_whose_caller_went_never_runs() {
+        let (p, none) = (pool(1, Duration::from_secs(10)), CancellationToken::new());
+        let (g, open) = gate();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let stuck = spawn(p, &none, move || wait_at(&g));
+        until_busy(p, 1).await;
+        let gone = spawn(p, &none, {
+            let ran = ran.clone();
+            move || ran.fetch_add(1, Ordering::SeqCst)
+        });
+        let began = Instant::now();
+        while p.lock().waiting.is_empty() {
+            assert!(began.elapsed() < Duration::from_secs(10), "the second piece was never queued");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        gone.abort();
+        assert!(gone.await.is_err_and(|e| e.is_cancelled()));
+        open();
+        assert_eq!(stuck.await.unwrap(), Ok(()));
+        // Served in order on the one thread: once this answers, the dropped one was passed.
+        assert_eq!(p.run(&none, || "after").await, Ok("after"));
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "the work of a caller that went never ran");
     }
 
     #[tokio::test]
