@@ -303,6 +303,24 @@ mod tests {
         }
     }
 
+    /// Until a piece of work waits for a thread (checked every millisecond, for at most 10 s).
+    async fn until_waiting(p: &Pool) {
+        let began = Instant::now();
+        while p.lock().waiting.is_empty() {
+            assert!(began.elapsed() < Duration::from_secs(10), "no piece of work was ever queued");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A piece of work stuck at a gate on one of `p`'s threads, running once this returns; the
+    /// opener lets it answer.
+    async fn stuck_on(p: &'static Pool, cancel: &CancellationToken) -> (tokio::task::JoinHandle<Result<(), Stopped>>, impl Fn()) {
+        let (g, open) = gate();
+        let stuck = spawn(p, cancel, move || wait_at(&g));
+        until_busy(p, 1).await;
+        (stuck, open)
+    }
+
     #[tokio::test]
     async fn work_answers_and_a_panic_is_an_answer() {
         let (p, none) = (pool(2, Duration::from_secs(10)), CancellationToken::new());
@@ -318,9 +336,7 @@ mod tests {
     #[tokio::test]
     async fn a_stuck_piece_of_work_holds_back_at_most_one_other() {
         let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
-        let (g, open) = gate();
-        let stuck = spawn(p, &none, move || wait_at(&g));
-        until_busy(p, 1).await;
+        let (stuck, open) = stuck_on(p, &none).await;
         let (tx, rx) = std::sync::mpsc::channel();
         let answer = |what: &'static str| -> Work {
             let tx = tx.clone();
@@ -344,9 +360,7 @@ mod tests {
     #[tokio::test]
     async fn a_lone_piece_behind_a_stuck_thread_is_taken() {
         let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
-        let (g, open) = gate();
-        let stuck = spawn(p, &none, move || wait_at(&g));
-        until_busy(p, 1).await;
+        let (stuck, open) = stuck_on(p, &none).await;
         assert_eq!(spawn(p, &none, || "taken").await.unwrap(), Ok("taken"));
         assert!(!stuck.is_finished());
         open();
@@ -358,19 +372,13 @@ mod tests {
     #[tokio::test]
     async fn work_whose_caller_went_never_runs() {
         let (p, none) = (pool(1, Duration::from_secs(10)), CancellationToken::new());
-        let (g, open) = gate();
         let ran = Arc::new(AtomicUsize::new(0));
-        let stuck = spawn(p, &none, move || wait_at(&g));
-        until_busy(p, 1).await;
+        let (stuck, open) = stuck_on(p, &none).await;
         let gone = spawn(p, &none, {
             let ran = ran.clone();
             move || ran.fetch_add(1, Ordering::SeqCst)
         });
-        let began = Instant::now();
-        while p.lock().waiting.is_empty() {
-            assert!(began.elapsed() < Duration::from_secs(10), "the second piece was never queued");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_waiting(p).await;
         gone.abort();
         assert!(gone.await.is_err_and(|e| e.is_cancelled()));
         open();
@@ -424,11 +432,7 @@ mod tests {
             let ran = ran.clone();
             move || ran.fetch_add(1, Ordering::SeqCst)
         });
-        let began = Instant::now();
-        while p.lock().waiting.is_empty() {
-            assert!(began.elapsed() < Duration::from_secs(10), "the second piece was never queued");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_waiting(p).await;
         stop.cancel();
         assert_eq!(waiting.await.unwrap(), Err(Stopped::Cancelled));
         assert!(!stuck.is_finished(), "the running piece is waited for");
