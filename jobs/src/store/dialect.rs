@@ -477,6 +477,15 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn reader(&self) -> impl Fut<Self::Pooled>;
     /// A connection for a write outside a transaction (one statement).
     fn writer(&self) -> impl Fut<Self::Pooled>;
+    /// A transaction of the end recorder's, the one writer of runs' ends: on a backend that
+    /// gives those writes connections of their own, on one of them.
+    fn begin_recording(&self) -> impl Fut<Self::Tx> {
+        self.begin()
+    }
+    /// A connection of the end recorder's, for one statement (as [`Dialect::begin_recording`]).
+    fn recording(&self) -> impl Fut<Self::Pooled> {
+        self.writer()
+    }
 
     fn execute(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<u64>;
     fn fetch_all(c: &mut Self::Conn, q: Stmt<'_>) -> impl Fut<Vec<Self::Row>>;

@@ -118,15 +118,15 @@ impl<D: RunSql + QueueSql> Ends for D {
         // ended `cancelled` instead, its cancel asked for meanwhile, has its steps closed after).
         // So does a batch with successes noticed at their end (their jobs' state moves with them).
         if !ends.iter().any(|e| (e.status.is_final() && e.status != RunStatus::Succeeded) || e.noticed) {
-            let done = finish_runs::<D>(&mut *self.writer().await?, ends, ms(now)).await?;
+            let done = finish_runs::<D>(&mut *self.recording().await?, ends, ms(now)).await?;
             let cancelled: Vec<(&str, RunStatus)> =
                 done.iter().filter(|(_, s)| *s == RunStatus::Cancelled).map(|(id, s)| (id.as_str(), *s)).collect();
             if !cancelled.is_empty() {
-                close_steps::<D>(&mut *self.writer().await?, &cancelled, now).await?;
+                close_steps::<D>(&mut *self.recording().await?, &cancelled, now).await?;
             }
             return Ok(as_asked(&done));
         }
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_recording().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
         notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
