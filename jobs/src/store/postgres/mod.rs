@@ -716,6 +716,13 @@ mod tests {
         (s, t0)
     }
 
+    /// `n` ticks of as many jobs, due a second before `t0`, queued.
+    async fn queue_ticks(s: &PgStore, n: usize, t0: DateTime<Utc>) {
+        let batch: Vec<(NewRun, Overlap)> =
+            (0..n).map(|i| (tick(&format!("job-{i}"), t0 - chrono::Duration::seconds(1)), Overlap::Allow)).collect();
+        s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
+    }
+
     /// Every statement prepared on the recorder's connections (both held at once, each asked
     /// about its own) with the plan each call of it runs (theirs are generic: the arguments,
     /// all NULL here, do not matter).
@@ -885,9 +892,7 @@ mod tests {
     async fn the_recorder_plans_its_statements_once() {
         let cluster = lamplighter_tests::pg::Cluster::start();
         let (s, t0) = leased(&cluster).await;
-        let batch: Vec<(NewRun, Overlap)> =
-            (0..30).map(|i| (tick(&format!("job-{i}"), t0 - chrono::Duration::seconds(1)), Overlap::Allow)).collect();
-        s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
+        queue_ticks(&s, 30, t0).await;
         sqlx::query("ANALYZE ll_runs").execute(&s.pool).await.expect("analyze");
         let (mut writes, mut last) = (0, Vec::<String>::new());
         loop {
@@ -961,9 +966,7 @@ mod tests {
     async fn the_recorders_plans_made_on_a_small_table_find_runs_by_key_once_it_has_grown() {
         let cluster = lamplighter_tests::pg::Cluster::start();
         let (s, t0) = leased(&cluster).await;
-        let batch: Vec<(NewRun, Overlap)> =
-            (0..4).map(|i| (tick(&format!("job-{i}"), t0 - chrono::Duration::seconds(1)), Overlap::Allow)).collect();
-        s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
+        queue_ticks(&s, 4, t0).await;
         let (_, taken) = s.finish_and_claim(&[], 4, "a", t0).await.expect("claims");
         let ids: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
         assert_eq!(ids.len(), 4, "the runs claimed");
