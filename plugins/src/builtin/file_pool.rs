@@ -37,7 +37,6 @@ pub(crate) struct Pool {
     name: &'static str,
 }
 
-#[derive(Default)]
 struct State {
     waiting: VecDeque<Work>,
     /// Threads started and not ended.
@@ -294,31 +293,47 @@ mod tests {
         }
     }
 
-    /// Until `busy` threads are running work (checked every millisecond, for at most 10 s).
+    /// Until `p`'s state is `done` (checked every millisecond, for at most 10 s; `what` names
+    /// it for the failure).
+    async fn until(p: &Pool, what: &str, done: impl Fn(&State) -> bool) {
+        let began = Instant::now();
+        while !done(&p.lock()) {
+            assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Until `busy` threads are running work.
     async fn until_busy(p: &Pool, busy: usize) {
-        let began = Instant::now();
-        while p.lock().busy < busy {
-            assert!(began.elapsed() < Duration::from_secs(10), "{busy} pieces of work never ran at once");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until(p, &format!("{busy} pieces of work running at once"), |st| st.busy >= busy).await;
     }
 
-    /// Until a piece of work waits for a thread (checked every millisecond, for at most 10 s).
+    /// Until a piece of work waits for a thread.
     async fn until_waiting(p: &Pool) {
-        let began = Instant::now();
-        while p.lock().waiting.is_empty() {
-            assert!(began.elapsed() < Duration::from_secs(10), "no piece of work was ever queued");
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        until(p, "a piece of work queued", |st| !st.waiting.is_empty()).await;
+    }
+
+    /// A piece of work stuck at a gate on one of a pool's threads.
+    struct Stuck<O: Fn()> {
+        task: tokio::task::JoinHandle<Result<(), Stopped>>,
+        open: O,
+    }
+
+    impl<O: Fn()> Stuck<O> {
+        /// Checks it is still stuck, opens its gate, and checks it answers.
+        async fn release(self) {
+            assert!(!self.task.is_finished(), "the stuck piece of work is still running");
+            (self.open)();
+            assert_eq!(self.task.await.unwrap(), Ok(()));
         }
     }
 
-    /// A piece of work stuck at a gate on one of `p`'s threads, running once this returns; the
-    /// opener lets it answer.
-    async fn stuck_on(p: &'static Pool, cancel: &CancellationToken) -> (tokio::task::JoinHandle<Result<(), Stopped>>, impl Fn()) {
+    /// A piece of work stuck at a gate on one of `p`'s threads, running once this returns.
+    async fn stuck_on(p: &'static Pool, cancel: &CancellationToken) -> Stuck<impl Fn()> {
         let (g, open) = gate();
-        let stuck = spawn(p, cancel, move || wait_at(&g));
+        let task = spawn(p, cancel, move || wait_at(&g));
         until_busy(p, 1).await;
-        (stuck, open)
+        Stuck { task, open }
     }
 
     #[tokio::test]
@@ -336,7 +351,7 @@ mod tests {
     #[tokio::test]
     async fn a_stuck_piece_of_work_holds_back_at_most_one_other() {
         let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
-        let (stuck, open) = stuck_on(p, &none).await;
+        let stuck = stuck_on(p, &none).await;
         let (tx, rx) = std::sync::mpsc::channel();
         let answer = |what: &'static str| -> Work {
             let tx = tx.clone();
@@ -350,9 +365,7 @@ mod tests {
             [rx.recv_timeout(Duration::from_secs(10)).expect("an answer"), rx.recv_timeout(Duration::from_secs(10)).expect("an answer")];
         got.sort_unstable();
         assert_eq!(got, ["behind", "next"], "both answered while the first is stuck");
-        assert!(!stuck.is_finished());
-        open();
-        assert_eq!(stuck.await.unwrap(), Ok(()));
+        stuck.release().await;
     }
 
     /// A lone piece of work behind a stuck thread is not held for good: a thread is woken for
@@ -360,11 +373,9 @@ mod tests {
     #[tokio::test]
     async fn a_lone_piece_behind_a_stuck_thread_is_taken() {
         let (p, none) = (pool(4, Duration::from_secs(10)), CancellationToken::new());
-        let (stuck, open) = stuck_on(p, &none).await;
+        let stuck = stuck_on(p, &none).await;
         assert_eq!(spawn(p, &none, || "taken").await.unwrap(), Ok("taken"));
-        assert!(!stuck.is_finished());
-        open();
-        assert_eq!(stuck.await.unwrap(), Ok(()));
+        stuck.release().await;
     }
 
     /// Work whose caller went (its future dropped, as a run's timeout drops its target) before
@@ -373,7 +384,7 @@ mod tests {
     async fn work_whose_caller_went_never_runs() {
         let (p, none) = (pool(1, Duration::from_secs(10)), CancellationToken::new());
         let ran = Arc::new(AtomicUsize::new(0));
-        let (stuck, open) = stuck_on(p, &none).await;
+        let stuck = stuck_on(p, &none).await;
         let gone = spawn(p, &none, {
             let ran = ran.clone();
             move || ran.fetch_add(1, Ordering::SeqCst)
@@ -381,8 +392,7 @@ mod tests {
         until_waiting(p).await;
         gone.abort();
         assert!(gone.await.is_err_and(|e| e.is_cancelled()));
-        open();
-        assert_eq!(stuck.await.unwrap(), Ok(()));
+        stuck.release().await;
         // Served in order on the one thread: once this answers, the dropped one was passed.
         assert_eq!(p.run(&none, || "after").await, Ok("after"));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "the work of a caller that went never ran");
@@ -447,11 +457,7 @@ mod tests {
     async fn an_idle_thread_ends_after_its_keep_alive() {
         let (p, none) = (pool(2, Duration::from_millis(50)), CancellationToken::new());
         assert_eq!(p.run(&none, || 1).await, Ok(1));
-        let began = Instant::now();
-        while p.lock().threads > 0 {
-            assert!(began.elapsed() < Duration::from_secs(10), "the idle thread never ended");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(p, "the idle thread ended", |st| st.threads == 0).await;
         // And the pool starts one again for the next piece.
         assert_eq!(p.run(&none, || 2).await, Ok(2));
     }
