@@ -723,29 +723,49 @@ mod tests {
         s.fire_ticks(batch, Claim { worker: "a", slots: 0 }, t0).await.expect("fire");
     }
 
-    /// Every statement prepared on the recorder's connections (both held at once, each asked
-    /// about its own) with the plan each call of it runs (theirs are generic: the arguments,
-    /// all NULL here, do not matter).
-    async fn recorder_plans(s: &PgStore) -> Vec<(String, String)> {
+    /// A statement prepared on one of the recorder's connections.
+    struct Prepared {
+        statement: String,
+        /// What each call of it runs (the recorder's plans are generic: the arguments, all NULL
+        /// here, do not matter).
+        plan: String,
+        /// Calls so far that ran the generic plan, and those planned for their arguments.
+        generic: i64,
+        custom: i64,
+    }
+
+    /// Every statement prepared on the recorder's connections, both held at once and each
+    /// asked about its own.
+    async fn recorder_statements(s: &PgStore) -> Vec<Prepared> {
         let (mut one, mut two) = (s.recorder.acquire().await.expect("a connection"), s.recorder.acquire().await.expect("another"));
-        let mut plans = Vec::new();
+        let mut all = Vec::new();
         for c in [&mut *one, &mut *two] {
-            let prepared: Vec<(String, String, i32)> = sqlx::query_as(
-                "SELECT name, statement, cardinality(parameter_types) FROM pg_prepared_statements WHERE statement NOT LIKE '%pg_prepared_statements%'",
+            let prepared: Vec<(String, String, i32, i64, i64)> = sqlx::query_as(
+                "SELECT name, statement, cardinality(parameter_types), generic_plans, custom_plans
+                 FROM pg_prepared_statements WHERE statement NOT LIKE '%pg_prepared_statements%'",
             )
             .fetch_all(&mut *c)
             .await
             .expect("the connection's statements");
-            for (name, statement, params) in prepared {
+            for (name, statement, params, generic, custom) in prepared {
                 let args = if params == 0 { String::new() } else { format!("({})", vec!["NULL"; params as usize].join(", ")) };
                 let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN EXECUTE \"{name}\"{args}")))
                     .fetch_all(&mut *c)
                     .await
                     .expect("the plan");
-                plans.push((statement, plan.join("\n")));
+                all.push(Prepared { statement, plan: plan.join("\n"), generic, custom });
             }
         }
-        plans
+        all
+    }
+
+    /// Fails on the first of `prepared` whose plan reads `ll_runs` whole ([`scans_by_key`]).
+    fn assert_found_by_key(prepared: &[Prepared]) {
+        for p in prepared {
+            if let Err(scan) = scans_by_key(&p.plan) {
+                panic!("a write reads ll_runs whole ({scan}):\n{}\n{}", p.statement, p.plan);
+            }
+        }
     }
 
     /// Whether every scan of `ll_runs` in `plan` (EXPLAIN's text) finds its rows by an index
@@ -906,19 +926,8 @@ mod tests {
             last = taken.runs.into_iter().map(|h| h.run.id).collect();
         }
         assert!(writes > 10, "enough writes for the server to settle on a plan: {writes}");
-        // Both of the recorder's connections at once, each asked about its own statements.
-        let (mut one, mut two) = (s.recorder.acquire().await.expect("a connection"), s.recorder.acquire().await.expect("another"));
-        let mut plans = (0_i64, 0_i64);
-        for c in [&mut *one, &mut *two] {
-            let (generic, custom): (i64, i64) = sqlx::query_as(
-                "SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
-                 FROM pg_prepared_statements WHERE statement LIKE 'WITH ended AS%'",
-            )
-            .fetch_one(c)
-            .await
-            .expect("the connection's statements");
-            plans = (plans.0 + generic, plans.1 + custom);
-        }
+        let writes_prepared = recorder_statements(&s).await.into_iter().filter(|p| p.statement.starts_with("WITH ended AS"));
+        let plans = writes_prepared.fold((0, 0), |(g, c), p| (g + p.generic, c + p.custom));
         assert_eq!(plans.1, 0, "no write planned for its arguments ({} generic)", plans.0);
         assert!(plans.0 >= writes, "every write ran a prepared generic plan: {} of {writes}", plans.0);
     }
@@ -948,14 +957,10 @@ mod tests {
             s.ends_and_claims_at_once(&[], 1, "a", now).await.expect("a statement").expect("ends and claims");
             s.ends_and_hand_offs_at_once(&[], &sizes, 1, "a", now).await.expect("a statement").expect("ends and hand-offs");
         }
-        let plans = recorder_plans(&s).await;
-        for (statement, plan) in &plans {
-            if let Err(scan) = scans_by_key(plan) {
-                panic!("a write reads ll_runs whole ({scan}):\n{statement}\n{plan}");
-            }
-        }
+        let prepared = recorder_statements(&s).await;
+        assert_found_by_key(&prepared);
         for part in ["picked AS MATERIALIZED", "dropped AS"] {
-            assert!(plans.iter().any(|(st, _)| st.contains(part)), "no statement with {part} explained");
+            assert!(prepared.iter().any(|p| p.statement.contains(part)), "no statement with {part} explained");
         }
     }
 
@@ -985,13 +990,9 @@ mod tests {
         .execute(&s.pool)
         .await
         .expect("runs");
-        let plans = recorder_plans(&s).await;
-        for (statement, plan) in &plans {
-            if let Err(scan) = scans_by_key(plan) {
-                panic!("a write reads ll_runs whole ({scan}):\n{statement}\n{plan}");
-            }
-        }
-        let explained: Vec<&str> = plans.iter().map(|(st, _)| st.trim_start()).collect();
+        let prepared = recorder_statements(&s).await;
+        assert_found_by_key(&prepared);
+        let explained: Vec<&str> = prepared.iter().map(|p| p.statement.trim_start()).collect();
         for kind in ["UPDATE ll_runs SET", "INSERT INTO ll_job_successes", "WITH ended AS"] {
             assert!(explained.iter().any(|e| e.starts_with(kind)), "no {kind}… on the recorder's connections: {explained:?}");
         }
