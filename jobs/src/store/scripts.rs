@@ -383,6 +383,19 @@ pub(super) fn next_due_sql<D: Dialect>() -> &'static str {
     )
 }
 
+/// A tick's read of the active runs of the jobs it fires (`$1`), oldest first, a backfill's
+/// runs only when `$3` (`$2` is the backfill trigger). On PostgreSQL the active runs are
+/// indexed by job (`0019`): the read costs their number, not the jobs' kept history.
+pub(super) fn active_runs_sql<D: Dialect>() -> &'static str {
+    sql!(
+        D,
+        format!(
+            "SELECT job, id FROM ll_runs WHERE job {{in $1}} AND status IN {} AND (trigger != $2 OR $3) ORDER BY enqueued_at, id",
+            *super::ACTIVE
+        )
+    )
+}
+
 /// The notifications of runs waiting for a decision: one per wait and rule, recorded once
 /// (the wait's key), read each pass (waiting runs are few).
 pub(super) async fn waiting_notifications<D: Dialect>(c: &mut D::Conn, rules: RulesOf<'_>) -> Result<Vec<NewNotification>, StoreError> {

@@ -9,7 +9,7 @@ use lamplighter_config::Overlap;
 
 use super::dialect::{QueueSql, Record, RunSql, Stmt, sql, values};
 use super::scripts::*;
-use super::{ACTIVE, Claim, Hold, NewRun, StoreError, TickOutcome, from_ms, ms, new_id};
+use super::{Claim, Hold, NewRun, StoreError, TickOutcome, from_ms, ms, new_id};
 use crate::decide::{TickPlan, plan_ticks};
 use crate::events::TxTimings;
 use crate::run::Trigger;
@@ -91,16 +91,7 @@ impl<D: RunSql + QueueSql> Ticks for D {
         // batch sees them), but never count against a live tick's overlap policy, which would
         // otherwise skip live ticks while a backfill drains, or cancel it (`replace`).
         let backfill = ticks.iter().any(|(r, _)| r.trigger == Trigger::Backfill);
-        let q = Stmt::new(
-            sql!(
-                D,
-                format!(
-                    "SELECT job, id FROM ll_runs WHERE job {{in $1}} AND status IN {} AND (trigger != $2 OR $3) ORDER BY enqueued_at, id",
-                    *ACTIVE
-                )
-            ),
-            "reading active runs",
-        );
+        let q = Stmt::new(active_runs_sql::<D>(), "reading active runs");
         let mut active: HashMap<String, Vec<String>> = HashMap::new();
         for row in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied()).bind(Trigger::Backfill.as_str()).bind(backfill)).await? {
             active.entry(row.text("job")).or_default().push(row.text("id"));

@@ -964,6 +964,51 @@ mod tests {
         }
     }
 
+    /// A tick reads the active runs of the jobs it fires by their job, whichever plan the
+    /// server keeps for it. With the active runs indexed by status, a plan read them all, or
+    /// (the generic plan a pool's connection settled on in the shares bench) joined them to
+    /// every kept run of those jobs through `ll_runs_by_job_id`: 5.4 ms a tick for 1,000 jobs
+    /// keeping 100 runs, growing with the history kept.
+    #[tokio::test]
+    async fn a_ticks_read_of_active_runs_does_not_read_the_jobs_history() {
+        let cluster = lamplighter_tests::pg::Cluster::start();
+        let s = store(&cluster).await;
+        // 300 jobs keeping 100 runs each, the last of every tenth job running; analyzed.
+        sqlx::query(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, finished_at, outcome_seen)
+             SELECT lpad(i::text, 12, '0'), 'j' || (i % 300), 'cron', CASE WHEN running THEN 'running' ELSE 'succeeded' END,
+                    i, i, 1, CASE WHEN running THEN NULL ELSE i END, CASE WHEN running THEN NULL ELSE 1 END
+             FROM (SELECT i, i > 29700 AND i % 10 = 0 AS running FROM generate_series(1, 30000) i) g",
+        )
+        .execute(&s.pool)
+        .await
+        .expect("runs");
+        sqlx::query("ANALYZE ll_runs").execute(&s.pool).await.expect("analyze");
+        let mut c = s.pool.acquire().await.expect("a connection");
+        let statement = crate::store::scripts::active_runs_sql::<PgStore>();
+        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE active(text[], text, boolean) AS {statement}")))
+            .execute(&mut *c)
+            .await
+            .expect("prepare");
+        // A third of the jobs fire (a worker's share of three).
+        let jobs = (0..100).map(|i| format!("j{i}")).collect::<Vec<_>>().join(",");
+        for mode in ["force_generic_plan", "force_custom_plan"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}"))).execute(&mut *c).await.expect("mode");
+            let plan: Vec<String> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN ANALYZE EXECUTE active('{{{jobs}}}', 'backfill', false)")))
+                    .fetch_all(&mut *c)
+                    .await
+                    .expect("the plan");
+            let plan = plan.join("\n");
+            assert!(!plan.contains("ll_runs_by_job_id"), "{mode}: the read goes through the jobs' history:\n{plan}");
+            assert!(
+                plan.contains("ll_runs_active") && plan.contains("Index Cond: (job = ANY"),
+                "{mode}: the active runs are not found by job:\n{plan}"
+            );
+            assert!(plan.contains("rows=10 loops=1"), "{mode}: the ten running runs of the jobs fired are read:\n{plan}");
+        }
+    }
+
     /// The ends the recorder writes without claims run on its connections too, and none of its
     /// plans scans a table, not even one made while the table was small and kept since (the
     /// server makes another only when autovacuum next analyzes the table).
