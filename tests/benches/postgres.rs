@@ -16,10 +16,11 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
-//! - shares `[--rounds N] [--workers 1,3]`: 1,000 `file-save` jobs every second on one worker
-//!   and on three sharing the database (alternated, each on a fresh database, `--seconds`
-//!   measured after 10 s of warm-up): the workers' CPU together and the server's over the
-//!   window (and the server's by process), and every tick of it run exactly once.
+//! - shares `[--rounds N] [--workers 1,3] [--history N]`: 1,000 `file-save` jobs every second
+//!   on one worker and on three sharing the database (alternated, each on a fresh database,
+//!   `--seconds` measured after 10 s of warm-up): the workers' CPU together and the server's
+//!   over the window (and the server's by process), and every tick of it run exactly once.
+//!   `--history N`: each job keeps N runs from before (the default retention keeps 100).
 //! - drain `--limit N [--workers N] [--rounds N] [--limited-only]`: the drain with every run in
 //!   one limit of N slots (`scheduling.limits`) against none, alternated, twice each, with 1
 //!   and 3 workers.
@@ -67,9 +68,12 @@ fn main() {
                 let rounds: usize = arg("--rounds").map_or(2, |r| r.parse().expect("--rounds N"));
                 let groups: Vec<usize> =
                     arg("--workers").map_or(vec![1, 3], |w| w.split(',').map(|n| n.parse().expect("--workers N[,N…]")).collect());
+                // Runs each job keeps from before (the default retention keeps 100): the
+                // history of a worker that has run for a while.
+                let history: usize = arg("--history").map_or(0, |h| h.parse().expect("--history N"));
                 for round in 0..rounds {
                     for &workers in &groups {
-                        shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm);
+                        shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm, history);
                     }
                 }
             }
@@ -186,13 +190,34 @@ fn sustained(url: &str, seconds: u64) {
 
 /// 1,000 per-second jobs on `workers` workers sharing `url`: what the window of `seconds` after
 /// a warm-up cost the workers together and the server, and whether each tick in it ran once.
-fn shares(url: &str, workers: usize, seconds: u64, pm: u32) {
+fn shares(url: &str, workers: usize, seconds: u64, pm: u32, history: usize) {
     let jobs = jobs_yaml(1000, "* * * * * *", SAVE);
     let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres(url, &jobs, 1000)).collect();
+    if history > 0 {
+        // The first start applies the migrations; each job's kept runs ended a day ago, noticed.
+        ws[0].start();
+        ws[0].stop();
+        let from = now_ms() - 86_400_000;
+        query(
+            url,
+            &format!(
+                "INSERT INTO ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, attempt, started_at, finished_at, outcome_seen)
+                 SELECT '0190a000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-' || lpad((i % 1000)::text, 5, '0'), 'cron',
+                        'succeeded', {from} + i, {from} + i, {from} + i, 1, {from} + i, {from} + i, 1
+                 FROM generate_series(0, {} - 1) i",
+                history * 1000
+            ),
+            |_| (),
+        );
+        query(url, "ANALYZE ll_runs", |_| ());
+    }
     for w in &mut ws {
         w.start();
     }
-    println!("\n== shares on PostgreSQL: 1,000 jobs every second, {workers} worker(s) of concurrency 1000, {seconds} s after 10 s ==");
+    let kept = if history > 0 { format!(", {history} runs kept by each job from before") } else { String::new() };
+    println!(
+        "\n== shares on PostgreSQL: 1,000 jobs every second, {workers} worker(s) of concurrency 1000{kept}, {seconds} s after 10 s =="
+    );
     std::thread::sleep(Duration::from_secs(10));
     let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));
     if statements {

@@ -560,6 +560,38 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     s.housekeeping().await.expect("housekeeping");
 }
 
+/// The runs kept by count are the newest finished ones: an older run still running is neither
+/// pruned nor counted, and an older finished run not yet noticed waits for its notice.
+async fn retention_by_count_passes_over_older_runs_not_done_with(s: &dyn RunStore) {
+    let t = t0();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let at = t + secs(i * 60);
+        let out = s.fire_ticks(vec![(tick("o", at), Overlap::Allow)], none(1), at).await.expect("fire");
+        ids.push(out.into_iter().next().flatten().expect("fresh").run_id);
+    }
+    // The oldest keeps running; the second ends after the notice pass, so it is not noticed.
+    for id in &ids[2..] {
+        s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(300)).await.expect("finish");
+    }
+    let no_rules = |_: &str| None;
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(300)).await.expect("notice").runs, 3);
+    s.finish_many(&[end(&ids[1], RunStatus::Succeeded)], t + secs(310)).await.expect("finish");
+    // Keeping two: the two newest finished stay, the third newest goes; the second is older
+    // than the cut but not yet noticed, the oldest is running.
+    assert_eq!(s.prune(&[keep("o", Some(2), None)], t + secs(320)).await.expect("prune"), 1);
+    let left = || async move {
+        let runs = s.list_runs(&RunFilter { job: Some("o".into()), ..Default::default() }).await.expect("list");
+        runs.into_iter().map(|r| r.id).collect::<Vec<_>>()
+    };
+    assert_eq!(left().await, vec![ids[4].clone(), ids[3].clone(), ids[1].clone(), ids[0].clone()]);
+    // Once noticed, the second goes too; the running one stays whatever is kept.
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(330)).await.expect("notice").runs, 1);
+    assert_eq!(s.prune(&[keep("o", Some(0), None)], t + secs(340)).await.expect("prune"), 3);
+    assert_eq!(left().await, vec![ids[0].clone()]);
+    assert_eq!(status(s, &ids[0]).await, RunStatus::Running);
+}
+
 /// A job's retention for [`Upkeep::prune`].
 fn keep(job: &str, keep: Option<u32>, max_age: Option<Duration>) -> Retain<'_> {
     Retain { job, keep, max_age }
@@ -1745,6 +1777,7 @@ macro_rules! contract {
                 recovery_interrupts_running_runs_and_hands_queued_ones_over_again,
                 a_restart_under_the_same_name_takes_the_lease_over,
                 retention_deletes_only_finished_runs,
+                retention_by_count_passes_over_older_runs_not_done_with,
                 tick_keys_guard_a_window_then_go,
                 retention_of_many_jobs_is_applied_each_its_own_way_in_one_call,
                 listings_page_newest_first_and_count,
