@@ -534,14 +534,20 @@ async fn a_lone_worker_shares_with_nobody(s: &dyn RunStore) {
     assert_eq!(s.share(&me(), Some("d1")).await.expect("share"), vec![ME.to_string()]);
 }
 
-async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
-    let t = t0();
+/// `n` ticks of `job` a minute apart from [`t0`], each claimed as it fires: their runs' ids.
+async fn running_ticks(s: &dyn RunStore, job: &str, n: i64) -> Vec<String> {
     let mut ids = Vec::new();
-    for i in 0..4 {
-        let at = t + secs(i * 60);
-        let out = s.fire_ticks(vec![(tick("r", at), Overlap::Allow)], none(1), at).await.expect("fire");
+    for i in 0..n {
+        let at = t0() + secs(i * 60);
+        let out = s.fire_ticks(vec![(tick(job, at), Overlap::Allow)], none(1), at).await.expect("fire");
         ids.push(out.into_iter().next().flatten().expect("fresh").run_id);
     }
+    ids
+}
+
+async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
+    let t = t0();
+    let ids = running_ticks(s, "r", 4).await;
     // Three end, one keeps running.
     for id in &ids[..3] {
         s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(200)).await.expect("finish");
@@ -564,12 +570,7 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
 /// pruned nor counted, and an older finished run not yet noticed waits for its notice.
 async fn retention_by_count_passes_over_older_runs_not_done_with(s: &dyn RunStore) {
     let t = t0();
-    let mut ids = Vec::new();
-    for i in 0..5 {
-        let at = t + secs(i * 60);
-        let out = s.fire_ticks(vec![(tick("o", at), Overlap::Allow)], none(1), at).await.expect("fire");
-        ids.push(out.into_iter().next().flatten().expect("fresh").run_id);
-    }
+    let ids = running_ticks(s, "o", 5).await;
     // The oldest keeps running; the second ends after the notice pass, so it is not noticed.
     for id in &ids[2..] {
         s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(300)).await.expect("finish");
