@@ -566,31 +566,33 @@ async fn retention_deletes_only_finished_runs(s: &dyn RunStore) {
     s.housekeeping().await.expect("housekeeping");
 }
 
-/// The runs kept by count are the newest finished ones: an older run still running is neither
-/// pruned nor counted, and an older finished run not yet noticed waits for its notice.
+/// The runs kept by count are the newest finished ones, noticed or not: a run still running
+/// is neither pruned nor counted (the newest or the oldest), and a finished run not yet
+/// noticed counts but waits for its notice.
 async fn retention_by_count_passes_over_older_runs_not_done_with(s: &dyn RunStore) {
     let t = t0();
-    let ids = running_ticks(s, "o", 5).await;
-    // The oldest keeps running; the second ends after the notice pass, so it is not noticed.
-    for id in &ids[2..] {
-        s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(300)).await.expect("finish");
+    let ids = running_ticks(s, "o", 6).await;
+    // The oldest and the newest keep running; the fifth ends after the notice pass.
+    for id in &ids[1..4] {
+        s.finish_many(&[end(id, RunStatus::Succeeded)], t + secs(400)).await.expect("finish");
     }
     let no_rules = |_: &str| None;
-    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(300)).await.expect("notice").runs, 3);
-    s.finish_many(&[end(&ids[1], RunStatus::Succeeded)], t + secs(310)).await.expect("finish");
-    // Keeping two: the two newest finished stay, the third newest goes; the second is older
-    // than the cut but not yet noticed, the oldest is running.
-    assert_eq!(s.prune(&[keep("o", Some(2), None)], t + secs(320)).await.expect("prune"), 1);
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(400)).await.expect("notice").runs, 3);
+    s.finish_many(&[end(&ids[4], RunStatus::Succeeded)], t + secs(410)).await.expect("finish");
+    // Keeping two: the fifth (not noticed) and the fourth; the second and the third go.
+    assert_eq!(s.prune(&[keep("o", Some(2), None)], t + secs(420)).await.expect("prune"), 2);
     let left = || async move {
         let runs = s.list_runs(&RunFilter { job: Some("o".into()), ..Default::default() }).await.expect("list");
         runs.into_iter().map(|r| r.id).collect::<Vec<_>>()
     };
-    assert_eq!(left().await, vec![ids[4].clone(), ids[3].clone(), ids[1].clone(), ids[0].clone()]);
-    // Once noticed, the second goes too; the running one stays whatever is kept.
-    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(330)).await.expect("notice").runs, 1);
-    assert_eq!(s.prune(&[keep("o", Some(0), None)], t + secs(340)).await.expect("prune"), 3);
-    assert_eq!(left().await, vec![ids[0].clone()]);
-    assert_eq!(status(s, &ids[0]).await, RunStatus::Running);
+    assert_eq!(left().await, vec![ids[5].clone(), ids[4].clone(), ids[3].clone(), ids[0].clone()]);
+    // Once noticed, the fifth can go too; the running ones stay whatever is kept.
+    assert_eq!(s.notice(&no_rules, &no_after, false, t + secs(430)).await.expect("notice").runs, 1);
+    assert_eq!(s.prune(&[keep("o", Some(0), None)], t + secs(440)).await.expect("prune"), 2);
+    assert_eq!(left().await, vec![ids[5].clone(), ids[0].clone()]);
+    for id in [&ids[0], &ids[5]] {
+        assert_eq!(status(s, id).await, RunStatus::Running);
+    }
 }
 
 /// A job's retention for [`Upkeep::prune`].

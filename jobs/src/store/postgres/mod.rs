@@ -999,14 +999,72 @@ mod tests {
                     .fetch_all(&mut *c)
                     .await
                     .expect("the plan");
-            let plan = plan.join("\n");
-            assert!(!plan.contains("ll_runs_by_job_id"), "{mode}: the read goes through the jobs' history:\n{plan}");
             assert!(
-                plan.contains("ll_runs_active") && plan.contains("Index Cond: (job = ANY"),
-                "{mode}: the active runs are not found by job:\n{plan}"
+                !plan.iter().any(|l| l.contains("ll_runs_by_job_id")),
+                "{mode}: the read goes through the jobs' history:\n{}",
+                plan.join("\n")
             );
-            assert!(plan.contains("rows=10 loops=1"), "{mode}: the ten running runs of the jobs fired are read:\n{plan}");
+            // The active runs' index, its own condition by job, and what it found.
+            let at = plan.iter().position(|l| l.contains(" ll_runs_active ") || l.ends_with(" ll_runs_active"));
+            let scan = at.map(|i| {
+                let own = plan[i + 1..].iter().take_while(|l| !l.contains("->"));
+                (plan[i].clone(), own.cloned().collect::<Vec<_>>().join("\n"))
+            });
+            assert!(
+                scan.as_ref().is_some_and(|(node, own)| node.contains("rows=10 loops=1") && own.contains("Index Cond: (job = ANY")),
+                "{mode}: the ten running runs of the jobs fired are not found by job:\n{}",
+                plan.join("\n")
+            );
         }
+    }
+
+    /// A lease renewal's read of the interrupted runs not followed up, and the gauges' count
+    /// of the queued runs, look them up by status: behind a backlog of 20,000 queued runs and
+    /// a history of 80,000, a renewal does not read the backlog. (With the active runs keyed by
+    /// job alone, both read every active run.)
+    #[tokio::test]
+    async fn the_renewals_and_the_gauges_reads_find_runs_by_status_behind_a_backlog() {
+        let cluster = lamplighter_tests::pg::Cluster::start();
+        let s = store(&cluster).await;
+        sqlx::query(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, dispatched_at)
+             SELECT lpad(i::text, 12, '0'), 'j' || (i % 50), 'manual',
+                    CASE WHEN i <= 2 THEN 'interrupted' WHEN i <= 20000 THEN 'queued' ELSE 'succeeded' END, 1, 1, 1, 1
+             FROM generate_series(1, 100000) i",
+        )
+        .execute(&s.pool)
+        .await
+        .expect("runs");
+        sqlx::query("VACUUM ANALYZE ll_runs").execute(&s.pool).await.expect("analyze");
+        // How often the index was read, as the server counts (its counts reach the view within
+        // a second or so of the reading transaction's end).
+        let scans = || async {
+            sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&s.pool).await.expect("fresh stats");
+            sqlx::query_scalar::<_, i64>("SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'll_runs_unfollowed'")
+                .fetch_one(&s.pool)
+                .await
+                .expect("the index's reads")
+        };
+        let before = scans().await;
+        let interrupted = Leases::interrupted_without_follow_up(&s).await.expect("interrupted runs");
+        assert_eq!(interrupted.len(), 2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while scans().await <= before {
+            assert!(std::time::Instant::now() < deadline, "the interrupted runs were not read by their index");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The count of the queued runs finds them by status in the active runs' index.
+        let mut c = s.pool.acquire().await.expect("a connection");
+        let plan: Vec<String> = sqlx::query_scalar("EXPLAIN ANALYZE SELECT count(*) AS n FROM ll_runs WHERE status = 'queued'")
+            .fetch_all(&mut *c)
+            .await
+            .expect("the plan");
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("ll_runs_active") && plan.contains("Index Cond: (status = 'queued'::text)"),
+            "the queued runs are not found by status:\n{plan}"
+        );
+        assert_eq!(crate::store::Listings::queue_depth(&s).await.expect("the depth"), 19_998);
     }
 
     /// The ends the recorder writes without claims run on its connections too, and none of its
