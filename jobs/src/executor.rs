@@ -749,7 +749,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             exec.untrack(&run.id);
             // Noticed with its end: its job's history may be pruned, as a notice pass asks.
             if noticed && end.status == RunStatus::Succeeded && recorded.contains(&run.id) {
-                exec.env.retention.prune_soon(&run.owner.to_string(), now);
+                exec.env.retention.prune_soon(&run.owner.to_string(), now, 1);
             }
             if end.cause == crate::decide::EndCause::Panicked {
                 tracing::error!(run = %run.id, job = %run.owner, error = end.error.as_deref().unwrap_or(""), "run panicked");

@@ -12,16 +12,13 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::events::{JobTable, Observer};
 use crate::in_force::{InForce, JobsConfig};
-use crate::retention::PruneQueue;
+use crate::retention::{PruneQueue, prune_after};
 use crate::scheduler::Scheduler;
 use crate::signals::{Signal, Signals};
 use crate::store::{Definitions, Listings, Notices, Retain, StoreError, Upkeep};
 
 /// Pruning waits when a tick is this close, and until this long after it.
 const PRUNE_CLEARANCE_MS: i64 = 250;
-
-/// A busy worker prunes at most this often; an idle one not at all.
-const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 /// How many jobs' retention one transaction applies: a few milliseconds of the write lock
 /// (well inside the clearance kept before a tick), and a commit per chunk rather than per
@@ -44,23 +41,25 @@ pub(crate) struct Pruner {
 
 impl Pruner {
     /// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
-    /// (only a noticed run may be pruned), then waits [`PRUNE_EVERY`] from the first of them's
-    /// end so one pass covers every run that finished meanwhile. No timer while nothing finishes.
+    /// (only a noticed run may be pruned), then waits [`crate::retention::PRUNE_EVERY`] from
+    /// the first of them's end so one pass covers every run that finished meanwhile, and prunes
+    /// the jobs that gathered enough runs (or waited long enough). No timer while nothing waits.
     pub(crate) async fn run(self, stop: CancellationToken) {
         loop {
+            // Due after the batch's first request (not after this wake: a clock that moved on
+            // meanwhile must not push the batch further out).
+            let Some(due) = self.retention.next_due() else {
+                tokio::select! {
+                    () = self.retention.requested() => continue,
+                    () = stop.cancelled() => break,
+                }
+            };
             tokio::select! {
+                () = self.clock.sleep_until(due) => self.prune_now().await,
+                // A new batch may be due sooner than the runs left waiting.
                 () = self.retention.requested() => {}
-                _ = stop.cancelled() => break,
+                () = stop.cancelled() => break,
             }
-            // Due PRUNE_EVERY after the first request of the batch (not after this wake: a clock
-            // that moved on meanwhile must not push the batch further out).
-            let Some(since) = self.retention.since() else { continue };
-            let batch_until = since + chrono::Duration::from_std(PRUNE_EVERY).unwrap_or_default();
-            tokio::select! {
-                () = self.clock.sleep_until(batch_until) => {}
-                () = stop.cancelled() => {}
-            }
-            self.prune_now().await;
         }
     }
 
@@ -76,10 +75,13 @@ impl Pruner {
 
     /// Applies retention to every job waiting for it, [`PRUNE_CHUNK`] jobs a transaction.
     async fn prune_now(&self) {
-        let pending = self.retention.take();
         let jobs = self.config.jobs();
         let now = self.clock.now();
-        let retain: Vec<Retain<'_>> = pending
+        // A job no longer in force is dropped from the queue with nothing to prune.
+        let due = self
+            .retention
+            .take_due(now, |name, waiting| jobs.get(name).is_none_or(|job| waiting.runs >= prune_after(job.retention.max_runs)));
+        let retain: Vec<Retain<'_>> = due
             .iter()
             .filter_map(|name| {
                 let job = jobs.get(name)?;

@@ -208,7 +208,7 @@ async fn pass(env: &NotifierEnv, http: &Http, noticing: bool, stop: &Cancellatio
             }
         }
         for (job, ended) in &noticed.prunable {
-            env.retention.prune_soon(job, *ended);
+            env.retention.prune_soon(job, ended.earliest, ended.runs);
         }
         if !noticed.more {
             break noticed.recheck_at;

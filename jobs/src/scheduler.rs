@@ -990,7 +990,7 @@ async fn fire_batch(s: &Scheduler, batch: Vec<(NewRun, Overlap)>, now: DateTime<
         } else {
             s.env.observer.tick_skipped(&job, tick, &run_id);
             // A skipped tick is a finished run too: a paused job's history is kept bounded.
-            s.env.retention.prune_soon(&job, now);
+            s.env.retention.prune_soon(&job, now, 1);
         }
         for old in replaced {
             s.env.executor.stop_run(&old, format!("replaced by run {run_id} (overlap: replace)"), now).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use lamplighter_contract::Run;
-use lamplighter_jobs::{Engine, ManualClock, RunStatus, Trigger};
+use lamplighter_jobs::{Engine, ManualClock, RunStatus, Trigger, TriggerRequest};
 
 use support::{config, finished, minutes, runs, start, t0, until};
 
@@ -191,6 +191,40 @@ async fn retention_keeps_the_newest_runs() {
     clock.set(t0() + minutes(6) + chrono::Duration::seconds(5));
     let r = until(&engine, "pruning to 3 runs", |r| r.len() == 3).await;
     assert_eq!(ticks(&r, Trigger::Cron), [4, 5, 6]);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_busy_jobs_history_is_pruned_in_tenths_and_comes_down_to_max_runs_within_a_minute() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No tick within the test: the runs are started by hand while the clock stands still.
+    let cfg = config(dir.path(), &format!("cron: \"0 0 1 1 *\"\nretention: {{ max_runs: 20 }}\n{QUICK}"));
+    let clock = Arc::new(ManualClock::new(t0()));
+    let engine = start(&cfg, &clock).await;
+    let trigger = |n: usize| {
+        let engine = &engine;
+        async move {
+            for _ in 0..n {
+                engine.service().trigger_job("j", TriggerRequest::default()).await.expect("trigger");
+            }
+        }
+    };
+    trigger(23).await;
+    until(&engine, "23 runs ended", |r| r.len() == 23 && finished(r)).await;
+    // 23 runs gathered, more than a tenth of 20: the batch 5 s on prunes to the newest 20.
+    clock.set(t0() + chrono::Duration::seconds(5));
+    let kept = until(&engine, "pruning to 20 runs", |r| r.len() == 20).await;
+    // One more is fewer than the tenth: it waits, and a minute after it ended it is pruned
+    // all the same (the history does not stay above `max_runs` once the job goes quiet).
+    trigger(1).await;
+    until(&engine, "the 21st run ended", |r| r.len() == 21 && finished(r)).await;
+    clock.set(t0() + chrono::Duration::seconds(65));
+    let r = until(&engine, "pruning to 20 runs a minute on", |r| r.len() == 20).await;
+    let ids = |r: &[Run]| r.iter().map(|r| r.id.clone()).collect::<std::collections::BTreeSet<_>>();
+    let (before, after) = (ids(&kept), ids(&r));
+    let oldest = before.first().expect("20 runs");
+    assert_eq!(before.difference(&after).collect::<Vec<_>>(), [oldest], "the oldest kept run went, and only it");
+    assert!(r.iter().all(|r| r.trigger == Trigger::Manual), "{r:#?}");
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -610,11 +610,18 @@ pub(crate) struct Noticed {
     pub(crate) more: bool,
     /// When a failure left unnoticed (its retry may still be recorded) is to be looked at again.
     pub(crate) recheck_at: Option<DateTime<Utc>>,
-    /// The jobs of the runs marked as noticed (which retention may now prune), each with the
-    /// earliest end among them.
-    pub(crate) prunable: BTreeMap<String, DateTime<Utc>>,
+    /// The jobs of the runs marked as noticed (which retention may now prune).
+    pub(crate) prunable: BTreeMap<String, Ended>,
     /// The runs started after their upstream jobs' outcomes: (job, run id).
     pub(crate) started: Vec<(String, String)>,
+}
+
+/// A job's runs marked as noticed in one pass ([`Noticed::prunable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ended {
+    /// The earliest end among them.
+    pub(crate) earliest: DateTime<Utc>,
+    pub(crate) runs: u32,
 }
 
 /// What the per-job gauges show of a job, as the database has it.

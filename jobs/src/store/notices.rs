@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::dialect::{Dialect, Record, Stmt, run_cols, run_from_row, sql};
 use super::scripts::*;
-use super::{AfterOf, Dispatch, Downstream, JobHealth, Noticed, RulesOf, StoreError, from_ms, ms, new_id};
+use super::{AfterOf, Dispatch, Downstream, Ended, JobHealth, Noticed, RulesOf, StoreError, from_ms, ms, new_id};
 use crate::decide::{
     Finality, OutcomeKind, PendingOutcome, RETRY_RECORDED_WITHIN, after_counts, fan_in, finality, notify_on_outcome, upstream_input,
     with_upstream,
@@ -201,10 +201,12 @@ impl<D: Dialect> Notices for D {
         }
         D::commit(tx).await?;
         let seen_ids: HashSet<&str> = seen.iter().copied().collect();
-        let mut prunable: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+        let mut prunable: BTreeMap<String, Ended> = BTreeMap::new();
         for (run, job) in runs.iter().zip(names).filter(|(r, _)| seen_ids.contains(r.id.as_str())) {
             let ended = run.finished_at.unwrap_or(now);
-            prunable.entry(job).and_modify(|at| *at = (*at).min(ended)).or_insert(ended);
+            let e = prunable.entry(job).or_insert(Ended { earliest: ended, runs: 0 });
+            e.earliest = e.earliest.min(ended);
+            e.runs += 1;
         }
         // A full batch with nothing in it to notice (failures waiting for their retries) is not
         // "more": the pass would only read it again.
