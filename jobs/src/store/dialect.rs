@@ -505,6 +505,16 @@ pub(crate) trait RunSql: Dialect {
     /// new. Of two writers recording one key, the second finds it taken.
     fn record_ticks(c: &mut Self::Conn, keys: Vec<(&str, i64, &str)>) -> impl Fut<HashSet<String>>;
     /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
+    /// `ends`, and the successes noticed at their end moving their jobs — each ended run with
+    /// the status it took. `None`: the store writes them as statements.
+    fn ends_at_once(
+        &self,
+        _ends: &[RunEnd<'_>],
+        _now: i64,
+    ) -> impl Future<Output = Option<Result<Vec<(String, RunStatus)>, StoreError>>> + Send {
+        async { None }
+    }
+    /// Where the backend can write them as one statement: `finish_runs` and `close_steps` of
     /// `ends`, then the lease check, take and claim of up to `n` runs for `worker` that
     /// [`super::Ends::claim_queued`] makes — each ended run with the status it took, the
     /// tasks taken, and the claimed runs' rows (as [`RunSql::claim`]'s). `None`: the script
