@@ -43,7 +43,8 @@ impl Pruner {
     /// Applies retention off the run path: woken when the notifier has noticed runs' outcomes
     /// (only a noticed run may be pruned), then waits [`crate::retention::PRUNE_EVERY`] from
     /// the first of them's end so one pass covers every run that finished meanwhile, and prunes
-    /// the jobs that gathered enough runs (or waited long enough). No timer while nothing waits.
+    /// the jobs that gathered enough runs (or waited long enough). No timer while nothing waits;
+    /// a stop prunes whatever waits (the queue is only in memory).
     pub(crate) async fn run(self, stop: CancellationToken) {
         loop {
             // Due after the batch's first request (not after this wake: a clock that moved on
@@ -55,10 +56,13 @@ impl Pruner {
                 }
             };
             tokio::select! {
-                () = self.clock.sleep_until(due) => self.prune_now().await,
+                () = self.clock.sleep_until(due) => self.prune_now(false).await,
                 // A new batch may be due sooner than the runs left waiting.
                 () = self.retention.requested() => {}
-                () = stop.cancelled() => break,
+                () = stop.cancelled() => {
+                    self.prune_now(true).await;
+                    break;
+                }
             }
         }
     }
@@ -73,14 +77,18 @@ impl Pruner {
         }
     }
 
-    /// Applies retention to every job waiting for it, [`PRUNE_CHUNK`] jobs a transaction.
-    async fn prune_now(&self) {
+    /// Applies retention to the jobs due ([`PruneQueue::take_due`]; `all`: every job waiting),
+    /// [`PRUNE_CHUNK`] jobs a transaction, then tidies the database. Nothing due, nothing done.
+    async fn prune_now(&self, all: bool) {
         let jobs = self.config.jobs();
         let now = self.clock.now();
         // A job no longer in force is dropped from the queue with nothing to prune.
         let due = self
             .retention
-            .take_due(now, |name, waiting| jobs.get(name).is_none_or(|job| waiting.runs >= prune_after(job.retention.max_runs)));
+            .take_due(now, |name, waiting| all || jobs.get(name).is_none_or(|job| waiting.runs >= prune_after(job.retention.max_runs)));
+        if due.is_empty() {
+            return;
+        }
         let retain: Vec<Retain<'_>> = due
             .iter()
             .filter_map(|name| {
@@ -92,7 +100,10 @@ impl Pruner {
             self.clear_of_ticks().await;
             if let Err(e) = self.upkeep.prune(chunk, now).await {
                 let (first, last) = (chunk[0].job, chunk[chunk.len() - 1].job);
-                tracing::warn!(jobs = chunk.len(), first, last, error = %e, "cannot prune run history (it is tried again after these jobs' next runs)");
+                tracing::warn!(jobs = chunk.len(), first, last, error = %e, "cannot prune run history (it is tried again within a minute)");
+                for r in chunk {
+                    self.retention.prune_soon(r.job, now, 0);
+                }
             }
         }
         self.clear_of_ticks().await;

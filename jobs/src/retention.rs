@@ -7,7 +7,8 @@
 //! find its cut, whatever it deletes, so deleting ten runs a statement costs about what one
 //! did. Every worker counts only the runs it noticed, so three workers together prune a job as
 //! often as one would. A job that slows down or stops is pruned [`PRUNE_AT_LATEST`] after its
-//! first run waiting, so history exceeds `max_runs` by at most that tenth, and only briefly.
+//! first run waiting. So history exceeds `max_runs` by about a tenth a worker that notices its
+//! runs (and what ends during a batch's wait), for at most about a minute once the job is quiet.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -52,15 +53,16 @@ pub(crate) struct PruneQueue {
 }
 
 impl PruneQueue {
-    /// Asks for `job`'s retention to be applied soon, for `runs` finished runs. `at`: the
-    /// engine-clock instant of what asked (a run's end, a skipped tick).
+    /// Asks for `job`'s retention to be applied soon, for `runs` finished runs (0: a retry, due
+    /// within [`PRUNE_AT_LATEST`]). `at`: the engine-clock instant of what asked (a run's end,
+    /// a skipped tick).
     pub(crate) fn prune_soon(&self, job: &str, at: DateTime<Utc>, runs: u32) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let w = p.jobs.entry(job.to_string()).or_insert(Waiting { runs: 0, since: at });
         w.runs = w.runs.saturating_add(runs);
         w.since = w.since.min(at);
-        // Only a new batch can make the next one due sooner: the housekeeper is woken once a
-        // batch, not once a run.
+        // The housekeeper is woken once a batch, not once a run: a request within a batch (an
+        // earlier instant included) moves the batch's due time by less than PRUNE_EVERY.
         let new_batch = p.batch_since.is_none();
         p.batch_since = Some(p.batch_since.map_or(at, |s| s.min(at)));
         drop(p);
@@ -145,5 +147,11 @@ mod tests {
         assert_eq!(q.next_due(), Some(at(67)));
         assert_eq!(q.take_due(at(67), ready), ["busy"]);
         assert_eq!(q.next_due(), None);
+        // A pruning that failed is asked for again with no runs: tried again within a minute.
+        q.prune_soon("failed", at(70), 0);
+        assert_eq!(q.next_due(), Some(at(75)));
+        assert!(q.take_due(at(75), ready).is_empty());
+        assert_eq!(q.next_due(), Some(at(130)));
+        assert_eq!(q.take_due(at(130), ready), ["failed"]);
     }
 }

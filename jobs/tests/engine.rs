@@ -11,7 +11,7 @@ use chrono::{TimeZone, Utc};
 use lamplighter_contract::Run;
 use lamplighter_jobs::{Engine, ManualClock, RunStatus, Trigger, TriggerRequest};
 
-use support::{config, finished, minutes, runs, start, t0, until};
+use support::{config, config_jobs, finished, minutes, runs, start, t0, until, until_of};
 
 const QUICK: &str = "type: plugin\nplugin: file-save\naction: save\nparameters: { path: out.txt, content: x }";
 const SLOW: &str = "type: plugin\nplugin: shell-exec\naction: run\nparameters: { command: \"sleep 30\", timeout_seconds: 60 }";
@@ -197,27 +197,37 @@ async fn retention_keeps_the_newest_runs() {
 #[tokio::test]
 async fn a_busy_jobs_history_is_pruned_in_tenths_and_comes_down_to_max_runs_within_a_minute() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // No tick within the test: the runs are started by hand while the clock stands still.
-    let cfg = config(dir.path(), &format!("cron: \"0 0 1 1 *\"\nretention: {{ max_runs: 20 }}\n{QUICK}"));
+    // No tick within the test: the runs are started by hand while the clock stands still. `k`
+    // keeps one run, so each of its runs is enough for a batch to prune it: its pruning shows
+    // that a batch ran.
+    let never = "cron: \"0 0 1 1 *\"\n";
+    let (j, k) = (format!("{never}retention: {{ max_runs: 20 }}\n{QUICK}"), format!("{never}retention: {{ max_runs: 1 }}\n{QUICK}"));
+    let cfg = config_jobs(dir.path(), &[("j", &j), ("k", &k)]);
     let clock = Arc::new(ManualClock::new(t0()));
     let engine = start(&cfg, &clock).await;
-    let trigger = |n: usize| {
+    let trigger = |job: &'static str, n: usize| {
         let engine = &engine;
         async move {
             for _ in 0..n {
-                engine.service().trigger_job("j", TriggerRequest::default()).await.expect("trigger");
+                engine.service().trigger_job(job, TriggerRequest::default()).await.expect("trigger");
             }
         }
     };
-    trigger(23).await;
+    trigger("j", 23).await;
     until(&engine, "23 runs ended", |r| r.len() == 23 && finished(r)).await;
     // 23 runs gathered, more than a tenth of 20: the batch 5 s on prunes to the newest 20.
     clock.set(t0() + chrono::Duration::seconds(5));
     let kept = until(&engine, "pruning to 20 runs", |r| r.len() == 20).await;
-    // One more is fewer than the tenth: it waits, and a minute after it ended it is pruned
-    // all the same (the history does not stay above `max_runs` once the job goes quiet).
-    trigger(1).await;
+    // One more run of `j` is fewer than its tenth (2): the next batch leaves it, and prunes `k`.
+    trigger("j", 1).await;
+    trigger("k", 2).await;
     until(&engine, "the 21st run ended", |r| r.len() == 21 && finished(r)).await;
+    until_of(&engine, "k", "k's 2 runs ended", |r| r.len() == 2 && finished(r)).await;
+    clock.set(t0() + chrono::Duration::seconds(10));
+    until_of(&engine, "k", "k pruned to 1 run by the batch", |r| r.len() == 1).await;
+    assert_eq!(runs(&engine).await.len(), 21, "j's one run waits for a tenth of its max_runs");
+    // A minute after it ended, it is pruned all the same: the history does not stay above
+    // `max_runs` once the job goes quiet.
     clock.set(t0() + chrono::Duration::seconds(65));
     let r = until(&engine, "pruning to 20 runs a minute on", |r| r.len() == 20).await;
     let ids = |r: &[Run]| r.iter().map(|r| r.id.clone()).collect::<std::collections::BTreeSet<_>>();

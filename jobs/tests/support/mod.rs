@@ -29,8 +29,20 @@ pub fn config(dir: &Path, job_yaml: &str) -> Config {
 
 /// As [`config`], with `top_yaml` added at the top level (e.g. a `worker:` section).
 pub fn config_with(dir: &Path, top_yaml: &str, job_yaml: &str) -> Config {
-    let body: String = job_yaml.lines().map(|l| format!("      {l}\n")).collect();
-    let text = format!("framework:\n  data_dir: {}\n{top_yaml}scheduling:\n  jobs:\n    j:\n{body}", dir.join("data").display());
+    load_jobs(dir, top_yaml, &[("j", job_yaml)])
+}
+
+/// Several jobs, each `(name, its YAML lines)`, in one data directory.
+pub fn config_jobs(dir: &Path, jobs: &[(&str, &str)]) -> Config {
+    load_jobs(dir, "", jobs)
+}
+
+fn load_jobs(dir: &Path, top_yaml: &str, jobs: &[(&str, &str)]) -> Config {
+    let body: String = jobs
+        .iter()
+        .map(|(name, yaml)| format!("    {name}:\n{}", yaml.lines().map(|l| format!("      {l}\n")).collect::<String>()))
+        .collect();
+    let text = format!("framework:\n  data_dir: {}\n{top_yaml}scheduling:\n  jobs:\n{body}", dir.join("data").display());
     let path = dir.join("lamplighter.yaml");
     std::fs::write(&path, text).expect("write config");
     match lamplighter_config::load(&LoadOptions { path: Some(path), cwd: Some(dir.to_path_buf()), ..Default::default() }) {
@@ -61,8 +73,13 @@ pub async fn start_observed(config: &Config, clock: &Arc<ManualClock>, targets: 
 }
 
 pub async fn runs(engine: &Engine) -> Vec<Run> {
+    runs_of(engine, "j").await
+}
+
+/// The runs of job `job`, as [`runs`] orders them.
+pub async fn runs_of(engine: &Engine, job: &str) -> Vec<Run> {
     let mut runs =
-        engine.service().list_runs(RunFilter { job: Some("j".into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
+        engine.service().list_runs(RunFilter { job: Some(job.into()), limit: Some(500), ..Default::default() }).await.expect("list").runs;
     runs.sort_by_key(|r| (r.scheduled_at, r.enqueued_at));
     runs
 }
@@ -70,11 +87,16 @@ pub async fn runs(engine: &Engine) -> Vec<Run> {
 /// Waits (up to 10 s of real time) until `pred` holds for the job's runs: reads them again at
 /// each change the engine announces, never on a timer.
 pub async fn until(engine: &Engine, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
+    until_of(engine, "j", what, pred).await
+}
+
+/// As [`until`], for the runs of job `job`.
+pub async fn until_of(engine: &Engine, job: &str, what: &str, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     // Subscribed before the first read: a change after it is never missed.
     let mut changes = engine.service().watch(lamplighter_jobs::Interest::Anything);
     loop {
-        let r = runs(engine).await;
+        let r = runs_of(engine, job).await;
         if pred(&r) {
             return r;
         }

@@ -1098,7 +1098,7 @@ mod tests {
         let (_, taken) = s.finish_and_claim(&[], 4, "a", t0).await.expect("claims");
         let ids: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
         assert_eq!(ids.len(), 4, "the runs claimed");
-        // Ends without claims, each kind of write: a plain one, and one whose success is noticed.
+        // Ends without claims, a plain one and one whose success is noticed: one statement.
         let plain = crate::store::contract::end(&ids[0], RunStatus::Succeeded);
         let noticed = RunEnd { noticed: true, ..crate::store::contract::end(&ids[1], RunStatus::Succeeded) };
         assert_eq!(s.finish_many(&[plain], t0).await.expect("an end").len(), 1);
