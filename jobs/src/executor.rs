@@ -14,7 +14,8 @@
 //!   and, while the queue may hold runs, claims as many in the same transaction: their slots
 //!   and passes go to those runs (the single writer alternated between small claims and small
 //!   batches of ends). It then schedules retries, tells waiters and frees the slots left over
-//!   at once.
+//!   at once. Where a write is a round trip (PostgreSQL), ends that would claim nothing wait
+//!   a few milliseconds for more ends while other runs go on.
 //!
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
@@ -42,6 +43,9 @@ use crate::store::{Ends, Handed, LimitPass, Records, RunEnd, StoreError, Taken};
 
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
+
+/// Ends that gather ([`crate::store::Ends::ends_gather`]) stop gathering at this many.
+const GATHER_UP_TO: usize = 256;
 
 /// The longest a run's end waits for its last output lines to be recorded.
 const LOG_FINISH_WITHIN: Duration = Duration::from_secs(5);
@@ -610,6 +614,21 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             while batch.len() < BATCH {
                 let Ok(f) = rx.try_recv() else { break };
                 batch.push(f);
+            }
+        }
+        // Ends that would claim nothing and free no limit's slot gather for a few milliseconds
+        // while other runs are still going, where a write costs a round trip and a commit.
+        let gather = exec.env.ends.ends_gather();
+        if !gather.is_zero() && !exec.queue_may_hold.load(Relaxed) && batch.iter().all(|f| f.run.pools.is_empty()) {
+            let until = tokio::time::Instant::now() + gather;
+            while batch.len() < GATHER_UP_TO && exec.running_count() > batch.len() {
+                let room = GATHER_UP_TO - batch.len();
+                tokio::select! {
+                    got = tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)) => {
+                        if !matches!(got, Ok(n) if n > 0) { break }
+                    }
+                    () = stop.cancelled() => break,
+                }
             }
         }
         let now = exec.env.clock.now();

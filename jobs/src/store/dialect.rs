@@ -461,6 +461,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// scheduler hands such runs over (claimed into its free slots, or pushed).
     const QUEUED_BY_INSERT: bool = false;
 
+    /// How long ends that claim nothing wait for more ends to join their write while other
+    /// runs are still going (zero: none). Where a write is a round trip to a server and a
+    /// commit of its own, fewer and larger writes cost it less.
+    const ENDS_GATHER: std::time::Duration = std::time::Duration::ZERO;
+
     /// Starts a transaction that will write.
     fn begin(&self) -> impl Fut<Self::Tx>;
     fn commit(tx: Self::Tx) -> impl Fut<()>;

@@ -22,6 +22,9 @@ pub(crate) trait Ends: Send + Sync + std::fmt::Debug {
     /// fenced and left to whoever takes it over). Steps
     /// of runs that failed, were stopped or interrupted and are still open are closed.
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError>;
+    /// How long ends that claim nothing may wait for more ends to join their write
+    /// ([`Dialect::ENDS_GATHER`](super::dialect::Dialect::ENDS_GATHER)).
+    fn ends_gather(&self) -> std::time::Duration;
     /// [`Ends::finish_many`] and then [`Ends::claim_queued`] of up to `n` runs, in one
     /// transaction: the slots the ends free are filled again without a second write (the
     /// single writer alternated between small claims and small batches of ends).
@@ -109,6 +112,10 @@ impl<D: RunSql + QueueSql> Ends for D {
         let taken = take_and_claim::<D>(&mut tx, n, worker, now).await?;
         D::commit(tx).await?;
         Ok(taken)
+    }
+
+    fn ends_gather(&self) -> std::time::Duration {
+        D::ENDS_GATHER
     }
 
     async fn finish_many(&self, ends: &[RunEnd<'_>], now: DateTime<Utc>) -> Result<Vec<String>, StoreError> {

@@ -253,6 +253,7 @@ impl Dialect for PgStore {
     const KIND: StorageKind = StorageKind::Postgres;
     const SPELLING: Spelling = SPELLING;
     const QUEUED_BY_INSERT: bool = true;
+    const ENDS_GATHER: Duration = Duration::from_millis(5);
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.pool.begin().await.ctx("starting a transaction")
