@@ -91,6 +91,10 @@ where
     Ok(row.try_get::<Option<Vec<T>>, _>(col).ctx("reading the ends written")?.unwrap_or_default())
 }
 
+/// The columns of an ends statement's summary row that [`runs_ended`] reads, from its `ended`.
+const ENDED: &str = "(SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
+                     (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses";
+
 /// The runs an ends statement ended, with the status each was given, from its summary row.
 fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
     let ids: Vec<String> = array(row, "ended_ids")?;
@@ -347,8 +351,7 @@ impl RunSql for PgStore {
             PgStore,
             format!(
                 "{ended}
-                 SELECT (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
-                        (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses",
+                 SELECT {ENDED}",
                 ended = ends_and_closed_steps(),
             )
         );
@@ -386,8 +389,7 @@ impl RunSql for PgStore {
                  claimed AS ({claim})
                  SELECT s.*, c.* FROM
                      (SELECT (SELECT count(*) FROM picked) AS tasks_taken,
-                             (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
-                             (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses) s
+                             {ENDED}) s
                      LEFT JOIN claimed c ON true",
                 ended = ends_and_closed_steps(),
                 pick = queue::pick("$4", "AND EXISTS (SELECT 1 FROM lease)"),
@@ -468,8 +470,7 @@ impl RunSql for PgStore {
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
                  claimed AS ({claim})
                  SELECT s.*, c.* FROM
-                     (SELECT (SELECT array_agg(id ORDER BY id) FROM ended) AS ended_ids,
-                             (SELECT array_agg(status ORDER BY id) FROM ended) AS ended_statuses,
+                     (SELECT {ENDED},
                              (SELECT array_agg(id ORDER BY g) FROM taken) AS taken_ids,
                              (SELECT array_agg(pool_name ORDER BY g) FROM taken) AS taken_limits,
                              (SELECT array_agg(coalesce(limit_wait_since, $2) ORDER BY g) FROM taken) AS taken_since,
