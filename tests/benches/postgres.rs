@@ -279,7 +279,9 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
         "      plugin: file-read\n      action: read\n      parameters: { path: \"tiny.txt\" }\n      retention: { max_runs: 100000 }\n";
     let jobs = jobs_yaml(1, "0 0 1 1 *", action);
     let limits = limit.map(|n| format!("  limits:\n    pool: {n}\n")).unwrap_or_default();
-    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres_with(url, &limits, &jobs, 32)).collect();
+    // `DRAIN_CONCURRENCY` (default 32, as graphile-worker's): each worker's concurrency.
+    let concurrency = std::env::var("DRAIN_CONCURRENCY").ok().and_then(|c| c.parse().ok()).unwrap_or(32);
+    let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres_with(url, &limits, &jobs, concurrency)).collect();
     // The first start applies the migrations.
     ws[0].start();
     ws[0].stop();
@@ -309,7 +311,9 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
     // empty statistics it chose differently from a real backlog's).
     query(url, "ANALYZE ll_runs", |_| ());
     let limited = limit.map_or_else(String::new, |n| format!(", every run in a limit of {n}"));
-    println!("\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency 32, file-read of 2 bytes{limited} ==");
+    println!(
+        "\n== drain on PostgreSQL: {n} queued runs, {workers} worker(s) of concurrency {concurrency}, file-read of 2 bytes{limited} =="
+    );
     // With `PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'`: where the
     // server's time went, statement by statement.
     let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));

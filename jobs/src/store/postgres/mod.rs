@@ -154,6 +154,32 @@ pub(crate) struct PgStore {
     /// autovacuum next analyzes it, scanned thousands of runs for each end (a custom plan for
     /// a batch of 700 ends, 219 ms, seen at 1,000 runs a second on the pool's connections).
     recorder: PgPool,
+    /// Where this worker's last pick of the queue with its ends ended ([`queue::pick_from`]).
+    queue_head: std::sync::Mutex<QueueHead>,
+}
+
+/// A place in the queue, by hand-over time and run id, and when (ms) it was taken. It is a
+/// hint: a run behind it is still taken when those ahead do not fill a pick, and the place is
+/// forgotten after [`QUEUE_HEAD_KEPT_MS`] (or a clock stepped back), so that such a run waits
+/// no longer than that while a backlog goes on ahead of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct QueueHead {
+    at: i64,
+    id: String,
+    taken: i64,
+}
+
+/// How long a [`QueueHead`] is used.
+const QUEUE_HEAD_KEPT_MS: i64 = 1_000;
+
+impl QueueHead {
+    /// The head of the queue: a pick from it reads the whole queue in order.
+    const START: QueueHead = QueueHead { at: i64::MIN, id: String::new(), taken: i64::MIN };
+
+    /// The place a pick at `now` starts from.
+    fn at(&self, now: i64) -> QueueHead {
+        if now < self.taken || now.saturating_sub(self.taken) > QUEUE_HEAD_KEPT_MS { Self::START } else { self.clone() }
+    }
 }
 
 /// The recorder's connections ([`PgStore::recorder`]).
@@ -244,7 +270,7 @@ impl PgStore {
                 })
             })
             .connect_lazy_with(opts.options([("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]));
-        Ok(Self { pool, recorder })
+        Ok(Self { pool, recorder, queue_head: std::sync::Mutex::new(QueueHead::START) })
     }
 }
 
@@ -385,14 +411,16 @@ impl RunSql for PgStore {
             format!(
                 "{ended},
                  lease AS (SELECT epoch FROM ll_workers w WHERE w.name = $3 {{lease_live}}),
-                 picked AS MATERIALIZED ({pick}),
+                 {pick},
                  claimed AS ({claim})
                  SELECT s.*, c.* FROM
                      (SELECT (SELECT count(*) FROM picked) AS tasks_taken,
+                             (SELECT dispatched_at FROM picked ORDER BY dispatched_at DESC, id DESC LIMIT 1) AS head_at,
+                             (SELECT id FROM picked ORDER BY dispatched_at DESC, id DESC LIMIT 1) AS head_id,
                              {ENDED}) s
                      LEFT JOIN claimed c ON true",
                 ended = ends_and_closed_steps(),
-                pick = queue::pick("$4", "AND EXISTS (SELECT 1 FROM lease)"),
+                pick = queue::pick_from("$4", "AND EXISTS (SELECT 1 FROM lease)", "$5::bigint", "$6::text"),
                 // Locked by the pick already, and queued: the ended runs are running, so no
                 // row is written twice. Found by key, whatever the plan reckons the pick holds.
                 claim = claim_update(
@@ -406,11 +434,19 @@ impl RunSql for PgStore {
             )
         );
         let written = async {
-            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into()];
+            let from = self.queue_head.lock().unwrap_or_else(|e| e.into_inner()).at(now);
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into(), from.at.into(), from.id.into()];
             let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
             };
+            // Where the next pick starts: after the last run this one took (none taken: the
+            // place stays), until a second after the pick that started from the head.
+            let head_at = first.try_get::<Option<i64>, _>("head_at").ok().flatten();
+            if let (Some(at), Some(id)) = (head_at, first.try_get::<Option<String>, _>("head_id").ok().flatten()) {
+                let taken = if from.taken == i64::MIN { now } else { from.taken };
+                *self.queue_head.lock().unwrap_or_else(|e| e.into_inner()) = QueueHead { at, id, taken };
+            }
             let done = runs_ended(first)?;
             let tasks = first.int("tasks_taken").max(0) as usize;
             // Without claims, the one row has no run.
@@ -932,6 +968,72 @@ mod tests {
             }
         };
         assert_eq!((count(RunStatus::Succeeded).await, count(RunStatus::Queued).await, count(RunStatus::Cancelled).await), (39, 0, 1));
+    }
+
+    /// A pick with ends starts where this worker's last one ended, not at the head of the
+    /// queue's index (whose entries of runs claimed stay until vacuum); a run handed over behind
+    /// that place is taken once those ahead do not fill a pick, or once the place is a second old.
+    #[tokio::test]
+    async fn a_pick_starts_where_the_last_one_ended_and_still_takes_runs_behind_it() {
+        let cluster = lamplighter_tests::pg::Cluster::start();
+        let (s, t0) = leased(&cluster).await;
+        queue_ticks(&s, 6, t0).await;
+        // The six runs in hand-over order r1..r6 (1001..1006).
+        sqlx::query("UPDATE ll_runs SET dispatched_at = 1000 + r.n FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM ll_runs) r WHERE ll_runs.id = r.id")
+            .execute(&s.pool)
+            .await
+            .expect("order the queue");
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs ORDER BY dispatched_at").fetch_all(&s.pool).await.expect("runs");
+        let handed_at = |id: usize, at: i64| {
+            let (pool, id) = (s.pool.clone(), ids[id].clone());
+            async move {
+                sqlx::query("UPDATE ll_runs SET dispatched_at = $2 WHERE id = $1")
+                    .bind(id)
+                    .bind(at)
+                    .execute(&pool)
+                    .await
+                    .expect("hand over")
+            }
+        };
+        let take = |n: usize, at_ms: i64| {
+            let s = &s;
+            async move {
+                let (_, taken) = s.finish_and_claim(&[], n, "a", t0 + chrono::Duration::milliseconds(at_ms)).await.expect("claims");
+                let mut got: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
+                got.sort();
+                got
+            }
+        };
+        let mut want = |i: &[usize]| {
+            let mut w: Vec<String> = i.iter().map(|&i| ids[i].clone()).collect();
+            w.sort();
+            w
+        };
+        assert_eq!(take(2, 0).await, want(&[0, 1]), "the first pick starts at the head");
+        // r6 is handed over again behind the place the last pick ended at (r2).
+        handed_at(5, 500).await;
+        assert_eq!(take(1, 10).await, want(&[2]), "the next starts after r2, not at r6 (first in the index)");
+        assert_eq!(take(3, 20).await, want(&[3, 4, 5]), "those ahead (r4, r5) do not fill it: r6 too");
+        // The place is r5's (the last in order) from the pick at 0 ms. r3 is queued again
+        // ahead of it, r1 behind it.
+        let requeue = |i: usize, at: i64| {
+            let (pool, id) = (s.pool.clone(), ids[i].clone());
+            async move {
+                sqlx::query("UPDATE ll_runs SET status = 'queued', dispatched_at = $2 WHERE id = $1")
+                    .bind(id)
+                    .bind(at)
+                    .execute(&pool)
+                    .await
+                    .expect("queue again")
+            }
+        };
+        requeue(2, 2000).await;
+        requeue(0, 100).await;
+        assert_eq!(take(1, 900).await, want(&[2]), "within the second, the run ahead first");
+        requeue(1, 3000).await;
+        assert_eq!(take(1, 1_001).await, want(&[0]), "a second after the pick from the head, the place is forgotten: r1 (behind) first");
+        assert_eq!(take(5, 1_010).await, want(&[1]), "and the place is r1's again: r2 ahead of it");
+        assert_eq!(take(5, 1_020).await, Vec::<String>::new(), "nothing left");
     }
 
     /// The recorder's statements are planned once a connection: a drain of small batches is not

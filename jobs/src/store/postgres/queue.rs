@@ -41,6 +41,33 @@ pub(crate) fn pick(limit: &str, and: &str) -> String {
     )
 }
 
+/// [`pick`] from a place in the queue: first the runs after `(at, id)` (`at` and `id` are
+/// placeholders of a hand-over time and a run id), then, if they are fewer than `limit`, those
+/// up to it, first handed over first. `picked` (id, `dispatched_at`) is all of them, and
+/// `ahead` those after the place.
+///
+/// Why: the partial index of the runs handed over keeps an entry of every run claimed until
+/// vacuum, at its head, since runs leave in the index's order. A pick from the head walks them
+/// all: in a drain of 50,000 runs, 400 pages a pick by the end (0.4 ms of a 1.5 ms write, seen
+/// with `auto_explain`). Started where this worker's last pick ended, it reads live entries;
+/// runs handed over behind that place (a clock stepped back, a tie) are taken once those ahead
+/// do not fill the pick, or once the place is forgotten ([`super::QueueHead`]).
+pub(crate) fn pick_from(limit: &str, and: &str, at: &str, id: &str) -> String {
+    format!(
+        "ahead AS MATERIALIZED (
+             SELECT id, dispatched_at FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL
+                 AND (dispatched_at, id) > ({at}, {id}) {and}
+             ORDER BY dispatched_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED),
+         picked AS MATERIALIZED (
+             SELECT id, dispatched_at FROM ahead
+             UNION ALL
+             SELECT * FROM (SELECT id, dispatched_at FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL
+                                AND (dispatched_at, id) <= ({at}, {id}) {and}
+                            ORDER BY dispatched_at, id LIMIT greatest({limit} - (SELECT count(*) FROM ahead), 0)
+                            FOR UPDATE SKIP LOCKED) behind)"
+    )
+}
+
 /// Drops every task of our queue in apalis's table: none is written any more; those an earlier
 /// version left name runs that the queue's rows hold already.
 pub(crate) async fn forget_all(c: &mut sqlx::PgConnection) -> Result<(), StoreError> {
