@@ -984,38 +984,7 @@ mod tests {
             .await
             .expect("order the queue");
         let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM ll_runs ORDER BY dispatched_at").fetch_all(&s.pool).await.expect("runs");
-        let handed_at = |id: usize, at: i64| {
-            let (pool, id) = (s.pool.clone(), ids[id].clone());
-            async move {
-                sqlx::query("UPDATE ll_runs SET dispatched_at = $2 WHERE id = $1")
-                    .bind(id)
-                    .bind(at)
-                    .execute(&pool)
-                    .await
-                    .expect("hand over")
-            }
-        };
-        let take = |n: usize, at_ms: i64| {
-            let s = &s;
-            async move {
-                let (_, taken) = s.finish_and_claim(&[], n, "a", t0 + chrono::Duration::milliseconds(at_ms)).await.expect("claims");
-                let mut got: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
-                got.sort();
-                got
-            }
-        };
-        let mut want = |i: &[usize]| {
-            let mut w: Vec<String> = i.iter().map(|&i| ids[i].clone()).collect();
-            w.sort();
-            w
-        };
-        assert_eq!(take(2, 0).await, want(&[0, 1]), "the first pick starts at the head");
-        // r6 is handed over again behind the place the last pick ended at (r2).
-        handed_at(5, 500).await;
-        assert_eq!(take(1, 10).await, want(&[2]), "the next starts after r2, not at r6 (first in the index)");
-        assert_eq!(take(3, 20).await, want(&[3, 4, 5]), "those ahead (r4, r5) do not fill it: r6 too");
-        // The place is r5's (the last in order) from the pick at 0 ms. r3 is queued again
-        // ahead of it, r1 behind it.
+        // Run `i` queued, handed over at `at`.
         let requeue = |i: usize, at: i64| {
             let (pool, id) = (s.pool.clone(), ids[i].clone());
             async move {
@@ -1027,6 +996,27 @@ mod tests {
                     .expect("queue again")
             }
         };
+        let take = |n: usize, at_ms: i64| {
+            let s = &s;
+            async move {
+                let (_, taken) = s.finish_and_claim(&[], n, "a", t0 + chrono::Duration::milliseconds(at_ms)).await.expect("claims");
+                let mut got: Vec<String> = taken.runs.into_iter().map(|h| h.run.id).collect();
+                got.sort();
+                got
+            }
+        };
+        let want = |i: &[usize]| {
+            let mut w: Vec<String> = i.iter().map(|&i| ids[i].clone()).collect();
+            w.sort();
+            w
+        };
+        assert_eq!(take(2, 0).await, want(&[0, 1]), "the first pick starts at the head");
+        // r6 is handed over again behind the place the last pick ended at (r2).
+        requeue(5, 500).await;
+        assert_eq!(take(1, 10).await, want(&[2]), "the next starts after r2, not at r6 (first in the index)");
+        assert_eq!(take(3, 20).await, want(&[3, 4, 5]), "those ahead (r4, r5) do not fill it: r6 too");
+        // The place is r5's (the last in order) from the pick at 0 ms. r3 is queued again
+        // ahead of it, r1 behind it.
         requeue(2, 2000).await;
         requeue(0, 100).await;
         assert_eq!(take(1, 900).await, want(&[2]), "within the second, the run ahead first");
