@@ -14,8 +14,9 @@
 //!   and, while the queue may hold runs, claims as many in the same transaction: their slots
 //!   and passes go to those runs (the single writer alternated between small claims and small
 //!   batches of ends). It then schedules retries, tells waiters and frees the slots left over
-//!   at once. Where a write is a round trip (PostgreSQL), ends that would claim nothing wait
-//!   a few milliseconds for more ends while other runs go on.
+//!   at once. Where a write is a round trip (PostgreSQL), ends wait a few milliseconds for
+//!   more ends while other runs go on: with the queue empty, always; while it may hold runs,
+//!   only ends of runs quicker than a write, no longer than one ([`Pace`]).
 //!
 //! A run holds its drain [`Pass`] from before its claim until its end is recorded.
 
@@ -46,6 +47,42 @@ const BATCH: usize = 1024;
 
 /// Ends that gather ([`crate::store::Ends::ends_gather`]) stop gathering at this many.
 const GATHER_UP_TO: usize = 256;
+
+/// How quickly this worker's runs end and its writes of ends go through, as the recorder saw
+/// them: whether ends are worth gathering while the queue holds runs ([`Pace::gather`]).
+#[derive(Debug, Default)]
+struct Pace {
+    /// A moving average of the runs' work, from their target's call to their end; none until
+    /// a run has ended.
+    work: Option<Duration>,
+    /// How long the last write of ends took.
+    write: Duration,
+}
+
+impl Pace {
+    /// A run that worked this long ended.
+    fn ended(&mut self, work: Duration) {
+        self.work = Some(match self.work {
+            None => work,
+            Some(w) => (w * 7 + work) / 8,
+        });
+    }
+
+    /// How long ends wait for more at most, where the backend's gathering is `base`. With the
+    /// queue empty their slots hold nothing back: `base`. While it may hold runs, each end
+    /// keeps a slot a queued run would take, and a write of ends is also the claim of as many
+    /// runs: only for runs that end sooner than a write takes, and no longer than the last
+    /// write took (waiting longer costs more than the write it saves).
+    fn gather(&self, base: Duration, queue_may_hold: bool) -> Duration {
+        if !queue_may_hold {
+            return base;
+        }
+        match self.work {
+            Some(work) if work < self.write => base.min(self.write),
+            _ => Duration::ZERO,
+        }
+    }
+}
 
 /// The longest a run's end waits for its last output lines to be recorded.
 const LOG_FINISH_WITHIN: Duration = Duration::from_secs(5);
@@ -598,6 +635,7 @@ fn stop_reason(entry: &Running) -> Option<StopReason> {
 pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: CancellationToken) {
     let mut rx = rx.0;
     let mut batch = Vec::with_capacity(BATCH);
+    let mut pace = Pace::default();
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
@@ -616,10 +654,13 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 batch.push(f);
             }
         }
-        // Ends that would claim nothing and free no limit's slot gather for a few milliseconds
-        // while other runs are still going, where a write costs a round trip and a commit.
-        let gather = exec.env.ends.ends_gather();
-        if !gather.is_zero() && !exec.queue_may_hold.load(Relaxed) && batch.iter().all(|f| f.run.pools.is_empty()) {
+        // Ends that free no limit's slot gather for a few milliseconds while other runs are
+        // still going, where a write costs a round trip and a commit; while the queue may hold
+        // runs, only ends of runs quicker than a write, and no longer than one ([`Pace`]): a
+        // drain's write then carries the ends (and claims) of every run the last one claimed,
+        // not half of them.
+        let gather = pace.gather(exec.env.ends.ends_gather(), exec.queue_may_hold.load(Relaxed));
+        if !gather.is_zero() && batch.iter().all(|f| f.run.pools.is_empty()) {
             let until = tokio::time::Instant::now() + gather;
             while batch.len() < GATHER_UP_TO && exec.running_count() > batch.len() {
                 let room = GATHER_UP_TO - batch.len();
@@ -632,6 +673,11 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
         }
         let now = exec.env.clock.now();
+        for f in &batch {
+            if let Some(started) = f.started {
+                pace.ended((now - started).to_std().unwrap_or_default());
+            }
+        }
         // Each end's next attempt, decided before the end is written: an end no attempt
         // follows is recorded as the run's outcome in the same statement.
         let config = exec.env.config.get();
@@ -706,7 +752,10 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
             true
         };
-        let (recorded, taken): (std::collections::HashSet<String>, Taken) = match retry_write(&stop, failed, finish).await {
+        let writing = std::time::Instant::now();
+        let written = retry_write(&stop, failed, finish).await;
+        pace.write = writing.elapsed();
+        let (recorded, taken): (std::collections::HashSet<String>, Taken) = match written {
             Ok(((done, taken), attempts)) => {
                 exec.env.health.storage_ok();
                 if attempts > 1 {
@@ -940,5 +989,26 @@ mod tests {
         // agent's or a workflow's state is boxed where the target awaits it, and must stay so.
         let size = answer_size(run_one);
         assert!(size <= 6144, "a run's task is {size} bytes: box what a rare target awaits");
+    }
+
+    #[test]
+    fn ends_gather_while_the_queue_holds_runs_only_for_runs_quicker_than_a_write() {
+        let ms = Duration::from_millis;
+        let base = ms(5);
+        let mut pace = Pace::default();
+        assert_eq!(pace.gather(base, false), base, "the queue empty: the backend's gathering");
+        assert_eq!(pace.gather(base, true), Duration::ZERO, "no run ended yet: none");
+        pace.write = ms(2);
+        pace.ended(Duration::from_micros(100));
+        assert_eq!(pace.gather(base, true), ms(2), "runs quicker than a write: no longer than the last write");
+        pace.write = ms(8);
+        assert_eq!(pace.gather(base, true), base, "nor than the backend's gathering");
+        assert_eq!(pace.gather(Duration::ZERO, true), Duration::ZERO, "a backend that does not gather (SQLite): none");
+        // Runs of 10 ms come to dominate the average: a write is sooner than they end.
+        for _ in 0..40 {
+            pace.ended(ms(10));
+        }
+        assert_eq!(pace.gather(base, true), Duration::ZERO, "runs slower than a write: their ends go at once");
+        assert_eq!(pace.gather(base, false), base, "unless the queue is empty");
     }
 }
