@@ -52,10 +52,10 @@ const GATHER_UP_TO: usize = 256;
 /// them: whether ends are worth gathering while the queue holds runs ([`Pace::gather`]).
 #[derive(Debug, Default)]
 struct Pace {
-    /// A moving average of the runs' work, from their target's call to their end; none until
-    /// a run has ended.
+    /// A moving average of the runs' work, from their execution's start to its end (not the
+    /// wait for the recorder after it); none until a run has ended.
     work: Option<Duration>,
-    /// How long the last write of ends took.
+    /// How long the last write of ends took (its last attempt).
     write: Duration,
 }
 
@@ -72,7 +72,9 @@ impl Pace {
     /// queue empty their slots hold nothing back: `base`. While it may hold runs, each end
     /// keeps a slot a queued run would take, and a write of ends is also the claim of as many
     /// runs: only for runs that end sooner than a write takes, and no longer than the last
-    /// write took (waiting longer costs more than the write it saves).
+    /// write took (waiting longer costs more than the write it saves). The wait ends early
+    /// once every run going here has ended: with a long run among quick ones, each write
+    /// waits its whole time, so a quick run's end may be recorded a write later.
     fn gather(&self, base: Duration, queue_may_hold: bool) -> Duration {
         if !queue_may_hold {
             return base;
@@ -163,6 +165,8 @@ struct Finished {
     /// When its target was called (the claim recorded when it was claimed).
     started: Option<chrono::DateTime<chrono::Utc>>,
     end: Settled,
+    /// How long it worked, from its execution's start to its end (none: it did not begin).
+    work: Option<Duration>,
     ticket: Ticket,
     /// The execution's trace, when spans are exported.
     trace_id: Option<String>,
@@ -516,27 +520,29 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket, share: Sta
     // their own as they start (boxed here, the three were copied into fresh pages at the
     // instant; inline, a burst's last start came 1.7 ms sooner: BENCHMARKS.md). A task made at
     // the launch boxes the whole run once instead.
-    let (end, trace_id) = match obs.begin(op, RunRef::from(&run), None).await {
-        Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None),
+    let (end, trace_id, work) = match obs.begin(op, RunRef::from(&run), None).await {
+        Err(Cancelled(why)) => (settle(None, Some(StopReason::Cancelled(why))), None, None),
         Ok(op) => {
             // A resumed run keeps its first start.
             let started_now = (!resumed).then(|| started.clone());
             let work = execute(exec.clone(), run.clone(), snapshot, entry, started_now, share).with_context(op.context());
             // In this task, not one of its own: a run is one task from claim to end (a second
             // one per run was a tenth of a burst's launch cost), and a panic is caught here.
+            let began = std::time::Instant::now();
             let end = match std::panic::AssertUnwindSafe(work).catch_unwind().await {
                 Ok(end) => end,
                 Err(panic) => crate::decide::panicked(panic_message(panic.as_ref())),
             };
+            let work = began.elapsed();
             let trace_id = op.trace_id();
             op.end(&obs, Ended { status: Some(end.status), error: end.error.as_deref(), ..Ended::ok() }).await;
-            (end, trace_id)
+            (end, trace_id, Some(work))
         }
     };
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
     let started = started.get().copied();
-    let _ = exec.finished.send(Finished { run, started, end, ticket, trace_id });
+    let _ = exec.finished.send(Finished { run, started, end, work, ticket, trace_id });
 }
 
 /// What a panic said, when it said it with a string.
@@ -673,10 +679,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
         }
         let now = exec.env.clock.now();
-        for f in &batch {
-            if let Some(started) = f.started {
-                pace.ended((now - started).to_std().unwrap_or_default());
-            }
+        for work in batch.iter().filter_map(|f| f.work) {
+            pace.ended(work);
         }
         // Each end's next attempt, decided before the end is written: an end no attempt
         // follows is recorded as the run's outcome in the same statement.
@@ -724,6 +728,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // Until the database takes them (a server restarting, a failover): the runs keep
         // their slots meanwhile, so nothing new starts on a worker that cannot record. Only a
         // stop gives up (the runs are then recovered as interrupted).
+        // The last attempt's time, for the pace (a retry's backoff is not a write's time).
+        let last_write_us = std::sync::atomic::AtomicU64::new(0);
         let finish = || async {
             let began = std::time::Instant::now();
             let n = if claim_too.load(Relaxed) { refill } else { 0 };
@@ -733,6 +739,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 let pass = LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &freed_pools, spare: admit_into };
                 exec.env.ends.finish_and_admit(&ends, pass, n, &exec.env.worker, now).await
             };
+            last_write_us.store(began.elapsed().as_micros() as u64, Relaxed);
             match &res {
                 Ok((_, taken)) => exec.env.observer.emit(InternalEvent::EndsRecorded {
                     runs: ends.len(),
@@ -752,9 +759,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             }
             true
         };
-        let writing = std::time::Instant::now();
         let written = retry_write(&stop, failed, finish).await;
-        pace.write = writing.elapsed();
+        pace.write = Duration::from_micros(last_write_us.load(Relaxed));
         let (recorded, taken): (std::collections::HashSet<String>, Taken) = match written {
             Ok(((done, taken), attempts)) => {
                 exec.env.health.storage_ok();

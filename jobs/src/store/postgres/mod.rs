@@ -158,10 +158,13 @@ pub(crate) struct PgStore {
     queue_head: std::sync::Mutex<QueueHead>,
 }
 
-/// A place in the queue, by hand-over time and run id, and when (ms) it was taken. It is a
-/// hint: a run behind it is still taken when those ahead do not fill a pick, and the place is
-/// forgotten after [`QUEUE_HEAD_KEPT_MS`] (or a clock stepped back), so that such a run waits
-/// no longer than that while a backlog goes on ahead of it.
+/// A place in the queue, by hand-over time and run id, and when (ms) the pick that started
+/// from the head was made. It is a hint: a run behind it is still taken when those ahead do
+/// not fill a pick, and the place is forgotten [`QUEUE_HEAD_KEPT_MS`] after that pick (or when
+/// the clock steps back), so that such a run waits no longer than that while a backlog goes on
+/// ahead of it. Runs land behind it as a matter of course with several workers: a hand-over's
+/// time is stamped before its transaction commits, and a pick passes over runs another
+/// transaction holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct QueueHead {
     at: i64,
@@ -170,7 +173,7 @@ pub(super) struct QueueHead {
 }
 
 /// How long a [`QueueHead`] is used.
-const QUEUE_HEAD_KEPT_MS: i64 = 1_000;
+const QUEUE_HEAD_KEPT_MS: i64 = 250;
 
 impl QueueHead {
     /// The head of the queue: a pick from it reads the whole queue in order.
@@ -392,11 +395,12 @@ impl RunSql for PgStore {
     /// One statement, its own transaction, so one round trip: in `cargo bench … postgres --
     /// drain` the six statements of the script's transaction (`BEGIN`, ends, lease, take,
     /// claim, `COMMIT`) took 1.5–1.8 ms for 15 ends and 15 claims, most of it round trips to a
-    /// server on the same cores. The parts are those statements' own: [`finish_runs_sql`](super::scripts::finish_runs_sql), the
-    /// open steps of runs that did not succeed closed ([`super::steps_closed_by`]), the lease
-    /// read live, the take's pick (`queue::pick`: runs handed over, only under a live lease) and
-    /// [`claim_update`] of what it picked. Data-modifying CTEs
-    /// all run to completion, on one snapshot; the ended runs are running and the claimed ones
+    /// server on the same cores. The parts are those statements' own:
+    /// [`finish_runs_sql`](super::scripts::finish_runs_sql), the open steps of runs that did
+    /// not succeed closed ([`super::steps_closed_by`]), the lease read live, the take's pick
+    /// ([`queue::pick_from`]: runs handed over, from where this worker's last pick ended, only
+    /// under a live lease) and [`claim_update`] of what it picked. Data-modifying CTEs all run
+    /// to completion, on one snapshot; the ended runs are running and the claimed ones
     /// queued, so no row is written twice. The steps closed are those of the snapshot: a run's
     /// own step writes are awaited before its end is handed to the recorder.
     async fn ends_and_claims_at_once(
@@ -441,7 +445,8 @@ impl RunSql for PgStore {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
             };
             // Where the next pick starts: after the last run this one took (none taken: the
-            // place stays), until a second after the pick that started from the head.
+            // place stays; only runs behind it taken: it moves back), until
+            // `QUEUE_HEAD_KEPT_MS` after the pick that started from the head.
             let head_at = first.try_get::<Option<i64>, _>("head_at").ok().flatten();
             if let (Some(at), Some(id)) = (head_at, first.try_get::<Option<String>, _>("head_id").ok().flatten()) {
                 let taken = if from.taken == i64::MIN { now } else { from.taken };
@@ -972,7 +977,8 @@ mod tests {
 
     /// A pick with ends starts where this worker's last one ended, not at the head of the
     /// queue's index (whose entries of runs claimed stay until vacuum); a run handed over behind
-    /// that place is taken once those ahead do not fill a pick, or once the place is a second old.
+    /// that place is taken once those ahead do not fill a pick, or once 250 ms have passed since
+    /// the pick that started from the head.
     #[tokio::test]
     async fn a_pick_starts_where_the_last_one_ended_and_still_takes_runs_behind_it() {
         let cluster = lamplighter_tests::pg::Cluster::start();
@@ -1015,15 +1021,15 @@ mod tests {
         requeue(5, 500).await;
         assert_eq!(take(1, 10).await, want(&[2]), "the next starts after r2, not at r6 (first in the index)");
         assert_eq!(take(3, 20).await, want(&[3, 4, 5]), "those ahead (r4, r5) do not fill it: r6 too");
-        // The place is r5's (the last in order) from the pick at 0 ms. r3 is queued again
+        // The place is r5's (the last in order), kept from the pick at 0 ms. r3 is queued again
         // ahead of it, r1 behind it.
         requeue(2, 2000).await;
         requeue(0, 100).await;
-        assert_eq!(take(1, 900).await, want(&[2]), "within the second, the run ahead first");
+        assert_eq!(take(1, 240).await, want(&[2]), "within 250 ms of the pick from the head, the run ahead first");
         requeue(1, 3000).await;
-        assert_eq!(take(1, 1_001).await, want(&[0]), "a second after the pick from the head, the place is forgotten: r1 (behind) first");
-        assert_eq!(take(5, 1_010).await, want(&[1]), "and the place is r1's again: r2 ahead of it");
-        assert_eq!(take(5, 1_020).await, Vec::<String>::new(), "nothing left");
+        assert_eq!(take(1, 251).await, want(&[0]), "past 250 ms, the place is forgotten: r1 (behind) first");
+        assert_eq!(take(5, 260).await, want(&[1]), "and the place is r1's again: r2 ahead of it");
+        assert_eq!(take(5, 270).await, Vec::<String>::new(), "nothing left");
     }
 
     /// The recorder's statements are planned once a connection: a drain of small batches is not
