@@ -739,12 +739,13 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 let pass = LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &freed_pools, spare: admit_into };
                 exec.env.ends.finish_and_admit(&ends, pass, n, &exec.env.worker, now).await
             };
-            last_write_us.store(began.elapsed().as_micros() as u64, Relaxed);
+            let took_us = began.elapsed().as_micros() as u64;
+            last_write_us.store(took_us, Relaxed);
             match &res {
                 Ok((_, taken)) => exec.env.observer.emit(InternalEvent::EndsRecorded {
                     runs: ends.len(),
                     claimed: taken.runs.len(),
-                    finish_us: began.elapsed().as_micros() as u64,
+                    finish_us: took_us,
                     at_ms: exec.env.clock.now().timestamp_millis(),
                     write: taken.write,
                 }),

@@ -154,8 +154,9 @@ pub(crate) struct PgStore {
     /// autovacuum next analyzes it, scanned thousands of runs for each end (a custom plan for
     /// a batch of 700 ends, 219 ms, seen at 1,000 runs a second on the pool's connections).
     recorder: PgPool,
-    /// Where this worker's last pick of the queue with its ends ended ([`queue::pick_from`]).
-    queue_head: std::sync::Mutex<QueueHead>,
+    /// Where this worker's last pick of the queue with its ends ended ([`queue::pick_from`]);
+    /// none: a pick starts at the head.
+    queue_head: std::sync::Mutex<Option<QueueHead>>,
 }
 
 /// A place in the queue, by hand-over time and run id, and when (ms) the pick that started
@@ -169,19 +170,16 @@ pub(crate) struct PgStore {
 pub(super) struct QueueHead {
     at: i64,
     id: String,
-    taken: i64,
+    since: i64,
 }
 
 /// How long a [`QueueHead`] is used.
 const QUEUE_HEAD_KEPT_MS: i64 = 250;
 
 impl QueueHead {
-    /// The head of the queue: a pick from it reads the whole queue in order.
-    const START: QueueHead = QueueHead { at: i64::MIN, id: String::new(), taken: i64::MIN };
-
-    /// The place a pick at `now` starts from.
-    fn at(&self, now: i64) -> QueueHead {
-        if now < self.taken || now.saturating_sub(self.taken) > QUEUE_HEAD_KEPT_MS { Self::START } else { self.clone() }
+    /// Still the place for a pick at `now`.
+    fn holds_at(&self, now: i64) -> bool {
+        (self.since..=self.since.saturating_add(QUEUE_HEAD_KEPT_MS)).contains(&now)
     }
 }
 
@@ -273,7 +271,7 @@ impl PgStore {
                 })
             })
             .connect_lazy_with(opts.options([("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]));
-        Ok(Self { pool, recorder, queue_head: std::sync::Mutex::new(QueueHead::START) })
+        Ok(Self { pool, recorder, queue_head: std::sync::Mutex::new(None) })
     }
 }
 
@@ -438,8 +436,10 @@ impl RunSql for PgStore {
             )
         );
         let written = async {
-            let from = self.queue_head.lock().unwrap_or_else(|e| e.into_inner()).at(now);
-            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into(), from.at.into(), from.id.into()];
+            let from = self.queue_head.lock().unwrap_or_else(|e| e.into_inner()).clone().filter(|h| h.holds_at(now));
+            // No place: before every run (`''` sorts first).
+            let (at, id) = from.as_ref().map_or((i64::MIN, String::new()), |h| (h.at, h.id.clone()));
+            let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into(), at.into(), id.into()];
             let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
                 return Err(StoreError::new("recording ends and claiming runs", sqlx::Error::RowNotFound));
@@ -449,8 +449,8 @@ impl RunSql for PgStore {
             // `QUEUE_HEAD_KEPT_MS` after the pick that started from the head.
             let head_at = first.try_get::<Option<i64>, _>("head_at").ok().flatten();
             if let (Some(at), Some(id)) = (head_at, first.try_get::<Option<String>, _>("head_id").ok().flatten()) {
-                let taken = if from.taken == i64::MIN { now } else { from.taken };
-                *self.queue_head.lock().unwrap_or_else(|e| e.into_inner()) = QueueHead { at, id, taken };
+                let since = from.map_or(now, |h| h.since);
+                *self.queue_head.lock().unwrap_or_else(|e| e.into_inner()) = Some(QueueHead { at, id, since });
             }
             let done = runs_ended(first)?;
             let tasks = first.int("tasks_taken").max(0) as usize;

@@ -35,8 +35,14 @@ pub(crate) async fn take(c: &mut sqlx::PgConnection, n: usize) -> Result<(usize,
 /// placeholder; `and` a further condition (`AND …`) or empty. Read through the partial index
 /// of the runs handed over (migration 0017), in its order.
 pub(crate) fn pick(limit: &str, and: &str) -> String {
+    handed_over("id", limit, and)
+}
+
+/// The columns `cols` of up to `limit` runs handed over that `and` admits, first handed over
+/// first, locked, skipping those another transaction holds.
+fn handed_over(cols: &str, limit: &str, and: &str) -> String {
     format!(
-        "SELECT id FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL {and}
+        "SELECT {cols} FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL {and}
          ORDER BY dispatched_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
     )
 }
@@ -49,22 +55,21 @@ pub(crate) fn pick(limit: &str, and: &str) -> String {
 /// Why: the partial index of the runs handed over keeps an entry of every run claimed until
 /// vacuum, at its head, since runs leave in the index's order. A pick from the head walks them
 /// all: in a drain of 50,000 runs, 400 pages a pick by the end (0.4 ms of a 1.5 ms write, seen
-/// with `auto_explain`). Started where this worker's last pick ended, it reads live entries;
-/// runs handed over behind that place (a clock stepped back, a tie) are taken once those ahead
-/// do not fill the pick, or once the place is forgotten ([`super::QueueHead`]).
+/// with `auto_explain`). Started where this worker's last pick ended, it reads live entries.
+/// Runs handed over behind that place (how they come to be there: [`super::QueueHead`]) are
+/// taken once those ahead do not fill the pick, or once the place is forgotten; the runs
+/// behind are read from the index's head, as before.
 pub(crate) fn pick_from(limit: &str, and: &str, at: &str, id: &str) -> String {
+    let cols = "id, dispatched_at";
     format!(
-        "ahead AS MATERIALIZED (
-             SELECT id, dispatched_at FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL
-                 AND (dispatched_at, id) > ({at}, {id}) {and}
-             ORDER BY dispatched_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED),
-         picked AS MATERIALIZED (
-             SELECT id, dispatched_at FROM ahead
-             UNION ALL
-             SELECT * FROM (SELECT id, dispatched_at FROM ll_runs WHERE status = {{Queued}} AND dispatched_at IS NOT NULL
-                                AND (dispatched_at, id) <= ({at}, {id}) {and}
-                            ORDER BY dispatched_at, id LIMIT greatest({limit} - (SELECT count(*) FROM ahead), 0)
-                            FOR UPDATE SKIP LOCKED) behind)"
+        "ahead AS MATERIALIZED ({ahead}),
+         picked AS MATERIALIZED (SELECT {cols} FROM ahead UNION ALL SELECT * FROM ({behind}) behind)",
+        ahead = handed_over(cols, limit, &format!("AND (dispatched_at, id) > ({at}, {id}) {and}")),
+        behind = handed_over(
+            cols,
+            &format!("greatest({limit} - (SELECT count(*) FROM ahead), 0)"),
+            &format!("AND (dispatched_at, id) <= ({at}, {id}) {and}")
+        ),
     )
 }
 
