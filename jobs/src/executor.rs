@@ -73,8 +73,9 @@ impl Pace {
     /// keeps a slot a queued run would take, and a write of ends is also the claim of as many
     /// runs: only for runs that end sooner than a write takes, and no longer than the last
     /// write took (waiting longer costs more than the write it saves). The wait ends early
-    /// once every run going here has ended: with a long run among quick ones, each write
-    /// waits its whole time, so a quick run's end may be recorded a write later.
+    /// once the run of every slot held has ended ([`Executor::ends_to_come`]): with a long run
+    /// among quick ones, each write waits its whole time, so a quick run's end may be
+    /// recorded a write later.
     fn gather(&self, base: Duration, queue_may_hold: bool) -> Duration {
         if !queue_may_hold {
             return base;
@@ -380,6 +381,16 @@ impl Executor {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).runs.len()
     }
 
+    /// How many runs' ends the recorder may still see, its batch's included: while the queue
+    /// may hold runs, every slot held, since the runs the last write claimed hold theirs before
+    /// they start (a write that waited only for the runs started carried two thirds of a
+    /// drain's concurrency, measured in `cargo bench … postgres -- drain`; the intake's tickets
+    /// of a claim in flight count too, for as long as the gathering lasts); otherwise the runs
+    /// executing here.
+    fn ends_to_come(&self, queue_may_hold: bool) -> usize {
+        if queue_may_hold { self.concurrency.saturating_sub(self.slots.available_permits()) } else { self.running_count() }
+    }
+
     /// Registers a run that starts executing here; stopped at once while the worker is fenced.
     fn track(&self, id: &str) -> Arc<Running> {
         let entry = Arc::new(Running::default());
@@ -665,10 +676,11 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // runs, only ends of runs quicker than a write, and no longer than one ([`Pace`]): a
         // drain's write then carries the ends (and claims) of every run the last one claimed,
         // not half of them.
-        let gather = pace.gather(exec.env.ends.ends_gather(), exec.queue_may_hold.load(Relaxed));
+        let queue_may_hold = exec.queue_may_hold.load(Relaxed);
+        let gather = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
         if !gather.is_zero() && batch.iter().all(|f| f.run.pools.is_empty()) {
             let until = tokio::time::Instant::now() + gather;
-            while batch.len() < GATHER_UP_TO && exec.running_count() > batch.len() {
+            while batch.len() < GATHER_UP_TO && exec.ends_to_come(queue_may_hold) > batch.len() {
                 let room = GATHER_UP_TO - batch.len();
                 tokio::select! {
                     got = tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)) => {

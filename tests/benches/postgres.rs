@@ -16,7 +16,7 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
-//! - shares `[--rounds N] [--workers 1,3] [--history N]`: 1,000 `file-save` jobs every second
+//! - shares `[--rounds N] [--workers 1,3] [--history N] [--cron EXPR]`: 1,000 `file-save` jobs every second
 //!   on one worker and on three sharing the database (alternated, each on a fresh database,
 //!   `--seconds` measured after 10 s of warm-up): the workers' CPU together and the server's
 //!   over the window (and the server's by process), and every tick of it run exactly once.
@@ -71,9 +71,11 @@ fn main() {
                 // Runs each job keeps from before (the default retention keeps 100): the
                 // history of a worker that has run for a while.
                 let history: usize = arg("--history").map_or(0, |h| h.parse().expect("--history N"));
+                // `--cron '0 0 1 1 *'`: the same jobs idle, for what each worker costs alone.
+                let cron = arg("--cron").unwrap_or_else(|| "* * * * * *".into());
                 for round in 0..rounds {
                     for &workers in &groups {
-                        shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm, history);
+                        shares(&fresh(&format!("s{workers}r{round}")), workers, seconds, pm, history, &cron);
                     }
                 }
             }
@@ -190,8 +192,8 @@ fn sustained(url: &str, seconds: u64) {
 
 /// 1,000 per-second jobs on `workers` workers sharing `url`: what the window of `seconds` after
 /// a warm-up cost the workers together and the server, and whether each tick in it ran once.
-fn shares(url: &str, workers: usize, seconds: u64, pm: u32, history: usize) {
-    let jobs = jobs_yaml(1000, "* * * * * *", SAVE);
+fn shares(url: &str, workers: usize, seconds: u64, pm: u32, history: usize, cron: &str) {
+    let jobs = jobs_yaml(1000, cron, SAVE);
     let mut ws: Vec<Worker> = (0..workers).map(|_| Worker::on_postgres(url, &jobs, 1000)).collect();
     if history > 0 {
         // The first start applies the migrations; each job's kept runs ended a day ago, noticed.
@@ -215,9 +217,7 @@ fn shares(url: &str, workers: usize, seconds: u64, pm: u32, history: usize) {
         w.start();
     }
     let kept = if history > 0 { format!(", {history} runs kept by each job from before") } else { String::new() };
-    println!(
-        "\n== shares on PostgreSQL: 1,000 jobs every second, {workers} worker(s) of concurrency 1000{kept}, {seconds} s after 10 s =="
-    );
+    println!("\n== shares on PostgreSQL: 1,000 jobs on '{cron}', {workers} worker(s) of concurrency 1000{kept}, {seconds} s after 10 s ==");
     std::thread::sleep(Duration::from_secs(10));
     let statements = std::env::var("PG_EXTRA_OPTS").is_ok_and(|o| o.contains("pg_stat_statements"));
     if statements {

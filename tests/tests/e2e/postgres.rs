@@ -1398,3 +1398,71 @@ fn one_worker_notices_the_groups_outcomes_and_a_survivor_takes_that_over_from_a_
     let unseen = || db.texts("SELECT id FROM ll_runs WHERE finished_at IS NOT NULL AND outcome_seen IS NULL");
     poll("every ended run noticed", Duration::from_secs(10), || unseen().is_empty().then_some(()), || format!("{:?}", unseen()));
 }
+
+/// A queue drained by one worker: while the queue holds runs, each write of ends is also the
+/// claim of as many runs, and it waits for the run of every slot held, those the last write
+/// claimed and that have not started yet included. So a drain's write carries the ends (and
+/// the claims) of the whole concurrency, not of the part of it that had started.
+#[test]
+fn a_drains_write_of_ends_carries_every_slots_run() {
+    use lamplighter_jobs::events::InternalEvent;
+    const DRAINED: &str = r#"
+    drained:
+      type: plugin
+      plugin: file-read
+      action: read
+      cron: "0 0 1 1 *"
+      retention: {max_runs: 100000}
+      parameters: {path: tiny.txt}
+"#;
+    const CONCURRENCY: usize = 8;
+    const RUNS: usize = 800;
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "drain");
+    let url = cluster.url_of("drain");
+    let mut w = worker_with("d-a", &url, CONCURRENCY as u32, "3s", DRAINED);
+    std::fs::create_dir_all(w.dir.path().join("data")).unwrap();
+    std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").unwrap();
+    // The first start migrates; the runs are queued while no worker is up, as manual triggers
+    // leave them (due, in the queue), and the next start's look at the queue takes them.
+    w.start();
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
+    let at = now_ms();
+    let queued = db.texts(&format!(
+        "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
+         SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'drained', 'manual', 'queued', {at}, {at}, 1,
+                '{{\"path\":\"tiny.txt\"}}', {at}
+         FROM generate_series(1, {RUNS}) i RETURNING id"
+    ));
+    assert_eq!(queued.len(), RUNS);
+    let file = w.dir.path().join("events.jsonl");
+    w.args = vec!["--internal-events".into(), file.display().to_string()];
+    w.start();
+    db.wait_for("every queued run to succeed", Duration::from_secs(60), &[&w], |r| {
+        r.iter().filter(|r| r.status == "succeeded").count() == RUNS
+    });
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
+    let text = std::fs::read_to_string(&file).expect("the events file");
+    let events: Vec<InternalEvent> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect();
+    // The writes that claimed: the queue still held runs.
+    let writes: Vec<(usize, usize)> = events
+        .iter()
+        .filter_map(|e| match e {
+            InternalEvent::EndsRecorded { runs, claimed, .. } if *claimed > 0 => Some((*runs, *claimed)),
+            _ => None,
+        })
+        .collect();
+    let ended: usize = writes.iter().map(|w| w.0).sum();
+    assert!(ended >= RUNS / 2, "most ends were written with claims: {ended} of {RUNS} in {writes:?}");
+    // A write that waited its whole time for a run that had not ended yet may carry fewer (a
+    // loaded machine); most carry all.
+    let whole = writes.iter().filter(|w| w.0 == CONCURRENCY).count();
+    assert!(
+        whole * 4 >= writes.len() * 3,
+        "at least 3 in 4 writes of ends and claims carry the ends of all {CONCURRENCY} slots' runs: {whole} of {}: {writes:?}",
+        writes.len()
+    );
+}
