@@ -23,7 +23,8 @@ const PAYLOAD_MAX: usize = 7800;
 /// The least time between two statements of notices. Each is a transaction of its own that
 /// every worker's listener reads (the sender's own too): a drain sent one or two a write of
 /// ends, a tenth of the server's time a run (`cargo bench … postgres -- drain`: 56–59 µs a
-/// run with them, 49–53 without). Other workers hear of a change at most this much later.
+/// run with them, 49–53 without). Other workers hear of a change at most this much (and the
+/// statement before) later.
 const NOTICES_APART: Duration = Duration::from_millis(5);
 
 /// One notification: who sent it and what changed.
@@ -133,22 +134,29 @@ async fn send(pool: PgPool, rx: mpsc::UnboundedReceiver<Signal>, me: String, sto
 
 /// Hands `send` the signals of `rx` in batches, at most one every [`NOTICES_APART`]: a signal
 /// after a quiet while goes at once; those that follow a batch closely wait for the rest of
-/// its interval and go together. Returns at `stop`, or when every sender is gone.
+/// its interval and go together. Returns at `stop`, after handing on what was waiting, or
+/// when every sender is gone.
 async fn paced<F: Future<Output = ()>>(
     mut rx: mpsc::UnboundedReceiver<Signal>,
     stop: CancellationToken,
     mut send: impl FnMut(Vec<Signal>) -> F,
 ) {
     let mut last: Option<tokio::time::Instant> = None;
+    // At `stop`, what is waiting still goes, once: the last ends of a stopping worker are
+    // published just before it stops.
+    let mut stopping = false;
     loop {
         let first = tokio::select! {
             s = rx.recv() => match s { Some(s) => s, None => return },
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => match rx.try_recv() {
+                Ok(s) => { stopping = true; s }
+                Err(_) => return,
+            },
         };
-        if let Some(last) = last {
+        if let (Some(last), false) = (last, stopping) {
             tokio::select! {
                 () = tokio::time::sleep_until(last + NOTICES_APART) => {}
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => stopping = true,
             }
         }
         last = Some(tokio::time::Instant::now());
@@ -158,6 +166,9 @@ async fn paced<F: Future<Output = ()>>(
         }
         batch.dedup();
         send(batch).await;
+        if stopping {
+            return;
+        }
     }
 }
 
@@ -186,7 +197,7 @@ mod tests {
     use super::*;
 
     /// The first signal goes at once; those right after a batch wait for its interval and go
-    /// in one; one after a quiet while goes at once again.
+    /// in one; one after a quiet while goes at once again; one waiting at the stop still goes.
     #[tokio::test(start_paused = true)]
     async fn signals_close_after_a_batch_wait_for_its_interval_and_go_together() {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -210,6 +221,8 @@ mod tests {
         tokio::time::sleep(ms(30)).await;
         tx.send(Signal::TasksPushed).unwrap();
         tokio::time::sleep(ms(1)).await;
+        // Within the interval, and then the stop: handed on at once, not dropped.
+        tx.send(Signal::JobChanged).unwrap();
         stop.cancel();
         task.await.unwrap();
         let r = |id: &str| Signal::RunFinished(id.into());
@@ -219,6 +232,7 @@ mod tests {
                 (ms(0), vec![Signal::Wake]),
                 (NOTICES_APART, vec![Signal::RunsChanged, r("r1"), r("r2")]),
                 (ms(33), vec![Signal::TasksPushed]),
+                (ms(34), vec![Signal::JobChanged]),
             ]
         );
     }
