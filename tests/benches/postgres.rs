@@ -16,10 +16,11 @@
 //!   cluster: graphile-worker 0.18 (Node, installed from npm by `peer/graphile.sh` into a cache
 //!   folder), the same number of no-op jobs, 1 and 3 processes of concurrency 32, with its
 //!   defaults and batched (`localQueue` 100, completions batched).
-//! - shares `[--rounds N] [--workers 1,3] [--history N] [--cron EXPR]`: 1,000 `file-save` jobs every second
-//!   on one worker and on three sharing the database (alternated, each on a fresh database,
-//!   `--seconds` measured after 10 s of warm-up): the workers' CPU together and the server's
-//!   over the window (and the server's by process), and every tick of it run exactly once.
+//! - shares `[--rounds N] [--workers 1,3] [--history N] [--cron EXPR]`: 1,000 `file-save`
+//!   jobs every second (or on `--cron`: `'0 0 1 1 *'` keeps them idle) on one worker and on
+//!   three sharing the database (alternated, each on a fresh database, `--seconds` measured
+//!   after 10 s of warm-up): the workers' CPU together and the server's over the window (and
+//!   the server's by process), and every tick of it run exactly once.
 //!   `--history N`: each job keeps N runs from before (the default retention keeps 100).
 //! - drain `--limit N [--workers N] [--rounds N] [--limited-only]`: the drain with every run in
 //!   one limit of N slots (`scheduling.limits`) against none, alternated, twice each, with 1

@@ -36,8 +36,7 @@ fn the_worker_writes_its_internal_events_for_each_tick_and_each_batch_of_ends() 
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
     let runs = w.runs();
     let text = std::fs::read_to_string(&file).expect("the events file");
-    let events: Vec<InternalEvent> =
-        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect();
+    let events = crate::support::internal_events(&text);
     // Every tick that made a run was a burst of one, committed, its transaction's parts told.
     let mut bursts: Vec<i64> = events
         .iter()

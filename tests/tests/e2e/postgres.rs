@@ -10,7 +10,7 @@ use lamplighter_tests::pg::Cluster;
 use serde_json::Value;
 use sqlx::Row;
 
-use crate::support::{Worker, http_get, now_ms, poll};
+use crate::support::{Worker, http_get, internal_events, now_ms, poll};
 
 /// A blocking view of the shared database, for checks.
 struct Db {
@@ -1444,22 +1444,20 @@ fn a_drains_write_of_ends_carries_every_slots_run() {
     });
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
-    let text = std::fs::read_to_string(&file).expect("the events file");
-    let events: Vec<InternalEvent> =
-        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect();
-    // The writes that claimed: the queue still held runs.
-    let writes: Vec<(usize, usize)> = events
+    let events = internal_events(&std::fs::read_to_string(&file).expect("the events file"));
+    // The ends of each write that claimed: the queue still held runs.
+    let writes: Vec<usize> = events
         .iter()
         .filter_map(|e| match e {
-            InternalEvent::EndsRecorded { runs, claimed, .. } if *claimed > 0 => Some((*runs, *claimed)),
+            InternalEvent::EndsRecorded { runs, claimed, .. } if *claimed > 0 => Some(*runs),
             _ => None,
         })
         .collect();
-    let ended: usize = writes.iter().map(|w| w.0).sum();
+    let ended: usize = writes.iter().sum();
     assert!(ended >= RUNS / 2, "most ends were written with claims: {ended} of {RUNS} in {writes:?}");
     // A write that waited its whole time for a run that had not ended yet may carry fewer (a
     // loaded machine); most carry all.
-    let whole = writes.iter().filter(|w| w.0 == CONCURRENCY).count();
+    let whole = writes.iter().filter(|&&runs| runs == CONCURRENCY).count();
     assert!(
         whole * 4 >= writes.len() * 3,
         "at least 3 in 4 writes of ends and claims carry the ends of all {CONCURRENCY} slots' runs: {whole} of {}: {writes:?}",

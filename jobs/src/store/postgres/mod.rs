@@ -437,8 +437,9 @@ impl RunSql for PgStore {
         );
         let written = async {
             let from = self.queue_head.lock().unwrap_or_else(|e| e.into_inner()).clone().filter(|h| h.holds_at(now));
-            // No place: before every run (`''` sorts first).
-            let (at, id) = from.as_ref().map_or((i64::MIN, String::new()), |h| (h.at, h.id.clone()));
+            // The place kept its `since`; none: before every run (`''` sorts first).
+            let since = from.as_ref().map_or(now, |h| h.since);
+            let (at, id) = from.map_or((i64::MIN, String::new()), |h| (h.at, h.id));
             let args = vec![Arg::Rows(end_rows(ends)), now.into(), worker.into(), (n.max(1) as i64).into(), at.into(), id.into()];
             let rows = bound(sqlx::query(sql), args).fetch_all(&self.recorder).await.ctx("recording ends and claiming runs")?;
             let Some(first) = rows.first() else {
@@ -449,7 +450,6 @@ impl RunSql for PgStore {
             // `QUEUE_HEAD_KEPT_MS` after the pick that started from the head.
             let head_at = first.try_get::<Option<i64>, _>("head_at").ok().flatten();
             if let (Some(at), Some(id)) = (head_at, first.try_get::<Option<String>, _>("head_id").ok().flatten()) {
-                let since = from.map_or(now, |h| h.since);
                 *self.queue_head.lock().unwrap_or_else(|e| e.into_inner()) = Some(QueueHead { at, id, since });
             }
             let done = runs_ended(first)?;

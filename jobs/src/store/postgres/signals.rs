@@ -108,67 +108,64 @@ async fn listen(mut listener: PgListener, shared: Arc<PgSignals>, me: String, st
     }
 }
 
-/// Sends local signals to the other workers, batched ([`paced`]): whatever is waiting goes in
+/// Sends local signals to the other workers, batched ([`Paced`]): whatever is waiting goes in
 /// one statement, as few notifications as fit.
 async fn send(pool: PgPool, rx: mpsc::UnboundedReceiver<Signal>, me: String, stop: CancellationToken) {
-    // Told once until a send succeeds again.
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    paced(rx, stop, move |batch| {
-        let (pool, failing, payloads) = (pool.clone(), failing.clone(), payloads(&me, batch));
-        async move {
-            let sent = sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) p").bind(CHANNEL).bind(&payloads).execute(&pool).await;
-            match sent {
-                Ok(_) => failing.store(false, std::sync::atomic::Ordering::Relaxed),
-                // Hints only: the other workers see the database when they next look (a lost
-                // connection tells their listeners to look at once).
-                Err(e) => {
-                    if !failing.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "cannot notify the other workers; they will see the change when they next read");
-                    }
+    let mut failing = false;
+    let mut batches = Paced { rx, stop, last: None, stopping: false };
+    while let Some(batch) = batches.next().await {
+        let payloads = payloads(&me, batch);
+        match sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) p").bind(CHANNEL).bind(&payloads).execute(&pool).await {
+            Ok(_) => failing = false,
+            // Hints only: the other workers see the database when they next look (a lost
+            // connection tells their listeners to look at once).
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot notify the other workers; they will see the change when they next read");
+                    failing = true;
                 }
             }
         }
-    })
-    .await;
+    }
 }
 
-/// Hands `send` the signals of `rx` in batches, at most one every [`NOTICES_APART`]: a signal
-/// after a quiet while goes at once; those that follow a batch closely wait for the rest of
-/// its interval and go together. Returns at `stop`, after handing on what was waiting, or
-/// when every sender is gone.
-async fn paced<F: Future<Output = ()>>(
-    mut rx: mpsc::UnboundedReceiver<Signal>,
+/// The signals of `rx` in batches, at most one every [`NOTICES_APART`]: a signal after a quiet
+/// while goes at once; those that follow a batch closely wait for the rest of its interval and
+/// go together. At `stop`, what is waiting still goes, once (the last ends of a stopping worker
+/// are published just before it stops); then none, as when every sender is gone.
+struct Paced {
+    rx: mpsc::UnboundedReceiver<Signal>,
     stop: CancellationToken,
-    mut send: impl FnMut(Vec<Signal>) -> F,
-) {
-    let mut last: Option<tokio::time::Instant> = None;
-    // At `stop`, what is waiting still goes, once: the last ends of a stopping worker are
-    // published just before it stops.
-    let mut stopping = false;
-    loop {
+    /// When the last batch went.
+    last: Option<tokio::time::Instant>,
+    stopping: bool,
+}
+
+impl Paced {
+    async fn next(&mut self) -> Option<Vec<Signal>> {
+        if self.stopping {
+            return None;
+        }
         let first = tokio::select! {
-            s = rx.recv() => match s { Some(s) => s, None => return },
-            () = stop.cancelled() => match rx.try_recv() {
-                Ok(s) => { stopping = true; s }
-                Err(_) => return,
-            },
+            s = self.rx.recv() => s?,
+            () = self.stop.cancelled() => {
+                self.stopping = true;
+                self.rx.try_recv().ok()?
+            }
         };
-        if let (Some(last), false) = (last, stopping) {
+        if let (Some(last), false) = (self.last, self.stopping) {
             tokio::select! {
                 () = tokio::time::sleep_until(last + NOTICES_APART) => {}
-                () = stop.cancelled() => stopping = true,
+                () = self.stop.cancelled() => self.stopping = true,
             }
         }
-        last = Some(tokio::time::Instant::now());
+        self.last = Some(tokio::time::Instant::now());
         let mut batch = vec![first];
-        while let Ok(s) = rx.try_recv() {
+        while let Ok(s) = self.rx.try_recv() {
             batch.push(s);
         }
         batch.dedup();
-        send(batch).await;
-        if stopping {
-            return;
-        }
+        Some(batch)
     }
 }
 
@@ -207,10 +204,12 @@ mod tests {
         let sent: Arc<std::sync::Mutex<Batches>> = Arc::default();
         let t0 = tokio::time::Instant::now();
         let log = sent.clone();
-        let task = tokio::spawn(paced(rx, stop.clone(), move |batch| {
-            log.lock().unwrap().push((t0.elapsed(), batch));
-            std::future::ready(())
-        }));
+        let mut batches = Paced { rx, stop: stop.clone(), last: None, stopping: false };
+        let task = tokio::spawn(async move {
+            while let Some(batch) = batches.next().await {
+                log.lock().unwrap().push((t0.elapsed(), batch));
+            }
+        });
         let ms = Duration::from_millis;
         tx.send(Signal::Wake).unwrap();
         tokio::time::sleep(ms(1)).await;
