@@ -68,21 +68,72 @@ impl Pace {
         });
     }
 
-    /// How long ends wait for more at most, where the backend's gathering is `base`. With the
-    /// queue empty their slots hold nothing back: `base`. While it may hold runs, each end
-    /// keeps a slot a queued run would take, and a write of ends is also the claim of as many
-    /// runs: only for runs that end sooner than a write takes, and no longer than the last
-    /// write took (waiting longer costs more than the write it saves). The wait ends early
-    /// once the run of every slot held has ended ([`Executor::ends_to_come`]): with a long run
-    /// among quick ones, each write waits its whole time, so a quick run's end may be
-    /// recorded a write later.
-    fn gather(&self, base: Duration, queue_may_hold: bool) -> Duration {
+    /// How ends wait for more, where the backend's gathering is `base`. With the queue empty
+    /// their slots hold nothing back: while they keep coming no more than `base` apart (a
+    /// tick's runs ending one after another), for up to [`GATHER_STREAM`] times `base` (a burst
+    /// of 333 runs on each of three workers was written in 8 or 9 writes each with `base` as
+    /// the whole wait, in 4 with this; `cargo bench … postgres -- shares`). While it may hold
+    /// runs, each end keeps a slot a queued run would take, and a write of ends is also the
+    /// claim of as many runs: only for runs that end sooner than a write takes, and no longer
+    /// than the last write took (waiting longer costs more than the write it saves). Either
+    /// wait ends early once the run of every slot held has ended ([`Executor::ends_to_come`]):
+    /// with a long run among quick ones, each write waits its whole time, so a quick run's end
+    /// may be recorded a write later.
+    fn gather(&self, base: Duration, queue_may_hold: bool) -> Gathering {
         if !queue_may_hold {
-            return base;
+            return Gathering { quiet: base, most: base * GATHER_STREAM };
         }
         match self.work {
-            Some(work) if work < self.write => base.min(self.write),
-            _ => Duration::ZERO,
+            Some(work) if work < self.write => Gathering::within(base.min(self.write)),
+            _ => Gathering::NONE,
+        }
+    }
+}
+
+/// How many times the backend's gathering ends may wait while they keep coming.
+const GATHER_STREAM: u32 = 4;
+
+/// How long a batch of ends waits for more: at most `most` from when it began, and no longer
+/// than `quiet` after the last end that joined it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gathering {
+    quiet: Duration,
+    most: Duration,
+}
+
+impl Gathering {
+    const NONE: Gathering = Gathering { quiet: Duration::ZERO, most: Duration::ZERO };
+
+    /// At most `d` in all, however the ends come.
+    fn within(d: Duration) -> Self {
+        Gathering { quiet: d, most: d }
+    }
+
+    /// Adds to `batch` what `rx` brings until `to_come` says no more are coming, the batch
+    /// holds `up_to`, or the wait is over; returns at `stop` too.
+    async fn gather<T>(
+        self,
+        rx: &mut mpsc::UnboundedReceiver<T>,
+        batch: &mut Vec<T>,
+        up_to: usize,
+        to_come: impl Fn() -> usize,
+        stop: &CancellationToken,
+    ) {
+        if self.most.is_zero() {
+            return;
+        }
+        let began = tokio::time::Instant::now();
+        let mut last = began;
+        while batch.len() < up_to && to_come() > batch.len() {
+            let until = (began + self.most).min(last + self.quiet);
+            let room = up_to - batch.len();
+            tokio::select! {
+                got = tokio::time::timeout_at(until, rx.recv_many(batch, room)) => {
+                    if !matches!(got, Ok(n) if n > 0) { break }
+                    last = tokio::time::Instant::now();
+                }
+                () = stop.cancelled() => break,
+            }
         }
     }
 }
@@ -671,24 +722,15 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 batch.push(f);
             }
         }
-        // Ends that free no limit's slot gather for a few milliseconds while other runs are
-        // still going, where a write costs a round trip and a commit; while the queue may hold
-        // runs, only ends of runs quicker than a write, and no longer than one ([`Pace`]): a
-        // drain's write then carries the ends (and claims) of every run the last one claimed,
-        // not half of them.
+        // Ends that free no limit's slot gather while other runs are still going, where a
+        // write costs a round trip and a commit: a few milliseconds, longer while they keep
+        // coming; while the queue may hold runs, only ends of runs quicker than a write, and no
+        // longer than one ([`Pace`]): a drain's write then carries the ends (and claims) of
+        // every run the last one claimed, not half of them.
         let queue_may_hold = exec.queue_may_hold.load(Relaxed);
-        let gather = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
-        if !gather.is_zero() && batch.iter().all(|f| f.run.pools.is_empty()) {
-            let until = tokio::time::Instant::now() + gather;
-            while batch.len() < GATHER_UP_TO && exec.ends_to_come(queue_may_hold) > batch.len() {
-                let room = GATHER_UP_TO - batch.len();
-                tokio::select! {
-                    got = tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)) => {
-                        if !matches!(got, Ok(n) if n > 0) { break }
-                    }
-                    () = stop.cancelled() => break,
-                }
-            }
+        if batch.iter().all(|f| f.run.pools.is_empty()) {
+            let gathering = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
+            gathering.gather(&mut rx, &mut batch, GATHER_UP_TO, || exec.ends_to_come(queue_may_hold), &stop).await;
         }
         let now = exec.env.clock.now();
         for work in batch.iter().filter_map(|f| f.work) {
@@ -1014,20 +1056,55 @@ mod tests {
     fn ends_gather_while_the_queue_holds_runs_only_for_runs_quicker_than_a_write() {
         let ms = Duration::from_millis;
         let base = ms(5);
+        let stream = Gathering { quiet: base, most: ms(20) };
         let mut pace = Pace::default();
-        assert_eq!(pace.gather(base, false), base, "the queue empty: the backend's gathering");
-        assert_eq!(pace.gather(base, true), Duration::ZERO, "no run ended yet: none");
+        assert_eq!(pace.gather(base, false), stream, "the queue empty: the backend's gathering, longer for a stream of ends");
+        assert_eq!(pace.gather(base, true), Gathering::NONE, "no run ended yet: none");
         pace.write = ms(2);
         pace.ended(Duration::from_micros(100));
-        assert_eq!(pace.gather(base, true), ms(2), "runs quicker than a write: no longer than the last write");
+        assert_eq!(pace.gather(base, true), Gathering::within(ms(2)), "runs quicker than a write: no longer than the last write");
         pace.write = ms(8);
-        assert_eq!(pace.gather(base, true), base, "nor than the backend's gathering");
-        assert_eq!(pace.gather(Duration::ZERO, true), Duration::ZERO, "a backend that does not gather (SQLite): none");
+        assert_eq!(pace.gather(base, true), Gathering::within(base), "nor than the backend's gathering");
+        assert_eq!(pace.gather(Duration::ZERO, true), Gathering::NONE, "a backend that does not gather (SQLite): none");
+        assert_eq!(pace.gather(Duration::ZERO, false).most, Duration::ZERO, "not even with the queue empty");
         // Runs of 10 ms come to dominate the average: a write is sooner than they end.
         for _ in 0..40 {
             pace.ended(ms(10));
         }
-        assert_eq!(pace.gather(base, true), Duration::ZERO, "runs slower than a write: their ends go at once");
-        assert_eq!(pace.gather(base, false), base, "unless the queue is empty");
+        assert_eq!(pace.gather(base, true), Gathering::NONE, "runs slower than a write: their ends go at once");
+        assert_eq!(pace.gather(base, false), stream, "unless the queue is empty");
+    }
+
+    /// What `gathering` adds to a batch of one while `ends` (ms from the start, in order) are
+    /// sent and `to_come` ends are expected in all; and when (ms) it returned.
+    async fn gathered(gathering: Gathering, ends: &[u64], to_come: usize) -> (Vec<u64>, u64) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let start = tokio::time::Instant::now();
+        let sends: Vec<u64> = ends.to_vec();
+        tokio::spawn(async move {
+            for at in sends {
+                tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+                let _ = tx.send(at);
+            }
+        });
+        let mut batch = vec![0];
+        gathering.gather(&mut rx, &mut batch, 256, || to_come, &CancellationToken::new()).await;
+        (batch.split_off(1), start.elapsed().as_millis() as u64)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ends_that_keep_coming_are_gathered_until_a_quiet_or_the_longest_wait() {
+        let ms = Duration::from_millis;
+        let stream = Gathering { quiet: ms(5), most: ms(20) };
+        // An end every 3 ms: gathered until the longest wait, the rest left for the next write.
+        let every_3: Vec<u64> = (1..=10).map(|i| i * 3).collect();
+        assert_eq!(gathered(stream, &every_3, 100).await, (vec![3, 6, 9, 12, 15, 18], 20));
+        // A quiet of 5 ms ends it, as soon as it has lasted.
+        assert_eq!(gathered(stream, &[2, 4, 12], 100).await, (vec![2, 4], 9));
+        // Every run's end in: no wait for more.
+        assert_eq!(gathered(stream, &[2, 4, 12], 3).await, (vec![2, 4], 4));
+        // A wait within a time gathers no longer, however the ends come.
+        assert_eq!(gathered(Gathering::within(ms(5)), &every_3, 100).await, (vec![3], 5));
+        assert_eq!(gathered(Gathering::NONE, &every_3, 100).await, (vec![], 0));
     }
 }

@@ -363,7 +363,7 @@ fn top_statements(url: &str) {
         url,
         "SELECT calls, round(total_exec_time)::bigint, round(total_plan_time)::bigint, rows,
                 left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
-         FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 12",
+         FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 20",
         |r| {
             use sqlx::Row;
             (r.get::<i64, _>(0), r.get::<i64, _>(1), r.get::<i64, _>(2), r.get::<i64, _>(3), r.get::<String, _>(4))
