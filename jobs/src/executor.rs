@@ -72,13 +72,14 @@ impl Pace {
     /// their slots hold nothing back: while they keep coming no more than `base` apart (a
     /// tick's runs ending one after another), for up to [`GATHER_STREAM`] times `base` (a burst
     /// of 333 runs on each of three workers was written in 8 or 9 writes each with `base` as
-    /// the whole wait, in 4 with this; `cargo bench … postgres -- shares`). While it may hold
+    /// the whole wait, in 5 with this; `cargo bench … postgres -- shares`). While it may hold
     /// runs, each end keeps a slot a queued run would take, and a write of ends is also the
     /// claim of as many runs: only for runs that end sooner than a write takes, and no longer
     /// than the last write took (waiting longer costs more than the write it saves). Either
-    /// wait ends early once the run of every slot held has ended ([`Executor::ends_to_come`]):
-    /// with a long run among quick ones, each write waits its whole time, so a quick run's end
-    /// may be recorded a write later.
+    /// wait ends early once every end still to come is in ([`Executor::ends_to_come`]: the
+    /// runs executing here, or every slot held while the queue may hold runs): with a long
+    /// run among quick ones, each write waits its whole time, so a quick run's end may be
+    /// recorded a write later.
     fn gather(&self, base: Duration, queue_may_hold: bool) -> Gathering {
         if !queue_may_hold {
             return Gathering { quiet: base, most: base * GATHER_STREAM };
