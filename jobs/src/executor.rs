@@ -111,12 +111,11 @@ impl Gathering {
     }
 
     /// Adds to `batch` what `rx` brings until `to_come` says no more are coming, the batch
-    /// holds `up_to`, or the wait is over; returns at `stop` too.
+    /// holds [`GATHER_UP_TO`], or the wait is over; returns at `stop` too.
     async fn gather<T>(
         self,
         rx: &mut mpsc::UnboundedReceiver<T>,
         batch: &mut Vec<T>,
-        up_to: usize,
         to_come: impl Fn() -> usize,
         stop: &CancellationToken,
     ) {
@@ -125,9 +124,9 @@ impl Gathering {
         }
         let began = tokio::time::Instant::now();
         let mut last = began;
-        while batch.len() < up_to && to_come() > batch.len() {
+        while batch.len() < GATHER_UP_TO && to_come() > batch.len() {
             let until = (began + self.most).min(last + self.quiet);
-            let room = up_to - batch.len();
+            let room = GATHER_UP_TO - batch.len();
             tokio::select! {
                 got = tokio::time::timeout_at(until, rx.recv_many(batch, room)) => {
                     if !matches!(got, Ok(n) if n > 0) { break }
@@ -731,7 +730,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let queue_may_hold = exec.queue_may_hold.load(Relaxed);
         if batch.iter().all(|f| f.run.pools.is_empty()) {
             let gathering = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
-            gathering.gather(&mut rx, &mut batch, GATHER_UP_TO, || exec.ends_to_come(queue_may_hold), &stop).await;
+            gathering.gather(&mut rx, &mut batch, || exec.ends_to_come(queue_may_hold), &stop).await;
         }
         let now = exec.env.clock.now();
         for work in batch.iter().filter_map(|f| f.work) {
@@ -1089,7 +1088,7 @@ mod tests {
             }
         });
         let mut batch = vec![0];
-        gathering.gather(&mut rx, &mut batch, 256, || to_come, &CancellationToken::new()).await;
+        gathering.gather(&mut rx, &mut batch, || to_come, &CancellationToken::new()).await;
         (batch.split_off(1), start.elapsed().as_millis() as u64)
     }
 

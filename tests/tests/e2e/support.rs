@@ -136,13 +136,13 @@ pub(crate) fn libfaketime() -> &'static str {
     LIB
 }
 
-/// The wall clock, in Unix milliseconds (as runs record instants).
 /// The internal events of `text`, as `lamplighter run --internal-events` writes them; a line
 /// that does not read as one fails the test.
 pub(crate) fn internal_events(text: &str) -> Vec<lamplighter_jobs::events::InternalEvent> {
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an internal event ({e}): {l}"))).collect()
 }
 
+/// The wall clock, in Unix milliseconds (as runs record instants).
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
