@@ -45,8 +45,9 @@ use crate::store::{Ends, Handed, LimitPass, Records, RunEnd, StoreError, Taken};
 /// Ends are written in batches of at most this many runs.
 const BATCH: usize = 1024;
 
-/// Ends that gather ([`crate::store::Ends::ends_gather`]) stop gathering at this many.
-const GATHER_UP_TO: usize = 256;
+/// Ends that gather ([`crate::store::Ends::ends_gather`]) stop gathering at this many: a
+/// tick's runs on each of three workers (333 each), or half of one worker's 1,000.
+const GATHER_UP_TO: usize = 512;
 
 /// How quickly this worker's runs end and its writes of ends go through, as the recorder saw
 /// them: whether ends are worth gathering while the queue holds runs ([`Pace::gather`]).
@@ -70,9 +71,10 @@ impl Pace {
 
     /// How ends wait for more, where the backend's gathering is `base`. With the queue empty
     /// their slots hold nothing back: while they keep coming no more than `base` apart (a
-    /// tick's runs ending one after another), for up to [`GATHER_STREAM`] times `base` (a burst
+    /// tick's runs ending one after another), for up to [`GATHER_STREAM`] times `base` (a tick
     /// of 333 runs on each of three workers was written in 8 or 9 writes each with `base` as
-    /// the whole wait, in 5 with this; `cargo bench … postgres -- shares`). While it may hold
+    /// the whole wait, in 5 with four times it, in 1.4 with this; `cargo bench … postgres --
+    /// shares`). Each end carries its own time, its run's `finished_at`. While it may hold
     /// runs, each end keeps a slot a queued run would take, and a write of ends is also the
     /// claim of as many runs: only for runs that end sooner than a write takes, and no longer
     /// than the last write took (waiting longer costs more than the write it saves). Either
@@ -91,8 +93,9 @@ impl Pace {
     }
 }
 
-/// How many times the backend's gathering ends may wait while they keep coming.
-const GATHER_STREAM: u32 = 4;
+/// How many times the backend's gathering ends may wait while they keep coming: 100 ms on
+/// PostgreSQL, the longest a run then counts as running after it ended (before its write).
+const GATHER_STREAM: u32 = 20;
 
 /// How long a batch of ends waits for more: at most `most` from when it began, and no longer
 /// than `quiet` after the last end that joined it.
@@ -219,6 +222,9 @@ struct Finished {
     end: Settled,
     /// How long it worked, from its execution's start to its end (none: it did not begin).
     work: Option<Duration>,
+    /// When it ended, on the engine's clock: its `finished_at`, however long its end waits
+    /// for the write that records it.
+    ended: chrono::DateTime<chrono::Utc>,
     ticket: Ticket,
     /// The execution's trace, when spans are exported.
     trace_id: Option<String>,
@@ -604,7 +610,8 @@ async fn run_one(exec: Arc<Executor>, handed: Handed, ticket: Ticket, share: Sta
     // The recorder lives until the drain is over; if it is gone the process is stopping and
     // the run is recovered at the next start.
     let started = started.get().copied();
-    let _ = exec.finished.send(Finished { run, started, end, work, ticket, trace_id });
+    let ended = exec.env.clock.now();
+    let _ = exec.finished.send(Finished { run, started, end, work, ended, ticket, trace_id });
 }
 
 /// What a panic said, when it said it with a string.
@@ -767,6 +774,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             .map(|(((f, retry), limits), &noticed)| RunEnd {
                 id: &f.run.id,
                 started_at: f.started,
+                ended_at: Some(f.ended),
                 status: f.end.status,
                 output: f.end.output.as_ref(),
                 error: f.end.error.as_deref(),
@@ -1056,7 +1064,7 @@ mod tests {
     fn ends_gather_while_the_queue_holds_runs_only_for_runs_quicker_than_a_write() {
         let ms = Duration::from_millis;
         let base = ms(5);
-        let stream = Gathering { quiet: base, most: ms(20) };
+        let stream = Gathering { quiet: base, most: ms(100) };
         let mut pace = Pace::default();
         assert_eq!(pace.gather(base, false), stream, "the queue empty: the backend's gathering, longer for a stream of ends");
         assert_eq!(pace.gather(base, true), Gathering::NONE, "no run ended yet: none");

@@ -79,6 +79,7 @@ pub(super) fn end(id: &str, status: RunStatus) -> RunEnd<'_> {
     RunEnd {
         id,
         started_at: None,
+        ended_at: None,
         status,
         output: None,
         error: None,
@@ -350,6 +351,7 @@ async fn ends_follow_the_allowed_transitions(s: &dyn RunStore) {
         RunEnd {
             id: &ids[0],
             started_at: Some(t + secs(1)),
+            ended_at: None,
             status: RunStatus::Succeeded,
             output: Some(&output),
             error: None,
@@ -1565,48 +1567,67 @@ async fn outcomes_are_noticed_once_and_notifications_sent_once(s: &dyn RunStore)
 /// A success noticed at its end ([`RunEnd::noticed`]) is never read by a notice pass, and moves
 /// its job in the end's own write, whichever write records it (ends alone, with claims, with
 /// hand-offs; the worker's row of the job's successes, which the health and the pass fold in):
-/// the failure streak ends and the last success moves forward, never back.
+/// the failure streak ends and the last success moves forward, never back. Its time is the
+/// run's own end ([`RunEnd::ended_at`]), which is its `finished_at`, not the write's.
 /// A failure marked so, or an end the fence refuses, notices nothing.
 async fn successes_noticed_at_their_end_move_their_job_in_the_same_write(s: &dyn RunStore) {
     let t = t0();
     let ids = ticked_runs(s, "q", 7).await;
     let pass = |now| async move { s.notice(&no_rules_of_q, &no_after, false, now).await.expect("notice") };
     let state = || async { s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success)) };
+    let finished = |id: &str| {
+        let id = id.to_owned();
+        async move { s.get_run(&id).await.expect("get").expect("run").finished_at }
+    };
     let last = |id, status| RunEnd { last: true, ..end(id, status) };
-    let noticed = |id| RunEnd { noticed: true, ..last(id, RunStatus::Succeeded) };
+    // Ended 300 ms before the write that records it.
+    let noticed = |id, write: DateTime<Utc>| RunEnd {
+        noticed: true,
+        ended_at: Some(write - chrono::Duration::milliseconds(300)),
+        ..last(id, RunStatus::Succeeded)
+    };
+    let ended = |write: DateTime<Utc>| Some(write - chrono::Duration::milliseconds(300));
     s.finish_many(&[last(&ids[0], RunStatus::Failed)], t + secs(10)).await.expect("end");
     assert_eq!(pass(t + secs(11)).await.runs, 1);
     assert_eq!(state().await, Some((1, None)), "one failure");
+    assert_eq!(finished(&ids[0]).await, Some(t + secs(10)), "an end that says no time of its own ends at the write");
 
-    assert_eq!(s.finish_many(&[noticed(&ids[1])], t + secs(20)).await.expect("end"), std::slice::from_ref(&ids[1]));
-    assert_eq!(state().await, Some((0, Some(t + secs(20)))), "the streak ends with the success's own write");
+    let write = t + secs(20);
+    assert_eq!(s.finish_many(&[noticed(&ids[1], write)], write).await.expect("end"), std::slice::from_ref(&ids[1]));
+    assert_eq!(state().await, Some((0, ended(write))), "the streak ends with the success's own write, at its own end");
+    assert_eq!(finished(&ids[1]).await, ended(write), "finished when it ended, not when the write went");
     assert_eq!(s.unnoticed_since().await.expect("unnoticed"), None, "nothing left to notice");
     assert_eq!(pass(t + secs(21)).await, super::Noticed::default(), "no pass reads it");
 
-    let (done, _) = s.finish_and_claim(&[noticed(&ids[2])], 1, ME, t + secs(30)).await.expect("end and claim");
+    let write = t + secs(30);
+    let (done, _) = s.finish_and_claim(&[noticed(&ids[2], write)], 1, ME, write).await.expect("end and claim");
     assert_eq!(done, std::slice::from_ref(&ids[2]));
-    assert_eq!(state().await, Some((0, Some(t + secs(30)))), "with claims");
+    assert_eq!(state().await, Some((0, ended(write))), "with claims");
+    assert_eq!(finished(&ids[2]).await, ended(write), "with claims");
     let sizes = crate::limits::Sizes::new();
     let limits = crate::store::LimitPass { due: &[], sizes: &sizes, waiters: false, freed: &[], spare: 0 };
-    let (done, _) = s.finish_and_admit(&[noticed(&ids[3])], limits, 0, ME, t + secs(40)).await.expect("end and admit");
+    let write = t + secs(40);
+    let (done, _) = s.finish_and_admit(&[noticed(&ids[3], write)], limits, 0, ME, write).await.expect("end and admit");
     assert_eq!(done, std::slice::from_ref(&ids[3]));
-    assert_eq!(state().await, Some((0, Some(t + secs(40)))), "with hand-offs");
+    assert_eq!(state().await, Some((0, ended(write))), "with hand-offs");
+    assert_eq!(finished(&ids[3]).await, ended(write), "with hand-offs");
+    let t40 = ended(write);
 
     // A failure marked noticed is still the pass's: it moves the streak there.
     s.finish_many(&[RunEnd { noticed: true, ..last(&ids[4], RunStatus::Failed) }], t + secs(50)).await.expect("end");
-    assert_eq!(state().await, Some((0, Some(t + secs(40)))));
+    assert_eq!(state().await, Some((0, t40)));
     assert_eq!(pass(t + secs(51)).await.runs, 1);
-    assert_eq!(state().await, Some((1, Some(t + secs(40)))));
+    assert_eq!(state().await, Some((1, t40)));
 
     // A success the pass notices after a later one noticed at its end: the last success stays.
     s.finish_many(&[last(&ids[5], RunStatus::Succeeded)], t + secs(60)).await.expect("end");
-    s.finish_many(&[noticed(&ids[6])], t + secs(70)).await.expect("end");
+    s.finish_many(&[noticed(&ids[6], t + secs(70))], t + secs(70)).await.expect("end");
     assert_eq!(pass(t + secs(71)).await.runs, 1);
-    assert_eq!(state().await, Some((0, Some(t + secs(70)))), "never moved back");
+    assert_eq!(state().await, Some((0, ended(t + secs(70)))), "never moved back");
 
     // Ended already: the write records nothing and moves nothing.
-    assert!(s.finish_many(&[noticed(&ids[0])], t + secs(80)).await.expect("end").is_empty());
-    assert_eq!(state().await, Some((0, Some(t + secs(70)))));
+    assert!(s.finish_many(&[noticed(&ids[0], t + secs(80))], t + secs(80)).await.expect("end").is_empty());
+    assert_eq!(state().await, Some((0, ended(t + secs(70)))));
 }
 
 /// A job's failure sent to one target goes before its recovery sent to another; once the

@@ -138,7 +138,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         }
         let mut tx = self.begin_recording().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         D::commit(tx).await?;
@@ -171,7 +171,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         let mut tx = self.begin().await?;
         let begin_us = split();
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         let ends_us = split();
@@ -236,7 +236,7 @@ impl<D: RunSql + QueueSql> Ends for D {
         }
         let mut tx = self.begin().await?;
         let done = finish_runs::<D>(&mut tx, ends, ms(now)).await?;
-        notice_successes::<D>(&mut tx, &noticed_of(ends, &done), ms(now)).await?;
+        notice_successes::<D>(&mut tx, &noticed_of(ends, &done)).await?;
         let ended: Vec<(&str, RunStatus)> = done.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         close_steps::<D>(&mut tx, &ended, now).await?;
         // The slots of the runs ended go to the heads of their lines; what is left of the

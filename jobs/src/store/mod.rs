@@ -562,6 +562,8 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) id: &'a str,
     /// When the target was called; the claim's instant stays when there is none.
     pub(crate) started_at: Option<DateTime<Utc>>,
+    /// When the run ended (its `finished_at`, if its status is final); none: the write's `now`.
+    pub(crate) ended_at: Option<DateTime<Utc>>,
     pub(crate) status: RunStatus,
     pub(crate) output: Option<&'a serde_json::Value>,
     pub(crate) error: Option<&'a str>,

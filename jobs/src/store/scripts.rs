@@ -153,7 +153,7 @@ pub(super) const FINISH_RUNS: &str = concat!(
     "UPDATE ll_runs SET status = CASE WHEN {cancel_wins} THEN {Cancelled} ELSE j.status END,
         output = j.output,
         error = CASE WHEN {cancel_wins} THEN ll_runs.cancel_requested ELSE j.error END,
-        finished_at = CASE WHEN j.finished OR {cancel_wins} THEN $2 END,
+        finished_at = CASE WHEN j.finished OR {cancel_wins} THEN coalesce(j.ended_at, $2) END,
         wait_until = CASE WHEN {cancel_wins} THEN NULL ELSE j.wait_until END,
         started_at = coalesce(j.started_at, ll_runs.started_at),
         trace_id = coalesce(j.trace_id, ll_runs.trace_id),
@@ -170,7 +170,7 @@ pub(super) const FINISH_RUNS: &str = concat!(
 /// The columns of the ends' row set ([`end_rows`]), as `{rows $n AS j(…)}` names them.
 macro_rules! end_cols {
     () => {
-        "id text, started_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text, noticed bool"
+        "id text, started_at bigint, ended_at bigint, status text, output text, error text, finished bool, wait_until bigint, trace_id text, last bool, limits text, noticed bool"
     };
 }
 pub(super) use end_cols;
@@ -180,6 +180,7 @@ pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
     vec![
         Column::Texts(ends.iter().map(|e| Some(e.id.into())).collect()),
         Column::Ints(ends.iter().map(|e| e.started_at.map(ms)).collect()),
+        Column::Ints(ends.iter().map(|e| e.ended_at.map(ms)).collect()),
         Column::Texts(ends.iter().map(|e| Some(e.status.as_str().into())).collect()),
         Column::Texts(ends.iter().map(|e| e.output.map(|o| o.to_string().into())).collect()),
         Column::Texts(ends.iter().map(|e| e.error.map(Into::into)).collect()),
@@ -196,8 +197,8 @@ pub(super) fn end_rows<'a>(ends: &[RunEnd<'a>]) -> Vec<Column<'a>> {
 /// streak ends, the last success moves forward, never back), written to the worker's own row
 /// of the job's successes (`ll_job_successes`), which the pass and the jobs' health fold into
 /// the job's state: an end never writes a row another worker's end writes. For the runs
-/// `{src}` names (a query of `job, worker` values: each pair once, in that order), succeeded
-/// at `$2`.
+/// `{src}` names (a query of `job, worker, at` rows: each pair once, in that order, with when
+/// its last success among them ended).
 pub(super) fn noticed_at_end(src: &str) -> String {
     format!(
         "INSERT INTO ll_job_successes (job, worker, at) {src}
@@ -216,7 +217,7 @@ pub(super) fn noticed_of<'a>(ends: &[RunEnd<'_>], done: &'a [(String, RunStatus)
 
 /// [`noticed_at_end`] for the runs of `ids` that [`FINISH_RUNS`] ended as noticed successes,
 /// in the transaction that ended them.
-pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], now: i64) -> Result<(), StoreError> {
+pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -224,12 +225,12 @@ pub(super) async fn notice_successes<D: Dialect>(c: &mut D::Conn, ids: &[&str], 
         sql!(
             D,
             noticed_at_end(
-                "SELECT job, worker, CAST($2 AS BIGINT) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job, worker ORDER BY job, worker"
+                "SELECT job, worker, MAX(finished_at) FROM ll_runs WHERE id {in $1} AND status = {Succeeded} AND outcome_seen IS NOT NULL GROUP BY job, worker ORDER BY job, worker"
             )
         ),
         "recording the successes noticed at their end",
     );
-    D::execute(c, q.bind_list(ids.iter().copied()).bind(now)).await?;
+    D::execute(c, q.bind_list(ids.iter().copied())).await?;
     Ok(())
 }
 

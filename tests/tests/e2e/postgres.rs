@@ -1464,3 +1464,44 @@ fn a_drains_write_of_ends_carries_every_slots_run() {
         writes.len()
     );
 }
+
+/// A tick's many quick runs end one after another and their ends are written together, a few
+/// writes a tick: each run's `finished_at` is still when it ended, not when the write that
+/// recorded it went (which would give every run of a write the same one).
+#[test]
+fn a_runs_finished_at_is_its_own_end_not_its_writes() {
+    use lamplighter_jobs::events::InternalEvent;
+    const JOBS: usize = 300;
+    let jobs: String = (0..JOBS)
+        .map(|i| {
+            format!(
+                "\n    quick-{i}:\n      type: plugin\n      plugin: file-read\n      action: read\n      cron: \"* * * * * *\"\n      parameters: {{path: tiny.txt}}"
+            )
+        })
+        .collect();
+    let cluster = Cluster::start();
+    let db = Db::new(&cluster, "ended");
+    let url = cluster.url_of("ended");
+    let mut w = worker_with("e-a", &url, JOBS as u32, "3s", &jobs);
+    std::fs::create_dir_all(w.dir.path().join("data")).unwrap();
+    std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").unwrap();
+    let file = w.dir.path().join("events.jsonl");
+    w.args = vec!["--internal-events".into(), file.display().to_string()];
+    w.start();
+    db.wait_for("three ticks' runs to succeed", Duration::from_secs(60), &[&w], |r| {
+        r.iter().filter(|r| r.status == "succeeded").count() >= 3 * JOBS
+    });
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0), "{}", w.log());
+    let events = internal_events(&std::fs::read_to_string(&file).expect("the events file"));
+    let writes = events.iter().filter(|e| matches!(e, InternalEvent::EndsRecorded { .. })).count();
+    let times = db.texts("SELECT finished_at::text FROM ll_runs WHERE status = 'succeeded' AND finished_at >= started_at");
+    let succeeded = db.texts("SELECT id FROM ll_runs WHERE status = 'succeeded'").len();
+    assert_eq!(times.len(), succeeded, "no run finished before it started");
+    let distinct: std::collections::BTreeSet<&String> = times.iter().collect();
+    assert!(
+        distinct.len() > writes,
+        "{succeeded} runs ended at {} distinct instants, written in {writes} writes: at most one instant a write is the write's time",
+        distinct.len()
+    );
+}

@@ -104,7 +104,7 @@ fn runs_ended(row: &PgRow) -> Result<Vec<(String, RunStatus)>, StoreError> {
 
 fn ends_and_closed_steps() -> String {
     format!(
-        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job, ll_runs.worker,
+        "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job, ll_runs.worker, ll_runs.finished_at,
                                                 (j.noticed AND ll_runs.outcome_seen IS NOT NULL) AS noticed),
          closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
                     FROM ended e
@@ -112,7 +112,7 @@ fn ends_and_closed_steps() -> String {
          noticed AS ({noticed})",
         closing = steps_closed_as("e.status"),
         // The worker's own rows of its jobs' successes: no other worker's end waits for them.
-        noticed = noticed_at_end("SELECT job, worker, $2::bigint FROM ended WHERE noticed GROUP BY job, worker ORDER BY job, worker"),
+        noticed = noticed_at_end("SELECT job, worker, max(finished_at) FROM ended WHERE noticed GROUP BY job, worker ORDER BY job, worker"),
     )
 }
 
@@ -1337,6 +1337,7 @@ mod tests {
         let end = RunEnd {
             id: &b,
             started_at: None,
+            ended_at: None,
             status: RunStatus::Succeeded,
             output: None,
             error: None,

@@ -860,10 +860,10 @@ fn ends_and_claims_script() -> String {
         finish = FINISH_RUNS,
         claim = claim_from_queue(),
         noticed = noticed_at_end(concat!(
-            "SELECT r.job, r.worker, CAST($2 AS BIGINT) FROM {rows $1 AS j(",
+            "SELECT r.job, r.worker, MAX(r.finished_at) FROM {rows $1 AS j(",
             end_cols!(),
             ")} JOIN ll_runs r ON r.id = j.id
-             WHERE j.noticed AND r.status = {Succeeded} AND r.outcome_seen IS NOT NULL AND r.finished_at = $2 GROUP BY r.job, r.worker ORDER BY r.job, r.worker"
+             WHERE j.noticed AND r.status = {Succeeded} AND r.outcome_seen IS NOT NULL AND r.finished_at = coalesce(j.ended_at, $2) GROUP BY r.job, r.worker ORDER BY r.job, r.worker"
         )),
         pick = queue::pick("?4", "?5"),
         run_id = queue::RUN_ID_OF_PAYLOAD,
