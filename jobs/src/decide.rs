@@ -266,6 +266,10 @@ pub(crate) enum OutcomeKind {
     Neutral,
 }
 
+/// How long after its run ended an end is written, as a rule: its write may wait for more ends
+/// (up to 100 ms on PostgreSQL) and for ticks being fired (up to 500 ms), and then goes.
+pub(crate) const ENDS_RECORDED_WITHIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
 /// How long a failed attempt may wait for its retry to be recorded before its failure is taken
 /// as final (the worker that would have scheduled the retry stopped in between).
 pub(crate) const RETRY_RECORDED_WITHIN: chrono::TimeDelta = chrono::TimeDelta::hours(1);
@@ -345,9 +349,10 @@ pub(crate) struct Fanin {
 /// outcome, and each run uses one outcome of each (the oldest first): one run per set, so
 /// every outcome is used exactly once — with one upstream job, one run per outcome, whenever
 /// it is noticed. With `within`, the outcomes of a set end at most that far apart: an oldest
-/// outcome the others' cannot reach is dropped, as is one still alone once `within` has
-/// passed since it ended (any outcome still to come ends later). Outcomes of a job no longer
-/// named are dropped.
+/// outcome the others' cannot reach is dropped, as is one still alone once `within` and
+/// [`ENDS_RECORDED_WITHIN`] have passed since it ended (an outcome still to come ended later,
+/// or is recorded by then: a run's `finished_at` is its own end, which its write follows).
+/// Outcomes of a job no longer named are dropped.
 pub(crate) fn fan_in(after: &lamplighter_config::After, pending: &[PendingOutcome], now: DateTime<Utc>) -> Fanin {
     use std::collections::VecDeque;
     let mut decision =
@@ -375,9 +380,10 @@ pub(crate) fn fan_in(after: &lamplighter_config::After, pending: &[PendingOutcom
         }
     }
     if let Some(w) = window {
-        // Alone past the window: what is still to come ends later, too late for it.
+        // Alone past the window, and past the time an end within it takes to be written: what
+        // is still to come ends later, too late for it.
         for q in &queues {
-            decision.expired.extend(q.iter().copied().filter(|&i| now - ended(i) > w));
+            decision.expired.extend(q.iter().copied().filter(|&i| now - ended(i) > w + ENDS_RECORDED_WITHIN));
         }
     }
     decision.expired.sort_unstable();
@@ -614,6 +620,10 @@ mod tests {
             (vec![pending("gone", "g1", 0), pending("a", "a1", 0)], 1, vec![], vec![0]),
             // Noticed late, still 30 s apart: a set.
             (vec![pending("a", "a1", 0), pending("b", "b1", 30)], 500, vec![vec![0, 1]], vec![]),
+            // Alone just past the window: kept while an end within it may still be written
+            // (ENDS_RECORDED_WITHIN), dropped after.
+            (vec![pending("a", "a1", 0)], 61, vec![], vec![]),
+            (vec![pending("a", "a1", 0)], 62, vec![], vec![0]),
         ];
         for (pending, now, fire, expired) in cases {
             assert_eq!(fan_in(&after, &pending, at(now)), Fanin { fire: fire.clone(), expired: expired.clone() }, "{pending:?} at {now}");

@@ -114,12 +114,14 @@ impl Gathering {
     }
 
     /// Adds to `batch` what `rx` brings until `to_come` says no more are coming, the batch
-    /// holds [`GATHER_UP_TO`], or the wait is over; returns at `stop` too.
+    /// holds [`GATHER_UP_TO`], what came is `urgent`, or the wait is over; returns at `stop`
+    /// too.
     async fn gather<T>(
         self,
         rx: &mut mpsc::UnboundedReceiver<T>,
         batch: &mut Vec<T>,
         to_come: impl Fn() -> usize,
+        urgent: impl Fn(&T) -> bool,
         stop: &CancellationToken,
     ) {
         if self.most.is_zero() {
@@ -130,9 +132,10 @@ impl Gathering {
         while batch.len() < GATHER_UP_TO && to_come() > batch.len() {
             let until = (began + self.most).min(last + self.quiet);
             let room = GATHER_UP_TO - batch.len();
+            let had = batch.len();
             tokio::select! {
                 got = tokio::time::timeout_at(until, rx.recv_many(batch, room)) => {
-                    if !matches!(got, Ok(n) if n > 0) { break }
+                    if !matches!(got, Ok(n) if n > 0) || batch[had..].iter().any(&urgent) { break }
                     last = tokio::time::Instant::now();
                 }
                 () = stop.cancelled() => break,
@@ -717,7 +720,7 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
             () = stop.cancelled() => return,
         }
         // Ticks being fired go first; the ends that arrive meanwhile join this batch. (The
-        // wait is the firing's, some milliseconds: the ends are stamped after it.)
+        // wait is the firing's, some milliseconds; each end carries the time its run ended.)
         let mut firing = exec.firing.subscribe();
         if *firing.borrow() {
             tokio::select! {
@@ -729,7 +732,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
                 batch.push(f);
             }
         }
-        // Ends that free no limit's slot gather while other runs are still going, where a
+        // Ends that free no limit's slot gather while other runs are still going (one that
+        // frees one ends the gathering: its slot goes to the head of its line now), where a
         // write costs a round trip and a commit: a few milliseconds, longer while they keep
         // coming; while the queue may hold runs, only ends of runs quicker than a write, and no
         // longer than one ([`Pace`]): a drain's write then carries the ends (and claims) of
@@ -737,7 +741,8 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         let queue_may_hold = exec.queue_may_hold.load(Relaxed);
         if batch.iter().all(|f| f.run.pools.is_empty()) {
             let gathering = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
-            gathering.gather(&mut rx, &mut batch, || exec.ends_to_come(queue_may_hold), &stop).await;
+            let frees_a_slot = |f: &Finished| !f.run.pools.is_empty();
+            gathering.gather(&mut rx, &mut batch, || exec.ends_to_come(queue_may_hold), frees_a_slot, &stop).await;
         }
         let now = exec.env.clock.now();
         for work in batch.iter().filter_map(|f| f.work) {
@@ -1084,7 +1089,8 @@ mod tests {
     }
 
     /// What `gathering` adds to a batch of one while `ends` (ms from the start, in order) are
-    /// sent and `to_come` ends are expected in all; and when (ms) it returned.
+    /// sent and `to_come` ends are expected in all; and when (ms) it returned. The end sent at
+    /// 13 ms is urgent (it frees a limit's slot).
     async fn gathered(gathering: Gathering, ends: &[u64], to_come: usize) -> (Vec<u64>, u64) {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let start = tokio::time::Instant::now();
@@ -1096,7 +1102,7 @@ mod tests {
             }
         });
         let mut batch = vec![0];
-        gathering.gather(&mut rx, &mut batch, || to_come, &CancellationToken::new()).await;
+        gathering.gather(&mut rx, &mut batch, || to_come, |&at| at == 13, &CancellationToken::new()).await;
         (batch.split_off(1), start.elapsed().as_millis() as u64)
     }
 
@@ -1111,6 +1117,8 @@ mod tests {
         assert_eq!(gathered(stream, &[2, 4, 12], 100).await, (vec![2, 4], 9));
         // Every run's end in: no wait for more.
         assert_eq!(gathered(stream, &[2, 4, 12], 3).await, (vec![2, 4], 4));
+        // An end that frees a limit's slot goes at once, with what came before it.
+        assert_eq!(gathered(stream, &[3, 6, 9, 13, 15], 100).await, (vec![3, 6, 9, 13], 13));
         // A wait within a time gathers no longer, however the ends come.
         assert_eq!(gathered(Gathering::within(ms(5)), &every_3, 100).await, (vec![3], 5));
         assert_eq!(gathered(Gathering::NONE, &every_3, 100).await, (vec![], 0));

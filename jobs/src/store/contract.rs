@@ -260,7 +260,13 @@ async fn ends_and_the_claims_that_replace_them_go_together(s: &dyn RunStore) {
     }
     s.dispatch(&[], &queued, ME, t).await.expect("dispatch");
     assert!(s.finish(&queued[0], RunStatus::Cancelled, None, Some("asked"), t).await.expect("cancel"));
-    let ends = [end(&a.id, RunStatus::Succeeded), end(&b.id, RunStatus::Failed), end(&asked.id, RunStatus::Failed)];
+    // `b` ended half a second before the write: its steps close then, with it.
+    let b_ended = t + chrono::Duration::milliseconds(500);
+    let ends = [
+        end(&a.id, RunStatus::Succeeded),
+        RunEnd { ended_at: Some(b_ended), ..end(&b.id, RunStatus::Failed) },
+        end(&asked.id, RunStatus::Failed),
+    ];
     let (mut done, taken) = s.finish_and_claim(&ends, 4, ME, t + secs(1)).await.expect("finish and claim");
     done.sort();
     let mut expected = [a.id.clone(), b.id.clone()];
@@ -270,7 +276,11 @@ async fn ends_and_the_claims_that_replace_them_go_together(s: &dyn RunStore) {
         (status(s, &a.id).await, status(s, &b.id).await, status(s, &asked.id).await),
         (RunStatus::Succeeded, RunStatus::Failed, RunStatus::Cancelled)
     );
-    assert_eq!(s.steps(&b.id).await.expect("steps").iter().map(|r| r.status).collect::<Vec<_>>(), [StepStatus::Cancelled]);
+    assert_eq!(
+        s.steps(&b.id).await.expect("steps").iter().map(|r| (r.status, r.finished_at)).collect::<Vec<_>>(),
+        [(StepStatus::Cancelled, Some(b_ended))]
+    );
+    assert_eq!(s.get_run(&b.id).await.expect("get").expect("run").finished_at, Some(b_ended));
     // A queue entry per run; the cancelled run's is consumed (SQLite's apalis task) or was
     // never one (PostgreSQL's queue is the queued rows).
     assert_eq!(taken.runs.len(), 3, "the run cancelled while queued is not claimed");

@@ -127,7 +127,7 @@ pub(super) async fn close_steps<D: Dialect>(c: &mut D::Conn, ends: &[(&str, RunS
     let q = Stmt::new(
         sql!(
             D,
-            "UPDATE ll_steps SET status = j.status, finished_at = $2
+            "UPDATE ll_steps SET status = j.status, finished_at = coalesce((SELECT r.finished_at FROM ll_runs r WHERE r.id = j.id), $2)
                  FROM {rows $1 AS j(id text, status text)}
                  WHERE ll_steps.run_id = j.id AND ll_steps.status IN ({step:Running}, {step:WaitingApproval})"
         ),

@@ -106,7 +106,7 @@ fn ends_and_closed_steps() -> String {
     format!(
         "WITH ended AS ({FINISH_RUNS} RETURNING ll_runs.id, ll_runs.status, ll_runs.limit_hold, ll_runs.job, ll_runs.worker, ll_runs.finished_at,
                                                 (j.noticed AND ll_runs.outcome_seen IS NOT NULL) AS noticed),
-         closed AS (UPDATE ll_steps SET status = {closing}, finished_at = $2
+         closed AS (UPDATE ll_steps SET status = {closing}, finished_at = coalesce(e.finished_at, $2)
                     FROM ended e
                     WHERE ll_steps.run_id = e.id AND ({closing}) IS NOT NULL AND ll_steps.status IN ({{step:Running}}, {{step:WaitingApproval}})),
          noticed AS ({noticed})",
