@@ -114,7 +114,7 @@ impl Gathering {
     }
 
     /// Adds to `batch` what `rx` brings until `to_come` says no more are coming, the batch
-    /// holds [`GATHER_UP_TO`], what came is `urgent`, or the wait is over; returns at `stop`
+    /// holds [`GATHER_UP_TO`] or something `urgent`, or the wait is over; returns at `stop`
     /// too.
     async fn gather<T>(
         self,
@@ -124,7 +124,7 @@ impl Gathering {
         urgent: impl Fn(&T) -> bool,
         stop: &CancellationToken,
     ) {
-        if self.most.is_zero() {
+        if self.most.is_zero() || batch.iter().any(&urgent) {
             return;
         }
         let began = tokio::time::Instant::now();
@@ -739,11 +739,9 @@ pub(crate) async fn recorder(exec: Arc<Executor>, rx: RecorderRx, stop: Cancella
         // longer than one ([`Pace`]): a drain's write then carries the ends (and claims) of
         // every run the last one claimed, not half of them.
         let queue_may_hold = exec.queue_may_hold.load(Relaxed);
-        if batch.iter().all(|f| f.run.pools.is_empty()) {
-            let gathering = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
-            let frees_a_slot = |f: &Finished| !f.run.pools.is_empty();
-            gathering.gather(&mut rx, &mut batch, || exec.ends_to_come(queue_may_hold), frees_a_slot, &stop).await;
-        }
+        let frees_a_slot = |f: &Finished| !f.run.pools.is_empty();
+        let gathering = pace.gather(exec.env.ends.ends_gather(), queue_may_hold);
+        gathering.gather(&mut rx, &mut batch, || exec.ends_to_come(queue_may_hold), frees_a_slot, &stop).await;
         let now = exec.env.clock.now();
         for work in batch.iter().filter_map(|f| f.work) {
             pace.ended(work);

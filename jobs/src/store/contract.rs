@@ -1591,12 +1591,8 @@ async fn successes_noticed_at_their_end_move_their_job_in_the_same_write(s: &dyn
     };
     let last = |id, status| RunEnd { last: true, ..end(id, status) };
     // Ended 300 ms before the write that records it.
-    let noticed = |id, write: DateTime<Utc>| RunEnd {
-        noticed: true,
-        ended_at: Some(write - chrono::Duration::milliseconds(300)),
-        ..last(id, RunStatus::Succeeded)
-    };
     let ended = |write: DateTime<Utc>| Some(write - chrono::Duration::milliseconds(300));
+    let noticed = |id, write| RunEnd { noticed: true, ended_at: ended(write), ..last(id, RunStatus::Succeeded) };
     s.finish_many(&[last(&ids[0], RunStatus::Failed)], t + secs(10)).await.expect("end");
     assert_eq!(pass(t + secs(11)).await.runs, 1);
     assert_eq!(state().await, Some((1, None)), "one failure");
