@@ -84,29 +84,41 @@ impl<D: Dialect> Notices for D {
         let mut streaks: HashMap<String, u32> = HashMap::new();
         let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
         let mut recheck_at: Option<DateTime<Utc>> = None;
-        // Per job, the success noticed at its end this pass folds into the state.
-        let mut folded: HashMap<String, i64> = HashMap::new();
+        // Per job, the success noticed at its end this pass folds into the state, and whether
+        // it ends the streak.
+        let mut folded: HashMap<String, (i64, bool)> = HashMap::new();
         if !jobs.is_empty() {
             let q = Stmt::new(
                 // Locked (PostgreSQL): a write of the state meanwhile (a tick's, an earlier
                 // version's success noticed at its end) lands after this pass, not under it.
-                sql!(D, "SELECT job, consecutive_failures, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"),
+                sql!(
+                    D,
+                    "SELECT job, consecutive_failures, last_success_at, streak_until FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"
+                ),
                 "reading failure streaks",
             );
+            let mut counted_until: HashMap<String, i64> = HashMap::new();
             for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
                 streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
                 if let Some(at) = r.opt_int("last_success_at") {
                     last_success.insert(r.text("job"), from_ms(at));
                 }
+                if let Some(at) = r.opt_int("streak_until") {
+                    counted_until.insert(r.text("job"), at);
+                }
             }
             // Successes noticed at their end since the state last counted: each ends its job's
-            // streak, as if it had been noticed first. One noticed after this read is folded by
-            // the next pass (its end did not wait for this one).
+            // streak, as if it had been noticed first, unless a run counted already ended after
+            // it ([`ends_streak`]). One noticed after this read is folded by the next pass (its
+            // end did not wait for this one).
             for (job, at) in successes_at_end::<D>(&mut tx, Some(&jobs)).await? {
                 if last_success.get(&job).is_none_or(|known| at > *known) {
-                    streaks.insert(job.clone(), 0);
+                    let ends = ends_streak(at, counted_until.get(&job).copied());
+                    if ends {
+                        streaks.insert(job.clone(), 0);
+                    }
                     last_success.insert(job.clone(), at);
-                    folded.insert(job, ms(at));
+                    folded.insert(job, (ms(at), ends));
                 }
             }
         }
@@ -184,15 +196,16 @@ impl<D: Dialect> Notices for D {
             let q = Stmt::new(
                 sql!(
                     D,
-                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at) VALUES ($1, $2, $3)
+                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_until) VALUES ($1, $2, $3, $4)
                      ON CONFLICT (job) DO UPDATE SET
                          consecutive_failures = CASE WHEN ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
-                         last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at))"
+                         last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at)),
+                         streak_until = {greatest}(coalesce(ll_job_state.streak_until, $4), $4)"
                 ),
                 "recording a job's failure streak",
             );
-            let success = (*success).max(folded);
-            let streak = if folded.is_some_and(|f| f > *last) { 0 } else { *streak };
+            let success = (*success).max(folded.map(|(at, _)| at));
+            let streak = if folded.is_some_and(|(at, ends)| ends && at > *last) { 0 } else { *streak };
             D::execute(&mut tx, q.bind(*job).bind(i64::from(streak)).bind(success).bind(*last)).await?;
         }
         if !seen.is_empty() {
@@ -342,13 +355,17 @@ impl<D: Dialect> Notices for D {
     async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError> {
         let mut c = self.reader().await?;
         let q = Stmt::new(
-            sql!(D, "SELECT job, paused, consecutive_failures, last_success_at, last_tick FROM ll_job_state"),
+            sql!(D, "SELECT job, paused, consecutive_failures, last_success_at, streak_until, last_tick FROM ll_job_state"),
             "reading the jobs' health",
         );
+        let mut counted_until: HashMap<String, i64> = HashMap::new();
         let mut out: HashMap<String, JobHealth> = D::fetch_all(&mut c, q)
             .await?
             .iter()
             .map(|r| {
+                if let Some(at) = r.opt_int("streak_until") {
+                    counted_until.insert(r.text("job"), at);
+                }
                 let health = JobHealth {
                     paused: r.flag("paused"),
                     consecutive_failures: r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32,
@@ -360,12 +377,16 @@ impl<D: Dialect> Notices for D {
                 (r.text("job"), health)
             })
             .collect();
-        // A success noticed at its end that the state has not folded yet ends the streak.
+        // A success noticed at its end that the state has not folded yet ends the streak (as
+        // the notice pass will fold it).
         for (job, at) in successes_at_end::<D>(&mut c, None).await? {
+            let until = counted_until.get(&job).copied();
             let health = out.entry(job).or_default();
             if health.last_success.is_none_or(|known| at > known) {
                 health.last_success = Some(at);
-                health.consecutive_failures = 0;
+                if ends_streak(at, until) {
+                    health.consecutive_failures = 0;
+                }
             }
         }
         let q = Stmt::new(
@@ -501,4 +522,12 @@ async fn successes_at_end<D: Dialect>(c: &mut D::Conn, jobs: Option<&BTreeSet<&s
         }
     };
     Ok(rows.iter().map(|r| (r.text("job"), from_ms(r.int("at")))).collect())
+}
+
+/// Whether a success noticed at its end, at `at`, ends its job's failure streak, which counted
+/// runs that ended until `counted_until`: only if it ended after them. One that ended before
+/// a failure already counted (it waited longer for its write, on another worker) came before
+/// that failure: the streak it would have ended has started again since.
+fn ends_streak(at: DateTime<Utc>, counted_until: Option<i64>) -> bool {
+    counted_until.is_none_or(|until| ms(at) > until)
 }
