@@ -448,6 +448,58 @@ pub(crate) fn notify_on_outcome(kind: OutcomeKind, streak: u32, rules: &[NotifyR
     (fire, after)
 }
 
+/// A job's failure streak as the notice pass keeps it: how many failures in a row, and when
+/// the last of them ended (those within [`ENDS_RECORDED_WITHIN`] of the latest, Unix ms). A
+/// run's recorded end is its own, and its write may come up to that long after it: a success
+/// written after failures already counted may have ended before some of them, and takes back
+/// only the failures it came before.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Streak {
+    pub(crate) count: u32,
+    /// `None`: a state written before the ends were kept; a success then ends the streak.
+    pub(crate) ends: Option<Vec<i64>>,
+}
+
+impl Streak {
+    /// A failure that ended at `at` extends the streak.
+    pub(crate) fn failed(&mut self, at: i64) {
+        self.count = self.count.saturating_add(1);
+        let ends = self.ends.get_or_insert_with(Vec::new);
+        ends.push(at);
+        let latest = ends.iter().copied().max().unwrap_or(at);
+        ends.retain(|&e| e >= latest - ENDS_RECORDED_WITHIN.num_milliseconds());
+    }
+
+    /// A success that ended at `at` ends the streak, but for the failures counted that ended
+    /// after it. Failures kept ended within the bound of the latest; those before them ended
+    /// before a success inside the bound. A success older than every kept end, past the
+    /// bound, cannot tell which came first: the streak stands.
+    pub(crate) fn succeeded(&mut self, at: i64) {
+        let Some(ends) = self.ends.as_mut() else {
+            *self = Self { count: 0, ends: Some(Vec::new()) };
+            return;
+        };
+        let Some(latest) = ends.iter().copied().max() else {
+            self.count = 0;
+            return;
+        };
+        if at > latest - ENDS_RECORDED_WITHIN.num_milliseconds() {
+            ends.retain(|&e| e > at);
+            self.count = ends.len() as u32;
+        }
+    }
+
+    /// The kept ends as stored (`ll_job_state.streak_ends`, a JSON array).
+    pub(crate) fn stored_ends(&self) -> Option<String> {
+        self.ends.as_ref().map(|e| serde_json::Value::from(e.clone()).to_string())
+    }
+
+    /// A streak read back; damaged ends read as not kept.
+    pub(crate) fn from_stored(count: u32, ends: Option<&str>) -> Self {
+        Self { count, ends: ends.and_then(|e| serde_json::from_str(e).ok()) }
+    }
+}
+
 /// Whether a run's end is also its outcome's notice (the end's `noticed`, written with it): a
 /// success of a configured job (`rules`: its rules; `None` for runs that are no job's) that no
 /// rule tells of a success (`success`, `recovery`) and that no job runs after. Noticing it
@@ -583,6 +635,49 @@ mod tests {
         for &(status, rules, downstream, expected) in cases {
             assert_eq!(noticed_at_end(status, rules, downstream), expected, "{status:?} {rules:?} downstream {downstream}");
         }
+    }
+
+    /// A success recorded after failures already counted takes back only the failures that
+    /// ended after it; within the recording bound it can tell, past it the streak stands.
+    #[test]
+    fn a_late_success_takes_back_only_the_failures_it_came_before() {
+        let streak = |ends: &[i64]| {
+            let mut s = Streak::default();
+            for &e in ends {
+                s.failed(e);
+            }
+            s
+        };
+        // (failures counted, the late success's end) → the streak after it.
+        let cases: &[(&[i64], i64, u32)] = &[
+            (&[9_000, 10_000], 9_900, 1),
+            (&[9_000, 10_000], 10_001, 0),
+            (&[9_000, 10_000], 8_000, 2),
+            (&[10_000, 9_950], 9_900, 2),
+            (&[1_000, 2_000, 10_000], 9_500, 1),
+            // Past the bound of the latest: which came first is not known.
+            (&[9_000, 10_000], 8_999, 2),
+            (&[], 5_000, 0),
+        ];
+        for &(ends, at, expected) in cases {
+            let mut s = streak(ends);
+            s.succeeded(at);
+            assert_eq!(s.count, expected, "failures {ends:?}, success at {at}");
+        }
+        // Interleaved on two workers, each success written after the next failure: the
+        // streak stays one, it never grows.
+        let mut s = Streak::default();
+        for i in 0..5 {
+            s.failed(i * 1_000 + 50);
+            s.succeeded(i * 1_000);
+            assert_eq!(s.count, 1);
+        }
+        // Kept as stored; a state from before the ends were kept ends on any success.
+        assert_eq!(Streak::from_stored(2, s.stored_ends().as_deref()).ends, s.ends);
+        let mut old = Streak::from_stored(3, None);
+        old.succeeded(1);
+        assert_eq!(old.count, 0);
+        assert_eq!(Streak::from_stored(3, Some("garbage")).ends, None);
     }
 
     fn pending(upstream: &str, run: &str, ended: i64) -> PendingOutcome {

@@ -1636,30 +1636,41 @@ async fn successes_noticed_at_their_end_move_their_job_in_the_same_write(s: &dyn
     assert_eq!(state().await, Some((0, ended(t + secs(70)))));
 }
 
-/// A success noticed at its end that ended before a failure the pass already counted (it
-/// waited longer for its write, as on another worker whose ends gather) moves the job's last
-/// success and leaves its streak: by the runs' own ends, the failure came after it.
-async fn a_success_that_ended_before_a_counted_failure_leaves_the_streak(s: &dyn RunStore) {
+/// A success written after failures the pass already counted (its write waited longer, as on
+/// another worker whose ends gather) may have ended before some of them: it moves the job's
+/// last success and takes back only the failures that ended after it. A recovery does not
+/// fire for it: by the runs' own ends the job is still failing.
+async fn a_success_written_after_failures_that_ended_later_leaves_them_in_the_streak(s: &dyn RunStore) {
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
     let t = t0();
-    let ids = ticked_runs(s, "q", 4).await;
+    let ids = ticked_runs(s, "q", 6).await;
     let pass = |now| async move { s.notice(&no_rules_of_q, &no_after, false, now).await.expect("notice") };
     let state = || async { s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success)) };
     let at = |ms: i64| t + chrono::Duration::milliseconds(ms);
     let ended = |id, status, ms| RunEnd { last: true, ended_at: Some(at(ms)), ..end(id, status) };
     let noticed = |id, ms| RunEnd { noticed: true, ..ended(id, RunStatus::Succeeded, ms) };
-    s.finish_many(&[ended(&ids[0], RunStatus::Failed, 10_000)], at(10_010)).await.expect("end");
-    assert_eq!(pass(at(10_050)).await.runs, 1);
-    assert_eq!(state().await, Some((1, None)), "one failure");
+    s.finish_many(&[ended(&ids[0], RunStatus::Failed, 9_000), ended(&ids[1], RunStatus::Failed, 10_000)], at(10_010)).await.expect("end");
+    assert_eq!(pass(at(10_050)).await.runs, 2);
+    assert_eq!(state().await, Some((2, None)), "two failures");
 
-    s.finish_many(&[noticed(&ids[1], 9_900)], at(10_100)).await.expect("end");
-    assert_eq!(state().await, Some((1, Some(at(9_900)))), "the failure ended after it: the streak stands, the last success moves");
+    s.finish_many(&[noticed(&ids[2], 9_900)], at(10_100)).await.expect("end");
+    assert_eq!(state().await, Some((1, Some(at(9_900)))), "the failure that ended after it stands, the last success moves");
 
-    s.finish_many(&[ended(&ids[2], RunStatus::Failed, 11_000)], at(11_010)).await.expect("end");
+    s.finish_many(&[ended(&ids[3], RunStatus::Failed, 11_000)], at(11_010)).await.expect("end");
     assert_eq!(pass(at(11_050)).await.runs, 1);
     assert_eq!(state().await, Some((2, Some(at(9_900)))), "the pass folds it the same way, and counts on");
 
-    s.finish_many(&[noticed(&ids[3], 11_500)], at(11_600)).await.expect("end");
-    assert_eq!(state().await, Some((0, Some(at(11_500)))), "a success that ended after every counted run ends the streak");
+    // A success the pass counts itself, written after a failure that ended later.
+    let recovery = |job: &str| {
+        (job == "q").then(|| vec![NotifyRule { on: NotifyOn::Recovery, after_consecutive: 1, to: NotifyTarget::Workflow("chat".into()) }])
+    };
+    s.finish_many(&[ended(&ids[4], RunStatus::Succeeded, 10_900)], at(11_100)).await.expect("end");
+    let noticed_late = s.notice(&recovery, &no_after, false, at(11_150)).await.expect("notice");
+    assert_eq!((noticed_late.runs, noticed_late.recorded), (1, 0), "counted, and no recovery: the job is still failing");
+    assert_eq!(state().await, Some((1, Some(at(10_900)))));
+
+    s.finish_many(&[noticed(&ids[5], 11_500)], at(11_600)).await.expect("end");
+    assert_eq!(state().await, Some((0, Some(at(11_500)))), "a success that ended after every counted failure ends the streak");
     assert_eq!(pass(at(11_700)).await, super::Noticed::default(), "nothing left for a pass");
     assert_eq!(state().await, Some((0, Some(at(11_500)))));
 }
@@ -1849,7 +1860,7 @@ macro_rules! contract {
                 a_cancel_request_is_kept_with_its_running_run,
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 successes_noticed_at_their_end_move_their_job_in_the_same_write,
-                a_success_that_ended_before_a_counted_failure_leaves_the_streak,
+                a_success_written_after_failures_that_ended_later_leaves_them_in_the_streak,
                 jobs_run_after_their_upstream_jobs_once,
                 limits_admit_in_line_and_free_slots_with_their_runs,
                 limited_runs_wait_in_line_from_their_insert,

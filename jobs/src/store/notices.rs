@@ -10,11 +10,12 @@ use super::dialect::{Dialect, Record, Stmt, run_cols, run_from_row, sql};
 use super::scripts::*;
 use super::{AfterOf, Dispatch, Downstream, Ended, JobHealth, Noticed, RulesOf, StoreError, from_ms, ms, new_id};
 use crate::decide::{
-    Finality, OutcomeKind, PendingOutcome, RETRY_RECORDED_WITHIN, after_counts, fan_in, finality, notify_on_outcome, upstream_input,
-    with_upstream,
+    Finality, OutcomeKind, PendingOutcome, RETRY_RECORDED_WITHIN, Streak, after_counts, fan_in, finality, notify_on_outcome,
+    upstream_input, with_upstream,
 };
 use crate::notify::{Claimed, NewNotification, Notification, NotificationStatus, Sent};
 use crate::run::Run;
+use lamplighter_config::NotifyOn;
 
 #[async_trait]
 pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
@@ -81,51 +82,43 @@ impl<D: Dialect> Notices for D {
         // The names runs are stored under, which streaks and rules are kept by.
         let names: Vec<String> = runs.iter().map(|r| r.owner.to_string()).collect();
         let jobs: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        let mut streaks: HashMap<String, u32> = HashMap::new();
+        let mut streaks: HashMap<String, Streak> = HashMap::new();
         let mut last_success: HashMap<String, DateTime<Utc>> = HashMap::new();
         let mut recheck_at: Option<DateTime<Utc>> = None;
-        // Per job, the success noticed at its end this pass folds into the state, and whether
-        // it ends the streak.
-        let mut folded: HashMap<String, (i64, bool)> = HashMap::new();
+        // Per job, the success noticed at its end this pass folds into the state.
+        let mut folded: HashMap<String, i64> = HashMap::new();
         if !jobs.is_empty() {
             let q = Stmt::new(
                 // Locked (PostgreSQL): a write of the state meanwhile (a tick's, an earlier
                 // version's success noticed at its end) lands after this pass, not under it.
                 sql!(
                     D,
-                    "SELECT job, consecutive_failures, last_success_at, streak_until FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"
+                    "SELECT job, consecutive_failures, streak_ends, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"
                 ),
                 "reading failure streaks",
             );
-            let mut counted_until: HashMap<String, i64> = HashMap::new();
             for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
-                streaks.insert(r.text("job"), r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32);
+                streaks.insert(r.text("job"), streak_from_row(&r));
                 if let Some(at) = r.opt_int("last_success_at") {
                     last_success.insert(r.text("job"), from_ms(at));
                 }
-                if let Some(at) = r.opt_int("streak_until") {
-                    counted_until.insert(r.text("job"), at);
-                }
             }
             // Successes noticed at their end since the state last counted: each ends its job's
-            // streak, as if it had been noticed first, unless a run counted already ended after
-            // it ([`ends_streak`]). One noticed after this read is folded by the next pass (its
-            // end did not wait for this one).
+            // streak, as if it had been noticed first, but for failures counted already that
+            // ended after it ([`Streak::succeeded`]). One noticed after this read is folded by
+            // the next pass (its end did not wait for this one).
             for (job, at) in successes_at_end::<D>(&mut tx, Some(&jobs)).await? {
                 if last_success.get(&job).is_none_or(|known| at > *known) {
-                    let ends = ends_streak(at, counted_until.get(&job).copied());
-                    if ends {
-                        streaks.insert(job.clone(), 0);
-                    }
+                    streaks.entry(job.clone()).or_default().succeeded(ms(at));
                     last_success.insert(job.clone(), at);
-                    folded.insert(job, (ms(at), ends));
+                    folded.insert(job, ms(at));
                 }
             }
         }
         let mut of_job: HashMap<&str, Option<Vec<lamplighter_config::NotifyRule>>> = HashMap::new();
         let mut seen: Vec<&str> = Vec::new();
-        // Per job: the streak, the last success and the last end this pass counted.
-        let mut states: BTreeMap<&str, (u32, Option<i64>, i64)> = BTreeMap::new();
+        // Per job: the last success and the last end this pass counted.
+        let mut states: BTreeMap<&str, (Option<i64>, i64)> = BTreeMap::new();
         let mut new: Vec<NewNotification> = Vec::new();
         // Per upstream job, the jobs that run after it (asked once a pass); per downstream job,
         // the outcomes this pass found for it.
@@ -161,19 +154,29 @@ impl<D: Dialect> Notices for D {
                 }
             }
             let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
-            let before = streaks.get(job).copied().unwrap_or(0);
-            let (fire, after) = notify_on_outcome(kind, before, rules);
-            let shown = if kind == OutcomeKind::Failure { after } else { before };
+            let streak = streaks.entry(job.clone()).or_default();
+            let before = streak.count;
+            match kind {
+                OutcomeKind::Failure => streak.failed(ms(finished)),
+                OutcomeKind::Success => streak.succeeded(ms(finished)),
+                OutcomeKind::Neutral => {}
+            }
+            let (mut fire, _) = notify_on_outcome(kind, before, rules);
+            if streak.count > 0 {
+                // A success that ended before failures counted already (its write came
+                // later): the job has not recovered.
+                fire.retain(|(_, on)| *on != NotifyOn::Recovery);
+            }
+            let shown = if kind == OutcomeKind::Failure { streak.count } else { before };
             new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
-            streaks.insert(job.clone(), after);
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
             if kind == OutcomeKind::Success {
                 // Never back: a success folded in above may be the later one.
                 let known = last_success.entry(job.clone()).or_insert(finished);
                 *known = (*known).max(finished);
             }
-            let state = states.entry(job.as_str()).or_insert((after, None, ms(finished)));
-            *state = (after, success.or(state.1), state.2.max(ms(finished)));
+            let state = states.entry(job.as_str()).or_insert((None, ms(finished)));
+            *state = (success.or(state.0), state.1.max(ms(finished)));
         }
         if waits {
             new.extend(waiting_notifications::<D>(&mut tx, rules).await?);
@@ -188,25 +191,25 @@ impl<D: Dialect> Notices for D {
         for n in &new {
             recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
-        for (job, (streak, success, last)) in &states {
-            // A success noticed at its end after every run counted here ends the streak, folded
-            // in here, or (written to the state by an earlier version, after this pass read it)
-            // kept there. The last success never moves back.
-            let folded = folded.get(*job).copied();
+        for (job, (success, last)) in &states {
+            // The streak as counted here, a success noticed at its end folded in; or, if an
+            // earlier version wrote a later success to the state after this pass read it, the
+            // state's (its failures' ends unknown). The last success never moves back.
+            let streak = streaks.get(*job).cloned().unwrap_or_default();
             let q = Stmt::new(
                 sql!(
                     D,
-                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_until) VALUES ($1, $2, $3, $4)
+                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_ends) VALUES ($1, $2, $3, $5)
                      ON CONFLICT (job) DO UPDATE SET
                          consecutive_failures = CASE WHEN ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
-                         last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at)),
-                         streak_until = {greatest}(coalesce(ll_job_state.streak_until, $4), $4)"
+                         streak_ends = CASE WHEN ll_job_state.last_success_at > $4 THEN NULL ELSE $5 END,
+                         last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at))"
                 ),
                 "recording a job's failure streak",
             );
-            let success = (*success).max(folded.map(|(at, _)| at));
-            let streak = if folded.is_some_and(|(at, ends)| ends && at > *last) { 0 } else { *streak };
-            D::execute(&mut tx, q.bind(*job).bind(i64::from(streak)).bind(success).bind(*last)).await?;
+            let success = (*success).max(folded.get(*job).copied());
+            let q = q.bind(*job).bind(i64::from(streak.count)).bind(success).bind(*last).bind(streak.stored_ends());
+            D::execute(&mut tx, q).await?;
         }
         if !seen.is_empty() {
             let q = Stmt::new(sql!(D, "UPDATE ll_runs SET outcome_seen = 1 WHERE id {in $1}"), "marking runs noticed");
@@ -355,17 +358,15 @@ impl<D: Dialect> Notices for D {
     async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError> {
         let mut c = self.reader().await?;
         let q = Stmt::new(
-            sql!(D, "SELECT job, paused, consecutive_failures, last_success_at, streak_until, last_tick FROM ll_job_state"),
+            sql!(D, "SELECT job, paused, consecutive_failures, streak_ends, last_success_at, last_tick FROM ll_job_state"),
             "reading the jobs' health",
         );
-        let mut counted_until: HashMap<String, i64> = HashMap::new();
+        let mut streaks: HashMap<String, Streak> = HashMap::new();
         let mut out: HashMap<String, JobHealth> = D::fetch_all(&mut c, q)
             .await?
             .iter()
             .map(|r| {
-                if let Some(at) = r.opt_int("streak_until") {
-                    counted_until.insert(r.text("job"), at);
-                }
+                streaks.insert(r.text("job"), streak_from_row(r));
                 let health = JobHealth {
                     paused: r.flag("paused"),
                     consecutive_failures: r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32,
@@ -380,13 +381,12 @@ impl<D: Dialect> Notices for D {
         // A success noticed at its end that the state has not folded yet ends the streak (as
         // the notice pass will fold it).
         for (job, at) in successes_at_end::<D>(&mut c, None).await? {
-            let until = counted_until.get(&job).copied();
+            let mut streak = streaks.remove(&job).unwrap_or_default();
             let health = out.entry(job).or_default();
             if health.last_success.is_none_or(|known| at > known) {
                 health.last_success = Some(at);
-                if ends_streak(at, until) {
-                    health.consecutive_failures = 0;
-                }
+                streak.succeeded(ms(at));
+                health.consecutive_failures = streak.count;
             }
         }
         let q = Stmt::new(
@@ -524,10 +524,7 @@ async fn successes_at_end<D: Dialect>(c: &mut D::Conn, jobs: Option<&BTreeSet<&s
     Ok(rows.iter().map(|r| (r.text("job"), from_ms(r.int("at")))).collect())
 }
 
-/// Whether a success noticed at its end, at `at`, ends its job's failure streak, which counted
-/// runs that ended until `counted_until`: only if it ended after them. One that ended before
-/// a failure already counted (it waited longer for its write, on another worker) came before
-/// that failure: the streak it would have ended has started again since.
-fn ends_streak(at: DateTime<Utc>, counted_until: Option<i64>) -> bool {
-    counted_until.is_none_or(|until| ms(at) > until)
+/// A job's failure streak as `ll_job_state` keeps it.
+fn streak_from_row(r: &impl Record) -> Streak {
+    Streak::from_stored(r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32, r.opt_text("streak_ends").as_deref())
 }
