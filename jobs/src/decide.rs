@@ -483,9 +483,11 @@ impl Streak {
             self.count = 0;
             return;
         };
-        if at > latest - ENDS_RECORDED_WITHIN.num_milliseconds() {
+        if at >= latest - ENDS_RECORDED_WITHIN.num_milliseconds() {
             ends.retain(|&e| e > at);
-            self.count = ends.len() as u32;
+            // Never more than it was: a count and ends that disagree (a state an earlier
+            // version wrote) are taken the lower.
+            self.count = self.count.min(ends.len() as u32);
         }
     }
 
@@ -637,10 +639,10 @@ mod tests {
         }
     }
 
-    /// A success recorded after failures already counted takes back only the failures that
-    /// ended after it; within the recording bound it can tell, past it the streak stands.
+    /// A success recorded after failures already counted leaves in the streak only the failures
+    /// that ended after it; within the recording bound it can tell, past it the streak stands.
     #[test]
-    fn a_late_success_takes_back_only_the_failures_it_came_before() {
+    fn a_late_success_leaves_only_the_failures_that_ended_after_it() {
         let streak = |ends: &[i64]| {
             let mut s = Streak::default();
             for &e in ends {
@@ -652,18 +654,25 @@ mod tests {
         let cases: &[(&[i64], i64, u32)] = &[
             (&[9_000, 10_000], 9_900, 1),
             (&[9_000, 10_000], 10_001, 0),
-            (&[9_000, 10_000], 8_000, 2),
             (&[10_000, 9_950], 9_900, 2),
             (&[1_000, 2_000, 10_000], 9_500, 1),
+            // At the bound: every failure kept ended after it, every other before it.
+            (&[8_500, 10_000], 9_000, 1),
             // Past the bound of the latest: which came first is not known.
             (&[9_000, 10_000], 8_999, 2),
+            (&[9_000, 10_000], 8_000, 2),
             (&[], 5_000, 0),
         ];
         for &(ends, at, expected) in cases {
             let mut s = streak(ends);
             s.succeeded(at);
             assert_eq!(s.count, expected, "failures {ends:?}, success at {at}");
+            assert!(s.ends.iter().flatten().all(|&e| e > at || expected == ends.len() as u32), "{ends:?} at {at}: {s:?}");
         }
+        // Ends an earlier version left behind a count it reset: a success never raises it.
+        let mut s = Streak::from_stored(0, Some("[10500]"));
+        s.succeeded(10_200);
+        assert_eq!(s.count, 0);
         // Interleaved on two workers, each success written after the next failure: the
         // streak stays one, it never grows.
         let mut s = Streak::default();

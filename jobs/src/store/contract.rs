@@ -1638,12 +1638,12 @@ async fn successes_noticed_at_their_end_move_their_job_in_the_same_write(s: &dyn
 
 /// A success written after failures the pass already counted (its write waited longer, as on
 /// another worker whose ends gather) may have ended before some of them: it moves the job's
-/// last success and takes back only the failures that ended after it. A recovery does not
-/// fire for it: by the runs' own ends the job is still failing.
+/// last success and leaves in the streak only the failures that ended after it. A recovery
+/// does not fire for it: by the runs' own ends the job is still failing.
 async fn a_success_written_after_failures_that_ended_later_leaves_them_in_the_streak(s: &dyn RunStore) {
     use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
     let t = t0();
-    let ids = ticked_runs(s, "q", 6).await;
+    let ids = ticked_runs(s, "q", 8).await;
     let pass = |now| async move { s.notice(&no_rules_of_q, &no_after, false, now).await.expect("notice") };
     let state = || async { s.job_health().await.expect("health").remove("q").map(|h| (h.consecutive_failures, h.last_success)) };
     let at = |ms: i64| t + chrono::Duration::milliseconds(ms);
@@ -1669,7 +1669,14 @@ async fn a_success_written_after_failures_that_ended_later_leaves_them_in_the_st
     assert_eq!((noticed_late.runs, noticed_late.recorded), (1, 0), "counted, and no recovery: the job is still failing");
     assert_eq!(state().await, Some((1, Some(at(10_900)))));
 
-    s.finish_many(&[noticed(&ids[5], 11_500)], at(11_600)).await.expect("end");
+    // A pass that counts only what ended before the last success (a failure it supersedes)
+    // keeps the failures' ends: a success after it still leaves the failure at 11 s.
+    s.finish_many(&[ended(&ids[5], RunStatus::Failed, 10_850)], at(11_200)).await.expect("end");
+    assert_eq!(pass(at(11_250)).await.runs, 1);
+    s.finish_many(&[noticed(&ids[6], 10_950)], at(11_300)).await.expect("end");
+    assert_eq!(state().await, Some((1, Some(at(10_950)))), "the failure at 11 s still stands");
+
+    s.finish_many(&[noticed(&ids[7], 11_500)], at(11_600)).await.expect("end");
     assert_eq!(state().await, Some((0, Some(at(11_500)))), "a success that ended after every counted failure ends the streak");
     assert_eq!(pass(at(11_700)).await, super::Noticed::default(), "nothing left for a pass");
     assert_eq!(state().await, Some((0, Some(at(11_500)))));

@@ -87,6 +87,8 @@ impl<D: Dialect> Notices for D {
         let mut recheck_at: Option<DateTime<Utc>> = None;
         // Per job, the success noticed at its end this pass folds into the state.
         let mut folded: HashMap<String, i64> = HashMap::new();
+        // The jobs whose state row this pass read (and holds: nothing changes it under the pass).
+        let mut read: HashSet<String> = HashSet::new();
         if !jobs.is_empty() {
             let q = Stmt::new(
                 // Locked (PostgreSQL): a write of the state meanwhile (a tick's, an earlier
@@ -98,6 +100,7 @@ impl<D: Dialect> Notices for D {
                 "reading failure streaks",
             );
             for r in D::fetch_all(&mut tx, q.bind_list(jobs.iter().copied())).await? {
+                read.insert(r.text("job"));
                 streaks.insert(r.text("job"), streak_from_row(&r));
                 if let Some(at) = r.opt_int("last_success_at") {
                     last_success.insert(r.text("job"), from_ms(at));
@@ -192,23 +195,25 @@ impl<D: Dialect> Notices for D {
             recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
         for (job, (success, last)) in &states {
-            // The streak as counted here, a success noticed at its end folded in; or, if an
-            // earlier version wrote a later success to the state after this pass read it, the
-            // state's (its failures' ends unknown). The last success never moves back.
+            // The streak as counted here, a success noticed at its end folded in; or, for a job
+            // that had no state when this pass read it, if an earlier version has since written
+            // a later success there, the state's (its failures' ends unknown). A row the pass
+            // read is held: the pass's count stands. The last success never moves back.
             let streak = streaks.get(*job).cloned().unwrap_or_default();
             let q = Stmt::new(
                 sql!(
                     D,
                     "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_ends) VALUES ($1, $2, $3, $5)
                      ON CONFLICT (job) DO UPDATE SET
-                         consecutive_failures = CASE WHEN ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
-                         streak_ends = CASE WHEN ll_job_state.last_success_at > $4 THEN NULL ELSE $5 END,
+                         consecutive_failures = CASE WHEN $6 AND ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
+                         streak_ends = CASE WHEN $6 AND ll_job_state.last_success_at > $4 THEN NULL ELSE $5 END,
                          last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at))"
                 ),
                 "recording a job's failure streak",
             );
             let success = (*success).max(folded.get(*job).copied());
-            let q = q.bind(*job).bind(i64::from(streak.count)).bind(success).bind(*last).bind(streak.stored_ends());
+            let unread = !read.contains(*job);
+            let q = q.bind(*job).bind(i64::from(streak.count)).bind(success).bind(*last).bind(streak.stored_ends()).bind(unread);
             D::execute(&mut tx, q).await?;
         }
         if !seen.is_empty() {
