@@ -424,28 +424,30 @@ pub(crate) fn with_upstream(input: Option<serde_json::Value>, upstream: serde_js
     }
 }
 
-/// What a final outcome does, given the job's failure streak before it and its `notify:` rules:
-/// the rules that fire (by index, with the event each stands for) and the streak after.
-/// `failure` fires from the Nth failure in a row on; `recovery` on the first success after at
-/// least N failures; `success` on every success.
-pub(crate) fn notify_on_outcome(kind: OutcomeKind, streak: u32, rules: &[NotifyRule]) -> (Vec<(usize, NotifyOn)>, u32) {
-    let after = match kind {
-        OutcomeKind::Success => 0,
-        OutcomeKind::Failure => streak.saturating_add(1),
-        OutcomeKind::Neutral => return (Vec::new(), streak),
-    };
-    let fire = rules
+/// What a final outcome that ended at `ended` (Unix ms) does, given its job's failure streak
+/// and `notify:` rules: moves the streak ([`Streak`]) and answers the rules that fire (by
+/// index, with the event each stands for). `failure` fires from the Nth failure in a row on;
+/// `recovery` on a success that ends a streak of at least N (not on one that ended before
+/// failures already counted, which stand after it); `success` on every success.
+pub(crate) fn notify_on_outcome(kind: OutcomeKind, ended: i64, streak: &mut Streak, rules: &[NotifyRule]) -> Vec<(usize, NotifyOn)> {
+    let before = streak.count;
+    match kind {
+        OutcomeKind::Success => streak.succeeded(ended),
+        OutcomeKind::Failure => streak.failed(ended),
+        OutcomeKind::Neutral => return Vec::new(),
+    }
+    let after = streak.count;
+    rules
         .iter()
         .enumerate()
         .filter(|(_, r)| match (kind, r.on) {
             (OutcomeKind::Failure, NotifyOn::Failure) => after >= r.after_consecutive,
             (OutcomeKind::Success, NotifyOn::Success) => true,
-            (OutcomeKind::Success, NotifyOn::Recovery) => streak >= r.after_consecutive,
+            (OutcomeKind::Success, NotifyOn::Recovery) => after == 0 && before >= r.after_consecutive,
             _ => false,
         })
         .map(|(i, r)| (i, r.on))
-        .collect();
-    (fire, after)
+        .collect()
 }
 
 /// A job's failure streak as the notice pass keeps it: how many failures in a row, and when
@@ -493,7 +495,7 @@ impl Streak {
 
     /// The kept ends as stored (`ll_job_state.streak_ends`, a JSON array).
     pub(crate) fn stored_ends(&self) -> Option<String> {
-        self.ends.as_ref().map(|e| serde_json::Value::from(e.clone()).to_string())
+        self.ends.as_ref().and_then(|e| serde_json::to_string(e).ok())
     }
 
     /// A streak read back; damaged ends read as not kept.
@@ -832,8 +834,9 @@ mod tests {
             (K::Neutral, 3, vec![], 3),
         ];
         for (kind, streak, fired, after) in cases {
-            let (got, n) = notify_on_outcome(kind, streak, &rules);
-            assert_eq!((got.into_iter().map(|(i, _)| i).collect::<Vec<_>>(), n), (fired, after), "{kind:?} after {streak}");
+            let mut s = Streak { count: streak, ends: None };
+            let got = notify_on_outcome(kind, 0, &mut s, &rules);
+            assert_eq!((got.into_iter().map(|(i, _)| i).collect::<Vec<_>>(), s.count), (fired, after), "{kind:?} after {streak}");
         }
         let waits = [rule(N::ApprovalWaiting, 1), rule(N::BudgetAsked, 1)];
         assert_eq!(notify_on_wait("review", &waits), vec![(0, N::ApprovalWaiting)]);

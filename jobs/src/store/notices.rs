@@ -15,7 +15,6 @@ use crate::decide::{
 };
 use crate::notify::{Claimed, NewNotification, Notification, NotificationStatus, Sent};
 use crate::run::Run;
-use lamplighter_config::NotifyOn;
 
 #[async_trait]
 pub(crate) trait Notices: Send + Sync + std::fmt::Debug {
@@ -159,17 +158,7 @@ impl<D: Dialect> Notices for D {
             let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
             let streak = streaks.entry(job.clone()).or_default();
             let before = streak.count;
-            match kind {
-                OutcomeKind::Failure => streak.failed(ms(finished)),
-                OutcomeKind::Success => streak.succeeded(ms(finished)),
-                OutcomeKind::Neutral => {}
-            }
-            let (mut fire, _) = notify_on_outcome(kind, before, rules);
-            if streak.count > 0 {
-                // A success that ended before failures counted already (its write came
-                // later): the job has not recovered.
-                fire.retain(|(_, on)| *on != NotifyOn::Recovery);
-            }
+            let fire = notify_on_outcome(kind, ms(finished), streak, rules);
             let shown = if kind == OutcomeKind::Failure { streak.count } else { before };
             new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
