@@ -426,46 +426,66 @@ pub(crate) fn with_upstream(input: Option<serde_json::Value>, upstream: serde_js
 
 /// What a final outcome that ended at `ended` (Unix ms) does, given its job's failure streak
 /// and `notify:` rules: moves the streak ([`Streak`]) and answers the rules that fire (by
-/// index, with the event each stands for). `failure` fires from the Nth failure in a row on;
-/// `recovery` on a success that ends a streak of at least N (not on one that ended before
-/// failures already counted, which stand after it); `success` on every success.
-pub(crate) fn notify_on_outcome(kind: OutcomeKind, ended: i64, streak: &mut Streak, rules: &[NotifyRule]) -> Vec<(usize, NotifyOn)> {
-    let before = streak.count;
+/// index, with the event each stands for) and the count the event reports. `failure` fires
+/// from the Nth failure in a row on; `recovery` on a success that ends a streak that reached
+/// at least N (not on one that ended before failures already counted, which stand after it);
+/// `success` on every success.
+pub(crate) fn notify_on_outcome(kind: OutcomeKind, ended: i64, streak: &mut Streak, rules: &[NotifyRule]) -> Fired {
+    let peak = streak.peak.max(streak.count);
     match kind {
         OutcomeKind::Success => streak.succeeded(ended),
         OutcomeKind::Failure => streak.failed(ended),
-        OutcomeKind::Neutral => return Vec::new(),
+        OutcomeKind::Neutral => return Fired::default(),
     }
     let after = streak.count;
-    rules
+    let rules = rules
         .iter()
         .enumerate()
         .filter(|(_, r)| match (kind, r.on) {
             (OutcomeKind::Failure, NotifyOn::Failure) => after >= r.after_consecutive,
             (OutcomeKind::Success, NotifyOn::Success) => true,
-            (OutcomeKind::Success, NotifyOn::Recovery) => after == 0 && before >= r.after_consecutive,
+            (OutcomeKind::Success, NotifyOn::Recovery) => after == 0 && peak >= r.after_consecutive,
             _ => false,
         })
         .map(|(i, r)| (i, r.on))
-        .collect()
+        .collect();
+    // A failure reports the streak it is part of; a success that ends one, the streak it
+    // ended (as high as it went); one that leaves failures standing, those.
+    let failures = match kind {
+        OutcomeKind::Success if after == 0 => peak,
+        _ => after,
+    };
+    Fired { rules, failures }
+}
+
+/// The rules an outcome fires ([`notify_on_outcome`]) and the failures in a row its events
+/// report (`consecutive_failures`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fired {
+    pub(crate) rules: Vec<(usize, NotifyOn)>,
+    pub(crate) failures: u32,
 }
 
 /// A job's failure streak as the notice pass keeps it: how many failures in a row, and when
 /// the last of them ended (those within [`ENDS_RECORDED_WITHIN`] of the latest, Unix ms). A
 /// run's recorded end is its own, and its write may come up to that long after it: a success
 /// written after failures already counted may have ended before some of them, and takes back
-/// only the failures it came before.
+/// only the failures it came before. The streak's peak is kept until it ends, so that the
+/// success that ends it answers an alert sent at a count a late success took back.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Streak {
     pub(crate) count: u32,
     /// `None`: a state written before the ends were kept; a success then ends the streak.
     pub(crate) ends: Option<Vec<i64>>,
+    /// The highest count since the streak was last 0 (never below `count`).
+    pub(crate) peak: u32,
 }
 
 impl Streak {
     /// A failure that ended at `at` extends the streak.
     pub(crate) fn failed(&mut self, at: i64) {
         self.count = self.count.saturating_add(1);
+        self.peak = self.peak.max(self.count);
         let ends = self.ends.get_or_insert_with(Vec::new);
         ends.push(at);
         let latest = ends.iter().copied().max().unwrap_or(at);
@@ -478,18 +498,21 @@ impl Streak {
     /// bound, cannot tell which came first: the streak stands.
     pub(crate) fn succeeded(&mut self, at: i64) {
         let Some(ends) = self.ends.as_mut() else {
-            *self = Self { count: 0, ends: Some(Vec::new()) };
+            *self = Self { count: 0, ends: Some(Vec::new()), peak: 0 };
             return;
         };
-        let Some(latest) = ends.iter().copied().max() else {
-            self.count = 0;
-            return;
-        };
-        if at >= latest - ENDS_RECORDED_WITHIN.num_milliseconds() {
-            ends.retain(|&e| e > at);
-            // Never more than it was: a count and ends that disagree (a state an earlier
-            // version wrote) are taken the lower.
-            self.count = self.count.min(ends.len() as u32);
+        match ends.iter().copied().max() {
+            None => self.count = 0,
+            Some(latest) if at >= latest - ENDS_RECORDED_WITHIN.num_milliseconds() => {
+                ends.retain(|&e| e > at);
+                // Never more than it was: a count and ends that disagree (a state an earlier
+                // version wrote) are taken the lower.
+                self.count = self.count.min(ends.len() as u32);
+            }
+            Some(_) => {}
+        }
+        if self.count == 0 {
+            self.peak = 0;
         }
     }
 
@@ -498,9 +521,10 @@ impl Streak {
         self.ends.as_ref().and_then(|e| serde_json::to_string(e).ok())
     }
 
-    /// A streak read back; damaged ends read as not kept.
-    pub(crate) fn from_stored(count: u32, ends: Option<&str>) -> Self {
-        Self { count, ends: ends.and_then(|e| serde_json::from_str(e).ok()) }
+    /// A streak read back; damaged ends read as not kept, a peak not kept (a state written
+    /// before it was) as the count.
+    pub(crate) fn from_stored(count: u32, ends: Option<&str>, peak: Option<u32>) -> Self {
+        Self { count, ends: ends.and_then(|e| serde_json::from_str(e).ok()), peak: peak.unwrap_or(count).max(count) }
     }
 }
 
@@ -672,7 +696,7 @@ mod tests {
             assert!(s.ends.iter().flatten().all(|&e| e > at || expected == ends.len() as u32), "{ends:?} at {at}: {s:?}");
         }
         // Ends an earlier version left behind a count it reset: a success never raises it.
-        let mut s = Streak::from_stored(0, Some("[10500]"));
+        let mut s = Streak::from_stored(0, Some("[10500]"), None);
         s.succeeded(10_200);
         assert_eq!(s.count, 0);
         // Interleaved on two workers, each success written after the next failure: the
@@ -684,11 +708,44 @@ mod tests {
             assert_eq!(s.count, 1);
         }
         // Kept as stored; a state from before the ends were kept ends on any success.
-        assert_eq!(Streak::from_stored(2, s.stored_ends().as_deref()).ends, s.ends);
-        let mut old = Streak::from_stored(3, None);
+        assert_eq!(Streak::from_stored(2, s.stored_ends().as_deref(), Some(2)).ends, s.ends);
+        let mut old = Streak::from_stored(3, None, None);
+        assert_eq!(old.peak, 3, "a peak not kept is the count");
         old.succeeded(1);
-        assert_eq!(old.count, 0);
-        assert_eq!(Streak::from_stored(3, Some("garbage")).ends, None);
+        assert_eq!((old.count, old.peak), (0, 0));
+        assert_eq!(Streak::from_stored(3, Some("garbage"), Some(1)).ends, None);
+        assert_eq!(Streak::from_stored(3, None, Some(1)).peak, 3, "never below the count");
+    }
+
+    /// An alert sent at the Nth failure, which a late success then took back (by the runs' own
+    /// ends the streak never reached N), is answered by the success that ends the streak: the
+    /// peak is kept until then, and the recovery reports it.
+    #[test]
+    fn the_success_that_ends_a_streak_answers_an_alert_a_late_success_took_back() {
+        use NotifyOn as N;
+        let rules = [rule(N::Failure, 3), rule(N::Recovery, 3), rule(N::Success, 1)];
+        let mut s = Streak::default();
+        let fired = |s: &mut Streak, kind, at| notify_on_outcome(kind, at, s, &rules);
+        assert!(fired(&mut s, OutcomeKind::Failure, 10_000).rules.is_empty());
+        assert!(fired(&mut s, OutcomeKind::Failure, 10_400).rules.is_empty());
+        assert_eq!(fired(&mut s, OutcomeKind::Failure, 10_800), Fired { rules: vec![(0, N::Failure)], failures: 3 });
+        // Ended between the second and the third, written after the third: no recovery, the
+        // third failure stands, and the success reports it.
+        assert_eq!(fired(&mut s, OutcomeKind::Success, 10_600), Fired { rules: vec![(2, N::Success)], failures: 1 });
+        assert_eq!((s.count, s.peak), (1, 3));
+        // Kept as stored.
+        let mut s = Streak::from_stored(s.count, s.stored_ends().as_deref(), Some(s.peak));
+        assert!(fired(&mut s, OutcomeKind::Failure, 11_000).rules.is_empty(), "two in a row by their ends");
+        assert_eq!(
+            fired(&mut s, OutcomeKind::Success, 12_000),
+            Fired { rules: vec![(1, N::Recovery), (2, N::Success)], failures: 3 },
+            "the alert sent at three is answered"
+        );
+        assert_eq!((s.count, s.peak), (0, 0));
+        // A streak that ends below the alert's count never sent it: no recovery.
+        fired(&mut s, OutcomeKind::Failure, 13_000);
+        fired(&mut s, OutcomeKind::Failure, 14_000);
+        assert_eq!(fired(&mut s, OutcomeKind::Success, 15_000), Fired { rules: vec![(2, N::Success)], failures: 2 });
     }
 
     fn pending(upstream: &str, run: &str, ended: i64) -> PendingOutcome {
@@ -834,9 +891,9 @@ mod tests {
             (K::Neutral, 3, vec![], 3),
         ];
         for (kind, streak, fired, after) in cases {
-            let mut s = Streak { count: streak, ends: None };
+            let mut s = Streak { count: streak, ends: None, peak: streak };
             let got = notify_on_outcome(kind, 0, &mut s, &rules);
-            assert_eq!((got.into_iter().map(|(i, _)| i).collect::<Vec<_>>(), s.count), (fired, after), "{kind:?} after {streak}");
+            assert_eq!((got.rules.into_iter().map(|(i, _)| i).collect::<Vec<_>>(), s.count), (fired, after), "{kind:?} after {streak}");
         }
         let waits = [rule(N::ApprovalWaiting, 1), rule(N::BudgetAsked, 1)];
         assert_eq!(notify_on_wait("review", &waits), vec![(0, N::ApprovalWaiting)]);

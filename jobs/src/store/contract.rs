@@ -1682,6 +1682,45 @@ async fn a_success_written_after_failures_that_ended_later_leaves_them_in_the_st
     assert_eq!(state().await, Some((0, Some(at(11_500)))));
 }
 
+/// An alert sent at the third failure, which a late success then took back (by the runs' own
+/// ends only the last failure followed it), is answered by the success that ends the streak:
+/// the streak's peak is kept with it between passes, and the recovery reports it.
+async fn the_success_that_ends_a_streak_answers_an_alert_a_late_success_took_back(s: &dyn RunStore) {
+    use crate::notify::Sent;
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    let rules = |job: &str| {
+        (job == "q").then(|| {
+            vec![
+                NotifyRule { on: NotifyOn::Failure, after_consecutive: 3, to: NotifyTarget::Workflow("pager".into()) },
+                NotifyRule { on: NotifyOn::Recovery, after_consecutive: 3, to: NotifyTarget::Workflow("chat".into()) },
+            ]
+        })
+    };
+    let t = t0();
+    let ids = ticked_runs(s, "q", 6).await;
+    let at = |ms: i64| t + chrono::Duration::milliseconds(ms);
+    let ended = |id, status, ms| RunEnd { last: true, ended_at: Some(at(ms)), ..end(id, status) };
+    let pass = |now| async move { s.notice(&rules, &no_after, false, now).await.expect("notice").recorded };
+    let failures = [ended(&ids[0], RunStatus::Failed, 9_000), ended(&ids[1], RunStatus::Failed, 9_400)];
+    s.finish_many(&failures, at(9_410)).await.expect("end");
+    s.finish_many(&[ended(&ids[2], RunStatus::Failed, 9_800)], at(9_810)).await.expect("end");
+    assert_eq!(pass(at(9_850)).await, 1, "three in a row: the alert");
+    s.finish_many(&[ended(&ids[3], RunStatus::Succeeded, 9_600)], at(10_000)).await.expect("end");
+    assert_eq!(pass(at(10_050)).await, 0, "ended before the third failure: no recovery");
+    s.finish_many(&[ended(&ids[4], RunStatus::Failed, 10_500)], at(10_510)).await.expect("end");
+    assert_eq!(pass(at(10_550)).await, 0, "two in a row by their ends: no second alert");
+    s.finish_many(&[ended(&ids[5], RunStatus::Succeeded, 11_000)], at(11_010)).await.expect("end");
+    assert_eq!(pass(at(11_050)).await, 1, "the success that ends the streak answers the alert");
+    let hold = Duration::from_secs(60);
+    let alert = s.claim_notifications(ME, 10, hold, at(11_100)).await.expect("claim");
+    assert_eq!((alert.len(), alert[0].event.as_str(), &alert[0].payload["consecutive_failures"]), (1, "failure", &serde_json::json!(3)));
+    s.notification_sent(&alert[0].key, ME, &Sent::Delivered("run r1".into()), at(11_100)).await.expect("sent");
+    let answer = s.claim_notifications(ME, 10, hold, at(11_200)).await.expect("claim");
+    assert_eq!(answer.len(), 1, "{answer:?}");
+    assert_eq!((answer[0].event.as_str(), answer[0].payload["run_id"].as_str()), ("recovery", Some(ids[5].as_str())));
+    assert_eq!(answer[0].payload["consecutive_failures"], 3, "the recovery reports the streak the alert told of");
+}
+
 /// A job's failure sent to one target goes before its recovery sent to another; once the
 /// failure was tried, a retry it waits for holds back only its own target.
 async fn a_jobs_notifications_go_out_in_order_across_targets(s: &dyn RunStore) {
@@ -1868,6 +1907,7 @@ macro_rules! contract {
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 successes_noticed_at_their_end_move_their_job_in_the_same_write,
                 a_success_written_after_failures_that_ended_later_leaves_them_in_the_streak,
+                the_success_that_ends_a_streak_answers_an_alert_a_late_success_took_back,
                 jobs_run_after_their_upstream_jobs_once,
                 limits_admit_in_line_and_free_slots_with_their_runs,
                 limited_runs_wait_in_line_from_their_insert,

@@ -94,7 +94,7 @@ impl<D: Dialect> Notices for D {
                 // version's success noticed at its end) lands after this pass, not under it.
                 sql!(
                     D,
-                    "SELECT job, consecutive_failures, streak_ends, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"
+                    "SELECT job, consecutive_failures, streak_ends, streak_peak, last_success_at FROM ll_job_state WHERE job {in $1} ORDER BY job {lock}"
                 ),
                 "reading failure streaks",
             );
@@ -157,10 +157,8 @@ impl<D: Dialect> Notices for D {
             }
             let Some(rules) = of_job.entry(job.as_str()).or_insert_with(|| rules(job)) else { continue };
             let streak = streaks.entry(job.clone()).or_default();
-            let before = streak.count;
-            let fire = notify_on_outcome(kind, ms(finished), streak, rules);
-            let shown = if kind == OutcomeKind::Failure { streak.count } else { before };
-            new.extend(fire.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, shown)));
+            let fired = notify_on_outcome(kind, ms(finished), streak, rules);
+            new.extend(fired.rules.into_iter().map(|(i, on)| notification(run, on, None, i, &rules[i].to, fired.failures)));
             let success = (kind == OutcomeKind::Success).then(|| ms(finished));
             if kind == OutcomeKind::Success {
                 // Never back: a success folded in above may be the later one.
@@ -192,17 +190,25 @@ impl<D: Dialect> Notices for D {
             let q = Stmt::new(
                 sql!(
                     D,
-                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_ends) VALUES ($1, $2, $3, $5)
+                    "INSERT INTO ll_job_state (job, consecutive_failures, last_success_at, streak_ends, streak_peak) VALUES ($1, $2, $3, $5, $7)
                      ON CONFLICT (job) DO UPDATE SET
                          consecutive_failures = CASE WHEN $6 AND ll_job_state.last_success_at > $4 THEN ll_job_state.consecutive_failures ELSE $2 END,
                          streak_ends = CASE WHEN $6 AND ll_job_state.last_success_at > $4 THEN NULL ELSE $5 END,
+                         streak_peak = CASE WHEN $6 AND ll_job_state.last_success_at > $4 THEN NULL ELSE $7 END,
                          last_success_at = {greatest}(coalesce(ll_job_state.last_success_at, $3), coalesce($3, ll_job_state.last_success_at))"
                 ),
                 "recording a job's failure streak",
             );
             let success = (*success).max(folded.get(*job).copied());
             let unread = !read.contains(*job);
-            let q = q.bind(*job).bind(i64::from(streak.count)).bind(success).bind(*last).bind(streak.stored_ends()).bind(unread);
+            let q = q
+                .bind(*job)
+                .bind(i64::from(streak.count))
+                .bind(success)
+                .bind(*last)
+                .bind(streak.stored_ends())
+                .bind(unread)
+                .bind(i64::from(streak.peak));
             D::execute(&mut tx, q).await?;
         }
         if !seen.is_empty() {
@@ -352,7 +358,7 @@ impl<D: Dialect> Notices for D {
     async fn job_health(&self) -> Result<HashMap<String, JobHealth>, StoreError> {
         let mut c = self.reader().await?;
         let q = Stmt::new(
-            sql!(D, "SELECT job, paused, consecutive_failures, streak_ends, last_success_at, last_tick FROM ll_job_state"),
+            sql!(D, "SELECT job, paused, consecutive_failures, streak_ends, streak_peak, last_success_at, last_tick FROM ll_job_state"),
             "reading the jobs' health",
         );
         let mut streaks: HashMap<String, Streak> = HashMap::new();
@@ -520,5 +526,6 @@ async fn successes_at_end<D: Dialect>(c: &mut D::Conn, jobs: Option<&BTreeSet<&s
 
 /// A job's failure streak as `ll_job_state` keeps it.
 fn streak_from_row(r: &impl Record) -> Streak {
-    Streak::from_stored(r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32, r.opt_text("streak_ends").as_deref())
+    let count = |n: i64| n.clamp(0, i64::from(u32::MAX)) as u32;
+    Streak::from_stored(count(r.int("consecutive_failures")), r.opt_text("streak_ends").as_deref(), r.opt_int("streak_peak").map(count))
 }
