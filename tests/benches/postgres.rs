@@ -28,6 +28,12 @@
 //! - drain `--schema-b 'SQL; …' [--workers N]`: a schema change tried on the same binary, the
 //!   drain alone three times as migrated (a) and with the statements applied after the
 //!   migrations (b), alternated.
+//! - floor `[--rounds N]`: what a run's two row versions alone cost the server, without the
+//!   worker: 50,000 runs queued as the drain queues them, then 1 and 3 connections claiming 32
+//!   at a time with the bare update that makes them running and ending them 32 a statement with
+//!   the bare update that makes them succeeded and noticed; all claims, then all ends
+//!   (measured apart), and each connection's claims and ends in turn (together). Then
+//!   graphile-worker batched, whole jobs, on the same cluster.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -43,7 +49,7 @@ fn main() {
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let seconds: u64 = arg("--seconds").map(|s| s.parse().expect("--seconds N")).unwrap_or(60);
     let mut scenarios: Vec<&str> =
-        args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "drain", "shares"].contains(a)).collect();
+        args.iter().map(String::as_str).filter(|a| ["burst", "sustained", "drain", "shares", "floor"].contains(a)).collect();
     if scenarios.is_empty() {
         scenarios = vec!["burst", "sustained", "drain"];
     }
@@ -120,9 +126,138 @@ fn main() {
                     graphile(&peer, &fresh(&format!("g{processes}{mode}")), 50_000, processes, mode, pm);
                 }
             }
+            "floor" => {
+                let rounds: usize = arg("--rounds").map_or(1, |r| r.parse().expect("--rounds N"));
+                let peer = graphile_install();
+                for round in 0..rounds {
+                    for clients in [1, 3] {
+                        floor(&fresh(&format!("f{clients}r{round}")), 50_000, clients, pm);
+                        graphile(&peer, &fresh(&format!("g{clients}r{round}")), 50_000, clients, "batched", pm);
+                    }
+                }
+            }
             _ => unreachable!(),
         }
     }
+}
+
+/// The `floor` scenario (module docs): the server's CPU a run for the bare claims and ends of
+/// `n` runs from `clients` connections, apart and together.
+fn floor(url: &str, n: usize, clients: usize, pm: u32) {
+    // The schema as the worker migrates it.
+    let mut w = Worker::on_postgres_with(url, "", &jobs_yaml(1, "0 0 1 1 *", SAVE), 32);
+    w.start();
+    w.stop();
+    println!("\n== floor on PostgreSQL: {n} queued runs, {clients} connection(s), 32 runs a statement ==");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(clients).enable_all().build().expect("runtime");
+    // The claim: the runs at the queue's head in its index's order, locked, made running. The
+    // end: those runs made succeeded and noticed at their end (no rule, nobody after), found by
+    // key alone (with `status = 'running'` beside the key the server chose the index of running
+    // runs and read every one of them at each end).
+    const CLAIM: &str = "UPDATE ll_runs SET status = 'running', started_at = $2, worker = $1, epoch = 1
+         WHERE id IN (SELECT id FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NOT NULL
+                      ORDER BY dispatched_at, id LIMIT 32 FOR UPDATE SKIP LOCKED)
+         RETURNING id";
+    const END: &str = "UPDATE ll_runs SET status = 'succeeded', finished_at = $2, next_run_id = '', outcome_seen = 1
+         WHERE id = ANY($1)";
+    let queue = || {
+        query(url, "DELETE FROM ll_runs", |_| ());
+        let t0 = now_ms();
+        query(
+            url,
+            &format!(
+                "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
+                 SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
+                        '{{\"path\":\"tiny.txt\"}}', {t0}
+                 FROM generate_series(1, {n}) i"
+            ),
+            |_| (),
+        );
+        query(url, "VACUUM ANALYZE ll_runs", |_| ());
+    };
+    // Each connection: claims (and, `end_each`, ends what it claimed at once) until the queue
+    // is empty; the ids claimed and not ended.
+    let claim_all = |end_each: bool| -> Vec<Vec<String>> {
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..clients)
+                .map(|c| {
+                    let url = url.to_string();
+                    tokio::spawn(async move {
+                        use sqlx::Connection;
+                        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+                        let mut kept = Vec::new();
+                        loop {
+                            let ids: Vec<String> = sqlx::query_scalar(CLAIM)
+                                .bind(format!("floor-{c}"))
+                                .bind(now_ms())
+                                .fetch_all(&mut conn)
+                                .await
+                                .expect("claim");
+                            if ids.is_empty() {
+                                break;
+                            }
+                            if end_each {
+                                let ended = sqlx::query(END).bind(&ids).bind(now_ms()).execute(&mut conn).await.expect("end");
+                                assert_eq!(ended.rows_affected() as usize, ids.len(), "every claimed run ends");
+                            } else {
+                                kept.extend(ids);
+                            }
+                        }
+                        kept
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("client"));
+            }
+            out
+        })
+    };
+    let end_all = |claimed: Vec<Vec<String>>| {
+        rt.block_on(async {
+            let tasks: Vec<_> = claimed
+                .into_iter()
+                .map(|ids| {
+                    let url = url.to_string();
+                    tokio::spawn(async move {
+                        use sqlx::Connection;
+                        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+                        for batch in ids.chunks(32) {
+                            let ended = sqlx::query(END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
+                            assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("client");
+            }
+        })
+    };
+    let succeeded = || query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
+    let per_run = |ms: u64| ms as f64 * 1000.0 / n as f64;
+    // Apart: every claim, then every end.
+    queue();
+    let (before, started) = (server_cpu_ms(pm), Instant::now());
+    let claimed = claim_all(false);
+    let (claim_ms, claim_wall) = (server_cpu_ms(pm) - before, started.elapsed());
+    assert_eq!(claimed.iter().map(Vec::len).sum::<usize>(), n, "every run claimed once");
+    let (before, started) = (server_cpu_ms(pm), Instant::now());
+    end_all(claimed);
+    let (end_ms, end_wall) = (server_cpu_ms(pm) - before, started.elapsed());
+    assert_eq!(succeeded(), n as i64, "every run ended");
+    // Together: each connection ends what it claimed before it claims again.
+    queue();
+    let (before, started) = (server_cpu_ms(pm), Instant::now());
+    let left = claim_all(true);
+    let (both_ms, both_wall) = (server_cpu_ms(pm) - before, started.elapsed());
+    assert!(left.iter().all(Vec::is_empty));
+    assert_eq!(succeeded(), n as i64, "every run ended");
+    let rate = |wall: Duration| n as f64 / wall.as_secs_f64();
+    println!("claims alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(claim_ms), rate(claim_wall));
+    println!("ends alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(end_ms), rate(end_wall));
+    println!("claims and ends together: {:.0} µs of the server a run, {:.0} runs/s", per_run(both_ms), rate(both_wall));
 }
 
 fn query<T>(url: &str, sql: &str, row: impl Fn(&sqlx::postgres::PgRow) -> T) -> Vec<T> {
