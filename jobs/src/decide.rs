@@ -522,9 +522,11 @@ impl Streak {
     }
 
     /// A streak read back; damaged ends read as not kept, a peak not kept (a state written
-    /// before it was) as the count.
+    /// before it was) as the count. A count of 0 has no peak: an earlier version that ended
+    /// the streak left the peak behind, and it would answer an alert nobody was sent.
     pub(crate) fn from_stored(count: u32, ends: Option<&str>, peak: Option<u32>) -> Self {
-        Self { count, ends: ends.and_then(|e| serde_json::from_str(e).ok()), peak: peak.unwrap_or(count).max(count) }
+        let peak = if count == 0 { 0 } else { peak.unwrap_or(count).max(count) };
+        Self { count, ends: ends.and_then(|e| serde_json::from_str(e).ok()), peak }
     }
 }
 
@@ -715,6 +717,11 @@ mod tests {
         assert_eq!((old.count, old.peak), (0, 0));
         assert_eq!(Streak::from_stored(3, Some("garbage"), Some(1)).ends, None);
         assert_eq!(Streak::from_stored(3, None, Some(1)).peak, 3, "never below the count");
+        // A streak an earlier version ended (it writes no peak) and that starts again: the peak
+        // it left behind answers nothing.
+        let mut s = Streak::from_stored(0, Some("[]"), Some(3));
+        s.failed(20_000);
+        assert_eq!((s.count, s.peak), (1, 1));
     }
 
     /// An alert sent at the Nth failure, which a late success then took back (by the runs' own

@@ -32,8 +32,9 @@
 //!   worker: 50,000 runs queued as the drain queues them, then 1 and 3 connections claiming 32
 //!   at a time with the bare update that makes them running and ending them 32 a statement with
 //!   the bare update that makes them succeeded and noticed; all claims, then all ends
-//!   (measured apart), and each connection's claims and ends in turn (together). Then
-//!   graphile-worker batched, whole jobs, on the same cluster.
+//!   (measured apart), and each connection's claims and ends in turn (together), each on a
+//!   fresh database; and graphile-worker batched, whole jobs, on the same cluster; the order
+//!   turned each round.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -129,10 +130,18 @@ fn main() {
             "floor" => {
                 let rounds: usize = arg("--rounds").map_or(1, |r| r.parse().expect("--rounds N"));
                 let peer = graphile_install();
+                // Each on a fresh database, the order turned round by round.
                 for round in 0..rounds {
                     for clients in [1, 3] {
-                        floor(&fresh(&format!("f{clients}r{round}")), 50_000, clients, pm);
-                        graphile(&peer, &fresh(&format!("g{clients}r{round}")), 50_000, clients, "batched", pm);
+                        let mut parts = vec!["apart", "together", "peer"];
+                        parts.rotate_left(round % 3);
+                        for part in parts {
+                            let url = fresh(&format!("{part}{clients}r{round}"));
+                            match part {
+                                "peer" => graphile(&peer, &url, 50_000, clients, "batched", pm),
+                                _ => floor(&url, 50_000, clients, pm, part == "together"),
+                            }
+                        }
                     }
                 }
             }
@@ -142,68 +151,76 @@ fn main() {
 }
 
 /// The `floor` scenario (module docs): the server's CPU a run for the bare claims and ends of
-/// `n` runs from `clients` connections, apart and together.
-fn floor(url: &str, n: usize, clients: usize, pm: u32) {
+/// `n` runs from `clients` connections, all claims then all ends (`together` false: each
+/// measured apart) or each connection's in turn. Autovacuum is off for the table (so a window
+/// holds only these statements), and the connections are open before a window starts.
+fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
     // The schema as the worker migrates it.
     let mut w = Worker::on_postgres_with(url, "", &jobs_yaml(1, "0 0 1 1 *", SAVE), 32);
     w.start();
     w.stop();
-    println!("\n== floor on PostgreSQL: {n} queued runs, {clients} connection(s), 32 runs a statement ==");
+    let how = if together { "each connection's claims and ends in turn" } else { "all claims, then all ends" };
+    println!("\n== floor on PostgreSQL: {n} queued runs, {clients} connection(s), 32 runs a statement, {how} ==");
+    query(url, "ALTER TABLE ll_runs SET (autovacuum_enabled = false)", |_| ());
+    let t0 = now_ms();
+    query(
+        url,
+        &format!(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
+             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
+                    '{{\"path\":\"tiny.txt\"}}', {t0}
+             FROM generate_series(1, {n}) i"
+        ),
+        |_| (),
+    );
+    query(url, "VACUUM ANALYZE ll_runs", |_| ());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(clients).enable_all().build().expect("runtime");
-    // The claim: the runs at the queue's head in its index's order, locked, made running. The
-    // end: those runs made succeeded and noticed at their end (no rule, nobody after), found by
-    // key alone (with `status = 'running'` beside the key the server chose the index of running
-    // runs and read every one of them at each end).
-    const CLAIM: &str = "UPDATE ll_runs SET status = 'running', started_at = $2, worker = $1, epoch = 1
-         WHERE id IN (SELECT id FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NOT NULL
-                      ORDER BY dispatched_at, id LIMIT 32 FOR UPDATE SKIP LOCKED)
-         RETURNING id";
-    const END: &str = "UPDATE ll_runs SET status = 'succeeded', finished_at = $2, next_run_id = '', outcome_seen = 1
-         WHERE id = ANY($1)";
-    let queue = || {
-        query(url, "DELETE FROM ll_runs", |_| ());
-        let t0 = now_ms();
-        query(
-            url,
-            &format!(
-                "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
-                 SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
-                        '{{\"path\":\"tiny.txt\"}}', {t0}
-                 FROM generate_series(1, {n}) i"
-            ),
-            |_| (),
-        );
-        query(url, "VACUUM ANALYZE ll_runs", |_| ());
-    };
+    let conns: Vec<sqlx::PgConnection> = rt.block_on(async {
+        use sqlx::Connection;
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(sqlx::PgConnection::connect(url).await.expect("connect"));
+        }
+        conns
+    });
     // Each connection: claims (and, `end_each`, ends what it claimed at once) until the queue
-    // is empty; the ids claimed and not ended.
-    let claim_all = |end_each: bool| -> Vec<Vec<String>> {
+    // is empty; the connection back, with the ids claimed and not ended.
+    let claim_all = |conns: Vec<sqlx::PgConnection>, end_each: bool| -> Vec<(sqlx::PgConnection, Vec<String>)> {
         rt.block_on(async {
-            let tasks: Vec<_> = (0..clients)
-                .map(|c| {
-                    let url = url.to_string();
+            let tasks: Vec<_> = conns
+                .into_iter()
+                .enumerate()
+                .map(|(c, mut conn)| {
                     tokio::spawn(async move {
-                        use sqlx::Connection;
-                        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
                         let mut kept = Vec::new();
+                        // Where this connection's last claim ended, as the worker's pick keeps it.
+                        let mut place: Option<(i64, String)> = None;
                         loop {
-                            let ids: Vec<String> = sqlx::query_scalar(CLAIM)
+                            let (at, after) = place.clone().unwrap_or((i64::MIN, String::new()));
+                            let picked: Vec<(String, i64)> = sqlx::query_as(FLOOR_CLAIM)
                                 .bind(format!("floor-{c}"))
                                 .bind(now_ms())
+                                .bind(at)
+                                .bind(after)
                                 .fetch_all(&mut conn)
                                 .await
                                 .expect("claim");
-                            if ids.is_empty() {
+                            if picked.is_empty() {
+                                if place.take().is_some() {
+                                    continue;
+                                }
                                 break;
                             }
+                            place = picked.iter().max_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0))).map(|(id, at)| (*at, id.clone()));
+                            let ids: Vec<String> = picked.into_iter().map(|(id, _)| id).collect();
                             if end_each {
-                                let ended = sqlx::query(END).bind(&ids).bind(now_ms()).execute(&mut conn).await.expect("end");
+                                let ended = sqlx::query(FLOOR_END).bind(&ids).bind(now_ms()).execute(&mut conn).await.expect("end");
                                 assert_eq!(ended.rows_affected() as usize, ids.len(), "every claimed run ends");
                             } else {
                                 kept.extend(ids);
                             }
                         }
-                        kept
+                        (conn, kept)
                     })
                 })
                 .collect();
@@ -214,17 +231,14 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32) {
             out
         })
     };
-    let end_all = |claimed: Vec<Vec<String>>| {
+    let end_all = |claimed: Vec<(sqlx::PgConnection, Vec<String>)>| {
         rt.block_on(async {
             let tasks: Vec<_> = claimed
                 .into_iter()
-                .map(|ids| {
-                    let url = url.to_string();
+                .map(|(mut conn, ids)| {
                     tokio::spawn(async move {
-                        use sqlx::Connection;
-                        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
                         for batch in ids.chunks(32) {
-                            let ended = sqlx::query(END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
+                            let ended = sqlx::query(FLOOR_END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
                             assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
                         }
                     })
@@ -235,30 +249,44 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32) {
             }
         })
     };
-    let succeeded = || query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
     let per_run = |ms: u64| ms as f64 * 1000.0 / n as f64;
-    // Apart: every claim, then every end.
-    queue();
-    let (before, started) = (server_cpu_ms(pm), Instant::now());
-    let claimed = claim_all(false);
-    let (claim_ms, claim_wall) = (server_cpu_ms(pm) - before, started.elapsed());
-    assert_eq!(claimed.iter().map(Vec::len).sum::<usize>(), n, "every run claimed once");
-    let (before, started) = (server_cpu_ms(pm), Instant::now());
-    end_all(claimed);
-    let (end_ms, end_wall) = (server_cpu_ms(pm) - before, started.elapsed());
-    assert_eq!(succeeded(), n as i64, "every run ended");
-    // Together: each connection ends what it claimed before it claims again.
-    queue();
-    let (before, started) = (server_cpu_ms(pm), Instant::now());
-    let left = claim_all(true);
-    let (both_ms, both_wall) = (server_cpu_ms(pm) - before, started.elapsed());
-    assert!(left.iter().all(Vec::is_empty));
-    assert_eq!(succeeded(), n as i64, "every run ended");
     let rate = |wall: Duration| n as f64 / wall.as_secs_f64();
-    println!("claims alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(claim_ms), rate(claim_wall));
-    println!("ends alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(end_ms), rate(end_wall));
-    println!("claims and ends together: {:.0} µs of the server a run, {:.0} runs/s", per_run(both_ms), rate(both_wall));
+    if together {
+        let (before, started) = (server_cpu_ms(pm), Instant::now());
+        let left = claim_all(conns, true);
+        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+        assert!(left.iter().all(|(_, ids)| ids.is_empty()));
+        println!("claims and ends: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
+    } else {
+        let (before, started) = (server_cpu_ms(pm), Instant::now());
+        let claimed = claim_all(conns, false);
+        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+        assert_eq!(claimed.iter().map(|(_, ids)| ids.len()).sum::<usize>(), n, "every run claimed once");
+        println!("claims alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
+        let (before, started) = (server_cpu_ms(pm), Instant::now());
+        end_all(claimed);
+        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+        println!("ends alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
+    }
+    let done = query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
+    assert_eq!(done, n as i64, "every run ended once");
 }
+
+/// The floor's claim: up to 32 runs handed over after the connection's place (`$3`, `$4`; from
+/// the head when it has none), in the hand-over index's order, locked (a materialized pick, as
+/// the worker's, so it is run once), made running. The worker's claim also reads its lease,
+/// clears the limit columns and returns every column of the run; this one returns its key.
+const FLOOR_CLAIM: &str = "WITH picked AS MATERIALIZED (
+         SELECT id FROM ll_runs WHERE status = 'queued' AND dispatched_at IS NOT NULL AND (dispatched_at, id) > ($3, $4)
+         ORDER BY dispatched_at, id LIMIT 32 FOR UPDATE SKIP LOCKED)
+     UPDATE ll_runs SET status = 'running', started_at = $2, worker = $1, epoch = 1
+     WHERE id = ANY(ARRAY(SELECT id FROM picked))
+     RETURNING id, dispatched_at";
+
+/// The floor's end: runs made succeeded and noticed at their end (no rule, nobody after), found
+/// by key alone (with `status = 'running'` beside the key, and every run claimed first, the
+/// server chose the index of running runs and read all of them at each end).
+const FLOOR_END: &str = "UPDATE ll_runs SET status = 'succeeded', finished_at = $2, next_run_id = '', outcome_seen = 1 WHERE id = ANY($1)";
 
 fn query<T>(url: &str, sql: &str, row: impl Fn(&sqlx::postgres::PgRow) -> T) -> Vec<T> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
