@@ -32,9 +32,11 @@
 //!   worker: 50,000 runs queued as the drain queues them, then 1 and 3 connections claiming 32
 //!   at a time with the bare update that makes them running and ending them 32 a statement with
 //!   the bare update that makes them succeeded and noticed; all claims, then all ends
-//!   (measured apart), and each connection's claims and ends in turn (together), each on a
-//!   fresh database; and graphile-worker batched, whole jobs, on the same cluster; the order
-//!   turned each round.
+//!   (measured apart), and each connection's claims and ends in turn (together); a sketch of
+//!   a claim that writes no row version of the run (offset: a shared place in the queue and a
+//!   row a claim of 32 or of 96, the run's end its one write, 32 a statement); each on a
+//!   fresh database; and
+//!   graphile-worker batched, whole jobs, on the same cluster; the order turned each round.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -133,12 +135,14 @@ fn main() {
                 // Each on a fresh database, the order turned round by round.
                 for round in 0..rounds {
                     for clients in [1, 3] {
-                        let mut parts = vec!["apart", "together", "peer"];
-                        parts.rotate_left(round % 3);
+                        let mut parts = vec!["apart", "together", "offset", "offset96", "peer"];
+                        parts.rotate_left(round % 5);
                         for part in parts {
                             let url = fresh(&format!("{part}{clients}r{round}"));
                             match part {
                                 "peer" => graphile(&peer, &url, 50_000, clients, "batched", pm),
+                                "offset" => floor_offset(&url, 50_000, clients, pm, 32),
+                                "offset96" => floor_offset(&url, 50_000, clients, pm, 96),
                                 _ => floor(&url, 50_000, clients, pm, part == "together"),
                             }
                         }
@@ -155,34 +159,9 @@ fn main() {
 /// measured apart) or each connection's in turn. Autovacuum is off for the table (so a window
 /// holds only these statements), and the connections are open before a window starts.
 fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
-    // The schema as the worker migrates it.
-    let mut w = Worker::on_postgres_with(url, "", &jobs_yaml(1, "0 0 1 1 *", SAVE), 32);
-    w.start();
-    w.stop();
     let how = if together { "each connection's claims and ends in turn" } else { "all claims, then all ends" };
     println!("\n== floor on PostgreSQL: {n} queued runs, {clients} connection(s), 32 runs a statement, {how} ==");
-    query(url, "ALTER TABLE ll_runs SET (autovacuum_enabled = false)", |_| ());
-    let t0 = now_ms();
-    query(
-        url,
-        &format!(
-            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
-             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
-                    '{{\"path\":\"tiny.txt\"}}', {t0}
-             FROM generate_series(1, {n}) i"
-        ),
-        |_| (),
-    );
-    query(url, "VACUUM ANALYZE ll_runs", |_| ());
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(clients).enable_all().build().expect("runtime");
-    let conns: Vec<sqlx::PgConnection> = rt.block_on(async {
-        use sqlx::Connection;
-        let mut conns = Vec::new();
-        for _ in 0..clients {
-            conns.push(sqlx::PgConnection::connect(url).await.expect("connect"));
-        }
-        conns
-    });
+    let (rt, conns) = floor_queue(url, n, clients);
     // Each connection: claims (and, `end_each`, ends what it claimed at once) until the queue
     // is empty; the connection back, with the ids claimed and not ended.
     let claim_all = |conns: Vec<sqlx::PgConnection>, end_each: bool| -> Vec<(sqlx::PgConnection, Vec<String>)> {
@@ -268,6 +247,105 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
         let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
         println!("ends alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
     }
+    let done = query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
+    assert_eq!(done, n as i64, "every run ended once");
+}
+
+/// The floor's database: the schema as the worker migrates it, `n` runs queued as the drain
+/// queues them, vacuumed and analyzed, autovacuum off for the table; a runtime and `clients`
+/// connections, open.
+fn floor_queue(url: &str, n: usize, clients: usize) -> (tokio::runtime::Runtime, Vec<sqlx::PgConnection>) {
+    let mut w = Worker::on_postgres_with(url, "", &jobs_yaml(1, "0 0 1 1 *", SAVE), 32);
+    w.start();
+    w.stop();
+    query(url, "ALTER TABLE ll_runs SET (autovacuum_enabled = false)", |_| ());
+    let t0 = now_ms();
+    query(
+        url,
+        &format!(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
+             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
+                    '{{\"path\":\"tiny.txt\"}}', {t0}
+             FROM generate_series(1, {n}) i"
+        ),
+        |_| (),
+    );
+    query(url, "VACUUM ANALYZE ll_runs", |_| ());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(clients).enable_all().build().expect("runtime");
+    let conns = rt.block_on(async {
+        use sqlx::Connection;
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(sqlx::PgConnection::connect(url).await.expect("connect"));
+        }
+        conns
+    });
+    (rt, conns)
+}
+
+/// The `floor` scenario's sketch of a claim that writes no row version of the run: one shared
+/// place in the queue (a row of its own), moved past the 32 runs a claim takes, and one row a
+/// claim naming them; the runs stay `queued` until their end, the one write of each, which
+/// also drops the claim's row. Each connection claims and ends in turn. It measures what such
+/// a design would cost the server, not a design: the runs handed over behind the place, the
+/// takeover of a claim whose worker is gone, and every reader of `running` are not in it.
+fn floor_offset(url: &str, n: usize, clients: usize, pm: u32, per_claim: usize) {
+    println!(
+        "\n== floor on PostgreSQL: {n} queued runs, {clients} connection(s), {per_claim} runs a claim ended 32 a statement, a claim that writes no row version of a run =="
+    );
+    let (rt, conns) = floor_queue(url, n, clients);
+    query(url, "CREATE TABLE floor_place (at bigint NOT NULL, id text NOT NULL)", |_| ());
+    query(url, "INSERT INTO floor_place VALUES (0, '')", |_| ());
+    query(url, "CREATE TABLE floor_claims (claim bigserial PRIMARY KEY, worker text NOT NULL, runs text[] NOT NULL)", |_| ());
+    const CLAIM: &str = "WITH place AS (SELECT at, id FROM floor_place FOR UPDATE),
+             picked AS MATERIALIZED (
+                 SELECT r.id, r.dispatched_at FROM ll_runs r, place
+                 WHERE r.status = 'queued' AND r.dispatched_at IS NOT NULL AND (r.dispatched_at, r.id) > (place.at, place.id)
+                 ORDER BY r.dispatched_at, r.id LIMIT $2),
+             last AS (SELECT dispatched_at, id FROM picked ORDER BY dispatched_at DESC, id DESC LIMIT 1),
+             moved AS (UPDATE floor_place SET at = last.dispatched_at, id = last.id FROM last),
+             claimed AS (INSERT INTO floor_claims (worker, runs) SELECT $1, array_agg(id) FROM picked HAVING count(*) > 0 RETURNING claim, runs)
+         SELECT claim, runs FROM claimed";
+    // The last end of a claim's runs drops its row ($5).
+    const END: &str = "WITH ended AS (UPDATE ll_runs SET status = 'succeeded', started_at = $3, finished_at = $3, worker = $4,
+                                        next_run_id = '', outcome_seen = 1 WHERE id = ANY($1))
+         DELETE FROM floor_claims WHERE claim = $2 AND $5";
+    let (before, started) = (server_cpu_ms(pm), Instant::now());
+    rt.block_on(async {
+        let tasks: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(c, mut conn)| {
+                tokio::spawn(async move {
+                    let worker = format!("floor-{c}");
+                    loop {
+                        let claim: Option<(i64, Vec<String>)> =
+                            sqlx::query_as(CLAIM).bind(&worker).bind(per_claim as i64).fetch_optional(&mut conn).await.expect("claim");
+                        let Some((claim, ids)) = claim else { break };
+                        let batches = ids.chunks(32).count();
+                        for (i, batch) in ids.chunks(32).enumerate() {
+                            let last = i + 1 == batches;
+                            let ended = sqlx::query(END)
+                                .bind(batch)
+                                .bind(claim)
+                                .bind(now_ms())
+                                .bind(&worker)
+                                .bind(last)
+                                .execute(&mut conn)
+                                .await
+                                .expect("end");
+                            assert_eq!(ended.rows_affected(), u64::from(last), "the claim's row dropped with its last runs' ends");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("client");
+        }
+    });
+    let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+    println!("claims and ends: {:.0} µs of the server a run, {:.0} runs/s", ms as f64 * 1000.0 / n as f64, n as f64 / wall.as_secs_f64());
     let done = query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
     assert_eq!(done, n as i64, "every run ended once");
 }
