@@ -165,66 +165,47 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
     // Each connection: claims (and, `end_each`, ends what it claimed at once) until the queue
     // is empty; the connection back, with the ids claimed and not ended.
     let claim_all = |conns: Vec<sqlx::PgConnection>, end_each: bool| -> Vec<(sqlx::PgConnection, Vec<String>)> {
-        rt.block_on(async {
-            let tasks: Vec<_> = conns
-                .into_iter()
-                .enumerate()
-                .map(|(c, mut conn)| {
-                    tokio::spawn(async move {
-                        let mut kept = Vec::new();
-                        // Where this connection's last claim ended, as the worker's pick keeps it.
-                        let mut place: Option<(i64, String)> = None;
-                        loop {
-                            let (at, after) = place.clone().unwrap_or((i64::MIN, String::new()));
-                            let picked: Vec<(String, i64)> = sqlx::query_as(FLOOR_CLAIM)
-                                .bind(format!("floor-{c}"))
-                                .bind(now_ms())
-                                .bind(at)
-                                .bind(after)
-                                .fetch_all(&mut conn)
-                                .await
-                                .expect("claim");
-                            if picked.is_empty() {
-                                if place.take().is_some() {
-                                    continue;
-                                }
-                                break;
-                            }
-                            place = picked.iter().max_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0))).map(|(id, at)| (*at, id.clone()));
-                            let ids: Vec<String> = picked.into_iter().map(|(id, _)| id).collect();
-                            if end_each {
-                                let ended = sqlx::query(FLOOR_END).bind(&ids).bind(now_ms()).execute(&mut conn).await.expect("end");
-                                assert_eq!(ended.rows_affected() as usize, ids.len(), "every claimed run ends");
-                            } else {
-                                kept.extend(ids);
-                            }
-                        }
-                        (conn, kept)
-                    })
-                })
-                .collect();
-            let mut out = Vec::new();
-            for t in tasks {
-                out.push(t.await.expect("client"));
+        on_each(&rt, conns, move |c, mut conn| async move {
+            let mut kept = Vec::new();
+            // Where this connection's last claim ended, as the worker's pick keeps it.
+            let mut place: Option<(i64, String)> = None;
+            loop {
+                let (at, after) = place.clone().unwrap_or((i64::MIN, String::new()));
+                let picked: Vec<(String, i64)> = sqlx::query_as(FLOOR_CLAIM)
+                    .bind(format!("floor-{c}"))
+                    .bind(now_ms())
+                    .bind(at)
+                    .bind(after)
+                    .fetch_all(&mut conn)
+                    .await
+                    .expect("claim");
+                if picked.is_empty() {
+                    if place.take().is_some() {
+                        continue;
+                    }
+                    break;
+                }
+                place = picked.iter().max_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0))).map(|(id, at)| (*at, id.clone()));
+                let ids: Vec<String> = picked.into_iter().map(|(id, _)| id).collect();
+                if end_each {
+                    let ended = sqlx::query(FLOOR_END).bind(&ids).bind(now_ms()).execute(&mut conn).await.expect("end");
+                    assert_eq!(ended.rows_affected() as usize, ids.len(), "every claimed run ends");
+                } else {
+                    kept.extend(ids);
+                }
             }
-            out
+            (conn, kept)
         })
     };
     let end_all = |claimed: Vec<(sqlx::PgConnection, Vec<String>)>| {
-        rt.block_on(async {
-            let tasks: Vec<_> = claimed
-                .into_iter()
-                .map(|(mut conn, ids)| {
-                    tokio::spawn(async move {
-                        for batch in ids.chunks(32) {
-                            let ended = sqlx::query(FLOOR_END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
-                            assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.expect("client");
+        let (conns, ids): (Vec<_>, Vec<_>) = claimed.into_iter().unzip();
+        on_each(&rt, conns, move |c, mut conn| {
+            let ids: Vec<String> = ids[c].clone();
+            async move {
+                for batch in ids.chunks(32) {
+                    let ended = sqlx::query(FLOOR_END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
+                    assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
+                }
             }
         })
     };
@@ -283,6 +264,24 @@ fn floor_queue(url: &str, n: usize, clients: usize) -> (tokio::runtime::Runtime,
     (rt, conns)
 }
 
+/// Runs `f` on each connection (its index and the connection) at once, on `rt`; what each
+/// returned, in the connections' order.
+fn on_each<T, F, Fut>(rt: &tokio::runtime::Runtime, conns: Vec<sqlx::PgConnection>, f: F) -> Vec<T>
+where
+    F: Fn(usize, sqlx::PgConnection) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    rt.block_on(async {
+        let tasks: Vec<_> = conns.into_iter().enumerate().map(|(c, conn)| tokio::spawn(f(c, conn))).collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("a connection's part"));
+        }
+        out
+    })
+}
+
 /// The `floor` scenario's sketch of a claim that writes no row version of the run: one shared
 /// place in the queue (a row of its own), moved past the 32 runs a claim takes, and one row a
 /// claim naming them; the runs stay `queued` until their end, the one write of each, which
@@ -311,37 +310,19 @@ fn floor_offset(url: &str, n: usize, clients: usize, pm: u32, per_claim: usize) 
                                         next_run_id = '', outcome_seen = 1 WHERE id = ANY($1))
          DELETE FROM floor_claims WHERE claim = $2 AND $5";
     let (before, started) = (server_cpu_ms(pm), Instant::now());
-    rt.block_on(async {
-        let tasks: Vec<_> = conns
-            .into_iter()
-            .enumerate()
-            .map(|(c, mut conn)| {
-                tokio::spawn(async move {
-                    let worker = format!("floor-{c}");
-                    loop {
-                        let claim: Option<(i64, Vec<String>)> =
-                            sqlx::query_as(CLAIM).bind(&worker).bind(per_claim as i64).fetch_optional(&mut conn).await.expect("claim");
-                        let Some((claim, ids)) = claim else { break };
-                        let batches = ids.chunks(32).count();
-                        for (i, batch) in ids.chunks(32).enumerate() {
-                            let last = i + 1 == batches;
-                            let ended = sqlx::query(END)
-                                .bind(batch)
-                                .bind(claim)
-                                .bind(now_ms())
-                                .bind(&worker)
-                                .bind(last)
-                                .execute(&mut conn)
-                                .await
-                                .expect("end");
-                            assert_eq!(ended.rows_affected(), u64::from(last), "the claim's row dropped with its last runs' ends");
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("client");
+    on_each(&rt, conns, move |c, mut conn| async move {
+        let worker = format!("floor-{c}");
+        loop {
+            let claim: Option<(i64, Vec<String>)> =
+                sqlx::query_as(CLAIM).bind(&worker).bind(per_claim as i64).fetch_optional(&mut conn).await.expect("claim");
+            let Some((claim, ids)) = claim else { break };
+            let batches = ids.chunks(32).count();
+            for (i, batch) in ids.chunks(32).enumerate() {
+                let last = i + 1 == batches;
+                let ended =
+                    sqlx::query(END).bind(batch).bind(claim).bind(now_ms()).bind(&worker).bind(last).execute(&mut conn).await.expect("end");
+                assert_eq!(ended.rows_affected(), u64::from(last), "the claim's row dropped with its last runs' ends");
+            }
         }
     });
     let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
