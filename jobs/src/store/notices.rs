@@ -181,12 +181,13 @@ impl<D: Dialect> Notices for D {
         for n in &new {
             recorded += record_notification::<D>(&mut tx, n, now).await? as usize;
         }
+        let no_streak = Streak::default();
         for (job, (success, last)) in &states {
             // The streak as counted here, a success noticed at its end folded in; or, for a job
             // that had no state when this pass read it, if an earlier version has since written
             // a later success there, the state's (its failures' ends unknown). A row the pass
             // read is held: the pass's count stands. The last success never moves back.
-            let streak = streaks.get(*job).cloned().unwrap_or_default();
+            let streak = streaks.get(*job).unwrap_or(&no_streak);
             let q = Stmt::new(
                 sql!(
                     D,
@@ -258,7 +259,7 @@ impl<D: Dialect> Notices for D {
                 target: r.text("target"),
                 target_id: r.text("target_id"),
                 payload: r.json("payload").unwrap_or(serde_json::Value::Null),
-                attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                attempts: stored_u32(r.int("attempts")),
                 created_at: from_ms(r.int("created_at")),
             })
             .collect())
@@ -343,7 +344,7 @@ impl<D: Dialect> Notices for D {
                     event: r.text("event"),
                     target: r.text("target"),
                     status,
-                    attempts: r.int("attempts").clamp(0, i64::from(u32::MAX)) as u32,
+                    attempts: stored_u32(r.int("attempts")),
                     run_id: r.text("run_id"),
                     created_at: from_ms(r.int("created_at")),
                     next_at: waiting.then(|| from_ms(r.int("next_at"))),
@@ -361,33 +362,35 @@ impl<D: Dialect> Notices for D {
             sql!(D, "SELECT job, paused, consecutive_failures, streak_ends, streak_peak, last_success_at, last_tick FROM ll_job_state"),
             "reading the jobs' health",
         );
-        let mut streaks: HashMap<String, Streak> = HashMap::new();
-        let mut out: HashMap<String, JobHealth> = D::fetch_all(&mut c, q)
-            .await?
-            .iter()
-            .map(|r| {
-                streaks.insert(r.text("job"), streak_from_row(r));
-                let health = JobHealth {
-                    paused: r.flag("paused"),
-                    consecutive_failures: r.int("consecutive_failures").clamp(0, i64::from(u32::MAX)) as u32,
-                    last_success: r.opt_int("last_success_at").map(from_ms),
-                    last_tick: r.opt_int("last_tick").map(from_ms),
-                    oldest_running: None,
-                    oldest_wait: None,
-                };
-                (r.text("job"), health)
-            })
-            .collect();
+        let rows = D::fetch_all(&mut c, q).await?;
         // A success noticed at its end that the state has not folded yet ends the streak (as
-        // the notice pass will fold it).
-        for (job, at) in successes_at_end::<D>(&mut c, None).await? {
-            let mut streak = streaks.remove(&job).unwrap_or_default();
-            let health = out.entry(job).or_default();
-            if health.last_success.is_none_or(|known| at > known) {
-                health.last_success = Some(at);
-                streak.succeeded(ms(at));
-                health.consecutive_failures = streak.count;
-            }
+        // the notice pass will fold it); only such a job's stored streak is read whole.
+        let mut unfolded: HashMap<String, DateTime<Utc>> = successes_at_end::<D>(&mut c, None).await?.into_iter().collect();
+        let mut out: HashMap<String, JobHealth> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let last_success = r.opt_int("last_success_at").map(from_ms);
+            let success = unfolded.remove(&r.text("job")).filter(|at| last_success.is_none_or(|known| *at > known));
+            let consecutive_failures = match success {
+                Some(at) => {
+                    let mut streak = streak_from_row(r);
+                    streak.succeeded(ms(at));
+                    streak.count
+                }
+                None => stored_u32(r.int("consecutive_failures")),
+            };
+            let health = JobHealth {
+                paused: r.flag("paused"),
+                consecutive_failures,
+                last_success: success.or(last_success),
+                last_tick: r.opt_int("last_tick").map(from_ms),
+                oldest_running: None,
+                oldest_wait: None,
+            };
+            out.insert(r.text("job"), health);
+        }
+        // Jobs with no state yet: their success ended no streak.
+        for (job, at) in unfolded {
+            out.insert(job, JobHealth { last_success: Some(at), ..JobHealth::default() });
         }
         let q = Stmt::new(
             sql!(D, "SELECT job, min(started_at) AS oldest FROM ll_runs WHERE status = {Running} GROUP BY job"),
@@ -526,6 +529,14 @@ async fn successes_at_end<D: Dialect>(c: &mut D::Conn, jobs: Option<&BTreeSet<&s
 
 /// A job's failure streak as `ll_job_state` keeps it.
 fn streak_from_row(r: &impl Record) -> Streak {
-    let count = |n: i64| n.clamp(0, i64::from(u32::MAX)) as u32;
-    Streak::from_stored(count(r.int("consecutive_failures")), r.opt_text("streak_ends").as_deref(), r.opt_int("streak_peak").map(count))
+    Streak::from_stored(
+        stored_u32(r.int("consecutive_failures")),
+        r.opt_text("streak_ends").as_deref(),
+        r.opt_int("streak_peak").map(stored_u32),
+    )
+}
+
+/// A stored count (failures, attempts), within `u32`.
+fn stored_u32(n: i64) -> u32 {
+    n.clamp(0, i64::from(u32::MAX)) as u32
 }
