@@ -1682,20 +1682,22 @@ async fn a_success_written_after_failures_that_ended_later_leaves_them_in_the_st
     assert_eq!(state().await, Some((0, Some(at(11_500)))));
 }
 
+/// A job's rules as two checks give them: failures from the `n`th in a row to workflow
+/// `pager`, recoveries from a streak of `n` to workflow `chat`.
+fn pager_and_chat(n: u32) -> Vec<lamplighter_config::NotifyRule> {
+    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
+    vec![
+        NotifyRule { on: NotifyOn::Failure, after_consecutive: n, to: NotifyTarget::Workflow("pager".into()) },
+        NotifyRule { on: NotifyOn::Recovery, after_consecutive: n, to: NotifyTarget::Workflow("chat".into()) },
+    ]
+}
+
 /// An alert sent at the third failure, which a late success then took back (by the runs' own
 /// ends only the last failure followed it), is answered by the success that ends the streak:
 /// the streak's peak is kept with it between passes, and the recovery reports it.
 async fn the_success_that_ends_a_streak_answers_an_alert_a_late_success_took_back(s: &dyn RunStore) {
     use crate::notify::Sent;
-    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
-    let rules = |job: &str| {
-        (job == "q").then(|| {
-            vec![
-                NotifyRule { on: NotifyOn::Failure, after_consecutive: 3, to: NotifyTarget::Workflow("pager".into()) },
-                NotifyRule { on: NotifyOn::Recovery, after_consecutive: 3, to: NotifyTarget::Workflow("chat".into()) },
-            ]
-        })
-    };
+    let rules = |job: &str| (job == "q").then(|| pager_and_chat(3));
     let t = t0();
     let ids = ticked_runs(s, "q", 6).await;
     let at = |ms: i64| t + chrono::Duration::milliseconds(ms);
@@ -1725,15 +1727,7 @@ async fn the_success_that_ends_a_streak_answers_an_alert_a_late_success_took_bac
 /// failure was tried, a retry it waits for holds back only its own target.
 async fn a_jobs_notifications_go_out_in_order_across_targets(s: &dyn RunStore) {
     use crate::notify::Sent;
-    use lamplighter_config::{NotifyOn, NotifyRule, NotifyTarget};
-    let rules = |job: &str| {
-        (job == "x").then(|| {
-            vec![
-                NotifyRule { on: NotifyOn::Failure, after_consecutive: 1, to: NotifyTarget::Workflow("pager".into()) },
-                NotifyRule { on: NotifyOn::Recovery, after_consecutive: 1, to: NotifyTarget::Workflow("chat".into()) },
-            ]
-        })
-    };
+    let rules = |job: &str| (job == "x").then(|| pager_and_chat(1));
     let t = t0();
     let ids = ticked_runs(s, "x", 2).await;
     s.finish_many(&[RunEnd { last: true, ..end(&ids[0], RunStatus::Failed) }], t + secs(70)).await.expect("end");
