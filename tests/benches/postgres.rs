@@ -198,14 +198,10 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
         })
     };
     let end_all = |claimed: Vec<(sqlx::PgConnection, Vec<String>)>| {
-        let (conns, ids): (Vec<_>, Vec<_>) = claimed.into_iter().unzip();
-        on_each(&rt, conns, move |c, mut conn| {
-            let ids: Vec<String> = ids[c].clone();
-            async move {
-                for batch in ids.chunks(32) {
-                    let ended = sqlx::query(FLOOR_END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
-                    assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
-                }
+        on_each(&rt, claimed, |_, (mut conn, ids)| async move {
+            for batch in ids.chunks(32) {
+                let ended = sqlx::query(FLOOR_END).bind(batch).bind(now_ms()).execute(&mut conn).await.expect("end");
+                assert_eq!(ended.rows_affected() as usize, batch.len(), "every claimed run ends");
             }
         })
     };
@@ -240,17 +236,7 @@ fn floor_queue(url: &str, n: usize, clients: usize) -> (tokio::runtime::Runtime,
     w.start();
     w.stop();
     query(url, "ALTER TABLE ll_runs SET (autovacuum_enabled = false)", |_| ());
-    let t0 = now_ms();
-    query(
-        url,
-        &format!(
-            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, dispatched_at)
-             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
-                    '{{\"path\":\"tiny.txt\"}}', {t0}
-             FROM generate_series(1, {n}) i"
-        ),
-        |_| (),
-    );
+    queue_drain_runs(url, n, None);
     query(url, "VACUUM ANALYZE ll_runs", |_| ());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(clients).enable_all().build().expect("runtime");
     let conns = rt.block_on(async {
@@ -264,16 +250,16 @@ fn floor_queue(url: &str, n: usize, clients: usize) -> (tokio::runtime::Runtime,
     (rt, conns)
 }
 
-/// Runs `f` on each connection (its index and the connection) at once, on `rt`; what each
-/// returned, in the connections' order.
-fn on_each<T, F, Fut>(rt: &tokio::runtime::Runtime, conns: Vec<sqlx::PgConnection>, f: F) -> Vec<T>
+/// Runs `f` on each of `parts` (a connection, and what it works on) at once, with its index,
+/// on `rt`; what each returned, in their order.
+fn on_each<P, T, F, Fut>(rt: &tokio::runtime::Runtime, parts: Vec<P>, f: F) -> Vec<T>
 where
-    F: Fn(usize, sqlx::PgConnection) -> Fut,
+    F: Fn(usize, P) -> Fut,
     Fut: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
     rt.block_on(async {
-        let tasks: Vec<_> = conns.into_iter().enumerate().map(|(c, conn)| tokio::spawn(f(c, conn))).collect();
+        let tasks: Vec<_> = parts.into_iter().enumerate().map(|(c, part)| tokio::spawn(f(c, part))).collect();
         let mut out = Vec::new();
         for t in tasks {
             out.push(t.await.expect("a connection's part"));
@@ -524,20 +510,7 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
         std::fs::create_dir_all(w.dir.path().join("data")).expect("data dir");
         std::fs::write(w.dir.path().join("data/tiny.txt"), "ok").expect("tiny file");
     }
-    let t0 = now_ms();
-    query(
-        url,
-        &format!(
-            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, limits, limit_wait, limit_wait_since, dispatched_at)
-             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
-                    '{{\"path\":\"tiny.txt\"}}', {pools}
-             FROM generate_series(1, {n}) i",
-            // As a manual trigger of the job inserts them: due, and in the pool's line at once
-            // or (in no limit) in the queue at once.
-            pools = if limit.is_some() { format!("'[[\"pool\",\"\"]]', 'pool', {t0}, NULL") } else { format!("NULL, NULL, NULL, {t0}") }
-        ),
-        |_| (),
-    );
+    queue_drain_runs(url, n, limit);
     // The statistics of a table that held its backlog a while, as autovacuum leaves them: the
     // server's choice between a statement's plans follows them (with the table's migrated,
     // empty statistics it chose differently from a real backlog's).
@@ -585,6 +558,23 @@ fn drain_with(url: &str, n: usize, workers: usize, pm: u32, extra: &str, limit: 
     }
     println!("the first worker's writes:");
     drain_stages(&ws[0].internal_events());
+}
+
+/// Queues `n` runs of the drain's one job, as a manual trigger of it inserts them: due, and
+/// in `limit`'s line at once (`scheduling.limits.pool`) or, with none, in the queue at once.
+fn queue_drain_runs(url: &str, n: usize, limit: Option<u32>) {
+    let t0 = now_ms();
+    let pools = if limit.is_some() { format!("'[[\"pool\",\"\"]]', 'pool', {t0}, NULL") } else { format!("NULL, NULL, NULL, {t0}") };
+    query(
+        url,
+        &format!(
+            "INSERT INTO ll_runs (id, job, trigger, status, due_at, enqueued_at, attempt, parameters, limits, limit_wait, limit_wait_since, dispatched_at)
+             SELECT '0190b000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'job-00000', 'manual', 'queued', {t0}, {t0}, 1,
+                    '{{\"path\":\"tiny.txt\"}}', {pools}
+             FROM generate_series(1, {n}) i"
+        ),
+        |_| (),
+    );
 }
 
 /// With `PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'` and the extension
