@@ -431,7 +431,7 @@ pub(crate) fn with_upstream(input: Option<serde_json::Value>, upstream: serde_js
 /// at least N (not on one that ended before failures already counted, which stand after it);
 /// `success` on every success.
 pub(crate) fn notify_on_outcome(kind: OutcomeKind, ended: i64, streak: &mut Streak, rules: &[NotifyRule]) -> Fired {
-    let peak = streak.peak.max(streak.count);
+    let peak = streak.peak;
     match kind {
         OutcomeKind::Success => streak.succeeded(ended),
         OutcomeKind::Failure => streak.failed(ended),
@@ -501,15 +501,11 @@ impl Streak {
             *self = Self { count: 0, ends: Some(Vec::new()), peak: 0 };
             return;
         };
-        match ends.iter().copied().max() {
-            None => self.count = 0,
-            Some(latest) if at >= latest - ENDS_RECORDED_WITHIN.num_milliseconds() => {
-                ends.retain(|&e| e > at);
-                // Never more than it was: a count and ends that disagree (a state an earlier
-                // version wrote) are taken the lower.
-                self.count = self.count.min(ends.len() as u32);
-            }
-            Some(_) => {}
+        if ends.iter().max().is_none_or(|&latest| at >= latest - ENDS_RECORDED_WITHIN.num_milliseconds()) {
+            ends.retain(|&e| e > at);
+            // Never more than it was: a count and ends that disagree (a state an earlier
+            // version wrote) are taken the lower.
+            self.count = self.count.min(ends.len() as u32);
         }
         if self.count == 0 {
             self.peak = 0;
