@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Column, Record, RunSql, Stmt, call_from_row, run_cols, run_from_row, sql, step_from_row, values};
+use super::dialect::{Column, Record, RunSql, Stmt, call_from_row, insert_rows, run_cols, run_from_row, sql, step_from_row};
 use super::scripts::*;
 use super::{Decided, Dispatch, NewRun, StepDecision, StoreError, from_ms, ms, new_id};
 use crate::decide::{AfterDecision, StepChoice, after_decision, choose_step, decision_record};
@@ -146,30 +146,41 @@ impl<D: RunSql> Records for D {
         if steps.is_empty() {
             return Ok(());
         }
-        let sql = values(
-            &D::SPELLING,
-            "ll_steps (root_id, step, status, run_id, attempt, started_at, finished_at, output, error, resumes_on_reject)",
-            10,
-            steps.len(),
+        let cols = [
+            ("root_id", "text"),
+            ("step", "text"),
+            ("status", "text"),
+            ("run_id", "text"),
+            ("attempt", "bigint"),
+            ("started_at", "bigint"),
+            ("finished_at", "bigint"),
+            ("output", "text"),
+            ("error", "text"),
+            ("resumes_on_reject", "bool"),
+        ];
+        let rows = steps
+            .iter()
+            .map(|st| {
+                vec![
+                    root_id.into(),
+                    st.step.as_str().into(),
+                    st.status.as_str().into(),
+                    st.run_id.as_str().into(),
+                    i64::from(st.attempt).into(),
+                    st.started_at.map(ms).into(),
+                    st.finished_at.map(ms).into(),
+                    st.output.as_ref().map(|v| v.to_string()).into(),
+                    st.error.as_deref().into(),
+                    st.resumes_on_reject.into(),
+                ]
+            })
+            .collect();
+        let tail =
             "ON CONFLICT (root_id, step) DO UPDATE SET status = excluded.status, run_id = excluded.run_id, attempt = excluded.attempt,
                  started_at = excluded.started_at, finished_at = excluded.finished_at, output = excluded.output, error = excluded.error,
                  resumes_on_reject = excluded.resumes_on_reject
-             WHERE ll_steps.attempt <= excluded.attempt",
-        );
-        let mut q = Stmt::built(sql, "recording workflow steps");
-        for st in steps {
-            q = q
-                .bind(root_id)
-                .bind(st.step.as_str())
-                .bind(st.status.as_str())
-                .bind(st.run_id.as_str())
-                .bind(i64::from(st.attempt))
-                .bind(st.started_at.map(ms))
-                .bind(st.finished_at.map(ms))
-                .bind(st.output.as_ref().map(|v| v.to_string()))
-                .bind(st.error.as_deref())
-                .bind(st.resumes_on_reject);
-        }
+             WHERE ll_steps.attempt <= excluded.attempt";
+        let q = insert_rows(&D::SPELLING, "ll_steps", &cols, rows, tail, "recording workflow steps");
         // One attempt writes its own steps.
         let run = steps[0].run_id.as_str();
         debug_assert!(steps.iter().all(|st| st.run_id == run));
@@ -340,17 +351,12 @@ impl<D: RunSql> Records for D {
         let mut tx = self.begin().await?;
         fence::<D>(&mut tx, run_id).await?;
         for chunk in lines.chunks(ROWS_PER_STATEMENT) {
-            let text = values(
-                &D::SPELLING,
-                "ll_run_output (run_id, seq, stream, at, text)",
-                5,
-                chunk.len(),
-                " ON CONFLICT (run_id, seq) DO NOTHING",
-            );
-            let mut q = Stmt::built(text, "recording output");
-            for l in chunk {
-                q = q.bind(run_id).bind(l.seq as i64).bind(l.stream.as_str()).bind(ms(l.at)).bind(l.text.as_str());
-            }
+            let rows = chunk
+                .iter()
+                .map(|l| vec![run_id.into(), (l.seq as i64).into(), l.stream.as_str().into(), ms(l.at).into(), l.text.as_str().into()])
+                .collect();
+            let cols = [("run_id", "text"), ("seq", "bigint"), ("stream", "text"), ("at", "bigint"), ("text", "text")];
+            let q = insert_rows(&D::SPELLING, "ll_run_output", &cols, rows, "ON CONFLICT (run_id, seq) DO NOTHING", "recording output");
             D::execute(&mut tx, q).await?;
         }
         D::commit(tx).await

@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 
-use super::dialect::{Column, Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, run_cols, run_from_row, sql, values};
+use super::dialect::{Column, Dialect, Locked, QueueSql, Record, RunSql, Stmt, handed_from_row, insert_rows, run_cols, run_from_row, sql};
 use super::{Dispatch, Handed, NewRun, RulesOf, RunEnd, StoreError, StoredJob, Taken, from_ms, ms};
 use crate::decide::notify_on_wait;
 use crate::limits;
@@ -21,11 +21,34 @@ use crate::run::{Run, RunStatus};
 /// parameters (SQLite 32,766, PostgreSQL 65,535).
 pub(super) const ROWS_PER_STATEMENT: usize = 1000;
 
-/// The columns of a run as [`insert_runs`] writes them.
-pub(super) const RUN_INSERT: &str = "ll_runs (id, job, trigger, status, scheduled_at, due_at, enqueued_at, dispatched_at, attempt, input, \
-                          parameters, error, idempotency_key, retry_of, finished_at, root_id, job_snapshot, worker, started_at, requested_by, epoch, \
-                          outcome_seen, limits, limit_wait, limit_wait_since)";
-pub(super) const RUN_INSERT_COLS: usize = 25;
+/// The columns of a run as [`insert_runs`] writes them, with their row set's types.
+const RUN_INSERT: [(&str, &str); 25] = [
+    ("id", "text"),
+    ("job", "text"),
+    ("trigger", "text"),
+    ("status", "text"),
+    ("scheduled_at", "bigint"),
+    ("due_at", "bigint"),
+    ("enqueued_at", "bigint"),
+    ("dispatched_at", "bigint"),
+    ("attempt", "bigint"),
+    ("input", "text"),
+    ("parameters", "text"),
+    ("error", "text"),
+    ("idempotency_key", "text"),
+    ("retry_of", "text"),
+    ("finished_at", "bigint"),
+    ("root_id", "text"),
+    ("job_snapshot", "text"),
+    ("worker", "text"),
+    ("started_at", "bigint"),
+    ("requested_by", "text"),
+    ("epoch", "bigint"),
+    ("outcome_seen", "bigint"),
+    ("limits", "text"),
+    ("limit_wait", "text"),
+    ("limit_wait_since", "bigint"),
+];
 
 /// Runs one notice pass reads ([`Notices::notice`]).
 pub(super) const NOTICE_BATCH: usize = 1000;
@@ -61,7 +84,7 @@ pub(super) async fn insert_runs<D: Dialect>(
 ) -> Result<(), StoreError> {
     let now = ms(now);
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let mut q = Stmt::built(values(&D::SPELLING, RUN_INSERT, RUN_INSERT_COLS, chunk.len(), ""), "inserting runs");
+        let mut batch = Vec::with_capacity(chunk.len());
         for (id, r, dispatch) in chunk {
             let (status, worker) = match dispatch {
                 Dispatch::Claimed(worker) => (RunStatus::Running, Some(*worker)),
@@ -81,36 +104,38 @@ pub(super) async fn insert_runs<D: Dialect>(
             let line = pools.first().filter(|_| in_line).map(limits::Pool::encode);
             let since = line.as_ref().map(|_| now);
             let queued = in_line && pools.is_empty() && D::QUEUED_BY_INSERT;
-            q = q
-                .bind(id.as_str())
-                .bind(r.owner.to_string())
-                .bind(r.trigger.as_str())
-                .bind(status.as_str())
-                .bind(r.scheduled_at.map(ms))
-                .bind(ms(r.due_at))
-                .bind(now)
-                .bind((queued || !matches!(dispatch, Dispatch::No)).then_some(now))
-                .bind(i64::from(r.attempt))
-                .bind(r.input.as_ref().map(|v| v.to_string()))
-                .bind(r.parameters.as_ref().map(|v| v.to_string()))
-                .bind(r.error.as_deref())
-                .bind(r.idempotency_key.as_deref())
-                .bind(r.retry_of.as_deref())
-                .bind(status.is_final().then_some(now))
+            batch.push(vec![
+                id.as_str().into(),
+                r.owner.to_string().into(),
+                r.trigger.as_str().into(),
+                status.as_str().into(),
+                r.scheduled_at.map(ms).into(),
+                ms(r.due_at).into(),
+                now.into(),
+                (queued || !matches!(dispatch, Dispatch::No)).then_some(now).into(),
+                i64::from(r.attempt).into(),
+                r.input.as_ref().map(|v| v.to_string()).into(),
+                r.parameters.as_ref().map(|v| v.to_string()).into(),
+                r.error.as_deref().into(),
+                r.idempotency_key.as_deref().into(),
+                r.retry_of.as_deref().into(),
+                status.is_final().then_some(now).into(),
                 // NULL means "its own root" (reads coalesce): a first attempt stores no copy of its id.
-                .bind(r.root_id.as_deref().filter(|root| *root != id.as_str()))
-                .bind(r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()))
-                .bind(worker)
-                .bind(worker.map(|_| now))
-                .bind(r.requested_by.as_deref())
-                .bind(worker.and(epoch))
+                r.root_id.as_deref().filter(|root| *root != id.as_str()).into(),
+                r.snapshot.as_ref().and_then(|s| serde_json::to_string(s).ok()).into(),
+                worker.into(),
+                worker.map(|_| now).into(),
+                r.requested_by.as_deref().into(),
+                worker.and(epoch).into(),
                 // A run that ends as it is made (a skipped tick) has nothing to notice: no event,
                 // no streak moved; marked so that retention can prune it at once.
-                .bind(status.is_final().then_some(1i64))
-                .bind(limits::stored(&pools))
-                .bind(line)
-                .bind(since);
+                status.is_final().then_some(1i64).into(),
+                limits::stored(&pools).into(),
+                line.into(),
+                since.into(),
+            ]);
         }
+        let q = insert_rows(&D::SPELLING, "ll_runs", &RUN_INSERT, batch, "", "inserting runs");
         D::execute(c, q).await?;
     }
     Ok(())

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use lamplighter_config::Overlap;
 
-use super::dialect::{QueueSql, Record, RunSql, Stmt, sql, values};
+use super::dialect::{QueueSql, Record, RunSql, Stmt, insert_rows, sql};
 use super::scripts::*;
 use super::{Claim, Hold, NewRun, StoreError, TickOutcome, from_ms, ms, new_id};
 use crate::decide::{TickPlan, plan_ticks};
@@ -115,10 +115,9 @@ impl<D: RunSql + QueueSql> Ticks for D {
         for chunk in last.chunks(ROWS_PER_STATEMENT) {
             let tail =
                 sql!(D, "ON CONFLICT (job) DO UPDATE SET last_tick = {greatest}(coalesce(ll_job_state.last_tick, 0), excluded.last_tick)");
-            let mut q = Stmt::built(values(&D::SPELLING, "ll_job_state (job, last_tick)", 2, chunk.len(), tail), "saving the last ticks");
-            for (job, at) in chunk {
-                q = q.bind(job.as_str()).bind(**at);
-            }
+            let rows = chunk.iter().map(|(job, at)| vec![job.as_str().into(), (**at).into()]).collect();
+            let q =
+                insert_rows(&D::SPELLING, "ll_job_state", &[("job", "text"), ("last_tick", "bigint")], rows, tail, "saving the last ticks");
             D::execute(&mut tx, q).await?;
         }
         D::push(&mut tx, &pushed).await?;

@@ -19,8 +19,8 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::{
-    Arg, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql, record_for,
-    run_cols, sql,
+    Arg, Batch, Column, Dialect, EndsAndClaims, LeaseSql, QueueSql, ReadSql, Record, RowsBind, RunSql, Spelling, Stmt, UpkeepSql,
+    record_for, run_cols, sql,
 };
 use super::scripts::{FINISH_RUNS, claim_sql, end_cols, end_rows, noticed_at_end};
 use super::{
@@ -48,6 +48,7 @@ pub(super) const SPELLING: Spelling = Spelling {
         format!("(SELECT {} FROM json_each({})) AS {alias}", cols.join(", "), params[0])
     },
     rows_bind: RowsBind::One,
+    batch: Batch::Values,
     // `+status`: the planner drives such a statement from the batch and finds each run by id
     // (driven from the status index, the batch was scanned once per running run: seconds for a
     // thousand ends).
