@@ -60,6 +60,33 @@ async fn running_run(s: &dyn RunStore, job: &str) -> Run {
     s.dispatch(std::slice::from_ref(&id), &[], ME, t0()).await.expect("claim").pop().expect("claimed").run
 }
 
+/// A run's output comes back in order, and a batch written again after its answer was lost
+/// writes only the lines it had not: a line's first text stays.
+async fn output_lines_are_kept_once_each_in_order(s: &dyn RunStore) {
+    take_lease(s).await;
+    let run = running_run(s, "j").await;
+    let line = |seq: u64, stream: &str, text: &str| lamplighter_contract::OutputLine {
+        seq,
+        stream: stream.into(),
+        at: t0() + secs(seq as i64),
+        text: text.into(),
+    };
+    s.append_output(&run.id, &[line(1, "stdout", "one"), line(2, "stderr", "two")]).await.expect("a batch");
+    let again = [line(2, "stderr", "two, again"), line(3, "stdout", "three"), line(4, "lamplighter", "")];
+    s.append_output(&run.id, &again).await.expect("a batch written again, with more");
+    let read = s.output(&run.id).await.expect("the output");
+    let read: Vec<(u64, &str, &str, DateTime<Utc>)> = read.iter().map(|l| (l.seq, l.stream.as_str(), l.text.as_str(), l.at)).collect();
+    assert_eq!(
+        read,
+        [
+            (1, "stdout", "one", t0() + secs(1)),
+            (2, "stderr", "two", t0() + secs(2)),
+            (3, "stdout", "three", t0() + secs(3)),
+            (4, "lamplighter", "", t0() + secs(4))
+        ]
+    );
+}
+
 /// `n` runs of `job`, one tick a minute from [`t0`], each claimed by [`ME`] as it fires.
 async fn ticked_runs(s: &dyn RunStore, job: &str, n: i64) -> Vec<String> {
     let mut ids = Vec::new();
@@ -1898,6 +1925,7 @@ macro_rules! contract {
                 runtime_jobs_keep_versions_history_and_refuse_stale_changes,
                 a_window_knows_which_ticks_have_runs,
                 a_cancel_request_is_kept_with_its_running_run,
+                output_lines_are_kept_once_each_in_order,
                 outcomes_are_noticed_once_and_notifications_sent_once,
                 successes_noticed_at_their_end_move_their_job_in_the_same_write,
                 a_success_written_after_failures_that_ended_later_leaves_them_in_the_streak,

@@ -5,8 +5,8 @@
 //! once, with `$n` placeholders (both drivers take them) and the few words the dialects spell
 //! differently ([`Spelling`], rendered by [`sql!`]).
 //!
-//! A backend implements these for its store: how it connects, how it binds a batch (a
-//! JSON array on SQLite, arrays on PostgreSQL), how it locks (one writer, or row locks and
+//! A backend implements these for its store: how it connects, how it binds a row set (a
+//! JSON array on SQLite, arrays on PostgreSQL) and a batch insert, how it locks (one writer, or row locks and
 //! advisory locks), how it keeps leases (the application's clock, or the server's), its queue
 //! adapter, and the reads it answers its own way for speed. Everything else is written once.
 
@@ -329,9 +329,10 @@ pub(crate) enum Batch {
     /// `VALUES` with a parameter a value (SQLite, which would read a row set out of JSON value
     /// by value).
     Values,
-    /// A row set (`{rows}`): one statement text whatever the batch's size, prepared and planned
-    /// once a connection. PostgreSQL planned a `VALUES` list anew at every call: 3.5 ms a
-    /// tick for a tick's 1,000 runs (25,000 parameters).
+    /// A row set (`{rows}`): one statement text whatever the batch's size, prepared once a
+    /// connection, and planned generically after the server's first five custom plans.
+    /// PostgreSQL planned a `VALUES` list anew at every call: 3.5 ms a tick for a tick's 1,000
+    /// runs (25,000 parameters).
     RowSet,
 }
 
@@ -764,7 +765,8 @@ pub(crate) fn leases_with_runs(leases: &[impl Record], running: &[impl Record]) 
 
 /// A batch insert: `INSERT INTO table (cols) … tail` of `rows`, each a value a column of `cols`
 /// (name and type, as a row set names them: `text`, `bigint` or `bool`), bound as `s` binds a
-/// batch ([`Batch`]). `tail` is already rendered and binds nothing.
+/// batch ([`Batch`]). `tail` is already rendered and binds nothing (as a row set, the
+/// statement is rendered again, tail and all, which leaves a rendered text as it is).
 pub(crate) fn insert_rows<'a>(
     s: &Spelling,
     table: &str,
@@ -780,11 +782,13 @@ pub(crate) fn insert_rows<'a>(
             rows.into_iter().flatten().fold(Stmt::built(text, what), Stmt::bind)
         }
         Batch::RowSet => {
+            debug_assert!(!tail.contains('$'), "a batch's tail binds nothing: {tail}");
             let typed = cols.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
             let text = render(&format!("INSERT INTO {table} ({names}) SELECT {names} FROM {{rows $1 AS j({typed})}} {tail}"), s);
             let mut columns: Vec<Column<'a>> = cols.iter().map(|(c, t)| Column::of(c, t, rows.len())).collect();
             for row in rows {
-                debug_assert_eq!(row.len(), cols.len(), "a row of {table} with another number of values than its columns");
+                // Short, its columns would be read as NULLs to the end: a bug, stopped here.
+                assert_eq!(row.len(), cols.len(), "a row of {table} with another number of values than its columns");
                 for (col, v) in columns.iter_mut().zip(row) {
                     col.push(v);
                 }
@@ -795,8 +799,7 @@ pub(crate) fn insert_rows<'a>(
 }
 
 /// `INSERT INTO table (cols) VALUES ($1, …), (…), … tail` for `rows` rows of `cols` values,
-/// bound in row order: a batch written once for both drivers. `tail` is already rendered and
-/// binds nothing. SQLite gets anonymous `?`s: for a numbered one its driver asks SQLite the
+/// bound in row order ([`Batch::Values`]). `tail` is already rendered and binds nothing. SQLite gets anonymous `?`s: for a numbered one its driver asks SQLite the
 /// placeholder's name, which SQLite finds by scanning a list of all of them (a 1,000-run
 /// insert, 19,000 placeholders, took 350 ms); anonymous ones are bound in order.
 fn values(s: &Spelling, table_and_cols: &str, cols: usize, rows: usize, tail: &str) -> String {

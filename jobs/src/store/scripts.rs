@@ -17,8 +17,8 @@ use crate::limits;
 use crate::notify::{self, NewNotification};
 use crate::run::{Run, RunStatus};
 
-/// Rows per multi-row statement: 25 columns × 1000 stays under both drivers' bound on
-/// parameters (SQLite 32,766, PostgreSQL 65,535).
+/// Rows per multi-row statement: as `VALUES` (SQLite), 25 columns × 1000 stays under its bound
+/// on parameters (32,766); a row set binds a parameter a column whatever its rows.
 pub(super) const ROWS_PER_STATEMENT: usize = 1000;
 
 /// The columns of a run as [`insert_runs`] writes them, with their row set's types.

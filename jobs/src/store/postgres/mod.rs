@@ -1061,7 +1061,8 @@ mod tests {
     }
 
     /// A tick's batch inserts are one statement text whatever their number of rows, so a
-    /// connection prepares and plans each once: as `VALUES` lists (a parameter a value), the
+    /// connection prepares each once (and the server settles on a generic plan after five):
+    /// as `VALUES` lists (a parameter a value), the
     /// server planned a tick's 1,000 runs anew at every tick, 3.5 ms a tick in the shares bench.
     #[tokio::test]
     async fn a_ticks_inserts_are_one_statement_whatever_the_number_of_runs() {
