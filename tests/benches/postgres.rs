@@ -205,25 +205,28 @@ fn floor(url: &str, n: usize, clients: usize, pm: u32, together: bool) {
             }
         })
     };
-    let per_run = |ms: u64| ms as f64 * 1000.0 / n as f64;
-    let rate = |wall: Duration| n as f64 / wall.as_secs_f64();
     if together {
-        let (before, started) = (server_cpu_ms(pm), Instant::now());
-        let left = claim_all(conns, true);
-        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+        let left = floor_window(pm, n, "claims and ends", || claim_all(conns, true));
         assert!(left.iter().all(|(_, ids)| ids.is_empty()));
-        println!("claims and ends: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
     } else {
-        let (before, started) = (server_cpu_ms(pm), Instant::now());
-        let claimed = claim_all(conns, false);
-        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+        let claimed = floor_window(pm, n, "claims alone", || claim_all(conns, false));
         assert_eq!(claimed.iter().map(|(_, ids)| ids.len()).sum::<usize>(), n, "every run claimed once");
-        println!("claims alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
-        let (before, started) = (server_cpu_ms(pm), Instant::now());
-        end_all(claimed);
-        let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
-        println!("ends alone: {:.0} µs of the server a run, {:.0} runs/s", per_run(ms), rate(wall));
+        floor_window(pm, n, "ends alone", || end_all(claimed));
     }
+    assert_every_run_ended_once(url, n);
+}
+
+/// Runs `work`, and prints `what` it cost the server a run of `n`, and the runs a second.
+fn floor_window<T>(pm: u32, n: usize, what: &str, work: impl FnOnce() -> T) -> T {
+    let (before, started) = (server_cpu_ms(pm), Instant::now());
+    let out = work();
+    let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
+    println!("{what}: {:.0} µs of the server a run, {:.0} runs/s", ms as f64 * 1000.0 / n as f64, n as f64 / wall.as_secs_f64());
+    out
+}
+
+/// The floor's `n` runs at `url` all succeeded.
+fn assert_every_run_ended_once(url: &str, n: usize) {
     let done = query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
     assert_eq!(done, n as i64, "every run ended once");
 }
@@ -295,26 +298,31 @@ fn floor_offset(url: &str, n: usize, clients: usize, pm: u32, per_claim: usize) 
     const END: &str = "WITH ended AS (UPDATE ll_runs SET status = 'succeeded', started_at = $3, finished_at = $3, worker = $4,
                                         next_run_id = '', outcome_seen = 1 WHERE id = ANY($1))
          DELETE FROM floor_claims WHERE claim = $2 AND $5";
-    let (before, started) = (server_cpu_ms(pm), Instant::now());
-    on_each(&rt, conns, move |c, mut conn| async move {
-        let worker = format!("floor-{c}");
-        loop {
-            let claim: Option<(i64, Vec<String>)> =
-                sqlx::query_as(CLAIM).bind(&worker).bind(per_claim as i64).fetch_optional(&mut conn).await.expect("claim");
-            let Some((claim, ids)) = claim else { break };
-            let batches = ids.chunks(32).count();
-            for (i, batch) in ids.chunks(32).enumerate() {
-                let last = i + 1 == batches;
-                let ended =
-                    sqlx::query(END).bind(batch).bind(claim).bind(now_ms()).bind(&worker).bind(last).execute(&mut conn).await.expect("end");
-                assert_eq!(ended.rows_affected(), u64::from(last), "the claim's row dropped with its last runs' ends");
+    floor_window(pm, n, "claims and ends", || {
+        on_each(&rt, conns, move |c, mut conn| async move {
+            let worker = format!("floor-{c}");
+            loop {
+                let claim: Option<(i64, Vec<String>)> =
+                    sqlx::query_as(CLAIM).bind(&worker).bind(per_claim as i64).fetch_optional(&mut conn).await.expect("claim");
+                let Some((claim, ids)) = claim else { break };
+                let batches = ids.chunks(32).count();
+                for (i, batch) in ids.chunks(32).enumerate() {
+                    let last = i + 1 == batches;
+                    let ended = sqlx::query(END)
+                        .bind(batch)
+                        .bind(claim)
+                        .bind(now_ms())
+                        .bind(&worker)
+                        .bind(last)
+                        .execute(&mut conn)
+                        .await
+                        .expect("end");
+                    assert_eq!(ended.rows_affected(), u64::from(last), "the claim's row dropped with its last runs' ends");
+                }
             }
-        }
+        })
     });
-    let (ms, wall) = (server_cpu_ms(pm) - before, started.elapsed());
-    println!("claims and ends: {:.0} µs of the server a run, {:.0} runs/s", ms as f64 * 1000.0 / n as f64, n as f64 / wall.as_secs_f64());
-    let done = query(url, "SELECT count(*) FROM ll_runs WHERE status = 'succeeded'", |r| sqlx::Row::get::<i64, _>(r, 0))[0];
-    assert_eq!(done, n as i64, "every run ended once");
+    assert_every_run_ended_once(url, n);
 }
 
 /// The floor's claim: up to 32 runs handed over after the connection's place (`$3`, `$4`; from

@@ -368,8 +368,9 @@ impl<D: Dialect> Notices for D {
         let mut unfolded: HashMap<String, DateTime<Utc>> = successes_at_end::<D>(&mut c, None).await?.into_iter().collect();
         let mut out: HashMap<String, JobHealth> = HashMap::with_capacity(rows.len());
         for r in &rows {
+            let job = r.text("job");
             let last_success = r.opt_int("last_success_at").map(from_ms);
-            let success = unfolded.remove(&r.text("job")).filter(|at| last_success.is_none_or(|known| *at > known));
+            let success = unfolded.remove(&job).filter(|at| last_success.is_none_or(|known| *at > known));
             let consecutive_failures = match success {
                 Some(at) => {
                     let mut streak = streak_from_row(r);
@@ -386,7 +387,7 @@ impl<D: Dialect> Notices for D {
                 oldest_running: None,
                 oldest_wait: None,
             };
-            out.insert(r.text("job"), health);
+            out.insert(job, health);
         }
         // Jobs with no state yet: their success ended no streak.
         for (job, at) in unfolded {

@@ -765,7 +765,12 @@ mod tests {
     use lamplighter_config::Overlap;
 
     async fn store(cluster: &lamplighter_tests::pg::Cluster) -> PgStore {
-        let store = PgStore::connect(&cluster.url(), 4, Duration::from_secs(30)).await.expect("connect");
+        store_of(cluster, 4).await
+    }
+
+    /// A migrated store whose pool holds `connections`.
+    async fn store_of(cluster: &lamplighter_tests::pg::Cluster, connections: u32) -> PgStore {
+        let store = PgStore::connect(&cluster.url(), connections, Duration::from_secs(30)).await.expect("connect");
         UpkeepSql::migrate(&store).await.expect("migrate");
         store
     }
@@ -776,7 +781,11 @@ mod tests {
 
     /// A migrated store whose worker `a` holds a live lease from the time returned.
     async fn leased(cluster: &lamplighter_tests::pg::Cluster) -> (PgStore, DateTime<Utc>) {
-        let s = store(cluster).await;
+        lease(store(cluster).await).await
+    }
+
+    /// `s`, its worker `a` holding a live lease from the time returned.
+    async fn lease(s: PgStore) -> (PgStore, DateTime<Utc>) {
         let t0 = Utc::now();
         assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
         (s, t0)
@@ -1061,17 +1070,14 @@ mod tests {
     }
 
     /// A tick's batch inserts are one statement text whatever their number of rows, so a
-    /// connection prepares each once (and the server settles on a generic plan after five):
-    /// as `VALUES` lists (a parameter a value), the
-    /// server planned a tick's 1,000 runs anew at every tick, 3.5 ms a tick in the shares bench.
+    /// connection prepares each once (and the server settles on a generic plan after five): as
+    /// `VALUES` lists (a parameter a value), the server planned a tick's 1,000 runs anew at
+    /// every tick, 3.5 ms a tick in the shares bench.
     #[tokio::test]
     async fn a_ticks_inserts_are_one_statement_whatever_the_number_of_runs() {
         let cluster = lamplighter_tests::pg::Cluster::start();
         // One connection in the pool, where ticks are written: its statements are all of them.
-        let s = PgStore::connect(&cluster.url(), 1, Duration::from_secs(30)).await.expect("connect");
-        UpkeepSql::migrate(&s).await.expect("migrate");
-        let t0 = Utc::now();
-        assert!(Leases::heartbeat(&s, &worker("a"), Duration::from_secs(60), true, t0).await.expect("lease").is_some());
+        let (s, t0) = lease(store_of(&cluster, 1).await).await;
         let sizes = [3usize, 5, 8, 13, 2, 7];
         for (second, n) in sizes.into_iter().enumerate() {
             let at = t0 + chrono::Duration::seconds(second as i64);
